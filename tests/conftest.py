@@ -1,0 +1,36 @@
+"""Shared fixtures: every test must leave no stream thread behind."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+
+from vmem.streams import THREAD_PREFIX
+
+
+def stream_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)]
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_stream_threads():
+    before = set(stream_threads())
+    yield
+    gc.collect()  # streams that were dropped without close() stop through their finalizer
+    leaked = [t for t in stream_threads() if t not in before]
+    for t in leaked:
+        t.join(timeout=5)
+    leaked = [t.name for t in leaked if t.is_alive()]
+    assert not leaked, f"stream threads left running: {leaked}"
+
+
+@pytest.fixture
+def cpu():
+    """A small CPU device, closed after the test."""
+    import vmem
+
+    dev = vmem.device("cpu", memory="64MiB", pinned_memory="64MiB")
+    yield dev
+    dev.close()

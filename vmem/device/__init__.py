@@ -1,0 +1,40 @@
+"""Devices: the CPU device now; the simulated GPUs (``sim:<gpu>``) and CUDA (``cuda:<n>``) share its protocol."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import DeviceError
+from .base import Device, DeviceSpec
+from .cpu import CpuDevice
+
+__all__ = ["device", "names", "Device", "DeviceSpec", "CpuDevice"]
+
+
+def names() -> list[str]:
+    """Device names :func:`device` accepts on this machine."""
+    return ["cpu"]
+
+
+def device(name: str | Device = "cpu", **options: Any) -> Device:
+    """Create a device by name: ``vmem.device("cpu", memory="512MiB", pcie_gbps=None, poison=False)``.
+
+    A :class:`Device` passed in is returned as it is (options are then not allowed).
+    """
+    if not isinstance(name, str):
+        if isinstance(name, Device):
+            if options:
+                raise DeviceError(f"options {sorted(options)} apply only when a device is created by name")
+            return name
+        raise DeviceError(f"device={name!r}: expected a device name such as 'cpu', or a Device")
+    if name in ("cpu", "cpu:0"):
+        try:
+            return CpuDevice(**options)
+        except TypeError as exc:  # an unknown keyword: name it and list the valid ones
+            raise DeviceError(
+                f"device 'cpu': {exc}; options are memory, pcie_gbps, poison, pinned_memory, alignment"
+            ) from None
+    kind = name.split(":", 1)[0]
+    if kind in ("cuda", "sim"):
+        raise DeviceError(f"device {name!r}: the {kind} device is not available in this version of vmem; use 'cpu'")
+    raise DeviceError(f"unknown device {name!r}; available: {', '.join(names())}")

@@ -1,0 +1,234 @@
+"""The CPU device: real numerics, real asynchronous streams, a fixed-capacity device arena.
+
+"Device memory" is one NumPy buffer of ``memory`` bytes carved by a :class:`~vmem.pool.DevicePool`;
+arrays are views into it. The compute and memory streams are :class:`~vmem.streams.CpuStream` worker
+threads. Host-device copies run on a stream for real; ``pcie_gbps`` throttles them to a link rate, one
+transfer at a time in each direction (PCIe is full duplex, with one copy engine per direction).
+
+Copies whose host side is not in the pinned pool behave as pageable copies do under CUDA: they are
+staged through a bounce buffer and the host waits for them.
+
+With ``poison=True`` every freed block is filled with 0xFF bytes (NaN for floating-point data) in
+stream order, so that a stream-ordering bug corrupts results here exactly as it would on a GPU.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from ..pool import Block, DevicePool, HostArena, PinnedHostPool, PoolHook
+from ..streams import CpuStream
+from ..units import format_bytes, parse_bytes
+from .base import DeviceSpec
+
+__all__ = ["CpuDevice"]
+
+POISON_BYTE = 0xFF  # every float format reads 0xFF...FF as NaN; integers read -1
+_CHUNK = 1 << 20  # throttled and staged copies move this many bytes at a time
+
+
+class _Poison(PoolHook):
+    """Fill freed blocks with ``POISON_BYTE`` in stream order (before any reuse of the block)."""
+
+    def __init__(self, arena: HostArena):
+        self.arena = arena
+
+    def on_free(self, block: Block, stream: Any) -> None:
+        if stream is None:
+            self.arena.fill(block.offset, block.size, POISON_BYTE)
+        else:
+            stream.launch(self.arena.fill, block.offset, block.size, POISON_BYTE)
+
+
+class _Link:
+    """One direction of the host-device link: one transfer at a time, optionally rate-limited."""
+
+    def __init__(self, gbps: float | None):
+        self.rate = None if gbps is None else gbps * 1e9
+        self.lock = threading.Lock()
+        self.bytes = 0  # total moved, for observation
+        self.seconds = 0.0
+
+    def copy(self, dst: np.ndarray, src: np.ndarray, staging: np.ndarray | None) -> None:
+        start = time.perf_counter()
+        with self.lock:
+            if self.rate is None and staging is None:
+                np.copyto(dst, src, casting="no")
+            else:
+                self._chunked(dst, src, staging)
+            self.bytes += dst.nbytes
+            self.seconds += time.perf_counter() - start
+
+    def _chunked(self, dst: np.ndarray, src: np.ndarray, staging: np.ndarray | None) -> None:
+        d = dst.reshape(-1).view(np.uint8)
+        s = src.reshape(-1).view(np.uint8)
+        n = d.size
+        rate = self.rate
+        start = time.perf_counter()
+        for lo in range(0, n, _CHUNK):
+            hi = min(lo + _CHUNK, n)
+            if staging is None:
+                d[lo:hi] = s[lo:hi]
+            else:  # pageable: through the bounce buffer, as the CUDA driver does
+                staging[: hi - lo] = s[lo:hi]
+                d[lo:hi] = staging[: hi - lo]
+            if rate is not None:
+                delay = start + hi / rate - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+
+
+class CpuDevice:
+    """The CPU device (``vmem.device("cpu", memory="512MiB")``); see the module docstring.
+
+    Parameters: ``memory`` is the capacity of device memory (bytes or a size string); ``pcie_gbps``
+    throttles host-device copies to that many GB/s each way (None: as fast as memcpy); ``poison``
+    NaN-fills freed blocks; ``pinned_memory`` is the capacity of the pinned host pool for offload,
+    reserved when first used (default: twice ``memory``); ``alignment`` of device blocks in bytes.
+    """
+
+    kind = "cpu"
+
+    def __init__(
+        self,
+        memory: int | str = "1GiB",
+        *,
+        pcie_gbps: float | None = None,
+        poison: bool = False,
+        pinned_memory: int | str | None = None,
+        alignment: int = 256,
+    ):
+        capacity = parse_bytes(memory, name="memory")
+        if pcie_gbps is not None and not (isinstance(pcie_gbps, (int, float)) and pcie_gbps > 0):
+            raise ValueError(f"pcie_gbps={pcie_gbps!r}: must be a positive number of GB/s, or None")
+        self._pinned_capacity = (
+            2 * capacity if pinned_memory is None else parse_bytes(pinned_memory, name="pinned_memory")
+        )
+        self.name = "cpu"
+        self.xp = np
+        self.poison = bool(poison)
+        self.pool = DevicePool(capacity, alignment, HostArena, name="cpu device")
+        self.spec = DeviceSpec(name="cpu", kind="cpu", memory=self.pool.capacity,
+                               pcie_gbps=None if pcie_gbps is None else float(pcie_gbps))
+        if self.poison:
+            self.pool.add_hook(_Poison(self.pool.arena))
+        self.compute_stream = CpuStream("compute")
+        self.memory_stream = CpuStream("memory")
+        self._d2h = _Link(self.spec.pcie_gbps)
+        self._h2d = _Link(self.spec.pcie_gbps)
+        self._pinned: PinnedHostPool | None = None
+        self._pinned_lock = threading.Lock()
+        self._staging = {"d2h": np.empty(_CHUNK, np.uint8), "h2d": np.empty(_CHUNK, np.uint8)}
+        self._closed = False
+
+    # -- memory ------------------------------------------------------------------------------------
+    @property
+    def pinned(self) -> PinnedHostPool:
+        """The pinned host pool for offload, reserved (and prefaulted) in full on first use."""
+        if self._pinned is None:
+            with self._pinned_lock:
+                if self._pinned is None:
+                    self._pinned = PinnedHostPool(self._pinned_capacity, self.pool.alignment, name="cpu pinned")
+        return self._pinned
+
+    def view(self, block: Block, shape: Any, dtype: Any) -> np.ndarray:
+        """A NumPy array over a device block."""
+        return self.pool.view(block, shape, dtype)
+
+    def host_view(self, block: Block, shape: Any, dtype: Any) -> np.ndarray:
+        """A NumPy array over a pinned host block."""
+        return self.pinned.view(block, shape, dtype)
+
+    def is_pinned(self, array: np.ndarray) -> bool:
+        """True if ``array`` lies in the pinned host pool."""
+        if self._pinned is None:
+            return False
+        return _within(array, self._pinned.arena.buffer)
+
+    def is_device(self, array: np.ndarray) -> bool:
+        """True if ``array`` lies in device memory."""
+        return _within(array, self.pool.arena.buffer)
+
+    # -- copies ------------------------------------------------------------------------------------
+    def copy_to_host(self, dst: np.ndarray, src: np.ndarray, stream: CpuStream | None = None) -> None:
+        """Enqueue a device-to-host copy of ``src`` (a device view) into ``dst`` on ``stream``.
+
+        ``stream`` defaults to the memory stream. If ``dst`` is not pinned the copy is staged and the host
+        waits for it, as with pageable memory under CUDA.
+        """
+        self._copy(self._d2h, "d2h", dst, src, stream, host=dst, device=src)
+
+    def copy_to_device(self, dst: np.ndarray, src: np.ndarray, stream: CpuStream | None = None) -> None:
+        """Enqueue a host-to-device copy of ``src`` into ``dst`` (a device view) on ``stream``."""
+        self._copy(self._h2d, "h2d", dst, src, stream, host=src, device=dst)
+
+    def _copy(self, link: _Link, direction: str, dst: np.ndarray, src: np.ndarray,
+              stream: CpuStream | None, *, host: np.ndarray, device: np.ndarray) -> None:
+        if dst.shape != src.shape or dst.dtype != src.dtype:
+            raise ValueError(
+                f"{direction} copy: destination {dst.shape} {dst.dtype} does not match source {src.shape} {src.dtype}"
+            )
+        if not self.is_device(device):
+            side = "source" if direction == "d2h" else "destination"
+            raise ValueError(f"{direction} copy: the {side} is not a view of this device's memory")
+        stream = self.memory_stream if stream is None else stream
+        pageable = not self.is_pinned(host)
+        if pageable and not (dst.flags.c_contiguous and src.flags.c_contiguous):
+            raise ValueError(f"{direction} copy: a pageable host buffer must be C-contiguous")
+        stream.launch(link.copy, dst, src, self._staging[direction] if pageable else None)
+        if pageable:
+            stream.record().synchronize()
+
+    def link_stats(self) -> dict[str, dict[str, float]]:
+        """Bytes moved and seconds spent by the copy engine in each direction since the device was made."""
+        return {d: {"bytes": l.bytes, "seconds": l.seconds} for d, l in (("d2h", self._d2h), ("h2d", self._h2d))}
+
+    # -- lifetime ----------------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Wait for both streams; re-raise the first error their work raised."""
+        errors = []
+        for stream in (self.compute_stream, self.memory_stream):
+            try:
+                stream.synchronize()
+            except BaseException as exc:  # keep syncing the other stream, then raise the first
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        """Finish outstanding work and stop the stream threads (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        first = None
+        for stream in (self.compute_stream, self.memory_stream):
+            try:
+                stream.close()
+            except BaseException as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "CpuDevice":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        link = "" if self.spec.pcie_gbps is None else f", pcie_gbps={self.spec.pcie_gbps:g}"
+        return f"CpuDevice(memory={format_bytes(self.pool.capacity)}{link}{', poison' if self.poison else ''})"
+
+
+def _within(array: np.ndarray, buffer: np.ndarray) -> bool:
+    lo = buffer.__array_interface__["data"][0]
+    start = array.__array_interface__["data"][0]
+    return lo <= start and start + array.nbytes <= lo + buffer.nbytes

@@ -1,0 +1,241 @@
+"""Best-fit range allocator with split, coalescing and owner-tagged free blocks.
+
+This is the offset arithmetic shared by :class:`~vmem.pool.DevicePool` and
+:class:`~vmem.pool.PinnedHostPool`. It knows nothing of devices, categories or statistics.
+
+The arena ``[0, capacity)`` is covered by a doubly linked list of contiguous :class:`Block` segments.
+A free segment carries an ``owner`` and an ``event``:
+
+* ``owner is None``: anyone may take it.
+* ``owner`` is a stream: that stream may take it at once (its later work is ordered after the free);
+  anyone else only once ``event`` (recorded on the owner at the free) has completed.
+* ``owner`` is any other token (the pinned pool uses the copy's event itself): nobody may take it until
+  ``event`` has completed.
+
+Adjacent free segments merge only when they have the same owner, so a merge never makes memory
+available earlier than the rules above allow. When a free segment's event completes, :meth:`reclaim`
+hands it to ``owner=None`` and merges it with its free neighbours: once every event has completed, the
+free space is fully coalesced.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from typing import Any, Iterable, Iterator
+
+__all__ = ["Block", "BestFit", "ALLOCATED", "FREE", "RELEASED"]
+
+ALLOCATED = "allocated"
+FREE = "free"
+RELEASED = "released"  # a handle whose memory went back to the pool; using it again is an error
+
+
+class Block:
+    """A range ``[offset, offset + size)`` of an arena.
+
+    Handles returned by ``allocate`` are Blocks in state ``"allocated"``; after ``free`` the handle is
+    ``"released"`` and must not be used again. ``nbytes`` is what was asked for, ``size`` what is held
+    (rounded up to the pool's alignment). ``stream`` is the stream the block was allocated on.
+    """
+
+    __slots__ = ("offset", "size", "nbytes", "category", "stream", "state", "owner", "event", "prev", "next")
+
+    def __init__(self, offset: int, size: int):
+        self.offset = offset
+        self.size = size
+        self.nbytes = size
+        self.category: str | None = None
+        self.stream: Any = None
+        self.state = FREE
+        self.owner: Any = None
+        self.event: Any = None
+        self.prev: Block | None = None
+        self.next: Block | None = None
+
+    @property
+    def end(self) -> int:
+        """One past the last byte of the block."""
+        return self.offset + self.size
+
+    def __repr__(self) -> str:
+        extra = f", category={self.category!r}" if self.category else ""
+        return f"Block(offset={self.offset}, size={self.size}, state={self.state!r}{extra})"
+
+
+class BestFit:
+    """Best-fit allocation of aligned ranges of ``[0, capacity)``; see the module docstring."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.head = Block(0, capacity)
+        # owner -> sorted list of (size, offset) keys of its free segments
+        self._lists: dict[Any, list[tuple[int, int]]] = {None: [(capacity, 0)]}
+        self._free: dict[int, Block] = {0: self.head}  # free segments by offset
+
+    # -- queries -----------------------------------------------------------------------------------
+    def segments(self) -> Iterator[Block]:
+        """Every segment, allocated or free, in address order."""
+        seg: Block | None = self.head
+        while seg is not None:
+            yield seg
+            seg = seg.next
+
+    def largest_free(self) -> int:
+        """Size of the largest free segment, whoever owns it."""
+        return max((lst[-1][0] for lst in self._lists.values() if lst), default=0)
+
+    def free_bytes(self, *, owned_only: bool = False) -> int:
+        """Bytes in free segments (``owned_only``: only those not yet handed back to everyone)."""
+        return sum(
+            size for owner, lst in self._lists.items() if not (owned_only and owner is None) for size, _ in lst
+        )
+
+    def owners(self) -> list[Any]:
+        """Owners (other than None) that hold free segments."""
+        return [owner for owner, lst in self._lists.items() if owner is not None and lst]
+
+    def pending_events(self) -> list[Any]:
+        """Events that still gate owned free segments."""
+        events: dict[int, Any] = {}
+        for owner in self.owners():
+            for _, offset in self._lists[owner]:
+                event = self._free[offset].event
+                if event is not None:
+                    events[id(event)] = event
+        return list(events.values())
+
+    # -- allocation --------------------------------------------------------------------------------
+    def take(self, size: int, owner: Any = None) -> Block | None:
+        """Carve ``size`` bytes from the best-fitting free segment usable by ``owner``, or return None.
+
+        Usable: segments owned by nobody, and, when ``owner`` is not None, segments owned by ``owner``.
+        The returned block is marked allocated; its other fields are the caller's to fill.
+        """
+        best_list = None
+        best_index = -1
+        best_key = None
+        for key_owner in (None, owner) if owner is not None else (None,):
+            lst = self._lists.get(key_owner)
+            if not lst:
+                continue
+            i = bisect_left(lst, (size, -1))
+            if i < len(lst) and (best_key is None or lst[i] < best_key):
+                best_list, best_index, best_key = lst, i, lst[i]
+        if best_list is None:
+            return None
+        del best_list[best_index]
+        seg = self._free.pop(best_key[1])
+        if seg.size == size:
+            seg.state = ALLOCATED
+            seg.owner = seg.event = None
+            return seg
+        # Split: the allocation takes the low end, the remainder stays free with the same owner.
+        block = Block(seg.offset, size)
+        block.state = ALLOCATED
+        block.prev = seg.prev
+        block.next = seg
+        if seg.prev is None:
+            self.head = block
+        else:
+            seg.prev.next = block
+        seg.prev = block
+        seg.offset += size
+        seg.size -= size
+        self._free[seg.offset] = seg
+        insort(best_list, (seg.size, seg.offset))
+        return block
+
+    def give(self, block: Block, owner: Any = None, event: Any = None) -> None:
+        """Return an allocated ``block`` to the free space, owned by ``owner`` until ``event`` completes.
+
+        The handle ``block`` becomes ``"released"``; a new free segment takes its place (or its
+        neighbours absorb it), so a stale handle can never alias memory handed out later.
+        """
+        seg = Block(block.offset, block.size)
+        seg.prev, seg.next = block.prev, block.next
+        if seg.prev is None:
+            self.head = seg
+        else:
+            seg.prev.next = seg
+        if seg.next is not None:
+            seg.next.prev = seg
+        block.state = RELEASED
+        block.prev = block.next = None
+        seg.owner = owner
+        seg.event = event
+        self._insert_merged(seg)
+
+    def reclaim(self, *, wait: bool = False) -> int:
+        """Hand owned free segments whose events completed to everyone; return the bytes reclaimed.
+
+        With ``wait=True``, first block the host until every pending event completes, so that all free
+        space ends up owned by nobody and fully coalesced.
+        """
+        reclaimed = 0
+        for owner in self.owners():
+            lst = self._lists[owner]
+            for key in list(lst):
+                seg = self._free[key[1]]
+                event = seg.event
+                if event is not None and not event.query():
+                    if not wait:
+                        continue
+                    event.synchronize()
+                lst.remove(key)
+                del self._free[seg.offset]
+                seg.owner = seg.event = None
+                reclaimed += seg.size
+                self._insert_merged(seg)
+            if not lst:  # forget the owner, so a dead stream is not kept alive here
+                del self._lists[owner]
+        return reclaimed
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _unlist(self, seg: Block) -> None:
+        lst = self._lists[seg.owner]
+        del lst[bisect_left(lst, (seg.size, seg.offset))]
+        del self._free[seg.offset]
+
+    def _insert_merged(self, seg: Block) -> None:
+        """Mark ``seg`` free, merge it with same-owner free neighbours, and list the result."""
+        seg.state = FREE
+        owner = seg.owner
+        prev = seg.prev
+        if prev is not None and prev.state == FREE and prev.owner is owner:
+            # prev absorbs seg; seg's event is the newer one on the same stream, so it gates both
+            self._unlist(prev)
+            prev.size += seg.size
+            prev.next = seg.next
+            if seg.next is not None:
+                seg.next.prev = prev
+            if seg.event is not None:
+                prev.event = seg.event
+            seg.prev = seg.next = None
+            seg.state = RELEASED
+            seg = prev
+        nxt = seg.next
+        if nxt is not None and nxt.state == FREE and nxt.owner is owner:
+            self._unlist(nxt)
+            seg.size += nxt.size
+            seg.next = nxt.next
+            if nxt.next is not None:
+                nxt.next.prev = seg
+            if seg.event is None:
+                seg.event = nxt.event
+            nxt.prev = nxt.next = None
+            nxt.state = RELEASED
+        self._free[seg.offset] = seg
+        lst = self._lists.get(owner)
+        if lst is None:
+            lst = self._lists[owner] = []
+        insort(lst, (seg.size, seg.offset))
+
+
+def check_invariants(segments: Iterable[Block], capacity: int) -> None:
+    """Raise AssertionError unless ``segments`` tile ``[0, capacity)`` exactly (a test helper)."""
+    expected = 0
+    for seg in segments:
+        assert seg.offset == expected, f"gap or overlap at {expected}: {seg!r}"
+        assert seg.size > 0, f"empty segment {seg!r}"
+        expected = seg.end
+    assert expected == capacity, f"segments end at {expected}, capacity is {capacity}"

@@ -1,0 +1,11 @@
+"""Streams and events with CUDA semantics, for every device.
+
+``Stream`` and ``Event`` are the protocols; :class:`CpuStream` and :class:`CpuEvent` implement them with
+one worker thread per stream. The CUDA device wraps ``cupy.cuda.Stream``/``Event`` behind the same
+protocol and the simulator keeps virtual clocks.
+"""
+
+from .base import Event, Stream, elapsed_time
+from .cpu import THREAD_PREFIX, CpuEvent, CpuStream
+
+__all__ = ["Stream", "Event", "elapsed_time", "CpuStream", "CpuEvent", "THREAD_PREFIX"]
