@@ -170,3 +170,21 @@ def test_wrong_event_types_are_rejected(streams):
         a.wait(object())
     with pytest.raises(TypeError, match="CpuEvent"):
         a.record(object())
+
+
+def test_many_host_threads_waiting_on_different_points_all_wake(streams):
+    a, _ = streams
+    gate = threading.Event()
+    a.launch(gate.wait)
+    events = []
+    for _ in range(5):
+        a.launch(time.sleep, 0.001)
+        events.append(a.record())
+    woke = []
+    threads = [threading.Thread(target=lambda e=e, i=i: (e.synchronize(), woke.append(i))) for i, e in enumerate(events)]
+    for t in threads:
+        t.start()
+    gate.set()
+    for t in threads:
+        t.join(timeout=5)
+    assert sorted(woke) == list(range(5))

@@ -229,6 +229,8 @@ class CpuDevice:
 
 
 def _within(array: np.ndarray, buffer: np.ndarray) -> bool:
+    if array.base is buffer:  # views of a pool's arena (NumPy collapses view chains to the owner)
+        return True
     lo = buffer.__array_interface__["data"][0]
     start = array.__array_interface__["data"][0]
     return lo <= start and start + array.nbytes <= lo + buffer.nbytes

@@ -26,13 +26,15 @@ __all__ = ["CpuStream", "CpuEvent", "THREAD_PREFIX"]
 THREAD_PREFIX = "vmem-stream"
 
 _STOP = object()
+_NEVER = float("inf")
 _ids = itertools.count()
 
 
 class _State:
     """What the worker thread shares with the host; holds no reference to the Stream object."""
 
-    __slots__ = ("name", "lock", "work", "done", "queue", "enqueued", "completed", "error", "error_seq", "closed")
+    __slots__ = ("name", "lock", "work", "done", "queue", "enqueued", "completed", "error", "error_seq", "closed",
+                 "waiters", "wake_at")
 
     def __init__(self, name: str):
         self.name = name
@@ -45,13 +47,23 @@ class _State:
         self.error: BaseException | None = None
         self.error_seq = 0
         self.closed = False
+        # Counts that threads are waiting for; the worker wakes them only when the smallest is reached,
+        # not after every item (waking a waiter costs both threads a round of the GIL).
+        self.waiters: list[int] = []
+        self.wake_at = _NEVER
 
     def wait_for(self, seq: int) -> None:
         if self.completed >= seq:
             return
         with self.lock:
+            if self.completed >= seq:
+                return
+            self.waiters.append(seq)
+            self.wake_at = min(self.wake_at, seq)
             while self.completed < seq:
                 self.done.wait()
+            self.waiters.remove(seq)
+            self.wake_at = min(self.waiters, default=_NEVER)
 
     def take_error(self, upto: int | None = None) -> BaseException | None:
         with self.lock:
@@ -86,7 +98,8 @@ def _worker(state: _State) -> None:
             finally:
                 lock.acquire()
             state.completed += 1
-            state.done.notify_all()
+            if state.completed >= state.wake_at:
+                state.done.notify_all()
     finally:
         state.closed = True
         state.completed = state.enqueued  # nothing left will run: release every waiter

@@ -1,0 +1,48 @@
+"""Shared output for the benchmarks: a plain table, a verdict per target, optional JSON."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from typing import Any, Sequence
+
+
+def machine() -> dict[str, Any]:
+    import os
+
+    import numpy as np
+
+    return {"python": platform.python_version(), "numpy": np.__version__, "cpus": os.cpu_count(),
+            "machine": platform.machine()}
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(h) for h in headers]] + [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def verdict(name: str, value: float, target: float, *, at_least: bool = True, unit: str = "") -> dict[str, Any]:
+    ok = value >= target if at_least else value <= target
+    sign = ">=" if at_least else "<="
+    print(f"target {name}: {value:,.3f}{unit} (want {sign} {target:g}{unit}) -> {'MET' if ok else 'MISSED'}")
+    return {"name": name, "value": value, "target": target, "at_least": at_least, "met": ok}
+
+
+def emit(result: dict[str, Any], as_json: bool) -> int:
+    result["machine"] = machine()
+    if as_json:
+        json.dump(result, sys.stdout, indent=2)
+        print()
+    return 0
