@@ -1,0 +1,105 @@
+"""Every layer's backward against finite differences in float64, over several shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.nn.gradcheck import check_layer
+from vmem import nn
+
+CONV_CASES = [
+    # (in_channels, out_channels, kernel, stride, padding, input NCHW)
+    (3, 4, 3, 1, 1, (2, 3, 5, 5)),
+    (2, 3, 3, 2, 1, (2, 2, 7, 6)),  # odd sizes, stride 2
+    (3, 2, (3, 2), (2, 1), (0, 1), (1, 3, 6, 5)),  # rectangular
+    (4, 5, 1, 1, 0, (2, 4, 3, 3)),  # 1x1: plain GEMM
+    (2, 3, 5, 3, 2, (2, 2, 9, 8)),  # 5x5 stride 3
+    (1, 2, 2, 1, 0, (1, 1, 4, 3)),
+]
+
+
+@pytest.mark.parametrize("algo", ["im2col", "implicit"])
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"k{c[2]}s{c[3]}p{c[4]}")
+def test_conv2d(case, algo):
+    cin, cout, k, s, p, shape = case
+    checked = check_layer(nn.Conv2d(cin, cout, k, stride=s, padding=p), [shape], algo=algo)
+    assert checked == ["x0", "weight", "bias"]
+
+
+def test_conv2d_without_bias():
+    assert check_layer(nn.Conv2d(2, 3, 3, padding=1, bias=False), [(2, 2, 4, 4)]) == ["x0", "weight"]
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (1, 7), (4, 1)])
+def test_linear(shape):
+    assert check_layer(nn.Linear(shape[1], 3), [shape]) == ["x0", "weight", "bias"]
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 7)])
+def test_relu(shape):
+    check_layer(nn.ReLU(), [shape])
+
+
+@pytest.mark.parametrize(
+    "k, s, p, ceil, shape",
+    [
+        (2, 2, 0, False, (2, 3, 4, 6)),
+        (3, 2, 0, False, (2, 2, 7, 7)),  # overlapping windows (AlexNet)
+        (3, 2, 0, True, (1, 2, 8, 8)),  # ceil mode (GoogLeNet)
+        (3, 1, 1, False, (2, 2, 5, 4)),  # padded (inception pool branch)
+        (2, 2, 0, True, (1, 2, 5, 5)),  # odd size, partial last window
+    ],
+)
+@pytest.mark.parametrize("layer", [nn.MaxPool2d, nn.AvgPool2d])
+def test_pooling(layer, k, s, p, ceil, shape):
+    check_layer(layer(k, stride=s, padding=p, ceil_mode=ceil), [shape])
+
+
+def test_avgpool_excluding_padding():
+    check_layer(nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False), [(2, 2, 5, 5)])
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 2, 3), (2, 5, 3, 3)])
+@pytest.mark.parametrize("train", [True, False])
+def test_batchnorm(shape, train):
+    assert check_layer(nn.BatchNorm2d(shape[1]), [shape], train=train) == ["x0", "weight", "bias"]
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_dropout(train):
+    check_layer(nn.Dropout(0.3), [(3, 2, 4, 4)], train=train)
+
+
+def test_flatten():
+    check_layer(nn.Flatten(), [(2, 3, 4, 5)])
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_add(n):
+    assert check_layer(nn.Add(), [(2, 3, 4, 4)] * n) == [f"x{i}" for i in range(n)]
+
+
+def test_concat():
+    check_layer(nn.Concat(), [(2, 3, 4, 4), (2, 1, 4, 4), (2, 5, 4, 4)])
+    check_layer(nn.Concat(), [(3, 2), (3, 4)])
+
+
+def test_softmax_cross_entropy():
+    loss = nn.SoftmaxCrossEntropy()
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((5, 4))
+    labels = rng.integers(0, 4, 5)
+    probs = np.empty_like(logits)
+    d = np.empty_like(logits)
+    value = loss.forward(np, logits, labels, probs)
+    loss.backward(np, probs, labels, d)
+    ref = -np.mean(np.log(np.exp(logits)[np.arange(5), labels] / np.exp(logits).sum(1)))
+    assert value == pytest.approx(ref, rel=1e-12)
+    eps = 1e-6
+    for idx in [(0, 0), (2, 3), (4, 1)]:
+        up, down = logits.copy(), logits.copy()
+        up[idx] += eps
+        down[idx] -= eps
+        num = (loss.forward(np, up, labels, probs.copy()) - loss.forward(np, down, labels, probs.copy())) / (2 * eps)
+        assert d[idx] == pytest.approx(num, abs=1e-7)

@@ -1,0 +1,16 @@
+"""Layers: math on an array namespace, shapes, costs, and what backward needs (see :mod:`vmem.nn.base`)."""
+
+from .activation import Dropout, ReLU
+from .base import AuxSpec, Ctx, Layer, ParamSpec, logical, physical
+from .conv import Conv2d
+from .join import Add, Concat
+from .linear import Flatten, Linear
+from .loss import SoftmaxCrossEntropy
+from .norm import BatchNorm2d
+from .pooling import AvgPool2d, MaxPool2d
+
+__all__ = [
+    "Layer", "Ctx", "ParamSpec", "AuxSpec", "physical", "logical",
+    "Conv2d", "Linear", "ReLU", "MaxPool2d", "AvgPool2d", "BatchNorm2d", "Dropout", "Flatten",
+    "Add", "Concat", "SoftmaxCrossEntropy",
+]

@@ -1,0 +1,151 @@
+"""The layer protocol: shapes, parameters, math on an array namespace, and what backward needs.
+
+Layers are pure math. They never allocate device memory and know nothing of offloading: the executor
+hands them every buffer (outputs, gradients, saved state, workspace) and the graph reads their
+declarations to decide what must be kept for backward.
+
+Layout. Shapes in the public API are NCHW (``(N, C, H, W)``). On a device, 4-D tensors are stored
+channels-last, ``(N, H, W, C)``: :func:`physical` maps one to the other. Layers compute on the physical
+arrays. Convolution filters are stored ``(K, kh, kw, C)`` (cuDNN's NHWC filter layout, "KRSC"); Linear
+weights ``(out, in)``.
+
+What backward needs (``Layer.needs``): ``"x"`` the layer's inputs, ``"y"`` its output, ``"mask"`` only
+the sign of its output (ReLU: 1 bit would do), or nothing. Saved state a layer makes itself (an argmax map,
+a dropout mask, batch statistics) is declared by ``aux_specs`` and handed to it as ``ctx.aux``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from ..errors import ShapeError
+
+__all__ = ["Layer", "Ctx", "Shape", "physical", "logical", "ParamSpec", "AuxSpec"]
+
+Shape = tuple[int, ...]
+
+
+def physical(shape: Shape) -> Shape:
+    """The device layout of a logical shape: NCHW -> NHWC for 4-D tensors, others unchanged."""
+    if len(shape) == 4:
+        n, c, h, w = shape
+        return (n, h, w, c)
+    return tuple(shape)
+
+
+def logical(shape: Shape) -> Shape:
+    """Inverse of :func:`physical`."""
+    if len(shape) == 4:
+        n, h, w, c = shape
+        return (n, c, h, w)
+    return tuple(shape)
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """A trainable parameter (or, with ``trainable=False``, a state buffer such as running statistics)."""
+
+    shape: Shape
+    init: str  # "he", "glorot", "zeros", "ones"
+    fan_in: int = 1
+    fan_out: int = 1
+    trainable: bool = True
+
+
+@dataclass(frozen=True)
+class AuxSpec:
+    """State a layer saves in forward for its own backward (physical shape)."""
+
+    shape: Shape
+    dtype: str  # "float" means the network's float dtype
+
+
+@dataclass
+class Ctx:
+    """Everything one forward or backward call may touch, handed in by the executor."""
+
+    xp: Any
+    params: dict[str, Any] = field(default_factory=dict)
+    grads: dict[str, Any] = field(default_factory=dict)
+    aux: dict[str, Any] = field(default_factory=dict)
+    train: bool = True
+    rng: Any = None
+    workspace: Any = None  # a uint8 array, at least ``workspace_bytes`` long, or None
+    algo: str | None = None  # convolution algorithm for this pass
+    in_shapes: tuple[Shape, ...] = ()  # physical shapes of the inputs
+
+
+class Layer(ABC):
+    """Base class of every layer. Subclasses set the class attributes and override what they need."""
+
+    kind: ClassVar[str] = "layer"
+    needs: ClassVar[frozenset[str]] = frozenset()  # subset of {"x", "y", "mask"}
+    inplace: ClassVar[bool] = False  # may write its output over its (single) input
+    arity: ClassVar[int | None] = 1  # number of inputs; None: two or more
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+
+    # -- shapes ------------------------------------------------------------------------------------
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        """Logical (NCHW) output shape for logical input shapes; raises ShapeError."""
+        return tuple(in_shapes[0])
+
+    def check_arity(self, in_shapes: Sequence[Shape]) -> None:
+        n = len(in_shapes)
+        if self.arity is None:
+            if n < 2:
+                raise ShapeError(f"layer {self.label}: needs two or more inputs, got {n}")
+        elif n != self.arity:
+            raise ShapeError(f"layer {self.label}: needs {self.arity} input(s), got {n}")
+
+    def expect_rank(self, shape: Shape, rank: int, what: str = "input") -> None:
+        if len(shape) != rank:
+            layout = {4: "(N, C, H, W)", 2: "(N, features)"}.get(rank, f"rank {rank}")
+            raise ShapeError(f"layer {self.label}: expects a {layout} {what}, got shape {tuple(shape)}")
+
+    # -- parameters and saved state -----------------------------------------------------------------
+    def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:
+        return {}
+
+    def aux_specs(self, in_shapes: Sequence[Shape]) -> dict[str, AuxSpec]:
+        return {}
+
+    # -- cost ------------------------------------------------------------------------------------
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        """Floating-point operations of forward (backward is counted by the caller as about 2x)."""
+        return int(np.prod(self.output_shape(in_shapes)))
+
+    def algorithms(self, in_shapes: Sequence[Shape]) -> dict[str, list[str]]:
+        """Algorithms per pass ("forward", "backward_data", "backward_filter"); empty if not a choice."""
+        return {}
+
+    def workspace_bytes(self, in_shapes: Sequence[Shape], pass_: str, algo: str | None, itemsize: int) -> int:
+        """Scratch bytes a pass needs with ``algo``."""
+        return 0
+
+    # -- math ------------------------------------------------------------------------------------
+    @abstractmethod
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        """Compute the output into ``y`` (physical layout) from inputs ``xs``."""
+
+    @abstractmethod
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        """Write input gradients into the non-None entries of ``dxs`` and parameter gradients into
+        ``ctx.grads``. ``xs``/``y`` are given only if declared in ``needs``. ``dxs[i]`` may be ``dy``
+        itself when the executor runs the layer's backward in place."""
+
+    # -- naming ------------------------------------------------------------------------------------
+    @property
+    def label(self) -> str:
+        return f"{self.name!r} ({type(self).__name__})" if self.name else type(self).__name__
+
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.extra_repr()})"

@@ -1,0 +1,96 @@
+"""Fully connected layer and Flatten."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import ShapeError
+from .base import Ctx, Layer, ParamSpec, Shape
+
+__all__ = ["Linear", "Flatten"]
+
+
+class Linear(Layer):
+    """``Linear(in_features, out_features, bias=True)``: y = x W^T + b. Weight (out, in). Needs its input."""
+
+    kind = "linear"
+    needs = frozenset({"x"})
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        super().__init__()
+        for name, v in (("in_features", in_features), ("out_features", out_features)):
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"Linear: {name}={v!r} must be a positive int")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.bias = bias
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}" + ("" if self.bias else ", bias=False")
+
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        self.check_arity(in_shapes)
+        shape = in_shapes[0]
+        self.expect_rank(shape, 2)
+        if shape[1] != self.in_features:
+            raise ShapeError(
+                f"layer {self.label}: expects {self.in_features} input features, got input of shape "
+                f"{tuple(shape)} ({shape[1]} features)"
+            )
+        return (shape[0], self.out_features)
+
+    def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:
+        specs = {"weight": ParamSpec((self.out_features, self.in_features), "glorot", self.in_features,
+                                     self.out_features)}
+        if self.bias:
+            specs["bias"] = ParamSpec((self.out_features,), "zeros")
+        return specs
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return 2 * in_shapes[0][0] * self.in_features * self.out_features
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        xp = ctx.xp
+        xp.matmul(xs[0], ctx.params["weight"].T, out=y)
+        if self.bias:
+            y += ctx.params["bias"]
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        xp = ctx.xp
+        xp.matmul(dy.T, xs[0], out=ctx.grads["weight"])  # type: ignore[index]
+        if self.bias:
+            xp.sum(dy, axis=0, out=ctx.grads["bias"])
+        if dxs[0] is not None:
+            xp.matmul(dy, ctx.params["weight"], out=dxs[0])
+
+
+class Flatten(Layer):
+    """(N, C, H, W) -> (N, C*H*W). A pure reshape: its output shares its input's memory.
+
+    Features are ordered as the device stores them (channels last: H, W, C).
+    """
+
+    kind = "flatten"
+    inplace = True
+
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        self.check_arity(in_shapes)
+        shape = tuple(in_shapes[0])
+        if len(shape) < 2:
+            raise ShapeError(f"layer {self.label}: needs a batch axis and features, got shape {shape}")
+        return (shape[0], int(np.prod(shape[1:])))
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return 0
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        x = xs[0]
+        if not ctx.xp.may_share_memory(x, y):
+            y[...] = x.reshape(y.shape)
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        dx = dxs[0]
+        if dx is not None and not ctx.xp.may_share_memory(dx, dy):
+            dx[...] = dy.reshape(dx.shape)

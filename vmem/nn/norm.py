@@ -1,0 +1,109 @@
+"""Batch normalization over the channels of (N, C, H, W) tensors."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .base import AuxSpec, Ctx, Layer, ParamSpec, Shape
+
+__all__ = ["BatchNorm2d"]
+
+
+class BatchNorm2d(Layer):
+    """``BatchNorm2d(num_features, eps=1e-5, momentum=0.1)``.
+
+    Training normalizes with the batch's mean and biased variance and updates the running statistics
+    (running variance with the unbiased estimate, as Torch does); evaluation uses the running
+    statistics. Backward needs the input and the saved batch mean and 1/std (``aux``).
+    Parameters ``weight`` (gamma) and ``bias`` (beta); buffers ``running_mean`` and ``running_var``.
+    """
+
+    kind = "batchnorm"
+    needs = frozenset({"x"})
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1):
+        super().__init__()
+        if not isinstance(num_features, int) or num_features <= 0:
+            raise ValueError(f"BatchNorm2d: num_features={num_features!r} must be a positive int")
+        self.num_features = num_features
+        self.eps = float(eps)
+        self.momentum = float(momentum)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_features}"
+
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        from ..errors import ShapeError
+
+        self.check_arity(in_shapes)
+        shape = in_shapes[0]
+        self.expect_rank(shape, 4)
+        if shape[1] != self.num_features:
+            raise ShapeError(
+                f"layer {self.label}: expects {self.num_features} channels, got input of shape {tuple(shape)}"
+            )
+        return tuple(shape)
+
+    def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:
+        c = (self.num_features,)
+        return {
+            "weight": ParamSpec(c, "ones"),
+            "bias": ParamSpec(c, "zeros"),
+            "running_mean": ParamSpec(c, "zeros", trainable=False),
+            "running_var": ParamSpec(c, "ones", trainable=False),
+        }
+
+    def aux_specs(self, in_shapes: Sequence[Shape]) -> dict[str, AuxSpec]:
+        c = (self.num_features,)
+        return {"mean": AuxSpec(c, "float"), "invstd": AuxSpec(c, "float")}
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        n, c, h, w = in_shapes[0]
+        return 4 * n * c * h * w
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        xp, p, aux = ctx.xp, ctx.params, ctx.aux
+        c = self.num_features
+        x2 = xs[0].reshape(-1, c)
+        mean, invstd = aux["mean"], aux["invstd"]
+        if ctx.train:
+            m = x2.shape[0]
+            xp.mean(x2, axis=0, out=mean)
+            var = xp.var(x2, axis=0)
+            rm, rv = p["running_mean"], p["running_var"]
+            rm *= 1.0 - self.momentum
+            rm += self.momentum * mean
+            rv *= 1.0 - self.momentum
+            rv += (self.momentum * m / max(m - 1, 1)) * var
+        else:
+            mean[...] = p["running_mean"]
+            var = p["running_var"]
+        invstd[...] = 1.0 / xp.sqrt(var + self.eps)
+        y2 = y.reshape(-1, c)
+        xp.subtract(x2, mean, out=y2)
+        y2 *= invstd * p["weight"]
+        y2 += p["bias"]
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        xp, aux = ctx.xp, ctx.aux
+        c = self.num_features
+        x2 = xs[0].reshape(-1, c)  # type: ignore[index]
+        dy2 = dy.reshape(-1, c)
+        mean, invstd = aux["mean"], aux["invstd"]
+        xhat = (x2 - mean) * invstd
+        dgamma, dbeta = ctx.grads["weight"], ctx.grads["bias"]
+        xp.sum(dy2 * xhat, axis=0, out=dgamma)
+        xp.sum(dy2, axis=0, out=dbeta)
+        dx = dxs[0]
+        if dx is None:
+            return
+        dx2 = dx.reshape(-1, c)
+        scale = ctx.params["weight"] * invstd
+        if ctx.train:
+            m = x2.shape[0]
+            xhat *= dgamma / m
+            xp.subtract(dy2, xhat, out=dx2)
+            dx2 -= dbeta / m
+            dx2 *= scale
+        else:
+            xp.multiply(dy2, scale, out=dx2)

@@ -1,0 +1,156 @@
+"""Max and average pooling over channels-last tensors.
+
+Output size follows Torch: floor((H + 2p - k) / s) + 1, or with ``ceil_mode=True`` the ceiling, where a
+last window that would start beyond the input (right padding excluded) is dropped. Padding never
+contributes to a maximum; for averages it counts in the divisor when ``count_include_pad`` (Torch's
+default). Both are computed as one strided pass per window offset, so overlapping windows (3/2) work.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ..errors import ShapeError
+from .base import AuxSpec, Ctx, Layer, Shape, physical
+from .conv import _pair, _span
+
+__all__ = ["MaxPool2d", "AvgPool2d"]
+
+
+def _out_size(size: int, k: int, s: int, p: int, ceil: bool) -> int:
+    span = size + 2 * p - k
+    out = (-(-span // s) if ceil else span // s) + 1
+    if ceil and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+class _Pool2d(Layer):
+    def __init__(self, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None = None,
+                 padding: int | Sequence[int] = 0, ceil_mode: bool = False):
+        super().__init__()
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.stride = self.kernel_size if stride is None else _pair(stride, "stride")
+        self.padding = _pair(padding, "padding")
+        self.ceil_mode = bool(ceil_mode)
+        if min(self.kernel_size) < 1 or min(self.stride) < 1 or min(self.padding) < 0:
+            raise ValueError(f"{type(self).__name__}: bad geometry kernel={self.kernel_size} stride={self.stride}")
+        if self.padding[0] * 2 > self.kernel_size[0] or self.padding[1] * 2 > self.kernel_size[1]:
+            raise ValueError(f"{type(self).__name__}: padding {self.padding} must be at most half the kernel")
+
+    def extra_repr(self) -> str:
+        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+                + (", ceil_mode=True" if self.ceil_mode else ""))
+
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        self.check_arity(in_shapes)
+        shape = in_shapes[0]
+        self.expect_rank(shape, 4)
+        n, c, h, w = shape
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
+        ho, wo = _out_size(h, kh, sh, ph, self.ceil_mode), _out_size(w, kw, sw, pw, self.ceil_mode)
+        if ho < 1 or wo < 1 or h + 2 * ph < kh or w + 2 * pw < kw:
+            raise ShapeError(f"layer {self.label}: a {kh}x{kw} window does not fit input of shape {tuple(shape)}")
+        return (n, c, ho, wo)
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return int(np.prod(self.output_shape(in_shapes))) * self.kernel_size[0] * self.kernel_size[1]
+
+    def _offsets(self, h: int, w: int, ho: int, wo: int) -> Iterator[tuple[int, slice, slice, slice, slice]]:
+        """For each window offset: its index, the outputs it reaches, and the matching input slices."""
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
+        for i in range(kh):
+            o0, o1 = _span(i, ph, sh, h, ho)
+            for j in range(kw):
+                p0, p1 = _span(j, pw, sw, w, wo)
+                if o0 >= o1 or p0 >= p1:
+                    continue
+                rows = slice(o0 * sh + i - ph, (o1 - 1) * sh + i - ph + 1, sh)
+                cols = slice(p0 * sw + j - pw, (p1 - 1) * sw + j - pw + 1, sw)
+                yield i * kw + j, slice(o0, o1), slice(p0, p1), rows, cols
+
+
+class MaxPool2d(_Pool2d):
+    """Max pooling. Backward needs only the argmax map (the window position of each maximum, 1 byte
+    per output; at most 256 positions)."""
+
+    kind = "maxpool"
+
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False):
+        super().__init__(kernel_size, stride, padding, ceil_mode)
+        if self.kernel_size[0] * self.kernel_size[1] > 256:
+            raise ValueError(f"MaxPool2d: a {self.kernel_size} window has more than 256 positions")
+
+    def aux_specs(self, in_shapes: Sequence[Shape]) -> dict[str, AuxSpec]:
+        return {"argmax": AuxSpec(physical(self.output_shape(in_shapes)), "uint8")}
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        xp, x, am = ctx.xp, xs[0], ctx.aux["argmax"]
+        _, h, w, _ = x.shape
+        _, ho, wo, _ = y.shape
+        y.fill(-np.inf)
+        am.fill(0)
+        for idx, orow, ocol, irow, icol in self._offsets(h, w, ho, wo):
+            yr, xr = y[:, orow, ocol], x[:, irow, icol]
+            better = xr > yr
+            xp.copyto(yr, xr, where=better)
+            xp.copyto(am[:, orow, ocol], idx, where=better)
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        dx = dxs[0]
+        if dx is None:
+            return
+        xp, am = ctx.xp, ctx.aux["argmax"]
+        _, h, w, _ = dx.shape
+        _, ho, wo, _ = dy.shape
+        dx.fill(0)
+        for idx, orow, ocol, irow, icol in self._offsets(h, w, ho, wo):
+            dx[:, irow, icol] += xp.where(am[:, orow, ocol] == idx, dy[:, orow, ocol], 0)
+
+
+class AvgPool2d(_Pool2d):
+    """Average pooling. Backward needs nothing saved."""
+
+    kind = "avgpool"
+
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+        super().__init__(kernel_size, stride, padding, ceil_mode)
+        self.count_include_pad = bool(count_include_pad)
+
+    def _divisor(self, xp: Any, h: int, w: int, ho: int, wo: int, dtype: Any) -> Any:
+        """Per-output divisor of shape (ho, wo, 1) (Torch's rule)."""
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
+
+        def counts(size: int, k: int, s: int, p: int, out: int) -> np.ndarray:
+            start = np.arange(out) * s - p
+            if self.count_include_pad:
+                lo, hi = start, np.minimum(start + k, size + p)
+            else:
+                lo, hi = np.maximum(start, 0), np.minimum(start + k, size)
+            return (hi - lo).astype(np.float64)
+
+        div = np.outer(counts(h, kh, sh, ph, ho), counts(w, kw, sw, pw, wo))[:, :, None]
+        return xp.asarray(div, dtype=dtype)
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        xp, x = ctx.xp, xs[0]
+        _, h, w, _ = x.shape
+        _, ho, wo, _ = y.shape
+        y.fill(0)
+        for _, orow, ocol, irow, icol in self._offsets(h, w, ho, wo):
+            y[:, orow, ocol] += x[:, irow, icol]
+        y /= self._divisor(xp, h, w, ho, wo, y.dtype)
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        dx = dxs[0]
+        if dx is None:
+            return
+        xp = ctx.xp
+        _, h, w, _ = dx.shape
+        _, ho, wo, _ = dy.shape
+        g = dy / self._divisor(xp, h, w, ho, wo, dy.dtype)
+        dx.fill(0)
+        for _, orow, ocol, irow, icol in self._offsets(h, w, ho, wo):
+            dx[:, irow, icol] += g[:, orow, ocol]
