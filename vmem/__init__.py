@@ -3,12 +3,26 @@
 The runtime manages device memory layer by layer, offloads feature maps to pinned host memory on a
 memory stream while compute runs, and compresses or recomputes what it stashes. It runs on a faithful
 CPU device (the default), on simulated GPUs for planning, and on CUDA through CuPy.
+
+    import vmem
+    from vmem import nn
+    net = vmem.models.get("vgg_cifar")
+    dev = vmem.device("cpu", memory="512MiB")
+    plan = vmem.plan(net, batch=64, device=dev, policy="baseline")
+    trainer = vmem.Trainer(net, device=dev, policy="baseline", optimizer=vmem.optim.SGD(lr=0.05, momentum=0.9))
 """
 
-from . import errors, pool, streams
+from . import data, errors, models, nn, optim, policies, pool, streams
 from .device import device
+from .graph import Graph, Network, Program, Sequential
+from .planner import plan
+from .trainer import Trainer
 from .units import format_bytes, parse_bytes
 
 __version__ = "0.1.0"
 
-__all__ = ["device", "errors", "pool", "streams", "parse_bytes", "format_bytes", "__version__"]
+__all__ = [
+    "device", "plan", "Trainer", "Sequential", "Graph", "Network", "Program",
+    "nn", "models", "optim", "policies", "pool", "streams", "data", "errors",
+    "parse_bytes", "format_bytes", "__version__",
+]

@@ -18,7 +18,8 @@ def make_ctx(layer, in_shapes, rng, algo=None, train=True, seed=7):
     grads = {k: np.zeros(s.shape) for k, s in specs.items() if s.trainable}
     aux = {k: np.zeros(a.shape, dtype=np.float64 if a.dtype == "float" else a.dtype)
            for k, a in layer.aux_specs(in_shapes).items()}
-    ws_bytes = max([layer.workspace_bytes(in_shapes, p, algo, 8) for p in PASSES] + [0])
+    algos = algo if isinstance(algo, tuple) else (algo,)
+    ws_bytes = max([layer.workspace_bytes(in_shapes, p, a, 8) for p in PASSES for a in algos] + [0])
     ctx = Ctx(xp=np, params=params, grads=grads, aux=aux, train=train,
               workspace=np.zeros(ws_bytes, np.uint8) if ws_bytes else None, algo=algo,
               in_shapes=tuple(physical(s) for s in in_shapes))

@@ -19,7 +19,8 @@ CONV_CASES = [
 ]
 
 
-@pytest.mark.parametrize("algo", ["im2col", "implicit"])
+@pytest.mark.parametrize("algo", ["im2col", "implicit", ("im2col", "implicit"), ("implicit", "im2col")],
+                         ids=["im2col", "implicit", "data-im2col-filter-implicit", "data-implicit-filter-im2col"])
 @pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"k{c[2]}s{c[3]}p{c[4]}")
 def test_conv2d(case, algo):
     cin, cout, k, s, p, shape = case

@@ -172,6 +172,8 @@ class Conv2d(Layer):
             y2 += ctx.params["bias"]
 
     def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        """``ctx.algo`` is one algorithm for both passes or a pair (backward_data, backward_filter); the
+        two passes run one after the other in the same workspace."""
         x = xs[0]  # type: ignore[index]
         dx = dxs[0]
         w = ctx.params["weight"]
@@ -186,19 +188,26 @@ class Conv2d(Layer):
             if dx is not None:
                 np.matmul(dy2, w.reshape(k, c), out=dx.reshape(-1, c))
             return
-        if ctx.algo == "implicit":
+        algo_data, algo_filter = ctx.algo if isinstance(ctx.algo, tuple) else (ctx.algo, ctx.algo)
+        if algo_filter == "implicit":
             self._backward_filter_implicit(ctx, x, dy, dw)
-            if dx is not None:
-                self._backward_data_implicit(ctx, dy, w, dx)
+        else:
+            col = self._im2col(ctx, x, pass_="backward_filter")
+            np.matmul(dy2.T, col, out=dw.reshape(k, -1))
+        if dx is None:
             return
-        col = self._im2col(ctx, x, pass_="backward_filter")
-        np.matmul(dy2.T, col, out=dw.reshape(k, -1))
-        if dx is not None:
-            np.matmul(dy2, w.reshape(k, -1), out=col)  # the workspace now holds d(col)
-            self._col2im(ctx, col, dx)
+        if algo_data == "implicit":
+            self._backward_data_implicit(ctx, dy, w, dx)
+        else:
+            n, h, wd, _ = dx.shape
+            shapes = self._workspace_shapes((n, c, h, wd), "backward_data", "im2col")
+            dcol = _carve(ctx.workspace, dx.dtype, *shapes)[-1]
+            np.matmul(dy2, w.reshape(k, -1), out=dcol)
+            self._col2im(ctx, dcol, dx)
 
     # im2col ---------------------------------------------------------------------------------------
     def _im2col(self, ctx: Ctx, x: np.ndarray, pass_: str) -> np.ndarray:
+        """Gather the receptive fields of ``x`` into the workspace's column matrix."""
         n, h, w, c = x.shape
         (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
         ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1

@@ -1,0 +1,11 @@
+"""Memory policies: pure decisions that turn a Program into a Plan.
+
+``vmem.policies.get("baseline:algos=performance")`` returns a frozen, validated policy; ``names()`` lists
+them. Spec strings are accepted wherever ``policy=`` is.
+"""
+
+from . import baseline as _baseline  # noqa: F401  (registers the policy)
+from .base import Policy, get, names, parse_spec, register
+from .plan import Plan
+
+__all__ = ["Policy", "Plan", "get", "names", "parse_spec", "register"]

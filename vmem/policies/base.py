@@ -1,0 +1,121 @@
+"""Policies are frozen, validated decisions: they read a Program and a device spec and return a Plan.
+
+A policy never touches streams, pools or data. Every policy is named by a spec string,
+``"name:key=value,key=value"`` (``"baseline:algos=memory"``), accepted wherever ``policy=`` is: by
+:func:`vmem.plan`, :class:`vmem.Trainer` and the command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..device.base import DeviceSpec
+from ..graph import Program
+from .plan import Plan
+
+__all__ = ["Policy", "parse_spec", "register", "get", "names"]
+
+ALGOS = ("memory", "performance")
+_REGISTRY: dict[str, type["Policy"]] = {}
+
+
+def register(cls: type["Policy"]) -> type["Policy"]:
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def names() -> list[str]:
+    """Names of every policy."""
+    return sorted(_REGISTRY)
+
+
+def _value(text: str) -> Any:
+    low = text.lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``"vdnn-all:algos=memory,codec=zvc"`` -> ``("vdnn-all", {"algos": "memory", "codec": "zvc"})``."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"policy={spec!r}: expected a policy name such as 'baseline', optionally with ':key=value,...'")
+    name, _, rest = spec.strip().partition(":")
+    options: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise ValueError(f"policy={spec!r}: option {item!r} must be key=value")
+        options[key.strip()] = _value(value.strip())
+    return name.strip(), options
+
+
+def get(spec: "str | Policy", **overrides: Any) -> "Policy":
+    """A validated policy from a spec string (or a Policy, optionally with fields overridden)."""
+    if isinstance(spec, Policy):
+        return dataclasses.replace(spec, **overrides) if overrides else spec
+    name, options = parse_spec(spec)
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        raise ValueError(f"unknown policy {name!r}; available: {', '.join(names())}")
+    options.update(overrides)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise ValueError(
+            f"policy {name!r} has no option {', '.join(map(repr, unknown))}; its options are "
+            f"{', '.join(sorted(fields)) or 'none'}"
+        )
+    return cls(**options)
+
+
+@dataclass(frozen=True)
+class Policy(ABC):
+    """Base of every policy. ``algos``: convolution algorithms, ``"memory"`` (least workspace) or
+    ``"performance"`` (fastest)."""
+
+    name: ClassVar[str] = "policy"
+    algos: str = "memory"
+
+    def __post_init__(self) -> None:
+        if self.algos not in ALGOS:
+            raise ValueError(f"policy {self.name!r}: algos={self.algos!r}; use one of {', '.join(ALGOS)}")
+
+    @property
+    def spec(self) -> str:
+        """The spec string that rebuilds this policy."""
+        options = ",".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
+        return f"{self.name}:{options}" if options else self.name
+
+    @abstractmethod
+    def decide(self, program: Program, device: DeviceSpec) -> Plan:
+        """Return the Plan for ``program`` on ``device`` (pure: no pool, no stream, no data)."""
+
+    def choose_algos(self, program: Program) -> dict[str, dict[str, str]]:
+        """Per op with a choice of algorithms: the one per pass that ``algos`` asks for.
+
+        ``memory``: least workspace (ties: the faster, listed first). ``performance``: the catalog's
+        fastest (listed first); measured times replace the catalog order once a profile exists.
+        """
+        chosen: dict[str, dict[str, str]] = {}
+        for op in program.ops:
+            if not op.algorithms:
+                continue
+            per_pass = {}
+            for pass_, candidates in op.algorithms.items():
+                if self.algos == "performance":
+                    per_pass[pass_] = candidates[0]
+                else:
+                    per_pass[pass_] = min(candidates, key=lambda a: (op.workspace[pass_][a], candidates.index(a)))
+            chosen[op.name] = per_pass
+        return chosen

@@ -1,0 +1,31 @@
+"""The baseline: network-wide allocation as in Torch and Caffe, the reference vDNN compares against.
+
+Every feature map lives for the whole iteration; ReLU runs in place; only the gradient maps still needed
+are live (for a chain, a dX/dY pair reused layer by layer); one workspace is sized to the largest need.
+All of it is allocated up front, so the peak and the average usage are equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..device.base import DeviceSpec
+from ..graph import Program
+from .base import Policy, register
+from .plan import Plan
+
+
+@register
+@dataclass(frozen=True)
+class Baseline(Policy):
+    """``baseline[:algos=memory|performance]``."""
+
+    name = "baseline"
+
+    def decide(self, program: Program, device: DeviceSpec) -> Plan:
+        return Plan(
+            policy=self.spec, network=program.network, batch=program.batch, device=device.name,
+            capacity=device.memory, allocation="network", algos=self.choose_algos(program),
+            stash={t.name: "keep" for t in program.tensors if t.stashed},
+            reason="network-wide allocation: every feature map is kept for the whole iteration",
+        )

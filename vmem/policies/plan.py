@@ -1,0 +1,62 @@
+"""The Plan: what a policy decided for one network, batch and device, and the figures it predicts.
+
+Plain data that serializes to JSON. Decisions (set by the policy): the algorithm of every convolution
+pass, what happens to every stashed tensor, how memory is allocated (``"network"``: everything up front,
+as Torch and Caffe do; ``"layer"``: layer by layer, released after last use). Figures (filled in by
+:func:`vmem.plan`, which replays the allocations through the device's pool code): peak and time-weighted
+average bytes, bytes per category, bytes offloaded, predicted step time, and whether it fits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..units import format_bytes
+
+__all__ = ["Plan"]
+
+
+@dataclass
+class Plan:
+    policy: str
+    network: str
+    batch: int
+    device: str
+    capacity: int
+    allocation: str  # "network" | "layer"
+    algos: dict[str, dict[str, str]] = field(default_factory=dict)  # op -> pass -> algorithm
+    stash: dict[str, str] = field(default_factory=dict)  # tensor -> "keep" | "offload" | ...
+    sync: str | None = None
+    reason: str = ""
+    # figures
+    peak_bytes: int = 0
+    average_bytes: float = 0.0
+    offloaded_bytes: int = 0
+    step_seconds: float | None = None
+    baseline_step_seconds: float | None = None
+    by_category: dict[str, dict[str, float]] = field(default_factory=dict)
+    fits: bool = True
+    layers: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def table(self) -> str:
+        """A per-layer table: output shape, algorithms, stash decision, bytes."""
+        head = (f"{self.network} batch {self.batch} on {self.device} ({format_bytes(self.capacity)}), "
+                f"policy {self.policy}: peak {format_bytes(self.peak_bytes)}, average "
+                f"{format_bytes(self.average_bytes)}" + ("" if self.fits else "  ** DOES NOT FIT **"))
+        cols = ("layer", "output", "algorithms (fwd/bwd-data/bwd-filter)", "stash", "output bytes", "workspace")
+        rows = [cols]
+        for row in self.layers:
+            rows.append((row["name"], "x".join(map(str, row["shape"])), row.get("algos") or "-",
+                         row.get("stash") or "-", format_bytes(row["bytes"]),
+                         format_bytes(row["workspace"]) if row.get("workspace") else "-"))
+        widths = [max(len(str(r[i])) for r in rows) for i in range(len(cols))]
+        lines = [head, "  ".join(str(c).ljust(w) for c, w in zip(rows[0], widths)),
+                 "  ".join("-" * w for w in widths)]
+        lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows[1:]]
+        cats = ", ".join(f"{k} {format_bytes(v['peak'])}" for k, v in self.by_category.items() if v.get("peak"))
+        lines.append(f"peak by category: {cats}")
+        return "\n".join(lines)

@@ -1,0 +1,349 @@
+"""vmem.Trainer: the training loop. One step is the executor's; the loop adds epochs, metrics, progress
+and checkpoints.
+
+A Trainer plans each batch size it sees with its policy (refusing a plan that does not fit the device,
+with a remedy), keeps the weights, their gradients and the optimizer state in the device pool for the
+whole run, and copies weights back to the network on :meth:`sync` (done by ``fit``, ``save`` and
+``close``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import zipfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import policies
+from .data import Dataset
+from .device import device as make_device
+from .errors import CheckpointError, OutOfDeviceMemory, ShapeError
+from .executor import DeviceParams, Executor, StepReport
+from .graph import Network
+from .nn.loss import SoftmaxCrossEntropy
+from .optim import SGD, Optimizer
+from .planner import plan_program
+from .schedule import lower_inference, persistent_buffers
+from .units import format_bytes
+
+__all__ = ["Trainer", "History", "EpochStats"]
+
+CHECKPOINT_FORMAT = "vmem-checkpoint"
+CHECKPOINT_VERSION = 1
+
+
+@dataclass
+class EpochStats:
+    epoch: int
+    train_loss: float
+    step_seconds: float  # median over the epoch
+    peak_bytes: int
+    average_bytes: float
+    offloaded_bytes: int
+    stall_seconds: float
+    seconds: float
+    val_loss: float | None = None
+    val_accuracy: float | None = None
+
+
+@dataclass
+class History:
+    epochs: list[EpochStats] = field(default_factory=list)
+
+    @property
+    def last(self) -> EpochStats:
+        return self.epochs[-1]
+
+    def to_dict(self) -> list[dict[str, Any]]:
+        return [asdict(e) for e in self.epochs]
+
+
+class Trainer:
+    """Train ``net`` on ``device`` under a memory ``policy``.
+
+    ``device``: a Device or a name (``"cpu"``; ``memory=`` then sets its capacity and the trainer closes
+    it). ``policy``: a spec string or Policy. ``loss`` defaults to SoftmaxCrossEntropy, ``optimizer`` to
+    SGD(lr=0.01, momentum=0.9). ``seed`` seeds the weights (if the network has none yet), the shuffling
+    and dropout, so the same seed gives bitwise-identical weights.
+    """
+
+    def __init__(self, net: Network, device: Any = "cpu", policy: Any = "baseline", loss: Any = None,
+                 optimizer: Optimizer | None = None, seed: int = 0, *, input_shape: Sequence[int] | None = None,
+                 dtype: str = "float32", memory: int | str | None = None):
+        self.net = net
+        self.input_shape = tuple(input_shape) if input_shape is not None else net.input_shape
+        if self.input_shape is None:
+            raise ShapeError(f"{net.name}: no input shape; pass input_shape=(C, H, W)")
+        self.dtype = dtype
+        self.policy = policies.get(policy)
+        self.loss = loss if loss is not None else SoftmaxCrossEntropy()
+        self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01, momentum=0.9)
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self.steps_done = 0
+        if net.params is None:
+            net.init(seed, dtype, self.input_shape)
+        self._own_device = isinstance(device, str)
+        if self._own_device:
+            self.device = make_device(device, **({"memory": memory} if memory is not None else {}))
+        else:
+            if memory is not None:
+                raise ValueError("memory= applies only when the device is given by name")
+            self.device = make_device(device)
+        self._params: DeviceParams | None = None
+        self._executors: dict[tuple[int, bool], Executor] = {}
+        self.plans: dict[int, policies.Plan] = {}
+        self._closed = False
+
+    # -- setup ---------------------------------------------------------------------------------------
+    def _device_params(self) -> DeviceParams:
+        if self._params is None:
+            program = self.net.build(1, self.input_shape, self.dtype)
+            specs = self.net.param_specs(self.input_shape)
+            self._params = DeviceParams(self.device, persistent_buffers(program, self.optimizer.slots), specs,
+                                        self.dtype)
+            self._params.upload(self.net.params)  # type: ignore[arg-type]
+        return self._params
+
+    def plan(self, batch: int) -> policies.Plan:
+        """The plan of a training step at ``batch`` (figures included), as ``vmem.plan`` gives it."""
+        self._executor(batch, True, check=False)
+        return self.plans[batch]
+
+    def _executor(self, batch: int, train: bool, check: bool = True) -> Executor:
+        key = (batch, train)
+        ex = self._executors.get(key)
+        if ex is not None:
+            return ex
+        program = self.net.build(batch, self.input_shape, self.dtype)
+        plan, schedule = plan_program(program, self.device.spec, self.policy, alignment=self.device.pool.alignment,
+                                      optimizer_slots=self.optimizer.slots)
+        if train:
+            self.plans[batch] = plan
+            if check and not plan.fits:
+                raise self._refusal(program, plan)
+        else:
+            schedule = lower_inference(program, plan)
+        ex = Executor(self.device, program, plan, schedule, self._device_params(), self.loss,
+                      self.optimizer if train else None)
+        self._executors[key] = ex
+        return ex
+
+    def _refusal(self, program: Any, plan: policies.Plan) -> OutOfDeviceMemory:
+        fitting = []
+        for name in policies.names():
+            if name == self.policy.name:
+                continue
+            other, _ = plan_program(program, self.device.spec, name, alignment=self.device.pool.alignment,
+                                    optimizer_slots=self.optimizer.slots)
+            if other.fits:
+                fitting.append(f"{name} (peak {format_bytes(other.peak_bytes)})")
+        remedy = (f"policy {plan.policy} needs {format_bytes(plan.peak_bytes)} at batch {plan.batch}; "
+                  + (f"these policies fit: {', '.join(fitting)}" if fitting else
+                     "use a smaller batch or a larger memory="))
+        stats = self.device.pool.stats()
+        return OutOfDeviceMemory(plan.peak_bytes, self.device.pool.capacity, stats.in_use, stats.largest_free,
+                                 stats.fragmentation, {k: int(v["peak"]) for k, v in plan.by_category.items()},
+                                 remedy=remedy)
+
+    def _check_input(self, x: np.ndarray, y: np.ndarray | None) -> None:
+        if tuple(x.shape[1:]) != tuple(self.input_shape):  # type: ignore[arg-type]
+            raise ShapeError(f"{self.net.name}: input batch has shape {tuple(x.shape)}, the network takes "
+                             f"(N, {', '.join(map(str, self.input_shape))})")  # type: ignore[arg-type]
+        if y is not None and len(y) != len(x):
+            raise ShapeError(f"{self.net.name}: {len(x)} inputs but {len(y)} labels")
+
+    # -- training ----------------------------------------------------------------------------------
+    def step(self, x: np.ndarray, y: np.ndarray) -> StepReport:
+        """One training step on a batch: forward, loss, backward, optimizer update."""
+        x = np.asarray(x)
+        self._check_input(x, y)
+        ex = self._executor(len(x), True)
+        report, _ = ex.run(x, np.asarray(y), train=True, rng=self.rng, step=self.steps_done + 1)
+        self.steps_done += 1
+        return report
+
+    def fit(self, train: Dataset, epochs: int = 1, val: Dataset | None = None, *, batch_size: int = 64,
+            shuffle: bool = True, progress: bool = True) -> History:
+        """Train for ``epochs`` over ``train`` (the last partial batch is dropped); evaluate on ``val``."""
+        history = History()
+        n_batches = train.num_batches(batch_size, drop_last=True)
+        if n_batches == 0:
+            raise ValueError(f"fit: {len(train)} samples make no full batch of {batch_size}")
+        for epoch in range(1, epochs + 1):
+            reports: list[StepReport] = []
+            bar = _progress(n_batches, f"epoch {epoch}/{epochs}", progress)
+            for x, y in train.batches(batch_size, shuffle=shuffle, rng=self.rng, drop_last=True):
+                reports.append(self.step(x, y))
+                bar.update(1)
+                bar.set_postfix(loss=f"{reports[-1].loss:.4f}")
+            bar.close()
+            stats = EpochStats(
+                epoch=epoch,
+                train_loss=float(np.mean([r.loss for r in reports])),
+                step_seconds=float(np.median([r.seconds for r in reports])),
+                peak_bytes=max(r.peak_bytes for r in reports),
+                average_bytes=float(np.mean([r.average_bytes for r in reports])),
+                offloaded_bytes=max(r.offloaded_bytes for r in reports),
+                stall_seconds=float(np.mean([r.stall_seconds for r in reports])),
+                seconds=float(sum(r.seconds for r in reports)),
+            )
+            if val is not None:
+                result = self.evaluate(val, batch_size=batch_size)
+                stats.val_loss, stats.val_accuracy = result["loss"], result["accuracy"]
+            history.epochs.append(stats)
+            if progress and not bar.is_tqdm:
+                extra = f", val accuracy {stats.val_accuracy:.3f}" if stats.val_accuracy is not None else ""
+                print(f"epoch {epoch}/{epochs}: loss {stats.train_loss:.4f}{extra}", flush=True)
+        self.sync()
+        return history
+
+    def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
+        """Logits for ``x`` (evaluation mode: batch-norm running statistics, no dropout)."""
+        x = np.asarray(x)
+        self._check_input(x, None)
+        out = []
+        for start in range(0, len(x), batch_size):
+            xb = x[start : start + batch_size]
+            _, logits = self._executor(len(xb), False).run(xb, None, train=False, rng=self.rng)
+            out.append(logits)
+        return np.concatenate(out)
+
+    def evaluate(self, data: Dataset, batch_size: int = 256) -> dict[str, float]:
+        """Mean loss and accuracy (a fraction) on ``data``."""
+        logits = self.predict(data.x, batch_size).astype(np.float64)
+        logits -= logits.max(axis=1, keepdims=True)
+        logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+        loss = float(-logp[np.arange(len(data)), data.y].mean())
+        accuracy = float((logits.argmax(axis=1) == data.y).mean())
+        return {"loss": loss, "accuracy": accuracy}
+
+    # -- state ---------------------------------------------------------------------------------------
+    def sync(self) -> None:
+        """Copy the device's weights back into the network (``net.params``)."""
+        if self._params is not None:
+            self.device.synchronize()
+            self.net.params = self._params.download()
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write weights, optimizer state, step count and random state to an .npz file (atomically)."""
+        params = self._device_params()
+        self.sync()
+        arrays = {f"param/{k}": v for k, v in self.net.params.items()}  # type: ignore[union-attr]
+        arrays.update({f"opt/{k}": v for k, v in params.optimizer_state().items()})
+        meta = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "network": self.net.name,
+                "optimizer": self.optimizer.config(), "steps": self.steps_done,
+                "rng": self.rng.bit_generator.state, "dtype": self.dtype}
+        arrays["meta"] = np.array(json.dumps(meta))
+        path = Path(path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **arrays)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Restore a checkpoint written by :meth:`save`. Everything is read and checked before anything
+        changes: a truncated or mismatched file raises CheckpointError and leaves the trainer and the
+        network untouched."""
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                data = {k: f[k] for k in f.files}
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+            raise CheckpointError(f"{path}: cannot read the checkpoint ({type(exc).__name__}: {exc})") from exc
+        try:
+            meta = json.loads(str(data.pop("meta")))
+        except (KeyError, ValueError) as exc:
+            raise CheckpointError(f"{path}: not a vmem checkpoint (no readable metadata)") from exc
+        if meta.get("format") != CHECKPOINT_FORMAT or meta.get("version") != CHECKPOINT_VERSION:
+            raise CheckpointError(f"{path}: not a vmem checkpoint of version {CHECKPOINT_VERSION}")
+        if meta.get("network") != self.net.name:
+            raise CheckpointError(f"{path}: the checkpoint is of network {meta.get('network')!r}, not {self.net.name!r}")
+        opt = meta.get("optimizer", {})
+        if opt.get("type") != type(self.optimizer).__name__:
+            raise CheckpointError(f"{path}: the checkpoint's optimizer is {opt.get('type')!r}, "
+                                  f"this trainer's is {type(self.optimizer).__name__!r}")
+        params = {k[len("param/"):]: v for k, v in data.items() if k.startswith("param/")}
+        opt_state = {k[len("opt/"):]: v for k, v in data.items() if k.startswith("opt/")}
+        specs = self.net.param_specs(self.input_shape)
+        expected_opt = {f"{k}:{slot}": s.shape for k, s in specs.items() if s.trainable
+                        for slot in self.optimizer.slots}
+        if set(opt_state) != set(expected_opt):
+            raise CheckpointError(f"{path}: optimizer state does not match ({len(opt_state)} arrays, "
+                                  f"expected {len(expected_opt)})")
+        for key, shape in expected_opt.items():
+            if opt_state[key].shape != tuple(shape):
+                raise CheckpointError(f"{path}: optimizer state {key} has shape {opt_state[key].shape}, "
+                                      f"expected {tuple(shape)}")
+        rng = np.random.default_rng()
+        try:
+            rng.bit_generator.state = meta["rng"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{path}: the random state is unreadable") from exc
+        before = self.net.params
+        self.net.load_state_dict(params, source=str(path))  # checks names, shapes, dtypes; raises first
+        try:
+            device_params = self._device_params()
+            self.device.synchronize()
+            device_params.upload(self.net.params)  # type: ignore[arg-type]
+            device_params.load_optimizer_state(opt_state)
+        except BaseException:
+            self.net.params = before
+            raise
+        self.steps_done = int(meta["steps"])
+        self.rng = rng
+
+    # -- lifetime ----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Copy weights back to the network, release device memory, and close a device the trainer made."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.sync()
+        finally:
+            if self._params is not None:
+                self._params.release()
+                self._params = None
+            self._executors.clear()
+            if self._own_device:
+                self.device.close()
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class _NoBar:
+    is_tqdm = False
+
+    def update(self, n: int) -> None:
+        pass
+
+    def set_postfix(self, **kw: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, desc: str, enabled: bool) -> Any:
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _NoBar()
+    bar = tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
+    bar.is_tqdm = True
+    return bar
