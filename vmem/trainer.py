@@ -197,9 +197,11 @@ class Trainer:
                 result = self.evaluate(val, batch_size=batch_size)
                 stats.val_loss, stats.val_accuracy = result["loss"], result["accuracy"]
             history.epochs.append(stats)
-            if progress and not bar.is_tqdm:
-                extra = f", val accuracy {stats.val_accuracy:.3f}" if stats.val_accuracy is not None else ""
-                print(f"epoch {epoch}/{epochs}: loss {stats.train_loss:.4f}{extra}", flush=True)
+            if progress:
+                extra = (f"  val loss {stats.val_loss:.4f}  val accuracy {stats.val_accuracy:.2%}"
+                         if stats.val_accuracy is not None else "")
+                print(f"epoch {epoch}/{epochs}  loss {stats.train_loss:.4f}{extra}  "
+                      f"step {stats.step_seconds * 1e3:.1f} ms", flush=True)
         self.sync()
         return history
 
@@ -344,6 +346,8 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
         from tqdm.auto import tqdm
     except ImportError:
         return _NoBar()
-    bar = tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
+    bar = tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True, disable=None)  # None: off unless a terminal
+    if bar.disable:
+        return _NoBar()
     bar.is_tqdm = True
     return bar

@@ -95,8 +95,7 @@ class Conv2d(Layer):
         n, c, h, w = shape
         if c != self.in_channels:
             raise ShapeError(
-                f"layer {self.label}: expects {self.in_channels} input channels, got input of shape {tuple(shape)} "
-                f"({c} channels)"
+                f"layer {self.label}: expects input of shape (N, {self.in_channels}, H, W), got {tuple(shape)}"
             )
         (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
         ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1

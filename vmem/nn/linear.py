@@ -35,10 +35,7 @@ class Linear(Layer):
         shape = in_shapes[0]
         self.expect_rank(shape, 2)
         if shape[1] != self.in_features:
-            raise ShapeError(
-                f"layer {self.label}: expects {self.in_features} input features, got input of shape "
-                f"{tuple(shape)} ({shape[1]} features)"
-            )
+            raise ShapeError(f"layer {self.label}: expects input of shape (N, {self.in_features}), got {tuple(shape)}")
         return (shape[0], self.out_features)
 
     def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:

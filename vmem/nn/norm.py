@@ -40,7 +40,7 @@ class BatchNorm2d(Layer):
         self.expect_rank(shape, 4)
         if shape[1] != self.num_features:
             raise ShapeError(
-                f"layer {self.label}: expects {self.num_features} channels, got input of shape {tuple(shape)}"
+                f"layer {self.label}: expects input of shape (N, {self.num_features}, H, W), got {tuple(shape)}"
             )
         return tuple(shape)
 
