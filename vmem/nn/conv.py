@@ -3,7 +3,9 @@
 On the CPU (NumPy, channels-last) there are two algorithms for each pass:
 
 * ``im2col``: gather every receptive field into one matrix (the workspace: N*Ho*Wo*kh*kw*C values, plus
-  a zero-padded copy of the input when padding), then one GEMM. Fast, large workspace.
+  a zero-padded copy of the input when padding), then one GEMM. Fast, large workspace. With stride 1,
+  backward-data is the same thing applied to dy with the filters flipped (a "full" convolution), which
+  avoids scattering columns back; strided convolutions scatter (col2im).
 * ``implicit``: for each of the kh*kw filter offsets, one GEMM over the shifted input region,
   accumulated into the output. The workspace holds one region (N*Ho*Wo*(C+K) values at most): about
   ``9C / (C+K)`` times smaller for 3x3 filters, and slower.
@@ -138,6 +140,13 @@ class Conv2d(Layer):
         n, c, h, w, k, ho, wo = self._geometry(in_shape)
         (kh, kw), (ph, pw) = self.kernel_size, self.padding
         if algo in (None, "im2col"):
+            if pass_ == "backward_data" and self._transposed_ok():
+                # dx = im2col(dy padded by k-1-p) @ flipped filters: (pad buffer), columns, flipped filters
+                qh, qw = kh - 1 - ph, kw - 1 - pw
+                shapes = [(n * h * w, kh * kw * k), (kh * kw * k, c)]
+                if qh or qw:
+                    shapes.insert(0, (n, ho + 2 * qh, wo + 2 * qw, k))
+                return shapes
             shapes = [(n * ho * wo, kh * kw * c)]
             if ph or pw:
                 shapes.insert(0, (n, h + 2 * ph, w + 2 * pw, c))
@@ -179,8 +188,8 @@ class Conv2d(Layer):
         k = self.out_channels
         c = self.in_channels
         dy2 = dy.reshape(-1, k)
-        if self.bias:
-            np.sum(dy2, axis=0, out=ctx.grads["bias"])
+        if self.bias:  # a GEMV with a ones vector: BLAS runs it threaded, far faster than sum(axis=0)
+            np.matmul(_ones(dy2.shape[0], dy2.dtype), dy2, out=ctx.grads["bias"])
         dw = ctx.grads["weight"]
         if self._is_gemm():
             np.matmul(dy2.T, x.reshape(-1, c), out=dw.reshape(k, c))
@@ -197,6 +206,8 @@ class Conv2d(Layer):
             return
         if algo_data == "implicit":
             self._backward_data_implicit(ctx, dy, w, dx)
+        elif self._transposed_ok():
+            self._backward_data_transposed(ctx, dy, w, dx)
         else:
             n, h, wd, _ = dx.shape
             shapes = self._workspace_shapes((n, c, h, wd), "backward_data", "im2col")
@@ -208,20 +219,30 @@ class Conv2d(Layer):
     def _im2col(self, ctx: Ctx, x: np.ndarray, pass_: str) -> np.ndarray:
         """Gather the receptive fields of ``x`` into the workspace's column matrix."""
         n, h, w, c = x.shape
-        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
-        ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+        (kh, kw), (ph, pw) = self.kernel_size, self.padding
+        ho, wo = (h + 2 * ph - kh) // self.stride[0] + 1, (w + 2 * pw - kw) // self.stride[1] + 1
         if ph or pw:
             xpad, col = _carve(ctx.workspace, x.dtype, (n, h + 2 * ph, w + 2 * pw, c), (n * ho * wo, kh * kw * c))
-            _zero_border(xpad, ph, pw)
-            xpad[:, ph : ph + h, pw : pw + w, :] = x
         else:
-            (col,) = _carve(ctx.workspace, x.dtype, (n * ho * wo, kh * kw * c))
-            xpad = x
-        s = xpad.strides
-        windows = as_strided(xpad, (n, ho, wo, kh, kw, c), (s[0], s[1] * sh, s[2] * sw, s[1], s[2], s[3]),
-                             writeable=False)
-        np.copyto(col.reshape(n, ho, wo, kh, kw, c), windows)
+            xpad, (col,) = None, _carve(ctx.workspace, x.dtype, (n * ho * wo, kh * kw * c))
+        _gather(x, xpad, col, self.kernel_size, self.stride, self.padding)
         return col
+
+    def _transposed_ok(self) -> bool:
+        """Backward-data as a forward convolution of dy with flipped filters: stride 1, padding < kernel."""
+        return self.stride == (1, 1) and self.padding[0] < self.kernel_size[0] and self.padding[1] < self.kernel_size[1]
+
+    def _backward_data_transposed(self, ctx: Ctx, dy: np.ndarray, w: np.ndarray, dx: np.ndarray) -> None:
+        n, h, wd, c = dx.shape
+        shapes = self._workspace_shapes((n, c, h, wd), "backward_data", "im2col")
+        slots = _carve(ctx.workspace, dx.dtype, *shapes)
+        dpad = slots[0] if len(slots) == 3 else None
+        col, wflip = slots[-2], slots[-1]
+        (kh, kw), (ph, pw) = self.kernel_size, self.padding
+        k = self.out_channels
+        wflip.reshape(kh, kw, k, c)[...] = w[:, ::-1, ::-1, :].transpose(1, 2, 0, 3)
+        _gather(dy, dpad, col, self.kernel_size, (1, 1), (kh - 1 - ph, kw - 1 - pw))
+        np.matmul(col, wflip, out=dx.reshape(-1, c))
 
     def _col2im(self, ctx: Ctx, dcol: np.ndarray, dx: np.ndarray) -> None:
         n, h, w, c = dx.shape
@@ -297,6 +318,37 @@ class Conv2d(Layer):
             np.copyto(b, dy[:, orow, ocol, :])
             np.matmul(b.reshape(m, k).T, a.reshape(m, c), out=tw)
             dw[:, i, j, :] = tw
+
+
+_ONES: dict[tuple[int, Any], np.ndarray] = {}
+
+
+def _ones(n: int, dtype: Any) -> np.ndarray:
+    """A read-only vector of ones (the last few sizes are kept: they recur every step)."""
+    key = (n, np.dtype(dtype))
+    ones = _ONES.get(key)
+    if ones is None:
+        if len(_ONES) > 16:
+            _ONES.clear()
+        ones = _ONES[key] = np.ones(n, dtype=dtype)
+        ones.flags.writeable = False
+    return ones
+
+
+def _gather(x: np.ndarray, xpad: np.ndarray | None, col: np.ndarray, kernel: tuple[int, int],
+            stride: tuple[int, int], pad: tuple[int, int]) -> None:
+    """im2col: copy every (kh, kw, C) window of ``x`` (zero-padded through ``xpad``) into a row of ``col``."""
+    n, h, w, c = x.shape
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, pad
+    ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    if ph or pw:
+        assert xpad is not None
+        _zero_border(xpad, ph, pw)
+        xpad[:, ph : ph + h, pw : pw + w, :] = x
+        x = xpad
+    s = x.strides
+    windows = as_strided(x, (n, ho, wo, kh, kw, c), (s[0], s[1] * sh, s[2] * sw, s[1], s[2], s[3]), writeable=False)
+    np.copyto(col.reshape(n, ho, wo, kh, kw, c), windows)
 
 
 def _span(offset: int, pad: int, stride: int, size: int, out_size: int) -> tuple[int, int]:

@@ -86,17 +86,27 @@ class MaxPool2d(_Pool2d):
     def aux_specs(self, in_shapes: Sequence[Shape]) -> dict[str, AuxSpec]:
         return {"argmax": AuxSpec(physical(self.output_shape(in_shapes)), "uint8")}
 
+    def _tiles(self, h: int, w: int, ho: int, wo: int) -> bool:
+        """Windows tile the input exactly (stride = kernel, no padding, no remainder): no overlap, no gap."""
+        (kh, kw), (sh, sw) = self.kernel_size, self.stride
+        return (kh, kw) == (sh, sw) and self.padding == (0, 0) and (h, w) == (ho * kh, wo * kw)
+
     def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
         xp, x, am = ctx.xp, xs[0], ctx.aux["argmax"]
         _, h, w, _ = x.shape
         _, ho, wo, _ = y.shape
+        offsets = list(self._offsets(h, w, ho, wo))
         y.fill(-np.inf)
+        for _, orow, ocol, irow, icol in offsets:
+            yr = y[:, orow, ocol]
+            xp.maximum(yr, x[:, irow, icol], out=yr)
+        # argmax: the first window position holding the maximum (later positions are overwritten)
         am.fill(0)
-        for idx, orow, ocol, irow, icol in self._offsets(h, w, ho, wo):
-            yr, xr = y[:, orow, ocol], x[:, irow, icol]
-            better = xr > yr
-            xp.copyto(yr, xr, where=better)
-            xp.copyto(am[:, orow, ocol], idx, where=better)
+        eq = xp.empty(y.shape, dtype=bool)
+        for idx, orow, ocol, irow, icol in reversed(offsets):
+            e = eq[:, orow, ocol]
+            xp.equal(x[:, irow, icol], y[:, orow, ocol], out=e)
+            xp.copyto(am[:, orow, ocol], idx, where=e)
 
     def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
         dx = dxs[0]
@@ -105,9 +115,17 @@ class MaxPool2d(_Pool2d):
         xp, am = ctx.xp, ctx.aux["argmax"]
         _, h, w, _ = dx.shape
         _, ho, wo, _ = dy.shape
+        eq = xp.empty(dy.shape, dtype=bool)
+        if self._tiles(h, w, ho, wo):  # every input position belongs to exactly one window: assign
+            for idx, orow, ocol, irow, icol in self._offsets(h, w, ho, wo):
+                xp.equal(am, idx, out=eq)
+                xp.multiply(dy, eq, out=dx[:, irow, icol])
+            return
         dx.fill(0)
         for idx, orow, ocol, irow, icol in self._offsets(h, w, ho, wo):
-            dx[:, irow, icol] += xp.where(am[:, orow, ocol] == idx, dy[:, orow, ocol], 0)
+            e = eq[:, orow, ocol]
+            xp.equal(am[:, orow, ocol], idx, out=e)
+            dx[:, irow, icol] += dy[:, orow, ocol] * e
 
 
 class AvgPool2d(_Pool2d):
