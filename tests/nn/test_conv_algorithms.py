@@ -43,8 +43,15 @@ def test_implicit_needs_much_less_workspace_than_im2col():
     for p in PASSES:
         big = layer.workspace_bytes([shape], p, "im2col", 4)
         small = layer.workspace_bytes([shape], p, "implicit", 4)
-        assert big >= 4 * small > 0
+        assert big >= 16 * small > 0
     assert layer.workspace_bytes([shape], "forward", "im2col", 4) == 4 * (64 * 32 * 32) * (9 * 64 + 34 * 34 * 64 / 1024)
+    assert layer.workspace_bytes([shape], "forward", "implicit", 4) == 4 * (4 * 32 * 32) * (64 + 64)  # 4 images a step
+
+
+def test_implicit_workspace_does_not_grow_with_the_batch():
+    layer = nn.Conv2d(64, 64, 3, padding=1)
+    sizes = {layer.workspace_bytes([(n, 64, 32, 32)], "forward", "implicit", 4) for n in (4, 64, 256)}
+    assert len(sizes) == 1
 
 
 def test_gemm_convolution_needs_no_workspace():

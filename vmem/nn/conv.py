@@ -7,8 +7,8 @@ On the CPU (NumPy, channels-last) there are two algorithms for each pass:
   backward-data is the same thing applied to dy with the filters flipped (a "full" convolution), which
   avoids scattering columns back; strided convolutions scatter (col2im).
 * ``implicit``: for each of the kh*kw filter offsets, one GEMM over the shifted input region,
-  accumulated into the output. The workspace holds one region (N*Ho*Wo*(C+K) values at most): about
-  ``9C / (C+K)`` times smaller for 3x3 filters, and slower.
+  accumulated into the output, a few images at a time (enough for 4,096 output rows). The workspace
+  holds one region of those images: small and independent of the batch size, and slower.
 
 A 1x1 convolution with stride 1 and no padding is a plain GEMM for both, with no workspace. Both give
 the same results up to float32 rounding. This catalog is what memory-optimal versus performance-optimal
@@ -31,6 +31,7 @@ __all__ = ["Conv2d", "ALGORITHMS"]
 ALGORITHMS = ("im2col", "implicit")
 PASSES = ("forward", "backward_data", "backward_filter")
 _ALIGN = 64
+_IMPLICIT_ROWS = 4096  # output rows per GEMM step of the implicit algorithm
 
 
 def _pair(v: int | Sequence[int], name: str) -> tuple[int, int]:
@@ -152,11 +153,12 @@ class Conv2d(Layer):
                 shapes.insert(0, (n, h + 2 * ph, w + 2 * pw, c))
             return shapes
         if algo == "implicit":
+            rows = self._chunk(n, ho, wo) * ho * wo
             if pass_ == "forward":
-                return [(n * ho * wo, c), (n * ho * wo, k)]
+                return [(rows, c), (rows, k)]
             if pass_ == "backward_data":
-                return [(n * ho * wo, k), (n * ho * wo, c)]
-            return [(n * ho * wo, c), (n * ho * wo, k), (k, c)]
+                return [(rows, k), (rows, c)]
+            return [(rows, c), (rows, k), (k, c)]
         raise ValueError(f"layer {self.label}: unknown convolution algorithm {algo!r}; use one of {ALGORITHMS}")
 
     def workspace_bytes(self, in_shapes: Sequence[Shape], pass_: str, algo: str | None, itemsize: int) -> int:
@@ -261,6 +263,17 @@ class Conv2d(Layer):
             dx[...] = dpad[:, ph : ph + h, pw : pw + w, :]
 
     # implicit -------------------------------------------------------------------------------------
+    @staticmethod
+    def _chunk(n: int, ho: int, wo: int) -> int:
+        """Images per step of the implicit algorithm: enough output rows (>= 4096) to keep a GEMM
+        efficient, no more, so that its workspace stays small whatever the batch."""
+        return min(n, -(-_IMPLICIT_ROWS // (ho * wo)))
+
+    def _chunks(self, n: int, ho: int, wo: int):
+        step = self._chunk(n, ho, wo)
+        for lo in range(0, n, step):
+            yield slice(lo, min(lo + step, n))
+
     def _regions(self, h: int, w: int, ho: int, wo: int):
         """For each filter offset: the output rows/cols it touches and the matching input slices."""
         (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
@@ -279,45 +292,54 @@ class Conv2d(Layer):
     def _forward_implicit(self, ctx: Ctx, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
         n, h, wd, c = x.shape
         _, ho, wo, k = y.shape
-        tin, tout = _carve(ctx.workspace, x.dtype, (n * ho * wo, c), (n * ho * wo, k))
+        rows = self._chunk(n, ho, wo) * ho * wo
+        tin, tout = _carve(ctx.workspace, x.dtype, (rows, c), (rows, k))
         y.fill(0)
-        for i, j, orow, ocol, irow, icol in self._regions(h, wd, ho, wo):
-            region = x[:, irow, icol, :]
-            m = region.shape[0] * region.shape[1] * region.shape[2]
-            a = tin[:m].reshape(region.shape)
-            np.copyto(a, region)
-            out = tout[:m]
-            np.matmul(a.reshape(m, c), w[:, i, j, :].T, out=out)
-            y[:, orow, ocol, :] += out.reshape(region.shape[:3] + (k,))
+        for b in self._chunks(n, ho, wo):
+            xb, yb = x[b], y[b]
+            for i, j, orow, ocol, irow, icol in self._regions(h, wd, ho, wo):
+                region = xb[:, irow, icol, :]
+                m = region.shape[0] * region.shape[1] * region.shape[2]
+                a = tin[:m].reshape(region.shape)
+                np.copyto(a, region)
+                out = tout[:m]
+                np.matmul(a.reshape(m, c), w[:, i, j, :].T, out=out)
+                yb[:, orow, ocol, :] += out.reshape(region.shape[:3] + (k,))
 
     def _backward_data_implicit(self, ctx: Ctx, dy: np.ndarray, w: np.ndarray, dx: np.ndarray) -> None:
         n, h, wd, c = dx.shape
         _, ho, wo, k = dy.shape
-        tdy, tout = _carve(ctx.workspace, dy.dtype, (n * ho * wo, k), (n * ho * wo, c))
+        rows = self._chunk(n, ho, wo) * ho * wo
+        tdy, tout = _carve(ctx.workspace, dy.dtype, (rows, k), (rows, c))
         dx.fill(0)
-        for i, j, orow, ocol, irow, icol in self._regions(h, wd, ho, wo):
-            region = dy[:, orow, ocol, :]
-            m = region.shape[0] * region.shape[1] * region.shape[2]
-            a = tdy[:m].reshape(region.shape)
-            np.copyto(a, region)
-            out = tout[:m]
-            np.matmul(a.reshape(m, k), w[:, i, j, :], out=out)
-            dx[:, irow, icol, :] += out.reshape(region.shape[:3] + (c,))
+        for b in self._chunks(n, ho, wo):
+            dyb, dxb = dy[b], dx[b]
+            for i, j, orow, ocol, irow, icol in self._regions(h, wd, ho, wo):
+                region = dyb[:, orow, ocol, :]
+                m = region.shape[0] * region.shape[1] * region.shape[2]
+                a = tdy[:m].reshape(region.shape)
+                np.copyto(a, region)
+                out = tout[:m]
+                np.matmul(a.reshape(m, k), w[:, i, j, :], out=out)
+                dxb[:, irow, icol, :] += out.reshape(region.shape[:3] + (c,))
 
     def _backward_filter_implicit(self, ctx: Ctx, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
         n, h, wd, c = x.shape
         _, ho, wo, k = dy.shape
-        tin, tdy, tw = _carve(ctx.workspace, x.dtype, (n * ho * wo, c), (n * ho * wo, k), (k, c))
+        rows = self._chunk(n, ho, wo) * ho * wo
+        tin, tdy, tw = _carve(ctx.workspace, x.dtype, (rows, c), (rows, k), (k, c))
         dw.fill(0)
-        for i, j, orow, ocol, irow, icol in self._regions(h, wd, ho, wo):
-            xr = x[:, irow, icol, :]
-            m = xr.shape[0] * xr.shape[1] * xr.shape[2]
-            a = tin[:m].reshape(xr.shape)
-            np.copyto(a, xr)
-            b = tdy[:m].reshape(xr.shape[:3] + (k,))
-            np.copyto(b, dy[:, orow, ocol, :])
-            np.matmul(b.reshape(m, k).T, a.reshape(m, c), out=tw)
-            dw[:, i, j, :] = tw
+        for b in self._chunks(n, ho, wo):
+            xb, dyb = x[b], dy[b]
+            for i, j, orow, ocol, irow, icol in self._regions(h, wd, ho, wo):
+                xr = xb[:, irow, icol, :]
+                m = xr.shape[0] * xr.shape[1] * xr.shape[2]
+                a = tin[:m].reshape(xr.shape)
+                np.copyto(a, xr)
+                d = tdy[:m].reshape(xr.shape[:3] + (k,))
+                np.copyto(d, dyb[:, orow, ocol, :])
+                np.matmul(d.reshape(m, k).T, a.reshape(m, c), out=tw)
+                dw[:, i, j, :] += tw
 
 
 _ONES: dict[tuple[int, Any], np.ndarray] = {}

@@ -1,0 +1,76 @@
+"""The vmem command: defaults, JSON output, clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from vmem.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_train_with_its_defaults_reaches_95_percent(capsys):
+    code, out, _ = run(capsys, "train", "--json")
+    assert code == 0
+    result = json.loads(out)
+    for key in ("model", "dataset", "policy", "epochs", "train_loss", "val_accuracy", "step_seconds", "peak_bytes",
+                "average_bytes", "offloaded_bytes"):
+        assert key in result
+    assert result["model"] == "digits_cnn" and result["dataset"] == "digits" and result["policy"] == "baseline"
+    assert result["val_accuracy"] >= 0.95
+    assert 0 < result["peak_bytes"] == result["average_bytes"]
+
+
+def test_train_prints_loss_accuracy_step_time_and_peak_memory(capsys):
+    code, out, _ = run(capsys, "train", "--epochs", "1", "--dataset", "synthetic", "--model", "mini_googlenet",
+                       "--batch", "16", "--memory", "64MiB")
+    assert code == 0
+    last = out.strip().splitlines()[-1]
+    for word in ("val accuracy", "train loss", "step time", "peak device memory"):
+        assert word in last
+
+
+def test_plan_json(capsys):
+    code, out, _ = run(capsys, "plan", "--model", "vgg16", "--batch", "256", "--memory", "12GB", "--json")
+    assert code == 0
+    result = json.loads(out)
+    for key in ("model", "batch", "device", "policy", "peak_bytes", "average_bytes", "offloaded_bytes", "step_seconds",
+                "baseline_step_seconds", "by_category", "layers"):
+        assert key in result
+    assert result["model"] == "vgg16" and result["batch"] == 256
+    assert result["fits"] is False and result["peak_bytes"] > 12e9  # vDNN: VGG-16 at 256 needs about 28 GB
+    assert len(result["layers"]) == 37
+
+
+def test_models_json(capsys):
+    code, out, _ = run(capsys, "models", "--json")
+    names = [m["name"] for m in json.loads(out)]
+    assert "vgg16" in names and "resnet_cifar" in names and code == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--policy", "nope"], "unknown policy 'nope'"),
+    (["train", "--memory", "lots"], "memory='lots'"),
+    (["train", "--model", "vgg17"], "unknown model 'vgg17'"),
+    (["train", "--memory", "1MiB"], "Out of device memory"),
+    (["train", "--policy", "baseline:algo=fast"], "has no option 'algo'"),
+])
+def test_bad_input_is_one_clear_line(capsys, argv, message):
+    code, _, err = run(capsys, *argv)
+    assert code == 1
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_help_for_every_command():
+    for cmd in ([], ["train"], ["plan"], ["models"], ["devices"]):
+        out = subprocess.run([sys.executable, "-m", "vmem", *cmd, "--help"], capture_output=True, text=True)
+        assert out.returncode == 0 and "usage: vmem" in out.stdout
