@@ -290,38 +290,34 @@ class Conv2d(Layer):
                 yield i, j, slice(o0, o1), slice(p0, p1), rows, cols
 
     def _forward_implicit(self, ctx: Ctx, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
-        n, h, wd, c = x.shape
-        _, ho, wo, k = y.shape
+        self._implicit_accumulate(ctx, x, y, lambda i, j: w[:, i, j, :].T, forward=True)
+
+    def _backward_data_implicit(self, ctx: Ctx, dy: np.ndarray, w: np.ndarray, dx: np.ndarray) -> None:
+        self._implicit_accumulate(ctx, dy, dx, lambda i, j: w[:, i, j, :], forward=False)
+
+    def _implicit_accumulate(self, ctx: Ctx, src: np.ndarray, dst: np.ndarray, matrix: Any, forward: bool) -> None:
+        """dst = sum over filter offsets of shifted(src) @ matrix(offset), a few images at a time.
+
+        Forward: src is x, dst is y, and the input region of each offset maps to its output region;
+        backward-data runs the same map the other way (src dy, dst dx)."""
+        x_shape, y_shape = (src.shape, dst.shape) if forward else (dst.shape, src.shape)
+        n, h, wd, _ = x_shape
+        _, ho, wo, _ = y_shape
+        cin, cout = src.shape[3], dst.shape[3]
         rows = self._chunk(n, ho, wo) * ho * wo
-        tin, tout = _carve(ctx.workspace, x.dtype, (rows, c), (rows, k))
-        y.fill(0)
+        tin, tout = _carve(ctx.workspace, src.dtype, (rows, cin), (rows, cout))
+        dst.fill(0)
         for b in self._chunks(n, ho, wo):
-            xb, yb = x[b], y[b]
+            sb, db = src[b], dst[b]
             for i, j, orow, ocol, irow, icol in self._regions(h, wd, ho, wo):
-                region = xb[:, irow, icol, :]
+                (sr, sc), (dr, dc) = ((irow, icol), (orow, ocol)) if forward else ((orow, ocol), (irow, icol))
+                region = sb[:, sr, sc, :]
                 m = region.shape[0] * region.shape[1] * region.shape[2]
                 a = tin[:m].reshape(region.shape)
                 np.copyto(a, region)
                 out = tout[:m]
-                np.matmul(a.reshape(m, c), w[:, i, j, :].T, out=out)
-                yb[:, orow, ocol, :] += out.reshape(region.shape[:3] + (k,))
-
-    def _backward_data_implicit(self, ctx: Ctx, dy: np.ndarray, w: np.ndarray, dx: np.ndarray) -> None:
-        n, h, wd, c = dx.shape
-        _, ho, wo, k = dy.shape
-        rows = self._chunk(n, ho, wo) * ho * wo
-        tdy, tout = _carve(ctx.workspace, dy.dtype, (rows, k), (rows, c))
-        dx.fill(0)
-        for b in self._chunks(n, ho, wo):
-            dyb, dxb = dy[b], dx[b]
-            for i, j, orow, ocol, irow, icol in self._regions(h, wd, ho, wo):
-                region = dyb[:, orow, ocol, :]
-                m = region.shape[0] * region.shape[1] * region.shape[2]
-                a = tdy[:m].reshape(region.shape)
-                np.copyto(a, region)
-                out = tout[:m]
-                np.matmul(a.reshape(m, k), w[:, i, j, :], out=out)
-                dxb[:, irow, icol, :] += out.reshape(region.shape[:3] + (c,))
+                np.matmul(a.reshape(m, cin), matrix(i, j), out=out)
+                db[:, dr, dc, :] += out.reshape(region.shape[:3] + (cout,))
 
     def _backward_filter_implicit(self, ctx: Ctx, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
         n, h, wd, c = x.shape
