@@ -28,6 +28,18 @@ def test_conv2d(case, algo):
     assert checked == ["x0", "weight", "bias"]
 
 
+@pytest.mark.parametrize("algo", ["im2col", "implicit"])
+@pytest.mark.parametrize("case", CONV_CASES[:3], ids=lambda c: f"k{c[2]}s{c[3]}p{c[4]}")
+def test_conv2d_in_tiny_chunks(case, algo, monkeypatch):
+    from vmem.nn import conv
+
+    monkeypatch.setattr(conv, "_COL_VALUES", 8)
+    monkeypatch.setattr(conv, "_COL_MIN_ROWS", 1)
+    monkeypatch.setattr(conv, "_IMPLICIT_ROWS", 1)
+    cin, cout, k, s, p, shape = case
+    check_layer(nn.Conv2d(cin, cout, k, stride=s, padding=p), [shape], algo=algo)
+
+
 def test_conv2d_without_bias():
     assert check_layer(nn.Conv2d(2, 3, 3, padding=1, bias=False), [(2, 2, 4, 4)]) == ["x0", "weight"]
 

@@ -2,13 +2,15 @@
 
 On the CPU (NumPy, channels-last) there are two algorithms for each pass:
 
-* ``im2col``: gather every receptive field into one matrix (the workspace: N*Ho*Wo*kh*kw*C values, plus
-  a zero-padded copy of the input when padding), then one GEMM. Fast, large workspace. With stride 1,
-  backward-data is the same thing applied to dy with the filters flipped (a "full" convolution), which
-  avoids scattering columns back; strided convolutions scatter (col2im).
+* ``im2col``: gather the receptive fields of a few images into a column matrix (about 1M values, so it
+  is still in cache when the GEMM reads it), then one GEMM per chunk. The fastest; its workspace is the
+  column chunk plus a zero-padded copy of the chunk's images. With stride 1, backward-data is the same
+  thing applied to dy with the filters flipped (a "full" convolution), which avoids scattering columns
+  back; strided convolutions scatter (col2im).
 * ``implicit``: for each of the kh*kw filter offsets, one GEMM over the shifted input region,
   accumulated into the output, a few images at a time (enough for 4,096 output rows). The workspace
-  holds one region of those images: small and independent of the batch size, and slower.
+  holds one region of those images (for 3x3 filters about 9C/(C+K) times less than im2col's columns
+  for the same rows), and it is slower.
 
 A 1x1 convolution with stride 1 and no padding is a plain GEMM for both, with no workspace. Both give
 the same results up to float32 rounding. This catalog is what memory-optimal versus performance-optimal
@@ -32,6 +34,8 @@ ALGORITHMS = ("im2col", "implicit")
 PASSES = ("forward", "backward_data", "backward_filter")
 _ALIGN = 64
 _IMPLICIT_ROWS = 4096  # output rows per GEMM step of the implicit algorithm
+_COL_VALUES = 1 << 20  # values per im2col chunk (4 MiB in float32): stays in cache for its GEMM
+_COL_MIN_ROWS = 2048  # ... but no fewer rows than this, so that each GEMM stays efficient
 
 
 def _pair(v: int | Sequence[int], name: str) -> tuple[int, int]:
@@ -144,13 +148,17 @@ class Conv2d(Layer):
             if pass_ == "backward_data" and self._transposed_ok():
                 # dx = im2col(dy padded by k-1-p) @ flipped filters: (pad buffer), columns, flipped filters
                 qh, qw = kh - 1 - ph, kw - 1 - pw
-                shapes = [(n * h * w, kh * kw * k), (kh * kw * k, c)]
+                nb = _col_images(n, h, w, kh * kw * k)
+                shapes = [(nb * h * w, kh * kw * k), (kh * kw * k, c)]
                 if qh or qw:
-                    shapes.insert(0, (n, ho + 2 * qh, wo + 2 * qw, k))
+                    shapes.insert(0, (nb, ho + 2 * qh, wo + 2 * qw, k))
                 return shapes
-            shapes = [(n * ho * wo, kh * kw * c)]
+            nb = _col_images(n, ho, wo, kh * kw * c)
+            shapes = [(nb * ho * wo, kh * kw * c)]
             if ph or pw:
-                shapes.insert(0, (n, h + 2 * ph, w + 2 * pw, c))
+                shapes.insert(0, (nb, h + 2 * ph, w + 2 * pw, c))
+            if pass_ == "backward_filter" and nb < n:
+                shapes.append((k, kh * kw * c))  # partial dW of a chunk, added in
             return shapes
         if algo == "implicit":
             rows = self._chunk(n, ho, wo) * ho * wo
@@ -176,8 +184,7 @@ class Conv2d(Layer):
         elif ctx.algo == "implicit":
             self._forward_implicit(ctx, x, w, y)
         else:
-            col = self._im2col(ctx, x, pass_="forward")
-            np.matmul(col, w.reshape(k, -1).T, out=y2)
+            self._forward_im2col(ctx, x, w, y)
         if self.bias:
             y2 += ctx.params["bias"]
 
@@ -202,8 +209,7 @@ class Conv2d(Layer):
         if algo_filter == "implicit":
             self._backward_filter_implicit(ctx, x, dy, dw)
         else:
-            col = self._im2col(ctx, x, pass_="backward_filter")
-            np.matmul(dy2.T, col, out=dw.reshape(k, -1))
+            self._backward_filter_im2col(ctx, x, dy, dw)
         if dx is None:
             return
         if algo_data == "implicit":
@@ -211,24 +217,41 @@ class Conv2d(Layer):
         elif self._transposed_ok():
             self._backward_data_transposed(ctx, dy, w, dx)
         else:
-            n, h, wd, _ = dx.shape
-            shapes = self._workspace_shapes((n, c, h, wd), "backward_data", "im2col")
-            dcol = _carve(ctx.workspace, dx.dtype, *shapes)[-1]
-            np.matmul(dy2, w.reshape(k, -1), out=dcol)
-            self._col2im(ctx, dcol, dx)
+            self._backward_data_col2im(ctx, dy, w, dx)
 
     # im2col ---------------------------------------------------------------------------------------
-    def _im2col(self, ctx: Ctx, x: np.ndarray, pass_: str) -> np.ndarray:
-        """Gather the receptive fields of ``x`` into the workspace's column matrix."""
-        n, h, w, c = x.shape
-        (kh, kw), (ph, pw) = self.kernel_size, self.padding
-        ho, wo = (h + 2 * ph - kh) // self.stride[0] + 1, (w + 2 * pw - kw) // self.stride[1] + 1
-        if ph or pw:
-            xpad, col = _carve(ctx.workspace, x.dtype, (n, h + 2 * ph, w + 2 * pw, c), (n * ho * wo, kh * kw * c))
-        else:
-            xpad, (col,) = None, _carve(ctx.workspace, x.dtype, (n * ho * wo, kh * kw * c))
-        _gather(x, xpad, col, self.kernel_size, self.stride, self.padding)
-        return col
+    # The column matrix is built a few images at a time (about 1M values a chunk) and consumed by the
+    # GEMM while it is still in cache: faster than one huge matrix, and a much smaller workspace.
+    def _slots(self, ctx: Ctx, x_shape: Shape, pass_: str, dtype: Any) -> tuple[np.ndarray | None, ...]:
+        """The workspace of an im2col pass as (pad buffer or None, columns, extra or None)."""
+        n, h, w, c = x_shape
+        shapes = self._workspace_shapes((n, c, h, w), pass_, "im2col")
+        slots = _carve(ctx.workspace, dtype, *shapes)
+        padded = len(shapes) > 1 and len(shapes[0]) == 4
+        pad = slots.pop(0) if padded else None
+        return pad, slots[0], slots[1] if len(slots) > 1 else None
+
+    def _forward_im2col(self, ctx: Ctx, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
+        xpad, col, _ = self._slots(ctx, x.shape, "forward", x.dtype)
+        wmat = w.reshape(self.out_channels, -1).T
+        for b, rows in _image_chunks(x.shape[0], col.shape[0] // (y.shape[1] * y.shape[2])):
+            cb = col[:rows * y.shape[1] * y.shape[2]]
+            _gather(x[b], xpad, cb, self.kernel_size, self.stride, self.padding)
+            np.matmul(cb, wmat, out=y[b].reshape(-1, self.out_channels))
+
+    def _backward_filter_im2col(self, ctx: Ctx, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
+        xpad, col, partial = self._slots(ctx, x.shape, "backward_filter", x.dtype)
+        k = self.out_channels
+        dw2 = dw.reshape(k, -1)
+        per = dy.shape[1] * dy.shape[2]
+        for i, (b, rows) in enumerate(_image_chunks(x.shape[0], col.shape[0] // per)):
+            cb = col[: rows * per]
+            _gather(x[b], xpad, cb, self.kernel_size, self.stride, self.padding)
+            if i == 0:
+                np.matmul(dy[b].reshape(-1, k).T, cb, out=dw2)
+            else:
+                np.matmul(dy[b].reshape(-1, k).T, cb, out=partial)
+                dw2 += partial
 
     def _transposed_ok(self) -> bool:
         """Backward-data as a forward convolution of dy with flipped filters: stride 1, padding < kernel."""
@@ -236,31 +259,33 @@ class Conv2d(Layer):
 
     def _backward_data_transposed(self, ctx: Ctx, dy: np.ndarray, w: np.ndarray, dx: np.ndarray) -> None:
         n, h, wd, c = dx.shape
-        shapes = self._workspace_shapes((n, c, h, wd), "backward_data", "im2col")
-        slots = _carve(ctx.workspace, dx.dtype, *shapes)
-        dpad = slots[0] if len(slots) == 3 else None
-        col, wflip = slots[-2], slots[-1]
+        dpad, col, wflip = self._slots(ctx, dx.shape, "backward_data", dx.dtype)
         (kh, kw), (ph, pw) = self.kernel_size, self.padding
         k = self.out_channels
-        wflip.reshape(kh, kw, k, c)[...] = w[:, ::-1, ::-1, :].transpose(1, 2, 0, 3)
-        _gather(dy, dpad, col, self.kernel_size, (1, 1), (kh - 1 - ph, kw - 1 - pw))
-        np.matmul(col, wflip, out=dx.reshape(-1, c))
+        wflip.reshape(kh, kw, k, c)[...] = w[:, ::-1, ::-1, :].transpose(1, 2, 0, 3)  # type: ignore[union-attr]
+        for b, rows in _image_chunks(n, col.shape[0] // (h * wd)):
+            cb = col[: rows * h * wd]
+            _gather(dy[b], dpad, cb, self.kernel_size, (1, 1), (kh - 1 - ph, kw - 1 - pw))
+            np.matmul(cb, wflip, out=dx[b].reshape(-1, c))
 
-    def _col2im(self, ctx: Ctx, dcol: np.ndarray, dx: np.ndarray) -> None:
-        n, h, w, c = dx.shape
+    def _backward_data_col2im(self, ctx: Ctx, dy: np.ndarray, w: np.ndarray, dx: np.ndarray) -> None:
+        """Strided convolutions: columns of d(input) from a GEMM, scattered back window by window."""
+        n, h, wd, c = dx.shape
+        _, ho, wo, k = dy.shape
+        dpad, col, _ = self._slots(ctx, dx.shape, "backward_data", dx.dtype)
         (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
-        ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
-        d6 = dcol.reshape(n, ho, wo, kh, kw, c)
-        if ph or pw:
-            (dpad,) = _carve(ctx.workspace, dx.dtype, (n, h + 2 * ph, w + 2 * pw, c))  # the padded-input slot
-        else:
-            dpad = dx
-        dpad.fill(0)
-        for i in range(kh):
-            for j in range(kw):
-                dpad[:, i : i + sh * (ho - 1) + 1 : sh, j : j + sw * (wo - 1) + 1 : sw, :] += d6[:, :, :, i, j, :]
-        if dpad is not dx:
-            dx[...] = dpad[:, ph : ph + h, pw : pw + w, :]
+        wmat = w.reshape(k, -1)
+        for b, rows in _image_chunks(n, col.shape[0] // (ho * wo)):
+            dcol = col[: rows * ho * wo]
+            np.matmul(dy[b].reshape(-1, k), wmat, out=dcol)
+            d6 = dcol.reshape(rows, ho, wo, kh, kw, c)
+            target = dx[b] if dpad is None else dpad[:rows]
+            target.fill(0)
+            for i in range(kh):
+                for j in range(kw):
+                    target[:, i : i + sh * (ho - 1) + 1 : sh, j : j + sw * (wo - 1) + 1 : sw, :] += d6[:, :, :, i, j, :]
+            if dpad is not None:
+                dx[b] = target[:, ph : ph + h, pw : pw + wd, :]
 
     # implicit -------------------------------------------------------------------------------------
     @staticmethod
@@ -338,6 +363,20 @@ class Conv2d(Layer):
                 dw[:, i, j, :] += tw
 
 
+def _col_images(n: int, ho: int, wo: int, width: int) -> int:
+    """Images per chunk of an im2col column matrix ``width`` values wide (about _COL_VALUES values)."""
+    rows = max(_COL_MIN_ROWS, _COL_VALUES // width)
+    return min(n, max(1, -(-rows // (ho * wo))))
+
+
+def _image_chunks(n: int, per_chunk: int):
+    """(slice of images, number of images) chunks covering a batch of ``n``."""
+    per_chunk = max(1, per_chunk)
+    for lo in range(0, n, per_chunk):
+        hi = min(lo + per_chunk, n)
+        yield slice(lo, hi), hi - lo
+
+
 _ONES: dict[tuple[int, Any], np.ndarray] = {}
 
 
@@ -361,6 +400,7 @@ def _gather(x: np.ndarray, xpad: np.ndarray | None, col: np.ndarray, kernel: tup
     ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
     if ph or pw:
         assert xpad is not None
+        xpad = xpad[:n]
         _zero_border(xpad, ph, pw)
         xpad[:, ph : ph + h, pw : pw + w, :] = x
         x = xpad

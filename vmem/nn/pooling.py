@@ -95,6 +95,9 @@ class MaxPool2d(_Pool2d):
         xp, x, am = ctx.xp, xs[0], ctx.aux["argmax"]
         _, h, w, _ = x.shape
         _, ho, wo, _ = y.shape
+        if self.kernel_size == (2, 2) and self._tiles(h, w, ho, wo):
+            self._forward_2x2(xp, x, y, am)
+            return
         offsets = list(self._offsets(h, w, ho, wo))
         y.fill(-np.inf)
         for _, orow, ocol, irow, icol in offsets:
@@ -107,6 +110,22 @@ class MaxPool2d(_Pool2d):
             e = eq[:, orow, ocol]
             xp.equal(x[:, irow, icol], y[:, orow, ocol], out=e)
             xp.copyto(am[:, orow, ocol], idx, where=e)
+
+    @staticmethod
+    def _forward_2x2(xp: Any, x: Any, y: Any, am: Any) -> None:
+        """The common 2x2/2 case: a reduction for the maximum, pairwise comparisons for its position."""
+        n, ho, wo, c = y.shape
+        x6 = x.reshape(n, ho, 2, wo, 2, c)
+        s0, s1, s2, s3 = (x6[:, :, i, :, j] for i in range(2) for j in range(2))
+        xp.max(x6, axis=(2, 4), out=y)
+        first = xp.greater(s1, s0)  # position within the first pair (ties: the first)
+        second = xp.greater(s3, s2)
+        in_second = xp.greater(y, xp.maximum(s0, s1))  # the maximum lies strictly in the second pair
+        # argmax = first + in_second * (2 + second - first), in uint8
+        xp.add(second, 2, out=am, casting="unsafe")
+        am -= first
+        am *= in_second
+        am += first
 
     def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
         dx = dxs[0]
