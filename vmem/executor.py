@@ -22,19 +22,9 @@ from .nn.base import Ctx, physical
 from .optim import Optimizer
 from .policies.plan import Plan
 from .schedule import Buffer, Schedule
+from .timeline import Span, Timeline
 
-__all__ = ["Executor", "DeviceParams", "StepReport", "OpSpan"]
-
-
-@dataclass
-class OpSpan:
-    """One op on a stream: what, when (seconds, perf_counter clock) and the pool usage meanwhile."""
-
-    name: str
-    stream: str
-    start: float
-    end: float
-    in_use: int
+__all__ = ["Executor", "DeviceParams", "StepReport"]
 
 
 @dataclass
@@ -47,7 +37,11 @@ class StepReport:
     average_bytes: float
     offloaded_bytes: int = 0
     stall_seconds: float = 0.0
-    spans: list[OpSpan] = field(default_factory=list, repr=False)
+    timeline: Timeline = field(default_factory=Timeline, repr=False)
+
+    @property
+    def spans(self) -> list[Span]:
+        return self.timeline.spans
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in
@@ -96,10 +90,23 @@ class DeviceParams:
         self.views.clear()
 
 
-def _timed(spans: list[OpSpan], name: str, stream: str, in_use: int, fn: Any, *args: Any) -> None:
+def _timed(timeline: Timeline, name: str, stream: str, kind: str, usage: dict[str, int], fn: Any, *args: Any) -> None:
+    """Run ``fn`` on a stream and record its span there (with the pool usage at its enqueue)."""
     start = time.perf_counter()
     fn(*args)
-    spans.append(OpSpan(name, stream, start, time.perf_counter(), in_use))
+    timeline.record(Span(name, stream, kind, start, time.perf_counter(), sum(usage.values()), usage))
+
+
+class _Offloaded:
+    """A buffer sent to pinned host memory: where it is, and the events of its copies."""
+
+    __slots__ = ("host_block", "host", "done", "back")
+
+    def __init__(self, host_block: Any, host: Any, done: Any):
+        self.host_block = host_block
+        self.host = host
+        self.done = done  # event after the device-to-host copy
+        self.back: Any = None  # event after the host-to-device copy
 
 
 class Executor:
@@ -126,6 +133,8 @@ class Executor:
              {slot: params.views[f"o:{key}:{slot}"] for slot in (optimizer.slots if optimizer else ())})
             for key in (f"{op.name}.{k}" for op in ops for k, s in op.params.items() if s.trainable)
         ] if optimizer is not None else []
+        self._pinned_bytes = sum(schedule.buffers[st[1]].nbytes for st in schedule.steps if st[0] == "offload")
+        self._timeline = Timeline()
         self._aux_dtype = {
             (op.index, k): (self.dtype if a.dtype == "float" else np.dtype(a.dtype)) for op in ops
             for k, a in op.aux.items()
@@ -140,57 +149,114 @@ class Executor:
         cs = dev.compute_stream
         sched, prog = self.schedule, self.program
         blocks: dict[str, Any] = {}
-        spans: list[OpSpan] = []
+        offloaded: dict[str, _Offloaded] = {}
         loss_out: list[float] = []
         logits = None
+        moved = 0
         host_x = np.ascontiguousarray(np.asarray(x).transpose(0, 2, 3, 1) if x.ndim == 4 else x, dtype=self.dtype)
+        input_buffer = sched.value[prog.input]
+        uploaded = False
+        if self._pinned_bytes:
+            dev.reserve_pinned(self._pinned_bytes)  # before the step: no pinned allocation inside it
         pool.reset_peak()
-        t0 = time.perf_counter()
+        timeline = Timeline(origin=time.perf_counter())
+        self._timeline = timeline
         try:
             for st in sched.steps:
                 kind = st[0]
                 if kind == "alloc":
                     buf = sched.buffers[st[1]]
                     blocks[buf.name] = pool.allocate(buf.nbytes, cs, buf.category)
-                    if buf.name == sched.value[prog.input]:
+                    if buf.name == input_buffer and not uploaded:
                         dev.copy_to_device(self._value(blocks, prog.input), host_x, stream=cs)
+                        uploaded = True
                     elif buf.name == "labels":
                         dev.copy_to_device(self._labels(blocks), np.asarray(labels, dtype=np.int64), stream=cs)
                 elif kind == "free":
                     pool.free(blocks.pop(st[1]), cs)
                 elif kind == "fwd":
-                    self._forward(st[1], blocks, spans, train, rng)
+                    self._forward(st[1], blocks, train, rng)
                 elif kind == "bwd":
-                    self._backward(st[1], blocks, spans)
+                    self._backward(st[1], blocks)
                 elif kind == "loss":
-                    self._loss(blocks, spans, loss_out)
+                    self._loss(blocks, loss_out)
                 elif kind == "acc":
                     g = self._grad(blocks, st[1])
                     tmp = self._view(blocks, st[2], g.shape, self.dtype)
-                    cs.launch(_timed, spans, f"acc:{prog.tensors[st[1]].name}", "compute", pool.in_use,
-                              np.add, g, tmp, g)
+                    self._launch(f"acc:{prog.tensors[st[1]].name}", np.add, g, tmp, g)
                 elif kind == "update":
-                    cs.launch(_timed, spans, "update", "compute", pool.in_use, self._update, step)
+                    self._launch("update", self._update, step)
+                elif kind == "offload":
+                    moved += self._offload(st[1], blocks, offloaded)
+                elif kind == "prefetch":
+                    self._prefetch(st[1], blocks, offloaded)
+                elif kind == "wait":
+                    self._stall(f"wait:{st[1]}", offloaded.pop(st[1]).back)  # back on the device for good
                 else:
                     raise ValueError(f"unknown schedule step {st!r}")
                 if kind == "fwd" and st[1] == len(prog.ops) - 1 and not train:
                     logits = np.empty(prog.tensors[prog.output].shape, self.dtype)
                     dev.copy_to_host(logits, self._value(blocks, prog.output), stream=cs)
-            cs.synchronize()
+            dev.synchronize()
         except BaseException:
             for block in blocks.values():
                 pool.free(block, cs)
+            for off in offloaded.values():
+                if off.back is None:  # still only on the host (a prefetched buffer's host copy is already returned)
+                    dev.pinned.free(off.host_block, off.done)
             try:
-                cs.synchronize()
+                dev.synchronize()
             except BaseException:
                 pass  # the original error is the one to report
             raise
-        seconds = time.perf_counter() - t0
-        busy = sum(s.end - s.start for s in spans)
-        average = sum(s.in_use * (s.end - s.start) for s in spans) / busy if busy > 0 else float(pool.in_use)
+        seconds = time.perf_counter() - timeline.origin
         report = StepReport(loss=loss_out[0] if loss_out else float("nan"), seconds=seconds,
-                            peak_bytes=pool.peak, average_bytes=average, spans=spans)
+                            peak_bytes=pool.peak, average_bytes=timeline.average_bytes(pool.in_use),
+                            offloaded_bytes=moved, stall_seconds=timeline.stall_seconds, timeline=timeline)
         return report, logits
+
+    # -- streams -----------------------------------------------------------------------------------
+    def _launch(self, name: str, fn: Any, *args: Any, kind: str = "compute") -> None:
+        """Enqueue ``fn`` on the compute stream as a timed span."""
+        self.device.compute_stream.launch(_timed, self._timeline, name, "compute", kind, self.device.pool.usage(),
+                                          fn, *args)
+
+    def _stall(self, name: str, event: Any) -> None:
+        """The compute stream waits for a memory-stream event; the wait is recorded as a stall."""
+        self._launch(name, event.synchronize, kind="wait")
+
+    def _offload(self, name: str, blocks: dict[str, Any], offloaded: dict[str, _Offloaded]) -> int:
+        """Copy a buffer to pinned host memory on the memory stream once compute has produced and last
+        read it, then release it as the plan's sync mode says. Returns the bytes copied."""
+        dev = self.device
+        cs, ms = dev.compute_stream, dev.memory_stream
+        block = blocks.pop(name)
+        host_block = dev.pinned.allocate(block.nbytes, self.schedule.buffers[name].category)
+        host = dev.host_view(host_block, (block.nbytes,), np.uint8)
+        src = dev.view(block, (block.nbytes,), np.uint8)
+        ms.wait(cs.record())
+        ms.launch(_timed, self._timeline, f"offload:{name}", "memory", "offload", {}, dev.copy_now, host, src, "d2h")
+        done = ms.record()
+        offloaded[name] = _Offloaded(host_block, host, done)
+        if self.plan.sync == "event":
+            dev.pool.free(block, ms)  # reusable by compute only once the copy's event has completed
+        else:
+            self._stall(f"sync:{name}", done)
+            dev.pool.free(block, cs)
+        return block.nbytes
+
+    def _prefetch(self, name: str, blocks: dict[str, Any], offloaded: dict[str, _Offloaded]) -> None:
+        """Copy an offloaded buffer back into its newly allocated block on the memory stream."""
+        dev = self.device
+        cs, ms = dev.compute_stream, dev.memory_stream
+        off = offloaded[name]
+        block = blocks[name]
+        dst = dev.view(block, (off.host.nbytes,), np.uint8)
+        ms.wait(cs.record())  # the block's previous users on compute are done
+        ms.launch(_timed, self._timeline, f"prefetch:{name}", "memory", "prefetch", {}, dev.copy_now, dst, off.host,
+                  "h2d")
+        off.back = ms.record()
+        dev.pinned.free(off.host_block, off.back)
 
     # -- views -------------------------------------------------------------------------------------
     def _view(self, blocks: dict[str, Any], name: str, shape: tuple, dtype: Any) -> np.ndarray:
@@ -207,30 +273,29 @@ class Executor:
     def _labels(self, blocks: dict[str, Any]) -> np.ndarray:
         return self._view(blocks, "labels", (self.program.batch,), np.int64)
 
-    def _ctx(self, i: int, blocks: dict[str, Any], train: bool, rng: Any, algo: Any) -> Ctx:
+    def _ctx(self, i: int, blocks: dict[str, Any], train: bool, rng: Any, algo: Any, pass_: str) -> Ctx:
         op = self.program.ops[i]
         sched = self.schedule
         aux = {k: self._view(blocks, sched.aux[(i, k)], a.shape, self._aux_dtype[(i, k)]) for k, a in op.aux.items()}
-        ws_name = sched.workspace.get(i)
+        ws_name = sched.workspace.get((i, pass_))
         ws = self._view(blocks, ws_name, (sched.buffers[ws_name].nbytes,), np.uint8) if ws_name else None
         return Ctx(xp=self.xp, params=self._op_params[i], grads=self._op_grads[i], aux=aux, train=train, rng=rng,
                    workspace=ws, algo=algo, in_shapes=tuple(physical(s) for s in op.in_shapes))
 
     # -- ops ---------------------------------------------------------------------------------------
-    def _forward(self, i: int, blocks: dict[str, Any], spans: list[OpSpan], train: bool, rng: Any) -> None:
+    def _forward(self, i: int, blocks: dict[str, Any], train: bool, rng: Any) -> None:
         op = self.program.ops[i]
         algo = self.plan.algos.get(op.name, {}).get("forward")
-        ctx = self._ctx(i, blocks, train, rng, algo)
+        ctx = self._ctx(i, blocks, train, rng, algo, "fwd")
         xs = [self._value(blocks, t) for t in op.inputs]
         y = self._value(blocks, op.output)
-        self.device.compute_stream.launch(_timed, spans, op.name, "compute", self.device.pool.in_use,
-                                          op.layer.forward, ctx, xs, y)
+        self._launch(op.name, op.layer.forward, ctx, xs, y)
 
-    def _backward(self, i: int, blocks: dict[str, Any], spans: list[OpSpan]) -> None:
+    def _backward(self, i: int, blocks: dict[str, Any]) -> None:
         op = self.program.ops[i]
         sched = self.schedule
         algos = self.plan.algos.get(op.name, {})
-        ctx = self._ctx(i, blocks, True, None, (algos.get("backward_data"), algos.get("backward_filter")))
+        ctx = self._ctx(i, blocks, True, None, (algos.get("backward_data"), algos.get("backward_filter")), "bwd")
         dy = self._grad(blocks, op.output)
         xs = [self._value(blocks, t) for t in op.inputs] if op.reads_input else None
         y = self._value(blocks, op.output) if op.reads_output else None
@@ -242,10 +307,9 @@ class Executor:
                 dxs.append(self._view(blocks, sched.acc[(i, j)], physical(self.program.tensors[t].shape), self.dtype))
             else:
                 dxs.append(self._grad(blocks, t))
-        self.device.compute_stream.launch(_timed, spans, f"{op.name}.backward", "compute", self.device.pool.in_use,
-                                          op.layer.backward, ctx, dy, xs, y, dxs)
+        self._launch(f"{op.name}.backward", op.layer.backward, ctx, dy, xs, y, dxs)
 
-    def _loss(self, blocks: dict[str, Any], spans: list[OpSpan], out: list[float]) -> None:
+    def _loss(self, blocks: dict[str, Any], out: list[float]) -> None:
         prog = self.program
         logits = self._value(blocks, prog.output)
         probs = self._view(blocks, "probs", logits.shape, self.dtype)
@@ -259,7 +323,7 @@ class Executor:
             loss.backward(xp, probs, labels, dlogits)
             out.append(float(value[0]))
 
-        self.device.compute_stream.launch(_timed, spans, "loss", "compute", self.device.pool.in_use, run)
+        self._launch("loss", run)
 
     def _update(self, step: int) -> None:
         opt, xp = self.optimizer, self.xp

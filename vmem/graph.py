@@ -105,6 +105,17 @@ class Program:
         """Tensors that own their memory (one per distinct feature-map buffer)."""
         return [t for t in self.tensors if t.buffer == t.id]
 
+    def stashed_buffers(self) -> set[int]:
+        """Buffers (owner tensor ids) that some backward reads, through any tensor sharing them."""
+        return {t.buffer for t in self.tensors if t.stashed}
+
+    def backward_reads(self, op: OpInfo) -> list[int]:
+        """Buffers the backward of ``op`` reads (its inputs if it needs them, its output if it needs that)."""
+        reads = [self.tensors[i].buffer for i in op.inputs] if op.reads_input else []
+        if op.reads_output:
+            reads.append(self.tensors[op.output].buffer)
+        return list(dict.fromkeys(reads))
+
     def tensor(self, name_or_id: str | int) -> TensorInfo:
         if isinstance(name_or_id, int):
             return self.tensors[name_or_id]

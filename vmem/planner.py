@@ -40,8 +40,10 @@ def replay(schedule: Schedule, program: Program, capacity: int, alignment: int =
         if kind == "alloc":
             buf = schedule.buffers[st[1]]
             blocks[buf.name] = pool.allocate(buf.nbytes, None, buf.category)
-        elif kind == "free":
+        elif kind in ("free", "offload"):  # an offloaded buffer is released once its copy is done
             pool.free(blocks.pop(st[1]))
+        elif kind in ("prefetch", "wait"):
+            continue
         else:
             if kind == "fwd":
                 w = max(ops[st[1]].flops, 1)
@@ -80,6 +82,7 @@ def plan_program(program: Program, device: DeviceSpec, policy: Any, *, alignment
     result.peak_bytes = figures["peak"]
     result.average_bytes = figures["average"]
     result.by_category = figures["by_category"]
+    result.offloaded_bytes = sum(schedule.buffers[st[1]].nbytes for st in schedule.steps if st[0] == "offload")
     result.layers = _layer_rows(program, result)
     return result, schedule
 
@@ -94,7 +97,7 @@ def _layer_rows(program: Program, result: Plan) -> list[dict[str, Any]]:
             "name": op.name, "kind": op.kind, "shape": list(out.shape), "bytes": out.nbytes,
             "inplace": op.inplace, "flops": op.flops,
             "algos": "/".join(algos[p] for p in ("forward", "backward_data", "backward_filter")) if algos else None,
-            "stash": result.stash.get(out.name) if out.stashed else None,
+            "stash": result.stash.get(program.tensors[out.buffer].name) if out.stashed else None,
             "workspace": max(fwd_ws, bwd_ws),
         })
     return rows

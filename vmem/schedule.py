@@ -5,7 +5,10 @@ This is a pure function shared by the executor (which carries the steps out on a
 peak is the peak the step sees.
 
 Steps are tuples: ``("alloc", buffer)``, ``("free", buffer)``, ``("fwd", op)``, ``("loss",)``,
-``("bwd", op)``, ``("acc", tensor, temp_buffer)`` (add a second gradient contribution), ``("update",)``.
+``("bwd", op)``, ``("acc", tensor, temp_buffer)`` (add a second gradient contribution), ``("update",)``,
+and for offloading plans ``("offload", buffer)`` (copy to pinned host memory, then release),
+``("prefetch", buffer)`` (copy back into the buffer just allocated) and ``("wait", buffer)`` (the compute
+stream waits for that prefetch).
 
 Gradients. The backward pass runs the loss first, then the ops in reverse. The gradient of a tensor is
 written by the backward of its last consumer, accumulated from any other consumer through a temporary
@@ -41,13 +44,10 @@ class Schedule:
     grad: dict[int, str] = field(default_factory=dict)  # tensor id -> buffer holding its gradient
     aux: dict[tuple[int, str], str] = field(default_factory=dict)  # (op, name) -> buffer
     acc: dict[tuple[int, int], str] = field(default_factory=dict)  # (op, input position) -> temp buffer
-    workspace: dict[int, str] = field(default_factory=dict)  # op -> workspace buffer
+    workspace: dict[tuple[int, str], str] = field(default_factory=dict)  # (op, "fwd"|"bwd") -> buffer
     needs_grad: list[bool] = field(default_factory=list)  # per tensor
     backward_ops: list[int] = field(default_factory=list)  # ops whose backward runs, in backward order
 
-    def workspace_bytes(self, op: int) -> int:
-        name = self.workspace.get(op)
-        return self.buffers[name].nbytes if name else 0
 
 
 def persistent_buffers(program: Program, optimizer_slots: tuple[str, ...]) -> list[Buffer]:
@@ -86,40 +86,29 @@ def _needs_grad(program: Program) -> list[bool]:
 
 
 def lower(program: Program, plan: Plan, optimizer_slots: tuple[str, ...] = ("momentum",)) -> Schedule:
-    """The training step of ``plan`` (network-wide allocation; layer-wise comes with the vDNN policies)."""
-    if plan.allocation != "network":
-        raise ValueError(f"plan {plan.policy!r}: allocation {plan.allocation!r} cannot be lowered yet")
+    """The training step of ``plan``: network-wide (everything up front) or layer-wise allocation."""
+    if plan.allocation == "network":
+        return _lower_network(program, plan, optimizer_slots)
+    if plan.allocation == "layer":
+        return _lower_layer(program, plan, optimizer_slots)
+    raise ValueError(f"plan {plan.policy!r}: unknown allocation {plan.allocation!r}")
+
+
+@dataclass
+class _Gradients:
+    """Live ranges of gradient buffers in backward steps (0 = the loss, op i -> n - i)."""
+
+    intervals: dict[str, list[int]]  # name -> [first step, last step, nbytes]
+    of_tensor: dict[int, str]  # tensor -> interval name (in-place groups share one)
+    acc: dict[tuple[int, int], str]  # (op, input position) -> temporary's interval name
+    acc_steps: dict[int, list[tuple]]  # op -> ("acc", tensor, temporary) after its backward
+
+
+def _gradients(program: Program, needs: list[bool]) -> _Gradients:
     ops, tensors = program.ops, program.tensors
     n = len(ops)
-    needs = _needs_grad(program)
-    buffers: dict[str, Buffer] = {}
-
-    def add(name: str, nbytes: int, category: str) -> str:
-        buffers[name] = Buffer(name, max(int(nbytes), 1), category)
-        return name
-
-    # Values: one buffer per distinct feature-map buffer (in-place layers share), plus saved state.
-    value = {}
-    for t in tensors:
-        value[t.id] = f"fm:{t.buffer}"
-        if t.buffer == t.id:
-            add(f"fm:{t.id}", t.nbytes, "feature_maps")
-    aux = {}
-    for op in ops:
-        for k, nbytes in op.aux_nbytes.items():
-            aux[(op.index, k)] = add(f"aux:{op.name}.{k}", nbytes, "feature_maps")
-    add("labels", program.batch * 8, "other")
-    add("probs", program.batch * program.num_classes * program.itemsize, "feature_maps")
-    add("loss", program.itemsize, "other")
-    ws_bytes = max([max(op_workspace(program, plan, i)) for i in range(n)] + [0])
-    workspace = {}
-    if ws_bytes:
-        add("ws", ws_bytes, "workspace")
-        workspace = {i: "ws" for i in range(n) if max(op_workspace(program, plan, i))}
-
-    # Gradients: live ranges in backward steps (0 = loss, op i -> n - i), in-place groups share a buffer.
     bstep = {i: n - i for i in range(n)}
-    group = list(range(len(tensors)))  # union-find over gradient buffers
+    group = list(range(len(tensors)))  # union-find: an in-place layer's input gradient is its output's
 
     def find(t: int) -> int:
         while group[t] != t:
@@ -130,32 +119,66 @@ def lower(program: Program, plan: Plan, optimizer_slots: tuple[str, ...] = ("mom
     for op in ops:
         if op.inplace and needs[op.inputs[0]]:
             group[find(op.inputs[0])] = find(op.output)
-    if len(tensors[program.output].consumers):
+    if tensors[program.output].consumers:
         raise ValueError(f"{program.network}: the network's output is also used by a layer; it must feed only the loss")
-    intervals: dict[str, list[int]] = {}  # key -> [start, end, nbytes]
-    acc: dict[tuple[int, int], str] = {}
-    acc_steps: dict[int, list[tuple]] = {}
+    grads = _Gradients({}, {}, {}, {})
     for t in tensors:
         if not needs[t.id]:
             continue
         contributors = sorted({c for c in t.consumers if needs[ops[c].output]}, reverse=True)
         first = 0 if t.id == program.output else bstep[contributors[0]]
         last = bstep[t.producer]  # type: ignore[index]
-        key = f"grad:{find(t.id)}"
-        iv = intervals.setdefault(key, [first, last, t.nbytes])
+        key = grads.of_tensor[t.id] = f"grad:{tensors[find(t.id)].name}"
+        iv = grads.intervals.setdefault(key, [first, last, t.nbytes])
         iv[0], iv[1], iv[2] = min(iv[0], first), max(iv[1], last), max(iv[2], t.nbytes)
-        # every later contribution goes through a temporary and is added in
+        # the first contribution is written in place; every later one goes through a temporary
         positions = [(c, j) for c in contributors for j, i in enumerate(ops[c].inputs) if i == t.id]
         for c, j in positions[1:]:
             tmp = f"acc:{ops[c].name}.{j}"
-            intervals[tmp] = [bstep[c], bstep[c], t.nbytes]
-            acc[(c, j)] = tmp
-            acc_steps.setdefault(c, []).append(("acc", t.id, tmp))
+            grads.intervals[tmp] = [bstep[c], bstep[c], t.nbytes]
+            grads.acc[(c, j)] = tmp
+            grads.acc_steps.setdefault(c, []).append(("acc", t.id, tmp))
+    return grads
 
-    # Network-wide allocation: gradient live ranges share slots (a dX/dY pair for a chain).
+
+def _values(program: Program) -> tuple[dict[int, str], dict[str, Buffer], dict[tuple[int, str], str]]:
+    """Feature-map buffers (in-place layers share their input's) and saved state, by name."""
+    buffers: dict[str, Buffer] = {}
+    value = {}
+    for t in program.tensors:
+        value[t.id] = f"fm:{program.tensors[t.buffer].name}"
+        if t.buffer == t.id:
+            buffers[value[t.id]] = Buffer(value[t.id], max(t.nbytes, 1), "feature_maps")
+    aux = {}
+    for op in program.ops:
+        for k, nbytes in op.aux_nbytes.items():
+            aux[(op.index, k)] = f"aux:{op.name}.{k}"
+            buffers[aux[(op.index, k)]] = Buffer(aux[(op.index, k)], max(nbytes, 1), "feature_maps")
+    for name, nbytes, category in (("labels", program.batch * 8, "other"),
+                                   ("probs", program.batch * program.num_classes * program.itemsize, "feature_maps"),
+                                   ("loss", program.itemsize, "other")):
+        buffers[name] = Buffer(name, nbytes, category)
+    return value, buffers, aux
+
+
+def _lower_network(program: Program, plan: Plan, optimizer_slots: tuple[str, ...]) -> Schedule:
+    """Everything allocated up front and freed at the end; gradient live ranges share slots (a dX/dY
+    pair for a chain) and one workspace serves every layer."""
+    ops, tensors = program.ops, program.tensors
+    n = len(ops)
+    needs = _needs_grad(program)
+    value, buffers, aux = _values(program)
+    ws_bytes = max([max(op_workspace(program, plan, i)) for i in range(n)] + [0])
+    workspace: dict[tuple[int, str], str] = {}
+    if ws_bytes:
+        buffers["ws"] = Buffer("ws", ws_bytes, "workspace")
+        for i in range(n):
+            fwd, bwd = op_workspace(program, plan, i)
+            workspace.update({(i, p): "ws" for p, b in (("fwd", fwd), ("bwd", bwd)) if b})
+    grads = _gradients(program, needs)
     slots: list[list[int]] = []  # [free after step, nbytes]
     slot_of: dict[str, str] = {}
-    for key, (start, end, nbytes) in sorted(intervals.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0])):
+    for key, (start, end, nbytes) in sorted(grads.intervals.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0])):
         free = [s for s in range(len(slots)) if slots[s][0] < start]
         if free:
             s = min(free, key=lambda s: (abs(slots[s][1] - nbytes), s))
@@ -165,10 +188,7 @@ def lower(program: Program, plan: Plan, optimizer_slots: tuple[str, ...] = ("mom
             s = len(slots) - 1
         slot_of[key] = f"gslot:{s}"
     for s, (_, nbytes) in enumerate(slots):
-        add(f"gslot:{s}", nbytes, "gradient_maps")
-    grad = {t.id: slot_of[f"grad:{find(t.id)}"] for t in tensors if needs[t.id]}
-    acc = {k: slot_of[v] for k, v in acc.items()}
-    acc_steps = {c: [(a, t, slot_of[tmp]) for a, t, tmp in steps] for c, steps in acc_steps.items()}
+        buffers[f"gslot:{s}"] = Buffer(f"gslot:{s}", nbytes, "gradient_maps")
 
     backward_ops = [i for i in range(n - 1, -1, -1) if needs[ops[i].output]]
     steps: list[tuple] = [("alloc", name) for name in buffers]
@@ -176,19 +196,116 @@ def lower(program: Program, plan: Plan, optimizer_slots: tuple[str, ...] = ("mom
     steps.append(("loss",))
     for i in backward_ops:
         steps.append(("bwd", i))
-        steps += acc_steps.get(i, [])
+        steps += [(a, t, slot_of[tmp]) for a, t, tmp in grads.acc_steps.get(i, [])]
     steps.append(("update",))
     steps += [("free", name) for name in reversed(list(buffers))]
-    return Schedule(persistent=persistent_buffers(program, optimizer_slots), buffers=buffers, steps=steps,
-                    value=value, grad=grad, aux=aux, acc=acc, workspace=workspace, needs_grad=needs,
-                    backward_ops=backward_ops)
+    return Schedule(
+        persistent=persistent_buffers(program, optimizer_slots), buffers=buffers, steps=steps, value=value,
+        grad={t.id: slot_of[grads.of_tensor[t.id]] for t in tensors if needs[t.id]}, aux=aux,
+        acc={k: slot_of[v] for k, v in grads.acc.items()}, workspace=workspace, needs_grad=needs,
+        backward_ops=backward_ops,
+    )
+
+
+def _lower_layer(program: Program, plan: Plan, optimizer_slots: tuple[str, ...]) -> Schedule:
+    """Layer-wise allocation (vDNN): every buffer is allocated just before its first use and released
+    after its last; stashed buffers the plan offloads leave after their last forward use and come back
+    at the prefetch points the plan names."""
+    ops, tensors = program.ops, program.tensors
+    n = len(ops)
+    needs = _needs_grad(program)
+    value, buffers, aux = _values(program)
+    grads = _gradients(program, needs)
+    for name, (_, _, nbytes) in grads.intervals.items():
+        buffers[name] = Buffer(name, max(nbytes, 1), "gradient_maps")
+    by_name = {t.name: t.id for t in tensors}
+    stashed = program.stashed_buffers()
+    offloaded = {by_name[name] for name, d in plan.stash.items() if d == "offload"}
+    unknown = offloaded - stashed
+    if unknown:
+        raise ValueError(f"plan {plan.policy!r} offloads buffers no backward reads: "
+                         f"{sorted(tensors[b].name for b in unknown)}")
+    buf = {t.id: t.buffer for t in tensors}
+    last_forward: dict[int, int] = {}
+    for op in ops:
+        for t in op.inputs + [op.output]:
+            last_forward[buf[t]] = op.index
+    last_backward: dict[int, int] = {}  # buffer -> the last op (in backward order) whose backward reads it
+    for op in ops:
+        for b in program.backward_reads(op):
+            last_backward[b] = min(last_backward.get(b, n), op.index)
+    workspace: dict[tuple[int, str], str] = {}
+    for i in range(n):
+        for pass_, nbytes in zip(("fwd", "bwd"), op_workspace(program, plan, i)):
+            if nbytes:
+                name = workspace[(i, pass_)] = f"ws:{ops[i].name}:{pass_}"
+                buffers[name] = Buffer(name, nbytes, "workspace")
+
+    steps: list[tuple] = [("alloc", "labels"), ("alloc", "loss"), ("alloc", value[program.input])]
+    for op in ops:
+        out = tensors[op.output]
+        if out.buffer == out.id:
+            steps.append(("alloc", value[out.id]))
+        steps += [("alloc", aux[(op.index, k)]) for k in op.aux]
+        ws = workspace.get((op.index, "fwd"))
+        steps += [("alloc", ws), ("fwd", op.index), ("free", ws)] if ws else [("fwd", op.index)]
+        for b in dict.fromkeys(buf[t] for t in op.inputs):
+            if last_forward[b] != op.index:
+                continue
+            if b in offloaded:
+                steps.append(("offload", value[b]))
+            elif b not in stashed:
+                steps.append(("free", value[b]))
+    # the loss: logits in, d(logits) out
+    out_grad = grads.of_tensor[program.output]
+    steps += [("alloc", "probs"), ("alloc", out_grad), ("loss",), ("free", "probs"), ("free", "labels")]
+    if buf[program.output] not in stashed:
+        steps.append(("free", value[program.output]))
+    starts: dict[int, list[str]] = {}
+    ends: dict[int, list[str]] = {}
+    for name, (first, last, _) in grads.intervals.items():
+        if name != out_grad:
+            starts.setdefault(first, []).append(name)
+        ends.setdefault(last, []).append(name)
+    backward_ops = [i for i in range(n - 1, -1, -1) if needs[ops[i].output]]
+    prefetched: set[int] = set()
+    waited: set[int] = set()
+    for i in backward_ops:
+        op = ops[i]
+        step_index = n - i
+        for name in plan.prefetch.get(op.name, []):
+            b = by_name[name]
+            prefetched.add(b)
+            steps += [("alloc", value[b]), ("prefetch", value[b])]
+        for b in program.backward_reads(op):
+            if b in offloaded and b not in waited:  # later readers are ordered after the first on compute
+                if b not in prefetched:
+                    raise ValueError(f"plan {plan.policy!r}: {tensors[b].name!r} is offloaded but never prefetched "
+                                     f"before the backward of {op.name!r}")
+                waited.add(b)
+                steps.append(("wait", value[b]))
+        steps += [("alloc", name) for name in starts.get(step_index, [])]
+        ws = workspace.get((i, "bwd"))
+        steps += [("alloc", ws), ("bwd", i), ("free", ws)] if ws else [("bwd", i)]
+        steps += grads.acc_steps.get(i, [])
+        steps += [("free", name) for name in ends.get(step_index, [])]
+        steps += [("free", aux[(i, k)]) for k in op.aux]
+        steps += [("free", value[b]) for b in program.backward_reads(op) if last_backward[b] == i]
+    # buffers nothing reads in backward (saved state of layers whose backward does not run)
+    steps += [("free", aux[(i, k)]) for i in range(n) if not needs[ops[i].output] for k in ops[i].aux]
+    steps += [("update",), ("free", "loss")]
+    return Schedule(
+        persistent=persistent_buffers(program, optimizer_slots), buffers=buffers, steps=steps, value=value,
+        grad={t.id: grads.of_tensor[t.id] for t in tensors if needs[t.id]}, aux=aux, acc=grads.acc,
+        workspace=workspace, needs_grad=needs, backward_ops=backward_ops,
+    )
 
 
 def lower_inference(program: Program, plan: Plan) -> Schedule:
     """Forward only, layer by layer: each buffer is freed after its last consumer (nothing is stashed)."""
     ops, tensors = program.ops, program.tensors
     buffers: dict[str, Buffer] = {}
-    value = {t.id: f"fm:{t.buffer}" for t in tensors}
+    value = {t.id: f"fm:{tensors[t.buffer].name}" for t in tensors}
     # last op reading each buffer (through any tensor aliasing it)
     last_use: dict[str, int] = {}
     for op in ops:
@@ -202,21 +319,21 @@ def lower_inference(program: Program, plan: Plan) -> Schedule:
         buffers[name] = Buffer(name, max(int(nbytes), 1), category)
         steps.append(("alloc", name))
 
-    alloc("fm:0", tensors[0].nbytes, "feature_maps")
+    alloc(value[program.input], tensors[program.input].nbytes, "feature_maps")
     for op in ops:
         out = tensors[op.output]
         if out.buffer == out.id:
-            alloc(f"fm:{out.id}", out.nbytes, "feature_maps")
+            alloc(value[out.id], out.nbytes, "feature_maps")
         for k, nbytes in op.aux_nbytes.items():
             aux[(op.index, k)] = f"aux:{op.name}.{k}"
             alloc(aux[(op.index, k)], nbytes, "feature_maps")
         fwd_ws, _ = op_workspace(program, plan, op.index)
         if fwd_ws:
-            workspace[op.index] = f"ws:{op.name}"
-            alloc(workspace[op.index], fwd_ws, "workspace")
+            workspace[(op.index, "fwd")] = f"ws:{op.name}:fwd"
+            alloc(workspace[(op.index, "fwd")], fwd_ws, "workspace")
         steps.append(("fwd", op.index))
         if fwd_ws:
-            steps.append(("free", workspace[op.index]))
+            steps.append(("free", workspace[(op.index, "fwd")]))
         for k in op.aux_nbytes:
             steps.append(("free", aux[(op.index, k)]))
         for name in dict.fromkeys(value[i] for i in op.inputs):

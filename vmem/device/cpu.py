@@ -183,6 +183,33 @@ class CpuDevice:
         if pageable:
             stream.record().synchronize()
 
+    def copy_now(self, dst: np.ndarray, src: np.ndarray, direction: str) -> None:
+        """Copy at once on the calling thread through the link (``"d2h"`` or ``"h2d"``): for work already
+        running on a stream, which is how the executor times its offloads and prefetches."""
+        link = self._d2h if direction == "d2h" else self._h2d
+        link.copy(dst, src, None)
+
+    def reserve_pinned(self, nbytes: int) -> PinnedHostPool:
+        """Make sure the pinned pool holds at least ``nbytes``; call it before a step, never inside one.
+
+        The pool is made (and prefaulted) on first use with ``max(nbytes, pinned_memory)``; an idle pool
+        that is too small is replaced by a larger one. A busy one raises OutOfPinnedMemory."""
+        with self._pinned_lock:
+            pool = self._pinned
+            if pool is not None and pool.capacity >= nbytes:
+                return pool
+            if pool is not None:
+                pool.reclaim(wait=True)
+                if pool.in_use:
+                    from ..errors import OutOfPinnedMemory
+
+                    stats = pool.stats()
+                    raise OutOfPinnedMemory(nbytes, pool.capacity, stats.in_use, stats.largest_free,
+                                            stats.fragmentation, {c: s.in_use for c, s in stats.by_category.items()})
+            self._pinned_capacity = max(nbytes, self._pinned_capacity)
+            self._pinned = PinnedHostPool(self._pinned_capacity, self.pool.alignment, name="cpu pinned")
+            return self._pinned
+
     def link_stats(self) -> dict[str, dict[str, float]]:
         """Bytes moved and seconds spent by the copy engine in each direction since the device was made."""
         return {d: {"bytes": l.bytes, "seconds": l.seconds} for d, l in (("d2h", self._d2h), ("h2d", self._h2d))}

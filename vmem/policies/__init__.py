@@ -4,7 +4,8 @@
 them. Spec strings are accepted wherever ``policy=`` is.
 """
 
-from . import baseline as _baseline  # noqa: F401  (registers the policy)
+from . import baseline as _baseline  # noqa: F401  (registers the policies)
+from . import vdnn as _vdnn  # noqa: F401
 from .base import Policy, get, names, parse_spec, register
 from .plan import Plan
 

@@ -1,8 +1,10 @@
 """The Plan: what a policy decided for one network, batch and device, and the figures it predicts.
 
 Plain data that serializes to JSON. Decisions (set by the policy): the algorithm of every convolution
-pass, what happens to every stashed tensor, how memory is allocated (``"network"``: everything up front,
-as Torch and Caffe do; ``"layer"``: layer by layer, released after last use). Figures (filled in by
+pass, what happens to every stashed feature-map buffer (named by the tensor that owns it), at which
+layer's backward each offloaded buffer is prefetched, the offload sync mode, and how memory is allocated
+(``"network"``: everything up front, as Torch and Caffe do; ``"layer"``: layer by layer, released after
+last use). Figures (filled in by
 :func:`vmem.plan`, which replays the allocations through the device's pool code): peak and time-weighted
 average bytes, bytes per category, bytes offloaded, predicted step time, and whether it fits.
 """
@@ -26,8 +28,9 @@ class Plan:
     capacity: int
     allocation: str  # "network" | "layer"
     algos: dict[str, dict[str, str]] = field(default_factory=dict)  # op -> pass -> algorithm
-    stash: dict[str, str] = field(default_factory=dict)  # tensor -> "keep" | "offload" | ...
-    sync: str | None = None
+    stash: dict[str, str] = field(default_factory=dict)  # stashed buffer (owner tensor) -> "keep" | "offload"
+    prefetch: dict[str, list[str]] = field(default_factory=dict)  # op -> buffers to prefetch at its backward
+    sync: str | None = None  # "layer" | "event" for offloading plans
     reason: str = ""
     # figures
     peak_bytes: int = 0

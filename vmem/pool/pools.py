@@ -190,6 +190,10 @@ class _ArenaPool:
                 by_category={c: CategoryStats(*v) for c, v in self._cat.items()},
             )
 
+    def usage(self) -> dict[str, int]:
+        """Bytes in use per category now (cheap: for timelines sampled at every op)."""
+        return {c: v[0] for c, v in self._cat.items() if v[0]}
+
     @property
     def in_use(self) -> int:
         """Bytes held by live blocks (after alignment)."""

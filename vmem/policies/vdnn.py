@@ -1,0 +1,98 @@
+"""vDNN's static policies: layer-wise allocation, offload of stashed feature maps, prefetch in backward.
+
+``vdnn-all`` offloads every stashed feature map (every buffer some backward reads); ``vdnn-conv`` only
+the inputs of convolution layers, the largest and the ones whose transfer hides behind the longest
+compute. Both allocate layer by layer and release every buffer after its last use.
+
+Prefetch follows vDNN (Rhu et al., 2016, Fig. 10): when the backward of layer m starts, the nearest
+earlier layer whose offloaded feature maps are not yet back is prefetched, searching back no further
+than the previous convolution layer, so that the copy overlaps m's backward; anything layer m needs and
+that is not back yet is fetched on demand (the compute stream then waits).
+
+``sync="layer"`` (the paper): at the end of the layer that last reads an offloaded buffer, the compute
+stream waits for the copy, then the buffer is released. ``sync="event"``: the release is deferred to the
+copy's event and compute never waits for an offload.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass
+
+from ..device.base import DeviceSpec
+from ..graph import Program
+from .base import Policy, register
+from .plan import Plan
+
+__all__ = ["VdnnAll", "VdnnConv", "prefetch_points"]
+
+SYNC_MODES = ("layer", "event")
+
+
+def prefetch_points(program: Program, offloaded: set[int]) -> dict[str, list[str]]:
+    """For each op (by name), the offloaded buffers to prefetch when its backward starts (vDNN's rule)."""
+    ops, tensors = program.ops, program.tensors
+    needs = {op.index: [b for b in program.backward_reads(op) if b in offloaded] for op in ops}
+    back: set[int] = set()
+    points: dict[str, list[str]] = {}
+    for m in range(len(ops) - 1, -1, -1):
+        batch = [b for b in needs[m] if b not in back]  # on demand: layer m cannot start without them
+        back.update(batch)
+        for j in range(m - 1, -1, -1):  # look ahead: the nearest earlier layer still offloaded
+            pending = [b for b in needs[j] if b not in back]
+            if pending:
+                batch += pending
+                back.update(pending)
+                break
+            if ops[j].kind == "conv":
+                break
+        if batch:
+            points[ops[m].name] = [tensors[b].name for b in batch]
+    return points
+
+
+@dataclass(frozen=True)
+class _Vdnn(Policy):
+    sync: str = "layer"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.sync not in SYNC_MODES:
+            raise ValueError(f"policy {self.name!r}: sync={self.sync!r}; use one of {', '.join(SYNC_MODES)}")
+
+    @abstractmethod
+    def offloads(self, program: Program) -> set[int]:
+        """Buffers (owner tensor ids) this policy offloads when they are stashed."""
+
+    def decide(self, program: Program, device: DeviceSpec) -> Plan:
+        stashed = program.stashed_buffers()
+        offloaded = self.offloads(program) & stashed
+        return Plan(
+            policy=self.spec, network=program.network, batch=program.batch, device=device.name,
+            capacity=device.memory, allocation="layer", algos=self.choose_algos(program),
+            stash={program.tensors[b].name: ("offload" if b in offloaded else "keep") for b in sorted(stashed)},
+            prefetch=prefetch_points(program, offloaded), sync=self.sync,
+            reason=f"layer-wise allocation; {self.name}: offload {len(offloaded)} of {len(stashed)} stashed buffers",
+        )
+
+
+@register
+@dataclass(frozen=True)
+class VdnnAll(_Vdnn):
+    """``vdnn-all[:algos=memory|performance,sync=layer|event]``: offload every stashed feature map."""
+
+    name = "vdnn-all"
+
+    def offloads(self, program: Program) -> set[int]:
+        return program.stashed_buffers()
+
+
+@register
+@dataclass(frozen=True)
+class VdnnConv(_Vdnn):
+    """``vdnn-conv[:algos=memory|performance,sync=layer|event]``: offload only convolution inputs."""
+
+    name = "vdnn-conv"
+
+    def offloads(self, program: Program) -> set[int]:
+        return {program.tensors[i].buffer for op in program.ops if op.kind == "conv" for i in op.inputs}
