@@ -29,6 +29,7 @@ __all__ = ["CpuDevice"]
 
 POISON_BYTE = 0xFF  # every float format reads 0xFF...FF as NaN; integers read -1
 _CHUNK = 1 << 20  # throttled and staged copies move this many bytes at a time
+_DEFAULT_PINNED = 64 << 20  # pinned pool made on first use when no plan has asked for more
 
 
 class _Poison(PoolHook):
@@ -106,7 +107,7 @@ class CpuDevice:
         if pcie_gbps is not None and not (isinstance(pcie_gbps, (int, float)) and pcie_gbps > 0):
             raise ValueError(f"pcie_gbps={pcie_gbps!r}: must be a positive number of GB/s, or None")
         self._pinned_capacity = (
-            2 * capacity if pinned_memory is None else parse_bytes(pinned_memory, name="pinned_memory")
+            _DEFAULT_PINNED if pinned_memory is None else parse_bytes(pinned_memory, name="pinned_memory")
         )
         self.name = "cpu"
         self.xp = np
@@ -121,6 +122,7 @@ class CpuDevice:
         self._d2h = _Link(self.spec.pcie_gbps)
         self._h2d = _Link(self.spec.pcie_gbps)
         self._pinned: PinnedHostPool | None = None
+        self._pinned_fixed = pinned_memory is not None
         self._pinned_lock = threading.Lock()
         self._staging = {"d2h": np.empty(_CHUNK, np.uint8), "h2d": np.empty(_CHUNK, np.uint8)}
         self._closed = False
@@ -192,8 +194,9 @@ class CpuDevice:
     def reserve_pinned(self, nbytes: int) -> PinnedHostPool:
         """Make sure the pinned pool holds at least ``nbytes``; call it before a step, never inside one.
 
-        The pool is made (and prefaulted) on first use with ``max(nbytes, pinned_memory)``; an idle pool
-        that is too small is replaced by a larger one. A busy one raises OutOfPinnedMemory."""
+        The pool is made (and prefaulted) on first use: ``nbytes``, or ``pinned_memory`` if that was given
+        and is larger; an idle pool that is too small is replaced by a larger one. A busy one raises
+        OutOfPinnedMemory."""
         with self._pinned_lock:
             pool = self._pinned
             if pool is not None and pool.capacity >= nbytes:
@@ -206,7 +209,7 @@ class CpuDevice:
                     stats = pool.stats()
                     raise OutOfPinnedMemory(nbytes, pool.capacity, stats.in_use, stats.largest_free,
                                             stats.fragmentation, {c: s.in_use for c, s in stats.by_category.items()})
-            self._pinned_capacity = max(nbytes, self._pinned_capacity)
+            self._pinned_capacity = max(nbytes, self._pinned_capacity if self._pinned_fixed else 0)
             self._pinned = PinnedHostPool(self._pinned_capacity, self.pool.alignment, name="cpu pinned")
             return self._pinned
 

@@ -1,0 +1,93 @@
+"""vDNN's policies against the baseline on the CPU device: step time, overlap and stalls.
+
+Part 1, unthrottled: vgg_cifar at batch 128; one trainer per policy, steps interleaved across them so all
+see the same machine noise; median step time relative to ``baseline`` (same algorithms). Offload and
+prefetch run on the memory stream while compute runs, so the ratio shows how well they overlap.
+
+Part 2, a throttled link (``pcie_gbps``, default 2): the compute stream's stall time (waiting for the
+memory stream) per policy and sync mode.
+
+Targets (issue 4): vdnn-all step time at most 1.15x baseline, unthrottled; throttled, vdnn-conv stalls
+less than vdnn-all and sync=event less than sync=layer.
+
+    python bench/policies.py [--batch 128] [--steps 5] [--rate 2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+_HERE = str(Path(__file__).resolve().parent)
+sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE] + [_HERE]
+from _report import emit, table, verdict  # noqa: E402
+
+import vmem  # noqa: E402
+from vmem import format_bytes  # noqa: E402
+
+POLICIES = ["baseline", "vdnn-all", "vdnn-conv", "vdnn-all:sync=event", "vdnn-conv:sync=event"]
+
+
+def run(policies: list[str], batch: int, steps: int, algos: str, pcie_gbps: float | None) -> dict[str, dict]:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)
+    y = rng.integers(0, 10, batch)
+    trainers = {}
+    try:
+        for p in policies:
+            spec = p + ("," if ":" in p else ":") + f"algos={algos}"
+            trainers[p] = vmem.Trainer(vmem.models.get("vgg_cifar"), device="cpu", memory="1GiB", policy=spec,
+                                       optimizer=vmem.optim.SGD(lr=0.01, momentum=0.9), seed=0) \
+                if pcie_gbps is None else \
+                vmem.Trainer(vmem.models.get("vgg_cifar"), device=vmem.device("cpu", memory="1GiB", pcie_gbps=pcie_gbps),
+                             policy=spec, optimizer=vmem.optim.SGD(lr=0.01, momentum=0.9), seed=0)
+            trainers[p].step(x, y)  # warm up (and reserve pinned memory)
+        reports = {p: [] for p in policies}
+        for _ in range(steps):
+            for p, t in trainers.items():
+                reports[p].append(t.step(x, y))
+    finally:
+        for t in trainers.values():
+            t.close()
+            if pcie_gbps is not None:
+                t.device.close()
+    return {p: {"seconds": float(np.median([r.seconds for r in rs])),
+                "stall_seconds": float(np.median([r.stall_seconds for r in rs])),
+                "peak_bytes": rs[-1].peak_bytes, "average_bytes": rs[-1].average_bytes,
+                "offloaded_bytes": rs[-1].offloaded_bytes} for p, rs in reports.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rate", type=float, default=2.0, help="throttled link, GB/s each way (default 2)")
+    parser.add_argument("--algos", default="performance", choices=("memory", "performance"))
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    fast = run(POLICIES, args.batch, args.steps, args.algos, None)
+    base = fast["baseline"]["seconds"]
+    print(f"vgg_cifar batch {args.batch}, algos={args.algos}, unthrottled (median of {args.steps} steps)")
+    print(table(["policy", "step s", "x baseline", "stall s", "peak", "average", "offloaded"],
+                [(p, r["seconds"], r["seconds"] / base, r["stall_seconds"], format_bytes(r["peak_bytes"]),
+                  format_bytes(r["average_bytes"]), format_bytes(r["offloaded_bytes"])) for p, r in fast.items()]))
+    slow = run(POLICIES[1:], args.batch, max(2, args.steps // 2), args.algos, args.rate)
+    print(f"\nthrottled to pcie_gbps={args.rate:g}")
+    print(table(["policy", "step s", "stall s"], [(p, r["seconds"], r["stall_seconds"]) for p, r in slow.items()]))
+    targets = [
+        verdict("vdnn-all / baseline step time, unthrottled", fast["vdnn-all"]["seconds"] / base, 1.15, at_least=False),
+        verdict("throttled stall: vdnn-conv / vdnn-all", slow["vdnn-conv"]["stall_seconds"]
+                / max(slow["vdnn-all"]["stall_seconds"], 1e-9), 1.0, at_least=False),
+        verdict("throttled stall: vdnn-all sync=event / sync=layer", slow["vdnn-all:sync=event"]["stall_seconds"]
+                / max(slow["vdnn-all"]["stall_seconds"], 1e-9), 1.0, at_least=False),
+    ]
+    return emit({"bench": "policies", "batch": args.batch, "algos": args.algos, "unthrottled": fast,
+                 "throttled": slow, "rate_gbps": args.rate, "targets": targets}, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
