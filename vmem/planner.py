@@ -21,13 +21,45 @@ __all__ = ["plan", "replay", "plan_program"]
 _UNBOUNDED = 1 << 60
 
 
-def replay(schedule: Schedule, program: Program, capacity: int, alignment: int = 256) -> dict[str, Any]:
+class _Event:
+    """An event of a replayed stream: it completes only when the host waits for it."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+
+class _Stream:
+    """A stand-in stream for the replay (the pool only records events on it)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def record(self, event: Any = None) -> _Event:
+        return _Event()
+
+    def launch(self, fn: Any, *args: Any) -> None:  # pragma: no cover - the pool never launches
+        pass
+
+
+def replay(schedule: Schedule, program: Program, capacity: int, alignment: int = 256,
+           sync: str | None = None) -> dict[str, Any]:
     """Replay persistent and per-step allocations; raise OutOfDeviceMemory if ``capacity`` is exceeded.
 
-    Returns peak, time-weighted average (ops weighted by their FLOPs, a stand-in for time until a
-    profile exists) and per-category peaks and averages.
+    The step's blocks are allocated and freed on a stand-in compute stream, and offloaded buffers freed
+    on a stand-in memory stream when ``sync="event"``, exactly as the executor does, so placement and
+    fragmentation match. Returns peak, time-weighted average (ops weighted by their FLOPs, a stand-in
+    for time until a profile exists) and per-category peaks and averages.
     """
     pool = DevicePool(capacity, alignment, name="plan")
+    compute, memory = _Stream("compute"), _Stream("memory")
     for buf in schedule.persistent:
         pool.allocate(buf.nbytes, None, buf.category)
     blocks = {}
@@ -39,9 +71,11 @@ def replay(schedule: Schedule, program: Program, capacity: int, alignment: int =
         kind = st[0]
         if kind == "alloc":
             buf = schedule.buffers[st[1]]
-            blocks[buf.name] = pool.allocate(buf.nbytes, None, buf.category)
-        elif kind in ("free", "offload"):  # an offloaded buffer is released once its copy is done
-            pool.free(blocks.pop(st[1]))
+            blocks[buf.name] = pool.allocate(buf.nbytes, compute, buf.category, high=buf.high)
+        elif kind == "free":
+            pool.free(blocks.pop(st[1]), compute)
+        elif kind == "offload":  # released after its copy: by compute (sync=layer) or the memory stream
+            pool.free(blocks.pop(st[1]), memory if sync == "event" else compute)
         elif kind in ("prefetch", "wait"):
             continue
         else:
@@ -74,10 +108,10 @@ def plan_program(program: Program, device: DeviceSpec, policy: Any, *, alignment
     result = pol.decide(program, device)
     schedule = lower(program, result, optimizer_slots)
     try:
-        figures = replay(schedule, program, device.memory, alignment)
+        figures = replay(schedule, program, device.memory, alignment, result.sync)
         result.fits = True
     except OutOfDeviceMemory:
-        figures = replay(schedule, program, _UNBOUNDED, alignment)
+        figures = replay(schedule, program, _UNBOUNDED, alignment, result.sync)
         result.fits = False
     result.peak_bytes = figures["peak"]
     result.average_bytes = figures["average"]

@@ -30,9 +30,13 @@ __all__ = ["Buffer", "Schedule", "lower", "lower_inference"]
 
 @dataclass(frozen=True)
 class Buffer:
+    """A block the step allocates. ``high``: place it at the high end of free space (long-lived small
+    buffers: saved state, labels), away from the large short-lived ones."""
+
     name: str
     nbytes: int
     category: str
+    high: bool = False
 
 
 @dataclass
@@ -153,11 +157,11 @@ def _values(program: Program) -> tuple[dict[int, str], dict[str, Buffer], dict[t
     for op in program.ops:
         for k, nbytes in op.aux_nbytes.items():
             aux[(op.index, k)] = f"aux:{op.name}.{k}"
-            buffers[aux[(op.index, k)]] = Buffer(aux[(op.index, k)], max(nbytes, 1), "feature_maps")
+            buffers[aux[(op.index, k)]] = Buffer(aux[(op.index, k)], max(nbytes, 1), "feature_maps", high=True)
     for name, nbytes, category in (("labels", program.batch * 8, "other"),
                                    ("probs", program.batch * program.num_classes * program.itemsize, "feature_maps"),
                                    ("loss", program.itemsize, "other")):
-        buffers[name] = Buffer(name, nbytes, category)
+        buffers[name] = Buffer(name, nbytes, category, high=True)
     return value, buffers, aux
 
 

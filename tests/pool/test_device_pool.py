@@ -228,3 +228,25 @@ def test_views_over_the_arena():
         pool.view(b, (200,), np.float32)
     with pytest.raises(RuntimeError, match="no backing memory"):
         DevicePool(8 * KiB).view(DevicePool(8 * KiB).allocate(1), (1,), np.uint8)
+
+
+def test_high_placement_takes_the_top_of_the_best_fit():
+    pool = DevicePool(8 * KiB, alignment=1024)
+    low = pool.allocate(KiB)
+    high = pool.allocate(KiB, high=True)
+    assert (low.offset, high.offset) == (0, 7 * KiB)
+    pool.free(low)
+    pool.free(high)
+    assert offsets(pool) == [(0, 8 * KiB, "free")]
+
+
+def test_a_stream_grows_its_blocks_into_free_neighbours_without_waiting():
+    s = FakeStream("s")
+    pool = DevicePool(4 * KiB, alignment=1024)
+    a = pool.allocate(2 * KiB, stream=s)
+    b = pool.allocate(KiB)
+    pool.free(a, stream=s)  # s owns [0, 2K) until its event completes
+    pool.free(b)  # [2K, 4K) free for everyone, but a different owner: not merged
+    assert len(pool.snapshot()["blocks"]) == 2
+    c = pool.allocate(3 * KiB, stream=s)  # s may use both: absorbed, no wait
+    assert c.offset == 0 and s.host_waits == 0

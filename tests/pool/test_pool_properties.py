@@ -25,12 +25,12 @@ class PoolMachine(RuleBasedStateMachine):
         self.expected_peak = 0
 
     # -- actions -------------------------------------------------------------------------------
-    @rule(nbytes=sizes, stream=st.integers(-1, 2), category=st.sampled_from(CATEGORIES), data=st.data())
-    def allocate(self, nbytes, stream, category, data):
+    @rule(nbytes=sizes, stream=st.integers(-1, 2), category=st.sampled_from(CATEGORIES), high=st.booleans())
+    def allocate(self, nbytes, stream, category, high):
         s = None if stream < 0 else self.streams[stream]
         before = self.pool.snapshot()
         try:
-            block = self.pool.allocate(nbytes, stream=s, category=category)
+            block = self.pool.allocate(nbytes, stream=s, category=category, high=high)
         except OutOfDeviceMemory as err:
             assert err.requested > err.largest_free
             assert self.pool.snapshot()["capacity"] == before["capacity"]
@@ -77,6 +77,11 @@ class PoolMachine(RuleBasedStateMachine):
     @rule()
     def reclaim(self):
         self.pool.reclaim()
+
+    @rule(stream=st.integers(0, 2))
+    def absorb(self, stream):
+        with self.pool._lock:  # the allocator's step 3, on its own: safe for the stream's ordering rule
+            self.pool._fit.absorb(self.streams[stream])
 
     @rule()
     def reset_peak(self):

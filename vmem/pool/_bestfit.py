@@ -105,10 +105,12 @@ class BestFit:
         return list(events.values())
 
     # -- allocation --------------------------------------------------------------------------------
-    def take(self, size: int, owner: Any = None) -> Block | None:
+    def take(self, size: int, owner: Any = None, high: bool = False) -> Block | None:
         """Carve ``size`` bytes from the best-fitting free segment usable by ``owner``, or return None.
 
         Usable: segments owned by nobody, and, when ``owner`` is not None, segments owned by ``owner``.
+        The block comes from the low end of the segment, or its high end with ``high=True`` (so that two
+        kinds of blocks grow from opposite ends of free space instead of interleaving).
         The returned block is marked allocated; its other fields are the caller's to fill.
         """
         best_list = None
@@ -129,18 +131,28 @@ class BestFit:
             seg.state = ALLOCATED
             seg.owner = seg.event = None
             return seg
-        # Split: the allocation takes the low end, the remainder stays free with the same owner.
-        block = Block(seg.offset, size)
-        block.state = ALLOCATED
-        block.prev = seg.prev
-        block.next = seg
-        if seg.prev is None:
-            self.head = block
+        # Split: the allocation takes one end, the remainder stays free with the same owner.
+        if high:
+            block = Block(seg.offset + seg.size - size, size)
+            block.state = ALLOCATED
+            block.prev = seg
+            block.next = seg.next
+            if seg.next is not None:
+                seg.next.prev = block
+            seg.next = block
+            seg.size -= size
         else:
-            seg.prev.next = block
-        seg.prev = block
-        seg.offset += size
-        seg.size -= size
+            block = Block(seg.offset, size)
+            block.state = ALLOCATED
+            block.prev = seg.prev
+            block.next = seg
+            if seg.prev is None:
+                self.head = block
+            else:
+                seg.prev.next = block
+            seg.prev = block
+            seg.offset += size
+            seg.size -= size
         self._free[seg.offset] = seg
         insort(best_list, (seg.size, seg.offset))
         return block
@@ -165,14 +177,38 @@ class BestFit:
         seg.event = event
         self._insert_merged(seg)
 
-    def reclaim(self, *, wait: bool = False) -> int:
+    def absorb(self, owner: Any) -> bool:
+        """Merge free segments anyone may use into adjacent free segments of ``owner``.
+
+        Always safe (it only narrows who may use that memory until ``owner``'s event completes) and
+        independent of timing; it gives ``owner`` larger blocks without waiting for anything.
+        """
+        merged = False
+        lst = self._lists.get(owner)
+        if owner is None or not lst:
+            return False
+        for key in list(lst):
+            seg = self._free.get(key[1])
+            if seg is None or seg.owner is not owner:
+                continue
+            for nb in (seg.prev, seg.next):
+                if nb is not None and nb.state == FREE and nb.owner is None:
+                    self._unlist(nb)
+                    nb.owner, nb.event = owner, seg.event
+                    self._insert_merged(nb)  # merges with seg (same owner now)
+                    merged = True
+        return merged
+
+    def reclaim(self, *, wait: bool = False, skip: Any = None) -> int:
         """Hand owned free segments whose events completed to everyone; return the bytes reclaimed.
 
         With ``wait=True``, first block the host until every pending event completes, so that all free
-        space ends up owned by nobody and fully coalesced.
+        space ends up owned by nobody and fully coalesced. Segments of ``skip`` are left alone.
         """
         reclaimed = 0
         for owner in self.owners():
+            if owner is skip and skip is not None:
+                continue
             lst = self._lists[owner]
             for key in list(lst):
                 seg = self._free[key[1]]

@@ -10,8 +10,13 @@ Stream ordering lives here and nowhere else. ``DevicePool.allocate(n, stream=T)`
    later work is ordered after the free, so no wait is needed);
 2. then hands back blocks freed on other streams whose free-time events have completed, coalesces
    them, and looks again;
-3. then blocks the host on the remaining free-time events, hands those blocks back, and looks again;
-4. then raises :class:`~vmem.errors.OutOfDeviceMemory` with the pool unchanged.
+3. then merges free blocks anyone may use into adjacent blocks of ``T`` (safe, and independent of
+   timing, so the executor's placement matches the planner's replay) and looks again;
+4. then blocks the host on the remaining free-time events, hands those blocks back, and looks again;
+5. then raises :class:`~vmem.errors.OutOfDeviceMemory` with the pool unchanged.
+
+Blocks of ``T`` itself are never handed back in step 2: whether their events have completed depends on
+timing, and ``T`` can use them anyway.
 
 So a block freed on one stream is never handed to another stream before the event recorded at its
 free has completed. The pinned pool follows the same chain, with the event of the copy that used a
@@ -85,7 +90,7 @@ class _ArenaPool:
         self._cat: dict[str, list[int]] = {c: [0, 0, 0] for c in CATEGORIES}
 
     # -- allocation --------------------------------------------------------------------------------
-    def _allocate(self, nbytes: int, owner: Any, category: str) -> Block:
+    def _allocate(self, nbytes: int, owner: Any, category: str, high: bool = False) -> Block:
         if type(nbytes) is not int:
             if not hasattr(nbytes, "__index__") or isinstance(nbytes, bool):
                 raise TypeError(f"nbytes must be an integer, not {type(nbytes).__name__}")
@@ -100,14 +105,16 @@ class _ArenaPool:
         size = (nbytes + self._mask) & ~self._mask or self.alignment
         with self._lock:
             fit = self._fit
-            block = fit.take(size, owner)
+            block = fit.take(size, owner, high)
             if block is None and size <= self.capacity - self._in_use:
-                if fit.reclaim():  # 2. blocks of other streams whose events have completed
-                    block = fit.take(size, owner)
-                if block is None and fit.owners():  # 3. wait for the remaining events
+                if fit.reclaim(skip=owner):  # 2. blocks of other streams whose events have completed
+                    block = fit.take(size, owner, high)
+                if block is None and fit.absorb(owner):  # 3. grow this stream's blocks into free neighbours
+                    block = fit.take(size, owner, high)
+                if block is None and fit.owners():  # 4. wait for the remaining events
                     fit.reclaim(wait=True)
-                    block = fit.take(size, owner)
-            if block is None:  # 4. the pool is unchanged
+                    block = fit.take(size, owner, high)
+            if block is None:  # 5. the pool is unchanged
                 self._failures += 1
                 error = self._exhausted(size)
                 for hook in self._hooks:
@@ -296,12 +303,15 @@ class DevicePool(_ArenaPool):
     def __init__(self, capacity: int | str, alignment: int = 256, upstream: Any = None, *, name: str = "device"):
         super().__init__(capacity, alignment, upstream, name)
 
-    def allocate(self, nbytes: int, stream: Any = None, category: str = "other") -> Block:
+    def allocate(self, nbytes: int, stream: Any = None, category: str = "other", *, high: bool = False) -> Block:
         """Allocate ``nbytes`` for work on ``stream`` (None: the host) and account it to ``category``.
 
+        ``high=True`` carves the block from the high end of the best-fitting free block: a placement
+        hint that keeps long-lived small blocks (saved state, labels) out of the way of the large
+        short-lived ones, which otherwise fragment around them.
         Raises :class:`~vmem.errors.OutOfDeviceMemory` if no block fits; the pool is then unchanged.
         """
-        return self._allocate(nbytes, stream, category)
+        return self._allocate(nbytes, stream, category, high)
 
     def free(self, block: Block, stream: Any = None) -> None:
         """Return ``block``; ``stream`` is the stream whose enqueued work last uses it.
