@@ -74,3 +74,32 @@ def test_help_for_every_command():
     for cmd in ([], ["train"], ["plan"], ["models"], ["devices"]):
         out = subprocess.run([sys.executable, "-m", "vmem", *cmd, "--help"], capture_output=True, text=True)
         assert out.returncode == 0 and "usage: vmem" in out.stdout
+
+
+def test_trace_writes_a_valid_chrome_trace_a_plot_and_a_table(capsys, tmp_path):
+    code, out, _ = run(capsys, "trace", "--model", "mini_googlenet", "--image-size", "16", "--policy", "vdnn-all",
+                       "--batch", "8", "--steps", "2", "--memory", "64MiB", "--out", str(tmp_path), "--json")
+    assert code == 0
+    summary = json.loads(out)
+    assert summary["offloaded_bytes"] > 0
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    assert {e["tid"] for e in trace["traceEvents"] if e["ph"] == "X"} == {1, 2}
+    assert (tmp_path / "memory.png").read_bytes()[:4] == b"\x89PNG"
+    table = (tmp_path / "layers.txt").read_text()
+    assert "offload" in table and "fwd ms" in table
+
+
+def test_bench_bandwidth_json(capsys):
+    code, out, _ = run(capsys, "bench", "bandwidth", "--sizes", "64KiB,1MiB", "--rounds", "1", "--memory", "16MiB",
+                       "--json")
+    assert code == 0
+    rows = json.loads(out)["rows"]
+    assert [r["bytes"] for r in rows] == [65536, 1 << 20]
+    for r in rows:
+        for key in ("d2h_pinned_gbps", "h2d_pinned_gbps", "d2h_pageable_gbps", "h2d_pageable_gbps"):
+            assert r[key] > 0
+
+
+def test_train_prints_the_offload_summary(capsys):
+    code, out, _ = run(capsys, "train", "--epochs", "1", "--policy", "vdnn-all:sync=event")
+    assert code == 0 and "offloaded" in out and "waited" in out

@@ -74,6 +74,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"done in {wall:.1f} s: val accuracy {last.val_accuracy:.2%}, train loss {last.train_loss:.4f}, "
               f"step time {result['step_seconds'] * 1e3:.1f} ms (median), peak device memory "
               f"{format_bytes(result['peak_bytes'])} (average {format_bytes(result['average_bytes'])})")
+        if result["offloaded_bytes"]:
+            print(f"offloaded {format_bytes(result['offloaded_bytes'])} a step to pinned host memory; "
+                  f"compute waited {result['stall_seconds'] * 1e3:.1f} ms a step for the memory stream")
     return 0
 
 
@@ -99,6 +102,90 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         print(result.table())
         print(f"fits: {result.fits}; offloaded {format_bytes(result.offloaded_bytes)}")
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    """Train a few steps and write the last step's Chrome trace, memory plot and per-layer table."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from . import data, optim
+    from .device import device as make_device
+    from .report import layer_table
+    from .trainer import Trainer
+
+    net = _model(args)
+    train, _ = data.load(args.dataset, input_shape=net.input_shape, seed=args.seed, n=max(args.batch, 256))
+    if train.num_classes != net.output_shape()[1]:
+        net = _rebuild_for_classes(args, train.num_classes)
+    options: dict[str, Any] = {"memory": args.memory} if args.memory else {}
+    if args.pcie_gbps:
+        options["pcie_gbps"] = args.pcie_gbps
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = make_device(args.device, **options)
+    try:
+        with Trainer(net, device=dev, policy=_policy_spec(args), optimizer=optim.SGD(lr=0.01, momentum=0.9),
+                     seed=args.seed) as trainer:
+            batches = train.batches(args.batch, shuffle=True, rng=np.random.default_rng(args.seed), drop_last=True)
+            report = None
+            for _, (x, y) in zip(range(args.steps), batches):
+                report = trainer.step(x, y)
+            if report is None:
+                raise ValueError(f"the dataset has no full batch of {args.batch}")
+            plan = trainer.plans[args.batch]
+    finally:
+        dev.close()
+    trace_path, plot_path = out / "trace.json", out / "memory.png"
+    report.timeline.write_chrome_trace(trace_path)
+    files = {"trace": str(trace_path), "table": str(out / "layers.txt")}
+    table = layer_table(plan, report.timeline)
+    (out / "layers.txt").write_text(table + "\n")
+    try:
+        report.timeline.plot(plot_path, title=f"{net.name} batch {args.batch}, {plan.policy}")
+        files["plot"] = str(plot_path)
+    except ImportError as exc:
+        files["plot_error"] = str(exc)
+    summary = {"model": net.name, "policy": plan.policy, "batch": args.batch, "step_seconds": report.seconds,
+               "peak_bytes": report.peak_bytes, "average_bytes": report.average_bytes,
+               "offloaded_bytes": report.offloaded_bytes, "stall_seconds": report.stall_seconds, "files": files}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(table)
+        print(f"step {report.seconds * 1e3:.1f} ms, stall {report.stall_seconds * 1e3:.1f} ms, peak "
+              f"{format_bytes(report.peak_bytes)}, average {format_bytes(report.average_bytes)}, offloaded "
+              f"{format_bytes(report.offloaded_bytes)}")
+        for kind, path in files.items():
+            print(f"{kind}: {path}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .benchmarks import DEFAULT_SIZES, bandwidth
+    from .device import device as make_device
+
+    options: dict[str, Any] = {"memory": args.memory or "1GiB"}
+    if args.pcie_gbps:
+        options["pcie_gbps"] = args.pcie_gbps
+    sizes = args.sizes.split(",") if args.sizes else list(DEFAULT_SIZES)
+    dev = make_device(args.device, **options)
+    try:
+        rows = bandwidth(dev, sizes, rounds=args.rounds, progress=not args.json)
+    finally:
+        dev.close()
+    if args.json:
+        print(json.dumps({"bench": "bandwidth", "device": args.device, "pcie_gbps": args.pcie_gbps, "rows": rows},
+                         indent=2))
+        return 0
+    print(f"host-device copy bandwidth on {args.device}" + (f", link {args.pcie_gbps:g} GB/s" if args.pcie_gbps else "")
+          + " (GB/s, best of rounds)")
+    print(f"{'size':>12}  {'d2h pinned':>10}  {'h2d pinned':>10}  {'d2h pageable':>12}  {'h2d pageable':>12}")
+    for r in rows:
+        print(f"{format_bytes(r['bytes']):>12}  {r['d2h_pinned_gbps']:10.2f}  {r['h2d_pinned_gbps']:10.2f}  "
+              f"{r['d2h_pageable_gbps']:12.2f}  {r['h2d_pageable_gbps']:12.2f}")
     return 0
 
 
@@ -166,6 +253,30 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, None)
     p.add_argument("--batch", type=int, required=True)
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("trace", help="run a few steps; write a Chrome trace, a memory plot, a layer table",
+                       description="Train a few steps and write the last step's timeline: trace.json (open in "
+                       "Perfetto or chrome://tracing), memory.png and layers.txt, into --out.")
+    common(p, "vgg_cifar")
+    p.add_argument("--dataset", default="synthetic", choices=("digits", "synthetic"))
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--steps", type=int, default=3, help="steps to run; the last is written (default 3)")
+    p.add_argument("--pcie-gbps", type=float, help="throttle host-device copies to this many GB/s")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="vmem-trace", help="output folder (default vmem-trace)")
+    p.set_defaults(func=cmd_trace)
+
+    p = sub.add_parser("bench", help="microbenchmarks (bandwidth)",
+                       description="bandwidth: device-to-host and host-to-device copy throughput over sizes, "
+                       "pinned against pageable host buffers.")
+    p.add_argument("which", choices=("bandwidth",))
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--memory", default=None, help="device memory (default 1GiB)")
+    p.add_argument("--pcie-gbps", type=float, help="throttle the CPU device's link to this many GB/s")
+    p.add_argument("--sizes", help="comma-separated sizes (default 64KiB to 256MiB)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("models", help="list the model zoo")
     p.add_argument("--json", action="store_true")

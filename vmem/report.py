@@ -1,0 +1,36 @@
+"""Reports: a per-layer table joining a plan's decisions with a measured step's times."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .policies.plan import Plan
+from .timeline import Timeline
+from .units import format_bytes
+
+__all__ = ["layer_table"]
+
+
+def layer_table(plan: Plan, timeline: Timeline | None = None) -> str:
+    """Per layer: output shape, algorithms, stash decision, bytes, and (with a timeline) forward and
+    backward milliseconds measured on the compute stream."""
+    times: dict[str, float] = {}
+    if timeline is not None:
+        for s in timeline.spans:
+            if s.stream == "compute" and s.kind == "compute":
+                times[s.name] = times.get(s.name, 0.0) + s.seconds
+    head = ("layer", "output", "algorithms (fwd/bwd-data/bwd-filter)", "stash", "bytes", "workspace", "fwd ms", "bwd ms")
+    rows: list[tuple[Any, ...]] = [head]
+    for row in plan.layers:
+        fwd = times.get(row["name"])
+        bwd = times.get(f"{row['name']}.backward")
+        rows.append((row["name"], "x".join(map(str, row["shape"])), row.get("algos") or "-", row.get("stash") or "-",
+                     format_bytes(row["bytes"]), format_bytes(row["workspace"]) if row.get("workspace") else "-",
+                     "-" if fwd is None else f"{fwd * 1e3:.2f}", "-" if bwd is None else f"{bwd * 1e3:.2f}"))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
+    lines = [f"{plan.network} batch {plan.batch}, policy {plan.policy}: planned peak {format_bytes(plan.peak_bytes)}, "
+             f"offloaded {format_bytes(plan.offloaded_bytes)}"]
+    lines.append("  ".join(str(c).ljust(w) for c, w in zip(rows[0], widths)))
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows[1:]]
+    return "\n".join(lines)
