@@ -67,7 +67,7 @@ def torch_step_fn(batch: int, x: np.ndarray, y: np.ndarray):
         loss = loss_fn(model(tx), ty)
         loss.backward()
         opt.step()
-        float(loss)
+        float(loss.detach())
         return time.perf_counter() - t0
 
     return step, torch.__version__

@@ -28,9 +28,15 @@ def layer_table(plan: Plan, timeline: Timeline | None = None) -> str:
                      format_bytes(row["bytes"]), format_bytes(row["workspace"]) if row.get("workspace") else "-",
                      "-" if fwd is None else f"{fwd * 1e3:.2f}", "-" if bwd is None else f"{bwd * 1e3:.2f}"))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
-    lines = [f"{plan.network} batch {plan.batch}, policy {plan.policy}: planned peak {format_bytes(plan.peak_bytes)}, "
-             f"offloaded {format_bytes(plan.offloaded_bytes)}"]
-    lines.append("  ".join(str(c).ljust(w) for c, w in zip(rows[0], widths)))
+    if timeline is None:  # no measured times: drop those columns
+        rows = [r[:-2] for r in rows]
+        widths = widths[:-2]
+    lines = [f"{plan.network} batch {plan.batch} on {plan.device} ({format_bytes(plan.capacity)}), policy "
+             f"{plan.policy}: peak {format_bytes(plan.peak_bytes)}, average {format_bytes(plan.average_bytes)}, "
+             f"offloaded {format_bytes(plan.offloaded_bytes)}" + ("" if plan.fits else "  ** DOES NOT FIT **")]
+    lines.append("  ".join(str(c).ljust(w) for c, w in zip(rows[0], widths)).rstrip())
     lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows[1:]]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows[1:]]
+    cats = ", ".join(f"{k} {format_bytes(v['peak'])}" for k, v in plan.by_category.items() if v.get("peak"))
+    lines.append(f"peak by category: {cats}")
     return "\n".join(lines)

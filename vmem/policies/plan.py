@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..units import format_bytes
 
 __all__ = ["Plan"]
 
@@ -46,20 +45,7 @@ class Plan:
         return asdict(self)
 
     def table(self) -> str:
-        """A per-layer table: output shape, algorithms, stash decision, bytes."""
-        head = (f"{self.network} batch {self.batch} on {self.device} ({format_bytes(self.capacity)}), "
-                f"policy {self.policy}: peak {format_bytes(self.peak_bytes)}, average "
-                f"{format_bytes(self.average_bytes)}" + ("" if self.fits else "  ** DOES NOT FIT **"))
-        cols = ("layer", "output", "algorithms (fwd/bwd-data/bwd-filter)", "stash", "output bytes", "workspace")
-        rows = [cols]
-        for row in self.layers:
-            rows.append((row["name"], "x".join(map(str, row["shape"])), row.get("algos") or "-",
-                         row.get("stash") or "-", format_bytes(row["bytes"]),
-                         format_bytes(row["workspace"]) if row.get("workspace") else "-"))
-        widths = [max(len(str(r[i])) for r in rows) for i in range(len(cols))]
-        lines = [head, "  ".join(str(c).ljust(w) for c, w in zip(rows[0], widths)),
-                 "  ".join("-" * w for w in widths)]
-        lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows[1:]]
-        cats = ", ".join(f"{k} {format_bytes(v['peak'])}" for k, v in self.by_category.items() if v.get("peak"))
-        lines.append(f"peak by category: {cats}")
-        return "\n".join(lines)
+        """A per-layer table: output shape, algorithms, stash decision, bytes (see vmem.report)."""
+        from ..report import layer_table
+
+        return layer_table(self)
