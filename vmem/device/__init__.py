@@ -5,15 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import DeviceError
+from . import specs
 from .base import Device, DeviceSpec
 from .cpu import CpuDevice
+from .sim import SimDevice
 
-__all__ = ["device", "names", "Device", "DeviceSpec", "CpuDevice"]
+__all__ = ["device", "names", "Device", "DeviceSpec", "CpuDevice", "SimDevice", "specs"]
 
 
 def names() -> list[str]:
     """Device names :func:`device` accepts on this machine."""
-    return ["cpu"]
+    return ["cpu"] + [f"sim:{n}" for n in specs.names()]
 
 
 def device(name: str | Device = "cpu", **options: Any) -> Device:
@@ -34,7 +36,14 @@ def device(name: str | Device = "cpu", **options: Any) -> Device:
             raise DeviceError(
                 f"device 'cpu': {exc}; options are memory, pcie_gbps, poison, pinned_memory, alignment"
             ) from None
-    kind = name.split(":", 1)[0]
-    if kind in ("cuda", "sim"):
-        raise DeviceError(f"device {name!r}: the {kind} device is not available in this version of vmem; use 'cpu'")
+    kind, _, rest = name.partition(":")
+    if kind == "sim":
+        try:
+            return SimDevice(rest, **options)
+        except TypeError as exc:
+            raise DeviceError(f"device {name!r}: {exc}; options are memory, alignment") from None
+        except ValueError as exc:
+            raise DeviceError(f"device {name!r}: {exc}") from None
+    if kind == "cuda":
+        raise DeviceError(f"device {name!r}: the CUDA device is not available in this version of vmem; use 'cpu'")
     raise DeviceError(f"unknown device {name!r}; available: {', '.join(names())}")

@@ -98,24 +98,30 @@ class Policy(ABC):
         return f"{self.name}:{options}" if options else self.name
 
     @abstractmethod
-    def decide(self, program: Program, device: DeviceSpec) -> Plan:
-        """Return the Plan for ``program`` on ``device`` (pure: no pool, no stream, no data)."""
+    def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
+        """Return the Plan for ``program`` on ``device`` (pure: no pool, no stream, no data).
 
-    def choose_algos(self, program: Program) -> dict[str, dict[str, str]]:
-        """Per op with a choice of algorithms: the one per pass that ``algos`` asks for.
+        ``costs`` (a :class:`vmem.costs.CostModel`, or None) ranks algorithms by time; ``oracle(plan)``,
+        supplied by the planner, replays a candidate plan and returns it with its figures (only policies
+        that search, such as vdnn-dyn, use it)."""
 
-        ``memory``: least workspace (ties: the faster, listed first). ``performance``: the catalog's
-        fastest (listed first); measured times replace the catalog order once a profile exists.
-        """
+    def choose_algos(self, program: Program, costs: Any = None, algos: str | None = None) -> dict[str, dict[str, str]]:
+        """Per op with a choice of algorithms: the one per pass that ``algos`` (default: this policy's)
+        asks for. ``memory``: least workspace (ties: the faster). ``performance``: the fastest by
+        ``costs`` when given, else the catalog's first."""
+        which = algos or self.algos
         chosen: dict[str, dict[str, str]] = {}
         for op in program.ops:
             if not op.algorithms:
                 continue
             per_pass = {}
             for pass_, candidates in op.algorithms.items():
-                if self.algos == "performance":
-                    per_pass[pass_] = candidates[0]
+                def speed(a: str) -> float:
+                    return costs.op_seconds(op, pass_, a) if costs is not None else candidates.index(a)
+
+                if which == "performance":
+                    per_pass[pass_] = min(candidates, key=lambda a: (speed(a), op.workspace[pass_][a]))
                 else:
-                    per_pass[pass_] = min(candidates, key=lambda a: (op.workspace[pass_][a], candidates.index(a)))
+                    per_pass[pass_] = min(candidates, key=lambda a: (op.workspace[pass_][a], speed(a)))
             chosen[op.name] = per_pass
         return chosen

@@ -8,6 +8,7 @@ All of it is allocated up front, so the peak and the average usage are equal.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..device.base import DeviceSpec
 from ..graph import Program
@@ -22,10 +23,10 @@ class Baseline(Policy):
 
     name = "baseline"
 
-    def decide(self, program: Program, device: DeviceSpec) -> Plan:
+    def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
         return Plan(
             policy=self.spec, network=program.network, batch=program.batch, device=device.name,
-            capacity=device.memory, allocation="network", algos=self.choose_algos(program),
+            capacity=device.memory, allocation="network", algos=self.choose_algos(program, costs),
             stash={t.name: "keep" for t in program.tensors if t.stashed},
             reason="network-wide allocation: every feature map is kept for the whole iteration",
         )

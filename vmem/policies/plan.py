@@ -36,6 +36,8 @@ class Plan:
     average_bytes: float = 0.0
     offloaded_bytes: int = 0
     step_seconds: float | None = None
+    stall_seconds: float | None = None
+    update_seconds: float | None = None  # the optimizer's share of step_seconds
     baseline_step_seconds: float | None = None
     by_category: dict[str, dict[str, float]] = field(default_factory=dict)
     fits: bool = True

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 from ..device.base import DeviceSpec
 from ..graph import Program
@@ -64,12 +65,12 @@ class _Vdnn(Policy):
     def offloads(self, program: Program) -> set[int]:
         """Buffers (owner tensor ids) this policy offloads when they are stashed."""
 
-    def decide(self, program: Program, device: DeviceSpec) -> Plan:
+    def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
         stashed = program.stashed_buffers()
         offloaded = self.offloads(program) & stashed
         return Plan(
             policy=self.spec, network=program.network, batch=program.batch, device=device.name,
-            capacity=device.memory, allocation="layer", algos=self.choose_algos(program),
+            capacity=device.memory, allocation="layer", algos=self.choose_algos(program, costs),
             stash={program.tensors[b].name: ("offload" if b in offloaded else "keep") for b in sorted(stashed)},
             prefetch=prefetch_points(program, offloaded), sync=self.sync,
             reason=f"layer-wise allocation; {self.name}: offload {len(offloaded)} of {len(stashed)} stashed buffers",

@@ -1,0 +1,143 @@
+"""How long each piece of a step takes: a roofline for simulated GPUs, measurements for the CPU device.
+
+A cost model answers ``op_seconds(op, pass_, algo)`` (``pass_`` is ``"forward"``, ``"backward_data"``,
+``"backward_filter"`` for convolutions and ``"forward"``/``"backward"`` for the rest),
+``copy_seconds(nbytes, direction)`` and ``update_seconds(param_bytes)``. The planner replays a schedule
+against it on two virtual clocks (compute and memory streams) to predict step time, stalls and the
+time-weighted average memory.
+
+The roofline takes the larger of compute time (effective FLOPs over peak times the algorithm's
+efficiency, scaled down for layers too small to fill the GPU) and memory time (bytes over bandwidth),
+plus a launch overhead. Its constants are calibrated so that the convnet-benchmarks models land near
+their published Titan X times (bench/reproduce_vdnn.py prints the comparison).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+from .device.base import DeviceSpec
+from .device.cudnn_catalog import ALGORITHMS, EFFICIENCY, Geometry, applies, effective_flops, workspace
+from .graph import OpInfo, Program
+
+__all__ = ["CostModel", "Roofline", "Profiled", "geometry", "with_cudnn_catalog"]
+
+ELEMENTWISE_EFFICIENCY = 0.35  # fraction of memory bandwidth element-wise kernels reach (calibrated)
+GEMM_EFFICIENCY = 0.75  # fully connected layers
+FILL = 16384  # output pixels x batch that fill a GPU; fewer leave units idle
+CHANNEL_EXP = 0.6  # how much narrow GEMMs lose: (min(C*kh*kw, K) / 64) ** CHANNEL_EXP
+
+
+class CostModel(Protocol):
+    def op_seconds(self, op: OpInfo, pass_: str, algo: str | None) -> float: ...
+
+    def copy_seconds(self, nbytes: int, direction: str) -> float: ...
+
+    def update_seconds(self, param_bytes: int) -> float: ...
+
+    def misc_seconds(self, kind: str, nbytes: int) -> float:
+        """The loss (``"loss"``) or adding a gradient contribution of ``nbytes`` (``"acc"``)."""
+        ...
+
+
+def geometry(op: OpInfo) -> Geometry:
+    layer = op.layer
+    n, c, h, w = op.in_shapes[0]
+    _, k, ho, wo = op.out_shape
+    kh, kw = layer.kernel_size  # type: ignore[attr-defined]
+    return Geometry(n, c, h, w, k, kh, kw, layer.stride, layer.padding, ho, wo)  # type: ignore[attr-defined]
+
+
+def with_cudnn_catalog(program: Program, arch: str | None = None) -> Program:
+    """A copy of ``program`` whose convolutions offer cuDNN's algorithms (as the simulator models them)."""
+    ops = []
+    for op in program.ops:
+        if op.kind == "conv":
+            g = geometry(op)
+            algos = {p: [a for a in names if applies(g, a, arch)] for p, names in ALGORITHMS.items()}
+            ws = {p: {a: workspace(g, p, a, program.itemsize) for a in algos[p]} for p in algos}
+            op = dataclasses.replace(op, algorithms=algos, workspace=ws)
+        ops.append(op)
+    return dataclasses.replace(program, ops=ops)
+
+
+def _bytes(op: OpInfo, itemsize: int) -> int:
+    total = 0
+    for shape in list(op.in_shapes) + [op.out_shape]:
+        n = 1
+        for d in shape:
+            n *= d
+        total += n * itemsize
+    return total + sum(op.aux_nbytes.values())
+
+
+class Roofline:
+    """The simulator's cost model for a GPU spec sheet."""
+
+    def __init__(self, spec: DeviceSpec, itemsize: int = 4):
+        if not (spec.fp32_tflops and spec.memory_gbps and spec.h2d_gbps and spec.d2h_gbps):
+            raise ValueError(f"device {spec.name!r}: a spec sheet needs fp32_tflops, memory_gbps, h2d_gbps, d2h_gbps")
+        self.spec = spec
+        self.flops = spec.fp32_tflops * 1e12
+        self.bw = spec.memory_gbps * 1e9
+        self.launch = (spec.launch_us or 5.0) * 1e-6
+        self.itemsize = itemsize
+
+    def op_seconds(self, op: OpInfo, pass_: str, algo: str | None) -> float:
+        if op.kind == "conv":
+            g = geometry(op)
+            fill = (min(1.0, (g.n * g.ho * g.wo) / FILL) ** 0.5
+                    * min(1.0, min(g.c * g.kh * g.kw, g.k) / 64) ** CHANNEL_EXP)
+            eff = EFFICIENCY.get(algo or "implicit_precomp_gemm", 0.6) * fill
+            compute = effective_flops(g, algo or "implicit_precomp_gemm") / (self.flops * eff)
+            traffic = (_bytes(op, self.itemsize) + workspace(g, pass_, algo or "implicit_gemm", self.itemsize)) / self.bw
+            return self.launch + max(compute, traffic)
+        factor = 1.0 if pass_ == "forward" else 2.0
+        memory = factor * _bytes(op, self.itemsize) / (self.bw * ELEMENTWISE_EFFICIENCY)
+        if op.kind == "linear":
+            compute = factor * op.flops / (self.flops * GEMM_EFFICIENCY)
+            weights = op.layer.in_features * op.layer.out_features * self.itemsize / self.bw  # type: ignore[attr-defined]
+            return self.launch + max(compute, weights + memory)
+        return self.launch + memory
+
+    def copy_seconds(self, nbytes: int, direction: str) -> float:
+        gbps = self.spec.d2h_gbps if direction == "d2h" else self.spec.h2d_gbps
+        return 10e-6 + nbytes / (gbps * 1e9)  # type: ignore[operator]
+
+    def update_seconds(self, param_bytes: int) -> float:
+        return self.launch + 5 * param_bytes / (self.bw * ELEMENTWISE_EFFICIENCY)
+
+    def misc_seconds(self, kind: str, nbytes: int) -> float:
+        return self.launch * 2 if kind == "loss" else self.launch + 3 * nbytes / (self.bw * ELEMENTWISE_EFFICIENCY)
+
+
+class Profiled:
+    """Measured costs (the CPU device): op times per pass and algorithm from profiling steps, copy
+    bandwidth from the device's link. Unmeasured entries fall back to ``fallback`` scaled to match."""
+
+    def __init__(self, times: dict[tuple[str, str, str | None], float], d2h_gbps: float, h2d_gbps: float,
+                 update: float = 0.0):
+        self.times = times
+        self.d2h = d2h_gbps
+        self.h2d = h2d_gbps
+        self.update = update
+
+    def op_seconds(self, op: OpInfo, pass_: str, algo: str | None) -> float:
+        key = (op.name, pass_, algo)
+        if key in self.times:
+            return self.times[key]
+        return self.times.get((op.name, pass_, None), 0.0)
+
+    def copy_seconds(self, nbytes: int, direction: str) -> float:
+        return nbytes / ((self.d2h if direction == "d2h" else self.h2d) * 1e9)
+
+    def update_seconds(self, param_bytes: int) -> float:
+        return self.update
+
+    def misc_seconds(self, kind: str, nbytes: int) -> float:
+        return self.times.get((kind, "forward", None), 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"times": {"|".join(str(p) for p in k): v for k, v in self.times.items()},
+                "d2h_gbps": self.d2h, "h2d_gbps": self.h2d, "update": self.update}
