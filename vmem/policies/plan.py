@@ -31,6 +31,8 @@ class Plan:
     prefetch: dict[str, list[str]] = field(default_factory=dict)  # op -> buffers to prefetch at its backward
     sync: str | None = None  # "layer" | "event" for offloading plans
     reason: str = ""
+    chosen: str | None = None  # for a policy that chooses among others (vdnn-dyn): the one it chose
+    step: int | None = None  # ... and the step of its procedure that chose it
     # figures
     peak_bytes: int = 0
     average_bytes: float = 0.0

@@ -1,0 +1,124 @@
+"""vDNN's dynamic policy: profile, then pick the fastest configuration that fits the memory budget.
+
+The procedure of Rhu et al. (2016), section III-C, with feasibility decided by replaying each candidate
+plan through the pool (the planner's ``oracle``), never by trial training:
+
+1. ``vdnn-all`` with memory-optimal algorithms must fit; if it does not, nothing will: PlanError with the
+   least memory the network needs.
+2. ``baseline`` with the fastest algorithms, if it fits.
+3. ``vdnn-conv``, then ``vdnn-all``, with the fastest algorithms.
+4. A greedy pass, under ``vdnn-conv`` then ``vdnn-all``: starting from the fastest algorithms, downgrade
+   convolution layers toward less workspace, largest workspace first, one layer at a time, only until
+   the plan fits.
+5. ``vdnn-all`` with memory-optimal algorithms (step 1's plan).
+
+The plan records the step that chose it (``plan.step``), the configuration (``plan.chosen``) and why
+(``plan.reason``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..device.base import DeviceSpec
+from ..errors import PlanError
+from ..graph import Program
+from ..units import format_bytes
+from .base import Policy, get, register
+from .plan import Plan
+from .vdnn import SYNC_MODES
+
+__all__ = ["VdnnDyn"]
+
+PASSES = ("forward", "backward_data", "backward_filter")
+
+
+@register
+@dataclass(frozen=True)
+class VdnnDyn(Policy):
+    """``vdnn-dyn[:sync=layer|event]``: the fastest of baseline, vdnn-conv and vdnn-all (with algorithm
+    downgrades) that fits. Its ``algos`` option is not used: it chooses algorithms itself."""
+
+    name = "vdnn-dyn"
+    sync: str = "layer"
+    max_trials: int = 200
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.sync not in SYNC_MODES:
+            raise ValueError(f"policy {self.name!r}: sync={self.sync!r}; use one of {', '.join(SYNC_MODES)}")
+
+    def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
+        if oracle is None:
+            raise PlanError("vdnn-dyn decides by replaying candidate plans: use vmem.plan or a Trainer")
+
+        def candidate(name: str, algos: str) -> Plan:
+            spec = name if name == "baseline" else f"{name}:sync={self.sync}"
+            return oracle(get(spec, algos=algos).decide(program, device, costs))
+
+        budget = format_bytes(device.memory)
+        floor = candidate("vdnn-all", "memory")
+        if not floor.fits:
+            raise PlanError(
+                f"{program.network} at batch {program.batch} needs at least {format_bytes(floor.peak_bytes)} "
+                f"({floor.peak_bytes} bytes) with every feature map offloaded and memory-optimal algorithms; "
+                f"the device has {budget}. Use a smaller batch or a larger memory budget."
+            )
+        best = candidate("baseline", "performance")
+        if best.fits:
+            return self._chose(best, 2, f"baseline with the fastest algorithms fits in {budget}")
+        for name in ("vdnn-conv", "vdnn-all"):
+            plan = candidate(name, "performance")
+            if plan.fits:
+                return self._chose(plan, 3, f"{name} with the fastest algorithms fits in {budget}; baseline does not")
+        for name in ("vdnn-conv", "vdnn-all"):
+            plan = self._greedy(program, device, costs, oracle, name)
+            if plan is not None:
+                downgraded = sum(1 for op, per in plan.algos.items() for p in PASSES
+                                 if per.get(p) != self._fastest(program, costs).get(op, {}).get(p))
+                return self._chose(plan, 4, f"{name} fits in {budget} once {downgraded} convolution passes use "
+                                            "algorithms with less workspace")
+        return self._chose(floor, 5, f"only vdnn-all with memory-optimal algorithms fits in {budget}")
+
+    # -- step 4 ------------------------------------------------------------------------------------
+    def _fastest(self, program: Program, costs: Any) -> dict[str, dict[str, str]]:
+        return self.choose_algos(program, costs, algos="performance")
+
+    def _greedy(self, program: Program, device: DeviceSpec, costs: Any, oracle: Any, name: str) -> Plan | None:
+        base = get(f"{name}:sync={self.sync}", algos="performance").decide(program, device, costs)
+        algos = {op: dict(per) for op, per in base.algos.items()}
+        ops = {op.name: op for op in program.ops if op.algorithms}
+
+        def speed(op: Any, pass_: str, a: str) -> float:
+            return costs.op_seconds(op, pass_, a) if costs is not None else op.algorithms[pass_].index(a)
+
+        trials = 0
+        while trials < self.max_trials:
+            # the layer pass holding the most workspace that still has a leaner algorithm
+            options = []
+            for op_name, per in algos.items():
+                op = ops[op_name]
+                for pass_ in PASSES:
+                    ws = op.workspace[pass_][per[pass_]]
+                    leaner = [a for a in op.algorithms[pass_] if op.workspace[pass_][a] < ws]
+                    if leaner:
+                        options.append((ws, op_name, pass_, min(leaner, key=lambda a: (speed(op, pass_, a),
+                                                                                       op.workspace[pass_][a]))))
+            if not options:
+                return None
+            _, op_name, pass_, algo = max(options)
+            algos[op_name][pass_] = algo
+            base.algos = {op: dict(per) for op, per in algos.items()}
+            trials += 1
+            plan = oracle(base)
+            if plan.fits:
+                return plan
+        return None
+
+    def _chose(self, plan: Plan, step: int, reason: str) -> Plan:
+        plan.chosen = plan.policy
+        plan.policy = self.spec
+        plan.step = step
+        plan.reason = f"vdnn-dyn step {step}: {reason} (chose {plan.chosen})"
+        return plan
