@@ -162,11 +162,12 @@ class Executor:
         timeline = Timeline(origin=time.perf_counter())
         self._timeline = timeline
         try:
-            for st in sched.steps:
+            for index, st in enumerate(sched.steps):
                 kind = st[0]
                 if kind == "alloc":
                     buf = sched.buffers[st[1]]
-                    blocks[buf.name] = pool.allocate(buf.nbytes, cs, buf.category, high=buf.high)
+                    blocks[buf.name] = pool.allocate(buf.nbytes, cs, buf.category, high=buf.high,
+                                                     offset=sched.offsets.get(index))
                     if buf.name == input_buffer and not uploaded:
                         dev.copy_to_device(self._value(blocks, prog.input), host_x, stream=cs)
                         uploaded = True

@@ -10,6 +10,7 @@ figures are still given (``fits=False``).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 from . import policies
@@ -123,7 +124,8 @@ def replay(schedule: Schedule, program: Program, capacity: int, alignment: int =
         kind = st[0]
         if kind == "alloc":
             buf = schedule.buffers[st[1]]
-            blocks[buf.name] = pool.allocate(buf.nbytes, compute, buf.category, high=buf.high)
+            blocks[buf.name] = pool.allocate(buf.nbytes, compute, buf.category, high=buf.high,
+                                             offset=schedule.offsets.get(index))
         elif kind == "free":
             pool.free(blocks.pop(st[1]), compute)
         elif kind == "offload":  # released after its copy: by compute (sync=layer) or the memory stream
@@ -212,8 +214,9 @@ def plan_program(program: Program, device: DeviceSpec, policy: Any, *, alignment
     pol = policies.get(policy)
     program, costs = _cost_setup(program, device, costs)
 
-    def oracle(candidate: Plan) -> Plan:
-        return evaluate(program, device, candidate, alignment=alignment, optimizer_slots=optimizer_slots,
+    def oracle(candidate: Plan, memory: int | None = None) -> Plan:
+        spec = device if memory is None else dataclasses.replace(device, memory=memory)
+        return evaluate(program, spec, candidate, alignment=alignment, optimizer_slots=optimizer_slots,
                         costs=costs)[0]
 
     result = pol.decide(program, device, costs, oracle)

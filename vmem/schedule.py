@@ -18,6 +18,7 @@ statically; an in-place layer's input gradient shares its output gradient's buff
 
 from __future__ import annotations
 
+from bisect import insort
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,7 +52,69 @@ class Schedule:
     workspace: dict[tuple[int, str], str] = field(default_factory=dict)  # (op, "fwd"|"bwd") -> buffer
     needs_grad: list[bool] = field(default_factory=list)  # per tensor
     backward_ops: list[int] = field(default_factory=list)  # ops whose backward runs, in backward order
+    offsets: dict[int, int] = field(default_factory=dict)  # step index of an alloc -> planned arena offset
 
+    def place(self, alignment: int = 256) -> "Schedule":
+        """Plan an arena offset for every allocation of the step (see :func:`pack`); returns self."""
+        self.offsets = pack(self, alignment)
+        return self
+
+
+
+def _align(n: int, alignment: int) -> int:
+    return -(-max(n, 1) // alignment) * alignment
+
+
+def pack(schedule: Schedule, alignment: int = 256) -> dict[int, int]:
+    """Offline placement of a step's allocations: the schedule is static, so every block's lifetime is
+    known and blocks can be packed so that the arena needs little more than the peak of live bytes.
+
+    Each block goes at the lowest offset (or into the tightest gap) where it overlaps no already-placed
+    block that is live at the same time, in three orders (largest first, as TensorFlow Lite's arena planner does; longest-lived
+    first; allocation order); the order with the lowest top wins. Persistent buffers sit first,
+    contiguously, as the trainer allocates them before any step.
+    """
+    base = sum(_align(b.nbytes, alignment) for b in schedule.persistent)
+    open_: dict[str, int] = {}
+    lives: list[tuple[int, int, int, int]] = []  # (size, start, end, alloc step)
+    for index, st in enumerate(schedule.steps):
+        if st[0] == "alloc":
+            open_[st[1]] = index
+        elif st[0] in ("free", "offload"):
+            start = open_.pop(st[1])
+            lives.append((_align(schedule.buffers[st[1]].nbytes, alignment), start, index, start))
+    end = len(schedule.steps)
+    for name, start in open_.items():  # never freed within the step
+        lives.append((_align(schedule.buffers[name].nbytes, alignment), start, end, start))
+    best: tuple[int, dict[int, int]] | None = None
+    orders = (lambda l: (-l[0], -(l[2] - l[1]), l[1]),  # largest first (greedy by size)
+              lambda l: (-(l[2] - l[1]), -l[0], l[1]),  # longest-lived first
+              lambda l: (l[1], -l[0]))  # in allocation order (what an online first fit would do)
+    for order in orders:
+        for tightest in (False, True):
+            placed: list[tuple[int, int, int, int]] = []  # (offset, size, start, end), sorted by offset
+            offsets: dict[int, int] = {}
+            top = base
+            for size, start, stop, step in sorted(lives, key=order):
+                offset, chosen, gap_size = base, None, None
+                for o, sz, s0, s1 in placed:  # the gaps between blocks live at the same time, by offset
+                    if s0 >= stop or s1 <= start:
+                        continue
+                    gap = o - offset
+                    if gap >= size:
+                        if not tightest:
+                            chosen = offset
+                            break
+                        if gap_size is None or gap < gap_size:
+                            chosen, gap_size = offset, gap
+                    offset = max(offset, o + sz)
+                offset = offset if chosen is None else chosen
+                offsets[step] = offset
+                top = max(top, offset + size)
+                insort(placed, (offset, size, start, stop))
+            if best is None or top < best[0]:
+                best = (top, offsets)
+    return best[1] if best else {}
 
 
 def persistent_buffers(program: Program, optimizer_slots: tuple[str, ...]) -> list[Buffer]:
@@ -90,11 +153,12 @@ def _needs_grad(program: Program) -> list[bool]:
 
 
 def lower(program: Program, plan: Plan, optimizer_slots: tuple[str, ...] = ("momentum",)) -> Schedule:
-    """The training step of ``plan``: network-wide (everything up front) or layer-wise allocation."""
+    """The training step of ``plan``: network-wide (everything up front) or layer-wise allocation, with
+    every allocation's place in the arena planned (:func:`pack`)."""
     if plan.allocation == "network":
-        return _lower_network(program, plan, optimizer_slots)
+        return _lower_network(program, plan, optimizer_slots).place()
     if plan.allocation == "layer":
-        return _lower_layer(program, plan, optimizer_slots)
+        return _lower_layer(program, plan, optimizer_slots).place()
     raise ValueError(f"plan {plan.policy!r}: unknown allocation {plan.allocation!r}")
 
 

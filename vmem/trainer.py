@@ -22,7 +22,7 @@ import numpy as np
 from . import policies
 from .data import Dataset
 from .device import device as make_device
-from .errors import CheckpointError, OutOfDeviceMemory, ShapeError
+from .errors import CheckpointError, OutOfDeviceMemory, PlanError, ShapeError
 from .executor import DeviceParams, Executor, StepReport
 from .graph import Network
 from .nn.loss import SoftmaxCrossEntropy
@@ -139,8 +139,11 @@ class Trainer:
         for name in policies.names():
             if name == self.policy.name:
                 continue
-            other, _ = plan_program(program, self.device.spec, name, alignment=self.device.pool.alignment,
-                                    optimizer_slots=self.optimizer.slots)
+            try:
+                other, _ = plan_program(program, self.device.spec, name, alignment=self.device.pool.alignment,
+                                        optimizer_slots=self.optimizer.slots)
+            except PlanError:
+                continue
             if other.fits:
                 fitting.append(f"{name} (peak {format_bytes(other.peak_bytes)})")
         remedy = (f"policy {plan.policy} needs {format_bytes(plan.peak_bytes)} at batch {plan.batch}; "

@@ -147,3 +147,22 @@ def test_errors_in_device_work_surface_at_synchronize(cpu):
     with pytest.raises(IndexError):
         cpu.synchronize()
     cpu.synchronize()
+
+
+def test_poisoning_is_ordered_before_the_free_event():
+    """A block freed on one stream and taken by another after the free's event must not be poisoned
+    afterwards: the poison fill is enqueued before the event is recorded."""
+    import threading
+
+    with vmem.device("cpu", memory="1MiB", poison=True) as dev:
+        gate = threading.Event()
+        ms, cs = dev.memory_stream, dev.compute_stream
+        block = dev.pool.allocate(dev.pool.capacity, ms, "feature_maps")
+        ms.launch(gate.wait)  # the memory stream is busy: the poison fill cannot run yet
+        dev.pool.free(block, ms)
+        gate.set()
+        again = dev.pool.allocate(dev.pool.capacity, cs, "feature_maps")  # waits for the free's event
+        view = dev.view(again, (16,), np.float32)
+        view[:] = 1.0  # the host writes after the allocation returned
+        dev.synchronize()
+        assert (view == 1.0).all()

@@ -250,3 +250,20 @@ def test_a_stream_grows_its_blocks_into_free_neighbours_without_waiting():
     assert len(pool.snapshot()["blocks"]) == 2
     c = pool.allocate(3 * KiB, stream=s)  # s may use both: absorbed, no wait
     assert c.offset == 0 and s.host_waits == 0
+
+
+def test_work_a_hook_enqueues_at_a_free_is_ordered_before_the_free_event():
+    s = FakeStream("s")
+
+    class Enqueue(PoolHook):
+        def on_free(self, block, stream):
+            stream.launch(lambda: None)  # e.g. poisoning the block
+
+    pool = DevicePool(4 * KiB, alignment=1024)
+    pool.add_hook(Enqueue())
+    block = pool.allocate(KiB, stream=s)
+    pool.free(block, stream=s)
+    s.advance(1)  # the hook's work has run, nothing after it: the free's event must still be pending
+    assert pool.snapshot()["blocks"][0]["ready"] is False
+    s.advance()
+    assert pool.snapshot()["blocks"][0]["ready"] is True

@@ -25,12 +25,14 @@ class PoolMachine(RuleBasedStateMachine):
         self.expected_peak = 0
 
     # -- actions -------------------------------------------------------------------------------
-    @rule(nbytes=sizes, stream=st.integers(-1, 2), category=st.sampled_from(CATEGORIES), high=st.booleans())
-    def allocate(self, nbytes, stream, category, high):
+    @rule(nbytes=sizes, stream=st.integers(-1, 2), category=st.sampled_from(CATEGORIES), high=st.booleans(),
+          at=st.one_of(st.none(), st.integers(0, CAPACITY - 1)))
+    def allocate(self, nbytes, stream, category, high, at):
         s = None if stream < 0 else self.streams[stream]
         before = self.pool.snapshot()
         try:
-            block = self.pool.allocate(nbytes, stream=s, category=category, high=high)
+            offset = None if at is None else at - at % self.pool.alignment  # a planned place (or best fit)
+            block = self.pool.allocate(nbytes, stream=s, category=category, high=high, offset=offset)
         except OutOfDeviceMemory as err:
             assert err.requested > err.largest_free
             assert self.pool.snapshot()["capacity"] == before["capacity"]

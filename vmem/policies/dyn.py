@@ -60,10 +60,11 @@ class VdnnDyn(Policy):
         budget = format_bytes(device.memory)
         floor = candidate("vdnn-all", "memory")
         if not floor.fits:
+            least = self._least_memory(floor, oracle)
             raise PlanError(
-                f"{program.network} at batch {program.batch} needs at least {format_bytes(floor.peak_bytes)} "
-                f"({floor.peak_bytes} bytes) with every feature map offloaded and memory-optimal algorithms; "
-                f"the device has {budget}. Use a smaller batch or a larger memory budget."
+                f"{program.network} at batch {program.batch} needs at least {format_bytes(least)} ({least} bytes) "
+                f"of device memory, with every feature map offloaded and memory-optimal algorithms; the device "
+                f"has {budget}. Use a smaller batch or a larger memory budget."
             )
         best = candidate("baseline", "performance")
         if best.fits:
@@ -80,6 +81,19 @@ class VdnnDyn(Policy):
                 return self._chose(plan, 4, f"{name} fits in {budget} once {downgraded} convolution passes use "
                                             "algorithms with less workspace")
         return self._chose(floor, 5, f"only vdnn-all with memory-optimal algorithms fits in {budget}")
+
+    @staticmethod
+    def _least_memory(floor: Plan, oracle: Any) -> int:
+        """The smallest capacity at which ``floor`` fits: its peak plus what fragmentation costs.
+
+        Whether a plan fits is not monotonic in the capacity (best fit places blocks differently in a
+        different arena), so this scans upward from the peak in steps of 1/256 of it (at least 1 MiB)."""
+        mib = 1 << 20
+        step = max(mib, floor.peak_bytes // 256 // mib * mib)
+        memory = -(-floor.peak_bytes // mib) * mib
+        while memory < 4 * floor.peak_bytes and not oracle(floor, memory=memory).fits:
+            memory += step
+        return memory
 
     # -- step 4 ------------------------------------------------------------------------------------
     def _fastest(self, program: Program, costs: Any) -> dict[str, dict[str, str]]:

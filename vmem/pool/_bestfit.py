@@ -157,6 +157,48 @@ class BestFit:
         insort(best_list, (seg.size, seg.offset))
         return block
 
+    def take_at(self, offset: int, size: int, owner: Any = None) -> Block | None:
+        """Carve exactly ``[offset, offset + size)`` if one free segment usable by ``owner`` covers it."""
+        seg = None
+        for candidate in self._free.values():
+            if candidate.offset <= offset and offset + size <= candidate.end:
+                seg = candidate
+                break
+        if seg is None or not (seg.owner is None or seg.owner is owner):
+            return None
+        self._unlist(seg)
+        owner_, event = seg.owner, seg.event
+        if seg.offset < offset:  # the part below stays free
+            below = Block(seg.offset, offset - seg.offset)
+            below.owner, below.event, below.state = owner_, event, FREE
+            below.prev, below.next = seg.prev, seg
+            if seg.prev is None:
+                self.head = below
+            else:
+                seg.prev.next = below
+            seg.prev = below
+            seg.offset, seg.size = offset, seg.size - below.size
+            self._list(below)
+        if seg.size > size:  # the part above stays free
+            above = Block(offset + size, seg.size - size)
+            above.owner, above.event, above.state = owner_, event, FREE
+            above.prev, above.next = seg, seg.next
+            if seg.next is not None:
+                seg.next.prev = above
+            seg.next = above
+            seg.size = size
+            self._list(above)
+        seg.state = ALLOCATED
+        seg.owner = seg.event = None
+        return seg
+
+    def _list(self, seg: Block) -> None:
+        self._free[seg.offset] = seg
+        lst = self._lists.get(seg.owner)
+        if lst is None:
+            lst = self._lists[seg.owner] = []
+        insort(lst, (seg.size, seg.offset))
+
     def give(self, block: Block, owner: Any = None, event: Any = None) -> None:
         """Return an allocated ``block`` to the free space, owned by ``owner`` until ``event`` completes.
 
@@ -191,12 +233,29 @@ class BestFit:
             seg = self._free.get(key[1])
             if seg is None or seg.owner is not owner:
                 continue
+            # Extend seg over its free-for-all neighbours only: seg keeps its own event. (Merging on into
+            # another segment of the same owner could lose that segment's later event.)
             for nb in (seg.prev, seg.next):
-                if nb is not None and nb.state == FREE and nb.owner is None:
-                    self._unlist(nb)
-                    nb.owner, nb.event = owner, seg.event
-                    self._insert_merged(nb)  # merges with seg (same owner now)
-                    merged = True
+                if nb is None or nb.state != FREE or nb.owner is not None:
+                    continue
+                self._unlist(nb)
+                self._unlist(seg)
+                if nb is seg.prev:
+                    seg.offset = nb.offset
+                    seg.prev = nb.prev
+                    if nb.prev is None:
+                        self.head = seg
+                    else:
+                        nb.prev.next = seg
+                else:
+                    seg.next = nb.next
+                    if nb.next is not None:
+                        nb.next.prev = seg
+                seg.size += nb.size
+                nb.prev = nb.next = None
+                nb.state = RELEASED
+                self._list(seg)
+                merged = True
         return merged
 
     def reclaim(self, *, wait: bool = False, skip: Any = None) -> int:
@@ -238,7 +297,8 @@ class BestFit:
         owner = seg.owner
         prev = seg.prev
         if prev is not None and prev.state == FREE and prev.owner is owner:
-            # prev absorbs seg; seg's event is the newer one on the same stream, so it gates both
+            # prev absorbs seg; seg was just freed, so its event is the newer one on that stream and
+            # gates both (callers insert only segments whose event is the newest of their owner's)
             self._unlist(prev)
             prev.size += seg.size
             prev.next = seg.next

@@ -90,7 +90,7 @@ class _ArenaPool:
         self._cat: dict[str, list[int]] = {c: [0, 0, 0] for c in CATEGORIES}
 
     # -- allocation --------------------------------------------------------------------------------
-    def _allocate(self, nbytes: int, owner: Any, category: str, high: bool = False) -> Block:
+    def _allocate(self, nbytes: int, owner: Any, category: str, high: bool = False, offset: int | None = None) -> Block:
         if type(nbytes) is not int:
             if not hasattr(nbytes, "__index__") or isinstance(nbytes, bool):
                 raise TypeError(f"nbytes must be an integer, not {type(nbytes).__name__}")
@@ -105,7 +105,18 @@ class _ArenaPool:
         size = (nbytes + self._mask) & ~self._mask or self.alignment
         with self._lock:
             fit = self._fit
-            block = fit.take(size, owner, high)
+            block = None
+            if offset is not None:  # a planned place; if it is not free, fall back to best fit
+                if offset % self.alignment:
+                    raise ValueError(f"offset={offset}: must be a multiple of the alignment ({self.alignment})")
+                block = fit.take_at(offset, size, owner)
+                if block is None and fit.absorb(owner):  # free neighbours joined to the stream's own blocks
+                    block = fit.take_at(offset, size, owner)
+                if block is None and fit.owners():
+                    fit.reclaim(wait=True)
+                    block = fit.take_at(offset, size, owner)
+            if block is None:
+                block = fit.take(size, owner, high)
             if block is None and size <= self.capacity - self._in_use:
                 if fit.reclaim(skip=owner):  # 2. blocks of other streams whose events have completed
                     block = fit.take(size, owner, high)
@@ -137,6 +148,8 @@ class _ArenaPool:
             return block
 
     def _release(self, block: Block, stream: Any, owner: Any, event: Any) -> None:
+        """Return ``block``; ``event`` is an event or a callable making one, called after the hooks ran
+        (so that work a hook enqueues on ``stream``, such as poisoning, is ordered before the event)."""
         if not isinstance(block, Block):
             raise TypeError(f"{self.name} pool: free() takes a Block from allocate(), not {type(block).__name__}")
         with self._lock:
@@ -145,6 +158,8 @@ class _ArenaPool:
                 raise ValueError(f"{self.name} pool: {block!r} {what}")
             for hook in self._hooks:
                 hook.on_free(block, stream)
+            if callable(event):
+                event = event()
             size = block.size
             cat = self._cat[block.category]  # type: ignore[index]
             cat[0] -= size
@@ -303,15 +318,17 @@ class DevicePool(_ArenaPool):
     def __init__(self, capacity: int | str, alignment: int = 256, upstream: Any = None, *, name: str = "device"):
         super().__init__(capacity, alignment, upstream, name)
 
-    def allocate(self, nbytes: int, stream: Any = None, category: str = "other", *, high: bool = False) -> Block:
+    def allocate(self, nbytes: int, stream: Any = None, category: str = "other", *, high: bool = False,
+                 offset: int | None = None) -> Block:
         """Allocate ``nbytes`` for work on ``stream`` (None: the host) and account it to ``category``.
 
         ``high=True`` carves the block from the high end of the best-fitting free block: a placement
         hint that keeps long-lived small blocks (saved state, labels) out of the way of the large
-        short-lived ones, which otherwise fragment around them.
+        short-lived ones, which otherwise fragment around them. ``offset``: place the block exactly there
+        (a planner's packing; it must be free, else the pool falls back to best fit).
         Raises :class:`~vmem.errors.OutOfDeviceMemory` if no block fits; the pool is then unchanged.
         """
-        return self._allocate(nbytes, stream, category, high)
+        return self._allocate(nbytes, stream, category, high, offset)
 
     def free(self, block: Block, stream: Any = None) -> None:
         """Return ``block``; ``stream`` is the stream whose enqueued work last uses it.
@@ -322,8 +339,7 @@ class DevicePool(_ArenaPool):
         """
         if stream is None:
             stream = getattr(block, "stream", None)
-        event = stream.record() if stream is not None else None
-        self._release(block, stream, stream, event)
+        self._release(block, stream, stream, stream.record if stream is not None else None)
 
 
 class PinnedHostPool(_ArenaPool):

@@ -1,0 +1,78 @@
+"""vdnn-dyn: each of its five steps, forced with chosen budgets on a simulated Titan X."""
+
+from __future__ import annotations
+
+import pytest
+
+import vmem
+from vmem.errors import PlanError
+
+GB = 10**9
+
+
+def least(policy: str) -> int:
+    """The smallest budget at which a static policy's plan fits, scanning up from its peak as vdnn-dyn does
+    (whether a plan fits is not monotonic in the capacity: fragmentation depends on the arena)."""
+    net = vmem.models.get("vgg16")
+    mib = 1 << 20
+    peak = vmem.plan(net, 128, "sim:titan-x", policy, memory="1000GB").peak_bytes
+    step = max(mib, peak // 256 // mib * mib)
+    memory = -(-peak // mib) * mib
+    while not vmem.plan(net, 128, "sim:titan-x", policy, memory=memory).fits:
+        memory += step
+    return memory
+
+
+@pytest.fixture(scope="module")
+def peaks():
+    return {p: least(p) for p in ("baseline:algos=performance", "vdnn-conv:algos=performance",
+                                   "vdnn-all:algos=performance", "vdnn-all:algos=memory")}
+
+
+def dyn(memory, policy="vdnn-dyn"):
+    return vmem.plan(vmem.models.get("vgg16"), 128, "sim:titan-x", policy, memory=memory)
+
+
+def test_step_2_baseline_when_it_fits(peaks):
+    plan = dyn(peaks["baseline:algos=performance"])
+    assert (plan.step, plan.chosen) == (2, "baseline:algos=performance")
+    assert plan.fits and plan.step_seconds == pytest.approx(plan.baseline_step_seconds)
+
+
+def test_step_3_vdnn_conv_then_vdnn_all_with_the_fastest_algorithms(peaks):
+    plan = dyn(peaks["vdnn-conv:algos=performance"])
+    assert (plan.step, plan.chosen) == (3, "vdnn-conv:algos=performance,sync=layer")
+    assert peaks["vdnn-all:algos=performance"] < peaks["vdnn-conv:algos=performance"]
+    plan = dyn(peaks["vdnn-all:algos=performance"])
+    assert (plan.step, plan.chosen) == (3, "vdnn-all:algos=performance,sync=layer")
+    assert "baseline does not" in plan.reason
+
+
+def test_step_4_downgrades_algorithms_only_as_far_as_needed(peaks):
+    budget = (peaks["vdnn-all:algos=performance"] + peaks["vdnn-all:algos=memory"]) // 2
+    plan = dyn(budget)
+    assert plan.step == 4 and plan.fits and plan.peak_bytes <= budget
+    fastest = dyn(peaks["vdnn-all:algos=performance"])
+    memory_optimal = vmem.plan(vmem.models.get("vgg16"), 128, "sim:titan-x", "vdnn-all:algos=memory", memory=budget)
+    assert memory_optimal.step_seconds > plan.step_seconds >= fastest.step_seconds
+    assert "less workspace" in plan.reason
+
+
+def test_step_5_memory_optimal_when_the_search_finds_nothing(peaks):
+    plan = dyn(peaks["vdnn-all:algos=memory"], policy="vdnn-dyn:max_trials=0")
+    assert (plan.step, plan.chosen) == (5, "vdnn-all:algos=memory,sync=layer")
+
+
+def test_step_1_below_the_minimum_is_a_plan_error_stating_it(peaks):
+    with pytest.raises(PlanError, match=f"needs at least .*\\({peaks['vdnn-all:algos=memory']} bytes\\)"):
+        dyn(peaks["vdnn-all:algos=memory"] - (256 << 20))
+
+
+def test_a_budget_below_the_minimum_fails_before_training():
+    net = vmem.models.get("vgg_cifar")
+    import numpy as np
+
+    with vmem.Trainer(net, memory="40MiB", policy="vdnn-dyn", seed=0) as trainer:
+        with pytest.raises(PlanError, match="needs at least"):
+            trainer.step(np.zeros((64, 3, 32, 32), np.float32), np.zeros(64, int))
+        assert trainer.steps_done == 0
