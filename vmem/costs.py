@@ -113,15 +113,16 @@ class Roofline:
 
 
 class Profiled:
-    """Measured costs (the CPU device): op times per pass and algorithm from profiling steps, copy
-    bandwidth from the device's link. Unmeasured entries fall back to ``fallback`` scaled to match."""
+    """Measured costs (the CPU device, see :func:`vmem.profile.profile`): op times per pass and
+    algorithm, the copy rate of the host-device link, the element-wise bandwidth."""
 
     def __init__(self, times: dict[tuple[str, str, str | None], float], d2h_gbps: float, h2d_gbps: float,
-                 update: float = 0.0):
+                 update: float = 0.0, elementwise_gbps: float = 10.0):
         self.times = times
         self.d2h = d2h_gbps
         self.h2d = h2d_gbps
         self.update = update
+        self.elementwise_gbps = elementwise_gbps
 
     def op_seconds(self, op: OpInfo, pass_: str, algo: str | None) -> float:
         key = (op.name, pass_, algo)
@@ -136,6 +137,8 @@ class Profiled:
         return self.update
 
     def misc_seconds(self, kind: str, nbytes: int) -> float:
+        if kind == "acc":
+            return 3 * nbytes / (self.elementwise_gbps * 1e9)
         return self.times.get((kind, "forward", None), 0.0)
 
     def to_dict(self) -> dict[str, Any]:

@@ -74,13 +74,16 @@ class Trainer:
 
     def __init__(self, net: Network, device: Any = "cpu", policy: Any = "baseline", loss: Any = None,
                  optimizer: Optimizer | None = None, seed: int = 0, *, input_shape: Sequence[int] | None = None,
-                 dtype: str = "float32", memory: int | str | None = None):
+                 dtype: str = "float32", memory: int | str | None = None, profile: bool | None = None):
         self.net = net
         self.input_shape = tuple(input_shape) if input_shape is not None else net.input_shape
         if self.input_shape is None:
             raise ShapeError(f"{net.name}: no input shape; pass input_shape=(C, H, W)")
         self.dtype = dtype
         self.policy = policies.get(policy)
+        # vdnn-dyn chooses by time: it needs measured costs; other policies may ask for them (plan times)
+        self.profiling = self.policy.name == "vdnn-dyn" if profile is None else bool(profile)
+        self.costs: dict[int, Any] = {}
         self.loss = loss if loss is not None else SoftmaxCrossEntropy()
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01, momentum=0.9)
         self.seed = seed
@@ -121,8 +124,9 @@ class Trainer:
         if ex is not None:
             return ex
         program = self.net.build(batch, self.input_shape, self.dtype)
+        costs = self.profile(batch) if self.profiling and train else None
         plan, schedule = plan_program(program, self.device.spec, self.policy, alignment=self.device.pool.alignment,
-                                      optimizer_slots=self.optimizer.slots)
+                                      optimizer_slots=self.optimizer.slots, costs=costs, baseline=costs is not None)
         if train:
             self.plans[batch] = plan
             if check and not plan.fits:
@@ -133,6 +137,16 @@ class Trainer:
                       self.optimizer if train else None)
         self._executors[key] = ex
         return ex
+
+    def profile(self, batch: int) -> Any:
+        """Measured costs of a training step at ``batch`` on this device (see :mod:`vmem.profile`); made
+        once per batch size. vdnn-dyn uses them to choose; with them plans also predict step time."""
+        if batch not in self.costs:
+            from .profile import profile
+
+            program = self.net.build(batch, self.input_shape, self.dtype)
+            self.costs[batch] = profile(program, copy_gbps=self.device.spec.pcie_gbps, seed=self.seed)
+        return self.costs[batch]
 
     def _refusal(self, program: Any, plan: policies.Plan) -> OutOfDeviceMemory:
         fitting = []

@@ -1,0 +1,44 @@
+"""On the CPU device a plan's predicted peak is the measured peak, for every policy; with a profile, its
+predicted time-weighted average is within 10% of the measured one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import vmem
+from vmem.optim import SGD
+
+NETS = {"vgg_cifar": lambda: vmem.models.get("vgg_cifar", image_size=16),
+        "resnet_cifar": lambda: vmem.models.get("resnet_cifar", depth=8, image_size=16)}
+POLICIES = ["baseline:algos=memory", "baseline:algos=performance", "vdnn-all", "vdnn-conv:algos=performance",
+            "vdnn-all:sync=event", "vdnn-dyn"]
+
+
+@pytest.mark.parametrize("name", sorted(NETS))
+def test_predicted_peak_and_average_match_the_run(name):
+    rng = np.random.default_rng(0)
+    net = NETS[name]()
+    x = rng.standard_normal((32,) + net.input_shape).astype(np.float32)
+    y = rng.integers(0, 10, 32)
+    for policy in POLICIES:
+        with vmem.Trainer(NETS[name](), memory="256MiB", policy=policy, optimizer=SGD(lr=0.01, momentum=0.9),
+                          profile=True, seed=0) as trainer:
+            reports = [trainer.step(x, y) for _ in range(3)]
+            plan = trainer.plans[32]
+        assert plan.step_seconds is not None and plan.step_seconds > 0
+        for r in reports:
+            assert r.peak_bytes == plan.peak_bytes, policy
+        measured = float(np.median([r.average_bytes for r in reports]))
+        assert abs(plan.average_bytes / measured - 1) < 0.10, (policy, plan.average_bytes, measured)
+
+
+def test_vdnn_dyn_profiles_and_says_what_it_chose():
+    net = vmem.models.get("vgg_cifar", image_size=16)
+    base = vmem.plan(net, 32, memory="1GiB", policy="baseline:algos=performance").peak_bytes
+    with vmem.Trainer(net, memory=int(base * 0.8), policy="vdnn-dyn", seed=0) as trainer:
+        trainer.step(np.zeros((32, 3, 16, 16), np.float32), np.zeros(32, int))
+        plan = trainer.plans[32]
+        assert 32 in trainer.costs
+    assert plan.step in (3, 4, 5) and plan.chosen.startswith(("vdnn-conv", "vdnn-all"))
+    assert plan.fits and plan.peak_bytes <= int(base * 0.8)
