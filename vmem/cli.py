@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any, Sequence
 
+from .errors import VmemError
 from .units import format_bytes
 
 __all__ = ["main"]
@@ -93,15 +94,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .planner import plan
 
     net = _model(args)
-    result = plan(net, args.batch, args.device, _policy_spec(args), memory=args.memory)
-    baseline = plan(net, args.batch, args.device, "baseline:algos=performance", memory=args.memory)
+    costs = None
+    if args.profile and not args.device.startswith("sim:"):
+        from .profile import profile
+
+        costs = profile(net.build(args.batch))
+    result = plan(net, args.batch, args.device, _policy_spec(args), memory=args.memory, costs=costs)
     out = result.to_dict()
-    out.update(model=net.name, baseline_step_seconds=baseline.step_seconds)
+    out.update(model=net.name)
     if args.json:
         print(json.dumps(out, indent=2))
     else:
         print(result.table())
-        print(f"fits: {result.fits}; offloaded {format_bytes(result.offloaded_bytes)}")
+        line = f"fits: {'yes' if result.fits else 'NO'}; offloaded {format_bytes(result.offloaded_bytes)} a step"
+        if result.step_seconds is not None:
+            line += (f"; predicted step {result.step_seconds * 1e3:.1f} ms (baseline with the fastest algorithms: "
+                     f"{result.baseline_step_seconds * 1e3:.1f} ms), stalls {result.stall_seconds * 1e3:.1f} ms")
+        print(line)
+        if result.reason:
+            print(result.reason)
     return 0
 
 
@@ -209,13 +220,17 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_devices(args: argparse.Namespace) -> int:
     from .device import names
+    from .device import specs as gpu_specs
 
-    rows = [{"name": n, "kind": n.split(":")[0]} for n in names()]
+    rows = [{"name": "cpu", "kind": "cpu"}]
+    rows += [{"name": f"sim:{n}", "kind": "sim", **gpu_specs.get(n).to_dict()} for n in gpu_specs.names()]
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        for r in rows:
-            print(f"{r['name']}  (the default; memory= sets its capacity, pcie_gbps= throttles copies)")
+        print("cpu  (the default: real numerics; memory= sets its capacity, pcie_gbps= throttles copies)")
+        for r in rows[1:]:
+            print(f"{r['name']:<16} {format_bytes(r['memory']):>11}  {r['fp32_tflops']:5.1f} TFLOP/s  "
+                  f"{r['memory_gbps']:6.0f} GB/s  host link {r['h2d_gbps']:g} GB/s  (simulated: plans only)")
     return 0
 
 
@@ -229,9 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="zoo model name (see `vmem models`)" + (f"; default {model_default}" if model_default else ""))
         p.add_argument("--image-size", type=int, help="input height and width (default: the model's)")
         p.add_argument("--depth", type=int, help="depth, for resnet_cifar")
-        p.add_argument("--device", default="cpu", help="device name (default cpu)")
+        p.add_argument("--device", default="cpu", help="device name: cpu (default) or sim:<gpu> (see vmem devices)")
         p.add_argument("--memory", default=None, help="device memory, e.g. 256MiB or 12GB (default 1GiB)")
-        p.add_argument("--policy", default="baseline", help="policy spec, e.g. baseline or baseline:algos=performance")
+        p.add_argument("--policy", default="baseline",
+                       help="policy spec: baseline, vdnn-all, vdnn-conv, vdnn-dyn, with :key=value options")
         p.add_argument("--algos", choices=("memory", "performance"), help="convolution algorithms (adds algos= to --policy)")
         p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
@@ -252,6 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Replay one step's allocations under a policy and print the plan.")
     common(p, None)
     p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--profile", action="store_true",
+                   help="on the CPU device: measure every layer first, so the plan predicts time (vdnn-dyn needs it)")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("trace", help="run a few steps; write a Chrome trace, a memory plot, a layer table",
@@ -305,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `vmem models | head`
         sys.stderr.close()
         return 0
-    except (ValueError, MemoryError, ImportError) as exc:  # user errors: one clear line, no traceback
+    except (ValueError, MemoryError, ImportError, VmemError) as exc:  # user errors: one clear line
         print(f"vmem {args.command}: error: {exc}", file=sys.stderr)
         return 1
 

@@ -22,7 +22,7 @@ import numpy as np
 from . import policies
 from .data import Dataset
 from .device import device as make_device
-from .errors import CheckpointError, OutOfDeviceMemory, PlanError, ShapeError
+from .errors import CheckpointError, DeviceError, OutOfDeviceMemory, PlanError, ShapeError
 from .executor import DeviceParams, Executor, StepReport
 from .graph import Network
 from .nn.loss import SoftmaxCrossEntropy
@@ -98,6 +98,8 @@ class Trainer:
             if memory is not None:
                 raise ValueError("memory= applies only when the device is given by name")
             self.device = make_device(device)
+        if getattr(self.device, "kind", None) == "sim":
+            raise DeviceError(f"{self.device.name} is a simulated GPU: it plans (vmem.plan) but cannot train")
         self._params: DeviceParams | None = None
         self._executors: dict[tuple[int, bool], Executor] = {}
         self.plans: dict[int, policies.Plan] = {}

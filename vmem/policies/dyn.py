@@ -49,6 +49,11 @@ class VdnnDyn(Policy):
         if self.sync not in SYNC_MODES:
             raise ValueError(f"policy {self.name!r}: sync={self.sync!r}; use one of {', '.join(SYNC_MODES)}")
 
+    @property
+    def spec(self) -> str:
+        options = [f"sync={self.sync}"] + ([f"max_trials={self.max_trials}"] if self.max_trials != 200 else [])
+        return f"{self.name}:{','.join(options)}"
+
     def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
         if oracle is None:
             raise PlanError("vdnn-dyn decides by replaying candidate plans: use vmem.plan or a Trainer")
