@@ -13,7 +13,7 @@ CPU device (the default), on simulated GPUs for planning, and on CUDA through Cu
 """
 
 from . import data, errors, models, nn, optim, policies, pool, streams
-from .device import device
+from . import device
 from .graph import Graph, Network, Program, Sequential
 from .planner import plan
 from .trainer import Trainer

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 from ..errors import DeviceError
@@ -47,3 +49,14 @@ def device(name: str | Device = "cpu", **options: Any) -> Device:
     if kind == "cuda":
         raise DeviceError(f"device {name!r}: the CUDA device is not available in this version of vmem; use 'cpu'")
     raise DeviceError(f"unknown device {name!r}; available: {', '.join(names())}")
+
+
+class _CallableModule(types.ModuleType):
+    """``vmem.device`` is both this package and the factory: ``vmem.device("cpu")`` calls :func:`device`,
+    ``vmem.device.specs`` is the spec-sheet module."""
+
+    def __call__(self, name: "str | Device" = "cpu", **options: Any) -> Device:
+        return device(name, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule
