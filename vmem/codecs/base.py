@@ -1,0 +1,79 @@
+"""The codec protocol: encode a tensor into a few arrays, decode it back, and predict the size."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+__all__ = ["Codec", "Encoded"]
+
+
+@dataclass
+class Encoded:
+    """An encoded tensor: the codec's arrays plus what decoding needs (shape, dtype, scalars)."""
+
+    codec: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    arrays: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the encoded arrays: what crosses the bus or stays on the device."""
+        return int(sum(a.nbytes for a in self.arrays.values()))
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+class Codec(ABC):
+    """Base of every codec. ``lossless``: decode(encode(x)) is bitwise x (``binarize`` is exact for what
+    ReLU's backward needs, not for the values). ``bound``: the documented error bound of lossy codecs."""
+
+    name: ClassVar[str] = "codec"
+    lossless: ClassVar[bool] = True
+
+    @abstractmethod
+    def encode(self, x: Any) -> Encoded:
+        """Encode ``x`` (NumPy; CuPy where the kernels run on the GPU)."""
+
+    @abstractmethod
+    def decode(self, enc: Encoded, out: Any = None) -> Any:
+        """Decode into ``out`` (or a new array) of ``enc``'s shape and dtype."""
+
+    @abstractmethod
+    def encoded_nbytes(self, shape: tuple[int, ...], dtype: Any = "float32", density: float | None = None) -> int:
+        """Encoded size, exact when it does not depend on the data, else from ``density`` (fraction of
+        nonzeros; default 0.5)."""
+
+    @property
+    def spec(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec!r})"
+
+
+def flat(x: Any) -> np.ndarray:
+    x = np.asarray(x)
+    if x.dtype.kind != "f":
+        raise TypeError(f"codecs take floating-point tensors, not {x.dtype}")
+    return np.ascontiguousarray(x).reshape(-1)
+
+
+def bits_of(x: np.ndarray) -> np.ndarray:
+    """The raw bit patterns of a float array (so that -0.0 and NaN count as nonzero)."""
+    return x.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[x.dtype.itemsize])
+
+
+def output(enc: Encoded, out: Any) -> np.ndarray:
+    if out is None:
+        return np.empty(enc.shape, enc.dtype)
+    if tuple(out.shape) != tuple(enc.shape) or out.dtype != enc.dtype:
+        raise ValueError(f"decode: out is {out.shape} {out.dtype}, the tensor is {enc.shape} {enc.dtype}")
+    return out

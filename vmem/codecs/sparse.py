@@ -1,0 +1,104 @@
+"""Codecs for ReLU outputs: zero-value compression (cDMA), sparse CSR (Gist's SSDC), binarization."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .base import Codec, Encoded, bits_of, flat, output
+
+__all__ = ["ZVC", "SSDC", "Binarize"]
+
+
+def _mask_words(nonzero: np.ndarray) -> np.ndarray:
+    """Nonzero flags packed 32 to a little-endian 32-bit word (bit i of word w: value 32w + i)."""
+    n = nonzero.size
+    padded = np.zeros(-(-n // 32) * 32, bool)
+    padded[:n] = nonzero
+    return np.packbits(padded, bitorder="little").view(np.uint32)
+
+
+def _unmask(words: np.ndarray, n: int) -> np.ndarray:
+    return np.unpackbits(words.view(np.uint8), bitorder="little")[:n].astype(bool)
+
+
+class ZVC(Codec):
+    """cDMA's zero-value compression: per 32 values a 32-bit mask of nonzeros, then the nonzeros.
+
+    Lossless, bitwise: a value is "zero" only if all its bits are zero, so -0.0, NaN and infinities are
+    kept as they are. Size: 4 bytes per 32 values plus the nonzeros."""
+
+    name = "zvc"
+
+    def encode(self, x: Any) -> Encoded:
+        v = flat(x)
+        nonzero = bits_of(v) != 0
+        return Encoded(self.name, tuple(np.shape(x)), v.dtype, {"mask": _mask_words(nonzero), "values": v[nonzero]})
+
+    def decode(self, enc: Encoded, out: Any = None) -> np.ndarray:
+        res = output(enc, out)
+        r = res.reshape(-1)
+        r.fill(0)
+        r[_unmask(enc.arrays["mask"], enc.size)] = enc.arrays["values"]
+        return res
+
+    def encoded_nbytes(self, shape, dtype="float32", density=None) -> int:
+        n = math.prod(shape)
+        return 4 * -(-n // 32) + np.dtype(dtype).itemsize * round(n * (0.5 if density is None else density))
+
+
+class SSDC(Codec):
+    """Gist's sparse storage and dense compute: CSR over rows of at most 256 values, with 1-byte column
+    indices, decoded to dense just before backward. Lossless, bitwise (nonzero as for zvc)."""
+
+    name = "ssdc"
+    ROW = 256
+
+    def encode(self, x: Any) -> Encoded:
+        v = flat(x)
+        n = v.size
+        rows = -(-n // self.ROW)
+        nonzero = bits_of(v) != 0
+        where = np.flatnonzero(nonzero)
+        counts = np.bincount(where // self.ROW, minlength=rows)
+        row_ptr = np.zeros(rows + 1, np.int32)
+        np.cumsum(counts, out=row_ptr[1:])
+        return Encoded(self.name, tuple(np.shape(x)), v.dtype,
+                       {"row_ptr": row_ptr, "cols": (where % self.ROW).astype(np.uint8), "values": v[where]})
+
+    def decode(self, enc: Encoded, out: Any = None) -> np.ndarray:
+        res = output(enc, out)
+        r = res.reshape(-1)
+        r.fill(0)
+        row_ptr = enc.arrays["row_ptr"]
+        rows = np.repeat(np.arange(row_ptr.size - 1), np.diff(row_ptr))
+        r[rows * self.ROW + enc.arrays["cols"]] = enc.arrays["values"]
+        return res
+
+    def encoded_nbytes(self, shape, dtype="float32", density=None) -> int:
+        n = math.prod(shape)
+        nnz = round(n * (0.5 if density is None else density))
+        return 4 * (-(-n // self.ROW) + 1) + (1 + np.dtype(dtype).itemsize) * nnz
+
+
+class Binarize(Codec):
+    """Gist's binarization of a ReLU output: 1 bit per value, set where x > 0. Decoding gives the sign
+    mask (1 where x > 0, else 0) in x's dtype: exactly what ReLU's backward needs, not the values.
+    NaN is not > 0: it decodes to 0."""
+
+    name = "binarize"
+    lossless = True
+
+    def encode(self, x: Any) -> Encoded:
+        v = flat(x)
+        return Encoded(self.name, tuple(np.shape(x)), v.dtype, {"bits": np.packbits(v > 0, bitorder="little")})
+
+    def decode(self, enc: Encoded, out: Any = None) -> np.ndarray:
+        res = output(enc, out)
+        res.reshape(-1)[...] = np.unpackbits(enc.arrays["bits"], bitorder="little", count=enc.size)
+        return res
+
+    def encoded_nbytes(self, shape, dtype="float32", density=None) -> int:
+        return -(-math.prod(shape) // 8)
