@@ -104,3 +104,14 @@ def test_codec_specs_and_errors():
         codecs.get("lz4")
     with pytest.raises(TypeError, match="floating-point"):
         codecs.get("zvc").encode(np.arange(4))
+
+
+def test_without_native_kernels_codecs_warn_once_and_use_numpy(monkeypatch):
+    from vmem.codecs import native
+
+    monkeypatch.setattr(native, "lib", None)
+    monkeypatch.setattr(native, "_warned", False)
+    x = np.maximum(np.random.default_rng(0).standard_normal(100).astype(np.float32), 0)
+    with pytest.warns(RuntimeWarning, match="native kernels are not built"):
+        enc = codecs.get("zvc").encode(x)
+    assert codecs.get("zvc").decode(enc).tobytes() == x.tobytes()

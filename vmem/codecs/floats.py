@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from . import native
 from .base import Codec, Encoded, flat, output
 
 __all__ = ["DPR", "FORMATS", "quantize"]
@@ -83,9 +84,12 @@ class DPR(Codec):
         """Largest relative error of a value in the format's normal range."""
         return 2.0 ** -(self.mbits + 1)
 
-    def encode(self, x: Any) -> Encoded:
+    def encode(self, x: Any, *, reference: bool = False) -> Encoded:
         v = flat(x)
-        codes = _encode(v, self.ebits, self.mbits)
+        if not reference and v.dtype == np.float32 and native.available():
+            codes = native.dpr_encode(v, self.ebits, self.mbits)
+        else:
+            codes = _encode(v, self.ebits, self.mbits)
         if self.format == "fp16":
             packed = codes
         elif self.format == "fp8":
@@ -97,7 +101,7 @@ class DPR(Codec):
             packed = t[:, 0] | (t[:, 1] << np.uint32(10)) | (t[:, 2] << np.uint32(20))
         return Encoded(self.spec, tuple(np.shape(x)), v.dtype, {"codes": packed})
 
-    def decode(self, enc: Encoded, out: Any = None) -> np.ndarray:
+    def decode(self, enc: Encoded, out: Any = None, *, reference: bool = False) -> np.ndarray:
         res = output(enc, out)
         packed = enc.arrays["codes"]
         if self.format == "fp10":
@@ -105,7 +109,10 @@ class DPR(Codec):
             codes = np.stack([w & 0x3FF, (w >> 10) & 0x3FF, (w >> 20) & 0x3FF], axis=1).reshape(-1)[: enc.size]
         else:
             codes = packed
-        res.reshape(-1)[...] = _decode(codes, self.ebits, self.mbits)
+        if not reference and native.available():
+            res.reshape(-1)[...] = native.dpr_decode(codes, self.ebits, self.mbits)
+        else:
+            res.reshape(-1)[...] = _decode(codes, self.ebits, self.mbits)
         return res
 
     def encoded_nbytes(self, shape, dtype="float32", density=None) -> int:

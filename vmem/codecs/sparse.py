@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from . import native
 from .base import Codec, Encoded, bits_of, flat, output
 
 __all__ = ["ZVC", "SSDC", "Binarize"]
@@ -32,14 +33,21 @@ class ZVC(Codec):
 
     name = "zvc"
 
-    def encode(self, x: Any) -> Encoded:
+    def encode(self, x: Any, *, reference: bool = False) -> Encoded:
         v = flat(x)
-        nonzero = bits_of(v) != 0
-        return Encoded(self.name, tuple(np.shape(x)), v.dtype, {"mask": _mask_words(nonzero), "values": v[nonzero]})
+        if not reference and v.dtype == np.float32 and native.available():
+            mask, values = native.zvc_encode(v)
+        else:
+            nonzero = bits_of(v) != 0
+            mask, values = _mask_words(nonzero), v[nonzero]
+        return Encoded(self.name, tuple(np.shape(x)), v.dtype, {"mask": mask, "values": values})
 
-    def decode(self, enc: Encoded, out: Any = None) -> np.ndarray:
+    def decode(self, enc: Encoded, out: Any = None, *, reference: bool = False) -> np.ndarray:
         res = output(enc, out)
         r = res.reshape(-1)
+        if not reference and res.dtype == np.float32 and r.flags.c_contiguous and native.available():
+            native.zvc_decode(enc.arrays["mask"], enc.arrays["values"], r)
+            return res
         r.fill(0)
         r[_unmask(enc.arrays["mask"], enc.size)] = enc.arrays["values"]
         return res
@@ -91,13 +99,21 @@ class Binarize(Codec):
     name = "binarize"
     lossless = True
 
-    def encode(self, x: Any) -> Encoded:
+    def encode(self, x: Any, *, reference: bool = False) -> Encoded:
         v = flat(x)
-        return Encoded(self.name, tuple(np.shape(x)), v.dtype, {"bits": np.packbits(v > 0, bitorder="little")})
+        if not reference and v.dtype == np.float32 and native.available():
+            bits = native.binarize_encode(v)
+        else:
+            bits = np.packbits(v > 0, bitorder="little")
+        return Encoded(self.name, tuple(np.shape(x)), v.dtype, {"bits": bits})
 
-    def decode(self, enc: Encoded, out: Any = None) -> np.ndarray:
+    def decode(self, enc: Encoded, out: Any = None, *, reference: bool = False) -> np.ndarray:
         res = output(enc, out)
-        res.reshape(-1)[...] = np.unpackbits(enc.arrays["bits"], bitorder="little", count=enc.size)
+        r = res.reshape(-1)
+        if not reference and res.dtype == np.float32 and r.flags.c_contiguous and native.available():
+            native.binarize_decode(enc.arrays["bits"], r)
+        else:
+            r[...] = np.unpackbits(enc.arrays["bits"], bitorder="little", count=enc.size)
         return res
 
     def encoded_nbytes(self, shape, dtype="float32", density=None) -> int:
