@@ -15,7 +15,7 @@ typedef unsigned long long uint64_t;
 #define VMEM_KERNEL extern "C" __global__
 #else
 #include "shim.h"
-#define VMEM_KERNEL __global__
+#define VMEM_KERNEL static inline  /* inlined into the serial launcher's loops */
 #endif
 
 #define VMEM_TID ((int64_t)blockIdx.x * blockDim.x + threadIdx.x)
@@ -35,7 +35,7 @@ VMEM_KERNEL void binarize_encode(const float* __restrict__ x, uint8_t* __restric
 VMEM_KERNEL void binarize_decode(const uint8_t* __restrict__ bits, float* __restrict__ out, int64_t n) {
     int64_t j = VMEM_TID;
     if (j >= n) return;
-    out[j] = (bits[j >> 3] >> (j & 7)) & 1u ? 1.0f : 0.0f;
+    out[j] = (float)((bits[j >> 3] >> (j & 7)) & 1u);  /* branch-free: ReLU masks are unpredictable */
 }
 
 /* zero-value compression, pass 1: one thread per 32 values: the mask of nonzero bit patterns and its count. */
@@ -59,8 +59,11 @@ VMEM_KERNEL void zvc_pack(const uint32_t* __restrict__ x, const uint32_t* __rest
     if (g * 32 >= n) return;
     uint32_t m = mask[g];
     int64_t o = offset[g];
-    for (int i = 0; i < 32; ++i)
-        if (m & (1u << i)) values[o++] = x[g * 32 + i];
+    while (m) {  /* visit the set bits only: no unpredictable branch per value */
+        int i = __ffs(m) - 1;
+        values[o++] = x[g * 32 + i];
+        m &= m - 1;
+    }
 }
 
 VMEM_KERNEL void zvc_unpack(const uint32_t* __restrict__ mask, const int64_t* __restrict__ offset,
@@ -69,9 +72,12 @@ VMEM_KERNEL void zvc_unpack(const uint32_t* __restrict__ mask, const int64_t* __
     if (g * 32 >= n) return;
     uint32_t m = mask[g];
     int64_t o = offset[g];
-    for (int i = 0; i < 32; ++i) {
-        int64_t j = g * 32 + i;
-        if (j < n) out[j] = (m & (1u << i)) ? values[o++] : 0u;
+    int64_t end = n - g * 32 < 32 ? n - g * 32 : 32;
+    for (int64_t i = 0; i < end; ++i) out[g * 32 + i] = 0u;
+    while (m) {
+        int i = __ffs(m) - 1;
+        out[g * 32 + i] = values[o++];
+        m &= m - 1;
     }
 }
 

@@ -16,6 +16,7 @@ typedef struct { unsigned int x, y, z; } vmem_dim3;
 static vmem_dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 static inline int __popc(uint32_t v) { return __builtin_popcount(v); }
+static inline int __ffs(uint32_t v) { return __builtin_ffs((int)v); }  /* 1-based, 0 if none, as CUDA's */
 
 /* Run kernel(args...) for every thread of a 1-D grid of `blocks` blocks of `threads` threads. */
 #define VMEM_LAUNCH(blocks, threads, kernel, ...)                                   \

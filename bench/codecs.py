@@ -1,0 +1,77 @@
+"""Encode+decode throughput of each codec on the CPU, against a NumPy copy of the same data, same run.
+
+The data are ReLU outputs (about half zeros) of 16 MiB by default. Throughput counts the uncompressed
+bytes: size / (encode seconds + decode seconds), best of rounds; the ratio divides by the throughput of
+one numpy.copyto of the same array. Compression ratios are printed too.
+
+Targets (issue 6): at least 0.5x a copy for binarize and dpr, at least 0.25x for zvc and ssdc.
+
+    python bench/codecs.py [--size 16MiB] [--density 0.5] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+_HERE = str(Path(__file__).resolve().parent)
+sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE] + [_HERE]
+from _report import emit, table, verdict  # noqa: E402
+
+from vmem import codecs, parse_bytes  # noqa: E402
+from vmem.codecs import native  # noqa: E402
+
+SPECS = ["binarize", "dpr:format=fp16", "dpr:format=fp10", "dpr:format=fp8", "zvc", "ssdc", "fixed:bits=8",
+         "fixed:bits=4", "patch2"]
+TARGETS = {"binarize": 0.5, "dpr:format=fp16": 0.5, "dpr:format=fp10": 0.5, "dpr:format=fp8": 0.5, "zvc": 0.25,
+           "ssdc": 0.25}
+
+
+def best(fn, rounds: int) -> float:
+    fn()
+    out = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        out = min(out, time.perf_counter() - t0)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", default="16MiB")
+    parser.add_argument("--density", type=float, default=0.5, help="fraction of nonzeros (default 0.5)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    n = parse_bytes(args.size, name="--size") // 4
+    side = int(np.sqrt(n // 64))
+    shape = (1, 64, side, n // 64 // side)
+    rng = np.random.default_rng(0)
+    x = np.abs(rng.standard_normal(shape)).astype(np.float32) * (rng.random(shape) < args.density)
+    dst = np.empty_like(x)
+    copy_gbps = x.nbytes / best(lambda: np.copyto(dst, x), args.rounds) / 1e9
+    rows, results, targets = [], {}, []
+    for spec in SPECS:
+        c = codecs.get(spec)
+        enc = c.encode(x)
+        out = np.empty_like(x)
+        seconds = best(lambda: c.encode(x), args.rounds) + best(lambda: c.decode(enc, out), args.rounds)
+        gbps = x.nbytes / seconds / 1e9
+        results[spec] = {"gbps": gbps, "ratio_to_copy": gbps / copy_gbps, "compression": x.nbytes / enc.nbytes}
+        rows.append((spec, gbps, gbps / copy_gbps, x.nbytes / enc.nbytes))
+    print(f"{x.nbytes / 2**20:.0f} MiB of ReLU output at density {args.density:g}; numpy copy {copy_gbps:.2f} GB/s; "
+          f"native kernels: {'yes' if native.lib is not None else 'no (NumPy references)'}")
+    print(table(["codec", "enc+dec GB/s", "x copy", "compression"], rows))
+    for spec, target in TARGETS.items():
+        targets.append(verdict(f"{spec} throughput / copy", results[spec]["ratio_to_copy"], target))
+    return emit({"bench": "codecs", "bytes": x.nbytes, "density": args.density, "copy_gbps": copy_gbps,
+                 "results": results, "targets": targets}, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
