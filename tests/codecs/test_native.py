@@ -55,3 +55,15 @@ def test_kernels_compile_for_the_gpu(tmp_path, arch):
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "k.cubin").stat().st_size > 0
+
+
+def test_the_kernels_split_over_threads_give_the_same_bytes(monkeypatch):
+    monkeypatch.setattr(native, "_PARALLEL_MIN", 64)
+    x = np.maximum(np.random.default_rng(1).standard_normal(10_007).astype(np.float32), 0) * 7
+    assert len(native._chunks(x.size, 8)) > 1 or (native.os.cpu_count() or 1) == 1
+    for spec in ("binarize", "dpr:format=fp16", "dpr:format=fp10", "dpr:format=fp8"):
+        c = codecs.get(spec)
+        fast, ref = c.encode(x), c.encode(x, reference=True)
+        for k in ref.arrays:
+            assert fast.arrays[k].tobytes() == ref.arrays[k].tobytes(), (spec, k)
+        assert c.decode(fast).tobytes() == c.decode(ref, reference=True).tobytes(), spec

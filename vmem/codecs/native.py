@@ -6,7 +6,10 @@ reference implementations and vmem warns once.
 
 from __future__ import annotations
 
+import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import numpy as np
 
@@ -30,6 +33,30 @@ def available() -> bool:
     return lib is not None
 
 
+_PARALLEL_MIN = 1 << 20  # values: below this, one thread
+_pool: ThreadPoolExecutor | None = None
+
+
+def _chunks(n: int, align: int) -> list[tuple[int, int]]:
+    """Split ``[0, n)`` into one aligned range per core (cffi releases the GIL during C calls)."""
+    workers = min(os.cpu_count() or 1, 8)
+    if n < _PARALLEL_MIN or workers == 1:
+        return [(0, n)]
+    step = -(-n // workers // align) * align
+    return [(lo, min(lo + step, n)) for lo in range(0, n, step)]
+
+
+def _run(n: int, align: int, call: Callable[[int, int], None]) -> None:
+    global _pool
+    ranges = _chunks(n, align)
+    if len(ranges) == 1:
+        call(*ranges[0])
+        return
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=len(ranges), thread_name_prefix="vmem-codec")
+    list(_pool.map(lambda r: call(*r), ranges))
+
+
 def _ptr(a: np.ndarray, ctype: str):
     """A C pointer into ``a``. The caller must keep ``a`` (not only a view's base) alive during the call:
     pass arrays bound to local names, never temporaries."""
@@ -38,12 +65,21 @@ def _ptr(a: np.ndarray, ctype: str):
 
 def binarize_encode(v: np.ndarray) -> np.ndarray:
     bits = np.empty(-(-v.size // 8), np.uint8)
-    lib.vmem_binarize_encode(_ptr(v, "float *"), _ptr(bits, "uint8_t *"), v.size)
+
+    def call(lo: int, hi: int) -> None:
+        part, dst = v[lo:hi], bits[lo // 8:]
+        lib.vmem_binarize_encode(_ptr(part, "float *"), _ptr(dst, "uint8_t *"), hi - lo)
+
+    _run(v.size, 8, call)
     return bits
 
 
 def binarize_decode(bits: np.ndarray, out: np.ndarray) -> None:
-    lib.vmem_binarize_decode(_ptr(bits, "uint8_t *"), _ptr(out, "float *"), out.size)
+    def call(lo: int, hi: int) -> None:
+        src, dst = bits[lo // 8:], out[lo:hi]
+        lib.vmem_binarize_decode(_ptr(src, "uint8_t *"), _ptr(dst, "float *"), hi - lo)
+
+    _run(out.size, 8, call)
 
 
 def zvc_encode(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -72,12 +108,23 @@ def zvc_decode(mask: np.ndarray, values: np.ndarray, out: np.ndarray) -> None:
 
 def dpr_encode(v: np.ndarray, ebits: int, mbits: int) -> np.ndarray:
     codes = np.empty(v.size, np.uint16)
-    lib.vmem_dpr_encode(_ptr(v.view(np.uint32), "uint32_t *"), _ptr(codes, "uint16_t *"), v.size, ebits, mbits)
+    bits = v.view(np.uint32)
+
+    def call(lo: int, hi: int) -> None:
+        src, dst = bits[lo:hi], codes[lo:hi]
+        lib.vmem_dpr_encode(_ptr(src, "uint32_t *"), _ptr(dst, "uint16_t *"), hi - lo, ebits, mbits)
+
+    _run(v.size, 1, call)
     return codes
 
 
 def dpr_decode(codes: np.ndarray, ebits: int, mbits: int) -> np.ndarray:
     out = np.empty(codes.size, np.uint32)
-    codes16 = np.ascontiguousarray(codes, np.uint16)  # bound to a name: it must outlive the call
-    lib.vmem_dpr_decode(_ptr(codes16, "uint16_t *"), _ptr(out, "uint32_t *"), codes16.size, ebits, mbits)
+    codes16 = np.ascontiguousarray(codes, np.uint16)  # bound to a name: it must outlive the calls
+
+    def call(lo: int, hi: int) -> None:
+        src, dst = codes16[lo:hi], out[lo:hi]
+        lib.vmem_dpr_decode(_ptr(src, "uint16_t *"), _ptr(dst, "uint32_t *"), hi - lo, ebits, mbits)
+
+    _run(codes16.size, 1, call)
     return out.view(np.float32)
