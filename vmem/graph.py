@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -407,9 +407,3 @@ def _build_program(net: Network, batch: int, input_shape: tuple[int, ...], dtype
         tensors[op.output].buffer = t_in.buffer
     return Program(network=net.name, batch=batch, dtype=str(np.dtype(dtype)), itemsize=itemsize, ops=ops,
                    tensors=tensors, input=0, output=output, num_classes=out_shape[1])
-
-
-def iter_params(program: Program) -> Iterable[tuple[str, ParamSpec]]:
-    for op in program.ops:
-        for k, spec in op.params.items():
-            yield f"{op.name}.{k}", spec

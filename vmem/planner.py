@@ -11,6 +11,7 @@ figures are still given (``fits=False``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Sequence
 
 from . import policies
@@ -58,7 +59,7 @@ def _durations(program: Program, plan: Plan, schedule: Schedule, costs: Any) -> 
     """Predicted seconds of each compute step of the schedule (by step index)."""
     out: dict[int, float] = {}
     ops = program.ops
-    params = sum(_numel(s.shape) for op in ops for s in op.params.values() if s.trainable) * program.itemsize
+    params = sum(math.prod(s.shape) for op in ops for s in op.params.values() if s.trainable) * program.itemsize
     for index, st in enumerate(schedule.steps):
         kind = st[0]
         if kind == "fwd":
@@ -81,13 +82,6 @@ def _durations(program: Program, plan: Plan, schedule: Schedule, costs: Any) -> 
         elif kind == "update":
             out[index] = costs.update_seconds(params)
     return out
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def replay(schedule: Schedule, program: Program, capacity: int, alignment: int = 256, sync: str | None = None,
@@ -264,13 +258,10 @@ def plan(net: Network, batch: int, device: "Device | DeviceSpec | str" = "cpu", 
     if isinstance(device, DeviceSpec):
         spec = device
     elif isinstance(device, str):
-        if device.startswith("sim:"):
-            spec = make_device(device).spec
-        elif device in ("cpu", "cpu:0"):
+        if device in ("cpu", "cpu:0"):  # no need to start a CPU device's streams just to plan
             spec = DeviceSpec(name="cpu", kind="cpu", memory=1 << 30)
-        else:
-            make_device(device)  # raises a clear error for names that are not available
-            raise AssertionError("unreachable")
+        else:  # sim:<gpu>; names that are not available raise a clear DeviceError
+            spec = make_device(device).spec
     else:
         spec = device.spec
         alignment = device.pool.alignment

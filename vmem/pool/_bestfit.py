@@ -21,7 +21,7 @@ free space is fully coalesced.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 __all__ = ["Block", "BestFit", "ALLOCATED", "FREE", "RELEASED"]
 
@@ -325,13 +325,3 @@ class BestFit:
         if lst is None:
             lst = self._lists[owner] = []
         insort(lst, (seg.size, seg.offset))
-
-
-def check_invariants(segments: Iterable[Block], capacity: int) -> None:
-    """Raise AssertionError unless ``segments`` tile ``[0, capacity)`` exactly (a test helper)."""
-    expected = 0
-    for seg in segments:
-        assert seg.offset == expected, f"gap or overlap at {expected}: {seg!r}"
-        assert seg.size > 0, f"empty segment {seg!r}"
-        expected = seg.end
-    assert expected == capacity, f"segments end at {expected}, capacity is {capacity}"
