@@ -1,27 +1,40 @@
-/* Serial launchers: run each kernel of kernels.cuh over a 1-D grid on the CPU (see shim.h). */
+/* CPU launchers: each runs one kernel of kernels.cuh over threads [t0, t1) of its 1-D grid (see shim.h).
+ * Python splits a grid into one range per core (cffi releases the GIL during the call). */
 #include "kernels.cuh"
 
-#define THREADS 256
-#define BLOCKS(n) ((unsigned)(((n) + THREADS - 1) / THREADS))
+/* On x86-64 Linux, GCC and Clang compile each launcher twice, for AVX2 and for the baseline, and pick one
+ * when the module loads (function multi-versioning): fast where the CPU has AVX2, correct everywhere. */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(VMEM_NO_CLONES)
+#define VMEM_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define VMEM_CLONES
+#endif
 
-void vmem_binarize_encode(const float* x, uint8_t* bits, int64_t n) {
-    VMEM_LAUNCH(BLOCKS((n + 7) / 8), THREADS, binarize_encode, x, bits, n);
-}
-void vmem_binarize_decode(const uint8_t* bits, float* out, int64_t n) {
-    VMEM_LAUNCH(BLOCKS(n), THREADS, binarize_decode, bits, out, n);
-}
-void vmem_zvc_mask(const uint32_t* x, uint32_t* mask, uint32_t* count, int64_t n) {
-    VMEM_LAUNCH(BLOCKS((n + 31) / 32), THREADS, zvc_mask, x, mask, count, n);
-}
-void vmem_zvc_pack(const uint32_t* x, const uint32_t* mask, const int64_t* offset, uint32_t* values, int64_t n) {
-    VMEM_LAUNCH(BLOCKS((n + 31) / 32), THREADS, zvc_pack, x, mask, offset, values, n);
-}
-void vmem_zvc_unpack(const uint32_t* mask, const int64_t* offset, const uint32_t* values, uint32_t* out, int64_t n) {
-    VMEM_LAUNCH(BLOCKS((n + 31) / 32), THREADS, zvc_unpack, mask, offset, values, out, n);
-}
-void vmem_dpr_encode(const uint32_t* x, uint16_t* codes, int64_t n, int ebits, int mbits) {
-    VMEM_LAUNCH(BLOCKS(n), THREADS, dpr_encode, x, codes, n, ebits, mbits);
-}
-void vmem_dpr_decode(const uint16_t* codes, uint32_t* out, int64_t n, int ebits, int mbits) {
-    VMEM_LAUNCH(BLOCKS(n), THREADS, dpr_decode, codes, out, n, ebits, mbits);
-}
+#define LAUNCHER(name, params, ...) \
+    VMEM_CLONES void vmem_##name(int64_t t0, int64_t t1, params) { VMEM_LAUNCH(t0, t1, name, __VA_ARGS__); }
+#define P(...) __VA_ARGS__
+
+LAUNCHER(binarize_encode, P(const float* x, uint8_t* bits, int64_t n), x, bits, n)
+LAUNCHER(binarize_decode, P(const uint8_t* bits, float* out, int64_t n), bits, out, n)
+LAUNCHER(binarize_relu_backward, P(const uint8_t* bits, const float* dy, float* dx, int64_t n), bits, dy, dx, n)
+LAUNCHER(zvc_mask, P(const uint32_t* x, uint32_t* mask, uint32_t* count, int64_t n), x, mask, count, n)
+LAUNCHER(zvc_count, P(const uint32_t* mask, uint32_t* count, int64_t groups), mask, count, groups)
+LAUNCHER(zvc_pack, P(const uint32_t* x, const uint32_t* mask, const int64_t* offset, uint32_t* values, int64_t n),
+         x, mask, offset, values, n)
+LAUNCHER(zvc_unpack, P(const uint32_t* mask, const int64_t* offset, const uint32_t* values, uint32_t* out, int64_t n),
+         mask, offset, values, out, n)
+LAUNCHER(ssdc_count, P(const uint32_t* x, int32_t* count, int64_t n), x, count, n)
+LAUNCHER(ssdc_pack, P(const uint32_t* x, const int32_t* row_ptr, uint8_t* cols, uint32_t* values, int64_t n),
+         x, row_ptr, cols, values, n)
+LAUNCHER(ssdc_unpack, P(const int32_t* row_ptr, const uint8_t* cols, const uint32_t* values, uint32_t* out, int64_t n),
+         row_ptr, cols, values, out, n)
+LAUNCHER(dpr16_encode, P(const uint32_t* x, uint16_t* codes, int64_t n), x, codes, n)
+LAUNCHER(dpr16_decode, P(const uint16_t* codes, uint32_t* out, int64_t n), codes, out, n)
+LAUNCHER(dpr8_encode, P(const uint32_t* x, uint8_t* codes, int64_t n), x, codes, n)
+LAUNCHER(dpr8_decode, P(const uint8_t* codes, uint32_t* out, int64_t n), codes, out, n)
+LAUNCHER(dpr10_encode, P(const uint32_t* x, uint32_t* words, int64_t n), x, words, n)
+LAUNCHER(dpr10_decode, P(const uint32_t* words, uint32_t* out, int64_t n), words, out, n)
+LAUNCHER(fixed_encode, P(const float* x, const float* lo, const float* scale, uint8_t* codes, int64_t n,
+                         int64_t inner, int64_t channels, int bits), x, lo, scale, codes, n, inner, channels, bits)
+LAUNCHER(fixed_decode, P(const uint8_t* codes, const float* lo, const float* scale, float* out, int64_t n,
+                         int64_t inner, int64_t channels, int bits), codes, lo, scale, out, n, inner, channels, bits)

@@ -34,16 +34,47 @@ def arrays(draw):
     return x
 
 
+KERNEL_CODECS = ("zvc", "ssdc", "binarize", "dpr:format=fp16", "dpr:format=fp10", "dpr:format=fp8", "fixed:bits=8",
+                 "fixed:bits=4")
+
+
+def _same(c, x, **kw):
+    fast, ref = c.encode(x, **kw), c.encode(x, reference=True, **kw)
+    assert fast.arrays.keys() == ref.arrays.keys()
+    for k in ref.arrays:
+        assert fast.arrays[k].tobytes() == ref.arrays[k].tobytes(), (c.spec, k)
+    assert c.decode(fast).tobytes() == c.decode(ref, reference=True).tobytes(), c.spec
+
+
 @settings(max_examples=150, deadline=None)
 @given(x=arrays())
 def test_cpu_kernels_equal_the_numpy_references_byte_for_byte(x):
-    for spec in ("zvc", "binarize", "dpr:format=fp16", "dpr:format=fp10", "dpr:format=fp8"):
+    for spec in KERNEL_CODECS:
         c = codecs.get(spec)
-        fast, ref = c.encode(x), c.encode(x, reference=True)
-        assert fast.arrays.keys() == ref.arrays.keys()
-        for k in ref.arrays:
-            assert fast.arrays[k].tobytes() == ref.arrays[k].tobytes(), (spec, k)
-        assert c.decode(fast).tobytes() == c.decode(ref, reference=True).tobytes(), spec
+        if spec.startswith("fixed"):  # per channel: as (N, C) and channels last (N, 1, C)
+            c3 = -(-x.size // 3) * 3
+            y = np.zeros(c3, np.float32)
+            y[: x.size] = x
+            _same(c, y.reshape(-1, 3))
+            _same(c, y.reshape(-1, 1, 3), axis=-1)
+        else:
+            _same(c, x)
+
+
+@settings(max_examples=60, deadline=None)
+@given(x=arrays())
+def test_relu_backward_on_binarized_output_equals_dense_backward_bytes(x):
+    rng = np.random.default_rng(x.size)
+    dy = rng.standard_normal(x.size).astype(np.float32)
+    dy[: x.size // 7] *= -1e-30  # tiny and negative: signed zeros in the product
+    enc = codecs.get("binarize").encode(x)
+    want = np.multiply(dy, x > 0)
+    for reference in (False, True):
+        dx = np.empty_like(dy)
+        codecs.Binarize.relu_backward(enc, dy, dx, reference=reference)
+        assert dx.tobytes() == want.tobytes()
+    codecs.Binarize.relu_backward(enc, dy, dy)  # in place
+    assert dy.tobytes() == want.tobytes()
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -59,11 +90,7 @@ def test_kernels_compile_for_the_gpu(tmp_path, arch):
 
 def test_the_kernels_split_over_threads_give_the_same_bytes(monkeypatch):
     monkeypatch.setattr(native, "_PARALLEL_MIN", 64)
-    x = np.maximum(np.random.default_rng(1).standard_normal(10_007).astype(np.float32), 0) * 7
-    assert len(native._chunks(x.size, 8)) > 1 or (native.os.cpu_count() or 1) == 1
-    for spec in ("binarize", "dpr:format=fp16", "dpr:format=fp10", "dpr:format=fp8"):
-        c = codecs.get(spec)
-        fast, ref = c.encode(x), c.encode(x, reference=True)
-        for k in ref.arrays:
-            assert fast.arrays[k].tobytes() == ref.arrays[k].tobytes(), (spec, k)
-        assert c.decode(fast).tobytes() == c.decode(ref, reference=True).tobytes(), spec
+    x = np.maximum(np.random.default_rng(1).standard_normal(40_007).astype(np.float32), 0) * 7
+    assert len(native._chunks(x.size)) > 1 or (native.os.cpu_count() or 1) == 1
+    for spec in KERNEL_CODECS:
+        _same(codecs.get(spec), x[:40_005].reshape(-1, 5) if spec.startswith("fixed") else x)

@@ -20,6 +20,7 @@ class Encoded:
     shape: tuple[int, ...]
     dtype: np.dtype
     arrays: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  # small scalars decoding needs (not counted in nbytes)
 
     @property
     def nbytes(self) -> int:

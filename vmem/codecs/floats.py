@@ -87,9 +87,8 @@ class DPR(Codec):
     def encode(self, x: Any, *, reference: bool = False) -> Encoded:
         v = flat(x)
         if not reference and v.dtype == np.float32 and native.available():
-            codes = native.dpr_encode(v, self.ebits, self.mbits)
-        else:
-            codes = _encode(v, self.ebits, self.mbits)
+            return Encoded(self.spec, tuple(np.shape(x)), v.dtype, {"codes": native.dpr_encode(v, self.format)})
+        codes = _encode(v, self.ebits, self.mbits)
         if self.format == "fp16":
             packed = codes
         elif self.format == "fp8":
@@ -103,16 +102,17 @@ class DPR(Codec):
 
     def decode(self, enc: Encoded, out: Any = None, *, reference: bool = False) -> np.ndarray:
         res = output(enc, out)
+        r = res.reshape(-1)
         packed = enc.arrays["codes"]
+        if not reference and res.dtype == np.float32 and r.flags.c_contiguous and native.available():
+            native.dpr_decode(packed, self.format, r)
+            return res
         if self.format == "fp10":
             w = packed.astype(np.uint32)
             codes = np.stack([w & 0x3FF, (w >> 10) & 0x3FF, (w >> 20) & 0x3FF], axis=1).reshape(-1)[: enc.size]
         else:
             codes = packed
-        if not reference and native.available():
-            res.reshape(-1)[...] = native.dpr_decode(codes, self.ebits, self.mbits)
-        else:
-            res.reshape(-1)[...] = _decode(codes, self.ebits, self.mbits)
+        r[...] = _decode(codes, self.ebits, self.mbits)
         return res
 
     def encoded_nbytes(self, shape, dtype="float32", density=None) -> int:

@@ -1,7 +1,9 @@
 """The CPU build of native/kernels.cuh (``vmem._native``, compiled by cffi at install), or nothing.
 
 ``available()`` says whether it loaded; without a C compiler at install time the codecs use their NumPy
-reference implementations and vmem warns once.
+reference implementations and vmem warns once. Each wrapper launches a kernel's grid the way the GPU
+would (one thread per byte, value, 32-value group or 256-value row), split into one range of threads per
+core; cffi releases the GIL during each call, so the ranges run in parallel.
 """
 
 from __future__ import annotations
@@ -9,12 +11,12 @@ from __future__ import annotations
 import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Any
 
 import numpy as np
 
-__all__ = ["available", "binarize_encode", "binarize_decode", "zvc_encode", "zvc_decode", "dpr_encode",
-           "dpr_decode"]
+__all__ = ["available", "binarize_encode", "binarize_decode", "binarize_relu_backward", "zvc_encode",
+           "zvc_decode", "ssdc_encode", "ssdc_decode", "dpr_encode", "dpr_decode", "fixed_encode", "fixed_decode"]
 
 try:
     from .._native import ffi, lib  # type: ignore[import-not-found]
@@ -33,98 +35,128 @@ def available() -> bool:
     return lib is not None
 
 
-_PARALLEL_MIN = 1 << 20  # values: below this, one thread
+_PARALLEL_MIN = 1 << 16  # threads of a grid: below this, one CPU thread runs them all
 _pool: ThreadPoolExecutor | None = None
 
 
-def _chunks(n: int, align: int) -> list[tuple[int, int]]:
-    """Split ``[0, n)`` into one aligned range per core (cffi releases the GIL during C calls)."""
+def _chunks(threads: int) -> list[tuple[int, int]]:
+    """Split a grid of ``threads`` into one range per core (at most 8)."""
     workers = min(os.cpu_count() or 1, 8)
-    if n < _PARALLEL_MIN or workers == 1:
-        return [(0, n)]
-    step = -(-n // workers // align) * align
-    return [(lo, min(lo + step, n)) for lo in range(0, n, step)]
+    if threads < _PARALLEL_MIN or workers == 1:
+        return [(0, threads)]
+    step = -(-threads // workers)
+    return [(lo, min(lo + step, threads)) for lo in range(0, threads, step)]
 
 
-def _run(n: int, align: int, call: Callable[[int, int], None]) -> None:
-    global _pool
-    ranges = _chunks(n, align)
+_TYPES = {np.dtype(np.float32): "float *", np.dtype(np.uint32): "uint32_t *", np.dtype(np.int32): "int32_t *",
+          np.dtype(np.uint16): "uint16_t *", np.dtype(np.uint8): "uint8_t *", np.dtype(np.int64): "int64_t *"}
+
+
+def launch(kernel: str, threads: int, *args: Any) -> None:
+    """Run ``kernel`` over ``threads`` threads. NumPy arguments become pointers to their data (they must
+    be C-contiguous and stay referenced by the caller); other arguments pass as they are."""
+    fn = getattr(lib, f"vmem_{kernel}")
+    c_args = [ffi.cast(_TYPES[a.dtype], ffi.from_buffer(a)) if isinstance(a, np.ndarray) else a for a in args]
+    ranges = _chunks(threads)
     if len(ranges) == 1:
-        call(*ranges[0])
+        fn(0, threads, *c_args)
         return
+    global _pool
     if _pool is None:
         _pool = ThreadPoolExecutor(max_workers=len(ranges), thread_name_prefix="vmem-codec")
-    list(_pool.map(lambda r: call(*r), ranges))
+    list(_pool.map(lambda r: fn(r[0], r[1], *c_args), ranges))
 
 
-def _ptr(a: np.ndarray, ctype: str):
-    """A C pointer into ``a``. The caller must keep ``a`` (not only a view's base) alive during the call:
-    pass arrays bound to local names, never temporaries."""
-    return ffi.cast(ctype, ffi.from_buffer(a))
+def _groups(n: int, size: int) -> int:
+    return -(-n // size)
 
 
 def binarize_encode(v: np.ndarray) -> np.ndarray:
-    bits = np.empty(-(-v.size // 8), np.uint8)
-
-    def call(lo: int, hi: int) -> None:
-        part, dst = v[lo:hi], bits[lo // 8:]
-        lib.vmem_binarize_encode(_ptr(part, "float *"), _ptr(dst, "uint8_t *"), hi - lo)
-
-    _run(v.size, 8, call)
+    bits = np.empty(_groups(v.size, 8), np.uint8)
+    launch("binarize_encode", bits.size, v, bits, v.size)
     return bits
 
 
 def binarize_decode(bits: np.ndarray, out: np.ndarray) -> None:
-    def call(lo: int, hi: int) -> None:
-        src, dst = bits[lo // 8:], out[lo:hi]
-        lib.vmem_binarize_decode(_ptr(src, "uint8_t *"), _ptr(dst, "float *"), hi - lo)
+    launch("binarize_decode", out.size, bits, out, out.size)
 
-    _run(out.size, 8, call)
+
+def binarize_relu_backward(bits: np.ndarray, dy: np.ndarray, dx: np.ndarray) -> None:
+    launch("binarize_relu_backward", dx.size, bits, dy, dx, dx.size)
+
+
+def _exclusive_scan(count: np.ndarray, dtype: Any) -> np.ndarray:
+    offset = np.zeros(count.size + 1, dtype)
+    np.cumsum(count, out=offset[1:])
+    return offset
 
 
 def zvc_encode(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Three launches: mask and count per 32 values; an exclusive scan (NumPy here, cupy on a GPU); pack."""
-    groups = -(-v.size // 32)
+    groups = _groups(v.size, 32)
     mask = np.empty(groups, np.uint32)
     count = np.empty(groups, np.uint32)
     bits = v.view(np.uint32)
-    lib.vmem_zvc_mask(_ptr(bits, "uint32_t *"), _ptr(mask, "uint32_t *"), _ptr(count, "uint32_t *"), v.size)
-    offset = np.zeros(groups, np.int64)
-    np.cumsum(count[:-1], out=offset[1:])
-    total = int(offset[-1] + count[-1]) if groups else 0
-    values = np.empty(total, np.uint32)
-    lib.vmem_zvc_pack(_ptr(bits, "uint32_t *"), _ptr(mask, "uint32_t *"), _ptr(offset, "int64_t *"),
-                      _ptr(values, "uint32_t *"), v.size)
+    launch("zvc_mask", groups, bits, mask, count, v.size)
+    offset = _exclusive_scan(count, np.int64)
+    values = np.empty(int(offset[-1]), np.uint32)
+    launch("zvc_pack", groups, bits, mask, offset, values, v.size)
     return mask, values.view(np.float32)
 
 
 def zvc_decode(mask: np.ndarray, values: np.ndarray, out: np.ndarray) -> None:
-    count = np.unpackbits(mask.view(np.uint8)).reshape(-1, 32).sum(axis=1) if mask.size else np.zeros(0, int)
-    offset = np.zeros(mask.size, np.int64)
-    np.cumsum(count[:-1], out=offset[1:])
-    lib.vmem_zvc_unpack(_ptr(mask, "uint32_t *"), _ptr(offset, "int64_t *"), _ptr(values.view(np.uint32), "uint32_t *"),
-                        _ptr(out.view(np.uint32), "uint32_t *"), out.size)
+    count = np.empty(mask.size, np.uint32)
+    launch("zvc_count", mask.size, mask, count, mask.size)
+    offset = _exclusive_scan(count, np.int64)
+    vals = np.ascontiguousarray(values).view(np.uint32)
+    launch("zvc_unpack", mask.size, mask, offset, vals, out.view(np.uint32), out.size)
 
 
-def dpr_encode(v: np.ndarray, ebits: int, mbits: int) -> np.ndarray:
-    codes = np.empty(v.size, np.uint16)
+def ssdc_encode(v: np.ndarray, row: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rows = _groups(v.size, row)
     bits = v.view(np.uint32)
+    count = np.empty(rows, np.int32)
+    launch("ssdc_count", rows, bits, count, v.size)
+    row_ptr = _exclusive_scan(count, np.int32)
+    nnz = int(row_ptr[-1])
+    cols = np.empty(nnz, np.uint8)
+    values = np.empty(nnz, np.uint32)
+    launch("ssdc_pack", rows, bits, row_ptr, cols, values, v.size)
+    return row_ptr, cols, values.view(np.float32)
 
-    def call(lo: int, hi: int) -> None:
-        src, dst = bits[lo:hi], codes[lo:hi]
-        lib.vmem_dpr_encode(_ptr(src, "uint32_t *"), _ptr(dst, "uint16_t *"), hi - lo, ebits, mbits)
 
-    _run(v.size, 1, call)
+def ssdc_decode(row_ptr: np.ndarray, cols: np.ndarray, values: np.ndarray, out: np.ndarray) -> None:
+    c = np.ascontiguousarray(cols)
+    vals = np.ascontiguousarray(values).view(np.uint32)
+    launch("ssdc_unpack", row_ptr.size - 1, row_ptr, c, vals, out.view(np.uint32), out.size)
+
+
+def dpr_encode(v: np.ndarray, fmt: str) -> np.ndarray:
+    bits = v.view(np.uint32)
+    if fmt == "fp16":
+        codes = np.empty(v.size, np.uint16)
+        launch("dpr16_encode", v.size, bits, codes, v.size)
+    elif fmt == "fp8":
+        codes = np.empty(v.size, np.uint8)
+        launch("dpr8_encode", v.size, bits, codes, v.size)
+    else:
+        codes = np.empty(_groups(v.size, 3), np.uint32)
+        launch("dpr10_encode", codes.size, bits, codes, v.size)
     return codes
 
 
-def dpr_decode(codes: np.ndarray, ebits: int, mbits: int) -> np.ndarray:
-    out = np.empty(codes.size, np.uint32)
-    codes16 = np.ascontiguousarray(codes, np.uint16)  # bound to a name: it must outlive the calls
+def dpr_decode(codes: np.ndarray, fmt: str, out: np.ndarray) -> None:
+    c = np.ascontiguousarray(codes)
+    kernel = {"fp16": "dpr16_decode", "fp8": "dpr8_decode", "fp10": "dpr10_decode"}[fmt]
+    threads = _groups(out.size, 3) if fmt == "fp10" else out.size
+    launch(kernel, threads, c, out.view(np.uint32), out.size)
 
-    def call(lo: int, hi: int) -> None:
-        src, dst = codes16[lo:hi], out[lo:hi]
-        lib.vmem_dpr_decode(_ptr(src, "uint16_t *"), _ptr(dst, "uint32_t *"), hi - lo, ebits, mbits)
 
-    _run(codes16.size, 1, call)
-    return out.view(np.float32)
+def fixed_encode(v: np.ndarray, lo: np.ndarray, scale: np.ndarray, inner: int, bits: int) -> np.ndarray:
+    codes = np.empty(_groups(v.size, 8 // bits), np.uint8)
+    launch("fixed_encode", codes.size, v, lo, scale, codes, v.size, inner, lo.size, bits)
+    return codes
+
+
+def fixed_decode(codes: np.ndarray, lo: np.ndarray, scale: np.ndarray, inner: int, bits: int, out: np.ndarray) -> None:
+    launch("fixed_decode", out.size, np.ascontiguousarray(codes), lo, scale, out, out.size, inner, lo.size, bits)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from . import native
 from .base import Codec, Encoded, output
 
 __all__ = ["Fixed", "Patch2"]
@@ -44,8 +45,8 @@ def _unpack(packed: np.ndarray, bits: int, n: int) -> np.ndarray:
 
 def _finite_range(x: np.ndarray, axis: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     finite = np.isfinite(x)
-    lo = np.where(finite, x, np.inf).min(axis=axis, keepdims=True)
-    hi = np.where(finite, x, -np.inf).max(axis=axis, keepdims=True)
+    lo = np.where(finite, x, np.inf).min(axis=axis, keepdims=True, initial=np.inf)
+    hi = np.where(finite, x, -np.inf).max(axis=axis, keepdims=True, initial=-np.inf)
     empty = ~np.isfinite(lo)
     return np.where(empty, 0, lo).astype(np.float32), np.where(empty, 0, hi).astype(np.float32)
 
@@ -73,28 +74,42 @@ class Fixed(Codec):
     def spec(self) -> str:
         return f"fixed:bits={self.bits}"
 
-    def encode(self, x: Any, lo: Any = None, hi: Any = None) -> Encoded:
+    def encode(self, x: Any, lo: Any = None, hi: Any = None, *, axis: int = 1, reference: bool = False) -> Encoded:
+        """Quantize ``x`` per channel of ``axis`` (1 for NCHW, -1 for channels last) between ``lo`` and
+        ``hi`` (per channel; default: each channel's finite range)."""
         a = np.asarray(x)
         if a.ndim < 2:
             raise ValueError(f"fixed: needs a tensor with a channel axis (N, C, ...), got shape {a.shape}")
-        axis = tuple(i for i in range(a.ndim) if i != 1)
+        axis = axis % a.ndim
+        shape = [1] * a.ndim
+        shape[axis] = -1
         if lo is None or hi is None:
-            lo, hi = _finite_range(a, axis)
+            lo, hi = _finite_range(a, tuple(i for i in range(a.ndim) if i != axis))
+        lo = np.ascontiguousarray(lo, np.float32).reshape(-1)
+        hi = np.ascontiguousarray(hi, np.float32).reshape(-1)
+        levels = (1 << self.bits) - 1
+        scale = ((hi - lo) / np.float32(levels)).astype(np.float32)
+        inner = math.prod(a.shape[axis + 1:])
+        meta = {"axis": axis}
+        if not reference and a.dtype == np.float32 and native.available():
+            codes = native.fixed_encode(np.ascontiguousarray(a).reshape(-1), lo, scale, inner, self.bits)
         else:
-            shape = [1] * a.ndim
-            shape[1] = -1
-            lo = np.asarray(lo, np.float32).reshape(shape)
-            hi = np.asarray(hi, np.float32).reshape(shape)
-        q, scale = _quantize(a, lo, hi, (1 << self.bits) - 1)
-        return Encoded(self.spec, a.shape, a.dtype, {"codes": _pack(q.reshape(-1), self.bits),
-                                                     "lo": lo.reshape(-1), "scale": scale.reshape(-1)})
+            q, _ = _quantize(a, lo.reshape(shape), hi.reshape(shape), levels)
+            codes = _pack(q.reshape(-1), self.bits)
+        return Encoded(self.spec, a.shape, a.dtype, {"codes": codes, "lo": lo, "scale": scale}, meta)
 
-    def decode(self, enc: Encoded, out: Any = None) -> np.ndarray:
+    def decode(self, enc: Encoded, out: Any = None, *, reference: bool = False) -> np.ndarray:
         res = output(enc, out)
+        axis = enc.meta.get("axis", 1)
+        lo, scale = enc.arrays["lo"], enc.arrays["scale"]
+        r = res.reshape(-1)
+        if not reference and res.dtype == np.float32 and r.flags.c_contiguous and native.available():
+            native.fixed_decode(enc.arrays["codes"], lo, scale, math.prod(enc.shape[axis + 1:]), self.bits, r)
+            return res
         shape = [1] * len(enc.shape)
-        shape[1] = -1
+        shape[axis] = -1
         q = _unpack(enc.arrays["codes"], self.bits, enc.size).reshape(enc.shape)
-        res[...] = enc.arrays["lo"].reshape(shape) + q * enc.arrays["scale"].reshape(shape)
+        res[...] = lo.reshape(shape) + q * scale.reshape(shape)
         return res
 
     def encoded_nbytes(self, shape, dtype="float32", density=None) -> int:

@@ -64,8 +64,11 @@ class SSDC(Codec):
     name = "ssdc"
     ROW = 256
 
-    def encode(self, x: Any) -> Encoded:
+    def encode(self, x: Any, *, reference: bool = False) -> Encoded:
         v = flat(x)
+        if not reference and v.dtype == np.float32 and native.available():
+            row_ptr, cols, values = native.ssdc_encode(v, self.ROW)
+            return Encoded(self.name, tuple(np.shape(x)), v.dtype, {"row_ptr": row_ptr, "cols": cols, "values": values})
         n = v.size
         rows = -(-n // self.ROW)
         nonzero = bits_of(v) != 0
@@ -76,13 +79,17 @@ class SSDC(Codec):
         return Encoded(self.name, tuple(np.shape(x)), v.dtype,
                        {"row_ptr": row_ptr, "cols": (where % self.ROW).astype(np.uint8), "values": v[where]})
 
-    def decode(self, enc: Encoded, out: Any = None) -> np.ndarray:
+    def decode(self, enc: Encoded, out: Any = None, *, reference: bool = False) -> np.ndarray:
         res = output(enc, out)
         r = res.reshape(-1)
+        a = enc.arrays
+        if not reference and res.dtype == np.float32 and r.flags.c_contiguous and native.available():
+            native.ssdc_decode(a["row_ptr"], a["cols"], a["values"], r)
+            return res
         r.fill(0)
-        row_ptr = enc.arrays["row_ptr"]
+        row_ptr = a["row_ptr"]
         rows = np.repeat(np.arange(row_ptr.size - 1), np.diff(row_ptr))
-        r[rows * self.ROW + enc.arrays["cols"]] = enc.arrays["values"]
+        r[rows * self.ROW + a["cols"]] = a["values"]
         return res
 
     def encoded_nbytes(self, shape, dtype="float32", density=None) -> int:
@@ -118,3 +125,15 @@ class Binarize(Codec):
 
     def encoded_nbytes(self, shape, dtype="float32", density=None) -> int:
         return -(-math.prod(shape) // 8)
+
+    @staticmethod
+    def relu_backward(enc: Encoded, dy: Any, dx: Any, *, reference: bool = False) -> None:
+        """ReLU's backward on the encoded output (Gist): ``dx = dy * mask``, the same bytes as
+        ``dy * (y > 0)`` on the dense output, without decoding it. ``dx`` may be ``dy``."""
+        bits = enc.arrays["bits"]
+        if (not reference and dx.dtype == np.float32 and dy.dtype == np.float32 and dx.flags.c_contiguous
+                and dy.flags.c_contiguous and native.available()):
+            native.binarize_relu_backward(bits, dy.reshape(-1), dx.reshape(-1))
+            return
+        mask = np.unpackbits(bits, bitorder="little", count=enc.size).astype(bool).reshape(dy.shape)
+        np.multiply(dy, mask, out=dx)
