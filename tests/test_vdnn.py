@@ -83,7 +83,7 @@ def test_a_budget_where_the_baseline_fails_but_vdnn_all_trains():
     budget = (base.peak_bytes + every.peak_bytes) // 2
     with vmem.Trainer(net, memory=budget, policy="baseline:algos=memory", seed=0) as trainer:
         x = np.zeros((32, 3, 16, 16), np.float32)
-        with pytest.raises(OutOfDeviceMemory, match="these policies fit: vdnn-all"):
+        with pytest.raises(OutOfDeviceMemory, match="these policies fit: .*vdnn-all"):
             trainer.step(x, np.zeros(32, int))
     with vmem.Trainer(net, memory=budget, policy="vdnn-all:algos=memory", seed=0) as trainer:
         report = trainer.step(x, np.zeros(32, int))

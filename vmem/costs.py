@@ -37,7 +37,8 @@ class CostModel(Protocol):
     def update_seconds(self, param_bytes: int) -> float: ...
 
     def misc_seconds(self, kind: str, nbytes: int) -> float:
-        """The loss (``"loss"``) or adding a gradient contribution of ``nbytes`` (``"acc"``)."""
+        """The loss (``"loss"``), adding a gradient contribution of ``nbytes`` (``"acc"``), or encoding or
+        decoding a feature map of ``nbytes`` (``"encode"``, ``"decode"``)."""
         ...
 
 
@@ -109,7 +110,10 @@ class Roofline:
         return self.launch + 5 * param_bytes / (self.bw * ELEMENTWISE_EFFICIENCY)
 
     def misc_seconds(self, kind: str, nbytes: int) -> float:
-        return self.launch * 2 if kind == "loss" else self.launch + 3 * nbytes / (self.bw * ELEMENTWISE_EFFICIENCY)
+        if kind == "loss":
+            return self.launch * 2
+        passes = 3 if kind == "acc" else 1.5  # encode/decode: the dense side once, the encoding (smaller) once
+        return self.launch + passes * nbytes / (self.bw * ELEMENTWISE_EFFICIENCY)
 
 
 class Profiled:
@@ -137,8 +141,8 @@ class Profiled:
         return self.update
 
     def misc_seconds(self, kind: str, nbytes: int) -> float:
-        if kind == "acc":
-            return 3 * nbytes / (self.elementwise_gbps * 1e9)
+        if kind in ("acc", "encode", "decode"):
+            return (3 if kind == "acc" else 1.5) * nbytes / (self.elementwise_gbps * 1e9)
         return self.times.get((kind, "forward", None), 0.0)
 
     def to_dict(self) -> dict[str, Any]:

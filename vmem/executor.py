@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from . import codecs
+from .codecs import transfer
 from .graph import Program
 from .nn.base import Ctx, physical
 from .optim import Optimizer
@@ -98,15 +100,18 @@ def _timed(timeline: Timeline, name: str, stream: str, kind: str, usage: dict[st
 
 
 class _Offloaded:
-    """A buffer sent to pinned host memory: where it is, and the events of its copies."""
+    """A buffer sent to pinned host memory: where it is, its encoding there (if a codec is set, filled
+    in by the memory stream), the bytes that crossed the bus, and the events of its copies."""
 
-    __slots__ = ("host_block", "host", "done", "back")
+    __slots__ = ("host_block", "host", "done", "back", "enc", "moved")
 
-    def __init__(self, host_block: Any, host: Any, done: Any):
+    def __init__(self, host_block: Any, host: Any):
         self.host_block = host_block
         self.host = host
-        self.done = done  # event after the device-to-host copy
+        self.done: Any = None  # event after the device-to-host copy
         self.back: Any = None  # event after the host-to-device copy
+        self.enc: Any = None
+        self.moved = 0
 
 
 class Executor:
@@ -133,7 +138,14 @@ class Executor:
              {slot: params.views[f"o:{key}:{slot}"] for slot in (optimizer.slots if optimizer else ())})
             for key in (f"{op.name}.{k}" for op in ops for k, s in op.params.items() if s.trainable)
         ] if optimizer is not None else []
-        self._pinned_bytes = sum(schedule.buffers[st[1]].nbytes for st in schedule.steps if st[0] == "offload")
+        # feature-map buffer -> (codec, physical shape) for the buffers the plan encodes or offloads with a codec
+        owner = {schedule.value[t.buffer]: t.buffer for t in program.tensors}
+        self._codecs = {name: (codecs.get(spec), physical(program.tensors[owner[name]].shape))
+                        for name, spec in schedule.codecs.items()}
+        self._host_bytes = {st[1]: self._host_nbytes(st[1]) for st in schedule.steps if st[0] == "offload"}
+        self._pinned_bytes = sum(self._host_bytes.values())
+        # encodings whose size depends on the data are allocated when it is known (see _encode)
+        self._deferred = {enc for name, enc in schedule.encoded.items() if self._codecs[name][0].data_dependent}
         self._timeline = Timeline()
         self._aux_dtype = {
             (op.index, k): (self.dtype if a.dtype == "float" else np.dtype(a.dtype)) for op in ops
@@ -150,9 +162,12 @@ class Executor:
         sched, prog = self.schedule, self.program
         blocks: dict[str, Any] = {}
         offloaded: dict[str, _Offloaded] = {}
+        encodings: dict[str, Any] = {}  # encoded buffer -> its Encoded (arrays in its enc: block)
+        sent: list[_Offloaded] = []
+        self._sent = sent
+        self._encodings = encodings
         loss_out: list[float] = []
         logits = None
-        moved = 0
         host_x = np.ascontiguousarray(np.asarray(x).transpose(0, 2, 3, 1) if x.ndim == 4 else x, dtype=self.dtype)
         input_buffer = sched.value[prog.input]
         uploaded = False
@@ -166,6 +181,8 @@ class Executor:
                 kind = st[0]
                 if kind == "alloc":
                     buf = sched.buffers[st[1]]
+                    if buf.name in self._deferred:
+                        continue  # allocated by its encode step, at its actual size
                     blocks[buf.name] = pool.allocate(buf.nbytes, cs, buf.category, high=buf.high,
                                                      offset=sched.offsets.get(index))
                     if buf.name == input_buffer and not uploaded:
@@ -188,7 +205,11 @@ class Executor:
                 elif kind == "update":
                     self._launch("update", self._update, step)
                 elif kind == "offload":
-                    moved += self._offload(st[1], blocks, offloaded)
+                    self._offload(st[1], blocks, offloaded)
+                elif kind == "encode":
+                    self._encode(st[1], blocks, encodings, sched.offsets.get(index - 1))
+                elif kind == "decode":
+                    self._decode(st[1], blocks, encodings)
                 elif kind == "prefetch":
                     self._prefetch(st[1], blocks, offloaded)
                 elif kind == "wait":
@@ -199,6 +220,7 @@ class Executor:
                     logits = np.empty(prog.tensors[prog.output].shape, self.dtype)
                     dev.copy_to_host(logits, self._value(blocks, prog.output), stream=cs)
             dev.synchronize()
+            moved = sum(off.moved for off in sent)
             pool.reclaim()  # every event has completed: coalesce, so each step starts as the plan's replay does
         except BaseException:
             for block in blocks.values():
@@ -227,25 +249,44 @@ class Executor:
         """The compute stream waits for a memory-stream event; the wait is recorded as a stall."""
         self._launch(name, event.synchronize, kind="wait")
 
-    def _offload(self, name: str, blocks: dict[str, Any], offloaded: dict[str, _Offloaded]) -> int:
+    def _host_nbytes(self, name: str) -> int:
+        """Pinned bytes an offloaded buffer needs: its size, or its codec's worst case."""
+        if name not in self._codecs:
+            return self.schedule.buffers[name].nbytes
+        codec, shape = self._codecs[name]
+        logical = (shape[0], shape[3], shape[1], shape[2]) if len(shape) == 4 else shape
+        return codecs.stored_nbytes(codec, logical, 1.0)
+
+    def _offload(self, name: str, blocks: dict[str, Any], offloaded: dict[str, _Offloaded]) -> None:
         """Copy a buffer to pinned host memory on the memory stream once compute has produced and last
-        read it, then release it as the plan's sync mode says. Returns the bytes copied."""
+        read it (encoding it on the way if the plan names a codec: only the encoded bytes cross the bus),
+        then release it as the plan's sync mode says."""
         dev = self.device
         cs, ms = dev.compute_stream, dev.memory_stream
         block = blocks.pop(name)
-        host_block = dev.pinned.allocate(block.nbytes, self.schedule.buffers[name].category)
-        host = dev.host_view(host_block, (block.nbytes,), np.uint8)
-        src = dev.view(block, (block.nbytes,), np.uint8)
+        host_block = dev.pinned.allocate(self._host_bytes[name], self.schedule.buffers[name].category)
+        off = _Offloaded(host_block, dev.host_view(host_block, (host_block.nbytes,), np.uint8))
         ms.wait(cs.record())
-        ms.launch(_timed, self._timeline, f"offload:{name}", "memory", "offload", {}, dev.copy_now, host, src, "d2h")
-        done = ms.record()
-        offloaded[name] = _Offloaded(host_block, host, done)
+        if name in self._codecs:
+            codec, shape = self._codecs[name]
+            ms.launch(_timed, self._timeline, f"offload:{name}", "memory", "offload", {}, self._send, codec,
+                      dev.view(block, shape, self.dtype), off)
+        else:
+            off.moved = block.nbytes
+            ms.launch(_timed, self._timeline, f"offload:{name}", "memory", "offload", {}, dev.copy_now,
+                      off.host[:block.nbytes], dev.view(block, (block.nbytes,), np.uint8), "d2h")
+        off.done = ms.record()
+        offloaded[name] = off
+        self._sent.append(off)
         if self.plan.sync == "event":
             dev.pool.free(block, ms)  # reusable by compute only once the copy's event has completed
         else:
-            self._stall(f"sync:{name}", done)
+            self._stall(f"sync:{name}", off.done)
             dev.pool.free(block, cs)
-        return block.nbytes
+
+    def _send(self, codec: Any, src: np.ndarray, off: _Offloaded) -> None:
+        off.enc = transfer.send(self.device, codec, src, off.host)
+        off.moved = off.enc.nbytes
 
     def _prefetch(self, name: str, blocks: dict[str, Any], offloaded: dict[str, _Offloaded]) -> None:
         """Copy an offloaded buffer back into its newly allocated block on the memory stream."""
@@ -253,12 +294,53 @@ class Executor:
         cs, ms = dev.compute_stream, dev.memory_stream
         off = offloaded[name]
         block = blocks[name]
-        dst = dev.view(block, (off.host.nbytes,), np.uint8)
         ms.wait(cs.record())  # the block's previous users on compute are done
-        ms.launch(_timed, self._timeline, f"prefetch:{name}", "memory", "prefetch", {}, dev.copy_now, dst, off.host,
-                  "h2d")
+        if name in self._codecs:
+            codec, shape = self._codecs[name]
+            dst = dev.view(block, shape, self.dtype)  # off.enc is set by the offload's task: read it when this one runs
+            ms.launch(_timed, self._timeline, f"prefetch:{name}", "memory", "prefetch", {},
+                      lambda: transfer.receive(dev, codec, off.enc, dst))
+        else:
+            ms.launch(_timed, self._timeline, f"prefetch:{name}", "memory", "prefetch", {}, dev.copy_now,
+                      dev.view(block, (block.nbytes,), np.uint8), off.host[:block.nbytes], "h2d")
         off.back = ms.record()
         dev.pinned.free(off.host_block, off.back)
+
+    # -- encodings kept on the device (Gist) ----------------------------------------------------------
+    def _encode(self, name: str, blocks: dict[str, Any], encodings: dict[str, Any], offset: int | None) -> None:
+        """Encode a buffer into its ``enc:`` block after its last forward use. Encodings whose size depends
+        on the data wait for the data (the host waits for the compute stream), then get a block of their
+        actual size: at the planned place when it is no larger than planned."""
+        codec, shape = self._codecs[name]
+        enc_name = self.schedule.encoded[name]
+        src = self.device.view(blocks[name], shape, self.dtype)
+        if enc_name not in self._deferred:
+            raw = self._view(blocks, enc_name, (blocks[enc_name].nbytes,), np.uint8)
+            self._launch(f"encode:{name}", self._encode_into, codec, src, raw, enc_name, encodings)
+            return
+        pool, cs = self.device.pool, self.device.compute_stream
+        cs.synchronize()
+        start = time.perf_counter()
+        enc = codecs.encode_channels_last(codec, src)
+        nbytes = enc.nbytes + codecs.STORE_SLACK
+        planned = self.schedule.buffers[enc_name].nbytes
+        block = pool.allocate(nbytes, cs, "encoded", offset=offset if nbytes <= planned else None)
+        blocks[enc_name] = block
+        encodings[enc_name] = enc.store(self._view(blocks, enc_name, (block.nbytes,), np.uint8))
+        usage = pool.usage()
+        self._timeline.record(Span(f"encode:{name}", "compute", "compute", start, time.perf_counter(),
+                                   sum(usage.values()), usage))
+
+    @staticmethod
+    def _encode_into(codec: Any, src: np.ndarray, raw: np.ndarray, enc_name: str, encodings: dict[str, Any]) -> None:
+        encodings[enc_name] = codecs.encode_channels_last(codec, src).store(raw)
+
+    def _decode(self, name: str, blocks: dict[str, Any], encodings: dict[str, Any]) -> None:
+        """Decode a buffer back into its (newly allocated) block before the first backward that reads it."""
+        codec, shape = self._codecs[name]
+        enc_name = self.schedule.encoded[name]
+        dst = self.device.view(blocks[name], shape, self.dtype)
+        self._launch(f"decode:{name}", lambda: codecs.decode_channels_last(codec, encodings.pop(enc_name), dst))
 
     # -- views -------------------------------------------------------------------------------------
     def _view(self, blocks: dict[str, Any], name: str, shape: tuple, dtype: Any) -> np.ndarray:
@@ -299,6 +381,13 @@ class Executor:
         algos = self.plan.algos.get(op.name, {})
         ctx = self._ctx(i, blocks, True, None, (algos.get("backward_data"), algos.get("backward_filter")), "bwd")
         dy = self._grad(blocks, op.output)
+        out_buffer = sched.value[op.output]
+        if op.reads_output and out_buffer in sched.binarized:  # ReLU's backward on the bits (Gist)
+            if sched.needs_grad[op.inputs[0]]:
+                enc_name, dx = sched.encoded[out_buffer], self._grad(blocks, op.inputs[0])
+                self._launch(f"{op.name}.backward", lambda: codecs.Binarize.relu_backward(
+                    self._encodings[enc_name], dy, dx))
+            return
         xs = [self._value(blocks, t) for t in op.inputs] if op.reads_input else None
         y = self._value(blocks, op.output) if op.reads_output else None
         dxs = []

@@ -81,6 +81,8 @@ def _durations(program: Program, plan: Plan, schedule: Schedule, costs: Any) -> 
             out[index] = costs.misc_seconds("acc", program.tensors[st[1]].nbytes)
         elif kind == "update":
             out[index] = costs.update_seconds(params)
+        elif kind in ("encode", "decode"):
+            out[index] = costs.misc_seconds(kind, schedule.buffers[st[1]].nbytes)
     return out
 
 
@@ -125,7 +127,7 @@ def replay(schedule: Schedule, program: Program, capacity: int, alignment: int =
         elif kind == "offload":  # released after its copy: by compute (sync=layer) or the memory stream
             block = blocks.pop(st[1])
             if durations is not None:
-                tm = max(tm, tc) + costs.copy_seconds(block.nbytes, "d2h")
+                tm = max(tm, tc) + costs.copy_seconds(schedule.transfer.get(st[1], block.nbytes), "d2h")
                 if sync != "event":
                     account(max(0.0, tm - tc))
                     stall += max(0.0, tm - tc)
@@ -133,7 +135,8 @@ def replay(schedule: Schedule, program: Program, capacity: int, alignment: int =
             pool.free(block, memory if sync == "event" else compute)
         elif kind == "prefetch":
             if durations is not None:
-                tm = max(tm, tc) + costs.copy_seconds(schedule.buffers[st[1]].nbytes, "h2d")
+                tm = max(tm, tc) + costs.copy_seconds(
+                    schedule.transfer.get(st[1], schedule.buffers[st[1]].nbytes), "h2d")
                 ready[st[1]] = tm
         elif kind == "wait":
             if durations is not None:
@@ -193,7 +196,8 @@ def evaluate(program: Program, device: DeviceSpec, result: Plan, *, alignment: i
     result.step_seconds = figures.get("seconds")
     result.stall_seconds = figures.get("stall_seconds")
     result.update_seconds = figures.get("update_seconds")
-    result.offloaded_bytes = sum(schedule.buffers[st[1]].nbytes for st in schedule.steps if st[0] == "offload")
+    result.offloaded_bytes = sum(schedule.transfer.get(st[1], schedule.buffers[st[1]].nbytes)
+                                 for st in schedule.steps if st[0] == "offload")
     result.layers = _layer_rows(program, result)
     return result, schedule
 
@@ -233,6 +237,7 @@ def _layer_rows(program: Program, result: Plan) -> list[dict[str, Any]]:
             "inplace": op.inplace, "flops": op.flops,
             "algos": "/".join(algos[p] for p in ("forward", "backward_data", "backward_filter")) if algos else None,
             "stash": result.stash.get(program.tensors[out.buffer].name) if out.stashed else None,
+            "codec": result.codecs.get(program.tensors[out.buffer].name) if out.stashed else None,
             "workspace": max(fwd_ws, bwd_ws),
         })
     return rows

@@ -6,9 +6,12 @@ peak is the peak the step sees.
 
 Steps are tuples: ``("alloc", buffer)``, ``("free", buffer)``, ``("fwd", op)``, ``("loss",)``,
 ``("bwd", op)``, ``("acc", tensor, temp_buffer)`` (add a second gradient contribution), ``("update",)``,
-and for offloading plans ``("offload", buffer)`` (copy to pinned host memory, then release),
-``("prefetch", buffer)`` (copy back into the buffer just allocated) and ``("wait", buffer)`` (the compute
-stream waits for that prefetch).
+for offloading plans ``("offload", buffer)`` (copy to pinned host memory, through the buffer's codec if it
+has one, then release), ``("prefetch", buffer)`` (copy back, decoding, into the buffer just allocated) and
+``("wait", buffer)`` (the compute stream waits for that prefetch), and for encoding plans
+``("encode", buffer)`` (encode into ``enc:<buffer>``, allocated just before) and ``("decode", buffer)``
+(decode back into the buffer, allocated just before). A buffer binarized for sign-only readers (ReLU's
+backward) is never decoded: those backward steps read the encoding.
 
 Gradients. The backward pass runs the loss first, then the ops in reverse. The gradient of a tensor is
 written by the backward of its last consumer, accumulated from any other consumer through a temporary
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import codecs as _codecs
 from .graph import Program
 from .policies.plan import Plan
 
@@ -53,6 +57,10 @@ class Schedule:
     needs_grad: list[bool] = field(default_factory=list)  # per tensor
     backward_ops: list[int] = field(default_factory=list)  # ops whose backward runs, in backward order
     offsets: dict[int, int] = field(default_factory=dict)  # step index of an alloc -> planned arena offset
+    codecs: dict[str, str] = field(default_factory=dict)  # buffer -> codec spec (offloaded or encoded)
+    encoded: dict[str, str] = field(default_factory=dict)  # encoded buffer -> the buffer holding its encoding
+    transfer: dict[str, int] = field(default_factory=dict)  # offloaded buffer -> bytes expected on the bus
+    binarized: set[str] = field(default_factory=set)  # buffers whose backward readers use the bits directly
 
     def place(self, alignment: int = 256) -> "Schedule":
         """Plan an arena offset for every allocation of the step (see :func:`pack`); returns self."""
@@ -289,10 +297,12 @@ def _lower_layer(program: Program, plan: Plan, optimizer_slots: tuple[str, ...])
     by_name = {t.name: t.id for t in tensors}
     stashed = program.stashed_buffers()
     offloaded = {by_name[name] for name, d in plan.stash.items() if d == "offload"}
-    unknown = offloaded - stashed
+    encoded = {by_name[name] for name, d in plan.stash.items() if d == "encode"}
+    unknown = (offloaded | encoded) - stashed
     if unknown:
-        raise ValueError(f"plan {plan.policy!r} offloads buffers no backward reads: "
+        raise ValueError(f"plan {plan.policy!r} offloads or encodes buffers no backward reads: "
                          f"{sorted(tensors[b].name for b in unknown)}")
+    codec_of, transfer, binarized, enc_name = _codec_buffers(program, plan, offloaded, encoded, value, buffers)
     buf = {t.id: t.buffer for t in tensors}
     last_forward: dict[int, int] = {}
     for op in ops:
@@ -322,6 +332,8 @@ def _lower_layer(program: Program, plan: Plan, optimizer_slots: tuple[str, ...])
                 continue
             if b in offloaded:
                 steps.append(("offload", value[b]))
+            elif b in encoded:
+                steps += [("alloc", enc_name[b]), ("encode", value[b]), ("free", value[b])]
             elif b not in stashed:
                 steps.append(("free", value[b]))
     # the loss: logits in, d(logits) out
@@ -338,6 +350,7 @@ def _lower_layer(program: Program, plan: Plan, optimizer_slots: tuple[str, ...])
     backward_ops = [i for i in range(n - 1, -1, -1) if needs[ops[i].output]]
     prefetched: set[int] = set()
     waited: set[int] = set()
+    decoded: set[int] = set()
     for i in backward_ops:
         op = ops[i]
         step_index = n - i
@@ -345,6 +358,10 @@ def _lower_layer(program: Program, plan: Plan, optimizer_slots: tuple[str, ...])
             b = by_name[name]
             prefetched.add(b)
             steps += [("alloc", value[b]), ("prefetch", value[b])]
+        for b in program.backward_reads(op):
+            if b in encoded and b not in decoded and value[b] not in binarized:
+                decoded.add(b)
+                steps += [("alloc", value[b]), ("decode", value[b]), ("free", enc_name[b])]
         for b in program.backward_reads(op):
             if b in offloaded and b not in waited:  # later readers are ordered after the first on compute
                 if b not in prefetched:
@@ -358,15 +375,50 @@ def _lower_layer(program: Program, plan: Plan, optimizer_slots: tuple[str, ...])
         steps += grads.acc_steps.get(i, [])
         steps += [("free", name) for name in ends.get(step_index, [])]
         steps += [("free", aux[(i, k)]) for k in op.aux]
-        steps += [("free", value[b]) for b in program.backward_reads(op) if last_backward[b] == i]
+        steps += [("free", enc_name[b] if value[b] in binarized else value[b]) for b in program.backward_reads(op)
+                  if last_backward[b] == i]
     # buffers nothing reads in backward (saved state of layers whose backward does not run)
     steps += [("free", aux[(i, k)]) for i in range(n) if not needs[ops[i].output] for k in ops[i].aux]
     steps += [("update",), ("free", "loss")]
     return Schedule(
         persistent=persistent_buffers(program, optimizer_slots), buffers=buffers, steps=steps, value=value,
         grad={t.id: grads.of_tensor[t.id] for t in tensors if needs[t.id]}, aux=aux, acc=grads.acc,
-        workspace=workspace, needs_grad=needs, backward_ops=backward_ops,
+        workspace=workspace, needs_grad=needs, backward_ops=backward_ops, codecs=codec_of,
+        encoded={value[b]: enc_name[b] for b in encoded}, transfer=transfer, binarized=binarized,
     )
+
+
+def _codec_buffers(program: Program, plan: Plan, offloaded: set[int], encoded: set[int], value: dict[int, str],
+                   buffers: dict[str, Buffer]) -> tuple[dict[str, str], dict[str, int], set[str], dict[int, str]]:
+    """Codecs of offloaded and encoded buffers: the buffers holding encodings on the device (sized at the
+    plan's density where the size depends on the data), the bytes each offload is expected to move, and
+    which encoded buffers are binarized for sign-only readers."""
+    tensors = program.tensors
+    codec_of: dict[str, str] = {}
+    transfer: dict[str, int] = {}
+    binarized: set[str] = set()
+    enc_name: dict[int, str] = {}
+    for b in sorted(offloaded | encoded):
+        t = tensors[b]
+        spec = plan.codecs.get(t.name)
+        if spec is None:
+            if b in encoded:
+                raise ValueError(f"plan {plan.policy!r} encodes {t.name!r} but names no codec for it")
+            continue
+        codec = _codecs.get(spec)
+        codec_of[value[b]] = codec.spec
+        if b in offloaded:
+            transfer[value[b]] = codec.encoded_nbytes(t.shape, "float32", plan.density)
+            continue
+        if codec.name == "binarize":
+            readers = [op for op in program.ops if b in program.backward_reads(op)]
+            if any(op.reads_input or op.layer.needs != frozenset({"mask"}) for op in readers):
+                raise ValueError(f"plan {plan.policy!r} binarizes {t.name!r}, but the backward of "
+                                 f"{', '.join(op.name for op in readers)} needs more than its sign")
+            binarized.add(value[b])
+        enc_name[b] = f"enc:{value[b]}"
+        buffers[enc_name[b]] = Buffer(enc_name[b], _codecs.stored_nbytes(codec, t.shape, plan.density), "encoded")
+    return codec_of, transfer, binarized, enc_name
 
 
 def lower_inference(program: Program, plan: Plan) -> Schedule:

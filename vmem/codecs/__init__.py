@@ -1,38 +1,64 @@
 """Codecs for stashed feature maps: Gist's encodings, cDMA's zero-value compression, low-bit formats.
 
 ``vmem.codecs.get("zvc")`` (also ``"binarize"``, ``"ssdc"``, ``"dpr:format=fp8"``, ``"fixed:bits=4"``,
-``"patch2"``, or keyword arguments: ``get("dpr", format="fp8")``) returns a codec with ``encode``,
-``decode``, ``encoded_nbytes`` and ``lossless``. These are the NumPy reference implementations.
+``"patch2"``, or keyword arguments: ``get("dpr", format="fp8")``; short names ``"fp16"``, ``"fp10"``,
+``"fp8"``, ``"fixed8"``, ``"fixed4"`` fit inside a policy's spec string) returns a codec with ``encode``,
+``decode``, ``encoded_nbytes`` and ``lossless``. Float32 tensors run the CPU build of the kernels in
+native/ where it is installed; every codec also has its NumPy reference (``reference=True``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .base import Codec, Encoded
+from .base import STORE_SLACK, Codec, Encoded, stored_nbytes
 from .floats import DPR, FORMATS, quantize
 from .quant import Fixed, Patch2
 from .sparse import SSDC, ZVC, Binarize
 
-__all__ = ["get", "names", "Codec", "Encoded", "ZVC", "SSDC", "Binarize", "DPR", "Fixed", "Patch2", "FORMATS",
+__all__ = ["get", "names", "ALIASES", "stored_nbytes", "STORE_SLACK", "encode_channels_last", "decode_channels_last", "Codec", "Encoded", "ZVC", "SSDC", "Binarize", "DPR", "Fixed", "Patch2", "FORMATS",
            "quantize"]
 
 _CODECS: dict[str, type[Codec]] = {c.name: c for c in (ZVC, SSDC, Binarize, DPR, Fixed, Patch2)}
+ALIASES = {"fp16": "dpr:format=fp16", "fp10": "dpr:format=fp10", "fp8": "dpr:format=fp8", "fixed8": "fixed:bits=8",
+           "fixed4": "fixed:bits=4"}
+
+
+def encode_channels_last(codec: Codec, x: Any) -> Encoded:
+    """Encode a tensor stored channels last (N, H, W, C) or (N, F), as the devices store feature maps:
+    per-channel codecs use the last axis, patch codecs see the (N, C, H, W) view."""
+    if codec.name == "fixed":
+        return codec.encode(x, axis=-1)  # type: ignore[call-arg]
+    if codec.name == "patch2":
+        return codec.encode(x.transpose(0, 3, 1, 2))
+    return codec.encode(x)
+
+
+def decode_channels_last(codec: Codec, enc: Encoded, out: Any) -> None:
+    """Decode into ``out``, stored as :func:`encode_channels_last` read it."""
+    codec.decode(enc, out.transpose(0, 3, 1, 2) if codec.name == "patch2" else out)
 
 
 def names() -> list[str]:
     return sorted(_CODECS)
 
 
-def get(spec: str, **options: Any) -> Codec:
-    """A codec by name or spec string (``"dpr:format=fp8"``), with options as keywords."""
+def get(spec: "str | Codec", **options: Any) -> Codec:
+    """A codec by name, short name (``"fp8"``) or spec string (``"dpr:format=fp8"``), with options as
+    keywords. A Codec passes through."""
     from ..policies.base import parse_spec
 
-    name, parsed = parse_spec(spec)
+    if isinstance(spec, Codec):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"codec={spec!r}: expected a codec name ({', '.join(names())}) or short name "
+                         f"({', '.join(ALIASES)})")
+    name, parsed = parse_spec(ALIASES.get(spec.strip(), spec))
     parsed.update(options)
     cls = _CODECS.get(name)
     if cls is None:
-        raise ValueError(f"unknown codec {name!r}; available: {', '.join(names())}")
+        raise ValueError(f"unknown codec {name!r}; available: {', '.join(names())} (short names: "
+                         f"{', '.join(ALIASES)})")
     try:
         return cls(**parsed)
     except TypeError:

@@ -9,7 +9,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = ["Codec", "Encoded"]
+__all__ = ["Codec", "Encoded", "stored_nbytes", "STORE_SLACK"]
+
+_ALIGN = 8  # each array of an encoding stored in one block starts at a multiple of this
+STORE_SLACK = 4 * _ALIGN  # room for aligning up to four arrays
 
 
 @dataclass
@@ -31,6 +34,25 @@ class Encoded:
     def size(self) -> int:
         return math.prod(self.shape)
 
+    def store(self, raw: np.ndarray, *, copy: Any = None) -> "Encoded":
+        """The same encoding with its arrays moved into ``raw`` (a byte buffer: a pool block, a pinned
+        buffer), each at an aligned offset; ``copy(dst, src)`` moves the bytes (default: a plain copy)."""
+        arrays, offset = {}, 0
+        for key, a in self.arrays.items():
+            a = np.ascontiguousarray(a)
+            end = offset + a.nbytes
+            if end > raw.nbytes:
+                raise ValueError(f"{self.codec}: the encoding needs {self.nbytes} bytes (with alignment more), "
+                                 f"the buffer holds {raw.nbytes}")
+            dst = raw[offset:end].view(a.dtype).reshape(a.shape)
+            if copy is None:
+                dst[...] = a
+            else:
+                copy(raw[offset:end], a.reshape(-1).view(np.uint8))
+            arrays[key] = dst
+            offset = -(-end // _ALIGN) * _ALIGN
+        return Encoded(self.codec, self.shape, self.dtype, arrays, dict(self.meta))
+
 
 class Codec(ABC):
     """Base of every codec. ``lossless``: decode(encode(x)) is bitwise x (``binarize`` is exact for what
@@ -38,6 +60,7 @@ class Codec(ABC):
 
     name: ClassVar[str] = "codec"
     lossless: ClassVar[bool] = True
+    data_dependent: ClassVar[bool] = False  # whether the encoded size depends on the values (sparsity)
 
     @abstractmethod
     def encode(self, x: Any) -> Encoded:
@@ -58,6 +81,12 @@ class Codec(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec!r})"
+
+
+def stored_nbytes(codec: Codec, shape: tuple[int, ...], density: float | None = None) -> int:
+    """Bytes of a buffer that holds ``codec``'s encoding of a float32 tensor of ``shape`` (logical NCHW)
+    with :meth:`Encoded.store`: the encoded size at ``density`` plus room for alignment."""
+    return codec.encoded_nbytes(tuple(shape), "float32", density) + STORE_SLACK
 
 
 def flat(x: Any) -> np.ndarray:

@@ -32,6 +32,7 @@ class ZVC(Codec):
     kept as they are. Size: 4 bytes per 32 values plus the nonzeros."""
 
     name = "zvc"
+    data_dependent = True
 
     def encode(self, x: Any, *, reference: bool = False) -> Encoded:
         v = flat(x)
@@ -62,6 +63,7 @@ class SSDC(Codec):
     indices, decoded to dense just before backward. Lossless, bitwise (nonzero as for zvc)."""
 
     name = "ssdc"
+    data_dependent = True
     ROW = 256
 
     def encode(self, x: Any, *, reference: bool = False) -> Encoded:

@@ -16,10 +16,15 @@ from ..device.base import DeviceSpec
 from ..graph import Program
 from .plan import Plan
 
-__all__ = ["Policy", "parse_spec", "register", "get", "names"]
+__all__ = ["Policy", "parse_spec", "register", "get", "names", "option"]
 
 ALGOS = ("memory", "performance")
 _REGISTRY: dict[str, type["Policy"]] = {}
+
+
+def option(default: Any) -> Any:
+    """A policy field left out of its spec string while it has its default value."""
+    return dataclasses.field(default=default, metadata={"elide_default": True})
 
 
 def register(cls: type["Policy"]) -> type["Policy"]:
@@ -94,7 +99,8 @@ class Policy(ABC):
     @property
     def spec(self) -> str:
         """The spec string that rebuilds this policy."""
-        options = ",".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
+        options = ",".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+                           if not (f.metadata.get("elide_default") and getattr(self, f.name) == f.default))
         return f"{self.name}:{options}" if options else self.name
 
     @abstractmethod

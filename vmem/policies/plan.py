@@ -2,7 +2,9 @@
 
 Plain data that serializes to JSON. Decisions (set by the policy): the algorithm of every convolution
 pass, what happens to every stashed feature-map buffer (named by the tensor that owns it), at which
-layer's backward each offloaded buffer is prefetched, the offload sync mode, and how memory is allocated
+layer's backward each offloaded buffer is prefetched, which codec encodes an offloaded buffer on its way
+to the host (``"offload"`` with a codec: cDMA) or an encoded buffer on the device until backward
+(``"encode"``: Gist), the offload sync mode, and how memory is allocated
 (``"network"``: everything up front, as Torch and Caffe do; ``"layer"``: layer by layer, released after
 last use). Figures (filled in by
 :func:`vmem.plan`, which replays the allocations through the device's pool code): peak and time-weighted
@@ -27,7 +29,9 @@ class Plan:
     capacity: int
     allocation: str  # "network" | "layer"
     algos: dict[str, dict[str, str]] = field(default_factory=dict)  # op -> pass -> algorithm
-    stash: dict[str, str] = field(default_factory=dict)  # stashed buffer (owner tensor) -> "keep" | "offload"
+    stash: dict[str, str] = field(default_factory=dict)  # stashed buffer (owner) -> "keep" | "offload" | "encode"
+    codecs: dict[str, str] = field(default_factory=dict)  # offloaded or encoded buffer -> codec spec
+    density: float = 0.5  # expected fraction of nonzeros, to size data-dependent encodings when planning
     prefetch: dict[str, list[str]] = field(default_factory=dict)  # op -> buffers to prefetch at its backward
     sync: str | None = None  # "layer" | "event" for offloading plans
     reason: str = ""

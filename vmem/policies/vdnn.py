@@ -12,6 +12,10 @@ that is not back yet is fetched on demand (the compute stream then waits).
 ``sync="layer"`` (the paper): at the end of the layer that last reads an offloaded buffer, the compute
 stream waits for the copy, then the buffer is released. ``sync="event"``: the release is deferred to the
 copy's event and compute never waits for an offload.
+
+``codec=`` (``zvc``, ``ssdc``, ``fp16``/``fp10``/``fp8``, ``fixed8``/``fixed4``, ``patch2``) encodes each
+offloaded buffer on its way to the host and decodes it on its way back, so the bus carries the encoded
+bytes (``vdnn-all:codec=zvc`` is cDMA in software). Lossless codecs keep training bitwise identical.
 """
 
 from __future__ import annotations
@@ -22,12 +26,31 @@ from typing import Any
 
 from ..device.base import DeviceSpec
 from ..graph import Program
-from .base import Policy, register
+from .base import Policy, option, register
 from .plan import Plan
 
-__all__ = ["VdnnAll", "VdnnConv", "prefetch_points"]
+__all__ = ["VdnnAll", "VdnnConv", "prefetch_points", "offload_codec", "check_density"]
 
 SYNC_MODES = ("layer", "event")
+
+
+def offload_codec(policy: str, spec: str) -> Any:
+    """The codec named by a policy's ``codec=`` option, checked for offloading."""
+    from .. import codecs
+
+    try:
+        codec = codecs.get(str(spec))
+    except ValueError as exc:
+        raise ValueError(f"policy {policy!r}: codec={spec!r}: {exc}") from None
+    if codec.name == "binarize":
+        raise ValueError(f"policy {policy!r}: codec=binarize keeps only the sign, which only ReLU's backward can "
+                         f"use; binarize through policy 'gist'")
+    return codec
+
+
+def check_density(policy: str, density: float) -> None:
+    if not isinstance(density, (int, float)) or not 0.0 <= density <= 1.0:
+        raise ValueError(f"policy {policy!r}: density={density!r} must be a fraction in [0, 1]")
 
 
 def prefetch_points(program: Program, offloaded: set[int]) -> dict[str, list[str]]:
@@ -55,11 +78,16 @@ def prefetch_points(program: Program, offloaded: set[int]) -> dict[str, list[str
 @dataclass(frozen=True)
 class _Vdnn(Policy):
     sync: str = "layer"
+    codec: str | None = option(None)
+    density: float = option(0.5)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.sync not in SYNC_MODES:
             raise ValueError(f"policy {self.name!r}: sync={self.sync!r}; use one of {', '.join(SYNC_MODES)}")
+        if self.codec is not None:
+            offload_codec(self.name, self.codec)
+        check_density(self.name, self.density)
 
     @abstractmethod
     def offloads(self, program: Program) -> set[int]:
@@ -72,8 +100,11 @@ class _Vdnn(Policy):
             policy=self.spec, network=program.network, batch=program.batch, device=device.name,
             capacity=device.memory, allocation="layer", algos=self.choose_algos(program, costs),
             stash={program.tensors[b].name: ("offload" if b in offloaded else "keep") for b in sorted(stashed)},
-            prefetch=prefetch_points(program, offloaded), sync=self.sync,
-            reason=f"layer-wise allocation; {self.name}: offload {len(offloaded)} of {len(stashed)} stashed buffers",
+            prefetch=prefetch_points(program, offloaded), sync=self.sync, density=self.density,
+            codecs=({program.tensors[b].name: offload_codec(self.name, self.codec).spec for b in sorted(offloaded)}
+                    if self.codec else {}),
+            reason=f"layer-wise allocation; {self.name}: offload {len(offloaded)} of {len(stashed)} stashed buffers"
+                   + (f" through {self.codec}" if self.codec else ""),
         )
 
 

@@ -1,0 +1,117 @@
+"""Gist (Jain et al., ISCA 2018): stashed feature maps are kept encoded on the device until backward.
+
+Allocation is layer-wise, as in vDNN, but nothing leaves the device. After the last forward use of a
+stashed buffer it is encoded into a smaller buffer (category ``encoded``) and released; just before the
+first backward that reads it, it is decoded back (or, for binarized buffers, never decoded):
+
+- ``binarize`` (lossless for training): a buffer that only sign-only backwards read (ReLU's output when
+  the next layer is a max-pool, whose backward uses its own argmax map) is kept as 1 bit per value, and
+  ReLU's backward runs on the bits.
+- ``ssdc`` (lossless): a buffer of ReLU outputs (or max-pools of them) that a layer's backward reads as
+  values (the input of a convolution) is kept as CSR with 1-byte column indices.
+- ``dpr=fp16|fp10|fp8`` (lossy, delayed precision reduction): every other stashed buffer, and those
+  ssdc would take, is kept in the reduced format; the forward pass still used full precision.
+  ``codec=`` names any value codec instead (``fixed8``, ``fixed4``, ``patch2``, ``zvc``, ...; patch2
+  applies to 4-D buffers only).
+
+``density`` (default 0.5) is the fraction of nonzeros assumed when sizing data-dependent encodings
+(ssdc, zvc) in the plan; the executor allocates each encoding's actual size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import codecs
+from ..device.base import DeviceSpec
+from ..graph import Program
+from .base import Policy, option, register
+from .plan import Plan
+from .vdnn import check_density
+
+__all__ = ["Gist"]
+
+
+def _nonnegative_sparse(program: Program, b: int) -> bool:
+    """Whether buffer ``b`` holds ReLU outputs (or max-pools of ReLU outputs): sparse, nonnegative."""
+    seen = set()
+    while b not in seen:
+        seen.add(b)
+        writers = [op for op in program.ops if program.tensors[op.output].buffer == b]
+        if not writers:
+            return False
+        last = writers[-1]  # the value that stays in the buffer
+        if last.kind == "relu":
+            return True
+        if last.kind != "maxpool":
+            return False
+        b = program.tensors[last.inputs[0]].buffer
+    return False
+
+
+@register
+@dataclass(frozen=True)
+class Gist(Policy):
+    """``gist[:dpr=fp16|fp10|fp8,codec=...,binarize=true,ssdc=true,density=0.5,algos=memory|performance]``."""
+
+    name = "gist"
+    dpr: str | None = option(None)
+    codec: str | None = option(None)
+    binarize: bool = option(True)
+    ssdc: bool = option(True)
+    density: float = option(0.5)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_density(self.name, self.density)
+        if self.dpr is not None and self.dpr not in codecs.FORMATS:
+            raise ValueError(f"policy 'gist': dpr={self.dpr!r}; use one of {', '.join(codecs.FORMATS)}")
+        if self.dpr is not None and self.codec is not None:
+            raise ValueError("policy 'gist': give dpr= or codec=, not both")
+        if self.codec is not None:
+            try:
+                c = codecs.get(str(self.codec))
+            except ValueError as exc:
+                raise ValueError(f"policy 'gist': codec={self.codec!r}: {exc}") from None
+            if c.name == "binarize":
+                raise ValueError("policy 'gist': codec=binarize keeps only signs; it is applied where it can be "
+                                 "(binarize=true)")
+        for key in ("binarize", "ssdc"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"policy 'gist': {key}={getattr(self, key)!r} must be true or false")
+
+    def _value_codec(self) -> Any:
+        if self.dpr is not None:
+            return codecs.get("dpr", format=self.dpr)
+        return codecs.get(str(self.codec)) if self.codec is not None else None
+
+    def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
+        tensors = program.tensors
+        lossy = self._value_codec()
+        stash: dict[str, str] = {}
+        chosen: dict[str, str] = {}
+        for b in sorted(program.stashed_buffers()):
+            t = tensors[b]
+            readers = [op for op in program.ops if b in program.backward_reads(op)]
+            sign_only = all(not op.reads_input and op.layer.needs == frozenset({"mask"}) for op in readers)
+            codec = None
+            if self.binarize and sign_only:
+                codec = codecs.get("binarize")
+            elif lossy is not None and (lossy.name != "patch2" or len(t.shape) == 4):
+                codec = lossy
+            elif self.ssdc and _nonnegative_sparse(program, b):
+                codec = codecs.get("ssdc")
+            stash[t.name] = "encode" if codec is not None else "keep"
+            if codec is not None:
+                chosen[t.name] = codec.spec
+        counts: dict[str, int] = {}
+        for spec in chosen.values():
+            counts[spec] = counts.get(spec, 0) + 1
+        summary = ", ".join(f"{n} {spec}" for spec, n in sorted(counts.items())) or "nothing"
+        return Plan(
+            policy=self.spec, network=program.network, batch=program.batch, device=device.name,
+            capacity=device.memory, allocation="layer", algos=self.choose_algos(program, costs), stash=stash,
+            codecs=chosen, density=self.density,
+            reason=f"layer-wise allocation; gist: encode {summary} of {len(stash)} stashed buffers on the device",
+        )
