@@ -143,7 +143,7 @@ class Executor:
         self._codecs = {name: (codecs.get(spec), physical(program.tensors[owner[name]].shape))
                         for name, spec in schedule.codecs.items()}
         self._host_bytes = {st[1]: self._host_nbytes(st[1]) for st in schedule.steps if st[0] == "offload"}
-        self._pinned_bytes = sum(self._host_bytes.values())
+        self._pinned_bytes = sum(-(-n // 4096) * 4096 for n in self._host_bytes.values())  # with alignment
         # encodings whose size depends on the data are allocated when it is known (see _encode)
         self._deferred = {enc for name, enc in schedule.encoded.items() if self._codecs[name][0].data_dependent}
         self._timeline = Timeline()
