@@ -1,4 +1,5 @@
-"""Microbenchmarks behind ``vmem bench``: host-device copy bandwidth, pinned against pageable."""
+"""Microbenchmarks behind ``vmem bench``: host-device copy bandwidth, pinned against pageable, and the
+effective bandwidth of transfers through a codec."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 
 from .units import parse_bytes
 
-__all__ = ["bandwidth", "DEFAULT_SIZES"]
+__all__ = ["bandwidth", "codec_bandwidth", "relu_activations", "DEFAULT_SIZES"]
 
 DEFAULT_SIZES = ("64KiB", "256KiB", "1MiB", "4MiB", "16MiB", "64MiB", "256MiB")
 
@@ -48,6 +49,68 @@ def bandwidth(device: Any, sizes: Sequence[int | str] = DEFAULT_SIZES, *, rounds
                         best = max(best, n * reps / (time.perf_counter() - t0) / 1e9)
                     row[f"{direction}_{label}_gbps"] = best
             rows.append(row)
+            if progress:
+                print(f"  {n / 2**20:9.3f} MiB done", flush=True)
+        finally:
+            device.pool.free(block)
+            pinned_pool.free(host_block)
+    return rows
+
+
+def relu_activations(n: int, density: float, seed: int = 0) -> np.ndarray:
+    """``n`` float32 values like a ReLU output: half-normal magnitudes, a ``density`` fraction nonzero."""
+    rng = np.random.default_rng(seed)
+    x = np.abs(rng.standard_normal(n, dtype=np.float32))
+    x[rng.random(n) >= density] = 0.0
+    return x
+
+
+def codec_bandwidth(device: Any, codec: Any, sizes: Sequence[int | str] = ("4MiB", "16MiB", "64MiB"),
+                    densities: Sequence[float] = (0.1, 0.3, 0.5, 0.7, 0.9), *, rounds: int = 3,
+                    progress: bool = False) -> list[dict[str, float]]:
+    """Effective offload and prefetch bandwidth through ``codec`` (uncompressed bytes per second, the
+    encode or decode included) against the plain pinned copy of the same bytes, per size and density
+    of ReLU-like activations. Everything runs on the memory stream, as the executor's offloads do."""
+    from . import codecs
+    from .codecs import transfer
+
+    codec = codecs.get(codec)
+    nbytes = [parse_bytes(s, name="sizes") for s in sizes]
+    biggest = max(nbytes)
+    pinned_pool = device.reserve_pinned(codecs.stored_nbytes(codec, (biggest // 4,), 1.0) + 4096)
+    ms = device.memory_stream
+    rows = []
+
+    def best(fn: Any) -> float:
+        t = float("inf")
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            ms.launch(fn)
+            ms.synchronize()
+            t = min(t, time.perf_counter() - t0)
+        return t
+
+    for n in nbytes:
+        count = n // 4
+        block = device.pool.allocate(count * 4, category="other")
+        host_block = pinned_pool.allocate(codecs.stored_nbytes(codec, (count,), 1.0))
+        try:
+            dev = device.view(block, (count,), np.float32)
+            host = device.host_view(host_block, (host_block.nbytes,), np.uint8)
+            raw_d2h = best(lambda: device.copy_now(host[:count * 4], dev.view(np.uint8), "d2h"))
+            raw_h2d = best(lambda: device.copy_now(dev.view(np.uint8), host[:count * 4], "h2d"))
+            for density in densities:
+                dev[...] = relu_activations(count, density)
+                want = dev.copy()
+                box: dict[str, Any] = {}
+                d2h = best(lambda: box.__setitem__("enc", transfer.send(device, codec, dev, host)))
+                dev[...] = 0
+                h2d = best(lambda: transfer.receive(device, codec, box["enc"], dev))
+                if codec.lossless and not np.array_equal(dev.view(np.uint32), want.view(np.uint32)):
+                    raise AssertionError(f"{codec.spec}: the round trip changed the data")
+                rows.append({"bytes": count * 4, "density": density, "encoded_bytes": box["enc"].nbytes,
+                             "link_d2h_gbps": count * 4 / raw_d2h / 1e9, "link_h2d_gbps": count * 4 / raw_h2d / 1e9,
+                             "offload_gbps": count * 4 / d2h / 1e9, "prefetch_gbps": count * 4 / h2d / 1e9})
             if progress:
                 print(f"  {n / 2**20:9.3f} MiB done", flush=True)
         finally:

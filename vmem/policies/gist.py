@@ -38,7 +38,7 @@ def _nonnegative_sparse(program: Program, b: int) -> bool:
     seen = set()
     while b not in seen:
         seen.add(b)
-        writers = [op for op in program.ops if program.tensors[op.output].buffer == b]
+        writers = [op for op in program.ops if program.tensors[op.output].buffer == b and op.kind != "flatten"]
         if not writers:
             return False
         last = writers[-1]  # the value that stays in the buffer
