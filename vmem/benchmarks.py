@@ -77,7 +77,7 @@ def codec_bandwidth(device: Any, codec: Any, sizes: Sequence[int | str] = ("4MiB
     codec = codecs.get(codec)
     nbytes = [parse_bytes(s, name="sizes") for s in sizes]
     biggest = max(nbytes)
-    pinned_pool = device.reserve_pinned(codecs.stored_nbytes(codec, (biggest // 4,), 1.0) + 4096)
+    pinned_pool = device.reserve_pinned(transfer.host_nbytes(codec, (biggest // 4,)) + 4096)
     ms = device.memory_stream
     rows = []
 
@@ -93,7 +93,7 @@ def codec_bandwidth(device: Any, codec: Any, sizes: Sequence[int | str] = ("4MiB
     for n in nbytes:
         count = n // 4
         block = device.pool.allocate(count * 4, category="other")
-        host_block = pinned_pool.allocate(codecs.stored_nbytes(codec, (count,), 1.0))
+        host_block = pinned_pool.allocate(transfer.host_nbytes(codec, (count,)))
         try:
             dev = device.view(block, (count,), np.float32)
             host = device.host_view(host_block, (host_block.nbytes,), np.uint8)

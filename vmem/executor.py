@@ -255,7 +255,7 @@ class Executor:
             return self.schedule.buffers[name].nbytes
         codec, shape = self._codecs[name]
         logical = (shape[0], shape[3], shape[1], shape[2]) if len(shape) == 4 else shape
-        return codecs.stored_nbytes(codec, logical, 1.0)
+        return transfer.host_nbytes(codec, logical)
 
     def _offload(self, name: str, blocks: dict[str, Any], offloaded: dict[str, _Offloaded]) -> None:
         """Copy a buffer to pinned host memory on the memory stream once compute has produced and last
