@@ -24,7 +24,7 @@ def layer_table(plan: Plan, timeline: Timeline | None = None) -> str:
     for row in plan.layers:
         fwd = times.get(row["name"])
         bwd = times.get(f"{row['name']}.backward")
-        rows.append((row["name"], "x".join(map(str, row["shape"])), row.get("algos") or "-", row.get("stash") or "-",
+        rows.append((row["name"], "x".join(map(str, row["shape"])), row.get("algos") or "-", (row.get("stash") or "-") + (f" {row['codec']}" if row.get("codec") else ""),
                      format_bytes(row["bytes"]), format_bytes(row["workspace"]) if row.get("workspace") else "-",
                      "-" if fwd is None else f"{fwd * 1e3:.2f}", "-" if bwd is None else f"{bwd * 1e3:.2f}"))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
