@@ -25,6 +25,7 @@ sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE] + 
 from _report import emit, table, verdict  # noqa: E402
 
 from vmem import codecs, parse_bytes  # noqa: E402
+from vmem.benchmarks import relu_activations  # noqa: E402
 from vmem.codecs import native  # noqa: E402
 
 SPECS = ["binarize", "dpr:format=fp16", "dpr:format=fp10", "dpr:format=fp8", "zvc", "ssdc", "fixed:bits=8",
@@ -53,8 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     n = parse_bytes(args.size, name="--size") // 4
     side = int(np.sqrt(n // 64))
     shape = (1, 64, side, n // 64 // side)
-    rng = np.random.default_rng(0)
-    x = np.abs(rng.standard_normal(shape)).astype(np.float32) * (rng.random(shape) < args.density)
+    x = relu_activations(int(np.prod(shape)), args.density).reshape(shape)
     dst = np.empty_like(x)
     copy_gbps = x.nbytes / best(lambda: np.copyto(dst, x), args.rounds) / 1e9
     rows, results, targets = [], {}, []
