@@ -40,8 +40,7 @@ PERSISTENT = ("weights", "weight_grads", "optimizer_state")
 
 def one_step(net, weights, policy: str, x, y, memory: str) -> tuple[int, int, vmem.Plan, object]:
     """Peak activation bytes of one step from ``weights`` under ``policy``, and the step's report."""
-    net.load_params(weights) if hasattr(net, "load_params") else net.params.update(
-        {k: v.copy() for k, v in weights.items()})
+    net.params.update({k: v.copy() for k, v in weights.items()})
     with vmem.Trainer(net, device="cpu", policy=policy, memory=memory, optimizer=SGD(lr=0.01, momentum=0.9)) as tr:
         report = tr.step(x, y)
         stats = tr.device.pool.stats()

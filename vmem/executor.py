@@ -163,6 +163,7 @@ class Executor:
         blocks: dict[str, Any] = {}
         offloaded: dict[str, _Offloaded] = {}
         encodings: dict[str, Any] = {}  # encoded buffer -> its Encoded (arrays in its enc: block)
+        deferred_offsets: dict[str, int | None] = {}  # planned places of encodings allocated at their size
         sent: list[_Offloaded] = []
         self._sent = sent
         self._encodings = encodings
@@ -181,8 +182,9 @@ class Executor:
                 kind = st[0]
                 if kind == "alloc":
                     buf = sched.buffers[st[1]]
-                    if buf.name in self._deferred:
-                        continue  # allocated by its encode step, at its actual size
+                    if buf.name in self._deferred:  # allocated by its encode step, at its actual size
+                        deferred_offsets[buf.name] = sched.offsets.get(index)
+                        continue
                     blocks[buf.name] = pool.allocate(buf.nbytes, cs, buf.category, high=buf.high,
                                                      offset=sched.offsets.get(index))
                     if buf.name == input_buffer and not uploaded:
@@ -207,7 +209,7 @@ class Executor:
                 elif kind == "offload":
                     self._offload(st[1], blocks, offloaded)
                 elif kind == "encode":
-                    self._encode(st[1], blocks, encodings, sched.offsets.get(index - 1))
+                    self._encode(st[1], blocks, encodings, deferred_offsets.get(sched.encoded[st[1]]))
                 elif kind == "decode":
                     self._decode(st[1], blocks, encodings)
                 elif kind == "prefetch":

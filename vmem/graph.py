@@ -116,6 +116,14 @@ class Program:
             reads.append(self.tensors[op.output].buffer)
         return list(dict.fromkeys(reads))
 
+    def backward_readers(self, buffer: int) -> list[OpInfo]:
+        """Ops whose backward reads ``buffer`` (an owner tensor id)."""
+        return [op for op in self.ops if buffer in self.backward_reads(op)]
+
+    def sign_only(self, buffer: int) -> bool:
+        """Whether every backward that reads ``buffer`` needs only the sign of its own output (ReLU's)."""
+        return all(not op.reads_input and op.layer.needs == frozenset({"mask"}) for op in self.backward_readers(buffer))
+
     def tensor(self, name_or_id: str | int) -> TensorInfo:
         if isinstance(name_or_id, int):
             return self.tensors[name_or_id]

@@ -411,10 +411,9 @@ def _codec_buffers(program: Program, plan: Plan, offloaded: set[int], encoded: s
             transfer[value[b]] = codec.encoded_nbytes(t.shape, "float32", plan.density)
             continue
         if codec.name == "binarize":
-            readers = [op for op in program.ops if b in program.backward_reads(op)]
-            if any(op.reads_input or op.layer.needs != frozenset({"mask"}) for op in readers):
+            if not program.sign_only(b):
                 raise ValueError(f"plan {plan.policy!r} binarizes {t.name!r}, but the backward of "
-                                 f"{', '.join(op.name for op in readers)} needs more than its sign")
+                                 f"{', '.join(op.name for op in program.backward_readers(b))} needs more than its sign")
             binarized.add(value[b])
         enc_name[b] = f"enc:{value[b]}"
         buffers[enc_name[b]] = Buffer(enc_name[b], _codecs.stored_nbytes(codec, t.shape, plan.density), "encoded")

@@ -93,10 +93,8 @@ class Gist(Policy):
         chosen: dict[str, str] = {}
         for b in sorted(program.stashed_buffers()):
             t = tensors[b]
-            readers = [op for op in program.ops if b in program.backward_reads(op)]
-            sign_only = all(not op.reads_input and op.layer.needs == frozenset({"mask"}) for op in readers)
             codec = None
-            if self.binarize and sign_only:
+            if self.binarize and program.sign_only(b):
                 codec = codecs.get("binarize")
             elif lossy is not None and (lossy.name != "patch2" or len(t.shape) == 4):
                 codec = lossy
