@@ -33,7 +33,9 @@ LAUNCHER(dpr16_decode, P(const uint16_t* codes, uint32_t* out, int64_t n), codes
 LAUNCHER(dpr8_encode, P(const uint32_t* x, uint8_t* codes, int64_t n), x, codes, n)
 LAUNCHER(dpr8_decode, P(const uint8_t* codes, uint32_t* out, int64_t n), codes, out, n)
 LAUNCHER(dpr10_encode, P(const uint32_t* x, uint32_t* words, int64_t n), x, words, n)
+LAUNCHER(dpr10_encode_full, P(const uint32_t* x, uint32_t* words, int64_t n), x, words, n)
 LAUNCHER(dpr10_decode, P(const uint32_t* words, uint32_t* out, int64_t n), words, out, n)
+LAUNCHER(dpr10_decode_full, P(const uint32_t* words, uint32_t* out, int64_t n), words, out, n)
 LAUNCHER(fixed_encode, P(const float* x, const float* lo, const float* scale, uint8_t* codes, int64_t n,
                          int64_t inner, int64_t channels, int bits), x, lo, scale, codes, n, inner, channels, bits)
 LAUNCHER(fixed_decode, P(const uint8_t* codes, const float* lo, const float* scale, float* out, int64_t n,

@@ -199,29 +199,40 @@ VMEM_KERNEL void dpr8_decode(VMEM_TID_ARG const uint8_t* __restrict__ codes, uin
     if (j < n) out[j] = dpr_bits(codes[j], 4, 3);
 }
 
-/* fp10 (1-5-4): three codes per 32-bit word, at bits 0, 10 and 20; one thread per word. */
+/* fp10 (1-5-4): three codes per 32-bit word, planar: with W = ceil(n / 3) words, word i holds the codes
+ * of values i, i + W and i + 2W at bits 0, 10 and 20 (positions past n hold 0). One thread per word; each
+ * of the three streams is read and written contiguously, so the loop vectorizes and a warp coalesces. */
 VMEM_KERNEL void dpr10_encode(VMEM_TID_ARG const uint32_t* __restrict__ x, uint32_t* __restrict__ words, int64_t n) {
-    int64_t w = VMEM_TID;
-    if (w * 3 >= n) return;
-    if (w * 3 + 3 <= n) {
-        words[w] = dpr_code(x[w * 3], 5, 4) | (dpr_code(x[w * 3 + 1], 5, 4) << 10) | (dpr_code(x[w * 3 + 2], 5, 4) << 20);
-        return;
-    }
-    uint32_t out = 0;
-    for (int64_t j = w * 3; j < n; ++j) out |= dpr_code(x[j], 5, 4) << (10 * (j - w * 3));
-    words[w] = out;
+    int64_t i = VMEM_TID, w = (n + 2) / 3;
+    if (i >= w) return;
+    uint32_t word = dpr_code(x[i], 5, 4);
+    if (i + w < n) word |= dpr_code(x[i + w], 5, 4) << 10;
+    if (i + 2 * w < n) word |= dpr_code(x[i + 2 * w], 5, 4) << 20;
+    words[i] = word;
+}
+/* dpr10_encode for the threads whose three values all exist (i < n - 2W), without the tests. */
+VMEM_KERNEL void dpr10_encode_full(VMEM_TID_ARG const uint32_t* __restrict__ x, uint32_t* __restrict__ words,
+                                   int64_t n) {
+    int64_t i = VMEM_TID, w = (n + 2) / 3;
+    words[i] = dpr_code(x[i], 5, 4) | (dpr_code(x[i + w], 5, 4) << 10) | (dpr_code(x[i + 2 * w], 5, 4) << 20);
 }
 VMEM_KERNEL void dpr10_decode(VMEM_TID_ARG const uint32_t* __restrict__ words, uint32_t* __restrict__ out, int64_t n) {
-    int64_t w = VMEM_TID;  /* one thread per word: three values */
-    if (w * 3 >= n) return;
-    uint32_t word = words[w];
-    if (w * 3 + 3 <= n) {
-        out[w * 3] = dpr_bits(word & 0x3FFu, 5, 4);
-        out[w * 3 + 1] = dpr_bits((word >> 10) & 0x3FFu, 5, 4);
-        out[w * 3 + 2] = dpr_bits((word >> 20) & 0x3FFu, 5, 4);
-        return;
-    }
-    for (int64_t j = w * 3; j < n; ++j) out[j] = dpr_bits((word >> (10 * (j - w * 3))) & 0x3FFu, 5, 4);
+    int64_t i = VMEM_TID, w = (n + 2) / 3;
+    if (i >= w) return;
+    uint32_t word = words[i];
+    out[i] = dpr_bits(word & 0x3FFu, 5, 4);
+    if (i + w < n) out[i + w] = dpr_bits((word >> 10) & 0x3FFu, 5, 4);
+    if (i + 2 * w < n) out[i + 2 * w] = dpr_bits((word >> 20) & 0x3FFu, 5, 4);
+}
+/* dpr10_decode for the threads whose three values all exist (i < n - 2W): no per-value test. The CPU runs
+ * the _full kernels over the bulk of the grid: masked vector loads and stores are slow on some CPUs. */
+VMEM_KERNEL void dpr10_decode_full(VMEM_TID_ARG const uint32_t* __restrict__ words, uint32_t* __restrict__ out,
+                                   int64_t n) {
+    int64_t i = VMEM_TID, w = (n + 2) / 3;
+    uint32_t word = words[i];
+    out[i] = dpr_bits(word & 0x3FFu, 5, 4);
+    out[i + w] = dpr_bits((word >> 10) & 0x3FFu, 5, 4);
+    out[i + 2 * w] = dpr_bits((word >> 20) & 0x3FFu, 5, 4);
 }
 
 /* ---- fixed point: per-channel uniform quantization between lo and lo + levels * scale -------------

@@ -1,6 +1,7 @@
 """Gist's delayed precision reduction: floats stored in 16, 10 or 8 bits until backward needs them.
 
-Formats (sign-exponent-mantissa): fp16 1-5-10 (IEEE half), fp10 1-5-4 (three to a 32-bit word), fp8
+Formats (sign-exponent-mantissa): fp16 1-5-10 (IEEE half), fp10 1-5-4 (three to a 32-bit word: word i of W holds
+values i, i + W and i + 2W), fp8
 1-4-3 (four to a word). Rounding is to nearest, ties to even. No denormals: magnitudes below the smallest
 normal become a zero of the same sign. Values beyond the largest finite one, infinities included, are
 clamped to it. NaN stays NaN (all-ones exponent, all-ones mantissa). Relative error of a value in the
@@ -93,11 +94,11 @@ class DPR(Codec):
             packed = codes
         elif self.format == "fp8":
             packed = codes.astype(np.uint8)
-        else:  # three 10-bit codes per 32-bit word
+        else:  # three 10-bit codes per 32-bit word, planar: word i holds values i, i + W, i + 2W
             padded = np.zeros(-(-v.size // 3) * 3, np.uint32)
             padded[: v.size] = codes
-            t = padded.reshape(-1, 3)
-            packed = t[:, 0] | (t[:, 1] << np.uint32(10)) | (t[:, 2] << np.uint32(20))
+            t = padded.reshape(3, -1)
+            packed = t[0] | (t[1] << np.uint32(10)) | (t[2] << np.uint32(20))
         return Encoded(self.spec, tuple(np.shape(x)), v.dtype, {"codes": packed})
 
     def decode(self, enc: Encoded, out: Any = None, *, reference: bool = False) -> np.ndarray:
@@ -109,7 +110,7 @@ class DPR(Codec):
             return res
         if self.format == "fp10":
             w = packed.astype(np.uint32)
-            codes = np.stack([w & 0x3FF, (w >> 10) & 0x3FF, (w >> 20) & 0x3FF], axis=1).reshape(-1)[: enc.size]
+            codes = np.concatenate([w & 0x3FF, (w >> 10) & 0x3FF, (w >> 20) & 0x3FF])[: enc.size]
         else:
             codes = packed
         r[...] = _decode(codes, self.ebits, self.mbits)

@@ -52,14 +52,16 @@ _TYPES = {np.dtype(np.float32): "float *", np.dtype(np.uint32): "uint32_t *", np
           np.dtype(np.uint16): "uint16_t *", np.dtype(np.uint8): "uint8_t *", np.dtype(np.int64): "int64_t *"}
 
 
-def launch(kernel: str, threads: int, *args: Any) -> None:
-    """Run ``kernel`` over ``threads`` threads. NumPy arguments become pointers to their data (they must
-    be C-contiguous and stay referenced by the caller); other arguments pass as they are."""
+def launch(kernel: str, threads: int, *args: Any, first: int = 0) -> None:
+    """Run ``kernel`` over threads ``first`` to ``threads - 1``. NumPy arguments become pointers to their
+    data (they must be C-contiguous and stay referenced by the caller); other arguments pass as they are."""
+    if threads <= first:
+        return
     fn = getattr(lib, f"vmem_{kernel}")
     c_args = [ffi.cast(_TYPES[a.dtype], ffi.from_buffer(a)) if isinstance(a, np.ndarray) else a for a in args]
-    ranges = _chunks(threads)
+    ranges = [(first + lo, first + hi) for lo, hi in _chunks(threads - first)]
     if len(ranges) == 1:
-        fn(0, threads, *c_args)
+        fn(first, threads, *c_args)
         return
     global _pool
     if _pool is None:
@@ -141,15 +143,22 @@ def dpr_encode(v: np.ndarray, fmt: str) -> np.ndarray:
         launch("dpr8_encode", v.size, bits, codes, v.size)
     else:
         codes = np.empty(_groups(v.size, 3), np.uint32)
-        launch("dpr10_encode", codes.size, bits, codes, v.size)
+        full = max(v.size - 2 * codes.size, 0)  # words whose three values exist, then the last one or two
+        launch("dpr10_encode_full", full, bits, codes, v.size)
+        launch("dpr10_encode", codes.size, bits, codes, v.size, first=full)
     return codes
 
 
 def dpr_decode(codes: np.ndarray, fmt: str, out: np.ndarray) -> None:
     c = np.ascontiguousarray(codes)
-    kernel = {"fp16": "dpr16_decode", "fp8": "dpr8_decode", "fp10": "dpr10_decode"}[fmt]
-    threads = _groups(out.size, 3) if fmt == "fp10" else out.size
-    launch(kernel, threads, c, out.view(np.uint32), out.size)
+    bits = out.view(np.uint32)
+    if fmt == "fp10":  # the words whose three values exist, then the last one or two
+        words = _groups(out.size, 3)
+        full = max(out.size - 2 * words, 0)
+        launch("dpr10_decode_full", full, c, bits, out.size)
+        launch("dpr10_decode", words, c, bits, out.size, first=full)
+        return
+    launch({"fp16": "dpr16_decode", "fp8": "dpr8_decode"}[fmt], out.size, c, bits, out.size)
 
 
 def fixed_encode(v: np.ndarray, lo: np.ndarray, scale: np.ndarray, inner: int, bits: int) -> np.ndarray:
