@@ -72,9 +72,24 @@ class _Pool2d(Layer):
                 yield i * kw + j, slice(o0, o1), slice(p0, p1), rows, cols
 
 
+def _pack_nibbles(xp: Any, codes: Any, packed: Any) -> None:
+    """Pack 4-bit ``codes`` (uint8, any shape) two to a byte, in memory order, low nibble first."""
+    flat = codes.reshape(-1)
+    xp.copyto(packed, flat[0::2])
+    odd = flat[1::2]
+    packed[: odd.size] |= odd << 4
+
+
+def _unpack_nibbles(xp: Any, packed: Any, codes: Any) -> None:
+    flat = codes.reshape(-1)
+    xp.bitwise_and(packed, 15, out=flat[0::2])
+    xp.right_shift(packed[: flat.size // 2], 4, out=flat[1::2])
+
+
 class MaxPool2d(_Pool2d):
-    """Max pooling. Backward needs only the argmax map (the window position of each maximum, 1 byte
-    per output; at most 256 positions)."""
+    """Max pooling. Backward needs only the argmax map: the window position of each maximum, 4 bits per
+    output (two to a byte, in the output's memory order) for windows of up to 16 positions, as Gist
+    stores it; 1 byte per output for larger windows (at most 256 positions)."""
 
     kind = "maxpool"
 
@@ -83,8 +98,16 @@ class MaxPool2d(_Pool2d):
         if self.kernel_size[0] * self.kernel_size[1] > 256:
             raise ValueError(f"MaxPool2d: a {self.kernel_size} window has more than 256 positions")
 
+    @property
+    def nibbles(self) -> bool:
+        """Whether the argmax map is stored at 4 bits per output (windows of at most 16 positions)."""
+        return self.kernel_size[0] * self.kernel_size[1] <= 16
+
     def aux_specs(self, in_shapes: Sequence[Shape]) -> dict[str, AuxSpec]:
-        return {"argmax": AuxSpec(physical(self.output_shape(in_shapes)), "uint8")}
+        out = physical(self.output_shape(in_shapes))
+        if self.nibbles:
+            return {"argmax": AuxSpec((-(-int(np.prod(out)) // 2),), "uint8")}
+        return {"argmax": AuxSpec(out, "uint8")}
 
     def _tiles(self, h: int, w: int, ho: int, wo: int) -> bool:
         """Windows tile the input exactly (stride = kernel, no padding, no remainder): no overlap, no gap."""
@@ -92,7 +115,13 @@ class MaxPool2d(_Pool2d):
         return (kh, kw) == (sh, sw) and self.padding == (0, 0) and (h, w) == (ho * kh, wo * kw)
 
     def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
-        xp, x, am = ctx.xp, xs[0], ctx.aux["argmax"]
+        xp, x = ctx.xp, xs[0]
+        am = xp.empty(y.shape, dtype=np.uint8) if self.nibbles else ctx.aux["argmax"]
+        self._forward(xp, x, y, am)
+        if self.nibbles:
+            _pack_nibbles(xp, am, ctx.aux["argmax"])
+
+    def _forward(self, xp: Any, x: Any, y: Any, am: Any) -> None:
         _, h, w, _ = x.shape
         _, ho, wo, _ = y.shape
         if self.kernel_size == (2, 2) and self._tiles(h, w, ho, wo):
@@ -132,6 +161,9 @@ class MaxPool2d(_Pool2d):
         if dx is None:
             return
         xp, am = ctx.xp, ctx.aux["argmax"]
+        if self.nibbles:
+            packed, am = am, xp.empty(dy.shape, dtype=np.uint8)
+            _unpack_nibbles(xp, packed, am)
         _, h, w, _ = dx.shape
         _, ho, wo, _ = dy.shape
         eq = xp.empty(dy.shape, dtype=bool)
