@@ -1,6 +1,6 @@
 """cffi builder for the CPU build of native/kernels.cuh (module ``vmem._native``).
 
-The C declarations are read from cpu_launch.c's LAUNCHER lines, so the launchers are declared once.
+The C declarations are read from cpu_launch.c's LAUNCHER* lines, so the launchers are declared once.
 """
 
 import re
@@ -14,8 +14,9 @@ HERE = Path(__file__).resolve().parent
 def declarations() -> str:
     src = (HERE / "cpu_launch.c").read_text()
     out = []
-    for m in re.finditer(r"^LAUNCHER\((\w+), P\((.*?)\)", src, re.S | re.M):
-        out.append(f"void vmem_{m.group(1)}(int64_t t0, int64_t t1, {' '.join(m.group(2).split())});")
+    for m in re.finditer(r"^LAUNCHER\w*\((\w+),.*?\bP\((.*?)\)", src, re.S | re.M):
+        params = re.sub(r"\brestrict\s+", "", " ".join(m.group(2).split()))
+        out.append(f"void vmem_{m.group(1)}(int64_t t0, int64_t t1, {params});")
     return "\n".join(out)
 
 

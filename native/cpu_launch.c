@@ -12,6 +12,18 @@
 
 #define LAUNCHER(name, params, ...) \
     VMEM_CLONES void vmem_##name(int64_t t0, int64_t t1, params) { VMEM_LAUNCH(t0, t1, name, __VA_ARGS__); }
+/* A 2-D kernel's launcher takes its range of rows; cols is an expression of its parameters. */
+#define LAUNCHER2(name, cols, params, ...) \
+    VMEM_CLONES void vmem_##name(int64_t t0, int64_t t1, params) { VMEM_LAUNCH2(t0, t1, cols, name, __VA_ARGS__); }
+/* The same, running name##_whole instead for the rows where ``whole`` (an expression of vmem_row and the
+ * parameters) holds: a kernel without edge cases, whose loop over columns vectorizes. */
+#define LAUNCHER2_WHOLE(name, cols, whole, params, ...)                                    \
+    VMEM_CLONES void vmem_##name(int64_t t0, int64_t t1, params) {                         \
+        for (int64_t vmem_row = t0; vmem_row < t1; ++vmem_row) {                           \
+            if (whole) VMEM_LAUNCH2(vmem_row, vmem_row + 1, cols, name##_whole, __VA_ARGS__); \
+            else VMEM_LAUNCH2(vmem_row, vmem_row + 1, cols, name, __VA_ARGS__);            \
+        }                                                                                  \
+    }
 #define P(...) __VA_ARGS__
 
 LAUNCHER(binarize_encode, P(const float* x, uint8_t* bits, int64_t n), x, bits, n)
@@ -40,3 +52,10 @@ LAUNCHER(fixed_encode, P(const float* x, const float* lo, const float* scale, ui
                          int64_t inner, int64_t channels, int bits), x, lo, scale, codes, n, inner, channels, bits)
 LAUNCHER(fixed_decode, P(const uint8_t* codes, const float* lo, const float* scale, float* out, int64_t n,
                          int64_t inner, int64_t channels, int bits), codes, lo, scale, out, n, inner, channels, bits)
+/* restrict: the arrays do not overlap, across the whole launch (a kernel's own restrict covers one thread) */
+LAUNCHER2_WHOLE(patch2_encode, c, patch2_whole(vmem_row, h, w),
+                P(const float* restrict x, uint32_t* restrict codes, float* restrict lo, float* restrict scale,
+                  int64_t n, int64_t h, int64_t w, int64_t c), x, codes, lo, scale, n, h, w, c)
+LAUNCHER2(patch2_decode, c, P(const uint32_t* restrict codes, const float* restrict lo, const float* restrict scale,
+                              float* restrict x, int64_t n, int64_t h, int64_t w, int64_t c),
+          codes, lo, scale, x, n, h, w, c)

@@ -3,7 +3,9 @@
  * Every kernel is thread-independent: one thread per output element, byte, word or row, no shared
  * memory, no synchronization. A kernel's first parameter is VMEM_TID_ARG: nothing on the GPU (the
  * thread index comes from blockIdx/threadIdx), the thread index on the CPU, where the launcher calls the
- * kernel in a plain loop that the compiler can vectorize. Multi-pass encodings (zero-value compression,
+ * kernel in a plain loop that the compiler can vectorize. Kernels over a rows x cols grid (VMEM_TID2_ARG,
+ * VMEM_ROW, VMEM_COL; col fastest) get both indices from the CPU launcher's two loops, so the inner loop
+ * over columns (channels, say) vectorizes with no division; the GPU divides its flat index. Multi-pass encodings (zero-value compression,
  * CSR) run as separate launches: count, an exclusive scan (cupy.cumsum or NumPy), then pack.
  *
  * Floating-point results must be the same bytes on both devices: products and sums that the NumPy
@@ -24,10 +26,16 @@ typedef unsigned long long uint64_t;
 #define VMEM_KERNEL extern "C" __global__
 #define VMEM_TID_ARG
 #define VMEM_TID ((int64_t)blockIdx.x * blockDim.x + threadIdx.x)
+#define VMEM_TID2_ARG
+#define VMEM_ROW(cols) (VMEM_TID / (cols))
+#define VMEM_COL(cols) (VMEM_TID % (cols))
 #define VMEM_FMUL(a, b) __fmul_rn((a), (b))
 #define VMEM_FADD(a, b) __fadd_rn((a), (b))
 #define VMEM_FDIV(a, b) __fdiv_rn((a), (b))
 #define VMEM_RINT(a) rintf(a)
+#define VMEM_UNROLL _Pragma("unroll")
+#define VMEM_FBITS(v) __float_as_uint(v)
+#define VMEM_BITSF(b) __uint_as_float(b)
 #else
 #include "shim.h"
 #endif
@@ -238,12 +246,30 @@ VMEM_KERNEL void dpr10_decode_full(VMEM_TID_ARG const uint32_t* __restrict__ wor
 /* ---- fixed point: per-channel uniform quantization between lo and lo + levels * scale -------------
  * Channel of value j: (j / inner) % channels (NCHW: inner = H*W; channels last: inner = 1). Codes are
  * packed 8 / bits to a byte, low bits first; one thread per byte. Non-finite values get code 0. */
+/* Floats as integers in the same order (-0 just below +0; NaN above +inf or below -inf by sign), and
+ * back. Quantization clamps and selects on these keys: integer min, max and selects, which the CPU
+ * vectorizes, where floating-point selects would become branches (compilers do not speculate
+ * floating-point operations that may trap). */
+__device__ int32_t float_key(float v) {
+    uint32_t b = VMEM_FBITS(v);
+    return (int32_t)(b ^ ((uint32_t)((int32_t)b >> 31) & 0x7FFFFFFFu));
+}
+__device__ float key_float(int32_t k) {
+    return VMEM_BITSF((uint32_t)k ^ ((uint32_t)(k >> 31) & 0x7FFFFFFFu));
+}
+__device__ int32_t finite_mask(float v) {  /* all ones if v is finite, else 0 */
+    return -(int32_t)((VMEM_FBITS(v) & 0x7F800000u) != 0x7F800000u);
+}
+
+/* The code of v: rint((v - lo) / scale) clamped to [0, levels] (scale 0: divide by 1); 0 if v is not finite. */
 __device__ uint32_t fixed_code(float v, float lo, float scale, uint32_t levels) {
-    float safe = scale > 0.0f ? scale : 1.0f;
-    int finite = (v - v) == 0.0f;  /* false for NaN and infinities */
-    float q = VMEM_RINT(VMEM_FDIV(finite ? v - lo : 0.0f - lo, safe));
-    q = q < 0.0f ? 0.0f : (q > (float)levels ? (float)levels : q);
-    return finite ? (uint32_t)q : 0u;
+    int32_t ks = float_key(scale), one = float_key(1.0f);
+    float safe = key_float(ks > 0 ? ks : one);
+    int32_t kq = float_key(VMEM_RINT(VMEM_FDIV(v - lo, safe)));  /* NaN or infinite when v is not */
+    int32_t top = float_key((float)levels);
+    kq = kq < 0 ? 0 : kq;  /* key 0 is +0 */
+    kq = kq > top ? top : kq;
+    return (uint32_t)key_float(kq & finite_mask(v));
 }
 
 VMEM_KERNEL void fixed_encode(VMEM_TID_ARG const float* __restrict__ x, const float* __restrict__ lo,
@@ -272,4 +298,100 @@ VMEM_KERNEL void fixed_decode(VMEM_TID_ARG const uint8_t* __restrict__ codes, co
     int64_t c = (j / inner) % channels;
     uint32_t q = (codes[j / per] >> (bits * (j % per))) & ((1u << bits) - 1u);
     out[j] = VMEM_FADD(lo[c], VMEM_FMUL((float)q, scale[c]));
+}
+
+/* ---- patch2: 2 bits per value, four levels between the min and max of each 4x4 spatial patch ---------
+ * Input channels last (N, H, W, C). One thread per (patch, channel) on a grid of rows = N * ceil(H/4) *
+ * ceil(W/4) patches (image, patch row, patch column) by cols = C: adjacent threads read adjacent channels.
+ * Per patch a 32-bit word of codes (value (i, j) of the patch at bits 2 * (4i + j); positions past the
+ * edge hold 0), the patch's lo and its scale (hi - lo) / 3 over the finite values (0 and 0 if none). */
+__device__ void patch2_extent(int64_t row, int64_t h, int64_t w, int64_t* base, int* rows, int* cols) {
+    int64_t ph = (h + 3) / 4, pw = (w + 3) / 4;
+    int64_t img = row / (ph * pw), pr = (row / pw) % ph, pc = row % pw;
+    *rows = h - pr * 4 < 4 ? (int)(h - pr * 4) : 4;
+    *cols = w - pc * 4 < 4 ? (int)(w - pc * 4) : 4;
+    *base = (img * h + pr * 4) * w + pc * 4;  /* the patch's first pixel */
+}
+
+/* The patch's range over its finite values and its codes: helpers that the encoder calls with rows = cols
+ * = 4 for whole patches (constant trip counts: unrolled, and the CPU's loop over channels vectorizes) and
+ * with the actual extent at the bottom and right edges. */
+__device__ void patch2_range(const float* p, int64_t w, int64_t c, int rows, int cols, float* lo, float* hi) {
+    int32_t l = 0x7FFFFFFF, h = -0x7FFFFFFF - 1;
+    VMEM_UNROLL
+    for (int i = 0; i < rows; ++i) {
+        VMEM_UNROLL
+        for (int j = 0; j < cols; ++j) {
+            float v = p[(i * w + j) * c];
+            int32_t k = float_key(v), finite = finite_mask(v);
+            int32_t kl = (k & finite) | (0x7FFFFFFF & ~finite), kh = (k & finite) | ((-0x7FFFFFFF - 1) & ~finite);
+            l = kl < l ? kl : l;
+            h = kh > h ? kh : h;
+        }
+    }
+    int32_t some = -(int32_t)(l <= h);  /* no finite value: 0 and 0 */
+    *lo = key_float(l & some);
+    *hi = key_float(h & some);
+}
+
+__device__ uint32_t patch2_word(const float* p, int64_t w, int64_t c, int rows, int cols, float lo, float scale) {
+    uint32_t word = 0;
+    VMEM_UNROLL
+    for (int i = 0; i < rows; ++i)
+        VMEM_UNROLL
+        for (int j = 0; j < cols; ++j) word |= fixed_code(p[(i * w + j) * c], lo, scale, 3u) << (2 * (4 * i + j));
+    return word;
+}
+
+__device__ void patch2_encode_at(const float* x, uint32_t* codes, float* lo_out, float* scale_out, int64_t row,
+                                 int64_t ch, int64_t base, int64_t w, int64_t c, int rows, int cols) {
+    const float* p = x + base * c + ch;
+    float lo, hi;
+    patch2_range(p, w, c, rows, cols, &lo, &hi);
+    float scale = VMEM_FDIV(hi - lo, 3.0f);
+    codes[row * c + ch] = patch2_word(p, w, c, rows, cols, lo, scale);
+    lo_out[row * c + ch] = lo;
+    scale_out[row * c + ch] = scale;
+}
+
+/* Whether patch ``row`` lies wholly inside the image (4x4 values). */
+__device__ int patch2_whole(int64_t row, int64_t h, int64_t w) {
+    int64_t base;
+    int rows, cols;
+    patch2_extent(row, h, w, &base, &rows, &cols);
+    return rows == 4 && cols == 4;
+}
+
+VMEM_KERNEL void patch2_encode(VMEM_TID2_ARG const float* __restrict__ x, uint32_t* __restrict__ codes,
+                               float* __restrict__ lo, float* __restrict__ scale, int64_t n, int64_t h, int64_t w,
+                               int64_t c) {
+    int64_t row = VMEM_ROW(c), base;
+    int rows, cols;
+    if (row >= n * ((h + 3) / 4) * ((w + 3) / 4)) return;
+    patch2_extent(row, h, w, &base, &rows, &cols);
+    patch2_encode_at(x, codes, lo, scale, row, VMEM_COL(c), base, w, c, rows, cols);
+}
+
+/* patch2_encode for rows whose patch is whole (patch2_whole): constant 4x4 loops, unrolled; the CPU
+ * launcher runs it for whole patches so that its loop over channels vectorizes. */
+VMEM_KERNEL void patch2_encode_whole(VMEM_TID2_ARG const float* __restrict__ x, uint32_t* __restrict__ codes,
+                                     float* __restrict__ lo, float* __restrict__ scale, int64_t n, int64_t h,
+                                     int64_t w, int64_t c) {
+    int64_t row = VMEM_ROW(c), base;
+    int rows, cols;
+    patch2_extent(row, h, w, &base, &rows, &cols);
+    patch2_encode_at(x, codes, lo, scale, row, VMEM_COL(c), base, w, c, 4, 4);
+}
+
+/* One thread per value, on a grid of rows = N * H * W pixels by cols = C channels: adjacent threads write
+ * adjacent values and read adjacent patches' codes. */
+VMEM_KERNEL void patch2_decode(VMEM_TID2_ARG const uint32_t* __restrict__ codes, const float* __restrict__ lo,
+                               const float* __restrict__ scale, float* __restrict__ x, int64_t n, int64_t h,
+                               int64_t w, int64_t c) {
+    int64_t pix = VMEM_ROW(c), ch = VMEM_COL(c);
+    int64_t img = pix / (h * w), y = (pix / w) % h, col = pix % w;  /* before the test: the CPU hoists it */
+    if (pix >= n * h * w) return;
+    int64_t k = ((img * ((h + 3) / 4) + y / 4) * ((w + 3) / 4) + col / 4) * c + ch;
+    uint32_t q = (codes[k] >> (2 * (4 * (y % 4) + col % 4))) & 3u;
+    x[pix * c + ch] = VMEM_FADD(lo[k], VMEM_FMUL((float)(int32_t)q, scale[k]));  /* int: AVX2 converts it */
 }

@@ -61,6 +61,24 @@ def test_cpu_kernels_equal_the_numpy_references_byte_for_byte(x):
             _same(c, x)
 
 
+@settings(max_examples=80, deadline=None)
+@given(shape=st.tuples(st.integers(1, 3), st.integers(1, 9), st.integers(1, 13), st.integers(1, 13)), data=st.data())
+def test_patch2_kernels_equal_the_reference_in_both_layouts(shape, data):
+    """Whole 4x4 patches and the partial ones at the edges; NaN, infinities and -0.0 among the values."""
+    x = data.draw(arrays().filter(lambda a: a.size >= 1))
+    x = np.resize(x, shape).astype(np.float32)
+    c = codecs.get("patch2")
+    _same(c, x)
+    nhwc = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    fast, ref = c.encode(nhwc, channels_last=True), c.encode(nhwc, channels_last=True, reference=True)
+    for k in ref.arrays:
+        assert fast.arrays[k].tobytes() == ref.arrays[k].tobytes(), k
+        assert fast.arrays[k].tobytes() == c.encode(x, reference=True).arrays[k].tobytes(), k  # same encoding
+    a, b = c.decode(fast, channels_last=True), c.decode(ref, channels_last=True, reference=True)
+    assert a.shape == nhwc.shape and a.tobytes() == b.tobytes()
+    assert a.transpose(0, 3, 1, 2).tobytes() == c.decode(fast).tobytes()  # either layout, the same values
+
+
 @settings(max_examples=60, deadline=None)
 @given(x=arrays())
 def test_relu_backward_on_binarized_output_equals_dense_backward_bytes(x):
@@ -94,3 +112,4 @@ def test_the_kernels_split_over_threads_give_the_same_bytes(monkeypatch):
     assert len(native._chunks(x.size)) > 1 or (native.os.cpu_count() or 1) == 1
     for spec in KERNEL_CODECS:
         _same(codecs.get(spec), x[:40_005].reshape(-1, 5) if spec.startswith("fixed") else x)
+    _same(codecs.get("patch2"), x[:2 * 7 * 45 * 63].reshape(2, 7, 45, 63))  # rows split over threads

@@ -26,17 +26,20 @@ ALIASES = {"fp16": "dpr:format=fp16", "fp10": "dpr:format=fp10", "fp8": "dpr:for
 
 def encode_channels_last(codec: Codec, x: Any) -> Encoded:
     """Encode a tensor stored channels last (N, H, W, C) or (N, F), as the devices store feature maps:
-    per-channel codecs use the last axis, patch codecs see the (N, C, H, W) view."""
+    per-channel codecs use the last axis, patch codecs read the layout as it is."""
     if codec.name == "fixed":
         return codec.encode(x, axis=-1)  # type: ignore[call-arg]
     if codec.name == "patch2":
-        return codec.encode(x.transpose(0, 3, 1, 2))
+        return codec.encode(x, channels_last=True)  # type: ignore[call-arg]
     return codec.encode(x)
 
 
 def decode_channels_last(codec: Codec, enc: Encoded, out: Any) -> None:
     """Decode into ``out``, stored as :func:`encode_channels_last` read it."""
-    codec.decode(enc, out.transpose(0, 3, 1, 2) if codec.name == "patch2" else out)
+    if codec.name == "patch2":
+        codec.decode(enc, out, channels_last=True)  # type: ignore[call-arg]
+    else:
+        codec.decode(enc, out)
 
 
 def names() -> list[str]:

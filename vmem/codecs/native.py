@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 __all__ = ["available", "binarize_encode", "binarize_decode", "binarize_relu_backward", "zvc_encode",
-           "zvc_decode", "ssdc_encode", "ssdc_decode", "dpr_encode", "dpr_decode", "fixed_encode", "fixed_decode"]
+           "zvc_decode", "ssdc_encode", "ssdc_decode", "dpr_encode", "dpr_decode", "fixed_encode", "fixed_decode", "patch2_encode",
+           "patch2_decode"]
 
 try:
     from .._native import ffi, lib  # type: ignore[import-not-found]
@@ -39,10 +40,11 @@ _PARALLEL_MIN = 1 << 16  # threads of a grid: below this, one CPU thread runs th
 _pool: ThreadPoolExecutor | None = None
 
 
-def _chunks(threads: int) -> list[tuple[int, int]]:
-    """Split a grid of ``threads`` into one range per core (at most 8)."""
+def _chunks(threads: int, cols: int = 1) -> list[tuple[int, int]]:
+    """Split a grid of ``threads`` (rows of ``cols`` threads, for 2-D kernels) into one range per core
+    (at most 8)."""
     workers = min(os.cpu_count() or 1, 8)
-    if threads < _PARALLEL_MIN or workers == 1:
+    if threads * cols < _PARALLEL_MIN or workers == 1:
         return [(0, threads)]
     step = -(-threads // workers)
     return [(lo, min(lo + step, threads)) for lo in range(0, threads, step)]
@@ -52,14 +54,15 @@ _TYPES = {np.dtype(np.float32): "float *", np.dtype(np.uint32): "uint32_t *", np
           np.dtype(np.uint16): "uint16_t *", np.dtype(np.uint8): "uint8_t *", np.dtype(np.int64): "int64_t *"}
 
 
-def launch(kernel: str, threads: int, *args: Any, first: int = 0) -> None:
-    """Run ``kernel`` over threads ``first`` to ``threads - 1``. NumPy arguments become pointers to their
-    data (they must be C-contiguous and stay referenced by the caller); other arguments pass as they are."""
+def launch(kernel: str, threads: int, *args: Any, first: int = 0, cols: int = 1) -> None:
+    """Run ``kernel`` over threads ``first`` to ``threads - 1`` (for a 2-D kernel: rows of ``cols``
+    threads). NumPy arguments become pointers to their data (they must be C-contiguous and stay
+    referenced by the caller); other arguments pass as they are."""
     if threads <= first:
         return
     fn = getattr(lib, f"vmem_{kernel}")
     c_args = [ffi.cast(_TYPES[a.dtype], ffi.from_buffer(a)) if isinstance(a, np.ndarray) else a for a in args]
-    ranges = [(first + lo, first + hi) for lo, hi in _chunks(threads - first)]
+    ranges = [(first + lo, first + hi) for lo, hi in _chunks(threads - first, cols)]
     if len(ranges) == 1:
         fn(first, threads, *c_args)
         return
@@ -169,3 +172,19 @@ def fixed_encode(v: np.ndarray, lo: np.ndarray, scale: np.ndarray, inner: int, b
 
 def fixed_decode(codes: np.ndarray, lo: np.ndarray, scale: np.ndarray, inner: int, bits: int, out: np.ndarray) -> None:
     launch("fixed_decode", out.size, np.ascontiguousarray(codes), lo, scale, out, out.size, inner, lo.size, bits)
+
+
+def patch2_encode(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Codes, lo and scale of each 4x4 patch of a C-contiguous (N, H, W, C) float32 array."""
+    n, h, w, c = x.shape
+    patches = n * _groups(h, 4) * _groups(w, 4)
+    codes, lo, scale = np.empty(patches * c, np.uint32), np.empty(patches * c, np.float32), \
+        np.empty(patches * c, np.float32)
+    launch("patch2_encode", patches, x, codes, lo, scale, n, h, w, c, cols=c)
+    return codes, lo, scale
+
+
+def patch2_decode(codes: np.ndarray, lo: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
+    n, h, w, c = out.shape
+    launch("patch2_decode", n * h * w, np.ascontiguousarray(codes), np.ascontiguousarray(lo),
+           np.ascontiguousarray(scale), out, n, h, w, c, cols=c)

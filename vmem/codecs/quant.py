@@ -116,40 +116,81 @@ class Fixed(Codec):
         return -(-math.prod(shape) * self.bits // 8) + 8 * shape[1]
 
 
+def _key(x: np.ndarray) -> np.ndarray:
+    """float32 -> int32 in the same order (the kernels' float_key)."""
+    b = x.view(np.int32)
+    return b ^ ((b >> 31) & np.int32(0x7FFFFFFF))
+
+
+def _unkey(k: np.ndarray) -> np.ndarray:
+    return (k ^ ((k >> 31) & np.int32(0x7FFFFFFF))).view(np.float32)
+
+
 class Patch2(Codec):
     """``patch2``: 2 bits per value, four levels between the minimum and maximum of each 4x4 spatial
-    patch of an (N, C, H, W) tensor (edges padded)."""
+    patch of an (N, C, H, W) tensor (edges padded).
+
+    Encoded, per patch and channel in (image, patch row, patch column, channel) order: a 32-bit word of
+    codes (value (i, j) of the patch at bits 2 * (4i + j)), the patch's minimum ``lo`` and ``scale`` =
+    (max - min) / 3, over its finite values (0 and 0 if it has none). ``channels_last=True`` takes and
+    gives the tensor stored (N, H, W, C), as the devices store it: the kernels read that layout directly."""
 
     name = "patch2"
     lossless = False
     P = 4
 
-    def _patches(self, a: np.ndarray) -> np.ndarray:
-        n, c, h, w = a.shape
-        hp, wp = -(-h // self.P) * self.P, -(-w // self.P) * self.P
-        padded = np.empty((n, c, hp, wp), np.float32)
-        padded[...] = np.nan  # padding is not data: excluded from the ranges
-        padded[:, :, :h, :w] = a
-        return padded.reshape(n, c, hp // self.P, self.P, wp // self.P, self.P)
-
-    def encode(self, x: Any) -> Encoded:
+    def encode(self, x: Any, *, channels_last: bool = False, reference: bool = False) -> Encoded:
         a = np.asarray(x)
         if a.ndim != 4:
             raise ValueError(f"patch2: needs an (N, C, H, W) tensor, got shape {a.shape}")
-        p = self._patches(a)
-        lo, hi = _finite_range(p, (3, 5))
-        q, scale = _quantize(p, lo, hi, 3)
-        return Encoded(self.name, a.shape, a.dtype, {"codes": _pack(q.reshape(-1), 2), "lo": lo, "scale": scale})
+        nhwc = a if channels_last else a.transpose(0, 2, 3, 1)
+        n, h, w, c = nhwc.shape
+        if not reference and a.dtype == np.float32 and native.available():
+            codes, lo, scale = native.patch2_encode(np.ascontiguousarray(nhwc))
+        else:
+            codes, lo, scale = self._encode_reference(nhwc.astype(np.float32, copy=False))
+        return Encoded(self.name, (n, c, h, w), a.dtype, {"codes": codes, "lo": lo, "scale": scale})
 
-    def decode(self, enc: Encoded, out: Any = None) -> np.ndarray:
-        res = output(enc, out)
+    def _encode_reference(self, a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n, h, w, c = a.shape
+        ph, pw = -(-h // self.P), -(-w // self.P)
+        padded = np.full((n, ph * self.P, pw * self.P, c), np.nan, np.float32)  # padding: not data
+        padded[:, :h, :w] = a
+        p = padded.reshape(n, ph, self.P, pw, self.P, c).transpose(0, 1, 3, 5, 2, 4).reshape(n, ph, pw, c, 16)
+        finite = np.isfinite(p)
+        k = _key(np.ascontiguousarray(p))
+        kl = np.where(finite, k, np.int32(0x7FFFFFFF)).min(axis=-1)
+        kh = np.where(finite, k, np.int32(-0x80000000)).max(axis=-1)
+        some = kl <= kh
+        lo = np.where(some, _unkey(kl), np.float32(0))
+        hi = np.where(some, _unkey(kh), np.float32(0))
+        q, scale = _quantize(p, lo[..., None], hi[..., None], 3)
+        codes = (q.astype(np.uint32) << (2 * np.arange(16, dtype=np.uint32))).sum(axis=-1, dtype=np.uint32)
+        return codes.reshape(-1), lo.reshape(-1), scale.reshape(-1)
+
+    def decode(self, enc: Encoded, out: Any = None, *, channels_last: bool = False,
+               reference: bool = False) -> np.ndarray:
         n, c, h, w = enc.shape
-        lo = enc.arrays["lo"]
-        shape = (n, c, lo.shape[2], self.P, lo.shape[4], self.P)
-        q = _unpack(enc.arrays["codes"], 2, math.prod(shape)).reshape(shape)
-        full = (lo + q * enc.arrays["scale"]).reshape(n, c, shape[2] * self.P, shape[4] * self.P)
-        res[...] = full[:, :, :h, :w]
-        return res
+        if out is None:
+            out = np.empty((n, h, w, c) if channels_last else (n, c, h, w), enc.dtype)
+        res = out.transpose(0, 3, 1, 2) if channels_last else out
+        output(enc, res)  # checks the shape and dtype
+        nhwc = out if channels_last else out.transpose(0, 2, 3, 1)
+        codes, lo, scale = enc.arrays["codes"], enc.arrays["lo"], enc.arrays["scale"]
+        if not reference and enc.dtype == np.float32 and native.available():
+            if nhwc.flags.c_contiguous:
+                native.patch2_decode(codes, lo, scale, nhwc)
+            else:
+                tmp = np.empty((n, h, w, c), np.float32)
+                native.patch2_decode(codes, lo, scale, tmp)
+                nhwc[...] = tmp
+            return out
+        ph, pw = -(-h // self.P), -(-w // self.P)
+        q = (codes.reshape(n, ph, pw, c, 1) >> (2 * np.arange(16, dtype=np.uint32))) & np.uint32(3)
+        vals = lo.reshape(n, ph, pw, c, 1) + q.astype(np.float32) * scale.reshape(n, ph, pw, c, 1)
+        full = vals.reshape(n, ph, pw, c, self.P, self.P).transpose(0, 1, 4, 2, 5, 3)
+        nhwc[...] = full.reshape(n, ph * self.P, pw * self.P, c)[:, :h, :w]
+        return out
 
     def encoded_nbytes(self, shape, dtype="float32", density=None) -> int:
         n, c, h, w = shape
