@@ -53,6 +53,18 @@ LAUNCHER(fixed_encode, P(const float* x, const float* lo, const float* scale, ui
 LAUNCHER(fixed_decode, P(const uint8_t* codes, const float* lo, const float* scale, float* out, int64_t n,
                          int64_t inner, int64_t channels, int bits), codes, lo, scale, out, n, inner, channels, bits)
 /* restrict: the arrays do not overlap, across the whole launch (a kernel's own restrict covers one thread) */
+LAUNCHER2(fixed8_encode_rows, channels, P(const float* restrict x, const float* restrict lo,
+          const float* restrict scale, uint8_t* restrict codes, int64_t rows, int64_t channels),
+          x, lo, scale, codes, rows, channels)
+LAUNCHER2(fixed4_encode_rows, channels / 2, P(const float* restrict x, const float* restrict lo,
+          const float* restrict scale, uint8_t* restrict codes, int64_t rows, int64_t channels),
+          x, lo, scale, codes, rows, channels)
+LAUNCHER2(fixed8_decode_rows, channels, P(const uint8_t* restrict codes, const float* restrict lo,
+          const float* restrict scale, float* restrict out, int64_t rows, int64_t channels),
+          codes, lo, scale, out, rows, channels)
+LAUNCHER2(fixed4_decode_rows, channels / 2, P(const uint8_t* restrict codes, const float* restrict lo,
+          const float* restrict scale, float* restrict out, int64_t rows, int64_t channels),
+          codes, lo, scale, out, rows, channels)
 LAUNCHER2_WHOLE(patch2_encode, c, patch2_whole(vmem_row, h, w),
                 P(const float* restrict x, uint32_t* restrict codes, float* restrict lo, float* restrict scale,
                   int64_t n, int64_t h, int64_t w, int64_t c), x, codes, lo, scale, n, h, w, c)

@@ -300,6 +300,56 @@ VMEM_KERNEL void fixed_decode(VMEM_TID_ARG const uint8_t* __restrict__ codes, co
     out[j] = VMEM_FADD(lo[c], VMEM_FMUL((float)q, scale[c]));
 }
 
+/* Channels last, rows of whole bytes (channels a multiple of 8 / bits: a byte never spans two rows): a
+ * grid of rows = positions by cols = bytes per row, no division; the CPU's loop over bytes vectorizes. */
+__device__ void fixed_encode_row(int64_t row, int64_t b, const float* x, const float* lo, const float* scale,
+                                 uint8_t* codes, int64_t channels, int bits) {
+    int per = 8 / bits;
+    uint32_t out = 0, levels = (1u << bits) - 1u;
+    VMEM_UNROLL
+    for (int i = 0; i < per; ++i) {
+        int64_t ch = b * per + i;
+        out |= fixed_code(x[row * channels + ch], lo[ch], scale[ch], levels) << (bits * i);
+    }
+    codes[row * (channels / per) + b] = (uint8_t)out;
+}
+
+__device__ void fixed_decode_row(int64_t row, int64_t b, const uint8_t* codes, const float* lo, const float* scale,
+                                 float* out, int64_t channels, int bits) {
+    int per = 8 / bits;
+    uint32_t byte = codes[row * (channels / per) + b], mask = (1u << bits) - 1u;
+    VMEM_UNROLL
+    for (int i = 0; i < per; ++i) {
+        int64_t ch = b * per + i;
+        out[row * channels + ch] = VMEM_FADD(lo[ch], VMEM_FMUL((float)(int32_t)((byte >> (bits * i)) & mask), scale[ch]));
+    }
+}
+
+VMEM_KERNEL void fixed8_encode_rows(VMEM_TID2_ARG const float* __restrict__ x, const float* __restrict__ lo,
+                                    const float* __restrict__ scale, uint8_t* __restrict__ codes, int64_t rows,
+                                    int64_t channels) {
+    int64_t row = VMEM_ROW(channels), b = VMEM_COL(channels);
+    if (row < rows) fixed_encode_row(row, b, x, lo, scale, codes, channels, 8);
+}
+VMEM_KERNEL void fixed4_encode_rows(VMEM_TID2_ARG const float* __restrict__ x, const float* __restrict__ lo,
+                                    const float* __restrict__ scale, uint8_t* __restrict__ codes, int64_t rows,
+                                    int64_t channels) {
+    int64_t row = VMEM_ROW(channels / 2), b = VMEM_COL(channels / 2);
+    if (row < rows) fixed_encode_row(row, b, x, lo, scale, codes, channels, 4);
+}
+VMEM_KERNEL void fixed8_decode_rows(VMEM_TID2_ARG const uint8_t* __restrict__ codes, const float* __restrict__ lo,
+                                    const float* __restrict__ scale, float* __restrict__ out, int64_t rows,
+                                    int64_t channels) {
+    int64_t row = VMEM_ROW(channels), b = VMEM_COL(channels);
+    if (row < rows) fixed_decode_row(row, b, codes, lo, scale, out, channels, 8);
+}
+VMEM_KERNEL void fixed4_decode_rows(VMEM_TID2_ARG const uint8_t* __restrict__ codes, const float* __restrict__ lo,
+                                    const float* __restrict__ scale, float* __restrict__ out, int64_t rows,
+                                    int64_t channels) {
+    int64_t row = VMEM_ROW(channels / 2), b = VMEM_COL(channels / 2);
+    if (row < rows) fixed_decode_row(row, b, codes, lo, scale, out, channels, 4);
+}
+
 /* ---- patch2: 2 bits per value, four levels between the min and max of each 4x4 spatial patch ---------
  * Input channels last (N, H, W, C). One thread per (patch, channel) on a grid of rows = N * ceil(H/4) *
  * ceil(W/4) patches (image, patch row, patch column) by cols = C: adjacent threads read adjacent channels.

@@ -51,12 +51,12 @@ def _same(c, x, **kw):
 def test_cpu_kernels_equal_the_numpy_references_byte_for_byte(x):
     for spec in KERNEL_CODECS:
         c = codecs.get(spec)
-        if spec.startswith("fixed"):  # per channel: as (N, C) and channels last (N, 1, C)
-            c3 = -(-x.size // 3) * 3
-            y = np.zeros(c3, np.float32)
-            y[: x.size] = x
-            _same(c, y.reshape(-1, 3))
-            _same(c, y.reshape(-1, 1, 3), axis=-1)
+        if spec.startswith("fixed"):  # per channel: (N, C), channels last (N, 1, C), first
+            for channels in (3, 4):  # 4 bits: bytes that span two rows (3), whole bytes per row (4)
+                y = np.resize(x, -(-x.size // channels) * channels) if x.size else np.zeros(0, np.float32)
+                _same(c, y.reshape(-1, channels))
+                _same(c, y.reshape(-1, 1, channels), axis=-1)
+                _same(c, y.reshape(-1, channels, 1), axis=1)  # channels first
         else:
             _same(c, x)
 
@@ -113,3 +113,5 @@ def test_the_kernels_split_over_threads_give_the_same_bytes(monkeypatch):
     for spec in KERNEL_CODECS:
         _same(codecs.get(spec), x[:40_005].reshape(-1, 5) if spec.startswith("fixed") else x)
     _same(codecs.get("patch2"), x[:2 * 7 * 45 * 63].reshape(2, 7, 45, 63))  # rows split over threads
+    for spec in ("fixed:bits=8", "fixed:bits=4"):
+        _same(codecs.get(spec), x[:40_000].reshape(-1, 8), axis=-1)

@@ -165,13 +165,24 @@ def dpr_decode(codes: np.ndarray, fmt: str, out: np.ndarray) -> None:
 
 
 def fixed_encode(v: np.ndarray, lo: np.ndarray, scale: np.ndarray, inner: int, bits: int) -> np.ndarray:
-    codes = np.empty(_groups(v.size, 8 // bits), np.uint8)
-    launch("fixed_encode", codes.size, v, lo, scale, codes, v.size, inner, lo.size, bits)
+    per = 8 // bits
+    codes = np.empty(_groups(v.size, per), np.uint8)
+    if inner == 1 and lo.size % per == 0 and v.size:  # channels last, whole bytes per row: the 2-D kernel
+        rows = v.size // lo.size
+        launch(f"fixed{bits}_encode_rows", rows, v, lo, scale, codes, rows, lo.size, cols=lo.size // per)
+    else:
+        launch("fixed_encode", codes.size, v, lo, scale, codes, v.size, inner, lo.size, bits)
     return codes
 
 
 def fixed_decode(codes: np.ndarray, lo: np.ndarray, scale: np.ndarray, inner: int, bits: int, out: np.ndarray) -> None:
-    launch("fixed_decode", out.size, np.ascontiguousarray(codes), lo, scale, out, out.size, inner, lo.size, bits)
+    per = 8 // bits
+    c = np.ascontiguousarray(codes)
+    if inner == 1 and lo.size % per == 0 and out.size:
+        rows = out.size // lo.size
+        launch(f"fixed{bits}_decode_rows", rows, c, lo, scale, out, rows, lo.size, cols=lo.size // per)
+    else:
+        launch("fixed_decode", out.size, c, lo, scale, out, out.size, inner, lo.size, bits)
 
 
 def patch2_encode(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

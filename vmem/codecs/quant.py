@@ -44,9 +44,14 @@ def _unpack(packed: np.ndarray, bits: int, n: int) -> np.ndarray:
 
 
 def _finite_range(x: np.ndarray, axis: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    finite = np.isfinite(x)
-    lo = np.where(finite, x, np.inf).min(axis=axis, keepdims=True, initial=np.inf)
-    hi = np.where(finite, x, -np.inf).max(axis=axis, keepdims=True, initial=-np.inf)
+    """Minimum and maximum over ``axis`` of the finite values (0 and 0 where there are none)."""
+    lo = x.min(axis=axis, keepdims=True, initial=np.inf)
+    hi = x.max(axis=axis, keepdims=True, initial=-np.inf)
+    bad = ~(np.isfinite(lo) & np.isfinite(hi))
+    if bad.any():  # NaN, an infinity or nothing in some slice: take those over their finite values
+        finite = np.isfinite(x)
+        lo = np.where(bad, np.where(finite, x, np.inf).min(axis=axis, keepdims=True, initial=np.inf), lo)
+        hi = np.where(bad, np.where(finite, x, -np.inf).max(axis=axis, keepdims=True, initial=-np.inf), hi)
     empty = ~np.isfinite(lo)
     return np.where(empty, 0, lo).astype(np.float32), np.where(empty, 0, hi).astype(np.float32)
 
