@@ -111,3 +111,48 @@ def test_cli_codec_bandwidth(capsys):
     assert rows[0]["encoded_bytes"] < 0.2 * rows[0]["bytes"] < rows[1]["encoded_bytes"]
     assert main(["bench", "bandwidth", "--codec", "nope"]) != 0
     assert "unknown codec 'nope'" in capsys.readouterr().err
+
+
+def test_fixed_point_ranges_come_from_batch_norm_parameters(monkeypatch):
+    net = MODELS["resnet_cifar"]()
+    plan = vmem.plan(net, 8, "cpu", "gist:codec=fixed4")
+    fixed = {n for n, c in plan.codecs.items() if c == "fixed:bits=4"}
+    assert set(plan.ranges) == {n for n in fixed if n.startswith("batchnorm")} != set()  # ReLU in place over BN
+    assert all(r == {"batchnorm": n, "relu": True, "sigmas": 4.0} for n, r in plan.ranges.items())
+    assert "conv1" in fixed and "conv1" not in plan.ranges  # a convolution's output: its range from the data
+    assert not vmem.plan(net, 8, "cpu", "gist:codec=fixed4,bn_sigmas=0").ranges
+    assert not vmem.plan(net, 8, "cpu", "gist:dpr=fp8").ranges
+    assert vmem.plan(net, 8, "cpu", "vdnn-all:codec=fixed8,bn_sigmas=2").ranges["batchnorm1"]["sigmas"] == 2.0
+    assert not vmem.plan(vmem.models.get("vgg_cifar", image_size=16), 8, "cpu", "gist:codec=fixed4").ranges
+    with pytest.raises(ValueError, match="bn_sigmas"):
+        vmem.policies.get("gist:codec=fixed4,bn_sigmas=-1")
+
+    # the executor encodes each of those buffers between beta - 4|gamma| and beta + 4|gamma|, clamped at 0
+    rng = np.random.default_rng(1)
+    dev = vmem.device("cpu", memory="256MiB")
+    with vmem.Trainer(net, device=dev, seed=0):  # initializes the weights, then trained from below
+        pass
+    for k in [k for k in net.params if k.startswith("batchnorm") and k.endswith(("weight", "bias"))]:
+        net.params[k] = (rng.standard_normal(net.params[k].shape) * 0.5 + (1 if k.endswith("weight") else 0)
+                         ).astype(np.float32)
+    want = {}
+    for name in plan.ranges:
+        g, b = net.params[f"{name}.weight"], net.params[f"{name}.bias"]
+        want[name] = (np.maximum(b - 4 * np.abs(g), 0), np.maximum(b + 4 * np.abs(g), 0))
+    seen = []
+    real = codecs.encode_channels_last
+
+    def spy(codec, x, lo=None, hi=None):
+        if lo is not None:
+            seen.append((np.array(lo), np.array(hi)))
+        return real(codec, x, lo, hi)
+
+    monkeypatch.setattr(codecs, "encode_channels_last", spy)
+    with vmem.Trainer(net, device=dev, policy="gist:codec=fixed4", seed=0) as trainer:
+        x = rng.standard_normal((8,) + net.input_shape).astype(np.float32)
+        trainer.step(x, rng.integers(0, 10, 8))
+    dev.close()
+    assert len(seen) == len(want)
+    for lo, hi in want.values():
+        assert any(a.shape == lo.shape and np.allclose(lo, a, rtol=1e-6, atol=0) and np.allclose(hi, b, rtol=1e-6, atol=0)
+                   for a, b in seen)

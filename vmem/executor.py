@@ -142,6 +142,10 @@ class Executor:
         owner = {schedule.value[t.buffer]: t.buffer for t in program.tensors}
         self._codecs = {name: (codecs.get(spec), physical(program.tensors[owner[name]].shape))
                         for name, spec in schedule.codecs.items()}
+        # fixed-point buffers whose range comes from a batch norm's parameters: buffer -> (op index, relu, sigmas)
+        index, ids = {op.name: op.index for op in ops}, {t.name: t.id for t in program.tensors}
+        self._bn_ranges = {schedule.value[ids[name]]: (index[r["batchnorm"]], bool(r["relu"]), float(r["sigmas"]))
+                           for name, r in plan.ranges.items()}
         self._host_bytes = {st[1]: self._host_nbytes(st[1]) for st in schedule.steps if st[0] == "offload"}
         self._pinned_bytes = sum(-(-n // 4096) * 4096 for n in self._host_bytes.values())  # with alignment
         # encodings whose size depends on the data are allocated when it is known (see _encode)
@@ -272,7 +276,7 @@ class Executor:
         if name in self._codecs:
             codec, shape = self._codecs[name]
             ms.launch(_timed, self._timeline, f"offload:{name}", "memory", "offload", {}, self._send, codec,
-                      dev.view(block, shape, self.dtype), off)
+                      dev.view(block, shape, self.dtype), off, name)
         else:
             off.moved = block.nbytes
             ms.launch(_timed, self._timeline, f"offload:{name}", "memory", "offload", {}, dev.copy_now,
@@ -286,9 +290,20 @@ class Executor:
             self._stall(f"sync:{name}", off.done)
             dev.pool.free(block, cs)
 
-    def _send(self, codec: Any, src: np.ndarray, off: _Offloaded) -> None:
-        off.enc = transfer.send(self.device, codec, src, off.host)
+    def _send(self, codec: Any, src: np.ndarray, off: _Offloaded, name: str) -> None:
+        off.enc = transfer.send(self.device, codec, src, off.host, self._range(name))
         off.moved = off.enc.nbytes
+
+    def _range(self, name: str) -> tuple[Any, Any] | None:
+        """Per-channel (lo, hi) of a fixed-point buffer that follows a batch norm: beta +- sigmas * |gamma|,
+        clamped at 0 after a ReLU (read when the encoding runs: after the forward, before the update)."""
+        if name not in self._bn_ranges:
+            return None
+        i, relu, sigmas = self._bn_ranges[name]
+        xp, p = self.xp, self._op_params[i]
+        half = xp.abs(p["weight"]) * p["weight"].dtype.type(sigmas)
+        lo, hi = p["bias"] - half, p["bias"] + half
+        return (xp.maximum(lo, 0), xp.maximum(hi, 0)) if relu else (lo, hi)
 
     def _prefetch(self, name: str, blocks: dict[str, Any], offloaded: dict[str, _Offloaded]) -> None:
         """Copy an offloaded buffer back into its newly allocated block on the memory stream."""
@@ -318,7 +333,8 @@ class Executor:
         src = self.device.view(blocks[name], shape, self.dtype)
         if enc_name not in self._deferred:
             raw = self._view(blocks, enc_name, (blocks[enc_name].nbytes,), np.uint8)
-            self._launch(f"encode:{name}", self._encode_into, codec, src, raw, enc_name, encodings)
+            self._launch(f"encode:{name}", lambda: encodings.__setitem__(
+                enc_name, codecs.encode_channels_last(codec, src, *(self._range(name) or ())).store(raw)))
             return
         pool, cs = self.device.pool, self.device.compute_stream
         cs.synchronize()
@@ -332,10 +348,6 @@ class Executor:
         usage = pool.usage()
         self._timeline.record(Span(f"encode:{name}", "compute", "compute", start, time.perf_counter(),
                                    sum(usage.values()), usage))
-
-    @staticmethod
-    def _encode_into(codec: Any, src: np.ndarray, raw: np.ndarray, enc_name: str, encodings: dict[str, Any]) -> None:
-        encodings[enc_name] = codecs.encode_channels_last(codec, src).store(raw)
 
     def _decode(self, name: str, blocks: dict[str, Any], encodings: dict[str, Any]) -> None:
         """Decode a buffer back into its (newly allocated) block before the first backward that reads it."""

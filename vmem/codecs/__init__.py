@@ -24,11 +24,14 @@ ALIASES = {"fp16": "dpr:format=fp16", "fp10": "dpr:format=fp10", "fp8": "dpr:for
            "fixed4": "fixed:bits=4"}
 
 
-def encode_channels_last(codec: Codec, x: Any) -> Encoded:
+def encode_channels_last(codec: Codec, x: Any, lo: Any = None, hi: Any = None) -> Encoded:
     """Encode a tensor stored channels last (N, H, W, C) or (N, F), as the devices store feature maps:
-    per-channel codecs use the last axis, patch codecs read the layout as it is."""
+    per-channel codecs use the last axis (``fixed`` between per-channel ``lo`` and ``hi`` when given,
+    e.g. from batch-norm statistics), patch codecs read the layout as it is."""
     if codec.name == "fixed":
-        return codec.encode(x, axis=-1)  # type: ignore[call-arg]
+        return codec.encode(x, lo, hi, axis=-1)  # type: ignore[call-arg]
+    if lo is not None or hi is not None:
+        raise ValueError(f"codec {codec.spec!r}: takes no per-channel range (only fixed does)")
     if codec.name == "patch2":
         return codec.encode(x, channels_last=True)  # type: ignore[call-arg]
     return codec.encode(x)

@@ -60,10 +60,10 @@ def _ranges(n: int, whole: bool) -> list[tuple[int, int]]:
     return [(lo, min(lo + PIECE, n)) for lo in range(0, n, PIECE)]
 
 
-def send(device: Any, codec: Codec, src: Any, host: np.ndarray) -> Pieces:
+def send(device: Any, codec: Codec, src: Any, host: np.ndarray, ranges: tuple[Any, Any] | None = None) -> Pieces:
     """Encode ``src`` (stored channels last) and copy the encoding into ``host`` (pinned bytes) over the
-    link, piece by piece, encoding the next piece while the previous one crosses. ``.nbytes`` of the
-    result is what crossed the link."""
+    link, piece by piece, encoding the next piece while the previous one crosses. ``ranges``: per-channel
+    ``(lo, hi)`` for ``fixed``. ``.nbytes`` of the result is what crossed the link."""
     from . import encode_channels_last
 
     whole = codec.name not in _STREAMING
@@ -72,7 +72,7 @@ def send(device: Any, codec: Codec, src: Any, host: np.ndarray) -> Pieces:
     offset = 0
     pending = None
     for lo, hi in _ranges(flat.size, whole):
-        enc = encode_channels_last(codec, src) if whole else codec.encode(flat[lo:hi])
+        enc = encode_channels_last(codec, src, *(ranges or ())) if whole else codec.encode(flat[lo:hi])
         if pending is not None:
             pending.result()  # the link carries one piece at a time
         room = host[offset:]

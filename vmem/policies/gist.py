@@ -12,7 +12,9 @@ first backward that reads it, it is decoded back (or, for binarized buffers, nev
 - ``dpr=fp16|fp10|fp8`` (lossy, delayed precision reduction): every other stashed buffer, and those
   ssdc would take, is kept in the reduced format; the forward pass still used full precision.
   ``codec=`` names any value codec instead (``fixed8``, ``fixed4``, ``patch2``, ``zvc``, ...; patch2
-  applies to 4-D buffers only).
+  applies to 4-D buffers only). With ``fixed``, buffers that hold a batch norm's output (or a ReLU of
+  it) take their per-channel range from its parameters, ``beta +- bn_sigmas * |gamma|`` (default 4; 0:
+  from the data; see :mod:`vmem.policies.ranges`).
 
 ``density`` (default 0.5) is the fraction of nonzeros assumed when sizing data-dependent encodings
 (ssdc, zvc) in the plan; the executor allocates each encoding's actual size.
@@ -28,6 +30,7 @@ from ..device.base import DeviceSpec
 from ..graph import Program
 from .base import Policy, option, register
 from .plan import Plan
+from .ranges import batchnorm_ranges, check_sigmas
 from .vdnn import check_density
 
 __all__ = ["Gist"]
@@ -53,7 +56,8 @@ def _nonnegative_sparse(program: Program, b: int) -> bool:
 @register
 @dataclass(frozen=True)
 class Gist(Policy):
-    """``gist[:dpr=fp16|fp10|fp8,codec=...,binarize=true,ssdc=true,density=0.5,algos=memory|performance]``."""
+    """``gist[:dpr=fp16|fp10|fp8,codec=...,binarize=true,ssdc=true,density=0.5,bn_sigmas=4,
+    algos=memory|performance]``."""
 
     name = "gist"
     dpr: str | None = option(None)
@@ -61,10 +65,12 @@ class Gist(Policy):
     binarize: bool = option(True)
     ssdc: bool = option(True)
     density: float = option(0.5)
+    bn_sigmas: float = option(4.0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_density(self.name, self.density)
+        check_sigmas(self.name, self.bn_sigmas)
         if self.dpr is not None and self.dpr not in codecs.FORMATS:
             raise ValueError(f"policy 'gist': dpr={self.dpr!r}; use one of {', '.join(codecs.FORMATS)}")
         if self.dpr is not None and self.codec is not None:
@@ -110,6 +116,6 @@ class Gist(Policy):
         return Plan(
             policy=self.spec, network=program.network, batch=program.batch, device=device.name,
             capacity=device.memory, allocation="layer", algos=self.choose_algos(program, costs), stash=stash,
-            codecs=chosen, density=self.density,
+            codecs=chosen, density=self.density, ranges=batchnorm_ranges(program, chosen, self.bn_sigmas),
             reason=f"layer-wise allocation; gist: encode {summary} of {len(stash)} stashed buffers on the device",
         )

@@ -32,6 +32,9 @@ class Plan:
     stash: dict[str, str] = field(default_factory=dict)  # stashed buffer (owner) -> "keep" | "offload" | "encode"
     codecs: dict[str, str] = field(default_factory=dict)  # offloaded or encoded buffer -> codec spec
     density: float = 0.5  # expected fraction of nonzeros, to size data-dependent encodings when planning
+    # fixed-point buffers whose per-channel range comes from a batch norm: buffer -> {"batchnorm": op name,
+    # "relu": whether a ReLU follows it, "sigmas": half-width in standard deviations} (see policies.ranges)
+    ranges: dict[str, dict[str, Any]] = field(default_factory=dict)
     prefetch: dict[str, list[str]] = field(default_factory=dict)  # op -> buffers to prefetch at its backward
     sync: str | None = None  # "layer" | "event" for offloading plans
     reason: str = ""

@@ -16,6 +16,9 @@ copy's event and compute never waits for an offload.
 ``codec=`` (``zvc``, ``ssdc``, ``fp16``/``fp10``/``fp8``, ``fixed8``/``fixed4``, ``patch2``) encodes each
 offloaded buffer on its way to the host and decodes it on its way back, so the bus carries the encoded
 bytes (``vdnn-all:codec=zvc`` is cDMA in software). Lossless codecs keep training bitwise identical.
+With a ``fixed`` codec, buffers that hold a batch norm's output (or a ReLU of it) take their per-channel
+range from its parameters, ``beta +- bn_sigmas * |gamma|`` (default 4; 0: from the data); see
+:mod:`vmem.policies.ranges`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from ..device.base import DeviceSpec
 from ..graph import Program
 from .base import Policy, option, register
 from .plan import Plan
+from .ranges import batchnorm_ranges, check_sigmas
 
 __all__ = ["VdnnAll", "VdnnConv", "prefetch_points", "offload_codec", "check_density"]
 
@@ -80,6 +84,7 @@ class _Vdnn(Policy):
     sync: str = "layer"
     codec: str | None = option(None)
     density: float = option(0.5)
+    bn_sigmas: float = option(4.0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -88,6 +93,7 @@ class _Vdnn(Policy):
         if self.codec is not None:
             offload_codec(self.name, self.codec)
         check_density(self.name, self.density)
+        check_sigmas(self.name, self.bn_sigmas)
 
     @abstractmethod
     def offloads(self, program: Program) -> set[int]:
@@ -96,13 +102,14 @@ class _Vdnn(Policy):
     def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
         stashed = program.stashed_buffers()
         offloaded = self.offloads(program) & stashed
+        chosen = ({program.tensors[b].name: offload_codec(self.name, self.codec).spec for b in sorted(offloaded)}
+                  if self.codec else {})
         return Plan(
             policy=self.spec, network=program.network, batch=program.batch, device=device.name,
             capacity=device.memory, allocation="layer", algos=self.choose_algos(program, costs),
             stash={program.tensors[b].name: ("offload" if b in offloaded else "keep") for b in sorted(stashed)},
             prefetch=prefetch_points(program, offloaded), sync=self.sync, density=self.density,
-            codecs=({program.tensors[b].name: offload_codec(self.name, self.codec).spec for b in sorted(offloaded)}
-                    if self.codec else {}),
+            codecs=chosen, ranges=batchnorm_ranges(program, chosen, self.bn_sigmas),
             reason=f"layer-wise allocation; {self.name}: offload {len(offloaded)} of {len(stashed)} stashed buffers"
                    + (f" through {self.codec}" if self.codec else ""),
         )
