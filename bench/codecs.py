@@ -1,11 +1,11 @@
 """Encode+decode throughput of each codec on the CPU, against a NumPy copy of the same data, same run.
 
-The data are ReLU outputs (about half zeros) of 64 MiB by default, shaped (N, 64, 64, 64) and stored
-channels last, as the executor encodes them (per-channel and per-patch codecs read that layout). 64 MiB
-is larger than the last-level cache, as the feature maps that are offloaded or encoded are (at 16 MiB
-the copy runs from cache and is up to twice as fast, while the codecs allocate their outputs). Throughput counts the uncompressed
-bytes: size / (encode seconds + decode seconds), best of rounds; the ratio divides by the throughput of
-one numpy.copyto of the same array. Compression ratios are printed too.
+The data are ReLU outputs (about half zeros) of 64 MiB by default, shaped (N, 64, 64, 64) and stored channels
+last, as the executor encodes them (per-channel and per-patch codecs read that layout). 64 MiB is larger than
+the last-level cache, as the feature maps that are offloaded or encoded are (at 16 MiB the copy runs from
+cache and is up to twice as fast, while the codecs allocate their outputs). Throughput counts the uncompressed
+bytes: size / (encode seconds + decode seconds), best of rounds; the ratio divides by the throughput of one
+numpy.copyto of the same array. Compression ratios are printed too.
 
 Targets (issue 6): at least 0.5x a copy for binarize and dpr, at least 0.25x for zvc and ssdc.
 

@@ -1,11 +1,11 @@
 /* vmem's encoding kernels, shared by the GPU (cupy.RawModule) and the CPU (shim.h + cffi).
  *
- * Every kernel is thread-independent: one thread per output element, byte, word or row, no shared
- * memory, no synchronization. A kernel's first parameter is VMEM_TID_ARG: nothing on the GPU (the
- * thread index comes from blockIdx/threadIdx), the thread index on the CPU, where the launcher calls the
- * kernel in a plain loop that the compiler can vectorize. Kernels over a rows x cols grid (VMEM_TID2_ARG,
- * VMEM_ROW, VMEM_COL; col fastest) get both indices from the CPU launcher's two loops, so the inner loop
- * over columns (channels, say) vectorizes with no division; the GPU divides its flat index. Multi-pass encodings (zero-value compression,
+ * Every kernel is thread-independent: one thread per output element, byte, word or row, no shared memory, no
+ * synchronization. A kernel's first parameter is VMEM_TID_ARG: nothing on the GPU (the thread index comes
+ * from blockIdx/threadIdx), the thread index on the CPU, where the launcher calls the kernel in a plain loop
+ * that the compiler can vectorize. Kernels over a rows x cols grid (VMEM_TID2_ARG, VMEM_ROW, VMEM_COL; col
+ * fastest) get both indices from the CPU launcher's two loops, so the inner loop over columns (channels, say)
+ * vectorizes with no division; the GPU divides its flat index. Multi-pass encodings (zero-value compression,
  * CSR) run as separate launches: count, an exclusive scan (cupy.cumsum or NumPy), then pack.
  *
  * Floating-point results must be the same bytes on both devices: products and sums that the NumPy
@@ -321,7 +321,8 @@ __device__ void fixed_decode_row(int64_t row, int64_t b, const uint8_t* codes, c
     VMEM_UNROLL
     for (int i = 0; i < per; ++i) {
         int64_t ch = b * per + i;
-        out[row * channels + ch] = VMEM_FADD(lo[ch], VMEM_FMUL((float)(int32_t)((byte >> (bits * i)) & mask), scale[ch]));
+        float q = (float)(int32_t)((byte >> (bits * i)) & mask);  /* from int: AVX2 converts it */
+        out[row * channels + ch] = VMEM_FADD(lo[ch], VMEM_FMUL(q, scale[ch]));
     }
 }
 

@@ -154,5 +154,5 @@ def test_fixed_point_ranges_come_from_batch_norm_parameters(monkeypatch):
     dev.close()
     assert len(seen) == len(want)
     for lo, hi in want.values():
-        assert any(a.shape == lo.shape and np.allclose(lo, a, rtol=1e-6, atol=0) and np.allclose(hi, b, rtol=1e-6, atol=0)
-                   for a, b in seen)
+        assert any(a.shape == lo.shape and np.allclose(lo, a, rtol=1e-6, atol=0)
+                   and np.allclose(hi, b, rtol=1e-6, atol=0) for a, b in seen)

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 __all__ = ["available", "binarize_encode", "binarize_decode", "binarize_relu_backward", "zvc_encode",
-           "zvc_decode", "ssdc_encode", "ssdc_decode", "dpr_encode", "dpr_decode", "fixed_encode", "fixed_decode", "patch2_encode",
-           "patch2_decode"]
+           "zvc_decode", "ssdc_encode", "ssdc_decode", "dpr_encode", "dpr_decode", "fixed_encode", "fixed_decode",
+           "patch2_encode", "patch2_decode"]
 
 try:
     from .._native import ffi, lib  # type: ignore[import-not-found]
