@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE] + 
 from _report import emit, table, verdict  # noqa: E402
 
 from vmem import codecs, parse_bytes  # noqa: E402
-from vmem.benchmarks import relu_activations  # noqa: E402
+from vmem.benchmarks import best_seconds, relu_activations  # noqa: E402
 from vmem.codecs import native  # noqa: E402
 
 SPECS = ["binarize", "dpr:format=fp16", "dpr:format=fp10", "dpr:format=fp8", "zvc", "ssdc", "fixed:bits=8",
@@ -36,13 +35,7 @@ TARGETS = {"binarize": 0.5, "dpr:format=fp16": 0.5, "dpr:format=fp10": 0.5, "dpr
 
 
 def best(fn, rounds: int) -> float:
-    fn()
-    out = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        out = min(out, time.perf_counter() - t0)
-    return out
+    return best_seconds(fn, rounds, warmup=True)
 
 
 def main(argv: list[str] | None = None) -> int:

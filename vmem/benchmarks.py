@@ -10,7 +10,7 @@ import numpy as np
 
 from .units import parse_bytes
 
-__all__ = ["bandwidth", "codec_bandwidth", "relu_activations", "DEFAULT_SIZES"]
+__all__ = ["bandwidth", "codec_bandwidth", "relu_activations", "best_seconds", "DEFAULT_SIZES"]
 
 DEFAULT_SIZES = ("64KiB", "256KiB", "1MiB", "4MiB", "16MiB", "64MiB", "256MiB")
 
@@ -56,6 +56,18 @@ def bandwidth(device: Any, sizes: Sequence[int | str] = DEFAULT_SIZES, *, rounds
             pinned_pool.free(host_block)
     return rows
 
+
+
+def best_seconds(fn: Any, rounds: int, *, warmup: bool = False) -> float:
+    """The shortest of ``rounds`` timed calls of ``fn`` (after one untimed call if ``warmup``)."""
+    if warmup:
+        fn()
+    out = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        out = min(out, time.perf_counter() - t0)
+    return out
 
 def relu_activations(n: int, density: float, seed: int = 0) -> np.ndarray:
     """``n`` float32 values like a ReLU output: half-normal magnitudes, a ``density`` fraction nonzero."""

@@ -10,25 +10,16 @@ not memory.
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from .benchmarks import best_seconds
 from .costs import Profiled
 from .graph import Program
 from .nn.base import Ctx, physical
 
 __all__ = ["profile"]
-
-
-def _best(fn: Callable[[], Any], repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def profile(program: Program, *, copy_gbps: float | None = None, repeats: int = 2, seed: int = 0) -> Profiled:
@@ -60,7 +51,7 @@ def profile(program: Program, *, copy_gbps: float | None = None, repeats: int = 
         needs_x = xs if op.reads_input else None
         for algo in algos.get("forward", [None]):
             layer.forward(ctx(algo), xs, y)  # warm up
-            times[(op.name, "forward", algo)] = _best(lambda: layer.forward(ctx(algo), xs, y), repeats)
+            times[(op.name, "forward", algo)] = best_seconds(lambda: layer.forward(ctx(algo), xs, y), repeats)
         y_read = y if op.reads_output else None
         if op.kind == "conv":
             data_algos, filter_algos = algos["backward_data"], algos["backward_filter"]
@@ -68,18 +59,18 @@ def profile(program: Program, *, copy_gbps: float | None = None, repeats: int = 
                 def filter_only(fa: str = fa) -> None:
                     layer.backward(ctx((data_algos[0], fa)), dy, needs_x, y_read, [None])
                 filter_only()
-                times[(op.name, "backward_filter", fa)] = _best(filter_only, repeats)
+                times[(op.name, "backward_filter", fa)] = best_seconds(filter_only, repeats)
             base_filter = times[(op.name, "backward_filter", filter_algos[0])]
             for da in data_algos:
                 def both(da: str = da) -> None:
                     layer.backward(ctx((da, filter_algos[0])), dy, needs_x, y_read, dxs)
                 both()
-                times[(op.name, "backward_data", da)] = max(0.0, _best(both, repeats) - base_filter)
+                times[(op.name, "backward_data", da)] = max(0.0, best_seconds(both, repeats) - base_filter)
         else:
             def backward() -> None:
                 layer.backward(ctx(None), dy, needs_x, y_read, dxs)
             backward()
-            times[(op.name, "backward", None)] = _best(backward, repeats)
+            times[(op.name, "backward", None)] = best_seconds(backward, repeats)
 
     # the loss, on the logits' shape
     from .nn.loss import SoftmaxCrossEntropy
@@ -88,17 +79,17 @@ def profile(program: Program, *, copy_gbps: float | None = None, repeats: int = 
     labels = rng.integers(0, logits.shape[1], logits.shape[0])
     probs, dlogits = np.empty_like(logits), np.empty_like(logits)
     loss = SoftmaxCrossEntropy()
-    times[("loss", "forward", None)] = _best(lambda: (loss.forward(np, logits, labels, probs),
+    times[("loss", "forward", None)] = best_seconds(lambda: (loss.forward(np, logits, labels, probs),
                                                       loss.backward(np, probs, labels, dlogits)), repeats)
     # element-wise bandwidth (gradient accumulation, the optimizer's update) and the copy rate
     a = np.ones(4 << 20, dtype)
     b = np.ones_like(a)
-    add_seconds = _best(lambda: np.add(a, b, out=a), repeats)
+    add_seconds = best_seconds(lambda: np.add(a, b, out=a), repeats)
     elementwise_gbps = 3 * a.nbytes / add_seconds / 1e9
     if copy_gbps is None:
         src = np.ones(32 << 20, np.uint8)
         dst = np.empty_like(src)
-        copy_gbps = src.nbytes / _best(lambda: np.copyto(dst, src), repeats) / 1e9
+        copy_gbps = src.nbytes / best_seconds(lambda: np.copyto(dst, src), repeats) / 1e9
     params_bytes = sum(int(np.prod(s.shape)) for op in program.ops for s in op.params.values() if s.trainable)
     update = 5 * params_bytes * dtype.itemsize / (elementwise_gbps * 1e9)
     return Profiled(times, d2h_gbps=copy_gbps, h2d_gbps=copy_gbps, update=update, elementwise_gbps=elementwise_gbps)
