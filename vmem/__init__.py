@@ -16,7 +16,7 @@ from . import data, errors, models, nn, optim, policies, pool, streams
 from . import device
 from .graph import Graph, Network, Program, Sequential
 from .planner import plan
-from .trainer import Trainer
+from .training import Trainer
 from .units import format_bytes, parse_bytes
 
 __version__ = "0.1.0"

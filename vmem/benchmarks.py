@@ -25,7 +25,7 @@ def bandwidth(device: Any, sizes: Sequence[int | str] = DEFAULT_SIZES, *, rounds
     with cudaMemcpyAsync from pageable memory)."""
     nbytes = [parse_bytes(s, name="sizes") for s in sizes]
     biggest = max(nbytes)
-    pinned_pool = device.reserve_pinned(biggest) if hasattr(device, "reserve_pinned") else device.pinned
+    pinned_pool = device.reserve_pinned(biggest)
     rows = []
     for n in nbytes:
         block = device.pool.allocate(n, category="other")

@@ -36,7 +36,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     import numpy as np
 
     from . import data, optim
-    from .trainer import Trainer
+    from .training import Trainer
 
     net = _model(args)
     train, val = data.load(args.dataset, input_shape=net.input_shape, seed=args.seed)
@@ -96,7 +96,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     net = _model(args)
     costs = None
     if args.profile and not args.device.startswith("sim:"):
-        from .profile import profile
+        from .costs import profile
 
         costs = profile(net.build(args.batch))
     result = plan(net, args.batch, args.device, _policy_spec(args), memory=args.memory, costs=costs)
@@ -125,7 +125,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from . import data, optim
     from .device import device as make_device
     from .report import layer_table
-    from .trainer import Trainer
+    from .training import Trainer
 
     net = _model(args)
     train, _ = data.load(args.dataset, input_shape=net.input_shape, seed=args.seed, n=max(args.batch, 256))
@@ -245,7 +245,6 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    from .device import names
     from .device import specs as gpu_specs
 
     rows = [{"name": "cpu", "kind": "cpu"}]

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .policies.plan import Plan
-from .timeline import Timeline
+from .runtime.timeline import Timeline
 from .units import format_bytes
 
 __all__ = ["layer_table"]
 
 
-def layer_table(plan: Plan, timeline: Timeline | None = None) -> str:
-    """Per layer: output shape, algorithms, stash decision, bytes, and (with a timeline) forward and
-    backward milliseconds measured on the compute stream."""
+def layer_table(plan: Any, timeline: Timeline | None = None) -> str:
+    """Per layer of a planned step (a :class:`vmem.planner.PlanResult`): output shape, algorithms, stash
+    decision, bytes, and (with a timeline) forward and backward milliseconds measured on the compute
+    stream."""
     times: dict[str, float] = {}
     if timeline is not None:
         for s in timeline.spans:
@@ -22,10 +22,11 @@ def layer_table(plan: Plan, timeline: Timeline | None = None) -> str:
     head = ("layer", "output", "algorithms (fwd/bwd-data/bwd-filter)", "stash", "bytes", "workspace", "fwd ms", "bwd ms")
     rows: list[tuple[Any, ...]] = [head]
     for row in plan.layers:
-        fwd = times.get(row["name"])
-        bwd = times.get(f"{row['name']}.backward")
-        rows.append((row["name"], "x".join(map(str, row["shape"])), row.get("algos") or "-", (row.get("stash") or "-") + (f" {row['codec']}" if row.get("codec") else ""),
-                     format_bytes(row["bytes"]), format_bytes(row["workspace"]) if row.get("workspace") else "-",
+        fwd = times.get(row.name)
+        bwd = times.get(f"{row.name}.backward")
+        stash = (row.stash or "-") + (f" {row.codec}" if row.codec else "")
+        rows.append((row.name, "x".join(map(str, row.shape)), row.algos or "-", stash, format_bytes(row.bytes),
+                     format_bytes(row.workspace) if row.workspace else "-",
                      "-" if fwd is None else f"{fwd * 1e3:.2f}", "-" if bwd is None else f"{bwd * 1e3:.2f}"))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
     if timeline is None:  # no measured times: drop those columns

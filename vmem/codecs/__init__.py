@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..spec import parse_spec
 from .base import STORE_SLACK, Codec, Encoded, stored_nbytes
 from .floats import DPR, FORMATS, quantize
 from .quant import Fixed, Patch2
@@ -25,24 +26,13 @@ ALIASES = {"fp16": "dpr:format=fp16", "fp10": "dpr:format=fp10", "fp8": "dpr:for
 
 
 def encode_channels_last(codec: Codec, x: Any, lo: Any = None, hi: Any = None) -> Encoded:
-    """Encode a tensor stored channels last (N, H, W, C) or (N, F), as the devices store feature maps:
-    per-channel codecs use the last axis (``fixed`` between per-channel ``lo`` and ``hi`` when given,
-    e.g. from batch-norm statistics), patch codecs read the layout as it is."""
-    if codec.name == "fixed":
-        return codec.encode(x, lo, hi, axis=-1)  # type: ignore[call-arg]
-    if lo is not None or hi is not None:
-        raise ValueError(f"codec {codec.spec!r}: takes no per-channel range (only fixed does)")
-    if codec.name == "patch2":
-        return codec.encode(x, channels_last=True)  # type: ignore[call-arg]
-    return codec.encode(x)
+    """Encode a tensor stored channels last (see :meth:`Codec.encode_stored`)."""
+    return codec.encode_stored(x, lo, hi)
 
 
 def decode_channels_last(codec: Codec, enc: Encoded, out: Any) -> None:
-    """Decode into ``out``, stored as :func:`encode_channels_last` read it."""
-    if codec.name == "patch2":
-        codec.decode(enc, out, channels_last=True)  # type: ignore[call-arg]
-    else:
-        codec.decode(enc, out)
+    """Decode into ``out``, stored channels last (see :meth:`Codec.decode_stored`)."""
+    codec.decode_stored(enc, out)
 
 
 def names() -> list[str]:
@@ -52,14 +42,12 @@ def names() -> list[str]:
 def get(spec: "str | Codec", **options: Any) -> Codec:
     """A codec by name, short name (``"fp8"``) or spec string (``"dpr:format=fp8"``), with options as
     keywords. A Codec passes through."""
-    from ..policies.base import parse_spec
-
     if isinstance(spec, Codec):
         return spec
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"codec={spec!r}: expected a codec name ({', '.join(names())}) or short name "
                          f"({', '.join(ALIASES)})")
-    name, parsed = parse_spec(ALIASES.get(spec.strip(), spec))
+    name, parsed = parse_spec(ALIASES.get(spec.strip(), spec), "codec")
     parsed.update(options)
     cls = _CODECS.get(name)
     if cls is None:

@@ -61,6 +61,12 @@ class Codec(ABC):
     name: ClassVar[str] = "codec"
     lossless: ClassVar[bool] = True
     data_dependent: ClassVar[bool] = False  # whether the encoded size depends on the values (sparsity)
+    #: encodes values in order, so a tensor can be sent in pieces (each piece encoded on its own)
+    streams: ClassVar[bool] = True
+    #: keeps only the sign (binarize): exact for ReLU's backward, not for values
+    sign_only: ClassVar[bool] = False
+    #: takes a per-channel range (lo, hi) when it encodes (fixed point)
+    ranged: ClassVar[bool] = False
 
     @abstractmethod
     def encode(self, x: Any) -> Encoded:
@@ -74,6 +80,21 @@ class Codec(ABC):
     def encoded_nbytes(self, shape: tuple[int, ...], dtype: Any = "float32", density: float | None = None) -> int:
         """Encoded size, exact when it does not depend on the data, else from ``density`` (fraction of
         nonzeros; default 0.5)."""
+
+    def applies(self, shape: tuple[int, ...]) -> bool:
+        """Whether this codec can encode a tensor of ``shape`` (logical NCHW)."""
+        return True
+
+    def encode_stored(self, x: Any, lo: Any = None, hi: Any = None) -> Encoded:
+        """Encode a tensor as the devices store feature maps: channels last, (N, H, W, C) or (N, F).
+        ``lo``/``hi``: per-channel range, for ranged codecs only."""
+        if lo is not None or hi is not None:
+            raise ValueError(f"codec {self.spec!r}: takes no per-channel range (only ranged codecs do)")
+        return self.encode(x)
+
+    def decode_stored(self, enc: Encoded, out: Any) -> None:
+        """Decode into ``out``, stored as :meth:`encode_stored` read it."""
+        self.decode(enc, out)
 
     @property
     def spec(self) -> str:

@@ -8,12 +8,12 @@ core; cffi releases the GIL during each call, so the ranges run in parallel.
 
 from __future__ import annotations
 
-import os
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+
+from ..threads import KERNELS, cores
 
 __all__ = ["available", "binarize_encode", "binarize_decode", "binarize_relu_backward", "zvc_encode",
            "zvc_decode", "ssdc_encode", "ssdc_decode", "dpr_encode", "dpr_decode", "fixed_encode", "fixed_decode",
@@ -37,13 +37,12 @@ def available() -> bool:
 
 
 _PARALLEL_MIN = 1 << 16  # threads of a grid: below this, one CPU thread runs them all
-_pool: ThreadPoolExecutor | None = None
 
 
 def _chunks(threads: int, cols: int = 1) -> list[tuple[int, int]]:
     """Split a grid of ``threads`` (rows of ``cols`` threads, for 2-D kernels) into one range per core
     (at most 8)."""
-    workers = min(os.cpu_count() or 1, 8)
+    workers = min(cores(), 8)
     if threads * cols < _PARALLEL_MIN or workers == 1:
         return [(0, threads)]
     step = -(-threads // workers)
@@ -66,10 +65,7 @@ def launch(kernel: str, threads: int, *args: Any, first: int = 0, cols: int = 1)
     if len(ranges) == 1:
         fn(first, threads, *c_args)
         return
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=len(ranges), thread_name_prefix="vmem-codec")
-    list(_pool.map(lambda r: fn(r[0], r[1], *c_args), ranges))
+    KERNELS.map(lambda r: fn(r[0], r[1], *c_args), ranges)
 
 
 def _groups(n: int, size: int) -> int:

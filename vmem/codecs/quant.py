@@ -69,6 +69,8 @@ class Fixed(Codec):
 
     name = "fixed"
     lossless = False
+    streams = False  # per-channel ranges: the whole tensor at once
+    ranged = True
 
     def __init__(self, bits: int = 8):
         if bits not in (4, 8):
@@ -117,6 +119,9 @@ class Fixed(Codec):
         res[...] = lo.reshape(shape) + q * scale.reshape(shape)
         return res
 
+    def encode_stored(self, x: Any, lo: Any = None, hi: Any = None) -> Encoded:
+        return self.encode(x, lo, hi, axis=-1)
+
     def encoded_nbytes(self, shape, dtype="float32", density=None) -> int:
         return -(-math.prod(shape) * self.bits // 8) + 8 * shape[1]
 
@@ -142,6 +147,7 @@ class Patch2(Codec):
 
     name = "patch2"
     lossless = False
+    streams = False  # 4x4 spatial patches: the whole tensor at once
     P = 4
 
     def encode(self, x: Any, *, channels_last: bool = False, reference: bool = False) -> Encoded:
@@ -196,6 +202,17 @@ class Patch2(Codec):
         full = vals.reshape(n, ph, pw, c, self.P, self.P).transpose(0, 1, 4, 2, 5, 3)
         nhwc[...] = full.reshape(n, ph * self.P, pw * self.P, c)[:, :h, :w]
         return out
+
+    def applies(self, shape: tuple[int, ...]) -> bool:
+        return len(shape) == 4
+
+    def encode_stored(self, x: Any, lo: Any = None, hi: Any = None) -> Encoded:
+        if lo is not None or hi is not None:
+            raise ValueError(f"codec {self.spec!r}: takes no per-channel range")
+        return self.encode(x, channels_last=True)
+
+    def decode_stored(self, enc: Encoded, out: Any) -> None:
+        self.decode(enc, out, channels_last=True)
 
     def encoded_nbytes(self, shape, dtype="float32", density=None) -> int:
         n, c, h, w = shape

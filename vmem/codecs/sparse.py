@@ -107,6 +107,7 @@ class Binarize(Codec):
 
     name = "binarize"
     lossless = True
+    sign_only = True
 
     def encode(self, x: Any, *, reference: bool = False) -> Encoded:
         v = flat(x)

@@ -4,31 +4,22 @@ Only the encoded bytes cross the link (the device's ``copy_now`` throttles to it
 sparse feature map moves in less time than its size at the link rate. Codecs that encode values in
 order (zvc, ssdc, dpr, binarize) work in pieces of about 4 MiB, pipelined as a DMA engine with a
 compressor would: while one piece crosses the link, the next is encoded (or the previous decoded).
-Per-channel and per-patch codecs (fixed, patch2) encode the whole tensor first. Both functions run on
+Codecs that do not stream (per-channel and per-patch: fixed, patch2) encode the whole tensor first. Both functions run on
 the device's memory stream, in the task that moves the data, so they add no synchronization.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from ..threads import LINK
 from .base import Codec, Encoded, STORE_SLACK
 
 __all__ = ["send", "receive", "host_nbytes", "Pieces"]
 
 PIECE = 3 << 20  # values per piece (12 MiB of float32): a multiple of every codec's group (3, 8, 32, 256)
-_STREAMING = ("zvc", "ssdc", "binarize", "dpr")
-_link: ThreadPoolExecutor | None = None
-
-
-def _link_thread() -> ThreadPoolExecutor:
-    global _link
-    if _link is None:
-        _link = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vmem-link")
-    return _link
 
 
 class Pieces:
@@ -50,7 +41,7 @@ def host_nbytes(codec: Codec, shape: tuple[int, ...]) -> int:
     from .base import stored_nbytes
 
     n = int(np.prod(shape))
-    pieces = len(_ranges(n, codec.name not in _STREAMING))
+    pieces = len(_ranges(n, not codec.streams))
     return stored_nbytes(codec, shape, 1.0) + pieces * (STORE_SLACK + 8)
 
 
@@ -64,22 +55,20 @@ def send(device: Any, codec: Codec, src: Any, host: np.ndarray, ranges: tuple[An
     """Encode ``src`` (stored channels last) and copy the encoding into ``host`` (pinned bytes) over the
     link, piece by piece, encoding the next piece while the previous one crosses. ``ranges``: per-channel
     ``(lo, hi)`` for ``fixed``. ``.nbytes`` of the result is what crossed the link."""
-    from . import encode_channels_last
-
-    whole = codec.name not in _STREAMING
+    whole = not codec.streams
     flat = src.reshape(-1)
     parts: list[Encoded] = []
     offset = 0
     pending = None
     for lo, hi in _ranges(flat.size, whole):
-        enc = encode_channels_last(codec, src, *(ranges or ())) if whole else codec.encode(flat[lo:hi])
+        enc = codec.encode_stored(src, *(ranges or ())) if whole else codec.encode(flat[lo:hi])
         if pending is not None:
             pending.result()  # the link carries one piece at a time
         room = host[offset:]
         stored = enc.store(room, copy=lambda dst, a: None)  # place the arrays; the link copies them below
         pairs = [(stored.arrays[k].reshape(-1).view(np.uint8), np.ascontiguousarray(a).reshape(-1).view(np.uint8))
                  for k, a in enc.arrays.items()]
-        pending = _link_thread().submit(lambda ps=pairs: [device.copy_now(d, s, "d2h") for d, s in ps])
+        pending = LINK.submit(lambda ps=pairs: [device.copy_now(d, s, "d2h") for d, s in ps])
         parts.append(stored)
         offset += enc.nbytes + STORE_SLACK
     if pending is not None:
@@ -90,8 +79,6 @@ def send(device: Any, codec: Codec, src: Any, host: np.ndarray, ranges: tuple[An
 def receive(device: Any, codec: Codec, sent: Pieces, dst: Any) -> None:
     """Copy an encoding back over the link and decode it into ``dst`` (stored channels last), decoding
     each piece while the next one crosses."""
-    from . import decode_channels_last
-
     def fetch(part: Encoded) -> Encoded:
         arrays = {}
         for key, a in part.arrays.items():
@@ -101,13 +88,12 @@ def receive(device: Any, codec: Codec, sent: Pieces, dst: Any) -> None:
         return Encoded(part.codec, part.shape, part.dtype, arrays, part.meta)
 
     flat = dst.reshape(-1)
-    link = _link_thread()
     ranges = _ranges(flat.size, sent.whole)
-    pending = link.submit(fetch, sent.parts[0]) if sent.parts else None
+    pending = LINK.submit(fetch, sent.parts[0]) if sent.parts else None
     for i, (lo, hi) in enumerate(ranges):
         part = pending.result()
-        pending = link.submit(fetch, sent.parts[i + 1]) if i + 1 < len(sent.parts) else None
+        pending = LINK.submit(fetch, sent.parts[i + 1]) if i + 1 < len(sent.parts) else None
         if sent.whole:
-            decode_channels_last(codec, part, dst)
+            codec.decode_stored(part, dst)
         else:
             codec.decode(part, flat[lo:hi])

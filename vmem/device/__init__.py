@@ -1,30 +1,50 @@
-"""Devices: the CPU device now; the simulated GPUs (``sim:<gpu>``) and CUDA (``cuda:<n>``) share its protocol."""
+"""Devices behind one protocol: the CPU device, simulated GPUs (``sim:<gpu>``) and, later, CUDA.
+
+``vmem.device("cpu", memory="512MiB")`` makes one. The device classes are imported when first asked for,
+so that :class:`DeviceSpec` (``vmem.device.spec``) and the spec sheets can be read without the pool or
+the streams.
+"""
 
 from __future__ import annotations
 
+import importlib
 import sys
 import types
 from typing import Any
 
 from ..errors import DeviceError
-from . import specs
-from .base import Device, DeviceSpec
-from .cpu import CpuDevice
-from .sim import SimDevice
+from .spec import DeviceSpec
 
 __all__ = ["device", "names", "Device", "DeviceSpec", "CpuDevice", "SimDevice", "specs"]
+
+_LAZY = {"Device": ("base", "Device"), "CpuDevice": ("cpu", "CpuDevice"), "SimDevice": ("sim", "SimDevice"),
+         "specs": ("specs", None)}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    mod = importlib.import_module(f"{__name__}.{module}")
+    return mod if attr is None else getattr(mod, attr)
 
 
 def names() -> list[str]:
     """Device names :func:`device` accepts on this machine."""
+    from . import specs
+
     return ["cpu"] + [f"sim:{n}" for n in specs.names()]
 
 
-def device(name: str | Device = "cpu", **options: Any) -> Device:
+def device(name: Any = "cpu", **options: Any) -> Any:
     """Create a device by name: ``vmem.device("cpu", memory="512MiB", pcie_gbps=None, poison=False)``.
 
     A :class:`Device` passed in is returned as it is (options are then not allowed).
     """
+    from .base import Device
+    from .cpu import CpuDevice
+    from .sim import SimDevice
+
     if not isinstance(name, str):
         if isinstance(name, Device):
             if options:
@@ -55,7 +75,7 @@ class _CallableModule(types.ModuleType):
     """``vmem.device`` is both this package and the factory: ``vmem.device("cpu")`` calls :func:`device`,
     ``vmem.device.specs`` is the spec-sheet module."""
 
-    def __call__(self, name: "str | Device" = "cpu", **options: Any) -> Device:
+    def __call__(self, name: Any = "cpu", **options: Any) -> Any:
         return device(name, **options)
 
 

@@ -1,37 +1,21 @@
-"""The Device protocol: what the runtime needs from a CPU, simulated or CUDA device."""
+"""The Device protocol: everything the runtime (executor, codecs, benchmarks, trainer) asks of a device.
+
+Three devices implement it: the CPU device (real data in a host arena, worker-thread streams), the
+simulated GPUs (shapes only, virtual streams) and the CUDA device. Nothing in vmem probes a device for
+optional methods: what is here, every device has; a device that cannot do something (a simulated GPU
+holds no data) raises :class:`~vmem.errors.DeviceError` saying so. tests/device/test_protocol.py runs
+one suite over every device.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ..pool import Block, DevicePool, PinnedHostPool
 from ..streams import Stream
+from .spec import DeviceSpec
 
 __all__ = ["Device", "DeviceSpec"]
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    """Facts about a device. ``memory`` in bytes; ``pcie_gbps`` is the host-device link rate in GB/s
-    each way (None: not throttled, the CPU device's default). For GPUs (spec sheets in
-    :mod:`vmem.device.specs`): ``fp32_tflops`` peak FP32 throughput, ``memory_gbps`` device memory
-    bandwidth, ``h2d_gbps``/``d2h_gbps`` achieved pinned copy bandwidth each way, ``launch_us`` the cost of
-    one kernel launch, and ``arch`` (the cost model's efficiency table)."""
-
-    name: str
-    kind: str
-    memory: int
-    pcie_gbps: float | None = None
-    fp32_tflops: float | None = None
-    memory_gbps: float | None = None
-    h2d_gbps: float | None = None
-    d2h_gbps: float | None = None
-    launch_us: float | None = None
-    arch: str | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @runtime_checkable
@@ -39,28 +23,60 @@ class Device(Protocol):
     """A device: a pool over its memory, a pinned host pool, a compute and a memory stream.
 
     Arrays on the device are views of pool blocks (``view``); host buffers for offload are views of
-    pinned blocks (``host_view``). ``copy_to_host``/``copy_to_device`` enqueue a copy on a stream
-    (the memory stream by default) and return at once.
+    pinned blocks (``host_view``). ``copy_to_host``/``copy_to_device`` enqueue a copy on a stream (the
+    memory stream by default) and return at once; ``copy_now`` copies on the calling thread, for work
+    already running on a stream. ``holds_data`` is False for a device that only plans (simulated).
     """
 
     name: str
+    kind: str  # "cpu" | "sim" | "cuda"
     spec: DeviceSpec
-    xp: Any
+    xp: Any  # the array module (numpy, cupy), None where the device holds no data
+    holds_data: bool
     pool: DevicePool
     compute_stream: Stream
     memory_stream: Stream
 
     @property
-    def pinned(self) -> PinnedHostPool: ...
+    def pinned(self) -> PinnedHostPool:
+        """The pinned host pool for offloaded buffers."""
+        ...
 
-    def view(self, block: Block, shape: Any, dtype: Any) -> Any: ...
+    @property
+    def closed(self) -> bool: ...
 
-    def host_view(self, block: Block, shape: Any, dtype: Any) -> Any: ...
+    def reserve_pinned(self, nbytes: int) -> PinnedHostPool:
+        """Make sure the pinned pool holds at least ``nbytes`` (before a step, never inside one)."""
+        ...
+
+    def view(self, block: Block, shape: Any, dtype: Any) -> Any:
+        """An array over a device block."""
+        ...
+
+    def host_view(self, block: Block, shape: Any, dtype: Any) -> Any:
+        """A host array over a pinned block."""
+        ...
 
     def copy_to_host(self, dst: Any, src: Any, stream: Stream | None = None) -> None: ...
 
     def copy_to_device(self, dst: Any, src: Any, stream: Stream | None = None) -> None: ...
 
-    def synchronize(self) -> None: ...
+    def copy_now(self, dst: Any, src: Any, direction: str) -> None:
+        """Copy at once on the calling thread (``"d2h"`` or ``"h2d"``), for work running on a stream."""
+        ...
 
-    def close(self) -> None: ...
+    def link_stats(self) -> dict[str, dict[str, float]]:
+        """Bytes moved and seconds spent over the host link in each direction (``"d2h"``, ``"h2d"``)."""
+        ...
+
+    def synchronize(self) -> None:
+        """Wait for both streams; re-raise the first error their work raised."""
+        ...
+
+    def close(self) -> None:
+        """Finish outstanding work; stop every thread the device or its codecs started (idempotent)."""
+        ...
+
+    def __enter__(self) -> "Device": ...
+
+    def __exit__(self, *exc: Any) -> None: ...

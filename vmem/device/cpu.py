@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from typing import Any
 
 import numpy as np
 
+from .. import threads
+from ..errors import OutOfPinnedMemory
 from ..pool import Block, DevicePool, HostArena, PinnedHostPool, PoolHook
 from ..streams import CpuStream
 from ..units import format_bytes, parse_bytes
-from .base import DeviceSpec
+from .spec import DeviceSpec
 
 __all__ = ["CpuDevice"]
 
@@ -93,6 +96,7 @@ class CpuDevice:
     """
 
     kind = "cpu"
+    holds_data = True
 
     def __init__(
         self,
@@ -126,6 +130,8 @@ class CpuDevice:
         self._pinned_lock = threading.Lock()
         self._staging = {"d2h": np.empty(_CHUNK, np.uint8), "h2d": np.empty(_CHUNK, np.uint8)}
         self._closed = False
+        threads.hold()  # the codec helpers' threads stop when the last device closes (or is dropped)
+        self._release_threads = weakref.finalize(self, threads.release)
 
     # -- memory ------------------------------------------------------------------------------------
     @property
@@ -204,8 +210,6 @@ class CpuDevice:
             if pool is not None:
                 pool.reclaim(wait=True)
                 if pool.in_use:
-                    from ..errors import OutOfPinnedMemory
-
                     stats = pool.stats()
                     raise OutOfPinnedMemory(nbytes, pool.capacity, stats.in_use, stats.largest_free,
                                             stats.fragmentation, {c: s.in_use for c, s in stats.by_category.items()})
@@ -230,7 +234,8 @@ class CpuDevice:
             raise errors[0]
 
     def close(self) -> None:
-        """Finish outstanding work and stop the stream threads (idempotent)."""
+        """Finish outstanding work, stop the stream threads and, if no other device is open, the codec
+        helpers' threads (idempotent)."""
         if self._closed:
             return
         self._closed = True
@@ -240,6 +245,7 @@ class CpuDevice:
                 stream.close()
             except BaseException as exc:
                 first = first or exc
+        self._release_threads()
         if first is not None:
             raise first
 

@@ -1,10 +1,10 @@
-"""Simulated GPUs: a spec sheet and a pool over a virtual arena, for planning. No data, no kernels.
+"""Simulated GPUs: a spec sheet, a pool over a virtual arena and virtual streams, for planning. No data.
 
 ``vmem.device("sim:titan-x")`` gives a device whose pool does the same offset arithmetic as any other
-(so peaks include alignment and fragmentation exactly) but has no backing memory; ``vmem.plan`` on it
-replays a step's allocations through that pool and predicts time with the roofline cost model
-(:mod:`vmem.costs`) on virtual compute and memory clocks. A Trainer refuses it: there is nothing to
-train on.
+(so peaks include alignment and fragmentation exactly) but has no backing memory, and whose streams are
+:class:`~vmem.streams.VirtualStream` s with clocks: ``vmem.plan`` replays a step's schedule through this
+pool and on these clocks (:mod:`vmem.schedule.replay`), predicting time with a cost model. A Trainer
+refuses it: there is nothing to train on.
 """
 
 from __future__ import annotations
@@ -14,94 +14,80 @@ from typing import Any
 
 from ..errors import DeviceError
 from ..pool import DevicePool
+from ..streams import VirtualStream
 from ..units import format_bytes, parse_bytes
 from . import specs
-from .base import DeviceSpec
+from .spec import DeviceSpec
 
 __all__ = ["SimDevice"]
 
 
-class _Event:
-    timing = False
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        pass
-
-    def elapsed_time(self, end: Any) -> float:
-        raise DeviceError("a simulated device has no clock; plans predict time instead")
-
-
-class _Stream:
-    """A stream with nothing to run: events complete at once."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def launch(self, fn: Any, *args: Any, **kwargs: Any) -> None:
-        raise DeviceError(f"simulated stream {self.name!r}: a simulated device runs no work")
-
-    def record(self, event: Any = None, *, timing: bool = False) -> _Event:
-        return _Event()
-
-    def wait(self, event: Any) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 class SimDevice:
-    """A simulated GPU (``sim:<name>``); ``memory=`` overrides the spec sheet's capacity."""
+    """A simulated GPU (``sim:<name>``, or any :class:`DeviceSpec`); ``memory=`` overrides the capacity."""
 
     kind = "sim"
     xp = None
+    holds_data = False
 
     def __init__(self, gpu: str | DeviceSpec, *, memory: int | str | None = None, alignment: int = 256):
         spec = gpu if isinstance(gpu, DeviceSpec) else specs.get(gpu)
         if memory is not None:
             spec = replace(spec, memory=parse_bytes(memory, name="memory"))
         self.spec = spec
-        self.name = f"sim:{spec.name}"
+        self.name = f"sim:{spec.name}" if spec.kind == "sim" else spec.name
         self.pool = DevicePool(spec.memory, alignment, None, name=self.name)
-        self.compute_stream = _Stream("compute")
-        self.memory_stream = _Stream("memory")
+        self.compute_stream = VirtualStream("compute")
+        self.memory_stream = VirtualStream("memory")
+        self._closed = False
+
+    def _no_data(self, what: str) -> DeviceError:
+        return DeviceError(f"{self.name} is simulated and holds no data ({what}); plan on it with vmem.plan")
 
     @property
     def pinned(self) -> Any:
         raise DeviceError(f"{self.name} is simulated: it has no pinned host memory")
 
-    def view(self, block: Any, shape: Any, dtype: Any) -> Any:
-        raise DeviceError(f"{self.name} is simulated and holds no data; plan on it with vmem.plan")
+    def reserve_pinned(self, nbytes: int) -> Any:
+        raise DeviceError(f"{self.name} is simulated: it has no pinned host memory")
 
-    host_view = view
+    def view(self, block: Any, shape: Any, dtype: Any) -> Any:
+        raise self._no_data("view")
+
+    def host_view(self, block: Any, shape: Any, dtype: Any) -> Any:
+        raise self._no_data("host_view")
 
     def copy_to_host(self, dst: Any, src: Any, stream: Any = None) -> None:
-        raise DeviceError(f"{self.name} is simulated: nothing to copy")
+        raise self._no_data("copy_to_host")
 
-    copy_to_device = copy_to_host
+    def copy_to_device(self, dst: Any, src: Any, stream: Any = None) -> None:
+        raise self._no_data("copy_to_device")
+
+    def copy_now(self, dst: Any, src: Any, direction: str) -> None:
+        raise self._no_data("copy_now")
+
+    def link_stats(self) -> dict[str, dict[str, float]]:
+        return {d: {"bytes": 0, "seconds": 0.0} for d in ("d2h", "h2d")}
 
     def synchronize(self) -> None:
-        pass
+        for stream in (self.compute_stream, self.memory_stream):
+            stream.synchronize()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def close(self) -> None:
-        pass
+        self._closed = True
 
     def __enter__(self) -> "SimDevice":
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        pass
+        self.close()
 
     def __repr__(self) -> str:
         s = self.spec
+        if s.fp32_tflops is None:
+            return f"SimDevice({s.name}: {format_bytes(s.memory)})"
         return (f"SimDevice({s.name}: {format_bytes(s.memory)}, {s.fp32_tflops:g} TFLOP/s FP32, "
                 f"{s.memory_gbps:g} GB/s, host link {s.h2d_gbps:g} GB/s)")

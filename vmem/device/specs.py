@@ -13,7 +13,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from ..units import parse_bytes
-from .base import DeviceSpec
+from .spec import DeviceSpec
 
 __all__ = ["SPECS", "get", "names", "register", "load"]
 

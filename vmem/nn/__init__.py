@@ -1,7 +1,7 @@
 """Layers: math on an array namespace, shapes, costs, and what backward needs (see :mod:`vmem.nn.base`)."""
 
 from .activation import Dropout, ReLU
-from .base import AuxSpec, Ctx, Layer, ParamSpec, logical, physical
+from .base import PASSES, AuxSpec, Ctx, Layer, ParamSpec, logical, physical
 from .conv import Conv2d
 from .join import Add, Concat
 from .linear import Flatten, Linear
@@ -10,7 +10,7 @@ from .norm import BatchNorm2d
 from .pooling import AvgPool2d, MaxPool2d
 
 __all__ = [
-    "Layer", "Ctx", "ParamSpec", "AuxSpec", "physical", "logical",
+    "Layer", "Ctx", "ParamSpec", "AuxSpec", "physical", "logical", "PASSES",
     "Conv2d", "Linear", "ReLU", "MaxPool2d", "AvgPool2d", "BatchNorm2d", "Dropout", "Flatten",
     "Add", "Concat", "SoftmaxCrossEntropy",
 ]

@@ -24,9 +24,12 @@ import numpy as np
 
 from ..errors import ShapeError
 
-__all__ = ["Layer", "Ctx", "Shape", "physical", "logical", "ParamSpec", "AuxSpec"]
+__all__ = ["Layer", "Ctx", "Shape", "physical", "logical", "ParamSpec", "AuxSpec", "PASSES"]
 
 Shape = tuple[int, ...]
+
+#: The passes of a layer that may offer a choice of algorithms (convolution), each with its own workspace.
+PASSES = ("forward", "backward_data", "backward_filter")
 
 
 def physical(shape: Shape) -> Shape:

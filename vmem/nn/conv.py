@@ -25,13 +25,12 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..errors import ShapeError
-from .base import Ctx, Layer, ParamSpec, Shape
+from .base import PASSES, Ctx, Layer, ParamSpec, Shape
 
 __all__ = ["Conv2d", "ALGORITHMS"]
 
 #: Algorithms of the CPU catalog, fastest first.
 ALGORITHMS = ("im2col", "implicit")
-PASSES = ("forward", "backward_data", "backward_filter")
 _ALIGN = 64
 _IMPLICIT_ROWS = 4096  # output rows per GEMM step of the implicit algorithm
 _COL_VALUES = 1 << 20  # values per im2col chunk (4 MiB in float32): stays in cache for its GEMM

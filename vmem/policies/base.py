@@ -12,7 +12,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..device.base import DeviceSpec
+from ..device.spec import DeviceSpec
+from ..spec import parse_spec
 from ..graph import Program
 from .plan import Plan
 
@@ -35,34 +36,6 @@ def register(cls: type["Policy"]) -> type["Policy"]:
 def names() -> list[str]:
     """Names of every policy."""
     return sorted(_REGISTRY)
-
-
-def _value(text: str) -> Any:
-    low = text.lower()
-    if low in ("true", "yes", "on"):
-        return True
-    if low in ("false", "no", "off"):
-        return False
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``"vdnn-all:algos=memory,codec=zvc"`` -> ``("vdnn-all", {"algos": "memory", "codec": "zvc"})``."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"policy={spec!r}: expected a policy name such as 'baseline', optionally with ':key=value,...'")
-    name, _, rest = spec.strip().partition(":")
-    options: dict[str, Any] = {}
-    for item in filter(None, (p.strip() for p in rest.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip() or not value.strip():
-            raise ValueError(f"policy={spec!r}: option {item!r} must be key=value")
-        options[key.strip()] = _value(value.strip())
-    return name.strip(), options
 
 
 def get(spec: "str | Policy", **overrides: Any) -> "Policy":
@@ -90,6 +63,8 @@ class Policy(ABC):
     ``"performance"`` (fastest)."""
 
     name: ClassVar[str] = "policy"
+    #: whether the policy decides by measured time, so a Trainer profiles the device before planning
+    needs_profile: ClassVar[bool] = False
     algos: str = "memory"
 
     def __post_init__(self) -> None:
@@ -108,8 +83,8 @@ class Policy(ABC):
         """Return the Plan for ``program`` on ``device`` (pure: no pool, no stream, no data).
 
         ``costs`` (a :class:`vmem.costs.CostModel`, or None) ranks algorithms by time; ``oracle(plan)``,
-        supplied by the planner, replays a candidate plan and returns it with its figures (only policies
-        that search, such as vdnn-dyn, use it)."""
+        supplied by the planner, replays a candidate plan and returns its figures (a PlanResult: ``.fits``,
+        ``.peak_bytes``, ...; only policies that search, such as vdnn-dyn, use it)."""
 
     def choose_algos(self, program: Program, costs: Any = None, algos: str | None = None) -> dict[str, dict[str, str]]:
         """Per op with a choice of algorithms: the one per pass that ``algos`` (default: this policy's)

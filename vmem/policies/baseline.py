@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..device.base import DeviceSpec
+from ..device.spec import DeviceSpec
 from ..graph import Program
 from .base import Policy, register
 from .plan import Plan

@@ -18,20 +18,18 @@ The plan records the step that chose it (``plan.step``), the configuration (``pl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ..device.base import DeviceSpec
+from ..device.spec import DeviceSpec
 from ..errors import PlanError
-from ..graph import Program
+from ..graph import PASSES, Program
 from ..units import format_bytes
 from .base import Policy, get, register
 from .plan import Plan
 from .vdnn import SYNC_MODES
 
 __all__ = ["VdnnDyn"]
-
-PASSES = ("forward", "backward_data", "backward_filter")
 
 
 @register
@@ -41,6 +39,7 @@ class VdnnDyn(Policy):
     downgrades) that fits. Its ``algos`` option is not used: it chooses algorithms itself."""
 
     name = "vdnn-dyn"
+    needs_profile = True
     sync: str = "layer"
     max_trials: int = 200
 
@@ -58,14 +57,14 @@ class VdnnDyn(Policy):
         if oracle is None:
             raise PlanError("vdnn-dyn decides by replaying candidate plans: use vmem.plan or a Trainer")
 
-        def candidate(name: str, algos: str) -> Plan:
+        def candidate(name: str, algos: str) -> Any:
             spec = name if name == "baseline" else f"{name}:sync={self.sync}"
             return oracle(get(spec, algos=algos).decide(program, device, costs))
 
         budget = format_bytes(device.memory)
         floor = candidate("vdnn-all", "memory")
         if not floor.fits:
-            least = self._least_memory(floor, oracle)
+            least = self._least_memory(floor.plan, floor.peak_bytes, oracle)
             raise PlanError(
                 f"{program.network} at batch {program.batch} needs at least {format_bytes(least)} ({least} bytes) "
                 f"of device memory, with every feature map offloaded and memory-optimal algorithms; the device "
@@ -81,22 +80,22 @@ class VdnnDyn(Policy):
         for name in ("vdnn-conv", "vdnn-all"):
             plan = self._greedy(program, device, costs, oracle, name)
             if plan is not None:
-                downgraded = sum(1 for op, per in plan.algos.items() for p in PASSES
+                downgraded = sum(1 for op, per in plan.plan.algos.items() for p in PASSES
                                  if per.get(p) != self._fastest(program, costs).get(op, {}).get(p))
                 return self._chose(plan, 4, f"{name} fits in {budget} once {downgraded} convolution passes use "
                                             "algorithms with less workspace")
         return self._chose(floor, 5, f"only vdnn-all with memory-optimal algorithms fits in {budget}")
 
     @staticmethod
-    def _least_memory(floor: Plan, oracle: Any) -> int:
+    def _least_memory(floor: Plan, peak: int, oracle: Any) -> int:
         """The smallest capacity at which ``floor`` fits: its peak plus what fragmentation costs.
 
         Whether a plan fits is not monotonic in the capacity (best fit places blocks differently in a
         different arena), so this scans upward from the peak in steps of 1/256 of it (at least 1 MiB)."""
         mib = 1 << 20
-        step = max(mib, floor.peak_bytes // 256 // mib * mib)
-        memory = -(-floor.peak_bytes // mib) * mib
-        while memory < 4 * floor.peak_bytes and not oracle(floor, memory=memory).fits:
+        step = max(mib, peak // 256 // mib * mib)
+        memory = -(-peak // mib) * mib
+        while memory < 4 * peak and not oracle(floor, memory=memory).fits:
             memory += step
         return memory
 
@@ -104,7 +103,9 @@ class VdnnDyn(Policy):
     def _fastest(self, program: Program, costs: Any) -> dict[str, dict[str, str]]:
         return self.choose_algos(program, costs, algos="performance")
 
-    def _greedy(self, program: Program, device: DeviceSpec, costs: Any, oracle: Any, name: str) -> Plan | None:
+    def _greedy(self, program: Program, device: DeviceSpec, costs: Any, oracle: Any, name: str) -> Any:
+        """Downgrade the layer pass holding the most workspace, one at a time, until the plan fits; the
+        fitting candidate's figures (a PlanResult), or None."""
         base = get(f"{name}:sync={self.sync}", algos="performance").decide(program, device, costs)
         algos = {op: dict(per) for op, per in base.algos.items()}
         ops = {op.name: op for op in program.ops if op.algorithms}
@@ -128,16 +129,14 @@ class VdnnDyn(Policy):
                 return None
             _, op_name, pass_, algo = max(options)
             algos[op_name][pass_] = algo
-            base.algos = {op: dict(per) for op, per in algos.items()}
+            base = replace(base, algos={op: dict(per) for op, per in algos.items()})
             trials += 1
             plan = oracle(base)
             if plan.fits:
                 return plan
         return None
 
-    def _chose(self, plan: Plan, step: int, reason: str) -> Plan:
-        plan.chosen = plan.policy
-        plan.policy = self.spec
-        plan.step = step
-        plan.reason = f"vdnn-dyn step {step}: {reason} (chose {plan.chosen})"
-        return plan
+    def _chose(self, candidate: Any, step: int, reason: str) -> Plan:
+        chosen = candidate.plan.policy
+        return replace(candidate.plan, policy=self.spec, chosen=chosen, step=step,
+                       reason=f"vdnn-dyn step {step}: {reason} (chose {chosen})")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import codecs
-from ..device.base import DeviceSpec
+from ..device.spec import DeviceSpec
 from ..graph import Program
 from .base import Policy, option, register
 from .plan import Plan
@@ -80,9 +80,9 @@ class Gist(Policy):
                 c = codecs.get(str(self.codec))
             except ValueError as exc:
                 raise ValueError(f"policy 'gist': codec={self.codec!r}: {exc}") from None
-            if c.name == "binarize":
-                raise ValueError("policy 'gist': codec=binarize keeps only signs; it is applied where it can be "
-                                 "(binarize=true)")
+            if c.sign_only:
+                raise ValueError(f"policy 'gist': codec={self.codec} keeps only signs; binarizing is applied where "
+                                 "it can be (binarize=true)")
         for key in ("binarize", "ssdc"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"policy 'gist': {key}={getattr(self, key)!r} must be true or false")
@@ -102,7 +102,7 @@ class Gist(Policy):
             codec = None
             if self.binarize and program.sign_only(b):
                 codec = codecs.get("binarize")
-            elif lossy is not None and (lossy.name != "patch2" or len(t.shape) == 4):
+            elif lossy is not None and lossy.applies(t.shape):
                 codec = lossy
             elif self.ssdc and _nonnegative_sparse(program, b):
                 codec = codecs.get("ssdc")

@@ -1,14 +1,15 @@
-"""The Plan: what a policy decided for one network, batch and device, and the figures it predicts.
+"""The Plan: what a policy decided for one network, batch and device. Decisions only; frozen plain data.
 
-Plain data that serializes to JSON. Decisions (set by the policy): the algorithm of every convolution
-pass, what happens to every stashed feature-map buffer (named by the tensor that owns it), at which
-layer's backward each offloaded buffer is prefetched, which codec encodes an offloaded buffer on its way
-to the host (``"offload"`` with a codec: cDMA) or an encoded buffer on the device until backward
-(``"encode"``: Gist), the offload sync mode, and how memory is allocated
-(``"network"``: everything up front, as Torch and Caffe do; ``"layer"``: layer by layer, released after
-last use). Figures (filled in by
-:func:`vmem.plan`, which replays the allocations through the device's pool code): peak and time-weighted
-average bytes, bytes per category, bytes offloaded, predicted step time, and whether it fits.
+Decisions: the algorithm of every convolution pass, what happens to every stashed feature-map buffer
+(named by the tensor that owns it: ``"keep"``, ``"offload"``, ``"encode"``), at which layer's backward each
+offloaded buffer is prefetched, which codec encodes an offloaded buffer on its way to the host (cDMA) or
+an encoded buffer on the device until backward (Gist), the offload sync mode, and how memory is
+allocated (``"network"``: everything up front, as Torch and Caffe do; ``"layer"``: layer by layer,
+released after last use).
+
+What a plan costs (peak and average bytes, bytes offloaded, step time, stalls, per-layer rows) is not
+part of it: :func:`vmem.plan` lowers the plan to a schedule and replays it, and returns the plan with
+those figures (:class:`vmem.planner.PlanResult`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-
 __all__ = ["Plan"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
     policy: str
     network: str
@@ -40,23 +40,6 @@ class Plan:
     reason: str = ""
     chosen: str | None = None  # for a policy that chooses among others (vdnn-dyn): the one it chose
     step: int | None = None  # ... and the step of its procedure that chose it
-    # figures
-    peak_bytes: int = 0
-    average_bytes: float = 0.0
-    offloaded_bytes: int = 0
-    step_seconds: float | None = None
-    stall_seconds: float | None = None
-    update_seconds: float | None = None  # the optimizer's share of step_seconds
-    baseline_step_seconds: float | None = None
-    by_category: dict[str, dict[str, float]] = field(default_factory=dict)
-    fits: bool = True
-    layers: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    def table(self) -> str:
-        """A per-layer table: output shape, algorithms, stash decision, bytes (see vmem.report)."""
-        from ..report import layer_table
-
-        return layer_table(self)

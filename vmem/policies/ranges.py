@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .. import codecs as _codecs
 from ..graph import Program
 
 __all__ = ["follows_batchnorm", "batchnorm_ranges", "check_sigmas"]
@@ -37,14 +38,14 @@ def follows_batchnorm(program: Program, b: int) -> tuple[str, bool] | None:
 
 
 def batchnorm_ranges(program: Program, codecs: dict[str, str], sigmas: float) -> dict[str, dict[str, Any]]:
-    """``Plan.ranges`` for the buffers of ``codecs`` (name -> codec spec) whose codec is ``fixed`` and that
-    follow a batch norm; nothing when ``sigmas`` is 0."""
+    """``Plan.ranges`` for the buffers of ``codecs`` (name -> codec spec) whose codec takes a per-channel range
+    (``fixed``) and that follow a batch norm; nothing when ``sigmas`` is 0."""
     if not sigmas:
         return {}
     ids = {t.name: t.id for t in program.tensors}
     out: dict[str, dict[str, Any]] = {}
     for name, spec in codecs.items():
-        if not spec.startswith("fixed"):
+        if not _codecs.get(spec).ranged:
             continue
         found = follows_batchnorm(program, ids[name])
         if found is not None:

@@ -27,7 +27,7 @@ from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-from ..device.base import DeviceSpec
+from ..device.spec import DeviceSpec
 from ..graph import Program
 from .base import Policy, option, register
 from .plan import Plan
@@ -46,8 +46,8 @@ def offload_codec(policy: str, spec: str) -> Any:
         codec = codecs.get(str(spec))
     except ValueError as exc:
         raise ValueError(f"policy {policy!r}: codec={spec!r}: {exc}") from None
-    if codec.name == "binarize":
-        raise ValueError(f"policy {policy!r}: codec=binarize keeps only the sign, which only ReLU's backward can "
+    if codec.sign_only:
+        raise ValueError(f"policy {policy!r}: codec={spec} keeps only the sign, which only ReLU's backward can "
                          f"use; binarize through policy 'gist'")
     return codec
 

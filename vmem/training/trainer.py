@@ -1,5 +1,5 @@
-"""vmem.Trainer: the training loop. One step is the executor's; the loop adds epochs, metrics, progress
-and checkpoints.
+"""vmem.Trainer: the training loop. One step is the executor's; the loop adds epochs and metrics, and its
+observers (:mod:`.callbacks`) show progress and save checkpoints (:mod:`.checkpoint`).
 
 A Trainer plans each batch size it sees with its policy (refusing a plan that does not fit the device,
 with a remedy), keeps the weights, their gradients and the optimizer state in the device pool for the
@@ -9,33 +9,27 @@ whole run, and copies weights back to the network on :meth:`sync` (done by ``fit
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
-import zipfile
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from . import policies
-from .data import Dataset
-from .device import device as make_device
-from .errors import CheckpointError, DeviceError, OutOfDeviceMemory, PlanError, ShapeError
-from .executor import DeviceParams, Executor, StepReport
-from .graph import Network
-from .nn.loss import SoftmaxCrossEntropy
-from .optim import SGD, Optimizer
-from .planner import plan_program
-from .schedule import lower_inference, persistent_buffers
-from .units import format_bytes
+from .. import policies
+from ..data import Dataset
+from ..device import device as make_device
+from ..errors import DeviceError, OutOfDeviceMemory, PlanError, ShapeError
+from ..graph import Network
+from ..nn.loss import SoftmaxCrossEntropy
+from ..optim import SGD, Optimizer
+from ..planner import PlanResult, plan_program
+from ..runtime import DeviceParams, Executor, StepReport
+from ..schedule.lower import lower_inference, persistent_buffers
+from ..units import format_bytes
+from . import checkpoint
+from .callbacks import Callback, PrintEpochs, ProgressBar
 
 __all__ = ["Trainer", "History", "EpochStats"]
-
-CHECKPOINT_FORMAT = "vmem-checkpoint"
-CHECKPOINT_VERSION = 1
-
 
 @dataclass
 class EpochStats:
@@ -49,6 +43,19 @@ class EpochStats:
     seconds: float
     val_loss: float | None = None
     val_accuracy: float | None = None
+
+    @classmethod
+    def of(cls, epoch: int, reports: list[StepReport]) -> "EpochStats":
+        """The training figures of an epoch's step reports."""
+        return cls(
+            epoch=epoch, train_loss=float(np.mean([r.loss for r in reports])),
+            step_seconds=float(np.median([r.seconds for r in reports])),
+            peak_bytes=max(r.peak_bytes for r in reports),
+            average_bytes=float(np.mean([r.average_bytes for r in reports])),
+            offloaded_bytes=max(r.offloaded_bytes for r in reports),
+            stall_seconds=float(np.mean([r.stall_seconds for r in reports])),
+            seconds=float(sum(r.seconds for r in reports)),
+        )
 
 
 @dataclass
@@ -81,8 +88,8 @@ class Trainer:
             raise ShapeError(f"{net.name}: no input shape; pass input_shape=(C, H, W)")
         self.dtype = dtype
         self.policy = policies.get(policy)
-        # vdnn-dyn chooses by time: it needs measured costs; other policies may ask for them (plan times)
-        self.profiling = self.policy.name == "vdnn-dyn" if profile is None else bool(profile)
+        # a policy that decides by time needs measured costs; any other may ask for them (plan times)
+        self.profiling = self.policy.needs_profile if profile is None else bool(profile)
         self.costs: dict[int, Any] = {}
         self.loss = loss if loss is not None else SoftmaxCrossEntropy()
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01, momentum=0.9)
@@ -98,11 +105,11 @@ class Trainer:
             if memory is not None:
                 raise ValueError("memory= applies only when the device is given by name")
             self.device = make_device(device)
-        if getattr(self.device, "kind", None) == "sim":
+        if not self.device.holds_data:
             raise DeviceError(f"{self.device.name} is a simulated GPU: it plans (vmem.plan) but cannot train")
         self._params: DeviceParams | None = None
         self._executors: dict[tuple[int, bool], Executor] = {}
-        self.plans: dict[int, policies.Plan] = {}
+        self.plans: dict[int, PlanResult] = {}
         self._closed = False
 
     # -- setup ---------------------------------------------------------------------------------------
@@ -115,7 +122,7 @@ class Trainer:
             self._params.upload(self.net.params)  # type: ignore[arg-type]
         return self._params
 
-    def plan(self, batch: int) -> policies.Plan:
+    def plan(self, batch: int) -> PlanResult:
         """The plan of a training step at ``batch`` (figures included), as ``vmem.plan`` gives it."""
         self._executor(batch, True, check=False)
         return self.plans[batch]
@@ -134,23 +141,22 @@ class Trainer:
             if check and not plan.fits:
                 raise self._refusal(program, plan)
         else:
-            schedule = lower_inference(program, plan)
-        ex = Executor(self.device, program, plan, schedule, self._device_params(), self.loss,
-                      self.optimizer if train else None)
+            schedule = lower_inference(program, plan.plan, self.device.pool.alignment)
+        ex = Executor(self.device, schedule, self._device_params(), self.loss, self.optimizer if train else None)
         self._executors[key] = ex
         return ex
 
     def profile(self, batch: int) -> Any:
-        """Measured costs of a training step at ``batch`` on this device (see :mod:`vmem.profile`); made
+        """Measured costs of a training step at ``batch`` on this device (see :mod:`vmem.costs.measured`); made
         once per batch size. vdnn-dyn uses them to choose; with them plans also predict step time."""
         if batch not in self.costs:
-            from .profile import profile
+            from ..costs import profile
 
             program = self.net.build(batch, self.input_shape, self.dtype)
             self.costs[batch] = profile(program, copy_gbps=self.device.spec.pcie_gbps, seed=self.seed)
         return self.costs[batch]
 
-    def _refusal(self, program: Any, plan: policies.Plan) -> OutOfDeviceMemory:
+    def _refusal(self, program: Any, plan: PlanResult) -> OutOfDeviceMemory:
         fitting = []
         for name in policies.names():
             if name == self.policy.name:
@@ -188,40 +194,34 @@ class Trainer:
         return report
 
     def fit(self, train: Dataset, epochs: int = 1, val: Dataset | None = None, *, batch_size: int = 64,
-            shuffle: bool = True, progress: bool = True) -> History:
-        """Train for ``epochs`` over ``train`` (the last partial batch is dropped); evaluate on ``val``."""
+            shuffle: bool = True, progress: bool = True, callbacks: Sequence[Callback] = ()) -> History:
+        """Train for ``epochs`` over ``train`` (the last partial batch is dropped); evaluate on ``val``.
+
+        ``progress`` shows a bar and prints a line per epoch; ``callbacks`` observe the loop (see
+        :mod:`vmem.training.callbacks`, e.g. ``Checkpoint(path)``)."""
         history = History()
         n_batches = train.num_batches(batch_size, drop_last=True)
         if n_batches == 0:
             raise ValueError(f"fit: {len(train)} samples make no full batch of {batch_size}")
+        observers = ([ProgressBar(), PrintEpochs()] if progress else []) + list(callbacks)
         for epoch in range(1, epochs + 1):
+            for cb in observers:
+                cb.on_epoch_start(self, epoch, epochs, n_batches)
             reports: list[StepReport] = []
-            bar = _progress(n_batches, f"epoch {epoch}/{epochs}", progress)
             for x, y in train.batches(batch_size, shuffle=shuffle, rng=self.rng, drop_last=True):
                 reports.append(self.step(x, y))
-                bar.update(1)
-                bar.set_postfix(loss=f"{reports[-1].loss:.4f}")
-            bar.close()
-            stats = EpochStats(
-                epoch=epoch,
-                train_loss=float(np.mean([r.loss for r in reports])),
-                step_seconds=float(np.median([r.seconds for r in reports])),
-                peak_bytes=max(r.peak_bytes for r in reports),
-                average_bytes=float(np.mean([r.average_bytes for r in reports])),
-                offloaded_bytes=max(r.offloaded_bytes for r in reports),
-                stall_seconds=float(np.mean([r.stall_seconds for r in reports])),
-                seconds=float(sum(r.seconds for r in reports)),
-            )
+                for cb in observers:
+                    cb.on_step(self, reports[-1])
+            stats = EpochStats.of(epoch, reports)
             if val is not None:
                 result = self.evaluate(val, batch_size=batch_size)
                 stats.val_loss, stats.val_accuracy = result["loss"], result["accuracy"]
             history.epochs.append(stats)
-            if progress:
-                extra = (f"  val loss {stats.val_loss:.4f}  val accuracy {stats.val_accuracy:.2%}"
-                         if stats.val_accuracy is not None else "")
-                print(f"epoch {epoch}/{epochs}  loss {stats.train_loss:.4f}{extra}  "
-                      f"step {stats.step_seconds * 1e3:.1f} ms", flush=True)
+            for cb in observers:
+                cb.on_epoch_end(self, stats, epochs)
         self.sync()
+        for cb in observers:
+            cb.on_fit_end(self, history)
         return history
 
     def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
@@ -255,72 +255,27 @@ class Trainer:
         """Write weights, optimizer state, step count and random state to an .npz file (atomically)."""
         params = self._device_params()
         self.sync()
-        arrays = {f"param/{k}": v for k, v in self.net.params.items()}  # type: ignore[union-attr]
-        arrays.update({f"opt/{k}": v for k, v in params.optimizer_state().items()})
-        meta = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "network": self.net.name,
-                "optimizer": self.optimizer.config(), "steps": self.steps_done,
+        meta = {"network": self.net.name, "optimizer": self.optimizer.config(), "steps": self.steps_done,
                 "rng": self.rng.bit_generator.state, "dtype": self.dtype}
-        arrays["meta"] = np.array(json.dumps(meta))
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        checkpoint.write(path, self.net.params, params.optimizer_state(), meta)  # type: ignore[arg-type]
 
     def load(self, path: str | os.PathLike) -> None:
         """Restore a checkpoint written by :meth:`save`. Everything is read and checked before anything
         changes: a truncated or mismatched file raises CheckpointError and leaves the trainer and the
         network untouched."""
-        try:
-            with np.load(path, allow_pickle=False) as f:
-                data = {k: f[k] for k in f.files}
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
-            raise CheckpointError(f"{path}: cannot read the checkpoint ({type(exc).__name__}: {exc})") from exc
-        try:
-            meta = json.loads(str(data.pop("meta")))
-        except (KeyError, ValueError) as exc:
-            raise CheckpointError(f"{path}: not a vmem checkpoint (no readable metadata)") from exc
-        if meta.get("format") != CHECKPOINT_FORMAT or meta.get("version") != CHECKPOINT_VERSION:
-            raise CheckpointError(f"{path}: not a vmem checkpoint of version {CHECKPOINT_VERSION}")
-        if meta.get("network") != self.net.name:
-            raise CheckpointError(f"{path}: the checkpoint is of network {meta.get('network')!r}, not {self.net.name!r}")
-        opt = meta.get("optimizer", {})
-        if opt.get("type") != type(self.optimizer).__name__:
-            raise CheckpointError(f"{path}: the checkpoint's optimizer is {opt.get('type')!r}, "
-                                  f"this trainer's is {type(self.optimizer).__name__!r}")
-        params = {k[len("param/"):]: v for k, v in data.items() if k.startswith("param/")}
-        opt_state = {k[len("opt/"):]: v for k, v in data.items() if k.startswith("opt/")}
-        specs = self.net.param_specs(self.input_shape)
-        expected_opt = {f"{k}:{slot}": s.shape for k, s in specs.items() if s.trainable
-                        for slot in self.optimizer.slots}
-        if set(opt_state) != set(expected_opt):
-            raise CheckpointError(f"{path}: optimizer state does not match ({len(opt_state)} arrays, "
-                                  f"expected {len(expected_opt)})")
-        for key, shape in expected_opt.items():
-            if opt_state[key].shape != tuple(shape):
-                raise CheckpointError(f"{path}: optimizer state {key} has shape {opt_state[key].shape}, "
-                                      f"expected {tuple(shape)}")
-        rng = np.random.default_rng()
-        try:
-            rng.bit_generator.state = meta["rng"]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"{path}: the random state is unreadable") from exc
+        ckpt = checkpoint.read(path, self.net.name, self.optimizer, self.net.param_specs(self.input_shape))
         before = self.net.params
-        self.net.load_state_dict(params, source=str(path))  # checks names, shapes, dtypes; raises first
+        self.net.load_state_dict(ckpt.params, source=str(path))  # checks names, shapes, dtypes; raises first
         try:
             device_params = self._device_params()
             self.device.synchronize()
             device_params.upload(self.net.params)  # type: ignore[arg-type]
-            device_params.load_optimizer_state(opt_state)
+            device_params.load_optimizer_state(ckpt.optimizer_state)
         except BaseException:
             self.net.params = before
             raise
-        self.steps_done = int(meta["steps"])
-        self.rng = rng
+        self.steps_done = int(ckpt.steps)
+        self.rng = ckpt.rng
 
     # -- lifetime ----------------------------------------------------------------------------------
     def close(self) -> None:
@@ -343,30 +298,3 @@ class Trainer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-class _NoBar:
-    is_tqdm = False
-
-    def update(self, n: int) -> None:
-        pass
-
-    def set_postfix(self, **kw: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(total: int, desc: str, enabled: bool) -> Any:
-    if not enabled:
-        return _NoBar()
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return _NoBar()
-    bar = tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True, disable=None)  # None: off unless a terminal
-    if bar.disable:
-        return _NoBar()
-    bar.is_tqdm = True
-    return bar

@@ -3,7 +3,7 @@
 Each layer of a Program runs on its own, on random data of the right shapes, once per algorithm it
 offers (forward, backward-data and backward-filter timed apart), plus the loss, the element-wise
 bandwidth (gradient accumulation, the optimizer) and the host-device copy rate. The result is a
-:class:`vmem.costs.Profiled` cost model that :func:`vmem.plan` and the dynamic policy use in place of
+:class:`Profiled` cost model that :func:`vmem.plan` and the dynamic policy use in place of
 the roofline. Profiling buffers are ordinary host arrays, outside the device arena: it measures time,
 not memory.
 """
@@ -14,12 +14,45 @@ from typing import Any
 
 import numpy as np
 
-from .benchmarks import best_seconds
-from .costs import Profiled
-from .graph import Program
-from .nn.base import Ctx, physical
+from ..benchmarks import best_seconds
+from ..graph import OpInfo, Program
+from ..nn.base import Ctx, physical
 
-__all__ = ["profile"]
+__all__ = ["Profiled", "profile"]
+
+
+class Profiled:
+    """Measured costs (the CPU device, see :func:`vmem.profile.profile`): op times per pass and
+    algorithm, the copy rate of the host-device link, the element-wise bandwidth."""
+
+    def __init__(self, times: dict[tuple[str, str, str | None], float], d2h_gbps: float, h2d_gbps: float,
+                 update: float = 0.0, elementwise_gbps: float = 10.0):
+        self.times = times
+        self.d2h = d2h_gbps
+        self.h2d = h2d_gbps
+        self.update = update
+        self.elementwise_gbps = elementwise_gbps
+
+    def op_seconds(self, op: OpInfo, pass_: str, algo: str | None) -> float:
+        key = (op.name, pass_, algo)
+        if key in self.times:
+            return self.times[key]
+        return self.times.get((op.name, pass_, None), 0.0)
+
+    def copy_seconds(self, nbytes: int, direction: str) -> float:
+        return nbytes / ((self.d2h if direction == "d2h" else self.h2d) * 1e9)
+
+    def update_seconds(self, param_bytes: int) -> float:
+        return self.update
+
+    def misc_seconds(self, kind: str, nbytes: int) -> float:
+        if kind in ("acc", "encode", "decode"):
+            return (3 if kind == "acc" else 1.5) * nbytes / (self.elementwise_gbps * 1e9)
+        return self.times.get((kind, "forward", None), 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"times": {"|".join(str(p) for p in k): v for k, v in self.times.items()},
+                "d2h_gbps": self.d2h, "h2d_gbps": self.h2d, "update": self.update}
 
 
 def profile(program: Program, *, copy_gbps: float | None = None, repeats: int = 2, seed: int = 0) -> Profiled:
@@ -73,7 +106,7 @@ def profile(program: Program, *, copy_gbps: float | None = None, repeats: int = 
             times[(op.name, "backward", None)] = best_seconds(backward, repeats)
 
     # the loss, on the logits' shape
-    from .nn.loss import SoftmaxCrossEntropy
+    from ..nn.loss import SoftmaxCrossEntropy
 
     logits = rng.standard_normal(program.tensors[program.output].shape).astype(dtype)
     labels = rng.integers(0, logits.shape[1], logits.shape[0])

@@ -1,10 +1,4 @@
-"""How long each piece of a step takes: a roofline for simulated GPUs, measurements for the CPU device.
-
-A cost model answers ``op_seconds(op, pass_, algo)`` (``pass_`` is ``"forward"``, ``"backward_data"``,
-``"backward_filter"`` for convolutions and ``"forward"``/``"backward"`` for the rest),
-``copy_seconds(nbytes, direction)`` and ``update_seconds(param_bytes)``. The planner replays a schedule
-against it on two virtual clocks (compute and memory streams) to predict step time, stalls and the
-time-weighted average memory.
+"""The simulator's cost model: a roofline per op for a GPU spec sheet, with cuDNN's algorithm catalog.
 
 The roofline takes the larger of compute time (effective FLOPs over peak times the algorithm's
 efficiency, scaled down for layers too small to fill the GPU) and memory time (bytes over bandwidth),
@@ -15,31 +9,17 @@ their published Titan X times (bench/reproduce_vdnn.py prints the comparison).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
 
-from .device.base import DeviceSpec
-from .device.cudnn_catalog import ALGORITHMS, EFFICIENCY, Geometry, applies, effective_flops, workspace
-from .graph import OpInfo, Program
+from ..device.cudnn_catalog import ALGORITHMS, EFFICIENCY, Geometry, applies, effective_flops, workspace
+from ..device.spec import DeviceSpec
+from ..graph import OpInfo, Program
 
-__all__ = ["CostModel", "Roofline", "Profiled", "geometry", "with_cudnn_catalog"]
+__all__ = ["Roofline", "geometry", "with_cudnn_catalog"]
 
 ELEMENTWISE_EFFICIENCY = 0.35  # fraction of memory bandwidth element-wise kernels reach (calibrated)
 GEMM_EFFICIENCY = 0.75  # fully connected layers
 FILL = 16384  # output pixels x batch that fill a GPU; fewer leave units idle
 CHANNEL_EXP = 0.6  # how much narrow GEMMs lose: (min(C*kh*kw, K) / 64) ** CHANNEL_EXP
-
-
-class CostModel(Protocol):
-    def op_seconds(self, op: OpInfo, pass_: str, algo: str | None) -> float: ...
-
-    def copy_seconds(self, nbytes: int, direction: str) -> float: ...
-
-    def update_seconds(self, param_bytes: int) -> float: ...
-
-    def misc_seconds(self, kind: str, nbytes: int) -> float:
-        """The loss (``"loss"``), adding a gradient contribution of ``nbytes`` (``"acc"``), or encoding or
-        decoding a feature map of ``nbytes`` (``"encode"``, ``"decode"``)."""
-        ...
 
 
 def geometry(op: OpInfo) -> Geometry:
@@ -114,37 +94,3 @@ class Roofline:
             return self.launch * 2
         passes = 3 if kind == "acc" else 1.5  # encode/decode: the dense side once, the encoding (smaller) once
         return self.launch + passes * nbytes / (self.bw * ELEMENTWISE_EFFICIENCY)
-
-
-class Profiled:
-    """Measured costs (the CPU device, see :func:`vmem.profile.profile`): op times per pass and
-    algorithm, the copy rate of the host-device link, the element-wise bandwidth."""
-
-    def __init__(self, times: dict[tuple[str, str, str | None], float], d2h_gbps: float, h2d_gbps: float,
-                 update: float = 0.0, elementwise_gbps: float = 10.0):
-        self.times = times
-        self.d2h = d2h_gbps
-        self.h2d = h2d_gbps
-        self.update = update
-        self.elementwise_gbps = elementwise_gbps
-
-    def op_seconds(self, op: OpInfo, pass_: str, algo: str | None) -> float:
-        key = (op.name, pass_, algo)
-        if key in self.times:
-            return self.times[key]
-        return self.times.get((op.name, pass_, None), 0.0)
-
-    def copy_seconds(self, nbytes: int, direction: str) -> float:
-        return nbytes / ((self.d2h if direction == "d2h" else self.h2d) * 1e9)
-
-    def update_seconds(self, param_bytes: int) -> float:
-        return self.update
-
-    def misc_seconds(self, kind: str, nbytes: int) -> float:
-        if kind in ("acc", "encode", "decode"):
-            return (3 if kind == "acc" else 1.5) * nbytes / (self.elementwise_gbps * 1e9)
-        return self.times.get((kind, "forward", None), 0.0)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"times": {"|".join(str(p) for p in k): v for k, v in self.times.items()},
-                "d2h_gbps": self.d2h, "h2d_gbps": self.h2d, "update": self.update}

@@ -1,0 +1,31 @@
+"""DeviceSpec: the facts about a device that planning needs. Plain data; imports nothing of the runtime,
+so policies and cost models can read it without the pool or the streams."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+__all__ = ["DeviceSpec"]
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """Facts about a device. ``memory`` in bytes; ``pcie_gbps`` is the host-device link rate in GB/s
+    each way (None: not throttled, the CPU device's default). For GPUs (spec sheets in
+    :mod:`vmem.device.specs`): ``fp32_tflops`` peak FP32 throughput, ``memory_gbps`` device memory
+    bandwidth, ``h2d_gbps``/``d2h_gbps`` achieved pinned copy bandwidth each way, ``launch_us`` the cost of
+    one kernel launch, and ``arch`` (the cost model's efficiency table)."""
+
+    name: str
+    kind: str
+    memory: int
+    pcie_gbps: float | None = None
+    fp32_tflops: float | None = None
+    memory_gbps: float | None = None
+    h2d_gbps: float | None = None
+    d2h_gbps: float | None = None
+    launch_us: float | None = None
+    arch: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)

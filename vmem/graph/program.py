@@ -1,0 +1,222 @@
+"""The Program: one training step of a network at a batch size, as policies see it. Plain data.
+
+``build_program`` infers every shape and returns the ops in execution order and every tensor with its size,
+producer, consumers (reference counts), the memory it shares (in-place layers), and whether backward
+needs it.
+
+In-place rule: a layer declared ``inplace`` (ReLU, Dropout, Flatten) writes its output over its input
+when that input is not the network's input, has no other consumer, and its producer's backward does
+not read its own output (or the layer only reshapes). Its backward then writes the input gradient over
+the output gradient too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..nn.base import PASSES, AuxSpec, Layer, ParamSpec, Shape
+
+if TYPE_CHECKING:
+    from .network import Network
+
+__all__ = ["Program", "TensorInfo", "OpInfo", "build_program", "PASSES"]
+
+
+def _nbytes(shape: Shape, itemsize: int) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * itemsize
+
+
+@dataclass
+class TensorInfo:
+    """A tensor of one training step. ``shape`` is logical (NCHW); ``buffer`` is the id of the tensor
+    whose memory it occupies (its own id unless an in-place layer wrote it over its input)."""
+
+    id: int
+    name: str
+    shape: Shape
+    nbytes: int
+    producer: int | None  # op index; None for the network input
+    consumers: list[int] = field(default_factory=list)
+    buffer: int = -1
+    stashed: bool = False  # read by some backward
+    needs_grad: bool = True  # its gradient is computed
+
+
+@dataclass
+class OpInfo:
+    """One layer application in execution order."""
+
+    index: int
+    layer: Layer
+    name: str
+    kind: str
+    inputs: list[int]
+    output: int
+    in_shapes: tuple[Shape, ...]
+    out_shape: Shape
+    params: dict[str, ParamSpec]
+    aux: dict[str, AuxSpec]
+    aux_nbytes: dict[str, int]
+    needs: frozenset[str]
+    inplace: bool
+    flops: int
+    algorithms: dict[str, list[str]]
+    workspace: dict[str, dict[str, int]]  # pass -> algorithm -> bytes
+
+    @property
+    def reads_input(self) -> bool:
+        return "x" in self.needs
+
+    @property
+    def reads_output(self) -> bool:
+        return "y" in self.needs or "mask" in self.needs
+
+
+@dataclass
+class Program:
+    """Everything a policy needs to know about one training step of a network at a batch size."""
+
+    network: str
+    batch: int
+    dtype: str
+    itemsize: int
+    ops: list[OpInfo]
+    tensors: list[TensorInfo]
+    input: int
+    output: int
+    num_classes: int
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of trainable parameters (unaligned)."""
+        return sum(_nbytes(p.shape, self.itemsize) for op in self.ops for p in op.params.values() if p.trainable)
+
+    @property
+    def flops(self) -> int:
+        """Forward FLOPs of the step (backward is about twice that)."""
+        return sum(op.flops for op in self.ops)
+
+    def buffers(self) -> list[TensorInfo]:
+        """Tensors that own their memory (one per distinct feature-map buffer)."""
+        return [t for t in self.tensors if t.buffer == t.id]
+
+    def stashed_buffers(self) -> set[int]:
+        """Buffers (owner tensor ids) that some backward reads, through any tensor sharing them."""
+        return {t.buffer for t in self.tensors if t.stashed}
+
+    def backward_reads(self, op: OpInfo) -> list[int]:
+        """Buffers the backward of ``op`` reads (its inputs if it needs them, its output if it needs that)."""
+        reads = [self.tensors[i].buffer for i in op.inputs] if op.reads_input else []
+        if op.reads_output:
+            reads.append(self.tensors[op.output].buffer)
+        return list(dict.fromkeys(reads))
+
+    def backward_readers(self, buffer: int) -> list[OpInfo]:
+        """Ops whose backward reads ``buffer`` (an owner tensor id)."""
+        return [op for op in self.ops if buffer in self.backward_reads(op)]
+
+    def sign_only(self, buffer: int) -> bool:
+        """Whether every backward that reads ``buffer`` needs only the sign of its own output (ReLU's)."""
+        return all(not op.reads_input and op.layer.needs == frozenset({"mask"}) for op in self.backward_readers(buffer))
+
+    def tensor(self, name_or_id: str | int) -> TensorInfo:
+        if isinstance(name_or_id, int):
+            return self.tensors[name_or_id]
+        for t in self.tensors:
+            if t.name == name_or_id:
+                return t
+        raise KeyError(f"no tensor named {name_or_id!r}")
+
+    def summary(self) -> str:
+        lines = [f"{self.network}: batch {self.batch}, {len(self.ops)} ops, {self.flops / 1e9:.2f} GFLOP forward, "
+                 f"{self.param_bytes / 2**20:.1f} MiB of weights"]
+        for op in self.ops:
+            out = self.tensors[op.output]
+            flag = " (in place)" if op.inplace else ""
+            lines.append(f"  {op.index:3d} {op.name:<16} {str(op.out_shape):<22} {out.nbytes / 2**20:9.2f} MiB{flag}")
+        return "\n".join(lines)
+
+
+def build_program(net: "Network", batch: int, input_shape: tuple[int, ...], dtype: str) -> Program:
+    """Shape inference over ``net`` for ``batch`` (see the module docstring for the in-place rule)."""
+    itemsize = np.dtype(dtype).itemsize
+    assert net._output is not None
+    # Only nodes that lead to the output take part; execution order is construction order.
+    live = set()
+    stack = [net._output]
+    while stack:
+        node = stack.pop()
+        if node.index in live:
+            continue
+        live.add(node.index)
+        stack.extend(node.inputs)
+    nodes = [n for n in net._nodes if n.index in live]
+    tensor_of: dict[int, int] = {}
+    tensors: list[TensorInfo] = []
+    ops: list[OpInfo] = []
+
+    in_shape = (batch,) + tuple(input_shape)
+    tensors.append(TensorInfo(0, "input", in_shape, _nbytes(in_shape, itemsize), None, buffer=0, needs_grad=False))
+    tensor_of[0] = 0
+    for node in nodes[1:]:
+        layer = node.layer
+        assert layer is not None
+        inputs = [tensor_of[n.index] for n in node.inputs]
+        in_shapes = tuple(tensors[i].shape for i in inputs)
+        out_shape = tuple(layer.output_shape(in_shapes))
+        index = len(ops)
+        tid = len(tensors)
+        tensors.append(TensorInfo(tid, layer.name or f"t{tid}", out_shape, _nbytes(out_shape, itemsize), index,
+                                  buffer=tid))
+        for i in inputs:
+            tensors[i].consumers.append(index)
+        aux = layer.aux_specs(in_shapes)
+        algos = layer.algorithms(in_shapes)
+        workspace = {
+            p: {a: layer.workspace_bytes(in_shapes, p, a, itemsize) for a in algos.get(p, [None])} for p in PASSES
+        }
+        ops.append(OpInfo(
+            index=index, layer=layer, name=layer.name or f"op{index}", kind=layer.kind, inputs=inputs, output=tid,
+            in_shapes=in_shapes, out_shape=out_shape, params=layer.param_specs(in_shapes), aux=aux,
+            aux_nbytes={k: _nbytes(a.shape, itemsize if a.dtype == "float" else np.dtype(a.dtype).itemsize)
+                        for k, a in aux.items()},
+            needs=layer.needs, inplace=False, flops=layer.flops(in_shapes), algorithms=algos, workspace=workspace,
+        ))
+        tensor_of[node.index] = tid
+
+    output = tensor_of[net._output.index]
+    out_shape = tensors[output].shape
+    if len(out_shape) != 2:
+        raise ShapeError(
+            f"{net.name}: the output of layer {tensors[output].name!r} has shape {out_shape}; a classifier "
+            "must end in (N, classes) (add Flatten and Linear)"
+        )
+    # Stash: what backward reads.
+    for op in ops:
+        if op.reads_input:
+            for i in op.inputs:
+                tensors[i].stashed = True
+        if op.reads_output:
+            tensors[op.output].stashed = True
+    # In place.
+    for op in ops:
+        layer = op.layer
+        if not layer.inplace:
+            continue
+        (src,) = op.inputs
+        t_in = tensors[src]
+        if t_in.producer is None or len(t_in.consumers) != 1:
+            continue
+        producer = ops[t_in.producer]
+        if producer.reads_output and layer.kind != "flatten":
+            continue
+        if t_in.nbytes != tensors[op.output].nbytes:
+            continue
+        op.inplace = True
+        tensors[op.output].buffer = t_in.buffer
+    return Program(network=net.name, batch=batch, dtype=str(np.dtype(dtype)), itemsize=itemsize, ops=ops,
+                   tensors=tensors, input=0, output=output, num_classes=out_shape[1])

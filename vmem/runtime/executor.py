@@ -1,0 +1,246 @@
+"""The executor carries out a Schedule on a device. It decides nothing and reads nothing but the Schedule
+(with the Program it was lowered from, for the layers and shapes) and the device.
+
+Allocation and frees happen on the host, in schedule order, against the device pool with the compute
+stream (so reuse is stream-ordered); every op is enqueued on the compute stream and runs asynchronously.
+Each op records its start and end time on the stream and the pool's usage while it ran: that is the
+step's timeline, from which the time-weighted average usage is computed. Steps are dispatched on their
+type through one table (:func:`vmem.schedule.steps.handlers` checks it covers every kind); offloads,
+prefetches and encodings are in :mod:`.transfers`.
+
+If anything fails during a step (an out-of-memory error, an error in a layer), every block the step
+allocated is returned, so the pool is exactly as it was before the step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import DeviceError
+from ..nn.base import Ctx, physical
+from ..optim import Optimizer
+from ..schedule import Key, Kind, Schedule
+from ..schedule.steps import (Accumulate, Alloc, Backward, CopyOut, Decode, Encode, Forward, Free, Loss, Offload,
+                              Prefetch, Update, Upload, WaitPrefetch, handlers)
+from .params import DeviceParams
+from .timeline import Span, Timeline
+from .transfers import Transfers, timed
+
+__all__ = ["Executor", "StepReport"]
+
+_LABELS, _PROBS, _LOSS = Key(Kind.LABELS), Key(Kind.PROBS), Key(Kind.LOSS)
+
+
+@dataclass
+class StepReport:
+    """What one training step did and used. Bytes are the device pool's (with fragmentation)."""
+
+    loss: float
+    seconds: float
+    peak_bytes: int
+    average_bytes: float
+    offloaded_bytes: int = 0
+    stall_seconds: float = 0.0
+    timeline: Timeline = field(default_factory=Timeline, repr=False)
+
+    @property
+    def spans(self) -> list[Span]:
+        return self.timeline.spans
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in
+                ("loss", "seconds", "peak_bytes", "average_bytes", "offloaded_bytes", "stall_seconds")}
+
+
+class _Run:
+    """The state of one step: its blocks, its offloads and encodings, the batch, the timeline."""
+
+    def __init__(self, x: np.ndarray, labels: Any, train: bool, rng: Any, step: int, origin: float):
+        self.x, self.labels, self.train, self.rng, self.step = x, labels, train, rng, step
+        self.blocks: dict[Key, Any] = {}
+        self.loss: list[float] = []
+        self.logits: np.ndarray | None = None
+        self.timeline = Timeline(origin=origin)
+
+
+class Executor(Transfers):
+    """Runs one Schedule (training or inference) on a device."""
+
+    def __init__(self, device: Any, schedule: Schedule, params: DeviceParams, loss: Any = None,
+                 optimizer: Optimizer | None = None):
+        if not device.holds_data:
+            raise DeviceError(f"{device.name} holds no data: it plans (vmem.plan) but cannot run a step")
+        self.device = device
+        self.schedule = schedule
+        self.program = program = schedule.program
+        self.loss = loss
+        self.optimizer = optimizer
+        self.xp = device.xp
+        self.dtype = np.dtype(program.dtype)
+        ops = program.ops
+        # Per-op views that never change: parameters and their gradients.
+        self._op_params = [{k: params.views[Key(Kind.WEIGHT, f"{op.name}.{k}")] for k in op.params} for op in ops]
+        self._op_grads = [{k: params.views[Key(Kind.WEIGHT_GRAD, f"{op.name}.{k}")] for k, s in op.params.items()
+                           if s.trainable} for op in ops]
+        slots = optimizer.slots if optimizer is not None else ()
+        self._updates = [
+            (params.views[Key(Kind.WEIGHT, key)], params.views[Key(Kind.WEIGHT_GRAD, key)],
+             {slot: params.views[Key(Kind.OPT_STATE, key, slot)] for slot in slots})
+            for key in (f"{op.name}.{k}" for op in ops for k, s in op.params.items() if s.trainable)
+        ] if optimizer is not None else []
+        self._aux_dtype = {(op.index, k): (self.dtype if a.dtype == "float" else np.dtype(a.dtype))
+                           for op in ops for k, a in op.aux.items()}
+        self._table = handlers({
+            Alloc: self._alloc, Free: self._free, Upload: self._upload, Forward: self._forward, Loss: self._loss,
+            Backward: self._backward, Accumulate: self._accumulate, Update: self._update, Offload: self._offload,
+            Prefetch: self._prefetch, WaitPrefetch: self._wait_prefetch, Encode: self._encode, Decode: self._decode,
+            CopyOut: self._copy_out,
+        }, "executor")
+
+    # -- one step ----------------------------------------------------------------------------------
+    def run(self, x: np.ndarray, labels: np.ndarray | None, *, train: bool, rng: np.random.Generator,
+            step: int = 0) -> tuple[StepReport, np.ndarray | None]:
+        """Run the schedule on one batch. Returns the report and, for inference, the logits (NCHW order)."""
+        dev, pool = self.device, self.device.pool
+        host_x = np.ascontiguousarray(np.asarray(x).transpose(0, 2, 3, 1) if x.ndim == 4 else x, dtype=self.dtype)
+        if self.schedule.pinned_bytes:
+            dev.reserve_pinned(self.schedule.pinned_bytes)  # before the step: no pinned allocation inside it
+        pool.reset_peak()
+        r = _Run(host_x, labels, train, rng, step, time.perf_counter())
+        self._begin_transfers(r)
+        try:
+            for st in self.schedule.steps:
+                self._table[type(st)](r, st)
+            dev.synchronize()
+            moved = self._moved(r)
+            pool.reclaim()  # every event has completed: coalesce, so each step starts as the plan's replay does
+        except BaseException:
+            self._roll_back(r)
+            raise
+        timeline = r.timeline
+        report = StepReport(loss=r.loss[0] if r.loss else float("nan"), seconds=time.perf_counter() - timeline.origin,
+                            peak_bytes=pool.peak, average_bytes=timeline.average_bytes(pool.in_use),
+                            offloaded_bytes=moved, stall_seconds=timeline.stall_seconds, timeline=timeline)
+        return report, r.logits
+
+    def _roll_back(self, r: _Run) -> None:
+        """Return every block and pinned buffer the failed step holds, then let its streams drain."""
+        cs = self.device.compute_stream
+        for block in r.blocks.values():
+            self.device.pool.free(block, cs)
+        self._release_transfers(r)
+        try:
+            self.device.synchronize()
+        except BaseException:
+            pass  # the original error is the one to report
+
+    # -- streams -----------------------------------------------------------------------------------
+    def _launch(self, r: _Run, name: str, fn: Any, *args: Any, kind: str = "compute") -> None:
+        """Enqueue ``fn`` on the compute stream as a timed span."""
+        self.device.compute_stream.launch(timed, r.timeline, name, "compute", kind, self.device.pool.usage(), fn, *args)
+
+    # -- memory ------------------------------------------------------------------------------------
+    def _alloc(self, r: _Run, st: Alloc) -> None:
+        buf = st.buffer
+        if st.deferred:  # allocated by its Encode step, at its actual size
+            self._defer(r, buf, st.offset)
+            return
+        r.blocks[buf.key] = self.device.pool.allocate(buf.nbytes, self.device.compute_stream, buf.category,
+                                                      high=buf.high, offset=st.offset)
+
+    def _free(self, r: _Run, st: Free) -> None:
+        self.device.pool.free(r.blocks.pop(st.key), self.device.compute_stream)
+
+    def _upload(self, r: _Run, st: Upload) -> None:
+        cs = self.device.compute_stream
+        if st.source == "input":
+            self.device.copy_to_device(self._value(r, self.program.input), r.x, stream=cs)
+        else:
+            self.device.copy_to_device(self._labels(r), np.asarray(r.labels, dtype=np.int64), stream=cs)
+
+    def _copy_out(self, r: _Run, st: CopyOut) -> None:
+        r.logits = np.empty(self.program.tensors[st.tensor].shape, self.dtype)
+        self.device.copy_to_host(r.logits, self._value(r, st.tensor), stream=self.device.compute_stream)
+
+    # -- views -------------------------------------------------------------------------------------
+    def _view(self, r: _Run, key: Key, shape: tuple, dtype: Any) -> Any:
+        return self.device.view(r.blocks[key], shape, dtype)
+
+    def _value(self, r: _Run, tensor: int) -> Any:
+        return self._view(r, self.schedule.value[tensor], physical(self.program.tensors[tensor].shape), self.dtype)
+
+    def _grad(self, r: _Run, tensor: int) -> Any:
+        return self._view(r, self.schedule.grad[tensor], physical(self.program.tensors[tensor].shape), self.dtype)
+
+    def _labels(self, r: _Run) -> Any:
+        return self._view(r, _LABELS, (self.program.batch,), np.int64)
+
+    def _ctx(self, r: _Run, i: int, train: bool, rng: Any, algo: Any, workspace: Key | None) -> Ctx:
+        op = self.program.ops[i]
+        aux = {k: self._view(r, self.schedule.aux[(i, k)], a.shape, self._aux_dtype[(i, k)]) for k, a in op.aux.items()}
+        ws = self._view(r, workspace, (r.blocks[workspace].nbytes,), np.uint8) if workspace is not None else None
+        return Ctx(xp=self.xp, params=self._op_params[i], grads=self._op_grads[i], aux=aux, train=train, rng=rng,
+                   workspace=ws, algo=algo, in_shapes=tuple(physical(s) for s in op.in_shapes))
+
+    # -- ops ---------------------------------------------------------------------------------------
+    def _forward(self, r: _Run, st: Forward) -> None:
+        op = self.program.ops[st.op]
+        ctx = self._ctx(r, st.op, r.train, r.rng, st.algo, st.workspace)
+        xs = [self._value(r, t) for t in op.inputs]
+        self._launch(r, op.name, op.layer.forward, ctx, xs, self._value(r, op.output))
+
+    def _backward(self, r: _Run, st: Backward) -> None:
+        op = self.program.ops[st.op]
+        sched = self.schedule
+        ctx = self._ctx(r, st.op, True, None, st.algos, st.workspace)
+        dy = self._grad(r, op.output)
+        if st.on_bits is not None:  # ReLU's backward on the bits of its binarized output (Gist)
+            if sched.needs_grad[op.inputs[0]]:
+                self._relu_on_bits(r, f"{op.name}.backward", st.on_bits, dy, self._grad(r, op.inputs[0]))
+            return
+        xs = [self._value(r, t) for t in op.inputs] if op.reads_input else None
+        y = self._value(r, op.output) if op.reads_output else None
+        dxs = []
+        for j, t in enumerate(op.inputs):
+            if not sched.needs_grad[t]:
+                dxs.append(None)
+            elif (st.op, j) in sched.acc:
+                shape = physical(self.program.tensors[t].shape)
+                dxs.append(self._view(r, sched.acc[(st.op, j)], shape, self.dtype))
+            else:
+                dxs.append(self._grad(r, t))
+        self._launch(r, f"{op.name}.backward", op.layer.backward, ctx, dy, xs, y, dxs)
+
+    def _accumulate(self, r: _Run, st: Accumulate) -> None:
+        g = self._grad(r, st.tensor)
+        tmp = self._view(r, st.temp, g.shape, self.dtype)
+        self._launch(r, f"acc:{self.program.tensors[st.tensor].name}", np.add, g, tmp, g)
+
+    def _loss(self, r: _Run, st: Loss) -> None:
+        prog = self.program
+        logits = self._value(r, prog.output)
+        probs = self._view(r, _PROBS, logits.shape, self.dtype)
+        value = self._view(r, _LOSS, (1,), self.dtype)
+        labels = self._labels(r)
+        dlogits = self._grad(r, prog.output)
+        loss, xp, out = self.loss, self.xp, r.loss
+
+        def run() -> None:
+            value[0] = loss.forward(xp, logits, labels, probs)
+            loss.backward(xp, probs, labels, dlogits)
+            out.append(float(value[0]))
+
+        self._launch(r, "loss", run)
+
+    def _update(self, r: _Run, st: Update) -> None:
+        opt, xp, step = self.optimizer, self.xp, r.step
+
+        def run() -> None:
+            for param, grad, state in self._updates:
+                opt.update(xp, param, grad, state, step)  # type: ignore[union-attr]
+
+        self._launch(r, "update", run)

@@ -1,0 +1,179 @@
+"""The executor's offloads, prefetches and encodings (a mixin of :class:`~vmem.runtime.executor.Executor`).
+
+Offload copies a buffer to pinned host memory on the memory stream once compute has produced and last
+read it (through its codec if the step names one: only the encoded bytes cross the bus), then releases
+it as the step's sync mode says. Prefetch copies it back (decoding) into a newly allocated block;
+the compute stream waits for that copy before the first backward that reads it. Encodings kept on the
+device (Gist) are made on the compute stream; those whose size depends on the data wait for the data,
+then get a block of their actual size.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from .. import codecs
+from ..codecs import transfer
+from ..schedule import Key
+from ..schedule.steps import BnRange, Decode, Encode, Offload, Prefetch, WaitPrefetch
+from .timeline import Span, Timeline
+
+__all__ = ["Transfers", "timed"]
+
+
+def timed(timeline: Timeline, name: str, stream: str, kind: str, usage: dict[str, int], fn: Any, *args: Any) -> None:
+    """Run ``fn`` (on a stream) and record its span there, with the pool usage at its enqueue."""
+    start = time.perf_counter()
+    fn(*args)
+    timeline.record(Span(name, stream, kind, start, time.perf_counter(), sum(usage.values()), usage))
+
+
+class _Offloaded:
+    """A buffer sent to pinned host memory: where it is, its encoding there (if a codec is set, filled
+    in by the memory stream), the bytes that crossed the bus, and the events of its copies."""
+
+    __slots__ = ("host_block", "host", "done", "back", "enc", "moved")
+
+    def __init__(self, host_block: Any, host: Any):
+        self.host_block = host_block
+        self.host = host
+        self.done: Any = None  # event after the device-to-host copy
+        self.back: Any = None  # event after the host-to-device copy
+        self.enc: Any = None
+        self.moved = 0
+
+
+class Transfers:
+    """Offload, prefetch, encode and decode steps; the executor supplies ``device``, ``dtype``,
+    ``_op_params``, ``_view``, ``_launch`` and the per-step state ``r``."""
+
+    device: Any
+    dtype: Any
+    xp: Any
+    _op_params: list[dict[str, Any]]
+
+    def _begin_transfers(self, r: Any) -> None:
+        r.offloaded = {}  # key -> _Offloaded, until its wait
+        r.sent = []  # every offload of the step
+        r.encodings = {}  # encoded buffer's key -> its Encoded (arrays in its block)
+        r.deferred = {}  # encoded buffer's key -> (planned offset, planned bytes), allocated at its size
+
+    def _moved(self, r: Any) -> int:
+        return sum(off.moved for off in r.sent)
+
+    def _release_transfers(self, r: Any) -> None:
+        for off in r.offloaded.values():
+            if off.back is None:  # still only on the host (a prefetched buffer's host copy is already returned)
+                self.device.pinned.free(off.host_block, off.done)
+
+    def _defer(self, r: Any, buffer: Any, offset: int | None) -> None:
+        r.deferred[buffer.key] = (offset, buffer.nbytes)
+
+    def _stall(self, r: Any, name: str, event: Any) -> None:
+        """The compute stream waits for a memory-stream event; the wait is recorded as a stall."""
+        self._launch(r, name, event.synchronize, kind="wait")  # type: ignore[attr-defined]
+
+    def _range(self, bn: BnRange | None) -> tuple[Any, Any] | None:
+        """Per-channel (lo, hi) of a fixed-point buffer that follows a batch norm: beta +- sigmas * |gamma|,
+        clamped at 0 after a ReLU (read when the encoding runs: after the forward, before the update)."""
+        if bn is None:
+            return None
+        xp, p = self.xp, self._op_params[bn.op]
+        half = xp.abs(p["weight"]) * p["weight"].dtype.type(bn.sigmas)
+        lo, hi = p["bias"] - half, p["bias"] + half
+        return (xp.maximum(lo, 0), xp.maximum(hi, 0)) if bn.relu else (lo, hi)
+
+    # -- offload -----------------------------------------------------------------------------------
+    def _offload(self, r: Any, st: Offload) -> None:
+        dev = self.device
+        cs, ms = dev.compute_stream, dev.memory_stream
+        block = r.blocks.pop(st.key)
+        host_block = dev.pinned.allocate(st.host_nbytes, "feature_maps")
+        off = _Offloaded(host_block, dev.host_view(host_block, (host_block.nbytes,), np.uint8))
+        ms.wait(cs.record())
+        name = f"offload:{st.key}"
+        if st.codec is not None:
+            src = dev.view(block, st.shape, self.dtype)
+            ms.launch(timed, r.timeline, name, "memory", "offload", {}, self._send, st, src, off)
+        else:
+            off.moved = block.nbytes
+            ms.launch(timed, r.timeline, name, "memory", "offload", {}, dev.copy_now,
+                      off.host[:block.nbytes], dev.view(block, (block.nbytes,), np.uint8), "d2h")
+        off.done = ms.record()
+        r.offloaded[st.key] = off
+        r.sent.append(off)
+        if st.sync == "event":
+            dev.pool.free(block, ms)  # reusable by compute only once the copy's event has completed
+        else:
+            self._stall(r, f"sync:{st.key}", off.done)
+            dev.pool.free(block, cs)
+
+    def _send(self, st: Offload, src: Any, off: _Offloaded) -> None:
+        off.enc = transfer.send(self.device, st.codec, src, off.host, self._range(st.range))
+        off.moved = off.enc.nbytes
+
+    def _prefetch(self, r: Any, st: Prefetch) -> None:
+        dev = self.device
+        cs, ms = dev.compute_stream, dev.memory_stream
+        off = r.offloaded[st.key]
+        block = r.blocks[st.key]
+        ms.wait(cs.record())  # the block's previous users on compute are done
+        name = f"prefetch:{st.key}"
+        if st.codec is not None:
+            dst = dev.view(block, st.shape, self.dtype)  # off.enc is set by the offload's task: read it when this runs
+            codec = st.codec
+            ms.launch(timed, r.timeline, name, "memory", "prefetch", {},
+                      lambda: transfer.receive(dev, codec, off.enc, dst))
+        else:
+            ms.launch(timed, r.timeline, name, "memory", "prefetch", {}, dev.copy_now,
+                      dev.view(block, (block.nbytes,), np.uint8), off.host[:block.nbytes], "h2d")
+        off.back = ms.record()
+        dev.pinned.free(off.host_block, off.back)
+
+    def _wait_prefetch(self, r: Any, st: WaitPrefetch) -> None:
+        self._stall(r, f"wait:{st.key}", r.offloaded.pop(st.key).back)  # back on the device for good
+
+    # -- encodings kept on the device (Gist) ----------------------------------------------------------
+    def _encode(self, r: Any, st: Encode) -> None:
+        """Encode a buffer into its encoding's block after its last forward use."""
+        src = self.device.view(r.blocks[st.key], st.shape, self.dtype)
+        if st.enc in r.deferred:
+            self._encode_at_size(r, st, src)
+            return
+        raw = self._view(r, st.enc, (r.blocks[st.enc].nbytes,), np.uint8)  # type: ignore[attr-defined]
+        encodings, codec, bn = r.encodings, st.codec, st.range
+
+        def run() -> None:
+            encodings[st.enc] = codecs.encode_channels_last(codec, src, *(self._range(bn) or ())).store(raw)
+
+        self._launch(r, f"encode:{st.key}", run)  # type: ignore[attr-defined]
+
+    def _encode_at_size(self, r: Any, st: Encode, src: Any) -> None:
+        """An encoding whose size depends on the data: the host waits for the data, then allocates a block
+        of the encoding's actual size, at the planned place when it is no larger than planned."""
+        pool, cs = self.device.pool, self.device.compute_stream
+        cs.synchronize()
+        start = time.perf_counter()
+        enc = codecs.encode_channels_last(st.codec, src)
+        nbytes = enc.nbytes + codecs.STORE_SLACK
+        offset, planned = r.deferred.pop(st.enc)
+        block = pool.allocate(nbytes, cs, "encoded", offset=offset if nbytes <= planned else None)
+        r.blocks[st.enc] = block
+        r.encodings[st.enc] = enc.store(self._view(r, st.enc, (block.nbytes,), np.uint8))  # type: ignore[attr-defined]
+        usage = pool.usage()
+        r.timeline.record(Span(f"encode:{st.key}", "compute", "compute", start, time.perf_counter(),
+                               sum(usage.values()), usage))
+
+    def _decode(self, r: Any, st: Decode) -> None:
+        """Decode a buffer back into its (newly allocated) block before the first backward that reads it."""
+        dst = self.device.view(r.blocks[st.key], st.shape, self.dtype)
+        encodings, codec = r.encodings, st.codec
+        self._launch(r, f"decode:{st.key}",  # type: ignore[attr-defined]
+                     lambda: codecs.decode_channels_last(codec, encodings.pop(st.enc), dst))
+
+    def _relu_on_bits(self, r: Any, name: str, enc: Key, dy: Any, dx: Any) -> None:
+        encodings = r.encodings
+        self._launch(r, name, lambda: codecs.Binarize.relu_backward(encodings[enc], dy, dx))  # type: ignore[attr-defined]

@@ -1,0 +1,174 @@
+"""Layer-wise lowering (vDNN, Gist): every buffer is allocated just before its first use and released after
+its last; stashed buffers the plan offloads leave after their last forward use and come back at the
+prefetch points the plan names; encoded ones are kept as their encoding in between (binarized ones are
+never decoded: ReLU's backward reads the bits)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..graph import Program
+from .gradients import gradients, needs_grad
+from .lower import (LABELS, LOSS, PROBS, _algos, _alloc, _values, codec_info, encode_steps, offload_step,
+                    op_workspace, persistent_buffers, pinned_bytes, prefetch_step)
+from .steps import Alloc, Backward, Buffer, Forward, Free, Key, Kind, Loss, Schedule, Step, Update, WaitPrefetch
+
+if TYPE_CHECKING:
+    from ..policies.plan import Plan
+
+__all__ = ["lower_layerwise"]
+
+
+class _Layerwise:
+    """The state of one layer-wise lowering; ``forward``, ``loss`` and ``backward`` append the steps."""
+
+    def __init__(self, program: Program, plan: "Plan"):
+        self.program, self.plan = program, plan
+        ops, tensors = program.ops, program.tensors
+        self.needs = needs_grad(program)
+        self.value, self.buffers, self.aux = _values(program)
+        self.grads = gradients(program, self.needs)
+        for key, (_, _, nbytes) in self.grads.intervals.items():
+            self.buffers[key] = Buffer(key, max(nbytes, 1), "gradient_maps")
+        by_name = {t.name: t.id for t in tensors}
+        self.stashed = program.stashed_buffers()
+        self.offloaded = {by_name[name] for name, d in plan.stash.items() if d == "offload"}
+        self.encoded = {by_name[name] for name, d in plan.stash.items() if d == "encode"}
+        unknown = (self.offloaded | self.encoded) - self.stashed
+        if unknown:
+            raise ValueError(f"plan {plan.policy!r} offloads or encodes buffers no backward reads: "
+                             f"{sorted(tensors[b].name for b in unknown)}")
+        self.codecs = codec_info(program, plan, self.offloaded, self.encoded)
+        self.enc = {b: Key(Kind.ENCODED, tensors[b].name) for b in self.encoded}
+        for b, key in self.enc.items():
+            self.buffers[key] = Buffer(key, self.codecs[b][1], "encoded")
+        self.binarized = {b for b in self.encoded if self.codecs[b][2]}
+        self.buf = {t.id: t.buffer for t in tensors}
+        self.last_forward: dict[int, int] = {}
+        for op in ops:
+            for t in op.inputs + [op.output]:
+                self.last_forward[self.buf[t]] = op.index
+        self.last_backward: dict[int, int] = {}  # buffer -> the last op (in backward order) whose backward reads it
+        for op in ops:
+            for b in program.backward_reads(op):
+                self.last_backward[b] = min(self.last_backward.get(b, len(ops)), op.index)
+        self.workspace: dict[tuple[int, str], Key] = {}
+        for i in range(len(ops)):
+            for pass_, nbytes in zip(("fwd", "bwd"), op_workspace(program, plan, i)):
+                if nbytes:
+                    key = self.workspace[(i, pass_)] = Key(Kind.WORKSPACE, ops[i].name, pass_)
+                    self.buffers[key] = Buffer(key, nbytes, "workspace")
+        self.steps: list[Step] = []
+
+    def alloc(self, key: Key) -> None:
+        _alloc(self.buffers[key], self.value[self.program.input], self.steps)
+
+    def alloc_encoding(self, b: int) -> None:
+        self.steps.append(Alloc(self.buffers[self.enc[b]], deferred=self.codecs[b][0].data_dependent))
+
+    def around_workspace(self, i: int, pass_: str, step: Step) -> None:
+        ws = self.workspace.get((i, pass_))
+        self.steps += [Alloc(self.buffers[ws]), step, Free(ws)] if ws else [step]
+
+    def forward(self) -> None:
+        program, value = self.program, self.value
+        for key in (LABELS, LOSS, value[program.input]):
+            self.alloc(key)
+        for op in program.ops:
+            out = program.tensors[op.output]
+            if out.buffer == out.id:
+                self.alloc(value[out.id])
+            for k in op.aux:
+                self.alloc(self.aux[(op.index, k)])
+            ws = self.workspace.get((op.index, "fwd"))
+            self.around_workspace(op.index, "fwd", Forward(op.index, _algos(self.plan, program, op.index)[0], ws))
+            for b in dict.fromkeys(self.buf[t] for t in op.inputs):
+                if self.last_forward[b] != op.index:
+                    continue
+                if b in self.offloaded:
+                    self.steps.append(offload_step(program, b, value[b], self.buffers[value[b]].nbytes,
+                                                   self.plan.sync or "layer", self.codecs.get(b)))
+                elif b in self.encoded:
+                    self.alloc_encoding(b)
+                    self.steps += [encode_steps(program, b, value[b], self.enc[b], self.codecs[b])[0], Free(value[b])]
+                elif b not in self.stashed:
+                    self.steps.append(Free(value[b]))
+
+    def loss(self) -> None:
+        """The loss: logits in, d(logits) out."""
+        program = self.program
+        self.alloc(PROBS)
+        self.alloc(self.grads.of_tensor[program.output])
+        self.steps += [Loss(), Free(PROBS), Free(LABELS)]
+        if self.buf[program.output] not in self.stashed:
+            self.steps.append(Free(self.value[program.output]))
+
+    def backward(self) -> None:
+        program, plan, value = self.program, self.plan, self.value
+        ops, n = program.ops, len(program.ops)
+        out_grad = self.grads.of_tensor[program.output]
+        starts: dict[int, list[Key]] = {}
+        ends: dict[int, list[Key]] = {}
+        for key, (first, last, _) in self.grads.intervals.items():
+            if key != out_grad:
+                starts.setdefault(first, []).append(key)
+            ends.setdefault(last, []).append(key)
+        by_name = {t.name: t.id for t in program.tensors}
+        prefetched: set[int] = set()
+        ready: set[int] = set()
+        for i in (i for i in range(n - 1, -1, -1) if self.needs[ops[i].output]):
+            op = ops[i]
+            for name in plan.prefetch.get(op.name, []):
+                b = by_name[name]
+                prefetched.add(b)
+                self.alloc(value[b])
+                self.steps.append(prefetch_step(program, b, value[b], self.buffers[value[b]].nbytes,
+                                                self.codecs.get(b)))
+            self.bring_back(op, prefetched, ready)
+            for key in starts.get(n - i, []):
+                self.alloc(key)
+            self.around_workspace(i, "bwd", self.backward_step(i))
+            self.steps += self.grads.acc_steps.get(i, [])
+            self.steps += [Free(key) for key in ends.get(n - i, [])]
+            self.steps += [Free(self.aux[(i, k)]) for k in op.aux]
+            self.steps += [Free(self.enc[b] if b in self.binarized else value[b]) for b in program.backward_reads(op)
+                           if self.last_backward[b] == i]
+        # saved state of layers whose backward does not run
+        self.steps += [Free(self.aux[(i, k)]) for i in range(n) if not self.needs[ops[i].output] for k in ops[i].aux]
+        self.steps += [Update(), Free(LOSS)]
+
+    def bring_back(self, op: Any, prefetched: set[int], ready: set[int]) -> None:
+        """Before ``op``'s backward: decode what it reads that is encoded, wait for what is prefetched."""
+        program, value = self.program, self.value
+        for b in program.backward_reads(op):
+            if b in self.encoded and b not in ready and b not in self.binarized:
+                ready.add(b)
+                self.alloc(value[b])
+                self.steps += [encode_steps(program, b, value[b], self.enc[b], self.codecs[b])[1], Free(self.enc[b])]
+        for b in program.backward_reads(op):
+            if b in self.offloaded and b not in ready:  # later readers are ordered after the first on compute
+                if b not in prefetched:
+                    raise ValueError(f"plan {self.plan.policy!r}: {program.tensors[b].name!r} is offloaded but never "
+                                     f"prefetched before the backward of {op.name!r}")
+                ready.add(b)
+                self.steps.append(WaitPrefetch(value[b]))
+
+    def backward_step(self, i: int) -> Backward:
+        op = self.program.ops[i]
+        out = self.buf[op.output]
+        on_bits = self.enc[out] if op.reads_output and out in self.binarized else None
+        return Backward(i, _algos(self.plan, self.program, i)[1], self.workspace.get((i, "bwd")), on_bits)
+
+
+def lower_layerwise(program: Program, plan: "Plan", optimizer_slots: tuple[str, ...], alignment: int) -> Schedule:
+    lowering = _Layerwise(program, plan)
+    lowering.forward()
+    lowering.loss()
+    lowering.backward()
+    grads, needs = lowering.grads, lowering.needs
+    return Schedule(
+        program=program, persistent=persistent_buffers(program, optimizer_slots), steps=lowering.steps,
+        value=lowering.value, grad={t.id: grads.of_tensor[t.id] for t in program.tensors if needs[t.id]},
+        aux=lowering.aux, acc=grads.acc, needs_grad=needs, alignment=alignment,
+        pinned_bytes=pinned_bytes(lowering.steps, alignment),
+    )

@@ -1,0 +1,192 @@
+"""Offline placement of a step's blocks in the arena: the schedule is static, so every block's lifetime is
+known before the step runs and the blocks can be packed so that the arena needs little more than the
+peak of live bytes.
+
+Two families of placements, and the one with the lowest top wins:
+
+- **Sweeps** over time, in allocation order, keeping the free gaps below the highest live block in a
+  sorted list: first fit (the lowest gap that holds the block) and best fit (the smallest such gap).
+  O(n log n) in practice (the number of gaps stays small), so they scale to schedules of any size.
+- **Greedy by size and by lifetime** (TensorFlow Lite's arena planner): blocks in order of size (or
+  lifetime), each at the lowest (or tightest) gap among the already-placed blocks live at the same time.
+  These often pack tighter but cost O(n^2), so they run only on schedules of up to ``GREEDY_LIMIT``
+  blocks.
+
+Persistent buffers sit first, contiguously, as the trainer allocates them before any step.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from dataclasses import replace
+from typing import Callable, Iterable, NamedTuple
+
+from .steps import (Accumulate, Alloc, Backward, CopyOut, Decode, Encode, Forward, Free, Loss, Offload, Prefetch,
+                    Schedule, Step, Update, Upload, WaitPrefetch, handlers)
+
+__all__ = ["Life", "lifetimes", "pack", "place", "peak_live", "GREEDY_LIMIT", "STRATEGIES"]
+
+#: Greedy orders run only on schedules with at most this many blocks (their cost grows with the square).
+GREEDY_LIMIT = 1500
+STRATEGIES = ("auto", "sweep", "greedy")
+
+_OPEN, _CLOSE = "open", "close"
+# the memory effect of each step kind (the one table this consumer dispatches on)
+_EFFECT = handlers({Alloc: _OPEN, Free: _CLOSE, Offload: _CLOSE, Upload: None, Forward: None, Loss: None,
+                    Backward: None, Accumulate: None, Update: None, Prefetch: None, WaitPrefetch: None,
+                    Encode: None, Decode: None, CopyOut: None}, "pack")  # type: ignore[arg-type]
+
+
+class Life(NamedTuple):
+    """A block's aligned size and its live range in steps: allocated at ``start``, free after ``end``."""
+
+    size: int
+    start: int
+    end: int
+
+
+def _align(n: int, alignment: int) -> int:
+    return -(-max(n, 1) // alignment) * alignment
+
+
+def lifetimes(steps: list[Step], alignment: int) -> list[Life]:
+    """One Life per allocation, in step order (a block never freed lives to the end of the step)."""
+    open_: dict = {}
+    lives: list[Life | None] = []
+    for index, st in enumerate(steps):
+        effect = _EFFECT[type(st)]
+        if effect is _OPEN:
+            open_[st.buffer.key] = (len(lives), index)  # type: ignore[union-attr]
+            lives.append(None)
+        elif effect is _CLOSE:
+            slot, start = open_.pop(st.key)  # type: ignore[union-attr]
+            lives[slot] = Life(_align(_size_of(steps[start]), alignment), start, index)
+    end = len(steps)
+    for slot, start in open_.values():
+        lives[slot] = Life(_align(_size_of(steps[start]), alignment), start, end)
+    return lives  # type: ignore[return-value]
+
+
+def _size_of(st: Step) -> int:
+    return st.buffer.nbytes  # type: ignore[union-attr]
+
+
+def peak_live(lives: Iterable[Life]) -> int:
+    """The most bytes live at once: no placement can have a lower top."""
+    events = sorted([(l.start, l.size) for l in lives] + [(l.end, -l.size) for l in lives])
+    live = peak = 0
+    for _, delta in events:
+        live += delta
+        peak = max(peak, live)
+    return peak
+
+
+def _sweep(lives: list[Life], base: int, best_fit: bool) -> tuple[int, list[int]]:
+    """Place blocks in allocation order into the free gaps below the highest live block."""
+    events = sorted([(l.start, 1, i) for i, l in enumerate(lives)] + [(l.end, 0, i) for i, l in enumerate(lives)])
+    offs: list[int] = []  # free gaps below the frontier, by offset
+    sizes: list[int] = []
+    frontier = top = base
+    offsets = [0] * len(lives)
+    for _, is_alloc, i in events:
+        size = lives[i].size
+        if is_alloc:
+            chosen = -1
+            for g, gap in enumerate(sizes):
+                if gap >= size and (chosen < 0 or (best_fit and gap < sizes[chosen])):
+                    chosen = g
+                    if not best_fit or gap == size:
+                        break
+            if chosen < 0:
+                offsets[i] = frontier
+                frontier += size
+                top = max(top, frontier)
+            else:
+                offsets[i] = offs[chosen]
+                if sizes[chosen] == size:
+                    del offs[chosen], sizes[chosen]
+                else:
+                    offs[chosen] += size
+                    sizes[chosen] -= size
+            continue
+        lo, hi = offsets[i], offsets[i] + size
+        if hi == frontier:  # the highest block: the frontier drops, through the gap below it
+            frontier = lo
+            if offs and offs[-1] + sizes[-1] == frontier:
+                frontier = offs.pop()
+                sizes.pop()
+            continue
+        g = bisect_left(offs, lo)
+        if g < len(offs) and offs[g] == hi:  # merge with the gap above
+            sizes[g] += size
+            offs[g] = lo
+        else:
+            offs.insert(g, lo)
+            sizes.insert(g, size)
+        if g > 0 and offs[g - 1] + sizes[g - 1] == lo:  # merge with the gap below
+            sizes[g - 1] += sizes[g]
+            del offs[g], sizes[g]
+    return top, offsets
+
+
+_ORDERS: tuple[Callable[[tuple[int, Life]], tuple], ...] = (
+    lambda il: (-il[1].size, -(il[1].end - il[1].start), il[1].start),  # largest first
+    lambda il: (-(il[1].end - il[1].start), -il[1].size, il[1].start),  # longest-lived first
+)
+
+
+def _greedy(lives: list[Life], base: int, order: Callable[[tuple[int, Life]], tuple],
+            tightest: bool) -> tuple[int, list[int]]:
+    """Place blocks in ``order``, each at the lowest (or tightest) gap among the placed blocks live at the
+    same time."""
+    placed: list[tuple[int, int, int, int]] = []  # (offset, size, start, end), sorted by offset
+    offsets = [0] * len(lives)
+    top = base
+    for i, (size, start, stop) in sorted(enumerate(lives), key=order):
+        offset, chosen, gap_size = base, None, None
+        for o, sz, s0, s1 in placed:  # the gaps between blocks live at the same time, by offset
+            if s0 >= stop or s1 <= start:
+                continue
+            gap = o - offset
+            if gap >= size:
+                if not tightest:
+                    chosen = offset
+                    break
+                if gap_size is None or gap < gap_size:
+                    chosen, gap_size = offset, gap
+            offset = max(offset, o + sz)
+        offset = offset if chosen is None else chosen
+        offsets[i] = offset
+        top = max(top, offset + size)
+        insort(placed, (offset, size, start, stop))
+    return top, offsets
+
+
+def pack(lives: list[Life], base: int = 0, strategy: str = "auto") -> tuple[int, list[int]]:
+    """(top, offset of each life): the best of the sweeps and, where the schedule is small enough (or
+    ``strategy="greedy"``), the greedy orders. ``strategy="sweep"`` runs the sweeps only."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r}; use one of {', '.join(STRATEGIES)}")
+    candidates = []
+    if strategy != "greedy":
+        candidates += [_sweep(lives, base, best_fit) for best_fit in (False, True)]
+    if strategy == "greedy" or (strategy == "auto" and len(lives) <= GREEDY_LIMIT):
+        candidates += [_greedy(lives, base, order, tightest) for order in _ORDERS for tightest in (False, True)]
+        if strategy == "greedy":  # the allocation-order greedy the sweeps stand for
+            candidates += [_greedy(lives, base, lambda il: (il[1].start, -il[1].size), t) for t in (False, True)]
+    return min(candidates, key=lambda c: c[0]) if candidates else (base, [])
+
+
+def place(schedule: Schedule, strategy: str = "auto") -> Schedule:
+    """Plan an arena offset for every allocation of the step; returns the schedule (its Alloc steps now
+    carry their offsets)."""
+    alignment = schedule.alignment
+    base = sum(_align(b.nbytes, alignment) for b in schedule.persistent)
+    lives = lifetimes(schedule.steps, alignment)
+    _, offsets = pack(lives, base, strategy)
+    steps, k = schedule.steps, 0
+    for index, st in enumerate(steps):
+        if type(st) is Alloc:
+            steps[index] = replace(st, offset=offsets[k])
+            k += 1
+    return schedule

@@ -1,0 +1,200 @@
+"""Replay: a Schedule run through a simulated device's pool and streams, giving its figures.
+
+The replay allocates and frees every block of the step through the same :class:`~vmem.pool.DevicePool`
+code the executor uses (at the planned offsets, on the same streams: offloaded blocks freed on the memory
+stream with ``sync="event"``), so placement and fragmentation, and so the peak, are exactly the step's.
+With a cost model it also runs the compute and memory streams' virtual clocks (copies wait for the
+compute stream, the compute stream waits for copies as the executor would) to predict step time, stalls
+and the time-weighted average usage; without one, compute steps are weighted by their FLOPs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..graph import Program
+from ..pool import CATEGORIES
+from .steps import (Accumulate, Alloc, Backward, CopyOut, Decode, Encode, Forward, Free, Loss, Offload, Prefetch,
+                    Schedule, Step, Update, Upload, WaitPrefetch, handlers)
+
+__all__ = ["Figures", "LayerRow", "replay", "durations"]
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    """One layer of a plan: its output, algorithms, what happens to its stashed output, its workspace."""
+
+    name: str
+    kind: str
+    shape: tuple[int, ...]
+    bytes: int
+    inplace: bool
+    flops: int
+    algos: str | None  # "forward/backward_data/backward_filter"
+    stash: str | None  # "keep" | "offload" | "encode" where backward reads the output's buffer
+    codec: str | None
+    workspace: int
+
+    def __getitem__(self, field_name: str) -> Any:
+        """Rows read like the mappings ``to_dict`` gives: ``row["name"]``."""
+        try:
+            return getattr(self, field_name)
+        except AttributeError:
+            raise KeyError(field_name) from None
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What a plan costs, from a replay: pool bytes (peak, time-weighted average, per category), bytes
+    offloaded, whether it fits, and with a cost model the predicted step time, stalls and update time."""
+
+    peak_bytes: int
+    average_bytes: float
+    by_category: dict[str, dict[str, float]]
+    offloaded_bytes: int
+    fits: bool = True
+    step_seconds: float | None = None
+    stall_seconds: float | None = None
+    update_seconds: float | None = None  # the optimizer's share of step_seconds
+    baseline_step_seconds: float | None = None  # baseline with the fastest algorithms (the oracle)
+    layers: tuple[LayerRow, ...] = field(default=(), repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["layers"] = [dict(row, shape=list(row["shape"])) for row in out["layers"]]
+        return out
+
+
+def durations(schedule: Schedule, costs: Any) -> list[float]:
+    """Predicted seconds of each step of the schedule under ``costs`` (0 for steps that are not compute)."""
+    program = schedule.program
+    params = sum(math.prod(s.shape) for op in program.ops for s in op.params.values() if s.trainable) * program.itemsize
+
+    def backward(st: Backward) -> float:
+        op = program.ops[st.op]
+        if op.kind != "conv":
+            return costs.op_seconds(op, "backward", None)
+        data_algo, filter_algo = st.algos or (None, None)
+        t = costs.op_seconds(op, "backward_filter", filter_algo)
+        if schedule.needs_grad[op.inputs[0]]:
+            t += costs.op_seconds(op, "backward_data", data_algo)
+        return t
+
+    table = handlers({
+        Forward: lambda st: costs.op_seconds(program.ops[st.op], "forward", st.algo),
+        Backward: backward,
+        Loss: lambda st: costs.misc_seconds("loss", 0),
+        Accumulate: lambda st: costs.misc_seconds("acc", program.tensors[st.tensor].nbytes),
+        Update: lambda st: costs.update_seconds(params),
+        Encode: lambda st: costs.misc_seconds("encode", st.nbytes),
+        Decode: lambda st: costs.misc_seconds("decode", st.nbytes),
+        Alloc: None, Free: None, Upload: None, Offload: None, Prefetch: None, WaitPrefetch: None, CopyOut: None,
+    }, "durations")
+    return [0.0 if table[type(st)] is None else table[type(st)](st) for st in schedule.steps]  # type: ignore[misc]
+
+
+def _flops_weight(program: Program, st: Step) -> float:
+    """Without a cost model: forward by FLOPs, backward twice that, other compute steps 1."""
+    if type(st) is Forward:
+        return max(program.ops[st.op].flops, 1)
+    if type(st) is Backward:
+        return 2 * max(program.ops[st.op].flops, 1)
+    return 1
+
+
+class _Replay:
+    """One replay of a schedule on a simulated device; ``run`` returns its Figures (without layer rows)."""
+
+    def __init__(self, schedule: Schedule, device: Any, costs: Any = None):
+        self.schedule, self.costs = schedule, costs
+        self.pool = device.pool
+        self.compute, self.memory = device.compute_stream, device.memory_stream
+        self.seconds = durations(schedule, costs) if costs is not None else None
+        self.blocks: dict = {}
+        self.ready: dict = {}
+        self.weighted = {c: 0.0 for c in CATEGORIES}
+        self.total_weight = self.weighted_all = self.stall = 0.0
+        compute = self._compute
+        self.table = handlers({
+            Alloc: self._alloc, Free: self._free, Offload: self._offload, Prefetch: self._prefetch,
+            WaitPrefetch: self._wait, Forward: compute, Backward: compute, Loss: compute, Accumulate: compute,
+            Update: compute, Encode: compute, Decode: compute, Upload: None, CopyOut: None,
+        }, "replay")
+
+    def run(self) -> Figures:
+        pool = self.pool
+        for buf in self.schedule.persistent:
+            pool.allocate(buf.nbytes, None, buf.category)
+        for index, st in enumerate(self.schedule.steps):
+            handler = self.table[type(st)]
+            if handler is not None:
+                handler(index, st)
+        stats = pool.stats()
+        total = self.total_weight
+        timed = self.seconds is not None
+        return Figures(
+            peak_bytes=stats.peak, average_bytes=self.weighted_all / total if total else float(stats.peak),
+            by_category={c: {"peak": s.peak, "average": self.weighted[c] / total if total else 0.0}
+                         for c, s in stats.by_category.items()},
+            offloaded_bytes=self.schedule.offloaded_bytes,
+            step_seconds=max(self.compute.clock, self.memory.clock) if timed else None,
+            stall_seconds=self.stall if timed else None,
+            update_seconds=sum(self.seconds[i] for i, st in enumerate(self.schedule.steps)  # type: ignore[index]
+                               if type(st) is Update) if timed else None,
+        )
+
+    def account(self, weight: float) -> None:
+        if weight <= 0:
+            return
+        self.total_weight += weight
+        self.weighted_all += weight * self.pool.in_use
+        for c, v in self.pool.usage().items():
+            self.weighted[c] += weight * v
+
+    def _alloc(self, index: int, st: Alloc) -> None:
+        buf = st.buffer
+        self.blocks[buf.key] = self.pool.allocate(buf.nbytes, self.compute, buf.category, high=buf.high,
+                                                  offset=st.offset)
+
+    def _free(self, index: int, st: Free) -> None:
+        self.pool.free(self.blocks.pop(st.key), self.compute)
+
+    def _compute(self, index: int, st: Step) -> None:
+        if self.seconds is None:
+            self.account(_flops_weight(self.schedule.program, st))
+            return
+        self.compute.run(self.seconds[index])
+        self.account(self.seconds[index])
+
+    def _offload(self, index: int, st: Offload) -> None:
+        """Released after its copy: by compute (sync=layer, which waits for it) or by the memory stream."""
+        block = self.blocks.pop(st.key)
+        if self.seconds is not None:
+            self.memory.wait(self.compute.record())
+            self.memory.run(self.costs.copy_seconds(st.transfer_nbytes, "d2h"))
+            if st.sync != "event":
+                self._stalled(self.compute.wait(self.memory.record()))
+        self.pool.free(block, self.memory if st.sync == "event" else self.compute)
+
+    def _prefetch(self, index: int, st: Prefetch) -> None:
+        if self.seconds is not None:
+            self.memory.wait(self.compute.record())
+            self.memory.run(self.costs.copy_seconds(st.transfer_nbytes, "h2d"))
+            self.ready[st.key] = self.memory.record()
+
+    def _wait(self, index: int, st: WaitPrefetch) -> None:
+        event = self.ready.pop(st.key, None)
+        if event is not None:
+            self._stalled(self.compute.wait(event))
+
+    def _stalled(self, seconds: float) -> None:
+        self.account(seconds)
+        self.stall += seconds
+
+
+def replay(schedule: Schedule, device: Any, costs: Any = None) -> Figures:
+    """Replay ``schedule`` on ``device`` (a simulated device: a pool without data, virtual streams); raises
+    OutOfDeviceMemory if its capacity is exceeded. With ``costs`` the figures include predicted time."""
+    return _Replay(schedule, device, costs).run()

@@ -1,0 +1,249 @@
+"""Typed steps of one training (or inference) step, the buffers they name, and the Schedule that holds them.
+
+The lowering (:mod:`vmem.schedule.lower`) turns a Program and a Plan into a :class:`Schedule`: a list of
+steps in host order, with everything the executor needs resolved (algorithms per pass, codecs, ranges,
+sync modes, pinned bytes, placements). Four consumers read it: the executor carries it out on a device,
+:mod:`~vmem.schedule.replay` runs it through a pool on virtual clocks, its durations come from a cost
+model, and :mod:`~vmem.schedule.pack` places its blocks. Each consumer dispatches on the step's type in
+one table, checked by :func:`handlers` to cover every kind in :data:`STEPS`: adding a step kind is a new
+dataclass here plus one handler per consumer, and a consumer that lacks one fails at import.
+
+Buffers are named by a :class:`Key` (a kind, a tensor or op name, and a part), not by string prefixes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Union
+
+if TYPE_CHECKING:
+    from ..codecs import Codec
+    from ..graph import Program
+
+__all__ = ["Kind", "Key", "Buffer", "BnRange", "Alloc", "Free", "Upload", "Forward", "Loss", "Backward", "Accumulate",
+           "Update", "Offload", "Prefetch", "WaitPrefetch", "Encode", "Decode", "CopyOut", "Step", "STEPS",
+           "RELEASES", "Schedule", "handlers"]
+
+
+class Kind(str, Enum):
+    """What a buffer holds."""
+
+    VALUE = "fm"  # a feature map (the value of a tensor, shared by in-place layers)
+    AUX = "aux"  # saved state a layer makes (argmax map, dropout mask, batch statistics)
+    GRAD = "grad"  # the gradient of a tensor (in-place groups share one)
+    ACC = "acc"  # a temporary for a second gradient contribution
+    GRAD_SLOT = "gslot"  # a gradient slot shared by several gradients (network-wide allocation)
+    WORKSPACE = "ws"  # convolution workspace
+    ENCODED = "enc"  # the encoding of a feature map kept on the device
+    LABELS = "labels"
+    PROBS = "probs"
+    LOSS = "loss"
+    WEIGHT = "w"  # persistent: a parameter (or a non-trainable buffer such as running statistics)
+    WEIGHT_GRAD = "g"
+    OPT_STATE = "o"
+
+
+class Key(NamedTuple):
+    """A buffer's name: ``Key(Kind.VALUE, "conv1")``, ``Key(Kind.AUX, "maxpool1", "argmax")``."""
+
+    kind: Kind
+    name: str = ""
+    part: str = ""
+
+    def __str__(self) -> str:
+        return ":".join(p for p in (self.kind.value, self.name, self.part) if p)
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    """A block the step allocates. ``high``: place it at the high end of free space (long-lived small
+    buffers: saved state, labels), away from the large short-lived ones."""
+
+    key: Key
+    nbytes: int
+    category: str
+    high: bool = False
+
+
+class BnRange(NamedTuple):
+    """A fixed-point range from a batch norm's parameters: ``beta +- sigmas * |gamma|`` of op ``op``,
+    clamped at 0 when a ReLU follows (see :mod:`vmem.policies.ranges`)."""
+
+    op: int
+    relu: bool
+    sigmas: float
+
+
+# -- memory ----------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Alloc:
+    """Allocate ``buffer`` at its planned ``offset``. ``deferred``: an encoding whose size depends on the
+    data; its Encode step allocates it at its actual size (at ``offset`` when it fits)."""
+
+    buffer: Buffer
+    offset: int | None = None
+    deferred: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Free:
+    key: Key
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    """Copy the batch's host data into ``key`` (allocated just before): ``source`` is "input" or "labels"."""
+
+    key: Key
+    source: str
+
+
+# -- compute ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Forward:
+    op: int
+    algo: str | None = None
+    workspace: Key | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Loss:
+    """The loss of the logits against the labels; writes the logits' gradient."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backward:
+    """The backward of ``op``. ``algos``: (backward-data, backward-filter) for convolutions. ``on_bits``: the
+    binarized encoding of the op's output, which its backward (ReLU's) reads instead of the values."""
+
+    op: int
+    algos: tuple[str | None, str | None] | None = None
+    workspace: Key | None = None
+    on_bits: Key | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Accumulate:
+    """Add the gradient contribution in ``temp`` to the gradient of ``tensor``."""
+
+    tensor: int
+    temp: Key
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """The optimizer's update of every trainable parameter."""
+
+
+# -- offload and encodings ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Offload:
+    """Copy ``key`` to pinned host memory on the memory stream (through ``codec`` if set: only the encoded
+    bytes cross), then release it: the compute stream waits for the copy (``sync="layer"``) or the block
+    is freed on the memory stream (``"event"``). ``shape``: the buffer's stored (physical) shape."""
+
+    key: Key
+    host_nbytes: int  # pinned bytes it needs (the codec's worst case)
+    transfer_nbytes: int  # bytes expected on the bus (the codec's size at the plan's density)
+    sync: str
+    shape: tuple[int, ...]
+    codec: "Codec | None" = None
+    range: BnRange | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Prefetch:
+    """Copy an offloaded buffer back (decoding on the way) into ``key``, allocated just before."""
+
+    key: Key
+    transfer_nbytes: int
+    shape: tuple[int, ...]
+    codec: "Codec | None" = None
+
+
+@dataclass(frozen=True, slots=True)
+class WaitPrefetch:
+    """The compute stream waits for ``key``'s prefetch (before the first backward that reads it)."""
+
+    key: Key
+
+
+@dataclass(frozen=True, slots=True)
+class Encode:
+    """Encode ``key`` into ``enc`` on the compute stream (after its last forward use)."""
+
+    key: Key
+    enc: Key
+    codec: "Codec"
+    shape: tuple[int, ...]
+    nbytes: int  # the value buffer's bytes (for cost models)
+    range: BnRange | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decode:
+    """Decode ``enc`` back into ``key`` (allocated just before) before its first backward reader."""
+
+    key: Key
+    enc: Key
+    codec: "Codec"
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class CopyOut:
+    """Copy the network's output to the host (inference: the logits)."""
+
+    key: Key
+    tensor: int
+
+
+Step = Union[Alloc, Free, Upload, Forward, Loss, Backward, Accumulate, Update, Offload, Prefetch, WaitPrefetch,
+             Encode, Decode, CopyOut]
+#: Every step kind: a consumer's handler table must cover all of them.
+STEPS: tuple[type, ...] = (Alloc, Free, Upload, Forward, Loss, Backward, Accumulate, Update, Offload, Prefetch,
+                           WaitPrefetch, Encode, Decode, CopyOut)
+#: Steps that release a buffer (its block is free after them).
+RELEASES: tuple[type, ...] = (Free, Offload)
+
+
+def handlers(table: dict[type, Callable[..., Any] | None], consumer: str) -> dict[type, Callable[..., Any] | None]:
+    """Check that ``table`` has an entry for every step kind (None: nothing to do) and return it."""
+    missing = [t.__name__ for t in STEPS if t not in table]
+    extra = [t.__name__ for t in table if t not in STEPS]
+    if missing or extra:
+        raise TypeError(f"{consumer}: step handlers do not match the step kinds "
+                        f"(missing {missing or 'none'}, unknown {extra or 'none'})")
+    return table
+
+
+@dataclass
+class Schedule:
+    """One step of a Program under a Plan, resolved: the executor reads this and the device, nothing else.
+
+    ``value``/``grad``: tensor id -> the buffer holding its value / gradient; ``aux``: (op, name) -> buffer;
+    ``acc``: (op, input position) -> the temporary its backward writes that input's gradient into;
+    ``pinned_bytes``: pinned host memory the step's offloads need, at ``alignment``."""
+
+    program: "Program"
+    persistent: list[Buffer]  # allocated once, before the first step (weights, their gradients, optimizer state)
+    steps: list[Step]
+    value: dict[int, Key]
+    grad: dict[int, Key] = field(default_factory=dict)
+    aux: dict[tuple[int, str], Key] = field(default_factory=dict)
+    acc: dict[tuple[int, int], Key] = field(default_factory=dict)
+    needs_grad: list[bool] = field(default_factory=list)
+    alignment: int = 256
+    pinned_bytes: int = 0
+    training: bool = True
+
+    def buffers(self) -> dict[Key, Buffer]:
+        """Every buffer the step allocates, by key."""
+        return {st.buffer.key: st.buffer for st in self.steps if type(st) is Alloc}
+
+    @property
+    def offloaded_bytes(self) -> int:
+        """Bytes the step's offloads are expected to move to the host."""
+        return sum(st.transfer_nbytes for st in self.steps if type(st) is Offload)

@@ -1,0 +1,6 @@
+"""Training: the loop (:class:`Trainer`), its observers (callbacks) and checkpoints."""
+
+from .callbacks import Callback, Checkpoint, PrintEpochs, ProgressBar
+from .trainer import EpochStats, History, Trainer
+
+__all__ = ["Trainer", "History", "EpochStats", "Callback", "ProgressBar", "PrintEpochs", "Checkpoint"]
