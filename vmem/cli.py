@@ -259,25 +259,24 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vmem", description="Train deep networks in a GPU memory budget.")
-    parser.add_argument("--version", action="version", version=f"vmem {_version()}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+def _common(p: argparse.ArgumentParser, model_default: str | None) -> None:
+    """Options every command that builds a model takes."""
+    p.add_argument("--model", default=model_default, required=model_default is None,
+                   help="zoo model name (see `vmem models`)" + (f"; default {model_default}" if model_default else ""))
+    p.add_argument("--image-size", type=int, help="input height and width (default: the model's)")
+    p.add_argument("--depth", type=int, help="depth, for resnet_cifar")
+    p.add_argument("--device", default="cpu", help="device name: cpu (default) or sim:<gpu> (see vmem devices)")
+    p.add_argument("--memory", default=None, help="device memory, e.g. 256MiB or 12GB (default 1GiB)")
+    p.add_argument("--policy", default="baseline",
+                   help="policy spec: baseline, vdnn-all, vdnn-conv, vdnn-dyn, gist, with :key=value options")
+    p.add_argument("--algos", choices=("memory", "performance"), help="convolution algorithms (adds algos= to --policy)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
-    def common(p: argparse.ArgumentParser, model_default: str | None) -> None:
-        p.add_argument("--model", default=model_default, required=model_default is None,
-                       help="zoo model name (see `vmem models`)" + (f"; default {model_default}" if model_default else ""))
-        p.add_argument("--image-size", type=int, help="input height and width (default: the model's)")
-        p.add_argument("--depth", type=int, help="depth, for resnet_cifar")
-        p.add_argument("--device", default="cpu", help="device name: cpu (default) or sim:<gpu> (see vmem devices)")
-        p.add_argument("--memory", default=None, help="device memory, e.g. 256MiB or 12GB (default 1GiB)")
-        p.add_argument("--policy", default="baseline",
-                       help="policy spec: baseline, vdnn-all, vdnn-conv, vdnn-dyn, with :key=value options")
-        p.add_argument("--algos", choices=("memory", "performance"), help="convolution algorithms (adds algos= to --policy)")
-        p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
+
+def _add_train(sub: Any) -> None:
     p = sub.add_parser("train", help="train a model on a dataset", description="Train a zoo model with vmem.Trainer.")
-    common(p, "digits_cnn")
+    _common(p, "digits_cnn")
     p.add_argument("--dataset", default="digits", choices=("digits", "synthetic"), help="default digits")
     p.add_argument("--batch", type=int, default=32, help="batch size (default 32)")
     p.add_argument("--epochs", type=int, default=10, help="epochs (default 10)")
@@ -289,18 +288,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save", metavar="PATH", help="write a checkpoint (.npz) at the end")
     p.set_defaults(func=cmd_train)
 
+
+def _add_plan(sub: Any) -> None:
     p = sub.add_parser("plan", help="plan a training step without running it",
                        description="Replay one step's allocations under a policy and print the plan.")
-    common(p, None)
+    _common(p, None)
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--profile", action="store_true",
                    help="on the CPU device: measure every layer first, so the plan predicts time (vdnn-dyn needs it)")
     p.set_defaults(func=cmd_plan)
 
+
+def _add_trace(sub: Any) -> None:
     p = sub.add_parser("trace", help="run a few steps; write a Chrome trace, a memory plot, a layer table",
                        description="Train a few steps and write the last step's timeline: trace.json (open in "
                        "Perfetto or chrome://tracing), memory.png and layers.txt, into --out.")
-    common(p, "vgg_cifar")
+    _common(p, "vgg_cifar")
     p.add_argument("--dataset", default="synthetic", choices=("digits", "synthetic"))
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=3, help="steps to run; the last is written (default 3)")
@@ -309,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="vmem-trace", help="output folder (default vmem-trace)")
     p.set_defaults(func=cmd_trace)
 
+
+def _add_bench(sub: Any) -> None:
     p = sub.add_parser("bench", help="microbenchmarks (bandwidth)",
                        description="bandwidth: device-to-host and host-to-device copy throughput over sizes, "
                        "pinned against pageable host buffers; with --codec, the effective bandwidth of offloads "
@@ -325,6 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vmem", description="Train deep networks in a GPU memory budget.")
+    parser.add_argument("--version", action="version", version=f"vmem {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in (_add_train, _add_plan, _add_trace, _add_bench):
+        add(sub)
     p = sub.add_parser("models", help="list the model zoo")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_models)
@@ -333,6 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_devices)
     return parser
+
+
 
 
 def _version() -> str:

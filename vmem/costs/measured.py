@@ -55,6 +55,51 @@ class Profiled:
                 "d2h_gbps": self.d2h, "h2d_gbps": self.h2d, "update": self.update}
 
 
+def _profile_op(op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: int,
+                times: dict[tuple[str, str, str | None], float]) -> None:
+    """Time every pass and algorithm of one op on random data of its shapes into ``times``."""
+    layer = op.layer
+    xs = [rng.standard_normal(physical(s)).astype(dtype) for s in op.in_shapes]
+    y = np.empty(physical(op.out_shape), dtype)
+    dy = rng.standard_normal(y.shape).astype(dtype)
+    params = {k: (rng.standard_normal(s.shape) * 0.1 + (1.0 if k == "running_var" else 0.0)).astype(dtype)
+              for k, s in op.params.items()}
+    grads = {k: np.empty(s.shape, dtype) for k, s in op.params.items() if s.trainable}
+    aux = {k: np.zeros(a.shape, dtype if a.dtype == "float" else a.dtype) for k, a in op.aux.items()}
+    dxs = [np.empty_like(x) for x in xs]
+    algos = op.algorithms or {}
+    ws_bytes = max([b for per in op.workspace.values() for b in per.values()] + [0])
+    ws = np.empty(ws_bytes, np.uint8) if ws_bytes else None
+
+    def ctx(algo: Any) -> Ctx:
+        return Ctx(xp=np, params=params, grads=grads, aux=aux, train=True, rng=np.random.default_rng(0),
+                   workspace=ws, algo=algo, in_shapes=tuple(physical(s) for s in op.in_shapes))
+
+    needs_x = xs if op.reads_input else None
+    for algo in algos.get("forward", [None]):
+        layer.forward(ctx(algo), xs, y)  # warm up
+        times[(op.name, "forward", algo)] = best_seconds(lambda: layer.forward(ctx(algo), xs, y), repeats)
+    y_read = y if op.reads_output else None
+    if op.kind != "conv":
+        def backward() -> None:
+            layer.backward(ctx(None), dy, needs_x, y_read, dxs)
+        backward()
+        times[(op.name, "backward", None)] = best_seconds(backward, repeats)
+        return
+    data_algos, filter_algos = algos["backward_data"], algos["backward_filter"]
+    for fa in filter_algos:
+        def filter_only(fa: str = fa) -> None:
+            layer.backward(ctx((data_algos[0], fa)), dy, needs_x, y_read, [None])
+        filter_only()
+        times[(op.name, "backward_filter", fa)] = best_seconds(filter_only, repeats)
+    base_filter = times[(op.name, "backward_filter", filter_algos[0])]
+    for da in data_algos:  # backward-data: both passes, less the filter pass alone
+        def both(da: str = da) -> None:
+            layer.backward(ctx((da, filter_algos[0])), dy, needs_x, y_read, dxs)
+        both()
+        times[(op.name, "backward_data", da)] = max(0.0, best_seconds(both, repeats) - base_filter)
+
+
 def profile(program: Program, *, copy_gbps: float | None = None, repeats: int = 2, seed: int = 0) -> Profiled:
     """Measured costs of one training step of ``program`` on this machine's CPU.
 
@@ -64,46 +109,7 @@ def profile(program: Program, *, copy_gbps: float | None = None, repeats: int = 
     dtype = np.dtype(program.dtype)
     times: dict[tuple[str, str, str | None], float] = {}
     for op in program.ops:
-        layer = op.layer
-        xs = [rng.standard_normal(physical(s)).astype(dtype) for s in op.in_shapes]
-        y = np.empty(physical(op.out_shape), dtype)
-        dy = rng.standard_normal(y.shape).astype(dtype)
-        params = {k: (rng.standard_normal(s.shape) * 0.1 + (1.0 if k == "running_var" else 0.0)).astype(dtype)
-                  for k, s in op.params.items()}
-        grads = {k: np.empty(s.shape, dtype) for k, s in op.params.items() if s.trainable}
-        aux = {k: np.zeros(a.shape, dtype if a.dtype == "float" else a.dtype) for k, a in op.aux.items()}
-        dxs = [np.empty_like(x) for x in xs]
-        algos = op.algorithms or {}
-        ws_bytes = max([b for per in op.workspace.values() for b in per.values()] + [0])
-        ws = np.empty(ws_bytes, np.uint8) if ws_bytes else None
-
-        def ctx(algo: Any) -> Ctx:
-            return Ctx(xp=np, params=params, grads=grads, aux=aux, train=True, rng=np.random.default_rng(0),
-                       workspace=ws, algo=algo, in_shapes=tuple(physical(s) for s in op.in_shapes))
-
-        needs_x = xs if op.reads_input else None
-        for algo in algos.get("forward", [None]):
-            layer.forward(ctx(algo), xs, y)  # warm up
-            times[(op.name, "forward", algo)] = best_seconds(lambda: layer.forward(ctx(algo), xs, y), repeats)
-        y_read = y if op.reads_output else None
-        if op.kind == "conv":
-            data_algos, filter_algos = algos["backward_data"], algos["backward_filter"]
-            for fa in filter_algos:
-                def filter_only(fa: str = fa) -> None:
-                    layer.backward(ctx((data_algos[0], fa)), dy, needs_x, y_read, [None])
-                filter_only()
-                times[(op.name, "backward_filter", fa)] = best_seconds(filter_only, repeats)
-            base_filter = times[(op.name, "backward_filter", filter_algos[0])]
-            for da in data_algos:
-                def both(da: str = da) -> None:
-                    layer.backward(ctx((da, filter_algos[0])), dy, needs_x, y_read, dxs)
-                both()
-                times[(op.name, "backward_data", da)] = max(0.0, best_seconds(both, repeats) - base_filter)
-        else:
-            def backward() -> None:
-                layer.backward(ctx(None), dy, needs_x, y_read, dxs)
-            backward()
-            times[(op.name, "backward", None)] = best_seconds(backward, repeats)
+        _profile_op(op, rng, dtype, repeats, times)
 
     # the loss, on the logits' shape
     from ..nn.loss import SoftmaxCrossEntropy

@@ -64,8 +64,17 @@ class Roofline:
         self.bw = spec.memory_gbps * 1e9
         self.launch = (spec.launch_us or 5.0) * 1e-6
         self.itemsize = itemsize
+        self._memo: dict[tuple, float] = {}
 
     def op_seconds(self, op: OpInfo, pass_: str, algo: str | None) -> float:
+        """Seconds of one pass of ``op`` with ``algo`` (memoized: planning asks the same question often)."""
+        key = (op.name, op.kind, op.in_shapes, op.out_shape, pass_, algo)
+        seconds = self._memo.get(key)
+        if seconds is None:
+            seconds = self._memo[key] = self._op_seconds(op, pass_, algo)
+        return seconds
+
+    def _op_seconds(self, op: OpInfo, pass_: str, algo: str | None) -> float:
         if op.kind == "conv":
             g = geometry(op)
             fill = (min(1.0, (g.n * g.ho * g.wo) / FILL) ** 0.5

@@ -38,8 +38,8 @@ class Device(Protocol):
     memory_stream: Stream
 
     @property
-    def pinned(self) -> PinnedHostPool:
-        """The pinned host pool for offloaded buffers."""
+    def pinned(self) -> PinnedHostPool | None:
+        """The pinned host pool for offloaded buffers (None on a device that holds no data)."""
         ...
 
     @property

@@ -44,8 +44,9 @@ class SimDevice:
         return DeviceError(f"{self.name} is simulated and holds no data ({what}); plan on it with vmem.plan")
 
     @property
-    def pinned(self) -> Any:
-        raise DeviceError(f"{self.name} is simulated: it has no pinned host memory")
+    def pinned(self) -> None:
+        """None: a simulated device has no host memory (:meth:`reserve_pinned` says so)."""
+        return None
 
     def reserve_pinned(self, nbytes: int) -> Any:
         raise DeviceError(f"{self.name} is simulated: it has no pinned host memory")

@@ -13,7 +13,7 @@ the output gradient too.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -141,11 +141,8 @@ class Program:
         return "\n".join(lines)
 
 
-def build_program(net: "Network", batch: int, input_shape: tuple[int, ...], dtype: str) -> Program:
-    """Shape inference over ``net`` for ``batch`` (see the module docstring for the in-place rule)."""
-    itemsize = np.dtype(dtype).itemsize
-    assert net._output is not None
-    # Only nodes that lead to the output take part; execution order is construction order.
+def _live_nodes(net: "Network") -> list[Any]:
+    """The nodes that lead to the output, in construction order (which is execution order)."""
     live = set()
     stack = [net._output]
     while stack:
@@ -154,55 +151,31 @@ def build_program(net: "Network", batch: int, input_shape: tuple[int, ...], dtyp
             continue
         live.add(node.index)
         stack.extend(node.inputs)
-    nodes = [n for n in net._nodes if n.index in live]
-    tensor_of: dict[int, int] = {}
-    tensors: list[TensorInfo] = []
-    ops: list[OpInfo] = []
+    return [n for n in net._nodes if n.index in live]
 
-    in_shape = (batch,) + tuple(input_shape)
-    tensors.append(TensorInfo(0, "input", in_shape, _nbytes(in_shape, itemsize), None, buffer=0, needs_grad=False))
-    tensor_of[0] = 0
-    for node in nodes[1:]:
-        layer = node.layer
-        assert layer is not None
-        inputs = [tensor_of[n.index] for n in node.inputs]
-        in_shapes = tuple(tensors[i].shape for i in inputs)
-        out_shape = tuple(layer.output_shape(in_shapes))
-        index = len(ops)
-        tid = len(tensors)
-        tensors.append(TensorInfo(tid, layer.name or f"t{tid}", out_shape, _nbytes(out_shape, itemsize), index,
-                                  buffer=tid))
-        for i in inputs:
-            tensors[i].consumers.append(index)
-        aux = layer.aux_specs(in_shapes)
-        algos = layer.algorithms(in_shapes)
-        workspace = {
-            p: {a: layer.workspace_bytes(in_shapes, p, a, itemsize) for a in algos.get(p, [None])} for p in PASSES
-        }
-        ops.append(OpInfo(
-            index=index, layer=layer, name=layer.name or f"op{index}", kind=layer.kind, inputs=inputs, output=tid,
-            in_shapes=in_shapes, out_shape=out_shape, params=layer.param_specs(in_shapes), aux=aux,
-            aux_nbytes={k: _nbytes(a.shape, itemsize if a.dtype == "float" else np.dtype(a.dtype).itemsize)
-                        for k, a in aux.items()},
-            needs=layer.needs, inplace=False, flops=layer.flops(in_shapes), algorithms=algos, workspace=workspace,
-        ))
-        tensor_of[node.index] = tid
 
-    output = tensor_of[net._output.index]
-    out_shape = tensors[output].shape
-    if len(out_shape) != 2:
-        raise ShapeError(
-            f"{net.name}: the output of layer {tensors[output].name!r} has shape {out_shape}; a classifier "
-            "must end in (N, classes) (add Flatten and Linear)"
-        )
-    # Stash: what backward reads.
+def _op(layer: Layer, index: int, inputs: list[int], output: int, in_shapes: tuple[Shape, ...], out_shape: Shape,
+        itemsize: int) -> OpInfo:
+    aux = layer.aux_specs(in_shapes)
+    algos = layer.algorithms(in_shapes)
+    workspace = {p: {a: layer.workspace_bytes(in_shapes, p, a, itemsize) for a in algos.get(p, [None])} for p in PASSES}
+    return OpInfo(
+        index=index, layer=layer, name=layer.name or f"op{index}", kind=layer.kind, inputs=inputs, output=output,
+        in_shapes=in_shapes, out_shape=out_shape, params=layer.param_specs(in_shapes), aux=aux,
+        aux_nbytes={k: _nbytes(a.shape, itemsize if a.dtype == "float" else np.dtype(a.dtype).itemsize)
+                    for k, a in aux.items()},
+        needs=layer.needs, inplace=False, flops=layer.flops(in_shapes), algorithms=algos, workspace=workspace,
+    )
+
+
+def _mark_stash_and_inplace(ops: list[OpInfo], tensors: list[TensorInfo]) -> None:
+    """Stash what backward reads; let in-place layers write over their input where the rule allows."""
     for op in ops:
         if op.reads_input:
             for i in op.inputs:
                 tensors[i].stashed = True
         if op.reads_output:
             tensors[op.output].stashed = True
-    # In place.
     for op in ops:
         layer = op.layer
         if not layer.inplace:
@@ -211,12 +184,41 @@ def build_program(net: "Network", batch: int, input_shape: tuple[int, ...], dtyp
         t_in = tensors[src]
         if t_in.producer is None or len(t_in.consumers) != 1:
             continue
-        producer = ops[t_in.producer]
-        if producer.reads_output and layer.kind != "flatten":
+        if ops[t_in.producer].reads_output and layer.kind != "flatten":
             continue
         if t_in.nbytes != tensors[op.output].nbytes:
             continue
         op.inplace = True
         tensors[op.output].buffer = t_in.buffer
+
+
+def build_program(net: "Network", batch: int, input_shape: tuple[int, ...], dtype: str) -> Program:
+    """Shape inference over ``net`` for ``batch`` (see the module docstring for the in-place rule)."""
+    itemsize = np.dtype(dtype).itemsize
+    assert net._output is not None
+    in_shape = (batch,) + tuple(input_shape)
+    tensors = [TensorInfo(0, "input", in_shape, _nbytes(in_shape, itemsize), None, buffer=0, needs_grad=False)]
+    tensor_of = {0: 0}
+    ops: list[OpInfo] = []
+    for node in _live_nodes(net)[1:]:
+        layer = node.layer
+        inputs = [tensor_of[n.index] for n in node.inputs]
+        in_shapes = tuple(tensors[i].shape for i in inputs)
+        out_shape = tuple(layer.output_shape(in_shapes))
+        tid = len(tensors)
+        tensors.append(TensorInfo(tid, layer.name or f"t{tid}", out_shape, _nbytes(out_shape, itemsize), len(ops),
+                                  buffer=tid))
+        for i in inputs:
+            tensors[i].consumers.append(len(ops))
+        ops.append(_op(layer, len(ops), inputs, tid, in_shapes, out_shape, itemsize))
+        tensor_of[node.index] = tid
+    output = tensor_of[net._output.index]
+    out_shape = tensors[output].shape
+    if len(out_shape) != 2:
+        raise ShapeError(
+            f"{net.name}: the output of layer {tensors[output].name!r} has shape {out_shape}; a classifier "
+            "must end in (N, classes) (add Flatten and Linear)"
+        )
+    _mark_stash_and_inplace(ops, tensors)
     return Program(network=net.name, batch=batch, dtype=str(np.dtype(dtype)), itemsize=itemsize, ops=ops,
                    tensors=tensors, input=0, output=output, num_classes=out_shape[1])

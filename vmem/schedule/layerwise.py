@@ -48,6 +48,8 @@ class _Layerwise:
         for op in ops:
             for t in op.inputs + [op.output]:
                 self.last_forward[self.buf[t]] = op.index
+        self.last_forward[self.buf[program.output]] = len(ops)  # the loss reads the logits (their buffer may be
+        # an earlier op's, written over in place by a last Flatten)
         self.last_backward: dict[int, int] = {}  # buffer -> the last op (in backward order) whose backward reads it
         for op in ops:
             for b in program.backward_reads(op):

@@ -9,8 +9,9 @@ Two families of placements, and the one with the lowest top wins:
   O(n log n) in practice (the number of gaps stays small), so they scale to schedules of any size.
 - **Greedy by size and by lifetime** (TensorFlow Lite's arena planner): blocks in order of size (or
   lifetime), each at the lowest (or tightest) gap among the already-placed blocks live at the same time.
-  These often pack tighter but cost O(n^2), so they run only on schedules of up to ``GREEDY_LIMIT``
-  blocks.
+  They cost O(n^2), so they run only on schedules of up to ``GREEDY_LIMIT`` blocks. On vmem's schedules
+  they have not packed tighter than the sweeps (bench/planning.py compares both on the zoo): they stay
+  as a safeguard where they are cheap.
 
 Persistent buffers sit first, contiguously, as the trainer allocates them before any step.
 """
@@ -27,7 +28,7 @@ from .steps import (Accumulate, Alloc, Backward, CopyOut, Decode, Encode, Forwar
 __all__ = ["Life", "lifetimes", "pack", "place", "peak_live", "GREEDY_LIMIT", "STRATEGIES"]
 
 #: Greedy orders run only on schedules with at most this many blocks (their cost grows with the square).
-GREEDY_LIMIT = 1500
+GREEDY_LIMIT = 400
 STRATEGIES = ("auto", "sweep", "greedy")
 
 _OPEN, _CLOSE = "open", "close"

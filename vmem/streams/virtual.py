@@ -8,7 +8,8 @@ deterministic in a replay, independent of timing, as the executor's placement is
 The clock is the simulated device's: :meth:`VirtualStream.run` enqueues work of a given duration,
 ``wait(event)`` moves the clock to the event's time (the stream cannot run ahead of what it waits for),
 and an event carries the clock at its record. ``launch`` only records the call: a virtual stream runs
-no code.
+no code, unless made with ``execute=True``: then it runs each call at once, on the calling thread, and
+its work is complete as soon as it is enqueued (a synchronous stand-in for tests of the executor).
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ class VirtualEvent:
 class VirtualStream:
     """A stream with a virtual clock. ``advance(k)`` completes the next ``k`` items (all by default)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, *, execute: bool = False):
         self.name = name
+        self.execute = execute
         self.clock = 0.0
         self.enqueued = 0
         self.completed = 0
@@ -53,9 +55,12 @@ class VirtualStream:
         self.launched: list[tuple[Callable[..., Any], tuple, dict]] = []
 
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        """Record the call (a virtual stream runs no code)."""
+        """Record the call; with ``execute=True`` run it now (its work is then complete)."""
         self.enqueued += 1
         self.launched.append((fn, args, kwargs))
+        if self.execute:
+            fn(*args, **kwargs)
+            self.completed = self.enqueued
 
     def run(self, seconds: float) -> float:
         """Enqueue work that takes ``seconds`` of this stream's clock; returns the clock after it."""
@@ -65,6 +70,8 @@ class VirtualStream:
 
     def record(self, event: Any = None, *, timing: bool = False) -> VirtualEvent:
         self.enqueued += 1
+        if self.execute:
+            self.completed = self.enqueued
         return VirtualEvent(self, self.enqueued, self.clock, timing)
 
     def wait(self, event: VirtualEvent) -> float:

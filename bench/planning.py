@@ -1,0 +1,101 @@
+"""Planning speed and packing quality.
+
+Times ``vmem.plan`` under vdnn-dyn on a simulated Titan X for the two largest schedules the issues name,
+resnet_cifar(depth=1001) and VGG-416 at batch 32 (best and worst of ``--rounds``), and compares the peaks
+of the old packing (``strategy="greedy"``: the greedy orders by size, lifetime and allocation, each with
+lowest and tightest gaps; O(n^2)) with the new one (``"auto"``: first- and best-fit time sweeps, plus the
+greedy orders on schedules of up to ``GREEDY_LIMIT`` blocks) on every zoo model, for three policies.
+
+Targets (issue 11): vdnn-dyn plans resnet_cifar(1001) in under 5 s and VGG-416 in under 2 s; the new
+packing's peaks are the same or tighter on the zoo.
+
+    python bench/planning.py [--rounds 3] [--batch 32] [--quick] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+_HERE = str(Path(__file__).resolve().parent)
+sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE] + [_HERE]
+from _report import emit, table, verdict  # noqa: E402
+
+import dataclasses  # noqa: E402  (after the path fix: bench/copy.py would shadow the standard library's copy)
+
+import vmem  # noqa: E402
+from vmem import format_bytes, policies  # noqa: E402
+from vmem.device.sim import SimDevice  # noqa: E402
+from vmem.planner import _cost_setup  # noqa: E402
+from vmem.schedule.lower import lower  # noqa: E402
+from vmem.schedule.pack import GREEDY_LIMIT, lifetimes, place  # noqa: E402
+from vmem.schedule.replay import replay  # noqa: E402
+
+BIG = {"resnet_cifar(1001)": lambda: vmem.models.get("resnet_cifar", depth=1001), "vgg416": lambda: vmem.models.get("vgg416")}
+POLICIES = ("baseline:algos=performance", "vdnn-all", "gist")
+
+
+def plan_seconds(make, batch: int, rounds: int) -> tuple[float, float, int]:
+    times, peak = [], 0
+    for _ in range(rounds):
+        net = make()  # a fresh network: nothing cached
+        t0 = time.perf_counter()
+        peak = vmem.plan(net, batch, "sim:titan-x", "vdnn-dyn").peak_bytes
+        times.append(time.perf_counter() - t0)
+    return min(times), max(times), peak
+
+
+def peaks(net, batch: int, policy: str) -> tuple[int, int, int, int]:
+    """(blocks, peak with the old packing, peak with the new, seconds of the old / new packing x1000)."""
+    spec = dataclasses.replace(vmem.device("sim:titan-x").spec, memory=1 << 50)
+    program, costs = _cost_setup(net.build(batch), spec, None)
+    decided = policies.get(policy).decide(program, spec, costs, None)
+    schedule = lower(program, decided)
+    out = [len(lifetimes(schedule.steps, schedule.alignment))]
+    for strategy in ("greedy", "auto"):
+        place(schedule, strategy)
+        out.append(replay(schedule, SimDevice(spec)).peak_bytes)
+    return tuple(out)  # type: ignore[return-value]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--quick", action="store_true", help="compare packings on the zoo only (not the two big)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    result: dict = {"timings": {}, "peaks": [], "verdicts": []}
+    rows = []
+    for name, make in BIG.items():
+        lo, hi, peak = plan_seconds(make, args.batch, args.rounds)
+        result["timings"][name] = {"min": lo, "max": hi, "peak_bytes": peak}
+        rows.append((name, f"{lo:.2f}", f"{hi:.2f}", format_bytes(peak)))
+    print(f"vmem.plan under vdnn-dyn on sim:titan-x, batch {args.batch}, {args.rounds} rounds")
+    print(table(("model", "min s", "max s", "peak"), rows))
+    result["verdicts"].append(verdict("resnet_cifar(1001) vdnn-dyn plan seconds (worst round)",
+                                      result["timings"]["resnet_cifar(1001)"]["max"], 5.0, at_least=False))
+    result["verdicts"].append(verdict("vgg416 vdnn-dyn plan seconds (worst round)",
+                                      result["timings"]["vgg416"]["max"], 2.0, at_least=False))
+    nets = {n: (lambda n=n: vmem.models.get(n)) for n in vmem.models.names()}
+    if not args.quick:
+        nets.update(BIG)
+    rows, worse = [], 0
+    for name, make in nets.items():
+        for policy in POLICIES:
+            blocks, old, new = peaks(make(), args.batch, policy)
+            worse += new > old
+            result["peaks"].append({"model": name, "policy": policy, "blocks": blocks, "old": old, "new": new})
+            rows.append((name, policy, blocks, format_bytes(old), format_bytes(new), f"{new / old:.4f}"))
+    print(f"\npeaks at batch {args.batch} on sim:titan-x, old packing (greedy orders) vs new (sweeps, plus the greedy "
+          f"orders up to {GREEDY_LIMIT} blocks)")
+    print(table(("model", "policy", "blocks", "old peak", "new peak", "new / old"), rows))
+    result["verdicts"].append(verdict("models x policies where the new packing's peak is higher", worse, 0,
+                                      at_least=False))
+    return emit(result, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The executor on a fake device: a pool over a host arena and synchronous virtual streams, nothing else.
+
+It checks that the executor needs only what the Device protocol declares (the fake implements nothing
+more), carries a schedule out exactly as on the CPU device (bitwise), and rolls a failed step back."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import vmem
+from vmem.errors import DeviceError
+from vmem.optim import SGD
+from vmem.pool import DevicePool, HostArena, PinnedHostPool
+from vmem.runtime import DeviceParams, Executor
+from vmem.schedule.lower import lower
+from vmem.streams import VirtualStream
+from vmem.device.spec import DeviceSpec
+
+
+class FakeDevice:
+    """The Device protocol and nothing more; work runs at once on the calling thread."""
+
+    kind = "cpu"
+    holds_data = True
+    xp = np
+
+    def __init__(self, memory: int = 64 << 20):
+        self.name = "fake"
+        self.spec = DeviceSpec(name="fake", kind="cpu", memory=memory)
+        self.pool = DevicePool(memory, 256, HostArena, name="fake")
+        self.compute_stream = VirtualStream("compute", execute=True)
+        self.memory_stream = VirtualStream("memory", execute=True)
+        self.pinned = PinnedHostPool(16 << 20, 256, name="fake pinned")
+        self.moved = {"d2h": 0, "h2d": 0}
+        self.closed = False
+
+    def reserve_pinned(self, nbytes):
+        assert nbytes <= self.pinned.capacity
+        return self.pinned
+
+    def view(self, block, shape, dtype):
+        return self.pool.view(block, shape, dtype)
+
+    def host_view(self, block, shape, dtype):
+        return self.pinned.view(block, shape, dtype)
+
+    def copy_to_host(self, dst, src, stream=None):
+        self.copy_now(dst, src, "d2h")
+
+    def copy_to_device(self, dst, src, stream=None):
+        self.copy_now(dst, src, "h2d")
+
+    def copy_now(self, dst, src, direction):
+        np.copyto(dst, src, casting="no")
+        self.moved[direction] += dst.nbytes
+
+    def link_stats(self):
+        return {d: {"bytes": b, "seconds": 0.0} for d, b in self.moved.items()}
+
+    def synchronize(self):
+        pass
+
+    def close(self):
+        self.closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def run_steps(device, policy: str, steps: int = 3):
+    net = vmem.models.get("vgg_cifar", image_size=16)
+    net.init(0)
+    program = net.build(4)
+    plan = vmem.policies.get(policy).decide(program, device.spec)
+    schedule = lower(program, plan, ("momentum",), device.pool.alignment)
+    specs = {f"{op.name}.{k}": s for op in program.ops for k, s in op.params.items()}
+    params = DeviceParams(device, schedule.persistent, specs, "float32")
+    params.upload(net.params)
+    ex = Executor(device, schedule, params, vmem.nn.SoftmaxCrossEntropy(), SGD(lr=0.05, momentum=0.9))
+    rng = np.random.default_rng(0)
+    reports = []
+    for step in range(1, steps + 1):
+        x = rng.standard_normal((4, 3, 16, 16)).astype(np.float32)
+        reports.append(ex.run(x, rng.integers(0, 10, 4), train=True, rng=np.random.default_rng(step), step=step)[0])
+    weights = params.download()
+    params.release()
+    return weights, reports, ex
+
+
+@pytest.mark.parametrize("policy", ["baseline", "vdnn-all", "vdnn-all:codec=zvc", "gist"])
+def test_a_fake_device_gives_the_cpu_devices_weights_bitwise(policy):
+    fake = FakeDevice()
+    got, reports, _ = run_steps(fake, policy)
+    with vmem.device("cpu", memory="64MiB") as cpu:
+        want, _, _ = run_steps(cpu, policy)
+    assert all(np.array_equal(want[k], got[k]) for k in want)
+    assert fake.pool.in_use == 0 and fake.pinned.in_use == 0
+    if policy.startswith("vdnn"):
+        assert reports[-1].offloaded_bytes > 0 and fake.moved["d2h"] > 0
+
+
+def test_a_failed_step_leaves_the_pool_and_the_pinned_pool_as_they_were():
+    fake = FakeDevice()
+    net = vmem.models.get("vgg_cifar", image_size=16)
+    net.init(0)
+    program = net.build(4)
+    schedule = lower(program, vmem.policies.get("vdnn-all").decide(program, fake.spec))
+    specs = {f"{op.name}.{k}": s for op in program.ops for k, s in op.params.items()}
+    params = DeviceParams(fake, schedule.persistent, specs, "float32")
+    ex = Executor(fake, schedule, params, vmem.nn.SoftmaxCrossEntropy(), SGD(lr=0.05))
+    before, pinned_before = fake.pool.snapshot(), fake.pinned.in_use
+    layer = program.ops[5].layer
+
+    def broken(*args):
+        raise RuntimeError("a layer failed")
+
+    layer.forward = broken
+    with pytest.raises(RuntimeError, match="a layer failed"):
+        ex.run(np.zeros((4, 3, 16, 16), np.float32), np.zeros(4, int), train=True, rng=np.random.default_rng(0))
+    fake.pool.reclaim(wait=True)
+    assert fake.pool.snapshot() == before and fake.pinned.in_use == pinned_before
+
+
+def test_the_executor_refuses_a_device_that_holds_no_data():
+    program = vmem.models.get("digits_cnn").build(2)
+    sim = vmem.device("sim:titan-x")
+    schedule = lower(program, vmem.policies.get("baseline").decide(program, sim.spec))
+    with pytest.raises(DeviceError, match="holds no data"):
+        Executor(sim, schedule, params=None)

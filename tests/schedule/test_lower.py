@@ -1,0 +1,137 @@
+"""The lowering on its own: typed steps, everything the executor needs resolved, and every consumer's
+handler table covering every step kind."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import vmem
+from vmem import nn
+from vmem.schedule import steps as S
+from vmem.schedule.lower import lower, lower_inference
+from vmem.schedule.pack import lifetimes
+
+SPEC = vmem.device("sim:titan-x").spec
+POLICIES = ["baseline", "baseline:algos=performance", "vdnn-all", "vdnn-conv:sync=event", "vdnn-all:codec=zvc",
+            "gist", "gist:dpr=fp8", "vdnn-all:codec=fixed8"]
+
+
+def lowered(net, policy, batch=4):
+    program = net.build(batch)
+    plan = vmem.policies.get(policy).decide(program, SPEC)
+    return program, plan, lower(program, plan)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("model", ["vgg_cifar", "resnet_cifar", "mini_googlenet"])
+def test_every_block_is_allocated_before_use_and_released_once(model, policy):
+    program, plan, schedule = lowered(vmem.models.get(model, image_size=16), policy)
+    live: set = set()
+    for st in schedule.steps:
+        if type(st) is S.Alloc:
+            assert st.buffer.key not in live and st.offset is not None
+            live.add(st.buffer.key)
+        elif type(st) in S.RELEASES:
+            live.remove(st.key)
+        elif type(st) in (S.Upload, S.Prefetch, S.Encode, S.Decode, S.WaitPrefetch):
+            assert st.key in live, st
+    assert not live, "everything allocated in a step is released in it"
+    assert len(lifetimes(schedule.steps, 256)) == sum(type(st) is S.Alloc for st in schedule.steps)
+
+
+@pytest.mark.parametrize("policy", ["vdnn-all", "vdnn-conv:sync=event,codec=zvc"])
+def test_offloads_are_resolved_and_come_back_before_they_are_read(policy):
+    program, plan, schedule = lowered(vmem.models.get("vgg_cifar", image_size=16), policy)
+    steps = schedule.steps
+    offloads = {st.key: i for i, st in enumerate(steps) if type(st) is S.Offload}
+    assert {k.name for k in offloads} == {n for n, d in plan.stash.items() if d == "offload"}
+    for i, st in enumerate(steps):
+        if type(st) is S.Offload:
+            assert st.sync == plan.sync and (st.codec is None) == (plan.codecs.get(st.key.name) is None)
+            prefetch = next(j for j in range(i, len(steps)) if type(steps[j]) is S.Prefetch and steps[j].key == st.key)
+            wait = next(j for j in range(prefetch, len(steps)) if type(steps[j]) is S.WaitPrefetch
+                        and steps[j].key == st.key)
+            assert i < prefetch < wait
+    assert schedule.pinned_bytes == sum(-(-st.host_nbytes // 256) * 256 for st in steps if type(st) is S.Offload)
+    for st in steps:
+        if type(st) is S.Forward and program.ops[st.op].algorithms:
+            assert st.algo == plan.algos[program.ops[st.op].name]["forward"]
+
+
+def test_gist_encodes_after_the_forward_and_reads_bits_without_decoding():
+    program, plan, schedule = lowered(vmem.models.get("vgg_cifar", image_size=16), "gist")
+    encoded = {st.key.name for st in schedule.steps if type(st) is S.Encode}
+    decoded = {st.key.name for st in schedule.steps if type(st) is S.Decode}
+    binarized = {n for n, c in plan.codecs.items() if c == "binarize"}
+    assert encoded == set(plan.codecs) and decoded == encoded - binarized
+    on_bits = {program.ops[st.op].name for st in schedule.steps if type(st) is S.Backward and st.on_bits}
+    assert on_bits and all(program.ops[i].kind == "relu" for i in range(len(program.ops))
+                           if program.ops[i].name in on_bits)
+
+
+def test_inference_copies_the_logits_right_after_the_last_forward():
+    net = vmem.models.get("digits_cnn")
+    program = net.build(4)
+    schedule = lower_inference(program, vmem.policies.get("baseline").decide(program, SPEC))
+    kinds = [type(st) for st in schedule.steps]
+    last = max(i for i, k in enumerate(kinds) if k is S.Forward)
+    assert kinds[last + 1] is S.CopyOut and not schedule.training
+    assert S.Backward not in kinds and S.Update not in kinds
+
+
+def test_a_network_that_ends_in_an_in_place_flatten_keeps_its_logits_until_the_loss():
+    """The logits' buffer is an earlier layer's (Flatten writes over AvgPool's output): the forward must
+    not release it before the loss reads it (it once did, under every layer-wise policy)."""
+    def make():
+        return vmem.Sequential(nn.Conv2d(3, 10, 3, padding=1), nn.ReLU(), nn.AvgPool2d(8), nn.Flatten(),
+                               input_shape=(3, 8, 8))
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((4, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 4)
+    weights = {}
+    for policy in ("baseline", "vdnn-all", "gist"):
+        net = make()
+        dev = vmem.device("cpu", memory="16MiB", poison=True)
+        with vmem.Trainer(net, device=dev, policy=policy, seed=0) as trainer:
+            for _ in range(3):
+                assert np.isfinite(trainer.step(x, y).loss)
+        dev.close()
+        weights[policy] = net.params
+    assert all(np.array_equal(weights["baseline"][k], w[k]) for w in weights.values() for k in w)
+
+
+class NewStep:
+    """A step kind no consumer knows."""
+
+
+def test_a_consumer_without_a_handler_for_a_step_kind_fails_loudly(monkeypatch):
+    from vmem.runtime import executor as ex_module
+    from vmem.schedule import replay as replay_module
+
+    with pytest.raises(TypeError, match="missing"):
+        S.handlers({S.Alloc: None}, "partial")
+    monkeypatch.setattr(S, "STEPS", S.STEPS + (NewStep,))
+    program, plan, schedule = lowered(vmem.models.get("digits_cnn"), "baseline")
+    with pytest.raises(TypeError, match="NewStep"):
+        replay_module.replay(schedule, vmem.device("sim:titan-x", memory="1GiB"))
+    dev = vmem.device("cpu", memory="16MiB")
+    try:
+        with pytest.raises(TypeError, match="NewStep"):
+            ex_module.Executor(dev, schedule, params=_params(dev, schedule))
+    finally:
+        dev.close()
+
+
+def _params(dev, schedule):
+    from vmem.runtime import DeviceParams
+
+    specs = {f"{op.name}.{k}": s for op in schedule.program.ops for k, s in op.params.items()}
+    return DeviceParams(dev, schedule.persistent, specs, "float32")
+
+
+def test_plans_are_frozen():
+    _, plan, _ = lowered(vmem.models.get("digits_cnn"), "vdnn-all")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.sync = "event"

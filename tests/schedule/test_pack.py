@@ -1,0 +1,83 @@
+"""Offline packing: random lifetimes against the invariants (tinygrad's planner test: no two live buffers
+overlap), and the zoo's schedules."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import vmem
+from vmem.schedule.lower import lower
+from vmem.schedule.pack import STRATEGIES, Life, lifetimes, pack, peak_live
+
+
+@st.composite
+def lives(draw):
+    """A random sequence of allocations and frees (sizes in 256-byte units), as a schedule makes them."""
+    n = draw(st.integers(0, 60))
+    live, out, t = [], [], 0
+    for _ in range(2 * n):
+        if live and (len(out) >= n or draw(st.booleans())):
+            i = live.pop(draw(st.integers(0, len(live) - 1)))
+            out[i] = out[i]._replace(end=t)
+        elif len(out) < n:
+            live.append(len(out))
+            out.append(Life(256 * draw(st.integers(1, 64)), t, -1))
+        t += 1
+    return [l._replace(end=t) if l.end < 0 else l for l in out]  # never freed: live to the end
+
+
+def check(lives_: list[Life], base: int, top: int, offsets: list[int]) -> None:
+    assert len(offsets) == len(lives_)
+    for i, (a, o) in enumerate(zip(lives_, offsets)):
+        assert o >= base and o + a.size <= top, "every block inside the arena"
+        for b, p in zip(lives_[i + 1:], offsets[i + 1:]):
+            if a.start < b.end and b.start < a.end:  # live at the same time
+                assert o + a.size <= p or p + b.size <= o, f"{a}@{o} overlaps {b}@{p}"
+    assert top - base >= peak_live(lives_), "no placement beats the live-bytes peak"
+
+
+@settings(max_examples=150, deadline=None)
+@given(lives(), st.sampled_from([0, 4096]), st.sampled_from(STRATEGIES))
+def test_no_two_live_blocks_overlap_and_the_top_is_never_below_the_live_peak(lives_, base, strategy):
+    top, offsets = pack(lives_, base, strategy)
+    check(lives_, base, top, offsets)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lives())
+def test_auto_is_never_worse_than_either_family(lives_):
+    auto = pack(lives_, 0, "auto")[0]
+    assert auto <= pack(lives_, 0, "sweep")[0]
+    assert auto == min(pack(lives_, 0, "sweep")[0], pack(lives_, 0, "greedy")[0])  # small: both families run
+
+
+def test_contiguous_when_everything_lives_for_the_whole_step():
+    lives_ = [Life(256 * k, 0, 10) for k in (3, 1, 2)]
+    top, offsets = pack(lives_, 1024, "sweep")
+    assert top == 1024 + 256 * 6 and offsets == [1024, 1024 + 3 * 256, 1024 + 4 * 256]  # in allocation order
+
+
+def test_a_freed_gap_is_reused_and_the_frontier_drops():
+    # a (t0-t2), b (t1-t5), c (t3-t4) fits in a's gap; d (t6-t7) starts at the bottom again
+    lives_ = [Life(512, 0, 2), Life(256, 1, 5), Life(512, 3, 4), Life(1024, 6, 7)]
+    top, offsets = pack(lives_, 0, "sweep")
+    assert offsets == [0, 512, 0, 0] and top == 1024
+
+
+def test_bad_strategy_is_refused():
+    with pytest.raises(ValueError, match="strategy"):
+        pack([], 0, "fastest")
+
+
+@pytest.mark.parametrize("policy", ["baseline", "vdnn-all", "gist", "vdnn-conv:sync=event"])
+def test_zoo_schedules_satisfy_the_invariants(policy):
+    net = vmem.models.get("mini_googlenet", image_size=16)
+    program = net.build(8)
+    schedule = lower(program, vmem.policies.get(policy).decide(program, vmem.device("sim:titan-x").spec))
+    lives_ = lifetimes(schedule.steps, schedule.alignment)
+    base = sum(-(-b.nbytes // 256) * 256 for b in schedule.persistent)
+    offsets = [st.offset for st in schedule.steps if type(st).__name__ == "Alloc"]
+    top = max(o + l.size for o, l in zip(offsets, lives_))
+    check(lives_, base, top, offsets)

@@ -1,0 +1,141 @@
+"""The import graph keeps the design's boundaries (DESIGN.md: layers know nothing of offload; policies are
+pure; the executor only carries a schedule out; the pool knows nothing of networks).
+
+Imports are read from the source (not from what happens to be loaded), followed transitively through
+vmem's own modules, counting a subpackage's ``__init__`` when one of its modules is imported, as Python
+does. A module's own imports count wherever they are, inside functions too; of the modules it reaches,
+only what importing them runs (module-level imports). ``vmem/__init__.py`` (the public facade, which
+imports everything) and imports under ``if TYPE_CHECKING:`` are not followed.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "vmem"
+
+
+def _module_names() -> dict[str, Path]:
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+MODULES = _module_names()
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _resolve(module: str, level: int, current: str, is_package: bool) -> str:
+    if level == 0:
+        return module
+    base = current.split(".")
+    base = base if is_package else base[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([module] if module else []))
+
+
+def _with_parents(name: str) -> set[str]:
+    """A module and the packages Python imports on the way to it (``vmem`` itself excluded)."""
+    parts = name.split(".")
+    return {".".join(parts[:i]) for i in range(2, len(parts) + 1) if ".".join(parts[:i]) in MODULES}
+
+
+@lru_cache(maxsize=None)
+def direct_imports(name: str, deep: bool = False) -> frozenset[str]:
+    """What ``name`` imports: at module level, or (``deep``) anywhere in it."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text())
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            skip.update(id(n) for child in node.body for n in ast.walk(child))
+        if not deep and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            skip.update(id(n) for n in ast.walk(node))
+    found: set[str] = set()
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(node.module or "", node.level, name, is_package)
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for t in targets:
+            if t.startswith("vmem.") and t in MODULES:
+                found |= _with_parents(t)
+    return frozenset(found - {name})
+
+
+def reachable(name: str) -> set[str]:
+    seen = set(direct_imports(name, deep=True))
+    stack = list(seen)
+    while stack:
+        for m in direct_imports(stack.pop()):
+            if m not in seen:
+                seen.add(m)
+                stack.append(m)
+    return seen
+
+
+def _under(prefixes: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in MODULES if any(m == p or m.startswith(p + ".") for p in prefixes))
+
+
+RULES = [
+    # (modules, what they must not reach, why)
+    (("vmem.nn",), ("vmem.policies", "vmem.schedule", "vmem.planner", "vmem.pool", "vmem.streams", "vmem.device",
+                    "vmem.runtime", "vmem.training", "vmem.costs", "vmem.codecs"), "layers are pure math"),
+    (("vmem.policies",), ("vmem.pool", "vmem.streams", "vmem.runtime", "vmem.training"), "policies are pure"),
+    (("vmem.codecs",), ("vmem.policies", "vmem.schedule", "vmem.runtime", "vmem.training"),
+     "codecs know nothing of policies"),
+    (("vmem.pool", "vmem.streams"), ("vmem.nn", "vmem.graph", "vmem.models", "vmem.policies", "vmem.schedule",
+                                     "vmem.runtime", "vmem.training", "vmem.codecs"),
+     "the pool and streams know nothing of networks"),
+    (("vmem.runtime",), ("vmem.policies", "vmem.planner", "vmem.training"), "the executor only carries a schedule out"),
+    (("vmem.schedule.steps", "vmem.schedule.pack", "vmem.schedule.replay"), ("vmem.policies",),
+     "schedules are read without the policies"),
+    (("vmem.device.spec",), ("vmem.pool", "vmem.streams"), "DeviceSpec is plain data"),
+]
+
+
+@pytest.mark.parametrize("modules,forbidden,why", RULES, ids=[r[2] for r in RULES])
+def test_import_boundaries(modules, forbidden, why):
+    assert _under(modules), f"no modules under {modules}"
+    bad = {}
+    for m in _under(modules):
+        hits = sorted(r for r in reachable(m) if any(r == f or r.startswith(f + ".") for f in forbidden))
+        if hits:
+            bad[m] = hits
+    assert not bad, f"{why}: {bad}"
+
+
+def test_the_graph_is_read_correctly():
+    """The reader follows relative imports and package __init__s (a check that the check works)."""
+    assert "vmem.pool" in reachable("vmem.device.cpu")
+    assert "vmem.schedule" in direct_imports("vmem.runtime.executor")  # from ..schedule import Key
+    assert "vmem.schedule.lower" not in reachable("vmem.runtime.executor")
+    assert "vmem.policies.plan" not in reachable("vmem.schedule.lower")  # only under TYPE_CHECKING
+
+
+def test_importing_vmem_imports_no_gpu_library():
+    import subprocess
+    import sys
+
+    code = "import sys, vmem; vmem.plan(vmem.models.get('digits_cnn'), 4); print(sorted(m for m in ('cupy', 'pynvml', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
