@@ -17,7 +17,7 @@ from . import policies
 from .device.sim import SimDevice
 from .device.spec import DeviceSpec
 from .errors import OutOfDeviceMemory
-from .graph import Network, Program
+from .graph import PASSES, Network, Program
 from .policies.plan import Plan
 from .schedule import Schedule
 from .schedule.lower import lower, op_workspace
@@ -112,7 +112,7 @@ def _layer_rows(program: Program, decided: Plan) -> tuple[LayerRow, ...]:
         algos = decided.algos.get(op.name)
         rows.append(LayerRow(
             name=op.name, kind=op.kind, shape=tuple(out.shape), bytes=out.nbytes, inplace=op.inplace, flops=op.flops,
-            algos="/".join(algos[p] for p in ("forward", "backward_data", "backward_filter")) if algos else None,
+            algos="/".join(algos[p] for p in PASSES) if algos else None,
             stash=decided.stash.get(owner) if out.stashed else None,
             codec=decided.codecs.get(owner) if out.stashed else None,
             workspace=max(op_workspace(program, decided, op.index)),
