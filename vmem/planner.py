@@ -57,13 +57,16 @@ class PlanResult:
         return layer_table(self)
 
 
-def _cost_setup(program: Program, device: DeviceSpec, costs: Any) -> tuple[Program, Any]:
-    """The program as the device sees it (cuDNN's catalog on a simulated GPU) and its cost model."""
+def _cost_setup(program: Program, device: DeviceSpec, costs: Any, catalog: Any = None) -> tuple[Program, Any]:
+    """The program as the device sees it (its convolution catalog: ``catalog(program)`` from a Device, or
+    cuDNN's as the simulator models it for a simulated GPU) and its cost model (the roofline on a simulated
+    GPU unless ``costs`` is given)."""
     if device.kind == "sim":
         from .costs import Roofline, with_cudnn_catalog
 
-        return with_cudnn_catalog(program, device.arch), costs or Roofline(device, program.itemsize)
-    return program, costs
+        program = catalog(program) if catalog is not None else with_cudnn_catalog(program, device.arch)
+        return program, costs or Roofline(device, program.itemsize)
+    return (catalog(program) if catalog is not None else program), costs
 
 
 def evaluate(program: Program, device: DeviceSpec, decided: Plan, *, alignment: int = 256,
@@ -81,13 +84,14 @@ def evaluate(program: Program, device: DeviceSpec, decided: Plan, *, alignment: 
 
 def plan_program(program: Program, device: DeviceSpec, policy: Any, *, alignment: int = 256,
                  optimizer_slots: tuple[str, ...] = ("momentum",), costs: Any = None,
-                 baseline: bool = False) -> tuple[PlanResult, Schedule]:
+                 baseline: bool = False, catalog: Any = None) -> tuple[PlanResult, Schedule]:
     """Decide, lower and replay for a built Program; the plan with its figures, and the Schedule.
 
-    With ``baseline=True`` (and a cost model) the figures also carry the step time of ``baseline`` with
-    the fastest algorithms, as an oracle when it does not fit."""
+    ``catalog`` (a Device's ``catalog``) gives the program the device's convolution algorithms. With
+    ``baseline=True`` (and a cost model) the figures also carry the step time of ``baseline`` with the
+    fastest algorithms, as an oracle when it does not fit."""
     pol = policies.get(policy)
-    program, costs = _cost_setup(program, device, costs)
+    program, costs = _cost_setup(program, device, costs, catalog)
 
     def oracle(candidate: Plan, memory: int | None = None) -> PlanResult:
         spec = device if memory is None else dataclasses.replace(device, memory=memory)
@@ -120,12 +124,12 @@ def _layer_rows(program: Program, decided: Plan) -> tuple[LayerRow, ...]:
     return tuple(rows)
 
 
-def _spec_of(device: Any, memory: int | str | None) -> tuple[DeviceSpec, int]:
-    """The spec and pool alignment of a Device, a DeviceSpec or a device name."""
+def _spec_of(device: Any, memory: int | str | None) -> tuple[DeviceSpec, int, Any]:
+    """The spec, pool alignment and catalog of a Device, a DeviceSpec or a device name."""
     from .device import device as make_device
     from .units import parse_bytes
 
-    alignment = 256
+    alignment, catalog = 256, None
     if isinstance(device, DeviceSpec):
         spec = device
     elif isinstance(device, str):
@@ -135,10 +139,10 @@ def _spec_of(device: Any, memory: int | str | None) -> tuple[DeviceSpec, int]:
             spec = make_device(device).spec
     else:
         spec = device.spec
-        alignment = device.pool.alignment
+        alignment, catalog = device.pool.alignment, device.catalog
     if memory is not None:
         spec = dataclasses.replace(spec, memory=parse_bytes(memory, name="memory"))
-    return spec, alignment
+    return spec, alignment, catalog
 
 
 def plan(net: Network, batch: int, device: Any = "cpu", policy: Any = "baseline", *,
@@ -152,8 +156,8 @@ def plan(net: Network, batch: int, device: Any = "cpu", policy: Any = "baseline"
     CPU device, pass ``costs`` (a profile, see :meth:`vmem.Trainer.profile`) to predict time.
     ``optimizer_slots`` names the optimizer state per parameter (SGD with momentum: one).
     """
-    spec, alignment = _spec_of(device, memory)
+    spec, alignment, catalog = _spec_of(device, memory)
     program = net.build(batch, input_shape, dtype)
     result, _ = plan_program(program, spec, policy, alignment=alignment, optimizer_slots=optimizer_slots,
-                             costs=costs, baseline=True)
+                             costs=costs, baseline=True, catalog=catalog)
     return result

@@ -24,6 +24,7 @@ class FakeDevice:
     kind = "cpu"
     holds_data = True
     xp = np
+    conv_backend = None
 
     def __init__(self, memory: int = 64 << 20):
         self.name = "fake"
@@ -34,6 +35,9 @@ class FakeDevice:
         self.pinned = PinnedHostPool(16 << 20, 256, name="fake pinned")
         self.moved = {"d2h": 0, "h2d": 0}
         self.closed = False
+
+    def catalog(self, program):
+        return program
 
     def reserve_pinned(self, nbytes):
         assert nbytes <= self.pinned.capacity

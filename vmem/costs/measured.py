@@ -1,11 +1,12 @@
-"""Profiling on the CPU device: measure every op, pass and algorithm, for planning with real times.
+"""Profiling a real device (the CPU, a CUDA GPU): measure every op, pass and algorithm, for planning with
+real times.
 
 Each layer of a Program runs on its own, on random data of the right shapes, once per algorithm it
 offers (forward, backward-data and backward-filter timed apart), plus the loss, the element-wise
 bandwidth (gradient accumulation, the optimizer) and the host-device copy rate. The result is a
 :class:`Profiled` cost model that :func:`vmem.plan` and the dynamic policy use in place of
-the roofline. Profiling buffers are ordinary host arrays, outside the device arena: it measures time,
-not memory.
+the roofline. Profiling buffers are outside the device arena (host arrays; CuPy's own pool on a GPU): it
+measures time, not memory.
 """
 
 from __future__ import annotations
@@ -55,80 +56,124 @@ class Profiled:
                 "d2h_gbps": self.d2h, "h2d_gbps": self.h2d, "update": self.update}
 
 
+class _Runner:
+    """Where profiled work runs: on the calling thread (the CPU, by default), or on a device's compute
+    stream, timed across a synchronize; arrays in the device's array module."""
+
+    def __init__(self, device: Any = None):
+        self.device = device
+        self.xp = np if device is None else device.xp
+        self.conv = None if device is None else device.conv_backend
+
+    def array(self, host: np.ndarray) -> Any:
+        return host if self.xp is np else self.xp.asarray(host)
+
+    def empty(self, shape: Any, dtype: Any) -> Any:
+        return self.xp.empty(shape, dtype)
+
+    def seconds(self, fn: Any, repeats: int) -> float:
+        if self.device is None:
+            return best_seconds(fn, repeats)
+        stream = self.device.compute_stream
+
+        def run() -> None:
+            stream.launch(fn)
+            stream.synchronize()
+
+        return best_seconds(run, repeats)
+
+
 def _profile_op(op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: int,
-                times: dict[tuple[str, str, str | None], float]) -> None:
+                times: dict[tuple[str, str, str | None], float], on: _Runner) -> None:
     """Time every pass and algorithm of one op on random data of its shapes into ``times``."""
     layer = op.layer
-    xs = [rng.standard_normal(physical(s)).astype(dtype) for s in op.in_shapes]
-    y = np.empty(physical(op.out_shape), dtype)
-    dy = rng.standard_normal(y.shape).astype(dtype)
-    params = {k: (rng.standard_normal(s.shape) * 0.1 + (1.0 if k == "running_var" else 0.0)).astype(dtype)
+    xs = [on.array(rng.standard_normal(physical(s)).astype(dtype)) for s in op.in_shapes]
+    y = on.empty(physical(op.out_shape), dtype)
+    dy = on.array(rng.standard_normal(y.shape).astype(dtype))
+    params = {k: on.array((rng.standard_normal(s.shape) * 0.1 + (1.0 if k == "running_var" else 0.0)).astype(dtype))
               for k, s in op.params.items()}
-    grads = {k: np.empty(s.shape, dtype) for k, s in op.params.items() if s.trainable}
-    aux = {k: np.zeros(a.shape, dtype if a.dtype == "float" else a.dtype) for k, a in op.aux.items()}
-    dxs = [np.empty_like(x) for x in xs]
+    grads = {k: on.empty(s.shape, dtype) for k, s in op.params.items() if s.trainable}
+    aux = {k: on.array(np.zeros(a.shape, dtype if a.dtype == "float" else a.dtype)) for k, a in op.aux.items()}
+    dxs = [on.empty(x.shape, x.dtype) for x in xs]
     algos = op.algorithms or {}
     ws_bytes = max([b for per in op.workspace.values() for b in per.values()] + [0])
-    ws = np.empty(ws_bytes, np.uint8) if ws_bytes else None
+    ws = on.empty(ws_bytes, np.uint8) if ws_bytes else None
+    best = on.seconds
 
     def ctx(algo: Any) -> Ctx:
-        return Ctx(xp=np, params=params, grads=grads, aux=aux, train=True, rng=np.random.default_rng(0),
-                   workspace=ws, algo=algo, in_shapes=tuple(physical(s) for s in op.in_shapes))
+        return Ctx(xp=on.xp, params=params, grads=grads, aux=aux, train=True, rng=np.random.default_rng(0),
+                   workspace=ws, algo=algo, in_shapes=tuple(physical(s) for s in op.in_shapes), conv=on.conv)
 
     needs_x = xs if op.reads_input else None
     for algo in algos.get("forward", [None]):
         layer.forward(ctx(algo), xs, y)  # warm up
-        times[(op.name, "forward", algo)] = best_seconds(lambda: layer.forward(ctx(algo), xs, y), repeats)
+        times[(op.name, "forward", algo)] = best(lambda: layer.forward(ctx(algo), xs, y), repeats)
     y_read = y if op.reads_output else None
     if op.kind != "conv":
         def backward() -> None:
             layer.backward(ctx(None), dy, needs_x, y_read, dxs)
         backward()
-        times[(op.name, "backward", None)] = best_seconds(backward, repeats)
+        times[(op.name, "backward", None)] = best(backward, repeats)
         return
     data_algos, filter_algos = algos["backward_data"], algos["backward_filter"]
     for fa in filter_algos:
         def filter_only(fa: str = fa) -> None:
             layer.backward(ctx((data_algos[0], fa)), dy, needs_x, y_read, [None])
         filter_only()
-        times[(op.name, "backward_filter", fa)] = best_seconds(filter_only, repeats)
+        times[(op.name, "backward_filter", fa)] = best(filter_only, repeats)
     base_filter = times[(op.name, "backward_filter", filter_algos[0])]
     for da in data_algos:  # backward-data: both passes, less the filter pass alone
         def both(da: str = da) -> None:
             layer.backward(ctx((da, filter_algos[0])), dy, needs_x, y_read, dxs)
         both()
-        times[(op.name, "backward_data", da)] = max(0.0, best_seconds(both, repeats) - base_filter)
+        times[(op.name, "backward_data", da)] = max(0.0, best(both, repeats) - base_filter)
 
 
-def profile(program: Program, *, copy_gbps: float | None = None, repeats: int = 2, seed: int = 0) -> Profiled:
-    """Measured costs of one training step of ``program`` on this machine's CPU.
+def profile(program: Program, *, copy_gbps: float | None = None, repeats: int = 2, seed: int = 0,
+            device: Any = None) -> Profiled:
+    """Measured costs of one training step of ``program``: on this machine's CPU, or on ``device`` (a
+    CUDA device: its arrays, its convolution backend, its compute stream; the program should carry the
+    device's catalog, ``device.catalog(program)``).
 
-    ``copy_gbps``: the device's host-device link rate if it is throttled; measured with a memcpy if not.
-    Each measurement is the best of ``repeats`` runs (after one warm-up run)."""
+    ``copy_gbps``: the host-device link rate if it is throttled; measured if not (a memcpy on the CPU,
+    pinned copies on a device). Each measurement is the best of ``repeats`` runs (after a warm-up)."""
     rng = np.random.default_rng(seed)
     dtype = np.dtype(program.dtype)
+    on = _Runner(device)
     times: dict[tuple[str, str, str | None], float] = {}
     for op in program.ops:
-        _profile_op(op, rng, dtype, repeats, times)
-
-    # the loss, on the logits' shape
-    from ..nn.loss import SoftmaxCrossEntropy
-
-    logits = rng.standard_normal(program.tensors[program.output].shape).astype(dtype)
-    labels = rng.integers(0, logits.shape[1], logits.shape[0])
-    probs, dlogits = np.empty_like(logits), np.empty_like(logits)
-    loss = SoftmaxCrossEntropy()
-    times[("loss", "forward", None)] = best_seconds(lambda: (loss.forward(np, logits, labels, probs),
-                                                      loss.backward(np, probs, labels, dlogits)), repeats)
+        _profile_op(op, rng, dtype, repeats, times, on)
+    times[("loss", "forward", None)] = _loss_seconds(program, rng, dtype, repeats, on)
     # element-wise bandwidth (gradient accumulation, the optimizer's update) and the copy rate
-    a = np.ones(4 << 20, dtype)
-    b = np.ones_like(a)
-    add_seconds = best_seconds(lambda: np.add(a, b, out=a), repeats)
+    a = on.array(np.ones(4 << 20, dtype))
+    b = on.array(np.ones(4 << 20, dtype))
+    add_seconds = on.seconds(lambda: on.xp.add(a, b, out=a), repeats)
     elementwise_gbps = 3 * a.nbytes / add_seconds / 1e9
     if copy_gbps is None:
-        src = np.ones(32 << 20, np.uint8)
-        dst = np.empty_like(src)
-        copy_gbps = src.nbytes / best_seconds(lambda: np.copyto(dst, src), repeats) / 1e9
+        copy_gbps = _copy_gbps(device, repeats)
     params_bytes = sum(int(np.prod(s.shape)) for op in program.ops for s in op.params.values() if s.trainable)
     update = 5 * params_bytes * dtype.itemsize / (elementwise_gbps * 1e9)
     return Profiled(times, d2h_gbps=copy_gbps, h2d_gbps=copy_gbps, update=update, elementwise_gbps=elementwise_gbps)
+
+
+def _loss_seconds(program: Program, rng: np.random.Generator, dtype: np.dtype, repeats: int, on: _Runner) -> float:
+    from ..nn.loss import SoftmaxCrossEntropy
+
+    logits = on.array(rng.standard_normal(program.tensors[program.output].shape).astype(dtype))
+    labels = on.array(rng.integers(0, logits.shape[1], logits.shape[0]))
+    probs, dlogits = on.empty(logits.shape, dtype), on.empty(logits.shape, dtype)
+    loss, xp = SoftmaxCrossEntropy(), on.xp
+    return on.seconds(lambda: (loss.forward(xp, logits, labels, probs), loss.backward(xp, probs, labels, dlogits)),
+                      repeats)
+
+
+def _copy_gbps(device: Any, repeats: int) -> float:
+    """The link rate: a 32 MiB memcpy on the CPU; pinned copies (the slower direction) on a device."""
+    if device is None:
+        src = np.ones(32 << 20, np.uint8)
+        dst = np.empty_like(src)
+        return src.nbytes / best_seconds(lambda: np.copyto(dst, src), repeats) / 1e9
+    from ..benchmarks import bandwidth
+
+    row = bandwidth(device, [32 << 20], rounds=repeats)[0]
+    return min(row["d2h_pinned_gbps"], row["h2d_pinned_gbps"])

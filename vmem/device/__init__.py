@@ -1,4 +1,4 @@
-"""Devices behind one protocol: the CPU device, simulated GPUs (``sim:<gpu>``) and, later, CUDA.
+"""Devices behind one protocol: the CPU device, simulated GPUs (``sim:<gpu>``) and CUDA GPUs (``cuda:<n>``).
 
 ``vmem.device("cpu", memory="512MiB")`` makes one. The device classes are imported when first asked for,
 so that :class:`DeviceSpec` (``vmem.device.spec``) and the spec sheets can be read without the pool or
@@ -67,7 +67,9 @@ def device(name: Any = "cpu", **options: Any) -> Any:
         except ValueError as exc:
             raise DeviceError(f"device {name!r}: {exc}") from None
     if kind == "cuda":
-        raise DeviceError(f"device {name!r}: the CUDA device is not available in this version of vmem; use 'cpu'")
+        from .cuda import open_device
+
+        return open_device(name, rest, **options)
     raise DeviceError(f"unknown device {name!r}; available: {', '.join(names())}")
 
 

@@ -36,6 +36,7 @@ class Device(Protocol):
     pool: DevicePool
     compute_stream: Stream
     memory_stream: Stream
+    conv_backend: Any  # the device's convolutions (cuDNN on CUDA); None: the layers' NumPy algorithms
 
     @property
     def pinned(self) -> PinnedHostPool | None:
@@ -44,6 +45,10 @@ class Device(Protocol):
 
     @property
     def closed(self) -> bool: ...
+
+    def catalog(self, program: Any) -> Any:
+        """``program`` with the convolution algorithms this device offers and their workspace sizes."""
+        ...
 
     def reserve_pinned(self, nbytes: int) -> PinnedHostPool:
         """Make sure the pinned pool holds at least ``nbytes`` (before a step, never inside one)."""

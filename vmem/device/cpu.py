@@ -97,6 +97,7 @@ class CpuDevice:
 
     kind = "cpu"
     holds_data = True
+    conv_backend = None  # the layers' own NumPy algorithms
 
     def __init__(
         self,
@@ -132,6 +133,10 @@ class CpuDevice:
         self._closed = False
         threads.hold()  # the codec helpers' threads stop when the last device closes (or is dropped)
         self._release_threads = weakref.finalize(self, threads.release)
+
+    def catalog(self, program: Any) -> Any:
+        """The CPU offers the layers' own algorithms: the program as it is."""
+        return program
 
     # -- memory ------------------------------------------------------------------------------------
     @property

@@ -28,6 +28,7 @@ class SimDevice:
     kind = "sim"
     xp = None
     holds_data = False
+    conv_backend = None
 
     def __init__(self, gpu: str | DeviceSpec, *, memory: int | str | None = None, alignment: int = 256):
         spec = gpu if isinstance(gpu, DeviceSpec) else specs.get(gpu)
@@ -39,6 +40,12 @@ class SimDevice:
         self.compute_stream = VirtualStream("compute")
         self.memory_stream = VirtualStream("memory")
         self._closed = False
+
+    def catalog(self, program: Any) -> Any:
+        """``program`` with cuDNN's algorithms as the simulator models them for this GPU's architecture."""
+        from ..costs import with_cudnn_catalog
+
+        return with_cudnn_catalog(program, self.spec.arch)
 
     def _no_data(self, what: str) -> DeviceError:
         return DeviceError(f"{self.name} is simulated and holds no data ({what}); plan on it with vmem.plan")

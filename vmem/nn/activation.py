@@ -50,7 +50,8 @@ class Dropout(Layer):
             if not xp.may_share_memory(x, y):
                 y[...] = x
             return
-        xp.greater_equal(ctx.rng.random(x.shape, dtype=x.dtype), self.p, out=mask.view(bool))
+        # drawn on the host from the step's generator, so every device drops the same units
+        xp.greater_equal(xp.asarray(ctx.rng.random(x.shape, dtype=x.dtype)), self.p, out=mask.view(bool))
         xp.multiply(x, mask, out=y)
         y *= 1.0 / (1.0 - self.p)
 

@@ -80,6 +80,7 @@ class Ctx:
     workspace: Any = None  # a uint8 array, at least ``workspace_bytes`` long, or None
     algo: str | None = None  # convolution algorithm for this pass
     in_shapes: tuple[Shape, ...] = ()  # physical shapes of the inputs
+    conv: Any = None  # the device's convolution backend (cuDNN on CUDA); None: the layer's own NumPy algorithms
 
 
 class Layer(ABC):

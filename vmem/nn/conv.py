@@ -178,7 +178,9 @@ class Conv2d(Layer):
         n, h, wd, c = x.shape
         k = self.out_channels
         y2 = y.reshape(-1, k)
-        if self._is_gemm():
+        if ctx.conv is not None:  # the device's own convolutions (cuDNN)
+            ctx.conv.forward(self, ctx, x, w, y)
+        elif self._is_gemm():
             np.matmul(x.reshape(-1, c), w.reshape(k, c).T, out=y2)
         elif ctx.algo == "implicit":
             self._forward_implicit(ctx, x, w, y)
@@ -196,9 +198,14 @@ class Conv2d(Layer):
         k = self.out_channels
         c = self.in_channels
         dy2 = dy.reshape(-1, k)
+        dw = ctx.grads["weight"]
+        if ctx.conv is not None:  # the device's own convolutions (cuDNN)
+            if self.bias:
+                ctx.xp.sum(dy2, axis=0, out=ctx.grads["bias"])
+            ctx.conv.backward(self, ctx, dy, x, w, dx, dw)
+            return
         if self.bias:  # a GEMV with a ones vector: BLAS runs it threaded, far faster than sum(axis=0)
             np.matmul(_ones(dy2.shape[0], dy2.dtype), dy2, out=ctx.grads["bias"])
-        dw = ctx.grads["weight"]
         if self._is_gemm():
             np.matmul(dy2.T, x.reshape(-1, c), out=dw.reshape(k, c))
             if dx is not None:

@@ -74,6 +74,11 @@ class Executor(Transfers):
                  optimizer: Optimizer | None = None):
         if not device.holds_data:
             raise DeviceError(f"{device.name} holds no data: it plans (vmem.plan) but cannot run a step")
+        encodes = any(type(st) in (Encode, Decode) or (type(st) in (Offload, Prefetch) and st.codec is not None)
+                      for st in schedule.steps)
+        if device.xp is not np and encodes:
+            raise DeviceError(f"{device.name}: codecs run on NumPy arrays in this version of vmem; use a policy "
+                              "without codec= or gist on this device")
         self.device = device
         self.schedule = schedule
         self.program = program = schedule.program
@@ -184,7 +189,8 @@ class Executor(Transfers):
         aux = {k: self._view(r, self.schedule.aux[(i, k)], a.shape, self._aux_dtype[(i, k)]) for k, a in op.aux.items()}
         ws = self._view(r, workspace, (r.blocks[workspace].nbytes,), np.uint8) if workspace is not None else None
         return Ctx(xp=self.xp, params=self._op_params[i], grads=self._op_grads[i], aux=aux, train=train, rng=rng,
-                   workspace=ws, algo=algo, in_shapes=tuple(physical(s) for s in op.in_shapes))
+                   workspace=ws, algo=algo, in_shapes=tuple(physical(s) for s in op.in_shapes),
+                   conv=self.device.conv_backend)
 
     # -- ops ---------------------------------------------------------------------------------------
     def _forward(self, r: _Run, st: Forward) -> None:

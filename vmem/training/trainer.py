@@ -135,6 +135,7 @@ class Trainer:
         program = self.net.build(batch, self.input_shape, self.dtype)
         costs = self.profile(batch) if self.profiling and train else None
         plan, schedule = plan_program(program, self.device.spec, self.policy, alignment=self.device.pool.alignment,
+                                      catalog=self.device.catalog,
                                       optimizer_slots=self.optimizer.slots, costs=costs, baseline=costs is not None)
         if train:
             self.plans[batch] = plan
@@ -153,7 +154,9 @@ class Trainer:
             from ..costs import profile
 
             program = self.net.build(batch, self.input_shape, self.dtype)
-            self.costs[batch] = profile(program, copy_gbps=self.device.spec.pcie_gbps, seed=self.seed)
+            on = None if self.device.kind == "cpu" else self.device  # the CPU profiles on the calling thread
+            self.costs[batch] = profile(self.device.catalog(program), copy_gbps=self.device.spec.pcie_gbps,
+                                        seed=self.seed, device=on)
         return self.costs[batch]
 
     def _refusal(self, program: Any, plan: PlanResult) -> OutOfDeviceMemory:
@@ -163,6 +166,7 @@ class Trainer:
                 continue
             try:
                 other, _ = plan_program(program, self.device.spec, name, alignment=self.device.pool.alignment,
+                                        catalog=self.device.catalog,
                                         optimizer_slots=self.optimizer.slots)
             except PlanError:
                 continue

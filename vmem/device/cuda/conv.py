@@ -1,0 +1,160 @@
+"""Convolutions through cuDNN for the CUDA device: the backend Conv2d hands its passes to on a GPU.
+
+The interface is small (``catalog``, ``forward``, ``backward``, ``find``) so that the cuDNN frontend can
+replace the legacy API later. Tensors are stored channels last (NHWC) and filters KRSC, as on the CPU;
+math is FMA (exact FP32, no TF32). Descriptors are made once per layer geometry; one handle per stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from . import cudnn
+
+__all__ = ["CudnnConv"]
+
+
+def _geometry(layer: Any, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> tuple:
+    n, h, w, c = x_shape
+    _, ho, wo, k = y_shape
+    return n, c, h, w, k, tuple(layer.kernel_size), tuple(layer.stride), tuple(layer.padding)
+
+
+class _Descs:
+    def __init__(self, geometry: tuple):
+        n, c, h, w, k, (kh, kw), stride, padding = geometry
+        self.x = cudnn.TensorDesc(n, c, h, w)
+        self.w = cudnn.FilterDesc(k, c, kh, kw)
+        self.conv = cudnn.ConvDesc(padding, stride)
+        self.y = cudnn.TensorDesc(*cudnn.conv_output_shape(self.x, self.w, self.conv))
+
+
+class CudnnConv:
+    """cuDNN's convolutions on one CUDA device (see the module docstring)."""
+
+    def __init__(self, device: Any):
+        self.device = device
+        self._descs: dict[tuple, _Descs] = {}
+        self._handles: dict[int, cudnn.Handle] = {}
+        f = cudnn.ffi()
+        self._one, self._zero = f.new("float *", 1.0), f.new("float *", 0.0)
+
+    def close(self) -> None:
+        for h in self._handles.values():
+            h.close()
+        self._handles.clear()
+
+    def _handle(self) -> Any:
+        import cupy
+
+        ptr = cupy.cuda.get_current_stream().ptr
+        h = self._handles.get(ptr)
+        if h is None:
+            h = self._handles[ptr] = cudnn.Handle(ptr)
+        return h.ptr
+
+    def descs(self, layer: Any, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> _Descs:
+        key = _geometry(layer, x_shape, y_shape)
+        d = self._descs.get(key)
+        if d is None:
+            d = self._descs[key] = _Descs(key)
+        return d
+
+    # -- the catalog: which algorithms run, and their workspace ----------------------------------------
+    def workspace(self, d: _Descs, pass_: str, algo: str) -> int | None:
+        """Bytes of workspace ``algo`` needs for ``pass_``, or None if cuDNN does not support it here."""
+        lib, f = cudnn.lib(), cudnn.ffi()
+        size = f.new("size_t *")
+        index = cudnn.ALGOS[pass_].index(algo)
+        h = self._handle()
+        if pass_ == "forward":
+            status = lib.cudnnGetConvolutionForwardWorkspaceSize(h, d.x.ptr, d.w.ptr, d.conv.ptr, d.y.ptr, index, size)
+        elif pass_ == "backward_data":
+            status = lib.cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w.ptr, d.y.ptr, d.conv.ptr, d.x.ptr, index,
+                                                                      size)
+        else:
+            status = lib.cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x.ptr, d.y.ptr, d.conv.ptr, d.w.ptr,
+                                                                        index, size)
+        return int(size[0]) if status == cudnn.SUCCESS else None
+
+    def catalog(self, program: Any) -> Any:
+        """``program`` whose convolutions offer the cuDNN algorithms this GPU supports for them (without the
+        non-deterministic ones on a deterministic device), with their exact workspace sizes."""
+        from ...nn.base import physical
+
+        ops = []
+        for op in program.ops:
+            if op.kind == "conv":
+                d = self.descs(op.layer, physical(op.in_shapes[0]), physical(op.out_shape))
+                algos: dict[str, list[str]] = {}
+                ws: dict[str, dict[str, int]] = {}
+                for pass_, names in cudnn.ALGOS.items():
+                    skip = cudnn.NONDETERMINISTIC.get(pass_, set()) if self.device.deterministic else set()
+                    sizes = {a: self.workspace(d, pass_, a) for a in names if a not in skip}
+                    ws[pass_] = {a: s for a, s in sizes.items() if s is not None}
+                    algos[pass_] = list(ws[pass_])
+                op = dataclasses.replace(op, algorithms=algos, workspace=ws)
+            ops.append(op)
+        return dataclasses.replace(program, ops=ops)
+
+    # -- the passes ------------------------------------------------------------------------------------
+    @staticmethod
+    def _ptr(a: Any) -> Any:
+        return cudnn.ffi().cast("void *", a.data.ptr) if a is not None else cudnn.ffi().NULL
+
+    def _ws(self, ctx: Any) -> tuple[Any, int]:
+        ws = ctx.workspace
+        return (self._ptr(ws), int(ws.nbytes)) if ws is not None else (cudnn.ffi().NULL, 0)
+
+    def forward(self, layer: Any, ctx: Any, x: Any, w: Any, y: Any) -> None:
+        d = self.descs(layer, x.shape, y.shape)
+        algo = cudnn.ALGOS["forward"].index(ctx.algo) if ctx.algo else 0
+        ws, ws_size = self._ws(ctx)
+        cudnn.check("cudnnConvolutionForward", cudnn.lib().cudnnConvolutionForward(
+            self._handle(), self._one, d.x.ptr, self._ptr(x), d.w.ptr, self._ptr(w), d.conv.ptr, algo, ws, ws_size,
+            self._zero, d.y.ptr, self._ptr(y)))
+
+    def backward(self, layer: Any, ctx: Any, dy: Any, x: Any, w: Any, dx: Any, dw: Any) -> None:
+        """Backward-filter, then backward-data if ``dx`` is wanted (one after the other in one workspace)."""
+        d = self.descs(layer, x.shape, dy.shape)
+        data_algo, filter_algo = ctx.algo if isinstance(ctx.algo, tuple) else (ctx.algo, ctx.algo)
+        ws, ws_size = self._ws(ctx)
+        lib, h = cudnn.lib(), self._handle()
+        bf = cudnn.ALGOS["backward_filter"].index(filter_algo) if filter_algo else 1
+        cudnn.check("cudnnConvolutionBackwardFilter", lib.cudnnConvolutionBackwardFilter(
+            h, self._one, d.x.ptr, self._ptr(x), d.y.ptr, self._ptr(dy), d.conv.ptr, bf, ws, ws_size, self._zero,
+            d.w.ptr, self._ptr(dw)))
+        if dx is None:
+            return
+        bd = cudnn.ALGOS["backward_data"].index(data_algo) if data_algo else 1
+        cudnn.check("cudnnConvolutionBackwardData", lib.cudnnConvolutionBackwardData(
+            h, self._one, d.w.ptr, self._ptr(w), d.y.ptr, self._ptr(dy), d.conv.ptr, bd, ws, ws_size, self._zero,
+            d.x.ptr, self._ptr(dx)))
+
+    def find(self, layer: Any, pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
+        """cuDNN's own measurement (``Find*Ex``) of every algorithm of ``pass_`` on these buffers: (name,
+        seconds, workspace bytes), fastest first; ``y`` is dy for the backward passes."""
+        lib, f = cudnn.lib(), cudnn.ffi()
+        d = self.descs(layer, x.shape, y.shape)
+        n = len(cudnn.ALGOS[pass_])
+        returned = f.new("int *")
+        args = (self._ptr(ws), int(ws.nbytes)) if ws is not None else (f.NULL, 0)
+        if pass_ == "forward":
+            perf = f.new(f"cudnnConvolutionFwdAlgoPerf_t[{n}]")
+            status = lib.cudnnFindConvolutionForwardAlgorithmEx(self._handle(), d.x.ptr, self._ptr(x), d.w.ptr,
+                                                                self._ptr(w), d.conv.ptr, d.y.ptr, self._ptr(y), n,
+                                                                returned, perf, *args)
+        elif pass_ == "backward_data":
+            perf = f.new(f"cudnnConvolutionBwdDataAlgoPerf_t[{n}]")
+            status = lib.cudnnFindConvolutionBackwardDataAlgorithmEx(self._handle(), d.w.ptr, self._ptr(w), d.y.ptr,
+                                                                     self._ptr(y), d.conv.ptr, d.x.ptr, self._ptr(x),
+                                                                     n, returned, perf, *args)
+        else:
+            perf = f.new(f"cudnnConvolutionBwdFilterAlgoPerf_t[{n}]")
+            status = lib.cudnnFindConvolutionBackwardFilterAlgorithmEx(self._handle(), d.x.ptr, self._ptr(x),
+                                                                       d.y.ptr, self._ptr(y), d.conv.ptr, d.w.ptr,
+                                                                       self._ptr(w), n, returned, perf, *args)
+        cudnn.check(f"cudnnFind({pass_})", status)
+        names = cudnn.ALGOS[pass_]
+        return [(names[p.algo], p.time / 1e3, int(p.memory)) for p in perf[0:returned[0]] if p.status == cudnn.SUCCESS]

@@ -1,0 +1,167 @@
+"""cuDNN's legacy convolution API through cffi (ABI mode), for the CUDA device.
+
+CuPy 14 removed its cuDNN bindings, so vmem declares what it calls (native/cudnn.h, from cuDNN 9's
+headers) and loads ``libcudnn.so.9`` from the ``nvidia-cudnn-cu13`` wheel. Descriptors can be made and
+output shapes computed without a GPU; anything that needs a handle (workspace sizes, algorithm search,
+the convolutions) needs one. Enum values are cuDNN 9's (see GPU_NOTES.md); algorithms carry the names
+the simulator's catalog uses (:mod:`vmem.device.cudnn_catalog`).
+"""
+
+from __future__ import annotations
+
+import threading
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ...errors import DeviceError
+
+__all__ = ["lib", "ffi", "CudnnError", "check", "version", "Handle", "TensorDesc", "FilterDesc", "ConvDesc",
+           "conv_output_shape", "ALGOS", "NONDETERMINISTIC", "FLOAT", "NCHW", "NHWC", "FMA_MATH"]
+
+FLOAT, DOUBLE, HALF = 0, 1, 2
+NCHW, NHWC = 0, 1
+CROSS_CORRELATION = 1
+DEFAULT_MATH, FMA_MATH = 0, 3
+SUCCESS, NOT_INITIALIZED, BAD_PARAM, NOT_SUPPORTED = 0, 1001, 2000, 3000
+
+#: Algorithm names by pass, in enum order (the index is cuDNN's enum value).
+ALGOS = {
+    "forward": ["implicit_gemm", "implicit_precomp_gemm", "gemm", "direct", "fft", "fft_tiling", "winograd",
+                "winograd_nonfused"],
+    "backward_data": ["algo_0", "algo_1", "fft", "fft_tiling", "winograd", "winograd_nonfused"],
+    "backward_filter": ["algo_0", "algo_1", "fft", "algo_3", "winograd", "winograd_nonfused", "fft_tiling"],
+}
+#: Algorithms that sum with atomics: their results vary from run to run (not bitwise reproducible).
+NONDETERMINISTIC = {"backward_data": {"algo_0"}, "backward_filter": {"algo_0", "algo_3"}}
+
+_HEADER = Path(__file__).resolve().parents[3] / "native" / "cudnn.h"
+
+
+class CudnnError(DeviceError):
+    """A cuDNN call failed; ``status`` is cuDNN's code."""
+
+    def __init__(self, call: str, status: int, message: str):
+        super().__init__(f"{call}: cuDNN error {status} ({message})")
+        self.status = status
+
+
+@lru_cache(maxsize=1)
+def _load() -> tuple[Any, Any]:
+    try:
+        import cffi
+    except ImportError as exc:  # pragma: no cover - cffi is a core dependency
+        raise DeviceError("cuDNN needs cffi (a core dependency of vmem): pip install cffi") from exc
+    ffi = cffi.FFI()
+    ffi.cdef(_HEADER.read_text())
+    path = _library_path()
+    try:
+        return ffi, ffi.dlopen(path)
+    except OSError as exc:
+        raise DeviceError(f"cannot load cuDNN from {path}: {exc}; install it with pip install 'vmem[cuda]'") from exc
+
+
+def _library_path() -> str:
+    """libcudnn.so.9 of the nvidia-cudnn-cu13 wheel (through cuda-pathfinder when it is installed)."""
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        return load_nvidia_dynamic_lib("cudnn").abs_path
+    except Exception:  # noqa: BLE001 - fall back to the wheel's folder, then the system's loader
+        pass
+    try:
+        import nvidia.cudnn  # type: ignore[import-not-found]
+
+        for base in nvidia.cudnn.__path__:
+            candidate = Path(base) / "lib" / "libcudnn.so.9"
+            if candidate.exists():
+                return str(candidate)
+    except ImportError:
+        pass
+    return "libcudnn.so.9"
+
+
+def ffi() -> Any:
+    return _load()[0]
+
+
+def lib() -> Any:
+    return _load()[1]
+
+
+def check(call: str, status: int) -> None:
+    if status != SUCCESS:
+        raise CudnnError(call, status, ffi().string(lib().cudnnGetErrorString(status)).decode())
+
+
+def version() -> int:
+    """cuDNN's version as an int (9.28.1 -> 92801)."""
+    return int(lib().cudnnGetVersion())
+
+
+def _make(kind: str) -> Any:
+    out = ffi().new(f"cudnn{kind}_t *")
+    check(f"cudnnCreate{kind}", getattr(lib(), f"cudnnCreate{kind}")(out))
+    return ffi().gc(out[0], getattr(lib(), f"cudnnDestroy{kind}"))
+
+
+class TensorDesc:
+    """A 4-D tensor descriptor: logical (N, C, H, W) stored NCHW or NHWC (vmem stores channels last)."""
+
+    def __init__(self, n: int, c: int, h: int, w: int, layout: int = NHWC, dtype: int = FLOAT):
+        self.shape = (n, c, h, w)
+        self.ptr = _make("TensorDescriptor")
+        check("cudnnSetTensor4dDescriptor", lib().cudnnSetTensor4dDescriptor(self.ptr, layout, dtype, n, c, h, w))
+
+
+class FilterDesc:
+    """A filter descriptor: K output and C input channels, kh x kw; NHWC means KRSC (vmem's layout)."""
+
+    def __init__(self, k: int, c: int, kh: int, kw: int, layout: int = NHWC, dtype: int = FLOAT):
+        self.shape = (k, c, kh, kw)
+        self.ptr = _make("FilterDescriptor")
+        # dataType comes before format here, unlike the tensor descriptor (GPU_NOTES.md)
+        check("cudnnSetFilter4dDescriptor", lib().cudnnSetFilter4dDescriptor(self.ptr, dtype, layout, k, c, kh, kw))
+
+
+class ConvDesc:
+    """A 2-D cross-correlation with FMA math (exact FP32: no TF32) unless ``math`` says otherwise."""
+
+    def __init__(self, padding: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int] = (1, 1),
+                 dtype: int = FLOAT, math: int = FMA_MATH):
+        self.ptr = _make("ConvolutionDescriptor")
+        check("cudnnSetConvolution2dDescriptor", lib().cudnnSetConvolution2dDescriptor(
+            self.ptr, padding[0], padding[1], stride[0], stride[1], dilation[0], dilation[1], CROSS_CORRELATION,
+            dtype))
+        check("cudnnSetConvolutionMathType", lib().cudnnSetConvolutionMathType(self.ptr, math))
+
+
+def conv_output_shape(x: TensorDesc, w: FilterDesc, conv: ConvDesc) -> tuple[int, int, int, int]:
+    """(N, K, Ho, Wo) as cuDNN computes it (works without a GPU)."""
+    dims = [ffi().new("int *") for _ in range(4)]
+    check("cudnnGetConvolution2dForwardOutputDim",
+          lib().cudnnGetConvolution2dForwardOutputDim(conv.ptr, x.ptr, w.ptr, *dims))
+    return tuple(int(d[0]) for d in dims)  # type: ignore[return-value]
+
+
+class Handle:
+    """A cuDNN handle bound to one stream for its whole life (cudnnSetStream queries the driver on every
+    call, so vmem makes one handle per stream and sets its stream once). Needs a GPU."""
+
+    def __init__(self, stream_ptr: int):
+        out = ffi().new("cudnnHandle_t *")
+        check("cudnnCreate", lib().cudnnCreate(out))
+        self.ptr = out[0]
+        self._lock = threading.Lock()
+        check("cudnnSetStream", lib().cudnnSetStream(self.ptr, ffi().cast("cudaStream_t", stream_ptr)))
+
+    def close(self) -> None:
+        if self.ptr is not None:
+            lib().cudnnDestroy(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:  # pragma: no cover - depends on the collector
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass

@@ -1,0 +1,213 @@
+"""The CUDA device: CuPy arrays in one device arena, non-blocking compute and memory streams, an
+exact-size pinned pool, cuDNN convolutions, the encoding kernels compiled for the GPU.
+
+``vmem.device("cuda:0", memory="8GiB")``; without ``memory=`` the capacity is the free memory the driver
+reports less ``reserve`` (default 1 GiB: the CUDA context, cuDNN's and cuBLAS's handles and workspaces,
+which vmem cannot route through its pool), as the repr says. CuPy's own temporaries are allocated from
+the pool (category ``other``) while work runs on the device's streams.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import numpy as np
+
+from ... import threads
+from ...errors import DeviceError, OutOfPinnedMemory
+from ...pool import Block, DevicePool, PinnedHostPool, PoolHook
+from ...units import format_bytes, parse_bytes
+from ..spec import DeviceSpec
+from .memory import DeviceArena, PinnedArena, PoolAllocator
+from .streams import CudaStream
+
+__all__ = ["CudaDevice"]
+
+POISON_BYTE = 0xFF
+_DEFAULT_PINNED = 64 << 20
+_D2H, _H2D = 2, 1  # cudaMemcpyKind
+
+
+class _Poison(PoolHook):
+    def __init__(self, arena: DeviceArena):
+        self.arena = arena
+
+    def on_free(self, block: Block, stream: Any) -> None:
+        self.arena.fill(block.offset, block.size, POISON_BYTE, getattr(stream, "stream", None))
+
+
+class CudaDevice:
+    """A CUDA GPU behind the Device protocol (see the module docstring). ``deterministic`` keeps cuDNN's
+    atomics-based algorithms out of the catalog, so that lossless policies stay bitwise."""
+
+    kind = "cuda"
+    holds_data = True
+
+    def __init__(self, index: int = 0, *, memory: int | str | None = None, reserve: int | str = "1GiB",
+                 pinned_memory: int | str | None = None, poison: bool = False, alignment: int = 256,
+                 deterministic: bool = True):
+        import cupy
+
+        self.index = index
+        self._cuda = cupy.cuda.Device(index)
+        self._cuda.use()
+        props = cupy.cuda.runtime.getDeviceProperties(index)
+        self.gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        self.arch = f"sm_{props['major']}{props['minor']}"
+        free, total = cupy.cuda.runtime.memGetInfo()
+        self.reserve = parse_bytes(reserve, name="reserve")
+        capacity = free - self.reserve if memory is None else parse_bytes(memory, name="memory")
+        if capacity <= 0 or capacity > free:
+            raise DeviceError(f"cuda:{index}: memory={format_bytes(capacity)} does not fit the "
+                              f"{format_bytes(free)} free of {format_bytes(total)} on {self.gpu}")
+        self.name = f"cuda:{index}"
+        self.xp = cupy
+        self.poison = bool(poison)
+        self.deterministic = bool(deterministic)
+        self.pool = DevicePool(capacity, alignment, DeviceArena, name=f"{self.name} device")
+        self.spec = DeviceSpec(name=self.name, kind="cuda", memory=self.pool.capacity, arch=self.arch)
+        if self.poison:
+            self.pool.add_hook(_Poison(self.pool.arena))
+        self.compute_stream = CudaStream("compute")
+        self.memory_stream = CudaStream("memory")
+        self._streams = {s.ptr: s for s in (self.compute_stream, self.memory_stream)}
+        self._allocator = PoolAllocator(self.pool, self.pool.arena, self._streams.get)
+        self._cupy_allocator = cupy.cuda.PythonFunctionAllocator(self._allocator.malloc, self._allocator.free)
+        for s in self._streams.values():
+            s.allocator = self._cupy_allocator
+        self._pinned: PinnedHostPool | None = None
+        self._pinned_capacity = _DEFAULT_PINNED if pinned_memory is None else parse_bytes(pinned_memory)
+        self._pinned_fixed = pinned_memory is not None
+        self._moved = {"d2h": 0, "h2d": 0}
+        self._conv: Any = None
+        self._kernels: Any = None
+        self._closed = False
+        threads.hold()
+        self._release_threads = weakref.finalize(self, threads.release)
+
+    # -- backends ----------------------------------------------------------------------------------
+    @property
+    def conv_backend(self) -> Any:
+        """cuDNN convolutions bound to this device's compute stream (made on first use)."""
+        if self._conv is None:
+            from .conv import CudnnConv
+
+            self._conv = CudnnConv(self)
+        return self._conv
+
+    @property
+    def kernels(self) -> Any:
+        """The encoding kernels compiled for this GPU (made on first use)."""
+        if self._kernels is None:
+            from .kernels import Module
+
+            self._kernels = Module(self.arch)
+        return self._kernels
+
+    def catalog(self, program: Any) -> Any:
+        """``program`` with cuDNN's convolution algorithms on this GPU and their exact workspace sizes."""
+        return self.conv_backend.catalog(program)
+
+    # -- memory ------------------------------------------------------------------------------------
+    @property
+    def pinned(self) -> PinnedHostPool:
+        if self._pinned is None:
+            self._pinned = PinnedHostPool(self._pinned_capacity, self.pool.alignment, PinnedArena,
+                                          name=f"{self.name} pinned")
+        return self._pinned
+
+    def reserve_pinned(self, nbytes: int) -> PinnedHostPool:
+        pool = self._pinned
+        if pool is not None and pool.capacity >= nbytes:
+            return pool
+        if pool is not None:
+            pool.reclaim(wait=True)
+            if pool.in_use:
+                stats = pool.stats()
+                raise OutOfPinnedMemory(nbytes, pool.capacity, stats.in_use, stats.largest_free, stats.fragmentation,
+                                        {c: s.in_use for c, s in stats.by_category.items()})
+            self._pinned = None
+        self._pinned_capacity = max(nbytes, self._pinned_capacity if self._pinned_fixed else 0)
+        return self.pinned
+
+    def view(self, block: Block, shape: Any, dtype: Any) -> Any:
+        return self.pool.view(block, shape, dtype)
+
+    def host_view(self, block: Block, shape: Any, dtype: Any) -> np.ndarray:
+        return self.pinned.view(block, shape, dtype)
+
+    def is_pinned(self, array: np.ndarray) -> bool:
+        if self._pinned is None:
+            return False
+        lo = self._pinned.arena.ptr
+        start = array.__array_interface__["data"][0]
+        return lo <= start and start + array.nbytes <= lo + self._pinned.capacity
+
+    # -- copies ------------------------------------------------------------------------------------
+    def copy_to_host(self, dst: np.ndarray, src: Any, stream: Any = None) -> None:
+        self._copy(dst, src, stream or self.memory_stream, "d2h")
+
+    def copy_to_device(self, dst: Any, src: np.ndarray, stream: Any = None) -> None:
+        self._copy(dst, src, stream or self.memory_stream, "h2d")
+
+    def _copy(self, dst: Any, src: Any, stream: CudaStream, direction: str) -> None:
+        host = dst if direction == "d2h" else src
+        if dst.nbytes != src.nbytes or not (dst.flags.c_contiguous and src.flags.c_contiguous):
+            raise ValueError(f"{direction} copy: both sides must be C-contiguous and of the same size "
+                             f"({dst.shape} {dst.dtype} <- {src.shape} {src.dtype})")
+        self._memcpy(dst, src, direction, stream.ptr)
+        if not self.is_pinned(host):  # pageable: staged by the driver; the host waits, as on the CPU device
+            stream.synchronize()
+
+    def copy_now(self, dst: Any, src: Any, direction: str) -> None:
+        """Copy on the current stream (inside work launched on a stream: that stream)."""
+        import cupy
+
+        self._memcpy(dst, src, direction, cupy.cuda.get_current_stream().ptr)
+
+    def _memcpy(self, dst: Any, src: Any, direction: str, stream_ptr: int) -> None:
+        import cupy
+
+        if direction == "d2h":
+            cupy.cuda.runtime.memcpyAsync(dst.ctypes.data, src.data.ptr, dst.nbytes, _D2H, stream_ptr)
+        else:
+            cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.ctypes.data, dst.nbytes, _H2D, stream_ptr)
+        self._moved[direction] += dst.nbytes
+
+    def link_stats(self) -> dict[str, dict[str, float]]:
+        """Bytes enqueued over the host link each way (times come from the timeline's events)."""
+        return {d: {"bytes": b, "seconds": 0.0} for d, b in self._moved.items()}
+
+    # -- lifetime ----------------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        for stream in (self.compute_stream, self.memory_stream):
+            stream.synchronize()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.synchronize()
+        finally:
+            if self._conv is not None:
+                self._conv.close()
+            for s in (self.compute_stream, self.memory_stream):
+                s.close()
+            self._release_threads()
+
+    def __enter__(self) -> "CudaDevice":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"CudaDevice({self.name}: {self.gpu} {self.arch}, memory={format_bytes(self.pool.capacity)}, "
+                f"reserve={format_bytes(self.reserve)} for the CUDA context, cuDNN and cuBLAS"
+                f"{', poison' if self.poison else ''})")

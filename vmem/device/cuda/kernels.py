@@ -1,0 +1,77 @@
+"""The encoding kernels of native/kernels.cuh built for the GPU: raw NVRTC to a cubin, loaded as a module.
+
+CuPy's RawModule appends ``-ftz=true`` after the caller's options and turns ``__fmul_rn``/``__fadd_rn`` into
+flush-to-zero instructions, so subnormal values would differ from the CPU build (GPU_NOTES.md). vmem
+therefore compiles with NVRTC itself, with :data:`OPTIONS` (no flush to zero, IEEE division and square
+root, no contraction into fused multiply-adds) for the exact architecture of the device (a cubin: a PTX
+of a newer NVRTC may not load on an older driver), and loads the cubin. :func:`compile_cubin` needs no
+GPU, so the options the device uses are checked on any machine with the NVRTC wheel.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ...errors import DeviceError
+
+__all__ = ["OPTIONS", "SOURCE", "compile_cubin", "Module"]
+
+SOURCE = Path(__file__).resolve().parents[3] / "native" / "kernels.cuh"
+#: NVRTC options of every build; ``-arch=sm_XY`` is added for the device.
+OPTIONS = ("-std=c++17", "-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=false")
+
+
+def compile_cubin(arch: str, source: str | None = None) -> bytes:
+    """Compile the kernels for ``arch`` (``"sm_90"``) with :data:`OPTIONS`; raises DeviceError with NVRTC's
+    log if they do not compile."""
+    try:
+        from cupy.cuda import nvrtc
+    except ImportError as exc:
+        raise DeviceError("compiling the GPU kernels needs CuPy's NVRTC: pip install 'vmem[cuda]'") from exc
+    src = SOURCE.read_text() if source is None else source
+    options = OPTIONS + (f"-arch={arch}",)
+    prog = nvrtc.createProgram(src, "kernels.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, options)
+        except nvrtc.NVRTCError as exc:
+            raise DeviceError(f"NVRTC could not compile {SOURCE.name} for {arch}: {exc}\n"
+                              f"{nvrtc.getProgramLog(prog)}") from exc
+        return nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+@lru_cache(maxsize=4)
+def _module(arch: str) -> Any:
+    import cupy
+
+    module = cupy.cuda.function.Module()
+    module.load(compile_cubin(arch))
+    return module
+
+
+class Module:
+    """The kernels on one GPU: ``module.launch(name, threads, *args, stream=s)`` runs kernel ``name`` with
+    one GPU thread per thread of its grid (the same grid the CPU launcher splits over cores)."""
+
+    BLOCK = 256
+
+    def __init__(self, arch: str):
+        self.arch = arch
+        self._module = _module(arch)
+        self._functions: dict[str, Any] = {}
+
+    def function(self, name: str) -> Any:
+        fn = self._functions.get(name)
+        if fn is None:
+            fn = self._functions[name] = self._module.get_function(name)
+        return fn
+
+    def launch(self, name: str, threads: int, *args: Any, stream: Any = None) -> None:
+        if threads <= 0:
+            return
+        blocks = -(-threads // self.BLOCK)
+        self.function(name)((blocks,), (self.BLOCK,), args, stream=stream)

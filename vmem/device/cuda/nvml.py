@@ -1,0 +1,71 @@
+"""NVML readings of a GPU: memory the driver sees in use, PCIe throughput and link (nvidia-ml-py).
+
+Used by ``vmem devices`` and sampled into a CUDA step's timeline. NVML's device order is not CUDA's:
+GPUs are matched by PCI bus id."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+__all__ = ["available", "reading", "gpus"]
+
+
+@lru_cache(maxsize=1)
+def _nvml() -> Any:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:  # noqa: BLE001 - no wheel, no driver: no readings
+        return None
+
+
+def available() -> bool:
+    return _nvml() is not None
+
+
+def _handle(index: int) -> Any:
+    nv = _nvml()
+    try:
+        import cupy
+
+        bus = cupy.cuda.Device(index).pci_bus_id
+        return nv.nvmlDeviceGetHandleByPciBusId(bus.encode() if isinstance(bus, str) else bus)
+    except Exception:  # noqa: BLE001 - fall back to NVML's own order
+        return nv.nvmlDeviceGetHandleByIndex(index)
+
+
+def reading(index: int = 0) -> dict[str, Any]:
+    """Memory (bytes: total, used, free) and PCIe (KB/s each way, generation, width) of CUDA GPU ``index``;
+    empty without NVML."""
+    nv = _nvml()
+    if nv is None:
+        return {}
+    h = _handle(index)
+    mem = nv.nvmlDeviceGetMemoryInfo(h)
+    out: dict[str, Any] = {"total_bytes": int(mem.total), "used_bytes": int(mem.used), "free_bytes": int(mem.free)}
+    try:
+        out["pcie_tx_kbps"] = int(nv.nvmlDeviceGetPcieThroughput(h, 0))
+        out["pcie_rx_kbps"] = int(nv.nvmlDeviceGetPcieThroughput(h, 1))
+        out["pcie_gen"] = int(nv.nvmlDeviceGetCurrPcieLinkGeneration(h))
+        out["pcie_width"] = int(nv.nvmlDeviceGetCurrPcieLinkWidth(h))
+    except Exception:  # noqa: BLE001 - some readings are not supported on every GPU or VM
+        pass
+    return out
+
+
+def gpus() -> list[dict[str, Any]]:
+    """Every GPU NVML sees: name and memory."""
+    nv = _nvml()
+    if nv is None:
+        return []
+    out = []
+    for i in range(nv.nvmlDeviceGetCount()):
+        h = nv.nvmlDeviceGetHandleByIndex(i)
+        name = nv.nvmlDeviceGetName(h)
+        mem = nv.nvmlDeviceGetMemoryInfo(h)
+        out.append({"nvml_index": i, "gpu": name.decode() if isinstance(name, bytes) else name,
+                    "total_bytes": int(mem.total), "used_bytes": int(mem.used)})
+    return out
