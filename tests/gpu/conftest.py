@@ -1,16 +1,18 @@
-"""Tests in tests/gpu/ need a CUDA GPU and CuPy; they are skipped everywhere else."""
+"""Tests in tests/gpu/ need a CUDA GPU and CuPy; they are skipped everywhere else.
+
+Run them, with the GPU benchmarks, in one command: ``bash tests/gpu/run.sh OUT`` (see that file)."""
+
+from __future__ import annotations
 
 import pytest
 
 
 def _has_gpu() -> bool:
     try:
-        import cupy
-    except Exception:
-        return False
-    try:
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
+        from vmem.device.cuda import unavailable
+
+        return unavailable() is None
+    except Exception:  # noqa: BLE001
         return False
 
 
@@ -21,3 +23,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "tests/gpu/" in str(item.fspath).replace("\\", "/"):
             item.add_marker(skip)
+
+
+@pytest.fixture
+def cuda():
+    """A CUDA device with a 512 MiB arena, closed after the test."""
+    import vmem
+
+    dev = vmem.device("cuda:0", memory="512MiB", pinned_memory="256MiB")
+    yield dev
+    dev.close()

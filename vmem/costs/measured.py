@@ -58,18 +58,43 @@ class Profiled:
 
 class _Runner:
     """Where profiled work runs: on the calling thread (the CPU, by default), or on a device's compute
-    stream, timed across a synchronize; arrays in the device's array module."""
+    stream, timed across a synchronize, with its arrays in the device's pool (a CUDA device's arena holds
+    nearly all of the GPU's memory); ``release`` returns them after each op."""
 
     def __init__(self, device: Any = None):
         self.device = device
         self.xp = np if device is None else device.xp
         self.conv = None if device is None else device.conv_backend
-
-    def array(self, host: np.ndarray) -> Any:
-        return host if self.xp is np else self.xp.asarray(host)
+        self._blocks: list[Any] = []
 
     def empty(self, shape: Any, dtype: Any) -> Any:
-        return self.xp.empty(shape, dtype)
+        if self.device is None:
+            return np.empty(shape, dtype)
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        block = self.device.pool.allocate(max(nbytes, 1), None, "other")
+        self._blocks.append(block)
+        return self.device.view(block, shape, dtype)
+
+    def array(self, host: np.ndarray) -> Any:
+        if self.device is None:
+            return host
+        out = self.empty(host.shape, host.dtype)
+        out[...] = self.xp.asarray(host)
+        return out
+
+    def room(self) -> int:
+        """Bytes a workspace may take now (unlimited on the CPU)."""
+        if self.device is None:
+            return 1 << 62
+        stats = self.device.pool.stats()
+        return max(0, stats.largest_free - (1 << 20))
+
+    def release(self) -> None:
+        if self.device is not None:
+            self.device.synchronize()
+            for block in self._blocks:
+                self.device.pool.free(block)
+        self._blocks.clear()
 
     def seconds(self, fn: Any, repeats: int) -> float:
         if self.device is None:
@@ -95,8 +120,14 @@ def _profile_op(op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: 
     grads = {k: on.empty(s.shape, dtype) for k, s in op.params.items() if s.trainable}
     aux = {k: on.array(np.zeros(a.shape, dtype if a.dtype == "float" else a.dtype)) for k, a in op.aux.items()}
     dxs = [on.empty(x.shape, x.dtype) for x in xs]
-    algos = op.algorithms or {}
-    ws_bytes = max([b for per in op.workspace.values() for b in per.values()] + [0])
+    algos = dict(op.algorithms or {})
+    room = on.room()  # algorithms whose workspace does not fit cannot run here: never the fastest
+    for pass_, names in list(algos.items()):
+        for a in names:
+            if op.workspace[pass_][a] > room:
+                times[(op.name, pass_, a)] = float("inf")
+        algos[pass_] = [a for a in names if op.workspace[pass_][a] <= room] or names[:1]
+    ws_bytes = max([op.workspace[p][a] for p, names in algos.items() for a in names] + [0])
     ws = on.empty(ws_bytes, np.uint8) if ws_bytes else None
     best = on.seconds
 
@@ -142,12 +173,18 @@ def profile(program: Program, *, copy_gbps: float | None = None, repeats: int = 
     on = _Runner(device)
     times: dict[tuple[str, str, str | None], float] = {}
     for op in program.ops:
-        _profile_op(op, rng, dtype, repeats, times, on)
-    times[("loss", "forward", None)] = _loss_seconds(program, rng, dtype, repeats, on)
-    # element-wise bandwidth (gradient accumulation, the optimizer's update) and the copy rate
-    a = on.array(np.ones(4 << 20, dtype))
-    b = on.array(np.ones(4 << 20, dtype))
-    add_seconds = on.seconds(lambda: on.xp.add(a, b, out=a), repeats)
+        try:
+            _profile_op(op, rng, dtype, repeats, times, on)
+        finally:
+            on.release()
+    try:
+        times[("loss", "forward", None)] = _loss_seconds(program, rng, dtype, repeats, on)
+        # element-wise bandwidth (gradient accumulation, the optimizer's update) and the copy rate
+        a = on.array(np.ones(4 << 20, dtype))
+        b = on.array(np.ones(4 << 20, dtype))
+        add_seconds = on.seconds(lambda: on.xp.add(a, b, out=a), repeats)
+    finally:
+        on.release()
     elementwise_gbps = 3 * a.nbytes / add_seconds / 1e9
     if copy_gbps is None:
         copy_gbps = _copy_gbps(device, repeats)
@@ -160,7 +197,7 @@ def _loss_seconds(program: Program, rng: np.random.Generator, dtype: np.dtype, r
     from ..nn.loss import SoftmaxCrossEntropy
 
     logits = on.array(rng.standard_normal(program.tensors[program.output].shape).astype(dtype))
-    labels = on.array(rng.integers(0, logits.shape[1], logits.shape[0]))
+    labels = on.array(rng.integers(0, logits.shape[1], logits.shape[0]).astype(np.int64))
     probs, dlogits = on.empty(logits.shape, dtype), on.empty(logits.shape, dtype)
     loss, xp = SoftmaxCrossEntropy(), on.xp
     return on.seconds(lambda: (loss.forward(xp, logits, labels, probs), loss.backward(xp, probs, labels, dlogits)),

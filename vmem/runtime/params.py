@@ -32,21 +32,27 @@ class DeviceParams:
             if key.kind is not Kind.WEIGHT:
                 view.fill(0)
 
+    def _host(self, view: Any) -> np.ndarray:
+        """A host copy of a device view (CuPy arrays copy to the host with ``get``)."""
+        return np.array(view) if self.device.xp is np else view.get()
+
     def upload(self, params: dict[str, np.ndarray]) -> None:
+        xp = self.device.xp
         for name, value in params.items():
-            self.views[Key(Kind.WEIGHT, name)][...] = value
+            self.views[Key(Kind.WEIGHT, name)][...] = xp.asarray(value)
 
     def download(self) -> dict[str, np.ndarray]:
-        return {k.name: np.array(v) for k, v in self.views.items() if k.kind is Kind.WEIGHT}
+        return {k.name: self._host(v) for k, v in self.views.items() if k.kind is Kind.WEIGHT}
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
         """``"layer.param:slot"`` -> a host copy of that optimizer state."""
-        return {f"{k.name}:{k.part}": np.array(v) for k, v in self.views.items() if k.kind is Kind.OPT_STATE}
+        return {f"{k.name}:{k.part}": self._host(v) for k, v in self.views.items() if k.kind is Kind.OPT_STATE}
 
     def load_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
+        xp = self.device.xp
         for name, value in state.items():
             param, _, slot = name.rpartition(":")
-            self.views[Key(Kind.OPT_STATE, param, slot)][...] = value
+            self.views[Key(Kind.OPT_STATE, param, slot)][...] = xp.asarray(value)
 
     def release(self) -> None:
         for block in self.blocks.values():

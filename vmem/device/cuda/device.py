@@ -3,8 +3,13 @@ exact-size pinned pool, cuDNN convolutions, the encoding kernels compiled for th
 
 ``vmem.device("cuda:0", memory="8GiB")``; without ``memory=`` the capacity is the free memory the driver
 reports less ``reserve`` (default 1 GiB: the CUDA context, cuDNN's and cuBLAS's handles and workspaces,
-which vmem cannot route through its pool), as the repr says. CuPy's own temporaries are allocated from
-the pool (category ``other``) while work runs on the device's streams.
+which vmem cannot route through its pool), as the repr says.
+
+CuPy's own temporaries (element-wise results such as ReLU's ``y > 0``, reductions) are not in a plan. By
+default (``temporaries="reserve"``) they come from CuPy's pool, inside the reserve, so the arena holds
+exactly what the plan predicts. ``temporaries="pool"`` routes them through the device pool (category
+``other``) while work runs on the device's streams, so that nothing escapes the accounting; the measured
+peak then exceeds the plan's by what the temporaries take.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ class CudaDevice:
 
     def __init__(self, index: int = 0, *, memory: int | str | None = None, reserve: int | str = "1GiB",
                  pinned_memory: int | str | None = None, poison: bool = False, alignment: int = 256,
-                 deterministic: bool = True):
+                 deterministic: bool = True, temporaries: str = "reserve"):
         import cupy
 
         self.index = index
@@ -72,10 +77,14 @@ class CudaDevice:
         self.compute_stream = CudaStream("compute")
         self.memory_stream = CudaStream("memory")
         self._streams = {s.ptr: s for s in (self.compute_stream, self.memory_stream)}
-        self._allocator = PoolAllocator(self.pool, self.pool.arena, self._streams.get)
-        self._cupy_allocator = cupy.cuda.PythonFunctionAllocator(self._allocator.malloc, self._allocator.free)
-        for s in self._streams.values():
-            s.allocator = self._cupy_allocator
+        if temporaries not in ("reserve", "pool"):
+            raise DeviceError(f"{self.name}: temporaries={temporaries!r}; use 'reserve' or 'pool'")
+        self.temporaries = temporaries
+        if temporaries == "pool":
+            self._allocator = PoolAllocator(self.pool, self.pool.arena, self._streams.get)
+            routed = cupy.cuda.PythonFunctionAllocator(self._allocator.malloc, self._allocator.free)
+            for stream in self._streams.values():
+                stream.allocator = routed
         self._pinned: PinnedHostPool | None = None
         self._pinned_capacity = _DEFAULT_PINNED if pinned_memory is None else parse_bytes(pinned_memory)
         self._pinned_fixed = pinned_memory is not None

@@ -1,0 +1,127 @@
+"""What of the CUDA device can be checked without a GPU: the one-line refusal, lazy imports, the cuDNN
+declarations and descriptor shapes (where the cuDNN wheel is installed), the kernels' GPU build with the
+device's exact options (where NVRTC is installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import vmem
+from vmem.errors import DeviceError
+from vmem.nn.base import physical
+
+
+def _has(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _gpu() -> bool:
+    from vmem.device.cuda import unavailable
+
+    return unavailable() is None
+
+
+def test_asking_for_cuda_without_a_gpu_says_so_in_one_line():
+    if _gpu():
+        pytest.skip("a GPU is here")
+    with pytest.raises(DeviceError) as info:
+        vmem.device("cuda:0")
+    message = str(info.value)
+    assert "\n" not in message and "cuda:0" in message and "vmem[cuda]" in message
+
+
+def test_without_cupy_the_message_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
+    with pytest.raises(DeviceError, match=r"CuPy is not installed.*vmem\[cuda\]"):
+        vmem.device("cuda:0")
+
+
+def test_a_bad_index_is_refused():
+    with pytest.raises(DeviceError, match="cuda:<index>"):
+        vmem.device("cuda:first")
+
+
+def test_the_cuda_modules_import_no_gpu_library():
+    code = ("import sys; import vmem.device.cuda.device, vmem.device.cuda.conv, vmem.device.cuda.streams, "
+            "vmem.device.cuda.memory, vmem.device.cuda.kernels, vmem.device.cuda.nvml, vmem.device.cuda.cudnn; "
+            "print(sorted(m for m in ('cupy', 'pynvml', 'cffi') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "cupy" not in out and "pynvml" not in out
+
+
+needs_cudnn = pytest.mark.skipif(not _has("nvidia.cudnn"), reason="the cuDNN wheel is not installed (vmem[cuda])")
+
+
+@needs_cudnn
+def test_the_cudnn_declarations_load_from_the_wheel():
+    from vmem.device.cuda import cudnn
+
+    assert cudnn.version() >= 90000
+    f = cudnn.ffi()
+    for kind in ("Fwd", "BwdData", "BwdFilter"):  # the perf structs as GPU_NOTES.md measured them
+        assert f.sizeof(f"cudnnConvolution{kind}AlgoPerf_t") == 48
+        assert f.offsetof(f"cudnnConvolution{kind}AlgoPerf_t", "memory") == 16
+
+
+@needs_cudnn
+@pytest.mark.parametrize("model", ["alexnet", "overfeat", "vgg16", "googlenet", "nin", "resnet50", "vgg_cifar",
+                                   "resnet_cifar", "mini_googlenet", "digits_cnn"])
+def test_cudnn_computes_every_zoo_convolutions_output_shape(model):
+    from vmem.device.cuda import cudnn
+    from vmem.device.cuda.conv import _Descs, _geometry
+
+    program = vmem.models.get(model).build(2)
+    convs = [op for op in program.ops if op.kind == "conv"]
+    assert convs
+    for op in convs:
+        d = _Descs(_geometry(op.layer, physical(op.in_shapes[0]), physical(op.out_shape)))
+        assert d.y.shape == tuple(op.out_shape), op.name
+        n, c, h, w = op.in_shapes[0]
+        assert d.x.shape == (n, c, h, w) and d.w.shape[:2] == (op.out_shape[1], c)
+
+
+@pytest.mark.skipif(not _has("cupy"), reason="CuPy's NVRTC is not installed (vmem[cuda])")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_kernels_compile_with_the_devices_exact_options(arch):
+    from vmem.device.cuda import kernels
+
+    assert "-ftz=false" in kernels.OPTIONS and "-fmad=false" in kernels.OPTIONS
+    try:
+        cubin = kernels.compile_cubin(arch)
+    except DeviceError as exc:  # NVRTC's library itself missing (no nvidia-cuda-nvrtc wheel)
+        if "libnvrtc" in str(exc) or "NVRTC" not in str(exc):
+            pytest.skip(f"NVRTC is not usable here: {exc}")
+        raise
+    assert cubin[:4] == b"\x7fELF" and len(cubin) > 10_000
+
+
+def test_the_cpu_and_sim_catalogs():
+    program = vmem.models.get("vgg_cifar").build(4)
+    with vmem.device("cpu", memory="64MiB") as cpu:
+        assert cpu.catalog(program) is program and cpu.conv_backend is None
+    sim = vmem.device("sim:titan-x").catalog(program)
+    conv = next(op for op in sim.ops if op.kind == "conv")
+    assert "implicit_gemm" in conv.algorithms["forward"] and "im2col" not in conv.algorithms["forward"]
+
+
+def test_dropout_draws_its_mask_on_the_host_for_every_device():
+    """The mask comes from the step's generator through xp.asarray: the same units on every device."""
+    from vmem import nn
+    from vmem.nn.base import Ctx
+
+    layer = nn.Dropout(0.5)
+    x = np.ones((4, 8), np.float32)
+    masks = []
+    for _ in range(2):
+        y, aux = np.empty_like(x), {"mask": np.empty((4, 8), np.uint8)}
+        layer.forward(Ctx(xp=np, aux=aux, train=True, rng=np.random.default_rng(3)), [x], y)
+        masks.append(aux["mask"].copy())
+    assert np.array_equal(*masks)

@@ -1,0 +1,112 @@
+"""Every layer forward and backward on the GPU (CuPy; convolutions through cuDNN) against the CPU device's
+NumPy, and every cuDNN convolution algorithm against a float64 reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vmem import nn
+from vmem.graph import Sequential
+from vmem.nn import Ctx, physical
+
+CASES = [
+    (lambda: nn.Conv2d(3, 8, 3, padding=1), [(4, 3, 9, 9)]),
+    (lambda: nn.Conv2d(4, 6, 3, stride=2, padding=1), [(2, 4, 11, 10)]),
+    (lambda: nn.Conv2d(4, 5, 1), [(2, 4, 6, 6)]),
+    (lambda: nn.Conv2d(3, 4, 5, stride=3, padding=2), [(2, 3, 13, 12)]),
+    (lambda: nn.Linear(24, 7), [(5, 24)]),
+    (lambda: nn.ReLU(), [(3, 4, 5, 6)]),
+    (lambda: nn.MaxPool2d(2), [(2, 3, 8, 8)]),
+    (lambda: nn.MaxPool2d(3, stride=2, padding=1), [(2, 3, 9, 9)]),
+    (lambda: nn.AvgPool2d(2), [(2, 3, 8, 8)]),
+    (lambda: nn.BatchNorm2d(3), [(4, 3, 5, 5)]),
+    (lambda: nn.Dropout(0.3), [(4, 10)]),
+    (lambda: nn.Flatten(), [(2, 3, 4, 4)]),
+    (lambda: nn.Add(), [(2, 3, 4, 4), (2, 3, 4, 4)]),
+    (lambda: nn.Concat(), [(2, 3, 4, 4), (2, 5, 4, 4)]),
+]
+
+
+def _run(layer, in_shapes, xp, conv, seed=0, algo=None, bwd_algo=None):
+    """Forward then backward with fixed random inputs; everything back on the host as float32."""
+    rng = np.random.default_rng(seed)
+    host = lambda a: a if xp is np else a.get()  # noqa: E731
+    specs = layer.param_specs(in_shapes)
+    params = {k: xp.asarray((rng.standard_normal(s.shape) * 0.5 + (1.5 if k == "running_var" else 0)).astype(np.float32))
+              for k, s in specs.items()}
+    grads = {k: xp.zeros(s.shape, np.float32) for k, s in specs.items() if s.trainable}
+    aux = {k: xp.zeros(a.shape, np.float32 if a.dtype == "float" else a.dtype)
+           for k, a in layer.aux_specs(in_shapes).items()}
+    xs = [xp.asarray(rng.standard_normal(physical(s)).astype(np.float32)) for s in in_shapes]
+    out_shape = layer.output_shape(in_shapes)
+    y = xp.zeros(physical(out_shape), np.float32)
+    ws = xp.zeros(1 << 24, np.uint8)
+    ctx = Ctx(xp=xp, params=params, grads=grads, aux=aux, train=True, rng=np.random.default_rng(1), workspace=ws,
+              algo=algo, in_shapes=tuple(physical(s) for s in in_shapes), conv=conv)
+    layer.forward(ctx, [x.copy() for x in xs], y)
+    dy = xp.asarray(rng.standard_normal(y.shape).astype(np.float32))
+    dxs = [xp.zeros(x.shape, np.float32) for x in xs]
+    ctx.algo = bwd_algo
+    layer.backward(ctx, dy, xs, y, dxs)
+    return host(y), [host(d) for d in dxs], {k: host(g) for k, g in grads.items()}
+
+
+@pytest.mark.parametrize("make,in_shapes", CASES, ids=lambda c: getattr(c, "__name__", str(c)))
+def test_layer_on_the_gpu_matches_the_cpu(cuda, make, in_shapes):
+    y, dxs, grads = _run(make(), in_shapes, np, None)
+    gy, gdxs, ggrads = _run(make(), in_shapes, cuda.xp, cuda.conv_backend)
+    np.testing.assert_allclose(gy, y, rtol=1e-4, atol=1e-5)
+    for a, b in zip(gdxs, dxs):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    for k in grads:
+        np.testing.assert_allclose(ggrads[k], grads[k], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", [(3, 8, 3, 1, 1, (4, 3, 12, 12)), (8, 16, 5, 1, 2, (2, 8, 16, 16)),
+                                  (4, 6, 3, 2, 1, (2, 4, 15, 14))], ids=["3x3", "5x5", "3x3s2"])
+def test_every_cudnn_algorithm_against_float64(cuda, case):
+    cin, cout, k, s, p, shape = case
+    def conv():
+        return nn.Conv2d(cin, cout, k, stride=s, padding=p, bias=False)
+
+    _, _, ho, wo = conv().output_shape([shape])
+    net = Sequential(conv(), nn.Flatten(), nn.Linear(cout * ho * wo, 2), input_shape=shape[1:])
+    op = next(o for o in cuda.catalog(net.build(shape[0])).ops if o.kind == "conv")
+    y64, dx64, dw64 = _reference(conv(), shape)
+    for pass_, algos in op.algorithms.items():
+        assert algos, f"no {pass_} algorithm"
+        for algo in algos:
+            if pass_ == "forward":
+                y, _, _ = _run(conv(), [shape], cuda.xp, cuda.conv_backend, algo=algo)
+                assert _rel(y, y64) < 1e-4, (pass_, algo)
+            elif pass_ == "backward_data":
+                _, dxs, _ = _run(conv(), [shape], cuda.xp, cuda.conv_backend, bwd_algo=(algo, None))
+                assert _rel(dxs[0], dx64) < 1e-4, (pass_, algo)
+            else:
+                _, _, grads = _run(conv(), [shape], cuda.xp, cuda.conv_backend, bwd_algo=(None, algo))
+                assert _rel(grads["weight"], dw64) < 1e-4, (pass_, algo)
+
+
+def _rel(a, b):
+    return float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-12))
+
+
+def _reference(layer, shape):
+    """The same inputs as _run (seed 0), in float64 with the CPU's im2col."""
+    rng = np.random.default_rng(0)
+    specs = layer.param_specs([shape])
+    params = {k: (rng.standard_normal(s.shape) * 0.5).astype(np.float32).astype(np.float64) for k, s in specs.items()}
+    grads = {k: np.zeros(s.shape) for k, s in specs.items() if s.trainable}
+    x = rng.standard_normal(physical(shape)).astype(np.float32).astype(np.float64)
+    out = physical(layer.output_shape([shape]))
+    ws = np.zeros(max(layer.workspace_bytes([shape], p, "im2col", 8) for p in
+                      ("forward", "backward_data", "backward_filter")) + 64, np.uint8)
+    ctx = Ctx(xp=np, params=params, grads=grads, train=True, workspace=ws, algo="im2col",
+              in_shapes=(physical(shape),))
+    y = np.zeros(out)
+    layer.forward(ctx, [x.copy()], y)
+    dy = rng.standard_normal(out).astype(np.float32).astype(np.float64)
+    dx = np.zeros(x.shape)
+    layer.backward(ctx, dy, [x], y, [dx])
+    return y, dx, grads["weight"]

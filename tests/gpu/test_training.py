@@ -1,0 +1,116 @@
+"""Training on the GPU: lossless policies bitwise equal to baseline, the plan's peak is the pool's,
+nothing leaks over 200 steps (pool, pinned pool, NVML's used memory), a failed step leaves the pool as it
+was."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import vmem
+from vmem.optim import SGD
+
+MODELS = {"vgg_cifar": lambda: vmem.models.get("vgg_cifar"),
+          "resnet_cifar": lambda: vmem.models.get("resnet_cifar", depth=8)}
+LOSSLESS = [("vdnn-all", {}), ("vdnn-conv", {}), ("vdnn-all:sync=event", {}), ("vdnn-all", {"poison": True}),
+            ("vdnn-conv:sync=event", {"poison": True})]
+
+
+def train(make, policy, steps=5, batch=16, **device):
+    net = make()
+    dev = vmem.device("cuda:0", memory="1GiB", pinned_memory="512MiB", **device)
+    reports = []
+    try:
+        with vmem.Trainer(net, device=dev, policy=policy, optimizer=SGD(lr=0.01, momentum=0.9), seed=0) as trainer:
+            rng = np.random.default_rng(0)
+            for _ in range(steps):
+                x = rng.standard_normal((batch,) + net.input_shape).astype(np.float32)
+                reports.append(trainer.step(x, rng.integers(0, 10, batch)))
+            plan = trainer.plans[batch]
+    finally:
+        dev.close()
+    return net.params, reports, plan
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_lossless_policies_are_bitwise_equal_to_baseline(model):
+    ref, reports, plan = train(MODELS[model], "baseline")
+    assert all(r.peak_bytes == plan.peak_bytes for r in reports)
+    for policy, device in LOSSLESS:
+        params, reports, plan = train(MODELS[model], policy, **device)
+        assert all(np.array_equal(ref[k], params[k]) for k in ref), f"{policy} {device} changed the weights"
+        assert reports[-1].offloaded_bytes == plan.offloaded_bytes > 0
+        assert reports[-1].peak_bytes == plan.peak_bytes, policy
+
+
+def test_nothing_leaks_over_200_steps():
+    from vmem.device.cuda import nvml
+
+    net = vmem.models.get("vgg_cifar", image_size=16)
+    dev = vmem.device("cuda:0", memory="512MiB", pinned_memory="256MiB")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16,) + net.input_shape).astype(np.float32)
+    y = rng.integers(0, 10, 16)
+    try:
+        with vmem.Trainer(net, device=dev, policy="vdnn-all", seed=0) as trainer:
+            for _ in range(10):
+                trainer.step(x, y)
+            in_use, pinned, used = dev.pool.in_use, dev.pinned.in_use, nvml.reading(0).get("used_bytes")
+            for _ in range(200):
+                trainer.step(x, y)
+            dev.synchronize()
+            assert dev.pool.in_use == in_use and dev.pinned.in_use == pinned == 0
+            if used is not None:
+                assert abs(nvml.reading(0)["used_bytes"] - used) <= 16 << 20
+    finally:
+        dev.close()
+
+
+def test_a_failed_step_leaves_the_pool_as_it_was():
+    net = vmem.models.get("vgg_cifar", image_size=16)
+    dev = vmem.device("cuda:0", memory="256MiB")
+    try:
+        with vmem.Trainer(net, device=dev, policy="vdnn-all", seed=0) as trainer:
+            x, y = np.zeros((8, 3, 16, 16), np.float32), np.zeros(8, int)
+            trainer.step(x, y)
+            dev.synchronize()
+            before = dev.pool.snapshot()
+            layer = net.layers[4]
+
+            def broken(*args):
+                raise RuntimeError("a layer failed")
+
+            layer.forward = broken
+            with pytest.raises(RuntimeError, match="a layer failed"):
+                trainer.step(x, y)
+            dev.pool.reclaim(wait=True)
+            assert dev.pool.snapshot() == before
+    finally:
+        dev.close()
+
+
+def test_a_plan_that_does_not_fit_is_refused_before_anything_changes():
+    from vmem.errors import OutOfDeviceMemory
+
+    net = vmem.models.get("vgg_cifar")
+    dev = vmem.device("cuda:0", memory="64MiB")
+    try:
+        with vmem.Trainer(net, device=dev, policy="baseline", seed=0) as trainer:
+            before = dev.pool.snapshot()
+            with pytest.raises(OutOfDeviceMemory):
+                trainer.step(np.zeros((256, 3, 32, 32), np.float32), np.zeros(256, int))
+            assert dev.pool.snapshot() == before
+    finally:
+        dev.close()
+
+
+def test_temporaries_can_be_routed_through_the_pool():
+    net = vmem.models.get("vgg_cifar", image_size=16)
+    dev = vmem.device("cuda:0", memory="256MiB", temporaries="pool")
+    try:
+        with vmem.Trainer(net, device=dev, seed=0) as trainer:
+            report = trainer.step(np.zeros((8, 3, 16, 16), np.float32), np.zeros(8, int))
+            assert report.peak_bytes >= trainer.plans[8].peak_bytes
+            assert dev.pool.stats().by_category["other"].peak > 0
+    finally:
+        dev.close()
