@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from .. import threads
-from ..errors import OutOfPinnedMemory
 from ..pool import Block, DevicePool, HostArena, PinnedHostPool, PoolHook
 from ..streams import CpuStream
 from ..units import format_bytes, parse_bytes
@@ -213,11 +212,7 @@ class CpuDevice:
             if pool is not None and pool.capacity >= nbytes:
                 return pool
             if pool is not None:
-                pool.reclaim(wait=True)
-                if pool.in_use:
-                    stats = pool.stats()
-                    raise OutOfPinnedMemory(nbytes, pool.capacity, stats.in_use, stats.largest_free,
-                                            stats.fragmentation, {c: s.in_use for c, s in stats.by_category.items()})
+                pool.require_idle(nbytes)
             self._pinned_capacity = max(nbytes, self._pinned_capacity if self._pinned_fixed else 0)
             self._pinned = PinnedHostPool(self._pinned_capacity, self.pool.alignment, name="cpu pinned")
             return self._pinned

@@ -372,6 +372,15 @@ class PinnedHostPool(_ArenaPool):
         """Take a buffer of ``nbytes`` (accounted to ``category``: what is offloaded into it)."""
         return self._allocate(nbytes, None, category)
 
+    def require_idle(self, nbytes: int) -> None:
+        """Before this pool is replaced by one of ``nbytes``: wait for pending returns, then raise
+        OutOfPinnedMemory (with the pool unchanged) if buffers are still taken."""
+        self.reclaim(wait=True)
+        if self.in_use:
+            stats = self.stats()
+            raise OutOfPinnedMemory(nbytes, self.capacity, stats.in_use, stats.largest_free, stats.fragmentation,
+                                    {c: s.in_use for c, s in stats.by_category.items()})
+
     def free(self, block: Block, event: Any = None) -> None:
         """Return ``block`` once ``event`` (the event after its last copy) completes; now if None."""
         if event is not None and event.query():

@@ -239,10 +239,6 @@ class Schedule:
     pinned_bytes: int = 0
     training: bool = True
 
-    def buffers(self) -> dict[Key, Buffer]:
-        """Every buffer the step allocates, by key."""
-        return {st.buffer.key: st.buffer for st in self.steps if type(st) is Alloc}
-
     @property
     def offloaded_bytes(self) -> int:
         """Bytes the step's offloads are expected to move to the host."""

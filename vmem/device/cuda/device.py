@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ... import threads
-from ...errors import DeviceError, OutOfPinnedMemory
+from ...errors import DeviceError
 from ...pool import Block, DevicePool, PinnedHostPool, PoolHook
 from ...units import format_bytes, parse_bytes
 from ..spec import DeviceSpec
@@ -131,11 +131,7 @@ class CudaDevice:
         if pool is not None and pool.capacity >= nbytes:
             return pool
         if pool is not None:
-            pool.reclaim(wait=True)
-            if pool.in_use:
-                stats = pool.stats()
-                raise OutOfPinnedMemory(nbytes, pool.capacity, stats.in_use, stats.largest_free, stats.fragmentation,
-                                        {c: s.in_use for c, s in stats.by_category.items()})
+            pool.require_idle(nbytes)
             self._pinned = None
         self._pinned_capacity = max(nbytes, self._pinned_capacity if self._pinned_fixed else 0)
         return self.pinned
