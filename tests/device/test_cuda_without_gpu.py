@@ -75,7 +75,6 @@ def test_the_cudnn_declarations_load_from_the_wheel():
 @pytest.mark.parametrize("model", ["alexnet", "overfeat", "vgg16", "googlenet", "nin", "resnet50", "vgg_cifar",
                                    "resnet_cifar", "mini_googlenet", "digits_cnn"])
 def test_cudnn_computes_every_zoo_convolutions_output_shape(model):
-    from vmem.device.cuda import cudnn
     from vmem.device.cuda.conv import _Descs, _geometry
 
     program = vmem.models.get(model).build(2)

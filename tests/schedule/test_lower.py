@@ -50,15 +50,40 @@ def test_offloads_are_resolved_and_come_back_before_they_are_read(policy):
     assert {k.name for k in offloads} == {n for n, d in plan.stash.items() if d == "offload"}
     for i, st in enumerate(steps):
         if type(st) is S.Offload:
-            assert st.sync == plan.sync and (st.codec is None) == (plan.codecs.get(st.key.name) is None)
-            prefetch = next(j for j in range(i, len(steps)) if type(steps[j]) is S.Prefetch and steps[j].key == st.key)
-            wait = next(j for j in range(prefetch, len(steps)) if type(steps[j]) is S.WaitPrefetch
-                        and steps[j].key == st.key)
-            assert i < prefetch < wait
+            assert (st.codec is None) == (plan.codecs.get(st.key.name) is None)
+            after = range(i, len(steps))
+            release = next(j for j in after if type(steps[j]) is S.Release and steps[j].key == st.key)
+            prefetch = next(j for j in after if type(steps[j]) is S.Prefetch and steps[j].key == st.key)
+            wait = next(j for j in after if type(steps[j]) is S.WaitPrefetch and steps[j].key == st.key)
+            assert i < release < prefetch < wait and steps[release].sync == plan.sync
     assert schedule.pinned_bytes == sum(-(-st.host_nbytes // 256) * 256 for st in steps if type(st) is S.Offload)
     for st in steps:
         if type(st) is S.Forward and program.ops[st.op].algorithms:
             assert st.algo == plan.algos[program.ops[st.op].name]["forward"]
+
+
+@pytest.mark.parametrize("model", ["vgg_cifar", "resnet_cifar", "mini_googlenet"])
+def test_an_offload_starts_after_the_last_write_and_overlaps_only_reads(model):
+    """The rule of vmem.schedule.layerwise: a copy starts once its buffer holds what backward reads, and
+    between the start and the release no forward writes the buffer (an in-place layer included), while
+    at least one reads it (the overlap)."""
+    program, plan, schedule = lowered(vmem.models.get(model, image_size=16), "vdnn-all")
+    owner = {op.index: program.tensors[program.tensors[op.output].buffer].name for op in program.ops}
+    reads = {op.index: {program.tensors[program.tensors[t].buffer].name for t in op.inputs} for op in program.ops}
+    steps = schedule.steps
+    overlapped = 0
+    for i, st in enumerate(steps):
+        if type(st) is not S.Offload:
+            continue
+        j = next(j for j in range(i, len(steps)) if type(steps[j]) is S.Release and steps[j].key == st.key)
+        forwards = [steps[k].op for k in range(i, j) if type(steps[k]) is S.Forward]
+        assert all(owner[o] != st.key.name for o in forwards), f"{st.key} written while it is copied"
+        assert all(st.key.name in reads[o] for o in forwards[-1:])  # released after its last reader
+        writers = [op.index for op in program.ops if owner[op.index] == st.key.name]
+        before = [steps[k].op for k in range(i) if type(steps[k]) is S.Forward]
+        assert all(w in before for w in writers), f"{st.key} copied before its last write"
+        overlapped += bool(forwards)
+    assert overlapped > 0
 
 
 def test_gist_encodes_after_the_forward_and_reads_bits_without_decoding():

@@ -8,7 +8,7 @@ import pytest
 import vmem
 from vmem.errors import OutOfDeviceMemory
 from vmem.schedule import Buffer, Key, Kind, Schedule
-from vmem.schedule.steps import Alloc, Forward, Free, Offload, Prefetch, WaitPrefetch
+from vmem.schedule.steps import Alloc, Forward, Free, Offload, Prefetch, Release, WaitPrefetch
 from vmem.schedule.replay import durations, replay
 
 KiB = 1024
@@ -35,9 +35,10 @@ def schedule(sync: str) -> Schedule:
     program = vmem.models.get("digits_cnn").build(1)
     a, b = Buffer(A, KiB, "feature_maps"), Buffer(B, 2 * KiB, "feature_maps")
     steps = [
-        Alloc(a), Forward(0),                                      # compute 0 -> 1
-        Offload(A, KiB, 2000, sync, (KiB // 4,)),                  # memory 1 -> 3
-        Alloc(b), Forward(0),                                      # compute -> 2 (event) or 3 -> 4 (layer)
+        Alloc(a), Forward(0),                                      # compute writes a: 0 -> 1
+        Offload(A, KiB, 2000, (KiB // 4,)),                        # memory copies a: 1 -> 3
+        Alloc(b), Forward(0),                                      # compute reads a: 1 -> 2
+        Release(A, sync),                                          # layer: compute waits until 3
         Alloc(a), Prefetch(A, 2000, (KiB // 4,)),                  # memory from compute's clock, 2 s
         Forward(0),                                                # compute + 1
         WaitPrefetch(A), Free(A), Free(B),
@@ -45,28 +46,29 @@ def schedule(sync: str) -> Schedule:
     return Schedule(program=program, persistent=[], steps=steps, value={}, alignment=256)
 
 
-def test_sync_layer_waits_for_each_copy():
+def test_sync_layer_waits_for_each_copy_at_the_end_of_its_last_reader():
     figures = replay(schedule("layer"), vmem.device("sim:titan-x", memory="1MiB"), Costs())
-    # compute: fwd 0-1, waits for the offload until 3 (stall 2), fwd 3-4; prefetch 4-6; fwd 4-5; wait to 6 (stall 1)
-    assert figures.step_seconds == pytest.approx(6.0)
-    assert figures.stall_seconds == pytest.approx(3.0)
+    # compute: fwd 0-1; the copy (1-3) overlaps the reader's fwd 1-2; the release waits until 3 (stall 1);
+    # prefetch 3-5; fwd 3-4; wait until 5 (stall 1)
+    assert figures.step_seconds == pytest.approx(5.0)
+    assert figures.stall_seconds == pytest.approx(2.0)
     assert figures.peak_bytes == 3 * KiB  # b and the prefetched a
     assert figures.offloaded_bytes == 2000
 
 
 def test_sync_event_never_waits_for_an_offload():
     figures = replay(schedule("event"), vmem.device("sim:titan-x", memory="1MiB"), Costs())
-    # compute: fwd 0-1, fwd 1-2; the prefetch waits for the memory stream's offload (until 3), then 3-5;
-    # fwd 2-3; wait until 5 (stall 2)
+    # compute: fwd 0-1, fwd 1-2, no wait at the release; the prefetch waits for the memory stream's offload
+    # (until 3), then 3-5; fwd 2-3; wait until 5 (stall 2)
     assert figures.step_seconds == pytest.approx(5.0)
     assert figures.stall_seconds == pytest.approx(2.0)
 
 
 def test_the_average_is_weighted_by_time_and_the_peak_is_the_pools():
     figures = replay(schedule("layer"), vmem.device("sim:titan-x", memory="1MiB"), Costs())
-    # in use while compute runs or waits: 1 KiB for 1 s and during the 2 s offload stall (a is released
-    # after its copy), 2 KiB for 1 s, 3 KiB for 1 s and during the 1 s prefetch wait
-    assert figures.average_bytes == pytest.approx((1 * KiB * 3 + 2 * KiB + 3 * KiB * 2) / 6)
+    # in use while compute runs or waits: 1 KiB for 1 s, then 3 KiB (a and b) for the reader's 1 s and the
+    # 1 s wait at the release, 3 KiB (b and the prefetched a) for 1 s and the 1 s prefetch wait
+    assert figures.average_bytes == pytest.approx((1 * KiB + 3 * KiB * 4) / 5)
     assert figures.by_category["feature_maps"]["peak"] == 3 * KiB
 
 
@@ -83,4 +85,4 @@ def test_a_schedule_beyond_the_capacity_raises():
 
 def test_durations_are_per_step_and_zero_for_memory_steps():
     sched = schedule("layer")
-    assert durations(sched, Costs()) == [0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 0]
+    assert durations(sched, Costs()) == [0, 1, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0]

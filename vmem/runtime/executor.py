@@ -25,7 +25,7 @@ from ..nn.base import Ctx, physical
 from ..optim import Optimizer
 from ..schedule import Key, Kind, Schedule
 from ..schedule.steps import (Accumulate, Alloc, Backward, CopyOut, Decode, Encode, Forward, Free, Loss, Offload,
-                              Prefetch, Update, Upload, WaitPrefetch, handlers)
+                              Prefetch, Release, Update, Upload, WaitPrefetch, handlers)
 from .params import DeviceParams
 from .timeline import Span, Timeline
 from .transfers import Transfers, timed
@@ -102,6 +102,7 @@ class Executor(Transfers):
         self._table = handlers({
             Alloc: self._alloc, Free: self._free, Upload: self._upload, Forward: self._forward, Loss: self._loss,
             Backward: self._backward, Accumulate: self._accumulate, Update: self._update, Offload: self._offload,
+            Release: self._release,
             Prefetch: self._prefetch, WaitPrefetch: self._wait_prefetch, Encode: self._encode, Decode: self._decode,
             CopyOut: self._copy_out,
         }, "executor")

@@ -1,8 +1,10 @@
 """The executor's offloads, prefetches and encodings (a mixin of :class:`~vmem.runtime.executor.Executor`).
 
-Offload copies a buffer to pinned host memory on the memory stream once compute has produced and last
-read it (through its codec if the step names one: only the encoded bytes cross the bus), then releases
-it as the step's sync mode says. Prefetch copies it back (decoding) into a newly allocated block;
+Offload copies a buffer to pinned host memory on the memory stream once compute has written it for the
+last time (through its codec if the step names one: only the encoded bytes cross the bus), while its
+readers' forward runs; Release frees it after the last of them as the step's sync mode says (the compute
+stream waits for the copy, or the block is freed on the memory stream). Prefetch copies it back (decoding)
+into a newly allocated block;
 the compute stream waits for that copy before the first backward that reads it. Encodings kept on the
 device (Gist) are made on the compute stream; those whose size depends on the data wait for the data,
 then get a block of their actual size.
@@ -18,7 +20,7 @@ import numpy as np
 from .. import codecs
 from ..codecs import transfer
 from ..schedule import Key
-from ..schedule.steps import BnRange, Decode, Encode, Offload, Prefetch, WaitPrefetch
+from ..schedule.steps import BnRange, Decode, Encode, Offload, Prefetch, Release, WaitPrefetch
 from .timeline import Span, Timeline
 
 __all__ = ["Transfers", "timed"]
@@ -90,7 +92,7 @@ class Transfers:
     def _offload(self, r: Any, st: Offload) -> None:
         dev = self.device
         cs, ms = dev.compute_stream, dev.memory_stream
-        block = r.blocks.pop(st.key)
+        block = r.blocks[st.key]  # stays allocated (read-only) until its Release
         host_block = dev.pinned.allocate(st.host_nbytes, "feature_maps")
         off = _Offloaded(host_block, dev.host_view(host_block, (host_block.nbytes,), np.uint8))
         ms.wait(cs.record())
@@ -105,11 +107,17 @@ class Transfers:
         off.done = ms.record()
         r.offloaded[st.key] = off
         r.sent.append(off)
+
+    def _release(self, r: Any, st: Release) -> None:
+        dev = self.device
+        block = r.blocks.pop(st.key)
         if st.sync == "event":
-            dev.pool.free(block, ms)  # reusable by compute only once the copy's event has completed
+            # freed in the memory stream's order, after the copy and after the readers (compute) are done
+            dev.memory_stream.wait(dev.compute_stream.record())
+            dev.pool.free(block, dev.memory_stream)
         else:
-            self._stall(r, f"sync:{st.key}", off.done)
-            dev.pool.free(block, cs)
+            self._stall(r, f"sync:{st.key}", r.offloaded[st.key].done)
+            dev.pool.free(block, dev.compute_stream)
 
     def _send(self, st: Offload, src: Any, off: _Offloaded) -> None:
         off.enc = transfer.send(self.device, st.codec, src, off.host, self._range(st.range))

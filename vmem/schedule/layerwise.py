@@ -1,7 +1,16 @@
 """Layer-wise lowering (vDNN, Gist): every buffer is allocated just before its first use and released after
 its last; stashed buffers the plan offloads leave after their last forward use and come back at the
 prefetch points the plan names; encoded ones are kept as their encoding in between (binarized ones are
-never decoded: ReLU's backward reads the bits)."""
+never decoded: ReLU's backward reads the bits).
+
+When an offload starts (vDNN's overlap). A buffer is copied to the host once it holds what backward will
+read: right after the last op that writes it (an in-place layer writes over its input, so a ReLU after a
+convolution is that last writer; the network's input, after its upload). From then on only the forward of
+its readers touches it, and they only read it, so the copy overlaps them; no forward ever writes a buffer
+while it is being copied, which is why an in-place layer never has to wait for one. At the end of the last
+reader the buffer is released (:class:`~vmem.schedule.steps.Release`): with ``sync="layer"`` the compute
+stream waits for the copy there, with ``sync="event"`` the block is freed once the copy's event completes.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +20,7 @@ from ..graph import Program
 from .gradients import gradients, needs_grad
 from .lower import (LABELS, LOSS, PROBS, _algos, _alloc, _values, codec_info, encode_steps, offload_step,
                     op_workspace, persistent_buffers, pinned_bytes, prefetch_step)
-from .steps import Alloc, Backward, Buffer, Forward, Free, Key, Kind, Loss, Schedule, Step, Update, WaitPrefetch
+from .steps import Alloc, Backward, Buffer, Forward, Free, Key, Kind, Loss, Release, Schedule, Step, Update, WaitPrefetch
 
 if TYPE_CHECKING:
     from ..policies.plan import Plan
@@ -50,6 +59,7 @@ class _Layerwise:
                 self.last_forward[self.buf[t]] = op.index
         self.last_forward[self.buf[program.output]] = len(ops)  # the loss reads the logits (their buffer may be
         # an earlier op's, written over in place by a last Flatten)
+        self.last_writer = {self.buf[op.output]: op.index for op in ops}  # buffer -> the last op writing it
         self.last_backward: dict[int, int] = {}  # buffer -> the last op (in backward order) whose backward reads it
         for op in ops:
             for b in program.backward_reads(op):
@@ -72,10 +82,16 @@ class _Layerwise:
         ws = self.workspace.get((i, pass_))
         self.steps += [Alloc(self.buffers[ws]), step, Free(ws)] if ws else [step]
 
+    def start_offload(self, b: int) -> None:
+        if b in self.offloaded:
+            self.steps.append(offload_step(self.program, b, self.value[b], self.buffers[self.value[b]].nbytes,
+                                           self.codecs.get(b)))
+
     def forward(self) -> None:
         program, value = self.program, self.value
         for key in (LABELS, LOSS, value[program.input]):
             self.alloc(key)
+        self.start_offload(self.buf[program.input])  # written by its upload
         for op in program.ops:
             out = program.tensors[op.output]
             if out.buffer == out.id:
@@ -84,12 +100,13 @@ class _Layerwise:
                 self.alloc(self.aux[(op.index, k)])
             ws = self.workspace.get((op.index, "fwd"))
             self.around_workspace(op.index, "fwd", Forward(op.index, _algos(self.plan, program, op.index)[0], ws))
+            if self.last_writer[self.buf[op.output]] == op.index:
+                self.start_offload(self.buf[op.output])
             for b in dict.fromkeys(self.buf[t] for t in op.inputs):
                 if self.last_forward[b] != op.index:
                     continue
                 if b in self.offloaded:
-                    self.steps.append(offload_step(program, b, value[b], self.buffers[value[b]].nbytes,
-                                                   self.plan.sync or "layer", self.codecs.get(b)))
+                    self.steps.append(Release(value[b], self.plan.sync or "layer"))
                 elif b in self.encoded:
                     self.alloc_encoding(b)
                     self.steps += [encode_steps(program, b, value[b], self.enc[b], self.codecs[b])[0], Free(value[b])]

@@ -228,13 +228,13 @@ def codec_info(program: Program, plan: "Plan", offloaded: set[int], encoded: set
     return out
 
 
-def offload_step(program: Program, b: int, key: Key, nbytes: int, sync: str, codec_info: Any) -> Offload:
+def offload_step(program: Program, b: int, key: Key, nbytes: int, codec_info: Any) -> Offload:
     """The Offload of buffer ``b`` (owner tensor id) under its codec, if any."""
     t = program.tensors[b]
     if codec_info is None:
-        return Offload(key, nbytes, nbytes, sync, physical(t.shape))
+        return Offload(key, nbytes, nbytes, physical(t.shape))
     codec, transfer_nbytes, _, bn = codec_info
-    return Offload(key, _transfer.host_nbytes(codec, t.shape), transfer_nbytes, sync, physical(t.shape), codec, bn)
+    return Offload(key, _transfer.host_nbytes(codec, t.shape), transfer_nbytes, physical(t.shape), codec, bn)
 
 
 def prefetch_step(program: Program, b: int, key: Key, nbytes: int, codec_info: Any) -> Prefetch:

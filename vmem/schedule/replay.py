@@ -17,7 +17,7 @@ from typing import Any
 from ..graph import Program
 from ..pool import CATEGORIES
 from .steps import (Accumulate, Alloc, Backward, CopyOut, Decode, Encode, Forward, Free, Loss, Offload, Prefetch,
-                    Schedule, Step, Update, Upload, WaitPrefetch, handlers)
+                    Release, Schedule, Step, Update, Upload, WaitPrefetch, handlers)
 
 __all__ = ["Figures", "LayerRow", "replay", "durations"]
 
@@ -90,7 +90,8 @@ def durations(schedule: Schedule, costs: Any) -> list[float]:
         Update: lambda st: costs.update_seconds(params),
         Encode: lambda st: costs.misc_seconds("encode", st.nbytes),
         Decode: lambda st: costs.misc_seconds("decode", st.nbytes),
-        Alloc: None, Free: None, Upload: None, Offload: None, Prefetch: None, WaitPrefetch: None, CopyOut: None,
+        Alloc: None, Free: None, Upload: None, Offload: None, Release: None, Prefetch: None, WaitPrefetch: None,
+        CopyOut: None,
     }, "durations")
     return [0.0 if table[type(st)] is None else table[type(st)](st) for st in schedule.steps]  # type: ignore[misc]
 
@@ -113,12 +114,14 @@ class _Replay:
         self.compute, self.memory = device.compute_stream, device.memory_stream
         self.seconds = durations(schedule, costs) if costs is not None else None
         self.blocks: dict = {}
-        self.ready: dict = {}
+        self.ready: dict = {}  # prefetched key -> its copy's event
+        self.copied: dict = {}  # offloaded key -> its copy's event
         self.weighted = {c: 0.0 for c in CATEGORIES}
         self.total_weight = self.weighted_all = self.stall = 0.0
         compute = self._compute
         self.table = handlers({
-            Alloc: self._alloc, Free: self._free, Offload: self._offload, Prefetch: self._prefetch,
+            Alloc: self._alloc, Free: self._free, Offload: self._offload, Release: self._release,
+            Prefetch: self._prefetch,
             WaitPrefetch: self._wait, Forward: compute, Backward: compute, Loss: compute, Accumulate: compute,
             Update: compute, Encode: compute, Decode: compute, Upload: None, CopyOut: None,
         }, "replay")
@@ -169,14 +172,23 @@ class _Replay:
         self.account(self.seconds[index])
 
     def _offload(self, index: int, st: Offload) -> None:
-        """Released after its copy: by compute (sync=layer, which waits for it) or by the memory stream."""
-        block = self.blocks.pop(st.key)
+        """The copy starts on the memory stream once compute has written the buffer for the last time."""
         if self.seconds is not None:
             self.memory.wait(self.compute.record())
             self.memory.run(self.costs.copy_seconds(st.transfer_nbytes, "d2h"))
-            if st.sync != "event":
-                self._stalled(self.compute.wait(self.memory.record()))
-        self.pool.free(block, self.memory if st.sync == "event" else self.compute)
+            self.copied[st.key] = self.memory.record()
+
+    def _release(self, index: int, st: Release) -> None:
+        """Freed after its copy: by compute (sync=layer, which waits for it) or by the memory stream."""
+        block = self.blocks.pop(st.key)
+        done = self.copied.pop(st.key, None)
+        if st.sync == "event":
+            self.memory.wait(self.compute.record())  # after the readers, as the executor orders it
+            self.pool.free(block, self.memory)
+            return
+        if done is not None:
+            self._stalled(self.compute.wait(done))
+        self.pool.free(block, self.compute)
 
     def _prefetch(self, index: int, st: Prefetch) -> None:
         if self.seconds is not None:

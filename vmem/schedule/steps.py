@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ..graph import Program
 
 __all__ = ["Kind", "Key", "Buffer", "BnRange", "Alloc", "Free", "Upload", "Forward", "Loss", "Backward", "Accumulate",
-           "Update", "Offload", "Prefetch", "WaitPrefetch", "Encode", "Decode", "CopyOut", "Step", "STEPS",
+           "Update", "Offload", "Release", "Prefetch", "WaitPrefetch", "Encode", "Decode", "CopyOut", "Step", "STEPS",
            "RELEASES", "Schedule", "handlers"]
 
 
@@ -139,17 +139,26 @@ class Update:
 # -- offload and encodings ---------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Offload:
-    """Copy ``key`` to pinned host memory on the memory stream (through ``codec`` if set: only the encoded
-    bytes cross), then release it: the compute stream waits for the copy (``sync="layer"``) or the block
-    is freed on the memory stream (``"event"``). ``shape``: the buffer's stored (physical) shape."""
+    """Start copying ``key`` to pinned host memory on the memory stream (through ``codec`` if set: only the
+    encoded bytes cross), once the compute stream has written it for the last time; the buffer stays
+    on the device, read-only, until its :class:`Release`. ``shape``: its stored (physical) shape."""
 
     key: Key
     host_nbytes: int  # pinned bytes it needs (the codec's worst case)
     transfer_nbytes: int  # bytes expected on the bus (the codec's size at the plan's density)
-    sync: str
     shape: tuple[int, ...]
     codec: "Codec | None" = None
     range: BnRange | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Release an offloaded buffer after its last forward reader: the compute stream first waits for its
+    copy (``sync="layer"``, vDNN's), or the block is freed on the memory stream, reusable once the copy's
+    event has completed (``"event"``)."""
+
+    key: Key
+    sync: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,13 +209,13 @@ class CopyOut:
     tensor: int
 
 
-Step = Union[Alloc, Free, Upload, Forward, Loss, Backward, Accumulate, Update, Offload, Prefetch, WaitPrefetch,
-             Encode, Decode, CopyOut]
+Step = Union[Alloc, Free, Upload, Forward, Loss, Backward, Accumulate, Update, Offload, Release, Prefetch,
+             WaitPrefetch, Encode, Decode, CopyOut]
 #: Every step kind: a consumer's handler table must cover all of them.
-STEPS: tuple[type, ...] = (Alloc, Free, Upload, Forward, Loss, Backward, Accumulate, Update, Offload, Prefetch,
-                           WaitPrefetch, Encode, Decode, CopyOut)
+STEPS: tuple[type, ...] = (Alloc, Free, Upload, Forward, Loss, Backward, Accumulate, Update, Offload, Release,
+                           Prefetch, WaitPrefetch, Encode, Decode, CopyOut)
 #: Steps that release a buffer (its block is free after them).
-RELEASES: tuple[type, ...] = (Free, Offload)
+RELEASES: tuple[type, ...] = (Free, Release)
 
 
 def handlers(table: dict[type, Callable[..., Any] | None], consumer: str) -> dict[type, Callable[..., Any] | None]:
