@@ -94,8 +94,9 @@ def workspace(g: Geometry, pass_: str, algo: str, itemsize: int = 4) -> int:
         hf = _fft_size(g.h + 2 * g.pad[0] + g.kh - 1)
         wf = _fft_size(g.w + 2 * g.pad[1] + g.kw - 1)
         return 2 * itemsize * (g.n * g.c + g.n * g.k + g.c * g.k) * hf * (wf // 2 + 1)
-    if algo == "fft_tiling":
-        tiles = math.ceil((g.h + 2 * g.pad[0]) / (32 - g.kh + 1)) * math.ceil((g.w + 2 * g.pad[1]) / (32 - g.kw + 1))
+    if algo == "fft_tiling":  # 32x32 tiles, each giving (33 - k) x (33 - k) outputs: counted over the output,
+        # as effective_flops counts them (AlexNet conv2 at 128: about 0.2 GB)
+        tiles = math.ceil(g.ho / (32 - g.kh + 1)) * math.ceil(g.wo / (32 - g.kw + 1))
         return 2 * itemsize * (g.n * (g.c + g.k) * min(tiles, 4) + g.c * g.k) * 32 * 17
     if algo == "winograd":
         return itemsize * 16 * g.c * g.k  # transformed filters

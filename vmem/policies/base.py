@@ -8,6 +8,7 @@ A policy never touches streams, pools or data. Every policy is named by a spec s
 from __future__ import annotations
 
 import dataclasses
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -86,23 +87,36 @@ class Policy(ABC):
         supplied by the planner, replays a candidate plan and returns its figures (a PlanResult: ``.fits``,
         ``.peak_bytes``, ...; only policies that search, such as vdnn-dyn, use it)."""
 
-    def choose_algos(self, program: Program, costs: Any = None, algos: str | None = None) -> dict[str, dict[str, str]]:
+    def choose_algos(self, program: Program, costs: Any = None, algos: str | None = None,
+                     capacity: int | None = None) -> dict[str, dict[str, str]]:
         """Per op with a choice of algorithms: the one per pass that ``algos`` (default: this policy's)
         asks for. ``memory``: least workspace (ties: the faster). ``performance``: the fastest by
-        ``costs`` when given, else the catalog's first."""
+        ``costs`` when given, else the catalog's first, among the algorithms whose single-layer footprint
+        (the layer's inputs, output, weights and the workspace) fits ``capacity``: what cuDNN's own search
+        on that device could return (the least-workspace algorithm if none fits)."""
         which = algos or self.algos
         chosen: dict[str, dict[str, str]] = {}
         for op in program.ops:
             if not op.algorithms:
                 continue
             per_pass = {}
+            room = None if capacity is None else capacity - layer_bytes(program, op)
             for pass_, candidates in op.algorithms.items():
                 def speed(a: str) -> float:
                     return costs.op_seconds(op, pass_, a) if costs is not None else candidates.index(a)
 
+                lean = min(candidates, key=lambda a: (op.workspace[pass_][a], speed(a)))
                 if which == "performance":
-                    per_pass[pass_] = min(candidates, key=lambda a: (speed(a), op.workspace[pass_][a]))
+                    fitting = [a for a in candidates if room is None or op.workspace[pass_][a] <= room] or [lean]
+                    per_pass[pass_] = min(fitting, key=lambda a: (speed(a), op.workspace[pass_][a]))
                 else:
-                    per_pass[pass_] = min(candidates, key=lambda a: (op.workspace[pass_][a], speed(a)))
+                    per_pass[pass_] = lean
             chosen[op.name] = per_pass
         return chosen
+
+
+def layer_bytes(program: Program, op: Any) -> int:
+    """Bytes one layer touches besides its workspace: its inputs, its output and its weights."""
+    ins = sum(program.tensors[t].nbytes for t in op.inputs)
+    weights = sum(math.prod(s.shape) for s in op.params.values()) * program.itemsize
+    return ins + program.tensors[op.output].nbytes + weights

@@ -26,7 +26,7 @@ class Baseline(Policy):
     def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
         return Plan(
             policy=self.spec, network=program.network, batch=program.batch, device=device.name,
-            capacity=device.memory, allocation="network", algos=self.choose_algos(program, costs),
+            capacity=device.memory, allocation="network", algos=self.choose_algos(program, costs, capacity=device.memory),
             stash={t.name: "keep" for t in program.tensors if t.stashed},
             reason="network-wide allocation: every feature map is kept for the whole iteration",
         )

@@ -5,11 +5,13 @@ plan through the pool (the planner's ``oracle``), never by trial training:
 
 1. ``vdnn-all`` with memory-optimal algorithms must fit; if it does not, nothing will: PlanError with the
    least memory the network needs.
-2. ``baseline`` with the fastest algorithms, if it fits.
+2. ``layerwise`` (vDNN's layer-wise allocation, nothing offloaded) with the fastest algorithms, if it fits.
 3. ``vdnn-conv``, then ``vdnn-all``, with the fastest algorithms.
 4. A greedy pass, under ``vdnn-conv`` then ``vdnn-all``: starting from the fastest algorithms, downgrade
-   convolution layers toward less workspace, largest workspace first, one layer at a time, only until
-   the plan fits.
+   the layers that overflow (those during whose pass the replayed pool holds more than the budget, less
+   room for fragmentation) toward less workspace, the pass with the most workspace first, one at a time,
+   each verified by replay, until the plan fits; where no overflowing layer has a leaner algorithm left,
+   the pass with the most workspace anywhere.
 5. ``vdnn-all`` with memory-optimal algorithms (step 1's plan).
 
 The plan records the step that chose it (``plan.step``), the configuration (``plan.chosen``) and why
@@ -58,7 +60,7 @@ class VdnnDyn(Policy):
             raise PlanError("vdnn-dyn decides by replaying candidate plans: use vmem.plan or a Trainer")
 
         def candidate(name: str, algos: str) -> Any:
-            spec = name if name == "baseline" else f"{name}:sync={self.sync}"
+            spec = name if name in ("baseline", "layerwise") else f"{name}:sync={self.sync}"
             return oracle(get(spec, algos=algos).decide(program, device, costs))
 
         budget = format_bytes(device.memory)
@@ -70,13 +72,15 @@ class VdnnDyn(Policy):
                 f"of device memory, with every feature map offloaded and memory-optimal algorithms; the device "
                 f"has {budget}. Use a smaller batch or a larger memory budget."
             )
-        best = candidate("baseline", "performance")
+        best = candidate("layerwise", "performance")
         if best.fits:
-            return self._chose(best, 2, f"baseline with the fastest algorithms fits in {budget}")
+            return self._chose(best, 2, f"layer-wise allocation with the fastest algorithms fits in {budget} "
+                                        "without offloading")
         for name in ("vdnn-conv", "vdnn-all"):
             plan = candidate(name, "performance")
             if plan.fits:
-                return self._chose(plan, 3, f"{name} with the fastest algorithms fits in {budget}; baseline does not")
+                return self._chose(plan, 3, f"{name} with the fastest algorithms fits in {budget}; layer-wise "
+                                            "allocation without offloading does not")
         for name in ("vdnn-conv", "vdnn-all"):
             plan = self._greedy(program, device, costs, oracle, name)
             if plan is not None:
@@ -104,37 +108,42 @@ class VdnnDyn(Policy):
         return self.choose_algos(program, costs, algos="performance")
 
     def _greedy(self, program: Program, device: DeviceSpec, costs: Any, oracle: Any, name: str) -> Any:
-        """Downgrade the layer pass holding the most workspace, one at a time, until the plan fits; the
-        fitting candidate's figures (a PlanResult), or None."""
+        """Downgrade the overflowing layers' passes, one at a time, until the plan fits; the fitting
+        candidate's figures (a PlanResult), or None."""
         base = get(f"{name}:sync={self.sync}", algos="performance").decide(program, device, costs)
         algos = {op: dict(per) for op, per in base.algos.items()}
         ops = {op.name: op for op in program.ops if op.algorithms}
+        limit = device.memory - max(1 << 20, device.memory // 64)  # room for fragmentation
 
         def speed(op: Any, pass_: str, a: str) -> float:
             return costs.op_seconds(op, pass_, a) if costs is not None else op.algorithms[pass_].index(a)
 
-        trials = 0
-        while trials < self.max_trials:
-            # the layer pass holding the most workspace that still has a leaner algorithm
-            options = []
-            for op_name, per in algos.items():
+        def downgrades(names: Any) -> list[tuple[int, str, str, str]]:
+            """(workspace, op, pass, the fastest leaner algorithm) of every pass that has a leaner one."""
+            out = []
+            for op_name in names:
                 op = ops[op_name]
                 for pass_ in PASSES:
-                    ws = op.workspace[pass_][per[pass_]]
+                    ws = op.workspace[pass_][algos[op_name][pass_]]
                     leaner = [a for a in op.algorithms[pass_] if op.workspace[pass_][a] < ws]
                     if leaner:
-                        options.append((ws, op_name, pass_, min(leaner, key=lambda a: (speed(op, pass_, a),
-                                                                                       op.workspace[pass_][a]))))
+                        out.append((ws, op_name, pass_, min(leaner, key=lambda a: (speed(op, pass_, a),
+                                                                                   op.workspace[pass_][a]))))
+            return out
+
+        result = oracle(base)
+        for _ in range(self.max_trials):
+            if result.fits:
+                return result
+            over = [n for n, peak in result.layer_peaks.items() if n in ops and peak > limit]
+            options = downgrades(over) or downgrades(ops)
             if not options:
                 return None
             _, op_name, pass_, algo = max(options)
             algos[op_name][pass_] = algo
             base = replace(base, algos={op: dict(per) for op, per in algos.items()})
-            trials += 1
-            plan = oracle(base)
-            if plan.fits:
-                return plan
-        return None
+            result = oracle(base)
+        return result if result.fits else None
 
     def _chose(self, candidate: Any, step: int, reason: str) -> Plan:
         chosen = candidate.plan.policy

@@ -115,7 +115,7 @@ class Gist(Policy):
         summary = ", ".join(f"{n} {spec}" for spec, n in sorted(counts.items())) or "nothing"
         return Plan(
             policy=self.spec, network=program.network, batch=program.batch, device=device.name,
-            capacity=device.memory, allocation="layer", algos=self.choose_algos(program, costs), stash=stash,
+            capacity=device.memory, allocation="layer", algos=self.choose_algos(program, costs, capacity=device.memory), stash=stash,
             codecs=chosen, density=self.density, ranges=batchnorm_ranges(program, chosen, self.bn_sigmas),
             reason=f"layer-wise allocation; gist: encode {summary} of {len(stash)} stashed buffers on the device",
         )

@@ -106,7 +106,7 @@ class _Vdnn(Policy):
                   if self.codec else {})
         return Plan(
             policy=self.spec, network=program.network, batch=program.batch, device=device.name,
-            capacity=device.memory, allocation="layer", algos=self.choose_algos(program, costs),
+            capacity=device.memory, allocation="layer", algos=self.choose_algos(program, costs, capacity=device.memory),
             stash={program.tensors[b].name: ("offload" if b in offloaded else "keep") for b in sorted(stashed)},
             prefetch=prefetch_points(program, offloaded), sync=self.sync, density=self.density,
             codecs=chosen, ranges=batchnorm_ranges(program, chosen, self.bn_sigmas),

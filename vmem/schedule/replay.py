@@ -60,6 +60,8 @@ class Figures:
     update_seconds: float | None = None  # the optimizer's share of step_seconds
     baseline_step_seconds: float | None = None  # baseline with the fastest algorithms (the oracle)
     layers: tuple[LayerRow, ...] = field(default=(), repr=False)
+    #: per layer, the most pool bytes in use while its forward or backward ran (where a plan overflows)
+    layer_peaks: dict[str, int] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -117,6 +119,7 @@ class _Replay:
         self.ready: dict = {}  # prefetched key -> its copy's event
         self.copied: dict = {}  # offloaded key -> its copy's event
         self.weighted = {c: 0.0 for c in CATEGORIES}
+        self.layer_peaks: dict[str, int] = {}
         self.total_weight = self.weighted_all = self.stall = 0.0
         compute = self._compute
         self.table = handlers({
@@ -146,6 +149,7 @@ class _Replay:
             stall_seconds=self.stall if timed else None,
             update_seconds=sum(self.seconds[i] for i, st in enumerate(self.schedule.steps)  # type: ignore[index]
                                if type(st) is Update) if timed else None,
+            layer_peaks=self.layer_peaks,
         )
 
     def account(self, weight: float) -> None:
@@ -165,6 +169,9 @@ class _Replay:
         self.pool.free(self.blocks.pop(st.key), self.compute)
 
     def _compute(self, index: int, st: Step) -> None:
+        if type(st) is Forward or type(st) is Backward:
+            name = self.schedule.program.ops[st.op].name
+            self.layer_peaks[name] = max(self.layer_peaks.get(name, 0), self.pool.in_use)
         if self.seconds is None:
             self.account(_flops_weight(self.schedule.program, st))
             return

@@ -1,0 +1,35 @@
+"""``layerwise``: vDNN's layer-wise allocation with nothing offloaded (MXNet's static planner).
+
+Every buffer is allocated just before its first use and released after its last; stashed feature maps
+stay on the device until backward. It is vdnn-dyn's second step (the fastest algorithms without
+offload) and the memory baseline that recomputation is measured against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..device.spec import DeviceSpec
+from ..graph import Program
+from .base import Policy, register
+from .plan import Plan
+
+__all__ = ["Layerwise"]
+
+
+@register
+@dataclass(frozen=True)
+class Layerwise(Policy):
+    """``layerwise[:algos=memory|performance]``."""
+
+    name = "layerwise"
+
+    def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
+        stashed = program.stashed_buffers()
+        return Plan(
+            policy=self.spec, network=program.network, batch=program.batch, device=device.name,
+            capacity=device.memory, allocation="layer", algos=self.choose_algos(program, costs, capacity=device.memory),
+            stash={program.tensors[b].name: "keep" for b in sorted(stashed)},
+            reason=f"layer-wise allocation; nothing offloaded ({len(stashed)} stashed buffers kept)",
+        )
