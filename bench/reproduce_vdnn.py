@@ -7,7 +7,17 @@ at batch 32: peak, time-weighted average and offloaded memory, and step time rel
 with the fastest algorithms (an oracle where it does not fit), for baseline, vdnn-all and vdnn-conv
 (each memory- and performance-optimal) and vdnn-dyn. Configurations that do not fit in 12 GB are marked.
 
+Then vDNN's own figures side by side with vmem's, in the paper's accounting (a view of the same plan: the
+weights, every feature map, one dX and one dY sized to the largest, one workspace sized to the largest;
+no weight gradients, optimizer state or argmax maps), next to vmem's full accounting: baseline(p) peaks
+(performance-optimal: the fastest algorithms a 12 GB card can run), the average activation-memory
+reduction of vdnn-all(m) against baseline(p) (weights excluded), and what vdnn-dyn chose for VGG-16(256)
+and why, with its throughput against the oracle (baseline with the fastest algorithms, memory unlimited).
+
 Targets (issue 5): each calibration model within 25% of its published time; the table in under 60 s.
+Issue 13: baseline(p) in the paper's accounting within 10% of the published 28 / 15 / 4.9 GB (VGG-16 at
+256 / 128 / 32) and 1.1 GB (AlexNet at 128); reductions within 5 points of 89 / 91 / 95% (AlexNet,
+OverFeat, GoogLeNet at 128); VGG-16(256) under vdnn-dyn fits 12 GiB at >= 82% of the oracle's throughput.
 
     python bench/reproduce_vdnn.py [--device sim:titan-x] [--json]
 """
@@ -25,6 +35,7 @@ from _report import emit, table, verdict  # noqa: E402
 
 import vmem  # noqa: E402
 from vmem.errors import PlanError  # noqa: E402
+from vmem.report import paper_accounting  # noqa: E402
 
 PUBLISHED = {"alexnet": (128, 0.081), "overfeat": (128, 0.268), "vgg_a": (64, 0.529), "googlenet": (128, 0.470)}
 CONFIGS = ([(m, b) for m in ("alexnet", "overfeat", "googlenet", "vgg16") for b in (64, 128, 256)]
@@ -32,6 +43,62 @@ CONFIGS = ([(m, b) for m in ("alexnet", "overfeat", "googlenet", "vgg16") for b 
 POLICIES = ["baseline:algos=memory", "baseline:algos=performance", "vdnn-all:algos=memory",
             "vdnn-all:algos=performance", "vdnn-conv:algos=memory", "vdnn-conv:algos=performance", "vdnn-dyn"]
 GiB = 2**30
+PAPER_PEAKS = {("vgg16", 256): 28e9, ("vgg16", 128): 15e9, ("vgg16", 32): 4.9e9, ("alexnet", 128): 1.1e9,
+               ("vgg416", 32): 67.1e9}
+PAPER_REDUCTIONS = {"alexnet": 0.89, "overfeat": 0.91, "googlenet": 0.95}
+ACTIVATIONS = ("feature_maps", "gradient_maps", "workspace", "encoded")
+
+
+def paper_section(device: str) -> tuple[dict, list]:
+    """vDNN's published figures against vmem's plans, in the paper's accounting and in vmem's."""
+    out: dict = {"peaks": {}, "reductions": {}}
+    targets, rows = [], []
+    for (model, batch), published in PAPER_PEAKS.items():
+        net = vmem.models.get(model)
+        plan = vmem.plan(net, batch, device, "baseline:algos=performance")
+        view = paper_accounting(net.build(batch), plan)
+        out["peaks"][f"{model}({batch})"] = {"paper_view": view, "published": published, "full": plan.peak_bytes}
+        rows.append((f"{model}({batch})", published / 1e9, view["total"] / 1e9, view["total"] / published,
+                     view["feature_maps"] / 1e9, plan.peak_bytes / 1e9))
+        if model != "vgg416":
+            targets.append(verdict(f"{model}({batch}) baseline(p), paper's accounting / published",
+                                   abs(view["total"] / published - 1), 0.10, at_least=False))
+    print(f"\nbaseline(p) on {device} in the paper's accounting (GB), next to vmem's full accounting")
+    print(table(["network", "published", "paper view", "ratio", "feature maps alone", "vmem full peak"], rows))
+    v416 = out["peaks"]["vgg416(32)"]["paper_view"]
+    floor = v416["feature_maps"] + v416["weights"] + v416["gradient_maps"]
+    note = "below" if floor > PAPER_PEAKS[("vgg416", 32)] else "above"
+    print(f"VGG-416(32): its feature maps take {v416['feature_maps'] / 1e9:.1f} GB, its weights "
+          f"{v416['weights'] / 1e9:.2f} GB and one dX and one dY {v416['gradient_maps'] / 1e9:.2f} GB: the paper's "
+          f"own accounting with no workspace at all comes to {floor / 1e9:.1f} GB, and the published 67.1 GB is "
+          f"{note} that floor (the paper's VGG-416 must differ from VGG-16 plus 20 convolutions per group in a "
+          "detail it does not give).")
+    out["vgg416_floor"] = floor
+    rows = []
+    for model, published in PAPER_REDUCTIONS.items():
+        net = vmem.models.get(model)
+        base = paper_accounting(net.build(128), vmem.plan(net, 128, device, "baseline:algos=performance"))
+        plan = vmem.plan(net, 128, device, "vdnn-all:algos=memory")
+        average = sum(plan.by_category.get(c, {}).get("average", 0.0) for c in ACTIVATIONS)
+        reduction = 1 - average / base["activations"]
+        out["reductions"][model] = {"reduction": reduction, "published": published}
+        rows.append((f"{model}(128)", published * 100, reduction * 100))
+        targets.append(verdict(f"{model}(128) activation reduction, points from published",
+                               abs(reduction - published) * 100, 5, at_least=False))
+    print("\naverage activation memory (weights excluded) of vdnn-all(m) against baseline(p), reduction in %")
+    print(table(["network", "published", "vmem"], rows))
+    net = vmem.models.get("vgg16")
+    dyn = vmem.plan(net, 256, device, "vdnn-dyn")
+    throughput = dyn.baseline_step_seconds / dyn.step_seconds
+    print(f"\nVGG-16(256) under vdnn-dyn: {dyn.reason}; peak {dyn.peak_bytes / GiB:.2f} GiB, step "
+          f"{dyn.step_seconds:.3f} s ({dyn.stall_seconds:.3f} s stalled), oracle {dyn.baseline_step_seconds:.3f} s: "
+          f"{throughput:.1%} of the oracle's throughput (paper: 82%)")
+    out["vgg16_256_dyn"] = {"chosen": dyn.chosen, "step": dyn.step, "reason": dyn.reason, "fits": dyn.fits,
+                            "peak_bytes": dyn.peak_bytes, "throughput": throughput}
+    targets.append(verdict("VGG-16(256) vdnn-dyn fits 12 GiB (1 = yes)", float(dyn.fits and dyn.peak_bytes <= 12 * GiB),
+                           1.0))
+    targets.append(verdict("VGG-16(256) vdnn-dyn throughput / oracle", throughput, 0.82))
+    return out, targets
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     print(table(["model", "batch", "policy", "peak", "average", "offloaded", "time x", "fits"], rows))
     print(f"\n{len(results)} plans in {seconds:.1f} s")
     targets.append(verdict("seconds for the whole table", seconds, 60, at_least=False))
+    paper, paper_targets = paper_section(args.device)
+    targets += paper_targets
     return emit({"bench": "reproduce_vdnn", "device": args.device, "calibration": calibration, "results": results,
-                 "seconds": seconds, "targets": targets}, args.json)
+                 "seconds": seconds, "paper": paper, "targets": targets}, args.json)
 
 
 if __name__ == "__main__":

@@ -41,3 +41,18 @@ def layer_table(plan: Any, timeline: Timeline | None = None) -> str:
     cats = ", ".join(f"{k} {format_bytes(v['peak'])}" for k, v in plan.by_category.items() if v.get("peak"))
     lines.append(f"peak by category: {cats}")
     return "\n".join(lines)
+
+
+def paper_accounting(program: Any, result: Any) -> dict[str, int]:
+    """vDNN's accounting of a planned step (Rhu et al., 2016), a view of the same plan for comparing with
+    the paper's figures: the weights, every feature map (in-place layers share theirs), one dX and one dY
+    sized to the largest feature map, and one workspace sized to the largest need under the plan's
+    algorithms; no weight gradients, optimizer state or saved state such as argmax maps."""
+    feature_maps = sum(t.nbytes for t in program.buffers())
+    largest = max(t.nbytes for t in program.tensors)
+    workspace = max((row.workspace for row in result.layers), default=0)
+    out = {"weights": program.param_bytes, "feature_maps": feature_maps, "gradient_maps": 2 * largest,
+           "workspace": workspace}
+    out["activations"] = feature_maps + 2 * largest + workspace
+    out["total"] = out["activations"] + program.param_bytes
+    return out
