@@ -268,7 +268,7 @@ def _common(p: argparse.ArgumentParser, model_default: str | None) -> None:
     p.add_argument("--device", default="cpu", help="device name: cpu (default) or sim:<gpu> (see vmem devices)")
     p.add_argument("--memory", default=None, help="device memory, e.g. 256MiB or 12GB (default 1GiB)")
     p.add_argument("--policy", default="baseline",
-                   help="policy spec: baseline, vdnn-all, vdnn-conv, vdnn-dyn, gist, with :key=value options")
+                   help="policy spec: baseline, layerwise, vdnn-all, vdnn-conv, vdnn-dyn, gist, with :key=value options")
     p.add_argument("--algos", choices=("memory", "performance"), help="convolution algorithms (adds algos= to --policy)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
