@@ -246,14 +246,22 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_devices(args: argparse.Namespace) -> int:
     from .device import specs as gpu_specs
+    from .device.cuda import nvml
 
     rows = [{"name": "cpu", "kind": "cpu"}]
-    rows += [{"name": f"sim:{n}", "kind": "sim", **gpu_specs.get(n).to_dict()} for n in gpu_specs.names()]
+    for i, gpu in enumerate(nvml.gpus()):  # through NVML alone: listing GPUs imports no CuPy
+        rows.append({"name": f"cuda:{i}", "kind": "cuda", **gpu, **nvml.reading(i)})
+    rows += [{**gpu_specs.get(n).to_dict(), "name": f"sim:{n}", "kind": "sim"} for n in gpu_specs.names()]
     if args.json:
         print(json.dumps(rows, indent=2))
-    else:
-        print("cpu  (the default: real numerics; memory= sets its capacity, pcie_gbps= throttles copies)")
-        for r in rows[1:]:
+        return 0
+    print("cpu  (the default: real numerics; memory= sets its capacity, pcie_gbps= throttles copies)")
+    for r in rows[1:]:
+        if r["kind"] == "cuda":
+            link = f", PCIe gen {r['pcie_gen']} x{r['pcie_width']}" if "pcie_gen" in r else ""
+            print(f"{r['name']:<16} {format_bytes(r['total_bytes']):>11}  {r['gpu']}: "
+                  f"{format_bytes(r['used_bytes'])} in use{link}")
+        else:
             print(f"{r['name']:<16} {format_bytes(r['memory']):>11}  {r['fp32_tflops']:5.1f} TFLOP/s  "
                   f"{r['memory_gbps']:6.0f} GB/s  host link {r['h2d_gbps']:g} GB/s  (simulated: plans only)")
     return 0
