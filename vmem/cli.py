@@ -14,6 +14,50 @@ from .units import format_bytes
 __all__ = ["main"]
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 0")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _nonnegative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return value
+
+
+def _writable(path: str) -> None:
+    """Refuse a checkpoint path that cannot be written, before any training."""
+    from pathlib import Path
+
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise ValueError(f"--save {path}: is a folder; give a file name such as {target / 'ckpt.npz'}")
+    if not parent.is_dir():
+        raise ValueError(f"--save {path}: the folder {parent} does not exist")
+    import os
+
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"--save {path}: the folder {parent} is not writable")
+
+
 def _policy_spec(args: argparse.Namespace) -> str:
     spec = args.policy
     if getattr(args, "algos", None):
@@ -38,6 +82,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from . import data, optim
     from .training import Trainer
 
+    if args.save:
+        _writable(args.save)
     net = _model(args)
     train, val = data.load(args.dataset, input_shape=net.input_shape, seed=args.seed)
     if train.num_classes != net.output_shape()[1]:
@@ -52,10 +98,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"training {net.name} on {args.dataset} ({len(train)} train / {len(val)} val), batch {args.batch}, "
                   f"policy {trainer.policy.spec}, device {trainer.device!r}", flush=True)
-        history = trainer.fit(train, epochs=args.epochs, val=val, batch_size=args.batch,
-                              progress=not args.json)
-        if args.save:
-            trainer.save(args.save)
+        from .training import Checkpoint
+
+        try:
+            history = trainer.fit(train, epochs=args.epochs, val=val, batch_size=args.batch, progress=not args.json,
+                                  callbacks=[Checkpoint(args.save)] if args.save else [])
+        except KeyboardInterrupt:
+            if args.save:  # what the interrupted epoch did so far, on top of the last whole epoch
+                trainer.save(args.save)
+            raise
     wall = time.perf_counter() - t0
     last = history.last
     result = {
@@ -271,8 +322,8 @@ def _common(p: argparse.ArgumentParser, model_default: str | None) -> None:
     """Options every command that builds a model takes."""
     p.add_argument("--model", default=model_default, required=model_default is None,
                    help="zoo model name (see `vmem models`)" + (f"; default {model_default}" if model_default else ""))
-    p.add_argument("--image-size", type=int, help="input height and width (default: the model's)")
-    p.add_argument("--depth", type=int, help="depth, for resnet_cifar")
+    p.add_argument("--image-size", type=_positive_int, help="input height and width (default: the model's)")
+    p.add_argument("--depth", type=_positive_int, help="depth, for resnet_cifar")
     p.add_argument("--device", default="cpu", help="device name: cpu (default) or sim:<gpu> (see vmem devices)")
     p.add_argument("--memory", default=None, help="device memory, e.g. 256MiB or 12GB (default 1GiB)")
     p.add_argument("--policy", default="baseline",
@@ -286,14 +337,15 @@ def _add_train(sub: Any) -> None:
     p = sub.add_parser("train", help="train a model on a dataset", description="Train a zoo model with vmem.Trainer.")
     _common(p, "digits_cnn")
     p.add_argument("--dataset", default="digits", choices=("digits", "synthetic"), help="default digits")
-    p.add_argument("--batch", type=int, default=32, help="batch size (default 32)")
-    p.add_argument("--epochs", type=int, default=10, help="epochs (default 10)")
+    p.add_argument("--batch", type=_positive_int, default=32, help="batch size (default 32)")
+    p.add_argument("--epochs", type=_positive_int, default=10, help="epochs (default 10)")
     p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
-    p.add_argument("--lr", type=float, default=0.05, help="learning rate (default 0.05)")
-    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
-    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--lr", type=_positive_float, default=0.05, help="learning rate (default 0.05)")
+    p.add_argument("--momentum", type=_nonnegative_float, default=0.9, help="SGD momentum (default 0.9)")
+    p.add_argument("--weight-decay", type=_nonnegative_float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--save", metavar="PATH", help="write a checkpoint (.npz) at the end")
+    p.add_argument("--save", metavar="PATH", help="write a checkpoint (.npz) after every epoch (checked before "
+                   "training starts); on Ctrl-C, what was trained so far")
     p.set_defaults(func=cmd_train)
 
 
@@ -301,7 +353,7 @@ def _add_plan(sub: Any) -> None:
     p = sub.add_parser("plan", help="plan a training step without running it",
                        description="Replay one step's allocations under a policy and print the plan.")
     _common(p, None)
-    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--batch", type=_positive_int, required=True)
     p.add_argument("--profile", action="store_true",
                    help="on the CPU device: measure every layer first, so the plan predicts time (vdnn-dyn needs it)")
     p.set_defaults(func=cmd_plan)
@@ -313,8 +365,8 @@ def _add_trace(sub: Any) -> None:
                        "Perfetto or chrome://tracing), memory.png and layers.txt, into --out.")
     _common(p, "vgg_cifar")
     p.add_argument("--dataset", default="synthetic", choices=("digits", "synthetic"))
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--steps", type=int, default=3, help="steps to run; the last is written (default 3)")
+    p.add_argument("--batch", type=_positive_int, default=64)
+    p.add_argument("--steps", type=_positive_int, default=3, help="steps to run; the last is written (default 3)")
     p.add_argument("--pcie-gbps", type=float, help="throttle host-device copies to this many GB/s")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="vmem-trace", help="output folder (default vmem-trace)")
@@ -331,7 +383,7 @@ def _add_bench(sub: Any) -> None:
     p.add_argument("--memory", default=None, help="device memory (default 1GiB)")
     p.add_argument("--pcie-gbps", type=float, help="throttle the CPU device's link to this many GB/s")
     p.add_argument("--sizes", help="comma-separated sizes (default 64KiB to 256MiB)")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=_positive_int, default=3)
     p.add_argument("--codec", help="transfer through this codec (zvc, ssdc, fp16, fp8, ...; see vmem.codecs)")
     p.add_argument("--density", default="0.1,0.3,0.5,0.7,0.9",
                    help="with --codec: fractions of nonzeros, comma-separated (default 0.1,...,0.9)")
@@ -374,8 +426,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `vmem models | head`
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:  # the devices are closed by the context managers on the way out
+        print(f"vmem {args.command}: interrupted" + (f"; the checkpoint is in {args.save}"
+                                                     if getattr(args, "save", None) else ""), file=sys.stderr)
+        return 130
     except (ValueError, MemoryError, ImportError, VmemError) as exc:  # user errors: one clear line
-        print(f"vmem {args.command}: error: {exc}", file=sys.stderr)
+        if getattr(args, "json", False):
+            print(json.dumps({"command": args.command, "error": str(exc), "type": type(exc).__name__}))
+        else:
+            print(f"vmem {args.command}: error: {exc}", file=sys.stderr)
         return 1
 
 

@@ -50,7 +50,13 @@ def write(path: str | os.PathLike, params: dict[str, np.ndarray], optimizer_stat
 
 def _load(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     try:
-        with np.load(path, allow_pickle=False) as f:
+        archive = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        raise CheckpointError(f"{path}: cannot read the checkpoint ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise CheckpointError(f"{path}: not a vmem checkpoint (a single array, not an .npz archive)")
+    try:
+        with archive as f:
             data = {k: f[k] for k in f.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
         raise CheckpointError(f"{path}: cannot read the checkpoint ({type(exc).__name__}: {exc})") from exc
@@ -58,14 +64,31 @@ def _load(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any
         meta = json.loads(str(data.pop("meta")))
     except (KeyError, ValueError) as exc:
         raise CheckpointError(f"{path}: not a vmem checkpoint (no readable metadata)") from exc
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise CheckpointError(f"{path}: not a vmem checkpoint of version {VERSION}")
     return data, meta
 
 
+def _check_arrays(path: str | os.PathLike, kind: str, arrays: dict[str, np.ndarray]) -> None:
+    """Every array floating point and finite (a NaN or an infinity would train on silently)."""
+    for key, a in arrays.items():
+        if a.dtype.kind != "f":
+            raise CheckpointError(f"{path}: entry '{kind}/{key}' has dtype {a.dtype}, expected floating point")
+        if not np.isfinite(a).all():
+            raise CheckpointError(f"{path}: entry '{kind}/{key}' holds NaN or infinite values")
+
+
+def _steps(path: str | os.PathLike, meta: dict[str, Any]) -> int:
+    steps = meta.get("steps")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise CheckpointError(f"{path}: entry 'meta.steps' is {steps!r}, expected the number of steps done")
+    return steps
+
+
 def read(path: str | os.PathLike, network: str, optimizer: Any, specs: dict[str, Any]) -> Checkpoint:
-    """Read ``path`` and check it against the network's name and parameter ``specs`` and the optimizer.
-    The parameters' names, shapes and dtypes are checked by the network when they are loaded."""
+    """Read ``path`` and check every entry against the network's name and parameter ``specs`` and the
+    optimizer: keys, shapes, dtypes, finiteness, the step count, the random state. Raises CheckpointError
+    naming the file and the entry; the parameters' names and shapes are checked again by the network."""
     data, meta = _load(path)
     if meta.get("network") != network:
         raise CheckpointError(f"{path}: the checkpoint is of network {meta.get('network')!r}, not {network!r}")
@@ -83,9 +106,12 @@ def read(path: str | os.PathLike, network: str, optimizer: Any, specs: dict[str,
         if opt_state[key].shape != tuple(shape):
             raise CheckpointError(f"{path}: optimizer state {key} has shape {opt_state[key].shape}, "
                                   f"expected {tuple(shape)}")
+    _check_arrays(path, "param", params)
+    _check_arrays(path, "opt", opt_state)
+    steps = _steps(path, meta)
     rng = np.random.default_rng()
     try:
         rng.bit_generator.state = meta["rng"]
     except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{path}: the random state is unreadable") from exc
-    return Checkpoint(params, opt_state, meta.get("steps"), rng)  # type: ignore[arg-type]
+        raise CheckpointError(f"{path}: entry 'meta.rng' (the random state) is unreadable") from exc
+    return Checkpoint(params, opt_state, steps, rng)

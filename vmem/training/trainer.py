@@ -124,6 +124,7 @@ class Trainer:
 
     def plan(self, batch: int) -> PlanResult:
         """The plan of a training step at ``batch`` (figures included), as ``vmem.plan`` gives it."""
+        self._check_open()
         self._executor(batch, True, check=False)
         return self.plans[batch]
 
@@ -180,12 +181,24 @@ class Trainer:
                                  stats.fragmentation, {k: int(v["peak"]) for k, v in plan.by_category.items()},
                                  remedy=remedy)
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self.net.name}: this Trainer is closed (its device memory is released); "
+                               "make a new one")
+
     def _check_input(self, x: np.ndarray, y: np.ndarray | None) -> None:
+        self._check_open()
         if tuple(x.shape[1:]) != tuple(self.input_shape):  # type: ignore[arg-type]
             raise ShapeError(f"{self.net.name}: input batch has shape {tuple(x.shape)}, the network takes "
                              f"(N, {', '.join(map(str, self.input_shape))})")  # type: ignore[arg-type]
         if y is not None and len(y) != len(x):
             raise ShapeError(f"{self.net.name}: {len(x)} inputs but {len(y)} labels")
+        if y is not None and len(y):
+            y = np.asarray(y)
+            classes = self.net.output_shape(1, self.input_shape)[1]
+            if y.dtype.kind not in "iu" or y.min() < 0 or y.max() >= classes:
+                raise ValueError(f"{self.net.name}: labels must be integers from 0 to {classes - 1} (the network has "
+                                 f"{classes} classes); got {y.dtype} from {y.min()} to {y.max()}")
 
     # -- training ----------------------------------------------------------------------------------
     def step(self, x: np.ndarray, y: np.ndarray) -> StepReport:
@@ -203,6 +216,8 @@ class Trainer:
 
         ``progress`` shows a bar and prints a line per epoch; ``callbacks`` observe the loop (see
         :mod:`vmem.training.callbacks`, e.g. ``Checkpoint(path)``)."""
+        if not isinstance(epochs, int) or epochs < 1:
+            raise ValueError(f"fit: epochs={epochs!r} must be a positive int")
         history = History()
         n_batches = train.num_batches(batch_size, drop_last=True)
         if n_batches == 0:
@@ -257,6 +272,7 @@ class Trainer:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write weights, optimizer state, step count and random state to an .npz file (atomically)."""
+        self._check_open()
         params = self._device_params()
         self.sync()
         meta = {"network": self.net.name, "optimizer": self.optimizer.config(), "steps": self.steps_done,
@@ -267,6 +283,7 @@ class Trainer:
         """Restore a checkpoint written by :meth:`save`. Everything is read and checked before anything
         changes: a truncated or mismatched file raises CheckpointError and leaves the trainer and the
         network untouched."""
+        self._check_open()
         ckpt = checkpoint.read(path, self.net.name, self.optimizer, self.net.param_specs(self.input_shape))
         before = self.net.params
         self.net.load_state_dict(ckpt.params, source=str(path))  # checks names, shapes, dtypes; raises first
