@@ -29,9 +29,14 @@ class HostArena:
     the first copies into the buffer do not pay for page faults.
     """
 
+    #: the base address's alignment (a page): every pool alignment up to it holds for the arrays too
+    BASE_ALIGNMENT = 4096
+
     def __init__(self, capacity: int, *, prefault: bool = False):
         self.capacity = capacity
-        self.buffer = np.empty(capacity, dtype=np.uint8)
+        raw = np.empty(capacity + self.BASE_ALIGNMENT, dtype=np.uint8)
+        skip = -raw.__array_interface__["data"][0] % self.BASE_ALIGNMENT
+        self.buffer = raw[skip : skip + capacity]
         if prefault:
             self.buffer.fill(0)
 

@@ -78,6 +78,7 @@ class _ArenaPool:
         self._mask = alignment - 1
         self.arena = upstream(capacity) if upstream is not None else None
         self._fit = BestFit(capacity)
+        self._live: dict[int, Block] = {}  # offset -> allocated block: only this pool's own are freed
         self._lock = threading.RLock()
         self._hooks: list[PoolHook] = []
         self._in_use = 0
@@ -134,6 +135,7 @@ class _ArenaPool:
             block.nbytes = nbytes
             block.category = category
             block.stream = owner
+            self._live[block.offset] = block
             in_use = self._in_use = self._in_use + size
             if in_use > self._peak:
                 self._peak = in_use
@@ -156,6 +158,9 @@ class _ArenaPool:
             if block.state != ALLOCATED:
                 what = "was already freed" if block.state == RELEASED else "is not an allocated block"
                 raise ValueError(f"{self.name} pool: {block!r} {what}")
+            if self._live.get(block.offset) is not block:
+                raise ValueError(f"{self.name} pool: {block!r} is not a block of this pool")
+            del self._live[block.offset]
             for hook in self._hooks:
                 hook.on_free(block, stream)
             if callable(event):
@@ -339,6 +344,8 @@ class DevicePool(_ArenaPool):
         """
         if stream is None:
             stream = getattr(block, "stream", None)
+        if stream is not None and stream.closed:  # a closed stream has finished its work: free for everyone
+            stream = None
         self._release(block, stream, stream, stream.record if stream is not None else None)
 
 
@@ -371,6 +378,13 @@ class PinnedHostPool(_ArenaPool):
     def allocate(self, nbytes: int, category: str = "feature_maps") -> Block:
         """Take a buffer of ``nbytes`` (accounted to ``category``: what is offloaded into it)."""
         return self._allocate(nbytes, None, category)
+
+    def stats(self) -> PoolStats:
+        """As for any pool; buffers whose copy has completed are handed back first, so ``pending`` counts
+        exactly the buffers still waiting on their copy, as the snapshot shows them."""
+        with self._lock:
+            self._fit.reclaim()
+            return super().stats()
 
     def require_idle(self, nbytes: int) -> None:
         """Before this pool is replaced by one of ``nbytes``: wait for pending returns, then raise

@@ -39,6 +39,11 @@ class Stream(Protocol):
 
     name: str
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has run: all the stream's work has finished."""
+        ...
+
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         """Enqueue ``fn(*args, **kwargs)``; it runs after everything enqueued before it."""
         ...

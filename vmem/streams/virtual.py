@@ -52,6 +52,7 @@ class VirtualStream:
         self.enqueued = 0
         self.completed = 0
         self.host_waits = 0
+        self.closed = False
         self.launched: list[tuple[Callable[..., Any], tuple, dict]] = []
 
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
@@ -95,7 +96,8 @@ class VirtualStream:
         self.host_waits += 1
 
     def close(self) -> None:
-        pass
+        self.synchronize()
+        self.closed = True
 
     def __repr__(self) -> str:
         return f"VirtualStream({self.name!r}, clock={self.clock:.6g}s, {self.completed}/{self.enqueued} done)"

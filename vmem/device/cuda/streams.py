@@ -74,6 +74,10 @@ class CudaStream:
     def synchronize(self) -> None:
         self.stream.synchronize()
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
