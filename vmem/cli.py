@@ -98,11 +98,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"training {net.name} on {args.dataset} ({len(train)} train / {len(val)} val), batch {args.batch}, "
                   f"policy {trainer.policy.spec}, device {trainer.device!r}", flush=True)
-        from .training import Checkpoint
+        from .training import Checkpoint, CosineSchedule
 
+        schedule = [CosineSchedule()] if args.schedule == "cosine" else []
         try:
             history = trainer.fit(train, epochs=args.epochs, val=val, batch_size=args.batch, progress=not args.json,
-                                  callbacks=[Checkpoint(args.save)] if args.save else [])
+                                  callbacks=schedule + ([Checkpoint(args.save)] if args.save else []))
         except KeyboardInterrupt:
             if args.save:  # what the interrupted epoch did so far, on top of the last whole epoch
                 trainer.save(args.save)
@@ -341,6 +342,8 @@ def _add_train(sub: Any) -> None:
     p.add_argument("--epochs", type=_positive_int, default=10, help="epochs (default 10)")
     p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     p.add_argument("--lr", type=_positive_float, default=0.05, help="learning rate (default 0.05)")
+    p.add_argument("--schedule", choices=("cosine", "constant"), default="cosine",
+                   help="learning rate over the epochs: cosine decay to 0 (default) or constant")
     p.add_argument("--momentum", type=_nonnegative_float, default=0.9, help="SGD momentum (default 0.9)")
     p.add_argument("--weight-decay", type=_nonnegative_float, default=0.0)
     p.add_argument("--seed", type=int, default=0)

@@ -1,6 +1,7 @@
 """Training: the loop (:class:`Trainer`), its observers (callbacks) and checkpoints."""
 
-from .callbacks import Callback, Checkpoint, PrintEpochs, ProgressBar
+from .callbacks import Callback, Checkpoint, CosineSchedule, LossWatch, PrintEpochs, ProgressBar
 from .trainer import EpochStats, History, Trainer
 
-__all__ = ["Trainer", "History", "EpochStats", "Callback", "ProgressBar", "PrintEpochs", "Checkpoint"]
+__all__ = ["Trainer", "History", "EpochStats", "Callback", "ProgressBar", "PrintEpochs", "Checkpoint",
+           "CosineSchedule", "LossWatch"]

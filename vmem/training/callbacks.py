@@ -6,14 +6,16 @@
 
 from __future__ import annotations
 
+import math
 import os
+import warnings
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..runtime import StepReport
     from .trainer import EpochStats, History, Trainer
 
-__all__ = ["Callback", "ProgressBar", "PrintEpochs", "Checkpoint"]
+__all__ = ["Callback", "ProgressBar", "PrintEpochs", "Checkpoint", "CosineSchedule", "LossWatch"]
 
 
 class Callback:
@@ -75,3 +77,49 @@ class Checkpoint(Callback):
 
     def on_epoch_end(self, trainer: "Trainer", stats: "EpochStats", epochs: int) -> None:
         trainer.save(self.path)
+
+
+class CosineSchedule(Callback):
+    """Decay the optimizer's learning rate from its value at the start of ``fit`` to ``floor`` times it,
+    along half a cosine over the epochs (set at the start of each epoch), so that training settles
+    instead of wandering at the end."""
+
+    def __init__(self, floor: float = 0.0):
+        self.floor = floor
+        self.base: float | None = None
+
+    def on_epoch_start(self, trainer: "Trainer", epoch: int, epochs: int, batches: int) -> None:
+        if self.base is None:
+            self.base = trainer.optimizer.lr
+        scale = self.floor + (1 - self.floor) * 0.5 * (1 + math.cos(math.pi * (epoch - 1) / epochs))
+        trainer.optimizer.lr = self.base * scale
+
+    def on_fit_end(self, trainer: "Trainer", history: "History") -> None:
+        if self.base is not None:
+            trainer.optimizer.lr = self.base  # the optimizer as it was given
+        self.base = None
+
+
+class LossWatch(Callback):
+    """Warn once when the training loss becomes non-finite or an epoch's loss jumps above ``jump`` times
+    the best so far (after the first epoch): the learning rate is likely too high."""
+
+    def __init__(self, jump: float = 3.0):
+        self.jump = jump
+        self.best = math.inf
+        self.warned = False
+
+    def on_step(self, trainer: "Trainer", report: "StepReport") -> None:
+        if not self.warned and not math.isfinite(report.loss):
+            self._warn(f"the training loss became {report.loss} at step {trainer.steps_done}")
+
+    def on_epoch_end(self, trainer: "Trainer", stats: "EpochStats", epochs: int) -> None:
+        loss = stats.train_loss
+        if not self.warned and stats.epoch > 1 and math.isfinite(loss) and loss > self.jump * self.best:
+            self._warn(f"the training loss jumped to {loss:.4g} in epoch {stats.epoch} (best so far {self.best:.4g})")
+        if math.isfinite(loss):
+            self.best = min(self.best, loss)
+
+    def _warn(self, what: str) -> None:
+        self.warned = True
+        warnings.warn(f"{what}: training is diverging; lower the learning rate", RuntimeWarning, stacklevel=3)

@@ -27,7 +27,7 @@ from ..runtime import DeviceParams, Executor, StepReport
 from ..schedule.lower import lower_inference, persistent_buffers
 from ..units import format_bytes
 from . import checkpoint
-from .callbacks import Callback, PrintEpochs, ProgressBar
+from .callbacks import Callback, LossWatch, PrintEpochs, ProgressBar
 
 __all__ = ["Trainer", "History", "EpochStats"]
 
@@ -222,7 +222,7 @@ class Trainer:
         n_batches = train.num_batches(batch_size, drop_last=True)
         if n_batches == 0:
             raise ValueError(f"fit: {len(train)} samples make no full batch of {batch_size}")
-        observers = ([ProgressBar(), PrintEpochs()] if progress else []) + list(callbacks)
+        observers = ([ProgressBar(), PrintEpochs()] if progress else []) + [LossWatch()] + list(callbacks)
         for epoch in range(1, epochs + 1):
             for cb in observers:
                 cb.on_epoch_start(self, epoch, epochs, n_batches)

@@ -1,0 +1,52 @@
+"""Observers of the training loop: the cosine schedule and the divergence warning."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import vmem
+from vmem.training import Callback, CosineSchedule, LossWatch
+
+
+def data(n=64, seed=0):
+    train, _ = vmem.data.digits(seed=seed)
+    return train
+
+
+def test_the_cosine_schedule_decays_each_epoch_and_restores_the_rate():
+    seen = []
+
+    class Record(Callback):
+        def on_epoch_start(self, trainer, epoch, epochs, batches):
+            seen.append(trainer.optimizer.lr)
+
+    opt = vmem.optim.SGD(lr=0.1, momentum=0.9)
+    with vmem.Trainer(vmem.models.get("digits_cnn"), memory="16MiB", optimizer=opt, seed=0) as trainer:
+        trainer.fit(data(), epochs=4, batch_size=256, progress=False, callbacks=[CosineSchedule(), Record()])
+    want = [0.1 * 0.5 * (1 + math.cos(math.pi * e / 4)) for e in range(4)]
+    assert seen == pytest.approx(want) and opt.lr == 0.1
+
+
+def test_a_non_finite_loss_warns_once():
+    watch = LossWatch()
+
+    class Trainer:
+        steps_done = 3
+
+    class Report:
+        loss = float("nan")
+
+    with pytest.warns(RuntimeWarning, match="diverging"):
+        watch.on_step(Trainer(), Report())
+    watch.on_step(Trainer(), Report())  # once is enough
+    assert watch.warned
+
+
+def test_fit_refuses_zero_epochs():
+    with vmem.Trainer(vmem.models.get("digits_cnn"), memory="16MiB", seed=0) as trainer:
+        with pytest.raises(ValueError, match="epochs"):
+            trainer.fit(data(), epochs=0, progress=False)
+        assert np.isfinite(trainer.rng.random())
