@@ -108,6 +108,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             if args.save:  # what the interrupted epoch did so far, on top of the last whole epoch
                 trainer.save(args.save)
             raise
+        planned = trainer.plans.get(args.batch)
     wall = time.perf_counter() - t0
     last = history.last
     result = {
@@ -120,6 +121,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         "offloaded_bytes": max(e.offloaded_bytes for e in history.epochs),
         "stall_seconds": float(np.mean([e.stall_seconds for e in history.epochs])),
         "wall_seconds": wall, "history": history.to_dict(),
+        "chosen": planned.chosen if planned is not None else None, "reason": planned.reason if planned else None,
     }
     if args.json:
         print(json.dumps(result, indent=2))
@@ -130,6 +132,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         if result["offloaded_bytes"]:
             print(f"offloaded {format_bytes(result['offloaded_bytes'])} a step to pinned host memory; "
                   f"compute waited {result['stall_seconds'] * 1e3:.1f} ms a step for the memory stream")
+        if planned is not None and planned.chosen:
+            print(planned.reason)
     return 0
 
 
@@ -150,7 +154,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.profile and not args.device.startswith("sim:"):
         from .costs import profile
 
-        costs = profile(net.build(args.batch))
+        program = net.build(args.batch)
+        if not args.json:
+            print(f"profiling {len(program.ops)} layers of {net.name} at batch {args.batch} on the CPU (every "
+                  "pass and algorithm)...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        costs = profile(program)
+        if not args.json:
+            print(f"profiled in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     result = plan(net, args.batch, args.device, _policy_spec(args), memory=args.memory, costs=costs)
     out = result.to_dict()
     out.update(model=net.name)
