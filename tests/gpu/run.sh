@@ -17,8 +17,9 @@ out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/../.."
 py=${PYTHON:-python3}
 if compgen -G ".whl/*.whl" > /dev/null; then
-    $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/vmem-site .whl/*.whl \
-        && export PYTHONPATH=/tmp/vmem-site${PYTHONPATH:+:$PYTHONPATH}
+    site=$(mktemp -d)
+    $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl \
+        && export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 { nvidia-smi; $py -m pip list 2>/dev/null | grep -iE "^(cupy|nvidia-cudnn|nvidia-ml|torch |numpy|cffi|pycparser|pytest|hypothesis)"; } \
