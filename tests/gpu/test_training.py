@@ -114,3 +114,19 @@ def test_temporaries_can_be_routed_through_the_pool():
             assert dev.pool.stats().by_category["other"].peak > 0
     finally:
         dev.close()
+
+
+def test_nvml_readings_are_sampled_into_the_step_timeline():
+    from vmem.device.cuda import nvml
+
+    if not nvml.available():
+        pytest.skip("NVML is not available")
+    net = vmem.models.get("vgg_cifar", image_size=16)
+    dev = vmem.device("cuda:0", memory="256MiB")
+    try:
+        with vmem.Trainer(net, device=dev, seed=0) as trainer:
+            report = trainer.step(np.zeros((8, 3, 16, 16), np.float32), np.zeros(8, int))
+        samples = report.timeline.samples
+        assert len(samples) == 2 and all(r["used_bytes"] >= dev.pool.capacity for _, r in samples)
+    finally:
+        dev.close()

@@ -59,6 +59,9 @@ class FakeDevice:
         np.copyto(dst, src, casting="no")
         self.moved[direction] += dst.nbytes
 
+    def readings(self):
+        return {"used_bytes": self.pool.in_use}  # stands for NVML's
+
     def link_stats(self):
         return {d: {"bytes": b, "seconds": 0.0} for d, b in self.moved.items()}
 
@@ -135,3 +138,13 @@ def test_the_executor_refuses_a_device_that_holds_no_data():
     schedule = lower(program, vmem.policies.get("baseline").decide(program, sim.spec))
     with pytest.raises(DeviceError, match="holds no data"):
         Executor(sim, schedule, params=None)
+
+
+def test_the_devices_readings_are_sampled_into_the_timeline():
+    fake = FakeDevice()
+    _, reports, _ = run_steps(fake, "baseline", steps=1)
+    samples = reports[-1].timeline.samples
+    assert len(samples) == 2 and samples[0][0] <= samples[1][0]
+    assert all("used_bytes" in readings for _, readings in samples)
+    trace = reports[-1].timeline.chrome_trace()
+    assert any(e.get("name") == "device readings" for e in trace["traceEvents"])

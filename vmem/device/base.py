@@ -70,6 +70,10 @@ class Device(Protocol):
         """Copy at once on the calling thread (``"d2h"`` or ``"h2d"``), for work running on a stream."""
         ...
 
+    def readings(self) -> dict[str, Any]:
+        """The device's own readings now (NVML on a GPU); empty where there are none."""
+        ...
+
     def link_stats(self) -> dict[str, dict[str, float]]:
         """Bytes moved and seconds spent over the host link in each direction (``"d2h"``, ``"h2d"``)."""
         ...

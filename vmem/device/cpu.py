@@ -217,6 +217,10 @@ class CpuDevice:
             self._pinned = PinnedHostPool(self._pinned_capacity, self.pool.alignment, name="cpu pinned")
             return self._pinned
 
+    def readings(self) -> dict[str, Any]:
+        """None on the CPU device (its memory is the pool's; see ``pool.stats()``)."""
+        return {}
+
     def link_stats(self) -> dict[str, dict[str, float]]:
         """Bytes moved and seconds spent by the copy engine in each direction since the device was made."""
         return {d: {"bytes": l.bytes, "seconds": l.seconds} for d, l in (("d2h", self._d2h), ("h2d", self._h2d))}

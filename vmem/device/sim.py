@@ -73,6 +73,9 @@ class SimDevice:
     def copy_now(self, dst: Any, src: Any, direction: str) -> None:
         raise self._no_data("copy_now")
 
+    def readings(self) -> dict[str, Any]:
+        return {}
+
     def link_stats(self) -> dict[str, dict[str, float]]:
         return {d: {"bytes": 0, "seconds": 0.0} for d in ("d2h", "h2d")}
 

@@ -117,11 +117,13 @@ class Executor(Transfers):
             dev.reserve_pinned(self.schedule.pinned_bytes)  # before the step: no pinned allocation inside it
         pool.reset_peak()
         r = _Run(host_x, labels, train, rng, step, time.perf_counter())
+        r.timeline.sample(r.timeline.origin, dev.readings())
         self._begin_transfers(r)
         try:
             for st in self.schedule.steps:
                 self._table[type(st)](r, st)
             dev.synchronize()
+            r.timeline.sample(time.perf_counter(), dev.readings())
             moved = self._moved(r)
             pool.reclaim()  # every event has completed: coalesce, so each step starts as the plan's replay does
         except BaseException:

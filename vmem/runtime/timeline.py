@@ -37,9 +37,16 @@ class Span:
 class Timeline:
     spans: list[Span] = field(default_factory=list)
     origin: float = 0.0
+    #: (time, readings) of the device itself (NVML on a GPU: memory the driver sees used, PCIe throughput),
+    #: taken when the step starts and when it ends
+    samples: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
 
     def record(self, span: Span) -> None:
         self.spans.append(span)  # list.append is atomic: streams record from their own threads
+
+    def sample(self, time: float, readings: dict[str, Any]) -> None:
+        if readings:
+            self.samples.append((time, dict(readings)))
 
     def by_stream(self, stream: str) -> list[Span]:
         return sorted((s for s in self.spans if s.stream == stream), key=lambda s: s.start)
@@ -75,6 +82,11 @@ class Timeline:
         for s in sorted(self.spans, key=lambda s: s.start):
             events.append({"ph": "X", "name": s.name, "cat": s.kind, "pid": 1, "tid": tids.get(s.stream, 3),
                            "ts": (s.start - self.origin) * 1e6, "dur": max(s.seconds, 0.0) * 1e6})
+        for t, readings in self.samples:
+            counters = {k: v / 2**20 if k.endswith("_bytes") else v for k, v in readings.items()
+                        if isinstance(v, (int, float))}
+            events.append({"ph": "C", "name": "device readings", "pid": 1, "ts": (t - self.origin) * 1e6,
+                           "args": counters})
         for t, usage in self.memory()[::2]:
             events.append({"ph": "C", "name": "device memory (MiB)", "pid": 1, "ts": t * 1e6,
                            "args": {k: v / 2**20 for k, v in usage.items()}})

@@ -180,6 +180,12 @@ class CudaDevice:
             cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.ctypes.data, dst.nbytes, _H2D, stream_ptr)
         self._moved[direction] += dst.nbytes
 
+    def readings(self) -> dict[str, Any]:
+        """NVML's readings of this GPU: memory the driver sees in use, PCIe throughput and link."""
+        from . import nvml
+
+        return nvml.reading(self.index)
+
     def link_stats(self) -> dict[str, dict[str, float]]:
         """Bytes enqueued over the host link each way (times come from the timeline's events)."""
         return {d: {"bytes": b, "seconds": 0.0} for d, b in self._moved.items()}
