@@ -23,16 +23,19 @@ __all__ = ["Profiled", "profile"]
 
 
 class Profiled:
-    """Measured costs (the CPU device, see :func:`vmem.profile.profile`): op times per pass and
-    algorithm, the copy rate of the host-device link, the element-wise bandwidth."""
+    """Measured costs (see :func:`profile`): op times per pass and algorithm, the copy rate of the
+    host-device link (and, where the link is not throttled, the measured time of copies of the sizes the
+    program offloads: small copies run from the cache, far faster than a large copy's rate), the
+    element-wise bandwidth."""
 
     def __init__(self, times: dict[tuple[str, str, str | None], float], d2h_gbps: float, h2d_gbps: float,
-                 update: float = 0.0, elementwise_gbps: float = 10.0):
+                 update: float = 0.0, elementwise_gbps: float = 10.0, copies: dict[int, float] | None = None):
         self.times = times
         self.d2h = d2h_gbps
         self.h2d = h2d_gbps
         self.update = update
         self.elementwise_gbps = elementwise_gbps
+        self.copies = copies or {}  # bytes -> seconds of one copy of that size
 
     def op_seconds(self, op: OpInfo, pass_: str, algo: str | None) -> float:
         key = (op.name, pass_, algo)
@@ -41,6 +44,8 @@ class Profiled:
         return self.times.get((op.name, pass_, None), 0.0)
 
     def copy_seconds(self, nbytes: int, direction: str) -> float:
+        if nbytes in self.copies:
+            return self.copies[nbytes]
         return nbytes / ((self.d2h if direction == "d2h" else self.h2d) * 1e9)
 
     def update_seconds(self, param_bytes: int) -> float:
@@ -160,7 +165,7 @@ def _profile_op(op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: 
         times[(op.name, "backward_data", da)] = max(0.0, best(both, repeats) - base_filter)
 
 
-def profile(program: Program, *, copy_gbps: float | None = None, repeats: int = 2, seed: int = 0,
+def profile(program: Program, *, copy_gbps: float | None = None, repeats: int = 3, seed: int = 0,
             device: Any = None) -> Profiled:
     """Measured costs of one training step of ``program``: on this machine's CPU, or on ``device`` (a
     CUDA device: its arrays, its convolution backend, its compute stream; the program should carry the
@@ -186,11 +191,26 @@ def profile(program: Program, *, copy_gbps: float | None = None, repeats: int = 
     finally:
         on.release()
     elementwise_gbps = 3 * a.nbytes / add_seconds / 1e9
+    copies = {}
     if copy_gbps is None:
         copy_gbps = _copy_gbps(device, repeats)
+        if device is None:  # unthrottled CPU copies: time each size the program may offload
+            copies = _copy_times(program, repeats)
     params_bytes = sum(int(np.prod(s.shape)) for op in program.ops for s in op.params.values() if s.trainable)
     update = 5 * params_bytes * dtype.itemsize / (elementwise_gbps * 1e9)
-    return Profiled(times, d2h_gbps=copy_gbps, h2d_gbps=copy_gbps, update=update, elementwise_gbps=elementwise_gbps)
+    return Profiled(times, d2h_gbps=copy_gbps, h2d_gbps=copy_gbps, update=update, elementwise_gbps=elementwise_gbps,
+                    copies=copies)
+
+
+def _copy_times(program: Program, repeats: int) -> dict[int, float]:
+    """Seconds of one copy of each size of the program's stashed buffers (what offloads move)."""
+    out = {}
+    for b in program.stashed_buffers():
+        n = max(program.tensors[b].nbytes, 1)
+        if n not in out:
+            src, dst = np.ones(n, np.uint8), np.empty(n, np.uint8)
+            out[n] = best_seconds(lambda: np.copyto(dst, src, casting="no"), repeats + 1)
+    return out
 
 
 def _loss_seconds(program: Program, rng: np.random.Generator, dtype: np.dtype, repeats: int, on: _Runner) -> float:
