@@ -1,6 +1,6 @@
 """Layers: math on an array namespace, shapes, costs, and what backward needs (see :mod:`vmem.nn.base`)."""
 
-from .activation import Dropout, ReLU
+from .activation import Dropout, Mul, ReLU, Sigmoid, Tanh
 from .base import PASSES, AuxSpec, Ctx, Layer, ParamSpec, logical, physical
 from .conv import Conv2d
 from .join import Add, Concat
@@ -11,6 +11,6 @@ from .pooling import AvgPool2d, MaxPool2d
 
 __all__ = [
     "Layer", "Ctx", "ParamSpec", "AuxSpec", "physical", "logical", "PASSES",
-    "Conv2d", "Linear", "ReLU", "MaxPool2d", "AvgPool2d", "BatchNorm2d", "Dropout", "Flatten",
+    "Conv2d", "Linear", "ReLU", "Sigmoid", "Tanh", "Mul", "MaxPool2d", "AvgPool2d", "BatchNorm2d", "Dropout", "Flatten",
     "Add", "Concat", "SoftmaxCrossEntropy",
 ]

@@ -1,12 +1,14 @@
-"""Element-wise layers: ReLU (in place) and Dropout."""
+"""Element-wise layers: ReLU, Sigmoid and Tanh (in place where the graph allows), Dropout, and the product
+of two tensors (Mul)."""
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ..errors import ShapeError
 from .base import AuxSpec, Ctx, Layer, Shape, physical
 
-__all__ = ["ReLU", "Dropout"]
+__all__ = ["ReLU", "Sigmoid", "Tanh", "Mul", "Dropout"]
 
 
 class ReLU(Layer):
@@ -22,6 +24,83 @@ class ReLU(Layer):
     def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
         if dxs[0] is not None:
             ctx.xp.multiply(dy, y > 0, out=dxs[0])
+
+
+class Sigmoid(Layer):
+    """y = 1 / (1 + exp(-x)), in place where the graph allows. Backward needs y: dx = dy * y * (1 - y)."""
+
+    kind = "sigmoid"
+    needs = frozenset({"y"})
+    inplace = True
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return 4 * _size(in_shapes[0])
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        xp = ctx.xp
+        xp.negative(xs[0], out=y)
+        xp.exp(y, out=y)
+        y += 1
+        xp.reciprocal(y, out=y)
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        dx = dxs[0]
+        if dx is not None:  # dx may share dy's memory (in place): read dy before writing dx
+            ctx.xp.multiply(dy, y * (1 - y), out=dx)
+
+
+class Tanh(Layer):
+    """y = tanh(x), in place where the graph allows. Backward needs y: dx = dy * (1 - y^2)."""
+
+    kind = "tanh"
+    needs = frozenset({"y"})
+    inplace = True
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return 4 * _size(in_shapes[0])
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        ctx.xp.tanh(xs[0], out=y)
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        dx = dxs[0]
+        if dx is not None:
+            ctx.xp.multiply(dy, 1 - y * y, out=dx)
+
+
+class Mul(Layer):
+    """The element-wise product of two inputs of the same shape. Backward needs both inputs."""
+
+    kind = "mul"
+    needs = frozenset({"x"})
+    arity = 2
+
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        self.check_arity(in_shapes)
+        if tuple(in_shapes[0]) != tuple(in_shapes[1]):
+            raise ShapeError(f"layer {self.label}: cannot multiply shapes {tuple(in_shapes[0])} and "
+                             f"{tuple(in_shapes[1])} element-wise")
+        return tuple(in_shapes[0])
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return _size(in_shapes[0])
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        ctx.xp.multiply(xs[0], xs[1], out=y)
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        a, b = xs  # type: ignore[misc]
+        if dxs[0] is not None:
+            ctx.xp.multiply(dy, b, out=dxs[0])
+        if dxs[1] is not None:
+            ctx.xp.multiply(dy, a, out=dxs[1])
+
+
+def _size(shape: Shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 class Dropout(Layer):

@@ -1,0 +1,58 @@
+"""Sigmoid, Tanh and Mul (the element-wise ops of gated and attention layers): backward against finite
+differences in float64, what backward needs, and lossless offload and in-place use in a gated network."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import vmem
+from tests.nn.gradcheck import check_layer
+from vmem import nn
+from vmem.errors import ShapeError
+
+
+@pytest.mark.parametrize("shape", [(3, 7), (2, 3, 4, 5)])
+@pytest.mark.parametrize("make", [nn.Sigmoid, nn.Tanh], ids=["sigmoid", "tanh"])
+def test_sigmoid_and_tanh_backward(make, shape):
+    assert check_layer(make(), [shape]) == ["x0"]
+
+
+@pytest.mark.parametrize("shape", [(4, 6), (2, 3, 4, 4)])
+def test_mul_backward(shape):
+    assert check_layer(nn.Mul(), [shape, shape]) == ["x0", "x1"]
+
+
+def test_what_backward_needs_and_shapes():
+    assert nn.Sigmoid.needs == nn.Tanh.needs == frozenset({"y"}) and nn.Mul.needs == frozenset({"x"})
+    assert nn.Sigmoid.inplace and nn.Tanh.inplace and not nn.Mul.inplace
+    with pytest.raises(ShapeError, match="multiply"):
+        nn.Mul().output_shape([(2, 3), (2, 4)])
+
+
+def gated(image=8):
+    """conv -> tanh, gated by sigmoid(conv) through an element-wise product (a GRU/LSTM-style gate)."""
+    g = vmem.Graph(input_shape=(3, image, image), name="gated")
+    a = g.add(nn.Tanh(), g.add(nn.Conv2d(3, 6, 3, padding=1), g.input))
+    b = g.add(nn.Sigmoid(), g.add(nn.Conv2d(3, 6, 3, padding=1), g.input))
+    m = g.add(nn.Mul(), a, b)
+    g.add(nn.Linear(6 * image * image, 10), g.add(nn.Flatten(), m))
+    return g
+
+
+def test_the_gate_runs_in_place_and_offload_is_lossless():
+    program = gated().build(4)
+    assert sum(op.inplace for op in program.ops if op.kind in ("tanh", "sigmoid")) == 2
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((4, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 4)
+    weights = {}
+    for policy in ("baseline", "vdnn-all", "layerwise"):
+        net = gated()
+        dev = vmem.device("cpu", memory="16MiB", poison=True)
+        with vmem.Trainer(net, device=dev, policy=policy, seed=0) as trainer:
+            for _ in range(3):
+                report = trainer.step(x, y)
+            assert report.peak_bytes == trainer.plans[4].peak_bytes
+        dev.close()
+        weights[policy] = net.params
+    assert all(np.array_equal(weights["baseline"][k], w[k]) for w in weights.values() for k in w)
