@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import vmem
+from tests.lossless import all_equal, weights_under
 from tests.nn.gradcheck import check_layer
 from vmem import nn
 from vmem.errors import ShapeError
@@ -45,14 +46,4 @@ def test_the_gate_runs_in_place_and_offload_is_lossless():
     assert sum(op.inplace for op in program.ops if op.kind in ("tanh", "sigmoid")) == 2
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((4, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 4)
-    weights = {}
-    for policy in ("baseline", "vdnn-all", "layerwise"):
-        net = gated()
-        dev = vmem.device("cpu", memory="16MiB", poison=True)
-        with vmem.Trainer(net, device=dev, policy=policy, seed=0) as trainer:
-            for _ in range(3):
-                report = trainer.step(x, y)
-            assert report.peak_bytes == trainer.plans[4].peak_bytes
-        dev.close()
-        weights[policy] = net.params
-    assert all(np.array_equal(weights["baseline"][k], w[k]) for w in weights.values() for k in w)
+    assert all_equal(weights_under(gated, ("baseline", "vdnn-all", "layerwise"), x, y))

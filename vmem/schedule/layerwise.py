@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..graph import Program
 from .gradients import gradients, needs_grad
-from .lower import (LABELS, LOSS, PROBS, _algos, _alloc, _values, codec_info, encode_steps, offload_step,
+from .lower import (LABELS, LOSS, PROBS, _algos, _alloc, _values, codec_info, decode_step, encode_step,
+                    offload_step,
                     op_workspace, persistent_buffers, pinned_bytes, prefetch_step)
 from .steps import Alloc, Backward, Buffer, Forward, Free, Key, Kind, Loss, Release, Schedule, Step, Update, WaitPrefetch
 
@@ -109,7 +110,7 @@ class _Layerwise:
                     self.steps.append(Release(value[b], self.plan.sync or "layer"))
                 elif b in self.encoded:
                     self.alloc_encoding(b)
-                    self.steps += [encode_steps(program, b, value[b], self.enc[b], self.codecs[b])[0], Free(value[b])]
+                    self.steps += [encode_step(program, b, value[b], self.enc[b], self.codecs[b]), Free(value[b])]
                 elif b not in self.stashed:
                     self.steps.append(Free(value[b]))
 
@@ -163,7 +164,7 @@ class _Layerwise:
             if b in self.encoded and b not in ready and b not in self.binarized:
                 ready.add(b)
                 self.alloc(value[b])
-                self.steps += [encode_steps(program, b, value[b], self.enc[b], self.codecs[b])[1], Free(self.enc[b])]
+                self.steps += [decode_step(program, b, value[b], self.enc[b], self.codecs[b]), Free(self.enc[b])]
         for b in program.backward_reads(op):
             if b in self.offloaded and b not in ready:  # later readers are ordered after the first on compute
                 if b not in prefetched:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..policies.plan import Plan
 
 __all__ = ["lower", "lower_inference", "persistent_buffers", "op_workspace", "codec_info", "offload_step",
-           "prefetch_step", "encode_steps", "pinned_bytes"]
+           "prefetch_step", "encode_step", "decode_step", "pinned_bytes"]
 
 LABELS, PROBS, LOSS = Key(Kind.LABELS), Key(Kind.PROBS), Key(Kind.LOSS)
 
@@ -244,11 +244,15 @@ def prefetch_step(program: Program, b: int, key: Key, nbytes: int, codec_info: A
     return Prefetch(key, codec_info[1], physical(t.shape), codec_info[0])
 
 
-def encode_steps(program: Program, b: int, key: Key, enc: Key, codec_info: Any) -> tuple[Encode, Decode]:
+def encode_step(program: Program, b: int, key: Key, enc: Key, codec_info: Any) -> Encode:
     t = program.tensors[b]
     codec, _, _, bn = codec_info
-    shape = physical(t.shape)
-    return (Encode(key, enc, codec, shape, max(t.nbytes, 1), bn), Decode(key, enc, codec, shape, max(t.nbytes, 1)))
+    return Encode(key, enc, codec, physical(t.shape), max(t.nbytes, 1), bn)
+
+
+def decode_step(program: Program, b: int, key: Key, enc: Key, codec_info: Any) -> Decode:
+    t = program.tensors[b]
+    return Decode(key, enc, codec_info[0], physical(t.shape), max(t.nbytes, 1))
 
 
 def pinned_bytes(steps: list[Step], alignment: int) -> int:

@@ -84,10 +84,6 @@ class VirtualStream:
     def advance(self, k: int | None = None) -> None:
         self.completed = self.enqueued if k is None else min(self.enqueued, self.completed + k)
 
-    @property
-    def done(self) -> int:  # the name the pool tests use for the completed count
-        return self.completed
-
     def query(self) -> bool:
         return self.completed >= self.enqueued
 
