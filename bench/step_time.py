@@ -7,16 +7,24 @@ reported too: the convolutions' achieved FLOP/s (forward, backward-data and back
 the time the convolution ops took on the compute stream) as a fraction of NumPy's float32 matmul FLOP/s
 measured in the same run.
 
-Targets (issue 3): vmem/PyTorch step time ratio at most 1.3; convolution FLOP/s at least 0.6 of matmul.
+Then the same again with ``--busy`` competing processes (each a busy Python loop) running on the machine:
+both slow down, and the ratio of the two under the same load shows whether vmem shares the cores well
+(its core budget, ``vmem.threads.BUDGET``, caps BLAS's threads to the cores the competitors leave free).
 
-    python bench/step_time.py [--batch 64] [--steps 10] [--json]
+vmem first runs its steps alone, for its own step-to-step spread. Targets: quiet, vmem/PyTorch step time
+ratio at most 1.3 and the vmem step's spread over the timed steps it ran alone (max/min) at most 1.15; with one competing process, the ratio at most 1.5; convolution FLOP/s at least 0.6
+of matmul (quiet).
+
+    python bench/step_time.py [--batch 64] [--steps 10] [--busy 1] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -73,12 +81,54 @@ def torch_step_fn(batch: int, x: np.ndarray, y: np.ndarray):
     return step, torch.__version__
 
 
+@contextmanager
+def competitors(n: int):
+    """``n`` busy processes (a Python loop each) for the duration of the block."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        time.sleep(0.5 if n else 0.0)  # let them start spinning before anything is timed
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+def run_steps(trainer, torch_step, x, y, steps: int, conv_ops, peak: float):
+    """``steps`` timed steps of each, alternating, after 2 warm-up steps. Returns vmem's seconds, PyTorch's
+    seconds and the convolutions' FLOP/s as a fraction of ``peak`` per step."""
+    vmem_times, torch_times, conv_fraction = [], [], []
+    for i in range(steps + 2):
+        report = trainer.step(x, y)
+        t_torch = torch_step() if torch_step else None
+        if i < 2:
+            continue
+        vmem_times.append(report.seconds)
+        if t_torch is not None:
+            torch_times.append(t_torch)
+        flops = seconds = 0.0
+        for span in report.spans:
+            name = span.name.removesuffix(".backward")
+            if name in conv_ops:
+                op = conv_ops[name]
+                backward = span.name.endswith(".backward")
+                flops += op.flops * ((1 if op.index == 0 else 2) if backward else 1)
+                seconds += span.end - span.start
+        conv_fraction.append(flops / seconds / 1e9 / peak)
+    return vmem_times, torch_times, conv_fraction, report.peak_bytes
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=10, help="timed steps of each (after 2 warm-up steps)")
+    parser.add_argument("--busy", type=int, default=1,
+                        help="competing busy processes in the second phase (0: quiet phase only)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.batch < 1 or args.steps < 1 or args.busy < 0:
+        parser.error("--batch and --steps must be at least 1, --busy at least 0")
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.batch, 3, 32, 32)).astype(np.float32)
@@ -87,49 +137,54 @@ def main(argv: list[str] | None = None) -> int:
     program = net.build(args.batch)
     torch_step, torch_version = torch_step_fn(args.batch, x, y)
     peak = matmul_gflops()
-
-    vmem_times, torch_times, conv_fraction = [], [], []
     conv_ops = {op.name: op for op in program.ops if op.kind == "conv"}
+
+    phases = [("quiet", 0)] + ([(f"{args.busy} busy", args.busy)] if args.busy else [])
+    result = {"bench": "step_time", "model": "vgg_cifar", "batch": args.batch, "steps": args.steps,
+              "matmul_gflops": peak, "torch_version": torch_version, "phases": {}}
+    rows = []
     with vmem.Trainer(net, memory="2GiB", policy="baseline:algos=performance",
                       optimizer=vmem.optim.SGD(lr=0.01, momentum=0.9), seed=0) as trainer:
-        for i in range(args.steps + 2):
-            report = trainer.step(x, y)
-            t_torch = torch_step() if torch_step else None
-            if i < 2:
-                continue
-            vmem_times.append(report.seconds)
-            if t_torch is not None:
-                torch_times.append(t_torch)
-            flops = seconds = 0.0
-            for span in report.spans:
-                name = span.name.removesuffix(".backward")
-                if name in conv_ops:
-                    op = conv_ops[name]
-                    backward = span.name.endswith(".backward")
-                    flops += op.flops * ((1 if op.index == 0 else 2) if backward else 1)
-                    seconds += span.end - span.start
-            conv_fraction.append(flops / seconds / 1e9 / peak)
-        peak_bytes = report.peak_bytes
+        # vmem alone first: its own step-to-step spread, without PyTorch's threads between its steps
+        alone, _, _, _ = run_steps(trainer, None, x, y, args.steps, conv_ops, peak)
+        result["vmem_alone_times"] = alone
+        result["vmem_alone_spread"] = max(alone) / min(alone)
+        rows.append(("vmem (cpu device), alone", float(np.median(alone)), f"{min(alone):.3f}-{max(alone):.3f}",
+                     result["vmem_alone_spread"], program.flops * 3 / float(np.median(alone)) / 1e9))
+        for label, busy in phases:
+            with competitors(busy):
+                v_times, t_times, conv_fraction, peak_bytes = run_steps(trainer, torch_step, x, y, args.steps,
+                                                                       conv_ops, peak)
+            v = float(np.median(v_times))
+            phase = {"competitors": busy, "vmem_seconds": v, "vmem_times": v_times,
+                     "vmem_spread": max(v_times) / min(v_times),
+                     "conv_fraction_of_matmul": float(np.median(conv_fraction)), "peak_bytes": peak_bytes}
+            rows.append((f"vmem (cpu device), {label}", v, f"{min(v_times):.3f}-{max(v_times):.3f}",
+                         phase["vmem_spread"], program.flops * 3 / v / 1e9))
+            if t_times:
+                t = float(np.median(t_times))
+                phase.update(torch_seconds=t, torch_times=t_times, torch_spread=max(t_times) / min(t_times),
+                             ratio=v / t)
+                rows.append((f"pytorch {torch_version}, {label}", t, f"{min(t_times):.3f}-{max(t_times):.3f}",
+                             phase["torch_spread"], program.flops * 3 / t / 1e9))
+            result["phases"][label] = phase
 
-    v = float(np.median(vmem_times))
-    rows = [("vmem (cpu device)", v, program.flops * 3 / v / 1e9)]
-    result = {"bench": "step_time", "model": "vgg_cifar", "batch": args.batch, "vmem_seconds": v,
-              "matmul_gflops": peak, "conv_fraction_of_matmul": float(np.median(conv_fraction)),
-              "peak_bytes": peak_bytes, "torch_version": torch_version}
-    targets = []
-    if torch_times:
-        t = float(np.median(torch_times))
-        rows.append((f"pytorch {torch_version}", t, program.flops * 3 / t / 1e9))
-        result["torch_seconds"] = t
-        result["ratio"] = v / t
-    print(f"vgg_cifar batch {args.batch}: one training step (median of {args.steps}); "
+    print(f"vgg_cifar batch {args.batch}: one training step (median of {args.steps}, alternating); "
           f"NumPy float32 matmul {peak:.0f} GFLOP/s")
-    print(table(["", "seconds", "GFLOP/s (step)"], rows))
-    if torch_times:
-        targets.append(verdict("vmem/pytorch step time", result["ratio"], 1.3, at_least=False))
+    print(table(["", "median s", "range s", "max/min", "GFLOP/s (step)"], rows))
+    quiet = result["phases"]["quiet"]
+    targets = [verdict("vmem step spread, quiet, alone (max/min)", result["vmem_alone_spread"], 1.15,
+                       at_least=False)]
+    if torch_step:
+        targets.append(verdict("vmem/pytorch step time, quiet", quiet["ratio"], 1.3, at_least=False))
+        if args.busy == 1:
+            targets.append(verdict("vmem/pytorch step time, one busy process",
+                                   result["phases"]["1 busy"]["ratio"], 1.5, at_least=False))
+        elif args.busy:
+            print(f"vmem/pytorch with {args.busy} busy processes: {result['phases'][phases[1][0]]['ratio']:.3f}")
     else:
         print("PyTorch is not installed (pip install torch==2.13.0): no ratio")
-    targets.append(verdict("conv FLOP/s / matmul FLOP/s", result["conv_fraction_of_matmul"], 0.6))
+    targets.append(verdict("conv FLOP/s / matmul FLOP/s, quiet", quiet["conv_fraction_of_matmul"], 0.6))
     result["targets"] = targets
     return emit(result, args.json)
 

@@ -14,6 +14,19 @@ def stream_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def pinned_core_budget():
+    """Tests compare runs bit for bit, so every run uses the same BLAS thread count whatever the machine's
+    load (vmem.threads.BUDGET would otherwise follow it; tests/test_threads.py tests that on its own
+    budgets)."""
+    from vmem import threads
+
+    before = threads.BUDGET.fixed
+    threads.BUDGET.fix(before or threads.BUDGET.cores)  # VMEM_THREADS, where set, or every core
+    yield
+    threads.BUDGET.fix(before)
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_stream_threads():
     before = set(stream_threads())

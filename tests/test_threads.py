@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 
 import vmem
 from vmem import codecs, threads
@@ -52,3 +53,108 @@ def test_a_dropped_device_releases_its_hold():
     del dev
     gc.collect()
     assert not threads.LINK.running
+
+
+# -- the core budget -----------------------------------------------------------------------------------
+class _Clock:
+    """Stands in for the machine's readings: wall time, busy CPU seconds of the cores, our own CPU seconds."""
+
+    def __init__(self, monkeypatch):
+        self.now = self.busy = self.own = 0.0
+        monkeypatch.setattr(threads.time, "monotonic", lambda: self.now)
+        monkeypatch.setattr(threads, "_busy_seconds", lambda cpus: self.busy)
+        monkeypatch.setattr(threads, "_own_seconds", lambda: self.own)
+
+    def advance(self, seconds: float, *, ours: float, others: float) -> None:
+        """``seconds`` of wall time in which we kept ``ours`` cores busy and other processes ``others``."""
+        self.now += seconds
+        self.own += ours * seconds
+        self.busy += (ours + others) * seconds
+
+
+def test_budget_leaves_the_cores_other_processes_keep_busy(monkeypatch):
+    clock = _Clock(monkeypatch)
+    budget = threads.CoreBudget(4, interval=0.25)
+    assert budget.sample() == 4  # nothing measured yet: every core
+    clock.advance(1.0, ours=3.0, others=1.0)
+    assert budget.sample() == 3 and budget.others == 1.0
+    clock.advance(1.0, ours=1.0, others=2.6)
+    assert budget.sample() == 1  # 4 - 2.6 rounds to 1
+    clock.advance(0.1, ours=1.0, others=0.0)
+    assert budget.sample() == 1  # too soon to measure again: the previous figure holds
+    clock.advance(1.0, ours=2.0, others=0.0)
+    assert budget.sample() == 4  # the competitors stopped
+    clock.advance(1.0, ours=0.0, others=9.0)
+    assert budget.sample() == 1  # never below one thread
+
+
+def test_budget_caps_blas_threads_for_the_block_and_restores_them():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    blas = [i for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+    if not blas:
+        pytest.skip("NumPy links no BLAS threadpoolctl can see")
+    before = [i["num_threads"] for i in blas]
+    with threads.CoreBudget(fixed=1).limit() as n:
+        assert n == 1
+        assert all(i["num_threads"] == 1 for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas")
+    assert [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"] == before
+
+
+def test_codec_kernels_split_no_wider_than_the_budget(monkeypatch):
+    monkeypatch.setattr(threads.BUDGET, "threads", 1)
+    assert codecs.native._chunks(1 << 20) == [(0, 1 << 20)]
+    monkeypatch.setattr(threads.BUDGET, "threads", 3)
+    assert len(codecs.native._chunks(3 << 20)) == 3
+
+
+def test_budget_from_the_environment(monkeypatch):
+    monkeypatch.setenv("VMEM_THREADS", "2")
+    assert threads.CoreBudget(8).sample() == 2
+    monkeypatch.setenv("VMEM_THREADS", "many")
+    with pytest.raises(ValueError, match="VMEM_THREADS"):
+        threads.CoreBudget(8)
+    monkeypatch.delenv("VMEM_THREADS")
+    with pytest.raises(ValueError, match="at least 1"):
+        threads.CoreBudget(8, fixed=0)
+
+
+def test_a_step_runs_under_the_budget(monkeypatch):
+    """The CPU device's step scope is the budget's limit: BLAS runs with the budget's threads in a step."""
+    seen = []
+    original = threads.CoreBudget.limit
+
+    def spy(self):
+        seen.append(self)
+        return original(self)
+
+    monkeypatch.setattr(threads.CoreBudget, "limit", spy)
+    with vmem.device("cpu", memory="64MiB") as dev:
+        net = vmem.models.get("digits_cnn")
+        with vmem.Trainer(net, device=dev, seed=0) as trainer:
+            rng = np.random.default_rng(0)
+            trainer.step(rng.standard_normal((8, 1, 8, 8)).astype(np.float32), rng.integers(0, 10, 8))
+    assert threads.BUDGET in seen
+
+
+def test_pinning_the_budget_makes_runs_comparable_bit_for_bit(monkeypatch):
+    """BLAS products can differ in their last bits between thread counts; a pinned budget keeps every
+    step at one count, and each step reports the count it ran under."""
+    budget = threads.CoreBudget(2)
+    budget.fix(1)
+    assert budget.sample() == 1 and budget.threads == 1
+    budget.fix(None)
+    assert budget.fixed is None and budget.threads == 2
+    with pytest.raises(ValueError, match="at least 1"):
+        budget.fix(0)
+    with vmem.device("cpu", memory="64MiB") as dev:
+        with vmem.Trainer(vmem.models.get("digits_cnn"), device=dev, seed=0) as trainer:
+            rng = np.random.default_rng(0)
+            report = trainer.step(rng.standard_normal((8, 1, 8, 8)).astype(np.float32), rng.integers(0, 10, 8))
+    assert report.threads == threads.BUDGET.threads
+
+
+def test_a_bad_environment_budget_warns_and_measures(monkeypatch):
+    monkeypatch.setenv("VMEM_THREADS", "zero")
+    with pytest.warns(RuntimeWarning, match="VMEM_THREADS"):
+        budget = threads._process_budget()
+    assert budget.fixed is None

@@ -1,20 +1,29 @@
-"""Helper threads vmem starts besides the stream workers: the codec kernels' workers and the link thread
-of transfers through a codec.
+"""Helper threads vmem starts besides the stream workers (the codec kernels' workers and the link thread
+of transfers through a codec), and the core budget that all of vmem's busy threads share.
 
 Each is a :class:`WorkerPool`, made on first use. Devices hold them: every device calls :func:`hold`
 when it is made and :func:`release` when it is closed, and when the last device closes every pool is
 shut down and its threads joined, so that no thread vmem started outlives ``close()``. A pool used
 again afterwards (a codec called on its own) starts anew; :func:`shutdown` stops them all at any time.
+
+:data:`BUDGET` is the number of threads a step may keep busy: the cores this process may run on, less
+the cores other processes kept busy lately. The CPU device runs each step under :meth:`CoreBudget.limit`,
+which caps BLAS's threads to it (through threadpoolctl), and the codec kernels split their grids over
+no more workers than it allows, so that a step never runs more busy threads than there are free cores
+and slows gracefully, not by spinning threads against each other, when another process competes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
-__all__ = ["WorkerPool", "KERNELS", "LINK", "hold", "release", "shutdown", "PREFIX", "cores"]
+__all__ = ["WorkerPool", "KERNELS", "LINK", "hold", "release", "shutdown", "PREFIX", "cores", "CoreBudget",
+           "BUDGET"]
 
 #: Name prefix of every helper thread vmem starts (stream workers are ``vmem-stream-...``).
 PREFIX = "vmem-"
@@ -26,6 +35,149 @@ def cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+
+
+def _affinity() -> set[int] | None:
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return None
+
+
+def _busy_seconds(cpus: set[int] | None) -> float | None:
+    """CPU seconds the machine's ``cpus`` have been busy since boot (from /proc/stat), None where unknown."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            lines = f.read().decode("ascii", "replace").splitlines()
+    except OSError:
+        return None
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    busy = 0
+    seen = False
+    for line in lines:
+        if not line.startswith("cpu") or line.startswith("cpu "):
+            continue
+        name, *fields = line.split()
+        try:
+            cpu = int(name[3:])
+        except ValueError:
+            continue
+        if cpus is not None and cpu not in cpus:
+            continue
+        values = [int(v) for v in fields[:8]]  # user nice system idle iowait irq softirq steal
+        busy += sum(values) - values[3] - values[4]
+        seen = True
+    return busy / hz if seen else None
+
+
+def _own_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+class CoreBudget:
+    """How many threads vmem's work may keep busy at once.
+
+    ``threads`` is the cores this process may run on less the cores that other processes kept busy
+    since the previous sample (the machine's busy time from /proc/stat less this process's own CPU
+    time), at least 1. Samples closer together than ``interval`` seconds keep the previous figure, so
+    a step of a few milliseconds costs nothing. Where /proc/stat cannot be read, every core counts as
+    free. ``fixed`` pins the figure (also :meth:`fix`, or the environment: ``VMEM_THREADS=2``).
+
+    BLAS results can depend on the number of threads that computed them (the last bits of some
+    products), so a measured budget trades bitwise run-to-run reproducibility on a machine whose load
+    changes for speed under that load; pin it to compare runs bit for bit.
+    """
+
+    def __init__(self, ncores: int | None = None, *, interval: float = 0.25, fixed: int | None = None,
+                 env: bool = True):
+        self._cpus = _affinity()
+        self.cores = ncores or (len(self._cpus) if self._cpus else cores())
+        self.interval = interval
+        given = os.environ.get("VMEM_THREADS") if env else None
+        if fixed is None and given:
+            try:
+                fixed = int(given)
+            except ValueError:
+                raise ValueError(f"VMEM_THREADS must be a whole number of threads, not {given!r}") from None
+        if fixed is not None and fixed < 1:
+            raise ValueError(f"a core budget needs at least 1 thread, not {fixed}")
+        self.fixed = fixed
+        self.threads = fixed or self.cores
+        self.others = 0.0  # cores other processes kept busy over the last interval
+        self._lock = threading.Lock()
+        self._last: tuple[float, float, float] | None = None
+        self._controller: Any = None
+
+    def fix(self, threads: int | None) -> None:
+        """Pin the budget at ``threads`` (None: measure again). Results of BLAS calls can depend on how
+        many threads ran them (OpenBLAS splits some products differently), so two runs are bitwise
+        comparable only under the same figure: pin it where that matters."""
+        if threads is not None and threads < 1:
+            raise ValueError(f"a core budget needs at least 1 thread, not {threads}")
+        with self._lock:
+            self.fixed = threads
+            self.threads = threads or self.cores
+            self._last = None
+
+    def sample(self) -> int:
+        """Measure what other processes left free since the last sample; return :attr:`threads`."""
+        if self.fixed is not None:
+            return self.fixed
+        now = time.monotonic()
+        with self._lock:
+            last = self._last
+            if last is not None and now - last[0] < self.interval:
+                return self.threads
+            busy = _busy_seconds(self._cpus)
+            if busy is None:
+                return self.threads
+            own = _own_seconds()
+            self._last = (now, busy, own)
+            if last is None:
+                return self.threads
+            wall = now - last[0]
+            self.others = max(0.0, ((busy - last[1]) - (own - last[2])) / wall)
+            self.threads = max(1, min(self.cores, int(self.cores - self.others + 0.5)))
+            return self.threads
+
+    @contextlib.contextmanager
+    def limit(self) -> Iterator[int]:
+        """Run the body with BLAS's threads capped at a fresh :meth:`sample`; yields the figure."""
+        threads = self.sample()
+        controller = self._blas()
+        if controller is None:
+            yield threads
+            return
+        with controller.limit(limits=threads, user_api="blas"):
+            yield threads
+
+    def _blas(self) -> Any:
+        if self._controller is None:
+            try:
+                from threadpoolctl import ThreadpoolController
+            except ImportError:  # pragma: no cover - a core dependency
+                self._controller = False
+            else:
+                self._controller = ThreadpoolController()
+        return self._controller or None
+
+    def __repr__(self) -> str:
+        return f"CoreBudget(threads={self.threads} of {self.cores} cores, others busy {self.others:.2f})"
+
+
+def _process_budget() -> CoreBudget:
+    try:
+        return CoreBudget()
+    except ValueError as exc:  # a bad VMEM_THREADS must not make vmem unimportable
+        import warnings
+
+        warnings.warn(f"{exc}; measuring the budget instead", RuntimeWarning, stacklevel=3)
+        return CoreBudget(env=False)
+
+
+#: The budget every vmem thread shares (BLAS's threads are process-wide, so one budget per process).
+BUDGET = _process_budget()
 
 
 class WorkerPool:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import vmem
+from vmem import threads
 from vmem.errors import DeviceError
 from vmem.optim import SGD
 from vmem.pool import DevicePool, HostArena, PinnedHostPool
@@ -67,6 +68,9 @@ class FakeDevice:
 
     def synchronize(self):
         pass
+
+    def step_scope(self):
+        return threads.BUDGET.limit()  # the same BLAS threads as the CPU device: comparable bit for bit
 
     def close(self):
         self.closed = True

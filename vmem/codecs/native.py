@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..threads import KERNELS, cores
+from ..threads import BUDGET, KERNELS
 
 __all__ = ["available", "binarize_encode", "binarize_decode", "binarize_relu_backward", "zvc_encode",
            "zvc_decode", "ssdc_encode", "ssdc_decode", "dpr_encode", "dpr_decode", "fixed_encode", "fixed_decode",
@@ -40,9 +40,9 @@ _PARALLEL_MIN = 1 << 16  # threads of a grid: below this, one CPU thread runs th
 
 
 def _chunks(threads: int, cols: int = 1) -> list[tuple[int, int]]:
-    """Split a grid of ``threads`` (rows of ``cols`` threads, for 2-D kernels) into one range per core
-    (at most 8)."""
-    workers = min(cores(), 8)
+    """Split a grid of ``threads`` (rows of ``cols`` threads, for 2-D kernels) into one range per thread
+    the core budget allows (at most 8)."""
+    workers = min(BUDGET.threads, 8)
     if threads * cols < _PARALLEL_MIN or workers == 1:
         return [(0, threads)]
     step = -(-threads // workers)

@@ -18,6 +18,7 @@ import numpy as np
 from ..benchmarks import best_seconds
 from ..graph import OpInfo, Program
 from ..nn.base import Ctx, physical
+from ..threads import BUDGET
 
 __all__ = ["Profiled", "profile"]
 
@@ -173,6 +174,12 @@ def profile(program: Program, *, copy_gbps: float | None = None, repeats: int = 
 
     ``copy_gbps``: the host-device link rate if it is throttled; measured if not (a memcpy on the CPU,
     pinned copies on a device). Each measurement is the best of ``repeats`` runs (after a warm-up)."""
+    # under the same thread budget as the steps it predicts
+    with (BUDGET.limit() if device is None else device.step_scope()):
+        return _profile(program, copy_gbps, repeats, seed, device)
+
+
+def _profile(program: Program, copy_gbps: float | None, repeats: int, seed: int, device: Any) -> Profiled:
     rng = np.random.default_rng(seed)
     dtype = np.dtype(program.dtype)
     on = _Runner(device)

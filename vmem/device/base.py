@@ -9,7 +9,7 @@ one suite over every device.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ContextManager, Protocol, runtime_checkable
 
 from ..pool import Block, DevicePool, PinnedHostPool
 from ..streams import Stream
@@ -80,6 +80,11 @@ class Device(Protocol):
 
     def synchronize(self) -> None:
         """Wait for both streams; re-raise the first error their work raised."""
+        ...
+
+    def step_scope(self) -> ContextManager[Any]:
+        """The context a step (or a profiling run) runs in. The CPU device caps its host threads to the
+        core budget there (:data:`vmem.threads.BUDGET`); other devices need nothing."""
         ...
 
     def close(self) -> None:

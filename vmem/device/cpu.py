@@ -237,6 +237,10 @@ class CpuDevice:
         if errors:
             raise errors[0]
 
+    def step_scope(self) -> Any:
+        """Cap BLAS's threads to the cores other processes leave free (:data:`vmem.threads.BUDGET`)."""
+        return threads.BUDGET.limit()
+
     def close(self) -> None:
         """Finish outstanding work, stop the stream threads and, if no other device is open, the codec
         helpers' threads (idempotent)."""

@@ -9,6 +9,7 @@ refuses it: there is nothing to train on.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from typing import Any
 
@@ -82,6 +83,9 @@ class SimDevice:
     def synchronize(self) -> None:
         for stream in (self.compute_stream, self.memory_stream):
             stream.synchronize()
+
+    def step_scope(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
 
     @property
     def closed(self) -> bool:

@@ -46,6 +46,8 @@ class StepReport:
     offloaded_bytes: int = 0
     stall_seconds: float = 0.0
     timeline: Timeline = field(default_factory=Timeline, repr=False)
+    #: host threads the step's BLAS calls could use (the CPU device's core budget); None elsewhere
+    threads: int | None = None
 
     @property
     def spans(self) -> list[Span]:
@@ -53,7 +55,7 @@ class StepReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in
-                ("loss", "seconds", "peak_bytes", "average_bytes", "offloaded_bytes", "stall_seconds")}
+                ("loss", "seconds", "peak_bytes", "average_bytes", "offloaded_bytes", "stall_seconds", "threads")}
 
 
 class _Run:
@@ -120,9 +122,10 @@ class Executor(Transfers):
         r.timeline.sample(r.timeline.origin, dev.readings())
         self._begin_transfers(r)
         try:
-            for st in self.schedule.steps:
-                self._table[type(st)](r, st)
-            dev.synchronize()
+            with dev.step_scope() as threads:
+                for st in self.schedule.steps:
+                    self._table[type(st)](r, st)
+                dev.synchronize()
             r.timeline.sample(time.perf_counter(), dev.readings())
             moved = self._moved(r)
             pool.reclaim()  # every event has completed: coalesce, so each step starts as the plan's replay does
@@ -132,7 +135,8 @@ class Executor(Transfers):
         timeline = r.timeline
         report = StepReport(loss=r.loss[0] if r.loss else float("nan"), seconds=time.perf_counter() - timeline.origin,
                             peak_bytes=pool.peak, average_bytes=timeline.average_bytes(pool.in_use),
-                            offloaded_bytes=moved, stall_seconds=timeline.stall_seconds, timeline=timeline)
+                            offloaded_bytes=moved, stall_seconds=timeline.stall_seconds, timeline=timeline,
+                            threads=threads)
         return report, r.logits
 
     def _roll_back(self, r: _Run) -> None:

@@ -14,6 +14,7 @@ peak then exceeds the plan's by what the temporaries take.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any
 
@@ -194,6 +195,9 @@ class CudaDevice:
     def synchronize(self) -> None:
         for stream in (self.compute_stream, self.memory_stream):
             stream.synchronize()
+
+    def step_scope(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
 
     @property
     def closed(self) -> bool:
