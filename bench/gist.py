@@ -23,7 +23,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
 
 _HERE = str(Path(__file__).resolve().parent)
 sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE] + [_HERE]
