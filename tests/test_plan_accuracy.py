@@ -1,5 +1,13 @@
 """On the CPU device a plan's predicted peak is the measured peak, for every policy; with a profile, its
-predicted time-weighted average is within 10% of the measured one."""
+predicted time-weighted average is within 10% of the measured one.
+
+The profile times each op as the best of three runs (the op undisturbed by the machine's other work), so
+the average is compared with that of the fastest of five steps, measured the same way: on a busy machine
+a disturbed step holds its memory for longer than any plan can know. Nothing here is compared bit for bit,
+so the core budget measures the machine as it does for users (tests/conftest.py pins it elsewhere): with
+competing processes BLAS runs fewer threads, and every op and copy slows alike instead of the two BLAS
+threads waiting on each other.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,16 @@ import numpy as np
 import pytest
 
 import vmem
+from vmem import threads
 from vmem.optim import SGD
+
+
+@pytest.fixture(autouse=True)
+def measured_core_budget():
+    pinned = threads.BUDGET.fixed
+    threads.BUDGET.fix(None)
+    yield
+    threads.BUDGET.fix(pinned)
 
 NETS = {"vgg_cifar": lambda: vmem.models.get("vgg_cifar", image_size=16),
         "resnet_cifar": lambda: vmem.models.get("resnet_cifar", depth=8, image_size=16)}
@@ -24,12 +41,12 @@ def test_predicted_peak_and_average_match_the_run(name):
     for policy in POLICIES:
         with vmem.Trainer(NETS[name](), memory="256MiB", policy=policy, optimizer=SGD(lr=0.01, momentum=0.9),
                           profile=True, seed=0) as trainer:
-            reports = [trainer.step(x, y) for _ in range(3)]
+            reports = [trainer.step(x, y) for _ in range(5)]
             plan = trainer.plans[32]
         assert plan.step_seconds is not None and plan.step_seconds > 0
         for r in reports:
             assert r.peak_bytes == plan.peak_bytes, policy
-        measured = float(np.median([r.average_bytes for r in reports]))
+        measured = min(reports, key=lambda r: r.seconds).average_bytes
         assert abs(plan.average_bytes / measured - 1) < 0.10, (policy, plan.average_bytes, measured)
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from ..graph import Network
 from .classic import alexnet, googlenet, nin, overfeat, vgg, vgg_cifar
 from .resnet import resnet, resnet_cifar
-from .small import digits_cnn, mini_googlenet
+from .small import digits_cnn, digits_vgg, mini_googlenet
 
 __all__ = ["get", "names", "info"]
 
@@ -26,7 +26,8 @@ _ZOO: dict[str, tuple[Callable[..., Network], dict[str, Any], str]] = {
     "nin": (nin, {}, "Network in Network (ImageNet), 3x224x224"),
     "vgg_cifar": (vgg_cifar, {}, "VGG for 32x32 inputs (CPU benchmark reference)"),
     "resnet_cifar": (resnet_cifar, {}, "pre-activation CIFAR ResNet, depth=6n+2 or 9n+2 (default 20)"),
-    "digits_cnn": (digits_cnn, {}, "small CNN for 8x8 digits (default of vmem train)"),
+    "digits_cnn": (digits_cnn, {}, "small CNN for 8x8 digits"),
+    "digits_vgg": (digits_vgg, {}, "VGG-style stack for digits at 16x16, width=, depth= (default of vmem train)"),
     "mini_googlenet": (mini_googlenet, {}, "GoogLeNet-style net with inception joins, 3x32x32"),
 }
 for _extra, _depth in ((20, 116), (40, 216), (60, 316), (80, 416)):
