@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from vmem import cli
 from vmem.cli import main
 
 
@@ -17,25 +18,42 @@ def run(capsys, *argv):
     return code, out.out, out.err
 
 
-def test_train_with_its_defaults_reaches_95_percent(capsys):
+def test_train_with_its_defaults_reaches_95_percent_in_half_the_baselines_memory(capsys):
     code, out, _ = run(capsys, "train", "--json")
     assert code == 0
     result = json.loads(out)
     for key in ("model", "dataset", "policy", "epochs", "train_loss", "val_accuracy", "step_seconds", "peak_bytes",
-                "average_bytes", "offloaded_bytes"):
+                "average_bytes", "offloaded_bytes", "baseline_peak_bytes", "memory", "chosen"):
         assert key in result
-    assert result["model"] == "digits_cnn" and result["dataset"] == "digits" and result["policy"] == "baseline"
+    assert result["model"] == "digits_vgg" and result["dataset"] == "digits" and result["policy"] == "vdnn-dyn"
     assert result["val_accuracy"] >= 0.95
-    assert 0 < result["peak_bytes"] == result["average_bytes"]
+    needs = result["baseline_peak_bytes"]
+    assert result["memory"] >= needs * cli.AUTO_FRACTION and result["memory"] - needs * cli.AUTO_FRACTION < 1024
+    assert 0 < result["average_bytes"] <= result["peak_bytes"] <= 0.6 * needs
+    assert result["offloaded_bytes"] > 0 and result["chosen"]
+
+
+def test_train_says_what_the_budget_saves_and_what_dyn_chose(capsys):
+    code, out, _ = run(capsys, "train", "--epochs", "1", "--memory", "auto:0.6")
+    assert code == 0
+    assert "60% of the" in out and "the baseline policy needs (--memory auto:0.6)" in out
+    assert "x the" in out.splitlines()[-3] and "offloaded" in out and "vdnn-dyn step" in out.splitlines()[-1]
+
+
+def test_a_named_policy_keeps_the_fixed_default_memory(capsys):
+    code, out, _ = run(capsys, "train", "--epochs", "1", "--model", "digits_cnn", "--policy", "baseline", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert result["memory"] is None and result["baseline_peak_bytes"] is None
 
 
 def test_train_prints_loss_accuracy_step_time_and_peak_memory(capsys):
     code, out, _ = run(capsys, "train", "--epochs", "1", "--dataset", "synthetic", "--model", "mini_googlenet",
                        "--batch", "16", "--memory", "64MiB")
     assert code == 0
-    last = out.strip().splitlines()[-1]
+    summary = next(line for line in out.splitlines() if line.startswith("done in"))
     for word in ("val accuracy", "train loss", "step time", "peak device memory"):
-        assert word in last
+        assert word in summary
 
 
 def test_plan_json(capsys):
@@ -59,8 +77,11 @@ def test_models_json(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["train", "--policy", "nope"], "unknown policy 'nope'"),
     (["train", "--memory", "lots"], "memory='lots'"),
+    (["train", "--memory", "auto:2"], "auto takes a fraction"),
+    (["train", "--memory", "auto:half"], "auto takes a fraction"),
     (["train", "--model", "vgg17"], "unknown model 'vgg17'"),
-    (["train", "--memory", "1MiB"], "Out of device memory"),
+    (["train", "--policy", "baseline", "--memory", "1MiB"], "Out of device memory"),
+    (["train", "--memory", "1MiB"], "needs at least 2.00 MiB"),
     (["train", "--policy", "baseline:algo=fast"], "has no option 'algo'"),
 ])
 def test_bad_input_is_one_clear_line(capsys, argv, message):

@@ -77,6 +77,27 @@ def _model(args: argparse.Namespace):
     return models.get(args.model, **kwargs)
 
 
+#: ``vmem train --memory auto``: the device budget as a fraction of the baseline policy's peak
+AUTO_FRACTION = 0.5
+
+
+def _auto_fraction(memory: str | None, policy: str) -> float | None:
+    """The fraction of the baseline's peak ``--memory`` asks for (None: a size, or the 1GiB default)."""
+    if memory is None:
+        return AUTO_FRACTION if policy.split(":")[0] == "vdnn-dyn" else None
+    if memory != "auto" and not memory.startswith("auto:"):
+        return None
+    text = memory.partition(":")[2] or str(AUTO_FRACTION)
+    try:
+        fraction = float(text)
+    except ValueError:
+        fraction = -1.0
+    if not 0 < fraction <= 1:
+        raise ValueError(f"--memory {memory}: auto takes a fraction of the baseline's peak in (0, 1], "
+                         "e.g. auto:0.5")
+    return fraction
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -89,16 +110,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     train, val = data.load(args.dataset, input_shape=net.input_shape, seed=args.seed)
     if train.num_classes != net.output_shape()[1]:
         net = _rebuild_for_classes(args, train.num_classes)
+    fraction = _auto_fraction(args.memory, args.policy)
+    memory: Any = args.memory
+    needs = None
+    if fraction is not None:  # a budget below what the baseline needs: what vmem is for
+        from .planner import plan
+
+        needs = plan(net, args.batch, device=args.device, policy="baseline").peak_bytes
+        memory = -(-int(needs * fraction) // 1024) * 1024
     if args.optimizer == "sgd":
         opt = optim.SGD(lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     else:
         opt = optim.Adam(lr=args.lr, weight_decay=args.weight_decay)
     t0 = time.perf_counter()
-    with Trainer(net, device=args.device, memory=args.memory, policy=_policy_spec(args), optimizer=opt,
+    with Trainer(net, device=args.device, memory=memory, policy=_policy_spec(args), optimizer=opt,
                  seed=args.seed) as trainer:
         if not args.json:
             print(f"training {net.name} on {args.dataset} ({len(train)} train / {len(val)} val), batch {args.batch}, "
                   f"policy {trainer.policy.spec}, device {trainer.device!r}", flush=True)
+            if needs is not None:
+                print(f"device memory {format_bytes(memory)}: {fraction:.0%} of the {format_bytes(needs)} the "
+                      f"baseline policy needs (--memory auto:{fraction:g})", flush=True)
         from .training import Checkpoint, CosineSchedule
 
         schedule = [CosineSchedule()] if args.schedule == "cosine" else []
@@ -114,7 +146,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     last = history.last
     result = {
         "model": net.name, "dataset": args.dataset, "policy": _policy_spec(args), "device": args.device,
-        "memory": args.memory, "batch": args.batch, "epochs": args.epochs, "seed": args.seed,
+        "memory": memory, "baseline_peak_bytes": needs, "batch": args.batch, "epochs": args.epochs, "seed": args.seed,
         "train_loss": last.train_loss, "val_loss": last.val_loss, "val_accuracy": last.val_accuracy,
         "step_seconds": float(np.median([e.step_seconds for e in history.epochs])),
         "peak_bytes": max(e.peak_bytes for e in history.epochs),
@@ -130,6 +162,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"done in {wall:.1f} s: val accuracy {last.val_accuracy:.2%}, train loss {last.train_loss:.4f}, "
               f"step time {result['step_seconds'] * 1e3:.1f} ms (median), peak device memory "
               f"{format_bytes(result['peak_bytes'])} (average {format_bytes(result['average_bytes'])})")
+        if needs is not None:
+            print(f"used {format_bytes(result['peak_bytes'])} of device memory at the peak: "
+                  f"{result['peak_bytes'] / needs:.2f}x the {format_bytes(needs)} the baseline policy needs")
         if result["offloaded_bytes"]:
             print(f"offloaded {format_bytes(result['offloaded_bytes'])} a step to pinned host memory; "
                   f"compute waited {result['stall_seconds'] * 1e3:.1f} ms a step for the memory stream")
@@ -221,16 +256,18 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
-def _common(p: argparse.ArgumentParser, model_default: str | None) -> None:
+def _common(p: argparse.ArgumentParser, model_default: str | None, policy_default: str = "baseline",
+            memory_help: str = "device memory, e.g. 256MiB or 12GB (default 1GiB)") -> None:
     """Options every command that builds a model takes."""
     p.add_argument("--model", default=model_default, required=model_default is None,
                    help="zoo model name (see `vmem models`)" + (f"; default {model_default}" if model_default else ""))
     p.add_argument("--image-size", type=_positive_int, help="input height and width (default: the model's)")
     p.add_argument("--depth", type=_positive_int, help="depth, for resnet_cifar")
     p.add_argument("--device", default="cpu", help="device name: cpu (default) or sim:<gpu> (see vmem devices)")
-    p.add_argument("--memory", default=None, help="device memory, e.g. 256MiB or 12GB (default 1GiB)")
-    p.add_argument("--policy", default="baseline",
-                   help="policy spec: baseline, layerwise, vdnn-all, vdnn-conv, vdnn-dyn, gist, with :key=value options")
+    p.add_argument("--memory", default=None, help=memory_help)
+    p.add_argument("--policy", default=policy_default,
+                   help="policy spec: baseline, layerwise, vdnn-all, vdnn-conv, vdnn-dyn, gist, with :key=value options"
+                   f" (default {policy_default})")
     p.add_argument("--algos", choices=("memory", "performance"), help="convolution algorithms (adds algos= to --policy)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
@@ -238,7 +275,9 @@ def _common(p: argparse.ArgumentParser, model_default: str | None) -> None:
 
 def _add_train(sub: Any) -> None:
     p = sub.add_parser("train", help="train a model on a dataset", description="Train a zoo model with vmem.Trainer.")
-    _common(p, "digits_cnn")
+    _common(p, "digits_vgg", policy_default="vdnn-dyn", memory_help=(
+        "device memory, e.g. 256MiB, or auto[:FRACTION]: that fraction of what the baseline policy would need "
+        f"(default auto:{AUTO_FRACTION:g} with vdnn-dyn, 1GiB with any other policy)"))
     p.add_argument("--dataset", default="digits", choices=("digits", "synthetic"), help="default digits")
     p.add_argument("--batch", type=_positive_int, default=32, help="batch size (default 32)")
     p.add_argument("--epochs", type=_positive_int, default=10, help="epochs (default 10)")

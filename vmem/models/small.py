@@ -19,7 +19,7 @@ def digits_cnn(num_classes: int = 10, image_size: int = 8, channels: int = 1) ->
                       name="digits_cnn")
 
 
-def digits_vgg(num_classes: int = 10, image_size: int = 16, channels: int = 1, width: int = 16,
+def digits_vgg(num_classes: int = 10, image_size: int = 16, channels: int = 1, width: int = 8,
                depth: int = 8, batchnorm: bool = True) -> Sequential:
     """A VGG-style stack for scikit-learn's digits scaled to 16x16 (the default of ``vmem train``).
 
