@@ -18,7 +18,7 @@ PARAMS = {"alexnet": 61_100_840, "vgg16": 138_357_544, "resnet50": 25_557_032, "
 def test_every_model_builds_at_its_default_size(name):
     net = vmem.models.get(name)
     program = net.build(2)
-    classes = 10 if name in ("vgg_cifar", "resnet_cifar", "digits_cnn", "mini_googlenet") else 1000
+    classes = 10 if name in ("vgg_cifar", "resnet_cifar", "digits_cnn", "digits_vgg", "mini_googlenet") else 1000
     assert program.tensors[program.output].shape == (2, classes)
     assert program.flops > 0
     net = vmem.models.get(name, num_classes=7)
