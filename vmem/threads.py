@@ -29,19 +29,18 @@ __all__ = ["WorkerPool", "KERNELS", "LINK", "hold", "release", "shutdown", "PREF
 PREFIX = "vmem-"
 
 
-def cores() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 def _affinity() -> set[int] | None:
+    """The CPUs this process may run on (None where the system does not say)."""
     try:
         return set(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
         return None
+
+
+def cores() -> int:
+    """Cores this process may run on."""
+    cpus = _affinity()
+    return len(cpus) if cpus else os.cpu_count() or 1
 
 
 def _busy_seconds(cpus: set[int] | None) -> float | None:
@@ -92,22 +91,19 @@ class CoreBudget:
     def __init__(self, ncores: int | None = None, *, interval: float = 0.25, fixed: int | None = None,
                  env: bool = True):
         self._cpus = _affinity()
-        self.cores = ncores or (len(self._cpus) if self._cpus else cores())
+        self.cores = ncores or cores()
         self.interval = interval
+        self.others = 0.0  # cores other processes kept busy over the last interval
+        self._lock = threading.Lock()
+        self._last: tuple[float, float, float] | None = None
+        self._controller: Any = None
         given = os.environ.get("VMEM_THREADS") if env else None
         if fixed is None and given:
             try:
                 fixed = int(given)
             except ValueError:
                 raise ValueError(f"VMEM_THREADS must be a whole number of threads, not {given!r}") from None
-        if fixed is not None and fixed < 1:
-            raise ValueError(f"a core budget needs at least 1 thread, not {fixed}")
-        self.fixed = fixed
-        self.threads = fixed or self.cores
-        self.others = 0.0  # cores other processes kept busy over the last interval
-        self._lock = threading.Lock()
-        self._last: tuple[float, float, float] | None = None
-        self._controller: Any = None
+        self.fix(fixed)
 
     def fix(self, threads: int | None) -> None:
         """Pin the budget at ``threads`` (None: measure again). Results of BLAS calls can depend on how
