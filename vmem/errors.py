@@ -120,8 +120,9 @@ class CheckpointError(VmemError):
     """A checkpoint could not be read or does not match the model; the model is left untouched."""
 
 
-class PlanError(VmemError):
-    """No plan satisfies the request (for example, the network cannot fit the memory budget)."""
+class PlanError(VmemError, ValueError):
+    """No plan satisfies the request (for example, the network cannot fit the memory budget), or a plan is
+    invalid (a recompute source that is not live when it is needed)."""
 
 
 class DeviceError(VmemError, ValueError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..errors import ShapeError
-from .base import AuxSpec, Ctx, Layer, Shape, physical
+from .base import AuxSpec, Ctx, Layer, Shape
 
 __all__ = ["ReLU", "Sigmoid", "Tanh", "Mul", "Dropout"]
 
@@ -105,7 +105,8 @@ def _size(shape: Shape) -> int:
 
 class Dropout(Layer):
     """Inverted dropout: in training, zero each value with probability ``p`` and scale the rest by
-    1/(1-p); in evaluation, the identity. The mask is saved for backward (1 byte per value)."""
+    1/(1-p); in evaluation, the identity. The mask is saved for backward as bits (``numpy.packbits``
+    order: 1 bit per value), so a replay (``ctx.replay``) drops the same units without drawing again."""
 
     kind = "dropout"
     inplace = True
@@ -120,24 +121,34 @@ class Dropout(Layer):
         return f"p={self.p}"
 
     def aux_specs(self, in_shapes: Sequence[Shape]) -> dict[str, AuxSpec]:
-        return {"mask": AuxSpec(physical(in_shapes[0]), "uint8")}
+        return {"mask": AuxSpec((-(-_size(in_shapes[0]) // 8),), "uint8")}
+
+    def _keep(self, ctx: Ctx, shape: tuple) -> Any:
+        """The saved mask as booleans of ``shape``."""
+        n = _size(shape)
+        return ctx.xp.unpackbits(ctx.aux["mask"])[:n].reshape(shape).view(bool)
 
     def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
-        xp, x, mask = ctx.xp, xs[0], ctx.aux["mask"]
+        xp, x = ctx.xp, xs[0]
         if not ctx.train or self.p == 0.0:
-            mask.fill(1)
             if not xp.may_share_memory(x, y):
                 y[...] = x
             return
-        # drawn on the host from the step's generator, so every device drops the same units
-        xp.greater_equal(xp.asarray(ctx.rng.random(x.shape, dtype=x.dtype)), self.p, out=mask.view(bool))
-        xp.multiply(x, mask, out=y)
+        if ctx.replay:
+            keep = self._keep(ctx, x.shape)
+        else:  # drawn on the host from the step's generator, so every device drops the same units
+            keep = xp.asarray(ctx.rng.random(x.shape, dtype=x.dtype) >= self.p)
+            ctx.aux["mask"][...] = xp.packbits(keep.ravel())
+        xp.multiply(x, keep, out=y)
         y *= 1.0 / (1.0 - self.p)
 
     def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
         dx = dxs[0]
         if dx is None:
             return
-        ctx.xp.multiply(dy, ctx.aux["mask"], out=dx)
-        if ctx.train and self.p:
-            dx *= 1.0 / (1.0 - self.p)
+        if not ctx.train or self.p == 0.0:
+            if not ctx.xp.may_share_memory(dx, dy):
+                dx[...] = dy
+            return
+        ctx.xp.multiply(dy, self._keep(ctx, dy.shape), out=dx)
+        dx *= 1.0 / (1.0 - self.p)

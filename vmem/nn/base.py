@@ -12,6 +12,10 @@ weights ``(out, in)``.
 What backward needs (``Layer.needs``): ``"x"`` the layer's inputs, ``"y"`` its output, ``"mask"`` only
 the sign of its output (ReLU: 1 bit would do), or nothing. Saved state a layer makes itself (an argmax map,
 a dropout mask, batch statistics) is declared by ``aux_specs`` and handed to it as ``ctx.aux``.
+
+Replays. A forward may run twice in one training step (``ctx.replay``): the second run must write the
+same output bit for bit and change nothing else. Layers with randomness reuse their saved state; layers
+that update buffers (running statistics) leave them alone.
 """
 
 from __future__ import annotations
@@ -81,6 +85,9 @@ class Ctx:
     algo: str | None = None  # convolution algorithm for this pass
     in_shapes: tuple[Shape, ...] = ()  # physical shapes of the inputs
     conv: Any = None  # the device's convolution backend (cuDNN on CUDA); None: the layer's own NumPy algorithms
+    #: a second forward of the same step (to rebuild an output backward reads): reuse the saved state
+    #: (dropout's mask), update nothing (batch norm's running statistics), and write the same output
+    replay: bool = False
 
 
 class Layer(ABC):

@@ -70,12 +70,13 @@ class BatchNorm2d(Layer):
             m = x2.shape[0]
             xp.mean(x2, axis=0, out=mean)
             var = xp.var(x2, axis=0)
+        if ctx.train and not ctx.replay:  # a replay writes the same output and leaves the statistics alone
             rm, rv = p["running_mean"], p["running_var"]
             rm *= 1.0 - self.momentum
             rm += self.momentum * mean
             rv *= 1.0 - self.momentum
             rv += (self.momentum * m / max(m - 1, 1)) * var
-        else:
+        elif not ctx.train:
             mean[...] = p["running_mean"]
             var = p["running_var"]
         invstd[...] = 1.0 / xp.sqrt(var + self.eps)

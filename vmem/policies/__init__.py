@@ -8,6 +8,7 @@ from . import baseline as _baseline  # noqa: F401  (registers the policies)
 from . import dyn as _dyn  # noqa: F401
 from . import gist as _gist  # noqa: F401
 from . import layerwise as _layerwise  # noqa: F401
+from . import recompute as _recompute  # noqa: F401
 from . import vdnn as _vdnn  # noqa: F401
 from .base import Policy, get, names, parse_spec, register
 from .plan import Plan

@@ -1,7 +1,8 @@
 """The Plan: what a policy decided for one network, batch and device. Decisions only; frozen plain data.
 
 Decisions: the algorithm of every convolution pass, what happens to every stashed feature-map buffer
-(named by the tensor that owns it: ``"keep"``, ``"offload"``, ``"encode"``), at which layer's backward each
+(named by the tensor that owns it: ``"keep"``, ``"offload"``, ``"encode"``, ``"recompute"``; a buffer no
+backward reads may be kept or recomputed as the source of a rebuild), at which layer's backward each
 offloaded buffer is prefetched, which codec encodes an offloaded buffer on its way to the host (cDMA) or
 an encoded buffer on the device until backward (Gist), the offload sync mode, and how memory is
 allocated (``"network"``: everything up front, as Torch and Caffe do; ``"layer"``: layer by layer,
@@ -40,6 +41,7 @@ class Plan:
     reason: str = ""
     chosen: str | None = None  # for a policy that chooses among others (vdnn-dyn): the one it chose
     step: int | None = None  # ... and the step of its procedure that chose it
+    notes: dict[str, str] = field(default_factory=dict)  # buffer -> why the policy decided as it did (echo)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -57,10 +57,15 @@ def check_density(policy: str, density: float) -> None:
         raise ValueError(f"policy {policy!r}: density={density!r} must be a fraction in [0, 1]")
 
 
-def prefetch_points(program: Program, offloaded: set[int]) -> dict[str, list[str]]:
-    """For each op (by name), the offloaded buffers to prefetch when its backward starts (vDNN's rule)."""
+def prefetch_points(program: Program, offloaded: set[int],
+                    reads: dict[int, list[int]] | None = None) -> dict[str, list[str]]:
+    """For each op (by name), the offloaded buffers to prefetch when its backward starts (vDNN's rule).
+    ``reads``: op -> buffers used at its backward, where rebuilds read more than the backward itself
+    (see :func:`vmem.schedule.recompute.backward_uses`); default: what each backward reads."""
     ops, tensors = program.ops, program.tensors
-    needs = {op.index: [b for b in program.backward_reads(op) if b in offloaded] for op in ops}
+    reads = reads or {}
+    needs = {op.index: [b for b in dict.fromkeys(reads.get(op.index, program.backward_reads(op))) if b in offloaded]
+             for op in ops}
     back: set[int] = set()
     points: dict[str, list[str]] = {}
     for m in range(len(ops) - 1, -1, -1):

@@ -25,7 +25,7 @@ from ..nn.base import Ctx, physical
 from ..optim import Optimizer
 from ..schedule import Key, Kind, Schedule
 from ..schedule.steps import (Accumulate, Alloc, Backward, CopyOut, Decode, Encode, Forward, Free, Loss, Offload,
-                              Prefetch, Release, Update, Upload, WaitPrefetch, handlers)
+                              Prefetch, Recompute, Release, Update, Upload, WaitPrefetch, handlers)
 from .params import DeviceParams
 from .timeline import Span, Timeline
 from .transfers import Transfers, timed
@@ -102,7 +102,8 @@ class Executor(Transfers):
         self._aux_dtype = {(op.index, k): (self.dtype if a.dtype == "float" else np.dtype(a.dtype))
                            for op in ops for k, a in op.aux.items()}
         self._table = handlers({
-            Alloc: self._alloc, Free: self._free, Upload: self._upload, Forward: self._forward, Loss: self._loss,
+            Alloc: self._alloc, Free: self._free, Upload: self._upload, Forward: self._forward,
+            Recompute: self._recompute, Loss: self._loss,
             Backward: self._backward, Accumulate: self._accumulate, Update: self._update, Offload: self._offload,
             Release: self._release,
             Prefetch: self._prefetch, WaitPrefetch: self._wait_prefetch, Encode: self._encode, Decode: self._decode,
@@ -191,13 +192,14 @@ class Executor(Transfers):
     def _labels(self, r: _Run) -> Any:
         return self._view(r, _LABELS, (self.program.batch,), np.int64)
 
-    def _ctx(self, r: _Run, i: int, train: bool, rng: Any, algo: Any, workspace: Key | None) -> Ctx:
+    def _ctx(self, r: _Run, i: int, train: bool, rng: Any, algo: Any, workspace: Key | None,
+             replay: bool = False) -> Ctx:
         op = self.program.ops[i]
         aux = {k: self._view(r, self.schedule.aux[(i, k)], a.shape, self._aux_dtype[(i, k)]) for k, a in op.aux.items()}
         ws = self._view(r, workspace, (r.blocks[workspace].nbytes,), np.uint8) if workspace is not None else None
         return Ctx(xp=self.xp, params=self._op_params[i], grads=self._op_grads[i], aux=aux, train=train, rng=rng,
                    workspace=ws, algo=algo, in_shapes=tuple(physical(s) for s in op.in_shapes),
-                   conv=self.device.conv_backend)
+                   conv=self.device.conv_backend, replay=replay)
 
     # -- ops ---------------------------------------------------------------------------------------
     def _forward(self, r: _Run, st: Forward) -> None:
@@ -205,6 +207,12 @@ class Executor(Transfers):
         ctx = self._ctx(r, st.op, r.train, r.rng, st.algo, st.workspace)
         xs = [self._value(r, t) for t in op.inputs]
         self._launch(r, op.name, op.layer.forward, ctx, xs, self._value(r, op.output))
+
+    def _recompute(self, r: _Run, st: Recompute) -> None:
+        op = self.program.ops[st.op]
+        ctx = self._ctx(r, st.op, True, None, st.algo, st.workspace, replay=True)
+        xs = [self._value(r, t) for t in op.inputs]
+        self._launch(r, f"{op.name}.recompute", op.layer.forward, ctx, xs, self._value(r, op.output), kind="recompute")
 
     def _backward(self, r: _Run, st: Backward) -> None:
         op = self.program.ops[st.op]

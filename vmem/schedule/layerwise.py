@@ -1,7 +1,8 @@
-"""Layer-wise lowering (vDNN, Gist): every buffer is allocated just before its first use and released after
-its last; stashed buffers the plan offloads leave after their last forward use and come back at the
+"""Layer-wise lowering (vDNN, Gist, Echo): every buffer is allocated just before its first use and released
+after its last; stashed buffers the plan offloads leave after their last forward use and come back at the
 prefetch points the plan names; encoded ones are kept as their encoding in between (binarized ones are
-never decoded: ReLU's backward reads the bits).
+never decoded: ReLU's backward reads the bits); recomputed ones are freed after their last forward use and
+rebuilt before their first backward use (:mod:`.recompute`: the walk, its sources and its errors).
 
 When an offload starts (vDNN's overlap). A buffer is copied to the host once it holds what backward will
 read: right after the last op that writes it (an in-place layer writes over its input, so a ReLU after a
@@ -21,7 +22,9 @@ from .gradients import gradients, needs_grad
 from .lower import (LABELS, LOSS, PROBS, _algos, _alloc, _values, codec_info, decode_step, encode_step,
                     offload_step,
                     op_workspace, persistent_buffers, pinned_bytes, prefetch_step)
-from .steps import Alloc, Backward, Buffer, Forward, Free, Key, Kind, Loss, Release, Schedule, Step, Update, WaitPrefetch
+from .recompute import Rebuild, backward_uses, check_sources, decisions
+from .steps import (Alloc, Backward, Buffer, Forward, Free, Key, Kind, Loss, Recompute, Release, Schedule, Step,
+                    Update, WaitPrefetch)
 
 if TYPE_CHECKING:
     from ..policies.plan import Plan
@@ -40,19 +43,26 @@ class _Layerwise:
         self.grads = gradients(program, self.needs)
         for key, (_, _, nbytes) in self.grads.intervals.items():
             self.buffers[key] = Buffer(key, max(nbytes, 1), "gradient_maps")
-        by_name = {t.name: t.id for t in tensors}
         self.stashed = program.stashed_buffers()
-        self.offloaded = {by_name[name] for name, d in plan.stash.items() if d == "offload"}
-        self.encoded = {by_name[name] for name, d in plan.stash.items() if d == "encode"}
-        unknown = (self.offloaded | self.encoded) - self.stashed
-        if unknown:
-            raise ValueError(f"plan {plan.policy!r} offloads or encodes buffers no backward reads: "
-                             f"{sorted(tensors[b].name for b in unknown)}")
+        self.decided = decisions(program, plan.stash)
+        check_sources(program, self.decided)
+        self.offloaded = {b for b, d in self.decided.items() if d == "offload"}
+        self.encoded = {b for b, d in self.decided.items() if d == "encode"}
+        self.recomputed = {b for b, d in self.decided.items() if d == "recompute"}
         self.codecs = codec_info(program, plan, self.offloaded, self.encoded)
         self.enc = {b: Key(Kind.ENCODED, tensors[b].name) for b in self.encoded}
         for b, key in self.enc.items():
             self.buffers[key] = Buffer(key, self.codecs[b][1], "encoded")
         self.binarized = {b for b in self.encoded if self.codecs[b][2]}
+        lossless = {b for b in self.encoded if self.codecs[b][0].lossless and not self.codecs[b][2]}
+        self.walk = backward_uses(program, self.decided, self.needs, lossless)
+        self.last_use: dict[int, tuple[int, int]] = {}  # buffer -> (walk position, rebuild index or -1: its backward)
+        for pos, uses in enumerate(self.walk):
+            for k, rebuild in enumerate(uses.rebuilds):
+                for src in rebuild.sources:
+                    self.last_use[src] = (pos, k)
+            for b in uses.reads:
+                self.last_use[b] = (pos, -1)
         self.buf = {t.id: t.buffer for t in tensors}
         self.last_forward: dict[int, int] = {}
         for op in ops:
@@ -61,10 +71,6 @@ class _Layerwise:
         self.last_forward[self.buf[program.output]] = len(ops)  # the loss reads the logits (their buffer may be
         # an earlier op's, written over in place by a last Flatten)
         self.last_writer = {self.buf[op.output]: op.index for op in ops}  # buffer -> the last op writing it
-        self.last_backward: dict[int, int] = {}  # buffer -> the last op (in backward order) whose backward reads it
-        for op in ops:
-            for b in program.backward_reads(op):
-                self.last_backward[b] = min(self.last_backward.get(b, len(ops)), op.index)
         self.workspace: dict[tuple[int, str], Key] = {}
         for i in range(len(ops)):
             for pass_, nbytes in zip(("fwd", "bwd"), op_workspace(program, plan, i)):
@@ -111,7 +117,7 @@ class _Layerwise:
                 elif b in self.encoded:
                     self.alloc_encoding(b)
                     self.steps += [encode_step(program, b, value[b], self.enc[b], self.codecs[b]), Free(value[b])]
-                elif b not in self.stashed:
+                elif self.decided.get(b) != "keep":  # not stashed, or recomputed in backward
                     self.steps.append(Free(value[b]))
 
     def loss(self) -> None:
@@ -120,7 +126,7 @@ class _Layerwise:
         self.alloc(PROBS)
         self.alloc(self.grads.of_tensor[program.output])
         self.steps += [Loss(), Free(PROBS), Free(LABELS)]
-        if self.buf[program.output] not in self.stashed:
+        if self.decided.get(self.buf[program.output]) in (None, "recompute"):
             self.steps.append(Free(self.value[program.output]))
 
     def backward(self) -> None:
@@ -136,7 +142,8 @@ class _Layerwise:
         by_name = {t.name: t.id for t in program.tensors}
         prefetched: set[int] = set()
         ready: set[int] = set()
-        for i in (i for i in range(n - 1, -1, -1) if self.needs[ops[i].output]):
+        for pos, uses in enumerate(self.walk):
+            i = uses.op
             op = ops[i]
             for name in plan.prefetch.get(op.name, []):
                 b = by_name[name]
@@ -144,34 +151,62 @@ class _Layerwise:
                 self.alloc(value[b])
                 self.steps.append(prefetch_step(program, b, value[b], self.buffers[value[b]].nbytes,
                                                 self.codecs.get(b)))
-            self.bring_back(op, prefetched, ready)
+            for k, rebuild in enumerate(uses.rebuilds):
+                self.rebuild(rebuild, prefetched, ready, (pos, k))
+            self.bring_back(op, uses.reads, prefetched, ready)
             for key in starts.get(n - i, []):
                 self.alloc(key)
             self.around_workspace(i, "bwd", self.backward_step(i))
             self.steps += self.grads.acc_steps.get(i, [])
             self.steps += [Free(key) for key in ends.get(n - i, [])]
             self.steps += [Free(self.aux[(i, k)]) for k in op.aux]
-            self.steps += [Free(self.enc[b] if b in self.binarized else value[b]) for b in program.backward_reads(op)
-                           if self.last_backward[b] == i]
+            self.steps += [Free(self.enc[b] if b in self.binarized else value[b]) for b in uses.reads
+                           if self.last_use[b] == (pos, -1)]
         # saved state of layers whose backward does not run
         self.steps += [Free(self.aux[(i, k)]) for i in range(n) if not self.needs[ops[i].output] for k in ops[i].aux]
+        self.steps += [Free(key) for key in self.still_allocated() if key != LOSS]  # held but never read back
         self.steps += [Update(), Free(LOSS)]
 
-    def bring_back(self, op: Any, prefetched: set[int], ready: set[int]) -> None:
-        """Before ``op``'s backward: decode what it reads that is encoded, wait for what is prefetched."""
+    def still_allocated(self) -> list[Key]:
+        live: dict[Key, None] = {}
+        for st in self.steps:
+            if type(st) is Alloc:
+                live[st.buffer.key] = None
+            elif type(st) in (Free, Release):
+                live.pop(st.key, None)  # type: ignore[union-attr]
+        return list(live)
+
+    def bring_back(self, op: Any, reads: tuple[int, ...], prefetched: set[int], ready: set[int],
+                   reader: str | None = None) -> None:
+        """Before ``op``'s backward (or a rebuild, ``reader``): decode what it reads that is encoded, wait for
+        what is prefetched."""
         program, value = self.program, self.value
-        for b in program.backward_reads(op):
+        for b in reads:
             if b in self.encoded and b not in ready and b not in self.binarized:
                 ready.add(b)
                 self.alloc(value[b])
                 self.steps += [decode_step(program, b, value[b], self.enc[b], self.codecs[b]), Free(self.enc[b])]
-        for b in program.backward_reads(op):
+        for b in reads:
             if b in self.offloaded and b not in ready:  # later readers are ordered after the first on compute
                 if b not in prefetched:
                     raise ValueError(f"plan {self.plan.policy!r}: {program.tensors[b].name!r} is offloaded but never "
-                                     f"prefetched before the backward of {op.name!r}")
+                                     f"prefetched before {reader or f'the backward of {op.name!r}'}")
                 ready.add(b)
                 self.steps.append(WaitPrefetch(value[b]))
+
+    def rebuild(self, rebuild: Rebuild, prefetched: set[int], ready: set[int], at: tuple[int, int]) -> None:
+        """Run the ops that write a recomputed buffer again, from its live sources; free the sources whose
+        last use this is."""
+        program, value = self.program, self.value
+        b = rebuild.buffer
+        producer = program.ops[rebuild.chain[0]]
+        self.bring_back(producer, rebuild.sources, prefetched, ready,
+                        reader=f"the rebuild of {program.tensors[b].name!r}")
+        self.alloc(value[b])
+        for j in rebuild.chain:
+            ws = self.workspace.get((j, "fwd"))
+            self.around_workspace(j, "fwd", Recompute(j, _algos(self.plan, program, j)[0], ws))
+        self.steps += [Free(value[s]) for s in rebuild.sources if self.last_use[s] == at]
 
     def backward_step(self, i: int) -> Backward:
         op = self.program.ops[i]

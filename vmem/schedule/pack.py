@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Callable, Iterable, NamedTuple
 
 from .steps import (Accumulate, Alloc, Backward, CopyOut, Decode, Encode, Forward, Free, Loss, Offload, Prefetch,
-                    Release, Schedule, Step, Update, Upload, WaitPrefetch, handlers)
+                    Recompute, Release, Schedule, Step, Update, Upload, WaitPrefetch, handlers)
 
 __all__ = ["Life", "lifetimes", "pack", "place", "peak_live", "GREEDY_LIMIT", "STRATEGIES"]
 
@@ -34,7 +34,7 @@ STRATEGIES = ("auto", "sweep", "greedy")
 
 _OPEN, _CLOSE = "open", "close"
 # the memory effect of each step kind (the one table this consumer dispatches on)
-_EFFECT = handlers({Alloc: _OPEN, Free: _CLOSE, Release: _CLOSE, Offload: None, Upload: None, Forward: None, Loss: None,
+_EFFECT = handlers({Alloc: _OPEN, Free: _CLOSE, Release: _CLOSE, Offload: None, Upload: None, Forward: None, Recompute: None, Loss: None,
                     Backward: None, Accumulate: None, Update: None, Prefetch: None, WaitPrefetch: None,
                     Encode: None, Decode: None, CopyOut: None}, "pack")  # type: ignore[arg-type]
 

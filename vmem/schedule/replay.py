@@ -17,7 +17,7 @@ from typing import Any
 from ..graph import Program
 from ..pool import CATEGORIES
 from .steps import (Accumulate, Alloc, Backward, CopyOut, Decode, Encode, Forward, Free, Loss, Offload, Prefetch,
-                    Release, Schedule, Step, Update, Upload, WaitPrefetch, handlers)
+                    Recompute, Release, Schedule, Step, Update, Upload, WaitPrefetch, handlers)
 
 __all__ = ["Figures", "LayerRow", "replay", "durations"]
 
@@ -86,6 +86,7 @@ def durations(schedule: Schedule, costs: Any) -> list[float]:
 
     table = handlers({
         Forward: lambda st: costs.op_seconds(program.ops[st.op], "forward", st.algo),
+        Recompute: lambda st: costs.op_seconds(program.ops[st.op], "forward", st.algo),
         Backward: backward,
         Loss: lambda st: costs.misc_seconds("loss", 0),
         Accumulate: lambda st: costs.misc_seconds("acc", program.tensors[st.tensor].nbytes),
@@ -100,7 +101,7 @@ def durations(schedule: Schedule, costs: Any) -> list[float]:
 
 def _flops_weight(program: Program, st: Step) -> float:
     """Without a cost model: forward by FLOPs, backward twice that, other compute steps 1."""
-    if type(st) is Forward:
+    if type(st) is Forward or type(st) is Recompute:
         return max(program.ops[st.op].flops, 1)
     if type(st) is Backward:
         return 2 * max(program.ops[st.op].flops, 1)
@@ -125,7 +126,7 @@ class _Replay:
         self.table = handlers({
             Alloc: self._alloc, Free: self._free, Offload: self._offload, Release: self._release,
             Prefetch: self._prefetch,
-            WaitPrefetch: self._wait, Forward: compute, Backward: compute, Loss: compute, Accumulate: compute,
+            WaitPrefetch: self._wait, Forward: compute, Recompute: compute, Backward: compute, Loss: compute, Accumulate: compute,
             Update: compute, Encode: compute, Decode: compute, Upload: None, CopyOut: None,
         }, "replay")
 
@@ -169,7 +170,7 @@ class _Replay:
         self.pool.free(self.blocks.pop(st.key), self.compute)
 
     def _compute(self, index: int, st: Step) -> None:
-        if type(st) is Forward or type(st) is Backward:
+        if type(st) in (Forward, Backward, Recompute):
             name = self.schedule.program.ops[st.op].name
             self.layer_peaks[name] = max(self.layer_peaks.get(name, 0), self.pool.in_use)
         if self.seconds is None:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ..graph import Program
 
 __all__ = ["Kind", "Key", "Buffer", "BnRange", "Alloc", "Free", "Upload", "Forward", "Loss", "Backward", "Accumulate",
-           "Update", "Offload", "Release", "Prefetch", "WaitPrefetch", "Encode", "Decode", "CopyOut", "Step", "STEPS",
+           "Update", "Recompute", "Offload", "Release", "Prefetch", "WaitPrefetch", "Encode", "Decode", "CopyOut", "Step", "STEPS",
            "RELEASES", "Schedule", "handlers"]
 
 
@@ -102,6 +102,17 @@ class Upload:
 # -- compute ---------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Forward:
+    op: int
+    algo: str | None = None
+    workspace: Key | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Recompute:
+    """Run the forward of ``op`` again during backward, to rebuild a buffer a backward reads (its output is
+    allocated just before, its inputs are live). A replay: the layer reuses its saved state (dropout's
+    mask) and updates nothing (batch norm's running statistics), so the output is the forward's, bit for bit."""
+
     op: int
     algo: str | None = None
     workspace: Key | None = None
@@ -209,10 +220,10 @@ class CopyOut:
     tensor: int
 
 
-Step = Union[Alloc, Free, Upload, Forward, Loss, Backward, Accumulate, Update, Offload, Release, Prefetch,
+Step = Union[Alloc, Free, Upload, Forward, Recompute, Loss, Backward, Accumulate, Update, Offload, Release, Prefetch,
              WaitPrefetch, Encode, Decode, CopyOut]
 #: Every step kind: a consumer's handler table must cover all of them.
-STEPS: tuple[type, ...] = (Alloc, Free, Upload, Forward, Loss, Backward, Accumulate, Update, Offload, Release,
+STEPS: tuple[type, ...] = (Alloc, Free, Upload, Forward, Recompute, Loss, Backward, Accumulate, Update, Offload, Release,
                            Prefetch, WaitPrefetch, Encode, Decode, CopyOut)
 #: Steps that release a buffer (its block is free after them).
 RELEASES: tuple[type, ...] = (Free, Release)

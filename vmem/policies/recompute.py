@@ -1,0 +1,253 @@
+"""Recomputation policies: layer-wise allocation where some stashed feature maps are freed after forward and
+rebuilt during backward (see :mod:`vmem.schedule.recompute` for the mechanism).
+
+- ``mirror`` (Chen et al.'s "mirror" heuristic, MXNet's ``MXNET_BACKWARD_DO_MIRROR``): recompute the output
+  of every cheap op (element-wise, normalization, pooling, softmax, reshapes); keep the outputs of heavy
+  ops (convolution, linear, batched matmul) that the rebuilds read.
+- ``chen`` (Chen et al., sqrt(n) checkpoints): split the network at about sqrt(n) points where one buffer
+  carries everything forward, keep those, recompute everything between them, heavy ops included.
+- ``echo`` (Zheng et al., Echo, Algorithm 1): start from mirror's choice and keep a cheap op's output,
+  together with every other op that reads the same source, wherever recomputing it holds more bytes (the
+  sources it forces to stay) than it frees, estimated over the whole graph; never recompute a heavy op.
+  The plan is then checked by replay against ``layerwise``: echo never peaks higher. ``plan.notes`` says
+  per buffer why it was or was not recomputed.
+
+An op is cheap when its forward costs at most ``CHEAP_FLOPS`` FLOPs per output value. Mirror and echo
+rebuild at most ``DEPTH`` stashed buffers in a row (see :meth:`_Graph.close`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..device.spec import DeviceSpec
+from ..graph import Program
+from ..schedule.recompute import writers
+from .base import Policy, register
+from .plan import Plan
+
+__all__ = ["Mirror", "Chen", "Echo", "CHEAP_FLOPS", "cheap_ops"]
+
+#: Forward FLOPs per output value up to which an op counts as cheap (batch norm 4, a 3x3 pool 9; a
+#: convolution or a linear layer has 2 x its fan-in).
+CHEAP_FLOPS = 32
+#: How many stashed buffers a rebuild may chain (a residual stream keeps every DEPTH+1-th block output).
+DEPTH = 2
+
+
+def cheap_ops(program: Program) -> set[int]:
+    """Indices of the ops that are cheap to run again."""
+    return {op.index for op in program.ops
+            if op.flops <= CHEAP_FLOPS * max(math.prod(op.out_shape), 1)}
+
+
+class _Graph:
+    """What the recompute policies read: buffers, their writers and sources, sizes, what is stashed."""
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.chains = writers(program)
+        tensors = program.tensors
+        self.sources = {b: tuple(dict.fromkeys(tensors[t].buffer for t in program.ops[chain[0]].inputs))
+                        for b, chain in self.chains.items()}
+        self.stashed = program.stashed_buffers()
+        self.size = {t.id: t.nbytes for t in tensors if t.buffer == t.id}
+        cheap = cheap_ops(program)
+        self.cheap = {b for b, chain in self.chains.items() if all(i in cheap for i in chain)}
+
+    def name(self, b: int) -> str:
+        return self.program.tensors[b].name
+
+    def close(self, recompute: set[int], rebuildable: Any, depth: int | None = None) -> dict[int, str]:
+        """Decisions for stashed buffers (``recompute`` or keep) and every source their rebuilds need: a
+        source that ``rebuildable(b)`` is recomputed too, any other is kept.
+
+        With ``depth``, a stashed buffer whose rebuild would first rebuild other stashed ones ``depth`` deep
+        (a residual stream: each block's output rebuilt from the previous one's) is kept instead. A rebuilt
+        buffer lives until its last use, so an unbounded chain would bring the whole stream back at once."""
+        decided = {b: "keep" for b in self.stashed}
+        level: dict[int, int] = {}  # stashed rebuilt buffer -> how deep its rebuild chain is
+
+        def reach(b: int) -> int:
+            """The deepest stashed rebuilt buffer a rebuild of ``b`` reads, through rebuilt temporaries."""
+            best, stack, seen = 0, list(self.sources[b]), set()
+            while stack:
+                s = stack.pop()
+                if s in seen:
+                    continue
+                seen.add(s)
+                if s in self.stashed:
+                    best = max(best, level.get(s, 0))
+                elif s in self.chains and rebuildable(s):
+                    stack.extend(self.sources[s])
+            return best
+
+        for b in sorted(recompute):  # forward order: sources first
+            lv = reach(b) + 1
+            if depth is not None and lv > depth:
+                continue
+            decided[b], level[b] = "recompute", lv
+            stack = [b]
+            while stack:
+                for s in self.sources[stack.pop()]:
+                    if s in decided:
+                        continue
+                    if s in self.chains and rebuildable(s):
+                        decided[s] = "recompute"
+                        stack.append(s)
+                    else:
+                        decided[s] = "keep"
+        return decided
+
+    def held(self, decided: dict[int, str]) -> int:
+        """Bytes held from forward to backward: every kept buffer."""
+        return sum(self.size[b] for b, d in decided.items() if d == "keep")
+
+
+def _plan(policy: "Policy", program: Program, device: DeviceSpec, costs: Any, decided: dict[int, str],
+          reason: str, notes: dict[str, str] | None = None) -> Plan:
+    names = {b: program.tensors[b].name for b in decided}
+    return Plan(
+        policy=policy.spec, network=program.network, batch=program.batch, device=device.name,
+        capacity=device.memory, allocation="layer", algos=policy.choose_algos(program, costs, capacity=device.memory),
+        stash={names[b]: d for b, d in sorted(decided.items())}, reason=reason, notes=notes or {},
+    )
+
+
+def _counts(decided: dict[int, str], stashed: set[int]) -> str:
+    rec = sum(1 for b, d in decided.items() if d == "recompute" and b in stashed)
+    return f"{rec} of {len(stashed)} stashed buffers recomputed"
+
+
+@register
+@dataclass(frozen=True)
+class Mirror(Policy):
+    """``mirror[:algos=memory|performance]``: recompute every cheap op's output."""
+
+    name = "mirror"
+
+    def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
+        g = _Graph(program)
+        decided = g.close({b for b in g.stashed if b in g.cheap}, lambda s: s in g.cheap, DEPTH)
+        return _plan(self, program, device, costs, decided, f"mirror: every cheap op's output; {_counts(decided, g.stashed)}")
+
+
+@register
+@dataclass(frozen=True)
+class Chen(Policy):
+    """``chen[:segments=N]``: about sqrt(n) checkpoints (``segments=0``: sqrt of the number of ops)."""
+
+    name = "chen"
+    segments: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.segments, int) or self.segments < 0:
+            raise ValueError(f"policy 'chen': segments={self.segments!r} must be a non-negative int")
+
+    def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
+        g = _Graph(program)
+        checkpoints = self.checkpoints(program, g)
+        decided = g.close({b for b in g.stashed if b not in checkpoints}, lambda s: s not in checkpoints)
+        return _plan(self, program, device, costs, decided,
+                     f"chen: {len(checkpoints)} checkpoints kept; {_counts(decided, g.stashed)}",
+                     {g.name(b): "checkpoint" for b in sorted(checkpoints)})
+
+    def checkpoints(self, program: Program, g: _Graph) -> set[int]:
+        """Buffers that alone carry the forward pass at their point (a cut of one), every ~1/k of the bytes."""
+        ops, tensors = program.ops, program.tensors
+        last_read = {}
+        for op in ops:
+            for t in op.inputs:
+                last_read[tensors[t].buffer] = op.index
+        live: set[int] = set()
+        cuts = []
+        for op in ops:
+            b = tensors[op.output].buffer
+            live.add(b)
+            live = {x for x in live if last_read.get(x, -1) > op.index}
+            last = max(i for i in g.chains[b])
+            if live == {b} and op.index == last:
+                cuts.append(b)
+        k = self.segments or max(1, round(math.sqrt(len(ops))))
+        total = sum(g.size[b] for b in g.stashed)
+        budget, acc, chosen = total / k, 0.0, set()
+        for b in cuts:
+            acc += g.size[b]
+            if acc >= budget:
+                chosen.add(b)
+                acc = 0.0
+        return chosen | {program.input}
+
+
+@register
+@dataclass(frozen=True)
+class Echo(Policy):
+    """``echo[:algos=memory|performance]``: Echo's footprint-aware choice (see the module docstring)."""
+
+    name = "echo"
+
+    def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
+        g = _Graph(program)
+        recompute = {b for b in g.stashed if b in g.cheap}
+        rebuildable = lambda s: s in g.cheap and s not in g.stashed  # noqa: E731
+        notes: dict[str, str] = {}
+        start = g.close(recompute, rebuildable, DEPTH)
+        recompute = {b for b in g.stashed if start[b] == "recompute"}
+        held = g.held(start)
+        for group, why in self._groups(g, recompute, rebuildable):
+            group = group & recompute
+            if not group:
+                continue
+            trial = g.held(g.close(recompute - group, rebuildable, DEPTH))
+            if trial <= held:
+                recompute -= group
+                for b in group:
+                    notes[g.name(b)] = f"kept: {why} (holding it costs {trial - held:+d} bytes)"
+                held = trial
+        decided = g.close(recompute, rebuildable, DEPTH)
+        for b, d in decided.items():
+            if d == "recompute":
+                notes.setdefault(g.name(b), "recomputed: a cheap op whose sources stay live anyway"
+                                 if b in g.stashed else "recomputed: a cheap source of a rebuild")
+            elif b not in g.stashed:
+                notes.setdefault(g.name(b), "kept: a source of rebuilds")
+            else:
+                notes.setdefault(g.name(b), "kept: not a cheap op's output" if b not in g.cheap else "kept")
+        reason = f"echo: {_counts(decided, g.stashed)}; {held} bytes held from forward to backward"
+        plan = _plan(self, program, device, costs, decided, reason, notes)
+        if oracle is not None:
+            base = _plan(self, program, device, costs, {b: "keep" for b in g.stashed}, "")
+            mine, theirs = oracle(plan, memory=1 << 60), oracle(base, memory=1 << 60)
+            if mine.peak_bytes > theirs.peak_bytes:
+                return replace(base, reason=f"echo: recomputing would peak at {mine.peak_bytes} bytes, above "
+                               f"layer-wise allocation's {theirs.peak_bytes}: nothing recomputed",
+                               notes={g.name(b): "kept: recomputing raised the peak" for b in g.stashed})
+        return plan
+
+    @staticmethod
+    def _groups(g: _Graph, recompute: set[int], rebuildable: Any) -> list[tuple[set[int], str]]:
+        """Candidates to keep: for each source kept only for rebuilds, every recomputed buffer whose rebuild
+        reads it (largest source first); then each recomputed buffer alone (largest first)."""
+        needed_by: dict[int, set[int]] = {}
+        for b in recompute:
+            stack, seen = [b], set()
+            while stack:
+                x = stack.pop()
+                for s in g.sources[x]:
+                    if s in seen:
+                        continue
+                    seen.add(s)
+                    if s in g.stashed:
+                        continue
+                    if s in g.chains and rebuildable(s):
+                        stack.append(s)
+                    else:
+                        needed_by.setdefault(s, set()).add(b)
+        groups = [(members, f"recomputing it would hold {g.name(s)!r} ({g.size[s]} bytes) as a source")
+                  for s, members in sorted(needed_by.items(), key=lambda kv: (-g.size[kv[0]], kv[0]))]
+        groups += [({b}, "recomputing it frees no more than it holds")
+                   for b in sorted(recompute, key=lambda b: (-g.size[b], b))]
+        return groups
