@@ -108,7 +108,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         _writable(args.save)
     net = _model(args)
     train, val = data.load(args.dataset, input_shape=net.input_shape, seed=args.seed)
-    if train.num_classes != net.output_shape()[1]:
+    if train.num_classes != net.output_shape()[-1]:
         net = _rebuild_for_classes(args, train.num_classes)
     fraction = _auto_fraction(args.memory, args.policy)
     memory: Any = args.memory
@@ -278,7 +278,8 @@ def _add_train(sub: Any) -> None:
     _common(p, "digits_vgg", policy_default="vdnn-dyn", memory_help=(
         "device memory, e.g. 256MiB, or auto[:FRACTION]: that fraction of what the baseline policy would need "
         f"(default auto:{AUTO_FRACTION:g} with vdnn-dyn, 1GiB with any other policy)"))
-    p.add_argument("--dataset", default="digits", choices=("digits", "synthetic"), help="default digits")
+    p.add_argument("--dataset", default="digits", choices=("digits", "synthetic", "reverse"),
+                   help="default digits; reverse: token sequences for nmt_small")
     p.add_argument("--batch", type=_positive_int, default=32, help="batch size (default 32)")
     p.add_argument("--epochs", type=_positive_int, default=10, help="epochs (default 10)")
     p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
@@ -308,7 +309,7 @@ def _add_trace(sub: Any) -> None:
                        description="Train a few steps and write the last step's timeline: trace.json (open in "
                        "Perfetto or chrome://tracing), memory.png and layers.txt, into --out.")
     _common(p, "vgg_cifar")
-    p.add_argument("--dataset", default="synthetic", choices=("digits", "synthetic"))
+    p.add_argument("--dataset", default="synthetic", choices=("digits", "synthetic", "reverse"))
     p.add_argument("--batch", type=_positive_int, default=64)
     p.add_argument("--steps", type=_positive_int, default=3, help="steps to run; the last is written (default 3)")
     p.add_argument("--pcie-gbps", type=float, help="throttle host-device copies to this many GB/s")

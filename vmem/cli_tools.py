@@ -25,7 +25,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
     net = _model(args)
     train, _ = data.load(args.dataset, input_shape=net.input_shape, seed=args.seed, n=max(args.batch, 256))
-    if train.num_classes != net.output_shape()[1]:
+    if train.num_classes != net.output_shape()[-1]:
         net = _rebuild_for_classes(args, train.num_classes)
     options: dict[str, Any] = {"memory": args.memory} if args.memory else {}
     if args.pcie_gbps:

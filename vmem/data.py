@@ -1,6 +1,8 @@
-"""Datasets: scikit-learn's bundled digits (no download), seeded synthetic images, batching.
+"""Datasets: scikit-learn's bundled digits (no download), seeded synthetic images, token sequences to
+reverse, batching.
 
-Images are float32 NCHW; labels int64. ``digits`` needs scikit-learn (``pip install vmem[data]``).
+Images are float32 NCHW; labels int64. Token sequences are float32 ids (N, 2T) with labels (N, T).
+``digits`` needs scikit-learn (``pip install vmem[data]``).
 """
 
 from __future__ import annotations
@@ -10,12 +12,12 @@ from typing import Iterator
 
 import numpy as np
 
-__all__ = ["Dataset", "digits", "synthetic", "load"]
+__all__ = ["Dataset", "digits", "synthetic", "reverse", "load"]
 
 
 @dataclass
 class Dataset:
-    """Images ``x`` (N, C, H, W) float32 and labels ``y`` (N,) int64."""
+    """Inputs ``x`` (images (N, C, H, W) float32, or token ids) and labels ``y`` (N,) or (N, T) int64."""
 
     x: np.ndarray
     y: np.ndarray
@@ -23,8 +25,8 @@ class Dataset:
     name: str = "dataset"
 
     def __post_init__(self) -> None:
-        if self.x.ndim != 4:
-            raise ValueError(f"{self.name}: images must be (N, C, H, W), got shape {self.x.shape}")
+        if self.x.ndim < 2:
+            raise ValueError(f"{self.name}: inputs must have a batch axis and features, got shape {self.x.shape}")
         if len(self.x) != len(self.y):
             raise ValueError(f"{self.name}: {len(self.x)} images but {len(self.y)} labels")
 
@@ -54,8 +56,9 @@ class Dataset:
         """A seeded, stratified split into (train, val)."""
         rng = np.random.default_rng(seed)
         val_idx = []
+        strata = self.y if self.y.ndim == 1 else np.zeros(len(self), np.int64)  # sequences: no strata
         for c in range(self.num_classes):
-            idx = np.flatnonzero(self.y == c)
+            idx = np.flatnonzero(strata == c)
             rng.shuffle(idx)
             val_idx.extend(idx[: int(round(len(idx) * val_fraction))])
         mask = np.zeros(len(self), bool)
@@ -112,6 +115,30 @@ def synthetic(n: int = 1024, input_shape: tuple[int, int, int] = (3, 32, 32), nu
     return data.split(val_fraction, seed)
 
 
+def reverse(n: int = 4096, seq_len: int = 8, vocab: int = 50, min_len: int | None = None, seed: int = 0,
+            val_fraction: float = 0.2) -> tuple[Dataset, Dataset]:
+    """Learn to reverse a random sequence (a translation task in small): each sample is a source of
+    ``min_len`` to ``seq_len`` tokens (ids 2 .. vocab-1, padded with 0) followed by the target shifted right
+    (1 begins it), as float32 ids (N, 2 * seq_len); the labels are the reversed source (N, seq_len), 0 where
+    padded. Shaped for ``vmem.models.get("nmt_small")``; returns (train, val)."""
+    if not isinstance(seq_len, int) or seq_len < 1 or not isinstance(vocab, int) or vocab < 3:
+        raise ValueError(f"reverse: seq_len={seq_len!r} must be positive and vocab={vocab!r} at least 3")
+    lo = seq_len if min_len is None else min_len
+    if not 1 <= lo <= seq_len:
+        raise ValueError(f"reverse: min_len={min_len!r} must be in [1, seq_len={seq_len}]")
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(lo, seq_len + 1, n)
+    src = rng.integers(2, vocab, (n, seq_len))
+    src[np.arange(seq_len)[None, :] >= lengths[:, None]] = 0
+    y = np.zeros_like(src)
+    for i, length in enumerate(lengths):
+        y[i, :length] = src[i, :length][::-1]
+    tgt_in = np.concatenate([np.ones((n, 1), src.dtype), y[:, :-1]], axis=1)
+    x = np.concatenate([src, tgt_in], axis=1).astype(np.float32)
+    data = Dataset(x, y.astype(np.int64), vocab, "reverse")
+    return data.split(val_fraction, seed)
+
+
 def load(name: str, input_shape: tuple[int, int, int] | None = None, seed: int = 0, n: int = 1024
          ) -> tuple[Dataset, Dataset]:
     """A dataset by name, shaped for a model's ``input_shape`` (C, H, W): ``digits`` or ``synthetic``."""
@@ -120,4 +147,7 @@ def load(name: str, input_shape: tuple[int, int, int] | None = None, seed: int =
         return digits(image_size=h, channels=c, seed=seed)
     if name == "synthetic":
         return synthetic(n=n, input_shape=input_shape or (3, 32, 32), seed=seed)
-    raise ValueError(f"unknown dataset {name!r}; use 'digits' or 'synthetic'")
+    if name == "reverse":
+        (length,) = input_shape or (16,)
+        return reverse(seq_len=length // 2, seed=seed)
+    raise ValueError(f"unknown dataset {name!r}; use 'digits', 'synthetic' or 'reverse'")

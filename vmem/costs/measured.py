@@ -203,7 +203,7 @@ def _profile(program: Program, copy_gbps: float | None, repeats: int, seed: int,
         copy_gbps = _copy_gbps(device, repeats)
         if device is None:  # unthrottled CPU copies: time each size the program may offload
             copies = _copy_times(program, repeats)
-    params_bytes = sum(int(np.prod(s.shape)) for op in program.ops for s in op.params.values() if s.trainable)
+    params_bytes = sum(int(np.prod(s.shape)) for _, _, s in program.owned_params() if s.trainable)
     update = 5 * params_bytes * dtype.itemsize / (elementwise_gbps * 1e9)
     return Profiled(times, d2h_gbps=copy_gbps, h2d_gbps=copy_gbps, update=update, elementwise_gbps=elementwise_gbps,
                     copies=copies)

@@ -21,16 +21,22 @@ __all__ = ["Network", "Sequential", "Graph", "Node"]
 class Node:
     """A tensor of a network under construction: the network input or the output of a layer."""
 
-    __slots__ = ("graph", "index", "layer", "inputs")
+    __slots__ = ("graph", "index", "layer", "inputs", "alias")
 
-    def __init__(self, graph: "Network", index: int, layer: Layer | None, inputs: tuple["Node", ...]):
+    def __init__(self, graph: "Network", index: int, layer: Layer | None, inputs: tuple["Node", ...],
+                 alias: str | None = None):
         self.graph = graph
         self.index = index
         self.layer = layer
         self.inputs = inputs
+        self.alias = alias  # the op's name where a layer is applied again (its parameters are shared)
+
+    @property
+    def name(self) -> str:
+        return self.alias or (self.layer.name if self.layer else "input") or ""
 
     def __repr__(self) -> str:
-        return f"Node({self.layer.name if self.layer else 'input'})"
+        return f"Node({self.name})"
 
 
 class Network:
@@ -57,17 +63,18 @@ class Network:
         if not isinstance(layer, Layer):
             raise TypeError(f"{self.name}: expected a vmem.nn layer, got {type(layer).__name__}")
         if layer.name is not None and any(n.layer is layer for n in self._nodes[1:]):
-            raise ValueError(f"{self.name}: layer {layer.name!r} is already in the network; make a new one")
+            raise ValueError(f"{self.name}: layer {layer.name!r} is already in the network; make a new one, or "
+                             "share its parameters with Graph.reuse()")
         for node in inputs:
             if not isinstance(node, Node) or node.graph is not self:
                 raise ValueError(f"{self.name}: inputs of {type(layer).__name__} must be nodes of this network")
         if name is None:
             self._names[layer.kind] += 1
             name = f"{layer.kind}{self._names[layer.kind]}"
-            while any(n.layer.name == name for n in self._nodes[1:]):  # type: ignore[union-attr]
+            while any(n.name == name for n in self._nodes[1:]):
                 self._names[layer.kind] += 1
                 name = f"{layer.kind}{self._names[layer.kind]}"
-        elif any(n.layer.name == name for n in self._nodes[1:]):  # type: ignore[union-attr]
+        elif any(n.name == name for n in self._nodes[1:]):
             raise ValueError(f"{self.name}: two layers are named {name!r}")
         layer.name = name
         node = Node(self, len(self._nodes), layer, tuple(inputs))
@@ -119,7 +126,7 @@ class Network:
     def param_specs(self, input_shape: Sequence[int] | None = None) -> dict[str, ParamSpec]:
         """Every parameter and buffer as ``"layer.name" -> ParamSpec`` (physical shapes)."""
         p = self.build(1, input_shape)
-        return {f"{op.name}.{k}": s for op in p.ops for k, s in op.params.items()}
+        return {f"{op.name}.{k}": s for op, k, s in p.owned_params()}
 
     def num_params(self, input_shape: Sequence[int] | None = None) -> int:
         return sum(int(np.prod(s.shape)) for s in self.param_specs(input_shape).values() if s.trainable)
@@ -173,6 +180,8 @@ def _init(rng: np.random.Generator, spec: ParamSpec, dtype: str) -> np.ndarray:
     elif spec.init == "glorot":
         bound = np.sqrt(6.0 / (spec.fan_in + spec.fan_out))
         arr = rng.uniform(-bound, bound, spec.shape)
+    elif spec.init == "normal":
+        arr = rng.standard_normal(spec.shape) / np.sqrt(spec.fan_in)
     elif spec.init == "zeros":
         arr = np.zeros(spec.shape)
     elif spec.init == "ones":
@@ -205,6 +214,34 @@ class Graph(Network):
         if not inputs:
             raise ValueError(f"{self.name}: {type(layer).__name__} needs at least one input node")
         return self._add(layer, inputs, name)
+
+    def split(self, node: Node, sections: int, axis: int = 1, name: str | None = None) -> list[Node]:
+        """``sections`` equal pieces of ``node`` along ``axis``: one :class:`~vmem.nn.Split` op per piece."""
+        from ..nn.seq import Split
+
+        return [self.add(Split(sections, i, axis), node, name=f"{name}.{i}" if name else None)
+                for i in range(sections)]
+
+    def reuse(self, layer: Layer, *inputs: Node, name: str | None = None) -> Node:
+        """Apply ``layer``, already in the graph, again: the new op shares its parameters (an unrolled
+        recurrence: every time step's gradient is summed into one). ``name``: the new op's name (default
+        ``"<layer>@<n>"``)."""
+        if not any(n.layer is layer for n in self._nodes[1:]):
+            raise ValueError(f"{self.name}: reuse() applies a layer already in the graph; add {layer!r} first")
+        if not inputs:
+            raise ValueError(f"{self.name}: {layer.label} needs at least one input node")
+        for node in inputs:
+            if not isinstance(node, Node) or node.graph is not self:
+                raise ValueError(f"{self.name}: inputs of {layer.label} must be nodes of this network")
+        uses = sum(1 for n in self._nodes[1:] if n.layer is layer)
+        alias = name or f"{layer.name}@{uses}"
+        if any(n.name == alias for n in self._nodes[1:]):
+            raise ValueError(f"{self.name}: two layers are named {alias!r}")
+        node = Node(self, len(self._nodes), layer, tuple(inputs), alias)
+        self._nodes.append(node)
+        self._output = node
+        self._built.clear()
+        return node
 
     def output(self, node: Node) -> None:
         if node.graph is not self:

@@ -66,6 +66,12 @@ class OpInfo:
     flops: int
     algorithms: dict[str, list[str]]
     workspace: dict[str, dict[str, int]]  # pass -> algorithm -> bytes
+    shares: str | None = None  # the op whose parameters this one uses (a layer applied at several places)
+
+    @property
+    def param_owner(self) -> str:
+        """The op name the parameters are stored under (``"owner.weight"``)."""
+        return self.shares or self.name
 
     @property
     def reads_input(self) -> bool:
@@ -93,7 +99,16 @@ class Program:
     @property
     def param_bytes(self) -> int:
         """Bytes of trainable parameters (unaligned)."""
-        return sum(_nbytes(p.shape, self.itemsize) for op in self.ops for p in op.params.values() if p.trainable)
+        return sum(_nbytes(s.shape, self.itemsize) for _, _, s in self.owned_params() if s.trainable)
+
+    def owned_params(self) -> list[tuple["OpInfo", str, ParamSpec]]:
+        """Every parameter once: (owner op, name, spec); ops that share another's parameters are skipped."""
+        return [(op, k, spec) for op in self.ops if op.shares is None for k, spec in op.params.items()]
+
+    @property
+    def label_shape(self) -> Shape:
+        """Shape of the step's labels: one per sample, or one per token of a sequence output."""
+        return tuple(self.tensors[self.output].shape[:-1])
 
     @property
     def flops(self) -> int:
@@ -155,12 +170,12 @@ def _live_nodes(net: "Network") -> list[Any]:
 
 
 def _op(layer: Layer, index: int, inputs: list[int], output: int, in_shapes: tuple[Shape, ...], out_shape: Shape,
-        itemsize: int) -> OpInfo:
+        itemsize: int, name: str | None = None, shares: str | None = None) -> OpInfo:
     aux = layer.aux_specs(in_shapes)
     algos = layer.algorithms(in_shapes)
     workspace = {p: {a: layer.workspace_bytes(in_shapes, p, a, itemsize) for a in algos.get(p, [None])} for p in PASSES}
     return OpInfo(
-        index=index, layer=layer, name=layer.name or f"op{index}", kind=layer.kind, inputs=inputs, output=output,
+        index=index, layer=layer, name=name or layer.name or f"op{index}", kind=layer.kind, shares=shares, inputs=inputs, output=output,
         in_shapes=in_shapes, out_shape=out_shape, params=layer.param_specs(in_shapes), aux=aux,
         aux_nbytes={k: _nbytes(a.shape, itemsize if a.dtype == "float" else np.dtype(a.dtype).itemsize)
                     for k, a in aux.items()},
@@ -184,7 +199,7 @@ def _mark_stash_and_inplace(ops: list[OpInfo], tensors: list[TensorInfo]) -> Non
         t_in = tensors[src]
         if t_in.producer is None or len(t_in.consumers) != 1:
             continue
-        if ops[t_in.producer].reads_output and layer.kind != "flatten":
+        if ops[t_in.producer].reads_output and layer.kind not in ("flatten", "reshape"):
             continue
         if t_in.nbytes != tensors[op.output].nbytes:
             continue
@@ -200,25 +215,32 @@ def build_program(net: "Network", batch: int, input_shape: tuple[int, ...], dtyp
     tensors = [TensorInfo(0, "input", in_shape, _nbytes(in_shape, itemsize), None, buffer=0, needs_grad=False)]
     tensor_of = {0: 0}
     ops: list[OpInfo] = []
+    owner_specs: dict[str, Any] = {}
     for node in _live_nodes(net)[1:]:
         layer = node.layer
         inputs = [tensor_of[n.index] for n in node.inputs]
         in_shapes = tuple(tensors[i].shape for i in inputs)
         out_shape = tuple(layer.output_shape(in_shapes))
         tid = len(tensors)
-        tensors.append(TensorInfo(tid, layer.name or f"t{tid}", out_shape, _nbytes(out_shape, itemsize), len(ops),
-                                  buffer=tid))
+        name = node.alias or layer.name or f"t{tid}"
+        tensors.append(TensorInfo(tid, name, out_shape, _nbytes(out_shape, itemsize), len(ops), buffer=tid))
         for i in inputs:
             tensors[i].consumers.append(len(ops))
-        ops.append(_op(layer, len(ops), inputs, tid, in_shapes, out_shape, itemsize))
+        shares = layer.name if node.alias else None
+        if shares is not None and layer.param_specs(in_shapes) != owner_specs.get(shares):
+            raise ShapeError(f"{net.name}: {node.alias!r} reuses layer {layer.name!r} on inputs {in_shapes} that "
+                             f"need other parameters than its first use")
+        ops.append(_op(layer, len(ops), inputs, tid, in_shapes, out_shape, itemsize, name, shares))
+        if shares is None:
+            owner_specs[name] = ops[-1].params
         tensor_of[node.index] = tid
     output = tensor_of[net._output.index]
     out_shape = tensors[output].shape
-    if len(out_shape) != 2:
+    if len(out_shape) not in (2, 3):
         raise ShapeError(
             f"{net.name}: the output of layer {tensors[output].name!r} has shape {out_shape}; a classifier "
-            "must end in (N, classes) (add Flatten and Linear)"
+            "must end in (N, classes), or (N, T, classes) for a sequence (add Flatten and Linear)"
         )
     _mark_stash_and_inplace(ops, tensors)
     return Program(network=net.name, batch=batch, dtype=str(np.dtype(dtype)), itemsize=itemsize, ops=ops,
-                   tensors=tensors, input=0, output=output, num_classes=out_shape[1])
+                   tensors=tensors, input=0, output=output, num_classes=out_shape[-1])

@@ -12,6 +12,7 @@ from typing import Any, Callable
 from ..graph import Network
 from .classic import alexnet, googlenet, nin, overfeat, vgg, vgg_cifar
 from .resnet import resnet, resnet_cifar
+from .seq import nmt, nmt_small, transformer
 from .small import digits_cnn, digits_vgg, mini_googlenet
 
 __all__ = ["get", "names", "info"]
@@ -29,6 +30,9 @@ _ZOO: dict[str, tuple[Callable[..., Network], dict[str, Any], str]] = {
     "digits_cnn": (digits_cnn, {}, "small CNN for 8x8 digits"),
     "digits_vgg": (digits_vgg, {}, "VGG-style stack for digits at 16x16, width=, depth= (default of vmem train)"),
     "mini_googlenet": (mini_googlenet, {}, "GoogLeNet-style net with inception joins, 3x32x32"),
+    "nmt": (nmt, {}, "Sockeye-style NMT: 2+2 LSTM layers, hidden 512, MLP attention, seq_len= (default 100)"),
+    "nmt_small": (nmt_small, {}, "nmt for the CPU: 1+1 LSTM layers, hidden 32, vocabulary 50, sequences of 8"),
+    "transformer": (transformer, {}, "transformer encoder stack, layers= (default 6), seq_len=128, dim 512"),
 }
 for _extra, _depth in ((20, 116), (40, 216), (60, 316), (80, 416)):
     _ZOO[f"vgg{_depth}"] = (

@@ -8,9 +8,11 @@ from .linear import Flatten, Linear
 from .loss import SoftmaxCrossEntropy
 from .norm import BatchNorm2d
 from .pooling import AvgPool2d, MaxPool2d
+from .seq import Embedding, ExpandDims, LayerNorm, LengthMask, MatMul, Reshape, Softmax, Split
 
 __all__ = [
     "Layer", "Ctx", "ParamSpec", "AuxSpec", "physical", "logical", "PASSES",
     "Conv2d", "Linear", "ReLU", "Sigmoid", "Tanh", "Mul", "MaxPool2d", "AvgPool2d", "BatchNorm2d", "Dropout", "Flatten",
-    "Add", "Concat", "SoftmaxCrossEntropy",
+    "Add", "Concat", "SoftmaxCrossEntropy", "Embedding", "Split", "Reshape", "ExpandDims", "Softmax", "MatMul",
+    "LayerNorm", "LengthMask",
 ]

@@ -13,7 +13,8 @@ __all__ = ["Linear", "Flatten"]
 
 
 class Linear(Layer):
-    """``Linear(in_features, out_features, bias=True)``: y = x W^T + b. Weight (out, in). Needs its input."""
+    """``Linear(in_features, out_features, bias=True)``: y = x W^T + b over the last axis, for inputs (N, in)
+    or (N, ..., in) of rank other than 4 (a sequence: (N, T, in)). Weight (out, in). Needs its input."""
 
     kind = "linear"
     needs = frozenset({"x"})
@@ -32,11 +33,12 @@ class Linear(Layer):
 
     def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         self.check_arity(in_shapes)
-        shape = in_shapes[0]
-        self.expect_rank(shape, 2)
-        if shape[1] != self.in_features:
+        shape = tuple(in_shapes[0])
+        if len(shape) < 2 or len(shape) == 4:
+            self.expect_rank(shape, 2)
+        if shape[-1] != self.in_features:
             raise ShapeError(f"layer {self.label}: expects input of shape (N, {self.in_features}), got {tuple(shape)}")
-        return (shape[0], self.out_features)
+        return shape[:-1] + (self.out_features,)
 
     def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:
         specs = {"weight": ParamSpec((self.out_features, self.in_features), "glorot", self.in_features,
@@ -46,7 +48,7 @@ class Linear(Layer):
         return specs
 
     def flops(self, in_shapes: Sequence[Shape]) -> int:
-        return 2 * in_shapes[0][0] * self.in_features * self.out_features
+        return 2 * int(np.prod(in_shapes[0][:-1])) * self.in_features * self.out_features
 
     def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
         xp = ctx.xp
@@ -56,11 +58,14 @@ class Linear(Layer):
 
     def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
         xp = ctx.xp
-        xp.matmul(dy.T, xs[0], out=ctx.grads["weight"])  # type: ignore[index]
+        x = xs[0]  # type: ignore[index]
+        if dy.ndim > 2:
+            dy, x = dy.reshape(-1, self.out_features), x.reshape(-1, self.in_features)
+        xp.matmul(dy.T, x, out=ctx.grads["weight"])
         if self.bias:
             xp.sum(dy, axis=0, out=ctx.grads["bias"])
         if dxs[0] is not None:
-            xp.matmul(dy, ctx.params["weight"], out=dxs[0])
+            xp.matmul(dy, ctx.params["weight"], out=dxs[0].reshape(-1, self.in_features))
 
 
 class Flatten(Layer):

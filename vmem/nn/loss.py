@@ -13,32 +13,49 @@ __all__ = ["SoftmaxCrossEntropy"]
 class SoftmaxCrossEntropy:
     """Mean cross-entropy of softmax(logits) against integer labels.
 
+    Logits are (N, classes), or (N, T, classes) for a sequence with labels (N, T): one prediction per token.
+    ``ignore``: a label that counts for nothing (padding); the mean is over the other labels.
     ``forward`` writes the probabilities (saved for backward) and returns the loss as a 0-d array on the
-    device; ``backward`` writes d(loss)/d(logits) = (p - onehot(labels)) / N.
+    device; ``backward`` writes d(loss)/d(logits) = (p - onehot(labels)) / count.
     """
 
     name = "loss"
 
+    def __init__(self, ignore: int | None = None):
+        self.ignore = ignore
+
     def check(self, logits_shape: Shape) -> None:
-        if len(logits_shape) != 2:
+        if len(logits_shape) not in (2, 3):
             raise ShapeError(
-                f"loss SoftmaxCrossEntropy: expects (N, classes) logits, got shape {tuple(logits_shape)}; "
-                "add a Flatten and a Linear layer before the loss"
+                f"loss SoftmaxCrossEntropy: expects (N, classes) or (N, T, classes) logits, got shape "
+                f"{tuple(logits_shape)}; add a Flatten and a Linear layer before the loss"
             )
 
+    def _flat(self, xp: Any, probs: Any, labels: Any) -> tuple[Any, Any, Any]:
+        p2 = probs.reshape(-1, probs.shape[-1])
+        l1 = labels.reshape(-1)
+        keep = None if self.ignore is None else (l1 != self.ignore)
+        return p2, l1, keep
+
     def forward(self, xp: Any, logits: Any, labels: Any, probs: Any) -> Any:
-        n = logits.shape[0]
-        xp.subtract(logits, logits.max(axis=1, keepdims=True), out=probs)
+        xp.subtract(logits, logits.max(axis=-1, keepdims=True), out=probs)
         xp.exp(probs, out=probs)
-        probs /= probs.sum(axis=1, keepdims=True)
-        picked = probs[xp.arange(n), labels]
-        return -xp.log(xp.maximum(picked, xp.finfo(probs.dtype).tiny)).mean()
+        probs /= probs.sum(axis=-1, keepdims=True)
+        p2, l1, keep = self._flat(xp, probs, labels)
+        nll = -xp.log(xp.maximum(p2[xp.arange(len(l1)), l1], xp.finfo(probs.dtype).tiny))
+        if keep is None:
+            return nll.mean()
+        return (nll * keep).sum() / max(int(keep.sum()), 1)
 
     def backward(self, xp: Any, probs: Any, labels: Any, dlogits: Any) -> None:
-        n = probs.shape[0]
-        dlogits[...] = probs
-        dlogits[xp.arange(n), labels] -= 1
-        dlogits /= n
+        p2, l1, keep = self._flat(xp, probs, labels)
+        d2 = dlogits.reshape(-1, dlogits.shape[-1])
+        d2[...] = p2
+        d2[xp.arange(len(l1)), l1] -= 1
+        if keep is None:
+            d2 /= len(l1)
+        else:
+            d2 *= (keep / max(int(keep.sum()), 1))[:, None]
 
     def __repr__(self) -> str:
-        return "SoftmaxCrossEntropy()"
+        return "SoftmaxCrossEntropy()" if self.ignore is None else f"SoftmaxCrossEntropy(ignore={self.ignore})"

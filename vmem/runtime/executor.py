@@ -24,7 +24,7 @@ from ..errors import DeviceError
 from ..nn.base import Ctx, physical
 from ..optim import Optimizer
 from ..schedule import Key, Kind, Schedule
-from ..schedule.steps import (Accumulate, Alloc, Backward, CopyOut, Decode, Encode, Forward, Free, Loss, Offload,
+from ..schedule.steps import (Accumulate, AccumulateParam, Alloc, Backward, CopyOut, Decode, Encode, Forward, Free, Loss, Offload,
                               Prefetch, Recompute, Release, Update, Upload, WaitPrefetch, handlers)
 from .params import DeviceParams
 from .timeline import Span, Timeline
@@ -88,23 +88,25 @@ class Executor(Transfers):
         self.optimizer = optimizer
         self.xp = device.xp
         self.dtype = np.dtype(program.dtype)
+        self._params = params
         ops = program.ops
         # Per-op views that never change: parameters and their gradients.
-        self._op_params = [{k: params.views[Key(Kind.WEIGHT, f"{op.name}.{k}")] for k in op.params} for op in ops]
-        self._op_grads = [{k: params.views[Key(Kind.WEIGHT_GRAD, f"{op.name}.{k}")] for k, s in op.params.items()
+        self._op_params = [{k: params.views[Key(Kind.WEIGHT, f"{op.param_owner}.{k}")] for k in op.params} for op in ops]
+        self._op_grads = [{k: params.views[Key(Kind.WEIGHT_GRAD, f"{op.param_owner}.{k}")] for k, s in op.params.items()
                            if s.trainable} for op in ops]
         slots = optimizer.slots if optimizer is not None else ()
         self._updates = [
             (params.views[Key(Kind.WEIGHT, key)], params.views[Key(Kind.WEIGHT_GRAD, key)],
              {slot: params.views[Key(Kind.OPT_STATE, key, slot)] for slot in slots})
-            for key in (f"{op.name}.{k}" for op in ops for k, s in op.params.items() if s.trainable)
+            for key in (f"{op.name}.{k}" for op, k, s in program.owned_params() if s.trainable)
         ] if optimizer is not None else []
         self._aux_dtype = {(op.index, k): (self.dtype if a.dtype == "float" else np.dtype(a.dtype))
                            for op in ops for k, a in op.aux.items()}
         self._table = handlers({
             Alloc: self._alloc, Free: self._free, Upload: self._upload, Forward: self._forward,
             Recompute: self._recompute, Loss: self._loss,
-            Backward: self._backward, Accumulate: self._accumulate, Update: self._update, Offload: self._offload,
+            Backward: self._backward, Accumulate: self._accumulate,
+            AccumulateParam: self._accumulate_param, Update: self._update, Offload: self._offload,
             Release: self._release,
             Prefetch: self._prefetch, WaitPrefetch: self._wait_prefetch, Encode: self._encode, Decode: self._decode,
             CopyOut: self._copy_out,
@@ -190,7 +192,7 @@ class Executor(Transfers):
         return self._view(r, self.schedule.grad[tensor], physical(self.program.tensors[tensor].shape), self.dtype)
 
     def _labels(self, r: _Run) -> Any:
-        return self._view(r, _LABELS, (self.program.batch,), np.int64)
+        return self._view(r, _LABELS, self.program.label_shape, np.int64)
 
     def _ctx(self, r: _Run, i: int, train: bool, rng: Any, algo: Any, workspace: Key | None,
              replay: bool = False) -> Ctx:
@@ -218,6 +220,9 @@ class Executor(Transfers):
         op = self.program.ops[st.op]
         sched = self.schedule
         ctx = self._ctx(r, st.op, True, None, st.algos, st.workspace)
+        temps = sched.param_acc.get(st.op)
+        if temps:  # a shared parameter used again: its contribution goes to a temporary
+            ctx.grads = {k: self._view(r, key, ctx.grads[k].shape, self.dtype) for k, key in temps.items()}
         dy = self._grad(r, op.output)
         if st.on_bits is not None:  # ReLU's backward on the bits of its binarized output (Gist)
             if sched.needs_grad[op.inputs[0]]:
@@ -240,6 +245,11 @@ class Executor(Transfers):
         g = self._grad(r, st.tensor)
         tmp = self._view(r, st.temp, g.shape, self.dtype)
         self._launch(r, f"acc:{self.program.tensors[st.tensor].name}", np.add, g, tmp, g)
+
+    def _accumulate_param(self, r: _Run, st: AccumulateParam) -> None:
+        g = self._params.views[Key(Kind.WEIGHT_GRAD, st.param)]
+        tmp = self._view(r, st.temp, g.shape, self.dtype)
+        self._launch(r, f"acc:{st.param}", np.add, g, tmp, g)
 
     def _loss(self, r: _Run, st: Loss) -> None:
         prog = self.program

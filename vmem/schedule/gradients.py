@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..graph import Program
-from .steps import Accumulate, Key, Kind
+import numpy as np
 
-__all__ = ["needs_grad", "Gradients", "gradients"]
+from ..graph import Program
+from .steps import Accumulate, AccumulateParam, Buffer, Key, Kind
+
+__all__ = ["needs_grad", "Gradients", "gradients", "param_temps"]
 
 
 def needs_grad(program: Program) -> list[bool]:
@@ -75,3 +77,28 @@ def gradients(program: Program, needs: list[bool]) -> Gradients:
             grads.acc[(c, j)] = tmp
             grads.acc_steps.setdefault(c, []).append(Accumulate(t.id, tmp))
     return grads
+
+
+def param_temps(program: Program, needs: list[bool]) -> tuple[dict[int, dict[str, Key]], dict[int, list[AccumulateParam]],
+                                                               dict[Key, Buffer]]:
+    """Shared parameters: the first backward (in backward order) that uses one writes its gradient; every
+    later one writes into a temporary (one per parameter, reused) that is then added to it. Returns
+    op -> parameter -> temporary, op -> the additions after its backward, and the temporaries' buffers."""
+    users: dict[str, list[int]] = {}
+    for op in program.ops:
+        if needs[op.output] and any(s.trainable for s in op.params.values()):
+            users.setdefault(op.param_owner, []).append(op.index)
+    temps: dict[int, dict[str, Key]] = {}
+    adds: dict[int, list[AccumulateParam]] = {}
+    buffers: dict[Key, Buffer] = {}
+    for owner, ops in users.items():
+        for i in sorted(ops)[:-1]:
+            for k, spec in program.ops[i].params.items():
+                if not spec.trainable:
+                    continue
+                key = Key(Kind.ACC, owner, k)
+                nbytes = max(1, int(np.prod(spec.shape)) * program.itemsize)
+                buffers[key] = Buffer(key, nbytes, "weight_grads")
+                temps.setdefault(i, {})[k] = key
+                adds.setdefault(i, []).append(AccumulateParam(f"{owner}.{k}", key, nbytes))
+    return temps, adds, buffers

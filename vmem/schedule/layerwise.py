@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..graph import Program
-from .gradients import gradients, needs_grad
+from .gradients import gradients, needs_grad, param_temps
 from .lower import (LABELS, LOSS, PROBS, _algos, _alloc, _values, codec_info, decode_step, encode_step,
                     offload_step,
                     op_workspace, persistent_buffers, pinned_bytes, prefetch_step)
@@ -41,8 +41,10 @@ class _Layerwise:
         self.needs = needs_grad(program)
         self.value, self.buffers, self.aux = _values(program)
         self.grads = gradients(program, self.needs)
+        self.param_temps, self.param_adds, temp_buffers = param_temps(program, self.needs)
         for key, (_, _, nbytes) in self.grads.intervals.items():
             self.buffers[key] = Buffer(key, max(nbytes, 1), "gradient_maps")
+        self.buffers.update(temp_buffers)
         self.stashed = program.stashed_buffers()
         self.decided = decisions(program, plan.stash)
         check_sources(program, self.decided)
@@ -156,7 +158,11 @@ class _Layerwise:
             self.bring_back(op, uses.reads, prefetched, ready)
             for key in starts.get(n - i, []):
                 self.alloc(key)
+            temps = list(self.param_temps.get(i, {}).values())
+            for key in temps:
+                self.alloc(key)
             self.around_workspace(i, "bwd", self.backward_step(i))
+            self.steps += self.param_adds.get(i, []) + [Free(key) for key in temps]
             self.steps += self.grads.acc_steps.get(i, [])
             self.steps += [Free(key) for key in ends.get(n - i, [])]
             self.steps += [Free(self.aux[(i, k)]) for k in op.aux]
@@ -224,6 +230,6 @@ def lower_layerwise(program: Program, plan: "Plan", optimizer_slots: tuple[str, 
     return Schedule(
         program=program, persistent=persistent_buffers(program, optimizer_slots), steps=lowering.steps,
         value=lowering.value, grad={t.id: grads.of_tensor[t.id] for t in program.tensors if needs[t.id]},
-        aux=lowering.aux, acc=grads.acc, needs_grad=needs, alignment=alignment,
+        aux=lowering.aux, acc=grads.acc, param_acc=lowering.param_temps, needs_grad=needs, alignment=alignment,
         pinned_bytes=pinned_bytes(lowering.steps, alignment),
     )

@@ -22,7 +22,7 @@ from .. import codecs as _codecs
 from ..codecs import transfer as _transfer
 from ..graph import Program
 from ..nn.base import physical
-from .gradients import Gradients, gradients, needs_grad
+from .gradients import Gradients, gradients, needs_grad, param_temps
 from .pack import place
 from .steps import (Accumulate, Alloc, Backward, BnRange, Buffer, CopyOut, Decode, Encode, Forward, Free, Key, Kind,
                     Loss, Offload, Prefetch, Schedule, Step, Update, Upload)
@@ -43,15 +43,14 @@ def _align(n: int, alignment: int) -> int:
 def persistent_buffers(program: Program, optimizer_slots: tuple[str, ...]) -> list[Buffer]:
     """Weights (and non-trainable buffers such as running statistics), weight gradients, optimizer state."""
     out = []
-    for op in program.ops:
-        for k, spec in op.params.items():
-            key = f"{op.name}.{k}"
-            nbytes = int(np.prod(spec.shape)) * program.itemsize
-            out.append(Buffer(Key(Kind.WEIGHT, key), nbytes, "weights"))
-            if spec.trainable:
-                out.append(Buffer(Key(Kind.WEIGHT_GRAD, key), nbytes, "weight_grads"))
-                for slot in optimizer_slots:
-                    out.append(Buffer(Key(Kind.OPT_STATE, key, slot), nbytes, "optimizer_state"))
+    for op, k, spec in program.owned_params():
+        key = f"{op.name}.{k}"
+        nbytes = int(np.prod(spec.shape)) * program.itemsize
+        out.append(Buffer(Key(Kind.WEIGHT, key), nbytes, "weights"))
+        if spec.trainable:
+            out.append(Buffer(Key(Kind.WEIGHT_GRAD, key), nbytes, "weight_grads"))
+            for slot in optimizer_slots:
+                out.append(Buffer(Key(Kind.OPT_STATE, key, slot), nbytes, "optimizer_state"))
     return out
 
 
@@ -80,8 +79,9 @@ def _values(program: Program) -> tuple[dict[int, Key], dict[Key, Buffer], dict[t
         for k, nbytes in op.aux_nbytes.items():
             aux[(op.index, k)] = key = Key(Kind.AUX, op.name, k)
             buffers[key] = Buffer(key, max(nbytes, 1), "feature_maps", high=True)
-    for key, nbytes, category in ((LABELS, program.batch * 8, "other"),
-                                  (PROBS, program.batch * program.num_classes * program.itemsize, "feature_maps"),
+    labels = int(np.prod(program.label_shape))
+    for key, nbytes, category in ((LABELS, labels * 8, "other"),
+                                  (PROBS, labels * program.num_classes * program.itemsize, "feature_maps"),
                                   (LOSS, program.itemsize, "other")):
         buffers[key] = Buffer(key, nbytes, category, high=True)
     return value, buffers, aux
@@ -144,6 +144,8 @@ def _lower_network(program: Program, plan: "Plan", optimizer_slots: tuple[str, .
     grads = gradients(program, needs)
     slot_of, slot_buffers = _share_slots(grads)
     buffers.update((b.key, b) for b in slot_buffers)
+    temps, adds, temp_buffers = param_temps(program, needs)
+    buffers.update(temp_buffers)
     steps: list[Step] = []
     for buf in buffers.values():
         _alloc(buf, value[program.input], steps)
@@ -156,12 +158,13 @@ def _lower_network(program: Program, plan: "Plan", optimizer_slots: tuple[str, .
         _, bwd_ws = op_workspace(program, plan, i)
         steps.append(Backward(i, _algos(plan, program, i)[1], ws if bwd_ws else None))
         steps += [Accumulate(a.tensor, slot_of[a.temp]) for a in grads.acc_steps.get(i, [])]
+        steps += adds.get(i, [])
     steps.append(Update())
     steps += [Free(key) for key in reversed(list(buffers))]
     return Schedule(
         program=program, persistent=persistent_buffers(program, optimizer_slots), steps=steps, value=value,
         grad={t.id: slot_of[grads.of_tensor[t.id]] for t in tensors if needs[t.id]}, aux=aux,
-        acc={k: slot_of[v] for k, v in grads.acc.items()}, needs_grad=needs, alignment=alignment,
+        acc={k: slot_of[v] for k, v in grads.acc.items()}, param_acc=temps, needs_grad=needs, alignment=alignment,
     )
 
 

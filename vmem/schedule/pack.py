@@ -23,7 +23,7 @@ from bisect import bisect_left, insort
 from dataclasses import replace
 from typing import Callable, Iterable, NamedTuple
 
-from .steps import (Accumulate, Alloc, Backward, CopyOut, Decode, Encode, Forward, Free, Loss, Offload, Prefetch,
+from .steps import (Accumulate, AccumulateParam, Alloc, Backward, CopyOut, Decode, Encode, Forward, Free, Loss, Offload, Prefetch,
                     Recompute, Release, Schedule, Step, Update, Upload, WaitPrefetch, handlers)
 
 __all__ = ["Life", "lifetimes", "pack", "place", "peak_live", "GREEDY_LIMIT", "STRATEGIES"]
@@ -35,7 +35,7 @@ STRATEGIES = ("auto", "sweep", "greedy")
 _OPEN, _CLOSE = "open", "close"
 # the memory effect of each step kind (the one table this consumer dispatches on)
 _EFFECT = handlers({Alloc: _OPEN, Free: _CLOSE, Release: _CLOSE, Offload: None, Upload: None, Forward: None, Recompute: None, Loss: None,
-                    Backward: None, Accumulate: None, Update: None, Prefetch: None, WaitPrefetch: None,
+                    Backward: None, Accumulate: None, AccumulateParam: None, Update: None, Prefetch: None, WaitPrefetch: None,
                     Encode: None, Decode: None, CopyOut: None}, "pack")  # type: ignore[arg-type]
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..graph import Program
 from ..pool import CATEGORIES
-from .steps import (Accumulate, Alloc, Backward, CopyOut, Decode, Encode, Forward, Free, Loss, Offload, Prefetch,
+from .steps import (Accumulate, AccumulateParam, Alloc, Backward, CopyOut, Decode, Encode, Forward, Free, Loss, Offload, Prefetch,
                     Recompute, Release, Schedule, Step, Update, Upload, WaitPrefetch, handlers)
 
 __all__ = ["Figures", "LayerRow", "replay", "durations"]
@@ -72,7 +72,7 @@ class Figures:
 def durations(schedule: Schedule, costs: Any) -> list[float]:
     """Predicted seconds of each step of the schedule under ``costs`` (0 for steps that are not compute)."""
     program = schedule.program
-    params = sum(math.prod(s.shape) for op in program.ops for s in op.params.values() if s.trainable) * program.itemsize
+    params = sum(math.prod(s.shape) for _, _, s in program.owned_params() if s.trainable) * program.itemsize
 
     def backward(st: Backward) -> float:
         op = program.ops[st.op]
@@ -90,6 +90,7 @@ def durations(schedule: Schedule, costs: Any) -> list[float]:
         Backward: backward,
         Loss: lambda st: costs.misc_seconds("loss", 0),
         Accumulate: lambda st: costs.misc_seconds("acc", program.tensors[st.tensor].nbytes),
+        AccumulateParam: lambda st: costs.misc_seconds("acc", st.nbytes),
         Update: lambda st: costs.update_seconds(params),
         Encode: lambda st: costs.misc_seconds("encode", st.nbytes),
         Decode: lambda st: costs.misc_seconds("decode", st.nbytes),
@@ -126,7 +127,7 @@ class _Replay:
         self.table = handlers({
             Alloc: self._alloc, Free: self._free, Offload: self._offload, Release: self._release,
             Prefetch: self._prefetch,
-            WaitPrefetch: self._wait, Forward: compute, Recompute: compute, Backward: compute, Loss: compute, Accumulate: compute,
+            WaitPrefetch: self._wait, Forward: compute, Recompute: compute, Backward: compute, Loss: compute, Accumulate: compute, AccumulateParam: compute,
             Update: compute, Encode: compute, Decode: compute, Upload: None, CopyOut: None,
         }, "replay")
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ..graph import Program
 
 __all__ = ["Kind", "Key", "Buffer", "BnRange", "Alloc", "Free", "Upload", "Forward", "Loss", "Backward", "Accumulate",
-           "Update", "Recompute", "Offload", "Release", "Prefetch", "WaitPrefetch", "Encode", "Decode", "CopyOut", "Step", "STEPS",
+           "AccumulateParam", "Update", "Recompute", "Offload", "Release", "Prefetch", "WaitPrefetch", "Encode", "Decode", "CopyOut", "Step", "STEPS",
            "RELEASES", "Schedule", "handlers"]
 
 
@@ -143,6 +143,15 @@ class Accumulate:
 
 
 @dataclass(frozen=True, slots=True)
+class AccumulateParam:
+    """Add a shared parameter's gradient contribution in ``temp`` to its gradient (``param``: "owner.name")."""
+
+    param: str
+    temp: Key
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class Update:
     """The optimizer's update of every trainable parameter."""
 
@@ -220,10 +229,10 @@ class CopyOut:
     tensor: int
 
 
-Step = Union[Alloc, Free, Upload, Forward, Recompute, Loss, Backward, Accumulate, Update, Offload, Release, Prefetch,
+Step = Union[Alloc, Free, Upload, Forward, Recompute, Loss, Backward, Accumulate, AccumulateParam, Update, Offload, Release, Prefetch,
              WaitPrefetch, Encode, Decode, CopyOut]
 #: Every step kind: a consumer's handler table must cover all of them.
-STEPS: tuple[type, ...] = (Alloc, Free, Upload, Forward, Recompute, Loss, Backward, Accumulate, Update, Offload, Release,
+STEPS: tuple[type, ...] = (Alloc, Free, Upload, Forward, Recompute, Loss, Backward, Accumulate, AccumulateParam, Update, Offload, Release,
                            Prefetch, WaitPrefetch, Encode, Decode, CopyOut)
 #: Steps that release a buffer (its block is free after them).
 RELEASES: tuple[type, ...] = (Free, Release)
@@ -254,6 +263,8 @@ class Schedule:
     grad: dict[int, Key] = field(default_factory=dict)
     aux: dict[tuple[int, str], Key] = field(default_factory=dict)
     acc: dict[tuple[int, int], Key] = field(default_factory=dict)
+    #: op -> parameter -> the temporary its backward writes that gradient into (a shared parameter's later uses)
+    param_acc: dict[int, dict[str, Key]] = field(default_factory=dict)
     needs_grad: list[bool] = field(default_factory=list)
     alignment: int = 256
     pinned_bytes: int = 0

@@ -91,7 +91,7 @@ class Trainer:
         # a policy that decides by time needs measured costs; any other may ask for them (plan times)
         self.profiling = self.policy.needs_profile if profile is None else bool(profile)
         self.costs: dict[int, Any] = {}
-        self.loss = loss if loss is not None else SoftmaxCrossEntropy()
+        self.loss = loss if loss is not None else (getattr(net, "loss", None) or SoftmaxCrossEntropy())
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01, momentum=0.9)
         self.seed = seed
         self.rng = np.random.default_rng(seed)
@@ -195,7 +195,12 @@ class Trainer:
             raise ShapeError(f"{self.net.name}: {len(x)} inputs but {len(y)} labels")
         if y is not None and len(y):
             y = np.asarray(y)
-            classes = self.net.output_shape(1, self.input_shape)[1]
+            out = self.net.output_shape(1, self.input_shape)
+            classes = out[-1]
+            if tuple(y.shape[1:]) != tuple(out[1:-1]):
+                raise ShapeError(f"{self.net.name}: labels have shape {tuple(y.shape)}, the network predicts "
+                                 f"(N, {', '.join(map(str, out[1:-1] + (classes,)))}): one label per "
+                                 + ("token" if len(out) > 2 else "sample"))
             if y.dtype.kind not in "iu" or y.min() < 0 or y.max() >= classes:
                 raise ValueError(f"{self.net.name}: labels must be integers from 0 to {classes - 1} (the network has "
                                  f"{classes} classes); got {y.dtype} from {y.min()} to {y.max()}")
@@ -257,10 +262,14 @@ class Trainer:
     def evaluate(self, data: Dataset, batch_size: int = 256) -> dict[str, float]:
         """Mean loss and accuracy (a fraction) on ``data``."""
         logits = self.predict(data.x, batch_size).astype(np.float64)
+        logits = logits.reshape(-1, logits.shape[-1])  # sequences: one prediction per token
+        labels = np.asarray(data.y).reshape(-1)
+        ignore = getattr(self.loss, "ignore", None)
+        keep = np.ones(len(labels), bool) if ignore is None else labels != ignore
         logits -= logits.max(axis=1, keepdims=True)
         logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
-        loss = float(-logp[np.arange(len(data)), data.y].mean())
-        accuracy = float((logits.argmax(axis=1) == data.y).mean())
+        loss = float(-logp[np.arange(len(labels)), labels][keep].mean())
+        accuracy = float((logits.argmax(axis=1) == labels)[keep].mean())
         return {"loss": loss, "accuracy": accuracy}
 
     # -- state ---------------------------------------------------------------------------------------

@@ -1,0 +1,339 @@
+"""Layers for sequence models (LSTMs, attention, transformers): embeddings, splits and reshapes, softmax over an
+axis, batched matrix products, layer normalization and a length mask.
+
+Tensors may have any rank; only 4-D image tensors are stored channels-last, so the layers here that take an
+``axis`` refuse 4-D inputs (their logical and stored axes differ). Token ids travel as floating-point values
+(exact up to 2**24) and are cast to integers where they are read.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..errors import ShapeError
+from .base import AuxSpec, Ctx, Layer, ParamSpec, Shape
+
+__all__ = ["Embedding", "Split", "Reshape", "ExpandDims", "Softmax", "MatMul", "LayerNorm", "LengthMask"]
+
+
+def _size(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _axis(layer: Layer, axis: int, rank: int) -> int:
+    if rank == 4:
+        raise ShapeError(f"layer {layer.label}: works on tensors of rank other than 4 (4-D tensors are stored "
+                         "channels-last)")
+    if not -rank <= axis < rank or (axis % rank) == 0:
+        raise ShapeError(f"layer {layer.label}: axis {axis} is not a non-batch axis of a rank-{rank} tensor")
+    return axis % rank
+
+
+class Embedding(Layer):
+    """``Embedding(num, dim)``: token ids of any shape -> vectors, shape (..., dim). Backward needs only the
+    ids (its input), and gives no gradient to them."""
+
+    kind = "embedding"
+    needs = frozenset({"x"})
+
+    def __init__(self, num: int, dim: int):
+        super().__init__()
+        for name, v in (("num", num), ("dim", dim)):
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"Embedding: {name}={v!r} must be a positive int")
+        self.num, self.dim = num, dim
+
+    def extra_repr(self) -> str:
+        return f"{self.num}, {self.dim}"
+
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        self.check_arity(in_shapes)
+        if len(in_shapes[0]) + 1 == 4:
+            raise ShapeError(f"layer {self.label}: ids of shape {tuple(in_shapes[0])} would make a 4-D output")
+        return tuple(in_shapes[0]) + (self.dim,)
+
+    def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:
+        return {"weight": ParamSpec((self.num, self.dim), "normal", self.dim, self.dim)}
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return _size(in_shapes[0]) * self.dim
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        ids = xs[0].astype(int)
+        ctx.xp.take(ctx.params["weight"], ids, axis=0, out=y)
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        xp, grad = ctx.xp, ctx.grads["weight"]
+        grad.fill(0)
+        ids = xs[0].astype(int).ravel()  # type: ignore[index]
+        xp.add.at(grad, ids, dy.reshape(-1, self.dim))
+
+
+class Split(Layer):
+    """``Split(sections, index, axis=1)``: piece ``index`` of ``sections`` equal pieces along ``axis`` (use
+    ``Graph.split(node, sections, axis)`` for all of them). Backward needs nothing."""
+
+    kind = "split"
+
+    def __init__(self, sections: int, index: int, axis: int = 1):
+        super().__init__()
+        if not isinstance(sections, int) or sections < 1 or not isinstance(index, int) or not 0 <= index < sections:
+            raise ValueError(f"Split: index={index!r} must be in [0, sections={sections!r})")
+        self.sections, self.index, self.axis = sections, index, axis
+
+    def extra_repr(self) -> str:
+        return f"{self.sections}, index={self.index}, axis={self.axis}"
+
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        self.check_arity(in_shapes)
+        shape = tuple(in_shapes[0])
+        a = _axis(self, self.axis, len(shape))
+        if shape[a] % self.sections:
+            raise ShapeError(f"layer {self.label}: axis {a} of {shape} does not split into {self.sections} pieces")
+        return shape[:a] + (shape[a] // self.sections,) + shape[a + 1:]
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return 0
+
+    def _slice(self, rank: int, n: int) -> tuple:
+        a = self.axis % rank
+        return (slice(None),) * a + (slice(self.index * n, (self.index + 1) * n),)
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        a = self.axis % y.ndim
+        y[...] = xs[0][self._slice(y.ndim, y.shape[a])]
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        dx = dxs[0]
+        if dx is None:
+            return
+        dx.fill(0)
+        dx[self._slice(dy.ndim, dy.shape[self.axis % dy.ndim])] = dy
+
+
+class Reshape(Layer):
+    """``Reshape(shape)``: the same values with a new shape after the batch axis (neither side 4-D). A pure
+    view: its output shares its input's memory where the graph allows."""
+
+    kind = "reshape"
+    inplace = True
+
+    def __init__(self, shape: Sequence[int]):
+        super().__init__()
+        self.shape = tuple(int(d) for d in shape)
+
+    def extra_repr(self) -> str:
+        return f"{self.shape}"
+
+    def target(self, shape: Shape) -> Shape:
+        return self.shape
+
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        self.check_arity(in_shapes)
+        shape = tuple(in_shapes[0])
+        out = (shape[0],) + tuple(self.target(shape))
+        if _size(out) != _size(shape) or 4 in (len(shape), len(out)):
+            raise ShapeError(f"layer {self.label}: cannot reshape {shape} to {out}" +
+                             (" (4-D tensors are stored channels-last)" if 4 in (len(shape), len(out)) else ""))
+        return out
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return 0
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        if not ctx.xp.may_share_memory(xs[0], y):
+            y[...] = xs[0].reshape(y.shape)
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        dx = dxs[0]
+        if dx is not None and not ctx.xp.may_share_memory(dx, dy):
+            dx[...] = dy.reshape(dx.shape)
+
+
+class ExpandDims(Reshape):
+    """``ExpandDims(axis)``: insert an axis of length 1 at ``axis`` (>= 1)."""
+
+    kind = "reshape"
+
+    def __init__(self, axis: int):
+        super().__init__(())
+        if not isinstance(axis, int) or axis < 1:
+            raise ValueError(f"ExpandDims: axis={axis!r} must be an int >= 1 (after the batch axis)")
+        self.axis = axis
+
+    def extra_repr(self) -> str:
+        return f"axis={self.axis}"
+
+    def target(self, shape: Shape) -> Shape:
+        if self.axis > len(shape):
+            raise ShapeError(f"layer {self.label}: axis {self.axis} is past the end of {tuple(shape)}")
+        return tuple(shape[1:self.axis]) + (1,) + tuple(shape[self.axis:])
+
+
+class Softmax(Layer):
+    """``Softmax(axis=-1)``: softmax over ``axis``. Backward needs its output."""
+
+    kind = "softmax"
+    needs = frozenset({"y"})
+
+    def __init__(self, axis: int = -1):
+        super().__init__()
+        self.axis = axis
+
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        self.check_arity(in_shapes)
+        _axis(self, self.axis, len(in_shapes[0]))
+        return tuple(in_shapes[0])
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return 5 * _size(in_shapes[0])
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        xp, a = ctx.xp, self.axis
+        xp.subtract(xs[0], xs[0].max(axis=a, keepdims=True), out=y)
+        xp.exp(y, out=y)
+        y /= y.sum(axis=a, keepdims=True)
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        dx = dxs[0]
+        if dx is not None:
+            s = (dy * y).sum(axis=self.axis, keepdims=True)
+            ctx.xp.multiply(y, dy - s, out=dx)
+
+
+class MatMul(Layer):
+    """``MatMul(transpose_b=False)``: the batched product of (..., M, K) and (..., K, N) (or (..., N, K) with
+    ``transpose_b``). Backward needs both inputs."""
+
+    kind = "matmul"
+    needs = frozenset({"x"})
+    arity = 2
+
+    def __init__(self, transpose_b: bool = False):
+        super().__init__()
+        self.transpose_b = bool(transpose_b)
+
+    def extra_repr(self) -> str:
+        return "transpose_b=True" if self.transpose_b else ""
+
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        self.check_arity(in_shapes)
+        a, b = (tuple(s) for s in in_shapes)
+        if len(a) != len(b) or len(a) not in (3, 5) or a[:-2] != b[:-2]:
+            raise ShapeError(f"layer {self.label}: cannot multiply batches of matrices {a} and {b} (same leading "
+                             "axes, rank 3)")
+        k_b, n = (b[-1], b[-2]) if self.transpose_b else (b[-2], b[-1])
+        if a[-1] != k_b:
+            raise ShapeError(f"layer {self.label}: inner sizes differ: {a} and {b}")
+        return a[:-1] + (n,)
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        a = in_shapes[0]
+        return 2 * _size(self.output_shape(in_shapes)) * a[-1]
+
+    def _b(self, b: Any) -> Any:
+        return b.swapaxes(-1, -2) if self.transpose_b else b
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        ctx.xp.matmul(xs[0], self._b(xs[1]), out=y)
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        xp = ctx.xp
+        a, b = xs  # type: ignore[misc]
+        if dxs[0] is not None:
+            xp.matmul(dy, self._b(b).swapaxes(-1, -2), out=dxs[0])
+        if dxs[1] is not None:
+            if self.transpose_b:  # dB = dy^T a
+                xp.matmul(dy.swapaxes(-1, -2), a, out=dxs[1])
+            else:
+                xp.matmul(a.swapaxes(-1, -2), dy, out=dxs[1])
+
+
+class LayerNorm(Layer):
+    """``LayerNorm(features, eps=1e-5)``: normalize over the last axis, then scale and shift. Backward needs
+    the input and the saved mean and 1/std."""
+
+    kind = "layernorm"
+    needs = frozenset({"x"})
+
+    def __init__(self, features: int, eps: float = 1e-5):
+        super().__init__()
+        if not isinstance(features, int) or features <= 0:
+            raise ValueError(f"LayerNorm: features={features!r} must be a positive int")
+        self.features, self.eps = features, float(eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.features}"
+
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        self.check_arity(in_shapes)
+        shape = tuple(in_shapes[0])
+        if len(shape) == 4 or shape[-1] != self.features:
+            raise ShapeError(f"layer {self.label}: expects (..., {self.features}) of rank other than 4, got {shape}")
+        return shape
+
+    def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:
+        return {"weight": ParamSpec((self.features,), "ones"), "bias": ParamSpec((self.features,), "zeros")}
+
+    def aux_specs(self, in_shapes: Sequence[Shape]) -> dict[str, AuxSpec]:
+        rows = (_size(in_shapes[0]) // self.features,)
+        return {"mean": AuxSpec(rows, "float"), "invstd": AuxSpec(rows, "float")}
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return 8 * _size(in_shapes[0])
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        xp, f = ctx.xp, self.features
+        x2, y2 = xs[0].reshape(-1, f), y.reshape(-1, f)
+        mean, invstd = ctx.aux["mean"], ctx.aux["invstd"]
+        xp.mean(x2, axis=1, out=mean)
+        xp.subtract(x2, mean[:, None], out=y2)
+        invstd[...] = 1.0 / xp.sqrt((y2 * y2).mean(axis=1) + self.eps)
+        y2 *= invstd[:, None]
+        y2 *= ctx.params["weight"]
+        y2 += ctx.params["bias"]
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        xp, f = ctx.xp, self.features
+        x2, dy2 = xs[0].reshape(-1, f), dy.reshape(-1, f)  # type: ignore[index]
+        mean, invstd = ctx.aux["mean"][:, None], ctx.aux["invstd"][:, None]
+        xhat = (x2 - mean) * invstd
+        xp.sum(dy2 * xhat, axis=0, out=ctx.grads["weight"])
+        xp.sum(dy2, axis=0, out=ctx.grads["bias"])
+        if dxs[0] is not None:
+            g = dy2 * ctx.params["weight"]
+            dx = g - g.mean(axis=1, keepdims=True) - xhat * (g * xhat).mean(axis=1, keepdims=True)
+            xp.multiply(dx, invstd, out=dxs[0].reshape(-1, f))
+
+
+class LengthMask(Layer):
+    """``LengthMask(pad=0, value=-1e4)``: scores (B, T) and token ids (B, T) -> the scores where the id is not
+    ``pad``, ``value`` where it is (attention over padded source positions). Backward needs the ids."""
+
+    kind = "lengthmask"
+    needs = frozenset({"x"})
+    arity = 2
+
+    def __init__(self, pad: int = 0, value: float = -1e4):
+        super().__init__()
+        self.pad, self.value = int(pad), float(value)
+
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        self.check_arity(in_shapes)
+        if tuple(in_shapes[0]) != tuple(in_shapes[1]) or len(in_shapes[0]) == 4:
+            raise ShapeError(f"layer {self.label}: scores {tuple(in_shapes[0])} and ids {tuple(in_shapes[1])} "
+                             "must have the same shape")
+        return tuple(in_shapes[0])
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        ctx.xp.copyto(y, xs[0])
+        y[xs[1] == self.pad] = self.value
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        if dxs[0] is not None:
+            ctx.xp.multiply(dy, xs[1] != self.pad, out=dxs[0])  # type: ignore[index]
+        if dxs[1] is not None:
+            dxs[1].fill(0)
