@@ -98,6 +98,10 @@ def _auto_fraction(memory: str | None, policy: str) -> float | None:
     return fraction
 
 
+#: ``vmem train``'s defaults where a model has none of its own (``net.train_defaults``).
+TRAIN_DEFAULTS = {"batch": 32, "epochs": 10, "optimizer": "sgd", "lr": 0.05}
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -107,6 +111,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.save:
         _writable(args.save)
     net = _model(args)
+    for key, value in {**TRAIN_DEFAULTS, **getattr(net, "train_defaults", {})}.items():
+        if getattr(args, key) is None:  # options left out: the model's own defaults, else the generic ones
+            setattr(args, key, value)
     train, val = data.load(args.dataset, input_shape=net.input_shape, seed=args.seed)
     if train.num_classes != net.output_shape()[-1]:
         net = _rebuild_for_classes(args, train.num_classes)
@@ -280,10 +287,10 @@ def _add_train(sub: Any) -> None:
         f"(default auto:{AUTO_FRACTION:g} with vdnn-dyn, 1GiB with any other policy)"))
     p.add_argument("--dataset", default="digits", choices=("digits", "synthetic", "reverse"),
                    help="default digits; reverse: token sequences for nmt_small")
-    p.add_argument("--batch", type=_positive_int, default=32, help="batch size (default 32)")
-    p.add_argument("--epochs", type=_positive_int, default=10, help="epochs (default 10)")
-    p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
-    p.add_argument("--lr", type=_positive_float, default=0.05, help="learning rate (default 0.05)")
+    p.add_argument("--batch", type=_positive_int, help="batch size (default 32; the model's own for nmt_small: 64)")
+    p.add_argument("--epochs", type=_positive_int, help="epochs (default 10; nmt_small: 3)")
+    p.add_argument("--optimizer", choices=("sgd", "adam"), help="default sgd; nmt_small: adam")
+    p.add_argument("--lr", type=_positive_float, help="learning rate (default 0.05; nmt_small with adam: 0.01)")
     p.add_argument("--schedule", choices=("cosine", "constant"), default="cosine",
                    help="learning rate over the epochs: cosine decay to 0 (default) or constant")
     p.add_argument("--momentum", type=_nonnegative_float, default=0.9, help="SGD momentum (default 0.9)")

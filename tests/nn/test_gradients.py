@@ -116,3 +116,73 @@ def test_softmax_cross_entropy():
         down[idx] -= eps
         num = (loss.forward(np, up, labels, probs.copy()) - loss.forward(np, down, labels, probs.copy())) / (2 * eps)
         assert d[idx] == pytest.approx(num, abs=1e-7)
+
+
+# -- sequence layers (float64 finite differences) ----------------------------------------------------
+def test_embedding_gives_the_weight_a_gradient_and_the_ids_none():
+    ids = np.array([[0, 3, 3, 1], [2, 0, 4, 4]])
+    assert check_layer(nn.Embedding(5, 3), [(2, 4)], inputs={0: ids}, no_grad=(0,)) == ["weight"]
+
+
+@pytest.mark.parametrize("index", [0, 2])
+def test_split(index):
+    assert check_layer(nn.Split(3, index, axis=2), [(2, 4, 6)]) == ["x0"]
+
+
+@pytest.mark.parametrize("shapes", [[(2, 3, 4), (2, 3, 4)], [(2, 5, 4), (2, 1, 4)], [(1, 3, 4), (2, 3, 1)],
+                                    [(2, 3), (2, 3), (2, 3)]])
+def test_broadcasting_add(shapes):
+    assert check_layer(nn.Add(), shapes) == [f"x{i}" for i in range(len(shapes))]
+
+
+@pytest.mark.parametrize("layer, shape", [(nn.Reshape((6,)), (2, 3, 2)), (nn.ExpandDims(1), (2, 5)),
+                                          (nn.ExpandDims(2), (2, 3))])
+def test_reshapes(layer, shape):
+    check_layer(layer, [shape])
+
+
+@pytest.mark.parametrize("axis, shapes", [(1, [(2, 3, 4), (2, 2, 4)]), (2, [(2, 3, 4), (2, 3, 1), (2, 3, 2)]),
+                                          (1, [(2, 3, 4, 4), (2, 2, 4, 4)])])
+def test_concat_on_any_axis(axis, shapes):
+    check_layer(nn.Concat(axis=axis), shapes)
+
+
+@pytest.mark.parametrize("axis, shape", [(-1, (2, 3, 5)), (1, (2, 4, 3)), (1, (3, 6))])
+def test_softmax(axis, shape):
+    check_layer(nn.Softmax(axis=axis), [shape])
+
+
+@pytest.mark.parametrize("transpose_b, shapes", [(False, [(2, 3, 4), (2, 4, 5)]), (True, [(2, 3, 4), (2, 5, 4)])])
+def test_batched_matmul(transpose_b, shapes):
+    assert check_layer(nn.MatMul(transpose_b), shapes) == ["x0", "x1"]
+
+
+def test_linear_over_a_sequence():
+    assert check_layer(nn.Linear(4, 3), [(2, 5, 4)]) == ["x0", "weight", "bias"]
+
+
+@pytest.mark.parametrize("shape", [(3, 6), (2, 4, 5)])
+def test_layernorm(shape):
+    assert check_layer(nn.LayerNorm(shape[-1]), [shape]) == ["x0", "weight", "bias"]
+
+
+def test_length_mask():
+    ids = np.array([[3, 4, 0, 0], [5, 0, 0, 0]])
+    check_layer(nn.LengthMask(pad=0, value=-3.0), [(2, 4), (2, 4)], inputs={1: ids}, no_grad=(1,))
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (2, 5)])
+def test_sigmoid_tanh_mul(shape):
+    check_layer(nn.Sigmoid(), [shape])
+    check_layer(nn.Tanh(), [shape])
+    check_layer(nn.Mul(), [shape, shape])
+
+
+def test_four_dimensional_tensors_are_refused_where_an_axis_would_be_ambiguous():
+    from vmem.errors import ShapeError
+
+    for layer, shapes in [(nn.ExpandDims(2), [(2, 3, 5)]), (nn.Softmax(1), [(2, 3, 4, 4)]),
+                          (nn.Split(2, 0, axis=2), [(2, 3, 4, 4)]), (nn.Concat(axis=2), [(2, 3, 4, 4)] * 2),
+                          (nn.Linear(4, 2), [(2, 3, 4, 4)])]:
+        with pytest.raises(ShapeError, match="4"):
+            layer.output_shape(shapes)

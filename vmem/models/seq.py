@@ -9,7 +9,7 @@ padding: attention ignores padded source positions and the loss ignores padded l
 from __future__ import annotations
 
 from ..graph import Graph, Node
-from ..nn import (Add, Concat, Embedding, ExpandDims, LayerNorm, LengthMask, Linear, MatMul, Mul, ReLU, Reshape,
+from ..nn import (Add, Concat, Dropout, Embedding, ExpandDims, LayerNorm, LengthMask, Linear, MatMul, Mul, ReLU, Reshape,
                   Sigmoid, Softmax, SoftmaxCrossEntropy, Tanh)
 from ..nn.base import Layer
 
@@ -65,11 +65,12 @@ def _lstm(g: Graph, seq: Node, length: int, features: int, hidden: int, name: st
 
 def nmt(seq_len: int = 100, hidden: int = 512, attention: int = 512, embed: int | None = None, layers: int = 2,
         src_vocab: int = 17191, tgt_vocab: int = 7709, encoder_layers: int | None = None,
-        decoder_layers: int | None = None, name: str = "nmt") -> Graph:
+        decoder_layers: int | None = None, dropout: float = 0.0, name: str = "nmt") -> Graph:
     """Sockeye-style NMT (Echo's benchmark): embeddings, ``layers`` LSTM layers in the encoder and the
     decoder (each decoder layer starts from the matching encoder layer's last state), MLP attention
     (``v . tanh(K h_enc + q h_dec)``, masked at padded source positions) after the top decoder layer, and
-    ``tanh(W [h; context])`` into the output projection."""
+    ``tanh(W [h; context])`` into the output projection; ``dropout`` after the embeddings and before the
+    output projection."""
     for key, v in (("seq_len", seq_len), ("hidden", hidden), ("attention", attention), ("layers", layers),
                    ("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab)):
         if not isinstance(v, int) or v <= 0:
@@ -80,6 +81,8 @@ def nmt(seq_len: int = 100, hidden: int = 512, attention: int = 512, embed: int 
     g = Graph(input_shape=(2 * T,), name=name)
     src, tgt = g.split(g.input, 2, axis=1, name="tokens")
     seq, feats = g.add(Embedding(src_vocab, embed), src, name="src_embed"), embed
+    if dropout:
+        seq = g.add(Dropout(dropout), seq)
     states = []
     for layer in range(enc_layers):
         hs, state = _lstm(g, seq, T, feats, hidden, f"enc{layer}")
@@ -88,6 +91,8 @@ def nmt(seq_len: int = 100, hidden: int = 512, attention: int = 512, embed: int 
     memory = seq  # (N, T, H)
     keys = g.add(Linear(hidden, attention, bias=False), memory, name="att.keys")
     seq, feats = g.add(Embedding(tgt_vocab, embed), tgt, name="tgt_embed"), embed
+    if dropout:
+        seq = g.add(Dropout(dropout), seq)
     for layer in range(dec_layers):
         hs, _ = _lstm(g, seq, T, feats, hidden, f"dec{layer}", states[min(layer, len(states) - 1)])
         seq, feats = _stack(g, hs, f"dec{layer}.out") if layer < dec_layers - 1 else None, hidden  # type: ignore[assignment]
@@ -102,7 +107,10 @@ def nmt(seq_len: int = 100, hidden: int = 512, attention: int = 512, embed: int 
         alpha = g.add(Softmax(axis=1), g.add(LengthMask(PAD), s, src), name=f"att.alpha{t}")
         context = g.add(Reshape((hidden,)), g.add(MatMul(), g.add(ExpandDims(1), alpha), memory))
         outs.append(g.add(Tanh(), mix(g.add(Concat(axis=1), h, context))))
-    g.add(Linear(hidden, tgt_vocab), _stack(g, outs, "att.outs"), name="logits")
+    outs_seq = _stack(g, outs, "att.outs")
+    if dropout:
+        outs_seq = g.add(Dropout(dropout), outs_seq)
+    g.add(Linear(hidden, tgt_vocab), outs_seq, name="logits")
     g.loss = SoftmaxCrossEntropy(ignore=PAD)
     return g
 
@@ -111,7 +119,9 @@ def nmt_small(seq_len: int = 8, hidden: int = 32, vocab: int = 50, **options) ->
     """``nmt`` for the CPU: one LSTM layer each side, hidden 32, vocabulary 50, sequences of 8."""
     options.setdefault("layers", 1)
     options.setdefault("attention", hidden)
-    return nmt(seq_len=seq_len, hidden=hidden, src_vocab=vocab, tgt_vocab=vocab, name="nmt_small", **options)
+    g = nmt(seq_len=seq_len, hidden=hidden, src_vocab=vocab, tgt_vocab=vocab, name="nmt_small", **options)
+    g.train_defaults = {"batch": 64, "epochs": 3, "optimizer": "adam", "lr": 0.01}  # what vmem train uses
+    return g
 
 
 def transformer(layers: int = 6, seq_len: int = 128, dim: int = 512, heads: int = 8, ffn: int = 2048,
