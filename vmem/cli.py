@@ -273,7 +273,7 @@ def _common(p: argparse.ArgumentParser, model_default: str | None, policy_defaul
     p.add_argument("--device", default="cpu", help="device name: cpu (default) or sim:<gpu> (see vmem devices)")
     p.add_argument("--memory", default=None, help=memory_help)
     p.add_argument("--policy", default=policy_default,
-                   help="policy spec: baseline, layerwise, vdnn-all, vdnn-conv, vdnn-dyn, gist, with :key=value options"
+                   help="policy spec: baseline, layerwise, vdnn-all, vdnn-conv, vdnn-dyn, gist, mirror, chen, echo, with :key=value options"
                    f" (default {policy_default})")
     p.add_argument("--algos", choices=("memory", "performance"), help="convolution algorithms (adds algos= to --policy)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")

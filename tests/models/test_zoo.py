@@ -11,10 +11,25 @@ from vmem.errors import ShapeError
 SMALLER = {"overfeat": 199, "alexnet": 127, "googlenet": 128, "nin": 160, "vgg_cifar": 16, "resnet_cifar": 16,
            "digits_cnn": 16, "mini_googlenet": 16}
 
+SEQUENCE = {"nmt": (2, 100, 7709), "nmt_small": (2, 8, 50), "transformer": (2, 128, 32000)}
+IMAGES = [n for n in vmem.models.names() if n not in SEQUENCE]
+
 PARAMS = {"alexnet": 61_100_840, "vgg16": 138_357_544, "resnet50": 25_557_032, "resnet18": 11_689_512}
 
 
-@pytest.mark.parametrize("name", vmem.models.names())
+@pytest.mark.parametrize("name", sorted(SEQUENCE))
+def test_sequence_models_predict_a_token_per_position(name):
+    net = vmem.models.get(name)
+    program = net.build(2)
+    assert program.tensors[program.output].shape == SEQUENCE[name]
+    assert program.label_shape == SEQUENCE[name][:2]
+    shared = [op for op in program.ops if op.shares]
+    assert bool(shared) == name.startswith("nmt")  # unrolled time steps share their weights
+    if name == "transformer":
+        assert len([op for op in vmem.models.get(name, layers=2).build(1).ops if op.kind == "layernorm"]) == 4
+
+
+@pytest.mark.parametrize("name", IMAGES)
 def test_every_model_builds_at_its_default_size(name):
     net = vmem.models.get(name)
     program = net.build(2)
@@ -25,7 +40,7 @@ def test_every_model_builds_at_its_default_size(name):
     assert net.output_shape(3) == (3, 7)
 
 
-@pytest.mark.parametrize("name", vmem.models.names())
+@pytest.mark.parametrize("name", IMAGES)
 def test_every_model_builds_at_a_smaller_size(name):
     size = SMALLER.get(name, 112)
     net = vmem.models.get(name, image_size=size)
