@@ -20,7 +20,7 @@ def test_parse_bytes_accepts_the_documented_units(text, expected):
     assert parse_bytes(text) == expected
 
 
-@pytest.mark.parametrize("text", ["12 gigs", "512mib", "1TB", "MiB", "", "1024", "-5MiB", "0GB", "1e3MB"])
+@pytest.mark.parametrize("text", ["12 gigs", "512mib", "1PB", "MiB", "", "1024", "-5MiB", "0GB", "1e3MB"])
 def test_parse_bytes_rejects_anything_else_and_names_the_option(text):
     with pytest.raises(ValueError, match=r"memory="):
         parse_bytes(text)
