@@ -101,6 +101,10 @@ class _Graph:
                         decided[s] = "keep"
         return decided
 
+    def mirror(self, recompute: set[int]) -> dict[int, str]:
+        """``close`` as mirror and echo use it: cheap sources are rebuilt too, chains at most ``DEPTH`` deep."""
+        return self.close(recompute, lambda s: s in self.cheap, DEPTH)
+
     def held(self, decided: dict[int, str]) -> int:
         """Bytes held from forward to backward: every kept buffer."""
         return sum(self.size[b] for b, d in decided.items() if d == "keep")
@@ -130,7 +134,7 @@ class Mirror(Policy):
 
     def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
         g = _Graph(program)
-        decided = g.close({b for b in g.stashed if b in g.cheap}, lambda s: s in g.cheap, DEPTH)
+        decided = g.mirror({b for b in g.stashed if b in g.cheap})
         return _plan(self, program, device, costs, decided, f"mirror: every cheap op's output; {_counts(decided, g.stashed)}")
 
 
@@ -191,23 +195,21 @@ class Echo(Policy):
 
     def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
         g = _Graph(program)
-        recompute = {b for b in g.stashed if b in g.cheap}
-        rebuildable = lambda s: s in g.cheap and s not in g.stashed  # noqa: E731
         notes: dict[str, str] = {}
-        start = g.close(recompute, rebuildable, DEPTH)
+        start = g.mirror({b for b in g.stashed if b in g.cheap})
         recompute = {b for b in g.stashed if start[b] == "recompute"}
         held = g.held(start)
-        for group, why in self._groups(g, recompute, rebuildable):
+        for group, why in self._groups(g, recompute):
             group = group & recompute
             if not group:
                 continue
-            trial = g.held(g.close(recompute - group, rebuildable, DEPTH))
+            trial = g.held(g.mirror(recompute - group))
             if trial <= held:
                 recompute -= group
                 for b in group:
                     notes[g.name(b)] = f"kept: {why} (holding it costs {trial - held:+d} bytes)"
                 held = trial
-        decided = g.close(recompute, rebuildable, DEPTH)
+        decided = g.mirror(recompute)
         for b, d in decided.items():
             if d == "recompute":
                 notes.setdefault(g.name(b), "recomputed: a cheap op whose sources stay live anyway"
@@ -228,7 +230,7 @@ class Echo(Policy):
         return plan
 
     @staticmethod
-    def _groups(g: _Graph, recompute: set[int], rebuildable: Any) -> list[tuple[set[int], str]]:
+    def _groups(g: _Graph, recompute: set[int]) -> list[tuple[set[int], str]]:
         """Candidates to keep: for each source kept only for rebuilds, every recomputed buffer whose rebuild
         reads it (largest source first); then each recomputed buffer alone (largest first)."""
         needed_by: dict[int, set[int]] = {}
@@ -242,7 +244,7 @@ class Echo(Policy):
                     seen.add(s)
                     if s in g.stashed:
                         continue
-                    if s in g.chains and rebuildable(s):
+                    if s in g.chains and s in g.cheap:
                         stack.append(s)
                     else:
                         needed_by.setdefault(s, set()).add(b)

@@ -104,7 +104,7 @@ class Executor(Transfers):
                            for op in ops for k, a in op.aux.items()}
         self._table = handlers({
             Alloc: self._alloc, Free: self._free, Upload: self._upload, Forward: self._forward,
-            Recompute: self._recompute, Loss: self._loss,
+            Recompute: self._forward, Loss: self._loss,
             Backward: self._backward, Accumulate: self._accumulate,
             AccumulateParam: self._accumulate_param, Update: self._update, Offload: self._offload,
             Release: self._release,
@@ -204,17 +204,14 @@ class Executor(Transfers):
                    conv=self.device.conv_backend, replay=replay)
 
     # -- ops ---------------------------------------------------------------------------------------
-    def _forward(self, r: _Run, st: Forward) -> None:
+    def _forward(self, r: _Run, st: Forward | Recompute) -> None:
+        """A forward, or its replay during backward (the layer reuses its saved state, updates nothing)."""
         op = self.program.ops[st.op]
-        ctx = self._ctx(r, st.op, r.train, r.rng, st.algo, st.workspace)
+        replay = type(st) is Recompute
+        ctx = self._ctx(r, st.op, r.train or replay, r.rng, st.algo, st.workspace, replay=replay)
         xs = [self._value(r, t) for t in op.inputs]
-        self._launch(r, op.name, op.layer.forward, ctx, xs, self._value(r, op.output))
-
-    def _recompute(self, r: _Run, st: Recompute) -> None:
-        op = self.program.ops[st.op]
-        ctx = self._ctx(r, st.op, True, None, st.algo, st.workspace, replay=True)
-        xs = [self._value(r, t) for t in op.inputs]
-        self._launch(r, f"{op.name}.recompute", op.layer.forward, ctx, xs, self._value(r, op.output), kind="recompute")
+        self._launch(r, f"{op.name}.recompute" if replay else op.name, op.layer.forward, ctx, xs,
+                     self._value(r, op.output), kind="recompute" if replay else "compute")
 
     def _backward(self, r: _Run, st: Backward) -> None:
         op = self.program.ops[st.op]

@@ -45,12 +45,10 @@ class _Layerwise:
         for key, (_, _, nbytes) in self.grads.intervals.items():
             self.buffers[key] = Buffer(key, max(nbytes, 1), "gradient_maps")
         self.buffers.update(temp_buffers)
-        self.stashed = program.stashed_buffers()
         self.decided = decisions(program, plan.stash)
         check_sources(program, self.decided)
         self.offloaded = {b for b, d in self.decided.items() if d == "offload"}
         self.encoded = {b for b, d in self.decided.items() if d == "encode"}
-        self.recomputed = {b for b, d in self.decided.items() if d == "recompute"}
         self.codecs = codec_info(program, plan, self.offloaded, self.encoded)
         self.enc = {b: Key(Kind.ENCODED, tensors[b].name) for b in self.encoded}
         for b, key in self.enc.items():
