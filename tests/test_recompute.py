@@ -146,7 +146,7 @@ def test_echo_keeps_tanh_of_a_sum_of_two_linear_layers():
 
 @pytest.mark.parametrize("name", vmem.models.names())
 def test_echo_never_peaks_above_layerwise_on_the_zoo(name):
-    net = vmem.models.get(name)
+    net = vmem.models.get(name, **({"seq_len": 25} if name == "nmt" else {}))  # full length: bench/recompute.py
     echo = vmem.plan(net, 8, "sim:titan-x", "echo", memory="1TiB")
     layerwise = vmem.plan(net, 8, "sim:titan-x", "layerwise", memory="1TiB")
     assert echo.peak_bytes <= layerwise.peak_bytes
@@ -157,3 +157,72 @@ def test_resnet152_echo_at_least_1_5x_below_layerwise():
     echo = vmem.plan(net, 32, "sim:titan-x", "echo", memory="1TiB")
     layerwise = vmem.plan(net, 32, "sim:titan-x", "layerwise", memory="1TiB")
     assert layerwise.peak_bytes >= 1.5 * echo.peak_bytes, (layerwise.peak_bytes, echo.peak_bytes)
+
+
+def _relu_logits_net():
+    """A classifier whose logits come out of a ReLU, which reads its output in backward: the loss cannot
+    write over them."""
+    g = vmem.Graph(input_shape=(16,), name="relu_logits")
+    g.add(nn.ReLU(), g.add(nn.Linear(32, 10), g.add(nn.ReLU(), g.add(nn.Linear(16, 32), g.input))))
+    return g
+
+
+def _dropout_logits_net():
+    g = vmem.Graph(input_shape=(16,), name="dropout_logits")
+    g.add(nn.Dropout(0.5), g.add(nn.Linear(32, 10), g.add(nn.ReLU(), g.add(nn.Linear(16, 32), g.input))))
+    return g
+
+
+@pytest.mark.parametrize("make, inplace", [(_relu_logits_net, False), (_dropout_logits_net, True),
+                                           (lambda: vmem.models.get("nmt_small"), True)],
+                         ids=["relu_logits", "dropout_logits", "nmt_small"])
+def test_layerwise_loss_writes_probabilities_and_gradient_over_the_logits(make, inplace):
+    """The loss holds one buffer instead of three where backward reads nothing sharing the logits' buffer
+    (an in-place Dropout after the last Linear shares it and still may); the weights stay bitwise
+    baseline's (which keeps three buffers)."""
+    from vmem.schedule.lower import PROBS
+    from vmem.schedule.steps import Alloc, Loss
+
+    net = make()
+    program = net.build(8)
+    schedule = lower(program, vmem.plan(net, 8, policy="layerwise").plan)
+    (loss,) = [st for st in schedule.steps if type(st) is Loss]
+    assert loss.inplace is inplace
+    assert any(type(st) is Alloc and st.buffer.key == PROBS for st in schedule.steps) is not inplace
+    if inplace:  # d(logits) is the logits' buffer
+        assert schedule.grad[program.output] == schedule.value[program.output]
+    if net.name == "nmt_small":
+        rng = np.random.default_rng(0)
+        x = rng.integers(1, 50, (8, 16)).astype(np.float32)
+        y = rng.integers(0, 50, (8, 8))
+    else:
+        x, y = batch(net.input_shape)
+    assert all_equal(weights_under(make, ("baseline", "layerwise"), x, y, steps=3))
+
+
+def test_mirror_is_mxnets_heuristic_and_takes_step_and_depth():
+    """Every cheap op's output is recomputed but Concat's, every step-th kept; chains are unbounded unless
+    ``depth`` says otherwise."""
+    net = vmem.models.get("nmt_small")
+    program = net.build(4)
+    default = vmem.plan(net, 4, policy="mirror").plan
+    concats = [op.name for op in program.ops if op.kind == "concat" and program.tensors[op.output].stashed]
+    assert concats and all(default.stash[n] == "keep" for n in concats)
+    every = vmem.plan(net, 4, policy="mirror:step=0").plan
+    kept_by_step = {n for n, d in default.stash.items() if d == "keep"} - {n for n, d in every.stash.items() if d == "keep"}
+    assert len(kept_by_step) >= 1  # nmt_small has over 100 candidates: the 100th is kept
+    bounded = vmem.plan(net, 4, policy="mirror:depth=1").plan
+    assert sum(d == "recompute" for d in bounded.stash.values()) < sum(d == "recompute" for d in default.stash.values())
+    with pytest.raises(ValueError, match="mirror.*depth"):
+        vmem.policies.get("mirror:depth=-1")
+
+
+def test_echo_chooses_its_chain_depth_by_replay():
+    net = vmem.models.get("nmt_small")
+    result = vmem.plan(net, 16, policy="echo")
+    assert "rebuild chains at most" in result.reason and "replayed peak by depth" in result.reason
+    depth = int(result.reason.split("rebuild chains at most ")[1].split()[0])
+    from vmem.policies import recompute
+
+    assert depth in recompute.DEPTHS
+    assert result.peak_bytes <= vmem.plan(net, 16, policy="layerwise").peak_bytes

@@ -16,7 +16,8 @@ class SoftmaxCrossEntropy:
     Logits are (N, classes), or (N, T, classes) for a sequence with labels (N, T): one prediction per token.
     ``ignore``: a label that counts for nothing (padding); the mean is over the other labels.
     ``forward`` writes the probabilities (saved for backward) and returns the loss as a 0-d array on the
-    device; ``backward`` writes d(loss)/d(logits) = (p - onehot(labels)) / count.
+    device; ``backward`` writes d(loss)/d(logits) = (p - onehot(labels)) / count. Either may write over its
+    input: ``probs`` may be ``logits``, ``dlogits`` may be ``probs``.
     """
 
     name = "loss"
@@ -50,7 +51,8 @@ class SoftmaxCrossEntropy:
     def backward(self, xp: Any, probs: Any, labels: Any, dlogits: Any) -> None:
         p2, l1, keep = self._flat(xp, probs, labels)
         d2 = dlogits.reshape(-1, dlogits.shape[-1])
-        d2[...] = p2
+        if dlogits is not probs:  # the gradient may be written over the probabilities
+            d2[...] = p2
         d2[xp.arange(len(l1)), l1] -= 1
         if keep is None:
             d2 /= len(l1)

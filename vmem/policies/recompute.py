@@ -1,9 +1,12 @@
 """Recomputation policies: layer-wise allocation where some stashed feature maps are freed after forward and
 rebuilt during backward (see :mod:`vmem.schedule.recompute` for the mechanism).
 
-- ``mirror`` (Chen et al.'s "mirror" heuristic, MXNet's ``MXNET_BACKWARD_DO_MIRROR``): recompute the output
-  of every cheap op (element-wise, normalization, pooling, softmax, reshapes); keep the outputs of heavy
-  ops (convolution, linear, batched matmul) that the rebuilds read.
+- ``mirror`` (Chen et al.'s "mirror" heuristic as MXNet implements it, ``MXNET_BACKWARD_DO_MIRROR``):
+  recompute the output of every cheap op (element-wise, normalization, pooling, softmax, reshapes) but
+  Concat and Dropout, keeping every ``step``-th of them (``MXNET_BACKWARD_MIRROR_STEP``, 100); keep the
+  outputs of heavy ops (convolution, linear, batched matmul) that the rebuilds read. Rebuild chains are
+  unbounded, as in MXNet: an LSTM's cell states come back all at once. ``mirror:depth=N`` bounds them
+  as echo does (a variant, not Chen et al.'s heuristic).
 - ``chen`` (Chen et al., sqrt(n) checkpoints): split the network at about sqrt(n) points where one buffer
   carries everything forward, keep those, recompute everything between them, heavy ops included.
 - ``echo`` (Zheng et al., Echo, Algorithm 1): start from mirror's choice and keep a cheap op's output,
@@ -12,8 +15,9 @@ rebuilt during backward (see :mod:`vmem.schedule.recompute` for the mechanism).
   The plan is then checked by replay against ``layerwise``: echo never peaks higher. ``plan.notes`` says
   per buffer why it was or was not recomputed.
 
-An op is cheap when its forward costs at most ``CHEAP_FLOPS`` FLOPs per output value. Mirror and echo
-rebuild at most ``DEPTH`` stashed buffers in a row (see :meth:`_Graph.close`).
+An op is cheap when its forward costs at most ``CHEAP_FLOPS`` FLOPs per output value. Echo rebuilds at most
+a few stashed buffers in a row (see :meth:`_Graph.close`); how many, it decides by replaying each of
+``DEPTHS`` (a residual stream wants short chains, an LSTM longer ones).
 """
 
 from __future__ import annotations
@@ -33,8 +37,14 @@ __all__ = ["Mirror", "Chen", "Echo", "CHEAP_FLOPS", "cheap_ops"]
 #: Forward FLOPs per output value up to which an op counts as cheap (batch norm 4, a 3x3 pool 9; a
 #: convolution or a linear layer has 2 x its fan-in).
 CHEAP_FLOPS = 32
-#: How many stashed buffers a rebuild may chain (a residual stream keeps every DEPTH+1-th block output).
+#: How many stashed buffers an echo rebuild may chain (a residual stream keeps every depth+1-th block
+#: output): echo replays each of DEPTHS and keeps the lowest peak; DEPTH without a replay.
+DEPTHS = (1, 2, 3, 4)
 DEPTH = 2
+#: MXNet's mirror keeps every MIRROR_STEP-th candidate (``MXNET_BACKWARD_MIRROR_STEP``, default 100) ...
+MIRROR_STEP = 100
+#: ... and never mirrors these kinds among the cheap ones (MXNet: Concat, Dropout).
+MIRROR_KEEPS = frozenset({"concat", "dropout"})
 
 
 def cheap_ops(program: Program) -> set[int]:
@@ -56,54 +66,74 @@ class _Graph:
         self.size = {t.id: t.nbytes for t in tensors if t.buffer == t.id}
         cheap = cheap_ops(program)
         self.cheap = {b for b, chain in self.chains.items() if all(i in cheap for i in chain)}
+        self.stashed_bytes = sum(self.size[b] for b in self.stashed)
+        self.first_read = {}  # stashed buffer -> its first backward reader (backward runs ops in reverse)
+        for op in program.ops:
+            for b in program.backward_reads(op):
+                self.first_read[b] = op.index
 
     def name(self, b: int) -> str:
         return self.program.tensors[b].name
 
-    def close(self, recompute: set[int], rebuildable: Any, depth: int | None = None) -> dict[int, str]:
+    def reach(self, b: int, rebuildable: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """What a rebuild of ``b`` reads, through rebuildable temporaries: the stashed buffers it reaches that
+        backward reads after ``b`` (rebuilt early, for ``b``), the temporaries it rebuilds on the way, and
+        the other sources it keeps."""
+        frontier, temps, kept = [], [], []
+        stack, seen = list(self.sources[b]), set()
+        while stack:
+            s = stack.pop()
+            if s in seen:
+                continue
+            seen.add(s)
+            if s in self.stashed:
+                if self.first_read[s] <= self.first_read[b]:  # rebuilt early, for b
+                    frontier.append(s)
+            elif s in self.chains and rebuildable(s):
+                temps.append(s)
+                stack.extend(self.sources[s])
+            else:
+                kept.append(s)
+        return tuple(frontier), tuple(temps), tuple(kept)
+
+    def close(self, recompute: set[int], rebuildable: Any, depth: int | None = None,
+              cache: dict[int, Any] | None = None) -> dict[int, str]:
         """Decisions for stashed buffers (``recompute`` or keep) and every source their rebuilds need: a
-        source that ``rebuildable(b)`` is recomputed too, any other is kept.
+        source that ``rebuildable(b)`` is recomputed too, any other is kept. ``cache``: :meth:`reach` per
+        buffer, for repeated calls with the same ``rebuildable``.
 
         With ``depth``, a stashed buffer whose rebuild would first rebuild other stashed ones ``depth`` deep
         (a residual stream: each block's output rebuilt from the previous one's) is kept instead. A rebuilt
-        buffer lives until its last use, so an unbounded chain would bring the whole stream back at once."""
-        decided = {b: "keep" for b in self.stashed}
-        level: dict[int, int] = {}  # stashed rebuilt buffer -> how deep its rebuild chain is
+        buffer lives until its last use, so an unbounded chain would bring the whole stream back at once. A
+        stashed source that backward reads before ``b`` is rebuilt for its own reader already, not for
+        ``b``'s rebuild, and adds nothing to the chain (an LSTM's tanh(c) rebuilt from its cell state)."""
+        return self.close_held(recompute, rebuildable, depth, cache)[0]
 
-        def reach(b: int) -> int:
-            """The deepest stashed rebuilt buffer a rebuild of ``b`` reads, through rebuilt temporaries."""
-            best, stack, seen = 0, list(self.sources[b]), set()
-            while stack:
-                s = stack.pop()
-                if s in seen:
-                    continue
-                seen.add(s)
-                if s in self.stashed:
-                    best = max(best, level.get(s, 0))
-                elif s in self.chains and rebuildable(s):
-                    stack.extend(self.sources[s])
-            return best
-
+    def close_held(self, recompute: set[int], rebuildable: Any, depth: int | None = None,
+                   cache: dict[int, Any] | None = None) -> tuple[dict[int, str], int]:
+        """:meth:`close` and the bytes its decisions hold (:meth:`held`)."""
+        cache = {} if cache is None else cache
+        decided = dict.fromkeys(self.stashed, "keep")
+        held = self.stashed_bytes
+        size = self.size
+        level = [0] * len(self.program.tensors)  # stashed rebuilt buffer -> how deep its rebuild chain is
         for b in sorted(recompute):  # forward order: sources first
-            lv = reach(b) + 1
+            reached = cache.get(b)
+            if reached is None:
+                reached = cache[b] = self.reach(b, rebuildable)
+            early, temps, kept = reached
+            lv = 1 + max([level[s] for s in early]) if early else 1
             if depth is not None and lv > depth:
                 continue
             decided[b], level[b] = "recompute", lv
-            stack = [b]
-            while stack:
-                for s in self.sources[stack.pop()]:
-                    if s in decided:
-                        continue
-                    if s in self.chains and rebuildable(s):
-                        decided[s] = "recompute"
-                        stack.append(s)
-                    else:
-                        decided[s] = "keep"
-        return decided
-
-    def mirror(self, recompute: set[int]) -> dict[int, str]:
-        """``close`` as mirror and echo use it: cheap sources are rebuilt too, chains at most ``DEPTH`` deep."""
-        return self.close(recompute, lambda s: s in self.cheap, DEPTH)
+            held -= size[b]
+            for s in temps:
+                decided[s] = "recompute"
+            for s in kept:
+                if s not in decided:
+                    held += size[s]
+                    decided[s] = "keep"
+        return decided, held
 
     def held(self, decided: dict[int, str]) -> int:
         """Bytes held from forward to backward: every kept buffer."""
@@ -128,13 +158,28 @@ def _counts(decided: dict[int, str], stashed: set[int]) -> str:
 @register
 @dataclass(frozen=True)
 class Mirror(Policy):
-    """``mirror[:algos=memory|performance]``: recompute every cheap op's output."""
+    """``mirror[:step=100][:depth=0][:algos=memory|performance]``: recompute every cheap op's output but every
+    ``step``-th (0: none kept); ``depth``: at most that many stashed buffers rebuilt in a row (0: unbounded)."""
 
     name = "mirror"
+    step: int = MIRROR_STEP
+    depth: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key in ("step", "depth"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or v < 0 or (key == "step" and v == 1):
+                raise ValueError(f"policy 'mirror': {key}={v!r} must be a non-negative int"
+                                 + (" other than 1" if key == "step" else ""))
 
     def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
         g = _Graph(program)
-        decided = g.mirror({b for b in g.stashed if b in g.cheap})
+        mirrorable = {b for b in g.cheap if not any(program.ops[i].kind in MIRROR_KEEPS for i in g.chains[b])}
+        # MXNet counts the candidates in forward order and keeps every step-th one
+        candidates = sorted(b for b in g.stashed if b in mirrorable)
+        recompute = {b for k, b in enumerate(candidates, 1) if not self.step or k % self.step}
+        decided = g.close(recompute, lambda s: s in mirrorable, self.depth or None)
         return _plan(self, program, device, costs, decided, f"mirror: every cheap op's output; {_counts(decided, g.stashed)}")
 
 
@@ -195,39 +240,57 @@ class Echo(Policy):
 
     def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
         g = _Graph(program)
+        cache: dict[int, Any] = {}
+        if oracle is None:
+            return self._at_depth(g, device, costs, DEPTH, cache)
+        # the depth limit trades chains against what they hold; replay tells which peaks lowest
+        base = _plan(self, program, device, costs, {b: "keep" for b in g.stashed}, "")
+        floor = oracle(base, memory=1 << 60).peak_bytes
+        tried = []
+        for depth in DEPTHS:
+            plan = self._at_depth(g, device, costs, depth, cache)
+            tried.append((oracle(plan, memory=1 << 60).peak_bytes, depth, plan))
+        peak, depth, plan = min(tried, key=lambda t: (t[0], t[1]))
+        peaks = ", ".join(f"{d}: {p}" for p, d, _ in tried)
+        if peak > floor:
+            return replace(base, reason=f"echo: recomputing would peak at {peak} bytes at best, above layer-wise "
+                           f"allocation's {floor}: nothing recomputed",
+                           notes={g.name(b): "kept: recomputing raised the peak" for b in g.stashed})
+        return replace(plan, reason=f"{plan.reason}; rebuild chains at most {depth} deep (replayed peak by depth: "
+                       f"{peaks} bytes)")
+
+    def _at_depth(self, g: _Graph, device: DeviceSpec, costs: Any, depth: int, cache: dict[int, Any]) -> Plan:
+        """Echo's Algorithm 1 with rebuild chains at most ``depth`` stashed buffers deep."""
         notes: dict[str, str] = {}
-        start = g.mirror({b for b in g.stashed if b in g.cheap})
+
+        def close(recompute: set[int]) -> tuple[dict[int, str], int]:
+            return g.close_held(recompute, lambda s: s in g.cheap, depth, cache)
+
+        start, held = close({b for b in g.stashed if b in g.cheap})
         recompute = {b for b in g.stashed if start[b] == "recompute"}
-        held = g.held(start)
         for group, why in self._groups(g, recompute):
             group = group & recompute
             if not group:
                 continue
-            trial = g.held(g.mirror(recompute - group))
+            trial = close(recompute - group)[1]
             if trial <= held:
                 recompute -= group
                 for b in group:
                     notes[g.name(b)] = f"kept: {why} (holding it costs {trial - held:+d} bytes)"
                 held = trial
-        decided = g.mirror(recompute)
+        decided = close(recompute)[0]
         for b, d in decided.items():
             if d == "recompute":
                 notes.setdefault(g.name(b), "recomputed: a cheap op whose sources stay live anyway"
                                  if b in g.stashed else "recomputed: a cheap source of a rebuild")
             elif b not in g.stashed:
                 notes.setdefault(g.name(b), "kept: a source of rebuilds")
+            elif b not in g.cheap:
+                notes.setdefault(g.name(b), "kept: not a cheap op's output")
             else:
-                notes.setdefault(g.name(b), "kept: not a cheap op's output" if b not in g.cheap else "kept")
+                notes.setdefault(g.name(b), f"kept: its rebuild would chain more than {depth} rebuilt buffers")
         reason = f"echo: {_counts(decided, g.stashed)}; {held} bytes held from forward to backward"
-        plan = _plan(self, program, device, costs, decided, reason, notes)
-        if oracle is not None:
-            base = _plan(self, program, device, costs, {b: "keep" for b in g.stashed}, "")
-            mine, theirs = oracle(plan, memory=1 << 60), oracle(base, memory=1 << 60)
-            if mine.peak_bytes > theirs.peak_bytes:
-                return replace(base, reason=f"echo: recomputing would peak at {mine.peak_bytes} bytes, above "
-                               f"layer-wise allocation's {theirs.peak_bytes}: nothing recomputed",
-                               notes={g.name(b): "kept: recomputing raised the peak" for b in g.stashed})
-        return plan
+        return _plan(self, g.program, device, costs, decided, reason, notes)
 
     @staticmethod
     def _groups(g: _Graph, recompute: set[int]) -> list[tuple[set[int], str]]:

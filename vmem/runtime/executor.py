@@ -251,10 +251,13 @@ class Executor(Transfers):
     def _loss(self, r: _Run, st: Loss) -> None:
         prog = self.program
         logits = self._value(r, prog.output)
-        probs = self._view(r, _PROBS, logits.shape, self.dtype)
         value = self._view(r, _LOSS, (1,), self.dtype)
         labels = self._labels(r)
-        dlogits = self._grad(r, prog.output)
+        if st.inplace:
+            probs = dlogits = logits
+        else:
+            probs = self._view(r, _PROBS, logits.shape, self.dtype)
+            dlogits = self._grad(r, prog.output)
         loss, xp, out = self.loss, self.xp, r.loss
 
         def run() -> None:

@@ -77,7 +77,27 @@ class _Layerwise:
                 if nbytes:
                     key = self.workspace[(i, pass_)] = Key(Kind.WORKSPACE, ops[i].name, pass_)
                     self.buffers[key] = Buffer(key, nbytes, "workspace")
+        self.loss_inplace = self._loss_inplace()
+        if self.loss_inplace:  # d(logits) lives in the logits' buffer: one key for both
+            out_grad = self.grads.of_tensor[program.output]
+            logits = self.value[program.output]
+            self.grads.intervals[logits] = self.grads.intervals.pop(out_grad)
+            for t, key in self.grads.of_tensor.items():
+                if key == out_grad:
+                    self.grads.of_tensor[t] = logits
+            del self.buffers[out_grad]
         self.steps: list[Step] = []
+
+    def _loss_inplace(self) -> bool:
+        """Whether the loss may write the probabilities and d(logits) over the logits: nothing sharing their
+        buffer is read by a backward or kept for the plan, and no other gradient shares it."""
+        program = self.program
+        b = self.buf[program.output]
+        if b in self.decided or any(t.stashed for t in program.tensors if t.buffer == b):
+            return False
+        out_grad = self.grads.of_tensor.get(program.output)
+        group = [t for t, key in self.grads.of_tensor.items() if key == out_grad]
+        return out_grad is not None and all(program.tensors[t].buffer == b for t in group)
 
     def alloc(self, key: Key) -> None:
         _alloc(self.buffers[key], self.value[self.program.input], self.steps)
@@ -123,6 +143,9 @@ class _Layerwise:
     def loss(self) -> None:
         """The loss: logits in, d(logits) out."""
         program = self.program
+        if self.loss_inplace:  # the logits' buffer becomes d(logits), freed with it in backward
+            self.steps += [Loss(inplace=True), Free(LABELS)]
+            return
         self.alloc(PROBS)
         self.alloc(self.grads.of_tensor[program.output])
         self.steps += [Loss(), Free(PROBS), Free(LABELS)]

@@ -120,7 +120,11 @@ class Recompute:
 
 @dataclass(frozen=True, slots=True)
 class Loss:
-    """The loss of the logits against the labels; writes the logits' gradient."""
+    """The loss of the logits against the labels; writes the logits' gradient. ``inplace``: the probabilities
+    and then the gradient are written over the logits (the layer-wise lowering does so when backward reads
+    neither the logits nor anything sharing their buffer), so the loss holds one buffer instead of three."""
+
+    inplace: bool = False
 
 
 @dataclass(frozen=True, slots=True)
