@@ -29,7 +29,8 @@ def peaks():
                                    "vdnn-all:algos=performance", "vdnn-all:algos=memory")}
 
 
-def dyn(memory, policy="vdnn-dyn"):
+def dyn(memory, policy="vdnn-dyn:sync=layer"):
+    """vDNN's procedure as the paper runs it (the default, sync=auto, may then release on events)."""
     return vmem.plan(vmem.models.get("vgg16"), 128, "sim:titan-x", policy, memory=memory)
 
 
@@ -63,8 +64,22 @@ def test_step_4_downgrades_algorithms_only_as_far_as_needed(peaks):
 
 
 def test_step_5_memory_optimal_when_the_search_finds_nothing(peaks):
-    plan = dyn(peaks["vdnn-all:algos=memory"], policy="vdnn-dyn:max_trials=0")
+    plan = dyn(peaks["vdnn-all:algos=memory"], policy="vdnn-dyn:sync=layer,max_trials=0")
     assert (plan.step, plan.chosen) == (5, "vdnn-all:algos=memory,sync=layer")
+
+
+@pytest.mark.parametrize("key", ["vdnn-conv:algos=performance", "vdnn-all:algos=performance"])
+def test_auto_sync_takes_event_release_only_where_it_fits_and_is_faster(peaks, key):
+    layer = dyn(peaks[key])
+    auto = dyn(peaks[key], policy="vdnn-dyn")
+    assert auto.fits and auto.step == layer.step and auto.step_seconds <= layer.step_seconds
+    if auto.chosen.endswith("sync=event"):
+        assert auto.step_seconds < layer.step_seconds and "sync=event" in auto.reason
+        assert auto.chosen == layer.chosen.replace("sync=layer", "sync=event")
+    else:
+        assert auto.chosen == layer.chosen
+    with pytest.raises(ValueError, match="sync='often'.*auto, layer, event"):
+        vmem.policies.get("vdnn-dyn:sync=often")
 
 
 def test_step_1_below_the_minimum_is_a_plan_error_stating_it(peaks):

@@ -14,6 +14,10 @@ plan through the pool (the planner's ``oracle``), never by trial training:
    the pass with the most workspace anywhere.
 5. ``vdnn-all`` with memory-optimal algorithms (step 1's plan).
 
+The steps use vDNN's ``sync=layer``. With ``sync=auto`` (the default) the chosen plan is then replayed
+with ``sync=event`` (a buffer released when its copy's event completes, not by a compute stream that
+waits for it) and taken that way where it fits and is faster.
+
 The plan records the step that chose it (``plan.step``), the configuration (``plan.chosen``) and why
 (``plan.reason``).
 """
@@ -37,18 +41,25 @@ __all__ = ["VdnnDyn"]
 @register
 @dataclass(frozen=True)
 class VdnnDyn(Policy):
-    """``vdnn-dyn[:sync=layer|event]``: the fastest of baseline, vdnn-conv and vdnn-all (with algorithm
-    downgrades) that fits. Its ``algos`` option is not used: it chooses algorithms itself."""
+    """``vdnn-dyn[:sync=auto|layer|event]``: the fastest of baseline, vdnn-conv and vdnn-all (with algorithm
+    downgrades) that fits. Its ``algos`` option is not used: it chooses algorithms itself. ``sync=auto``
+    (the default) follows the procedure with vDNN's ``sync=layer``, then takes the chosen plan with
+    ``sync=event`` instead where replay says that fits and is faster; ``layer`` or ``event`` pins it."""
 
     name = "vdnn-dyn"
     needs_profile = True
-    sync: str = "layer"
+    sync: str = "auto"
     max_trials: int = 200
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.sync not in SYNC_MODES:
-            raise ValueError(f"policy {self.name!r}: sync={self.sync!r}; use one of {', '.join(SYNC_MODES)}")
+        if self.sync not in SYNC_MODES + ("auto",):
+            raise ValueError(f"policy {self.name!r}: sync={self.sync!r}; use one of auto, {', '.join(SYNC_MODES)}")
+
+    @property
+    def procedure_sync(self) -> str:
+        """The sync mode the five steps use (``auto``: vDNN's)."""
+        return "layer" if self.sync == "auto" else self.sync
 
     @property
     def spec(self) -> str:
@@ -60,7 +71,7 @@ class VdnnDyn(Policy):
             raise PlanError("vdnn-dyn decides by replaying candidate plans: use vmem.plan or a Trainer")
 
         def candidate(name: str, algos: str) -> Any:
-            spec = name if name in ("baseline", "layerwise") else f"{name}:sync={self.sync}"
+            spec = name if name in ("baseline", "layerwise") else f"{name}:sync={self.procedure_sync}"
             return oracle(get(spec, algos=algos).decide(program, device, costs))
 
         budget = format_bytes(device.memory)
@@ -80,15 +91,15 @@ class VdnnDyn(Policy):
             plan = candidate(name, "performance")
             if plan.fits:
                 return self._chose(plan, 3, f"{name} with the fastest algorithms fits in {budget}; layer-wise "
-                                            "allocation without offloading does not")
+                                            "allocation without offloading does not", oracle)
         for name in ("vdnn-conv", "vdnn-all"):
             plan = self._greedy(program, device, costs, oracle, name)
             if plan is not None:
                 downgraded = sum(1 for op, per in plan.plan.algos.items() for p in PASSES
                                  if per.get(p) != self._fastest(program, costs).get(op, {}).get(p))
                 return self._chose(plan, 4, f"{name} fits in {budget} once {downgraded} convolution passes use "
-                                            "algorithms with less workspace")
-        return self._chose(floor, 5, f"only vdnn-all with memory-optimal algorithms fits in {budget}")
+                                            "algorithms with less workspace", oracle)
+        return self._chose(floor, 5, f"only vdnn-all with memory-optimal algorithms fits in {budget}", oracle)
 
     @staticmethod
     def _least_memory(floor: Plan, peak: int, oracle: Any) -> int:
@@ -110,7 +121,7 @@ class VdnnDyn(Policy):
     def _greedy(self, program: Program, device: DeviceSpec, costs: Any, oracle: Any, name: str) -> Any:
         """Downgrade the overflowing layers' passes, one at a time, until the plan fits; the fitting
         candidate's figures (a PlanResult), or None."""
-        base = get(f"{name}:sync={self.sync}", algos="performance").decide(program, device, costs)
+        base = get(f"{name}:sync={self.procedure_sync}", algos="performance").decide(program, device, costs)
         algos = {op: dict(per) for op, per in base.algos.items()}
         ops = {op.name: op for op in program.ops if op.algorithms}
         limit = device.memory - max(1 << 20, device.memory // 64)  # room for fragmentation
@@ -145,7 +156,15 @@ class VdnnDyn(Policy):
             result = oracle(base)
         return result if result.fits else None
 
-    def _chose(self, candidate: Any, step: int, reason: str) -> Plan:
+    def _chose(self, candidate: Any, step: int, reason: str, oracle: Any = None) -> Plan:
+        if (oracle is not None and self.sync == "auto" and candidate.plan.sync == "layer"
+                and candidate.step_seconds is not None):  # without a cost model there is no faster
+            plan = candidate.plan
+            event = oracle(replace(plan, sync="event", policy=plan.policy.replace("sync=layer", "sync=event")))
+            if event.fits and event.step_seconds < candidate.step_seconds:
+                reason += (f"; releasing on the copies' events (sync=event) also fits and takes "
+                           f"{event.step_seconds:.3f} s instead of {candidate.step_seconds:.3f} s")
+                candidate = event
         chosen = candidate.plan.policy
         return replace(candidate.plan, policy=self.spec, chosen=chosen, step=step,
                        reason=f"vdnn-dyn step {step}: {reason} (chose {chosen})")
