@@ -3,7 +3,8 @@
 Simulated (sim:rtx-2080ti, Echo's GPU): NMT (seq_len 100, batch 128) under layerwise, mirror, chen and echo:
 peak, the bytes attention and LSTM ops keep from forward to backward, predicted time overhead, planning time;
 ResNet-152 at batch 32. Measured on the CPU device: nmt_small and a bench-sized NMT, step time and peak per
-policy (median of ``--steps`` steps after a warm-up, the policies stepped in turn), predicted peak against measured.
+policy (median of ``--steps`` steps after a warm-up, the policies stepped in turn), predicted peak against
+measured, and the weights after all steps against ``baseline``'s, bit for bit (both models have Dropout).
 
     python bench/recompute.py [--steps 12] [--json]
 """
@@ -51,6 +52,17 @@ def simulated() -> dict:
 
 
 def measured(steps: int) -> dict:
+    # BLAS results can depend on its thread count, which the core budget follows under load: pin it so
+    # that the policies' weights compare bit for bit (vmem.threads.CoreBudget)
+    pinned = vmem.threads.BUDGET.fixed
+    vmem.threads.BUDGET.fix(pinned or vmem.threads.BUDGET.cores)
+    try:
+        return _measured(steps)
+    finally:
+        vmem.threads.BUDGET.fix(pinned)
+
+
+def _measured(steps: int) -> dict:
     out: dict = {}
     cases = {"nmt_small": (lambda: vmem.models.get("nmt_small", dropout=0.1), 64),
              "nmt_bench": (lambda: vmem.models.get("nmt", seq_len=16, hidden=128, attention=128, layers=1,
@@ -62,13 +74,13 @@ def measured(steps: int) -> dict:
         x, y = data.x[:batch], data.y[:batch]
         with contextlib.ExitStack() as stack:
             trainers = {}
-            for policy in POLICIES:  # one trainer each, stepped in turn: load on the machine hits all alike
+            for policy in ("baseline",) + POLICIES:  # one trainer each, stepped in turn: load on the machine hits all alike
                 dev = vmem.device("cpu", memory="256MiB")
                 stack.callback(dev.close)
                 trainers[policy] = stack.enter_context(
                     vmem.Trainer(make(), device=dev, policy=policy, optimizer=vmem.optim.Adam(lr=1e-3), seed=0))
                 trainers[policy].step(x, y)  # warm-up
-            reports: dict[str, list] = {p: [] for p in POLICIES}
+            reports: dict[str, list] = {p: [] for p in trainers}
             for _ in range(steps):
                 for policy, t in trainers.items():
                     reports[policy].append(t.step(x, y))
@@ -77,6 +89,10 @@ def measured(steps: int) -> dict:
                 out[f"{name}/{policy}"] = {"step_s": float(np.median(secs)), "spread": max(secs) / min(secs),
                                            "peak": reports[policy][-1].peak_bytes,
                                            "planned_peak": t.plans[batch].peak_bytes}
+        base = trainers["baseline"].net.params  # the trainers are closed: weights are back in the networks
+        for policy, t in trainers.items():
+            params = t.net.params
+            out[f"{name}/{policy}"]["bitwise"] = all(np.array_equal(base[k], params[k]) for k in base)
     return out
 
 
@@ -106,7 +122,8 @@ def main() -> None:
             f = cpu[f"{name}/{p}"]
             print(f"{name:<10}{p:<10} step {f['step_s'] * 1e3:7.1f} ms ({100 * (f['step_s'] / base - 1):+5.1f}%, "
                   f"spread {f['spread']:.2f})  peak {f['peak'] / 2**20:7.2f} MiB, planned {f['planned_peak'] / 2**20:7.2f}"
-                  f" {'(equal)' if f['peak'] == f['planned_peak'] else '(DIFFERS)'}")
+                  f" {'(equal)' if f['peak'] == f['planned_peak'] else '(DIFFERS)'}; weights "
+                  f"{'bitwise equal to' if f['bitwise'] else 'DIFFER from'} baseline's")
     if args.json:
         print(json.dumps({"sim": sim, "cpu": cpu}, indent=1))
 
