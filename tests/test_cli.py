@@ -68,6 +68,21 @@ def test_plan_json(capsys):
     assert len(result["layers"]) == 37
 
 
+def test_a_slow_plan_says_what_it_is_doing_and_how_long_it_took(capsys, monkeypatch):
+    import threading
+
+    from vmem import cli
+
+    monkeypatch.setattr(cli, "SLOW_AFTER", 0.0)
+    code, out, err = run(capsys, "plan", "--model", "vgg16", "--batch", "64", "--device", "sim:titan-x",
+                         "--policy", "vdnn-dyn")
+    assert code == 0 and "fits: yes" in out
+    assert "planning vgg16 at batch 64 under vdnn-dyn on sim:titan-x..." in err and "done in" in err
+    assert not [t for t in threading.enumerate() if t.name == "vmem-cli-progress"]
+    code, out, err = run(capsys, "plan", "--model", "vgg16", "--batch", "64", "--device", "sim:titan-x", "--json")
+    assert code == 0 and err == ""  # --json: stdout is the JSON and stderr stays quiet
+
+
 def test_models_json(capsys):
     code, out, _ = run(capsys, "models", "--json")
     names = [m["name"] for m in json.loads(out)]

@@ -189,6 +189,40 @@ def _rebuild_for_classes(args: argparse.Namespace, num_classes: int):
     return models.get(args.model, **kwargs)
 
 
+#: Seconds after which a command that is still working says so on stderr.
+SLOW_AFTER = 2.0
+
+
+class _Slow:
+    """Says on stderr what is running if it is still running after ``after`` seconds, and then how long it
+    took (a plan of a large network can take a while: a user should not face a silent terminal)."""
+
+    def __init__(self, what: str, after: float | None = None, quiet: bool = False):
+        import threading
+
+        after = SLOW_AFTER if after is None else after
+        self.what, self.t0, self.said = what, time.perf_counter(), False
+        self._timer = None if quiet else threading.Timer(after, self._say)
+        if self._timer is not None:
+            self._timer.name = "vmem-cli-progress"
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _say(self) -> None:
+        self.said = True
+        print(f"{self.what}...", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> "_Slow":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer.join()
+        if self.said and exc[0] is None:
+            print(f"done in {time.perf_counter() - self.t0:.1f} s", file=sys.stderr, flush=True)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from .planner import plan
 
@@ -205,7 +239,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         costs = profile(program)
         if not args.json:
             print(f"profiled in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    result = plan(net, args.batch, args.device, _policy_spec(args), memory=args.memory, costs=costs)
+    with _Slow(f"planning {net.name} at batch {args.batch} under {_policy_spec(args)} on {args.device}",
+               quiet=args.json):
+        result = plan(net, args.batch, args.device, _policy_spec(args), memory=args.memory, costs=costs)
     out = result.to_dict()
     out.update(model=net.name)
     if args.json:
