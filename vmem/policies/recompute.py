@@ -111,7 +111,7 @@ class _Graph:
 
     def close_held(self, recompute: set[int], rebuildable: Any, depth: int | None = None,
                    cache: dict[int, Any] | None = None) -> tuple[dict[int, str], int]:
-        """:meth:`close` and the bytes its decisions hold (:meth:`held`)."""
+        """:meth:`close` and the bytes its decisions hold from forward to backward (every kept buffer)."""
         cache = {} if cache is None else cache
         decided = dict.fromkeys(self.stashed, "keep")
         held = self.stashed_bytes
@@ -134,10 +134,6 @@ class _Graph:
                     held += size[s]
                     decided[s] = "keep"
         return decided, held
-
-    def held(self, decided: dict[int, str]) -> int:
-        """Bytes held from forward to backward: every kept buffer."""
-        return sum(self.size[b] for b, d in decided.items() if d == "keep")
 
 
 def _plan(policy: "Policy", program: Program, device: DeviceSpec, costs: Any, decided: dict[int, str],

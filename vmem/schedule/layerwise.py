@@ -93,7 +93,7 @@ class _Layerwise:
         buffer is read by a backward or kept for the plan, and no other gradient shares it."""
         program = self.program
         b = self.buf[program.output]
-        if b in self.decided or any(t.stashed for t in program.tensors if t.buffer == b):
+        if b in self.decided:  # every stashed buffer has a decision, and so has every source of a rebuild
             return False
         out_grad = self.grads.of_tensor.get(program.output)
         group = [t for t, key in self.grads.of_tensor.items() if key == out_grad]
