@@ -1,5 +1,6 @@
-"""Helper threads vmem starts besides the stream workers (the codec kernels' workers and the link thread
-of transfers through a codec), and the core budget that all of vmem's busy threads share.
+"""Helper threads vmem starts besides the stream workers (the codec kernels' workers, the link thread
+of transfers through a codec, the CPU layers' second lane), and the core budget that all of vmem's busy
+threads share.
 
 Each is a :class:`WorkerPool`, made on first use. Devices hold them: every device calls :func:`hold`
 when it is made and :func:`release` when it is closed, and when the last device closes every pool is
@@ -8,7 +9,9 @@ again afterwards (a codec called on its own) starts anew; :func:`shutdown` stops
 
 :data:`BUDGET` is the number of threads a step may keep busy: the cores this process may run on, less
 the cores other processes kept busy lately. The CPU device runs each step under :meth:`CoreBudget.limit`,
-which caps BLAS's threads to it (through threadpoolctl), and the codec kernels split their grids over
+which caps BLAS's threads to it (through threadpoolctl; on two cores BLAS runs single-threaded and
+the layers run two lanes of work side by side instead, see :mod:`vmem.nn.lanes`), and the codec
+kernels split their grids over
 no more workers than it allows, so that a step never runs more busy threads than there are free cores
 and slows gracefully, not by spinning threads against each other, when another process competes.
 """
@@ -22,11 +25,13 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator
 
-__all__ = ["WorkerPool", "KERNELS", "LINK", "hold", "release", "shutdown", "PREFIX", "cores", "CoreBudget",
+__all__ = ["WorkerPool", "KERNELS", "LINK", "LANE", "LANES", "hold", "release", "shutdown", "PREFIX", "cores", "CoreBudget",
            "BUDGET"]
 
 #: Name prefix of every helper thread vmem starts (stream workers are ``vmem-stream-...``).
 PREFIX = "vmem-"
+#: Lanes the CPU layers deal their work to (:mod:`vmem.nn.lanes`); they run side by side on this many cores.
+LANES = 2
 
 
 def _affinity() -> set[int] | None:
@@ -97,6 +102,7 @@ class CoreBudget:
         self._lock = threading.Lock()
         self._last: tuple[float, float, float] | None = None
         self._controller: Any = None
+        self.lanes = 1  # lanes the step in progress runs side by side (see limit)
         given = os.environ.get("VMEM_THREADS") if env else None
         if fixed is None and given:
             try:
@@ -139,14 +145,25 @@ class CoreBudget:
 
     @contextlib.contextmanager
     def limit(self) -> Iterator[int]:
-        """Run the body with BLAS's threads capped at a fresh :meth:`sample`; yields the figure."""
+        """Run the body (a step) under a fresh :meth:`sample`; yields the figure.
+
+        With exactly :data:`LANES` threads, BLAS runs single-threaded and :attr:`lanes` is LANES: the CPU
+        layers run their pieces of work side by side (:mod:`vmem.nn.lanes`). Otherwise BLAS's threads
+        are capped at the figure and the pieces run in turn. Call it from the main thread: OpenBLAS
+        (0.3.31) ignores a thread count set from any other thread."""
         threads = self.sample()
+        lanes = LANES if threads == LANES else 1
         controller = self._blas()
-        if controller is None:
-            yield threads
-            return
-        with controller.limit(limits=threads, user_api="blas"):
-            yield threads
+        outer = self.lanes
+        try:
+            self.lanes = lanes
+            if controller is None:
+                yield threads
+            else:
+                with controller.limit(limits=1 if lanes > 1 else threads, user_api="blas"):
+                    yield threads
+        finally:
+            self.lanes = outer
 
     def _blas(self) -> Any:
         if self._controller is None:
@@ -221,7 +238,9 @@ class WorkerPool:
 KERNELS = WorkerPool("codec", lambda: min(cores(), 8))
 #: One thread that carries the pieces of a transfer through a codec over the link, one at a time.
 LINK = WorkerPool("link", lambda: 1)
-_POOLS = (KERNELS, LINK)
+#: The threads of the lanes beyond the first (which runs on the thread that asked): see :mod:`vmem.nn.lanes`.
+LANE = WorkerPool("lane", lambda: LANES - 1)
+_POOLS = (KERNELS, LINK, LANE)
 
 _holders = 0
 _holders_lock = threading.Lock()

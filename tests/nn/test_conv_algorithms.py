@@ -55,8 +55,11 @@ def test_implicit_needs_much_less_workspace_than_im2col():
         big = layer.workspace_bytes([shape], p, "im2col", 4)
         small = layer.workspace_bytes([shape], p, "implicit", 4)
         assert big >= 2 * small > 0
-    # im2col: two images a chunk (2,048 rows of 576 columns) and their padded copy
-    assert layer.workspace_bytes([shape], "forward", "im2col", 4) == 4 * (2048 * 576 + 2 * 34 * 34 * 64)
+    # im2col: two lanes, each with a chunk of two images (2,048 rows of 576 columns) and their padded copy
+    assert layer.workspace_bytes([shape], "forward", "im2col", 4) == 2 * 4 * (2048 * 576 + 2 * 34 * 34 * 64)
+    # backward-filter adds lane 1's partial dW and, in each lane (16 chunks each), a product to add in
+    assert layer.workspace_bytes([shape], "backward_filter", "im2col", 4) == \
+        2 * 4 * (2048 * 576 + 2 * 34 * 34 * 64) + 3 * 4 * 64 * 576
     assert layer.workspace_bytes([shape], "forward", "implicit", 4) == 4 * (4 * 32 * 32) * (64 + 64)  # 4 images a step
 
 
@@ -74,3 +77,4 @@ def test_gemm_convolution_needs_no_workspace():
 def test_unknown_algorithm_is_named():
     with pytest.raises(ValueError, match="'fft'"):
         nn.Conv2d(3, 4, 3).workspace_bytes([(1, 3, 8, 8)], "forward", "fft", 4)
+

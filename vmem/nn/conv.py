@@ -25,7 +25,9 @@ import numpy as np
 
 from ..errors import ShapeError
 from .base import PASSES, Ctx, Layer, ParamSpec, Shape
+from . import lanes as _lanes
 from .conv_arrays import _image_chunks, _ones, _gather, _span
+from .lanes import LANES
 
 __all__ = ["Conv2d", "ALGORITHMS"]
 
@@ -138,27 +140,48 @@ class Conv2d(Layer):
         _, k, ho, wo = self.output_shape([in_shape])
         return n, c, h, w, k, ho, wo
 
+    def _im2col_layout(self, in_shape: Shape, pass_: str) -> tuple[int, dict[str, Shape], list[dict[str, Shape]]]:
+        """An im2col pass's chunking and workspace: (images per chunk, shared slots, each lane's slots).
+
+        Each lane has a padded copy of its chunk's images (``pad``, where the convolution pads) and the
+        chunk's columns (``col``); backward-filter adds the lane's own partial gradient (``acc``, except
+        lane 0, which sums into dW itself) and a product to add in (``tmp``, where the lane has several
+        chunks); backward-data by transposed convolution shares the flipped filters (``wflip``)."""
+        n, c, h, w, k, ho, wo = self._geometry(in_shape)
+        (kh, kw), (ph, pw) = self.kernel_size, self.padding
+        shared: dict[str, Shape] = {}
+        if pass_ == "backward_data" and self._transposed_ok():
+            # dx = im2col(dy padded by k-1-p) @ flipped filters
+            qh, qw = kh - 1 - ph, kw - 1 - pw
+            nb = _col_images(n, h, w, kh * kw * k)
+            shared["wflip"] = (kh * kw * k, c)
+            pad = (nb, ho + 2 * qh, wo + 2 * qw, k) if qh or qw else None
+            col = (nb * h * w, kh * kw * k)
+        else:
+            nb = _col_images(n, ho, wo, kh * kw * c)
+            pad = (nb, h + 2 * ph, w + 2 * pw, c) if ph or pw else None
+            col = (nb * ho * wo, kh * kw * c)
+        nb = min(nb, -(-n // LANES))  # at least one chunk for each lane
+        chunks = -(-n // nb)
+        lanes = []
+        for lane in range(min(LANES, chunks)):
+            slots = {"pad": pad} if pad is not None else {}
+            slots["col"] = col
+            if pass_ == "backward_filter":
+                if lane:
+                    slots["acc"] = (k, kh * kw * c)
+                if len(range(lane, chunks, LANES)) > 1:
+                    slots["tmp"] = (k, kh * kw * c)
+            lanes.append(slots)
+        return nb, shared, lanes
+
     def _workspace_shapes(self, in_shape: Shape, pass_: str, algo: str | None) -> list[Shape]:
         if self._is_gemm():
             return []
         n, c, h, w, k, ho, wo = self._geometry(in_shape)
-        (kh, kw), (ph, pw) = self.kernel_size, self.padding
         if algo in (None, "im2col"):
-            if pass_ == "backward_data" and self._transposed_ok():
-                # dx = im2col(dy padded by k-1-p) @ flipped filters: (pad buffer), columns, flipped filters
-                qh, qw = kh - 1 - ph, kw - 1 - pw
-                nb = _col_images(n, h, w, kh * kw * k)
-                shapes = [(nb * h * w, kh * kw * k), (kh * kw * k, c)]
-                if qh or qw:
-                    shapes.insert(0, (nb, ho + 2 * qh, wo + 2 * qw, k))
-                return shapes
-            nb = _col_images(n, ho, wo, kh * kw * c)
-            shapes = [(nb * ho * wo, kh * kw * c)]
-            if ph or pw:
-                shapes.insert(0, (nb, h + 2 * ph, w + 2 * pw, c))
-            if pass_ == "backward_filter" and nb < n:
-                shapes.append((k, kh * kw * c))  # partial dW of a chunk, added in
-            return shapes
+            _, shared, lanes = self._im2col_layout(in_shape, pass_)
+            return list(shared.values()) + [shape for slots in lanes for shape in slots.values()]
         if algo == "implicit":
             rows = self._chunk(n, ho, wo) * ho * wo
             if pass_ == "forward":
@@ -181,7 +204,7 @@ class Conv2d(Layer):
         if ctx.conv is not None:  # the device's own convolutions (cuDNN)
             ctx.conv.forward(self, ctx, x, w, y)
         elif self._is_gemm():
-            np.matmul(x.reshape(-1, c), w.reshape(k, c).T, out=y2)
+            _lanes.matmul(np, x.reshape(-1, c), w.reshape(k, c).T, out=y2)
         elif ctx.algo == "implicit":
             self._forward_implicit(ctx, x, w, y)
         else:
@@ -204,12 +227,12 @@ class Conv2d(Layer):
                 ctx.xp.sum(dy2, axis=0, out=ctx.grads["bias"])
             ctx.conv.backward(self, ctx, dy, x, w, dx, dw)
             return
-        if self.bias:  # a GEMV with a ones vector: BLAS runs it threaded, far faster than sum(axis=0)
+        if self.bias:  # a GEMV with a ones vector: far faster than sum(axis=0)
             np.matmul(_ones(dy2.shape[0], dy2.dtype), dy2, out=ctx.grads["bias"])
         if self._is_gemm():
-            np.matmul(dy2.T, x.reshape(-1, c), out=dw.reshape(k, c))
+            _lanes.matmul(np, dy2.T, x.reshape(-1, c), out=dw.reshape(k, c))
             if dx is not None:
-                np.matmul(dy2, w.reshape(k, c), out=dx.reshape(-1, c))
+                _lanes.matmul(np, dy2, w.reshape(k, c), out=dx.reshape(-1, c))
             return
         algo_data, algo_filter = ctx.algo if isinstance(ctx.algo, tuple) else (ctx.algo, ctx.algo)
         if algo_filter == "implicit":
@@ -227,37 +250,55 @@ class Conv2d(Layer):
 
     # im2col ---------------------------------------------------------------------------------------
     # The column matrix is built a few images at a time (about 1M values a chunk) and consumed by the
-    # GEMM while it is still in cache: faster than one huge matrix, and a much smaller workspace.
-    def _slots(self, ctx: Ctx, x_shape: Shape, pass_: str, dtype: Any) -> tuple[np.ndarray | None, ...]:
-        """The workspace of an im2col pass as (pad buffer or None, columns, extra or None)."""
+    # GEMM while it is still in cache: faster than one huge matrix, and a much smaller workspace. The
+    # chunks are dealt to the lanes (vmem.nn.lanes), chunk i to lane i % LANES, each lane with its own
+    # slots and its own partial filter gradient, so the results do not depend on how the lanes run.
+    def _im2col_slots(self, ctx: Ctx, x_shape: Shape, pass_: str,
+                      dtype: Any) -> tuple[list[slice], dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+        """An im2col pass's chunks (slices of the batch) and its workspace carved into named slots."""
         n, h, w, c = x_shape
-        shapes = self._workspace_shapes((n, c, h, w), pass_, "im2col")
-        slots = _carve(ctx.workspace, dtype, *shapes)
-        padded = len(shapes) > 1 and len(shapes[0]) == 4
-        pad = slots.pop(0) if padded else None
-        return pad, slots[0], slots[1] if len(slots) > 1 else None
+        nb, shared, lanes = self._im2col_layout((n, c, h, w), pass_)
+        arrays = iter(_carve(ctx.workspace, dtype, *self._workspace_shapes((n, c, h, w), pass_, "im2col")))
+        carved_shared = {name: next(arrays) for name in shared}
+        carved_lanes = [{name: next(arrays) for name in slots} for slots in lanes]
+        return [b for b, _ in _image_chunks(n, nb)], carved_shared, carved_lanes
 
     def _forward_im2col(self, ctx: Ctx, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
-        xpad, col, _ = self._slots(ctx, x.shape, "forward", x.dtype)
-        wmat = w.reshape(self.out_channels, -1).T
-        for b, rows in _image_chunks(x.shape[0], col.shape[0] // (y.shape[1] * y.shape[2])):
-            cb = col[:rows * y.shape[1] * y.shape[2]]
-            _gather(x[b], xpad, cb, self.kernel_size, self.stride, self.padding)
-            np.matmul(cb, wmat, out=y[b].reshape(-1, self.out_channels))
+        chunks, _, lanes = self._im2col_slots(ctx, x.shape, "forward", x.dtype)
+        k = self.out_channels
+        wmat = w.reshape(k, -1).T
+        per = y.shape[1] * y.shape[2]
+
+        def lane(i: int) -> None:
+            slots = lanes[i]
+            for b in chunks[i :: LANES]:
+                cb = slots["col"][: (b.stop - b.start) * per]
+                _gather(x[b], slots.get("pad"), cb, self.kernel_size, self.stride, self.padding)
+                np.matmul(cb, wmat, out=y[b].reshape(-1, k))
+
+        _lanes.run(lane, len(lanes))
 
     def _backward_filter_im2col(self, ctx: Ctx, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
-        xpad, col, partial = self._slots(ctx, x.shape, "backward_filter", x.dtype)
+        chunks, _, lanes = self._im2col_slots(ctx, x.shape, "backward_filter", x.dtype)
         k = self.out_channels
         dw2 = dw.reshape(k, -1)
         per = dy.shape[1] * dy.shape[2]
-        for i, (b, rows) in enumerate(_image_chunks(x.shape[0], col.shape[0] // per)):
-            cb = col[: rows * per]
-            _gather(x[b], xpad, cb, self.kernel_size, self.stride, self.padding)
-            if i == 0:
-                np.matmul(dy[b].reshape(-1, k).T, cb, out=dw2)
-            else:
-                np.matmul(dy[b].reshape(-1, k).T, cb, out=partial)
-                dw2 += partial
+
+        def lane(i: int) -> None:
+            slots = lanes[i]
+            acc = slots.get("acc", dw2)
+            for j, b in enumerate(chunks[i :: LANES]):
+                cb = slots["col"][: (b.stop - b.start) * per]
+                _gather(x[b], slots.get("pad"), cb, self.kernel_size, self.stride, self.padding)
+                if j == 0:
+                    np.matmul(dy[b].reshape(-1, k).T, cb, out=acc)
+                else:
+                    np.matmul(dy[b].reshape(-1, k).T, cb, out=slots["tmp"])
+                    acc += slots["tmp"]
+
+        _lanes.run(lane, len(lanes))
+        for slots in lanes[1:]:
+            dw2 += slots["acc"]
 
     def _transposed_ok(self) -> bool:
         """Backward-data as a forward convolution of dy with flipped filters: stride 1, padding < kernel."""
@@ -265,33 +306,46 @@ class Conv2d(Layer):
 
     def _backward_data_transposed(self, ctx: Ctx, dy: np.ndarray, w: np.ndarray, dx: np.ndarray) -> None:
         n, h, wd, c = dx.shape
-        dpad, col, wflip = self._slots(ctx, dx.shape, "backward_data", dx.dtype)
+        chunks, shared, lanes = self._im2col_slots(ctx, dx.shape, "backward_data", dx.dtype)
         (kh, kw), (ph, pw) = self.kernel_size, self.padding
         k = self.out_channels
-        wflip.reshape(kh, kw, k, c)[...] = w[:, ::-1, ::-1, :].transpose(1, 2, 0, 3)  # type: ignore[union-attr]
-        for b, rows in _image_chunks(n, col.shape[0] // (h * wd)):
-            cb = col[: rows * h * wd]
-            _gather(dy[b], dpad, cb, self.kernel_size, (1, 1), (kh - 1 - ph, kw - 1 - pw))
-            np.matmul(cb, wflip, out=dx[b].reshape(-1, c))
+        wflip = shared["wflip"]
+        wflip.reshape(kh, kw, k, c)[...] = w[:, ::-1, ::-1, :].transpose(1, 2, 0, 3)
+
+        def lane(i: int) -> None:
+            slots = lanes[i]
+            for b in chunks[i :: LANES]:
+                cb = slots["col"][: (b.stop - b.start) * h * wd]
+                _gather(dy[b], slots.get("pad"), cb, self.kernel_size, (1, 1), (kh - 1 - ph, kw - 1 - pw))
+                np.matmul(cb, wflip, out=dx[b].reshape(-1, c))
+
+        _lanes.run(lane, len(lanes))
 
     def _backward_data_col2im(self, ctx: Ctx, dy: np.ndarray, w: np.ndarray, dx: np.ndarray) -> None:
         """Strided convolutions: columns of d(input) from a GEMM, scattered back window by window."""
         n, h, wd, c = dx.shape
         _, ho, wo, k = dy.shape
-        dpad, col, _ = self._slots(ctx, dx.shape, "backward_data", dx.dtype)
+        chunks, _, lanes = self._im2col_slots(ctx, dx.shape, "backward_data", dx.dtype)
         (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
         wmat = w.reshape(k, -1)
-        for b, rows in _image_chunks(n, col.shape[0] // (ho * wo)):
-            dcol = col[: rows * ho * wo]
-            np.matmul(dy[b].reshape(-1, k), wmat, out=dcol)
-            d6 = dcol.reshape(rows, ho, wo, kh, kw, c)
-            target = dx[b] if dpad is None else dpad[:rows]
-            target.fill(0)
-            for i in range(kh):
-                for j in range(kw):
-                    target[:, i : i + sh * (ho - 1) + 1 : sh, j : j + sw * (wo - 1) + 1 : sw, :] += d6[:, :, :, i, j, :]
-            if dpad is not None:
-                dx[b] = target[:, ph : ph + h, pw : pw + wd, :]
+
+        def lane(i: int) -> None:
+            slots = lanes[i]
+            for b in chunks[i :: LANES]:
+                rows = b.stop - b.start
+                dcol = slots["col"][: rows * ho * wo]
+                np.matmul(dy[b].reshape(-1, k), wmat, out=dcol)
+                d6 = dcol.reshape(rows, ho, wo, kh, kw, c)
+                dpad = slots.get("pad")
+                target = dx[b] if dpad is None else dpad[:rows]
+                target.fill(0)
+                for p in range(kh):
+                    for q in range(kw):
+                        target[:, p : p + sh * (ho - 1) + 1 : sh, q : q + sw * (wo - 1) + 1 : sw, :] += d6[:, :, :, p, q, :]
+                if dpad is not None:
+                    dx[b] = target[:, ph : ph + h, pw : pw + wd, :]
+
+        _lanes.run(lane, len(lanes))
 
     # implicit -------------------------------------------------------------------------------------
     @staticmethod

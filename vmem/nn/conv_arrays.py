@@ -1,4 +1,5 @@
-"""Array helpers of the CPU convolution (:mod:`vmem.nn.conv`): image chunks, receptive-field gathering into columns, padding borders."""
+"""Array helpers of the CPU convolution (:mod:`vmem.nn.conv`): image chunks, receptive-field gathering
+into columns, padding borders."""
 
 from __future__ import annotations
 

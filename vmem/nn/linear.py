@@ -7,6 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import ShapeError
+from . import lanes
 from .base import Ctx, Layer, ParamSpec, Shape
 
 __all__ = ["Linear", "Flatten"]
@@ -52,7 +53,7 @@ class Linear(Layer):
 
     def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
         xp = ctx.xp
-        xp.matmul(xs[0], ctx.params["weight"].T, out=y)
+        lanes.matmul(xp, xs[0], ctx.params["weight"].T, out=y)
         if self.bias:
             y += ctx.params["bias"]
 
@@ -61,11 +62,11 @@ class Linear(Layer):
         x = xs[0]  # type: ignore[index]
         if dy.ndim > 2:
             dy, x = dy.reshape(-1, self.out_features), x.reshape(-1, self.in_features)
-        xp.matmul(dy.T, x, out=ctx.grads["weight"])
+        lanes.matmul(xp, dy.T, x, out=ctx.grads["weight"])
         if self.bias:
             xp.sum(dy, axis=0, out=ctx.grads["bias"])
         if dxs[0] is not None:
-            xp.matmul(dy, ctx.params["weight"], out=dxs[0].reshape(-1, self.in_features))
+            lanes.matmul(xp, dy, ctx.params["weight"], out=dxs[0].reshape(-1, self.in_features))
 
 
 class Flatten(Layer):

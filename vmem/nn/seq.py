@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..errors import ShapeError
+from . import lanes
 from .base import AuxSpec, Ctx, Layer, ParamSpec, Shape
 
 __all__ = ["Embedding", "Split", "Reshape", "ExpandDims", "Softmax", "MatMul", "LayerNorm", "LengthMask"]
@@ -238,18 +239,18 @@ class MatMul(Layer):
         return b.swapaxes(-1, -2) if self.transpose_b else b
 
     def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
-        ctx.xp.matmul(xs[0], self._b(xs[1]), out=y)
+        lanes.matmul(ctx.xp, xs[0], self._b(xs[1]), out=y)
 
     def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
         xp = ctx.xp
         a, b = xs  # type: ignore[misc]
         if dxs[0] is not None:
-            xp.matmul(dy, self._b(b).swapaxes(-1, -2), out=dxs[0])
+            lanes.matmul(xp, dy, self._b(b).swapaxes(-1, -2), out=dxs[0])
         if dxs[1] is not None:
             if self.transpose_b:  # dB = dy^T a
-                xp.matmul(dy.swapaxes(-1, -2), a, out=dxs[1])
+                lanes.matmul(xp, dy.swapaxes(-1, -2), a, out=dxs[1])
             else:
-                xp.matmul(a.swapaxes(-1, -2), dy, out=dxs[1])
+                lanes.matmul(xp, a.swapaxes(-1, -2), dy, out=dxs[1])
 
 
 class LayerNorm(Layer):

@@ -1,0 +1,121 @@
+"""The lanes of the CPU layers: pieces fixed by the shapes, run side by side on a two-core budget and in
+turn otherwise, with the same bits either way."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from vmem import nn, threads
+from vmem.nn import Ctx, PASSES, conv, lanes, physical
+
+
+@pytest.fixture
+def budget(monkeypatch):
+    """Run a body under a pinned core budget (restored after), counting the lanes run side by side."""
+    before = threads.BUDGET.fixed
+    side_by_side = []
+    real_submit = threads.LANE.submit
+    monkeypatch.setattr(threads.LANE, "submit", lambda *a: side_by_side.append(1) or real_submit(*a))
+
+    def under(n: int, fn):
+        threads.BUDGET.fix(n)
+        with threads.BUDGET.limit():
+            assert threads.BUDGET.lanes == (2 if n == 2 else 1)
+            return fn()
+
+    under.side_by_side = side_by_side
+    yield under
+    threads.BUDGET.fix(before)
+    threads.LANE.shutdown()
+    assert threads.BUDGET.lanes == 1  # only a step has lanes
+
+
+def _conv_step(layer, shape, x, w, b, dy):
+    ws = max(layer.workspace_bytes([shape], p, "im2col", 4) for p in PASSES)
+    ctx = Ctx(xp=np, params={"weight": w, "bias": b}, grads={"weight": np.empty_like(w), "bias": np.empty_like(b)},
+              workspace=np.empty(ws, np.uint8), algo="im2col")
+    y = np.empty(physical(layer.output_shape([shape])), np.float32)
+    layer.forward(ctx, [x], y)
+    dx = np.empty_like(x)
+    layer.backward(ctx, dy, [x], None, [dx])
+    return y, dx, ctx.grads["weight"], ctx.grads["bias"]
+
+
+@pytest.mark.parametrize("k, s, p, shape", [(3, 1, 1, (8, 16, 12, 12)), (5, 2, 2, (6, 8, 15, 13)),
+                                           (1, 1, 0, (64, 64, 16, 16))])
+def test_convolution_same_bits_side_by_side_or_in_turn(k, s, p, shape, budget, monkeypatch):
+    monkeypatch.setattr(conv, "_COL_VALUES", 64)
+    monkeypatch.setattr(conv, "_COL_MIN_ROWS", 1)
+    rng = np.random.default_rng(2)
+    layer = nn.Conv2d(shape[1], 24 if k > 1 else 128, k, stride=s, padding=p)
+    x = rng.standard_normal(physical(shape)).astype(np.float32)
+    w = rng.standard_normal((layer.out_channels, k, k, shape[1])).astype(np.float32) * 0.1
+    b = rng.standard_normal(layer.out_channels).astype(np.float32)
+    dy = rng.standard_normal(physical(layer.output_shape([shape]))).astype(np.float32)
+    one = budget(1, lambda: _conv_step(layer, shape, x, w, b, dy))
+    assert not budget.side_by_side
+    two = budget(2, lambda: _conv_step(layer, shape, x, w, b, dy))
+    assert budget.side_by_side  # the two-core budget did run the lanes side by side
+    for a, c in zip(one, two):
+        np.testing.assert_array_equal(a, c)
+    if k == 1:  # the 1x1 convolution is one product split over the lanes: it still adds up (float64 reference)
+        w1 = w.reshape(layer.out_channels, shape[1]).astype(np.float64)
+        np.testing.assert_allclose(two[0], x.astype(np.float64) @ w1.T + b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [((512, 1024), (1024, 300)), ((8, 256, 64), (8, 64, 256)),
+                                               ((4096, 96), (96, 512))])
+def test_matmul_pieces_same_bits_and_right(a_shape, b_shape, budget):
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    out_shape = np.matmul(a[..., :1, :], b).shape[:-2] + (a_shape[-2], b_shape[-1])
+    outs = {}
+    for n in (1, 2):
+        out = np.empty(out_shape, np.float32)
+        budget(n, lambda: lanes.matmul(np, a, b, out))
+        outs[n] = out
+    assert budget.side_by_side
+    np.testing.assert_array_equal(outs[1], outs[2])
+    np.testing.assert_allclose(outs[2], np.matmul(a.astype(np.float64), b), rtol=1e-4, atol=1e-3)
+
+
+def test_small_products_are_not_split(budget):
+    a = np.ones((4, 8), np.float32)
+    out = np.empty((4, 8), np.float32)
+    budget(2, lambda: lanes.matmul(np, a, np.eye(8, dtype=np.float32), out))
+    assert not budget.side_by_side
+    np.testing.assert_array_equal(out, a)
+
+
+def test_an_error_in_a_lane_is_raised_after_both_finish(budget):
+    finished = []
+
+    def work(lane: int) -> None:
+        if lane == 1:
+            raise ValueError("lane 1 failed")
+        threading.Event().wait(0.05)
+        finished.append(lane)
+
+    with pytest.raises(ValueError, match="lane 1 failed"):
+        budget(2, lambda: lanes.run(work))
+    assert finished == [0]
+
+
+def test_lanes_do_not_nest(budget):
+    """A lane that splits its own work runs the pieces in turn (the lane pool would wait on itself)."""
+    seen = []
+
+    def inner(lane: int) -> None:
+        seen.append((threading.current_thread().name, lane))
+
+    budget(2, lambda: lanes.run(lambda lane: lanes.run(inner)))
+    assert len(seen) == 4 and len(budget.side_by_side) == 1
+
+
+def test_split_covers_the_rows():
+    assert lanes.split(5) == [slice(0, 2), slice(2, 5)]
+    assert lanes.split(1) == [slice(0, 1)]

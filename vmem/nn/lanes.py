@@ -1,0 +1,82 @@
+"""Lanes: how the CPU layers share two cores without BLAS's own threads.
+
+On a two-core budget the CPU device runs a step with BLAS single-threaded and gives the layers two
+*lanes*: the layers split their big products (and the convolution its chunks of columns) into pieces
+fixed by the shapes alone, deal the pieces to the lanes, and run the lanes at once, one on each core.
+This beats BLAS's own two threads for the thin products of convolutions (64 to 512 output channels)
+and hides the single-threaded NumPy work (gathering columns) behind the other lane's product. Where
+the budget is one core, or more than two, the same pieces run one after the other (with BLAS's
+threads at the budget), so on a machine of up to two cores the results are the same bit for bit
+whatever the load: every product is computed by one BLAS thread, piece by piece, in the same order.
+
+Which applies is :attr:`vmem.threads.CoreBudget.lanes`, set by :meth:`~vmem.threads.CoreBudget.limit`
+for the step it brackets; outside a step (layers called on their own) the lanes run in turn.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import threads
+
+__all__ = ["LANES", "run", "matmul", "split"]
+
+#: Lanes a layer's work is dealt to (piece i goes to lane i % LANES).
+LANES = threads.LANES
+#: Products smaller than this (multiply-adds) are not split: a lane's hand-off costs tens of microseconds.
+_SPLIT_MIN = 1 << 22
+
+
+_inside = threading.local()
+
+
+def run(work: Callable[[int], None], lanes: int = LANES) -> None:
+    """Run ``work(lane)`` for each of ``lanes`` lanes: at once where the step has lanes, else in turn
+    (also inside a lane: lanes do not nest). The first error raised is re-raised after every lane has
+    finished."""
+    if lanes < 2 or threads.BUDGET.lanes < lanes or getattr(_inside, "on", False):
+        for lane in range(lanes):
+            work(lane)
+        return
+
+    def inside(lane: int) -> None:
+        _inside.on = True
+        try:
+            work(lane)
+        finally:
+            _inside.on = False
+
+    futures = [threads.LANE.submit(inside, lane) for lane in range(1, lanes)]
+    try:
+        inside(0)
+    finally:
+        errors = [f.exception() for f in futures]
+    for error in errors:
+        if error is not None:
+            raise error
+
+
+def split(rows: int, lanes: int = LANES) -> list[slice]:
+    """``rows`` cut into ``lanes`` contiguous pieces (the first ones a row longer where it does not divide)."""
+    cuts = [rows * i // lanes for i in range(lanes + 1)]
+    return [slice(lo, hi) for lo, hi in zip(cuts, cuts[1:]) if hi > lo]
+
+
+def matmul(xp: Any, a: Any, b: Any, out: Any) -> Any:
+    """``xp.matmul(a, b, out=out)``; on NumPy, a large product is split over the rows of ``out`` (its first
+    axis) into one piece per lane, whether or not the lanes run at once (see the module's notes)."""
+    if (xp is not np or a.ndim != out.ndim or out.shape[0] < LANES
+            or out.size * a.shape[-1] < _SPLIT_MIN):
+        return xp.matmul(a, b, out=out)
+    pieces = split(out.shape[0])
+    b_split = b.ndim == a.ndim and b.ndim > 2  # batched: b's leading axis goes along with a's
+
+    def work(lane: int) -> None:
+        s = pieces[lane]
+        np.matmul(a[s], b[s] if b_split else b, out=out[s])
+
+    run(work, len(pieces))
+    return out
