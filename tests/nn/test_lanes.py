@@ -119,3 +119,41 @@ def test_lanes_do_not_nest(budget):
 def test_split_covers_the_rows():
     assert lanes.split(5) == [slice(0, 2), slice(2, 5)]
     assert lanes.split(1) == [slice(0, 1)]
+
+
+@pytest.mark.parametrize("layer, shape", [
+    (nn.ReLU(), (6, 8, 10, 10)),
+    (nn.MaxPool2d(2), (6, 8, 10, 10)),  # 2x2 tiles, nibbles: 5*5*8 codes an image, whole bytes
+    (nn.MaxPool2d(3, stride=2), (5, 6, 11, 11)),  # overlapping windows
+    (nn.MaxPool2d(2), (5, 3, 6, 6)),  # 27 codes an image: images share a byte, so not cut
+])
+def test_elementwise_and_pooling_same_bits_cut_or_whole(layer, shape, budget, monkeypatch):
+    """ReLU and max pooling cut their work between images on a two-core budget: the output, the packed
+    argmax map and the gradient are those of the whole batch at once."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(physical(shape)).astype(np.float32)
+    out = physical(layer.output_shape([shape]))
+    dy = rng.standard_normal(out).astype(np.float32)
+    aux = {k: np.zeros(a.shape, a.dtype) for k, a in layer.aux_specs([shape]).items()}
+
+    def step():
+        ctx = Ctx(xp=np, params={}, grads={}, aux={k: v.copy() for k, v in aux.items()})
+        y = np.empty(out, np.float32)
+        layer.forward(ctx, [x], y)
+        dx = np.empty_like(x)
+        layer.backward(ctx, dy, [x], y, [dx])
+        return y, dx, *ctx.aux.values()
+
+    whole = step()  # outside a step: no lanes, and the pieces are too small to cut
+    monkeypatch.setattr(lanes, "_ROWS_MIN", 1)
+    cut = budget(2, step)
+    assert bool(budget.side_by_side) == (shape != (5, 3, 6, 6))
+    for a, b in zip(whole, cut):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_deal_balances_by_size_and_keeps_order():
+    assert lanes.deal([10, 1, 1, 8]) == [[0], [1, 2, 3]]
+    assert lanes.deal([5]) == [[0], []]
+    shares = lanes.deal([3, 3, 3, 3])
+    assert shares == [[0, 2], [1, 3]]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..errors import ShapeError
+from . import lanes
 from .base import AuxSpec, Ctx, Layer, Shape
 
 __all__ = ["ReLU", "Sigmoid", "Tanh", "Mul", "Dropout"]
@@ -19,11 +20,16 @@ class ReLU(Layer):
     inplace = True
 
     def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
-        ctx.xp.maximum(xs[0], 0, out=y)
+        x, xp = xs[0], ctx.xp
+        lanes.rows(xp, y.shape[0], lambda r: xp.maximum(x[r], 0, out=y[r]), y.size)
 
     def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
         if dxs[0] is not None:
-            ctx.xp.multiply(dy, y > 0, out=dxs[0])
+            xp, dx = ctx.xp, dxs[0]
+            if y.shape == dy.shape:
+                lanes.rows(xp, dy.shape[0], lambda r: xp.multiply(dy[r], y[r] > 0, out=dx[r]), dy.size)
+            else:  # a mask of another shape, broadcast
+                xp.multiply(dy, y > 0, out=dx)
 
 
 class Sigmoid(Layer):

@@ -207,8 +207,9 @@ class Conv2d(Layer):
             _lanes.matmul(np, x.reshape(-1, c), w.reshape(k, c).T, out=y2)
         elif ctx.algo == "implicit":
             self._forward_implicit(ctx, x, w, y)
-        else:
-            self._forward_im2col(ctx, x, w, y)
+        else:  # adds the bias to each chunk's output while it is in cache
+            self._forward_im2col(ctx, x, w, y, ctx.params["bias"] if self.bias else None)
+            return
         if self.bias:
             y2 += ctx.params["bias"]
 
@@ -263,7 +264,7 @@ class Conv2d(Layer):
         carved_lanes = [{name: next(arrays) for name in slots} for slots in lanes]
         return [b for b, _ in _image_chunks(n, nb)], carved_shared, carved_lanes
 
-    def _forward_im2col(self, ctx: Ctx, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
+    def _forward_im2col(self, ctx: Ctx, x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None) -> None:
         chunks, _, lanes = self._im2col_slots(ctx, x.shape, "forward", x.dtype)
         k = self.out_channels
         wmat = w.reshape(k, -1).T
@@ -274,7 +275,10 @@ class Conv2d(Layer):
             for b in chunks[i :: LANES]:
                 cb = slots["col"][: (b.stop - b.start) * per]
                 _gather(x[b], slots.get("pad"), cb, self.kernel_size, self.stride, self.padding)
-                np.matmul(cb, wmat, out=y[b].reshape(-1, k))
+                yb = y[b].reshape(-1, k)
+                np.matmul(cb, wmat, out=yb)
+                if bias is not None:
+                    yb += bias
 
         _lanes.run(lane, len(lanes))
 

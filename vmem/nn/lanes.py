@@ -22,12 +22,14 @@ import numpy as np
 
 from .. import threads
 
-__all__ = ["LANES", "run", "matmul", "split"]
+__all__ = ["LANES", "run", "matmul", "split", "rows", "deal"]
 
 #: Lanes a layer's work is dealt to (piece i goes to lane i % LANES).
 LANES = threads.LANES
 #: Products smaller than this (multiply-adds) are not split: a lane's hand-off costs tens of microseconds.
 _SPLIT_MIN = 1 << 22
+#: Nor is elementwise work over fewer values than this.
+_ROWS_MIN = 1 << 18
 
 
 _inside = threading.local()
@@ -80,3 +82,28 @@ def matmul(xp: Any, a: Any, b: Any, out: Any) -> Any:
 
     run(work, len(pieces))
     return out
+
+
+def rows(xp: Any, n: int, work: Callable[[slice], None], size: int) -> None:
+    """``work(piece)`` for each lane's piece of ``n`` rows (the first axis of the arrays it touches), where
+    the work is on NumPy and covers at least a few hundred thousand values (``size``); else
+    ``work(slice(0, n))``. For work whose every result depends only on its own rows (elementwise
+    operations, pooling over an image), so the results are the same however it is cut."""
+    if xp is not np or n < LANES or size < _ROWS_MIN:
+        work(slice(0, n))
+        return
+    pieces = split(n)
+    run(lambda lane: work(pieces[lane]), len(pieces))
+
+
+def deal(sizes: list[int], lanes: int = LANES) -> list[list[int]]:
+    """Indices of ``sizes`` dealt to ``lanes`` lanes, largest first to the lane with least so far
+    (ties to the lower lane), each lane's indices in their original order: a balanced share that
+    depends on the sizes alone."""
+    loads = [0] * lanes
+    shares: list[list[int]] = [[] for _ in range(lanes)]
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        lane = loads.index(min(loads))
+        shares[lane].append(i)
+        loads[lane] += sizes[i]
+    return [sorted(share) for share in shares]

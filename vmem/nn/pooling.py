@@ -13,6 +13,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..errors import ShapeError
+from . import lanes
 from .base import AuxSpec, Ctx, Layer, Shape, physical
 from .conv import _pair, _span
 
@@ -115,11 +116,30 @@ class MaxPool2d(_Pool2d):
         return (kh, kw) == (sh, sw) and self.padding == (0, 0) and (h, w) == (ho * kh, wo * kw)
 
     def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
-        xp, x = ctx.xp, xs[0]
-        am = xp.empty(y.shape, dtype=np.uint8) if self.nibbles else ctx.aux["argmax"]
-        self._forward(xp, x, y, am)
-        if self.nibbles:
-            _pack_nibbles(xp, am, ctx.aux["argmax"])
+        xp, x, packed = ctx.xp, xs[0], ctx.aux["argmax"]
+
+        def images(r: slice) -> None:
+            if not self.nibbles:
+                self._forward(xp, x[r], y[r], packed[r])
+                return
+            am = xp.empty(y[r].shape, dtype=np.uint8)
+            self._forward(xp, x[r], y[r], am)
+            _pack_nibbles(xp, am, packed[self._packed_rows(y, r)])
+
+        if self._splits(y):
+            lanes.rows(xp, y.shape[0], images, x.size)
+        else:
+            images(slice(0, y.shape[0]))
+
+    def _splits(self, y: Any) -> bool:
+        """Whether the work can be cut between images: each image's argmax codes fill whole bytes."""
+        return not self.nibbles or (y.size // y.shape[0]) % 2 == 0
+
+    @staticmethod
+    def _packed_rows(y: Any, r: slice) -> slice:
+        """The bytes of the packed argmax map that hold the codes of images ``r``."""
+        per = y.size // y.shape[0]
+        return slice(r.start * per // 2, -(-r.stop * per // 2))
 
     def _forward(self, xp: Any, x: Any, y: Any, am: Any) -> None:
         _, h, w, _ = x.shape
@@ -160,10 +180,22 @@ class MaxPool2d(_Pool2d):
         dx = dxs[0]
         if dx is None:
             return
-        xp, am = ctx.xp, ctx.aux["argmax"]
-        if self.nibbles:
-            packed, am = am, xp.empty(dy.shape, dtype=np.uint8)
-            _unpack_nibbles(xp, packed, am)
+        xp, packed = ctx.xp, ctx.aux["argmax"]
+
+        def images(r: slice) -> None:
+            if self.nibbles:
+                am = xp.empty(dy[r].shape, dtype=np.uint8)
+                _unpack_nibbles(xp, packed[self._packed_rows(dy, r)], am)
+            else:
+                am = packed[r]
+            self._backward(xp, dy[r], am, dx[r])
+
+        if self._splits(dy):
+            lanes.rows(xp, dy.shape[0], images, dx.size)
+        else:
+            images(slice(0, dy.shape[0]))
+
+    def _backward(self, xp: Any, dy: Any, am: Any, dx: Any) -> None:
         _, h, w, _ = dx.shape
         _, ho, wo, _ = dy.shape
         eq = xp.empty(dy.shape, dtype=bool)
