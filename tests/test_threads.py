@@ -158,3 +158,57 @@ def test_a_bad_environment_budget_warns_and_measures(monkeypatch):
     with pytest.warns(RuntimeWarning, match="VMEM_THREADS"):
         budget = threads._process_budget()
     assert budget.fixed is None
+
+
+def test_a_two_core_budget_runs_blas_single_threaded_and_gives_two_lanes():
+    """On exactly two cores BLAS runs one thread and the layers two lanes side by side (vmem.nn.lanes);
+    OpenBLAS takes a thread count only from the main thread, so the step scope sets it there."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    blas = lambda: [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]  # noqa: E731
+    before = blas()
+    own = threads.CoreBudget(fixed=2)
+    with own.limit() as n:
+        assert n == 2 and own.lanes == 2
+    assert own.lanes == 1
+    budget = threads.BUDGET
+    fixed = budget.fixed
+    try:
+        for n, lanes in ((1, 1), (2, 2), (3, 1)):
+            budget.fix(n)
+            with budget.limit():
+                assert budget.lanes == lanes
+                if blas():
+                    assert set(blas()) == {1 if n <= 2 else 3}
+            assert budget.lanes == 1
+    finally:
+        budget.fix(fixed)
+    assert blas() == before
+
+
+def test_the_budget_changes_the_speed_not_the_weights(monkeypatch):
+    """One core or two: the same weights bit for bit after a few steps (on two, the lanes did run side by
+    side), where BLAS's own threads used to round some products differently."""
+    side_by_side = []
+    submit = threads.LANE.submit
+    monkeypatch.setattr(threads.LANE, "submit", lambda *a: side_by_side.append(1) or submit(*a))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 3, 16, 16)).astype(np.float32)
+    y = rng.integers(0, 10, 16)
+    weights = {}
+    fixed = threads.BUDGET.fixed
+    try:
+        for n in (1, 2):
+            threads.BUDGET.fix(n)
+            side_by_side.clear()
+            net = vmem.models.get("vgg_cifar", image_size=16)
+            with vmem.Trainer(net, memory="256MiB", policy="baseline:algos=performance", seed=0,
+                              optimizer=vmem.optim.SGD(lr=0.01, momentum=0.9)) as trainer:
+                for _ in range(3):
+                    trainer.step(x, y)
+            weights[n] = {k: v.copy() for k, v in net.params.items()}
+            assert bool(side_by_side) == (n == 2)
+    finally:
+        threads.BUDGET.fix(fixed)
+    assert weights[1].keys() == weights[2].keys()
+    for k in weights[1]:
+        np.testing.assert_array_equal(weights[1][k], weights[2][k], err_msg=k)

@@ -88,9 +88,10 @@ class CoreBudget:
     a step of a few milliseconds costs nothing. Where /proc/stat cannot be read, every core counts as
     free. ``fixed`` pins the figure (also :meth:`fix`, or the environment: ``VMEM_THREADS=2``).
 
-    BLAS results can depend on the number of threads that computed them (the last bits of some
-    products), so a measured budget trades bitwise run-to-run reproducibility on a machine whose load
-    changes for speed under that load; pin it to compare runs bit for bit.
+    On a machine of up to two cores the figure changes the speed of a step, not its results: BLAS
+    runs single-threaded either way, and the layers cut their work by shape (:mod:`vmem.nn.lanes`).
+    With more cores, BLAS's threads follow the figure, and OpenBLAS can round the last bits of some
+    products differently with a different thread count: there, pin it to compare runs bit for bit.
     """
 
     def __init__(self, ncores: int | None = None, *, interval: float = 0.25, fixed: int | None = None,
@@ -112,9 +113,9 @@ class CoreBudget:
         self.fix(fixed)
 
     def fix(self, threads: int | None) -> None:
-        """Pin the budget at ``threads`` (None: measure again). Results of BLAS calls can depend on how
-        many threads ran them (OpenBLAS splits some products differently), so two runs are bitwise
-        comparable only under the same figure: pin it where that matters."""
+        """Pin the budget at ``threads`` (None: measure again). Beyond two cores, results of BLAS calls
+        can depend on how many threads ran them (OpenBLAS splits some products differently), so two
+        runs are bitwise comparable only under the same figure: pin it where that matters."""
         if threads is not None and threads < 1:
             raise ValueError(f"a core budget needs at least 1 thread, not {threads}")
         with self._lock:
