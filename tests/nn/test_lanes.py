@@ -14,7 +14,9 @@ from vmem.nn import Ctx, PASSES, conv, lanes, physical
 
 @pytest.fixture
 def budget(monkeypatch):
-    """Run a body under a pinned core budget (restored after), counting the lanes run side by side."""
+    """Run a body under a pinned core budget (restored after), counting the lanes run side by side;
+    products of any size go to the lanes (the tests' are small)."""
+    monkeypatch.setattr(lanes, "_SPLIT_MIN", 1)
     before = threads.BUDGET.fixed
     side_by_side = []
     real_submit = threads.LANE.submit
@@ -83,12 +85,20 @@ def test_matmul_pieces_same_bits_and_right(a_shape, b_shape, budget):
     np.testing.assert_allclose(outs[2], np.matmul(a.astype(np.float64), b), rtol=1e-4, atol=1e-3)
 
 
-def test_small_products_are_not_split(budget):
-    a = np.ones((4, 8), np.float32)
-    out = np.empty((4, 8), np.float32)
-    budget(2, lambda: lanes.matmul(np, a, np.eye(8, dtype=np.float32), out))
+def test_small_work_is_not_split(budget, monkeypatch):
+    """Under about a millisecond of work a second lane does not pay: products, elementwise work and a
+    convolution pass below the thresholds stay whole (and the convolution's workspace has one lane)."""
+    monkeypatch.setattr(lanes, "_SPLIT_MIN", 1 << 26)
+    a = np.ones((64, 64), np.float32)
+    out = np.empty((64, 64), np.float32)
+    budget(2, lambda: lanes.matmul(np, a, np.eye(64, dtype=np.float32), out))
+    x = np.ones((8, 1000), np.float32)
+    budget(2, lambda: lanes.rows(np, 8, lambda r: np.maximum(x[r], 0, out=x[r]), x.size))
     assert not budget.side_by_side
     np.testing.assert_array_equal(out, a)
+    small, big = nn.Conv2d(16, 16, 3, padding=1), nn.Conv2d(64, 64, 3, padding=1)
+    assert len(small._im2col_layout((32, 16, 8, 8), "forward")[2]) == 1  # 9.4M multiply-adds
+    assert len(big._im2col_layout((64, 64, 32, 32), "forward")[2]) == 2  # 2.4G
 
 
 def test_an_error_in_a_lane_is_raised_after_both_finish(budget):
@@ -152,8 +162,9 @@ def test_elementwise_and_pooling_same_bits_cut_or_whole(layer, shape, budget, mo
         np.testing.assert_array_equal(a, b)
 
 
-def test_deal_balances_by_size_and_keeps_order():
+def test_deal_balances_by_size_and_keeps_order(monkeypatch):
+    assert lanes.deal([10, 1, 1, 8]) == [[0, 1, 2, 3]]  # too little work for two lanes
+    monkeypatch.setattr(lanes, "_ROWS_MIN", 1)
     assert lanes.deal([10, 1, 1, 8]) == [[0], [1, 2, 3]]
     assert lanes.deal([5]) == [[0], []]
-    shares = lanes.deal([3, 3, 3, 3])
-    assert shares == [[0, 2], [1, 3]]
+    assert lanes.deal([3, 3, 3, 3]) == [[0, 2], [1, 3]]

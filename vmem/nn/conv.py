@@ -27,7 +27,6 @@ from ..errors import ShapeError
 from .base import PASSES, Ctx, Layer, ParamSpec, Shape
 from . import lanes as _lanes
 from .conv_arrays import _image_chunks, _ones, _gather, _span
-from .lanes import LANES
 
 __all__ = ["Conv2d", "ALGORITHMS"]
 
@@ -161,16 +160,17 @@ class Conv2d(Layer):
             nb = _col_images(n, ho, wo, kh * kw * c)
             pad = (nb, h + 2 * ph, w + 2 * pw, c) if ph or pw else None
             col = (nb * ho * wo, kh * kw * c)
-        nb = min(nb, -(-n // LANES))  # at least one chunk for each lane
+        ways = _lanes.lanes_for(n * ho * wo * kh * kw * c * k)  # the pass's multiply-adds
+        nb = min(nb, -(-n // ways))  # at least one chunk for each lane
         chunks = -(-n // nb)
         lanes = []
-        for lane in range(min(LANES, chunks)):
+        for lane in range(min(ways, chunks)):
             slots = {"pad": pad} if pad is not None else {}
             slots["col"] = col
             if pass_ == "backward_filter":
                 if lane:
                     slots["acc"] = (k, kh * kw * c)
-                if len(range(lane, chunks, LANES)) > 1:
+                if len(range(lane, chunks, ways)) > 1:
                     slots["tmp"] = (k, kh * kw * c)
             lanes.append(slots)
         return nb, shared, lanes
@@ -252,7 +252,7 @@ class Conv2d(Layer):
     # im2col ---------------------------------------------------------------------------------------
     # The column matrix is built a few images at a time (about 1M values a chunk) and consumed by the
     # GEMM while it is still in cache: faster than one huge matrix, and a much smaller workspace. The
-    # chunks are dealt to the lanes (vmem.nn.lanes), chunk i to lane i % LANES, each lane with its own
+    # chunks are dealt to the lanes (vmem.nn.lanes), chunk i to lane i % lanes, each lane with its own
     # slots and its own partial filter gradient, so the results do not depend on how the lanes run.
     def _im2col_slots(self, ctx: Ctx, x_shape: Shape, pass_: str,
                       dtype: Any) -> tuple[list[slice], dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
@@ -272,7 +272,7 @@ class Conv2d(Layer):
 
         def lane(i: int) -> None:
             slots = lanes[i]
-            for b in chunks[i :: LANES]:
+            for b in chunks[i :: len(lanes)]:
                 cb = slots["col"][: (b.stop - b.start) * per]
                 _gather(x[b], slots.get("pad"), cb, self.kernel_size, self.stride, self.padding)
                 yb = y[b].reshape(-1, k)
@@ -291,7 +291,7 @@ class Conv2d(Layer):
         def lane(i: int) -> None:
             slots = lanes[i]
             acc = slots.get("acc", dw2)
-            for j, b in enumerate(chunks[i :: LANES]):
+            for j, b in enumerate(chunks[i :: len(lanes)]):
                 cb = slots["col"][: (b.stop - b.start) * per]
                 _gather(x[b], slots.get("pad"), cb, self.kernel_size, self.stride, self.padding)
                 if j == 0:
@@ -318,7 +318,7 @@ class Conv2d(Layer):
 
         def lane(i: int) -> None:
             slots = lanes[i]
-            for b in chunks[i :: LANES]:
+            for b in chunks[i :: len(lanes)]:
                 cb = slots["col"][: (b.stop - b.start) * h * wd]
                 _gather(dy[b], slots.get("pad"), cb, self.kernel_size, (1, 1), (kh - 1 - ph, kw - 1 - pw))
                 np.matmul(cb, wflip, out=dx[b].reshape(-1, c))
@@ -335,7 +335,7 @@ class Conv2d(Layer):
 
         def lane(i: int) -> None:
             slots = lanes[i]
-            for b in chunks[i :: LANES]:
+            for b in chunks[i :: len(lanes)]:
                 rows = b.stop - b.start
                 dcol = slots["col"][: rows * ho * wo]
                 np.matmul(dy[b].reshape(-1, k), wmat, out=dcol)

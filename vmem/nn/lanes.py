@@ -22,14 +22,16 @@ import numpy as np
 
 from .. import threads
 
-__all__ = ["LANES", "run", "matmul", "split", "rows", "deal"]
+__all__ = ["LANES", "run", "matmul", "split", "rows", "deal", "lanes_for"]
 
 #: Lanes a layer's work is dealt to (piece i goes to lane i % LANES).
 LANES = threads.LANES
-#: Products smaller than this (multiply-adds) are not split: a lane's hand-off costs tens of microseconds.
-_SPLIT_MIN = 1 << 22
+#: Products smaller than this (multiply-adds, about 1 ms on one core) are not split: a lane's hand-off
+#: costs tens of microseconds, and a second busy thread delays the memory stream's copies (the CPU
+#: device's copies run on a thread of their own), which small work does not repay.
+_SPLIT_MIN = 1 << 26
 #: Nor is elementwise work over fewer values than this.
-_ROWS_MIN = 1 << 18
+_ROWS_MIN = 1 << 20
 
 
 _inside = threading.local()
@@ -61,6 +63,11 @@ def run(work: Callable[[int], None], lanes: int = LANES) -> None:
             raise error
 
 
+def lanes_for(macs: int) -> int:
+    """Lanes worth dealing a product of ``macs`` multiply-adds to (a shape-only rule: 1 or LANES)."""
+    return LANES if macs >= _SPLIT_MIN else 1
+
+
 def split(rows: int, lanes: int = LANES) -> list[slice]:
     """``rows`` cut into ``lanes`` contiguous pieces (the first ones a row longer where it does not divide)."""
     cuts = [rows * i // lanes for i in range(lanes + 1)]
@@ -70,8 +77,7 @@ def split(rows: int, lanes: int = LANES) -> list[slice]:
 def matmul(xp: Any, a: Any, b: Any, out: Any) -> Any:
     """``xp.matmul(a, b, out=out)``; on NumPy, a large product is split over the rows of ``out`` (its first
     axis) into one piece per lane, whether or not the lanes run at once (see the module's notes)."""
-    if (xp is not np or a.ndim != out.ndim or out.shape[0] < LANES
-            or out.size * a.shape[-1] < _SPLIT_MIN):
+    if xp is not np or a.ndim != out.ndim or out.shape[0] < LANES or lanes_for(out.size * a.shape[-1]) < LANES:
         return xp.matmul(a, b, out=out)
     pieces = split(out.shape[0])
     b_split = b.ndim == a.ndim and b.ndim > 2  # batched: b's leading axis goes along with a's
@@ -97,9 +103,11 @@ def rows(xp: Any, n: int, work: Callable[[slice], None], size: int) -> None:
 
 
 def deal(sizes: list[int], lanes: int = LANES) -> list[list[int]]:
-    """Indices of ``sizes`` dealt to ``lanes`` lanes, largest first to the lane with least so far
-    (ties to the lower lane), each lane's indices in their original order: a balanced share that
-    depends on the sizes alone."""
+    """Indices of ``sizes`` (elements of elementwise work) dealt to ``lanes`` lanes, largest first to
+    the lane with least so far (ties to the lower lane), each lane's indices in their original order:
+    a balanced share that depends on the sizes alone. Less work than a lane pays for: one share."""
+    if sum(sizes) < _ROWS_MIN:
+        return [list(range(len(sizes)))]
     loads = [0] * lanes
     shares: list[list[int]] = [[] for _ in range(lanes)]
     for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
