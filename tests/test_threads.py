@@ -212,3 +212,21 @@ def test_the_budget_changes_the_speed_not_the_weights(monkeypatch):
     assert weights[1].keys() == weights[2].keys()
     for k in weights[1]:
         np.testing.assert_array_equal(weights[1][k], weights[2][k], err_msg=k)
+
+
+def test_the_cap_reaches_blas_libraries_loaded_later(monkeypatch):
+    """A BLAS library loaded after the budget first capped BLAS (SciPy's own OpenBLAS, imported by the
+    datasets) is capped too."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    budget = threads.CoreBudget(fixed=1)
+    with budget.limit():
+        pass
+    seen = budget._controller
+    monkeypatch.setitem(__import__("sys").modules, "vmem_test_new_module", object())  # an import happened
+    with budget.limit():
+        assert all(i["num_threads"] == 1 for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas")
+    again = budget._controller
+    assert again is not seen  # looked again after the import
+    with budget.limit():
+        pass
+    assert budget._controller is again  # and not again without one

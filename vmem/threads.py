@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -103,6 +104,7 @@ class CoreBudget:
         self._lock = threading.Lock()
         self._last: tuple[float, float, float] | None = None
         self._controller: Any = None
+        self._modules = 0  # len(sys.modules) when the controller looked
         self.lanes = 1  # lanes the step in progress runs side by side (see limit)
         given = os.environ.get("VMEM_THREADS") if env else None
         if fixed is None and given:
@@ -167,13 +169,17 @@ class CoreBudget:
             self.lanes = outer
 
     def _blas(self) -> Any:
-        if self._controller is None:
+        """threadpoolctl's view of the BLAS libraries loaded, looked at again after new imports (a
+        library imported later, such as SciPy's own OpenBLAS, would otherwise keep its threads)."""
+        modules = len(sys.modules)
+        if self._controller is None or (self._controller is not False and modules != self._modules):
             try:
                 from threadpoolctl import ThreadpoolController
             except ImportError:  # pragma: no cover - a core dependency
                 self._controller = False
             else:
                 self._controller = ThreadpoolController()
+                self._modules = len(sys.modules)
         return self._controller or None
 
     def __repr__(self) -> str:
