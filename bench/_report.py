@@ -8,6 +8,13 @@ import sys
 from typing import Any, Sequence
 
 
+#: Where the JSON goes. Run as ``python bench/NAME.py --json``, a bench prints its human-readable report
+#: on stderr, so that stdout carries the JSON object alone (``... --json > result.json``).
+_JSON_OUT = sys.stdout
+if "--json" in sys.argv[1:]:
+    sys.stdout = sys.stderr
+
+
 def machine() -> dict[str, Any]:
     import os
 
@@ -43,6 +50,7 @@ def verdict(name: str, value: float, target: float, *, at_least: bool = True, un
 def emit(result: dict[str, Any], as_json: bool) -> int:
     result["machine"] = machine()
     if as_json:
-        json.dump(result, sys.stdout, indent=2)
-        print()
+        json.dump(result, _JSON_OUT, indent=2)
+        print(file=_JSON_OUT)
+        _JSON_OUT.flush()
     return 0
