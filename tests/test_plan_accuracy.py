@@ -5,8 +5,9 @@ The profile times each op as the best of three runs (the op undisturbed by the m
 the average is compared with that of the fastest of five steps, measured the same way: on a busy machine
 a disturbed step holds its memory for longer than any plan can know. Nothing here is compared bit for bit,
 so the core budget measures the machine as it does for users (tests/conftest.py pins it elsewhere): with
-competing processes BLAS runs fewer threads, and every op and copy slows alike instead of the two BLAS
-threads waiting on each other.
+competing processes the layers' two lanes run in turn instead of side by side, so that the ops slow
+alike. (Under two competing processes the vdnn policies' average on resnet_cifar can still miss: the
+copies' thread slows the ops it overlaps, which the profile does not model.)
 """
 
 from __future__ import annotations
