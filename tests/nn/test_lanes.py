@@ -168,3 +168,13 @@ def test_deal_balances_by_size_and_keeps_order(monkeypatch):
     assert lanes.deal([10, 1, 1, 8]) == [[0], [1, 2, 3]]
     assert lanes.deal([5]) == [[0], []]
     assert lanes.deal([3, 3, 3, 3]) == [[0, 2], [1, 3]]
+
+
+def test_each_runs_every_item_once(budget, monkeypatch):
+    monkeypatch.setattr(lanes, "_ROWS_MIN", 1)
+    seen = []
+    budget(2, lambda: lanes.each(np, [5, 1, 1, 4], seen.append))
+    assert sorted(seen) == [0, 1, 2, 3] and budget.side_by_side
+    seen.clear()
+    lanes.each(object(), [5, 1], seen.append)  # not NumPy: in order, on this thread
+    assert seen == [0, 1]

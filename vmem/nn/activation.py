@@ -26,10 +26,7 @@ class ReLU(Layer):
     def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
         if dxs[0] is not None:
             xp, dx = ctx.xp, dxs[0]
-            if y.shape == dy.shape:
-                lanes.rows(xp, dy.shape[0], lambda r: xp.multiply(dy[r], y[r] > 0, out=dx[r]), dy.size)
-            else:  # a mask of another shape, broadcast
-                xp.multiply(dy, y > 0, out=dx)
+            lanes.rows(xp, dy.shape[0], lambda r: xp.multiply(dy[r], y[r] > 0, out=dx[r]), dy.size)
 
 
 class Sigmoid(Layer):

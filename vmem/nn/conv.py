@@ -180,8 +180,7 @@ class Conv2d(Layer):
             return []
         n, c, h, w, k, ho, wo = self._geometry(in_shape)
         if algo in (None, "im2col"):
-            _, shared, lanes = self._im2col_layout(in_shape, pass_)
-            return list(shared.values()) + [shape for slots in lanes for shape in slots.values()]
+            return _flat(*self._im2col_layout(in_shape, pass_)[1:])
         if algo == "implicit":
             rows = self._chunk(n, ho, wo) * ho * wo
             if pass_ == "forward":
@@ -259,7 +258,7 @@ class Conv2d(Layer):
         """An im2col pass's chunks (slices of the batch) and its workspace carved into named slots."""
         n, h, w, c = x_shape
         nb, shared, lanes = self._im2col_layout((n, c, h, w), pass_)
-        arrays = iter(_carve(ctx.workspace, dtype, *self._workspace_shapes((n, c, h, w), pass_, "im2col")))
+        arrays = iter(_carve(ctx.workspace, dtype, *_flat(shared, lanes)))
         carved_shared = {name: next(arrays) for name in shared}
         carved_lanes = [{name: next(arrays) for name in slots} for slots in lanes]
         return [b for b, _ in _image_chunks(n, nb)], carved_shared, carved_lanes
@@ -425,6 +424,11 @@ class Conv2d(Layer):
                 np.copyto(d, dyb[:, orow, ocol, :])
                 np.matmul(d.reshape(m, k).T, a.reshape(m, c), out=tw)
                 dw[:, i, j, :] += tw
+
+
+def _flat(shared: dict[str, Shape], lanes: list[dict[str, Shape]]) -> list[Shape]:
+    """An im2col layout's slot shapes in workspace order: the shared slots, then each lane's."""
+    return list(shared.values()) + [shape for slots in lanes for shape in slots.values()]
 
 
 def _col_images(n: int, ho: int, wo: int, width: int) -> int:

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import threads
 
-__all__ = ["LANES", "run", "matmul", "split", "rows", "deal", "lanes_for"]
+__all__ = ["LANES", "run", "matmul", "split", "rows", "deal", "each", "lanes_for"]
 
 #: Lanes a layer's work is dealt to (piece i goes to lane i % LANES).
 LANES = threads.LANES
@@ -92,7 +92,7 @@ def matmul(xp: Any, a: Any, b: Any, out: Any) -> Any:
 
 def rows(xp: Any, n: int, work: Callable[[slice], None], size: int) -> None:
     """``work(piece)`` for each lane's piece of ``n`` rows (the first axis of the arrays it touches), where
-    the work is on NumPy and covers at least a few hundred thousand values (``size``); else
+    the work is on NumPy and covers about a million values or more (``size``); else
     ``work(slice(0, n))``. For work whose every result depends only on its own rows (elementwise
     operations, pooling over an image), so the results are the same however it is cut."""
     if xp is not np or n < LANES or size < _ROWS_MIN:
@@ -115,3 +115,15 @@ def deal(sizes: list[int], lanes: int = LANES) -> list[list[int]]:
         shares[lane].append(i)
         loads[lane] += sizes[i]
     return [sorted(share) for share in shares]
+
+
+def each(xp: Any, sizes: list[int], work: Callable[[int], None]) -> None:
+    """``work(i)`` for every item ``i`` of independent elementwise work of ``sizes`` elements: on NumPy,
+    dealt to the lanes (:func:`deal`); else in order."""
+    shares = deal(sizes) if xp is np else [list(range(len(sizes)))]
+
+    def share(lane: int) -> None:
+        for i in shares[lane]:
+            work(i)
+
+    run(share, len(shares))

@@ -126,14 +126,11 @@ class MaxPool2d(_Pool2d):
             self._forward(xp, x[r], y[r], am)
             _pack_nibbles(xp, am, packed[self._packed_rows(y, r)])
 
-        if self._splits(y):
-            lanes.rows(xp, y.shape[0], images, x.size)
-        else:
-            images(slice(0, y.shape[0]))
+        lanes.rows(xp, y.shape[0], images, self._work(y, x.size))
 
-    def _splits(self, y: Any) -> bool:
-        """Whether the work can be cut between images: each image's argmax codes fill whole bytes."""
-        return not self.nibbles or (y.size // y.shape[0]) % 2 == 0
+    def _work(self, y: Any, size: int) -> int:
+        """The work to cut between images: ``size``, or none where images share bytes of packed codes."""
+        return size if not self.nibbles or (y.size // y.shape[0]) % 2 == 0 else 0
 
     @staticmethod
     def _packed_rows(y: Any, r: slice) -> slice:
@@ -190,10 +187,7 @@ class MaxPool2d(_Pool2d):
                 am = packed[r]
             self._backward(xp, dy[r], am, dx[r])
 
-        if self._splits(dy):
-            lanes.rows(xp, dy.shape[0], images, dx.size)
-        else:
-            images(slice(0, dy.shape[0]))
+        lanes.rows(xp, dy.shape[0], images, self._work(dy, dx.size))
 
     def _backward(self, xp: Any, dy: Any, am: Any, dx: Any) -> None:
         _, h, w, _ = dx.shape

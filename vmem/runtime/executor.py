@@ -101,9 +101,7 @@ class Executor(Transfers):
              {slot: params.views[Key(Kind.OPT_STATE, key, slot)] for slot in slots})
             for key in (f"{op.name}.{k}" for op, k, s in program.owned_params() if s.trainable)
         ] if optimizer is not None else []
-        # on the CPU, the parameters are dealt to the lanes by size (vmem.nn.lanes)
-        self._update_shares = (lanes.deal([p.size for p, _, _ in self._updates]) if self.xp is np
-                               else [list(range(len(self._updates)))])
+        self._update_sizes = [p.size for p, _, _ in self._updates]
         self._aux_dtype = {(op.index, k): (self.dtype if a.dtype == "float" else np.dtype(a.dtype))
                            for op in ops for k, a in op.aux.items()}
         self._table = handlers({
@@ -274,12 +272,11 @@ class Executor(Transfers):
     def _update(self, r: _Run, st: Update) -> None:
         opt, xp, step = self.optimizer, self.xp, r.step
 
-        def share(lane: int) -> None:  # each parameter is updated on its own: any lane may take it
-            for i in self._update_shares[lane]:
-                param, grad, state = self._updates[i]
-                opt.update(xp, param, grad, state, step)  # type: ignore[union-attr]
+        def update(i: int) -> None:  # each parameter is updated on its own: on the CPU, any lane may take it
+            param, grad, state = self._updates[i]
+            opt.update(xp, param, grad, state, step)  # type: ignore[union-attr]
 
         def run() -> None:
-            lanes.run(share, len(self._update_shares))
+            lanes.each(xp, self._update_sizes, update)
 
         self._launch(r, "update", run)
