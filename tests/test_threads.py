@@ -88,6 +88,18 @@ def test_budget_leaves_the_cores_other_processes_keep_busy(monkeypatch):
     assert budget.sample() == 1  # never below one thread
 
 
+def test_budget_ignores_flickers_of_load(monkeypatch):
+    """On two cores the figure drops to 1 only for a clear competitor and comes back only once it has
+    clearly gone: a VM's brief steal does not flip the step between its one- and two-lane forms."""
+    clock = _Clock(monkeypatch)
+    budget = threads.CoreBudget(2, interval=0.25)
+    budget.sample()
+    for others, want in [(0.6, 2), (0.7, 2), (0.9, 1), (0.6, 1), (0.3, 1), (0.1, 2), (0.5, 2), (1.0, 1)]:
+        clock.advance(0.5, ours=1.0, others=others)
+        assert budget.sample() == want, others
+        assert budget.others == pytest.approx(others)
+
+
 def test_budget_caps_blas_threads_for_the_block_and_restores_them():
     threadpoolctl = pytest.importorskip("threadpoolctl")
     blas = [i for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]

@@ -58,16 +58,33 @@ def bandwidth(device: Any, sizes: Sequence[int | str] = DEFAULT_SIZES, *, rounds
 
 
 
-def best_seconds(fn: Any, rounds: int, *, warmup: bool = False) -> float:
-    """The shortest of ``rounds`` timed calls of ``fn`` (after one untimed call if ``warmup``)."""
+def best_seconds(fn: Any, rounds: int, *, warmup: bool = False, undisturbed: bool = False,
+                 most: int | None = None) -> float:
+    """The shortest of ``rounds`` timed calls of ``fn`` (after one untimed call if ``warmup``).
+
+    ``undisturbed``: on a busy machine each of a few calls of some milliseconds may lose a time slice
+    to another process, and their shortest then weighs the work two or three times over. With
+    ``undisturbed``, calls go on past ``rounds``, up to ``most`` (default 4 x ``rounds``), until the
+    shortest one ran undisturbed: this process's CPU time over the call (all its threads) covered its
+    wall time. For work the host does itself (the CPU device), not for work it waits on."""
+    limit = rounds if not undisturbed else max(rounds, most or 4 * rounds)
     if warmup:
         fn()
-    out = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
+    best, clean = float("inf"), False
+    for n in range(1, limit + 1):
+        c0, t0 = time.process_time(), time.perf_counter()
         fn()
-        out = min(out, time.perf_counter() - t0)
-    return out
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        if wall < best:
+            best, clean = wall, wall <= cpu * (1 + _PREEMPTED) + _RESOLUTION
+        if n >= rounds and (clean or not undisturbed):
+            break
+    return best
+
+
+#: a call whose wall time exceeds the CPU time its process spent by this fraction lost time to others
+_PREEMPTED = 0.1
+_RESOLUTION = 20e-6  # seconds: the clocks' overhead on a short call
 
 def relu_activations(n: int, density: float, seed: int = 0) -> np.ndarray:
     """``n`` float32 values like a ReLU output: half-normal magnitudes, a ``density`` fraction nonzero."""

@@ -85,8 +85,14 @@ class CoreBudget:
 
     ``threads`` is the cores this process may run on less the cores that other processes kept busy
     since the previous sample (the machine's busy time from /proc/stat less this process's own CPU
-    time), at least 1. Samples closer together than ``interval`` seconds keep the previous figure, so
-    a step of a few milliseconds costs nothing. Where /proc/stat cannot be read, every core counts as
+    time), rounded, at least 1. The figure moves only when the free cores measured differ from it by
+    more than :attr:`HYSTERESIS` (on two cores: it drops to 1 when others keep more than 0.75 of a
+    core busy, and comes back to 2 below 0.25), so that a virtual machine's brief steal or a
+    short-lived process does not flip the step between its one- and two-lane forms. The first sample
+    watches the machine for :attr:`FIRST_LOOK` seconds (a plan's profile, made at the first step,
+    then runs as the steps after it will). Samples closer
+    together than ``interval`` seconds keep the previous figure, so a step of a few milliseconds costs
+    nothing. Where /proc/stat cannot be read, every core counts as
     free. ``fixed`` pins the figure (also :meth:`fix`, or the environment: ``VMEM_THREADS=2``).
 
     On a machine of up to two cores the figure changes the speed of a step, not its results: BLAS
@@ -94,6 +100,11 @@ class CoreBudget:
     With more cores, BLAS's threads follow the figure, and OpenBLAS can round the last bits of some
     products differently with a different thread count: there, pin it to compare runs bit for bit.
     """
+
+    #: how far the free cores measured must be from the figure to change it (see the class docstring)
+    HYSTERESIS = 0.75
+    #: seconds the first sample watches the machine (once per process, or after :meth:`fix`)
+    FIRST_LOOK = 0.1
 
     def __init__(self, ncores: int | None = None, *, interval: float = 0.25, fixed: int | None = None,
                  env: bool = True):
@@ -134,17 +145,28 @@ class CoreBudget:
             last = self._last
             if last is not None and now - last[0] < self.interval:
                 return self.threads
-            busy = _busy_seconds(self._cpus)
-            if busy is None:
+            if last is None:  # the first sample: a short look at the machine first, not a guess
+                last = self._reading(now)
+                if last is None:
+                    return self.threads
+                time.sleep(self.FIRST_LOOK)
+                now = time.monotonic()
+            reading = self._reading(now)
+            if reading is None:
                 return self.threads
-            own = _own_seconds()
-            self._last = (now, busy, own)
-            if last is None:
-                return self.threads
+            self._last = reading
             wall = now - last[0]
-            self.others = max(0.0, ((busy - last[1]) - (own - last[2])) / wall)
-            self.threads = max(1, min(self.cores, int(self.cores - self.others + 0.5)))
+            if wall <= 0:
+                return self.threads
+            self.others = max(0.0, ((reading[1] - last[1]) - (reading[2] - last[2])) / wall)
+            free = self.cores - self.others
+            if abs(free - self.threads) > self.HYSTERESIS:  # a clear change, not a flicker
+                self.threads = max(1, min(self.cores, int(free + 0.5)))
             return self.threads
+
+    def _reading(self, now: float) -> tuple[float, float, float] | None:
+        busy = _busy_seconds(self._cpus)
+        return None if busy is None else (now, busy, _own_seconds())
 
     @contextlib.contextmanager
     def limit(self) -> Iterator[int]:

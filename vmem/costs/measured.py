@@ -104,7 +104,7 @@ class _Runner:
 
     def seconds(self, fn: Any, repeats: int) -> float:
         if self.device is None:
-            return best_seconds(fn, repeats)
+            return best_seconds(fn, repeats, undisturbed=True)
         stream = self.device.compute_stream
 
         def run() -> None:
@@ -173,7 +173,10 @@ def profile(program: Program, *, copy_gbps: float | None = None, repeats: int = 
     device's catalog, ``device.catalog(program)``).
 
     ``copy_gbps``: the host-device link rate if it is throttled; measured if not (a memcpy on the CPU,
-    pinned copies on a device). Each measurement is the best of ``repeats`` runs (after a warm-up)."""
+    pinned copies on a device). Each measurement is the best of ``repeats`` runs (after a warm-up); on
+    the CPU, of more where those were all preempted by other processes (up to four times as many: see
+    :func:`vmem.benchmarks.best_seconds`), lest a busy machine make the plan weigh an op several times
+    over."""
     # under the same thread budget as the steps it predicts
     with (BUDGET.limit() if device is None else device.step_scope()):
         return _profile(program, copy_gbps, repeats, seed, device)
