@@ -241,6 +241,24 @@ def section_kernels(args, out):
     out["kernels_gbps"] = res
 
 
+def section_codecs(args, out):
+    """Offload and prefetch through each GPU codec (encode or decode included) against the plain pinned
+    copy of the same bytes, at the densities of ReLU outputs."""
+    from vmem.benchmarks import codec_bandwidth
+
+    rows, res = [], {}
+    with vmem.device("cuda:0", memory="2GiB", pinned_memory="1GiB") as dev:
+        for spec in ("zvc", "ssdc", "fp16", "fp8"):
+            for row in codec_bandwidth(dev, spec, sizes=("64MiB",), densities=(0.1, 0.5, 0.9), rounds=3):
+                res.setdefault(spec, []).append(row)
+                rows.append((spec, f"{row['density']:.1f}", f"{row['encoded_bytes'] / row['bytes']:.2f}",
+                             f"{row['offload_gbps']:.1f}", f"{row['prefetch_gbps']:.1f}",
+                             f"{row['link_d2h_gbps']:.1f}", f"{row['link_h2d_gbps']:.1f}"))
+    print("\noffload through a codec on the GPU, 64 MiB of float32 ReLU output (GB/s of the raw tensor)")
+    print(table(("codec", "density", "size", "offload", "prefetch", "copy d2h", "copy h2d"), rows))
+    out["codecs"] = res
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=64)
@@ -257,7 +275,7 @@ def main() -> int:
         return 2
     out: dict = {"verdicts": [], "errors": {}, "machine": machine(), "gpu": nvml.gpus()}
     print(f"GPU: {out['gpu']}")
-    sections = [section_copies, section_kernels, section_step_time] + ([] if args.quick else [section_budget])
+    sections = [section_copies, section_kernels, section_codecs, section_step_time] + ([] if args.quick else [section_budget])
     for section in sections:
         try:
             section(args, out)

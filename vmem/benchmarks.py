@@ -128,14 +128,20 @@ def codec_bandwidth(device: Any, codec: Any, sizes: Sequence[int | str] = ("4MiB
             host = device.host_view(host_block, (host_block.nbytes,), np.uint8)
             raw_d2h = best(lambda: device.copy_now(host[:count * 4], dev.view(np.uint8), "d2h"))
             raw_h2d = best(lambda: device.copy_now(dev.view(np.uint8), host[:count * 4], "h2d"))
+            xp = device.xp
             for density in densities:
-                dev[...] = relu_activations(count, density)
-                want = dev.copy()
+                values = xp.asarray(relu_activations(count, density))
                 box: dict[str, Any] = {}
+
+                def fill(v: Any) -> None:  # on the memory stream, in order with the transfers
+                    dev[...] = v
+
+                ms.launch(fill, values)
+                ms.synchronize()
                 d2h = best(lambda: box.__setitem__("enc", transfer.send(device, codec, dev, host)))
-                dev[...] = 0
+                ms.launch(fill, 0)
                 h2d = best(lambda: transfer.receive(device, codec, box["enc"], dev))
-                if codec.lossless and not np.array_equal(dev.view(np.uint32), want.view(np.uint32)):
+                if codec.lossless and not bool(xp.array_equal(dev.view(np.uint32), values.view(np.uint32))):
                     raise AssertionError(f"{codec.spec}: the round trip changed the data")
                 rows.append({"bytes": count * 4, "density": density, "encoded_bytes": box["enc"].nbytes,
                              "link_d2h_gbps": count * 4 / raw_d2h / 1e9, "link_h2d_gbps": count * 4 / raw_h2d / 1e9,

@@ -115,3 +115,54 @@ def test_the_kernels_split_over_threads_give_the_same_bytes(monkeypatch):
     _same(codecs.get("patch2"), x[:2 * 7 * 45 * 63].reshape(2, 7, 45, 63))  # rows split over threads
     for spec in ("fixed:bits=8", "fixed:bits=4"):
         _same(codecs.get(spec), x[:40_000].reshape(-1, 8), axis=-1)
+
+
+class _GpuLike(native._Cpu):
+    """The CPU build driven as the GPU drives its kernels: one fp10 kernel over every word (no split into
+    whole words), scans through the array module's cumsum, launches from thread 0 only."""
+
+    split_full = False
+    scan = native.Backend.scan
+
+    def launch(self, kernel, threads, *args, first=0, cols=1):
+        assert first == 0, kernel
+        super().launch(kernel, threads, *args, cols=cols)
+
+
+@settings(max_examples=40, deadline=None)
+@given(arrays())
+def test_the_gpu_launch_sequence_gives_the_cpu_builds_bytes(x):
+    """The launches a GPU backend makes (the same wrappers, another Backend) encode and decode as the CPU's."""
+    gpu = _GpuLike()
+    assert native.backend(x) is native.CPU
+    for fmt in ("fp16", "fp10", "fp8"):
+        codes = native.dpr_encode(x, fmt, gpu)
+        assert np.array_equal(codes, native.dpr_encode(x, fmt))
+        out, want = np.empty_like(x), np.empty_like(x)
+        native.dpr_decode(codes, fmt, out, gpu)
+        native.dpr_decode(codes, fmt, want)
+        assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), fmt
+    mask, values = native.zvc_encode(x, gpu)
+    want_mask, want_values = native.zvc_encode(x)
+    assert np.array_equal(mask, want_mask) and np.array_equal(values.view(np.uint32), want_values.view(np.uint32))
+    out = np.full_like(x, 7.0)
+    native.zvc_decode(mask, values, out, gpu)
+    assert np.array_equal(out.view(np.uint32), x.view(np.uint32))
+    row_ptr, cols, vals = native.ssdc_encode(x, 256, gpu)
+    assert all(np.array_equal(a.view(np.uint8), b.view(np.uint8))
+               for a, b in zip((row_ptr, cols, vals), native.ssdc_encode(x, 256)))
+    out = np.full_like(x, 7.0)
+    native.ssdc_decode(row_ptr, cols, vals, out, gpu)
+    assert np.array_equal(out.view(np.uint32), x.view(np.uint32))
+    bits = native.binarize_encode(x, gpu)
+    assert np.array_equal(bits, native.binarize_encode(x))
+    out = np.empty_like(x)
+    native.binarize_decode(bits, out, gpu)
+    assert np.array_equal(out, (x > 0).astype(np.float32))
+
+
+def test_only_numpy_and_registered_gpu_arrays_have_a_backend():
+    assert native.backend(np.zeros(3, np.float32)) is native.CPU
+    assert native.backend([1.0, 2.0]) is None
+    assert all(codecs.get(name).gpu for name in ("zvc", "ssdc", "binarize", "fp16", "fp10", "fp8"))
+    assert not codecs.get("fixed8").gpu and not codecs.get("patch2").gpu

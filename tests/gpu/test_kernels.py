@@ -47,3 +47,46 @@ def test_gpu_kernels_give_the_cpu_builds_bytes(cuda, n):
     assert np.array_equal(mask.get(), want_mask)
     assert int(count.get().sum()) == int(np.count_nonzero(bits))
     cuda.synchronize()
+
+
+@pytest.mark.skipif(not native.available(), reason="the CPU build of the kernels is not installed")
+@pytest.mark.parametrize("spec", ["zvc", "ssdc", "binarize", "fp16", "fp10", "fp8"])
+@pytest.mark.parametrize("n", [1, 4099, 3 << 20])
+def test_codecs_on_gpu_arrays_give_the_cpu_builds_bytes(cuda, spec, n):
+    """A codec given a CuPy array runs the GPU build (on the current stream) and encodes, decodes and
+    (binarize) backpropagates ReLU to the CPU build's bytes."""
+    from vmem import codecs
+
+    cp = cuda.xp
+    codec = codecs.get(spec)
+    x = _values(n)
+    g = cp.asarray(x)
+    with cuda.memory_stream.stream:
+        enc = codec.encode(g)
+        want = codec.encode(x)
+        assert set(enc.arrays) == set(want.arrays)
+        for key, a in enc.arrays.items():
+            assert isinstance(a, cp.ndarray), key
+            assert np.array_equal(a.get().view(np.uint8), want.arrays[key].view(np.uint8)), key
+        out = cp.full(x.shape, 7.0, cp.float32)
+        codec.decode(enc, out)
+        ref = codec.decode(want, np.empty_like(x))
+        assert np.array_equal(out.get().view(np.uint32), ref.view(np.uint32))
+        if spec == "binarize":
+            dy = cp.asarray(_values(n)[::-1].copy())
+            dx = cp.empty_like(dy)
+            codecs.Binarize.relu_backward(enc, dy, dx)
+            want_dx = np.empty_like(x)
+            codecs.Binarize.relu_backward(want, dy.get(), want_dx)
+            assert np.array_equal(dx.get().view(np.uint32), want_dx.view(np.uint32))
+    cuda.synchronize()
+
+
+def test_cpu_only_codecs_are_refused_on_the_gpu_by_name(cuda):
+    import vmem
+    from vmem.errors import DeviceError
+
+    net = vmem.models.get("vgg_cifar", image_size=16)
+    with pytest.raises(DeviceError, match="fixed:bits=8"):
+        with vmem.Trainer(net, device=cuda, policy="vdnn-all:codec=fixed8", seed=0) as trainer:
+            trainer.step(np.zeros((8,) + net.input_shape, np.float32), np.zeros(8, int))

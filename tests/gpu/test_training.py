@@ -13,7 +13,10 @@ from vmem.optim import SGD
 MODELS = {"vgg_cifar": lambda: vmem.models.get("vgg_cifar"),
           "resnet_cifar": lambda: vmem.models.get("resnet_cifar", depth=8)}
 LOSSLESS = [("vdnn-all", {}), ("vdnn-conv", {}), ("vdnn-all:sync=event", {}), ("vdnn-all", {"poison": True}),
-            ("vdnn-conv:sync=event", {"poison": True})]
+            ("vdnn-conv:sync=event", {"poison": True}),
+            # the codec kernels on the GPU: zero-value compression before the copy (cDMA), Gist's lossless
+            # encodings kept on the device
+            ("vdnn-all:codec=zvc", {}), ("vdnn-all:codec=ssdc", {"poison": True}), ("gist", {})]
 
 
 def train(make, policy, steps=5, batch=16, **device):
@@ -39,6 +42,11 @@ def test_lossless_policies_are_bitwise_equal_to_baseline(model):
     for policy, device in LOSSLESS:
         params, reports, plan = train(MODELS[model], policy, **device)
         assert all(np.array_equal(ref[k], params[k]) for k in ref), f"{policy} {device} changed the weights"
+        if policy == "gist":
+            continue  # nothing offloaded; encodings of data-dependent size (ssdc) are allocated at their size
+        if "codec" in policy:  # what crosses the bus depends on the values; the plan assumes a density
+            assert 0 < reports[-1].offloaded_bytes, policy
+            continue
         assert reports[-1].offloaded_bytes == plan.offloaded_bytes > 0
         assert reports[-1].peak_bytes == plan.peak_bytes, policy
 

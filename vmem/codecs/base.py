@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = ["Codec", "Encoded", "stored_nbytes", "STORE_SLACK"]
+__all__ = ["Codec", "Encoded", "stored_nbytes", "STORE_SLACK", "array_module", "shape_of"]
 
 _ALIGN = 8  # each array of an encoding stored in one block starts at a multiple of this
 STORE_SLACK = 4 * _ALIGN  # room for aligning up to four arrays
@@ -34,12 +35,13 @@ class Encoded:
     def size(self) -> int:
         return math.prod(self.shape)
 
-    def store(self, raw: np.ndarray, *, copy: Any = None) -> "Encoded":
+    def store(self, raw: Any, *, copy: Any = None) -> "Encoded":
         """The same encoding with its arrays moved into ``raw`` (a byte buffer: a pool block, a pinned
-        buffer), each at an aligned offset; ``copy(dst, src)`` moves the bytes (default: a plain copy)."""
+        buffer), each at an aligned offset; ``copy(dst, src)`` moves the bytes (default: a plain copy,
+        on the current stream where they are on a GPU)."""
         arrays, offset = {}, 0
         for key, a in self.arrays.items():
-            a = np.ascontiguousarray(a)
+            a = array_module(a).ascontiguousarray(a)
             end = offset + a.nbytes
             if end > raw.nbytes:
                 raise ValueError(f"{self.codec}: the encoding needs {self.nbytes} bytes (with alignment more), "
@@ -67,6 +69,8 @@ class Codec(ABC):
     sign_only: ClassVar[bool] = False
     #: takes a per-channel range (lo, hi) when it encodes (fixed point)
     ranged: ClassVar[bool] = False
+    #: runs on a CUDA device's arrays (its kernels launched on the GPU)
+    gpu: ClassVar[bool] = False
 
     @abstractmethod
     def encode(self, x: Any) -> Encoded:
@@ -110,11 +114,25 @@ def stored_nbytes(codec: Codec, shape: tuple[int, ...], density: float | None = 
     return codec.encoded_nbytes(tuple(shape), "float32", density) + STORE_SLACK
 
 
-def flat(x: Any) -> np.ndarray:
-    x = np.asarray(x)
+def array_module(x: Any) -> Any:
+    """NumPy, or CuPy for a CuPy array (never imported here: only a CUDA device makes CuPy arrays)."""
+    if type(x).__module__.split(".")[0] == "cupy":
+        return sys.modules["cupy"]
+    return np
+
+
+def shape_of(x: Any) -> tuple[int, ...]:
+    """``x``'s shape (an array's own, never through ``np.shape``, which CuPy arrays do not take)."""
+    shape = getattr(x, "shape", None)
+    return tuple(shape) if shape is not None else tuple(np.shape(x))
+
+
+def flat(x: Any) -> Any:
+    xp = array_module(x)
+    x = xp.asarray(x)
     if x.dtype.kind != "f":
         raise TypeError(f"codecs take floating-point tensors, not {x.dtype}")
-    return np.ascontiguousarray(x).reshape(-1)
+    return xp.ascontiguousarray(x).reshape(-1)
 
 
 def bits_of(x: np.ndarray) -> np.ndarray:
@@ -122,7 +140,7 @@ def bits_of(x: np.ndarray) -> np.ndarray:
     return x.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[x.dtype.itemsize])
 
 
-def output(enc: Encoded, out: Any) -> np.ndarray:
+def output(enc: Encoded, out: Any) -> Any:
     if out is None:
         return np.empty(enc.shape, enc.dtype)
     if tuple(out.shape) != tuple(enc.shape) or out.dtype != enc.dtype:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import native
-from .base import Codec, Encoded, flat, output
+from .base import Codec, Encoded, flat, output, shape_of
 
 __all__ = ["DPR", "FORMATS", "quantize"]
 
@@ -69,6 +69,7 @@ class DPR(Codec):
 
     name = "dpr"
     lossless = False
+    gpu = True
 
     def __init__(self, format: str = "fp16"):
         if format not in FORMATS:
@@ -87,8 +88,8 @@ class DPR(Codec):
 
     def encode(self, x: Any, *, reference: bool = False) -> Encoded:
         v = flat(x)
-        if not reference and v.dtype == np.float32 and native.available():
-            return Encoded(self.spec, tuple(np.shape(x)), v.dtype, {"codes": native.dpr_encode(v, self.format)})
+        if not reference and v.dtype == np.float32 and (on := native.backend(v)) is not None:
+            return Encoded(self.spec, shape_of(x), v.dtype, {"codes": native.dpr_encode(v, self.format, on)})
         codes = _encode(v, self.ebits, self.mbits)
         if self.format == "fp16":
             packed = codes
@@ -99,14 +100,14 @@ class DPR(Codec):
             padded[: v.size] = codes
             t = padded.reshape(3, -1)
             packed = t[0] | (t[1] << np.uint32(10)) | (t[2] << np.uint32(20))
-        return Encoded(self.spec, tuple(np.shape(x)), v.dtype, {"codes": packed})
+        return Encoded(self.spec, shape_of(x), v.dtype, {"codes": packed})
 
     def decode(self, enc: Encoded, out: Any = None, *, reference: bool = False) -> np.ndarray:
         res = output(enc, out)
         r = res.reshape(-1)
         packed = enc.arrays["codes"]
-        if not reference and res.dtype == np.float32 and r.flags.c_contiguous and native.available():
-            native.dpr_decode(packed, self.format, r)
+        if not reference and res.dtype == np.float32 and r.flags.c_contiguous and (on := native.backend(r)) is not None:
+            native.dpr_decode(packed, self.format, r, on)
             return res
         if self.format == "fp10":
             w = packed.astype(np.uint32)

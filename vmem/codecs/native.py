@@ -1,21 +1,26 @@
-"""The CPU build of native/kernels.cuh (``vmem._native``, compiled by cffi at install), or nothing.
+"""The kernels of native/kernels.cuh behind one interface: their CPU build (``vmem._native``, compiled by
+cffi at install) or their GPU build (:mod:`vmem.device.cuda.kernels`, registered when a CUDA device is made).
 
-``available()`` says whether it loaded; without a C compiler at install time the codecs use their NumPy
-reference implementations and vmem warns once. Each wrapper launches a kernel's grid the way the GPU
-would (one thread per byte, value, 32-value group or 256-value row), split into one range of threads per
-core; cffi releases the GIL during each call, so the ranges run in parallel.
+``available()`` says whether the CPU build loaded; without a C compiler at install time the codecs use
+their NumPy reference implementations and vmem warns once. Each wrapper below takes ``on``, the
+:class:`Backend` its arrays live on (``backend(x)`` finds it: the CPU for NumPy arrays, the GPU for CuPy
+arrays), and runs the same launches on either: the CPU launcher runs a kernel's grid the way the GPU would
+(one thread per byte, value, 32-value group or 256-value row), split into one range of threads per core
+(cffi releases the GIL during each call, so the ranges run in parallel); on the GPU the launches go to
+the current stream. Scalars are passed as the kernels declare them (``int64_t``, ``int``), as the GPU
+needs.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from ..threads import BUDGET, KERNELS
 
-__all__ = ["available", "binarize_encode", "binarize_decode", "binarize_relu_backward", "zvc_encode",
+__all__ = ["available", "Backend", "CPU", "backend", "register_gpu", "binarize_encode", "binarize_decode", "binarize_relu_backward", "zvc_encode",
            "zvc_decode", "ssdc_encode", "ssdc_decode", "dpr_encode", "dpr_decode", "fixed_encode", "fixed_decode",
            "patch2_encode", "patch2_decode"]
 
@@ -68,96 +73,156 @@ def launch(kernel: str, threads: int, *args: Any, first: int = 0, cols: int = 1)
     KERNELS.map(lambda r: fn(r[0], r[1], *c_args), ranges)
 
 
+class Backend:
+    """Where the kernels run: ``xp`` (the array module of their arrays), ``launch`` (a grid of threads:
+    ``threads`` rows of ``cols``), ``scan`` (an exclusive prefix sum, one longer than its input) and
+    ``split_full`` (whether fp10's whole words take their own kernel, which vectorizes on the CPU)."""
+
+    name = "backend"
+    xp: Any = np
+    split_full = False
+
+    def launch(self, kernel: str, threads: int, *args: Any, first: int = 0, cols: int = 1) -> None:
+        raise NotImplementedError
+
+    def scan(self, count: Any, dtype: Any) -> Any:
+        xp = self.xp
+        offset = xp.zeros(count.size + 1, dtype)
+        xp.cumsum(count, dtype=dtype, out=offset[1:])
+        return offset
+
+
+class _Cpu(Backend):
+    name = "cpu"
+    split_full = True
+
+    def launch(self, kernel: str, threads: int, *args: Any, first: int = 0, cols: int = 1) -> None:
+        launch(kernel, threads, *args, first=first, cols=cols)
+
+
+#: The CPU build (check :func:`available` first).
+CPU = _Cpu()
+_gpu: Callable[[Any], Backend] | None = None
+
+
+def register_gpu(factory: Callable[[Any], Backend]) -> None:
+    """Set how a GPU array finds its backend (:mod:`vmem.device.cuda.kernels` does, when imported)."""
+    global _gpu
+    _gpu = factory
+
+
+def backend(x: Any) -> Backend | None:
+    """The backend of ``x``'s array: the CPU build for NumPy arrays (None if it is not built), the GPU
+    build for CuPy arrays (None if no CUDA device registered one)."""
+    if isinstance(x, np.ndarray):
+        return CPU if available() else None
+    if _gpu is not None and type(x).__module__.split(".")[0] == "cupy":
+        return _gpu(x)
+    return None
+
+
+def _i64(n: int) -> np.int64:
+    return np.int64(n)
+
+
 def _groups(n: int, size: int) -> int:
     return -(-n // size)
 
 
-def binarize_encode(v: np.ndarray) -> np.ndarray:
-    bits = np.empty(_groups(v.size, 8), np.uint8)
-    launch("binarize_encode", bits.size, v, bits, v.size)
+def binarize_encode(v: Any, on: Backend = CPU) -> Any:
+    bits = on.xp.empty(_groups(v.size, 8), np.uint8)
+    on.launch("binarize_encode", bits.size, v, bits, _i64(v.size))
     return bits
 
 
-def binarize_decode(bits: np.ndarray, out: np.ndarray) -> None:
-    launch("binarize_decode", out.size, bits, out, out.size)
+def binarize_decode(bits: Any, out: Any, on: Backend = CPU) -> None:
+    on.launch("binarize_decode", out.size, bits, out, _i64(out.size))
 
 
-def binarize_relu_backward(bits: np.ndarray, dy: np.ndarray, dx: np.ndarray) -> None:
-    launch("binarize_relu_backward", dx.size, bits, dy, dx, dx.size)
+def binarize_relu_backward(bits: Any, dy: Any, dx: Any, on: Backend = CPU) -> None:
+    on.launch("binarize_relu_backward", dx.size, bits, dy, dx, _i64(dx.size))
 
 
-def _exclusive_scan(count: np.ndarray, dtype: Any) -> np.ndarray:
-    offset = np.zeros(count.size + 1, dtype)
-    np.cumsum(count, out=offset[1:])
-    return offset
-
-
-def zvc_encode(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Three launches: mask and count per 32 values; an exclusive scan (NumPy here, cupy on a GPU); pack."""
+def zvc_encode(v: Any, on: Backend = CPU) -> tuple[Any, Any]:
+    """Three launches: mask and count per 32 values; an exclusive scan; pack. (The size of the result
+    is read back between them: on a GPU that waits for the stream.)"""
+    xp = on.xp
     groups = _groups(v.size, 32)
-    mask = np.empty(groups, np.uint32)
-    count = np.empty(groups, np.uint32)
+    mask = xp.empty(groups, np.uint32)
+    count = xp.empty(groups, np.uint32)
     bits = v.view(np.uint32)
-    launch("zvc_mask", groups, bits, mask, count, v.size)
-    offset = _exclusive_scan(count, np.int64)
-    values = np.empty(int(offset[-1]), np.uint32)
-    launch("zvc_pack", groups, bits, mask, offset, values, v.size)
+    on.launch("zvc_mask", groups, bits, mask, count, _i64(v.size))
+    offset = on.scan(count, np.int64)
+    values = xp.empty(int(offset[-1]), np.uint32)
+    on.launch("zvc_pack", groups, bits, mask, offset, values, _i64(v.size))
     return mask, values.view(np.float32)
 
 
-def zvc_decode(mask: np.ndarray, values: np.ndarray, out: np.ndarray) -> None:
-    count = np.empty(mask.size, np.uint32)
-    launch("zvc_count", mask.size, mask, count, mask.size)
-    offset = _exclusive_scan(count, np.int64)
-    vals = np.ascontiguousarray(values).view(np.uint32)
-    launch("zvc_unpack", mask.size, mask, offset, vals, out.view(np.uint32), out.size)
+def zvc_decode(mask: Any, values: Any, out: Any, on: Backend = CPU) -> None:
+    xp = on.xp
+    count = xp.empty(mask.size, np.uint32)
+    on.launch("zvc_count", mask.size, mask, count, _i64(mask.size))
+    offset = on.scan(count, np.int64)
+    vals = xp.ascontiguousarray(values).view(np.uint32)
+    on.launch("zvc_unpack", mask.size, mask, offset, vals, out.view(np.uint32), _i64(out.size))
 
 
-def ssdc_encode(v: np.ndarray, row: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def ssdc_encode(v: Any, row: int, on: Backend = CPU) -> tuple[Any, Any, Any]:
+    xp = on.xp
     rows = _groups(v.size, row)
     bits = v.view(np.uint32)
-    count = np.empty(rows, np.int32)
-    launch("ssdc_count", rows, bits, count, v.size)
-    row_ptr = _exclusive_scan(count, np.int32)
+    count = xp.empty(rows, np.int32)
+    on.launch("ssdc_count", rows, bits, count, _i64(v.size))
+    row_ptr = on.scan(count, np.int32)
     nnz = int(row_ptr[-1])
-    cols = np.empty(nnz, np.uint8)
-    values = np.empty(nnz, np.uint32)
-    launch("ssdc_pack", rows, bits, row_ptr, cols, values, v.size)
+    cols = xp.empty(nnz, np.uint8)
+    values = xp.empty(nnz, np.uint32)
+    on.launch("ssdc_pack", rows, bits, row_ptr, cols, values, _i64(v.size))
     return row_ptr, cols, values.view(np.float32)
 
 
-def ssdc_decode(row_ptr: np.ndarray, cols: np.ndarray, values: np.ndarray, out: np.ndarray) -> None:
-    c = np.ascontiguousarray(cols)
-    vals = np.ascontiguousarray(values).view(np.uint32)
-    launch("ssdc_unpack", row_ptr.size - 1, row_ptr, c, vals, out.view(np.uint32), out.size)
+def ssdc_decode(row_ptr: Any, cols: Any, values: Any, out: Any, on: Backend = CPU) -> None:
+    xp = on.xp
+    c = xp.ascontiguousarray(cols)
+    vals = xp.ascontiguousarray(values).view(np.uint32)
+    on.launch("ssdc_unpack", row_ptr.size - 1, row_ptr, c, vals, out.view(np.uint32), _i64(out.size))
 
 
-def dpr_encode(v: np.ndarray, fmt: str) -> np.ndarray:
+def dpr_encode(v: Any, fmt: str, on: Backend = CPU) -> Any:
+    xp = on.xp
     bits = v.view(np.uint32)
+    n = _i64(v.size)
     if fmt == "fp16":
-        codes = np.empty(v.size, np.uint16)
-        launch("dpr16_encode", v.size, bits, codes, v.size)
+        codes = xp.empty(v.size, np.uint16)
+        on.launch("dpr16_encode", v.size, bits, codes, n)
     elif fmt == "fp8":
-        codes = np.empty(v.size, np.uint8)
-        launch("dpr8_encode", v.size, bits, codes, v.size)
-    else:
-        codes = np.empty(_groups(v.size, 3), np.uint32)
+        codes = xp.empty(v.size, np.uint8)
+        on.launch("dpr8_encode", v.size, bits, codes, n)
+    elif on.split_full:
+        codes = xp.empty(_groups(v.size, 3), np.uint32)
         full = max(v.size - 2 * codes.size, 0)  # words whose three values exist, then the last one or two
-        launch("dpr10_encode_full", full, bits, codes, v.size)
-        launch("dpr10_encode", codes.size, bits, codes, v.size, first=full)
+        on.launch("dpr10_encode_full", full, bits, codes, n)
+        on.launch("dpr10_encode", codes.size, bits, codes, n, first=full)
+    else:
+        codes = xp.empty(_groups(v.size, 3), np.uint32)
+        on.launch("dpr10_encode", codes.size, bits, codes, n)
     return codes
 
 
-def dpr_decode(codes: np.ndarray, fmt: str, out: np.ndarray) -> None:
-    c = np.ascontiguousarray(codes)
+def dpr_decode(codes: Any, fmt: str, out: Any, on: Backend = CPU) -> None:
+    c = on.xp.ascontiguousarray(codes)
     bits = out.view(np.uint32)
-    if fmt == "fp10":  # the words whose three values exist, then the last one or two
+    n = _i64(out.size)
+    if fmt == "fp10":
         words = _groups(out.size, 3)
-        full = max(out.size - 2 * words, 0)
-        launch("dpr10_decode_full", full, c, bits, out.size)
-        launch("dpr10_decode", words, c, bits, out.size, first=full)
+        if on.split_full:  # the words whose three values exist, then the last one or two
+            full = max(out.size - 2 * words, 0)
+            on.launch("dpr10_decode_full", full, c, bits, n)
+            on.launch("dpr10_decode", words, c, bits, n, first=full)
+        else:
+            on.launch("dpr10_decode", words, c, bits, n)
         return
-    launch({"fp16": "dpr16_decode", "fp8": "dpr8_decode"}[fmt], out.size, c, bits, out.size)
+    on.launch({"fp16": "dpr16_decode", "fp8": "dpr8_decode"}[fmt], out.size, c, bits, n)
 
 
 def fixed_encode(v: np.ndarray, lo: np.ndarray, scale: np.ndarray, inner: int, bits: int) -> np.ndarray:

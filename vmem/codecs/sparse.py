@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from . import native
-from .base import Codec, Encoded, bits_of, flat, output
+from .base import Codec, Encoded, bits_of, flat, output, shape_of
 
 __all__ = ["ZVC", "SSDC", "Binarize"]
 
@@ -33,21 +33,22 @@ class ZVC(Codec):
 
     name = "zvc"
     data_dependent = True
+    gpu = True
 
     def encode(self, x: Any, *, reference: bool = False) -> Encoded:
         v = flat(x)
-        if not reference and v.dtype == np.float32 and native.available():
-            mask, values = native.zvc_encode(v)
+        if not reference and v.dtype == np.float32 and (on := native.backend(v)) is not None:
+            mask, values = native.zvc_encode(v, on)
         else:
             nonzero = bits_of(v) != 0
             mask, values = _mask_words(nonzero), v[nonzero]
-        return Encoded(self.name, tuple(np.shape(x)), v.dtype, {"mask": mask, "values": values})
+        return Encoded(self.name, shape_of(x), v.dtype, {"mask": mask, "values": values})
 
     def decode(self, enc: Encoded, out: Any = None, *, reference: bool = False) -> np.ndarray:
         res = output(enc, out)
         r = res.reshape(-1)
-        if not reference and res.dtype == np.float32 and r.flags.c_contiguous and native.available():
-            native.zvc_decode(enc.arrays["mask"], enc.arrays["values"], r)
+        if not reference and res.dtype == np.float32 and r.flags.c_contiguous and (on := native.backend(r)) is not None:
+            native.zvc_decode(enc.arrays["mask"], enc.arrays["values"], r, on)
             return res
         r.fill(0)
         r[_unmask(enc.arrays["mask"], enc.size)] = enc.arrays["values"]
@@ -64,13 +65,14 @@ class SSDC(Codec):
 
     name = "ssdc"
     data_dependent = True
+    gpu = True
     ROW = 256
 
     def encode(self, x: Any, *, reference: bool = False) -> Encoded:
         v = flat(x)
-        if not reference and v.dtype == np.float32 and native.available():
-            row_ptr, cols, values = native.ssdc_encode(v, self.ROW)
-            return Encoded(self.name, tuple(np.shape(x)), v.dtype, {"row_ptr": row_ptr, "cols": cols, "values": values})
+        if not reference and v.dtype == np.float32 and (on := native.backend(v)) is not None:
+            row_ptr, cols, values = native.ssdc_encode(v, self.ROW, on)
+            return Encoded(self.name, shape_of(x), v.dtype, {"row_ptr": row_ptr, "cols": cols, "values": values})
         n = v.size
         rows = -(-n // self.ROW)
         nonzero = bits_of(v) != 0
@@ -78,15 +80,15 @@ class SSDC(Codec):
         counts = np.bincount(where // self.ROW, minlength=rows)
         row_ptr = np.zeros(rows + 1, np.int32)
         np.cumsum(counts, out=row_ptr[1:])
-        return Encoded(self.name, tuple(np.shape(x)), v.dtype,
+        return Encoded(self.name, shape_of(x), v.dtype,
                        {"row_ptr": row_ptr, "cols": (where % self.ROW).astype(np.uint8), "values": v[where]})
 
     def decode(self, enc: Encoded, out: Any = None, *, reference: bool = False) -> np.ndarray:
         res = output(enc, out)
         r = res.reshape(-1)
         a = enc.arrays
-        if not reference and res.dtype == np.float32 and r.flags.c_contiguous and native.available():
-            native.ssdc_decode(a["row_ptr"], a["cols"], a["values"], r)
+        if not reference and res.dtype == np.float32 and r.flags.c_contiguous and (on := native.backend(r)) is not None:
+            native.ssdc_decode(a["row_ptr"], a["cols"], a["values"], r, on)
             return res
         r.fill(0)
         row_ptr = a["row_ptr"]
@@ -108,20 +110,21 @@ class Binarize(Codec):
     name = "binarize"
     lossless = True
     sign_only = True
+    gpu = True
 
     def encode(self, x: Any, *, reference: bool = False) -> Encoded:
         v = flat(x)
-        if not reference and v.dtype == np.float32 and native.available():
-            bits = native.binarize_encode(v)
+        if not reference and v.dtype == np.float32 and (on := native.backend(v)) is not None:
+            bits = native.binarize_encode(v, on)
         else:
             bits = np.packbits(v > 0, bitorder="little")
-        return Encoded(self.name, tuple(np.shape(x)), v.dtype, {"bits": bits})
+        return Encoded(self.name, shape_of(x), v.dtype, {"bits": bits})
 
     def decode(self, enc: Encoded, out: Any = None, *, reference: bool = False) -> np.ndarray:
         res = output(enc, out)
         r = res.reshape(-1)
-        if not reference and res.dtype == np.float32 and r.flags.c_contiguous and native.available():
-            native.binarize_decode(enc.arrays["bits"], r)
+        if not reference and res.dtype == np.float32 and r.flags.c_contiguous and (on := native.backend(r)) is not None:
+            native.binarize_decode(enc.arrays["bits"], r, on)
         else:
             r[...] = np.unpackbits(enc.arrays["bits"], bitorder="little", count=enc.size)
         return res
@@ -135,8 +138,8 @@ class Binarize(Codec):
         ``dy * (y > 0)`` on the dense output, without decoding it. ``dx`` may be ``dy``."""
         bits = enc.arrays["bits"]
         if (not reference and dx.dtype == np.float32 and dy.dtype == np.float32 and dx.flags.c_contiguous
-                and dy.flags.c_contiguous and native.available()):
-            native.binarize_relu_backward(bits, dy.reshape(-1), dx.reshape(-1))
+                and dy.flags.c_contiguous and (on := native.backend(dx)) is not None):
+            native.binarize_relu_backward(bits, dy.reshape(-1), dx.reshape(-1), on)
             return
         mask = np.unpackbits(bits, bitorder="little", count=enc.size).astype(bool).reshape(dy.shape)
         np.multiply(dy, mask, out=dx)

@@ -10,12 +10,13 @@ the device's memory stream, in the task that moves the data, so they add no sync
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
 from ..threads import LINK
-from .base import Codec, Encoded, STORE_SLACK
+from .base import STORE_SLACK, Codec, Encoded, array_module
 
 __all__ = ["send", "receive", "host_nbytes", "Pieces"]
 
@@ -51,11 +52,22 @@ def _ranges(n: int, whole: bool) -> list[tuple[int, int]]:
     return [(lo, min(lo + PIECE, n)) for lo in range(0, n, PIECE)]
 
 
+def _submit(inline: bool, fn: Any, *args: Any) -> Future:
+    """Run ``fn`` on the link thread, or here (``inline``: on a GPU, where the copies are asynchronous on
+    the caller's stream already, and a thread of their own would put them on another stream)."""
+    if not inline:
+        return LINK.submit(fn, *args)
+    done: Future = Future()
+    done.set_result(fn(*args))
+    return done
+
+
 def send(device: Any, codec: Codec, src: Any, host: np.ndarray, ranges: tuple[Any, Any] | None = None) -> Pieces:
     """Encode ``src`` (stored channels last) and copy the encoding into ``host`` (pinned bytes) over the
     link, piece by piece, encoding the next piece while the previous one crosses. ``ranges``: per-channel
     ``(lo, hi)`` for ``fixed``. ``.nbytes`` of the result is what crossed the link."""
     whole = not codec.streams
+    inline = array_module(src) is not np
     flat = src.reshape(-1)
     parts: list[Encoded] = []
     offset = 0
@@ -66,9 +78,9 @@ def send(device: Any, codec: Codec, src: Any, host: np.ndarray, ranges: tuple[An
             pending.result()  # the link carries one piece at a time
         room = host[offset:]
         stored = enc.store(room, copy=lambda dst, a: None)  # place the arrays; the link copies them below
-        pairs = [(stored.arrays[k].reshape(-1).view(np.uint8), np.ascontiguousarray(a).reshape(-1).view(np.uint8))
-                 for k, a in enc.arrays.items()]
-        pending = LINK.submit(lambda ps=pairs: [device.copy_now(d, s, "d2h") for d, s in ps])
+        pairs = [(stored.arrays[k].reshape(-1).view(np.uint8),
+                  array_module(a).ascontiguousarray(a).reshape(-1).view(np.uint8)) for k, a in enc.arrays.items()]
+        pending = _submit(inline, lambda ps=pairs: [device.copy_now(d, s, "d2h") for d, s in ps])
         parts.append(stored)
         offset += enc.nbytes + STORE_SLACK
     if pending is not None:
@@ -78,21 +90,28 @@ def send(device: Any, codec: Codec, src: Any, host: np.ndarray, ranges: tuple[An
 
 def receive(device: Any, codec: Codec, sent: Pieces, dst: Any) -> None:
     """Copy an encoding back over the link and decode it into ``dst`` (stored channels last), decoding
-    each piece while the next one crosses."""
-    def fetch(part: Encoded) -> Encoded:
+    each piece while the next one crosses. The staging arrays are made here, on the caller's thread (on
+    a GPU: through the device's allocator, which only the stream's own thread routes to its pool)."""
+    xp = array_module(dst)
+
+    def staged(part: Encoded) -> dict[str, Any]:
+        return {key: xp.empty(a.nbytes, np.uint8) for key, a in part.arrays.items()}
+
+    def fetch(part: Encoded, into: dict[str, Any]) -> Encoded:
         arrays = {}
         for key, a in part.arrays.items():
-            staged = np.empty(a.nbytes, np.uint8)
-            device.copy_now(staged, a.reshape(-1).view(np.uint8), "h2d")
-            arrays[key] = staged.view(a.dtype).reshape(a.shape)
+            device.copy_now(into[key], a.reshape(-1).view(np.uint8), "h2d")
+            arrays[key] = into[key].view(a.dtype).reshape(a.shape)
         return Encoded(part.codec, part.shape, part.dtype, arrays, part.meta)
 
     flat = dst.reshape(-1)
     ranges = _ranges(flat.size, sent.whole)
-    pending = LINK.submit(fetch, sent.parts[0]) if sent.parts else None
+    parts = sent.parts
+    inline = xp is not np
+    pending = _submit(inline, fetch, parts[0], staged(parts[0])) if parts else None
     for i, (lo, hi) in enumerate(ranges):
         part = pending.result()
-        pending = LINK.submit(fetch, sent.parts[i + 1]) if i + 1 < len(sent.parts) else None
+        pending = _submit(inline, fetch, parts[i + 1], staged(parts[i + 1])) if i + 1 < len(parts) else None
         if sent.whole:
             codec.decode_stored(part, dst)
         else:

@@ -77,11 +77,11 @@ class Executor(Transfers):
                  optimizer: Optimizer | None = None):
         if not device.holds_data:
             raise DeviceError(f"{device.name} holds no data: it plans (vmem.plan) but cannot run a step")
-        encodes = any(type(st) in (Encode, Decode) or (type(st) in (Offload, Prefetch) and st.codec is not None)
-                      for st in schedule.steps)
-        if device.xp is not np and encodes:
-            raise DeviceError(f"{device.name}: codecs run on NumPy arrays in this version of vmem; use a policy "
-                              "without codec= or gist on this device")
+        cpu_only = sorted({st.codec.spec for st in schedule.steps if type(st) in (Encode, Decode, Offload, Prefetch)
+                           and st.codec is not None and not st.codec.gpu})
+        if device.xp is not np and cpu_only:
+            raise DeviceError(f"{device.name}: codec {', '.join(cpu_only)} runs on the CPU device only in this "
+                              "version of vmem (on a GPU: zvc, ssdc, binarize, dpr)")
         self.device = device
         self.schedule = schedule
         self.program = program = schedule.program

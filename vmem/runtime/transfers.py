@@ -165,12 +165,18 @@ class Transfers:
         pool, cs = self.device.pool, self.device.compute_stream
         cs.synchronize()
         start = time.perf_counter()
-        enc = codecs.encode_channels_last(st.codec, src)
+        made: dict[str, Any] = {}
+        cs.launch(lambda: made.update(enc=codecs.encode_channels_last(st.codec, src)))  # in the stream's order
+        cs.synchronize()
+        enc = made["enc"]
         nbytes = enc.nbytes + codecs.STORE_SLACK
         offset, planned = r.deferred.pop(st.enc)
         block = pool.allocate(nbytes, cs, "encoded", offset=offset if nbytes <= planned else None)
         r.blocks[st.enc] = block
-        r.encodings[st.enc] = enc.store(self._view(r, st.enc, (block.nbytes,), np.uint8))  # type: ignore[attr-defined]
+        raw = self._view(r, st.enc, (block.nbytes,), np.uint8)  # type: ignore[attr-defined]
+        encodings = r.encodings
+        cs.launch(lambda: encodings.__setitem__(st.enc, enc.store(raw)))
+        cs.synchronize()
         usage = pool.usage()
         r.timeline.record(Span(f"encode:{st.key}", "compute", "compute", start, time.perf_counter(),
                                sum(usage.values()), usage))

@@ -92,6 +92,8 @@ class CudaDevice:
         self._moved = {"d2h": 0, "h2d": 0}
         self._conv: Any = None
         self._kernels: Any = None
+        from . import kernels as _kernels  # noqa: F401  (the codecs find this GPU's kernels through it)
+
         self._closed = False
         threads.hold()
         self._release_threads = weakref.finalize(self, threads.release)

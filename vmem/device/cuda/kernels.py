@@ -14,9 +14,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ...codecs import native
+from ...codecs.native import Backend
 from ...errors import DeviceError
 
-__all__ = ["OPTIONS", "SOURCE", "compile_cubin", "Module"]
+__all__ = ["OPTIONS", "SOURCE", "compile_cubin", "Module", "GpuBackend", "backend_for_device"]
 
 SOURCE = Path(__file__).resolve().parents[3] / "native" / "kernels.cuh"
 #: NVRTC options of every build; ``-arch=sm_XY`` is added for the device.
@@ -75,3 +77,40 @@ class Module:
             return
         blocks = -(-threads // self.BLOCK)
         self.function(name)((blocks,), (self.BLOCK,), args, stream=stream)
+
+
+class GpuBackend(Backend):
+    """The kernels on one GPU behind :class:`vmem.codecs.native.Backend`: CuPy arrays, launches on the
+    current stream (the stream whose work is running: the memory stream for offload codecs, the compute
+    stream for encodings kept on the device), scans with ``cupy.cumsum``. A 2-D grid of ``threads`` rows of
+    ``cols`` is one flat grid of ``threads * cols`` GPU threads (the kernels divide their index)."""
+
+    name = "gpu"
+    split_full = False  # one kernel per word: the GPU has no masked-vector cost to avoid
+
+    def __init__(self, module: Module):
+        import cupy
+
+        self.xp = cupy
+        self.module = module
+
+    def launch(self, kernel: str, threads: int, *args: Any, first: int = 0, cols: int = 1) -> None:
+        if first:
+            raise ValueError(f"{kernel}: a GPU grid starts at thread 0 (first={first})")
+        self.module.launch(kernel, threads * cols, *args, stream=self.xp.cuda.get_current_stream())
+
+
+@lru_cache(maxsize=8)
+def backend_for_device(device_id: int) -> GpuBackend:
+    """The backend of GPU ``device_id`` (its kernels built for its architecture on first use)."""
+    import cupy
+
+    major, minor = cupy.cuda.Device(device_id).compute_capability
+    return GpuBackend(Module(f"sm_{major}{minor}"))
+
+
+def _backend_of(x: Any) -> GpuBackend:
+    return backend_for_device(int(x.device.id))
+
+
+native.register_gpu(_backend_of)
