@@ -27,6 +27,7 @@ import argparse
 import subprocess
 import sys
 import time
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -152,8 +153,10 @@ def competitors(n: int):
 
 def run_steps(trainer, torch_step, x, y, steps: int, conv_ops, matmul: Matmul):
     """``steps`` timed steps of each, alternating, after 2 warm-up steps. Returns vmem's seconds, PyTorch's
-    seconds and the convolutions' FLOP/s as a fraction of a matmul timed right after each step."""
+    seconds, the convolutions' FLOP/s as a fraction of a matmul timed right after each step, the peak and
+    the core budget each vmem step ran under."""
     vmem_times, torch_times, conv_fraction = [], [], []
+    budgets = []
     for i in range(steps + 2):
         report = trainer.step(x, y)
         fraction_of = matmul()  # (then a pause)
@@ -162,6 +165,7 @@ def run_steps(trainer, torch_step, x, y, steps: int, conv_ops, matmul: Matmul):
         if i < 2:
             continue
         vmem_times.append(report.seconds)
+        budgets.append(report.threads)
         if t_torch is not None:
             torch_times.append(t_torch)
         flops = seconds = 0.0
@@ -173,7 +177,7 @@ def run_steps(trainer, torch_step, x, y, steps: int, conv_ops, matmul: Matmul):
                 flops += op.flops * ((1 if op.index == 0 else 2) if backward else 1)
                 seconds += span.end - span.start
         conv_fraction.append(flops / seconds / 1e9 / fraction_of)
-    return vmem_times, torch_times, conv_fraction, report.peak_bytes
+    return vmem_times, torch_times, conv_fraction, report.peak_bytes, budgets
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,19 +208,21 @@ def main(argv: list[str] | None = None) -> int:
     with vmem.Trainer(net, memory="2GiB", policy="baseline:algos=performance",
                       optimizer=vmem.optim.SGD(lr=0.01, momentum=0.9), seed=0) as trainer:
         # vmem alone first: its own step-to-step spread, without PyTorch's threads between its steps
-        alone, _, _, _ = run_steps(trainer, None, x, y, args.steps, conv_ops, matmul)
+        alone, _, _, _, budgets = run_steps(trainer, None, x, y, args.steps, conv_ops, matmul)
         result["vmem_alone_times"] = alone
+        result["vmem_alone_budgets"] = budgets
         result["vmem_alone_spread"] = max(alone) / min(alone)
         rows.append(("vmem (cpu device), alone", float(np.median(alone)), f"{min(alone):.3f}-{max(alone):.3f}",
                      result["vmem_alone_spread"], program.flops * 3 / float(np.median(alone)) / 1e9))
         for label, busy in phases:
             with competitors(busy):
-                v_times, t_times, conv_fraction, peak_bytes = run_steps(trainer, torch_step, x, y, args.steps,
-                                                                       conv_ops, matmul)
+                v_times, t_times, conv_fraction, peak_bytes, budgets = run_steps(trainer, torch_step, x, y,
+                                                                                args.steps, conv_ops, matmul)
             v = float(np.median(v_times))
             phase = {"competitors": busy, "vmem_seconds": v, "vmem_times": v_times,
                      "vmem_spread": max(v_times) / min(v_times),
-                     "conv_fraction_of_matmul": float(np.median(conv_fraction)), "peak_bytes": peak_bytes}
+                     "conv_fraction_of_matmul": float(np.median(conv_fraction)), "peak_bytes": peak_bytes,
+                     "vmem_budgets": budgets}
             rows.append((f"vmem (cpu device), {label}", v, f"{min(v_times):.3f}-{max(v_times):.3f}",
                          phase["vmem_spread"], program.flops * 3 / v / 1e9))
             if t_times:
@@ -232,6 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"vgg_cifar batch {args.batch}: one training step (median of {args.steps}, alternating); NumPy float32 "
           f"matmul {result['matmul_gflops']:.0f} GFLOP/s ({min(matmul.seen):.0f}-{max(matmul.seen):.0f} over the run)")
     print(table(["", "median s", "range s", "max/min", "GFLOP/s (step)"], rows))
+    seen = [("alone", result["vmem_alone_budgets"])] + [(k, p["vmem_budgets"]) for k, p in result["phases"].items()]
+    print("vmem's core budget per timed step: " + "; ".join(
+        f"{k} " + ", ".join(f"{b} thread{'s' if b != 1 else ''} x{n}" for b, n in sorted(Counter(v).items()))
+        for k, v in seen))
     quiet = result["phases"]["quiet"]
     targets = [verdict("vmem step spread, quiet, alone (max/min)", result["vmem_alone_spread"], 1.15,
                        at_least=False)]
