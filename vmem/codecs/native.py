@@ -20,9 +20,9 @@ import numpy as np
 
 from ..threads import BUDGET, KERNELS
 
-__all__ = ["available", "Backend", "CPU", "backend", "register_gpu", "binarize_encode", "binarize_decode", "binarize_relu_backward", "zvc_encode",
-           "zvc_decode", "ssdc_encode", "ssdc_decode", "dpr_encode", "dpr_decode", "fixed_encode", "fixed_decode",
-           "patch2_encode", "patch2_decode"]
+__all__ = ["available", "Backend", "CPU", "backend", "register_gpu", "binarize_encode", "binarize_decode",
+           "binarize_relu_backward", "zvc_encode", "zvc_decode", "ssdc_encode", "ssdc_decode", "dpr_encode",
+           "dpr_decode", "fixed_encode", "fixed_decode", "patch2_encode", "patch2_decode"]
 
 try:
     from .._native import ffi, lib  # type: ignore[import-not-found]
