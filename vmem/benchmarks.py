@@ -58,6 +58,11 @@ def bandwidth(device: Any, sizes: Sequence[int | str] = DEFAULT_SIZES, *, rounds
 
 
 
+#: a call whose wall time exceeds the CPU time its process spent by this fraction lost time to others
+_PREEMPTED = 0.1
+_RESOLUTION = 20e-6  # seconds: the clocks' overhead on a short call
+
+
 def best_seconds(fn: Any, rounds: int, *, warmup: bool = False, undisturbed: bool = False,
                  most: int | None = None) -> float:
     """The shortest of ``rounds`` timed calls of ``fn`` (after one untimed call if ``warmup``).
@@ -81,10 +86,6 @@ def best_seconds(fn: Any, rounds: int, *, warmup: bool = False, undisturbed: boo
             break
     return best
 
-
-#: a call whose wall time exceeds the CPU time its process spent by this fraction lost time to others
-_PREEMPTED = 0.1
-_RESOLUTION = 20e-6  # seconds: the clocks' overhead on a short call
 
 def relu_activations(n: int, density: float, seed: int = 0) -> np.ndarray:
     """``n`` float32 values like a ReLU output: half-normal magnitudes, a ``density`` fraction nonzero."""
@@ -129,13 +130,13 @@ def codec_bandwidth(device: Any, codec: Any, sizes: Sequence[int | str] = ("4MiB
             raw_d2h = best(lambda: device.copy_now(host[:count * 4], dev.view(np.uint8), "d2h"))
             raw_h2d = best(lambda: device.copy_now(dev.view(np.uint8), host[:count * 4], "h2d"))
             xp = device.xp
+
+            def fill(v: Any) -> None:  # on the memory stream, in order with the transfers
+                dev[...] = v
+
             for density in densities:
                 values = xp.asarray(relu_activations(count, density))
                 box: dict[str, Any] = {}
-
-                def fill(v: Any) -> None:  # on the memory stream, in order with the transfers
-                    dev[...] = v
-
                 ms.launch(fill, values)
                 ms.synchronize()
                 d2h = best(lambda: box.__setitem__("enc", transfer.send(device, codec, dev, host)))

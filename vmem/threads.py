@@ -90,10 +90,9 @@ class CoreBudget:
     core busy, and comes back to 2 below 0.25), so that a virtual machine's brief steal or a
     short-lived process does not flip the step between its one- and two-lane forms. The first sample
     watches the machine for :attr:`FIRST_LOOK` seconds (a plan's profile, made at the first step,
-    then runs as the steps after it will). Samples closer
-    together than ``interval`` seconds keep the previous figure, so a step of a few milliseconds costs
-    nothing. Where /proc/stat cannot be read, every core counts as
-    free. ``fixed`` pins the figure (also :meth:`fix`, or the environment: ``VMEM_THREADS=2``).
+    then runs as the steps after it will). Samples closer together than ``interval`` seconds keep the
+    previous figure, so a step of a few milliseconds costs nothing. Where /proc/stat cannot be read,
+    every core counts as free. ``fixed`` pins the figure (also :meth:`fix`, or the environment: ``VMEM_THREADS=2``).
 
     On a machine of up to two cores the figure changes the speed of a step, not its results: BLAS
     runs single-threaded either way, and the layers cut their work by shape (:mod:`vmem.nn.lanes`).

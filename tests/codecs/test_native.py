@@ -119,10 +119,9 @@ def test_the_kernels_split_over_threads_give_the_same_bytes(monkeypatch):
 
 class _GpuLike(native._Cpu):
     """The CPU build driven as the GPU drives its kernels: one fp10 kernel over every word (no split into
-    whole words), scans through the array module's cumsum, launches from thread 0 only."""
+    whole words), launches from thread 0 only (the scan is the same generic one on both)."""
 
     split_full = False
-    scan = native.Backend.scan
 
     def launch(self, kernel, threads, *args, first=0, cols=1):
         assert first == 0, kernel

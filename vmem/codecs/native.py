@@ -14,11 +14,13 @@ needs.
 from __future__ import annotations
 
 import warnings
+from abc import ABC, abstractmethod
 from typing import Any, Callable
 
 import numpy as np
 
 from ..threads import BUDGET, KERNELS
+from .base import array_module
 
 __all__ = ["available", "Backend", "CPU", "backend", "register_gpu", "binarize_encode", "binarize_decode",
            "binarize_relu_backward", "zvc_encode", "zvc_decode", "ssdc_encode", "ssdc_decode", "dpr_encode",
@@ -73,7 +75,7 @@ def launch(kernel: str, threads: int, *args: Any, first: int = 0, cols: int = 1)
     KERNELS.map(lambda r: fn(r[0], r[1], *c_args), ranges)
 
 
-class Backend:
+class Backend(ABC):
     """Where the kernels run: ``xp`` (the array module of their arrays), ``launch`` (a grid of threads:
     ``threads`` rows of ``cols``), ``scan`` (an exclusive prefix sum, one longer than its input) and
     ``split_full`` (whether fp10's whole words take their own kernel, which vectorizes on the CPU)."""
@@ -82,8 +84,9 @@ class Backend:
     xp: Any = np
     split_full = False
 
+    @abstractmethod
     def launch(self, kernel: str, threads: int, *args: Any, first: int = 0, cols: int = 1) -> None:
-        raise NotImplementedError
+        """Run ``kernel`` over ``threads`` rows of ``cols`` threads, from row ``first``."""
 
     def scan(self, count: Any, dtype: Any) -> Any:
         xp = self.xp
@@ -116,7 +119,7 @@ def backend(x: Any) -> Backend | None:
     build for CuPy arrays (None if no CUDA device registered one)."""
     if isinstance(x, np.ndarray):
         return CPU if available() else None
-    if _gpu is not None and type(x).__module__.split(".")[0] == "cupy":
+    if _gpu is not None and array_module(x) is not np:
         return _gpu(x)
     return None
 

@@ -91,9 +91,10 @@ class CudaDevice:
         self._pinned_fixed = pinned_memory is not None
         self._moved = {"d2h": 0, "h2d": 0}
         self._conv: Any = None
-        self._kernels: Any = None
-        from . import kernels as _kernels  # noqa: F401  (the codecs find this GPU's kernels through it)
+        from ...codecs import native
+        from .kernels import backend_of
 
+        native.register_gpu(backend_of)  # the codecs find a CuPy array's kernels through it
         self._closed = False
         threads.hold()
         self._release_threads = weakref.finalize(self, threads.release)
@@ -110,12 +111,10 @@ class CudaDevice:
 
     @property
     def kernels(self) -> Any:
-        """The encoding kernels compiled for this GPU (made on first use)."""
-        if self._kernels is None:
-            from .kernels import Module
+        """The encoding kernels compiled for this GPU (made on first use; the codecs' backend shares them)."""
+        from .kernels import backend_for_device
 
-            self._kernels = Module(self.arch)
-        return self._kernels
+        return backend_for_device(self.index).module
 
     def catalog(self, program: Any) -> Any:
         """``program`` with cuDNN's convolution algorithms on this GPU and their exact workspace sizes."""

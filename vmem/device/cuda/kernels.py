@@ -14,11 +14,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ...codecs import native
 from ...codecs.native import Backend
 from ...errors import DeviceError
 
-__all__ = ["OPTIONS", "SOURCE", "compile_cubin", "Module", "GpuBackend", "backend_for_device"]
+__all__ = ["OPTIONS", "SOURCE", "compile_cubin", "Module", "GpuBackend", "backend_for_device", "backend_of"]
 
 SOURCE = Path(__file__).resolve().parents[3] / "native" / "kernels.cuh"
 #: NVRTC options of every build; ``-arch=sm_XY`` is added for the device.
@@ -109,8 +108,6 @@ def backend_for_device(device_id: int) -> GpuBackend:
     return GpuBackend(Module(f"sm_{major}{minor}"))
 
 
-def _backend_of(x: Any) -> GpuBackend:
+def backend_of(x: Any) -> GpuBackend:
+    """The backend of the GPU a CuPy array lives on (what the CUDA device registers with the codecs)."""
     return backend_for_device(int(x.device.id))
-
-
-native.register_gpu(_backend_of)
