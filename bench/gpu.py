@@ -11,7 +11,7 @@
 
 Each section runs on its own: a failure is printed and recorded, and the others still run.
 
-    python bench/gpu.py [--batch 64] [--budget 8GiB] [--steps 5] [--quick] [--json-out PATH]
+    python bench/gpu.py [--batch 64] [--budget 8GiB] [--steps 5] [--quick] [--sections a,b] [--json-out PATH]
 """
 
 from __future__ import annotations
@@ -35,6 +35,14 @@ from vmem import format_bytes, parse_bytes  # noqa: E402
 GiB = 1 << 30
 
 
+_T0 = time.perf_counter()
+
+
+def say(message: str) -> None:
+    """Progress, with the seconds since the start (a run cut short still says where it was)."""
+    print(f"[{time.perf_counter() - _T0:6.1f} s] {message}", flush=True)
+
+
 def vmem_step_seconds(policy: str, batch: int, steps: int, memory: str | None = None) -> tuple[float, dict]:
     """Median step seconds of vmem on VGG-16 (after two warm-up steps) and what the plan chose."""
     net = vmem.models.get("vgg16")
@@ -45,11 +53,18 @@ def vmem_step_seconds(policy: str, batch: int, steps: int, memory: str | None = 
     try:
         with vmem.Trainer(net, device=dev, policy=policy, profile=True, seed=0,
                           optimizer=vmem.optim.SGD(lr=0.01, momentum=0.9)) as trainer:
-            for _ in range(2):
-                trainer.step(x, y)
+            t0 = time.perf_counter()
+            trainer.profile(batch)
+            t1 = time.perf_counter()
+            trainer.step(x, y)
+            say(f"vmem {policy}, batch {batch}: profile {t1 - t0:.1f} s, plan and first step "
+                f"{time.perf_counter() - t1:.1f} s")
+            trainer.step(x, y)
             times = [trainer.step(x, y).seconds for _ in range(steps)]
             plan = trainer.plans[batch]
-            info = {"chosen": plan.chosen or plan.policy, "peak_bytes": plan.peak_bytes, "step": plan.step}
+            info = {"chosen": plan.chosen or plan.policy, "peak_bytes": plan.peak_bytes, "step": plan.step,
+                    "predicted_seconds": getattr(plan, "step_seconds", None), "times": times}
+            say(f"vmem {policy}: steps {', '.join(f'{t * 1e3:.1f}' for t in times)} ms")
     finally:
         dev.close()
     return float(np.median(times)), info
@@ -105,7 +120,9 @@ def section_step_time(args, out):
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     for _ in range(2):
         torch_step(torch, model, opt, args.batch)
-    t_torch = float(np.median([torch_step(torch, model, opt, args.batch) for _ in range(args.steps)]))
+    torch_times = [torch_step(torch, model, opt, args.batch) for _ in range(args.steps)]
+    t_torch = float(np.median(torch_times))
+    say(f"pytorch eager: steps {', '.join(f'{t * 1e3:.1f}' for t in torch_times)} ms")
     del model, opt
     torch.cuda.empty_cache()
     rows, times = [], {"pytorch": t_torch}
@@ -265,7 +282,8 @@ def main() -> int:
     parser.add_argument("--budget", default="8GiB")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="skip the batch search (the longest section)")
-    parser.add_argument("--json-out", help="write the results as JSON to this file")
+    parser.add_argument("--json-out", help="write the results as JSON to this file (after each section)")
+    parser.add_argument("--sections", help="comma-separated sections to run, of: " + ", ".join(SECTIONS))
     args = parser.parse_args()
     from vmem.device.cuda import nvml, unavailable
 
@@ -275,16 +293,27 @@ def main() -> int:
         return 2
     out: dict = {"verdicts": [], "errors": {}, "machine": machine(), "gpu": nvml.gpus()}
     print(f"GPU: {out['gpu']}")
-    sections = [section_copies, section_kernels, section_codecs, section_step_time] + ([] if args.quick else [section_budget])
-    for section in sections:
+    names = list(SECTIONS) if not args.sections else [n.strip() for n in args.sections.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown:
+        parser.error(f"--sections: unknown {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+    if args.quick and not args.sections:
+        names.remove("budget")
+    for name in names:
+        say(f"section {name}")
         try:
-            section(args, out)
+            SECTIONS[name](args, out)
         except Exception as exc:  # noqa: BLE001 - record it and go on with the next section
             traceback.print_exc()
-            out["errors"][section.__name__] = f"{type(exc).__name__}: {exc}"
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(out, indent=2, default=str))
+            out["errors"][name] = f"{type(exc).__name__}: {exc}"
+        if args.json_out:  # after each section: a run cut short keeps what it measured
+            Path(args.json_out).write_text(json.dumps(out, indent=2, default=str))
+    say("done")
     return 1 if out["errors"] else 0
+
+
+SECTIONS = {"copies": section_copies, "kernels": section_kernels, "codecs": section_codecs,
+            "step_time": section_step_time, "budget": section_budget}
 
 
 if __name__ == "__main__":

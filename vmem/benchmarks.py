@@ -135,8 +135,10 @@ def codec_bandwidth(device: Any, codec: Any, sizes: Sequence[int | str] = ("4MiB
                 dev[...] = v
 
             for density in densities:
-                values = xp.asarray(relu_activations(count, density))
                 box: dict[str, Any] = {}
+                # made on the memory stream too: a pageable upload on another stream may still be landing
+                ms.launch(lambda h=relu_activations(count, density): box.__setitem__("values", xp.asarray(h)))
+                values = box["values"]
                 ms.launch(fill, values)
                 ms.synchronize()
                 d2h = best(lambda: box.__setitem__("enc", transfer.send(device, codec, dev, host)))

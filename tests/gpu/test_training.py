@@ -138,3 +138,19 @@ def test_nvml_readings_are_sampled_into_the_step_timeline():
         assert len(samples) == 2 and all(r["used_bytes"] >= dev.pool.capacity for _, r in samples)
     finally:
         dev.close()
+
+
+def test_vdnn_dyn_plans_from_a_profile_of_the_gpu():
+    """The dynamic policy profiles every layer and cuDNN algorithm on the GPU (random data drawn there),
+    chooses among the algorithms cuDNN offers, and its plan's peak is the pool's."""
+    from vmem.device.cuda import cudnn
+
+    params, reports, plan = train(MODELS["vgg_cifar"], "vdnn-dyn", steps=3)
+    assert plan.fits and plan.chosen
+    assert all(r.peak_bytes == plan.peak_bytes for r in reports)
+    convs = {op: passes for op, passes in plan.plan.algos.items() if passes}
+    assert convs, "no convolution algorithms in the plan"
+    for passes in convs.values():
+        for pass_, algo in passes.items():
+            assert algo in cudnn.ALGOS[pass_], (pass_, algo)
+    assert all(np.isfinite(p).all() for p in params.values())

@@ -72,6 +72,7 @@ class _Runner:
         self.xp = np if device is None else device.xp
         self.conv = None if device is None else device.conv_backend
         self._blocks: list[Any] = []
+        self._gen: Any = None  # the device's generator (made on first use)
 
     def empty(self, shape: Any, dtype: Any) -> Any:
         if self.device is None:
@@ -85,7 +86,28 @@ class _Runner:
         if self.device is None:
             return host
         out = self.empty(host.shape, host.dtype)
-        out[...] = self.xp.asarray(host)
+        xp = self.xp
+        self.device.compute_stream.launch(lambda: out.__setitem__(Ellipsis, xp.asarray(host)))  # in stream order
+        return out
+
+    def normal(self, rng: np.random.Generator, shape: Any, dtype: np.dtype, scale: float = 1.0,
+               shift: float = 0.0) -> Any:
+        """Random values of ``shape`` (standard normal, scaled and shifted): drawn by ``rng`` on the CPU;
+        on a device, drawn there into the pool (the feature maps of a large batch are gigabytes, which a
+        host generator would take a minute to draw), seeded from ``rng``."""
+        if self.device is None:
+            return (rng.standard_normal(shape) * scale + shift).astype(dtype)
+        out, xp = self.empty(shape, dtype), self.xp
+        if self._gen is None:
+            self._gen = xp.random.default_rng(int(rng.integers(1 << 31)))
+
+        def draw() -> None:
+            self._gen.standard_normal(dtype=out.dtype, out=out)
+            if scale != 1.0 or shift != 0.0:
+                xp.multiply(out, out.dtype.type(scale), out=out)
+                xp.add(out, out.dtype.type(shift), out=out)
+
+        self.device.compute_stream.launch(draw)
         return out
 
     def room(self) -> int:
@@ -118,11 +140,10 @@ def _profile_op(op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: 
                 times: dict[tuple[str, str, str | None], float], on: _Runner) -> None:
     """Time every pass and algorithm of one op on random data of its shapes into ``times``."""
     layer = op.layer
-    xs = [on.array(rng.standard_normal(physical(s)).astype(dtype)) for s in op.in_shapes]
+    xs = [on.normal(rng, physical(s), dtype) for s in op.in_shapes]
     y = on.empty(physical(op.out_shape), dtype)
-    dy = on.array(rng.standard_normal(y.shape).astype(dtype))
-    params = {k: on.array((rng.standard_normal(s.shape) * 0.1 + (1.0 if k == "running_var" else 0.0)).astype(dtype))
-              for k, s in op.params.items()}
+    dy = on.normal(rng, y.shape, dtype)
+    params = {k: on.normal(rng, s.shape, dtype, 0.1, 1.0 if k == "running_var" else 0.0) for k, s in op.params.items()}
     grads = {k: on.empty(s.shape, dtype) for k, s in op.params.items() if s.trainable}
     aux = {k: on.array(np.zeros(a.shape, dtype if a.dtype == "float" else a.dtype)) for k, a in op.aux.items()}
     dxs = [on.empty(x.shape, x.dtype) for x in xs]
@@ -226,7 +247,7 @@ def _copy_times(program: Program, repeats: int) -> dict[int, float]:
 def _loss_seconds(program: Program, rng: np.random.Generator, dtype: np.dtype, repeats: int, on: _Runner) -> float:
     from ..nn.loss import SoftmaxCrossEntropy
 
-    logits = on.array(rng.standard_normal(program.tensors[program.output].shape).astype(dtype))
+    logits = on.normal(rng, program.tensors[program.output].shape, dtype)
     labels = on.array(rng.integers(0, logits.shape[1], logits.shape[0]).astype(np.int64))
     probs, dlogits = on.empty(logits.shape, dtype), on.empty(logits.shape, dtype)
     loss, xp = SoftmaxCrossEntropy(), on.xp
