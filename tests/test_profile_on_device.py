@@ -27,3 +27,51 @@ def test_a_profile_through_the_device_measures_every_pass_and_leaves_the_pool_em
         else:
             assert (op.name, "forward", None) in prof.times and (op.name, "backward", None) in prof.times
     assert prof.times[("loss", "forward", None)] > 0 and prof.elementwise_gbps > 0
+
+
+class _FoundConv:
+    """A convolution backend that, like cuDNN, times its algorithms itself (``find``); its passes only
+    touch their outputs. Records the calls."""
+
+    def __init__(self, times: dict[str, dict[str, float]]):
+        self.times = times
+        self.calls: list[tuple[str, object]] = []
+
+    def find(self, layer, pass_, x, w, y, ws):
+        self.calls.append(("find", pass_))
+        return [(name, t, 0) for name, t in sorted(self.times[pass_].items(), key=lambda kv: kv[1])]
+
+    def forward(self, layer, ctx, x, w, y):
+        self.calls.append(("forward", ctx.algo))
+        y[...] = 0
+
+    def backward(self, layer, ctx, dy, x, w, dx, dw):
+        self.calls.append(("backward", ctx.algo))
+        dw[...] = 0
+        if dx is not None:
+            dx[...] = 0
+
+
+def test_a_backend_that_times_its_own_algorithms_is_asked_once_per_pass(monkeypatch):
+    """cuDNN's search ranks the algorithms; the fastest of each pass is then timed as the layer runs it,
+    and the others keep their distance from it."""
+    net = vmem.models.get("vgg_cifar", image_size=16)
+    program = net.build(2, net.input_shape, "float32")
+    with vmem.device("cpu", memory="128MiB") as dev:
+        program = dev.catalog(program)
+        conv = next(op for op in program.ops if op.kind == "conv")
+        names = conv.algorithms
+        slow = {p: {a: 1.0 + i for i, a in enumerate(reversed(algos))} for p, algos in names.items()}
+        fake = _FoundConv(slow)
+        monkeypatch.setattr(type(dev), "conv_backend", property(lambda self: fake), raising=False)
+        prof = profile(program, device=dev, copy_gbps=10.0, repeats=1)
+    convs = [op for op in program.ops if op.kind == "conv"]
+    assert sum(1 for c in fake.calls if c[0] == "find") == 3 * len(convs)
+    for pass_, algos in names.items():
+        fastest = algos[-1]  # the fake gives the last the shortest time
+        got = {a: prof.times[(conv.name, pass_, a)] for a in algos}
+        assert min(got, key=got.get) == fastest
+        for a in algos:  # cuDNN's distances kept: (1 + i) - 1 apart from the fastest
+            assert abs((got[a] - got[fastest]) - (slow[pass_][a] - slow[pass_][fastest])) < 1e-9
+    assert ("forward", names["forward"][-1]) in fake.calls
+    assert ("backward", (names["backward_data"][-1], names["backward_filter"][-1])) in fake.calls

@@ -107,7 +107,7 @@ def codec_bandwidth(device: Any, codec: Any, sizes: Sequence[int | str] = ("4MiB
     codec = codecs.get(codec)
     nbytes = [parse_bytes(s, name="sizes") for s in sizes]
     biggest = max(nbytes)
-    pinned_pool = device.reserve_pinned(transfer.host_nbytes(codec, (biggest // 4,)) + 4096)
+    pinned_pool = device.reserve_pinned(max(transfer.host_nbytes(codec, (biggest // 4,)), biggest) + 4096)
     ms = device.memory_stream
     rows = []
 
@@ -123,7 +123,7 @@ def codec_bandwidth(device: Any, codec: Any, sizes: Sequence[int | str] = ("4MiB
     for n in nbytes:
         count = n // 4
         block = device.pool.allocate(count * 4, category="other")
-        host_block = pinned_pool.allocate(transfer.host_nbytes(codec, (count,)))
+        host_block = pinned_pool.allocate(max(transfer.host_nbytes(codec, (count,)), count * 4))
         try:
             dev = device.view(block, (count,), np.float32)
             host = device.host_view(host_block, (host_block.nbytes,), np.uint8)

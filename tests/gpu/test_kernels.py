@@ -80,9 +80,12 @@ def test_codecs_on_gpu_arrays_give_the_cpu_builds_bytes(cuda, spec, n):
             codecs.Binarize.relu_backward(enc, dy, dx)
             want_dx = np.empty_like(x)
             codecs.Binarize.relu_backward(want, dy.get(), want_dx)
-            # the bytes of the dense product on the same GPU (what baseline computes), NaNs included
-            dense = dy * (g > 0).astype(cp.float32)
-            assert np.array_equal(dx.get().view(np.uint32), dense.get().view(np.uint32))
+            # the bytes of the dense product on the same GPU (what baseline computes), NaNs included, except
+            # where dy is subnormal: CuPy's element-wise kernels flush subnormals to zero (it compiles them with
+            # -ftz=true), vmem's kernels keep them, as the CPU does
+            dense = (dy * (g > 0).astype(cp.float32)).get()
+            tiny = np.abs(dy.get()) < np.finfo(np.float32).tiny
+            assert tiny.any() and np.array_equal(dx.get()[~tiny].view(np.uint32), dense[~tiny].view(np.uint32))
             # and the CPU build's, except the payload of a NaN the product makes (inf * 0): IEEE leaves it to
             # the hardware (x86 gives 0x7fc00000, CUDA 0x7fffffff)
             got_dx = dx.get()

@@ -11,6 +11,8 @@ measures time, not memory.
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 import numpy as np
@@ -21,6 +23,11 @@ from ..nn.base import Ctx, physical
 from ..threads import BUDGET
 
 __all__ = ["Profiled", "profile"]
+
+_log = logging.getLogger("vmem.profile")  # one line per op at INFO: what a long profile is doing
+#: A device run at least this long is measured once: its time hardly varies, and the slowest of cuDNN's
+#: algorithms on a large batch run for seconds.
+_LONG = 0.02
 
 
 class Profiled:
@@ -133,7 +140,20 @@ class _Runner:
             stream.launch(fn)
             stream.synchronize()
 
-        return best_seconds(run, repeats)
+        t0 = time.perf_counter()
+        run()
+        first = time.perf_counter() - t0
+        if first >= _LONG or repeats <= 1:
+            return first
+        return min(first, best_seconds(run, repeats - 1))
+
+    def find(self, pass_: str, *args: Any) -> dict[str, float]:
+        """cuDNN's own timing of every algorithm of one pass of a convolution (``Find*Ex``), in seconds."""
+        box: dict[str, Any] = {}
+        self.device.compute_stream.launch(lambda: box.__setitem__("found", self.conv.find(*args[:1], pass_,
+                                                                                          *args[1:])))
+        self.device.compute_stream.synchronize()
+        return {name: t for name, t, _ in box["found"]}
 
 
 def _profile_op(op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: int,
@@ -163,6 +183,12 @@ def _profile_op(op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: 
                    workspace=ws, algo=algo, in_shapes=tuple(physical(s) for s in op.in_shapes), conv=on.conv)
 
     needs_x = xs if op.reads_input else None
+    if op.kind == "conv" and hasattr(on.conv, "find"):
+        try:
+            _profile_conv_found(op, algos, ctx, xs, y, dy, dxs, needs_x, times, on, repeats, ws)
+            return
+        except Exception as exc:  # noqa: BLE001 - time each algorithm instead
+            _log.warning("%s: cuDNN's algorithm search failed (%s); timing each algorithm", op.name, exc)
     for algo in algos.get("forward", [None]):
         layer.forward(ctx(algo), xs, y)  # warm up
         times[(op.name, "forward", algo)] = best(lambda: layer.forward(ctx(algo), xs, y), repeats)
@@ -187,6 +213,43 @@ def _profile_op(op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: 
         times[(op.name, "backward_data", da)] = max(0.0, best(both, repeats) - base_filter)
 
 
+def _profile_conv_found(op: OpInfo, algos: dict[str, list[str]], ctx: Any, xs: list[Any], y: Any, dy: Any,
+                        dxs: list[Any], needs_x: Any, times: dict[tuple[str, str, str | None], float], on: _Runner,
+                        repeats: int, ws: Any) -> None:
+    """A convolution on a device with cuDNN: each pass's algorithms timed by cuDNN's search (one call per
+    pass, as frameworks do), then the fastest timed as the layer runs it (bias included); the others
+    are given cuDNN's time plus the same overhead, so that the plan weighs them alike."""
+    layer = op.layer
+    y_read = y if op.reads_output else None
+    w, dw = ctx(None).params["weight"], ctx(None).grads["weight"]
+    found = {"forward": on.find("forward", layer, xs[0], w, y, ws),
+             "backward_filter": on.find("backward_filter", layer, xs[0], dw, dy, ws),
+             "backward_data": on.find("backward_data", layer, dxs[0], w, dy, ws)}
+    best: dict[str, str] = {}
+    for pass_, names in algos.items():
+        usable = {a: found[pass_][a] for a in names if a in found[pass_]}
+        if not usable:
+            raise RuntimeError(f"cuDNN found none of {names} for {pass_}")
+        best[pass_] = min(usable, key=usable.get)
+        for a in names:
+            times[(op.name, pass_, a)] = usable.get(a, float("inf"))
+
+    def measured(pass_: str, seconds: float) -> None:  # the fastest as the layer runs it; the rest alike
+        extra = seconds - times[(op.name, pass_, best[pass_])]
+        for a in algos[pass_]:
+            times[(op.name, pass_, a)] = max(0.0, times[(op.name, pass_, a)] + extra)
+
+    fwd = best["forward"]
+    layer.forward(ctx(fwd), xs, y)  # warm up
+    measured("forward", on.seconds(lambda: layer.forward(ctx(fwd), xs, y), repeats))
+    pair = (best["backward_data"], best["backward_filter"])
+    layer.backward(ctx(pair), dy, needs_x, y_read, [None])
+    filter_seconds = on.seconds(lambda: layer.backward(ctx(pair), dy, needs_x, y_read, [None]), repeats)
+    measured("backward_filter", filter_seconds)
+    both = on.seconds(lambda: layer.backward(ctx(pair), dy, needs_x, y_read, dxs), repeats)
+    measured("backward_data", max(0.0, both - filter_seconds))
+
+
 def profile(program: Program, *, copy_gbps: float | None = None, repeats: int = 3, seed: int = 0,
             device: Any = None) -> Profiled:
     """Measured costs of one training step of ``program``: on this machine's CPU, or on ``device`` (a
@@ -209,10 +272,12 @@ def _profile(program: Program, copy_gbps: float | None, repeats: int, seed: int,
     on = _Runner(device)
     times: dict[tuple[str, str, str | None], float] = {}
     for op in program.ops:
+        t0 = time.perf_counter()
         try:
             _profile_op(op, rng, dtype, repeats, times, on)
         finally:
             on.release()
+        _log.info("%s (%s): %.2f s", op.name, op.kind, time.perf_counter() - t0)
     try:
         times[("loss", "forward", None)] = _loss_seconds(program, rng, dtype, repeats, on)
         # element-wise bandwidth (gradient accumulation, the optimizer's update) and the copy rate
