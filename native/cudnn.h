@@ -69,6 +69,25 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle_t handl
                                                              const cudnnConvolutionDescriptor_t convDesc,
                                                              const cudnnFilterDescriptor_t gradDesc,
                                                              cudnnConvolutionBwdFilterAlgo_t algo, size_t *sizeInBytes);
+/* cuDNN's heuristics: the algorithms ranked without running them (no times; status, workspace) */
+cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t handle, const cudnnTensorDescriptor_t srcDesc,
+                                                     const cudnnFilterDescriptor_t filterDesc,
+                                                     const cudnnConvolutionDescriptor_t convDesc,
+                                                     const cudnnTensorDescriptor_t destDesc,
+                                                     const int requestedAlgoCount, int *returnedAlgoCount,
+                                                     cudnnConvolutionFwdAlgoPerf_t *perfResults);
+cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t handle, const cudnnFilterDescriptor_t filterDesc,
+                                                          const cudnnTensorDescriptor_t diffDesc,
+                                                          const cudnnConvolutionDescriptor_t convDesc,
+                                                          const cudnnTensorDescriptor_t gradDesc,
+                                                          const int requestedAlgoCount, int *returnedAlgoCount,
+                                                          cudnnConvolutionBwdDataAlgoPerf_t *perfResults);
+cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t handle, const cudnnTensorDescriptor_t srcDesc,
+                                                            const cudnnTensorDescriptor_t diffDesc,
+                                                            const cudnnConvolutionDescriptor_t convDesc,
+                                                            const cudnnFilterDescriptor_t gradDesc,
+                                                            const int requestedAlgoCount, int *returnedAlgoCount,
+                                                            cudnnConvolutionBwdFilterAlgoPerf_t *perfResults);
 cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc,
                                                      const void *x, const cudnnFilterDescriptor_t wDesc, const void *w,
                                                      const cudnnConvolutionDescriptor_t convDesc,

@@ -75,3 +75,35 @@ def test_a_backend_that_times_its_own_algorithms_is_asked_once_per_pass(monkeypa
             assert abs((got[a] - got[fastest]) - (slow[pass_][a] - slow[pass_][fastest])) < 1e-9
     assert ("forward", names["forward"][-1]) in fake.calls
     assert ("backward", (names["backward_data"][-1], names["backward_filter"][-1])) in fake.calls
+
+
+class _RankedConv(_FoundConv):
+    """Like cuDNN, also ranks its algorithms without running them (``heuristic``)."""
+
+    def heuristic(self, layer, pass_, x_shape, y_shape):
+        self.calls.append(("heuristic", pass_))
+        return sorted(self.times[pass_], key=self.times[pass_].get)
+
+
+def test_a_backend_with_heuristics_has_only_its_best_ranked_algorithms_timed(monkeypatch):
+    """Only the TOP algorithms of cuDNN's ranking run (the others, some of them seconds long on a large
+    batch, are not offered); cuDNN's search is not called."""
+    from vmem.costs import measured
+
+    monkeypatch.setattr(measured, "TOP", 1)
+    net = vmem.models.get("vgg_cifar", image_size=16)
+    program = net.build(2, net.input_shape, "float32")
+    with vmem.device("cpu", memory="128MiB") as dev:
+        program = dev.catalog(program)
+        conv = next(op for op in program.ops if op.kind == "conv")
+        names = conv.algorithms
+        ranks = {p: {a: 1.0 + i for i, a in enumerate(reversed(algos))} for p, algos in names.items()}
+        fake = _RankedConv(ranks)
+        monkeypatch.setattr(type(dev), "conv_backend", property(lambda self: fake), raising=False)
+        prof = profile(program, device=dev, copy_gbps=10.0, repeats=1)
+    assert not any(c[0] == "find" for c in fake.calls)
+    for pass_, algos in names.items():
+        got = {a: prof.times[(conv.name, pass_, a)] for a in algos}
+        assert np.isfinite(got[algos[-1]]) and all(got[a] == float("inf") for a in algos[:-1]), (pass_, got)
+    used = {c[1] for c in fake.calls if c[0] in ("forward", "backward")}
+    assert used == {names["forward"][-1], (names["backward_data"][-1], names["backward_filter"][-1])}

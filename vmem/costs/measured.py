@@ -147,6 +147,14 @@ class _Runner:
             return first
         return min(first, best_seconds(run, repeats - 1))
 
+    def rank(self, pass_: str, layer: Any, x_shape: Any, y_shape: Any) -> list[str]:
+        """cuDNN's heuristic ranking of one pass's algorithms (on the compute stream's handle)."""
+        box: dict[str, Any] = {}
+        self.device.compute_stream.launch(
+            lambda: box.__setitem__("ranked", self.conv.heuristic(layer, pass_, tuple(x_shape), tuple(y_shape))))
+        self.device.compute_stream.synchronize()
+        return box["ranked"]
+
     def find(self, pass_: str, *args: Any) -> dict[str, float]:
         """cuDNN's own timing of every algorithm of one pass of a convolution (``Find*Ex``), in seconds."""
         box: dict[str, Any] = {}
@@ -183,12 +191,15 @@ def _profile_op(op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: 
                    workspace=ws, algo=algo, in_shapes=tuple(physical(s) for s in op.in_shapes), conv=on.conv)
 
     needs_x = xs if op.reads_input else None
-    if op.kind == "conv" and hasattr(on.conv, "find"):
-        try:
-            _profile_conv_found(op, algos, ctx, xs, y, dy, dxs, needs_x, times, on, repeats, ws)
-            return
-        except Exception as exc:  # noqa: BLE001 - time each algorithm instead
-            _log.warning("%s: cuDNN's algorithm search failed (%s); timing each algorithm", op.name, exc)
+    if op.kind == "conv" and on.conv is not None:
+        for method, strategy in (("heuristic", _profile_conv_ranked), ("find", _profile_conv_found)):
+            if not hasattr(on.conv, method):
+                continue
+            try:
+                strategy(op, algos, ctx, xs, y, dy, dxs, needs_x, times, on, repeats, ws)
+                return
+            except Exception as exc:  # noqa: BLE001 - the next strategy, then each algorithm in turn
+                _log.warning("%s: profiling by cuDNN's %s failed (%s)", op.name, method, exc)
     for algo in algos.get("forward", [None]):
         layer.forward(ctx(algo), xs, y)  # warm up
         times[(op.name, "forward", algo)] = best(lambda: layer.forward(ctx(algo), xs, y), repeats)
@@ -211,6 +222,44 @@ def _profile_op(op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: 
             layer.backward(ctx((da, filter_algos[0])), dy, needs_x, y_read, dxs)
         both()
         times[(op.name, "backward_data", da)] = max(0.0, best(both, repeats) - base_filter)
+
+
+#: Algorithms per pass timed on a device with cuDNN: the best of its heuristics' ranking. The others are
+#: not offered (some run for seconds on a large batch: cuDNN's own search, which runs them all, takes
+#: minutes on VGG-16 at batch 64).
+TOP = 3
+
+
+def _profile_conv_ranked(op: OpInfo, algos: dict[str, list[str]], ctx: Any, xs: list[Any], y: Any, dy: Any,
+                         dxs: list[Any], needs_x: Any, times: dict[tuple[str, str, str | None], float],
+                         on: _Runner, repeats: int, ws: Any) -> None:
+    """A convolution on a device with cuDNN: the :data:`TOP` algorithms of each pass by cuDNN's heuristics
+    (``Get*Algorithm_v7``, which runs nothing), each timed as the layer runs it."""
+    layer = op.layer
+    y_read = y if op.reads_output else None
+    ranked = {}
+    for pass_, names in algos.items():
+        order = on.rank(pass_, layer, xs[0].shape, y.shape)
+        ranked[pass_] = [a for a in order if a in names][:TOP] or names[:1]
+        for a in names:
+            times[(op.name, pass_, a)] = float("inf")  # not offered unless timed below
+    _log.info("%s: timing %s", op.name, ranked)
+    for a in ranked["forward"]:
+        layer.forward(ctx(a), xs, y)  # warm up
+        times[(op.name, "forward", a)] = on.seconds(lambda a=a: layer.forward(ctx(a), xs, y), repeats)
+    data0 = ranked["backward_data"][0]
+    for fa in ranked["backward_filter"]:
+        def filter_only(fa: str = fa) -> None:
+            layer.backward(ctx((data0, fa)), dy, needs_x, y_read, [None])
+        filter_only()
+        times[(op.name, "backward_filter", fa)] = on.seconds(filter_only, repeats)
+    best_filter = min(ranked["backward_filter"], key=lambda a: times[(op.name, "backward_filter", a)])
+    base_filter = times[(op.name, "backward_filter", best_filter)]
+    for da in ranked["backward_data"]:
+        def both(da: str = da) -> None:
+            layer.backward(ctx((da, best_filter)), dy, needs_x, y_read, dxs)
+        both()
+        times[(op.name, "backward_data", da)] = max(0.0, on.seconds(both, repeats) - base_filter)
 
 
 def _profile_conv_found(op: OpInfo, algos: dict[str, list[str]], ctx: Any, xs: list[Any], y: Any, dy: Any,

@@ -132,6 +132,30 @@ class CudnnConv:
             h, self._one, d.w.ptr, self._ptr(w), d.y.ptr, self._ptr(dy), d.conv.ptr, bd, ws, ws_size, self._zero,
             d.x.ptr, self._ptr(dx)))
 
+    def heuristic(self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> list[str]:
+        """cuDNN's ranking of ``pass_``'s algorithms for this geometry, best first, without running them
+        (``Get*Algorithm_v7``); only those it reports as supported."""
+        lib, f = cudnn.lib(), cudnn.ffi()
+        d = self.descs(layer, x_shape, y_shape)
+        n = len(cudnn.ALGOS[pass_])
+        returned = f.new("int *")
+        h = self._handle()
+        if pass_ == "forward":
+            perf = f.new(f"cudnnConvolutionFwdAlgoPerf_t[{n}]")
+            status = lib.cudnnGetConvolutionForwardAlgorithm_v7(h, d.x.ptr, d.w.ptr, d.conv.ptr, d.y.ptr, n, returned,
+                                                                perf)
+        elif pass_ == "backward_data":
+            perf = f.new(f"cudnnConvolutionBwdDataAlgoPerf_t[{n}]")
+            status = lib.cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w.ptr, d.y.ptr, d.conv.ptr, d.x.ptr, n,
+                                                                     returned, perf)
+        else:
+            perf = f.new(f"cudnnConvolutionBwdFilterAlgoPerf_t[{n}]")
+            status = lib.cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x.ptr, d.y.ptr, d.conv.ptr, d.w.ptr, n,
+                                                                       returned, perf)
+        cudnn.check(f"cudnnGet*Algorithm_v7({pass_})", status)
+        names = cudnn.ALGOS[pass_]
+        return [names[p.algo] for p in perf[0:returned[0]] if p.status == cudnn.SUCCESS]
+
     def find(self, layer: Any, pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
         """cuDNN's own measurement (``Find*Ex``) of every algorithm of ``pass_`` on these buffers: (name,
         seconds, workspace bytes), fastest first; ``y`` is dy for the backward passes."""

@@ -1,0 +1,103 @@
+"""Probe one convolution of a network on the GPU: cuDNN's heuristic ranking of each pass, then every
+algorithm run once on its own, timed and printed as it finishes (so a run cut short still says which
+algorithm it was in), then cuDNN's own search (``Find*Ex``) per pass.
+
+    python bench/gpu_conv_probe.py [--model vgg16] [--batch 64] [--layer conv2] [--skip-find]
+
+For finding which of cuDNN's algorithms make a profile slow; it measures time, not memory (its buffers
+are in the device's arena, which it sizes at ``--memory``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from types import SimpleNamespace
+
+import numpy as np
+
+import vmem
+from vmem.nn.base import physical
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="vgg16")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--layer", default="conv2", help="the convolution's op name (default conv2)")
+    parser.add_argument("--memory", default="40GiB", help="the device arena (default 40GiB)")
+    parser.add_argument("--skip-find", action="store_true", help="do not run cuDNN's search at the end")
+    args = parser.parse_args()
+    from vmem.device.cuda import unavailable
+
+    if unavailable():
+        print(f"gpu_conv_probe: {unavailable()}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+
+    def say(msg: str) -> None:
+        print(f"[{time.perf_counter() - t0:7.2f} s] {msg}", flush=True)
+
+    net = vmem.models.get(args.model)
+    with vmem.device("cuda:0", memory=args.memory) as dev:
+        program = dev.catalog(net.build(args.batch, net.input_shape, "float32"))
+        convs = {op.name: op for op in program.ops if op.kind == "conv"}
+        if args.layer not in convs:
+            parser.error(f"--layer: {args.layer!r} is not a convolution of {args.model}; choose from {', '.join(convs)}")
+        op = convs[args.layer]
+        conv, cp, s = dev.conv_backend, dev.xp, dev.compute_stream
+        x_shape, y_shape = physical(op.in_shapes[0]), physical(op.out_shape)
+        say(f"{args.model} {op.name} batch {args.batch}: x {x_shape} -> y {y_shape}; workspace (MiB) "
+            + "; ".join(f"{p}: " + ", ".join(f"{a} {b / 2**20:.0f}" for a, b in op.workspace[p].items())
+                        for p in op.workspace))
+        gen = cp.random.default_rng(0)
+        x, dx = gen.standard_normal(x_shape, dtype=np.float32), cp.empty(x_shape, np.float32)
+        y, dy = cp.empty(y_shape, np.float32), gen.standard_normal(y_shape, dtype=np.float32)
+        w = gen.standard_normal(op.params["weight"].shape, dtype=np.float32)
+        dw = cp.empty_like(w)
+        room = 16 << 30
+        ws_bytes = max([b for p in op.workspace.values() for b in p.values() if b <= room] + [1])
+        ws = cp.empty(ws_bytes, np.uint8)
+        say(f"buffers ready; workspace buffer {ws_bytes / 2**20:.0f} MiB (algorithms needing more are skipped)")
+        for pass_ in ("forward", "backward_filter", "backward_data"):
+            box: dict = {}
+            s.launch(lambda p=pass_: box.__setitem__("r", conv.heuristic(op.layer, p, x_shape, y_shape)))
+            say(f"heuristic {pass_}: {box['r']}")
+        layer = op.layer
+        for pass_ in ("forward", "backward_filter", "backward_data"):
+            for algo in op.algorithms[pass_]:
+                if op.workspace[pass_][algo] > room:
+                    say(f"{pass_} {algo}: skipped (workspace)")
+                    continue
+                ctx = SimpleNamespace(algo=algo if pass_ == "forward" else
+                                      (algo, "algo_1") if pass_ == "backward_data" else ("algo_1", algo),
+                                      workspace=ws)
+                for run in ("first", "second"):
+                    a = time.perf_counter()
+                    try:
+                        if pass_ == "forward":
+                            s.launch(conv.forward, layer, ctx, x, w, y)
+                        elif pass_ == "backward_filter":
+                            s.launch(conv.backward, layer, ctx, dy, x, w, None, dw)
+                        else:
+                            s.launch(conv.backward, layer, ctx, dy, x, w, dx, dw)
+                        s.synchronize()
+                        say(f"{pass_} {algo} ({run} run): {(time.perf_counter() - a) * 1e3:.1f} ms")
+                    except Exception as exc:  # noqa: BLE001 - an unsupported algorithm: say so, go on
+                        say(f"{pass_} {algo}: {type(exc).__name__}: {exc}")
+                        break
+        if not args.skip_find:
+            for pass_, bufs in (("forward", (x, w, y)), ("backward_filter", (x, dw, dy)),
+                                ("backward_data", (dx, w, dy))):
+                box = {}
+                a = time.perf_counter()
+                s.launch(lambda p=pass_, b=bufs: box.__setitem__("r", conv.find(layer, p, *b, ws)))
+                s.synchronize()
+                say(f"find {pass_} ({(time.perf_counter() - a):.1f} s): "
+                    + ", ".join(f"{n} {t * 1e3:.1f} ms" for n, t, _ in box["r"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
