@@ -10,15 +10,20 @@ are in the device's arena, which it sizes at ``--memory``).
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
-from types import SimpleNamespace
+from pathlib import Path
 
-import numpy as np
+_HERE = str(Path(__file__).resolve().parent)  # bench/copy.py must not shadow the standard library's copy
+sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE]
 
-import vmem
-from vmem.nn.base import physical
+import argparse  # noqa: E402
+import time  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import vmem  # noqa: E402
+from vmem.nn.base import physical  # noqa: E402
 
 
 def main() -> int:
