@@ -129,6 +129,8 @@ class _Runner:
             self.device.synchronize()
             for block in self._blocks:
                 self.device.pool.free(block)
+            if hasattr(self.device, "release_cached"):  # CuPy's cached temporaries, outside the arena
+                self.device.release_cached()
         self._blocks.clear()
 
     def seconds(self, fn: Any, repeats: int) -> float:

@@ -2,8 +2,9 @@
 exact-size pinned pool, cuDNN convolutions, the encoding kernels compiled for the GPU.
 
 ``vmem.device("cuda:0", memory="8GiB")``; without ``memory=`` the capacity is the free memory the driver
-reports less ``reserve`` (default 1 GiB: the CUDA context, cuDNN's and cuBLAS's handles and workspaces,
-which vmem cannot route through its pool), as the repr says.
+reports less ``reserve``, as the repr says. The reserve (default: the larger of 2 GiB and 5% of the GPU) holds
+what vmem cannot route through its pool: the CUDA context, the kernels cuDNN, cuBLAS and CuPy load when first
+used, their handles and workspaces, and CuPy's temporaries (below).
 
 CuPy's own temporaries (element-wise results such as ReLU's ``y > 0``, reductions) are not in a plan. By
 default (``temporaries="reserve"``) they come from CuPy's pool, inside the reserve, so the arena holds
@@ -50,7 +51,7 @@ class CudaDevice:
     kind = "cuda"
     holds_data = True
 
-    def __init__(self, index: int = 0, *, memory: int | str | None = None, reserve: int | str = "1GiB",
+    def __init__(self, index: int = 0, *, memory: int | str | None = None, reserve: int | str | None = None,
                  pinned_memory: int | str | None = None, poison: bool = False, alignment: int = 256,
                  deterministic: bool = True, temporaries: str = "reserve"):
         import cupy
@@ -62,7 +63,7 @@ class CudaDevice:
         self.gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
         self.arch = f"sm_{props['major']}{props['minor']}"
         free, total = cupy.cuda.runtime.memGetInfo()
-        self.reserve = parse_bytes(reserve, name="reserve")
+        self.reserve = max(2 << 30, total // 20) if reserve is None else parse_bytes(reserve, name="reserve")
         capacity = free - self.reserve if memory is None else parse_bytes(memory, name="memory")
         if capacity <= 0 or capacity > free:
             raise DeviceError(f"cuda:{index}: memory={format_bytes(capacity)} does not fit the "
@@ -196,6 +197,15 @@ class CudaDevice:
     def synchronize(self) -> None:
         for stream in (self.compute_stream, self.memory_stream):
             stream.synchronize()
+
+    def release_cached(self) -> None:
+        """Wait for both streams, then give the blocks CuPy's pool caches (the temporaries of work done
+        so far) back to the driver, so that the reserve is whole again (the profile does this between
+        layers: a temporary of a large batch's feature map is a gigabyte)."""
+        import cupy
+
+        self.synchronize()
+        cupy.get_default_memory_pool().free_all_blocks()
 
     def step_scope(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
