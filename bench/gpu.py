@@ -17,6 +17,7 @@ Each section runs on its own: a failure is printed and recorded, and the others 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import sys
@@ -301,6 +302,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="skip the batch search (the longest section)")
     parser.add_argument("--json-out", help="write the results as JSON to this file (after each section)")
     parser.add_argument("--sections", help="comma-separated sections to run, of: " + ", ".join(SECTIONS))
+    parser.add_argument("--stall-dump", type=float, default=120.0, metavar="SECONDS",
+                        help="print every thread's stack when a section has run this long, and again each time "
+                             "as long again (default 120; 0: never)")
     args = parser.parse_args()
     from vmem.device.cuda import nvml, unavailable
 
@@ -320,11 +324,14 @@ def main() -> int:
         names.remove("budget")
     for name in names:
         say(f"section {name}")
+        if args.stall_dump > 0:  # a stalled run still says where it was
+            faulthandler.dump_traceback_later(args.stall_dump, repeat=True)
         try:
             SECTIONS[name](args, out)
         except Exception as exc:  # noqa: BLE001 - record it and go on with the next section
             traceback.print_exc()
             out["errors"][name] = f"{type(exc).__name__}: {exc}"
+        faulthandler.cancel_dump_traceback_later()
         if args.json_out:  # after each section: a run cut short keeps what it measured
             Path(args.json_out).write_text(json.dumps(out, indent=2, default=str))
     say("done")

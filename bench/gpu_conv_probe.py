@@ -1,11 +1,14 @@
 """Probe one convolution of a network on the GPU: cuDNN's heuristic ranking of each pass, then every
 algorithm run once on its own, timed and printed as it finishes (so a run cut short still says which
-algorithm it was in), then cuDNN's own search (``Find*Ex``) per pass.
+algorithm it was in), then cuDNN's own search (``Find*Ex``) per pass. With ``--profile``, instead, the
+whole profile vmem makes for planning (:func:`vmem.costs.profile`), a line per layer, in an arena of
+``--memory`` (``all``: the device's default, the free memory less the reserve), after PyTorch has run a
+convolution in the same process if ``--with-torch``.
 
     python bench/gpu_conv_probe.py [--model vgg16] [--batch 64] [--layer conv2] [--skip-find]
+    python bench/gpu_conv_probe.py --profile [--memory all] [--with-torch]
 
-For finding which of cuDNN's algorithms make a profile slow; it measures time, not memory (its buffers
-are in the device's arena, which it sizes at ``--memory``).
+For finding what makes a profile slow. Every thread's stack is printed if it runs past ``--stall-dump``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ _HERE = str(Path(__file__).resolve().parent)  # bench/copy.py must not shadow th
 sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE]
 
 import argparse  # noqa: E402
+import faulthandler  # noqa: E402
+import logging  # noqa: E402
 import time  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
@@ -31,9 +36,15 @@ def main() -> int:
     parser.add_argument("--model", default="vgg16")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--layer", default="conv2", help="the convolution's op name (default conv2)")
-    parser.add_argument("--memory", default="40GiB", help="the device arena (default 40GiB)")
+    parser.add_argument("--memory", default="40GiB",
+                        help="the device arena (default 40GiB; with --profile, all: the device's default)")
     parser.add_argument("--skip-find", action="store_true", help="do not run cuDNN's search at the end")
+    parser.add_argument("--profile", action="store_true", help="run vmem's whole profile of the model instead")
+    parser.add_argument("--with-torch", action="store_true", help="with --profile: run PyTorch first, in-process")
+    parser.add_argument("--stall-dump", type=float, default=60.0, metavar="SECONDS",
+                        help="print every thread's stack after this long, and again each time as long again")
     args = parser.parse_args()
+    faulthandler.dump_traceback_later(args.stall_dump, repeat=True)
     from vmem.device.cuda import unavailable
 
     if unavailable():
@@ -45,6 +56,8 @@ def main() -> int:
         print(f"[{time.perf_counter() - t0:7.2f} s] {msg}", flush=True)
 
     net = vmem.models.get(args.model)
+    if args.profile:
+        return _profile(args, net, say)
     with vmem.device("cuda:0", memory=args.memory) as dev:
         program = dev.catalog(net.build(args.batch, net.input_shape, "float32"))
         convs = {op.name: op for op in program.ops if op.kind == "conv"}
@@ -101,6 +114,31 @@ def main() -> int:
                 s.synchronize()
                 say(f"find {pass_} ({(time.perf_counter() - a):.1f} s): "
                     + ", ".join(f"{n} {t * 1e3:.1f} ms" for n, t, _ in box["r"]))
+    return 0
+
+
+def _profile(args, net, say) -> int:
+    from vmem.costs import profile
+
+    if args.with_torch:
+        import torch
+
+        conv = torch.nn.Conv2d(64, 64, 3, padding=1).cuda()
+        conv(torch.randn(64, 64, 224, 224, device="cuda")).sum().backward()
+        torch.cuda.synchronize()
+        say(f"PyTorch ran a convolution; it holds {torch.cuda.memory_reserved() / 2**30:.2f} GiB")
+    logging.basicConfig(format="    profile: %(message)s")
+    logging.getLogger("vmem.profile").setLevel(logging.INFO)
+    memory = None if args.memory == "all" else args.memory
+    with vmem.device("cuda:0", **({"memory": memory} if memory else {})) as dev:
+        import cupy
+
+        free, total = cupy.cuda.runtime.memGetInfo()
+        say(f"{dev!r}; {free / 2**30:.2f} GiB of {total / 2**30:.2f} GiB free outside the arena")
+        program = dev.catalog(net.build(args.batch, net.input_shape, "float32"))
+        say(f"catalog of {len(program.ops)} ops")
+        prof = profile(program, device=dev)
+        say(f"profile done: {len(prof.times)} times, link {prof.d2h:.1f} GB/s")
     return 0
 
 

@@ -138,6 +138,7 @@ def codec_bandwidth(device: Any, codec: Any, sizes: Sequence[int | str] = ("4MiB
                 box: dict[str, Any] = {}
                 # made on the memory stream too: a pageable upload on another stream may still be landing
                 ms.launch(lambda h=relu_activations(count, density): box.__setitem__("values", xp.asarray(h)))
+                ms.synchronize()  # the CPU device's streams run their work on a thread of their own
                 values = box["values"]
                 ms.launch(fill, values)
                 ms.synchronize()
