@@ -52,20 +52,24 @@ class _FoundConv:
             dx[...] = 0
 
 
+def _profile_with(backend, monkeypatch):
+    """The profile of a small network through the CPU device with ``backend`` as its convolutions, which
+    gives every pass's algorithms, in catalog order, times 1 + i from the last (the last is fastest)."""
+    net = vmem.models.get("vgg_cifar", image_size=16)
+    with vmem.device("cpu", memory="128MiB") as dev:
+        program = dev.catalog(net.build(2, net.input_shape, "float32"))
+        names = next(op for op in program.ops if op.kind == "conv").algorithms
+        fake = backend({p: {a: 1.0 + i for i, a in enumerate(reversed(algos))} for p, algos in names.items()})
+        monkeypatch.setattr(type(dev), "conv_backend", property(lambda self: fake), raising=False)
+        return profile(program, device=dev, copy_gbps=10.0, repeats=1), fake, program
+
+
 def test_a_backend_that_times_its_own_algorithms_is_asked_once_per_pass(monkeypatch):
     """cuDNN's search ranks the algorithms; the fastest of each pass is then timed as the layer runs it,
     and the others keep their distance from it."""
-    net = vmem.models.get("vgg_cifar", image_size=16)
-    program = net.build(2, net.input_shape, "float32")
-    with vmem.device("cpu", memory="128MiB") as dev:
-        program = dev.catalog(program)
-        conv = next(op for op in program.ops if op.kind == "conv")
-        names = conv.algorithms
-        slow = {p: {a: 1.0 + i for i, a in enumerate(reversed(algos))} for p, algos in names.items()}
-        fake = _FoundConv(slow)
-        monkeypatch.setattr(type(dev), "conv_backend", property(lambda self: fake), raising=False)
-        prof = profile(program, device=dev, copy_gbps=10.0, repeats=1)
+    prof, fake, program = _profile_with(_FoundConv, monkeypatch)
     convs = [op for op in program.ops if op.kind == "conv"]
+    conv, names, slow = convs[0], convs[0].algorithms, fake.times
     assert sum(1 for c in fake.calls if c[0] == "find") == 3 * len(convs)
     for pass_, algos in names.items():
         fastest = algos[-1]  # the fake gives the last the shortest time
@@ -91,16 +95,9 @@ def test_a_backend_with_heuristics_has_only_its_best_ranked_algorithms_timed(mon
     from vmem.costs import measured
 
     monkeypatch.setattr(measured, "TOP", 1)
-    net = vmem.models.get("vgg_cifar", image_size=16)
-    program = net.build(2, net.input_shape, "float32")
-    with vmem.device("cpu", memory="128MiB") as dev:
-        program = dev.catalog(program)
-        conv = next(op for op in program.ops if op.kind == "conv")
-        names = conv.algorithms
-        ranks = {p: {a: 1.0 + i for i, a in enumerate(reversed(algos))} for p, algos in names.items()}
-        fake = _RankedConv(ranks)
-        monkeypatch.setattr(type(dev), "conv_backend", property(lambda self: fake), raising=False)
-        prof = profile(program, device=dev, copy_gbps=10.0, repeats=1)
+    prof, fake, program = _profile_with(_RankedConv, monkeypatch)
+    conv = next(op for op in program.ops if op.kind == "conv")
+    names = conv.algorithms
     assert not any(c[0] == "find" for c in fake.calls)
     for pass_, algos in names.items():
         got = {a: prof.times[(conv.name, pass_, a)] for a in algos}

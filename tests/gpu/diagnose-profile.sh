@@ -5,18 +5,7 @@
 # limit and every thread's stack printed if it stalls:
 #
 #     bash tests/gpu/diagnose-profile.sh OUT     # OUT/profile-{32GiB,all,all-torch}.log, about 3 minutes at most
-set -uo pipefail
-out=${1:-${OUT:-gpu-out}}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-cd "$(dirname "$0")/../.."
-py=${PYTHON:-python3}
-if compgen -G ".whl/*.whl" > /dev/null; then
-    site=$(mktemp -d)
-    $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl \
-        && export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source "$(dirname "$0")/env.sh" "$@"
 limit=${VMEM_DIAGNOSE_S:-60}
 for setting in "32GiB" "all" "all --with-torch"; do
     name=profile-$(echo "$setting" | tr -d ' -' | sed 's/withtorch/-torch/')

@@ -12,18 +12,7 @@
 #   OUT/gpu-bench.log   bench/gpu.py, and OUT/gpu-bench.json its figures (about 3-5 minutes)
 # Limits (seconds) and extra bench arguments from the environment: VMEM_GPU_TESTS_S (330), VMEM_GPU_BENCH_S
 # (330), VMEM_GPU_TEST_TIMEOUT (120, per test), VMEM_GPU_BENCH_ARGS (e.g. --quick).
-set -uo pipefail
-out=${1:-${OUT:-gpu-out}}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-cd "$(dirname "$0")/../.."
-py=${PYTHON:-python3}
-if compgen -G ".whl/*.whl" > /dev/null; then
-    site=$(mktemp -d)
-    $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl \
-        && export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source "$(dirname "$0")/env.sh" "$@"
 { nvidia-smi; $py -m pip list 2>/dev/null | grep -iE "^(cupy|nvidia-cudnn|nvidia-ml|torch |numpy|cffi|pycparser|pytest|hypothesis)"; } \
     > "$out/env.log" 2>&1
 $py setup.py -q build_ext --inplace > "$out/build.log" 2>&1 || echo "native CPU kernels not built: see build.log"
