@@ -114,6 +114,32 @@ def test_a_fake_device_gives_the_cpu_devices_weights_bitwise(policy):
         assert reports[-1].offloaded_bytes > 0 and fake.moved["d2h"] > 0
 
 
+class _UploadWatcher(FakeDevice):
+    """Records, for each host-to-device copy, whether its source lies in the pinned arena."""
+
+    def __init__(self):
+        super().__init__()
+        self.uploads = []
+
+    def copy_to_device(self, dst, src, stream=None):
+        lo = self.pinned.arena.buffer.__array_interface__["data"][0]
+        start = src.__array_interface__["data"][0]
+        self.uploads.append((lo <= start and start + src.nbytes <= lo + self.pinned.capacity, src.shape))
+        super().copy_to_device(dst, src, stream)
+
+
+@pytest.mark.parametrize("policy", ["baseline", "vdnn-all"])
+def test_the_batch_is_uploaded_from_pinned_memory(policy):
+    """A copy from pageable memory waits for all earlier work (CUDA's rule): a layer-wise schedule uploads
+    the labels just before the loss, so the batch is staged in pinned memory when the step starts, and
+    the pinned pool is empty again after the step."""
+    fake = _UploadWatcher()
+    run_steps(fake, policy, steps=2)
+    assert fake.uploads and all(pinned for pinned, _ in fake.uploads), fake.uploads
+    assert {shape for _, shape in fake.uploads} == {(4,), (4, 16, 16, 3)}  # labels and input
+    assert fake.pinned.in_use == 0
+
+
 def test_a_failed_step_leaves_the_pool_and_the_pinned_pool_as_they_were():
     fake = FakeDevice()
     net = vmem.models.get("vgg_cifar", image_size=16)

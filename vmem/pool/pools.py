@@ -375,9 +375,10 @@ class PinnedHostPool(_ArenaPool):
                 return HostArena(n, prefault=prefault)
         super().__init__(capacity, alignment, upstream, name)
 
-    def allocate(self, nbytes: int, category: str = "feature_maps") -> Block:
-        """Take a buffer of ``nbytes`` (accounted to ``category``: what is offloaded into it)."""
-        return self._allocate(nbytes, None, category)
+    def allocate(self, nbytes: int, category: str = "feature_maps", *, high: bool = False) -> Block:
+        """Take a buffer of ``nbytes`` (accounted to ``category``: what is offloaded into it); ``high``: from
+        the top of the arena (a buffer held for the whole step, out of the way of the offloads' exact fit)."""
+        return self._allocate(nbytes, None, category, high=high)
 
     def stats(self) -> PoolStats:
         """As for any pool; buffers whose copy has completed are handed back first, so ``pending`` counts

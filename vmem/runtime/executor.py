@@ -68,6 +68,8 @@ class _Run:
         self.loss: list[float] = []
         self.logits: np.ndarray | None = None
         self.timeline = Timeline(origin=origin)
+        self.staged: Any = None  # the pinned buffer holding the batch for the step's uploads
+        self.batch: dict[str, np.ndarray] = {}
 
 
 class Executor(Transfers):
@@ -102,6 +104,9 @@ class Executor(Transfers):
             for key in (f"{op.name}.{k}" for op, k, s in program.owned_params() if s.trainable)
         ] if optimizer is not None else []
         self._update_sizes = [p.size for p, _, _ in self._updates]
+        align = lambda n: -(-max(n, 1) // device.pool.alignment) * device.pool.alignment  # noqa: E731
+        self._staging_bytes = (align(program.tensors[program.input].nbytes)
+                               + align(int(np.prod(program.label_shape)) * 8))  # the batch, staged in pinned memory
         self._aux_dtype = {(op.index, k): (self.dtype if a.dtype == "float" else np.dtype(a.dtype))
                            for op in ops for k, a in op.aux.items()}
         self._table = handlers({
@@ -120,17 +125,19 @@ class Executor(Transfers):
         """Run the schedule on one batch. Returns the report and, for inference, the logits (NCHW order)."""
         dev, pool = self.device, self.device.pool
         host_x = np.ascontiguousarray(np.asarray(x).transpose(0, 2, 3, 1) if x.ndim == 4 else x, dtype=self.dtype)
-        if self.schedule.pinned_bytes:
-            dev.reserve_pinned(self.schedule.pinned_bytes)  # before the step: no pinned allocation inside it
+        # before the step: no pinned allocation inside it (the offloads' buffers, and the batch's staging)
+        dev.reserve_pinned(self.schedule.pinned_bytes + self._staging_bytes)
         pool.reset_peak()
         r = _Run(host_x, labels, train, rng, step, time.perf_counter())
         r.timeline.sample(r.timeline.origin, dev.readings())
         self._begin_transfers(r)
         try:
+            self._stage(r)
             with dev.step_scope() as threads:
                 for st in self.schedule.steps:
                     self._table[type(st)](r, st)
                 dev.synchronize()
+            self._unstage(r)
             r.timeline.sample(time.perf_counter(), dev.readings())
             moved = self._moved(r)
             pool.reclaim()  # every event has completed: coalesce, so each step starts as the plan's replay does
@@ -154,6 +161,7 @@ class Executor(Transfers):
             self.device.synchronize()
         except BaseException:
             pass  # the original error is the one to report
+        self._unstage(r)
 
     # -- streams -----------------------------------------------------------------------------------
     def _launch(self, r: _Run, name: str, fn: Any, *args: Any, kind: str = "compute") -> None:
@@ -172,12 +180,30 @@ class Executor(Transfers):
     def _free(self, r: _Run, st: Free) -> None:
         self.device.pool.free(r.blocks.pop(st.key), self.device.compute_stream)
 
+    def _stage(self, r: _Run) -> None:
+        """The batch (input, labels) copied into one pinned buffer at the top of the pinned arena, held for
+        the step. A copy from pageable memory first waits for everything enqueued before it (CUDA's rule,
+        which the CPU device keeps): a layer-wise schedule allocates the labels just before the loss, and
+        the host would wait there for the whole forward, then enqueue the backward while it runs."""
+        dev = self.device
+        r.staged = dev.pinned.allocate(self._staging_bytes, "other", high=True)
+        x_bytes = -(-r.x.nbytes // dev.pool.alignment) * dev.pool.alignment
+        raw = dev.host_view(r.staged, (r.staged.nbytes,), np.uint8)
+        r.batch = {"input": raw[:r.x.nbytes].view(r.x.dtype).reshape(r.x.shape)}
+        np.copyto(r.batch["input"], r.x)
+        if r.labels is not None:
+            labels = np.asarray(r.labels, dtype=np.int64)
+            r.batch["labels"] = raw[x_bytes:x_bytes + labels.nbytes].view(np.int64).reshape(labels.shape)
+            np.copyto(r.batch["labels"], labels)
+
+    def _unstage(self, r: _Run) -> None:
+        if r.staged is not None:
+            self.device.pinned.free(r.staged)
+            r.staged = None
+
     def _upload(self, r: _Run, st: Upload) -> None:
-        cs = self.device.compute_stream
-        if st.source == "input":
-            self.device.copy_to_device(self._value(r, self.program.input), r.x, stream=cs)
-        else:
-            self.device.copy_to_device(self._labels(r), np.asarray(r.labels, dtype=np.int64), stream=cs)
+        dst = self._value(r, self.program.input) if st.source == "input" else self._labels(r)
+        self.device.copy_to_device(dst, r.batch[st.source], stream=self.device.compute_stream)
 
     def _copy_out(self, r: _Run, st: CopyOut) -> None:
         r.logits = np.empty(self.program.tensors[st.tensor].shape, self.dtype)
