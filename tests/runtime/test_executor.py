@@ -178,3 +178,28 @@ def test_the_devices_readings_are_sampled_into_the_timeline():
     assert all("used_bytes" in readings for _, readings in samples)
     trace = reports[-1].timeline.chrome_trace()
     assert any(e.get("name") == "device readings" for e in trace["traceEvents"])
+
+
+def test_spans_timed_by_events_on_an_asynchronous_device():
+    """Where work runs after launch returns (a GPU), spans are timed by events on the streams and a
+    stream waits for another without the host. The CPU device's streams have the same events: with
+    ``asynchronous`` set, the step gives the same weights, a span for every op, in stream order, within
+    the step, and its waits."""
+    results = {}
+    for asynchronous in (False, True):
+        with vmem.device("cpu", memory="64MiB") as dev:
+            dev.asynchronous = asynchronous
+            weights, reports, _ = run_steps(dev, "vdnn-all", steps=2)
+        results[asynchronous] = (weights, reports)
+    (want, plain), (got, evented) = results[False], results[True]
+    assert all(np.array_equal(want[k], got[k]) for k in want)
+    for a, b in zip(plain, evented):
+        assert a.peak_bytes == b.peak_bytes and a.offloaded_bytes == b.offloaded_bytes
+        names = lambda r, stream: sorted(s.name for s in r.timeline.spans if s.stream == stream)  # noqa: E731
+        assert names(a, "compute") == names(b, "compute") and names(a, "memory") == names(b, "memory")
+        origin, end = b.timeline.origin, b.timeline.origin + b.seconds
+        compute = b.timeline.by_stream("compute")
+        assert all(origin <= s.start <= s.end <= end for s in b.timeline.spans)
+        assert all(later.start >= earlier.end for earlier, later in zip(compute, compute[1:]))  # in order
+        assert any(s.kind == "wait" for s in compute) and b.timeline.waiting == []
+        assert min(s.in_use for s in compute) <= b.average_bytes <= max(s.in_use for s in compute)

@@ -26,6 +26,9 @@ class Device(Protocol):
     pinned blocks (``host_view``). ``copy_to_host``/``copy_to_device`` enqueue a copy on a stream (the
     memory stream by default) and return at once; ``copy_now`` copies on the calling thread, for work
     already running on a stream. ``holds_data`` is False for a device that only plans (simulated).
+    A device whose streams run their work after ``launch`` returns (a GPU) says so with a true
+    ``asynchronous`` attribute (optional; absent means False): the executor then times its spans with
+    timing events and makes streams wait for each other without the host.
     """
 
     name: str

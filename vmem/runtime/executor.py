@@ -29,7 +29,7 @@ from ..schedule.steps import (Accumulate, AccumulateParam, Alloc, Backward, Copy
                               Prefetch, Recompute, Release, Update, Upload, WaitPrefetch, handlers)
 from .params import DeviceParams
 from .timeline import Span, Timeline
-from .transfers import Transfers, timed
+from .transfers import Transfers, launch_timed
 
 __all__ = ["Executor", "StepReport"]
 
@@ -129,6 +129,8 @@ class Executor(Transfers):
         dev.reserve_pinned(self.schedule.pinned_bytes + self._staging_bytes)
         pool.reset_peak()
         r = _Run(host_x, labels, train, rng, step, time.perf_counter())
+        if getattr(dev, "asynchronous", False):  # spans timed by events: measured from this one
+            r.timeline.start(dev.compute_stream.record(timing=True))
         r.timeline.sample(r.timeline.origin, dev.readings())
         self._begin_transfers(r)
         try:
@@ -137,6 +139,7 @@ class Executor(Transfers):
                 for st in self.schedule.steps:
                     self._table[type(st)](r, st)
                 dev.synchronize()
+            r.timeline.resolve()
             self._unstage(r)
             r.timeline.sample(time.perf_counter(), dev.readings())
             moved = self._moved(r)
@@ -166,7 +169,8 @@ class Executor(Transfers):
     # -- streams -----------------------------------------------------------------------------------
     def _launch(self, r: _Run, name: str, fn: Any, *args: Any, kind: str = "compute") -> None:
         """Enqueue ``fn`` on the compute stream as a timed span."""
-        self.device.compute_stream.launch(timed, r.timeline, name, "compute", kind, self.device.pool.usage(), fn, *args)
+        launch_timed(self.device, r.timeline, self.device.compute_stream, name, kind, self.device.pool.usage(), fn,
+                     *args)
 
     # -- memory ------------------------------------------------------------------------------------
     def _alloc(self, r: _Run, st: Alloc) -> None:

@@ -41,8 +41,28 @@ class Timeline:
     #: taken when the step starts and when it ends
     samples: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
 
+    #: spans timed by events (an asynchronous device), read by :meth:`resolve` once their work has run
+    waiting: list[tuple] = field(default_factory=list, repr=False)
+    started: Any = field(default=None, repr=False)  # the timing event ``origin`` stands for
+
     def record(self, span: Span) -> None:
         self.spans.append(span)  # list.append is atomic: streams record from their own threads
+
+    def start(self, event: Any) -> None:
+        """Events measure the spans of this step from ``event``, recorded when the step began."""
+        self.started = event
+
+    def pending(self, name: str, stream: str, kind: str, usage: dict[str, int], start: Any, end: Any) -> None:
+        """A span whose start and end are timing events, to read once they have completed."""
+        self.waiting.append((name, stream, kind, dict(usage), start, end))
+
+    def resolve(self) -> None:
+        """Turn the event-timed spans into spans (after the step's work has completed): each event's time
+        from the step's first event, on the host's clock from ``origin``."""
+        for name, stream, kind, usage, start, end in self.waiting:
+            self.record(Span(name, stream, kind, self.origin + self.started.elapsed_time(start),
+                             self.origin + self.started.elapsed_time(end), sum(usage.values()), usage))
+        self.waiting.clear()
 
     def sample(self, time: float, readings: dict[str, Any]) -> None:
         if readings:

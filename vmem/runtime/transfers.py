@@ -23,7 +23,7 @@ from ..schedule import Key
 from ..schedule.steps import BnRange, Decode, Encode, Offload, Prefetch, Release, WaitPrefetch
 from .timeline import Span, Timeline
 
-__all__ = ["Transfers", "timed"]
+__all__ = ["Transfers", "timed", "launch_timed"]
 
 
 def timed(timeline: Timeline, name: str, stream: str, kind: str, usage: dict[str, int], fn: Any, *args: Any) -> None:
@@ -31,6 +31,19 @@ def timed(timeline: Timeline, name: str, stream: str, kind: str, usage: dict[str
     start = time.perf_counter()
     fn(*args)
     timeline.record(Span(name, stream, kind, start, time.perf_counter(), sum(usage.values()), usage))
+
+
+def launch_timed(device: Any, timeline: Timeline, stream: Any, name: str, kind: str, usage: dict[str, int], fn: Any,
+                 *args: Any) -> None:
+    """Enqueue ``fn`` on ``stream`` as a span of the timeline. Where work runs on the host thread of its
+    stream (the CPU device), the host's clock times it there; where it runs after ``launch`` returns (a
+    GPU: ``device.asynchronous``), timing events before and after it do, read when the step has ended."""
+    if getattr(device, "asynchronous", False):
+        start = stream.record(timing=True)
+        stream.launch(fn, *args)
+        timeline.pending(name, stream.name, kind, usage, start, stream.record(timing=True))
+    else:
+        stream.launch(timed, timeline, name, stream.name, kind, usage, fn, *args)
 
 
 class _Offloaded:
@@ -75,7 +88,14 @@ class Transfers:
         r.deferred[buffer.key] = (offset, buffer.nbytes)
 
     def _stall(self, r: Any, name: str, event: Any) -> None:
-        """The compute stream waits for a memory-stream event; the wait is recorded as a stall."""
+        """The compute stream waits for a memory-stream event; the wait is recorded as a stall. On an
+        asynchronous device (a GPU) the stream waits, not the host, and timing events measure the wait."""
+        cs = self.device.compute_stream
+        if getattr(self.device, "asynchronous", False):
+            start = cs.record(timing=True)
+            cs.wait(event)
+            r.timeline.pending(name, cs.name, "wait", self.device.pool.usage(), start, cs.record(timing=True))
+            return
         self._launch(r, name, event.synchronize, kind="wait")  # type: ignore[attr-defined]
 
     def _range(self, bn: BnRange | None) -> tuple[Any, Any] | None:
@@ -99,11 +119,11 @@ class Transfers:
         name = f"offload:{st.key}"
         if st.codec is not None:
             src = dev.view(block, st.shape, self.dtype)
-            ms.launch(timed, r.timeline, name, "memory", "offload", {}, self._send, st, src, off)
+            launch_timed(dev, r.timeline, ms, name, "offload", {}, self._send, st, src, off)
         else:
             off.moved = block.nbytes
-            ms.launch(timed, r.timeline, name, "memory", "offload", {}, dev.copy_now,
-                      off.host[:block.nbytes], dev.view(block, (block.nbytes,), np.uint8), "d2h")
+            launch_timed(dev, r.timeline, ms, name, "offload", {}, dev.copy_now,
+                         off.host[:block.nbytes], dev.view(block, (block.nbytes,), np.uint8), "d2h")
         off.done = ms.record()
         r.offloaded[st.key] = off
         r.sent.append(off)
@@ -133,11 +153,11 @@ class Transfers:
         if st.codec is not None:
             dst = dev.view(block, st.shape, self.dtype)  # off.enc is set by the offload's task: read it when this runs
             codec = st.codec
-            ms.launch(timed, r.timeline, name, "memory", "prefetch", {},
-                      lambda: transfer.receive(dev, codec, off.enc, dst))
+            launch_timed(dev, r.timeline, ms, name, "prefetch", {},
+                         lambda: transfer.receive(dev, codec, off.enc, dst))
         else:
-            ms.launch(timed, r.timeline, name, "memory", "prefetch", {}, dev.copy_now,
-                      dev.view(block, (block.nbytes,), np.uint8), off.host[:block.nbytes], "h2d")
+            launch_timed(dev, r.timeline, ms, name, "prefetch", {}, dev.copy_now,
+                         dev.view(block, (block.nbytes,), np.uint8), off.host[:block.nbytes], "h2d")
         off.back = ms.record()
         dev.pinned.free(off.host_block, off.back)
 

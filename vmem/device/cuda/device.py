@@ -50,6 +50,9 @@ class CudaDevice:
 
     kind = "cuda"
     holds_data = True
+    #: work runs on the GPU after ``launch`` returns: the executor times spans with events, and streams
+    #: wait for each other on the GPU, not on the host
+    asynchronous = True
 
     def __init__(self, index: int = 0, *, memory: int | str | None = None, reserve: int | str | None = None,
                  pinned_memory: int | str | None = None, poison: bool = False, alignment: int = 256,
