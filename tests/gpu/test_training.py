@@ -154,3 +154,18 @@ def test_vdnn_dyn_plans_from_a_profile_of_the_gpu():
         for pass_, algo in passes.items():
             assert algo in cudnn.ALGOS[pass_], (pass_, algo)
     assert all(np.isfinite(p).all() for p in params.values())
+
+
+def test_the_step_timeline_is_timed_on_the_gpu():
+    """Spans come from CUDA events read after the step: every op has one, in stream order, within the
+    step; offloads and prefetches have theirs on the memory stream; the compute stream's waits too."""
+    _, reports, plan = train(MODELS["vgg_cifar"], "vdnn-all", steps=3)
+    r = reports[-1]
+    timeline = r.timeline
+    compute, memory = timeline.by_stream("compute"), timeline.by_stream("memory")
+    assert timeline.waiting == [] and compute and memory
+    origin, end = timeline.origin, timeline.origin + r.seconds
+    assert all(origin <= s.start <= s.end <= end + 1e-3 for s in timeline.spans)
+    assert all(later.start >= earlier.end - 1e-6 for earlier, later in zip(compute, compute[1:]))
+    assert {s.kind for s in memory} == {"offload", "prefetch"} and any(s.kind == "wait" for s in compute)
+    assert sum(s.seconds for s in compute) <= r.seconds + 1e-3
