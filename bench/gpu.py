@@ -128,7 +128,10 @@ def section_step_time(args, out):
     rows, times = [], {}
     for policy in ("baseline:algos=performance", "vdnn-all:algos=performance", "vdnn-dyn"):
         times[policy], info = vmem_step_seconds(policy, args.batch, args.steps, memory=args.memory)
-        rows.append((policy, f"{times[policy] * 1e3:.1f}", info["chosen"], format_bytes(info["peak_bytes"])))
+        predicted = info["predicted_seconds"]
+        rows.append((policy, f"{times[policy] * 1e3:.1f}", f"{predicted * 1e3:.1f}" if predicted else "-",
+                     info["chosen"], format_bytes(info["peak_bytes"])))
+        out.setdefault("step_predicted", {})[policy] = predicted
     torch = torch_setup()
     model = torch_vgg16(torch).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -139,9 +142,9 @@ def section_step_time(args, out):
     say(f"pytorch eager: steps {', '.join(f'{t * 1e3:.1f}' for t in torch_times)} ms")
     del model, opt
     torch.cuda.empty_cache()
-    rows.append(("pytorch eager", f"{t_torch * 1e3:.1f}", "cudnn.benchmark", "-"))
+    rows.append(("pytorch eager", f"{t_torch * 1e3:.1f}", "-", "cudnn.benchmark", "-"))
     print(f"\nVGG-16, batch {args.batch}, 224x224, FP32 (TF32 off): median step of {args.steps}")
-    print(table(("run", "step ms", "algorithms / choice", "plan peak"), rows))
+    print(table(("run", "step ms", "plan's ms", "algorithms / choice", "plan peak"), rows))
     base = times["baseline:algos=performance"]
     out["step_time"] = times
     out["verdicts"] += [
