@@ -5,8 +5,10 @@ Each layer of a Program runs on its own, on random data of the right shapes, onc
 offers (forward, backward-data and backward-filter timed apart), plus the loss, the element-wise
 bandwidth (gradient accumulation, the optimizer) and the host-device copy rate. The result is a
 :class:`Profiled` cost model that :func:`vmem.plan` and the dynamic policy use in place of
-the roofline. Profiling buffers are outside the device arena (host arrays; CuPy's own pool on a GPU): it
-measures time, not memory.
+the roofline. On the CPU the layers run on the calling thread on host arrays; on a device, on its
+compute stream, with their buffers in its pool (given back after each layer) and random data drawn
+there. On a GPU with cuDNN, a convolution's algorithms are those cuDNN's heuristics rank best (see
+:data:`TOP`), else those its search finds. It measures time, not memory.
 """
 
 from __future__ import annotations
