@@ -135,14 +135,15 @@ class _Runner:
                 self.device.release_cached()
         self._blocks.clear()
 
-    def warm(self, fn: Any) -> None:
-        """One untimed run (first calls load kernels and fill caches), where the timed runs go: on a
-        device, on its compute stream (never the legacy default stream), waited for."""
+    def call(self, fn: Any) -> Any:
+        """``fn()`` where the timed runs go (on a device, on its compute stream, never the legacy default
+        stream), waited for; its result. As a warm-up: first calls load kernels and fill caches."""
         if self.device is None:
-            fn()
-            return
-        self.device.compute_stream.launch(fn)
+            return fn()
+        box: list[Any] = []
+        self.device.compute_stream.launch(lambda: box.append(fn()))
         self.device.compute_stream.synchronize()
+        return box[0]
 
     def seconds(self, fn: Any, repeats: int) -> float:
         if self.device is None:
@@ -162,19 +163,11 @@ class _Runner:
 
     def rank(self, pass_: str, layer: Any, x_shape: Any, y_shape: Any) -> list[str]:
         """cuDNN's heuristic ranking of one pass's algorithms (on the compute stream's handle)."""
-        box: dict[str, Any] = {}
-        self.device.compute_stream.launch(
-            lambda: box.__setitem__("ranked", self.conv.heuristic(layer, pass_, tuple(x_shape), tuple(y_shape))))
-        self.device.compute_stream.synchronize()
-        return box["ranked"]
+        return self.call(lambda: self.conv.heuristic(layer, pass_, tuple(x_shape), tuple(y_shape)))
 
-    def find(self, pass_: str, *args: Any) -> dict[str, float]:
+    def find(self, pass_: str, layer: Any, x: Any, w: Any, y: Any, ws: Any) -> dict[str, float]:
         """cuDNN's own timing of every algorithm of one pass of a convolution (``Find*Ex``), in seconds."""
-        box: dict[str, Any] = {}
-        self.device.compute_stream.launch(lambda: box.__setitem__("found", self.conv.find(*args[:1], pass_,
-                                                                                          *args[1:])))
-        self.device.compute_stream.synchronize()
-        return {name: t for name, t, _ in box["found"]}
+        return {name: t for name, t, _ in self.call(lambda: self.conv.find(layer, pass_, x, w, y, ws))}
 
 
 def _profile_op(op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: int,
@@ -214,26 +207,26 @@ def _profile_op(op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: 
             except Exception as exc:  # noqa: BLE001 - the next strategy, then each algorithm in turn
                 _log.warning("%s: profiling by cuDNN's %s failed (%s)", op.name, method, exc)
     for algo in algos.get("forward", [None]):
-        on.warm(lambda: layer.forward(ctx(algo), xs, y))
+        on.call(lambda: layer.forward(ctx(algo), xs, y))
         times[(op.name, "forward", algo)] = best(lambda: layer.forward(ctx(algo), xs, y), repeats)
     y_read = y if op.reads_output else None
     if op.kind != "conv":
         def backward() -> None:
             layer.backward(ctx(None), dy, needs_x, y_read, dxs)
-        on.warm(backward)
+        on.call(backward)
         times[(op.name, "backward", None)] = best(backward, repeats)
         return
     data_algos, filter_algos = algos["backward_data"], algos["backward_filter"]
     for fa in filter_algos:
         def filter_only(fa: str = fa) -> None:
             layer.backward(ctx((data_algos[0], fa)), dy, needs_x, y_read, [None])
-        on.warm(filter_only)
+        on.call(filter_only)
         times[(op.name, "backward_filter", fa)] = best(filter_only, repeats)
     base_filter = times[(op.name, "backward_filter", filter_algos[0])]
     for da in data_algos:  # backward-data: both passes, less the filter pass alone
         def both(da: str = da) -> None:
             layer.backward(ctx((da, filter_algos[0])), dy, needs_x, y_read, dxs)
-        on.warm(both)
+        on.call(both)
         times[(op.name, "backward_data", da)] = max(0.0, best(both, repeats) - base_filter)
 
 
@@ -258,20 +251,20 @@ def _profile_conv_ranked(op: OpInfo, algos: dict[str, list[str]], ctx: Any, xs: 
             times[(op.name, pass_, a)] = float("inf")  # not offered unless timed below
     _log.info("%s: timing %s", op.name, ranked)
     for a in ranked["forward"]:
-        on.warm(lambda a=a: layer.forward(ctx(a), xs, y))
+        on.call(lambda a=a: layer.forward(ctx(a), xs, y))
         times[(op.name, "forward", a)] = on.seconds(lambda a=a: layer.forward(ctx(a), xs, y), repeats)
     data0 = ranked["backward_data"][0]
     for fa in ranked["backward_filter"]:
         def filter_only(fa: str = fa) -> None:
             layer.backward(ctx((data0, fa)), dy, needs_x, y_read, [None])
-        on.warm(filter_only)
+        on.call(filter_only)
         times[(op.name, "backward_filter", fa)] = on.seconds(filter_only, repeats)
     best_filter = min(ranked["backward_filter"], key=lambda a: times[(op.name, "backward_filter", a)])
     base_filter = times[(op.name, "backward_filter", best_filter)]
     for da in ranked["backward_data"]:
         def both(da: str = da) -> None:
             layer.backward(ctx((da, best_filter)), dy, needs_x, y_read, dxs)
-        on.warm(both)
+        on.call(both)
         times[(op.name, "backward_data", da)] = max(0.0, on.seconds(both, repeats) - base_filter)
 
 
@@ -302,10 +295,10 @@ def _profile_conv_found(op: OpInfo, algos: dict[str, list[str]], ctx: Any, xs: l
             times[(op.name, pass_, a)] = max(0.0, times[(op.name, pass_, a)] + extra)
 
     fwd = best["forward"]
-    on.warm(lambda: layer.forward(ctx(fwd), xs, y))
+    on.call(lambda: layer.forward(ctx(fwd), xs, y))
     measured("forward", on.seconds(lambda: layer.forward(ctx(fwd), xs, y), repeats))
     pair = (best["backward_data"], best["backward_filter"])
-    on.warm(lambda: layer.backward(ctx(pair), dy, needs_x, y_read, [None]))
+    on.call(lambda: layer.backward(ctx(pair), dy, needs_x, y_read, [None]))
     filter_seconds = on.seconds(lambda: layer.backward(ctx(pair), dy, needs_x, y_read, [None]), repeats)
     measured("backward_filter", filter_seconds)
     both = on.seconds(lambda: layer.backward(ctx(pair), dy, needs_x, y_read, dxs), repeats)

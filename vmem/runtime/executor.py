@@ -29,7 +29,7 @@ from ..schedule.steps import (Accumulate, AccumulateParam, Alloc, Backward, Copy
                               Prefetch, Recompute, Release, Update, Upload, WaitPrefetch, handlers)
 from .params import DeviceParams
 from .timeline import Span, Timeline
-from .transfers import Transfers, launch_timed
+from .transfers import Transfers
 
 __all__ = ["Executor", "StepReport"]
 
@@ -104,9 +104,12 @@ class Executor(Transfers):
             for key in (f"{op.name}.{k}" for op, k, s in program.owned_params() if s.trainable)
         ] if optimizer is not None else []
         self._update_sizes = [p.size for p, _, _ in self._updates]
-        align = lambda n: -(-max(n, 1) // device.pool.alignment) * device.pool.alignment  # noqa: E731
-        self._staging_bytes = (align(program.tensors[program.input].nbytes)
-                               + align(int(np.prod(program.label_shape)) * 8))  # the batch, staged in pinned memory
+        # the batch staged in one pinned buffer: the input, then the labels at the next aligned offset
+        a = device.pool.alignment
+        self._labels_at = -(-max(program.tensors[program.input].nbytes, 1) // a) * a
+        self._staging_bytes = self._labels_at + -(-int(np.prod(program.label_shape)) * 8 // a) * a
+        #: work runs after launch returns (a GPU): spans are timed by events, streams wait on the device
+        self._asynchronous = bool(getattr(device, "asynchronous", False))
         self._aux_dtype = {(op.index, k): (self.dtype if a.dtype == "float" else np.dtype(a.dtype))
                            for op in ops for k, a in op.aux.items()}
         self._table = handlers({
@@ -129,7 +132,7 @@ class Executor(Transfers):
         dev.reserve_pinned(self.schedule.pinned_bytes + self._staging_bytes)
         pool.reset_peak()
         r = _Run(host_x, labels, train, rng, step, time.perf_counter())
-        if getattr(dev, "asynchronous", False):  # spans timed by events: measured from this one
+        if self._asynchronous:  # spans timed by events: measured from this one
             r.timeline.start(dev.compute_stream.record(timing=True))
         r.timeline.sample(r.timeline.origin, dev.readings())
         self._begin_transfers(r)
@@ -169,8 +172,7 @@ class Executor(Transfers):
     # -- streams -----------------------------------------------------------------------------------
     def _launch(self, r: _Run, name: str, fn: Any, *args: Any, kind: str = "compute") -> None:
         """Enqueue ``fn`` on the compute stream as a timed span."""
-        launch_timed(self.device, r.timeline, self.device.compute_stream, name, kind, self.device.pool.usage(), fn,
-                     *args)
+        self._span(r, self.device.compute_stream, name, kind, self.device.pool.usage(), fn, *args)
 
     # -- memory ------------------------------------------------------------------------------------
     def _alloc(self, r: _Run, st: Alloc) -> None:
@@ -191,13 +193,13 @@ class Executor(Transfers):
         the host would wait there for the whole forward, then enqueue the backward while it runs."""
         dev = self.device
         r.staged = dev.pinned.allocate(self._staging_bytes, "other", high=True)
-        x_bytes = -(-r.x.nbytes // dev.pool.alignment) * dev.pool.alignment
         raw = dev.host_view(r.staged, (r.staged.nbytes,), np.uint8)
         r.batch = {"input": raw[:r.x.nbytes].view(r.x.dtype).reshape(r.x.shape)}
         np.copyto(r.batch["input"], r.x)
         if r.labels is not None:
             labels = np.asarray(r.labels, dtype=np.int64)
-            r.batch["labels"] = raw[x_bytes:x_bytes + labels.nbytes].view(np.int64).reshape(labels.shape)
+            at = self._labels_at
+            r.batch["labels"] = raw[at:at + labels.nbytes].view(np.int64).reshape(labels.shape)
             np.copyto(r.batch["labels"], labels)
 
     def _unstage(self, r: _Run) -> None:

@@ -23,7 +23,7 @@ from ..schedule import Key
 from ..schedule.steps import BnRange, Decode, Encode, Offload, Prefetch, Release, WaitPrefetch
 from .timeline import Span, Timeline
 
-__all__ = ["Transfers", "timed", "launch_timed"]
+__all__ = ["Transfers", "timed"]
 
 
 def timed(timeline: Timeline, name: str, stream: str, kind: str, usage: dict[str, int], fn: Any, *args: Any) -> None:
@@ -32,18 +32,6 @@ def timed(timeline: Timeline, name: str, stream: str, kind: str, usage: dict[str
     fn(*args)
     timeline.record(Span(name, stream, kind, start, time.perf_counter(), sum(usage.values()), usage))
 
-
-def launch_timed(device: Any, timeline: Timeline, stream: Any, name: str, kind: str, usage: dict[str, int], fn: Any,
-                 *args: Any) -> None:
-    """Enqueue ``fn`` on ``stream`` as a span of the timeline. Where work runs on the host thread of its
-    stream (the CPU device), the host's clock times it there; where it runs after ``launch`` returns (a
-    GPU: ``device.asynchronous``), timing events before and after it do, read when the step has ended."""
-    if getattr(device, "asynchronous", False):
-        start = stream.record(timing=True)
-        stream.launch(fn, *args)
-        timeline.pending(name, stream.name, kind, usage, start, stream.record(timing=True))
-    else:
-        stream.launch(timed, timeline, name, stream.name, kind, usage, fn, *args)
 
 
 class _Offloaded:
@@ -63,12 +51,24 @@ class _Offloaded:
 
 class Transfers:
     """Offload, prefetch, encode and decode steps; the executor supplies ``device``, ``dtype``,
-    ``_op_params``, ``_view``, ``_launch`` and the per-step state ``r``."""
+    ``_op_params``, ``_view``, ``_launch``, ``_asynchronous`` and the per-step state ``r``."""
 
     device: Any
     dtype: Any
     xp: Any
     _op_params: list[dict[str, Any]]
+    _asynchronous: bool
+
+    def _span(self, r: Any, stream: Any, name: str, kind: str, usage: dict[str, int], fn: Any, *args: Any) -> None:
+        """Enqueue ``fn`` on ``stream`` as a span of the step's timeline. Where work runs on its stream's own
+        host thread (the CPU device), the host's clock times it there; where it runs after ``launch``
+        returns (a GPU), timing events before and after it do, read when the step has ended."""
+        if self._asynchronous:
+            start = stream.record(timing=True)
+            stream.launch(fn, *args)
+            r.timeline.pending(name, stream.name, kind, usage, start, stream.record(timing=True))
+        else:
+            stream.launch(timed, r.timeline, name, stream.name, kind, usage, fn, *args)
 
     def _begin_transfers(self, r: Any) -> None:
         r.offloaded = {}  # key -> _Offloaded, until its wait
@@ -91,7 +91,7 @@ class Transfers:
         """The compute stream waits for a memory-stream event; the wait is recorded as a stall. On an
         asynchronous device (a GPU) the stream waits, not the host, and timing events measure the wait."""
         cs = self.device.compute_stream
-        if getattr(self.device, "asynchronous", False):
+        if self._asynchronous:
             start = cs.record(timing=True)
             cs.wait(event)
             r.timeline.pending(name, cs.name, "wait", self.device.pool.usage(), start, cs.record(timing=True))
@@ -119,11 +119,11 @@ class Transfers:
         name = f"offload:{st.key}"
         if st.codec is not None:
             src = dev.view(block, st.shape, self.dtype)
-            launch_timed(dev, r.timeline, ms, name, "offload", {}, self._send, st, src, off)
+            self._span(r, ms, name, "offload", {}, self._send, st, src, off)
         else:
             off.moved = block.nbytes
-            launch_timed(dev, r.timeline, ms, name, "offload", {}, dev.copy_now,
-                         off.host[:block.nbytes], dev.view(block, (block.nbytes,), np.uint8), "d2h")
+            self._span(r, ms, name, "offload", {}, dev.copy_now,
+                       off.host[:block.nbytes], dev.view(block, (block.nbytes,), np.uint8), "d2h")
         off.done = ms.record()
         r.offloaded[st.key] = off
         r.sent.append(off)
@@ -153,11 +153,11 @@ class Transfers:
         if st.codec is not None:
             dst = dev.view(block, st.shape, self.dtype)  # off.enc is set by the offload's task: read it when this runs
             codec = st.codec
-            launch_timed(dev, r.timeline, ms, name, "prefetch", {},
-                         lambda: transfer.receive(dev, codec, off.enc, dst))
+            self._span(r, ms, name, "prefetch", {},
+                       lambda: transfer.receive(dev, codec, off.enc, dst))
         else:
-            launch_timed(dev, r.timeline, ms, name, "prefetch", {}, dev.copy_now,
-                         dev.view(block, (block.nbytes,), np.uint8), off.host[:block.nbytes], "h2d")
+            self._span(r, ms, name, "prefetch", {}, dev.copy_now,
+                       dev.view(block, (block.nbytes,), np.uint8), off.host[:block.nbytes], "h2d")
         off.back = ms.record()
         dev.pinned.free(off.host_block, off.back)
 
