@@ -2,14 +2,21 @@
 
 1. Step time, VGG-16 at batch 64 (224x224), FP32 with TF32 off on both sides: vmem baseline (fastest
    cuDNN algorithms, from a profile) / PyTorch eager (target <= 1.15); vdnn-all / vmem baseline (<= 1.2);
-   vdnn-dyn / vmem baseline where baseline fits (<= 1.05).
+   vdnn-dyn / vmem baseline where baseline fits (<= 1.05). PyTorch is also timed channels last (vmem's
+   layout), for what the layout alone costs.
 2. The largest batch that trains VGG-16 in an 8 GiB budget: vmem under each policy (``memory="8GiB"``)
    against PyTorch held to 8 GiB (``set_per_process_memory_fraction``) plain, with
    ``save_on_cpu(pin_memory=True)`` and with ``torch.utils.checkpoint`` (target: vmem's best >= 2x plain).
 3. Pinned copies through vmem's device / raw ``cudaMemcpyAsync`` between the same kind of buffers (>= 0.9).
 4. The encoding kernels' throughput on the GPU (GB/s of float32 input).
+5. Offload and prefetch through each GPU codec.
 
-Each section runs on its own: a failure is printed and recorded, and the others still run.
+Each section runs on its own: a failure is printed and recorded, and the others still run. The training
+runs of sections 1 and 2 each run in a process of their own (a fresh CUDA context: vmem's arena never
+sits beside PyTorch's cache), under a time limit (``--child-timeout``); one that runs past it has every
+thread's stack printed, is stopped and recorded as stalled, and the section goes on. The profile the
+first vmem run makes is kept and given to the later ones (``--profile-cache``); if it cannot be made,
+baseline is timed with algorithms chosen without one, and says so.
 
     python bench/gpu.py [--batch 64] [--budget 8GiB] [--steps 5] [--quick] [--sections a,b] [--json-out PATH]
 """
@@ -20,7 +27,13 @@ import argparse
 import faulthandler
 import json
 import logging
+import os
+import pickle
+import signal
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -45,35 +58,116 @@ def say(message: str) -> None:
     print(f"[{time.perf_counter() - _T0:6.1f} s] {message}", flush=True)
 
 
-def vmem_step_seconds(policy: str, batch: int, steps: int, memory: str | None = None,
-                      profile: bool = True) -> tuple[float, dict]:
-    """Median step seconds of vmem on VGG-16 (after two warm-up steps) and what the plan chose. The profile
-    runs each layer on its own with its buffers in the arena: in a tight budget at a large batch they may
-    not fit (``profile=False`` plans from the device's specification)."""
+# -- runs in a process of their own -------------------------------------------------------------------
+_RESULT = "@@result "
+
+
+class ChildFailed(RuntimeError):
+    """A run in its own process failed, or stalled and was stopped."""
+
+
+def isolated(task: str, timeout: float, **kwargs) -> dict:
+    """Run ``task`` (a key of :data:`TASKS`) with ``kwargs`` in a new process and return its result. Its
+    output is echoed, indented, as it comes. Past ``timeout`` seconds it is stopped (after printing every
+    thread's stack, 10 s before) and :class:`ChildFailed` says it stalled."""
+    dump = max(timeout - 10, 1)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", task, "--child-args", json.dumps(kwargs),
+           "--stall-dump", str(dump)]
+    say(f"{task} {kwargs} (in its own process, at most {timeout:.0f} s)")
+    # its own process group: stopping it stops whatever it started, and frees the pipe read below
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            start_new_session=True)
+    stopped = threading.Event()
+
+    def stop() -> None:
+        stopped.set()
+        _kill(proc)
+
+    timer = threading.Timer(timeout, stop)
+    timer.start()
+    result = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith(_RESULT):
+                result = json.loads(line[len(_RESULT):])
+            else:
+                print("    | " + line, end="", flush=True)
+        proc.wait()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:  # interrupted here: take the run down too
+            _kill(proc)
+            proc.wait()
+    if stopped.is_set():
+        raise ChildFailed(f"{task}: stalled, stopped after {timeout:.0f} s (stacks above)")
+    if result is None:
+        raise ChildFailed(f"{task}: exited with status {proc.returncode} and no result")
+    if "error" in result:
+        raise ChildFailed(f"{task}: {result['error']}")
+    return result
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def child_main(task: str, kwargs: dict, stall_dump: float) -> int:
+    """The child's side of :func:`isolated`: run the task, print its result as one marked JSON line."""
+    logging.basicConfig(format="    profile: %(message)s")
+    logging.getLogger("vmem.profile").setLevel(logging.INFO)
+    if stall_dump > 0:
+        faulthandler.dump_traceback_later(stall_dump, repeat=True)
+    try:
+        result = TASKS[task](**kwargs)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which goes on
+        traceback.print_exc()
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    print(_RESULT + json.dumps(result, default=str), flush=True)
+    return 0
+
+
+def task_vmem_step(policy: str, batch: int, steps: int, memory: str | None = None, profile: bool = True,
+                   profile_cache: str | None = None) -> dict:
+    """Median step seconds of vmem on VGG-16 (after two warm-up steps) and what the plan chose. With
+    ``profile``, the plan uses measured costs: those in ``profile_cache`` if it exists, else a profile
+    made here (and saved there). The profile runs each layer on its own with its buffers in the arena: in
+    a tight budget at a large batch they may not fit (``profile=False`` plans from the device's
+    specification and cuDNN's catalog)."""
     net = vmem.models.get("vgg16")
     dev = vmem.device("cuda:0", **({"memory": memory} if memory else {}))
+    say(repr(dev))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)
     y = rng.integers(0, 1000, batch)
+    cache = Path(profile_cache) if profile and profile_cache else None
     try:
         with vmem.Trainer(net, device=dev, policy=policy, profile=profile, seed=0,
                           optimizer=vmem.optim.SGD(lr=0.01, momentum=0.9)) as trainer:
             t0 = time.perf_counter()
-            if profile:
+            if cache is not None and cache.exists():
+                trainer.costs[batch] = pickle.loads(cache.read_bytes())
+                say(f"profile from {cache}")
+            elif profile:
                 trainer.profile(batch)
+                say(f"profile made in {time.perf_counter() - t0:.1f} s")
+                if cache is not None:
+                    cache.write_bytes(pickle.dumps(trainer.costs[batch]))
             t1 = time.perf_counter()
             trainer.step(x, y)
-            say(f"vmem {policy}, batch {batch}: profile {t1 - t0:.1f} s, plan and first step "
-                f"{time.perf_counter() - t1:.1f} s")
+            say(f"vmem {policy}, batch {batch}: plan and first step {time.perf_counter() - t1:.1f} s")
             trainer.step(x, y)
             times = [trainer.step(x, y).seconds for _ in range(steps)]
             plan = trainer.plans[batch]
-            info = {"chosen": plan.chosen or plan.policy, "peak_bytes": plan.peak_bytes, "step": plan.step,
-                    "predicted_seconds": getattr(plan, "step_seconds", None), "times": times}
             say(f"vmem {policy}: steps {', '.join(f'{t * 1e3:.1f}' for t in times)} ms")
+            return {"median": float(np.median(times)), "times": times, "chosen": plan.chosen or plan.policy,
+                    "peak_bytes": plan.peak_bytes, "step": plan.step,
+                    "predicted_seconds": getattr(plan, "step_seconds", None), "profiled": profile}
     finally:
         dev.close()
-    return float(np.median(times)), info
 
 
 def torch_vgg16(torch):
@@ -99,7 +193,7 @@ def torch_setup():
     return torch
 
 
-def torch_step(torch, model, opt, batch: int, mode: str = "plain") -> float:
+def torch_step(torch, model, opt, batch: int, mode: str = "plain", channels_last: bool = False) -> float:
     """One step of PyTorch eager, the batch uploaded from pinned host memory inside the timed step (as a
     DataLoader with pin_memory gives it, and as vmem uploads its batch)."""
     x_host = torch.randn(batch, 3, 224, 224).pin_memory()
@@ -107,6 +201,8 @@ def torch_step(torch, model, opt, batch: int, mode: str = "plain") -> float:
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     x, y = x_host.to("cuda", non_blocking=True), y_host.to("cuda", non_blocking=True)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
     opt.zero_grad(set_to_none=True)
     if mode == "save_on_cpu":
         with torch.autograd.graph.save_on_cpu(pin_memory=True):
@@ -123,34 +219,24 @@ def torch_step(torch, model, opt, batch: int, mode: str = "plain") -> float:
     return time.perf_counter() - t0
 
 
-def section_step_time(args, out):
-    # vmem first, PyTorch after: PyTorch's context and cached memory would otherwise sit beside vmem's arena
-    rows, times = [], {}
-    for policy in ("baseline:algos=performance", "vdnn-all:algos=performance", "vdnn-dyn"):
-        times[policy], info = vmem_step_seconds(policy, args.batch, args.steps, memory=args.memory)
-        predicted = info["predicted_seconds"]
-        rows.append((policy, f"{times[policy] * 1e3:.1f}", f"{predicted * 1e3:.1f}" if predicted else "-",
-                     info["chosen"], format_bytes(info["peak_bytes"])))
-        out.setdefault("step_predicted", {})[policy] = predicted
+def task_torch_step(batch: int, steps: int) -> dict:
+    """PyTorch eager's median step, NCHW (its default) and channels last (vmem's layout)."""
     torch = torch_setup()
-    model = torch_vgg16(torch).cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    for _ in range(2):
-        torch_step(torch, model, opt, args.batch)
-    torch_times = [torch_step(torch, model, opt, args.batch) for _ in range(args.steps)]
-    t_torch = times["pytorch"] = float(np.median(torch_times))
-    say(f"pytorch eager: steps {', '.join(f'{t * 1e3:.1f}' for t in torch_times)} ms")
-    del model, opt
-    torch.cuda.empty_cache()
-    rows.append(("pytorch eager", f"{t_torch * 1e3:.1f}", "-", "cudnn.benchmark", "-"))
-    print(f"\nVGG-16, batch {args.batch}, 224x224, FP32 (TF32 off): median step of {args.steps}")
-    print(table(("run", "step ms", "plan's ms", "algorithms / choice", "plan peak"), rows))
-    base = times["baseline:algos=performance"]
-    out["step_time"] = times
-    out["verdicts"] += [
-        verdict("vmem baseline / PyTorch eager", base / t_torch, 1.15, at_least=False),
-        verdict("vdnn-all / vmem baseline", times["vdnn-all:algos=performance"] / base, 1.2, at_least=False),
-        verdict("vdnn-dyn / vmem baseline (baseline fits)", times["vdnn-dyn"] / base, 1.05, at_least=False)]
+    out = {"version": torch.__version__}
+    for layout in ("nchw", "channels_last"):
+        torch.manual_seed(0)
+        model = torch_vgg16(torch).cuda()
+        if layout == "channels_last":
+            model = model.to(memory_format=torch.channels_last)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        for _ in range(2):
+            torch_step(torch, model, opt, batch, channels_last=layout == "channels_last")
+        times = [torch_step(torch, model, opt, batch, channels_last=layout == "channels_last") for _ in range(steps)]
+        say(f"pytorch eager {layout}: steps {', '.join(f'{t * 1e3:.1f}' for t in times)} ms")
+        out[layout] = {"median": float(np.median(times)), "times": times}
+        del model, opt
+        torch.cuda.empty_cache()
+    return out
 
 
 def largest(fits, lo: int, hi: int) -> int:
@@ -170,53 +256,126 @@ def largest(fits, lo: int, hi: int) -> int:
     return good
 
 
-def section_budget(args, out):
-    budget = parse_bytes(args.budget)
+def task_vmem_largest(budget: str) -> dict:
+    """The largest VGG-16 batch each policy's plan fits in ``budget`` (plans only: nothing runs)."""
     net = vmem.models.get("vgg16")
-    dev = vmem.device("cuda:0", memory=args.budget)
-    results = {}
-    try:
-        for policy in ("baseline", "vdnn-conv", "vdnn-all"):
-            results[f"vmem {policy}"] = largest(lambda b: vmem.plan(net, b, dev, policy).fits, 1, 4096)
-    finally:
-        dev.close()
-    best = max(results, key=results.get)
-    b = results[best]
-    say(f"largest batches planned in {args.budget}: {results}")
-    try:  # verify: it trains at that batch
-        step, _ = vmem_step_seconds(best.split()[1], b, 1, memory=args.budget, profile=False)
-        checked = f"verified by a step of {step:.2f} s"
-    except Exception as exc:  # noqa: BLE001 - record it; PyTorch's side still runs
-        traceback.print_exc()
-        checked = f"NOT verified: the step failed ({type(exc).__name__})"
-        out["errors"]["budget verification"] = f"{type(exc).__name__}: {exc}"
+    with vmem.device("cuda:0", memory=budget) as dev:
+        return {policy: largest(lambda b: vmem.plan(net, b, dev, policy).fits, 1, 4096)
+                for policy in ("baseline", "vdnn-conv", "vdnn-all")}
+
+
+def task_torch_largest(mode: str, budget: str) -> dict:
+    """The largest VGG-16 batch PyTorch trains in ``budget`` (its caching allocator held to it)."""
     torch = torch_setup()
     total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(budget / total)
+    torch.cuda.set_per_process_memory_fraction(parse_bytes(budget) / total)
+    model = torch_vgg16(torch).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def fits(batch: int) -> bool:
+        try:
+            torch_step(torch, model, opt, batch, mode)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            return False
+        finally:
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+
+    return {"largest": largest(fits, 1, 4096)}
+
+
+TASKS = {"vmem_step": task_vmem_step, "torch_step": task_torch_step, "vmem_largest": task_vmem_largest,
+         "torch_largest": task_torch_largest}
+
+
+# -- sections ------------------------------------------------------------------------------------------
+def _failed(out: dict, what: str, exc: Exception) -> None:
+    say(f"{what}: {exc}")
+    out["errors"][what] = str(exc)
+
+
+def section_step_time(args, out):
+    rows, times = [], {}
+    cache = Path(args.profile_cache or tempfile.mkdtemp(prefix="vmem-bench-")) / f"profile-b{args.batch}.pkl"
+    common = {"batch": args.batch, "steps": args.steps, "memory": args.memory}
+
+    def run(policy: str, profile: bool) -> dict | None:
+        try:
+            r = isolated("vmem_step", args.child_timeout, policy=policy, profile=profile,
+                         profile_cache=str(cache) if profile else None, **common)
+        except ChildFailed as exc:
+            _failed(out, f"vmem {policy}" + ("" if profile else " (no profile)"), exc)
+            return None
+        label = policy if profile else f"{policy} (no profile)"
+        predicted = r["predicted_seconds"]
+        rows.append((label, f"{r['median'] * 1e3:.1f}", f"{predicted * 1e3:.1f}" if predicted else "-", r["chosen"],
+                     format_bytes(r["peak_bytes"])))
+        out.setdefault("step_runs", {})[label] = r
+        times[policy] = r["median"]
+        return r
+
+    # baseline makes the profile the others reuse; without one (it failed or stalled), baseline and vdnn-all
+    # are timed with the algorithms cuDNN's catalog ranks first, and vdnn-dyn, which needs one, is left out
+    if run("baseline:algos=performance", True) is None:
+        run("baseline:algos=performance", False)
+    profiled = cache.exists()
+    run("vdnn-all:algos=performance", profiled)
+    if profiled:
+        run("vdnn-dyn", True)
+    else:
+        _failed(out, "vmem vdnn-dyn", ChildFailed("not run: it plans from a profile, and none could be made"))
+    try:
+        t = isolated("torch_step", args.child_timeout, batch=args.batch, steps=args.steps)
+        times["pytorch"] = t["nchw"]["median"]
+        times["pytorch channels_last"] = t["channels_last"]["median"]
+        for layout in ("nchw", "channels_last"):
+            rows.append((f"pytorch {t['version']} eager, {layout}", f"{t[layout]['median'] * 1e3:.1f}", "-",
+                         "cudnn.benchmark", "-"))
+    except ChildFailed as exc:
+        _failed(out, "pytorch", exc)
+    print(f"\nVGG-16, batch {args.batch}, 224x224, FP32 (TF32 off): median step of {args.steps}")
+    print(table(("run", "step ms", "plan's ms", "algorithms / choice", "plan peak"), rows))
+    out["step_time"] = times
+    base = times.get("baseline:algos=performance")
+    if base and "pytorch" in times:
+        out["verdicts"].append(verdict("vmem baseline / PyTorch eager" + ("" if profiled else " (no profile)"),
+                                       base / times["pytorch"], 1.15, at_least=False))
+    for policy, target in (("vdnn-all:algos=performance", 1.2), ("vdnn-dyn", 1.05)):
+        if base and policy in times:
+            out["verdicts"].append(verdict(f"{policy.split(':')[0]} / vmem baseline", times[policy] / base, target,
+                                           at_least=False))
+
+
+def section_budget(args, out):
+    results = {}
+    try:
+        planned = isolated("vmem_largest", args.child_timeout, budget=args.budget)
+        results.update({f"vmem {p}": b for p, b in planned.items()})
+    except ChildFailed as exc:
+        _failed(out, "vmem largest batches", exc)
+    checked = "not verified"
+    best = max(results, key=results.get) if results else None
+    if best:
+        try:  # verify: it trains at that batch
+            r = isolated("vmem_step", args.child_timeout, policy=best.split()[1], batch=results[best], steps=1,
+                         memory=args.budget, profile=False)
+            checked = f"verified by a step of {r['median']:.2f} s"
+        except ChildFailed as exc:
+            _failed(out, "budget verification", exc)
+            checked = "NOT verified: the step failed"
     for mode in ("plain", "save_on_cpu", "checkpoint"):
-        model = torch_vgg16(torch).cuda()
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-
-        def fits(batch, mode=mode, model=model, opt=opt):
-            try:
-                torch_step(torch, model, opt, batch, mode)
-                return True
-            except torch.cuda.OutOfMemoryError:
-                return False
-            finally:
-                opt.zero_grad(set_to_none=True)
-                torch.cuda.empty_cache()
-
-        results[f"pytorch {mode}"] = largest(fits, 1, 4096)
-        say(f"pytorch {mode}: largest batch {results[f'pytorch {mode}']}")
-        del model, opt
-        torch.cuda.empty_cache()
-    torch.cuda.set_per_process_memory_fraction(1.0)
+        try:
+            results[f"pytorch {mode}"] = isolated("torch_largest", args.child_timeout, mode=mode,
+                                                  budget=args.budget)["largest"]
+        except ChildFailed as exc:
+            _failed(out, f"pytorch {mode} largest batch", exc)
     print(f"\nlargest VGG-16 batch that trains in {args.budget} (vmem: {best} {checked})")
     print(table(("run", "largest batch"), sorted(results.items())))
     out["budget"] = results
-    out["verdicts"].append(verdict("vmem's largest batch / PyTorch plain's", results[best] / max(results["pytorch plain"], 1),
-                                   2.0))
+    if best and results.get("pytorch plain"):
+        out["verdicts"].append(verdict("vmem's largest batch / PyTorch plain's",
+                                       results[best] / results["pytorch plain"], 2.0))
 
 
 def section_copies(args, out):
@@ -303,23 +462,33 @@ def main() -> int:
     parser.add_argument("--budget", default="8GiB")
     parser.add_argument("--memory", default="32GiB",
                         help="vmem's arena for the step times (default 32GiB: VGG-16 at batch 64 fits under baseline, "
-                             "and the rest of the GPU is left to CuPy's temporaries, cuDNN and PyTorch)")
+                             "and the rest of the GPU is left to CuPy's temporaries and cuDNN)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="skip the batch search (the longest section)")
     parser.add_argument("--json-out", help="write the results as JSON to this file (after each section)")
-    parser.add_argument("--sections", help="comma-separated sections to run, of: " + ", ".join(SECTIONS))
+    parser.add_argument("--sections", help="comma-separated sections to run, in order, of: " + ", ".join(SECTIONS))
+    parser.add_argument("--child-timeout", type=float, default=150.0, metavar="SECONDS",
+                        help="the most a training run in its own process may take before it is stopped as stalled "
+                             "(default 150)")
+    parser.add_argument("--profile-cache", metavar="DIR",
+                        help="where the first vmem run keeps its profile for the others (default: a new temporary "
+                             "folder; one that already holds a profile of this batch is reused)")
     parser.add_argument("--stall-dump", type=float, default=120.0, metavar="SECONDS",
                         help="print every thread's stack when a section has run this long, and again each time "
                              "as long again (default 120; 0: never)")
+    parser.add_argument("--child", choices=sorted(TASKS), help=argparse.SUPPRESS)
+    parser.add_argument("--child-args", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        return child_main(args.child, json.loads(args.child_args), args.stall_dump)
+    if args.batch < 1 or args.steps < 1 or args.child_timeout <= 10:
+        parser.error("--batch and --steps must be at least 1, --child-timeout more than 10")
     from vmem.device.cuda import nvml, unavailable
 
     reason = unavailable()
     if reason:
         print(f"bench/gpu.py: {reason}", file=sys.stderr)
         return 2
-    logging.basicConfig(format="    profile: %(message)s")
-    logging.getLogger("vmem.profile").setLevel(logging.INFO)  # a line per layer: where a long profile is
     out: dict = {"verdicts": [], "errors": {}, "machine": machine(), "gpu": nvml.gpus()}
     print(f"GPU: {out['gpu']}")
     names = list(SECTIONS) if not args.sections else [n.strip() for n in args.sections.split(",") if n.strip()]
@@ -344,8 +513,9 @@ def main() -> int:
     return 1 if out["errors"] else 0
 
 
-SECTIONS = {"copies": section_copies, "kernels": section_kernels, "codecs": section_codecs,
-            "step_time": section_step_time, "budget": section_budget}
+# the training runs first (each in a process of its own), then what runs here
+SECTIONS = {"step_time": section_step_time, "budget": section_budget, "copies": section_copies,
+            "kernels": section_kernels, "codecs": section_codecs}
 
 
 if __name__ == "__main__":

@@ -7,6 +7,12 @@ convolution in the same process if ``--with-torch``.
 
     python bench/gpu_conv_probe.py [--model vgg16] [--batch 64] [--layer conv2] [--skip-find]
     python bench/gpu_conv_probe.py --profile [--memory all] [--with-torch]
+    python bench/gpu_conv_probe.py --layouts [--model vgg16] [--batch 64]
+
+``--layouts``: every convolution of the model searched by cuDNN (``Find*Ex``, as PyTorch's
+``cudnn.benchmark`` does) with its tensors stored channels last (vmem's layout) and NCHW (PyTorch's
+default), FP32 with FMA math: the fastest algorithm of each pass, all and deterministic only, and the
+sums. What the layout alone costs vmem against PyTorch.
 
 For finding what makes a profile slow. Every thread's stack is printed if it runs past ``--stall-dump``.
 """
@@ -41,6 +47,8 @@ def main() -> int:
     parser.add_argument("--skip-find", action="store_true", help="do not run cuDNN's search at the end")
     parser.add_argument("--profile", action="store_true", help="run vmem's whole profile of the model instead")
     parser.add_argument("--with-torch", action="store_true", help="with --profile: run PyTorch first, in-process")
+    parser.add_argument("--layouts", action="store_true",
+                        help="search every convolution in NHWC and NCHW instead (see above)")
     parser.add_argument("--stall-dump", type=float, default=60.0, metavar="SECONDS",
                         help="print every thread's stack after this long, and again each time as long again")
     args = parser.parse_args()
@@ -58,6 +66,8 @@ def main() -> int:
     net = vmem.models.get(args.model)
     if args.profile:
         return _profile(args, net, say)
+    if args.layouts:
+        return _layouts(args, net, say)
     with vmem.device("cuda:0", memory=args.memory) as dev:
         program = dev.catalog(net.build(args.batch, net.input_shape, "float32"))
         convs = {op.name: op for op in program.ops if op.kind == "conv"}
@@ -139,6 +149,52 @@ def _profile(args, net, say) -> int:
         say(f"catalog of {len(program.ops)} ops")
         prof = profile(program, device=dev)
         say(f"profile done: {len(prof.times)} times, link {prof.d2h:.1f} GB/s")
+    return 0
+
+
+def _layouts(args, net, say) -> int:
+    import cupy
+
+    from vmem.device.cuda import cudnn
+    from vmem.device.cuda.conv import Descs, _geometry, search
+
+    program = net.build(args.batch, net.input_shape, "float32")
+    convs = [op for op in program.ops if op.kind == "conv"]
+    stream = cupy.cuda.Stream(non_blocking=True)
+    handle = cudnn.Handle(stream.ptr)
+    gen = cupy.random.default_rng(0)
+    ws = cupy.empty(4 << 30, np.uint8)  # algorithms that need more are left out by cuDNN's search
+    layouts = {"NHWC": cudnn.NHWC, "NCHW": cudnn.NCHW}
+    sums = {(lay, which): 0.0 for lay in layouts for which in ("all", "deterministic")}
+    say(f"{args.model} batch {args.batch}: {len(convs)} convolutions, cuDNN {cudnn.version()}, 4 GiB workspace")
+    with stream:
+        for op in convs:
+            x_shape, y_shape = physical(op.in_shapes[0]), physical(op.out_shape)
+            geometry = _geometry(op.layer, x_shape, y_shape)
+            x, dy = gen.standard_normal(x_shape, dtype=np.float32), gen.standard_normal(y_shape, dtype=np.float32)
+            w = gen.standard_normal(op.params["weight"].shape, dtype=np.float32)
+            y, dx, dw = cupy.empty_like(dy), cupy.empty_like(x), cupy.empty_like(w)
+            for name, layout in layouts.items():  # the same bytes, read in either layout
+                d = Descs(geometry, layout)
+                parts = []
+                for pass_, bufs in (("forward", (x, w, y)), ("backward_filter", (x, dw, dy)),
+                                    ("backward_data", (dx, w, dy))):
+                    found = search(handle.ptr, pass_, d, *bufs, ws)
+                    exact = [r for r in found if r[0] not in cudnn.NONDETERMINISTIC.get(pass_, ())]
+                    for which, rows in (("all", found), ("deterministic", exact)):
+                        sums[(name, which)] += rows[0][1] if rows else float("nan")
+                    part = f"{pass_} " + (f"{exact[0][0]} {exact[0][1] * 1e3:.2f} ms" if exact else "none")
+                    if found and (not exact or found[0][0] != exact[0][0]):  # faster with atomics
+                        part += f" (any: {found[0][0]} {found[0][1] * 1e3:.2f} ms)"
+                    parts.append(part)
+                say(f"{op.name} {name}: " + "; ".join(parts))
+            del x, dy, w, y, dx, dw
+            cupy.get_default_memory_pool().free_all_blocks()
+    handle.close()
+    for which in ("deterministic", "all"):
+        say(f"sum of the fastest {which} algorithms (forward + backward, ms): "
+            + ", ".join(f"{name} {sums[(name, which)] * 1e3:.1f}" for name in layouts)
+            + f"; NHWC / NCHW {sums[('NHWC', which)] / sums[('NCHW', which)]:.3f}")
     return 0
 
 

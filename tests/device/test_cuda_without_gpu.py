@@ -75,16 +75,18 @@ def test_the_cudnn_declarations_load_from_the_wheel():
 @pytest.mark.parametrize("model", ["alexnet", "overfeat", "vgg16", "googlenet", "nin", "resnet50", "vgg_cifar",
                                    "resnet_cifar", "mini_googlenet", "digits_cnn"])
 def test_cudnn_computes_every_zoo_convolutions_output_shape(model):
-    from vmem.device.cuda.conv import _Descs, _geometry
+    from vmem.device.cuda import cudnn
+    from vmem.device.cuda.conv import Descs, _geometry
 
     program = vmem.models.get(model).build(2)
     convs = [op for op in program.ops if op.kind == "conv"]
     assert convs
     for op in convs:
-        d = _Descs(_geometry(op.layer, physical(op.in_shapes[0]), physical(op.out_shape)))
-        assert d.y.shape == tuple(op.out_shape), op.name
-        n, c, h, w = op.in_shapes[0]
-        assert d.x.shape == (n, c, h, w) and d.w.shape[:2] == (op.out_shape[1], c)
+        for layout in (cudnn.NHWC, cudnn.NCHW):  # vmem's layout, and the one the GPU probe compares it with
+            d = Descs(_geometry(op.layer, physical(op.in_shapes[0]), physical(op.out_shape)), layout)
+            assert d.y.shape == tuple(op.out_shape), op.name
+            n, c, h, w = op.in_shapes[0]
+            assert d.x.shape == (n, c, h, w) and d.w.shape[:2] == (op.out_shape[1], c)
 
 
 @pytest.mark.skipif(not _has("cupy"), reason="CuPy's NVRTC is not installed (vmem[cuda])")

@@ -12,7 +12,7 @@ from typing import Any
 
 from . import cudnn
 
-__all__ = ["CudnnConv"]
+__all__ = ["CudnnConv", "Descs", "search"]
 
 
 def _geometry(layer: Any, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> tuple:
@@ -21,13 +21,16 @@ def _geometry(layer: Any, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) ->
     return n, c, h, w, k, tuple(layer.kernel_size), tuple(layer.stride), tuple(layer.padding)
 
 
-class _Descs:
-    def __init__(self, geometry: tuple):
+class Descs:
+    """The descriptors of one convolution geometry (see ``_geometry``), stored ``layout`` (vmem's is NHWC;
+    bench/gpu_conv_probe.py also tries NCHW)."""
+
+    def __init__(self, geometry: tuple, layout: int = cudnn.NHWC):
         n, c, h, w, k, (kh, kw), stride, padding = geometry
-        self.x = cudnn.TensorDesc(n, c, h, w)
-        self.w = cudnn.FilterDesc(k, c, kh, kw)
+        self.x = cudnn.TensorDesc(n, c, h, w, layout)
+        self.w = cudnn.FilterDesc(k, c, kh, kw, layout)
         self.conv = cudnn.ConvDesc(padding, stride)
-        self.y = cudnn.TensorDesc(*cudnn.conv_output_shape(self.x, self.w, self.conv))
+        self.y = cudnn.TensorDesc(*cudnn.conv_output_shape(self.x, self.w, self.conv), layout)
 
 
 class CudnnConv:
@@ -35,7 +38,7 @@ class CudnnConv:
 
     def __init__(self, device: Any):
         self.device = device
-        self._descs: dict[tuple, _Descs] = {}
+        self._descs: dict[tuple, Descs] = {}
         self._handles: dict[int, cudnn.Handle] = {}
         f = cudnn.ffi()
         self._one, self._zero = f.new("float *", 1.0), f.new("float *", 0.0)
@@ -54,15 +57,15 @@ class CudnnConv:
             h = self._handles[ptr] = cudnn.Handle(ptr)
         return h.ptr
 
-    def descs(self, layer: Any, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> _Descs:
+    def descs(self, layer: Any, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> Descs:
         key = _geometry(layer, x_shape, y_shape)
         d = self._descs.get(key)
         if d is None:
-            d = self._descs[key] = _Descs(key)
+            d = self._descs[key] = Descs(key)
         return d
 
     # -- the catalog: which algorithms run, and their workspace ----------------------------------------
-    def workspace(self, d: _Descs, pass_: str, algo: str) -> int | None:
+    def workspace(self, d: Descs, pass_: str, algo: str) -> int | None:
         """Bytes of workspace ``algo`` needs for ``pass_``, or None if cuDNN does not support it here."""
         lib, f = cudnn.lib(), cudnn.ffi()
         size = f.new("size_t *")
@@ -159,26 +162,31 @@ class CudnnConv:
     def find(self, layer: Any, pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
         """cuDNN's own measurement (``Find*Ex``) of every algorithm of ``pass_`` on these buffers: (name,
         seconds, workspace bytes), fastest first; ``y`` is dy for the backward passes."""
-        lib, f = cudnn.lib(), cudnn.ffi()
-        d = self.descs(layer, x.shape, y.shape)
-        n = len(cudnn.ALGOS[pass_])
-        returned = f.new("int *")
-        args = (self._ptr(ws), int(ws.nbytes)) if ws is not None else (f.NULL, 0)
-        if pass_ == "forward":
-            perf = f.new(f"cudnnConvolutionFwdAlgoPerf_t[{n}]")
-            status = lib.cudnnFindConvolutionForwardAlgorithmEx(self._handle(), d.x.ptr, self._ptr(x), d.w.ptr,
-                                                                self._ptr(w), d.conv.ptr, d.y.ptr, self._ptr(y), n,
-                                                                returned, perf, *args)
-        elif pass_ == "backward_data":
-            perf = f.new(f"cudnnConvolutionBwdDataAlgoPerf_t[{n}]")
-            status = lib.cudnnFindConvolutionBackwardDataAlgorithmEx(self._handle(), d.w.ptr, self._ptr(w), d.y.ptr,
-                                                                     self._ptr(y), d.conv.ptr, d.x.ptr, self._ptr(x),
-                                                                     n, returned, perf, *args)
-        else:
-            perf = f.new(f"cudnnConvolutionBwdFilterAlgoPerf_t[{n}]")
-            status = lib.cudnnFindConvolutionBackwardFilterAlgorithmEx(self._handle(), d.x.ptr, self._ptr(x),
-                                                                       d.y.ptr, self._ptr(y), d.conv.ptr, d.w.ptr,
-                                                                       self._ptr(w), n, returned, perf, *args)
-        cudnn.check(f"cudnnFind({pass_})", status)
-        names = cudnn.ALGOS[pass_]
-        return [(names[p.algo], p.time / 1e3, int(p.memory)) for p in perf[0:returned[0]] if p.status == cudnn.SUCCESS]
+        return search(self._handle(), pass_, self.descs(layer, x.shape, y.shape), x, w, y, ws)
+
+
+def search(handle: Any, pass_: str, d: Descs, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
+    """``Find*Ex`` of ``pass_`` with descriptors ``d`` on the arrays ``x``, ``w``, ``y`` (dx, dw, dy where
+    the pass writes them) and the workspace ``ws`` (or None): (name, seconds, workspace bytes) of each
+    algorithm that ran, fastest first."""
+    lib, f = cudnn.lib(), cudnn.ffi()
+    ptr = CudnnConv._ptr
+    n = len(cudnn.ALGOS[pass_])
+    returned = f.new("int *")
+    args = (ptr(ws), int(ws.nbytes)) if ws is not None else (f.NULL, 0)
+    if pass_ == "forward":
+        perf = f.new(f"cudnnConvolutionFwdAlgoPerf_t[{n}]")
+        status = lib.cudnnFindConvolutionForwardAlgorithmEx(handle, d.x.ptr, ptr(x), d.w.ptr, ptr(w), d.conv.ptr,
+                                                            d.y.ptr, ptr(y), n, returned, perf, *args)
+    elif pass_ == "backward_data":
+        perf = f.new(f"cudnnConvolutionBwdDataAlgoPerf_t[{n}]")
+        status = lib.cudnnFindConvolutionBackwardDataAlgorithmEx(handle, d.w.ptr, ptr(w), d.y.ptr, ptr(y),
+                                                                 d.conv.ptr, d.x.ptr, ptr(x), n, returned, perf, *args)
+    else:
+        perf = f.new(f"cudnnConvolutionBwdFilterAlgoPerf_t[{n}]")
+        status = lib.cudnnFindConvolutionBackwardFilterAlgorithmEx(handle, d.x.ptr, ptr(x), d.y.ptr, ptr(y),
+                                                                   d.conv.ptr, d.w.ptr, ptr(w), n, returned, perf,
+                                                                   *args)
+    cudnn.check(f"cudnnFind({pass_})", status)
+    names = cudnn.ALGOS[pass_]
+    return [(names[p.algo], p.time / 1e3, int(p.memory)) for p in perf[0:returned[0]] if p.status == cudnn.SUCCESS]
