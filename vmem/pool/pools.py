@@ -25,6 +25,7 @@ buffer in place of a stream.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Iterable
 
@@ -289,7 +290,7 @@ class _ArenaPool:
         if block.state != ALLOCATED:
             raise ValueError(f"{self.name} pool: cannot view {block!r}: it is not allocated")
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         if nbytes > block.size:
             raise ValueError(
                 f"{self.name} pool: a {shape} {np.dtype(dtype).name} view needs {nbytes} bytes, "
