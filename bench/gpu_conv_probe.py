@@ -9,10 +9,11 @@ convolution in the same process if ``--with-torch``.
     python bench/gpu_conv_probe.py --profile [--memory all] [--with-torch]
     python bench/gpu_conv_probe.py --layouts [--model vgg16] [--batch 64]
 
-``--layouts``: every convolution of the model searched by cuDNN (``Find*Ex``, as PyTorch's
+``--layouts``: every convolution of the model searched by cuDNN's legacy API (``Find*Ex``, as PyTorch's
 ``cudnn.benchmark`` does) with its tensors stored channels last (vmem's layout) and NCHW (PyTorch's
-default), FP32 with FMA math: the fastest algorithm of each pass, all and deterministic only, and the
-sums. What the layout alone costs vmem against PyTorch.
+default), and through cuDNN's graph API (:mod:`vmem.device.cuda.graph`: its heuristics' best exact-FP32
+engines, each timed) channels last; FP32 without TF32 throughout: the fastest of each pass, all and
+deterministic only, and the sums. What the layout and the legacy API cost vmem against PyTorch.
 
 For finding what makes a profile slow. Every thread's stack is printed if it runs past ``--stall-dump``.
 """
@@ -152,6 +153,37 @@ def _profile(args, net, say) -> int:
     return 0
 
 
+def _graph_timed(handle, stream, geometry, pass_: str, bufs, ws, top: int) -> list[tuple[str, bool, float]]:
+    """The graph API's best ``top`` exact-FP32 configurations for one pass (cuDNN's heuristics, mode A),
+    each built into a plan and timed by events (after a warm-up run): (name, deterministic, seconds),
+    fastest first. Configurations that compile at run time, need more workspace than ``ws`` or fail are
+    left out."""
+    import cupy
+
+    from vmem.device.cuda import cudnn
+    from vmem.device.cuda.graph import ConvPass, Plan
+
+    out = []
+    for cfg in ConvPass(pass_, geometry).heuristics(handle.ptr)[:top]:
+        if "runtime_compilation" in cfg.behavior:
+            continue
+        try:
+            plan = Plan(handle.ptr, cfg)
+            if plan.workspace > ws.nbytes:
+                continue
+            ptrs = [b.data.ptr for b in bufs] + [ws.data.ptr]
+            plan.execute(*ptrs)
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record(stream)
+            plan.execute(*ptrs)
+            end.record(stream)
+            end.synchronize()
+        except cudnn.CudnnError:
+            continue
+        out.append((cfg.name, cfg.deterministic, cupy.cuda.get_elapsed_time(start, end) / 1e3))
+    return sorted(out, key=lambda r: r[2])
+
+
 def _layouts(args, net, say) -> int:
     import cupy
 
@@ -163,38 +195,59 @@ def _layouts(args, net, say) -> int:
     stream = cupy.cuda.Stream(non_blocking=True)
     handle = cudnn.Handle(stream.ptr)
     gen = cupy.random.default_rng(0)
-    ws = cupy.empty(4 << 30, np.uint8)  # algorithms that need more are left out by cuDNN's search
-    layouts = {"NHWC": cudnn.NHWC, "NCHW": cudnn.NCHW}
-    sums = {(lay, which): 0.0 for lay in layouts for which in ("all", "deterministic")}
-    say(f"{args.model} batch {args.batch}: {len(convs)} convolutions, cuDNN {cudnn.version()}, 4 GiB workspace")
+    ws = cupy.empty(4 << 30, np.uint8)  # algorithms that need more are left out
+    ways = ("NHWC", "NCHW", "NHWC graph")
+    sums = {(way, which): 0.0 for way in ways for which in ("all", "deterministic")}
+    say(f"{args.model} batch {args.batch}: {len(convs)} convolutions, cuDNN {cudnn.version()}, 4 GiB workspace; "
+        "legacy Find*Ex in NHWC and NCHW, and the graph API's heuristics (top 6 exact FP32 engines) in NHWC")
+    seen: dict[tuple, tuple[str, dict]] = {}  # geometry -> (first op, what it added to the sums): VGG-16 repeats
     with stream:
         for op in convs:
             x_shape, y_shape = physical(op.in_shapes[0]), physical(op.out_shape)
             geometry = _geometry(op.layer, x_shape, y_shape)
+            if geometry in seen:
+                first, added = seen[geometry]
+                for key, t in added.items():
+                    sums[key] += t
+                say(f"{op.name}: as {first}")
+                continue
+            before = dict(sums)
             x, dy = gen.standard_normal(x_shape, dtype=np.float32), gen.standard_normal(y_shape, dtype=np.float32)
             w = gen.standard_normal(op.params["weight"].shape, dtype=np.float32)
             y, dx, dw = cupy.empty_like(dy), cupy.empty_like(x), cupy.empty_like(w)
-            for name, layout in layouts.items():  # the same bytes, read in either layout
-                d = Descs(geometry, layout)
+            passes = (("forward", (x, w, y)), ("backward_filter", (x, dw, dy)), ("backward_data", (dx, w, dy)))
+            for way in ways:  # the same bytes, read in either layout
                 parts = []
-                for pass_, bufs in (("forward", (x, w, y)), ("backward_filter", (x, dw, dy)),
-                                    ("backward_data", (dx, w, dy))):
-                    found = search(handle.ptr, pass_, d, *bufs, ws)
-                    exact = [r for r in found if r[0] not in cudnn.NONDETERMINISTIC.get(pass_, ())]
+                for pass_, bufs in passes:
+                    try:
+                        if way == "NHWC graph":
+                            timed = _graph_timed(handle, stream, geometry, pass_, bufs, ws, top=6)
+                            found = [(name, t) for name, _, t in timed]
+                            exact = [(name, t) for name, det, t in timed if det]
+                        else:
+                            d = Descs(geometry, cudnn.NHWC if way == "NHWC" else cudnn.NCHW)
+                            found = [(name, t) for name, t, _ in search(handle.ptr, pass_, d, *bufs, ws)]
+                            exact = [r for r in found if r[0] not in cudnn.NONDETERMINISTIC.get(pass_, ())]
+                    except Exception as exc:  # noqa: BLE001 - say what failed and go on
+                        parts.append(f"{pass_} failed ({type(exc).__name__}: {exc})")
+                        found = exact = []
+                    else:
+                        part = f"{pass_} " + (f"{exact[0][0]} {exact[0][1] * 1e3:.2f} ms" if exact else "none")
+                        if found and (not exact or found[0][0] != exact[0][0]):  # faster with atomics
+                            part += f" (any: {found[0][0]} {found[0][1] * 1e3:.2f} ms)"
+                        parts.append(part)
                     for which, rows in (("all", found), ("deterministic", exact)):
-                        sums[(name, which)] += rows[0][1] if rows else float("nan")
-                    part = f"{pass_} " + (f"{exact[0][0]} {exact[0][1] * 1e3:.2f} ms" if exact else "none")
-                    if found and (not exact or found[0][0] != exact[0][0]):  # faster with atomics
-                        part += f" (any: {found[0][0]} {found[0][1] * 1e3:.2f} ms)"
-                    parts.append(part)
-                say(f"{op.name} {name}: " + "; ".join(parts))
+                        sums[(way, which)] += rows[0][1] if rows else float("nan")
+                say(f"{op.name} {way}: " + "; ".join(parts))
+            seen[geometry] = (op.name, {key: sums[key] - before[key] for key in sums})
             del x, dy, w, y, dx, dw
             cupy.get_default_memory_pool().free_all_blocks()
     handle.close()
     for which in ("deterministic", "all"):
-        say(f"sum of the fastest {which} algorithms (forward + backward, ms): "
-            + ", ".join(f"{name} {sums[(name, which)] * 1e3:.1f}" for name in layouts)
-            + f"; NHWC / NCHW {sums[('NHWC', which)] / sums[('NCHW', which)]:.3f}")
+        say(f"sum of the fastest {which} (forward + backward, ms): "
+            + ", ".join(f"{way} {sums[(way, which)] * 1e3:.1f}" for way in ways)
+            + f"; NHWC / NCHW {sums[('NHWC', which)] / sums[('NCHW', which)]:.3f}, "
+            f"NHWC graph / NCHW {sums[('NHWC graph', which)] / sums[('NCHW', which)]:.3f}")
     return 0
 
 

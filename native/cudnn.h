@@ -127,3 +127,22 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void *a
                                              cudnnConvolutionBwdFilterAlgo_t algo, void *workSpace,
                                              size_t workSpaceSizeInBytes, const void *beta,
                                              const cudnnFilterDescriptor_t dwDesc, void *dw);
+
+/* cuDNN's graph (backend) API (cudnn_graph.h): descriptors are opaque, attributes set and read as arrays. */
+typedef void *cudnnBackendDescriptor_t;
+typedef int cudnnBackendDescriptorType_t;
+typedef int cudnnBackendAttributeName_t;
+typedef int cudnnBackendAttributeType_t;
+cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t descriptorType,
+                                           cudnnBackendDescriptor_t *descriptor);
+cudnnStatus_t cudnnBackendDestroyDescriptor(cudnnBackendDescriptor_t descriptor);
+cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t descriptor);
+cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t descriptor, cudnnBackendAttributeName_t attributeName,
+                                       cudnnBackendAttributeType_t attributeType, int64_t elementCount,
+                                       const void *arrayOfElements);
+cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const descriptor,
+                                       cudnnBackendAttributeName_t attributeName,
+                                       cudnnBackendAttributeType_t attributeType, int64_t requestedElementCount,
+                                       int64_t *elementCount, void *arrayOfElements);
+cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t executionPlan,
+                                  cudnnBackendDescriptor_t variantPack);

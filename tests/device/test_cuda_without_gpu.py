@@ -89,6 +89,57 @@ def test_cudnn_computes_every_zoo_convolutions_output_shape(model):
             assert d.x.shape == (n, c, h, w) and d.w.shape[:2] == (op.out_shape[1], c)
 
 
+def _graph_api_or_skip():
+    """cuDNN's graph API loads its engine libraries when a descriptor is finalized; one of them needs the
+    driver (libcuda), which a machine without a GPU lacks."""
+    from vmem.device.cuda import cudnn, graph
+
+    try:
+        graph.Descriptor(graph._TENSOR).set(graph.A_TENSOR_UID, graph.T_INT64, [1])
+        graph.ConvPass("forward", (1, 1, 3, 3, 1, (1, 1), (1, 1), (0, 0)))
+    except cudnn.CudnnError as exc:
+        if "SUBLIBRARY_LOADING_FAILED" in str(exc):
+            pytest.skip(f"cuDNN's graph API cannot load its engines here (no CUDA driver): {exc}")
+        raise
+
+
+@needs_cudnn
+@pytest.mark.parametrize("model", ["vgg16", "resnet50", "googlenet", "alexnet"])
+def test_graph_api_describes_every_zoo_convolution_pass(model):
+    from vmem.device.cuda import cudnn, graph
+    from vmem.device.cuda.conv import _geometry
+
+    _graph_api_or_skip()
+    program = vmem.models.get(model).build(2)
+    for op in (o for o in program.ops if o.kind == "conv"):
+        geometry = _geometry(op.layer, physical(op.in_shapes[0]), physical(op.out_shape))
+        for pass_ in ("forward", "backward_data", "backward_filter"):
+            for layout in (cudnn.NHWC, cudnn.NCHW):
+                conv = graph.ConvPass(pass_, geometry, layout)  # cuDNN finalizes it: the shapes agree
+                n, c, h, w = op.in_shapes[0]
+                assert conv.tensors["x"].get(graph.A_TENSOR_DIMS, graph.T_INT64, 4) == [n, c, h, w]
+                assert conv.tensors["y"].get(graph.A_TENSOR_DIMS, graph.T_INT64, 4) == list(op.out_shape)
+
+
+@needs_cudnn
+def test_graph_api_refuses_an_inconsistent_convolution():
+    from vmem.device.cuda import cudnn, graph
+
+    _graph_api_or_skip()
+    good = graph.ConvPass("forward", (2, 3, 8, 8, 4, (3, 3), (1, 1), (1, 1)))
+    bad_y = graph._tensor(graph.UIDS["y"], (2, 4, 7, 7), graph._strides(2, 4, 7, 7, cudnn.NHWC), 16)  # not 8x8
+    attrs = graph._OP_ATTRS["forward"]
+    op = graph.Descriptor(graph._OP["forward"]).set(attrs["alpha"], graph.T_FLOAT, [1.0])
+    op.set(attrs["beta"], graph.T_FLOAT, [0.0]).set(attrs["conv"], graph.T_BACKEND_DESCRIPTOR, [good.conv])
+    op.set(attrs["x"], graph.T_BACKEND_DESCRIPTOR, [good.tensors["x"]])
+    op.set(attrs["w"], graph.T_BACKEND_DESCRIPTOR, [good.tensors["w"]])
+    op.set(attrs["y"], graph.T_BACKEND_DESCRIPTOR, [bad_y])
+    with pytest.raises(cudnn.CudnnError, match="BAD_PARAM"):
+        op.finalize()
+    with pytest.raises(ValueError, match="unknown convolution pass"):
+        graph.ConvPass("sideways", (2, 3, 8, 8, 4, (3, 3), (1, 1), (1, 1)))
+
+
 @pytest.mark.skipif(not _has("cupy"), reason="CuPy's NVRTC is not installed (vmem[cuda])")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_kernels_compile_with_the_devices_exact_options(arch):

@@ -110,3 +110,48 @@ def _reference(layer, shape):
     dx = np.zeros(x.shape)
     layer.backward(ctx, dy, [x], y, [dx])
     return y, dx, grads["weight"]
+
+
+@pytest.mark.parametrize("case", [(3, 8, 3, 1, 1, (4, 3, 12, 12)), (4, 6, 3, 2, 1, (2, 4, 15, 14))],
+                         ids=["3x3", "3x3s2"])
+def test_graph_api_engines_against_float64(cuda, case):
+    """cuDNN's graph API (vmem.device.cuda.graph) offers exact-FP32 engines for every pass of a channels-last
+    convolution, and each of its heuristics' best ones that builds computes the pass as the float64
+    reference does."""
+    import cupy
+
+    from vmem.device.cuda import cudnn
+    from vmem.device.cuda.conv import _geometry
+    from vmem.device.cuda.graph import ConvPass, Plan
+
+    cin, cout, k, s, p, shape = case
+    layer = nn.Conv2d(cin, cout, k, stride=s, padding=p, bias=False)
+    y64, dx64, dw64 = _reference(nn.Conv2d(cin, cout, k, stride=s, padding=p, bias=False), shape)
+    rng = np.random.default_rng(0)  # the reference's inputs, in its order
+    w = cupy.asarray((rng.standard_normal(layer.param_specs([shape])["weight"].shape) * 0.5).astype(np.float32))
+    x = cupy.asarray(rng.standard_normal(physical(shape)).astype(np.float32))
+    dy = cupy.asarray(rng.standard_normal(y64.shape).astype(np.float32))
+    geometry = _geometry(layer, x.shape, dy.shape)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    handle = cudnn.Handle(stream.ptr)
+    try:
+        for pass_, want in (("forward", y64), ("backward_filter", dw64), ("backward_data", dx64)):
+            configs = ConvPass(pass_, geometry).heuristics(handle.ptr)
+            assert configs, f"no exact FP32 engine for {pass_}"
+            ran = 0
+            for cfg in configs[:3]:
+                try:
+                    plan = Plan(handle.ptr, cfg)
+                except cudnn.CudnnError:
+                    continue
+                out = cupy.zeros(want.shape, np.float32)
+                bufs = {"forward": (x, w, out), "backward_filter": (x, out, dy), "backward_data": (out, w, dy)}[pass_]
+                ws = cupy.empty(max(plan.workspace, 1), np.uint8)
+                with stream:
+                    plan.execute(*(b.data.ptr for b in bufs), ws.data.ptr)
+                stream.synchronize()
+                assert _rel(cupy.asnumpy(out), want) < 1e-4, (pass_, cfg.name)
+                ran += 1
+            assert ran, f"none of cuDNN's first engines for {pass_} built a plan"
+    finally:
+        handle.close()
