@@ -2,8 +2,9 @@
 
 1. Step time, VGG-16 at batch 64 (224x224), FP32 with TF32 off on both sides: vmem baseline (fastest
    cuDNN algorithms, from a profile) / PyTorch eager (target <= 1.15); vdnn-all / vmem baseline (<= 1.2);
-   vdnn-dyn / vmem baseline where baseline fits (<= 1.05). PyTorch is also timed channels last (vmem's
-   layout), for what the layout alone costs.
+   vdnn-dyn / vmem baseline where baseline fits (<= 1.05). vmem's convolutions go through cuDNN's legacy
+   API (``--conv-api graph``: its graph API's engines); baseline is also timed through the other API, and
+   PyTorch also channels last (vmem's layout), for what the API and the layout alone cost.
 2. The largest batch that trains VGG-16 in an 8 GiB budget: vmem under each policy (``memory="8GiB"``)
    against PyTorch held to 8 GiB (``set_per_process_memory_fraction``) plain, with
    ``save_on_cpu(pin_memory=True)`` and with ``torch.utils.checkpoint`` (target: vmem's best >= 2x plain).
@@ -19,6 +20,7 @@ first vmem run makes is kept and given to the later ones (``--profile-cache``); 
 baseline is timed with algorithms chosen without one, and says so.
 
     python bench/gpu.py [--batch 64] [--budget 8GiB] [--steps 5] [--quick] [--sections a,b] [--json-out PATH]
+                        [--conv-api legacy|graph] [--child-timeout 150]
 """
 
 from __future__ import annotations
@@ -131,14 +133,14 @@ def child_main(task: str, kwargs: dict, stall_dump: float) -> int:
 
 
 def task_vmem_step(policy: str, batch: int, steps: int, memory: str | None = None, profile: bool = True,
-                   profile_cache: str | None = None) -> dict:
+                   profile_cache: str | None = None, conv_api: str = "legacy") -> dict:
     """Median step seconds of vmem on VGG-16 (after two warm-up steps) and what the plan chose. With
     ``profile``, the plan uses measured costs: those in ``profile_cache`` if it exists, else a profile
     made here (and saved there). The profile runs each layer on its own with its buffers in the arena: in
     a tight budget at a large batch they may not fit (``profile=False`` plans from the device's
     specification and cuDNN's catalog)."""
     net = vmem.models.get("vgg16")
-    dev = vmem.device("cuda:0", **({"memory": memory} if memory else {}))
+    dev = vmem.device("cuda:0", conv_api=conv_api, **({"memory": memory} if memory else {}))
     say(repr(dev))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)
@@ -297,22 +299,24 @@ def _failed(out: dict, what: str, exc: Exception) -> None:
 
 def section_step_time(args, out):
     rows, times = [], {}
-    cache = Path(args.profile_cache or tempfile.mkdtemp(prefix="vmem-bench-")) / f"profile-b{args.batch}.pkl"
+    folder = Path(args.profile_cache or tempfile.mkdtemp(prefix="vmem-bench-"))
+    cache = folder / f"profile-b{args.batch}-{args.conv_api}.pkl"
     common = {"batch": args.batch, "steps": args.steps, "memory": args.memory}
 
-    def run(policy: str, profile: bool) -> dict | None:
+    def run(policy: str, profile: bool, api: str = args.conv_api) -> dict | None:
+        label = policy + ("" if profile else " (no profile)") + ("" if api == args.conv_api else f" [cuDNN {api} API]")
+        profile_cache = folder / f"profile-b{args.batch}-{api}.pkl"
         try:
             r = isolated("vmem_step", args.child_timeout, policy=policy, profile=profile,
-                         profile_cache=str(cache) if profile else None, **common)
+                         profile_cache=str(profile_cache) if profile else None, conv_api=api, **common)
         except ChildFailed as exc:
-            _failed(out, f"vmem {policy}" + ("" if profile else " (no profile)"), exc)
+            _failed(out, f"vmem {label}", exc)
             return None
-        label = policy if profile else f"{policy} (no profile)"
         predicted = r["predicted_seconds"]
         rows.append((label, f"{r['median'] * 1e3:.1f}", f"{predicted * 1e3:.1f}" if predicted else "-", r["chosen"],
                      format_bytes(r["peak_bytes"])))
         out.setdefault("step_runs", {})[label] = r
-        times[policy] = r["median"]
+        times[policy if api == args.conv_api else label] = r["median"]
         return r
 
     # baseline makes the profile the others reuse; without one (it failed or stalled), baseline and vdnn-all
@@ -325,6 +329,9 @@ def section_step_time(args, out):
         run("vdnn-dyn", True)
     else:
         _failed(out, "vmem vdnn-dyn", ChildFailed("not run: it plans from a profile, and none could be made"))
+    other = "graph" if args.conv_api == "legacy" else "legacy"
+    if args.other_api:  # baseline through the other convolution API, for comparison
+        run("baseline:algos=performance", True, other)
     try:
         t = isolated("torch_step", args.child_timeout, batch=args.batch, steps=args.steps)
         times["pytorch"] = t["nchw"]["median"]
@@ -334,13 +341,18 @@ def section_step_time(args, out):
                          "cudnn.benchmark", "-"))
     except ChildFailed as exc:
         _failed(out, "pytorch", exc)
-    print(f"\nVGG-16, batch {args.batch}, 224x224, FP32 (TF32 off): median step of {args.steps}")
+    print(f"\nVGG-16, batch {args.batch}, 224x224, FP32 (TF32 off): median step of {args.steps}; vmem's "
+          f"convolutions through cuDNN's {args.conv_api} API unless the row says otherwise")
     print(table(("run", "step ms", "plan's ms", "algorithms / choice", "plan peak"), rows))
     out["step_time"] = times
     base = times.get("baseline:algos=performance")
     if base and "pytorch" in times:
         out["verdicts"].append(verdict("vmem baseline / PyTorch eager" + ("" if profiled else " (no profile)"),
                                        base / times["pytorch"], 1.15, at_least=False))
+    other_base = times.get(f"baseline:algos=performance [cuDNN {other} API]")
+    if other_base and "pytorch" in times:
+        print(f"vmem baseline through cuDNN's {other} API / PyTorch eager: {other_base / times['pytorch']:.3f}")
+        out["other_api_ratio"] = other_base / times["pytorch"]
     for policy, target in (("vdnn-all:algos=performance", 1.2), ("vdnn-dyn", 1.05)):
         if base and policy in times:
             out["verdicts"].append(verdict(f"{policy.split(':')[0]} / vmem baseline", times[policy] / base, target,
@@ -470,6 +482,10 @@ def main() -> int:
     parser.add_argument("--child-timeout", type=float, default=150.0, metavar="SECONDS",
                         help="the most a training run in its own process may take before it is stopped as stalled "
                              "(default 150)")
+    parser.add_argument("--conv-api", choices=("legacy", "graph"), default="legacy",
+                        help="vmem's convolutions through cuDNN's legacy API (default) or its graph API's engines")
+    parser.add_argument("--no-other-api", dest="other_api", action="store_false",
+                        help="do not also time baseline through the other convolution API")
     parser.add_argument("--profile-cache", metavar="DIR",
                         help="where the first vmem run keeps its profile for the others (default: a new temporary "
                              "folder; one that already holds a profile of this batch is reused)")
@@ -481,6 +497,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.child:
         return child_main(args.child, json.loads(args.child_args), args.stall_dump)
+    # stopped from outside (a time limit's SIGTERM): unwind, so that a run in progress is stopped too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if args.batch < 1 or args.steps < 1 or args.child_timeout <= 10:
         parser.error("--batch and --steps must be at least 1, --child-timeout more than 10")
     from vmem.device.cuda import nvml, unavailable

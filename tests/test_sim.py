@@ -57,3 +57,28 @@ def test_a_simulated_device_plans_but_holds_no_data():
 
     with pytest.raises(DeviceError, match="cannot train"):
         vmem.Trainer(vmem.models.get("vgg_cifar"), device="sim:titan-x")
+
+
+def test_a_device_catalog_with_its_own_algorithm_names_plans():
+    """A device may offer algorithms the simulator's model does not know (cuDNN's graph engines, "e12"):
+    the roofline weighs them by direct FLOPs and the catalog's workspace, and the plan picks among them."""
+    import dataclasses
+
+    from vmem.planner import plan_program
+
+    def engines(program):
+        ops = []
+        for op in program.ops:
+            if op.kind == "conv":
+                ws = {p: {"e1": 0, "e7": 64 << 20} for p in ("forward", "backward_data", "backward_filter")}
+                op = dataclasses.replace(op, algorithms={p: list(names) for p, names in ws.items()}, workspace=ws)
+            ops.append(op)
+        return dataclasses.replace(program, ops=ops)
+
+    program = vmem.models.get("vgg_cifar").build(32)
+    spec = specs.get("h100-sxm")
+    result, _ = plan_program(program, spec, "baseline:algos=performance", catalog=engines)
+    assert result.fits and result.step_seconds > 0
+    chosen = {a for passes in result.plan.algos.values() for a in passes.values()}
+    assert chosen and chosen <= {"e1", "e7"}
+    assert "e1" in chosen  # the same FLOPs with less workspace to move: the engine without workspace

@@ -51,6 +51,16 @@ def test_lossless_policies_are_bitwise_equal_to_baseline(model):
         assert reports[-1].peak_bytes == plan.peak_bytes, policy
 
 
+def test_lossless_policies_through_the_graph_api_are_bitwise_equal_to_its_baseline():
+    """The graph API's engines (conv_api="graph"): offloading still changes nothing, and the plan's peak is
+    the pool's (the engines' workspaces come from the catalog)."""
+    ref, reports, plan = train(MODELS["vgg_cifar"], "baseline:algos=performance", conv_api="graph")
+    assert all(r.peak_bytes == plan.peak_bytes for r in reports)
+    params, reports, plan = train(MODELS["vgg_cifar"], "vdnn-all:algos=performance", conv_api="graph")
+    assert all(np.array_equal(ref[k], params[k]) for k in ref)
+    assert reports[-1].peak_bytes == plan.peak_bytes and reports[-1].offloaded_bytes == plan.offloaded_bytes > 0
+
+
 def test_nothing_leaks_over_200_steps():
     from vmem.device.cuda import nvml
 

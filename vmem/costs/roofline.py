@@ -79,9 +79,14 @@ class Roofline:
             g = geometry(op)
             fill = (min(1.0, (g.n * g.ho * g.wo) / FILL) ** 0.5
                     * min(1.0, min(g.c * g.kh * g.kw, g.k) / 64) ** CHANNEL_EXP)
-            eff = EFFICIENCY.get(algo or "implicit_precomp_gemm", 0.6) * fill
-            compute = effective_flops(g, algo or "implicit_precomp_gemm") / (self.flops * eff)
-            traffic = (_bytes(op, self.itemsize) + workspace(g, pass_, algo or "implicit_gemm", self.itemsize)) / self.bw
+            if algo is None or algo in EFFICIENCY:
+                eff = EFFICIENCY.get(algo or "implicit_precomp_gemm", 0.6) * fill
+                compute = effective_flops(g, algo or "implicit_precomp_gemm") / (self.flops * eff)
+                ws = workspace(g, pass_, algo or "implicit_gemm", self.itemsize)
+            else:  # a device's own algorithm (cuDNN's graph engines): direct FLOPs, its catalog's workspace
+                compute = g.direct_flops / (self.flops * 0.6 * fill)
+                ws = (op.workspace or {}).get(pass_, {}).get(algo, 0)
+            traffic = (_bytes(op, self.itemsize) + ws) / self.bw
             return self.launch + max(compute, traffic)
         factor = 1.0 if pass_ == "forward" else 2.0
         memory = factor * _bytes(op, self.itemsize) / (self.bw * ELEMENTWISE_EFFICIENCY)

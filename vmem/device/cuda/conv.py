@@ -12,7 +12,7 @@ from typing import Any
 
 from . import cudnn
 
-__all__ = ["CudnnConv", "Descs", "search"]
+__all__ = ["CudnnConv", "GraphConv", "Descs", "search"]
 
 
 def _geometry(layer: Any, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> tuple:
@@ -190,3 +190,105 @@ def search(handle: Any, pass_: str, d: Descs, x: Any, w: Any, y: Any, ws: Any) -
     cudnn.check(f"cudnnFind({pass_})", status)
     names = cudnn.ALGOS[pass_]
     return [(names[p.algo], p.time / 1e3, int(p.memory)) for p in perf[0:returned[0]] if p.status == cudnn.SUCCESS]
+
+
+class GraphConv(CudnnConv):
+    """The same backend through cuDNN's graph API (:mod:`.graph`), chosen by
+    ``vmem.device("cuda:0", conv_api="graph")``. A pass's algorithms are the exact-FP32 engine
+    configurations cuDNN's heuristics rank for it (the non-deterministic ones left out on a deterministic
+    device, those compiled at run time left out: seconds each), the first :attr:`TOP` that build an
+    execution plan, named by engine (``e12``; ``e12.1`` for the same engine's next knob choice) in cuDNN's
+    order. Plans are built once per geometry and pass, on the compute stream's handle, and run on the
+    stream whose work is running."""
+
+    #: Engine configurations offered per pass.
+    TOP = 6
+
+    def __init__(self, device: Any):
+        super().__init__(device)
+        self._plans: dict[tuple, dict[str, Any]] = {}
+
+    def plans(self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> dict[str, Any]:
+        """The pass's plans by name, in cuDNN's ranking (made on first use)."""
+        from . import graph
+
+        geometry = _geometry(layer, x_shape, y_shape)
+        found = self._plans.get((geometry, pass_))
+        if found is not None:
+            return found
+        with self.device.compute_stream.stream:  # built on the compute stream's handle, where convolutions run
+            handle = self._handle()
+        found = {}
+        for cfg in graph.ConvPass(pass_, geometry).heuristics(handle):
+            if (self.device.deterministic and not cfg.deterministic) or "runtime_compilation" in cfg.behavior:
+                continue
+            try:
+                plan = graph.Plan(handle, cfg)
+            except cudnn.CudnnError:
+                continue
+            name, i = f"e{cfg.index}", 0
+            while name in found:
+                i += 1
+                name = f"e{cfg.index}.{i}"
+            found[name] = plan
+            if len(found) >= self.TOP:
+                break
+        self._plans[(geometry, pass_)] = found
+        return found
+
+    def catalog(self, program: Any) -> Any:
+        from ...nn.base import physical
+
+        ops = []
+        for op in program.ops:
+            if op.kind == "conv":
+                x_shape, y_shape = physical(op.in_shapes[0]), physical(op.out_shape)
+                ws = {p: {name: plan.workspace for name, plan in self.plans(op.layer, p, x_shape, y_shape).items()}
+                      for p in cudnn.ALGOS}
+                missing = [p for p, names in ws.items() if not names]
+                if missing:
+                    raise cudnn.CudnnError(f"{op.name}: cuDNN's graph API", cudnn.NOT_SUPPORTED,
+                                           f"no exact FP32 engine builds a plan for {', '.join(missing)}")
+                op = dataclasses.replace(op, algorithms={p: list(names) for p, names in ws.items()}, workspace=ws)
+            ops.append(op)
+        return dataclasses.replace(program, ops=ops)
+
+    def _run(self, layer: Any, pass_: str, algo: str | None, ctx: Any, x: Any, w: Any, y: Any) -> None:
+        plans = self.plans(layer, pass_, x.shape, y.shape)
+        plan = plans[algo] if algo else next(iter(plans.values()))
+        ws = ctx.workspace
+        if plan.workspace and (ws is None or ws.nbytes < plan.workspace):
+            raise ValueError(f"layer {layer.label}: {pass_} engine {algo} needs {plan.workspace} bytes of workspace, "
+                             f"given {0 if ws is None else ws.nbytes}")
+        plan.execute(x.data.ptr, w.data.ptr, y.data.ptr, ws.data.ptr if ws is not None else 0, handle=self._handle())
+
+    def forward(self, layer: Any, ctx: Any, x: Any, w: Any, y: Any) -> None:
+        self._run(layer, "forward", ctx.algo, ctx, x, w, y)
+
+    def backward(self, layer: Any, ctx: Any, dy: Any, x: Any, w: Any, dx: Any, dw: Any) -> None:
+        data_algo, filter_algo = ctx.algo if isinstance(ctx.algo, tuple) else (ctx.algo, ctx.algo)
+        self._run(layer, "backward_filter", filter_algo, ctx, x, dw, dy)
+        if dx is not None:
+            self._run(layer, "backward_data", data_algo, ctx, dx, w, dy)
+
+    def heuristic(self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> list[str]:
+        return list(self.plans(layer, pass_, x_shape, y_shape))
+
+    def find(self, layer: Any, pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
+        """Each plan of the pass timed by events on the current stream (after a warm-up run)."""
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
+        out = []
+        for name, plan in self.plans(layer, pass_, x.shape, y.shape).items():
+            if plan.workspace and (ws is None or ws.nbytes < plan.workspace):
+                continue
+            args = (x.data.ptr, w.data.ptr, y.data.ptr, ws.data.ptr if ws is not None else 0)
+            plan.execute(*args, handle=self._handle())
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record(stream)
+            plan.execute(*args, handle=self._handle())
+            end.record(stream)
+            end.synchronize()
+            out.append((name, cupy.cuda.get_elapsed_time(start, end) / 1e3, plan.workspace))
+        return sorted(out, key=lambda r: r[1])

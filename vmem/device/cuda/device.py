@@ -56,7 +56,13 @@ class CudaDevice:
 
     def __init__(self, index: int = 0, *, memory: int | str | None = None, reserve: int | str | None = None,
                  pinned_memory: int | str | None = None, poison: bool = False, alignment: int = 256,
-                 deterministic: bool = True, temporaries: str = "reserve"):
+                 deterministic: bool = True, temporaries: str = "reserve", conv_api: str = "legacy"):
+        if conv_api not in ("legacy", "graph"):  # before any memory is taken
+            raise DeviceError(f"cuda:{index}: conv_api={conv_api!r}; use 'legacy' (cuDNN's algorithms) or 'graph' "
+                              "(cuDNN's graph API and its engines)")
+        if temporaries not in ("reserve", "pool"):
+            raise DeviceError(f"cuda:{index}: temporaries={temporaries!r}; use 'reserve' or 'pool'")
+        self.conv_api = conv_api
         import cupy
 
         self.index = index
@@ -82,8 +88,6 @@ class CudaDevice:
         self.compute_stream = CudaStream("compute")
         self.memory_stream = CudaStream("memory")
         self._streams = {s.ptr: s for s in (self.compute_stream, self.memory_stream)}
-        if temporaries not in ("reserve", "pool"):
-            raise DeviceError(f"{self.name}: temporaries={temporaries!r}; use 'reserve' or 'pool'")
         self.temporaries = temporaries
         if temporaries == "pool":
             self._allocator = PoolAllocator(self.pool, self.pool.arena, self._streams.get)
@@ -106,11 +110,12 @@ class CudaDevice:
     # -- backends ----------------------------------------------------------------------------------
     @property
     def conv_backend(self) -> Any:
-        """cuDNN convolutions bound to this device's compute stream (made on first use)."""
+        """cuDNN convolutions on this device (made on first use): the legacy API's algorithms, or with
+        ``conv_api="graph"`` the engines of cuDNN's graph API (:class:`~.conv.GraphConv`)."""
         if self._conv is None:
-            from .conv import CudnnConv
+            from .conv import CudnnConv, GraphConv
 
-            self._conv = CudnnConv(self)
+            self._conv = (GraphConv if self.conv_api == "graph" else CudnnConv)(self)
         return self._conv
 
     @property
@@ -239,4 +244,4 @@ class CudaDevice:
     def __repr__(self) -> str:
         return (f"CudaDevice({self.name}: {self.gpu} {self.arch}, memory={format_bytes(self.pool.capacity)}, "
                 f"reserve={format_bytes(self.reserve)} for the CUDA context, cuDNN and cuBLAS"
-                f"{', poison' if self.poison else ''})")
+                f"{', poison' if self.poison else ''}{', cuDNN graph API' if self.conv_api == 'graph' else ''})")

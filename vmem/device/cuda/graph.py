@@ -241,11 +241,13 @@ class Plan:
                      .set(A_PLAN_CONFIG, T_BACKEND_DESCRIPTOR, [config.desc]).finalize())
         self.workspace = int(self.desc.get(A_PLAN_WORKSPACE, T_INT64)[0])
 
-    def execute(self, x: int, w: int, y: int, workspace: int = 0) -> None:
+    def execute(self, x: int, w: int, y: int, workspace: int = 0, handle: Any = None) -> None:
         """Run the pass on the device pointers ``x``, ``w``, ``y`` (by role, as in :class:`ConvPass`) with
-        ``workspace`` (a device pointer to at least ``self.workspace`` bytes), on the handle's stream."""
+        ``workspace`` (a device pointer to at least ``self.workspace`` bytes), on the stream of ``handle``
+        (by default the one the plan was built with)."""
         pack = (Descriptor(_VARIANT_PACK).set(A_PACK_UIDS, T_INT64, [UIDS["x"], UIDS["w"], UIDS["y"]])
                 .set(A_PACK_POINTERS, T_VOID_PTR, [x, w, y]).set(A_PACK_WORKSPACE, T_VOID_PTR, [workspace])
                 .finalize())
         cudnn.check(f"cudnnBackendExecute({self.config.name})",
-                    cudnn.lib().cudnnBackendExecute(self.handle, self.desc.ptr, pack.ptr))
+                    cudnn.lib().cudnnBackendExecute(self.handle if handle is None else handle, self.desc.ptr,
+                                                    pack.ptr))
