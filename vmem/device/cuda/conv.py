@@ -197,7 +197,7 @@ class GraphConv(CudnnConv):
     ``vmem.device("cuda:0", conv_api="graph")``. A pass's algorithms are the exact-FP32 engine
     configurations cuDNN's heuristics rank for it (the non-deterministic ones left out on a deterministic
     device, those compiled at run time left out: seconds each), the first :attr:`TOP` that build an
-    execution plan, named by engine (``e12``; ``e12.1`` for the same engine's next knob choice) in cuDNN's
+    execution plan (if none does, every engine cuDNN has, with its default knobs), named by engine (``e12``; ``e12.1`` for the same engine's next knob choice) in cuDNN's
     order. Plans are built once per geometry and pass, on the compute stream's handle, and run on the
     stream whose work is running."""
 
@@ -218,8 +218,18 @@ class GraphConv(CudnnConv):
             return found
         with self.device.compute_stream.stream:  # built on the compute stream's handle, where convolutions run
             handle = self._handle()
-        found = {}
-        for cfg in graph.ConvPass(pass_, geometry).heuristics(handle):
+        conv = graph.ConvPass(pass_, geometry)
+        found = self._build(handle, conv.heuristics(handle))
+        if not found:  # none of the ranked ones runs here: every engine cuDNN has, with its default knobs
+            found = self._build(handle, conv.engines(handle))
+        self._plans[(geometry, pass_)] = found
+        return found
+
+    def _build(self, handle: Any, configs: list[Any]) -> dict[str, Any]:
+        from . import graph
+
+        found: dict[str, Any] = {}
+        for cfg in configs:
             if (self.device.deterministic and not cfg.deterministic) or "runtime_compilation" in cfg.behavior:
                 continue
             try:
@@ -233,7 +243,6 @@ class GraphConv(CudnnConv):
             found[name] = plan
             if len(found) >= self.TOP:
                 break
-        self._plans[(geometry, pass_)] = found
         return found
 
     def catalog(self, program: Any) -> Any:
