@@ -198,8 +198,8 @@ class GraphConv(CudnnConv):
     configurations cuDNN's heuristics rank for it (the non-deterministic ones left out on a deterministic
     device, those compiled at run time left out: seconds each), the first :attr:`TOP` that build an
     execution plan (if none does, every engine cuDNN has, with its default knobs), named by engine (``e12``; ``e12.1`` for the same engine's next knob choice) in cuDNN's
-    order. Plans are built once per geometry and pass, on the compute stream's handle, and run on the
-    stream whose work is running."""
+    order. Plans are built once per geometry, pass and handle (one handle per stream), and run on the
+    handle they were built with: the stream whose work is running."""
 
     #: Engine configurations offered per pass.
     TOP = 6
@@ -209,20 +209,20 @@ class GraphConv(CudnnConv):
         self._plans: dict[tuple, dict[str, Any]] = {}
 
     def plans(self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> dict[str, Any]:
-        """The pass's plans by name, in cuDNN's ranking (made on first use)."""
+        """The pass's plans by name, in cuDNN's ranking, for the current stream's handle (made on first use:
+        a plan runs on the handle it was built with)."""
         from . import graph
 
-        geometry = _geometry(layer, x_shape, y_shape)
-        found = self._plans.get((geometry, pass_))
+        handle = self._handle()
+        key = (_geometry(layer, x_shape, y_shape), pass_, int(cudnn.ffi().cast("uintptr_t", handle)))
+        found = self._plans.get(key)
         if found is not None:
             return found
-        with self.device.compute_stream.stream:  # built on the compute stream's handle, where convolutions run
-            handle = self._handle()
-        conv = graph.ConvPass(pass_, geometry)
+        conv = graph.ConvPass(pass_, key[0])
         found = self._build(handle, conv.heuristics(handle))
         if not found:  # none of the ranked ones runs here: every engine cuDNN has, with its default knobs
             found = self._build(handle, conv.engines(handle))
-        self._plans[(geometry, pass_)] = found
+        self._plans[key] = found
         return found
 
     def _build(self, handle: Any, configs: list[Any]) -> dict[str, Any]:
@@ -252,8 +252,9 @@ class GraphConv(CudnnConv):
         for op in program.ops:
             if op.kind == "conv":
                 x_shape, y_shape = physical(op.in_shapes[0]), physical(op.out_shape)
-                ws = {p: {name: plan.workspace for name, plan in self.plans(op.layer, p, x_shape, y_shape).items()}
-                      for p in cudnn.ALGOS}
+                with self.device.compute_stream.stream:  # the plans the steps run (on the compute stream)
+                    ws = {p: {name: plan.workspace for name, plan in self.plans(op.layer, p, x_shape, y_shape).items()}
+                          for p in cudnn.ALGOS}
                 missing = [p for p, names in ws.items() if not names]
                 if missing:
                     raise cudnn.CudnnError(f"{op.name}: cuDNN's graph API", cudnn.NOT_SUPPORTED,
@@ -269,7 +270,7 @@ class GraphConv(CudnnConv):
         if plan.workspace and (ws is None or ws.nbytes < plan.workspace):
             raise ValueError(f"layer {layer.label}: {pass_} engine {algo} needs {plan.workspace} bytes of workspace, "
                              f"given {0 if ws is None else ws.nbytes}")
-        plan.execute(x.data.ptr, w.data.ptr, y.data.ptr, ws.data.ptr if ws is not None else 0, handle=self._handle())
+        plan.execute(x.data.ptr, w.data.ptr, y.data.ptr, ws.data.ptr if ws is not None else 0)
 
     def forward(self, layer: Any, ctx: Any, x: Any, w: Any, y: Any) -> None:
         self._run(layer, "forward", ctx.algo, ctx, x, w, y)
@@ -293,10 +294,10 @@ class GraphConv(CudnnConv):
             if plan.workspace and (ws is None or ws.nbytes < plan.workspace):
                 continue
             args = (x.data.ptr, w.data.ptr, y.data.ptr, ws.data.ptr if ws is not None else 0)
-            plan.execute(*args, handle=self._handle())
+            plan.execute(*args)
             start, end = cupy.cuda.Event(), cupy.cuda.Event()
             start.record(stream)
-            plan.execute(*args, handle=self._handle())
+            plan.execute(*args)
             end.record(stream)
             end.synchronize()
             out.append((name, cupy.cuda.get_elapsed_time(start, end) / 1e3, plan.workspace))
