@@ -177,3 +177,106 @@ def test_dropout_draws_its_mask_on_the_host_for_every_device():
         layer.forward(Ctx(xp=np, aux=aux, train=True, rng=np.random.default_rng(3)), [x], y)
         masks.append(aux["mask"].copy())
     assert np.array_equal(*masks)
+
+
+class _FakePlan:
+    """Stands in for graph.Plan: fails for the configurations marked so, records what it ran."""
+
+    ran: list = []
+
+    def __init__(self, handle, config):
+        if config.index in (3,):  # cuDNN cannot build this one here
+            from vmem.device.cuda import cudnn
+
+            raise cudnn.CudnnError("cudnnBackendFinalize", cudnn.NOT_SUPPORTED, "not here")
+        self.config, self.handle, self.workspace = config, handle, 1000 * config.index
+
+    def execute(self, x, w, y, workspace=0, handle=None):
+        _FakePlan.ran.append((self.config.index, workspace))
+
+
+def _fake_pass(ranked, every):
+    from vmem.device.cuda import graph
+
+    def cfg(index, *notes):
+        numerical = frozenset(n for n in notes if n in graph.NUMERICAL_NOTES)
+        return graph.EngineConfig(None, index, numerical, frozenset(notes) - numerical)
+
+    class FakePass:
+        def __init__(self, pass_, geometry, layout=None):
+            self.pass_ = pass_
+
+        def heuristics(self, handle, exact=True):
+            return [cfg(*c) for c in ranked]
+
+        def engines(self, handle, exact=True):
+            return [cfg(*c) for c in every]
+
+    return FakePass
+
+
+def _graph_conv(monkeypatch, ranked, every=(), deterministic=True):
+    """A GraphConv on fakes: no GPU, no cuDNN handle; cuDNN's answers are ``ranked`` (its heuristics) and
+    ``every`` (its engines), each an (index, *notes) tuple."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from vmem.device.cuda import cudnn, graph
+    from vmem.device.cuda.conv import GraphConv
+
+    monkeypatch.setattr(graph, "ConvPass", _fake_pass(ranked, every))
+    monkeypatch.setattr(graph, "Plan", _FakePlan)
+    _FakePlan.ran = []
+    device = SimpleNamespace(deterministic=deterministic, compute_stream=SimpleNamespace(stream=nullcontext()))
+    conv = GraphConv(device)
+    monkeypatch.setattr(conv, "_handle", lambda: cudnn.ffi().cast("cudnnHandle_t", 1))
+    return conv
+
+
+@needs_cudnn
+def test_graph_backend_offers_the_ranked_engines_it_can_build(monkeypatch):
+    conv = _graph_conv(monkeypatch, ranked=[(5,), (3,), (5,), (7, "nondeterministic"), (8, "runtime_compilation"),
+                                            (9,), (10,), (11,), (12,), (13,)])
+    layer = vmem.nn.Conv2d(4, 8, 3, padding=1)
+    names = conv.heuristic(layer, "forward", (2, 6, 6, 4), (2, 6, 6, 8))
+    # cuDNN's order; e3 does not build, e7 is not deterministic, e8 compiles at run time; the same engine
+    # with another knob choice gets a suffix; at most TOP of them
+    assert names == ["e5", "e5.1", "e9", "e10", "e11", "e12"][:conv.TOP]
+    assert conv.plans(layer, "forward", (2, 6, 6, 4), (2, 6, 6, 8)) is conv.plans(layer, "forward", (2, 6, 6, 4),
+                                                                                   (2, 6, 6, 8))  # made once
+    conv = _graph_conv(monkeypatch, ranked=[(7, "nondeterministic"), (9,)], deterministic=False)
+    assert conv.heuristic(layer, "forward", (2, 6, 6, 4), (2, 6, 6, 8)) == ["e7", "e9"]
+
+
+@needs_cudnn
+def test_graph_backend_falls_back_to_every_engine_and_names_what_it_lacks(monkeypatch):
+    from vmem.device.cuda import cudnn
+
+    conv = _graph_conv(monkeypatch, ranked=[(3,)], every=[(3,), (4,)])
+    layer = vmem.nn.Conv2d(4, 8, 3, padding=1)
+    assert conv.heuristic(layer, "backward_data", (2, 6, 6, 4), (2, 6, 6, 8)) == ["e4"]
+    net = vmem.graph.Sequential(vmem.nn.Conv2d(3, 4, 3, padding=1), vmem.nn.Flatten(), vmem.nn.Linear(4 * 36, 2),
+                                input_shape=(3, 6, 6))
+    program = conv.catalog(net.build(2))
+    op = next(o for o in program.ops if o.kind == "conv")
+    assert op.algorithms == {p: ["e4"] for p in cudnn.ALGOS}
+    assert op.workspace == {p: {"e4": 4000} for p in cudnn.ALGOS}
+    conv = _graph_conv(monkeypatch, ranked=[(3,)], every=[(3,)])
+    with pytest.raises(cudnn.CudnnError, match="conv1.*no exact FP32 engine"):
+        conv.catalog(net.build(2))
+
+
+@needs_cudnn
+def test_graph_backend_refuses_a_workspace_too_small_by_name(monkeypatch):
+    from types import SimpleNamespace
+
+    conv = _graph_conv(monkeypatch, ranked=[(2,)])
+    layer = vmem.nn.Conv2d(4, 8, 3, padding=1)
+    arr = SimpleNamespace(data=SimpleNamespace(ptr=1), shape=(2, 6, 6, 4))
+    out = SimpleNamespace(data=SimpleNamespace(ptr=2), shape=(2, 6, 6, 8))
+    small = SimpleNamespace(data=SimpleNamespace(ptr=3), nbytes=100)
+    with pytest.raises(ValueError, match="layer .*forward engine e2 needs 2000 bytes"):
+        conv.forward(layer, SimpleNamespace(algo="e2", workspace=small), arr, arr, out)
+    big = SimpleNamespace(data=SimpleNamespace(ptr=4), nbytes=4096)
+    conv.forward(layer, SimpleNamespace(algo="e2", workspace=big), arr, arr, out)
+    assert _FakePlan.ran == [(2, 4)]
