@@ -139,3 +139,14 @@ def test_bench_bandwidth_json(capsys):
 def test_train_prints_the_offload_summary(capsys):
     code, out, _ = run(capsys, "train", "--epochs", "1", "--policy", "vdnn-all:sync=event")
     assert code == 0 and "offloaded" in out and "waited" in out
+
+
+def test_devices_says_why_no_cuda_gpu_is_listed(capsys, monkeypatch):
+    from vmem.device.cuda import nvml
+
+    monkeypatch.setattr(nvml, "_load", lambda: (None, "NVML finds no NVIDIA driver or GPU (test)"))
+    code, out, _ = run(capsys, "devices")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("cpu") and lines[1] == "cuda: none here: NVML finds no NVIDIA driver or GPU (test)"
+    assert any(line.startswith("sim:h100-sxm") for line in lines)

@@ -288,6 +288,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print("cpu  (the default: real numerics; memory= sets its capacity, pcie_gbps= throttles copies)")
+    if not any(r["kind"] == "cuda" for r in rows):
+        print(f"cuda: none here: {nvml.why_not() or 'NVML lists no GPU'}")
     for r in rows[1:]:
         if r["kind"] == "cuda":
             link = f", PCIe gen {r['pcie_gen']} x{r['pcie_width']}" if "pcie_gen" in r else ""

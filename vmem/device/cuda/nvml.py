@@ -8,22 +8,33 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["available", "reading", "gpus"]
+__all__ = ["available", "why_not", "reading", "gpus"]
 
 
 @lru_cache(maxsize=1)
-def _nvml() -> Any:
+def _load() -> tuple[Any, str | None]:
     try:
         import pynvml
-
+    except ImportError:
+        return None, "NVML's bindings are not installed (the cuda extra: pip install 'vmem[cuda]')"
+    try:
         pynvml.nvmlInit()
-        return pynvml
-    except Exception:  # noqa: BLE001 - no wheel, no driver: no readings
-        return None
+        return pynvml, None
+    except Exception as exc:  # noqa: BLE001 - no driver, no GPU: no readings
+        return None, f"NVML finds no NVIDIA driver or GPU ({type(exc).__name__}: {exc})"
+
+
+def _nvml() -> Any:
+    return _load()[0]
 
 
 def available() -> bool:
     return _nvml() is not None
+
+
+def why_not() -> str | None:
+    """Why NVML gives no readings here, in one line (None when it does)."""
+    return _load()[1]
 
 
 def _handle(index: int) -> Any:
