@@ -3,24 +3,26 @@
 1. Step time, VGG-16 at batch 64 (224x224), FP32 with TF32 off on both sides: vmem baseline (fastest
    cuDNN algorithms, from a profile) / PyTorch eager (target <= 1.15); vdnn-all / vmem baseline (<= 1.2);
    vdnn-dyn / vmem baseline where baseline fits (<= 1.05). vmem's convolutions go through cuDNN's legacy
-   API (``--conv-api graph``: its graph API's engines); baseline is also timed through the other API, and
-   PyTorch also channels last (vmem's layout), for what the API and the layout alone cost.
+   API (``--conv-api graph``: its graph API's engines; ``--nchw``: also the legacy algorithms on NCHW
+   copies). PyTorch is also timed channels last (vmem's layout), for what the layout alone costs.
 2. The largest batch that trains VGG-16 in an 8 GiB budget: vmem under each policy (``memory="8GiB"``)
    against PyTorch held to 8 GiB (``set_per_process_memory_fraction``) plain, with
    ``save_on_cpu(pin_memory=True)`` and with ``torch.utils.checkpoint`` (target: vmem's best >= 2x plain).
-3. Pinned copies through vmem's device / raw ``cudaMemcpyAsync`` between the same kind of buffers (>= 0.9).
-4. The encoding kernels' throughput on the GPU (GB/s of float32 input).
-5. Offload and prefetch through each GPU codec.
+3. (``variants``) vmem baseline through the convolution options the main runs did not use (the graph API;
+   the legacy API with NCHW algorithms), against PyTorch's step of section 1.
+4. Pinned copies through vmem's device / raw ``cudaMemcpyAsync`` between the same kind of buffers (>= 0.9).
+5. The encoding kernels' throughput on the GPU (GB/s of float32 input).
+6. Offload and prefetch through each GPU codec.
 
 Each section runs on its own: a failure is printed and recorded, and the others still run. The training
-runs of sections 1 and 2 each run in a process of their own (a fresh CUDA context: vmem's arena never
+runs of sections 1 to 3 each run in a process of their own (a fresh CUDA context: vmem's arena never
 sits beside PyTorch's cache), under a time limit (``--child-timeout``); one that runs past it has every
 thread's stack printed, is stopped and recorded as stalled, and the section goes on. The profile the
 first vmem run makes is kept and given to the later ones (``--profile-cache``); if it cannot be made,
 baseline is timed with algorithms chosen without one, and says so.
 
     python bench/gpu.py [--batch 64] [--budget 8GiB] [--steps 5] [--quick] [--sections a,b] [--json-out PATH]
-                        [--conv-api legacy|graph] [--child-timeout 150]
+                        [--conv-api legacy|graph] [--nchw] [--child-timeout 150]
 """
 
 from __future__ import annotations
@@ -133,14 +135,14 @@ def child_main(task: str, kwargs: dict, stall_dump: float) -> int:
 
 
 def task_vmem_step(policy: str, batch: int, steps: int, memory: str | None = None, profile: bool = True,
-                   profile_cache: str | None = None, conv_api: str = "legacy") -> dict:
+                   profile_cache: str | None = None, conv_api: str = "legacy", nchw: bool = False) -> dict:
     """Median step seconds of vmem on VGG-16 (after two warm-up steps) and what the plan chose. With
     ``profile``, the plan uses measured costs: those in ``profile_cache`` if it exists, else a profile
     made here (and saved there). The profile runs each layer on its own with its buffers in the arena: in
     a tight budget at a large batch they may not fit (``profile=False`` plans from the device's
     specification and cuDNN's catalog)."""
     net = vmem.models.get("vgg16")
-    dev = vmem.device("cuda:0", conv_api=conv_api, **({"memory": memory} if memory else {}))
+    dev = vmem.device("cuda:0", conv_api=conv_api, nchw=nchw, **({"memory": memory} if memory else {}))
     say(repr(dev))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)
@@ -297,41 +299,60 @@ def _failed(out: dict, what: str, exc: Exception) -> None:
     out["errors"][what] = str(exc)
 
 
+def _variant(api: str, nchw: bool) -> str:
+    return f"cuDNN {api} API" + (" + NCHW algorithms" if nchw else "")
+
+
+def _vmem_run(args, out, rows, policy: str, profile: bool, api: str | None = None,
+              nchw: bool | None = None) -> dict | None:
+    """One vmem run in its own process (see :func:`task_vmem_step`), its row added to ``rows``; None if it
+    failed or stalled (recorded in ``out``). Runs with the same convolution options share one profile."""
+    api = args.conv_api if api is None else api
+    nchw = args.nchw if nchw is None else nchw
+    main = (api, nchw) == (args.conv_api, args.nchw)
+    label = policy + ("" if profile else " (no profile)") + ("" if main else f" [{_variant(api, nchw)}]")
+    cache = _profile_folder(args) / f"profile-b{args.batch}-{api}{'-nchw' if nchw else ''}.pkl"
+    try:
+        r = isolated("vmem_step", args.child_timeout, policy=policy, profile=profile,
+                     profile_cache=str(cache) if profile else None, conv_api=api, nchw=nchw, batch=args.batch,
+                     steps=args.steps, memory=args.memory)
+    except ChildFailed as exc:
+        _failed(out, f"vmem {label}", exc)
+        return None
+    predicted = r["predicted_seconds"]
+    rows.append((label, f"{r['median'] * 1e3:.1f}", f"{predicted * 1e3:.1f}" if predicted else "-", r["chosen"],
+                 format_bytes(r["peak_bytes"])))
+    out.setdefault("step_runs", {})[label] = r
+    r["profiled_here"] = cache.exists()
+    return r
+
+
+def _profile_folder(args) -> Path:
+    if not getattr(args, "_profiles", None):
+        args._profiles = Path(args.profile_cache or tempfile.mkdtemp(prefix="vmem-bench-"))
+    return args._profiles
+
+
 def section_step_time(args, out):
     rows, times = [], {}
-    folder = Path(args.profile_cache or tempfile.mkdtemp(prefix="vmem-bench-"))
-    cache = folder / f"profile-b{args.batch}-{args.conv_api}.pkl"
-    common = {"batch": args.batch, "steps": args.steps, "memory": args.memory}
-
-    def run(policy: str, profile: bool, api: str = args.conv_api) -> dict | None:
-        label = policy + ("" if profile else " (no profile)") + ("" if api == args.conv_api else f" [cuDNN {api} API]")
-        profile_cache = folder / f"profile-b{args.batch}-{api}.pkl"
-        try:
-            r = isolated("vmem_step", args.child_timeout, policy=policy, profile=profile,
-                         profile_cache=str(profile_cache) if profile else None, conv_api=api, **common)
-        except ChildFailed as exc:
-            _failed(out, f"vmem {label}", exc)
-            return None
-        predicted = r["predicted_seconds"]
-        rows.append((label, f"{r['median'] * 1e3:.1f}", f"{predicted * 1e3:.1f}" if predicted else "-", r["chosen"],
-                     format_bytes(r["peak_bytes"])))
-        out.setdefault("step_runs", {})[label] = r
-        times[policy if api == args.conv_api else label] = r["median"]
-        return r
-
+    print(f"vmem's convolutions: {_variant(args.conv_api, args.nchw)}")
     # baseline makes the profile the others reuse; without one (it failed or stalled), baseline and vdnn-all
-    # are timed with the algorithms cuDNN's catalog ranks first, and vdnn-dyn, which needs one, is left out
-    if run("baseline:algos=performance", True) is None:
-        run("baseline:algos=performance", False)
-    profiled = cache.exists()
-    run("vdnn-all:algos=performance", profiled)
+    # are timed with the algorithms the cost model ranks first, and vdnn-dyn, which needs one, is left out
+    r = _vmem_run(args, out, rows, "baseline:algos=performance", True)
+    profiled = r is not None and r["profiled_here"]
+    if r is None:
+        r = _vmem_run(args, out, rows, "baseline:algos=performance", False)
+    if r is not None:
+        times["baseline:algos=performance"] = r["median"]
+    r = _vmem_run(args, out, rows, "vdnn-all:algos=performance", profiled)
+    if r is not None:
+        times["vdnn-all:algos=performance"] = r["median"]
     if profiled:
-        run("vdnn-dyn", True)
+        r = _vmem_run(args, out, rows, "vdnn-dyn", True)
+        if r is not None:
+            times["vdnn-dyn"] = r["median"]
     else:
         _failed(out, "vmem vdnn-dyn", ChildFailed("not run: it plans from a profile, and none could be made"))
-    other = "graph" if args.conv_api == "legacy" else "legacy"
-    if args.other_api:  # baseline through the other convolution API, for comparison
-        run("baseline:algos=performance", True, other)
     try:
         t = isolated("torch_step", args.child_timeout, batch=args.batch, steps=args.steps)
         times["pytorch"] = t["nchw"]["median"]
@@ -341,22 +362,35 @@ def section_step_time(args, out):
                          "cudnn.benchmark", "-"))
     except ChildFailed as exc:
         _failed(out, "pytorch", exc)
-    print(f"\nVGG-16, batch {args.batch}, 224x224, FP32 (TF32 off): median step of {args.steps}; vmem's "
-          f"convolutions through cuDNN's {args.conv_api} API unless the row says otherwise")
+    print(f"\nVGG-16, batch {args.batch}, 224x224, FP32 (TF32 off): median step of {args.steps}")
     print(table(("run", "step ms", "plan's ms", "algorithms / choice", "plan peak"), rows))
     out["step_time"] = times
     base = times.get("baseline:algos=performance")
     if base and "pytorch" in times:
         out["verdicts"].append(verdict("vmem baseline / PyTorch eager" + ("" if profiled else " (no profile)"),
                                        base / times["pytorch"], 1.15, at_least=False))
-    other_base = times.get(f"baseline:algos=performance [cuDNN {other} API]")
-    if other_base and "pytorch" in times:
-        print(f"vmem baseline through cuDNN's {other} API / PyTorch eager: {other_base / times['pytorch']:.3f}")
-        out["other_api_ratio"] = other_base / times["pytorch"]
     for policy, target in (("vdnn-all:algos=performance", 1.2), ("vdnn-dyn", 1.05)):
         if base and policy in times:
             out["verdicts"].append(verdict(f"{policy.split(':')[0]} / vmem baseline", times[policy] / base, target,
                                            at_least=False))
+
+
+def section_variants(args, out):
+    """vmem baseline through the convolution options the main runs did not use (cuDNN's graph API; the
+    legacy API with NCHW algorithms), each with its own profile, against PyTorch's step."""
+    rows, ratios = [], {}
+    torch_seconds = out.get("step_time", {}).get("pytorch")
+    for api, nchw in (("legacy", True), ("graph", False), ("legacy", False)):
+        if (api, nchw) == (args.conv_api, args.nchw):
+            continue
+        r = _vmem_run(args, out, rows, "baseline:algos=performance", True, api, nchw)
+        if r is not None and torch_seconds:
+            ratios[_variant(api, nchw)] = r["median"] / torch_seconds
+    print(f"\nVGG-16, batch {args.batch}: vmem baseline through the other convolution options")
+    print(table(("run", "step ms", "plan's ms", "algorithms / choice", "plan peak"), rows))
+    for name, ratio in ratios.items():
+        print(f"vmem baseline [{name}] / PyTorch eager: {ratio:.3f}")
+    out["variants"] = ratios
 
 
 def section_budget(args, out):
@@ -484,8 +518,8 @@ def main() -> int:
                              "(default 150)")
     parser.add_argument("--conv-api", choices=("legacy", "graph"), default="legacy",
                         help="vmem's convolutions through cuDNN's legacy API (default) or its graph API's engines")
-    parser.add_argument("--no-other-api", dest="other_api", action="store_false",
-                        help="do not also time baseline through the other convolution API")
+    parser.add_argument("--nchw", action="store_true",
+                        help="with the legacy API, also offer each algorithm on NCHW copies (the device's nchw=True)")
     parser.add_argument("--profile-cache", metavar="DIR",
                         help="where the first vmem run keeps its profile for the others (default: a new temporary "
                              "folder; one that already holds a profile of this batch is reused)")
@@ -532,8 +566,8 @@ def main() -> int:
 
 
 # the training runs first (each in a process of its own), then what runs here
-SECTIONS = {"step_time": section_step_time, "budget": section_budget, "copies": section_copies,
-            "kernels": section_kernels, "codecs": section_codecs}
+SECTIONS = {"step_time": section_step_time, "budget": section_budget, "variants": section_variants,
+            "copies": section_copies, "kernels": section_kernels, "codecs": section_codecs}
 
 
 if __name__ == "__main__":

@@ -82,3 +82,22 @@ def test_a_device_catalog_with_its_own_algorithm_names_plans():
     chosen = {a for passes in result.plan.algos.values() for a in passes.values()}
     assert chosen and chosen <= {"e1", "e7"}
     assert "e1" in chosen  # the same FLOPs with less workspace to move: the engine without workspace
+
+
+def test_a_variant_of_a_known_algorithm_is_weighed_as_that_algorithm():
+    """``nchw.winograd`` (the CUDA device's winograd on NCHW copies) does winograd's arithmetic with the
+    catalog's workspace, so a performance plan picks it over implicit GEMM where the copies are cheap."""
+    import dataclasses
+
+    from vmem.costs import Roofline, geometry
+    from vmem.device.cudnn_catalog import workspace
+
+    program = vmem.models.get("vgg16").build(32)
+    op = next(o for o in program.ops if o.kind == "conv" and o.layer.in_channels == 256)
+    g = geometry(op)
+    ws = {p: {"implicit_gemm": 0, "nchw.winograd": workspace(g, p, "winograd") + 3 * (1 << 20)}
+          for p in ("forward", "backward_data", "backward_filter")}
+    op = dataclasses.replace(op, algorithms={p: list(n) for p, n in ws.items()}, workspace=ws)
+    model = Roofline(specs.get("h100-sxm"))
+    assert model.op_seconds(op, "forward", "nchw.winograd") < model.op_seconds(op, "forward", "implicit_gemm")
+    assert model.op_seconds(op, "forward", "nchw.winograd") >= model.op_seconds(op, "forward", "winograd")

@@ -280,3 +280,101 @@ def test_graph_backend_refuses_a_workspace_too_small_by_name(monkeypatch):
     big = SimpleNamespace(data=SimpleNamespace(ptr=4), nbytes=4096)
     conv.forward(layer, SimpleNamespace(algo="e2", workspace=big), arr, arr, out)
     assert _FakePlan.ran == [(2, 4)]
+
+
+def _nchw_conv(monkeypatch):
+    """The legacy backend with NCHW variants on a stand-in device, its cuDNN calls recorded (no GPU)."""
+    from types import SimpleNamespace
+
+    from vmem.device.cuda.conv import CudnnConv
+
+    conv = CudnnConv(SimpleNamespace(nchw=True, deterministic=True))
+    monkeypatch.setattr(CudnnConv, "_ptr", staticmethod(lambda a: 0))
+    calls = []
+
+    def call(pass_, d, algo, x, w, y, ws, ws_size):
+        calls.append((pass_, d.layout, algo, x.copy(), w.copy(), y, ws_size))
+        out = {"forward": y, "backward_filter": w, "backward_data": x}[pass_]
+        out[...] = np.arange(out.size, dtype=np.float32).reshape(out.shape)  # a result in cuDNN's layout
+
+    monkeypatch.setattr(conv, "_call", call)
+    return conv, calls
+
+
+@needs_cudnn
+@pytest.mark.parametrize("pass_", ["forward", "backward_filter", "backward_data"])
+def test_nchw_algorithms_run_on_transposed_copies(monkeypatch, pass_):
+    from types import SimpleNamespace
+
+    from vmem.device.cuda import cudnn
+    from vmem.device.cuda.conv import _staging_bytes
+
+    conv, calls = _nchw_conv(monkeypatch)
+    layer = vmem.nn.Conv2d(3, 5, 3, padding=1)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 4, 6, 3)).astype(np.float32)  # NHWC
+    w = rng.standard_normal((5, 3, 3, 3)).astype(np.float32)  # KRSC
+    y = rng.standard_normal((2, 4, 6, 5)).astype(np.float32)
+    staged = _staging_bytes(x.shape, w.shape, y.shape)
+    ws = np.zeros(staged + 1000, np.uint8)
+    ctx = SimpleNamespace(algo="nchw.implicit_gemm" if pass_ == "forward" else "nchw.algo_1", workspace=ws)
+    before = {"x": x.copy(), "w": w.copy(), "y": y.copy()}
+    if pass_ == "forward":
+        conv.forward(layer, ctx, x, w, y)
+    elif pass_ == "backward_filter":
+        conv.backward(layer, ctx, y, x, w, None, w)  # dy = y, dw = w
+    else:
+        dx = np.zeros_like(x)
+        ctx.algo = ("nchw.algo_1", "algo_1")  # backward-data on NCHW copies, backward-filter channels last
+        conv.backward(layer, ctx, y, x, w, dx, np.zeros_like(w))
+        x = dx
+    (name, layout, algo, xt, wt, yt, ws_size), = [c for c in calls if c[0] == pass_]
+    assert layout == cudnn.NCHW and not algo.startswith("nchw.") and ws_size == 1000
+    reads = {"forward": "xw", "backward_filter": "xy", "backward_data": "wy"}[pass_]
+    seen = {"x": xt, "w": wt, "y": yt}
+    for role in reads:  # what cuDNN read: the channels-last inputs, transposed (filters KRSC -> KCRS)
+        np.testing.assert_array_equal(seen[role], before[role].transpose(0, 3, 1, 2))
+    written = {"forward": y, "backward_filter": w, "backward_data": x}[pass_]
+    expect = np.arange(written.size, dtype=np.float32).reshape(_nchw(written.shape)).transpose(0, 2, 3, 1)
+    np.testing.assert_array_equal(written, expect)  # its result, back in channels last
+
+
+def _nchw(shape):
+    n, h, w, c = shape
+    return (n, c, h, w)
+
+
+@needs_cudnn
+def test_nchw_algorithms_need_room_for_their_copies_and_are_ranked_beside_channels_last(monkeypatch):
+    from types import SimpleNamespace
+
+    from vmem.device.cuda import cudnn
+
+    conv, _ = _nchw_conv(monkeypatch)
+    layer = vmem.nn.Conv2d(3, 5, 3, padding=1)
+    x, w, y = np.zeros((2, 4, 6, 3), np.float32), np.zeros((5, 3, 3, 3), np.float32), np.zeros((2, 4, 6, 5), np.float32)
+    with pytest.raises(ValueError, match=r"layer .*forward nchw.winograd needs at least \d+ bytes"):
+        conv.forward(layer, SimpleNamespace(algo="nchw.winograd", workspace=np.zeros(64, np.uint8)), x, w, y)
+    monkeypatch.setattr(conv, "_ranked", lambda layer, pass_, xs, ys, layout:
+                        ["a", "b", "c"] if layout == cudnn.NHWC else ["p", "q"])
+    assert conv.heuristic(layer, "forward", x.shape, y.shape) == ["a", "nchw.p", "b", "nchw.q", "c"]
+    assert conv.ranked_top == 6
+
+
+@needs_cudnn
+def test_the_catalog_offers_nchw_variants_with_their_copies_in_the_workspace(monkeypatch):
+    from vmem.device.cuda import cudnn
+    from vmem.device.cuda.conv import _staging_bytes
+
+    conv, _ = _nchw_conv(monkeypatch)
+    # cuDNN's answers: NHWC supports implicit GEMM only, NCHW winograd too; sizes 100 and 200
+    supported = {cudnn.NHWC: {"implicit_gemm", "algo_1"}, cudnn.NCHW: {"implicit_gemm", "winograd", "algo_1"}}
+    monkeypatch.setattr(conv, "workspace", lambda d, pass_, a: (100 if d.layout == cudnn.NHWC else 200)
+                        if a in supported[d.layout] else None)
+    net = vmem.graph.Sequential(vmem.nn.Conv2d(3, 4, 3, padding=1), vmem.nn.Flatten(), vmem.nn.Linear(4 * 36, 2),
+                                input_shape=(3, 6, 6))
+    op = next(o for o in conv.catalog(net.build(2)).ops if o.kind == "conv")
+    staged = _staging_bytes((2, 6, 6, 3), (4, 3, 3, 3), (2, 6, 6, 4))
+    assert op.workspace["forward"] == {"implicit_gemm": 100, "nchw.implicit_gemm": staged + 200,
+                                       "nchw.winograd": staged + 200}
+    assert op.algorithms["backward_data"] == ["algo_1", "nchw.algo_1", "nchw.winograd"]

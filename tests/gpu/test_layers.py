@@ -65,12 +65,13 @@ def test_layer_on_the_gpu_matches_the_cpu(cuda, make, in_shapes):
 
 @pytest.mark.parametrize("case", [(3, 8, 3, 1, 1, (4, 3, 12, 12)), (8, 16, 5, 1, 2, (2, 8, 16, 16)),
                                   (4, 6, 3, 2, 1, (2, 4, 15, 14))], ids=["3x3", "5x5", "3x3s2"])
-@pytest.mark.parametrize("api", ["legacy", "graph"])
+@pytest.mark.parametrize("api", ["legacy", "legacy+nchw", "graph"])
 def test_every_cudnn_algorithm_against_float64(api, case):
-    """Every algorithm of the device's catalog, through the legacy API or the graph API's engines."""
+    """Every algorithm of the device's catalog: the legacy API's (with ``+nchw``, also on NCHW copies) or the
+    graph API's engines."""
     import vmem
 
-    with vmem.device("cuda:0", memory="512MiB", conv_api=api) as cuda:
+    with vmem.device("cuda:0", memory="512MiB", conv_api=api.split("+")[0], nchw=api.endswith("+nchw")) as cuda:
         _every_algorithm_against_float64(cuda, case)
 
 

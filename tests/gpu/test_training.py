@@ -61,6 +61,17 @@ def test_lossless_policies_through_the_graph_api_are_bitwise_equal_to_its_baseli
     assert reports[-1].peak_bytes == plan.peak_bytes and reports[-1].offloaded_bytes == plan.offloaded_bytes > 0
 
 
+def test_lossless_policies_on_a_device_with_nchw_algorithms_are_bitwise_equal_to_their_baseline():
+    """nchw=True: the plan may pick algorithms run on NCHW copies (the model weighs winograd's arithmetic;
+    each such algorithm is checked against float64 in test_layers.py); offloading still changes nothing
+    and the plan's peak, copies included, is the pool's."""
+    ref, reports, plan = train(MODELS["vgg_cifar"], "baseline:algos=performance", nchw=True)
+    assert all(r.peak_bytes == plan.peak_bytes for r in reports)
+    params, reports, plan = train(MODELS["vgg_cifar"], "vdnn-all:algos=performance", nchw=True)
+    assert all(np.array_equal(ref[k], params[k]) for k in ref)
+    assert reports[-1].peak_bytes == plan.peak_bytes and reports[-1].offloaded_bytes == plan.offloaded_bytes > 0
+
+
 def test_nothing_leaks_over_200_steps():
     from vmem.device.cuda import nvml
 

@@ -230,9 +230,9 @@ def _profile_op(op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: 
         times[(op.name, "backward_data", da)] = max(0.0, best(both, repeats) - base_filter)
 
 
-#: Algorithms per pass timed on a device with cuDNN: the best of its heuristics' ranking. The others are
-#: not offered (some run for seconds on a large batch: cuDNN's own search, which runs them all, takes
-#: minutes on VGG-16 at batch 64).
+#: Algorithms per pass timed on a device with cuDNN: the best of its heuristics' ranking (a backend may
+#: say otherwise: ``ranked_top``). The others are not offered (some run for seconds on a large batch:
+#: cuDNN's own search, which runs them all, takes minutes on VGG-16 at batch 64).
 TOP = 3
 
 
@@ -244,9 +244,10 @@ def _profile_conv_ranked(op: OpInfo, algos: dict[str, list[str]], ctx: Any, xs: 
     layer = op.layer
     y_read = y if op.reads_output else None
     ranked = {}
+    top = getattr(on.conv, "ranked_top", TOP)
     for pass_, names in algos.items():
         order = on.rank(pass_, layer, xs[0].shape, y.shape)
-        ranked[pass_] = [a for a in order if a in names][:TOP] or names[:1]
+        ranked[pass_] = [a for a in order if a in names][:top] or names[:1]
         for a in names:
             times[(op.name, pass_, a)] = float("inf")  # not offered unless timed below
     _log.info("%s: timing %s", op.name, ranked)

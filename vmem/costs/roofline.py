@@ -79,10 +79,14 @@ class Roofline:
             g = geometry(op)
             fill = (min(1.0, (g.n * g.ho * g.wo) / FILL) ** 0.5
                     * min(1.0, min(g.c * g.kh * g.kw, g.k) / 64) ** CHANNEL_EXP)
+            base = algo.rsplit(".", 1)[-1] if algo else algo  # "nchw.winograd": winograd on copies
             if algo is None or algo in EFFICIENCY:
                 eff = EFFICIENCY.get(algo or "implicit_precomp_gemm", 0.6) * fill
                 compute = effective_flops(g, algo or "implicit_precomp_gemm") / (self.flops * eff)
                 ws = workspace(g, pass_, algo or "implicit_gemm", self.itemsize)
+            elif base in EFFICIENCY:  # a variant of a known algorithm: its arithmetic, the catalog's workspace
+                compute = effective_flops(g, base) / (self.flops * EFFICIENCY[base] * fill)
+                ws = (op.workspace or {}).get(pass_, {}).get(algo, 0)
             else:  # a device's own algorithm (cuDNN's graph engines): direct FLOPs, its catalog's workspace
                 compute = g.direct_flops / (self.flops * 0.6 * fill)
                 ws = (op.workspace or {}).get(pass_, {}).get(algo, 0)

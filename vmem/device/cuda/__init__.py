@@ -46,4 +46,4 @@ def open_device(name: str, index: str, **options: Any) -> Any:
         return CudaDevice(i, **options)
     except TypeError as exc:
         raise DeviceError(f"device {name!r}: {exc}; options are memory, reserve, pinned_memory, poison, alignment, "
-                          "deterministic, temporaries, conv_api") from None
+                          "deterministic, temporaries, conv_api, nchw") from None

@@ -27,6 +27,7 @@ class Descs:
 
     def __init__(self, geometry: tuple, layout: int = cudnn.NHWC):
         n, c, h, w, k, (kh, kw), stride, padding = geometry
+        self.layout = layout
         self.x = cudnn.TensorDesc(n, c, h, w, layout)
         self.w = cudnn.FilterDesc(k, c, kh, kw, layout)
         self.conv = cudnn.ConvDesc(padding, stride)
@@ -57,12 +58,23 @@ class CudnnConv:
             h = self._handles[ptr] = cudnn.Handle(ptr)
         return h.ptr
 
-    def descs(self, layer: Any, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> Descs:
-        key = _geometry(layer, x_shape, y_shape)
+    def descs(self, layer: Any, x_shape: tuple[int, ...], y_shape: tuple[int, ...],
+              layout: int = cudnn.NHWC) -> Descs:
+        key = (_geometry(layer, x_shape, y_shape), layout)
         d = self._descs.get(key)
         if d is None:
-            d = self._descs[key] = Descs(key)
+            d = self._descs[key] = Descs(key[0], layout)
         return d
+
+    @property
+    def nchw(self) -> bool:
+        """Whether each algorithm is also offered in NCHW (the device's ``nchw=True``)."""
+        return bool(getattr(self.device, "nchw", False))
+
+    @property
+    def ranked_top(self) -> int:
+        """How many of :meth:`heuristic`'s algorithms per pass a profile times (more with both layouts)."""
+        return 6 if self.nchw else 3
 
     # -- the catalog: which algorithms run, and their workspace ----------------------------------------
     def workspace(self, d: Descs, pass_: str, algo: str) -> int | None:
@@ -89,12 +101,19 @@ class CudnnConv:
         ops = []
         for op in program.ops:
             if op.kind == "conv":
-                d = self.descs(op.layer, physical(op.in_shapes[0]), physical(op.out_shape))
+                x_shape, y_shape = physical(op.in_shapes[0]), physical(op.out_shape)
+                d = self.descs(op.layer, x_shape, y_shape)
                 algos: dict[str, list[str]] = {}
                 ws: dict[str, dict[str, int]] = {}
                 for pass_, names in cudnn.ALGOS.items():
                     skip = cudnn.NONDETERMINISTIC.get(pass_, set()) if self.device.deterministic else set()
                     sizes = {a: self.workspace(d, pass_, a) for a in names if a not in skip}
+                    if self.nchw:  # the same algorithms on NCHW copies, which the workspace holds too
+                        d_nchw = self.descs(op.layer, x_shape, y_shape, cudnn.NCHW)
+                        staged = _staging_bytes(x_shape, op.params["weight"].shape, y_shape)
+                        for a in names:
+                            size = None if a in skip else self.workspace(d_nchw, pass_, a)
+                            sizes[NCHW + a] = None if size is None else staged + size
                     ws[pass_] = {a: s for a, s in sizes.items() if s is not None}
                     algos[pass_] = list(ws[pass_])
                 op = dataclasses.replace(op, algorithms=algos, workspace=ws)
@@ -111,35 +130,74 @@ class CudnnConv:
         return (self._ptr(ws), int(ws.nbytes)) if ws is not None else (cudnn.ffi().NULL, 0)
 
     def forward(self, layer: Any, ctx: Any, x: Any, w: Any, y: Any) -> None:
-        d = self.descs(layer, x.shape, y.shape)
-        algo = cudnn.ALGOS["forward"].index(ctx.algo) if ctx.algo else 0
-        ws, ws_size = self._ws(ctx)
-        cudnn.check("cudnnConvolutionForward", cudnn.lib().cudnnConvolutionForward(
-            self._handle(), self._one, d.x.ptr, self._ptr(x), d.w.ptr, self._ptr(w), d.conv.ptr, algo, ws, ws_size,
-            self._zero, d.y.ptr, self._ptr(y)))
+        self._pass(layer, "forward", ctx.algo, ctx, x, w, y)
 
     def backward(self, layer: Any, ctx: Any, dy: Any, x: Any, w: Any, dx: Any, dw: Any) -> None:
         """Backward-filter, then backward-data if ``dx`` is wanted (one after the other in one workspace)."""
-        d = self.descs(layer, x.shape, dy.shape)
         data_algo, filter_algo = ctx.algo if isinstance(ctx.algo, tuple) else (ctx.algo, ctx.algo)
-        ws, ws_size = self._ws(ctx)
-        lib, h = cudnn.lib(), self._handle()
-        bf = cudnn.ALGOS["backward_filter"].index(filter_algo) if filter_algo else 1
-        cudnn.check("cudnnConvolutionBackwardFilter", lib.cudnnConvolutionBackwardFilter(
-            h, self._one, d.x.ptr, self._ptr(x), d.y.ptr, self._ptr(dy), d.conv.ptr, bf, ws, ws_size, self._zero,
-            d.w.ptr, self._ptr(dw)))
-        if dx is None:
+        self._pass(layer, "backward_filter", filter_algo, ctx, x, dw, dy)
+        if dx is not None:
+            self._pass(layer, "backward_data", data_algo, ctx, dx, w, dy)
+
+    #: The algorithm a pass runs when none is named.
+    _DEFAULT = {"forward": "implicit_gemm", "backward_data": "algo_1", "backward_filter": "algo_1"}
+
+    def _pass(self, layer: Any, pass_: str, algo: str | None, ctx: Any, x: Any, w: Any, y: Any) -> None:
+        """One pass on channels-last arrays, by role: ``x`` the image (dx for backward-data), ``w`` the filters
+        (dw for backward-filter), ``y`` the response (dy for the backward passes). An ``nchw.`` algorithm
+        runs on NCHW copies at the start of the workspace (filters KCRS), its result copied back."""
+        algo = algo or self._DEFAULT[pass_]
+        if not algo.startswith(NCHW):
+            self._call(pass_, self.descs(layer, x.shape, y.shape), algo, x, w, y, *self._ws(ctx))
             return
-        bd = cudnn.ALGOS["backward_data"].index(data_algo) if data_algo else 1
-        cudnn.check("cudnnConvolutionBackwardData", lib.cudnnConvolutionBackwardData(
-            h, self._one, d.w.ptr, self._ptr(w), d.y.ptr, self._ptr(dy), d.conv.ptr, bd, ws, ws_size, self._zero,
-            d.x.ptr, self._ptr(dx)))
+        ws = ctx.workspace
+        staged = _staging_bytes(x.shape, w.shape, y.shape)
+        if ws is None or ws.nbytes < staged:
+            raise ValueError(f"layer {layer.label}: {pass_} {algo} needs at least {staged} bytes of workspace for "
+                             f"its NCHW copies, given {0 if ws is None else ws.nbytes}")
+        xt, wt, yt = _carve_nchw(ws, x.shape, w.shape, y.shape)
+        copies = {"x": (x, xt), "w": (w, wt), "y": (y, yt)}
+        reads, writes = {"forward": ("xw", "y"), "backward_filter": ("xy", "w"), "backward_data": ("wy", "x")}[pass_]
+        for role in reads:
+            src, dst = copies[role]
+            dst[...] = src.transpose(0, 3, 1, 2)  # NHWC -> NCHW (filters KRSC -> KCRS)
+        rest = ws[staged:]
+        self._call(pass_, self.descs(layer, x.shape, y.shape, cudnn.NCHW), algo[len(NCHW):], xt, wt, yt,
+                   self._ptr(rest) if rest.nbytes else cudnn.ffi().NULL, int(rest.nbytes))
+        out, result = copies[writes]
+        out[...] = result.transpose(0, 2, 3, 1)  # back to NHWC (KRSC)
+
+    def _call(self, pass_: str, d: Descs, algo: str, x: Any, w: Any, y: Any, ws: Any, ws_size: int) -> None:
+        lib, h, ptr = cudnn.lib(), self._handle(), self._ptr
+        index = cudnn.ALGOS[pass_].index(algo)
+        if pass_ == "forward":
+            cudnn.check("cudnnConvolutionForward", lib.cudnnConvolutionForward(
+                h, self._one, d.x.ptr, ptr(x), d.w.ptr, ptr(w), d.conv.ptr, index, ws, ws_size, self._zero, d.y.ptr,
+                ptr(y)))
+        elif pass_ == "backward_filter":
+            cudnn.check("cudnnConvolutionBackwardFilter", lib.cudnnConvolutionBackwardFilter(
+                h, self._one, d.x.ptr, ptr(x), d.y.ptr, ptr(y), d.conv.ptr, index, ws, ws_size, self._zero, d.w.ptr,
+                ptr(w)))
+        else:
+            cudnn.check("cudnnConvolutionBackwardData", lib.cudnnConvolutionBackwardData(
+                h, self._one, d.w.ptr, ptr(w), d.y.ptr, ptr(y), d.conv.ptr, index, ws, ws_size, self._zero, d.x.ptr,
+                ptr(x)))
 
     def heuristic(self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> list[str]:
         """cuDNN's ranking of ``pass_``'s algorithms for this geometry, best first, without running them
-        (``Get*Algorithm_v7``); only those it reports as supported."""
+        (``Get*Algorithm_v7``); only those it reports as supported. With NCHW variants, the two layouts'
+        rankings alternate, channels last first."""
+        ranked = self._ranked(layer, pass_, x_shape, y_shape, cudnn.NHWC)
+        if not self.nchw:
+            return ranked
+        other = [NCHW + a for a in self._ranked(layer, pass_, x_shape, y_shape, cudnn.NCHW)]
+        merged = [a for pair in zip(ranked, other) for a in pair]
+        return merged + ranked[len(other):] + other[len(ranked):]
+
+    def _ranked(self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...],
+                layout: int) -> list[str]:
         lib, f = cudnn.lib(), cudnn.ffi()
-        d = self.descs(layer, x_shape, y_shape)
+        d = self.descs(layer, x_shape, y_shape, layout)
         n = len(cudnn.ALGOS[pass_])
         returned = f.new("int *")
         h = self._handle()
@@ -162,7 +220,46 @@ class CudnnConv:
     def find(self, layer: Any, pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
         """cuDNN's own measurement (``Find*Ex``) of every algorithm of ``pass_`` on these buffers: (name,
         seconds, workspace bytes), fastest first; ``y`` is dy for the backward passes."""
-        return search(self._handle(), pass_, self.descs(layer, x.shape, y.shape), x, w, y, ws)
+        found = search(self._handle(), pass_, self.descs(layer, x.shape, y.shape), x, w, y, ws)
+        if self.nchw:  # timed on the same bytes read as NCHW: cuDNN's time, without the copies
+            staged = _staging_bytes(x.shape, w.shape, y.shape)
+            nchw = search(self._handle(), pass_, self.descs(layer, x.shape, y.shape, cudnn.NCHW), x, w, y, ws)
+            found = sorted(found + [(NCHW + a, t, m + staged) for a, t, m in nchw], key=lambda r: r[1])
+        return found
+
+
+#: Prefix of the algorithms run on NCHW copies (``nchw.winograd_nonfused``).
+NCHW = "nchw."
+_ALIGN = 256
+
+
+def _nchw_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    n, h, w, c = shape
+    return (n, c, h, w)
+
+
+def _staging_bytes(*shapes: tuple[int, ...]) -> int:
+    """Workspace bytes of the NCHW copies of FP32 tensors of (channels-last) ``shapes``, each aligned."""
+    total = 0
+    for shape in shapes:
+        n = 4
+        for d in shape:
+            n *= d
+        total += -(-n // _ALIGN) * _ALIGN
+    return total
+
+
+def _carve_nchw(ws: Any, *shapes: tuple[int, ...]) -> list[Any]:
+    """NCHW FP32 arrays at the start of the workspace ``ws`` (a uint8 array), one per shape, in order."""
+    import numpy as np
+
+    out, offset = [], 0
+    for shape in shapes:
+        t = _nchw_shape(shape)
+        n = 4 * int(np.prod(t))
+        out.append(ws[offset:offset + n].view(np.float32).reshape(t))
+        offset += -(-n // _ALIGN) * _ALIGN
+    return out
 
 
 def search(handle: Any, pass_: str, d: Descs, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:

@@ -46,7 +46,10 @@ class _Poison(PoolHook):
 
 class CudaDevice:
     """A CUDA GPU behind the Device protocol (see the module docstring). ``deterministic`` keeps cuDNN's
-    atomics-based algorithms out of the catalog, so that lossless policies stay bitwise."""
+    atomics-based algorithms out of the catalog, so that lossless policies stay bitwise. ``conv_api``:
+    convolutions through cuDNN's legacy API (its algorithms) or its graph API (its engines). ``nchw=True``
+    also offers each legacy algorithm on NCHW copies of the channels-last tensors (``nchw.<algo>``: cuDNN
+    has more, and faster, FP32 algorithms for NCHW; the copies are part of the algorithm's workspace)."""
 
     kind = "cuda"
     holds_data = True
@@ -56,13 +59,15 @@ class CudaDevice:
 
     def __init__(self, index: int = 0, *, memory: int | str | None = None, reserve: int | str | None = None,
                  pinned_memory: int | str | None = None, poison: bool = False, alignment: int = 256,
-                 deterministic: bool = True, temporaries: str = "reserve", conv_api: str = "legacy"):
+                 deterministic: bool = True, temporaries: str = "reserve", conv_api: str = "legacy",
+                 nchw: bool = False):
         if conv_api not in ("legacy", "graph"):  # before any memory is taken
             raise DeviceError(f"cuda:{index}: conv_api={conv_api!r}; use 'legacy' (cuDNN's algorithms) or 'graph' "
                               "(cuDNN's graph API and its engines)")
         if temporaries not in ("reserve", "pool"):
             raise DeviceError(f"cuda:{index}: temporaries={temporaries!r}; use 'reserve' or 'pool'")
         self.conv_api = conv_api
+        self.nchw = bool(nchw)
         import cupy
 
         self.index = index
@@ -244,4 +249,5 @@ class CudaDevice:
     def __repr__(self) -> str:
         return (f"CudaDevice({self.name}: {self.gpu} {self.arch}, memory={format_bytes(self.pool.capacity)}, "
                 f"reserve={format_bytes(self.reserve)} for the CUDA context, cuDNN and cuBLAS"
-                f"{', poison' if self.poison else ''}{', cuDNN graph API' if self.conv_api == 'graph' else ''})")
+                f"{', poison' if self.poison else ''}{', cuDNN graph API' if self.conv_api == 'graph' else ''}"
+                f"{', NCHW algorithms too' if self.nchw else ''})")
