@@ -360,7 +360,8 @@ class GraphConv(CudnnConv):
             ops.append(op)
         return dataclasses.replace(program, ops=ops)
 
-    def _run(self, layer: Any, pass_: str, algo: str | None, ctx: Any, x: Any, w: Any, y: Any) -> None:
+    def _pass(self, layer: Any, pass_: str, algo: str | None, ctx: Any, x: Any, w: Any, y: Any) -> None:
+        """One pass through its plan (the first in cuDNN's ranking if none is named); roles as in the parent."""
         plans = self.plans(layer, pass_, x.shape, y.shape)
         plan = plans[algo] if algo else next(iter(plans.values()))
         ws = ctx.workspace
@@ -368,15 +369,6 @@ class GraphConv(CudnnConv):
             raise ValueError(f"layer {layer.label}: {pass_} engine {algo} needs {plan.workspace} bytes of workspace, "
                              f"given {0 if ws is None else ws.nbytes}")
         plan.execute(x.data.ptr, w.data.ptr, y.data.ptr, ws.data.ptr if ws is not None else 0)
-
-    def forward(self, layer: Any, ctx: Any, x: Any, w: Any, y: Any) -> None:
-        self._run(layer, "forward", ctx.algo, ctx, x, w, y)
-
-    def backward(self, layer: Any, ctx: Any, dy: Any, x: Any, w: Any, dx: Any, dw: Any) -> None:
-        data_algo, filter_algo = ctx.algo if isinstance(ctx.algo, tuple) else (ctx.algo, ctx.algo)
-        self._run(layer, "backward_filter", filter_algo, ctx, x, dw, dy)
-        if dx is not None:
-            self._run(layer, "backward_data", data_algo, ctx, dx, w, dy)
 
     def heuristic(self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> list[str]:
         return list(self.plans(layer, pass_, x_shape, y_shape))
