@@ -1,8 +1,12 @@
 """Convolutions through cuDNN for the CUDA device: the backend Conv2d hands its passes to on a GPU.
 
-The interface is small (``catalog``, ``forward``, ``backward``, ``find``) so that the cuDNN frontend can
-replace the legacy API later. Tensors are stored channels last (NHWC) and filters KRSC, as on the CPU;
-math is FMA (exact FP32, no TF32). Descriptors are made once per layer geometry; one handle per stream.
+The interface is small (``catalog``, ``forward``, ``backward``, ``heuristic``, ``find``), with two
+implementations: :class:`CudnnConv`, cuDNN's legacy API and its algorithms, and :class:`GraphConv`, its
+graph API and its engines (``conv_api="graph"``). Tensors are stored channels last (NHWC) and filters
+KRSC, as on the CPU; math is exact FP32 (FMA, no TF32). cuDNN's legacy FP32 algorithms for channels last
+are implicit GEMM only; with the device's ``nchw=True`` each algorithm is also offered on NCHW copies made
+in its workspace (``nchw.winograd_nonfused``), so that plans still account for every byte. Descriptors
+are made once per layer geometry and layout; one handle per stream.
 """
 
 from __future__ import annotations
