@@ -164,14 +164,36 @@ def task_vmem_step(policy: str, batch: int, steps: int, memory: str | None = Non
             trainer.step(x, y)
             say(f"vmem {policy}, batch {batch}: plan and first step {time.perf_counter() - t1:.1f} s")
             trainer.step(x, y)
-            times = [trainer.step(x, y).seconds for _ in range(steps)]
+            reports = [trainer.step(x, y) for _ in range(steps)]
+            times = [r.seconds for r in reports]
             plan = trainer.plans[batch]
             say(f"vmem {policy}: steps {', '.join(f'{t * 1e3:.1f}' for t in times)} ms")
+            kinds, ops = breakdown(reports[-1])
+            say("last step's compute stream by op kind (ms): "
+                + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])))
+            say("its slowest ops (ms): " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in ops[:12]))
             return {"median": float(np.median(times)), "times": times, "chosen": plan.chosen or plan.policy,
                     "peak_bytes": plan.peak_bytes, "step": plan.step,
-                    "predicted_seconds": getattr(plan, "step_seconds", None), "profiled": profile}
+                    "predicted_seconds": getattr(plan, "step_seconds", None), "profiled": profile,
+                    "by_kind": kinds, "algos": plan.plan.algos}
     finally:
         dev.close()
+
+
+def breakdown(report) -> tuple[dict[str, float], list[tuple[str, float]]]:
+    """Seconds of a step's compute-stream spans per op kind (``conv``, ``conv.backward``, ``relu``...,
+    ``wait`` for stalls) and every span, slowest first: where the step's time goes."""
+    kinds: dict[str, float] = {}
+    ops = []
+    for span in report.spans:
+        if span.stream != "compute":
+            continue
+        base = span.name.rstrip("0123456789") if "." not in span.name else \
+            span.name.split(".")[0].rstrip("0123456789") + "." + span.name.split(".", 1)[1]
+        kind = "wait" if span.kind == "wait" else base
+        kinds[kind] = kinds.get(kind, 0.0) + span.seconds
+        ops.append((span.name, span.seconds))
+    return kinds, sorted(ops, key=lambda kv: -kv[1])
 
 
 def torch_vgg16(torch):
