@@ -3,13 +3,14 @@
 1. Step time, VGG-16 at batch 64 (224x224), FP32 with TF32 off on both sides: vmem baseline (fastest
    cuDNN algorithms, from a profile) / PyTorch eager (target <= 1.15); vdnn-all / vmem baseline (<= 1.2);
    vdnn-dyn / vmem baseline where baseline fits (<= 1.05). vmem's convolutions go through cuDNN's legacy
-   API (``--conv-api graph``: its graph API's engines; ``--nchw``: also the legacy algorithms on NCHW
-   copies). PyTorch is also timed channels last (vmem's layout), for what the layout alone costs.
+   API with each algorithm also offered on NCHW copies (``--no-nchw``: channels last only; ``--conv-api
+   graph``: the graph API's engines). PyTorch is also timed channels last (vmem's layout), for what the
+   layout alone costs.
 2. The largest batch that trains VGG-16 in an 8 GiB budget: vmem under each policy (``memory="8GiB"``)
    against PyTorch held to 8 GiB (``set_per_process_memory_fraction``) plain, with
    ``save_on_cpu(pin_memory=True)`` and with ``torch.utils.checkpoint`` (target: vmem's best >= 2x plain).
-3. (``variants``) vmem baseline through the convolution options the main runs did not use (the graph API;
-   the legacy API with NCHW algorithms), against PyTorch's step of section 1.
+3. (``variants``) vmem baseline through the convolution options the main runs did not use (by default:
+   the legacy API channels last only; the graph API), against PyTorch's step of section 1.
 4. Pinned copies through vmem's device / raw ``cudaMemcpyAsync`` between the same kind of buffers (>= 0.9).
 5. The encoding kernels' throughput on the GPU (GB/s of float32 input).
 6. Offload and prefetch through each GPU codec.
@@ -22,7 +23,7 @@ first vmem run makes is kept and given to the later ones (``--profile-cache``); 
 baseline is timed with algorithms chosen without one, and says so.
 
     python bench/gpu.py [--batch 64] [--budget 8GiB] [--steps 5] [--quick] [--sections a,b] [--json-out PATH]
-                        [--conv-api legacy|graph] [--nchw] [--child-timeout 150]
+                        [--conv-api legacy|graph] [--no-nchw] [--child-timeout 150]
 """
 
 from __future__ import annotations
@@ -322,7 +323,9 @@ def _failed(out: dict, what: str, exc: Exception) -> None:
 
 
 def _variant(api: str, nchw: bool) -> str:
-    return f"cuDNN {api} API" + (" + NCHW algorithms" if nchw else "")
+    if api == "graph":  # its engines read the tensors as they are: NCHW copies are the legacy API's
+        return "cuDNN graph API"
+    return "cuDNN legacy API" + (" + NCHW algorithms" if nchw else ", channels last only")
 
 
 def _vmem_run(args, out, rows, policy: str, profile: bool, api: str | None = None,
@@ -331,7 +334,7 @@ def _vmem_run(args, out, rows, policy: str, profile: bool, api: str | None = Non
     failed or stalled (recorded in ``out``). Runs with the same convolution options share one profile."""
     api = args.conv_api if api is None else api
     nchw = args.nchw if nchw is None else nchw
-    main = (api, nchw) == (args.conv_api, args.nchw)
+    main = _variant(api, nchw) == _variant(args.conv_api, args.nchw)
     label = policy + ("" if profile else " (no profile)") + ("" if main else f" [{_variant(api, nchw)}]")
     cache = _profile_folder(args) / f"profile-b{args.batch}-{api}{'-nchw' if nchw else ''}.pkl"
     try:
@@ -398,12 +401,13 @@ def section_step_time(args, out):
 
 
 def section_variants(args, out):
-    """vmem baseline through the convolution options the main runs did not use (cuDNN's graph API; the
-    legacy API with NCHW algorithms), each with its own profile, against PyTorch's step."""
+    """vmem baseline through the convolution options the main runs did not use (of: the legacy API with
+    NCHW algorithms, channels last only, the graph API), each with its own profile, against PyTorch's
+    step."""
     rows, ratios = [], {}
     torch_seconds = out.get("step_time", {}).get("pytorch")
-    for api, nchw in (("legacy", True), ("graph", False), ("legacy", False)):
-        if (api, nchw) == (args.conv_api, args.nchw):
+    for api, nchw in (("legacy", True), ("legacy", False), ("graph", False)):
+        if _variant(api, nchw) == _variant(args.conv_api, args.nchw):
             continue
         r = _vmem_run(args, out, rows, "baseline:algos=performance", True, api, nchw)
         if r is not None and torch_seconds:
@@ -540,8 +544,9 @@ def main() -> int:
                              "(default 150)")
     parser.add_argument("--conv-api", choices=("legacy", "graph"), default="legacy",
                         help="vmem's convolutions through cuDNN's legacy API (default) or its graph API's engines")
-    parser.add_argument("--nchw", action="store_true",
-                        help="with the legacy API, also offer each algorithm on NCHW copies (the device's nchw=True)")
+    parser.add_argument("--nchw", action=argparse.BooleanOptionalAction, default=True,
+                        help="with the legacy API, also offer each algorithm on NCHW copies (the device's nchw=True; "
+                             "default on: the profile then picks, per pass, the faster of the two layouts)")
     parser.add_argument("--profile-cache", metavar="DIR",
                         help="where the first vmem run keeps its profile for the others (default: a new temporary "
                              "folder; one that already holds a profile of this batch is reused)")
