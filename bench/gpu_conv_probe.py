@@ -198,20 +198,22 @@ def _layouts(args, net, say) -> int:
     ws = cupy.empty(4 << 30, np.uint8)  # algorithms that need more are left out
     ways = ("NHWC", "NCHW", "NHWC graph")
     sums = {(way, which): 0.0 for way in ways for which in ("all", "deterministic")}
+    missing = dict.fromkeys(sums, 0)  # passes for which a way ran nothing
     say(f"{args.model} batch {args.batch}: {len(convs)} convolutions, cuDNN {cudnn.version()}, 4 GiB workspace; "
         "legacy Find*Ex in NHWC and NCHW, and the graph API's heuristics (top 6 exact FP32 engines) in NHWC")
-    seen: dict[tuple, tuple[str, dict]] = {}  # geometry -> (first op, what it added to the sums): VGG-16 repeats
+    seen: dict[tuple, tuple[str, dict, dict]] = {}  # geometry -> (first op, its sums, its misses): VGG-16 repeats
     with stream:
         for op in convs:
             x_shape, y_shape = physical(op.in_shapes[0]), physical(op.out_shape)
             geometry = _geometry(op.layer, x_shape, y_shape)
             if geometry in seen:
-                first, added = seen[geometry]
-                for key, t in added.items():
-                    sums[key] += t
+                first, added, lacking = seen[geometry]
+                for key in sums:
+                    sums[key] += added[key]
+                    missing[key] += lacking[key]
                 say(f"{op.name}: as {first}")
                 continue
-            before = dict(sums)
+            before, missed = dict(sums), dict(missing)
             x, dy = gen.standard_normal(x_shape, dtype=np.float32), gen.standard_normal(y_shape, dtype=np.float32)
             w = gen.standard_normal(op.params["weight"].shape, dtype=np.float32)
             y, dx, dw = cupy.empty_like(dy), cupy.empty_like(x), cupy.empty_like(w)
@@ -237,15 +239,21 @@ def _layouts(args, net, say) -> int:
                             part += f" (any: {found[0][0]} {found[0][1] * 1e3:.2f} ms)"
                         parts.append(part)
                     for which, rows in (("all", found), ("deterministic", exact)):
-                        sums[(way, which)] += rows[0][1] if rows else float("nan")
+                        if rows:
+                            sums[(way, which)] += rows[0][1]
+                        else:  # nothing ran for this pass this way: counted apart, not as zero
+                            missing[(way, which)] += 1
                 say(f"{op.name} {way}: " + "; ".join(parts))
-            seen[geometry] = (op.name, {key: sums[key] - before[key] for key in sums})
+            seen[geometry] = (op.name, {key: sums[key] - before[key] for key in sums},
+                              {key: missing[key] - missed[key] for key in sums})
             del x, dy, w, y, dx, dw
             cupy.get_default_memory_pool().free_all_blocks()
     handle.close()
     for which in ("deterministic", "all"):
         say(f"sum of the fastest {which} (forward + backward, ms): "
-            + ", ".join(f"{way} {sums[(way, which)] * 1e3:.1f}" for way in ways)
+            + ", ".join(f"{way} {sums[(way, which)] * 1e3:.1f}"
+                        + (f" ({missing[(way, which)]} passes with none)" if missing[(way, which)] else "")
+                        for way in ways)
             + f"; NHWC / NCHW {sums[('NHWC', which)] / sums[('NCHW', which)]:.3f}, "
             f"NHWC graph / NCHW {sums[('NHWC graph', which)] / sums[('NCHW', which)]:.3f}")
     return 0
