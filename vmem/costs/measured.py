@@ -190,44 +190,56 @@ def _profile_op(op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: 
         algos[pass_] = [a for a in names if op.workspace[pass_][a] <= room] or names[:1]
     ws_bytes = max([op.workspace[p][a] for p, names in algos.items() for a in names] + [0])
     ws = on.empty(ws_bytes, np.uint8) if ws_bytes else None
-    best = on.seconds
 
     def ctx(algo: Any) -> Ctx:
         return Ctx(xp=on.xp, params=params, grads=grads, aux=aux, train=True, rng=np.random.default_rng(0),
                    workspace=ws, algo=algo, in_shapes=tuple(physical(s) for s in op.in_shapes), conv=on.conv)
 
     needs_x = xs if op.reads_input else None
-    if op.kind == "conv" and on.conv is not None:
-        for method, strategy in (("heuristic", _profile_conv_ranked), ("find", _profile_conv_found)):
-            if not hasattr(on.conv, method):
-                continue
-            try:
-                strategy(op, algos, ctx, xs, y, dy, dxs, needs_x, times, on, repeats, ws)
-                return
-            except Exception as exc:  # noqa: BLE001 - the next strategy, then each algorithm in turn
-                _log.warning("%s: profiling by cuDNN's %s failed (%s)", op.name, method, exc)
-    for algo in algos.get("forward", [None]):
-        on.call(lambda: layer.forward(ctx(algo), xs, y))
-        times[(op.name, "forward", algo)] = best(lambda: layer.forward(ctx(algo), xs, y), repeats)
-    y_read = y if op.reads_output else None
-    if op.kind != "conv":
-        def backward() -> None:
-            layer.backward(ctx(None), dy, needs_x, y_read, dxs)
-        on.call(backward)
-        times[(op.name, "backward", None)] = best(backward, repeats)
+    if op.kind == "conv":
+        if on.conv is not None:
+            for method, strategy in (("heuristic", _profile_conv_ranked), ("find", _profile_conv_found)):
+                if not hasattr(on.conv, method):
+                    continue
+                try:
+                    strategy(op, algos, ctx, xs, y, dy, dxs, needs_x, times, on, repeats, ws)
+                    return
+                except Exception as exc:  # noqa: BLE001 - the next strategy, then each algorithm in turn
+                    _log.warning("%s: profiling by cuDNN's %s failed (%s)", op.name, method, exc)
+        _time_conv(op, algos, ctx, xs, y, dy, dxs, needs_x, times, on, repeats)
         return
-    data_algos, filter_algos = algos["backward_data"], algos["backward_filter"]
-    for fa in filter_algos:
+    on.call(lambda: layer.forward(ctx(None), xs, y))
+    times[(op.name, "forward", None)] = on.seconds(lambda: layer.forward(ctx(None), xs, y), repeats)
+    y_read = y if op.reads_output else None
+
+    def backward() -> None:
+        layer.backward(ctx(None), dy, needs_x, y_read, dxs)
+    on.call(backward)
+    times[(op.name, "backward", None)] = on.seconds(backward, repeats)
+
+
+def _time_conv(op: OpInfo, algos: dict[str, list[str]], ctx: Any, xs: list[Any], y: Any, dy: Any, dxs: list[Any],
+               needs_x: Any, times: dict[tuple[str, str, str | None], float], on: _Runner, repeats: int) -> None:
+    """Time each of ``algos`` of each pass of a convolution as the layer runs it (after a warm-up run):
+    backward-filter alone, backward-data as both passes (with the fastest filter algorithm) less that."""
+    layer = op.layer
+    y_read = y if op.reads_output else None
+    for a in algos["forward"]:
+        on.call(lambda a=a: layer.forward(ctx(a), xs, y))
+        times[(op.name, "forward", a)] = on.seconds(lambda a=a: layer.forward(ctx(a), xs, y), repeats)
+    data0 = algos["backward_data"][0]
+    for fa in algos["backward_filter"]:
         def filter_only(fa: str = fa) -> None:
-            layer.backward(ctx((data_algos[0], fa)), dy, needs_x, y_read, [None])
+            layer.backward(ctx((data0, fa)), dy, needs_x, y_read, [None])
         on.call(filter_only)
-        times[(op.name, "backward_filter", fa)] = best(filter_only, repeats)
-    base_filter = times[(op.name, "backward_filter", filter_algos[0])]
-    for da in data_algos:  # backward-data: both passes, less the filter pass alone
+        times[(op.name, "backward_filter", fa)] = on.seconds(filter_only, repeats)
+    best_filter = min(algos["backward_filter"], key=lambda a: times[(op.name, "backward_filter", a)])
+    base_filter = times[(op.name, "backward_filter", best_filter)]
+    for da in algos["backward_data"]:
         def both(da: str = da) -> None:
-            layer.backward(ctx((da, filter_algos[0])), dy, needs_x, y_read, dxs)
+            layer.backward(ctx((da, best_filter)), dy, needs_x, y_read, dxs)
         on.call(both)
-        times[(op.name, "backward_data", da)] = max(0.0, best(both, repeats) - base_filter)
+        times[(op.name, "backward_data", da)] = max(0.0, on.seconds(both, repeats) - base_filter)
 
 
 #: Algorithms per pass timed on a device with cuDNN: the best of its heuristics' ranking (a backend may
@@ -242,7 +254,6 @@ def _profile_conv_ranked(op: OpInfo, algos: dict[str, list[str]], ctx: Any, xs: 
     """A convolution on a device with cuDNN: the :data:`TOP` algorithms of each pass by cuDNN's heuristics
     (``Get*Algorithm_v7``, which runs nothing), each timed as the layer runs it."""
     layer = op.layer
-    y_read = y if op.reads_output else None
     ranked = {}
     top = getattr(on.conv, "ranked_top", TOP)
     for pass_, names in algos.items():
@@ -251,22 +262,7 @@ def _profile_conv_ranked(op: OpInfo, algos: dict[str, list[str]], ctx: Any, xs: 
         for a in names:
             times[(op.name, pass_, a)] = float("inf")  # not offered unless timed below
     _log.info("%s: timing %s", op.name, ranked)
-    for a in ranked["forward"]:
-        on.call(lambda a=a: layer.forward(ctx(a), xs, y))
-        times[(op.name, "forward", a)] = on.seconds(lambda a=a: layer.forward(ctx(a), xs, y), repeats)
-    data0 = ranked["backward_data"][0]
-    for fa in ranked["backward_filter"]:
-        def filter_only(fa: str = fa) -> None:
-            layer.backward(ctx((data0, fa)), dy, needs_x, y_read, [None])
-        on.call(filter_only)
-        times[(op.name, "backward_filter", fa)] = on.seconds(filter_only, repeats)
-    best_filter = min(ranked["backward_filter"], key=lambda a: times[(op.name, "backward_filter", a)])
-    base_filter = times[(op.name, "backward_filter", best_filter)]
-    for da in ranked["backward_data"]:
-        def both(da: str = da) -> None:
-            layer.backward(ctx((da, best_filter)), dy, needs_x, y_read, dxs)
-        on.call(both)
-        times[(op.name, "backward_data", da)] = max(0.0, on.seconds(both, repeats) - base_filter)
+    _time_conv(op, ranked, ctx, xs, y, dy, dxs, needs_x, times, on, repeats)
 
 
 def _profile_conv_found(op: OpInfo, algos: dict[str, list[str]], ctx: Any, xs: list[Any], y: Any, dy: Any,
