@@ -79,17 +79,16 @@ class Roofline:
             g = geometry(op)
             fill = (min(1.0, (g.n * g.ho * g.wo) / FILL) ** 0.5
                     * min(1.0, min(g.c * g.kh * g.kw, g.k) / 64) ** CHANNEL_EXP)
-            base = algo.rsplit(".", 1)[-1] if algo else algo  # "nchw.winograd": winograd on copies
             if algo is None or algo in EFFICIENCY:
-                eff = EFFICIENCY.get(algo or "implicit_precomp_gemm", 0.6) * fill
-                compute = effective_flops(g, algo or "implicit_precomp_gemm") / (self.flops * eff)
+                model: str | None = algo or "implicit_precomp_gemm"
                 ws = workspace(g, pass_, algo or "implicit_gemm", self.itemsize)
-            elif base in EFFICIENCY:  # a variant of a known algorithm: its arithmetic, the catalog's workspace
-                compute = effective_flops(g, base) / (self.flops * EFFICIENCY[base] * fill)
+            else:  # a device's own name, with its catalog's workspace: a variant of a known algorithm
+                # ("nchw.winograd": winograd on copies) does that one's arithmetic; others (cuDNN's graph
+                # engines) the direct FLOPs
+                model = algo.rsplit(".", 1)[-1] if algo.rsplit(".", 1)[-1] in EFFICIENCY else None
                 ws = (op.workspace or {}).get(pass_, {}).get(algo, 0)
-            else:  # a device's own algorithm (cuDNN's graph engines): direct FLOPs, its catalog's workspace
-                compute = g.direct_flops / (self.flops * 0.6 * fill)
-                ws = (op.workspace or {}).get(pass_, {}).get(algo, 0)
+            flops = effective_flops(g, model) if model else float(g.direct_flops)
+            compute = flops / (self.flops * EFFICIENCY.get(model or "", 0.6) * fill)
             traffic = (_bytes(op, self.itemsize) + ws) / self.bw
             return self.launch + max(compute, traffic)
         factor = 1.0 if pass_ == "forward" else 2.0
