@@ -33,7 +33,6 @@ def timed(timeline: Timeline, name: str, stream: str, kind: str, usage: dict[str
     timeline.record(Span(name, stream, kind, start, time.perf_counter(), sum(usage.values()), usage))
 
 
-
 class _Offloaded:
     """A buffer sent to pinned host memory: where it is, its encoding there (if a codec is set, filled
     in by the memory stream), the bytes that crossed the bus, and the events of its copies."""

@@ -12,6 +12,7 @@ are made once per layer geometry and layout; one handle per stream.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from . import cudnn
@@ -242,15 +243,14 @@ def _nchw_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     return (n, c, h, w)
 
 
+def _aligned_bytes(shape: tuple[int, ...]) -> int:
+    """Bytes of an FP32 array of ``shape``, rounded up to the staging alignment."""
+    return -(-4 * math.prod(shape) // _ALIGN) * _ALIGN
+
+
 def _staging_bytes(*shapes: tuple[int, ...]) -> int:
     """Workspace bytes of the NCHW copies of FP32 tensors of (channels-last) ``shapes``, each aligned."""
-    total = 0
-    for shape in shapes:
-        n = 4
-        for d in shape:
-            n *= d
-        total += -(-n // _ALIGN) * _ALIGN
-    return total
+    return sum(_aligned_bytes(s) for s in shapes)
 
 
 def _carve_nchw(ws: Any, *shapes: tuple[int, ...]) -> list[Any]:
@@ -260,9 +260,8 @@ def _carve_nchw(ws: Any, *shapes: tuple[int, ...]) -> list[Any]:
     out, offset = [], 0
     for shape in shapes:
         t = _nchw_shape(shape)
-        n = 4 * int(np.prod(t))
-        out.append(ws[offset:offset + n].view(np.float32).reshape(t))
-        offset += -(-n // _ALIGN) * _ALIGN
+        out.append(ws[offset:offset + 4 * math.prod(t)].view(np.float32).reshape(t))
+        offset += _aligned_bytes(t)
     return out
 
 
