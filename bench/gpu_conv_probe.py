@@ -153,13 +153,11 @@ def _profile(args, net, say) -> int:
     return 0
 
 
-def _graph_timed(handle, stream, geometry, pass_: str, bufs, ws, top: int) -> list[tuple[str, bool, float]]:
+def _graph_timed(handle, geometry, pass_: str, bufs, ws, top: int) -> list[tuple[str, bool, float]]:
     """The graph API's best ``top`` exact-FP32 configurations for one pass (cuDNN's heuristics, mode A),
     each built into a plan and timed by events (after a warm-up run): (name, deterministic, seconds),
     fastest first. Configurations that compile at run time, need more workspace than ``ws`` or fail are
     left out."""
-    import cupy
-
     from vmem.device.cuda import cudnn
     from vmem.device.cuda.graph import ConvPass, Plan
 
@@ -171,16 +169,9 @@ def _graph_timed(handle, stream, geometry, pass_: str, bufs, ws, top: int) -> li
             plan = Plan(handle.ptr, cfg)
             if plan.workspace > ws.nbytes:
                 continue
-            ptrs = [b.data.ptr for b in bufs] + [ws.data.ptr]
-            plan.execute(*ptrs)
-            start, end = cupy.cuda.Event(), cupy.cuda.Event()
-            start.record(stream)
-            plan.execute(*ptrs)
-            end.record(stream)
-            end.synchronize()
+            out.append((cfg.name, cfg.deterministic, plan.seconds(*(b.data.ptr for b in bufs), ws.data.ptr)))
         except cudnn.CudnnError:
             continue
-        out.append((cfg.name, cfg.deterministic, cupy.cuda.get_elapsed_time(start, end) / 1e3))
     return sorted(out, key=lambda r: r[2])
 
 
@@ -223,7 +214,7 @@ def _layouts(args, net, say) -> int:
                 for pass_, bufs in passes:
                     try:
                         if way == "NHWC graph":
-                            timed = _graph_timed(handle, stream, geometry, pass_, bufs, ws, top=6)
+                            timed = _graph_timed(handle, geometry, pass_, bufs, ws, top=6)
                             found = [(name, t) for name, _, t in timed]
                             exact = [(name, t) for name, det, t in timed if det]
                         else:

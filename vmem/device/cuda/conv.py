@@ -110,12 +110,13 @@ class CudnnConv:
                 d = self.descs(op.layer, x_shape, y_shape)
                 algos: dict[str, list[str]] = {}
                 ws: dict[str, dict[str, int]] = {}
+                if self.nchw:  # the same algorithms on NCHW copies, which the workspace holds too
+                    d_nchw = self.descs(op.layer, x_shape, y_shape, cudnn.NCHW)
+                    staged = _staging_bytes(x_shape, op.params["weight"].shape, y_shape)
                 for pass_, names in cudnn.ALGOS.items():
                     skip = cudnn.NONDETERMINISTIC.get(pass_, set()) if self.device.deterministic else set()
                     sizes = {a: self.workspace(d, pass_, a) for a in names if a not in skip}
-                    if self.nchw:  # the same algorithms on NCHW copies, which the workspace holds too
-                        d_nchw = self.descs(op.layer, x_shape, y_shape, cudnn.NCHW)
-                        staged = _staging_bytes(x_shape, op.params["weight"].shape, y_shape)
+                    if self.nchw:
                         for a in names:
                             size = None if a in skip else self.workspace(d_nchw, pass_, a)
                             sizes[NCHW + a] = None if size is None else staged + size
@@ -378,19 +379,10 @@ class GraphConv(CudnnConv):
 
     def find(self, layer: Any, pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
         """Each plan of the pass timed by events on the current stream (after a warm-up run)."""
-        import cupy
-
-        stream = cupy.cuda.get_current_stream()
         out = []
         for name, plan in self.plans(layer, pass_, x.shape, y.shape).items():
             if plan.workspace and (ws is None or ws.nbytes < plan.workspace):
                 continue
-            args = (x.data.ptr, w.data.ptr, y.data.ptr, ws.data.ptr if ws is not None else 0)
-            plan.execute(*args)
-            start, end = cupy.cuda.Event(), cupy.cuda.Event()
-            start.record(stream)
-            plan.execute(*args)
-            end.record(stream)
-            end.synchronize()
-            out.append((name, cupy.cuda.get_elapsed_time(start, end) / 1e3, plan.workspace))
+            seconds = plan.seconds(x.data.ptr, w.data.ptr, y.data.ptr, ws.data.ptr if ws is not None else 0)
+            out.append((name, seconds, plan.workspace))
         return sorted(out, key=lambda r: r[1])

@@ -251,3 +251,17 @@ class Plan:
         cudnn.check(f"cudnnBackendExecute({self.config.name})",
                     cudnn.lib().cudnnBackendExecute(self.handle if handle is None else handle, self.desc.ptr,
                                                     pack.ptr))
+
+    def seconds(self, x: int, w: int, y: int, workspace: int = 0) -> float:
+        """One run of the pass timed by CUDA events on the current stream (after an untimed warm-up run);
+        the plan's handle must be bound to that stream."""
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
+        self.execute(x, w, y, workspace)
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(stream)
+        self.execute(x, w, y, workspace)
+        end.record(stream)
+        end.synchronize()
+        return cupy.cuda.get_elapsed_time(start, end) / 1e3
