@@ -336,7 +336,7 @@ def _vmem_run(args, out, rows, policy: str, profile: bool, api: str | None = Non
     nchw = args.nchw if nchw is None else nchw
     main = _variant(api, nchw) == _variant(args.conv_api, args.nchw)
     label = policy + ("" if profile else " (no profile)") + ("" if main else f" [{_variant(api, nchw)}]")
-    cache = _profile_folder(args) / f"profile-b{args.batch}-{api}{'-nchw' if nchw else ''}.pkl"
+    cache = Path(args.profile_cache) / f"profile-b{args.batch}-{api}{'-nchw' if nchw else ''}.pkl"
     try:
         r = isolated("vmem_step", args.child_timeout, policy=policy, profile=profile,
                      profile_cache=str(cache) if profile else None, conv_api=api, nchw=nchw, batch=args.batch,
@@ -350,12 +350,6 @@ def _vmem_run(args, out, rows, policy: str, profile: bool, api: str | None = Non
     out.setdefault("step_runs", {})[label] = r
     r["profiled_here"] = cache.exists()
     return r
-
-
-def _profile_folder(args) -> Path:
-    if not getattr(args, "_profiles", None):
-        args._profiles = Path(args.profile_cache or tempfile.mkdtemp(prefix="vmem-bench-"))
-    return args._profiles
 
 
 def section_step_time(args, out):
@@ -562,6 +556,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if args.batch < 1 or args.steps < 1 or args.child_timeout <= 10:
         parser.error("--batch and --steps must be at least 1, --child-timeout more than 10")
+    args.profile_cache = args.profile_cache or tempfile.mkdtemp(prefix="vmem-bench-")
     from vmem.device.cuda import nvml, unavailable
 
     reason = unavailable()
