@@ -1,6 +1,7 @@
-"""cffi builder for the CPU build of native/kernels.cuh (module ``vmem._native``).
+"""cffi builder for the CPU build of native/kernels.cuh and native/winograd.c (module ``vmem._native``).
 
-The C declarations are read from cpu_launch.c's LAUNCHER* lines, so the launchers are declared once.
+The launchers' C declarations are read from cpu_launch.c's LAUNCHER* lines, so they are declared once;
+winograd.c's (CPU only: the CUDA device convolves through cuDNN) are in winograd.h.
 """
 
 import re
@@ -21,10 +22,10 @@ def declarations() -> str:
 
 
 ffibuilder = FFI()
-ffibuilder.cdef(declarations())
-ffibuilder.set_source("vmem._native", '#include "cpu_launch.c"', include_dirs=[str(HERE)],
+ffibuilder.cdef(declarations() + "\n" + (HERE / "winograd.h").read_text())
+ffibuilder.set_source("vmem._native", '#include "cpu_launch.c"\n#include "winograd.c"', include_dirs=[str(HERE)],
                       extra_compile_args=["-O3", "-std=c99", "-fno-math-errno", "-fno-wrapv", "-ffp-contract=off"],
-                      depends=[str(HERE / n) for n in ("shim.h", "kernels.cuh", "cpu_launch.c")])
+                      depends=[str(HERE / n) for n in ("shim.h", "kernels.cuh", "cpu_launch.c", "winograd.c", "winograd.h")])
 
 if __name__ == "__main__":
     ffibuilder.compile(tmpdir=str(HERE.parent / "build" / "native"), verbose=True)

@@ -1,4 +1,5 @@
-"""The CPU convolution algorithms agree within float32 rounding and differ in workspace."""
+"""The CPU convolution algorithms agree within float32 rounding and differ in workspace; Winograd's
+native transforms do what their NumPy references do."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 
 from vmem import nn
 from vmem.nn import Ctx, physical
-from vmem.nn import conv
+from vmem.nn import conv, winograd
 from vmem.nn.conv import ALGORITHMS, PASSES
 
 
@@ -30,11 +31,14 @@ def chunking(request, monkeypatch):
         monkeypatch.setattr(conv, "_COL_VALUES", 64)
         monkeypatch.setattr(conv, "_COL_MIN_ROWS", 1)
         monkeypatch.setattr(conv, "_IMPLICIT_ROWS", 1)
+        monkeypatch.setattr(winograd, "_CHUNK_VALUES", 1)
+        monkeypatch.setattr(winograd, "_CHUNK_MIN_TILES", 1)
     return request.param
 
 
 @pytest.mark.parametrize("k, s, p, shape", [(3, 1, 1, (8, 16, 12, 12)), (5, 2, 2, (4, 8, 15, 13)),
-                                           (11, 4, 2, (2, 3, 35, 35)), (1, 1, 0, (4, 32, 6, 6))])
+                                           (11, 4, 2, (2, 3, 35, 35)), (1, 1, 0, (4, 32, 6, 6)),
+                                           (3, 1, 0, (3, 16, 9, 8)), (3, 1, 2, (2, 20, 7, 5))])
 def test_algorithms_agree_in_float32(k, s, p, shape, chunking):
     rng = np.random.default_rng(1)
     layer = nn.Conv2d(shape[1], 24, k, stride=s, padding=p)
@@ -42,7 +46,9 @@ def test_algorithms_agree_in_float32(k, s, p, shape, chunking):
     w = rng.standard_normal((24, k, k, shape[1])).astype(np.float32) * 0.1
     b = rng.standard_normal(24).astype(np.float32)
     dy = rng.standard_normal(physical(layer.output_shape([shape]))).astype(np.float32)
-    results = [run(layer, shape, a, x, w, b, dy) for a in ALGORITHMS]
+    offered = layer.algorithms([shape])["forward"]
+    assert ("winograd" in offered) == (k == 3 and s == 1)
+    results = [run(layer, shape, a, x, w, b, dy) for a in offered]
     for ref, other in zip(results[0], results[1]):
         scale = np.abs(ref).max()
         np.testing.assert_allclose(other, ref, rtol=0, atol=2e-5 * scale)
@@ -78,3 +84,70 @@ def test_unknown_algorithm_is_named():
     with pytest.raises(ValueError, match="'fft'"):
         nn.Conv2d(3, 4, 3).workspace_bytes([(1, 3, 8, 8)], "forward", "fft", 4)
 
+
+
+def test_winograd_is_offered_for_3x3_stride_1_with_enough_channels():
+    assert nn.Conv2d(64, 64, 3, padding=1).algorithms([(8, 64, 16, 16)])["forward"] == list(ALGORITHMS)
+    assert "winograd" not in nn.Conv2d(3, 64, 3, padding=1).algorithms([(8, 3, 16, 16)])["forward"]  # too thin
+    assert "winograd" not in nn.Conv2d(64, 64, 3, stride=2, padding=1).algorithms([(8, 64, 16, 16)])["forward"]
+    assert "winograd" not in nn.Conv2d(64, 64, 5, padding=2).algorithms([(8, 64, 16, 16)])["forward"]
+
+
+def test_winograd_on_a_convolution_it_cannot_compute_names_the_layer():
+    layer = nn.Conv2d(16, 16, 3, stride=2, padding=1)
+    layer.name = "conv7"
+    with pytest.raises(ValueError, match="conv7.*winograd.*stride 1"):
+        layer.workspace_bytes([(2, 16, 8, 8)], "forward", "winograd", 4)
+
+
+def test_winograd_needs_less_workspace_than_im2col_on_a_wide_layer():
+    layer = nn.Conv2d(128, 128, 3, padding=1)
+    shape = (64, 128, 16, 16)
+    for p in PASSES:
+        assert 0 < layer.workspace_bytes([shape], p, "winograd", 4) < layer.workspace_bytes([shape], p, "im2col", 4)
+
+
+@pytest.mark.skipif(winograd._lib is None, reason="vmem's native kernels are not built")
+@pytest.mark.parametrize("shape, pad", [((3, 7, 9, 20), (1, 1)), ((2, 4, 4, 70), (1, 1)), ((2, 6, 5, 17), (0, 2)),
+                                        ((1, 8, 8, 64), (2, 0))])
+def test_winograd_native_transforms_match_their_numpy_references(shape, pad, monkeypatch):
+    """Tile transforms within float32 rounding (the C sums in another order); filter transforms bit for
+    bit; odd sizes, border tiles and channel counts that are not a multiple of the C code's blocks."""
+    rng = np.random.default_rng(0)
+    nb, h, w, c = shape
+    k = 24
+    ho, wo = h + 2 * pad[0] - 2, w + 2 * pad[1] - 2
+    th, tw = -(-ho // 2), -(-wo // 2)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal((nb, ho, wo, k)).astype(np.float32)
+    wt = rng.standard_normal((k, 3, 3, c)).astype(np.float32)
+    bias = rng.standard_normal(k).astype(np.float32)
+    tiles = nb * th * tw
+
+    def transforms():
+        v = np.full(16 * winograd._plane_stride(tiles, c), np.nan, np.float32)
+        m = np.full(16 * winograd._plane_stride(tiles, k), np.nan, np.float32)
+        u = np.full(16 * winograd._plane_stride(k, c), np.nan, np.float32)
+        t = np.empty(12 * k * c, np.float32)
+        y = np.full((nb, ho, wo, k), np.nan, np.float32)
+        dw = np.full_like(wt, np.nan)
+        out = {"v": winograd.input_transform(x, v, th, tw, pad).copy(),
+               "m": winograd.output_adjoint(dy, m, th, tw).copy(),
+               "u": winograd.filter_transform(wt, u, t).copy(),
+               "u_flipped": winograd.filter_transform(wt, u, t, flip=True).copy()}
+        winograd.filter_gradient(u, t, dw)
+        m[...] = rng_m
+        winograd.output_transform(m, y, th, tw, bias)
+        out.update(dw=dw, y=y)
+        return out
+
+    rng_m = np.random.default_rng(1).standard_normal(16 * winograd._plane_stride(tiles, k)).astype(np.float32)
+    native = transforms()
+    monkeypatch.setattr(winograd, "_lib", None)
+    reference = transforms()
+    for name in ("u", "u_flipped", "dw"):
+        np.testing.assert_array_equal(native[name], reference[name], err_msg=name)
+    for name in ("v", "m", "y"):
+        assert np.isfinite(native[name]).all(), name
+        np.testing.assert_allclose(native[name], reference[name], rtol=0, atol=1e-5 * np.abs(reference[name]).max(),
+                                   err_msg=name)

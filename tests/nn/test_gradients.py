@@ -28,6 +28,22 @@ def test_conv2d(case, algo):
     assert checked == ["x0", "weight", "bias"]
 
 
+@pytest.mark.parametrize("algo", ["winograd", ("winograd", "im2col"), ("im2col", "winograd")],
+                         ids=["winograd", "data-winograd-filter-im2col", "data-im2col-filter-winograd"])
+@pytest.mark.parametrize("case", [(3, 4, 3, 1, 1, (2, 3, 5, 5)), (2, 3, 3, 1, 0, (2, 2, 6, 5)),
+                                  (2, 2, 3, 1, 2, (1, 2, 4, 3))], ids=["p1-odd", "p0", "p2"])
+def test_conv2d_winograd(case, algo, monkeypatch):
+    """Winograd F(2x2, 3x3) in float64 (its NumPy transforms), also in chunks of one image."""
+    from vmem.nn import winograd
+
+    cin, cout, k, s, p, shape = case
+    layer = nn.Conv2d(cin, cout, k, stride=s, padding=p)
+    assert check_layer(layer, [shape], algo=algo) == ["x0", "weight", "bias"]
+    monkeypatch.setattr(winograd, "_CHUNK_VALUES", 1)
+    monkeypatch.setattr(winograd, "_CHUNK_MIN_TILES", 1)
+    check_layer(layer, [shape], algo=algo)
+
+
 @pytest.mark.parametrize("algo", ["im2col", "implicit"])
 @pytest.mark.parametrize("case", CONV_CASES[:3], ids=lambda c: f"k{c[2]}s{c[3]}p{c[4]}")
 def test_conv2d_in_tiny_chunks(case, algo, monkeypatch):

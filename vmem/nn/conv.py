@@ -12,7 +12,11 @@ On the CPU (NumPy, channels-last) there are two algorithms for each pass:
   holds one region of those images (for 3x3 filters about 9C/(C+K) times less than im2col's columns
   for the same rows), and it is slower.
 
-A 1x1 convolution with stride 1 and no padding is a plain GEMM for both, with no workspace. Both give
+* ``winograd`` (3x3 kernels, stride 1, padding up to 2, at least 16 channels in and out): Winograd's
+  F(2x2, 3x3), 2.25x fewer multiply-adds than im2col in 16 GEMMs over transformed tiles (see
+  :mod:`vmem.nn.winograd`); its workspace holds a chunk's transformed tiles and the transformed filters.
+
+A 1x1 convolution with stride 1 and no padding is a plain GEMM for all, with no workspace. All give
 the same results up to float32 rounding. This catalog is what memory-optimal versus performance-optimal
 selection acts on; the CUDA device offers cuDNN's algorithms under the same protocol.
 """
@@ -26,12 +30,13 @@ import numpy as np
 from ..errors import ShapeError
 from .base import PASSES, Ctx, Layer, ParamSpec, Shape
 from . import lanes as _lanes
+from . import winograd as _winograd
 from .conv_arrays import _image_chunks, _ones, _gather, _span
 
 __all__ = ["Conv2d", "ALGORITHMS"]
 
-#: Algorithms of the CPU catalog, fastest first.
-ALGORITHMS = ("im2col", "implicit")
+#: Algorithms of the CPU catalog, fastest first (a convolution is offered those that apply to it).
+ALGORITHMS = ("winograd", "im2col", "implicit")
 _ALIGN = 64
 _IMPLICIT_ROWS = 4096  # output rows per GEMM step of the implicit algorithm
 _COL_VALUES = 1 << 20  # values per im2col chunk (4 MiB in float32): stays in cache for its GEMM
@@ -131,8 +136,13 @@ class Conv2d(Layer):
     def _is_gemm(self) -> bool:
         return self.kernel_size == (1, 1) and self.stride == (1, 1) and self.padding == (0, 0)
 
+    def _winograd_applies(self) -> bool:
+        return _winograd.applies(self.kernel_size, self.stride, self.padding)
+
     def algorithms(self, in_shapes: Sequence[Shape]) -> dict[str, list[str]]:
-        return {p: list(ALGORITHMS) for p in PASSES}
+        offered = [a for a in ALGORITHMS if a != "winograd" or (
+            self._winograd_applies() and _winograd.worthwhile(self.in_channels, self.out_channels))]
+        return {p: list(offered) for p in PASSES}
 
     def _geometry(self, in_shape: Shape) -> tuple[int, ...]:
         n, c, h, w = in_shape
@@ -175,10 +185,24 @@ class Conv2d(Layer):
             lanes.append(slots)
         return nb, shared, lanes
 
+    def _winograd_layout(self, in_shape: Shape, pass_: str) -> tuple[int, dict[str, Shape], list[dict[str, Shape]]]:
+        """A Winograd pass's chunking and workspace slots (see :func:`vmem.nn.winograd.layout`)."""
+        if not self._winograd_applies():
+            raise ValueError(f"layer {self.label}: the winograd algorithm needs a 3x3 kernel, stride 1 and "
+                             f"padding at most 2, not kernel={self.kernel_size} stride={self.stride} "
+                             f"padding={self.padding}")
+        n, c, h, w, k, ho, wo = self._geometry(in_shape)
+        ways = _lanes.lanes_for(n * ho * wo * 9 * c * k)
+        nb, shared, lanes = _winograd.layout(n, c, h, w, k, ho, wo, pass_, ways)
+        return nb, {name: (v,) for name, v in shared.items()}, [{name: (v,) for name, v in slots.items()}
+                                                                for slots in lanes]
+
     def _workspace_shapes(self, in_shape: Shape, pass_: str, algo: str | None) -> list[Shape]:
         if self._is_gemm():
             return []
         n, c, h, w, k, ho, wo = self._geometry(in_shape)
+        if algo == "winograd":
+            return _flat(*self._winograd_layout(in_shape, pass_)[1:])
         if algo in (None, "im2col"):
             return _flat(*self._im2col_layout(in_shape, pass_)[1:])
         if algo == "implicit":
@@ -206,6 +230,10 @@ class Conv2d(Layer):
             _lanes.matmul(np, x.reshape(-1, c), w.reshape(k, c).T, out=y2)
         elif ctx.algo == "implicit":
             self._forward_implicit(ctx, x, w, y)
+        elif ctx.algo == "winograd":
+            nb, shared, lanes = self._winograd_slots(ctx, x.shape, "forward", x.dtype)
+            _winograd.forward(x, w, ctx.params["bias"] if self.bias else None, y, self.padding, nb, shared, lanes)
+            return
         else:  # adds the bias to each chunk's output while it is in cache
             self._forward_im2col(ctx, x, w, y, ctx.params["bias"] if self.bias else None)
             return
@@ -237,12 +265,18 @@ class Conv2d(Layer):
         algo_data, algo_filter = ctx.algo if isinstance(ctx.algo, tuple) else (ctx.algo, ctx.algo)
         if algo_filter == "implicit":
             self._backward_filter_implicit(ctx, x, dy, dw)
+        elif algo_filter == "winograd":
+            nb, shared, lanes = self._winograd_slots(ctx, x.shape, "backward_filter", x.dtype)
+            _winograd.backward_filter(x, dy, dw, self.padding, nb, shared, lanes)
         else:
             self._backward_filter_im2col(ctx, x, dy, dw)
         if dx is None:
             return
         if algo_data == "implicit":
             self._backward_data_implicit(ctx, dy, w, dx)
+        elif algo_data == "winograd":
+            nb, shared, lanes = self._winograd_slots(ctx, dx.shape, "backward_data", dx.dtype)
+            _winograd.backward_data(dy, w, dx, self.padding, nb, shared, lanes)
         elif self._transposed_ok():
             self._backward_data_transposed(ctx, dy, w, dx)
         else:
@@ -262,6 +296,15 @@ class Conv2d(Layer):
         carved_shared = {name: next(arrays) for name in shared}
         carved_lanes = [{name: next(arrays) for name in slots} for slots in lanes]
         return [b for b, _ in _image_chunks(n, nb)], carved_shared, carved_lanes
+
+    def _winograd_slots(self, ctx: Ctx, x_shape: Shape, pass_: str,
+                        dtype: Any) -> tuple[int, dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+        """A Winograd pass's images per chunk and its workspace carved into named (flat) slots."""
+        n, h, w, c = x_shape
+        nb, shared, lanes = self._winograd_layout((n, c, h, w), pass_)
+        arrays = iter(_carve(ctx.workspace, dtype, *_flat(shared, lanes)))
+        return nb, {name: next(arrays) for name in shared}, [{name: next(arrays) for name in slots}
+                                                              for slots in lanes]
 
     def _forward_im2col(self, ctx: Ctx, x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None) -> None:
         chunks, _, lanes = self._im2col_slots(ctx, x.shape, "forward", x.dtype)
