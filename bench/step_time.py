@@ -1,12 +1,14 @@
 """One training step of vgg_cifar at batch 64 on the CPU device, against PyTorch on the CPU in the same run.
 
-vmem runs ``baseline:algos=performance`` (the fastest convolution algorithms). PyTorch, when installed,
+vmem runs ``baseline:algos=performance`` (the catalog's fastest convolution algorithms: Winograd F(2x2, 3x3)
+on every 3x3 layer but the first, im2col there). PyTorch, when installed,
 trains the same network (same layer sizes, NCHW, SGD with momentum). Steps alternate between the two so
 that both see the same machine noise, with a pause between them (threads that spin after their work
 would slow the other side); the median of each is compared. The machine's own limit is reported too:
-the convolutions' achieved FLOP/s (forward, backward-data and backward-filter FLOPs over the time the
-convolution ops took on the compute stream) as a fraction of NumPy's float32 matmul FLOP/s (4096 square),
-timed right after each step (this machine's speed drifts).
+the convolutions' achieved FLOP/s (forward, backward-data and backward-filter FLOPs of a direct
+convolution over the time the convolution ops took on the compute stream: Winograd's are effective
+FLOP/s, as it does 2.25x fewer multiply-adds) as a fraction of NumPy's float32 matmul FLOP/s (4096
+square), timed right after each step (this machine's speed drifts).
 
 Then the same again with ``--busy`` competing processes (each a busy Python loop) running on the machine:
 both slow down, and the ratio of the two under the same load shows whether vmem shares the cores well
@@ -16,7 +18,7 @@ vmem first runs its steps alone, for its own step-to-step spread. Targets: quiet
 ratio at most 1.3 and the vmem step's spread over the timed steps it ran alone (max/min) at most 1.15;
 with one competing process, the ratio at most 1.5; convolution FLOP/s at least 0.6 of matmul (quiet). The report also gives the ceiling of that fraction: the convolutions' own GEMM
 shapes, timed alone on one BLAS thread per lane (thin products, 64 to 512 columns, run well below a
-square matmul).
+square matmul); Winograd's fewer multiply-adds let the convolutions pass it.
 
     python bench/step_time.py [--batch 64] [--steps 10] [--busy 1] [--json]
 """
@@ -256,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         print("PyTorch is not installed (pip install torch==2.13.0): no ratio")
     targets.append(verdict("conv FLOP/s / matmul FLOP/s, quiet", quiet["conv_fraction_of_matmul"], 0.6))
     print(f"the convolutions' own GEMMs (one chunk each, one BLAS thread, x{vmem.nn.lanes.LANES} lanes) reach "
-          f"{ceiling:.3f} of matmul: the ceiling of an im2col convolution on this BLAS")
+          f"{ceiling:.3f} of matmul: the ceiling of an im2col convolution on this BLAS (Winograd's fewer "
+          f"multiply-adds can pass it)")
     result["targets"] = targets
     return emit(result, args.json)
 

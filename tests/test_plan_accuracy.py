@@ -54,9 +54,9 @@ def test_predicted_peak_and_average_match_the_run(name):
 def test_vdnn_dyn_profiles_and_says_what_it_chose():
     net = vmem.models.get("vgg_cifar", image_size=16)
     base = vmem.plan(net, 32, memory="1GiB", policy="baseline:algos=performance").peak_bytes
-    with vmem.Trainer(net, memory=int(base * 0.8), policy="vdnn-dyn", seed=0) as trainer:
+    with vmem.Trainer(net, memory=int(base * 0.6), policy="vdnn-dyn", seed=0) as trainer:
         trainer.step(np.zeros((32, 3, 16, 16), np.float32), np.zeros(32, int))
         plan = trainer.plans[32]
         assert 32 in trainer.costs
     assert plan.step in (3, 4, 5) and plan.chosen.startswith(("vdnn-conv", "vdnn-all"))
-    assert plan.fits and plan.peak_bytes <= int(base * 0.8)
+    assert plan.fits and plan.peak_bytes <= int(base * 0.6)
