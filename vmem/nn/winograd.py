@@ -31,6 +31,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import lanes as _lanes
+from .conv_arrays import _image_chunks
 
 __all__ = ["applies", "worthwhile", "layout", "forward", "backward_data", "backward_filter"]
 
@@ -236,7 +237,7 @@ def output_adjoint(dy: np.ndarray, m: np.ndarray, th: int, tw: int) -> np.ndarra
 
 # -- the passes ---------------------------------------------------------------------------------------
 def _chunks(n: int, nb: int) -> list[slice]:
-    return [slice(lo, min(lo + nb, n)) for lo in range(0, n, nb)]
+    return [b for b, _ in _image_chunks(n, nb)]
 
 
 def _convolve(src: np.ndarray, dst: np.ndarray, u: np.ndarray, transposed: bool, pad: tuple[int, int],
