@@ -14,7 +14,8 @@ Then the same again with ``--busy`` competing processes (each a busy Python loop
 both slow down, and the ratio of the two under the same load shows whether vmem shares the cores well
 (its core budget, ``vmem.threads.BUDGET``, runs no more threads than the cores the competitors leave free).
 
-vmem first runs its steps alone, for its own step-to-step spread. Targets: quiet, vmem/PyTorch step time
+vmem first runs its steps alone, for its own step-to-step spread; the matmul timed after each of those
+steps gives the machine's own spread over the same stretch, to tell the two apart. Targets: quiet, vmem/PyTorch step time
 ratio at most 1.3 and the vmem step's spread over the timed steps it ran alone (max/min) at most 1.15;
 with one competing process, the ratio at most 1.5; convolution FLOP/s at least 0.6 of matmul (quiet). The report also gives the ceiling of that fraction: the convolutions' own GEMM
 shapes, timed alone on one BLAS thread per lane (thin products, 64 to 512 columns, run well below a
@@ -210,12 +211,19 @@ def main(argv: list[str] | None = None) -> int:
     with vmem.Trainer(net, memory="2GiB", policy="baseline:algos=performance",
                       optimizer=vmem.optim.SGD(lr=0.01, momentum=0.9), seed=0) as trainer:
         # vmem alone first: its own step-to-step spread, without PyTorch's threads between its steps
+        mark = len(matmul.seen) + 2  # the matmuls timed after the timed steps (not the warm-up ones)
         alone, _, _, _, budgets = run_steps(trainer, None, x, y, args.steps, conv_ops, matmul)
         result["vmem_alone_times"] = alone
         result["vmem_alone_budgets"] = budgets
         result["vmem_alone_spread"] = max(alone) / min(alone)
         rows.append(("vmem (cpu device), alone", float(np.median(alone)), f"{min(alone):.3f}-{max(alone):.3f}",
                      result["vmem_alone_spread"], program.flops * 3 / float(np.median(alone)) / 1e9))
+        # the machine's own steadiness over the same stretch: the matmul timed after each of those steps
+        mm = [2 * matmul.n**3 / g / 1e9 for g in matmul.seen[mark:]]
+        result["matmul_alone_times"] = mm
+        result["matmul_alone_spread"] = max(mm) / min(mm)
+        rows.append((f"NumPy matmul {matmul.n} (after each), alone", float(np.median(mm)),
+                     f"{min(mm):.3f}-{max(mm):.3f}", result["matmul_alone_spread"], float(np.median(matmul.seen[mark:]))))
         for label, busy in phases:
             with competitors(busy):
                 v_times, t_times, conv_fraction, peak_bytes, budgets = run_steps(trainer, torch_step, x, y,
@@ -247,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     quiet = result["phases"]["quiet"]
     targets = [verdict("vmem step spread, quiet, alone (max/min)", result["vmem_alone_spread"], 1.15,
                        at_least=False)]
+    print(f"the machine's own spread over those steps: {result['matmul_alone_spread']:.3f} (the same NumPy "
+          f"matmul timed after each; a spread of vmem's well above it is vmem's, one near it is the machine's)")
     if torch_step:
         targets.append(verdict("vmem/pytorch step time, quiet", quiet["ratio"], 1.3, at_least=False))
         if args.busy == 1:

@@ -126,6 +126,49 @@ def test_lanes_do_not_nest(budget):
     assert len(seen) == 4 and len(budget.side_by_side) == 1
 
 
+def test_pull_runs_every_piece_once_in_order_when_in_turn(budget):
+    seen = []
+    budget(1, lambda: lanes.pull(lambda lane, piece: seen.append((lane, piece)), 5))
+    assert seen == [(0, i) for i in range(5)] and not budget.side_by_side
+
+
+def test_pull_a_slow_lane_takes_fewer_pieces(budget):
+    """The lanes take pieces as they finish: while lane 1 is held on its first piece, lane 0 takes all
+    the others (no timing margin: lane 0 waits for lane 1 to hold a piece, and lane 1 is released only
+    once lane 0 has done the rest)."""
+    taken = {0: [], 1: []}
+    held, rest_done = threading.Event(), threading.Event()
+
+    def work(lane: int, piece: int) -> None:
+        taken[lane].append(piece)
+        if lane == 1:
+            held.set()
+            assert rest_done.wait(30)
+        elif len(taken[0]) == 1:
+            assert held.wait(30)  # lane 1 has its piece
+        if lane == 0 and len(taken[0]) == 5:
+            rest_done.set()
+
+    budget(2, lambda: lanes.pull(work, 6))
+    assert budget.side_by_side
+    assert len(taken[1]) == 1 and len(taken[0]) == 5
+    assert sorted(taken[0] + taken[1]) == list(range(6))
+
+
+def test_pull_stops_taking_pieces_after_an_error(budget):
+    taken = []
+
+    def work(lane: int, piece: int) -> None:
+        taken.append(piece)
+        if piece == 0:
+            raise ValueError("piece 0 failed")
+        threading.Event().wait(0.01)
+
+    with pytest.raises(ValueError, match="piece 0 failed"):
+        budget(2, lambda: lanes.pull(work, 1000))
+    assert len(taken) < 1000
+
+
 def test_split_covers_the_rows():
     assert lanes.split(5) == [slice(0, 2), slice(2, 5)]
     assert lanes.split(1) == [slice(0, 1)]

@@ -284,9 +284,12 @@ class Conv2d(Layer):
 
     # im2col ---------------------------------------------------------------------------------------
     # The column matrix is built a few images at a time (about 1M values a chunk) and consumed by the
-    # GEMM while it is still in cache: faster than one huge matrix, and a much smaller workspace. The
-    # chunks are dealt to the lanes (vmem.nn.lanes), chunk i to lane i % lanes, each lane with its own
-    # slots and its own partial filter gradient, so the results do not depend on how the lanes run.
+    # GEMM while it is still in cache: faster than one huge matrix, and a much smaller workspace. Each
+    # lane has its own slots. Forward and backward-data chunks write disjoint outputs, so the lanes
+    # pull them as they finish (vmem.nn.lanes.pull: a slowed core takes fewer); backward-filter's are
+    # dealt, chunk i to lane i % lanes, each lane summing its own partial filter gradient, so that the
+    # sums are added in an order fixed by the shapes. Either way the results do not depend on how the
+    # lanes run.
     def _im2col_slots(self, ctx: Ctx, x_shape: Shape, pass_: str,
                       dtype: Any) -> tuple[list[slice], dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
         """An im2col pass's chunks (slices of the batch) and its workspace carved into named slots."""
@@ -312,17 +315,16 @@ class Conv2d(Layer):
         wmat = w.reshape(k, -1).T
         per = y.shape[1] * y.shape[2]
 
-        def lane(i: int) -> None:
-            slots = lanes[i]
-            for b in chunks[i :: len(lanes)]:
-                cb = slots["col"][: (b.stop - b.start) * per]
-                _gather(x[b], slots.get("pad"), cb, self.kernel_size, self.stride, self.padding)
-                yb = y[b].reshape(-1, k)
-                np.matmul(cb, wmat, out=yb)
-                if bias is not None:
-                    yb += bias
+        def piece(i: int, j: int) -> None:
+            slots, b = lanes[i], chunks[j]
+            cb = slots["col"][: (b.stop - b.start) * per]
+            _gather(x[b], slots.get("pad"), cb, self.kernel_size, self.stride, self.padding)
+            yb = y[b].reshape(-1, k)
+            np.matmul(cb, wmat, out=yb)
+            if bias is not None:
+                yb += bias
 
-        _lanes.run(lane, len(lanes))
+        _lanes.pull(piece, len(chunks), len(lanes))
 
     def _backward_filter_im2col(self, ctx: Ctx, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
         chunks, _, lanes = self._im2col_slots(ctx, x.shape, "backward_filter", x.dtype)
@@ -358,14 +360,13 @@ class Conv2d(Layer):
         wflip = shared["wflip"]
         wflip.reshape(kh, kw, k, c)[...] = w[:, ::-1, ::-1, :].transpose(1, 2, 0, 3)
 
-        def lane(i: int) -> None:
-            slots = lanes[i]
-            for b in chunks[i :: len(lanes)]:
-                cb = slots["col"][: (b.stop - b.start) * h * wd]
-                _gather(dy[b], slots.get("pad"), cb, self.kernel_size, (1, 1), (kh - 1 - ph, kw - 1 - pw))
-                np.matmul(cb, wflip, out=dx[b].reshape(-1, c))
+        def piece(i: int, j: int) -> None:
+            slots, b = lanes[i], chunks[j]
+            cb = slots["col"][: (b.stop - b.start) * h * wd]
+            _gather(dy[b], slots.get("pad"), cb, self.kernel_size, (1, 1), (kh - 1 - ph, kw - 1 - pw))
+            np.matmul(cb, wflip, out=dx[b].reshape(-1, c))
 
-        _lanes.run(lane, len(lanes))
+        _lanes.pull(piece, len(chunks), len(lanes))
 
     def _backward_data_col2im(self, ctx: Ctx, dy: np.ndarray, w: np.ndarray, dx: np.ndarray) -> None:
         """Strided convolutions: columns of d(input) from a GEMM, scattered back window by window."""
@@ -375,23 +376,22 @@ class Conv2d(Layer):
         (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
         wmat = w.reshape(k, -1)
 
-        def lane(i: int) -> None:
-            slots = lanes[i]
-            for b in chunks[i :: len(lanes)]:
-                rows = b.stop - b.start
-                dcol = slots["col"][: rows * ho * wo]
-                np.matmul(dy[b].reshape(-1, k), wmat, out=dcol)
-                d6 = dcol.reshape(rows, ho, wo, kh, kw, c)
-                dpad = slots.get("pad")
-                target = dx[b] if dpad is None else dpad[:rows]
-                target.fill(0)
-                for p in range(kh):
-                    for q in range(kw):
-                        target[:, p : p + sh * (ho - 1) + 1 : sh, q : q + sw * (wo - 1) + 1 : sw, :] += d6[:, :, :, p, q, :]
-                if dpad is not None:
-                    dx[b] = target[:, ph : ph + h, pw : pw + wd, :]
+        def piece(i: int, j: int) -> None:
+            slots, b = lanes[i], chunks[j]
+            rows = b.stop - b.start
+            dcol = slots["col"][: rows * ho * wo]
+            np.matmul(dy[b].reshape(-1, k), wmat, out=dcol)
+            d6 = dcol.reshape(rows, ho, wo, kh, kw, c)
+            dpad = slots.get("pad")
+            target = dx[b] if dpad is None else dpad[:rows]
+            target.fill(0)
+            for p in range(kh):
+                for q in range(kw):
+                    target[:, p : p + sh * (ho - 1) + 1 : sh, q : q + sw * (wo - 1) + 1 : sw, :] += d6[:, :, :, p, q, :]
+            if dpad is not None:
+                dx[b] = target[:, ph : ph + h, pw : pw + wd, :]
 
-        _lanes.run(lane, len(lanes))
+        _lanes.pull(piece, len(chunks), len(lanes))
 
     # implicit -------------------------------------------------------------------------------------
     @staticmethod

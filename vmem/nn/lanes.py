@@ -2,7 +2,9 @@
 
 On a two-core budget the CPU device runs a step with BLAS single-threaded and gives the layers two
 *lanes*: the layers split their big products (and the convolution its chunks of columns) into pieces
-fixed by the shapes alone, deal the pieces to the lanes, and run the lanes at once, one on each core.
+fixed by the shapes alone, give the pieces to the lanes, and run the lanes at once, one on each core.
+Pieces with disjoint outputs are pulled by the lanes as they finish (:func:`pull`), so a core slowed by
+another process takes fewer; partial sums are dealt by index (:func:`run`), so they add up in a fixed order.
 This beats BLAS's own two threads for the thin products of convolutions (64 to 512 output channels)
 and hides the single-threaded NumPy work (gathering columns) behind the other lane's product. Where
 the budget is one core, or more than two, the same pieces run one after the other (with BLAS's
@@ -22,9 +24,9 @@ import numpy as np
 
 from .. import threads
 
-__all__ = ["LANES", "run", "matmul", "split", "rows", "deal", "each", "lanes_for"]
+__all__ = ["LANES", "run", "pull", "matmul", "split", "rows", "deal", "each", "lanes_for"]
 
-#: Lanes a layer's work is dealt to (piece i goes to lane i % LANES).
+#: Lanes a layer's work runs on at once (where the step's core budget is two cores).
 LANES = threads.LANES
 #: Products smaller than this (multiply-adds, about 1 ms on one core) are not split: a lane's hand-off
 #: costs tens of microseconds, and a second busy thread delays the memory stream's copies (the CPU
@@ -61,6 +63,37 @@ def run(work: Callable[[int], None], lanes: int = LANES) -> None:
     for error in errors:
         if error is not None:
             raise error
+
+
+def pull(work: Callable[[int, int], None], pieces: int, lanes: int = LANES) -> None:
+    """``work(lane, piece)`` for every piece in ``range(pieces)``, each lane taking the next piece as soon
+    as it is done with its last one: a lane slowed by another process (or a virtual machine's other
+    tenants) takes fewer pieces instead of keeping the other waiting. Only for pieces whose results do
+    not depend on the lane that computes them (disjoint outputs; ``lane`` picks the scratch space):
+    then the results are the same bit for bit whichever lane ran what. Where the lanes run in turn,
+    lane 0 takes every piece, in order. Errors as :func:`run`; after one, the lanes take no new pieces."""
+    lanes = max(1, min(lanes, pieces))
+    if lanes < 2 or threads.BUDGET.lanes < lanes or getattr(_inside, "on", False):
+        for piece in range(pieces):
+            work(0, piece)
+        return
+    taken = iter(range(pieces))
+    lock = threading.Lock()
+    failed = threading.Event()
+
+    def lane(i: int) -> None:
+        while not failed.is_set():
+            with lock:
+                piece = next(taken, None)
+            if piece is None:
+                return
+            try:
+                work(i, piece)
+            except BaseException:
+                failed.set()
+                raise
+
+    run(lane, lanes)
 
 
 def lanes_for(macs: int) -> int:

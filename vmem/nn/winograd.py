@@ -16,9 +16,10 @@ The three passes, channels last:
   ``dU = M^T V`` summed over tiles and ``dW = G^T dU G``: the exact gradient of the forward computation.
 
 The tiles of a batch are processed a few images at a time (a chunk), with the transformed values in 16
-planes of the workspace; the chunks are dealt to the lanes (:mod:`vmem.nn.lanes`) as im2col's are, each
-lane with its own planes (and its own filter gradient), so the results do not depend on how the lanes
-run. The transforms are C (``native/winograd.c``, in ``vmem._native``) on float32; in float64, or
+planes of the workspace, each lane with its own planes; as im2col's, forward and backward-data chunks
+are pulled by the lanes as they finish (:func:`vmem.nn.lanes.pull`) and backward-filter's are dealt
+(each lane sums its own filter gradient, added in lane order), so the results do not depend on how the
+lanes run. The transforms are C (``native/winograd.c``, in ``vmem._native``) on float32; in float64, or
 without the native build, the NumPy references below do the same arithmetic (the filter transforms in
 the same order of operations, so bit for bit; the tile transforms up to rounding).
 """
@@ -249,16 +250,15 @@ def _convolve(src: np.ndarray, dst: np.ndarray, u: np.ndarray, transposed: bool,
     uu = u.transpose(0, 2, 1) if transposed else u
     chunks = _chunks(src.shape[0], nb)
 
-    def lane(i: int) -> None:
-        slots = lanes[i]
-        for b in chunks[i :: len(lanes)]:
-            v = input_transform(src[b], slots["v"], th, tw, pad)
-            tiles = v.shape[1]
-            m = _planes(slots["m"], tiles, dst.shape[3])
-            np.matmul(v, uu, out=m)
-            output_transform(slots["m"], dst[b], th, tw, bias)
+    def piece(i: int, j: int) -> None:
+        slots, b = lanes[i], chunks[j]
+        v = input_transform(src[b], slots["v"], th, tw, pad)
+        tiles = v.shape[1]
+        m = _planes(slots["m"], tiles, dst.shape[3])
+        np.matmul(v, uu, out=m)
+        output_transform(slots["m"], dst[b], th, tw, bias)
 
-    _lanes.run(lane, len(lanes))
+    _lanes.pull(piece, len(chunks), len(lanes))
 
 
 def forward(x: np.ndarray, wt: np.ndarray, bias: np.ndarray | None, y: np.ndarray, pad: tuple[int, int],
