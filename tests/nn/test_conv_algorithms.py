@@ -8,7 +8,7 @@ import pytest
 
 from vmem import nn
 from vmem.nn import Ctx, physical
-from vmem.nn import conv, winograd
+from vmem.nn import conv, lanes, winograd
 from vmem.nn.conv import ALGORITHMS, PASSES
 
 
@@ -24,9 +24,13 @@ def run(layer, shape, algo, x, w, b, dy):
     return y, dx, ctx.grads["weight"], ctx.grads["bias"]
 
 
-@pytest.fixture(params=["whole", "chunked"])
+@pytest.fixture(params=["whole", "chunked", "planes"])
 def chunking(request, monkeypatch):
-    """Run each case once as it is and once with tiny chunks, so that every chunked loop runs many times."""
+    """Run each case as it is, with tiny chunks (so that every chunked loop runs many times), and as work
+    worth two lanes with big chunks (Winograd's whole-batch chunk, split by tiles and planes)."""
+    if request.param == "planes":
+        monkeypatch.setattr(lanes, "_SPLIT_MIN", 1)
+        monkeypatch.setattr(winograd, "_CHUNK_VALUES", 1 << 30)
     if request.param == "chunked":
         monkeypatch.setattr(conv, "_COL_VALUES", 64)
         monkeypatch.setattr(conv, "_COL_MIN_ROWS", 1)
@@ -52,6 +56,36 @@ def test_algorithms_agree_in_float32(k, s, p, shape, chunking):
     for ref, other in zip(results[0], results[1]):
         scale = np.abs(ref).max()
         np.testing.assert_allclose(other, ref, rtol=0, atol=2e-5 * scale)
+
+
+@pytest.mark.parametrize("shape, k", [((8, 32, 4, 4), 48), ((5, 16, 7, 6), 16)])
+def test_winograd_whole_batch_chunk_same_bits_side_by_side_or_in_turn(shape, k, monkeypatch):
+    """Small maps (a chunk a lane) run as one chunk of the whole batch: pieces of tiles and planes, pulled
+    by the lanes; the same bits whether the lanes run side by side or in turn, and im2col's result."""
+    from vmem import threads
+
+    monkeypatch.setattr(lanes, "_SPLIT_MIN", 1)
+    n, c, h, w = shape
+    assert winograd.layout(n, c, h, w, k, h, w, "backward_filter", 2)[2] == []
+    rng = np.random.default_rng(4)
+    layer = nn.Conv2d(c, k, 3, padding=1)
+    x = rng.standard_normal(physical(shape)).astype(np.float32)
+    wt = rng.standard_normal((k, 3, 3, c)).astype(np.float32) * 0.1
+    b = rng.standard_normal(k).astype(np.float32)
+    dy = rng.standard_normal(physical(layer.output_shape([shape]))).astype(np.float32)
+    pinned, outs = threads.BUDGET.fixed, {}
+    try:
+        for budget in (1, 2):
+            threads.BUDGET.fix(budget)
+            with threads.BUDGET.limit():
+                outs[budget] = run(layer, shape, "winograd", x, wt, b, dy)
+    finally:
+        threads.BUDGET.fix(pinned)
+        threads.LANE.shutdown()
+    ref = run(layer, shape, "im2col", x, wt, b, dy)
+    for one, two, r in zip(outs[1], outs[2], ref):
+        np.testing.assert_array_equal(one, two)
+        np.testing.assert_allclose(two, r, rtol=0, atol=2e-5 * np.abs(r).max())
 
 
 def test_implicit_needs_much_less_workspace_than_im2col():

@@ -33,7 +33,8 @@ def test_conv2d(case, algo):
 @pytest.mark.parametrize("case", [(3, 4, 3, 1, 1, (2, 3, 5, 5)), (2, 3, 3, 1, 0, (2, 2, 6, 5)),
                                   (2, 2, 3, 1, 2, (1, 2, 4, 3))], ids=["p1-odd", "p0", "p2"])
 def test_conv2d_winograd(case, algo, monkeypatch):
-    """Winograd F(2x2, 3x3) in float64 (its NumPy transforms), also in chunks of one image."""
+    """Winograd F(2x2, 3x3) in float64 (its NumPy transforms), also in chunks of one image, and as one
+    chunk of the whole batch split by tiles and planes."""
     from vmem.nn import winograd
 
     cin, cout, k, s, p, shape = case
@@ -41,6 +42,14 @@ def test_conv2d_winograd(case, algo, monkeypatch):
     assert check_layer(layer, [shape], algo=algo) == ["x0", "weight", "bias"]
     monkeypatch.setattr(winograd, "_CHUNK_VALUES", 1)
     monkeypatch.setattr(winograd, "_CHUNK_MIN_TILES", 1)
+    check_layer(layer, [shape], algo=algo)
+    # and as one chunk of the whole batch, split by tiles and planes (small maps worth two lanes)
+    from vmem.nn import lanes
+
+    monkeypatch.setattr(lanes, "_SPLIT_MIN", 1)
+    monkeypatch.setattr(winograd, "_CHUNK_VALUES", 1 << 30)
+    ho, wo = layer.output_shape([shape])[2:]
+    assert winograd.layout(shape[0], cin, shape[2], shape[3], cout, ho, wo, "forward", 2)[2] == []
     check_layer(layer, [shape], algo=algo)
 
 

@@ -19,7 +19,10 @@ The tiles of a batch are processed a few images at a time (a chunk), with the tr
 planes of the workspace, each lane with its own planes; as im2col's, forward and backward-data chunks
 are pulled by the lanes as they finish (:func:`vmem.nn.lanes.pull`) and backward-filter's are dealt
 (each lane sums its own filter gradient, added in lane order), so the results do not depend on how the
-lanes run. The transforms are C (``native/winograd.c``, in ``vmem._native``) on float32; in float64, or
+lanes run. Small maps (a few tiles an image, where each lane would have one chunk) go as one chunk of the
+whole batch instead: its transforms split by ranges of tiles and its 16 GEMMs by planes, each GEMM over
+every tile of the batch (longer products, no partial gradients to add, pieces for a slowed core to leave
+to the other). The transforms are C (``native/winograd.c``, in ``vmem._native``) on float32; in float64, or
 without the native build, the NumPy references below do the same arithmetic (the filter transforms in
 the same order of operations, so bit for bit; the tile transforms up to rounding).
 """
@@ -88,7 +91,12 @@ def layout(n: int, c: int, h: int, w: int, k: int, ho: int, wo: int, pass_: str,
     planes of its chunk, ``v`` (16 of tiles x in-channels) and ``m`` (16 of tiles x out-channels);
     backward-filter adds the lane's gradient of the transformed filters ``du`` (16 planes of k x c)
     and, where the lane has several chunks, a product to add in (``tmp``). Every set of planes is laid
-    out by :func:`_plane_stride`."""
+    out by :func:`_plane_stride`.
+
+    Where the lanes would have a chunk each (small maps: a few tiles an image), the whole batch is one
+    chunk instead, its ``v``, ``m`` (and backward-filter's ``du``) shared, and no lane has slots: the
+    lanes split its transforms by tiles and its GEMMs by planes (:func:`_by_planes`), so a slowed core
+    takes fewer pieces, each GEMM runs over every tile, and backward-filter sums no partial gradients."""
     cin, cout = (k, c) if pass_ == "backward_data" else (c, k)
     th, tw = _tiles(h, w) if pass_ == "backward_data" else _tiles(ho, wo)
     per = th * tw
@@ -99,6 +107,12 @@ def layout(n: int, c: int, h: int, w: int, k: int, ho: int, wo: int, pass_: str,
     shared = {"t": 12 * k * c}
     if pass_ != "backward_filter":
         shared["u"] = filters
+    if ways > 1 and chunks <= ways:  # a chunk a lane: one of the whole batch, split by tiles and planes
+        shared["v"] = 16 * _plane_stride(n * per, cin)
+        shared["m"] = 16 * _plane_stride(n * per, cout)
+        if pass_ == "backward_filter":
+            shared["du"] = filters
+        return n, shared, []
     lanes = []
     for lane in range(min(ways, chunks)):
         slots = {"v": 16 * _plane_stride(nb * per, cin), "m": 16 * _plane_stride(nb * per, cout)}
@@ -242,12 +256,16 @@ def _chunks(n: int, nb: int) -> list[slice]:
 
 
 def _convolve(src: np.ndarray, dst: np.ndarray, u: np.ndarray, transposed: bool, pad: tuple[int, int],
-              nb: int, lanes: list[dict[str, np.ndarray]], bias: np.ndarray | None) -> None:
+              nb: int, shared: dict[str, np.ndarray], lanes: list[dict[str, np.ndarray]],
+              bias: np.ndarray | None) -> None:
     """dst = the convolution of src by the transformed filters ``u`` (16, k, c): ``M = V u^T`` where
     ``transposed`` (forward: u's rows are the outputs), else ``M = V u`` (backward-data)."""
     _, ho, wo, _ = dst.shape
     th, tw = _tiles(ho, wo)
     uu = u.transpose(0, 2, 1) if transposed else u
+    if not lanes:
+        _by_planes(src, None, dst, uu, pad, shared, bias)
+        return
     chunks = _chunks(src.shape[0], nb)
 
     def piece(i: int, j: int) -> None:
@@ -261,18 +279,74 @@ def _convolve(src: np.ndarray, dst: np.ndarray, u: np.ndarray, transposed: bool,
     _lanes.pull(piece, len(chunks), len(lanes))
 
 
+#: Pieces the tile transforms of a whole-batch chunk are cut into (each a range of tiles).
+_TILE_PIECES = 8
+
+
+def _by_planes(x: np.ndarray, dy: np.ndarray | None, y: np.ndarray | None, uu: np.ndarray | None,
+               pad: tuple[int, int], shared: dict[str, np.ndarray], bias: np.ndarray | None) -> None:
+    """One chunk of the whole batch, in three rounds of pieces pulled by the lanes: the tiles' transforms
+    by ranges of tiles, then the 16 GEMMs one plane at a time, then (forward, backward-data) the output
+    transform by ranges of tiles. With ``dy`` (backward-filter): ``V`` from x and ``M`` from dy, then
+    ``du[p] = M[p]^T V[p]`` over every tile. Else ``y`` = the convolution of x by ``uu``. Every piece
+    writes its own rows or planes, so the results do not depend on the lanes."""
+    n, h, w, c = x.shape
+    if dy is None:
+        _, ho, wo, k = y.shape
+    else:
+        _, ho, wo, k = dy.shape
+    th, tw = _tiles(ho, wo)
+    tiles = n * th * tw
+    cout = k if dy is not None else y.shape[3]
+    v, m = _planes(shared["v"], tiles, c), _planes(shared["m"], tiles, cout)
+    cuts = [tiles * i // _TILE_PIECES for i in range(_TILE_PIECES + 1)]
+    ranges = [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+    native = _native(x, shared["v"]) and x.flags.c_contiguous and (
+        dy is None or (_native(dy) and dy.flags.c_contiguous))
+
+    def transform(_: int, piece: int) -> None:
+        t0, t1 = ranges[piece]
+        _lib.vmem_wg_input(t0, t1, _ptr(x), _ptr(shared["v"]), _plane_stride(tiles, c), h, w, c, th, tw, *pad)
+        if dy is not None:
+            _lib.vmem_wg_output_adjoint(t0, t1, _ptr(dy), _ptr(shared["m"]), _plane_stride(tiles, k), ho, wo, k,
+                                        th, tw)
+
+    if native:
+        _lanes.pull(transform, len(ranges))
+    else:  # NumPy (float64): the whole batch at once
+        input_transform(x, shared["v"], th, tw, pad)
+        if dy is not None:
+            output_adjoint(dy, shared["m"], th, tw)
+
+    if dy is not None:
+        du = _planes(shared["du"], k, c)
+        _lanes.pull(lambda _, p: np.matmul(m[p].T, v[p], out=du[p]), 16)
+        return
+    _lanes.pull(lambda _, p: np.matmul(v[p], uu[p], out=m[p]), 16)
+    if not (native and _native(shared["m"], y) and y.flags.c_contiguous and (bias is None or _native(bias))):
+        output_transform(shared["m"], y, th, tw, bias)
+        return
+
+    def back(_: int, piece: int) -> None:
+        t0, t1 = ranges[piece]
+        _lib.vmem_wg_output(t0, t1, _ptr(shared["m"]), _ffi.NULL if bias is None else _ptr(bias), _ptr(y),
+                            _plane_stride(tiles, cout), ho, wo, cout, th, tw)
+
+    _lanes.pull(back, len(ranges))
+
+
 def forward(x: np.ndarray, wt: np.ndarray, bias: np.ndarray | None, y: np.ndarray, pad: tuple[int, int],
             nb: int, shared: dict[str, np.ndarray], lanes: list[dict[str, np.ndarray]]) -> None:
     """y = conv(x, wt) + bias, x (n, h, w, c), wt (k, 3, 3, c), y (n, ho, wo, k)."""
     u = filter_transform(wt, shared["u"], shared["t"])
-    _convolve(x, y, u, True, pad, nb, lanes, bias)
+    _convolve(x, y, u, True, pad, nb, shared, lanes, bias)
 
 
 def backward_data(dy: np.ndarray, wt: np.ndarray, dx: np.ndarray, pad: tuple[int, int], nb: int,
                   shared: dict[str, np.ndarray], lanes: list[dict[str, np.ndarray]]) -> None:
     """dx from dy: the forward convolution of dy padded by 2 - p with the flipped filters."""
     u = filter_transform(wt, shared["u"], shared["t"], flip=True)
-    _convolve(dy, dx, u, False, (2 - pad[0], 2 - pad[1]), nb, lanes, None)
+    _convolve(dy, dx, u, False, (2 - pad[0], 2 - pad[1]), nb, shared, lanes, None)
 
 
 def backward_filter(x: np.ndarray, dy: np.ndarray, dw: np.ndarray, pad: tuple[int, int], nb: int,
@@ -282,6 +356,10 @@ def backward_filter(x: np.ndarray, dy: np.ndarray, dw: np.ndarray, pad: tuple[in
     n, ho, wo, k = dy.shape
     c = x.shape[3]
     th, tw = _tiles(ho, wo)
+    if not lanes:
+        _by_planes(x, dy, None, None, pad, shared, None)
+        filter_gradient(shared["du"], shared["t"], dw)
+        return
     chunks = _chunks(n, nb)
 
     def lane(i: int) -> None:
