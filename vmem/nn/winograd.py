@@ -352,7 +352,8 @@ def backward_data(dy: np.ndarray, wt: np.ndarray, dx: np.ndarray, pad: tuple[int
 def backward_filter(x: np.ndarray, dy: np.ndarray, dw: np.ndarray, pad: tuple[int, int], nb: int,
                     shared: dict[str, np.ndarray], lanes: list[dict[str, np.ndarray]]) -> None:
     """dw (k, 3, 3, c) from x and dy: each lane sums ``M^T V`` over its chunks' tiles into its own
-    ``du``; the lanes' sums are added in lane order, then transformed back."""
+    ``du``; the lanes' sums are added in lane order, then transformed back. On small maps (no lane
+    slots), ``du`` is computed plane by plane over every tile of the batch (:func:`_by_planes`)."""
     n, ho, wo, k = dy.shape
     c = x.shape[3]
     th, tw = _tiles(ho, wo)
