@@ -295,19 +295,14 @@ class Conv2d(Layer):
         """An im2col pass's chunks (slices of the batch) and its workspace carved into named slots."""
         n, h, w, c = x_shape
         nb, shared, lanes = self._im2col_layout((n, c, h, w), pass_)
-        arrays = iter(_carve(ctx.workspace, dtype, *_flat(shared, lanes)))
-        carved_shared = {name: next(arrays) for name in shared}
-        carved_lanes = [{name: next(arrays) for name in slots} for slots in lanes]
-        return [b for b, _ in _image_chunks(n, nb)], carved_shared, carved_lanes
+        return [b for b, _ in _image_chunks(n, nb)], *_carve_slots(ctx, dtype, shared, lanes)
 
     def _winograd_slots(self, ctx: Ctx, x_shape: Shape, pass_: str,
                         dtype: Any) -> tuple[int, dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
         """A Winograd pass's images per chunk and its workspace carved into named (flat) slots."""
         n, h, w, c = x_shape
         nb, shared, lanes = self._winograd_layout((n, c, h, w), pass_)
-        arrays = iter(_carve(ctx.workspace, dtype, *_flat(shared, lanes)))
-        return nb, {name: next(arrays) for name in shared}, [{name: next(arrays) for name in slots}
-                                                              for slots in lanes]
+        return nb, *_carve_slots(ctx, dtype, shared, lanes)
 
     def _forward_im2col(self, ctx: Ctx, x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None) -> None:
         chunks, _, lanes = self._im2col_slots(ctx, x.shape, "forward", x.dtype)
@@ -470,8 +465,15 @@ class Conv2d(Layer):
 
 
 def _flat(shared: dict[str, Shape], lanes: list[dict[str, Shape]]) -> list[Shape]:
-    """An im2col layout's slot shapes in workspace order: the shared slots, then each lane's."""
+    """A layout's slot shapes (im2col's or Winograd's) in workspace order: the shared slots, then each lane's."""
     return list(shared.values()) + [shape for slots in lanes for shape in slots.values()]
+
+
+def _carve_slots(ctx: Ctx, dtype: Any, shared: dict[str, Shape],
+                 lanes: list[dict[str, Shape]]) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+    """A layout's slots carved from the pass's workspace, in :func:`_flat`'s order: (shared, each lane's)."""
+    arrays = iter(_carve(ctx.workspace, dtype, *_flat(shared, lanes)))
+    return {name: next(arrays) for name in shared}, [{name: next(arrays) for name in slots} for slots in lanes]
 
 
 def _col_images(n: int, ho: int, wo: int, width: int) -> int:

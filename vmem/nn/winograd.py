@@ -152,7 +152,7 @@ def filter_transform(wt: np.ndarray, u: np.ndarray, t: np.ndarray, flip: bool = 
     degrees, as the backward-data pass convolves. Returns the planes as a (16, k, c) view."""
     k, _, _, c = wt.shape
     planes = _planes(u, k, c)
-    if _native(wt, u) and wt.flags.c_contiguous:
+    if _native(wt, u):
         ps = _plane_stride(k, c)
         _lanes.rows(np, k, lambda r: _lib.vmem_wg_filter(r.start, r.stop, _ptr(wt), _ptr(u), ps, k, c, int(flip)),
                     16 * k * c)
@@ -170,7 +170,7 @@ def filter_gradient(du: np.ndarray, t: np.ndarray, dw: np.ndarray) -> None:
     """``dw[:, i, j, :] = (G^T dU G)[i, j]``: the gradient of the filters (k, 3, 3, c) from that of their
     transforms (``du``: 16 planes of k x c as :func:`layout` lays them out; ``t``: 12*k*c values)."""
     k, _, _, c = dw.shape
-    if _native(du, dw) and dw.flags.c_contiguous:
+    if _native(du, dw):
         ps = _plane_stride(k, c)
         _lanes.rows(np, k, lambda r: _lib.vmem_wg_filter_grad(r.start, r.stop, _ptr(du), _ptr(dw), ps, k, c),
                     16 * k * c)
@@ -184,8 +184,9 @@ def filter_gradient(du: np.ndarray, t: np.ndarray, dw: np.ndarray) -> None:
 
 
 # -- tile transforms: C on float32, NumPy otherwise ----------------------------------------------------
-def _native(*arrays: np.ndarray) -> bool:
-    return _lib is not None and all(a.dtype == np.float32 for a in arrays)
+def _native(*arrays: np.ndarray | None) -> bool:
+    """Whether the C kernels take these arrays (None: an absent bias): float32, contiguous, built."""
+    return _lib is not None and all(a is None or (a.dtype == np.float32 and a.flags.c_contiguous) for a in arrays)
 
 
 def _ptr(a: np.ndarray) -> Any:
@@ -198,15 +199,19 @@ def _planes(buf: np.ndarray, tiles: int, channels: int) -> np.ndarray:
     return as_strided(buf, (16, tiles, channels), (_plane_stride(tiles, channels) * s, channels * s, s))
 
 
-def input_transform(x: np.ndarray, v: np.ndarray, th: int, tw: int, pad: tuple[int, int]) -> np.ndarray:
+def input_transform(x: np.ndarray, v: np.ndarray, th: int, tw: int, pad: tuple[int, int],
+                    part: tuple[int, int] | None = None) -> np.ndarray:
     """The tiles of images ``x`` (nb, h, w, c), zero-padded by ``pad``, as 16 planes of ``v``
-    (returned as the (16, nb*th*tw, c) view)."""
+    (returned as the (16, nb*th*tw, c) view). ``part``: only the tiles in that range (image-major), on
+    the C kernels only (see :func:`_native`); the NumPy reference does every tile."""
     nb, h, w, c = x.shape
     tiles = nb * th * tw
     planes = _planes(v, tiles, c)
-    if _native(x, v) and x.flags.c_contiguous:
-        _lib.vmem_wg_input(0, tiles, _ptr(x), _ptr(v), _plane_stride(tiles, c), h, w, c, th, tw, *pad)
+    if _native(x, v):
+        t0, t1 = part or (0, tiles)
+        _lib.vmem_wg_input(t0, t1, _ptr(x), _ptr(v), _plane_stride(tiles, c), h, w, c, th, tw, *pad)
         return planes
+    assert part is None, "tile ranges are for the C kernels"
     ph, pw = pad
     xpad = np.zeros((nb, 2 * th + 2, 2 * tw + 2, c), x.dtype)
     rows, cols = min(h, 2 * th + 2 - ph), min(w, 2 * tw + 2 - pw)
@@ -218,14 +223,18 @@ def input_transform(x: np.ndarray, v: np.ndarray, th: int, tw: int, pad: tuple[i
     return planes
 
 
-def output_transform(m: np.ndarray, y: np.ndarray, th: int, tw: int, bias: np.ndarray | None) -> None:
-    """``y`` (nb, ho, wo, k) from the 16 planes of ``m``: each tile's 2x2 outputs, plus ``bias``."""
+def output_transform(m: np.ndarray, y: np.ndarray, th: int, tw: int, bias: np.ndarray | None,
+                     part: tuple[int, int] | None = None) -> None:
+    """``y`` (nb, ho, wo, k) from the 16 planes of ``m``: each tile's 2x2 outputs, plus ``bias``
+    (``part``: as :func:`input_transform`'s)."""
     nb, ho, wo, k = y.shape
     tiles = nb * th * tw
-    if _native(m, y) and y.flags.c_contiguous and (bias is None or _native(bias)):
-        _lib.vmem_wg_output(0, tiles, _ptr(m), _ffi.NULL if bias is None else _ptr(bias), _ptr(y),
+    if _native(m, y, bias):
+        t0, t1 = part or (0, tiles)
+        _lib.vmem_wg_output(t0, t1, _ptr(m), _ffi.NULL if bias is None else _ptr(bias), _ptr(y),
                             _plane_stride(tiles, k), ho, wo, k, th, tw)
         return
+    assert part is None, "tile ranges are for the C kernels"
     at = np.array(AT, y.dtype)
     mm = _planes(m, tiles, k).reshape(4, 4, nb, th, tw, k)
     full = np.einsum("ia,abntuk,jb->ntiujk", at, mm, at).reshape(nb, 2 * th, 2 * tw, k)
@@ -234,15 +243,18 @@ def output_transform(m: np.ndarray, y: np.ndarray, th: int, tw: int, bias: np.nd
         y += bias
 
 
-def output_adjoint(dy: np.ndarray, m: np.ndarray, th: int, tw: int) -> np.ndarray:
+def output_adjoint(dy: np.ndarray, m: np.ndarray, th: int, tw: int,
+                   part: tuple[int, int] | None = None) -> np.ndarray:
     """The adjoint of :func:`output_transform` (without bias): dy (nb, ho, wo, k) to the 16 planes of
-    ``m`` (returned as the (16, nb*th*tw, k) view)."""
+    ``m`` (returned as the (16, nb*th*tw, k) view; ``part``: as :func:`input_transform`'s)."""
     nb, ho, wo, k = dy.shape
     tiles = nb * th * tw
     planes = _planes(m, tiles, k)
-    if _native(dy, m) and dy.flags.c_contiguous:
-        _lib.vmem_wg_output_adjoint(0, tiles, _ptr(dy), _ptr(m), _plane_stride(tiles, k), ho, wo, k, th, tw)
+    if _native(dy, m):
+        t0, t1 = part or (0, tiles)
+        _lib.vmem_wg_output_adjoint(t0, t1, _ptr(dy), _ptr(m), _plane_stride(tiles, k), ho, wo, k, th, tw)
         return planes
+    assert part is None, "tile ranges are for the C kernels"
     g = np.zeros((nb, 2 * th, 2 * tw, k), dy.dtype)
     g[:, :ho, :wo] = dy
     at = np.array(AT, dy.dtype)
@@ -289,50 +301,34 @@ def _by_planes(x: np.ndarray, dy: np.ndarray | None, y: np.ndarray | None, uu: n
     by ranges of tiles, then the 16 GEMMs one plane at a time, then (forward, backward-data) the output
     transform by ranges of tiles. With ``dy`` (backward-filter): ``V`` from x and ``M`` from dy, then
     ``du[p] = M[p]^T V[p]`` over every tile. Else ``y`` = the convolution of x by ``uu``. Every piece
-    writes its own rows or planes, so the results do not depend on the lanes."""
-    n, h, w, c = x.shape
-    if dy is None:
-        _, ho, wo, k = y.shape
-    else:
-        _, ho, wo, k = dy.shape
+    writes its own rows or planes, so the results do not depend on the lanes. On the NumPy reference
+    (float64) each transform is one piece."""
+    n = x.shape[0]
+    _, ho, wo, cout = (dy if dy is not None else y).shape
     th, tw = _tiles(ho, wo)
     tiles = n * th * tw
-    cout = k if dy is not None else y.shape[3]
-    v, m = _planes(shared["v"], tiles, c), _planes(shared["m"], tiles, cout)
-    cuts = [tiles * i // _TILE_PIECES for i in range(_TILE_PIECES + 1)]
-    ranges = [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
-    native = _native(x, shared["v"]) and x.flags.c_contiguous and (
-        dy is None or (_native(dy) and dy.flags.c_contiguous))
+    v, m = _planes(shared["v"], tiles, x.shape[3]), _planes(shared["m"], tiles, cout)
 
-    def transform(_: int, piece: int) -> None:
-        t0, t1 = ranges[piece]
-        _lib.vmem_wg_input(t0, t1, _ptr(x), _ptr(shared["v"]), _plane_stride(tiles, c), h, w, c, th, tw, *pad)
+    def parts(*arrays: np.ndarray | None) -> list[tuple[int, int] | None]:
+        if not _native(*arrays):
+            return [None]
+        return [(r.start, r.stop) for r in _lanes.split(tiles, _TILE_PIECES)]
+
+    ins = parts(x, shared["v"], dy, shared["m"])
+
+    def transform(_: int, i: int) -> None:
+        input_transform(x, shared["v"], th, tw, pad, ins[i])
         if dy is not None:
-            _lib.vmem_wg_output_adjoint(t0, t1, _ptr(dy), _ptr(shared["m"]), _plane_stride(tiles, k), ho, wo, k,
-                                        th, tw)
+            output_adjoint(dy, shared["m"], th, tw, ins[i])
 
-    if native:
-        _lanes.pull(transform, len(ranges))
-    else:  # NumPy (float64): the whole batch at once
-        input_transform(x, shared["v"], th, tw, pad)
-        if dy is not None:
-            output_adjoint(dy, shared["m"], th, tw)
-
+    _lanes.pull(transform, len(ins))
     if dy is not None:
-        du = _planes(shared["du"], k, c)
+        du = _planes(shared["du"], cout, x.shape[3])
         _lanes.pull(lambda _, p: np.matmul(m[p].T, v[p], out=du[p]), 16)
         return
     _lanes.pull(lambda _, p: np.matmul(v[p], uu[p], out=m[p]), 16)
-    if not (native and _native(shared["m"], y) and y.flags.c_contiguous and (bias is None or _native(bias))):
-        output_transform(shared["m"], y, th, tw, bias)
-        return
-
-    def back(_: int, piece: int) -> None:
-        t0, t1 = ranges[piece]
-        _lib.vmem_wg_output(t0, t1, _ptr(shared["m"]), _ffi.NULL if bias is None else _ptr(bias), _ptr(y),
-                            _plane_stride(tiles, cout), ho, wo, cout, th, tw)
-
-    _lanes.pull(back, len(ranges))
+    outs = parts(shared["m"], y, bias)
+    _lanes.pull(lambda _, i: output_transform(shared["m"], y, th, tw, bias, outs[i]), len(outs))
 
 
 def forward(x: np.ndarray, wt: np.ndarray, bias: np.ndarray | None, y: np.ndarray, pad: tuple[int, int],
