@@ -72,11 +72,6 @@ def pull(work: Callable[[int, int], None], pieces: int, lanes: int = LANES) -> N
     not depend on the lane that computes them (disjoint outputs; ``lane`` picks the scratch space):
     then the results are the same bit for bit whichever lane ran what. Where the lanes run in turn,
     lane 0 takes every piece, in order. Errors as :func:`run`; after one, the lanes take no new pieces."""
-    lanes = max(1, min(lanes, pieces))
-    if lanes < 2 or threads.BUDGET.lanes < lanes or getattr(_inside, "on", False):
-        for piece in range(pieces):
-            work(0, piece)
-        return
     taken = iter(range(pieces))
     lock = threading.Lock()
     failed = threading.Event()
@@ -93,7 +88,7 @@ def pull(work: Callable[[int, int], None], pieces: int, lanes: int = LANES) -> N
                 failed.set()
                 raise
 
-    run(lane, lanes)
+    run(lane, max(1, min(lanes, pieces)))  # in turn, lane 0 takes every piece before lane 1 looks
 
 
 def lanes_for(macs: int) -> int:
