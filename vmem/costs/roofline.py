@@ -85,7 +85,8 @@ class Roofline:
             else:  # a device's own name, with its catalog's workspace: a variant of a known algorithm
                 # ("nchw.winograd": winograd on copies) does that one's arithmetic; others (cuDNN's graph
                 # engines) the direct FLOPs
-                model = algo.rsplit(".", 1)[-1] if algo.rsplit(".", 1)[-1] in EFFICIENCY else None
+                base = algo.rsplit(".", 1)[-1]
+                model = base if base in EFFICIENCY else None
                 ws = (op.workspace or {}).get(pass_, {}).get(algo, 0)
             flops = effective_flops(g, model) if model else float(g.direct_flops)
             compute = flops / (self.flops * EFFICIENCY.get(model or "", 0.6) * fill)

@@ -15,6 +15,8 @@ import dataclasses
 import math
 from typing import Any
 
+import numpy as np
+
 from . import cudnn
 
 __all__ = ["CudnnConv", "GraphConv", "Descs", "search"]
@@ -256,8 +258,6 @@ def _staging_bytes(*shapes: tuple[int, ...]) -> int:
 
 def _carve_nchw(ws: Any, *shapes: tuple[int, ...]) -> list[Any]:
     """NCHW FP32 arrays at the start of the workspace ``ws`` (a uint8 array), one per shape, in order."""
-    import numpy as np
-
     out, offset = [], 0
     for shape in shapes:
         t = _nchw_shape(shape)
