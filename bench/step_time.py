@@ -21,12 +21,18 @@ with one competing process, the ratio at most 1.5; convolution FLOP/s at least 0
 shapes, timed alone on one BLAS thread per lane (thin products, 64 to 512 columns, run well below a
 square matmul); Winograd's fewer multiply-adds let the convolutions pass it.
 
-    python bench/step_time.py [--batch 64] [--steps 10] [--busy 1] [--json]
+With ``--runs N`` the bench runs itself N times, each a fresh process with the quiet phase only, and
+reports the spread from run to run of each run's median step: vmem's, PyTorch's and the matmul's side by
+side (the target is vmem's at most 1.15), with the share of CPU time the hypervisor took (steal, from
+``/proc/stat``) during each run.
+
+    python bench/step_time.py [--batch 64] [--steps 10] [--busy 1] [--runs 1] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -102,6 +108,23 @@ def gemm_ceiling(conv_ops: dict, matmul: Matmul, rounds: int = 5) -> float:
                 flops += pass_flops
         fractions.append(flops / (seconds / LANES) / 1e9 / matmul())
     return float(np.median(fractions))
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """The machine's cumulative (steal, total) CPU ticks from ``/proc/stat``; None where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (fields[7] if len(fields) > 7 else 0), sum(fields)
+
+
+def steal_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float | None:
+    """The share of CPU time the hypervisor took between two :func:`cpu_ticks` readings."""
+    if start is None or end is None or end[1] <= start[1]:
+        return None
+    return (end[0] - start[0]) / (end[1] - start[1])
 
 
 def _timed(fn) -> float:
@@ -189,10 +212,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="timed steps of each (after 2 warm-up steps)")
     parser.add_argument("--busy", type=int, default=1,
                         help="competing busy processes in the second phase (0: quiet phase only)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="run the quiet phase this many times, each in a fresh process, and report the spread "
+                             "of the median step from run to run")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    if args.batch < 1 or args.steps < 1 or args.busy < 0:
-        parser.error("--batch and --steps must be at least 1, --busy at least 0")
+    if args.batch < 1 or args.steps < 1 or args.busy < 0 or args.runs < 1:
+        parser.error("--batch, --steps and --runs must be at least 1, --busy at least 0")
+    if args.runs > 1:
+        return run_to_run(args)
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.batch, 3, 32, 32)).astype(np.float32)
@@ -212,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
                       optimizer=vmem.optim.SGD(lr=0.01, momentum=0.9), seed=0) as trainer:
         # vmem alone first: its own step-to-step spread, without PyTorch's threads between its steps
         mark = len(matmul.seen) + 2  # the matmuls timed after the timed steps (not the warm-up ones)
+        ticks = cpu_ticks()
         alone, _, _, _, budgets = run_steps(trainer, None, x, y, args.steps, conv_ops, matmul)
+        result["steal_alone"] = steal_share(ticks, cpu_ticks())
         result["vmem_alone_times"] = alone
         result["vmem_alone_budgets"] = budgets
         result["vmem_alone_spread"] = max(alone) / min(alone)
@@ -226,10 +256,12 @@ def main(argv: list[str] | None = None) -> int:
                      f"{min(mm):.3f}-{max(mm):.3f}", result["matmul_alone_spread"], float(np.median(matmul.seen[mark:]))))
         for label, busy in phases:
             with competitors(busy):
+                ticks = cpu_ticks()
                 v_times, t_times, conv_fraction, peak_bytes, budgets = run_steps(trainer, torch_step, x, y,
                                                                                 args.steps, conv_ops, matmul)
+                steal = steal_share(ticks, cpu_ticks())
             v = float(np.median(v_times))
-            phase = {"competitors": busy, "vmem_seconds": v, "vmem_times": v_times,
+            phase = {"competitors": busy, "vmem_seconds": v, "vmem_times": v_times, "steal": steal,
                      "vmem_spread": max(v_times) / min(v_times),
                      "conv_fraction_of_matmul": float(np.median(conv_fraction)), "peak_bytes": peak_bytes,
                      "vmem_budgets": budgets}
@@ -257,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
                        at_least=False)]
     print(f"the machine's own spread over those steps: {result['matmul_alone_spread']:.3f} (the same NumPy "
           f"matmul timed after each; a spread of vmem's well above it is vmem's, one near it is the machine's)")
+    if result["steal_alone"] is not None:
+        print(f"CPU time taken by the hypervisor (steal): {100 * result['steal_alone']:.1f}% over vmem's alone steps, "
+              + ", ".join(f"{100 * p['steal']:.1f}% over the {k} phase" for k, p in result["phases"].items()))
     if torch_step:
         targets.append(verdict("vmem/pytorch step time, quiet", quiet["ratio"], 1.3, at_least=False))
         if args.busy == 1:
@@ -271,6 +306,50 @@ def main(argv: list[str] | None = None) -> int:
           f"{ceiling:.3f} of matmul: the ceiling of an im2col convolution on this BLAS (Winograd's fewer "
           f"multiply-adds can pass it)")
     result["targets"] = targets
+    return emit(result, args.json)
+
+
+def run_to_run(args) -> int:
+    """``--runs``: the quiet phase in ``args.runs`` fresh processes; the spread of each side's median step."""
+    per_run = []
+    for i in range(args.runs):
+        cmd = [sys.executable, __file__, "--batch", str(args.batch), "--steps", str(args.steps), "--busy", "0",
+               "--json"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            sys.stderr.write(done.stderr)
+            raise SystemExit(f"step_time run {i + 1} of {args.runs} failed (exit {done.returncode}): {' '.join(cmd)}")
+        r = json.loads(done.stdout)
+        quiet = r["phases"]["quiet"]
+        run = {"vmem_alone": float(np.median(r["vmem_alone_times"])), "vmem": quiet["vmem_seconds"],
+               "pytorch": quiet.get("torch_seconds"), "matmul": float(np.median(r["matmul_alone_times"])),
+               "ratio": quiet.get("ratio"), "vmem_alone_spread": r["vmem_alone_spread"],
+               "steal": r.get("steal_alone"), "budgets": sorted(set(r["vmem_alone_budgets"]))}
+        per_run.append(run)
+        steal = "" if run["steal"] is None else f", steal {100 * run['steal']:.1f}%"
+        steal += f", core budget {'/'.join(map(str, run['budgets']))}"
+        print(f"run {i + 1}/{args.runs}: vmem alone {run['vmem_alone']:.3f} s, matmul {run['matmul']:.3f} s"
+              + (f", vmem/pytorch {run['vmem']:.3f}/{run['pytorch']:.3f} s" if run["pytorch"] else "") + steal,
+              file=sys.stderr, flush=True)
+    rows = []
+    spreads = {}
+    for key, label in (("vmem_alone", "vmem (cpu device), alone"), ("vmem", "vmem, quiet (alternating)"),
+                       ("pytorch", "pytorch, quiet (alternating)"), ("matmul", "NumPy matmul 4096 (after each)")):
+        values = [r[key] for r in per_run if r[key] is not None]
+        if values:
+            spreads[key] = max(values) / min(values)
+            rows.append((label, float(np.median(values)), f"{min(values):.3f}-{max(values):.3f}", spreads[key]))
+    print(f"vgg_cifar batch {args.batch}: the median step of each of {args.runs} runs ({args.steps} steps each, "
+          f"quiet, each run a fresh process)")
+    print(table(["", "median of runs, s", "range s", "max/min"], rows))
+    ratios = [r["ratio"] for r in per_run if r["ratio"] is not None]
+    if ratios:
+        print(f"vmem/pytorch per run: {min(ratios):.3f}-{max(ratios):.3f} (median {float(np.median(ratios)):.3f})")
+    targets = [verdict(f"vmem step spread over {args.runs} runs, quiet (max/min of the runs' medians)",
+                       spreads["vmem_alone"], 1.15, at_least=False)]
+    print("references over the same runs: " + ", ".join(f"{k} {v:.3f}" for k, v in spreads.items() if k != "vmem_alone"))
+    result = {"bench": "step_time", "model": "vgg_cifar", "batch": args.batch, "steps": args.steps,
+              "runs": per_run, "spreads": spreads, "targets": targets}
     return emit(result, args.json)
 
 

@@ -100,6 +100,23 @@ def test_budget_ignores_flickers_of_load(monkeypatch):
         assert budget.others == pytest.approx(others)
 
 
+def test_busy_time_leaves_out_idle_iowait_and_a_hypervisors_steal():
+    """Busy is what this machine's processes ran (user, nice, system, irq, softirq) on the CPUs asked about.
+    A VM's steal is not: counted, a hypervisor taking a quarter of the time would drop the step to one lane
+    and keep it there, leaving idle a core that the second lane would use."""
+    stat = "\n".join([
+        "cpu  900 0 90 5000 10 0 9 4000 0 0",  # the aggregate line is not read
+        "cpu0 100 2 30 1000 7 1 4 500 0 0",
+        "cpu1 200 0 10 2000 3 0 6 3000 0 0",
+        "cpu2 400 0 50 0 0 0 0 0 0 0",
+        "intr 12345 0 0",
+    ])
+    assert threads._busy_ticks(stat, {0, 1}) == (100 + 2 + 30 + 1 + 4) + (200 + 10 + 6)
+    assert threads._busy_ticks(stat, None) == 137 + 216 + 450
+    assert threads._busy_ticks(stat, {7}) is None
+    assert threads._busy_ticks("cpu  1 2 3 4\nbtime 5", None) is None
+
+
 def test_budget_caps_blas_threads_for_the_block_and_restores_them():
     threadpoolctl = pytest.importorskip("threadpoolctl")
     blas = [i for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]

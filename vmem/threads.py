@@ -50,29 +50,39 @@ def cores() -> int:
 
 
 def _busy_seconds(cpus: set[int] | None) -> float | None:
-    """CPU seconds the machine's ``cpus`` have been busy since boot (from /proc/stat), None where unknown."""
+    """CPU seconds the machine's ``cpus`` have run processes since boot (from /proc/stat), None where unknown."""
     try:
         with open("/proc/stat", "rb") as f:
-            lines = f.read().decode("ascii", "replace").splitlines()
+            text = f.read().decode("ascii", "replace")
     except OSError:
         return None
     hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    ticks = _busy_ticks(text, cpus)
+    return None if ticks is None else ticks / hz
+
+
+def _busy_ticks(stat: str, cpus: set[int] | None) -> int | None:
+    """Ticks the per-CPU lines of ``stat`` (/proc/stat's text) spent running this machine's processes: user,
+    nice, system, irq and softirq. Not idle or iowait, and not steal: the time a virtual machine's
+    hypervisor ran something else while a CPU of ours wanted to run is not a process of this machine that
+    our threads would compete with. Leaving a core idle because of steal would only add to what was
+    lost (the other lane pulls the pieces a stolen core does not get to)."""
     busy = 0
     seen = False
-    for line in lines:
+    for line in stat.splitlines():
         if not line.startswith("cpu") or line.startswith("cpu "):
             continue
         name, *fields = line.split()
         try:
             cpu = int(name[3:])
+            values = [int(v) for v in fields[:7]]  # user nice system idle iowait irq softirq (then steal ...)
         except ValueError:
             continue
         if cpus is not None and cpu not in cpus:
             continue
-        values = [int(v) for v in fields[:8]]  # user nice system idle iowait irq softirq steal
-        busy += sum(values) - values[3] - values[4]
+        busy += sum(values) - values[3] - (values[4] if len(values) > 4 else 0)
         seen = True
-    return busy / hz if seen else None
+    return busy if seen else None
 
 
 def _own_seconds() -> float:
@@ -87,8 +97,9 @@ class CoreBudget:
     since the previous sample (the machine's busy time from /proc/stat less this process's own CPU
     time), rounded, at least 1. The figure moves only when the free cores measured differ from it by
     more than :attr:`HYSTERESIS` (on two cores: it drops to 1 when others keep more than 0.75 of a
-    core busy, and comes back to 2 below 0.25), so that a virtual machine's brief steal or a
-    short-lived process does not flip the step between its one- and two-lane forms. The first sample
+    core busy, and comes back to 2 below 0.25), so that a short-lived process does not flip the step
+    between its one- and two-lane forms. A virtual machine's steal (its hypervisor running something
+    else) does not count as busy: no thread of this machine competes for that time. The first sample
     watches the machine for :attr:`FIRST_LOOK` seconds (a plan's profile, made at the first step,
     then runs as the steps after it will). Samples closer together than ``interval`` seconds keep the
     previous figure, so a step of a few milliseconds costs nothing. Where /proc/stat cannot be read,
