@@ -115,6 +115,7 @@ def test_busy_time_leaves_out_idle_iowait_and_a_hypervisors_steal():
     assert threads._busy_ticks(stat, None) == 137 + 216 + 450
     assert threads._busy_ticks(stat, {7}) is None
     assert threads._busy_ticks("cpu  1 2 3 4\nbtime 5", None) is None
+    assert threads._busy_ticks("cpu0 1 2 3", None) is None  # a line too short to read is skipped
 
 
 def test_budget_caps_blas_threads_for_the_block_and_restores_them():

@@ -73,14 +73,14 @@ def _busy_ticks(stat: str, cpus: set[int] | None) -> int | None:
         if not line.startswith("cpu") or line.startswith("cpu "):
             continue
         name, *fields = line.split()
-        try:
+        try:  # user nice system idle iowait irq softirq, then steal and the guests' (in user already)
             cpu = int(name[3:])
-            values = [int(v) for v in fields[:7]]  # user nice system idle iowait irq softirq (then steal ...)
-        except ValueError:
+            user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[:7])
+        except ValueError:  # not a CPU's line, or one too short
             continue
         if cpus is not None and cpu not in cpus:
             continue
-        busy += sum(values) - values[3] - (values[4] if len(values) > 4 else 0)
+        busy += user + nice + system + irq + softirq
         seen = True
     return busy if seen else None
 
