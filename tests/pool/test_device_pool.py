@@ -252,6 +252,35 @@ def test_a_stream_grows_its_blocks_into_free_neighbours_without_waiting():
     assert c.offset == 0 and s.host_waits == 0
 
 
+def test_a_planned_place_spans_the_streams_own_frees_and_everyones_without_waiting():
+    s = FakeStream("s")
+    pool = DevicePool(4 * KiB, alignment=1024)
+    a, b, keep = pool.allocate(KiB, stream=s), pool.allocate(2 * KiB), pool.allocate(KiB)
+    pool.free(a, stream=s)  # [0, 1K) is s's until its event completes
+    pool.free(b)  # [1K, 3K) is everyone's
+    c = pool.allocate(2 * KiB, stream=s, offset=512 * 2)  # inside everyone's part
+    assert c.offset == KiB
+    pool.free(c)
+    d = pool.allocate(3 * KiB, stream=s, offset=0)  # across s's own part and everyone's
+    assert (d.offset, d.size) == (0, 3 * KiB) and s.host_waits == 0
+    pool.free(d)
+    pool.free(keep)
+    pool.reclaim(wait=True)
+    assert offsets(pool) == [(0, 4 * KiB, "free")]
+
+
+def test_a_planned_place_waits_only_for_the_frees_it_covers():
+    s, mem = FakeStream("compute"), FakeStream("memory")
+    pool = DevicePool(4 * KiB, alignment=1024)
+    blocks = [pool.allocate(KiB, stream=s, offset=i * KiB) for i in range(4)]
+    for b in blocks[::2]:  # freed on the memory stream (after a copy): pending, in stream order
+        pool.free(b, stream=mem)
+    c = pool.allocate(KiB, stream=s, offset=0)  # needs only the first free's event, not the second's
+    assert c.offset == 0 and mem.host_waits == 1 and mem.completed == 1
+    free = [b for b in pool.snapshot()["blocks"] if b["state"] == "free"]
+    assert [(b["offset"], b["stream"], b["ready"]) for b in free] == [(2 * KiB, "memory", False)]
+
+
 def test_work_a_hook_enqueues_at_a_free_is_ordered_before_the_free_event():
     s = FakeStream("s")
 

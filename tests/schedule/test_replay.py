@@ -64,6 +64,24 @@ def test_sync_event_never_waits_for_an_offload():
     assert figures.stall_seconds == pytest.approx(2.0)
 
 
+def test_reusing_memory_whose_copy_is_still_running_stalls_compute_until_the_copy_ends():
+    """With sync=event nothing waits at the release; but when the next block needs that memory, the pool
+    waits on the host for the copy's event, and compute's later work cannot start before it."""
+    program = vmem.models.get("digits_cnn").build(1)
+    c = Key(Kind.VALUE, "c")
+    steps = [Alloc(Buffer(A, KiB, "feature_maps")), Forward(0),  # compute 0 -> 1
+             Offload(A, KiB, 2000, (KiB // 4,)),                 # memory copies a: 1 -> 3
+             Release(A, "event"),                                # freed on the memory stream, after the copy
+             Alloc(Buffer(c, KiB, "feature_maps")), Forward(0),  # only a's memory is left: wait until 3, 3 -> 4
+             Free(c)]
+    sched = Schedule(program=program, persistent=[], steps=steps, value={}, alignment=256)
+    figures = replay(sched, vmem.device("sim:titan-x", memory="1KiB"), Costs())
+    assert figures.step_seconds == pytest.approx(4.0)
+    assert figures.stall_seconds == pytest.approx(2.0)
+    roomy = replay(sched, vmem.device("sim:titan-x", memory="2KiB"), Costs())  # c fits beside a: no wait
+    assert roomy.step_seconds == pytest.approx(3.0) and roomy.stall_seconds == pytest.approx(0.0)
+
+
 def test_the_average_is_weighted_by_time_and_the_peak_is_the_pools():
     figures = replay(schedule("layer"), vmem.device("sim:titan-x", memory="1MiB"), Costs())
     # in use while compute runs or waits: 1 KiB for 1 s, then 3 KiB (a and b) for the reader's 1 s and the

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import DeviceError
 from ..pool import DevicePool
-from ..streams import VirtualStream
+from ..streams import HostClock, VirtualStream
 from ..units import format_bytes, parse_bytes
 from . import specs
 from .spec import DeviceSpec
@@ -38,8 +38,9 @@ class SimDevice:
         self.spec = spec
         self.name = f"sim:{spec.name}" if spec.kind == "sim" else spec.name
         self.pool = DevicePool(spec.memory, alignment, None, name=self.name)
-        self.compute_stream = VirtualStream("compute")
-        self.memory_stream = VirtualStream("memory")
+        host = HostClock()  # the host's waits hold back both streams' later work
+        self.compute_stream = VirtualStream("compute", host=host)
+        self.memory_stream = VirtualStream("memory", host=host)
         self._closed = False
 
     def catalog(self, program: Any) -> Any:

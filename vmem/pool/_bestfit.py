@@ -158,36 +158,47 @@ class BestFit:
         return block
 
     def take_at(self, offset: int, size: int, owner: Any = None) -> Block | None:
-        """Carve exactly ``[offset, offset + size)`` if one free segment usable by ``owner`` covers it."""
-        seg = None
-        for candidate in self._free.values():
-            if candidate.offset <= offset and offset + size <= candidate.end:
-                seg = candidate
+        """Carve exactly ``[offset, offset + size)`` if free segments usable by ``owner`` (owned by nobody or
+        by ``owner``) cover it, one or several side by side; the parts of the first and last outside the
+        range stay free with their owner and event."""
+        end = offset + size
+        first = next((c for c in self._free.values() if c.offset <= offset < c.end), None)
+        run: list[Block] = []
+        seg = first
+        while seg is not None and seg.state == FREE and (seg.owner is None or seg.owner is owner):
+            run.append(seg)
+            if seg.end >= end:
                 break
-        if seg is None or not (seg.owner is None or seg.owner is owner):
+            seg = seg.next
+        else:
             return None
-        self._unlist(seg)
-        owner_, event = seg.owner, seg.event
+        last = run[-1]
+        for part in run:
+            self._unlist(part)
+        last_end, after, last_owner, last_event = last.end, last.next, last.owner, last.event
+        seg = run[0]
         if seg.offset < offset:  # the part below stays free
             below = Block(seg.offset, offset - seg.offset)
-            below.owner, below.event, below.state = owner_, event, FREE
+            below.owner, below.event, below.state = seg.owner, seg.event, FREE
             below.prev, below.next = seg.prev, seg
             if seg.prev is None:
                 self.head = below
             else:
                 seg.prev.next = below
             seg.prev = below
-            seg.offset, seg.size = offset, seg.size - below.size
             self._list(below)
-        if seg.size > size:  # the part above stays free
-            above = Block(offset + size, seg.size - size)
-            above.owner, above.event, above.state = owner_, event, FREE
-            above.prev, above.next = seg, seg.next
-            if seg.next is not None:
-                seg.next.prev = above
-            seg.next = above
-            seg.size = size
+        seg.offset, seg.size = offset, size
+        if last_end > end:  # the part above stays free
+            above = Block(end, last_end - end)
+            above.owner, above.event, above.state = last_owner, last_event, FREE
+            above.prev, above.next = seg, after
+            if after is not None:
+                after.prev = above
             self._list(above)
+            after = above
+        seg.next = after
+        if after is not None:
+            after.prev = seg
         seg.state = ALLOCATED
         seg.owner = seg.event = None
         return seg
@@ -258,11 +269,13 @@ class BestFit:
                 merged = True
         return merged
 
-    def reclaim(self, *, wait: bool = False, skip: Any = None) -> int:
+    def reclaim(self, *, wait: bool = False, skip: Any = None, within: tuple[int, int] | None = None) -> int:
         """Hand owned free segments whose events completed to everyone; return the bytes reclaimed.
 
         With ``wait=True``, first block the host until every pending event completes, so that all free
-        space ends up owned by nobody and fully coalesced. Segments of ``skip`` are left alone.
+        space ends up owned by nobody and fully coalesced; with ``within=(lo, hi)`` as well, wait only for
+        the segments that overlap ``[lo, hi)`` (the others are handed over if their events completed).
+        Segments of ``skip`` are left alone.
         """
         reclaimed = 0
         for owner in self.owners():
@@ -273,7 +286,7 @@ class BestFit:
                 seg = self._free[key[1]]
                 event = seg.event
                 if event is not None and not event.query():
-                    if not wait:
+                    if not wait or (within is not None and not (seg.offset < within[1] and within[0] < seg.end)):
                         continue
                     event.synchronize()
                 lst.remove(key)

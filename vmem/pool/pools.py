@@ -112,10 +112,11 @@ class _ArenaPool:
                 if offset % self.alignment:
                     raise ValueError(f"offset={offset}: must be a multiple of the alignment ({self.alignment})")
                 block = fit.take_at(offset, size, owner)
-                if block is None and fit.absorb(owner):  # free neighbours joined to the stream's own blocks
+                if block is None and fit.owners():  # other streams' frees there whose events completed
+                    fit.reclaim(skip=owner)
                     block = fit.take_at(offset, size, owner)
-                if block is None and fit.owners():
-                    fit.reclaim(wait=True)
+                if block is None and fit.owners():  # wait on the host, for the frees in that range only
+                    fit.reclaim(wait=True, skip=owner, within=(offset, offset + size))
                     block = fit.take_at(offset, size, owner)
             if block is None:
                 block = fit.take(size, owner, high)

@@ -166,6 +166,8 @@ class _Replay:
         buf = st.buffer
         self.blocks[buf.key] = self.pool.allocate(buf.nbytes, self.compute, buf.category, high=buf.high,
                                                   offset=st.offset)
+        if self.seconds is not None:  # the pool may have waited on the host for a copy still running
+            self._stalled(self.compute.catch_up())
 
     def _free(self, index: int, st: Free) -> None:
         self.pool.free(self.blocks.pop(st.key), self.compute)

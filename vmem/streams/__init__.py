@@ -8,6 +8,7 @@ planner's replay and the tests use it.
 
 from .base import Event, Stream, elapsed_time
 from .cpu import THREAD_PREFIX, CpuEvent, CpuStream
-from .virtual import VirtualEvent, VirtualStream
+from .virtual import HostClock, VirtualEvent, VirtualStream
 
-__all__ = ["Stream", "Event", "elapsed_time", "CpuStream", "CpuEvent", "THREAD_PREFIX", "VirtualStream", "VirtualEvent"]
+__all__ = ["Stream", "Event", "elapsed_time", "CpuStream", "CpuEvent", "THREAD_PREFIX", "VirtualStream", "VirtualEvent",
+           "HostClock"]
