@@ -29,8 +29,9 @@ def peaks():
                                    "vdnn-all:algos=performance", "vdnn-all:algos=memory")}
 
 
-def dyn(memory, policy="vdnn-dyn:sync=layer"):
-    """vDNN's procedure as the paper runs it (the default, sync=auto, may then release on events)."""
+def dyn(memory, policy="vdnn-dyn:sync=layer,keep=none"):
+    """vDNN's procedure as the paper runs it (the default, sync=auto, may then release on events, and
+    keep=auto may then keep some offloaded buffers on the device)."""
     return vmem.plan(vmem.models.get("vgg16"), 128, "sim:titan-x", policy, memory=memory)
 
 
@@ -64,14 +65,14 @@ def test_step_4_downgrades_algorithms_only_as_far_as_needed(peaks):
 
 
 def test_step_5_memory_optimal_when_the_search_finds_nothing(peaks):
-    plan = dyn(peaks["vdnn-all:algos=memory"], policy="vdnn-dyn:sync=layer,max_trials=0")
+    plan = dyn(peaks["vdnn-all:algos=memory"], policy="vdnn-dyn:sync=layer,max_trials=0,keep=none")
     assert (plan.step, plan.chosen) == (5, "vdnn-all:algos=memory,sync=layer")
 
 
 @pytest.mark.parametrize("key", ["vdnn-conv:algos=performance", "vdnn-all:algos=performance"])
 def test_auto_sync_takes_event_release_only_where_it_fits_and_is_faster(peaks, key):
     layer = dyn(peaks[key])
-    auto = dyn(peaks[key], policy="vdnn-dyn")
+    auto = dyn(peaks[key], policy="vdnn-dyn:keep=none")
     assert auto.fits and auto.step == layer.step and auto.step_seconds <= layer.step_seconds
     if auto.chosen.endswith("sync=event"):
         assert auto.step_seconds < layer.step_seconds and "sync=event" in auto.reason
@@ -80,6 +81,30 @@ def test_auto_sync_takes_event_release_only_where_it_fits_and_is_faster(peaks, k
         assert auto.chosen == layer.chosen
     with pytest.raises(ValueError, match="sync='often'.*auto, layer, event"):
         vmem.policies.get("vdnn-dyn:sync=often")
+
+
+def test_keep_auto_keeps_offloaded_buffers_on_the_device_only_where_it_fits_and_is_faster():
+    """VGG-16 at 256 in a Titan X: vdnn-all's copies of the first layers' maps outrun their compute; keeping
+    some buffers on the device (room the peak elsewhere leaves) shortens the backlog that stalls compute."""
+    net = vmem.models.get("vgg16")
+    none = vmem.plan(net, 256, "sim:titan-x", "vdnn-dyn:keep=none")
+    auto = vmem.plan(net, 256, "sim:titan-x", "vdnn-dyn")
+    assert auto.policy == "vdnn-dyn:sync=auto" and none.policy == "vdnn-dyn:sync=auto,keep=none"
+    assert auto.fits and auto.peak_bytes <= 12 * 2**30 and auto.step == none.step
+    assert auto.step_seconds < none.step_seconds and auto.stall_seconds < none.stall_seconds
+    kept = [b for b, how in auto.stash.items() if how == "keep" and none.stash[b] == "offload"]
+    assert kept and "keeping" in auto.reason and all(b in auto.reason for b in kept)
+    assert not any(b in names for names in auto.prefetch.values() for b in kept)  # nothing to bring back
+    assert auto.offloaded_bytes < none.offloaded_bytes
+    assert {b for b, how in auto.stash.items() if how == "offload"} | set(kept) == {
+        b for b, how in none.stash.items() if how == "offload"}
+
+
+def test_keep_is_checked_and_a_plan_without_offloads_is_left_alone(peaks):
+    with pytest.raises(ValueError, match="keep='some'.*auto .* or none"):
+        vmem.policies.get("vdnn-dyn:keep=some")
+    plan = dyn(peaks["layerwise:algos=performance"], policy="vdnn-dyn")
+    assert plan.step == 2 and "keeping" not in plan.reason
 
 
 def test_step_1_below_the_minimum_is_a_plan_error_stating_it(peaks):

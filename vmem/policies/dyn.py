@@ -18,6 +18,15 @@ The steps use vDNN's ``sync=layer``. With ``sync=auto`` (the default) the chosen
 with ``sync=event`` (a buffer released when its copy's event completes, not by a compute stream that
 waits for it) and taken that way where it fits and is faster.
 
+Then, beyond the paper, it chooses what to offload (``keep=auto``, the default; ``keep=none`` stops at
+the procedure's plan): where the chosen plan offloads and its replay stalls, each offloaded buffer, the
+largest first, is tried on the device instead (kept, not copied out and back), and kept where the plan
+still fits and the step is faster by at least :attr:`VdnnDyn.KEEP_GAIN` of it. Where the copies of the
+first layers' maps outrun their compute, a buffer kept is a copy fewer in the backlog that holds compute
+back. The search runs while the stall is at least :attr:`VdnnDyn.KEEP_STALL` of the step, for at most
+:attr:`VdnnDyn.KEEP_TRIALS` replays, and stops after :attr:`VdnnDyn.KEEP_PATIENCE` in a row that gained
+nothing.
+
 The plan records the step that chose it (``plan.step``), the configuration (``plan.chosen``) and why
 (``plan.reason``).
 """
@@ -25,15 +34,15 @@ The plan records the step that chose it (``plan.step``), the configuration (``pl
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from ..device.spec import DeviceSpec
 from ..errors import PlanError
 from ..graph import PASSES, Program
 from ..units import format_bytes
-from .base import Policy, get, register
+from .base import Policy, get, option, register
 from .plan import Plan
-from .vdnn import SYNC_MODES
+from .vdnn import SYNC_MODES, prefetch_points
 
 __all__ = ["VdnnDyn"]
 
@@ -44,17 +53,32 @@ class VdnnDyn(Policy):
     """``vdnn-dyn[:sync=auto|layer|event]``: the fastest of baseline, vdnn-conv and vdnn-all (with algorithm
     downgrades) that fits. Its ``algos`` option is not used: it chooses algorithms itself. ``sync=auto``
     (the default) follows the procedure with vDNN's ``sync=layer``, then takes the chosen plan with
-    ``sync=event`` instead where replay says that fits and is faster; ``layer`` or ``event`` pins it."""
+    ``sync=event`` instead where replay says that fits and is faster; ``layer`` or ``event`` pins it.
+    ``keep=auto`` (the default) then keeps on the device the offloaded buffers whose transfers cost more
+    time than they save memory for (see the module docstring); ``keep=none`` offloads what the chosen
+    static policy offloads."""
 
     name = "vdnn-dyn"
     needs_profile = True
     sync: str = "auto"
     max_trials: int = 200
+    keep: str = option("auto")
+    #: replays the keep search may spend, and how many in a row may gain nothing before it stops
+    KEEP_TRIALS: ClassVar[int] = 32
+    KEEP_PATIENCE: ClassVar[int] = 8
+    #: the stall, as a fraction of the step, below which the keep search does not start (or stops): all
+    #: it can save, and not worth the replays (each a whole step) or the memory kept
+    KEEP_STALL: ClassVar[float] = 0.05
+    #: the least fraction of the step a buffer kept must save (less is within the cost model's error)
+    KEEP_GAIN: ClassVar[float] = 0.001
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.sync not in SYNC_MODES + ("auto",):
             raise ValueError(f"policy {self.name!r}: sync={self.sync!r}; use one of auto, {', '.join(SYNC_MODES)}")
+        if self.keep not in ("auto", "none"):
+            raise ValueError(f"policy {self.name!r}: keep={self.keep!r}; use auto (keep offloaded buffers on the "
+                             "device where that is faster and still fits) or none")
 
     @property
     def procedure_sync(self) -> str:
@@ -63,7 +87,8 @@ class VdnnDyn(Policy):
 
     @property
     def spec(self) -> str:
-        options = [f"sync={self.sync}"] + ([f"max_trials={self.max_trials}"] if self.max_trials != 200 else [])
+        options = ([f"sync={self.sync}"] + ([f"max_trials={self.max_trials}"] if self.max_trials != 200 else [])
+                   + ([f"keep={self.keep}"] if self.keep != "auto" else []))
         return f"{self.name}:{','.join(options)}"
 
     def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
@@ -85,21 +110,21 @@ class VdnnDyn(Policy):
             )
         best = candidate("layerwise", "performance")
         if best.fits:
-            return self._chose(best, 2, f"layer-wise allocation with the fastest algorithms fits in {budget} "
+            return self._chose(program, best, 2, f"layer-wise allocation with the fastest algorithms fits in {budget} "
                                         "without offloading")
         for name in ("vdnn-conv", "vdnn-all"):
             plan = candidate(name, "performance")
             if plan.fits:
-                return self._chose(plan, 3, f"{name} with the fastest algorithms fits in {budget}; layer-wise "
+                return self._chose(program, plan, 3, f"{name} with the fastest algorithms fits in {budget}; layer-wise "
                                             "allocation without offloading does not", oracle)
         for name in ("vdnn-conv", "vdnn-all"):
             plan = self._greedy(program, device, costs, oracle, name)
             if plan is not None:
                 downgraded = sum(1 for op, per in plan.plan.algos.items() for p in PASSES
                                  if per.get(p) != self._fastest(program, costs).get(op, {}).get(p))
-                return self._chose(plan, 4, f"{name} fits in {budget} once {downgraded} convolution passes use "
+                return self._chose(program, plan, 4, f"{name} fits in {budget} once {downgraded} convolution passes use "
                                             "algorithms with less workspace", oracle)
-        return self._chose(floor, 5, f"only vdnn-all with memory-optimal algorithms fits in {budget}", oracle)
+        return self._chose(program, floor, 5, f"only vdnn-all with memory-optimal algorithms fits in {budget}", oracle)
 
     @staticmethod
     def _least_memory(floor: Plan, peak: int, oracle: Any) -> int:
@@ -156,7 +181,39 @@ class VdnnDyn(Policy):
             result = oracle(base)
         return result if result.fits else None
 
-    def _chose(self, candidate: Any, step: int, reason: str, oracle: Any = None) -> Plan:
+    def _keep_resident(self, program: Program, candidate: Any, oracle: Any) -> tuple[Any, str]:
+        """``candidate`` with the offloaded buffers kept on the device where that fits and is faster (see the
+        module docstring), and a clause for the reason ("" if none is kept)."""
+        start = candidate
+        plan = candidate.plan
+        ids = {program.tensors[b].name: b for b in program.stashed_buffers()}
+        order = sorted((n for n, how in plan.stash.items() if how == "offload"),
+                       key=lambda n: (-program.tensors[ids[n]].nbytes, n))
+        kept: list[str] = []
+        trials = idle = 0
+        for name in order:
+            if (trials >= self.KEEP_TRIALS or idle >= self.KEEP_PATIENCE
+                    or candidate.stall_seconds < self.KEEP_STALL * candidate.step_seconds):
+                break
+            stash = dict(plan.stash, **{name: "keep"})
+            offloaded = {ids[n] for n, how in stash.items() if how == "offload"}
+            trial = replace(plan, stash=stash, prefetch=prefetch_points(program, offloaded),
+                            codecs={n: c for n, c in plan.codecs.items() if n != name})
+            result = oracle(trial)
+            trials += 1
+            if result.fits and result.step_seconds < candidate.step_seconds * (1 - self.KEEP_GAIN):
+                candidate, plan, idle = result, trial, 0
+                kept.append(name)
+            else:
+                idle += 1
+        if not kept:
+            return start, ""
+        nbytes = sum(program.tensors[ids[n]].nbytes for n in kept)
+        return candidate, (f"; keeping {len(kept)} of its {len(order)} offloaded buffers on the device "
+                           f"({format_bytes(nbytes)}: {', '.join(kept)}) still fits and takes "
+                           f"{candidate.step_seconds:.3f} s instead of {start.step_seconds:.3f} s")
+
+    def _chose(self, program: Program, candidate: Any, step: int, reason: str, oracle: Any = None) -> Plan:
         if (oracle is not None and self.sync == "auto" and candidate.plan.sync == "layer"
                 and candidate.step_seconds is not None):  # without a cost model there is no faster
             plan = candidate.plan
@@ -166,5 +223,9 @@ class VdnnDyn(Policy):
                            f"{event.step_seconds:.3f} s instead of {candidate.step_seconds:.3f} s")
                 candidate = event
         chosen = candidate.plan.policy
+        if oracle is not None and self.keep == "auto" and candidate.step_seconds is not None:
+            candidate, kept = self._keep_resident(program, candidate, oracle)
+            if kept:
+                reason += kept
         return replace(candidate.plan, policy=self.spec, chosen=chosen, step=step,
                        reason=f"vdnn-dyn step {step}: {reason} (chose {chosen})")
