@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     median = {p: float(np.median(v)) for p, v in times.items()}
     print(f"{args.model} batch {args.batch} in {format_bytes(budget)} ({args.fraction:g} of baseline's peak "
           f"{format_bytes(peak)}); vdnn-dyn chose {dyn_plan.chosen} at step {dyn_plan.step}")
+    print(f"  {dyn_plan.reason}")
     print(table(["policy", "step s", "peak", "fits"],
                 [(p, median[p], format_bytes(peaks[p]), "yes") for p in trainers]
                 + [(p, "-", "-", "no") for p in STATIC if p not in fitting]))
@@ -71,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     targets = [verdict("vdnn-dyn / fastest fitting static policy", median["vdnn-dyn"] / fastest_static, 1.0,
                        at_least=False)]
     return emit({"bench": "dyn_cpu", "model": args.model, "batch": args.batch, "budget": budget,
-                 "baseline_peak": peak, "chosen": dyn_plan.chosen, "step": dyn_plan.step, "seconds": median,
+                 "baseline_peak": peak, "chosen": dyn_plan.chosen, "step": dyn_plan.step, "reason": dyn_plan.reason,
+                 "seconds": median,
                  "fitting": fitting, "targets": targets}, args.json)
 
 
