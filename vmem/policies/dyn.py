@@ -110,21 +110,22 @@ class VdnnDyn(Policy):
             )
         best = candidate("layerwise", "performance")
         if best.fits:
-            return self._chose(program, best, 2, f"layer-wise allocation with the fastest algorithms fits in {budget} "
-                                        "without offloading")
+            return self._chose(program, best, 2, f"layer-wise allocation with the fastest algorithms fits in "
+                                                 f"{budget} without offloading")
         for name in ("vdnn-conv", "vdnn-all"):
             plan = candidate(name, "performance")
             if plan.fits:
-                return self._chose(program, plan, 3, f"{name} with the fastest algorithms fits in {budget}; layer-wise "
-                                            "allocation without offloading does not", oracle)
+                return self._chose(program, plan, 3, f"{name} with the fastest algorithms fits in {budget}; "
+                                                     "layer-wise allocation without offloading does not", oracle)
         for name in ("vdnn-conv", "vdnn-all"):
             plan = self._greedy(program, device, costs, oracle, name)
             if plan is not None:
                 downgraded = sum(1 for op, per in plan.plan.algos.items() for p in PASSES
                                  if per.get(p) != self._fastest(program, costs).get(op, {}).get(p))
-                return self._chose(program, plan, 4, f"{name} fits in {budget} once {downgraded} convolution passes use "
-                                            "algorithms with less workspace", oracle)
-        return self._chose(program, floor, 5, f"only vdnn-all with memory-optimal algorithms fits in {budget}", oracle)
+                return self._chose(program, plan, 4, f"{name} fits in {budget} once {downgraded} convolution "
+                                                     "passes use algorithms with less workspace", oracle)
+        return self._chose(program, floor, 5, f"only vdnn-all with memory-optimal algorithms fits in {budget}",
+                           oracle)
 
     @staticmethod
     def _least_memory(floor: Plan, peak: int, oracle: Any) -> int:

@@ -112,10 +112,7 @@ class _ArenaPool:
                 if offset % self.alignment:
                     raise ValueError(f"offset={offset}: must be a multiple of the alignment ({self.alignment})")
                 block = fit.take_at(offset, size, owner)
-                if block is None and fit.owners():  # other streams' frees there whose events completed
-                    fit.reclaim(skip=owner)
-                    block = fit.take_at(offset, size, owner)
-                if block is None and fit.owners():  # wait on the host, for the frees in that range only
+                if block is None and fit.owners():  # other streams' frees: the host waits only for those there
                     fit.reclaim(wait=True, skip=owner, within=(offset, offset + size))
                     block = fit.take_at(offset, size, owner)
             if block is None:
