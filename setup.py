@@ -1,4 +1,4 @@
-"""Build the CPU version of vmem's encoding kernels (native/) with cffi, if a C compiler is there.
+"""Build the CPU version of vmem's encoding kernels (vmem/csrc/) with cffi, if a C compiler is there.
 
 The extension is optional: without a compiler the install still succeeds and the codecs use their NumPy
 reference implementations (vmem warns once). Metadata lives in pyproject.toml.
@@ -11,7 +11,7 @@ from setuptools import setup
 
 ext_modules = []
 try:
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "native"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "vmem" / "csrc"))
     from build_cpu import ffibuilder
 
     ext = ffibuilder.distutils_extension(tmpdir="build/native")

@@ -391,6 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_models)
 
+    # listed for --help; main() hands `vmem check ...` to vmem.selfcheck, which parses its own options
+    sub.add_parser("check", help="check this installation (modules, package files, kernels), GPU or not")
+
     p = sub.add_parser("devices", help="list devices")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_devices)
@@ -406,6 +409,11 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["check"]:
+        from . import selfcheck
+
+        return selfcheck.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

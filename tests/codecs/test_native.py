@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from vmem import codecs
 from vmem.codecs import native
 
-NATIVE = Path(__file__).resolve().parents[2] / "native"
+NATIVE = Path(__file__).resolve().parents[2] / "vmem" / "csrc"
 pytestmark = pytest.mark.skipif(native.lib is None, reason="native kernels not built (no C compiler at install)")
 
 

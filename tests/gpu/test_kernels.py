@@ -1,4 +1,4 @@
-"""The encoding kernels of native/kernels.cuh on the GPU (raw NVRTC build, no flush to zero) give the CPU
+"""The encoding kernels of vmem/csrc/kernels.cuh on the GPU (raw NVRTC build, no flush to zero) give the CPU
 build's bytes, subnormals included."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 ``"patch2"``, or keyword arguments: ``get("dpr", format="fp8")``; short names ``"fp16"``, ``"fp10"``,
 ``"fp8"``, ``"fixed8"``, ``"fixed4"`` fit inside a policy's spec string) returns a codec with ``encode``,
 ``decode``, ``encoded_nbytes`` and ``lossless``. Float32 tensors run the CPU build of the kernels in
-native/ where it is installed; every codec also has its NumPy reference (``reference=True``).
+vmem/csrc/ where it is installed; every codec also has its NumPy reference (``reference=True``).
 """
 
 from __future__ import annotations

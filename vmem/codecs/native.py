@@ -1,4 +1,4 @@
-"""The kernels of native/kernels.cuh behind one interface: their CPU build (``vmem._native``, compiled by
+"""The kernels of vmem/csrc/kernels.cuh behind one interface: their CPU build (``vmem._native``, compiled by
 cffi at install) or their GPU build (:mod:`vmem.device.cuda.kernels`, registered when a CUDA device is made).
 
 ``available()`` says whether the CPU build loaded; without a C compiler at install time the codecs use

@@ -22,7 +22,7 @@ are pulled by the lanes as they finish (:func:`vmem.nn.lanes.pull`) and backward
 lanes run. Small maps (a few tiles an image, where each lane would have one chunk) go as one chunk of the
 whole batch instead: its transforms split by ranges of tiles and its 16 GEMMs by planes, each GEMM over
 every tile of the batch (longer products, no partial gradients to add, pieces for a slowed core to leave
-to the other). The transforms are C (``native/winograd.c``, in ``vmem._native``) on float32; in float64, or
+to the other). The transforms are C (``vmem/csrc/winograd.c``, in ``vmem._native``) on float32; in float64, or
 without the native build, the NumPy references below do the same arithmetic (the filter transforms in
 the same order of operations, so bit for bit; the tile transforms up to rounding).
 """
@@ -77,7 +77,7 @@ def _tiles(ho: int, wo: int) -> tuple[int, int]:
 
 def _plane_stride(tiles: int, channels: int) -> int:
     """Values from one plane to the next: a whole number of 64-byte lines (in float32), plus one, so that
-    the 16 planes of a tile do not share a cache set (see native/winograd.c)."""
+    the 16 planes of a tile do not share a cache set (see vmem/csrc/winograd.c)."""
     return -(-tiles * channels // 16) * 16 + 16
 
 

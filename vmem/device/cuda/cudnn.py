@@ -1,6 +1,6 @@
 """cuDNN's legacy convolution API through cffi (ABI mode), for the CUDA device.
 
-CuPy 14 removed its cuDNN bindings, so vmem declares what it calls (native/cudnn.h, from cuDNN 9's
+CuPy 14 removed its cuDNN bindings, so vmem declares what it calls (vmem/csrc/cudnn.h, from cuDNN 9's
 headers) and loads ``libcudnn.so.9`` from the ``nvidia-cudnn-cu13`` wheel. Descriptors can be made and
 output shapes computed without a GPU; anything that needs a handle (workspace sizes, algorithm search,
 the convolutions) needs one. Enum values are cuDNN 9's (see GPU_NOTES.md); algorithms carry the names
@@ -14,6 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ..._resources import source_file
 from ...errors import DeviceError
 
 __all__ = ["lib", "ffi", "CudnnError", "check", "version", "Handle", "TensorDesc", "FilterDesc", "ConvDesc",
@@ -35,7 +36,7 @@ ALGOS = {
 #: Algorithms that sum with atomics: their results vary from run to run (not bitwise reproducible).
 NONDETERMINISTIC = {"backward_data": {"algo_0"}, "backward_filter": {"algo_0", "algo_3"}}
 
-_HEADER = Path(__file__).resolve().parents[3] / "native" / "cudnn.h"
+_HEADER = "cudnn.h"  # in vmem/csrc
 
 
 class CudnnError(DeviceError):
@@ -53,7 +54,7 @@ def _load() -> tuple[Any, Any]:
     except ImportError as exc:  # pragma: no cover - cffi is a core dependency
         raise DeviceError("cuDNN needs cffi (a core dependency of vmem): pip install cffi") from exc
     ffi = cffi.FFI()
-    ffi.cdef(_HEADER.read_text())
+    ffi.cdef(source_file(_HEADER).read_text())
     path = _library_path()
     try:
         return ffi, ffi.dlopen(path)

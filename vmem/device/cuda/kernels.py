@@ -1,4 +1,4 @@
-"""The encoding kernels of native/kernels.cuh built for the GPU: raw NVRTC to a cubin, loaded as a module.
+"""The encoding kernels of vmem/csrc/kernels.cuh built for the GPU: raw NVRTC to a cubin, loaded as a module.
 
 CuPy's RawModule appends ``-ftz=true`` after the caller's options and turns ``__fmul_rn``/``__fadd_rn`` into
 flush-to-zero instructions, so subnormal values would differ from the CPU build (GPU_NOTES.md). vmem
@@ -11,15 +11,15 @@ GPU, so the options the device uses are checked on any machine with the NVRTC wh
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
+from ..._resources import CSRC, source_file
 from ...codecs.native import Backend
 from ...errors import DeviceError
 
 __all__ = ["OPTIONS", "SOURCE", "compile_cubin", "Module", "GpuBackend", "backend_for_device", "backend_of"]
 
-SOURCE = Path(__file__).resolve().parents[3] / "native" / "kernels.cuh"
+SOURCE = CSRC / "kernels.cuh"
 #: NVRTC options of every build; ``-arch=sm_XY`` is added for the device.
 OPTIONS = ("-std=c++17", "-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=false")
 
@@ -31,7 +31,7 @@ def compile_cubin(arch: str, source: str | None = None) -> bytes:
         from cupy.cuda import nvrtc
     except ImportError as exc:
         raise DeviceError("compiling the GPU kernels needs CuPy's NVRTC: pip install 'vmem[cuda]'") from exc
-    src = SOURCE.read_text() if source is None else source
+    src = source_file(SOURCE.name).read_text() if source is None else source
     options = OPTIONS + (f"-arch={arch}",)
     prog = nvrtc.createProgram(src, "kernels.cu", [], [])
     try:

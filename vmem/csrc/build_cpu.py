@@ -1,4 +1,4 @@
-"""cffi builder for the CPU build of native/kernels.cuh and native/winograd.c (module ``vmem._native``).
+"""cffi builder for the CPU build of vmem/csrc/kernels.cuh and vmem/csrc/winograd.c (module ``vmem._native``).
 
 The launchers' C declarations are read from cpu_launch.c's LAUNCHER* lines, so they are declared once;
 winograd.c's (CPU only: the CUDA device convolves through cuDNN) are in winograd.h.
@@ -28,4 +28,4 @@ ffibuilder.set_source("vmem._native", '#include "cpu_launch.c"\n#include "winogr
                       depends=[str(HERE / n) for n in ("shim.h", "kernels.cuh", "cpu_launch.c", "winograd.c", "winograd.h")])
 
 if __name__ == "__main__":
-    ffibuilder.compile(tmpdir=str(HERE.parent / "build" / "native"), verbose=True)
+    ffibuilder.compile(tmpdir=str(HERE.parents[1] / "build" / "native"), verbose=True)
