@@ -37,7 +37,8 @@ def test_train_says_what_the_budget_saves_and_what_dyn_chose(capsys):
     code, out, _ = run(capsys, "train", "--epochs", "1", "--memory", "auto:0.6")
     assert code == 0
     assert "60% of the" in out and "the baseline policy needs (--memory auto:0.6)" in out
-    assert "x the" in out.splitlines()[-3] and "offloaded" in out and "vdnn-dyn step" in out.splitlines()[-1]
+    lines = [line for line in out.splitlines() if not line.startswith("profile: ")]  # then what the profile says
+    assert "x the" in lines[-3] and "offloaded" in out and "vdnn-dyn step" in lines[-1]
 
 
 def test_a_named_policy_keeps_the_fixed_default_memory(capsys):
@@ -54,6 +55,25 @@ def test_train_prints_loss_accuracy_step_time_and_peak_memory(capsys):
     summary = next(line for line in out.splitlines() if line.startswith("done in"))
     for word in ("val accuracy", "train loss", "step time", "peak device memory"):
         assert word in summary
+
+
+def test_in_a_tight_budget_train_profiles_and_trains_inside_it(capsys):
+    code, out, err = run(capsys, "train", "--epochs", "1", "--memory", "auto:0.3", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["memory"] < 0.31 * result["baseline_peak_bytes"]
+    assert 0 < result["peak_bytes"] <= result["memory"] and result["val_accuracy"] > 0.3
+
+
+def test_in_a_tight_budget_plan_profiles_on_the_device_within_it(capsys):
+    code, out, err = run(capsys, "plan", "--model", "digits_vgg", "--batch", "32", "--memory", "auto:0.3",
+                         "--policy", "vdnn-dyn", "--profile", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["fits"] and result["peak_bytes"] <= result["memory"] < 0.31 * result["baseline_peak_bytes"]
+    assert result["step_seconds"] > 0  # measured times
+    # profiled on the device: its 2 x 16 MiB element-wise probe was sized to the 1.66 MiB budget
+    assert any(note.startswith("element-wise bandwidth: measured on") for note in result["profile_notes"])
 
 
 def test_plan_json(capsys):
@@ -97,6 +117,7 @@ def test_models_json(capsys):
     (["train", "--model", "vgg17"], "unknown model 'vgg17'"),
     (["train", "--policy", "baseline", "--memory", "1MiB"], "Out of device memory"),
     (["train", "--memory", "1MiB"], "needs at least 2.00 MiB"),
+    (["plan", "--model", "vgg_cifar", "--batch", "8", "--memory", "auto:0"], "auto takes a fraction"),
     (["train", "--policy", "baseline:algo=fast"], "has no option 'algo'"),
 ])
 def test_bad_input_is_one_clear_line(capsys, argv, message):
@@ -150,3 +171,24 @@ def test_devices_says_why_no_cuda_gpu_is_listed(capsys, monkeypatch):
     lines = out.splitlines()
     assert lines[0].startswith("cpu") and lines[1] == "cuda: none here: NVML finds no NVIDIA driver or GPU (test)"
     assert any(line.startswith("sim:h100-sxm") for line in lines)
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", "--model", "vgg_cifar", "--batch", "8", "--device", "cuda:0"],
+    ["plan", "--model", "vgg_cifar", "--batch", "8", "--device", "cuda:0", "--profile"],
+    ["plan", "--model", "vgg_cifar", "--batch", "8", "--device", "cuda:0", "--memory", "auto:0.5"],
+    ["train", "--device", "cuda:0"],
+])
+def test_cuda_without_cupy_is_one_line_naming_the_extra(capsys, monkeypatch, argv):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
+    code, _, err = run(capsys, *argv)
+    assert code == 1 and "Traceback" not in err
+    assert err.count("\n") == 1 and "cuda:0" in err and "CuPy is not installed" in err and "vmem[cuda]" in err
+
+
+def test_check_passes_in_this_checkout(capsys):
+    code, out, _ = run(capsys, "check", "--no-compile", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["ok"], report
+    assert {c["name"] for c in report["checks"]} == {"imports", "package files", "cudnn declarations",
+                                                      "native CPU kernels"}

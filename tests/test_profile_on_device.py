@@ -104,3 +104,55 @@ def test_a_backend_with_heuristics_has_only_its_best_ranked_algorithms_timed(mon
         assert np.isfinite(got[algos[-1]]) and all(got[a] == float("inf") for a in algos[:-1]), (pass_, got)
     used = {c[1] for c in fake.calls if c[0] in ("forward", "backward")}
     assert used == {names["forward"][-1], (names["backward_data"][-1], names["backward_filter"][-1])}
+
+
+def _peak_during(dev, fn):
+    """``fn()``'s result and the most the device's pool held while it ran (the pool's own statistic)."""
+    dev.pool.reset_peak()
+    result = fn()
+    return result, dev.pool.peak
+
+
+def test_in_a_tight_budget_the_profile_stays_inside_it_and_says_what_it_measured_at_a_smaller_batch():
+    net = vmem.models.get("digits_vgg")
+    program = net.build(32, net.input_shape, "float32")
+    with vmem.device("cpu", memory="1MiB") as dev:
+        prof, peak = _peak_during(dev, lambda: profile(dev.catalog(program), device=dev, copy_gbps=10.0, repeats=1))
+        assert peak <= dev.pool.capacity
+        stats = dev.pool.stats()
+        assert stats.in_use == 0 and stats.count == 0
+    smaller = [n for n in prof.notes if "measured at batch" in n]
+    assert smaller, prof.notes  # some layers' buffers do not fit at batch 32 in 1 MiB
+    name = smaller[0].split(":")[0]
+    assert all(np.isfinite(t) and t > 0 for (op, _, _), t in prof.times.items() if op == name)
+    assert any("element-wise bandwidth" in n for n in prof.notes)  # its 2 x 16 MiB probe is sized down
+
+
+def test_an_op_measured_at_a_smaller_batch_takes_about_its_scaled_time():
+    net = vmem.models.get("digits_cnn")
+    program = net.build(64, net.input_shape, "float32")
+    with vmem.device("cpu", memory="64MiB") as roomy:
+        full = profile(roomy.catalog(program), device=roomy, copy_gbps=10.0, repeats=3)
+    op = max((o for o in program.ops if o.kind == "conv"), key=lambda o: program.tensors[o.output].nbytes)
+    need = 4 * program.tensors[op.output].nbytes  # x, y, dy, dx at least
+    with vmem.device("cpu", memory=max(need // 2, 1 << 16)) as tight:
+        half = profile(tight.catalog(program), device=tight, copy_gbps=10.0, repeats=3)
+    assert any(n.startswith(f"{op.name}: measured at batch") for n in half.notes), half.notes
+    algo = op.algorithms["forward"][0]
+    ratio = half.times[(op.name, "forward", algo)] / full.times[(op.name, "forward", algo)]
+    assert 0.2 < ratio < 5  # the same order: scaled, not the smaller batch's raw time
+
+
+def test_an_op_that_fits_at_no_batch_is_estimated_and_named():
+    net = vmem.Sequential(vmem.nn.Linear(64, 4096), vmem.nn.ReLU(), vmem.nn.Linear(4096, 10), input_shape=(64,))
+    net.init(0)
+    program = net.build(8, net.input_shape, "float32")
+    with vmem.device("cpu", memory="512KiB") as dev:  # the first Linear's weight alone is 1 MiB
+        prof = profile(dev.catalog(program), device=dev, copy_gbps=10.0, repeats=1)
+    estimated = [n.split(":")[0] for n in prof.notes if "not measured" in n and "batch 1" in n]
+    assert estimated == [program.ops[0].name], prof.notes
+    first, last = program.ops[0], program.ops[2]
+    assert prof.times[(first.name, "forward", None)] > 0 and prof.times[(first.name, "backward", None)] > 0
+    per_flop = prof.times[(first.name, "forward", None)] / first.flops
+    measured = [prof.times[(op.name, "forward", None)] / op.flops for op in program.ops[1:] if op.flops]
+    assert min(measured) <= per_flop <= max(measured)  # at the others' time per FLOP

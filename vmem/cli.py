@@ -121,10 +121,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     memory: Any = args.memory
     needs = None
     if fraction is not None:  # a budget below what the baseline needs: what vmem is for
-        from .planner import plan
-
-        needs = plan(net, args.batch, device=args.device, policy="baseline").peak_bytes
-        memory = -(-int(needs * fraction) // 1024) * 1024
+        memory, needs = _auto_memory(args, net, fraction)
     if args.optimizer == "sgd":
         opt = optim.SGD(lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     else:
@@ -149,6 +146,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                 trainer.save(args.save)
             raise
         planned = trainer.plans.get(args.batch)
+        costs = trainer.costs.get(args.batch)
+        notes = list(getattr(costs, "notes", []))
     wall = time.perf_counter() - t0
     last = history.last
     result = {
@@ -162,6 +161,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         "stall_seconds": float(np.mean([e.stall_seconds for e in history.epochs])),
         "wall_seconds": wall, "history": history.to_dict(),
         "chosen": planned.chosen if planned is not None else None, "reason": planned.reason if planned else None,
+        "profile_notes": notes,
     }
     if args.json:
         print(json.dumps(result, indent=2))
@@ -177,6 +177,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                   f"compute waited {result['stall_seconds'] * 1e3:.1f} ms a step for the memory stream")
         if planned is not None and planned.chosen:
             print(planned.reason)
+        for note in notes:
+            print(f"profile: {note}")
     return 0
 
 
@@ -223,27 +225,80 @@ class _Slow:
             print(f"done in {time.perf_counter() - self.t0:.1f} s", file=sys.stderr, flush=True)
 
 
+def _open_device(name: str, memory: Any = None) -> Any:
+    """The device ``name`` with ``memory`` (its default capacity where None)."""
+    from .device import device as make_device
+
+    return make_device(name, **({"memory": memory} if memory is not None else {}))
+
+
+#: The arena of a CUDA device opened only to read its catalog and spec: planning needs no GPU memory.
+_PLANNING_ARENA = 1 << 20
+#: A capacity no plan reaches: a baseline peak is read off its replay wherever it falls.
+_UNBOUNDED = 1 << 50
+
+
+def _baseline_peak(net: Any, batch: int, device: str) -> int:
+    """The baseline policy's peak at ``batch`` with ``device``'s own algorithms (on a GPU, cuDNN's: the
+    device is opened with a tiny arena to read them)."""
+    from .planner import plan
+
+    if device.startswith("cuda"):
+        with _open_device(device, _PLANNING_ARENA) as dev:
+            return plan(net, batch, device=dev, policy="baseline", memory=_UNBOUNDED).peak_bytes
+    return plan(net, batch, device=device, policy="baseline", memory=_UNBOUNDED).peak_bytes
+
+
+def _auto_memory(args: argparse.Namespace, net: Any, fraction: float) -> tuple[int, int]:
+    """``--memory auto:FRACTION``: (that fraction of the baseline's peak, rounded up to KiB; the peak)."""
+    needs = _baseline_peak(net, args.batch, args.device)
+    return -(-int(needs * fraction) // 1024) * 1024, needs
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from .planner import plan
 
     net = _model(args)
-    costs = None
-    if args.profile and not args.device.startswith("sim:"):
+    fraction = _auto_fraction(args.memory, "") if args.memory is not None else None
+    memory: Any = args.memory
+    needs = None
+    if fraction is not None:
+        memory, needs = _auto_memory(args, net, fraction)
+    costs, notes = None, []
+    policy = _policy_spec(args)
+    say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
+    if needs is not None:
+        say(f"device memory {format_bytes(memory)}: {fraction:.0%} of the {format_bytes(needs)} the baseline "
+            f"policy needs (--memory auto:{fraction:g})")
+    if args.device.startswith("sim:"):
+        device: Any = args.device
+        if args.profile:
+            say(f"--profile: {args.device} is simulated; its times come from the roofline model")
+    elif args.profile:  # measure on the device itself, within the budget the plan is for
         from .costs import profile
 
-        program = net.build(args.batch)
-        if not args.json:
-            print(f"profiling {len(program.ops)} layers of {net.name} at batch {args.batch} on the CPU (every "
-                  "pass and algorithm)...", file=sys.stderr, flush=True)
+        device = _open_device(args.device, memory)
+        memory = device.pool.capacity
+        program = device.catalog(net.build(args.batch))
+        say(f"profiling {len(program.ops)} layers of {net.name} at batch {args.batch} on {device.name} (every pass "
+            f"and algorithm, in its {format_bytes(device.pool.capacity)})...")
         t0 = time.perf_counter()
-        costs = profile(program)
-        if not args.json:
-            print(f"profiled in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    with _Slow(f"planning {net.name} at batch {args.batch} under {_policy_spec(args)} on {args.device}",
-               quiet=args.json):
-        result = plan(net, args.batch, args.device, _policy_spec(args), memory=args.memory, costs=costs)
+        costs = profile(program, copy_gbps=device.spec.pcie_gbps, device=device)
+        notes = costs.notes
+        say(f"profiled in {time.perf_counter() - t0:.1f} s" + "".join(f"\n  {n}" for n in notes))
+    elif args.device.startswith("cuda"):  # its algorithms and spec, without taking its memory
+        device = _open_device(args.device, _PLANNING_ARENA)
+        memory = memory if memory is not None else device.free_capacity
+    else:
+        device = args.device
+    try:
+        with _Slow(f"planning {net.name} at batch {args.batch} under {policy} on {args.device}", quiet=args.json):
+            result = plan(net, args.batch, device, policy, memory=memory, costs=costs)
+    finally:
+        if not isinstance(device, str):
+            device.close()
     out = result.to_dict()
-    out.update(model=net.name)
+    out.update(model=net.name, memory=memory, baseline_peak_bytes=needs, profile_notes=notes)
     if args.json:
         print(json.dumps(out, indent=2))
     else:
@@ -308,7 +363,7 @@ def _common(p: argparse.ArgumentParser, model_default: str | None, policy_defaul
                    help="zoo model name (see `vmem models`)" + (f"; default {model_default}" if model_default else ""))
     p.add_argument("--image-size", type=_positive_int, help="input height and width (default: the model's)")
     p.add_argument("--depth", type=_positive_int, help="depth, for resnet_cifar")
-    p.add_argument("--device", default="cpu", help="device name: cpu (default) or sim:<gpu> (see vmem devices)")
+    p.add_argument("--device", default="cpu", help="device name: cpu (default), cuda:N or sim:<gpu> (see vmem devices)")
     p.add_argument("--memory", default=None, help=memory_help)
     p.add_argument("--policy", default=policy_default,
                    help="policy spec: baseline, layerwise, vdnn-all, vdnn-conv, vdnn-dyn, gist, mirror, chen, echo, with :key=value options"
@@ -342,10 +397,12 @@ def _add_train(sub: Any) -> None:
 def _add_plan(sub: Any) -> None:
     p = sub.add_parser("plan", help="plan a training step without running it",
                        description="Replay one step's allocations under a policy and print the plan.")
-    _common(p, None)
+    _common(p, None, memory_help="device memory, e.g. 256MiB or 12GB, or auto[:FRACTION]: that fraction of what "
+            "the baseline policy needs on this device (default: the device's capacity; the CPU's 1GiB)")
     p.add_argument("--batch", type=_positive_int, required=True)
     p.add_argument("--profile", action="store_true",
-                   help="on the CPU device: measure every layer first, so the plan predicts time (vdnn-dyn needs it)")
+                   help="on a real device (cpu, cuda:N): measure every layer there first, within --memory, so that "
+                        "the plan predicts time (vdnn-dyn needs it)")
     p.set_defaults(func=cmd_plan)
 
 

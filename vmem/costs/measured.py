@@ -13,6 +13,7 @@ there. On a GPU with cuDNN, a convolution's algorithms are those cuDNN's heurist
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..benchmarks import best_seconds
+from ..errors import OutOfDeviceMemory
 from ..graph import OpInfo, Program
 from ..nn.base import Ctx, physical
 from ..threads import BUDGET
@@ -39,13 +41,16 @@ class Profiled:
     element-wise bandwidth."""
 
     def __init__(self, times: dict[tuple[str, str, str | None], float], d2h_gbps: float, h2d_gbps: float,
-                 update: float = 0.0, elementwise_gbps: float = 10.0, copies: dict[int, float] | None = None):
+                 update: float = 0.0, elementwise_gbps: float = 10.0, copies: dict[int, float] | None = None,
+                 notes: list[str] | None = None):
         self.times = times
         self.d2h = d2h_gbps
         self.h2d = h2d_gbps
         self.update = update
         self.elementwise_gbps = elementwise_gbps
         self.copies = copies or {}  # bytes -> seconds of one copy of that size
+        #: what was not measured as asked (an op at a smaller batch, a smaller probe), one line each
+        self.notes = list(notes or [])
 
     def op_seconds(self, op: OpInfo, pass_: str, algo: str | None) -> float:
         key = (op.name, pass_, algo)
@@ -68,22 +73,32 @@ class Profiled:
 
     def to_dict(self) -> dict[str, Any]:
         return {"times": {"|".join(str(p) for p in k): v for k, v in self.times.items()},
-                "d2h_gbps": self.d2h, "h2d_gbps": self.h2d, "update": self.update}
+                "d2h_gbps": self.d2h, "h2d_gbps": self.h2d, "update": self.update, "notes": self.notes}
 
 
 class _Runner:
-    """Where profiled work runs: on the calling thread (the CPU, by default), or on a device's compute
-    stream, timed across a synchronize, with its arrays in the device's pool (a CUDA device's arena holds
-    nearly all of the GPU's memory); ``release`` returns them after each op."""
+    """Where profiled work runs and where its arrays live.
+
+    Without a device: on the calling thread, on host arrays (``vmem.costs.profile(program)``). With one,
+    every array is a block of the device's pool, so that the profile never takes more memory than the
+    budget the plan is for (an op whose buffers do not fit is measured at a smaller batch: see
+    :func:`_profile_fitting`); ``release`` returns the blocks after each op. On an asynchronous device (a
+    GPU) the work runs on its compute stream, timed across a synchronize; on the CPU device, on the calling
+    thread (its streams are idle while it profiles), timed as on the host."""
 
     def __init__(self, device: Any = None):
         self.device = device
         self.xp = np if device is None else device.xp
         self.conv = None if device is None else device.conv_backend
+        self.streamed = bool(getattr(device, "asynchronous", False))
+        self.alignment = 0 if device is None else device.pool.alignment
         self._blocks: list[Any] = []
         self._gen: Any = None  # the device's generator (made on first use)
+        if device is not None:
+            device.synchronize()
 
     def empty(self, shape: Any, dtype: Any) -> Any:
+        """An array of ``shape``; on a device, in its pool (OutOfDeviceMemory where it does not fit)."""
         if self.device is None:
             return np.empty(shape, dtype)
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
@@ -95,20 +110,25 @@ class _Runner:
         if self.device is None:
             return host
         out = self.empty(host.shape, host.dtype)
+        if not self.streamed:
+            out[...] = host
+            return out
         xp = self.xp
         self.device.compute_stream.launch(lambda: out.__setitem__(Ellipsis, xp.asarray(host)))  # in stream order
         return out
 
     def normal(self, rng: np.random.Generator, shape: Any, dtype: np.dtype, scale: float = 1.0,
                shift: float = 0.0) -> Any:
-        """Random values of ``shape`` (standard normal, scaled and shifted): drawn by ``rng`` on the CPU;
-        on a device, drawn there into the pool (the feature maps of a large batch are gigabytes, which a
+        """Random values of ``shape`` (standard normal, scaled and shifted): drawn by ``rng`` on the host;
+        on a GPU, drawn there into the pool (the feature maps of a large batch are gigabytes, which a
         host generator would take a minute to draw), seeded from ``rng``."""
-        if self.device is None:
-            return (rng.standard_normal(shape) * scale + shift).astype(dtype)
+        if not self.streamed:
+            values = (rng.standard_normal(shape) * scale + shift).astype(dtype)
+            return values if self.device is None else self.array(values)
         out, xp = self.empty(shape, dtype), self.xp
         if self._gen is None:
-            self._gen = xp.random.default_rng(int(rng.integers(1 << 31)))
+            seed = int(rng.integers(1 << 31))
+            self._gen = self.call(lambda: xp.random.default_rng(seed))  # its state made on the compute stream
 
         def draw() -> None:
             self._gen.standard_normal(dtype=out.dtype, out=out)
@@ -120,11 +140,12 @@ class _Runner:
         return out
 
     def room(self) -> int:
-        """Bytes a workspace may take now (unlimited on the CPU)."""
+        """Bytes one more array (a workspace, a probe) may take now (unlimited without a device)."""
         if self.device is None:
             return 1 << 62
         stats = self.device.pool.stats()
-        return max(0, stats.largest_free - (1 << 20))
+        margin = min(1 << 20, self.device.pool.capacity // 16) if self.streamed else 0
+        return max(0, stats.largest_free - margin)
 
     def release(self) -> None:
         if self.device is not None:
@@ -136,9 +157,9 @@ class _Runner:
         self._blocks.clear()
 
     def call(self, fn: Any) -> Any:
-        """``fn()`` where the timed runs go (on a device, on its compute stream, never the legacy default
+        """``fn()`` where the timed runs go (on a GPU, on its compute stream, never the legacy default
         stream), waited for; its result. As a warm-up: first calls load kernels and fill caches."""
-        if self.device is None:
+        if not self.streamed:
             return fn()
         box: list[Any] = []
         self.device.compute_stream.launch(lambda: box.append(fn()))
@@ -146,7 +167,7 @@ class _Runner:
         return box[0]
 
     def seconds(self, fn: Any, repeats: int) -> float:
-        if self.device is None:
+        if not self.streamed:
             return best_seconds(fn, repeats, undisturbed=True)
         stream = self.device.compute_stream
 
@@ -304,12 +325,17 @@ def _profile_conv_found(op: OpInfo, algos: dict[str, list[str]], ctx: Any, xs: l
 
 def profile(program: Program, *, copy_gbps: float | None = None, repeats: int = 3, seed: int = 0,
             device: Any = None) -> Profiled:
-    """Measured costs of one training step of ``program``: on this machine's CPU, or on ``device`` (a
-    CUDA device: its arrays, its convolution backend, its compute stream; the program should carry the
-    device's catalog, ``device.catalog(program)``).
+    """Measured costs of one training step of ``program``: on this machine's CPU (host arrays), or on
+    ``device`` (the CPU device or a CUDA one: every array in its pool, its convolution backend, on a GPU its
+    compute stream; the program should carry the device's catalog, ``device.catalog(program)``).
+
+    On a device the profile never takes more memory than the device's pool has free: an op whose buffers
+    do not fit at the program's batch is measured at the largest smaller batch that fits and its times
+    scaled up; one that fits at no batch is estimated from the others' time per FLOP; probes (element-wise
+    bandwidth, copies) are sized to the room left. ``Profiled.notes`` says what was not measured as asked.
 
     ``copy_gbps``: the host-device link rate if it is throttled; measured if not (a memcpy on the CPU,
-    pinned copies on a device). Each measurement is the best of ``repeats`` runs (after a warm-up); on
+    pinned copies on a GPU). Each measurement is the best of ``repeats`` runs (after a warm-up); on
     the CPU, of more where those were all preempted by other processes (up to four times as many: see
     :func:`vmem.benchmarks.best_seconds`), lest a busy machine make the plan weigh an op several times
     over."""
@@ -323,31 +349,125 @@ def _profile(program: Program, copy_gbps: float | None, repeats: int, seed: int,
     dtype = np.dtype(program.dtype)
     on = _Runner(device)
     times: dict[tuple[str, str, str | None], float] = {}
+    notes: list[str] = []
+    unmeasured = []
     for op in program.ops:
         t0 = time.perf_counter()
-        try:
-            _profile_op(op, rng, dtype, repeats, times, on)
-        finally:
-            on.release()
+        if not _profile_fitting(program, op, rng, dtype, repeats, times, on, notes):
+            unmeasured.append(op)
         _log.info("%s (%s): %.2f s", op.name, op.kind, time.perf_counter() - t0)
+    _estimate(program, unmeasured, times, notes)
     try:
         times[("loss", "forward", None)] = _loss_seconds(program, rng, dtype, repeats, on)
-        # element-wise bandwidth (gradient accumulation, the optimizer's update) and the copy rate
-        a = on.array(np.ones(4 << 20, dtype))
-        b = on.array(np.ones(4 << 20, dtype))
-        add_seconds = on.seconds(lambda: on.xp.add(a, b, out=a), repeats)
+    except OutOfDeviceMemory:
+        times[("loss", "forward", None)] = 0.0
+        notes.append("loss: not measured (its buffers do not fit the device's free memory); taken as free")
     finally:
         on.release()
-    elementwise_gbps = 3 * a.nbytes / add_seconds / 1e9
+    elementwise_gbps = _elementwise_gbps(on, dtype, repeats, notes)
     copies = {}
     if copy_gbps is None:
-        copy_gbps = _copy_gbps(device, repeats)
-        if device is None:  # unthrottled CPU copies: time each size the program may offload
+        copy_gbps = _copy_gbps(device, repeats, on, notes)
+        if device is None or not on.streamed:  # unthrottled CPU copies: time each size the program may offload
             copies = _copy_times(program, repeats)
     params_bytes = sum(int(np.prod(s.shape)) for _, _, s in program.owned_params() if s.trainable)
     update = 5 * params_bytes * dtype.itemsize / (elementwise_gbps * 1e9)
+    for note in notes:
+        _log.info("profile: %s", note)
     return Profiled(times, d2h_gbps=copy_gbps, h2d_gbps=copy_gbps, update=update, elementwise_gbps=elementwise_gbps,
-                    copies=copies)
+                    copies=copies, notes=notes)
+
+
+def _profile_fitting(program: Program, op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: int,
+                     times: dict[tuple[str, str, str | None], float], on: _Runner, notes: list[str]) -> bool:
+    """Profile ``op`` at the program's batch, else at the largest batch (halving) whose buffers fit the
+    device's free memory, its times scaled by the ratio of batches; False where none fits."""
+    batch = program.batch
+    b = batch
+    while True:
+        sub = op if b == batch else _at_batch(program, op, b, on)
+        measured: dict[tuple[str, str, str | None], float] = {}
+        try:
+            _profile_op(sub, rng, dtype, repeats, measured, on)
+        except OutOfDeviceMemory as exc:
+            if b == 1:
+                notes.append(f"{op.name}: not measured: its buffers do not fit the device's free memory even at batch "
+                             f"1 ({exc.requested:,} bytes asked, {exc.largest_free:,} free in one block); estimated "
+                             "from the other layers' time per FLOP")
+                return False
+            b = max(1, b // 2)
+            continue
+        finally:
+            on.release()
+        scale = batch / b
+        times.update({key: t * scale for key, t in measured.items()})
+        if b < batch:
+            notes.append(f"{op.name}: measured at batch {b} of {batch} (its buffers do not fit the device's free "
+                         f"memory at {batch}), times scaled by {scale:g}")
+        return True
+
+
+def _at_batch(program: Program, op: OpInfo, b: int, on: _Runner) -> OpInfo:
+    """``op`` at batch ``b``: its activations' and saved state's leading dimension, and its algorithms'
+    workspace for that batch (the device's catalog where it has one)."""
+    batch = program.batch
+
+    def scaled(shape: Any) -> Any:
+        shape = tuple(shape)
+        return (b,) + shape[1:] if shape and shape[0] == batch else shape
+
+    in_shapes = tuple(scaled(s) for s in op.in_shapes)
+    workspace = {p: {a: op.layer.workspace_bytes(in_shapes, p, a, program.itemsize) for a in names}
+                 for p, names in op.workspace.items()}
+    sub = dataclasses.replace(op, in_shapes=in_shapes, out_shape=scaled(op.out_shape), workspace=workspace,
+                              aux={k: dataclasses.replace(a, shape=scaled(a.shape)) for k, a in op.aux.items()})
+    if on.device is not None and on.conv is not None:  # the device's own algorithms and their workspace
+        sub = on.device.catalog(dataclasses.replace(program, ops=[sub], batch=b)).ops[0]
+    return sub
+
+
+def _estimate(program: Program, ops: list[OpInfo], times: dict[tuple[str, str, str | None], float],
+              notes: list[str]) -> None:
+    """Times for ops that could not be measured: their FLOPs at the measured ops' median time per FLOP
+    (backward twice forward), for every algorithm alike."""
+    if not ops:
+        return
+    rates = [times[(op.name, "forward", a)] / op.flops for op in program.ops if op.flops and op not in ops
+             for a in (op.algorithms.get("forward") or [None]) if (op.name, "forward", a) in times
+             and np.isfinite(times[(op.name, "forward", a)])]
+    per_flop = float(np.median(rates)) if rates else 1e-10
+    for op in ops:
+        seconds = op.flops * per_flop
+        if op.algorithms:
+            for pass_, names in op.algorithms.items():
+                for a in names:
+                    times[(op.name, pass_, a)] = seconds
+        else:
+            times[(op.name, "forward", None)] = seconds
+            times[(op.name, "backward", None)] = 2 * seconds
+
+
+def _elementwise_gbps(on: _Runner, dtype: np.dtype, repeats: int, notes: list[str]) -> float:
+    """Element-wise bandwidth (gradient accumulation, the optimizer's update): an add over two arrays of up
+    to 16 MiB each, smaller where the device has less room."""
+    n = min(4 << 20, max(0, on.room() - 2 * on.alignment) // (2 * dtype.itemsize))
+    if n < 4096:
+        notes.append(f"element-wise bandwidth: not measured (no room for two arrays of 4096 values); taken as "
+                     f"{_DEFAULT_GBPS:g} GB/s")
+        return _DEFAULT_GBPS
+    try:
+        a = on.array(np.ones(n, dtype))
+        b = on.array(np.ones(n, dtype))
+        add_seconds = on.seconds(lambda: on.xp.add(a, b, out=a), repeats)
+    finally:
+        on.release()
+    if n < 4 << 20:
+        notes.append(f"element-wise bandwidth: measured on {n * dtype.itemsize:,}-byte arrays (16 MiB asked)")
+    return 3 * n * dtype.itemsize / max(add_seconds, 1e-9) / 1e9
+
+
+#: GB/s taken for element-wise work where there is no room to measure it
+_DEFAULT_GBPS = 10.0
 
 
 def _copy_times(program: Program, repeats: int) -> dict[int, float]:
@@ -372,13 +492,23 @@ def _loss_seconds(program: Program, rng: np.random.Generator, dtype: np.dtype, r
                       repeats)
 
 
-def _copy_gbps(device: Any, repeats: int) -> float:
-    """The link rate: a 32 MiB memcpy on the CPU; pinned copies (the slower direction) on a device."""
-    if device is None:
+def _copy_gbps(device: Any, repeats: int, on: _Runner | None = None, notes: list[str] | None = None) -> float:
+    """The link rate: a 32 MiB memcpy on the CPU (the CPU device's copies are memcpys on its memory
+    stream); pinned copies (the slower direction) on a GPU, of up to 32 MiB, less where the pool has less
+    room."""
+    if device is None or not getattr(device, "asynchronous", False):
         src = np.ones(32 << 20, np.uint8)
         dst = np.empty_like(src)
         return src.nbytes / best_seconds(lambda: np.copyto(dst, src), repeats) / 1e9
     from ..benchmarks import bandwidth
 
-    row = bandwidth(device, [32 << 20], rounds=repeats)[0]
+    room = on.room() if on is not None else 32 << 20
+    size = min(32 << 20, room - room % (1 << 20) if room >= 2 << 20 else room - room % 4096)
+    if size < 4096:
+        if notes is not None:
+            notes.append(f"host link: not measured (no room in the device's pool); taken as {_DEFAULT_GBPS:g} GB/s")
+        return _DEFAULT_GBPS
+    if size < 32 << 20 and notes is not None:
+        notes.append(f"host link: measured with {size:,}-byte copies (32 MiB asked)")
+    row = bandwidth(device, [size], rounds=repeats)[0]
     return min(row["d2h_pinned_gbps"], row["h2d_pinned_gbps"])

@@ -155,9 +155,9 @@ class Trainer:
             from ..costs import profile
 
             program = self.net.build(batch, self.input_shape, self.dtype)
-            on = None if self.device.kind == "cpu" else self.device  # the CPU profiles on the calling thread
+            # on the device, within what its pool has free (never more than the budget)
             self.costs[batch] = profile(self.device.catalog(program), copy_gbps=self.device.spec.pcie_gbps,
-                                        seed=self.seed, device=on)
+                                        seed=self.seed, device=self.device)
         return self.costs[batch]
 
     def _refusal(self, program: Any, plan: PlanResult) -> OutOfDeviceMemory:

@@ -57,9 +57,11 @@ class CudnnConv:
         self._handles.clear()
 
     def _handle(self) -> Any:
+        """The handle of the stream whose work is running; outside a launch (the catalog, a profile's
+        ranking), the compute stream's: never one bound to the legacy default stream."""
         import cupy
 
-        ptr = cupy.cuda.get_current_stream().ptr
+        ptr = cupy.cuda.get_current_stream().ptr or self.device.compute_stream.ptr
         h = self._handles.get(ptr)
         if h is None:
             h = self._handles[ptr] = cudnn.Handle(ptr)

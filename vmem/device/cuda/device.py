@@ -78,7 +78,9 @@ class CudaDevice:
         self.arch = f"sm_{props['major']}{props['minor']}"
         free, total = cupy.cuda.runtime.memGetInfo()
         self.reserve = max(2 << 30, total // 20) if reserve is None else parse_bytes(reserve, name="reserve")
-        capacity = free - self.reserve if memory is None else parse_bytes(memory, name="memory")
+        #: the arena's capacity when none is given: free memory less the reserve
+        self.free_capacity = free - self.reserve
+        capacity = self.free_capacity if memory is None else parse_bytes(memory, name="memory")
         if capacity <= 0 or capacity > free:
             raise DeviceError(f"cuda:{index}: memory={format_bytes(capacity)} does not fit the "
                               f"{format_bytes(free)} free of {format_bytes(total)} on {self.gpu}")
