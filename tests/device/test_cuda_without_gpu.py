@@ -378,3 +378,18 @@ def test_the_catalog_offers_nchw_variants_with_their_copies_in_the_workspace(mon
     assert op.workspace["forward"] == {"implicit_gemm": 100, "nchw.implicit_gemm": staged + 200,
                                        "nchw.winograd": staged + 200}
     assert op.algorithms["backward_data"] == ["algo_1", "nchw.algo_1", "nchw.winograd"]
+
+
+@pytest.mark.parametrize("capability, arch", [("90", "sm_90"), ("80", "sm_80"), ("120", "sm_120"), ((8, 6), "sm_86"),
+                                              ("75", "sm_75")])
+def test_compute_capability_as_cupy_gives_it_is_parsed(capability, arch):
+    from vmem.device.cuda.kernels import arch_of
+
+    assert arch_of(capability) == arch
+
+
+def test_a_compute_capability_that_is_not_one_is_refused():
+    from vmem.device.cuda.kernels import arch_of
+
+    with pytest.raises(DeviceError, match="compute capability"):
+        arch_of("sm9")

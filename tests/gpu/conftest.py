@@ -1,6 +1,6 @@
 """Tests in tests/gpu/ need a CUDA GPU and CuPy; they are skipped everywhere else.
 
-Run them, with the GPU benchmarks, in one command: ``bash tests/gpu/run.sh OUT`` (see that file)."""
+Run them, with the GPU benchmarks, by the commands in tests/gpu/README.md (``bash tests/gpu/run.sh STAGE...``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-# Sourced by tests/gpu/*.sh: the output folder (first argument, else $OUT, else gpu-out) as $out, the checkout's
-# root as the working directory, $py, the carried wheels (.whl/) installed into a temporary folder, and the
-# checkout and those wheels on PYTHONPATH.
+# Sourced by tests/gpu/run.sh: the output folder ($OUT, else gpu-out) as $out, the checkout's root as the
+# working directory, $py, the carried wheels (.whl/) installed into a temporary folder, and the checkout and
+# those wheels on PYTHONPATH.
 set -uo pipefail
-out=${1:-${OUT:-gpu-out}}
+out=${OUT:-gpu-out}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."

@@ -1,33 +1,91 @@
 #!/usr/bin/env bash
-# The whole GPU suite and the GPU benchmarks in one command, on a machine with an NVIDIA GPU, CuPy 14 and
-# cuDNN 9 installed and no network (see ../shared/GPU_NOTES.md), in under 10 minutes:
+# The GPU run, in stages, on a machine with an NVIDIA GPU, CuPy 14 and cuDNN 9 and no network (see
+# tests/gpu/README.md for the three commands that make up a whole run, each well inside 10 minutes):
 #
-#     bash tests/gpu/run.sh OUT        # logs and results under OUT (default: $OUT, else gpu-out)
+#     bash tests/gpu/run.sh STAGE [STAGE ...]     # logs and results under $OUT (else gpu-out)
 #
-# Wheels the machine lacks (cffi, pycparser) are installed from .whl/ in the checkout if it is there. The
-# native CPU kernels are built in place (the GPU tests compare the GPU build with them). It writes:
-#   OUT/env.log           nvidia-smi and the versions of the packages that matter
-#   OUT/build.log         the in-place build of the CPU kernels
-#   OUT/gpu-tests.log     pytest of tests/gpu and the device tests (1-2 minutes)
-#   OUT/gpu-bench.log     bench/gpu.py, and OUT/gpu-bench.json its figures (4-6 minutes; each training run in a
-#                         process of its own, stopped with every thread's stack printed if it stalls)
-#   OUT/conv-layouts.log  bench/gpu_conv_probe.py --layouts: cuDNN's fastest algorithms for VGG-16's
-#                         convolutions channels last (vmem) and NCHW (PyTorch's default), and the graph
-#                         API's engines channels last, about 1-2 minutes
-# Limits (seconds) and extra bench arguments from the environment: VMEM_GPU_TESTS_S (130), VMEM_GPU_TEST_TIMEOUT
-# (90, per test), VMEM_GPU_BENCH_S (360), VMEM_GPU_PROBE_S (80), VMEM_GPU_BENCH_ARGS (e.g. --quick).
-source "$(dirname "$0")/env.sh" "$@"
-{ nvidia-smi; $py -m pip list 2>/dev/null | grep -iE "^(cupy|nvidia-cudnn|nvidia-ml|torch |numpy|cffi|pycparser|pytest|hypothesis)"; } \
-    > "$out/env.log" 2>&1
-$py setup.py -q build_ext --inplace > "$out/build.log" 2>&1 || echo "native CPU kernels not built: see build.log"
-# per-test limit where pytest-timeout is installed (the GPU machines have it): a hang costs one test, not the run
-per_test=$($py -c "import pytest_timeout" 2>/dev/null && echo "--timeout ${VMEM_GPU_TEST_TIMEOUT:-90}")
-timeout "${VMEM_GPU_TESTS_S:-130}" $py -m pytest -q -rfE --tb=short -p no:cacheprovider $per_test tests/gpu tests/device \
-    2>&1 | tee "$out/gpu-tests.log"
-tests=${PIPESTATUS[0]}
-timeout "${VMEM_GPU_BENCH_S:-360}" $py bench/gpu.py ${VMEM_GPU_BENCH_ARGS:-} --json-out "$out/gpu-bench.json" 2>&1 | tee "$out/gpu-bench.log"
-bench=${PIPESTATUS[0]}
-probe_s=${VMEM_GPU_PROBE_S:-80}
-timeout "$probe_s" $py bench/gpu_conv_probe.py --layouts --stall-dump $((probe_s - 5)) 2>&1 | tee "$out/conv-layouts.log"
-echo "gpu tests: exit $tests; gpu bench: exit $bench; conv layouts: exit ${PIPESTATUS[0]}; logs in $out"
-exit $(( tests != 0 || bench != 0 ))
+# Stages and their limits (seconds; VMEM_GPU_<STAGE>_S overrides, e.g. VMEM_GPU_SUITE_A_S=300):
+#   preflight      40  driver, versions, one NVML reading and the first kernel compile timed, vmem check
+#   suite-a       200  pytest: the Device protocol, kernels and layers on cuda:0, and tests/device
+#   suite-b       240  pytest: training on cuda:0 and a user's first commands (CLI, fit, save/load, the wheel)
+#   bench-cheap    90  bench/gpu.py copies, kernels, codecs
+#   bench-step    330  bench/gpu.py step_time (vmem per policy and PyTorch, VGG-16 at batch 64)
+#   bench-budget  260  bench/gpu.py budget (the largest VGG-16 batch in 8 GiB)
+#   bench-variants 90 bench/gpu.py variants, then bench/gpu_conv_probe.py --layouts
+# Each stage runs under `timeout -s INT` (pytest and the bench print their summary and keep their JSON when
+# the limit is hit), killed 10 s later if it has not stopped. The first stage also installs the carried
+# wheels (.whl/) and builds the native CPU kernels in place. CuPy's kernel cache and the bench's profiles
+# live in .gpu-cache/ in the checkout, which a warm machine keeps from one command to the next.
+# VMEM_GPU_DRY_RUN=1: no GPU is needed; every stage runs its commands (the tests skip, the bench says there
+# is no GPU), so that the time a stage takes besides its GPU work is measured (tests/test_gpu_commands.py).
+source "$(dirname "$0")/env.sh"
+if [ $# -eq 0 ]; then
+    sed -n '2,/^$/p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+fi
+declare -A LIMIT=([preflight]=40 [suite-a]=200 [suite-b]=240 [bench-cheap]=90 [bench-step]=330 [bench-budget]=260
+                  [bench-variants]=90)
+for stage in "$@"; do
+    [ -n "${LIMIT[$stage]:-}" ] || { echo "run.sh: unknown stage '$stage'; stages: ${!LIMIT[*]}" >&2; exit 2; }
+done
+limit_of() { local var="VMEM_GPU_$(echo "$1" | tr 'a-z-' 'A-Z_')_S"; echo "${!var:-${LIMIT[$1]}}"; }
+cache=$PWD/.gpu-cache
+mkdir -p "$cache/cupy" "$cache/profiles"
+export CUPY_CACHE_DIR=$cache/cupy
+per_test=$($py -c "import pytest_timeout" 2>/dev/null && echo "--timeout 120")
+pytest_run() {  # limit log paths...
+    local limit=$1 log=$2; shift 2
+    timeout -s INT -k 10 "$limit" $py -m pytest -q -rfE --tb=short -p no:cacheprovider --durations=15 $per_test "$@" \
+        2>&1 | tee "$out/$log"
+    return "${PIPESTATUS[0]}"
+}
+bench() {  # limit log json sections [extra args]
+    local limit=$1 log=$2 json=$3 sections=$4; shift 4
+    timeout -s INT -k 10 "$limit" $py bench/gpu.py --sections "$sections" --json-out "$out/$json" \
+        --profile-cache "$cache/profiles" --child-timeout $(( limit > 170 ? 150 : limit - 20 )) ${VMEM_GPU_BENCH_ARGS:-} "$@" \
+        2>&1 | tee "$out/$log"
+    return "${PIPESTATUS[0]}"
+}
+status=0
+summary=""
+for stage in "$@"; do
+    limit=$(limit_of "$stage")
+    t0=$SECONDS
+    echo "== $stage (limit ${limit} s) =="
+    case $stage in
+        preflight)
+            { nvidia-smi 2>&1 || echo "nvidia-smi: not here"; $py -m pip list 2>/dev/null \
+                | grep -iE "^(cupy|nvidia-cudnn|nvidia-ml|torch |numpy|cffi|pycparser|pytest|hypothesis)"; } > "$out/env.log"
+            $py setup.py -q build_ext --inplace > "$out/build.log" 2>&1 || echo "native CPU kernels not built: see build.log"
+            timeout -s INT -k 10 "$limit" $py tests/gpu/preflight.py --json-out "$out/preflight.json" 2>&1 \
+                | tee "$out/preflight.log"
+            rc=${PIPESTATUS[0]} ;;
+        suite-a)
+            pytest_run "$limit" suite-a.log tests/gpu/test_protocol.py tests/gpu/test_kernels.py tests/gpu/test_layers.py \
+                tests/device; rc=$? ;;
+        suite-b)
+            pytest_run "$limit" suite-b.log tests/gpu/test_training.py tests/gpu/test_first_commands.py; rc=$? ;;
+        bench-cheap)
+            bench "$limit" bench-cheap.log bench-cheap.json copies,kernels,codecs; rc=$? ;;
+        bench-step)
+            bench "$limit" bench-step.log bench-step.json step_time; rc=$? ;;
+        bench-budget)
+            bench "$limit" bench-budget.log bench-budget.json budget; rc=$? ;;
+        bench-variants)
+            bench "$(( limit * 3 / 5 ))" bench-variants.log bench-variants.json variants; rc=$?
+            probe=$(( limit * 2 / 5 ))
+            timeout -s INT -k 10 "$probe" $py bench/gpu_conv_probe.py --layouts --stall-dump $(( probe - 5 )) 2>&1 \
+                | tee "$out/conv-layouts.log"
+            probe_rc=${PIPESTATUS[0]}
+            [ "$rc" -ne 0 ] || rc=$probe_rc ;;
+    esac
+    if [ "${VMEM_GPU_DRY_RUN:-0}" = 1 ] && [ "${stage#bench}" != "$stage" ] && [ "$rc" -eq 2 ]; then
+        rc=0  # a dry run: the bench said there is no GPU, as it should
+    fi
+    summary+="$stage: exit $rc in $(( SECONDS - t0 )) s of ${limit} s"$'\n'
+    [ "$rc" -eq 124 ] && echo "$stage: stopped at its limit of ${limit} s"
+    [ "$rc" -eq 0 ] || status=1
+done
+printf "%s" "$summary" | tee "$out/stages.log"
+echo "logs in $out"
+exit $status

@@ -17,7 +17,7 @@ from ..._resources import CSRC, source_file
 from ...codecs.native import Backend
 from ...errors import DeviceError
 
-__all__ = ["OPTIONS", "SOURCE", "compile_cubin", "Module", "GpuBackend", "backend_for_device", "backend_of"]
+__all__ = ["OPTIONS", "SOURCE", "arch_of", "compile_cubin", "Module", "GpuBackend", "backend_for_device", "backend_of"]
 
 SOURCE = CSRC / "kernels.cuh"
 #: NVRTC options of every build; ``-arch=sm_XY`` is added for the device.
@@ -104,8 +104,19 @@ def backend_for_device(device_id: int) -> GpuBackend:
     """The backend of GPU ``device_id`` (its kernels built for its architecture on first use)."""
     import cupy
 
-    major, minor = cupy.cuda.Device(device_id).compute_capability
-    return GpuBackend(Module(f"sm_{major}{minor}"))
+    return GpuBackend(Module(arch_of(cupy.cuda.Device(device_id).compute_capability)))
+
+
+def arch_of(capability: Any) -> str:
+    """``sm_XY`` of a compute capability as CuPy gives it (the string ``"90"``, ``"120"`` for 12.0) or as
+    a (major, minor) pair."""
+    if isinstance(capability, (tuple, list)):
+        major, minor = (int(v) for v in capability)
+        return f"sm_{major}{minor}"
+    text = str(capability).strip()
+    if not text.isdigit() or len(text) < 2:
+        raise DeviceError(f"unexpected compute capability {capability!r}")
+    return f"sm_{int(text)}"
 
 
 def backend_of(x: Any) -> GpuBackend:

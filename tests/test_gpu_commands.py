@@ -1,0 +1,58 @@
+"""The GPU run's commands (tests/gpu/README.md) fit their limits: each command's stages, with what a dry run
+of it takes besides the GPU work, inside the 10 minutes one command may take, and the three inside 25
+minutes with the machine's start."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: What one command on the GPU machine may take, less a margin for copying the tree and the logs.
+COMMAND_S = 600 - 30
+#: What a whole GPU run may take (25 minutes), less a machine's start.
+RUN_S = 25 * 60 - 120
+
+
+def _commands() -> list[list[str]]:
+    text = (ROOT / "tests" / "gpu" / "README.md").read_text()
+    return [line.split()[2:] for line in text.splitlines() if line.strip().startswith("bash tests/gpu/run.sh")]
+
+
+def _limits() -> dict[str, int]:
+    text = (ROOT / "tests" / "gpu" / "run.sh").read_text()
+    table = re.search(r"declare -A LIMIT=\((.*?)\)\n", text, re.S)
+    assert table, "run.sh declares no LIMIT table"
+    return {k: int(v) for k, v in re.findall(r"\[([\w-]+)\]=(\d+)", table.group(1))}
+
+
+def test_the_documented_commands_cover_every_stage_once():
+    stages = [s for command in _commands() for s in command]
+    assert len(_commands()) == 3
+    assert sorted(stages) == sorted(_limits())
+
+
+@pytest.mark.parametrize("command", _commands(), ids=lambda c: "+".join(c))
+def test_each_command_fits_its_limit_in_a_dry_run(command, tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path), "VMEM_GPU_DRY_RUN": "1", "PYTHON": sys.executable}
+    t0 = time.perf_counter()
+    done = subprocess.run(["bash", "tests/gpu/run.sh", *command], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=COMMAND_S)
+    overhead = time.perf_counter() - t0
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = (tmp_path / "stages.log").read_text().splitlines()
+    assert [line.split(":")[0] for line in lines] == command
+    assert all(": exit 0 in" in line for line in lines), lines
+    limits = _limits()
+    assert sum(limits[s] for s in command) + overhead <= COMMAND_S, (command, overhead)
+
+
+def test_the_whole_run_fits_25_minutes():
+    limits = _limits()
+    assert sum(limits[s] for command in _commands() for s in command) <= RUN_S - 3 * 30
