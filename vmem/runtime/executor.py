@@ -65,7 +65,7 @@ class _Run:
     def __init__(self, x: np.ndarray, labels: Any, train: bool, rng: Any, step: int, origin: float):
         self.x, self.labels, self.train, self.rng, self.step = x, labels, train, rng, step
         self.blocks: dict[Key, Any] = {}
-        self.loss: list[float] = []
+        self.loss: float | None = None  # read from the pinned staging buffer once the step has run
         self.logits: np.ndarray | None = None
         self.timeline = Timeline(origin=origin)
         self.staged: Any = None  # the pinned buffer holding the batch for the step's uploads
@@ -107,7 +107,8 @@ class Executor(Transfers):
         # the batch staged in one pinned buffer: the input, then the labels at the next aligned offset
         a = device.pool.alignment
         self._labels_at = -(-max(program.tensors[program.input].nbytes, 1) // a) * a
-        self._staging_bytes = self._labels_at + -(-int(np.prod(program.label_shape)) * 8 // a) * a
+        self._loss_at = self._labels_at + -(-int(np.prod(program.label_shape)) * 8 // a) * a
+        self._staging_bytes = self._loss_at + a  # and the loss, copied there on the compute stream
         #: work runs after launch returns (a GPU): spans are timed by events, streams wait on the device
         self._asynchronous = bool(getattr(device, "asynchronous", False))
         self._aux_dtype = {(op.index, k): (self.dtype if a.dtype == "float" else np.dtype(a.dtype))
@@ -143,6 +144,8 @@ class Executor(Transfers):
                     self._table[type(st)](r, st)
                 dev.synchronize()
             r.timeline.resolve()
+            if r.loss is not None:  # the step has run: the loss's copy has landed
+                r.loss = float(r.batch["loss"][0])
             self._unstage(r)
             r.timeline.sample(time.perf_counter(), dev.readings())
             moved = self._moved(r)
@@ -151,7 +154,7 @@ class Executor(Transfers):
             self._roll_back(r)
             raise
         timeline = r.timeline
-        report = StepReport(loss=r.loss[0] if r.loss else float("nan"), seconds=time.perf_counter() - timeline.origin,
+        report = StepReport(loss=r.loss if r.loss is not None else float("nan"), seconds=time.perf_counter() - timeline.origin,
                             peak_bytes=pool.peak, average_bytes=timeline.average_bytes(pool.in_use),
                             offloaded_bytes=moved, stall_seconds=timeline.stall_seconds, timeline=timeline,
                             threads=threads)
@@ -201,6 +204,7 @@ class Executor(Transfers):
             at = self._labels_at
             r.batch["labels"] = raw[at:at + labels.nbytes].view(np.int64).reshape(labels.shape)
             np.copyto(r.batch["labels"], labels)
+        r.batch["loss"] = raw[self._loss_at:self._loss_at + self.dtype.itemsize].view(self.dtype)
 
     def _unstage(self, r: _Run) -> None:
         if r.staged is not None:
@@ -292,13 +296,18 @@ class Executor(Transfers):
         else:
             probs = self._view(r, _PROBS, logits.shape, self.dtype)
             dlogits = self._grad(r, prog.output)
-        loss, xp, out = self.loss, self.xp, r.loss
+        loss, xp, host = self.loss, self.xp, r.batch["loss"]
+        copy = self.device.copy_now if self._asynchronous else None
 
-        def run() -> None:
+        def run() -> None:  # the value stays on the device; its copy lands in pinned memory, read after the step
             value[0] = loss.forward(xp, logits, labels, probs)
             loss.backward(xp, probs, labels, dlogits)
-            out.append(float(value[0]))
+            if copy is not None:
+                copy(host, value, "d2h")  # enqueued on the compute stream: the host does not wait
+            else:
+                np.copyto(host, value)
 
+        r.loss = float("nan")
         self._launch(r, "loss", run)
 
     def _update(self, r: _Run, st: Update) -> None:

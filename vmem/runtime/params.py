@@ -1,4 +1,10 @@
-"""Weights, weight gradients and optimizer state, held in the device pool for a whole run."""
+"""Weights, weight gradients and optimizer state, held in the device pool for a whole run.
+
+Every write and read goes through the device's compute stream, in order with the steps that use them:
+uploads are host-to-device copies enqueued there (from pageable host memory: the host waits for them, and
+on a GPU nothing is staged through CuPy's pinned pool), zero-fills are launched there, and downloads are
+device-to-host copies enqueued there. Nothing runs on a GPU's legacy default stream, which a non-blocking
+compute stream does not wait for."""
 
 from __future__ import annotations
 
@@ -28,18 +34,29 @@ class DeviceParams:
         except BaseException:
             self.release()
             raise
+        stream = device.compute_stream
         for key, view in self.views.items():
             if key.kind is not Kind.WEIGHT:
-                view.fill(0)
+                stream.launch(view.fill, 0)
 
     def _host(self, view: Any) -> np.ndarray:
-        """A host copy of a device view (CuPy arrays copy to the host with ``get``)."""
-        return np.array(view) if self.device.xp is np else view.get()
+        """A host copy of a device view, copied on the compute stream (after the work enqueued there)."""
+        out = np.empty(view.shape, view.dtype)
+        self.device.copy_to_host(out, view, self.device.compute_stream)
+        self.device.compute_stream.synchronize()
+        return out
+
+    def _write(self, view: Any, value: Any, name: str) -> None:
+        """Copy the host array ``value`` into ``view`` on the compute stream (a pageable copy: the host waits
+        for it, so the caller may change ``value`` afterwards)."""
+        host = np.ascontiguousarray(value, dtype=view.dtype)
+        if host.shape != view.shape:
+            raise ValueError(f"{name}: shape {host.shape}, the device holds {view.shape}")
+        self.device.copy_to_device(view, host, self.device.compute_stream)
 
     def upload(self, params: dict[str, np.ndarray]) -> None:
-        xp = self.device.xp
         for name, value in params.items():
-            self.views[Key(Kind.WEIGHT, name)][...] = xp.asarray(value)
+            self._write(self.views[Key(Kind.WEIGHT, name)], value, name)
 
     def download(self) -> dict[str, np.ndarray]:
         return {k.name: self._host(v) for k, v in self.views.items() if k.kind is Kind.WEIGHT}
@@ -49,10 +66,9 @@ class DeviceParams:
         return {f"{k.name}:{k.part}": self._host(v) for k, v in self.views.items() if k.kind is Kind.OPT_STATE}
 
     def load_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
-        xp = self.device.xp
         for name, value in state.items():
             param, _, slot = name.rpartition(":")
-            self.views[Key(Kind.OPT_STATE, param, slot)][...] = xp.asarray(value)
+            self._write(self.views[Key(Kind.OPT_STATE, param, slot)], value, name)
 
     def release(self) -> None:
         for block in self.blocks.values():
