@@ -335,22 +335,28 @@ def cmd_devices(args: argparse.Namespace) -> int:
     from .device import specs as gpu_specs
     from .device.cuda import nvml
 
-    rows = [{"name": "cpu", "kind": "cpu"}]
-    for i, gpu in enumerate(nvml.gpus()):  # through NVML alone: listing GPUs imports no CuPy
-        rows.append({"name": f"cuda:{i}", "kind": "cuda", **gpu, **nvml.reading(i)})
+    rows: list[dict[str, Any]] = [{"name": "cpu", "kind": "cpu"}]
+    for gpu in nvml.gpus():  # through NVML alone: listing GPUs imports no CuPy
+        index = gpu["cuda_index"]
+        rows.append({"name": f"cuda:{index}" if index is not None else f"nvml:{gpu['nvml_index']}", "kind": "cuda",
+                     **gpu})
     rows += [{**gpu_specs.get(n).to_dict(), "name": f"sim:{n}", "kind": "sim"} for n in gpu_specs.names()]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     print("cpu  (the default: real numerics; memory= sets its capacity, pcie_gbps= throttles copies)")
-    if not any(r["kind"] == "cuda" for r in rows):
+    cuda = [r for r in rows if r["kind"] == "cuda"]
+    if not cuda:
         print(f"cuda: none here: {nvml.why_not() or 'NVML lists no GPU'}")
-    for r in rows[1:]:
-        if r["kind"] == "cuda":
-            link = f", PCIe gen {r['pcie_gen']} x{r['pcie_width']}" if "pcie_gen" in r else ""
-            print(f"{r['name']:<16} {format_bytes(r['total_bytes']):>11}  {r['gpu']}: "
-                  f"{format_bytes(r['used_bytes'])} in use{link}")
-        else:
+    for r in sorted(cuda, key=lambda r: (r["cuda_index"] is None, r["cuda_index"] or 0, r["nvml_index"])):
+        link = f", PCIe gen {r['pcie_gen']} x{r['pcie_width']}" if "pcie_gen" in r else ""
+        print(f"{r['name']:<16} {format_bytes(r['total_bytes']):>11}  {r['gpu']} at {r['pci_bus_id']}: "
+              f"{format_bytes(r['used_bytes'])} in use{link}")
+    if any(r["cuda_index"] is None for r in cuda):
+        print("  nvml:N: CUDA hides it (CUDA_VISIBLE_DEVICES), or numbers these different GPUs fastest first; "
+              "set CUDA_DEVICE_ORDER=PCI_BUS_ID for cuda:N in this order")
+    for r in rows:
+        if r["kind"] == "sim":
             print(f"{r['name']:<16} {format_bytes(r['memory']):>11}  {r['fp32_tflops']:5.1f} TFLOP/s  "
                   f"{r['memory_gbps']:6.0f} GB/s  host link {r['h2d_gbps']:g} GB/s  (simulated: plans only)")
     return 0

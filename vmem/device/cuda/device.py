@@ -37,11 +37,16 @@ _D2H, _H2D = 2, 1  # cudaMemcpyKind
 
 
 class _Poison(PoolHook):
-    def __init__(self, arena: DeviceArena):
+    """Fill freed blocks with ``POISON_BYTE`` on the stream they were freed on; a block freed without one
+    (between steps, after a synchronize) on the compute stream, which every later use of it follows:
+    never the legacy default stream, which the non-blocking streams do not wait for."""
+
+    def __init__(self, arena: DeviceArena, default: CudaStream):
         self.arena = arena
+        self.default = default
 
     def on_free(self, block: Block, stream: Any) -> None:
-        self.arena.fill(block.offset, block.size, POISON_BYTE, getattr(stream, "stream", None))
+        self.arena.fill(block.offset, block.size, POISON_BYTE, (stream or self.default).stream)
 
 
 class CudaDevice:
@@ -90,10 +95,10 @@ class CudaDevice:
         self.deterministic = bool(deterministic)
         self.pool = DevicePool(capacity, alignment, DeviceArena, name=f"{self.name} device")
         self.spec = DeviceSpec(name=self.name, kind="cuda", memory=self.pool.capacity, arch=self.arch)
-        if self.poison:
-            self.pool.add_hook(_Poison(self.pool.arena))
         self.compute_stream = CudaStream("compute")
         self.memory_stream = CudaStream("memory")
+        if self.poison:
+            self.pool.add_hook(_Poison(self.pool.arena, self.compute_stream))
         self._streams = {s.ptr: s for s in (self.compute_stream, self.memory_stream)}
         self.temporaries = temporaries
         if temporaries == "pool":
@@ -106,6 +111,7 @@ class CudaDevice:
         self._pinned_fixed = pinned_memory is not None
         self._moved = {"d2h": 0, "h2d": 0}
         self._conv: Any = None
+        self._sampler: Any = None  # NVML's readings, sampled off the step's path (made on first use)
         from ...codecs import native
         from .kernels import backend_of
 
@@ -199,10 +205,14 @@ class CudaDevice:
         self._moved[direction] += dst.nbytes
 
     def readings(self) -> dict[str, Any]:
-        """NVML's readings of this GPU: memory the driver sees in use, PCIe throughput and link."""
+        """NVML's latest readings of this GPU (memory the driver sees in use, PCIe throughput and link),
+        sampled by a thread of their own every 0.1 s, so that a step never waits for NVML."""
         from . import nvml
 
-        return nvml.reading(self.index)
+        if self._sampler is None:
+            index = self.index
+            self._sampler = nvml.Sampler(lambda: nvml.reading(index), name=f"vmem-nvml-{self.name}")
+        return self._sampler.latest()
 
     def link_stats(self) -> dict[str, dict[str, float]]:
         """Bytes enqueued over the host link each way (times come from the timeline's events)."""
@@ -236,6 +246,8 @@ class CudaDevice:
         try:
             self.synchronize()
         finally:
+            if self._sampler is not None:
+                self._sampler.close()
             if self._conv is not None:
                 self._conv.close()
             for s in (self.compute_stream, self.memory_stream):

@@ -1,14 +1,23 @@
 """NVML readings of a GPU: memory the driver sees in use, PCIe throughput and link (nvidia-ml-py).
 
-Used by ``vmem devices`` and sampled into a CUDA step's timeline. NVML's device order is not CUDA's:
-GPUs are matched by PCI bus id."""
+Used by ``vmem devices`` (which imports no CuPy) and sampled into a CUDA step's timeline by a
+:class:`Sampler`, off the step's critical path: NVML's PCIe throughput counters sample over 20 ms, so a
+reading inside the step would cost it tens of milliseconds.
+
+NVML numbers GPUs in PCI bus order; CUDA numbers them fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``,
+and only those ``CUDA_VISIBLE_DEVICES`` lists. :func:`gpus` says which ``cuda:N`` each NVML GPU is, where that
+can be told without CUDA (all GPUs alike, or PCI bus order asked for); a CUDA device reads its own GPU by
+PCI bus id.
+"""
 
 from __future__ import annotations
 
+import os
+import threading
 from functools import lru_cache
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["available", "why_not", "reading", "gpus"]
+__all__ = ["available", "why_not", "reading", "gpus", "cuda_order", "Sampler"]
 
 
 @lru_cache(maxsize=1)
@@ -37,7 +46,13 @@ def why_not() -> str | None:
     return _load()[1]
 
 
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@lru_cache(maxsize=16)
 def _handle(index: int) -> Any:
+    """NVML's handle of CUDA GPU ``index``, matched by PCI bus id (a CUDA device has CuPy loaded already)."""
     nv = _nvml()
     try:
         import cupy
@@ -48,13 +63,7 @@ def _handle(index: int) -> Any:
         return nv.nvmlDeviceGetHandleByIndex(index)
 
 
-def reading(index: int = 0) -> dict[str, Any]:
-    """Memory (bytes: total, used, free) and PCIe (KB/s each way, generation, width) of CUDA GPU ``index``;
-    empty without NVML."""
-    nv = _nvml()
-    if nv is None:
-        return {}
-    h = _handle(index)
+def _read(nv: Any, h: Any) -> dict[str, Any]:
     mem = nv.nvmlDeviceGetMemoryInfo(h)
     out: dict[str, Any] = {"total_bytes": int(mem.total), "used_bytes": int(mem.used), "free_bytes": int(mem.free)}
     try:
@@ -67,16 +76,90 @@ def reading(index: int = 0) -> dict[str, Any]:
     return out
 
 
+def reading(index: int = 0) -> dict[str, Any]:
+    """Memory (bytes: total, used, free) and PCIe (KB/s each way, generation, width) of CUDA GPU ``index``;
+    empty without NVML. Takes tens of milliseconds (the PCIe counters)."""
+    nv = _nvml()
+    return {} if nv is None else _read(nv, _handle(index))
+
+
+def cuda_order(rows: list[dict[str, Any]], environ: Any = None) -> dict[int, int]:
+    """NVML index -> CUDA index of the GPUs CUDA will show, where that can be told without CUDA: with
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, or when every GPU is the same model (CUDA's fastest-first order
+    then keeps PCI bus order); then ``CUDA_VISIBLE_DEVICES`` (indices or UUID prefixes, up to the first
+    entry that names none) picks and orders them. Empty where the order cannot be told."""
+    env = os.environ if environ is None else environ
+    by_bus = sorted(rows, key=lambda r: r["pci_bus_id"].lower())
+    if env.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST") != "PCI_BUS_ID" and len({r["gpu"] for r in rows}) > 1:
+        return {}
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        chosen = by_bus
+    else:
+        chosen = []
+        for entry in (e.strip() for e in visible.split(",")):
+            match = None
+            if entry.isdigit():
+                match = by_bus[int(entry)] if int(entry) < len(by_bus) else None
+            elif entry:
+                found = [r for r in by_bus if r.get("uuid", "").startswith(entry)]
+                match = found[0] if len(found) == 1 else None
+            if match is None or match in chosen:
+                break  # CUDA ignores the rest of the list
+            chosen.append(match)
+    return {r["nvml_index"]: i for i, r in enumerate(chosen)}
+
+
 def gpus() -> list[dict[str, Any]]:
-    """Every GPU NVML sees: name and memory."""
+    """Every GPU NVML sees (no CuPy imported): name, PCI bus id, UUID, its readings, and ``cuda_index``
+    (None where CUDA hides it or its number cannot be told: see :func:`cuda_order`)."""
     nv = _nvml()
     if nv is None:
         return []
-    out = []
+    rows = []
     for i in range(nv.nvmlDeviceGetCount()):
         h = nv.nvmlDeviceGetHandleByIndex(i)
-        name = nv.nvmlDeviceGetName(h)
-        mem = nv.nvmlDeviceGetMemoryInfo(h)
-        out.append({"nvml_index": i, "gpu": name.decode() if isinstance(name, bytes) else name,
-                    "total_bytes": int(mem.total), "used_bytes": int(mem.used)})
-    return out
+        row = {"nvml_index": i, "gpu": _text(nv.nvmlDeviceGetName(h)),
+               "pci_bus_id": _text(nv.nvmlDeviceGetPciInfo(h).busId), "uuid": _text(nv.nvmlDeviceGetUUID(h))}
+        rows.append({**row, **_read(nv, h)})
+    order = cuda_order(rows)
+    for row in rows:
+        row["cuda_index"] = order.get(row["nvml_index"])
+    return rows
+
+
+class Sampler:
+    """Reads ``read()`` every ``period`` seconds on a thread of its own (started by the first
+    :meth:`latest`), so that nothing waits for NVML: :meth:`latest` returns the last reading at once
+    (empty until the first has come). :meth:`close` stops and joins the thread."""
+
+    def __init__(self, read: Callable[[], dict[str, Any]], period: float = 0.1, name: str = "vmem-nvml"):
+        self._read, self.period, self.name = read, period, name
+        self._last: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                value = self._read()
+            except Exception:  # noqa: BLE001 - a reading that fails is skipped; the last one stands
+                value = None
+            if value is not None:
+                self._last = value
+            self._stop.wait(self.period)
+
+    def latest(self) -> dict[str, Any]:
+        with self._lock:
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+        return dict(self._last)
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop.set()
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
