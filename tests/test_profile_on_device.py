@@ -156,3 +156,48 @@ def test_an_op_that_fits_at_no_batch_is_estimated_and_named():
     per_flop = prof.times[(first.name, "forward", None)] / first.flops
     measured = [prof.times[(op.name, "forward", None)] / op.flops for op in program.ops[1:] if op.flops]
     assert min(measured) <= per_flop <= max(measured)  # at the others' time per FLOP
+
+
+class _FailingConv(_RankedConv):
+    """Ranks like cuDNN, but its second-ranked algorithm of every pass fails when run (as an algorithm
+    cuDNN offers but cannot run on this GPU)."""
+
+    def _fails(self, pass_, algo):
+        return algo == sorted(self.times[pass_], key=self.times[pass_].get)[1]
+
+    def forward(self, layer, ctx, x, w, y):
+        if self._fails("forward", ctx.algo):
+            raise RuntimeError("CUDNN_STATUS_NOT_SUPPORTED")
+        super().forward(layer, ctx, x, w, y)
+
+    def backward(self, layer, ctx, dy, x, w, dx, dw):
+        data, filt = ctx.algo
+        if self._fails("backward_filter", filt) or (dx is not None and self._fails("backward_data", data)):
+            raise RuntimeError("CUDNN_STATUS_EXECUTION_FAILED")
+        super().backward(layer, ctx, dy, x, w, dx, dw)
+
+
+def test_an_algorithm_that_fails_is_skipped_and_named_not_the_whole_layer(monkeypatch):
+    prof, fake, program = _profile_with(_FailingConv, monkeypatch)
+    assert not any(c[0] == "find" for c in fake.calls)  # no fall back to cuDNN's search
+    conv = next(op for op in program.ops if op.kind == "conv")
+    for pass_, algos in conv.algorithms.items():
+        ranked = sorted(fake.times[pass_], key=fake.times[pass_].get)
+        assert prof.times[(conv.name, pass_, ranked[1])] == float("inf")
+        assert np.isfinite(prof.times[(conv.name, pass_, ranked[0])])
+        assert any(n.startswith(f"{conv.name}: {pass_} algorithm {ranked[1]} failed") for n in prof.notes)
+
+
+class _CappedFind(_FoundConv):
+    def find(self, layer, pass_, x, w, y, ws):
+        self.calls.append(("workspace", 0 if ws is None else ws.nbytes))
+        return super().find(layer, pass_, x, w, y, ws)
+
+
+def test_cudnns_search_gets_a_capped_workspace(monkeypatch):
+    from vmem.costs import measured
+
+    monkeypatch.setattr(measured, "FIND_WORKSPACE", 4096)
+    _, fake, _ = _profile_with(_CappedFind, monkeypatch)
+    sizes = [n for kind, n in fake.calls if kind == "workspace"]
+    assert sizes and max(sizes) == 4096  # the layers ask for more: given the cap

@@ -29,6 +29,9 @@ from ..threads import BUDGET
 __all__ = ["Profiled", "profile"]
 
 _log = logging.getLogger("vmem.profile")  # one line per op at INFO: what a long profile is doing
+#: The most workspace cuDNN's search (``Find*Ex``, the fallback where its heuristics fail) is given: it
+#: runs every algorithm that fits, and some need gigabytes on a large batch, for seconds each.
+FIND_WORKSPACE = 1 << 30
 #: A device run at least this long is measured once: its time hardly varies, and the slowest of cuDNN's
 #: algorithms on a large batch run for seconds.
 _LONG = 0.02
@@ -92,6 +95,7 @@ class _Runner:
         self.conv = None if device is None else device.conv_backend
         self.streamed = bool(getattr(device, "asynchronous", False))
         self.alignment = 0 if device is None else device.pool.alignment
+        self.notes: list[str] = []  # what was not measured as asked (see Profiled.notes)
         self._blocks: list[Any] = []
         self._gen: Any = None  # the device's generator (made on first use)
         if device is not None:
@@ -187,7 +191,10 @@ class _Runner:
         return self.call(lambda: self.conv.heuristic(layer, pass_, tuple(x_shape), tuple(y_shape)))
 
     def find(self, pass_: str, layer: Any, x: Any, w: Any, y: Any, ws: Any) -> dict[str, float]:
-        """cuDNN's own timing of every algorithm of one pass of a convolution (``Find*Ex``), in seconds."""
+        """cuDNN's own timing of every algorithm of one pass of a convolution (``Find*Ex``), in seconds,
+        given at most :data:`FIND_WORKSPACE` of workspace (an algorithm that needs more is not timed)."""
+        if ws is not None and ws.nbytes > FIND_WORKSPACE:
+            ws = ws[:FIND_WORKSPACE]
         return {name: t for name, t, _ in self.call(lambda: self.conv.find(layer, pass_, x, w, y, ws))}
 
 
@@ -242,25 +249,45 @@ def _profile_op(op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: 
 def _time_conv(op: OpInfo, algos: dict[str, list[str]], ctx: Any, xs: list[Any], y: Any, dy: Any, dxs: list[Any],
                needs_x: Any, times: dict[tuple[str, str, str | None], float], on: _Runner, repeats: int) -> None:
     """Time each of ``algos`` of each pass of a convolution as the layer runs it (after a warm-up run):
-    backward-filter alone, backward-data as both passes (with the fastest filter algorithm) less that."""
+    backward-filter alone, backward-data as both passes (with the fastest filter algorithm) less that.
+    An algorithm that fails is skipped (never offered: its time is infinite) and named in the profile's
+    notes; a pass none of whose algorithms runs raises."""
     layer = op.layer
     y_read = y if op.reads_output else None
+
+    def timed(pass_: str, algo: str, fn: Any) -> float:
+        try:
+            on.call(fn)
+            seconds = on.seconds(fn, repeats)
+        except OutOfDeviceMemory:
+            raise  # the op's buffers: measured at a smaller batch instead
+        except Exception as exc:  # noqa: BLE001 - this algorithm does not run here: skip it, say so
+            on.notes.append(f"{op.name}: {pass_} algorithm {algo} failed and is not offered "
+                            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+            _log.warning("%s", on.notes[-1])
+            seconds = float("inf")
+        times[(op.name, pass_, algo)] = seconds
+        return seconds
+
+    def usable(pass_: str) -> list[str]:
+        ok = [a for a in algos[pass_] if np.isfinite(times[(op.name, pass_, a)])]
+        if not ok:
+            raise RuntimeError(f"{op.name}: none of the {pass_} algorithms {algos[pass_]} ran")
+        return ok
+
     for a in algos["forward"]:
-        on.call(lambda a=a: layer.forward(ctx(a), xs, y))
-        times[(op.name, "forward", a)] = on.seconds(lambda a=a: layer.forward(ctx(a), xs, y), repeats)
+        timed("forward", a, lambda a=a: layer.forward(ctx(a), xs, y))
+    usable("forward")
     data0 = algos["backward_data"][0]
     for fa in algos["backward_filter"]:
-        def filter_only(fa: str = fa) -> None:
-            layer.backward(ctx((data0, fa)), dy, needs_x, y_read, [None])
-        on.call(filter_only)
-        times[(op.name, "backward_filter", fa)] = on.seconds(filter_only, repeats)
-    best_filter = min(algos["backward_filter"], key=lambda a: times[(op.name, "backward_filter", a)])
+        timed("backward_filter", fa, lambda fa=fa: layer.backward(ctx((data0, fa)), dy, needs_x, y_read, [None]))
+    best_filter = min(usable("backward_filter"), key=lambda a: times[(op.name, "backward_filter", a)])
     base_filter = times[(op.name, "backward_filter", best_filter)]
     for da in algos["backward_data"]:
-        def both(da: str = da) -> None:
-            layer.backward(ctx((da, best_filter)), dy, needs_x, y_read, dxs)
-        on.call(both)
-        times[(op.name, "backward_data", da)] = max(0.0, on.seconds(both, repeats) - base_filter)
+        both = timed("backward_data", da,
+                     lambda da=da: layer.backward(ctx((da, best_filter)), dy, needs_x, y_read, dxs))
+        times[(op.name, "backward_data", da)] = max(0.0, both - base_filter) if np.isfinite(both) else both
+    usable("backward_data")
 
 
 #: Algorithms per pass timed on a device with cuDNN: the best of its heuristics' ranking (a backend may
@@ -349,7 +376,7 @@ def _profile(program: Program, copy_gbps: float | None, repeats: int, seed: int,
     dtype = np.dtype(program.dtype)
     on = _Runner(device)
     times: dict[tuple[str, str, str | None], float] = {}
-    notes: list[str] = []
+    notes = on.notes
     unmeasured = []
     for op in program.ops:
         t0 = time.perf_counter()
