@@ -184,12 +184,12 @@ class _FakePlan:
 
     ran: list = []
 
-    def __init__(self, handle, config):
+    def __init__(self, handle, config, owner=None):
         if config.index in (3,):  # cuDNN cannot build this one here
             from vmem.device.cuda import cudnn
 
             raise cudnn.CudnnError("cudnnBackendFinalize", cudnn.NOT_SUPPORTED, "not here")
-        self.config, self.handle, self.workspace = config, handle, 1000 * config.index
+        self.config, self.handle, self.workspace, self.owner = config, handle, 1000 * config.index, owner
 
     def execute(self, x, w, y, workspace=0, handle=None):
         _FakePlan.ran.append((self.config.index, workspace))
@@ -246,6 +246,21 @@ def test_graph_backend_offers_the_ranked_engines_it_can_build(monkeypatch):
                                                                                    (2, 6, 6, 8))  # made once
     conv = _graph_conv(monkeypatch, ranked=[(7, "nondeterministic"), (9,)], deterministic=False)
     assert conv.heuristic(layer, "forward", (2, 6, 6, 4), (2, 6, 6, 8)) == ["e7", "e9"]
+
+
+@needs_cudnn
+def test_graph_plans_keep_their_operation_graph_alive(monkeypatch):
+    import gc
+    import weakref
+
+    conv = _graph_conv(monkeypatch, ranked=[(5,), (9,)])
+    layer = vmem.nn.Conv2d(4, 8, 3, padding=1)
+    plans = conv.plans(layer, "forward", (2, 6, 6, 4), (2, 6, 6, 8))
+    owners = {id(p.owner) for p in plans.values()}
+    assert len(owners) == 1 and None not in {p.owner for p in plans.values()}
+    alive = weakref.ref(next(iter(plans.values())).owner)
+    gc.collect()
+    assert alive() is not None
 
 
 @needs_cudnn

@@ -322,13 +322,13 @@ class GraphConv(CudnnConv):
         if found is not None:
             return found
         conv = graph.ConvPass(pass_, key[0])
-        found = self._build(handle, conv.heuristics(handle))
+        found = self._build(handle, conv.heuristics(handle), conv)
         if not found:  # none of the ranked ones runs here: every engine cuDNN has, with its default knobs
-            found = self._build(handle, conv.engines(handle))
+            found = self._build(handle, conv.engines(handle), conv)
         self._plans[key] = found
         return found
 
-    def _build(self, handle: Any, configs: list[Any]) -> dict[str, Any]:
+    def _build(self, handle: Any, configs: list[Any], owner: Any) -> dict[str, Any]:
         from . import graph
 
         found: dict[str, Any] = {}
@@ -336,7 +336,7 @@ class GraphConv(CudnnConv):
             if (self.device.deterministic and not cfg.deterministic) or "runtime_compilation" in cfg.behavior:
                 continue
             try:
-                plan = graph.Plan(handle, cfg)
+                plan = graph.Plan(handle, cfg, owner)  # the plan keeps its operation graph alive
             except cudnn.CudnnError:
                 continue
             name, i = f"e{cfg.index}", 0

@@ -232,11 +232,13 @@ def _describe(cfg: Descriptor) -> EngineConfig:
 
 class Plan:
     """An engine configuration built into an execution plan on ``handle``; ``workspace`` is the bytes it
-    needs. Raises :class:`.cudnn.CudnnError` if the configuration cannot run this pass."""
+    needs. ``owner`` (the :class:`ConvPass`) is kept: cuDNN's plan refers to its operation graph, which
+    must not be destroyed while the plan runs. Raises :class:`.cudnn.CudnnError` if the configuration cannot run this pass."""
 
-    def __init__(self, handle: Any, config: EngineConfig):
+    def __init__(self, handle: Any, config: EngineConfig, owner: Any = None):
         self.config = config
         self.handle = handle
+        self.owner = owner  # the pass whose operation graph the plan was built from: it lives as long
         self.desc = (Descriptor(_EXECUTION_PLAN).set(A_PLAN_HANDLE, T_HANDLE, [handle])
                      .set(A_PLAN_CONFIG, T_BACKEND_DESCRIPTOR, [config.desc]).finalize())
         self.workspace = int(self.desc.get(A_PLAN_WORKSPACE, T_INT64)[0])
