@@ -127,6 +127,15 @@ def test_bad_input_is_one_clear_line(capsys, argv, message):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("option, value", [("--lr", "inf"), ("--lr", "nan"), ("--weight-decay", "inf"),
+                                           ("--momentum", "-inf")])
+def test_numbers_that_cannot_be_right_are_refused_by_the_parser(capsys, option, value):
+    with pytest.raises(SystemExit) as info:
+        main(["train", f"{option}={value}"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and option in err and ("finite" in err or "at least" in err)
+
+
 def test_help_for_every_command():
     for cmd in ([], ["train"], ["plan"], ["models"], ["devices"]):
         out = subprocess.run([sys.executable, "-m", "vmem", *cmd, "--help"], capture_output=True, text=True)

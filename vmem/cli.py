@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import sys
 import time
 from typing import Any, Sequence
@@ -31,6 +33,8 @@ def _nonnegative_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number")
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"{value} must be at least 0")
     return value
@@ -43,20 +47,29 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _writable(path: str) -> None:
-    """Refuse a checkpoint path that cannot be written, before any training."""
-    from pathlib import Path
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what batch schedulers send before they kill a job), handled as Ctrl-C is: the run saves
+    what it has and exits with 143."""
 
-    target = Path(path)
-    parent = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise ValueError(f"--save {path}: is a folder; give a file name such as {target / 'ckpt.npz'}")
-    if not parent.is_dir():
-        raise ValueError(f"--save {path}: the folder {parent} does not exist")
-    import os
 
-    if not os.access(parent, os.W_OK):
-        raise ValueError(f"--save {path}: the folder {parent} is not writable")
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Any:
+    """While the block runs (in the main thread), SIGTERM raises :class:`Terminated`."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    before = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _policy_spec(args: argparse.Namespace) -> str:
@@ -103,13 +116,19 @@ TRAIN_DEFAULTS = {"batch": 32, "epochs": 10, "optimizer": "sgd", "lr": 0.05}
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from .training.checkpoint import SaveLock
+
+    # a path that cannot take a checkpoint is refused before any training, and held for the run
+    with (SaveLock(args.save) if args.save else contextlib.nullcontext()), _terminate_as_interrupt():
+        return _train(args)
+
+
+def _train(args: argparse.Namespace) -> int:
     import numpy as np
 
     from . import data, optim
     from .training import Trainer
 
-    if args.save:
-        _writable(args.save)
     net = _model(args)
     for key, value in {**TRAIN_DEFAULTS, **getattr(net, "train_defaults", {})}.items():
         if getattr(args, key) is None:  # options left out: the model's own defaults, else the generic ones
@@ -138,12 +157,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         from .training import Checkpoint, CosineSchedule
 
         schedule = [CosineSchedule()] if args.schedule == "cosine" else []
+        saver = Checkpoint(args.save) if args.save else None
         try:
             history = trainer.fit(train, epochs=args.epochs, val=val, batch_size=args.batch, progress=not args.json,
-                                  callbacks=schedule + ([Checkpoint(args.save)] if args.save else []))
+                                  callbacks=schedule + ([saver] if saver else []))
         except KeyboardInterrupt:
             if args.save:  # what the interrupted epoch did so far, on top of the last whole epoch
-                trainer.save(args.save)
+                try:
+                    trainer.save(args.save)
+                except VmemError as exc:
+                    print(f"vmem train: {exc}", file=sys.stderr)
             raise
         planned = trainer.plans.get(args.batch)
         costs = trainer.costs.get(args.batch)
@@ -161,7 +184,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         "stall_seconds": float(np.mean([e.stall_seconds for e in history.epochs])),
         "wall_seconds": wall, "history": history.to_dict(),
         "chosen": planned.chosen if planned is not None else None, "reason": planned.reason if planned else None,
-        "profile_notes": notes,
+        "profile_notes": notes, "save_failed": saver.failed if saver else None,
     }
     if args.json:
         print(json.dumps(result, indent=2))
@@ -179,6 +202,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(planned.reason)
         for note in notes:
             print(f"profile: {note}")
+    if saver is not None and saver.failed:
+        print(f"vmem train: the last save failed: {saver.failed}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -487,6 +513,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `vmem models | head`
         sys.stderr.close()
         return 0
+    except Terminated:
+        print(f"vmem {args.command}: terminated (SIGTERM)" + (f"; the checkpoint is in {args.save}"
+                                                               if getattr(args, "save", None) else ""), file=sys.stderr)
+        return 143
     except KeyboardInterrupt:  # the devices are closed by the context managers on the way out
         print(f"vmem {args.command}: interrupted" + (f"; the checkpoint is in {args.save}"
                                                      if getattr(args, "save", None) else ""), file=sys.stderr)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -70,13 +71,26 @@ class PrintEpochs(Callback):
 
 
 class Checkpoint(Callback):
-    """Save the trainer to ``path`` after every epoch (atomically), so an interruption loses at most one."""
+    """Save the trainer to ``path`` after every epoch (atomically), so an interruption loses at most one.
+
+    A save that fails (a full disk, diverged weights) is said in one line and training goes on; the last
+    good checkpoint stays, and :attr:`failed` holds the message of the last save if it failed (None once a
+    later save succeeds), so that a caller can say so in its exit status."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = path
+        self.failed: str | None = None
 
     def on_epoch_end(self, trainer: "Trainer", stats: "EpochStats", epochs: int) -> None:
-        trainer.save(self.path)
+        from ..errors import CheckpointError
+
+        try:
+            trainer.save(self.path)
+        except CheckpointError as exc:
+            self.failed = str(exc)
+            print(f"checkpoint: {exc}", file=sys.stderr, flush=True)
+        else:
+            self.failed = None
 
 
 class CosineSchedule(Callback):

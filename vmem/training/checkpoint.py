@@ -3,9 +3,11 @@ read back with every check made before anything changes."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
-import tempfile
+import secrets
+import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +17,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 
-__all__ = ["write", "read", "Checkpoint", "FORMAT", "VERSION"]
+__all__ = ["write", "read", "target", "SaveLock", "Checkpoint", "FORMAT", "VERSION"]
 
 FORMAT = "vmem-checkpoint"
 VERSION = 1
@@ -31,21 +33,145 @@ class Checkpoint:
     rng: np.random.Generator
 
 
+def target(path: str | os.PathLike) -> Path:
+    """Where a save to ``path`` writes: the file a symbolic link points to (a link is followed, never
+    replaced). CheckpointError if that exists and is not a regular file (a folder, a FIFO, a device, a
+    socket: nothing but a regular file is ever overwritten), or if its folder does not exist or is not
+    writable. Checked before training starts, and again at each save."""
+    given = Path(path)
+    real = Path(os.path.realpath(given))  # follows links, also dangling ones (then the link's target is made)
+    shown = str(given) + (f" (a link to {real})" if given.is_symlink() else "")
+    if real.exists():
+        mode = os.stat(real).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+                    "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
+                    "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+            raise CheckpointError(f"{shown}: is {kind}; a checkpoint is written only to a regular file "
+                                  f"(e.g. {given / 'ckpt.npz' if stat.S_ISDIR(mode) else 'ckpt.npz'})")
+    if not real.parent.is_dir():
+        raise CheckpointError(f"{shown}: the folder {real.parent} does not exist")
+    if not os.access(real.parent, os.W_OK):
+        raise CheckpointError(f"{shown}: the folder {real.parent} is not writable")
+    return real
+
+
+#: Temporaries are ``.<name>.<pid>.<random>.vmem-tmp`` next to the file they become.
+_TMP = ".vmem-tmp"
+
+
+def _sweep(real: Path) -> None:
+    """Remove temporaries of saves to ``real`` whose process is gone (a save killed midway)."""
+    for tmp in real.parent.glob(f".{glob.escape(real.name)}.*{_TMP}"):
+        try:
+            pid = int(tmp.name[len(real.name) + 2:].split(".")[0])
+        except ValueError:
+            continue
+        if pid == os.getpid() or not _alive(pid):
+            tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # a platform or file system without folder handles
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def write(path: str | os.PathLike, params: dict[str, np.ndarray], optimizer_state: dict[str, np.ndarray],
           meta: dict[str, Any]) -> None:
-    """Write an .npz next to ``path``, then move it into place (a crash leaves the old file whole)."""
+    """Write a checkpoint to ``path`` so that nothing is lost whatever happens.
+
+    Refused before anything is written (CheckpointError): a path that is not a regular file (see
+    :func:`target`), and weights or optimizer state that hold NaN or infinite values (the last good
+    checkpoint stays). The .npz is written to a temporary of its own next to the target (with the umask's
+    permissions), flushed to the disk, moved over the target in one step, and the folder synced; a failure
+    (a full disk) removes the temporary, leaves the old file as it was and raises CheckpointError in one
+    line. Temporaries that a killed save left are swept at the next save."""
+    real = target(path)
+    for kind, arrays in (("param", params), ("opt", optimizer_state)):
+        for key, a in arrays.items():
+            if not np.isfinite(a).all():
+                raise CheckpointError(f"{path}: not saved: '{kind}/{key}' holds NaN or infinite values (training "
+                                      "diverged); the last checkpoint there is unchanged")
     arrays = {f"param/{k}": v for k, v in params.items()}
     arrays.update({f"opt/{k}": v for k, v in optimizer_state.items()})
     arrays["meta"] = np.array(json.dumps({"format": FORMAT, "version": VERSION, **meta}))
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    _sweep(real)
+    tmp = real.parent / f".{real.name}.{os.getpid()}.{secrets.token_hex(4)}{_TMP}"
     try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask decides, as for any file
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)
-        os.replace(tmp, path)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, real)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"{path}: could not save ({exc.strerror or exc}); the last checkpoint there is "
+                              "unchanged") from exc
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+    _fsync_folder(real.parent)
+
+
+class SaveLock:
+    """An advisory lock on a checkpoint path for a whole run (``fcntl.flock`` on ``.<name>.vmem-lock`` next
+    to the file), so that two runs cannot save to one path: the second is refused at its start, naming the
+    first's process id. Released (and the lock file removed) by :meth:`release` or at exit."""
+
+    def __init__(self, path: str | os.PathLike):
+        real = target(path)
+        self.path = real.parent / f".{real.name}.vmem-lock"
+        self._fd: int | None = None
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX: no advisory locks
+            return
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise CheckpointError(f"{path}: another run (process {holder}) is saving to it; give each run its "
+                                  "own --save path") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        import fcntl
+
+        self.path.unlink(missing_ok=True)
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> "SaveLock":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
 
 
 def _load(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
