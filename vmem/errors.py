@@ -13,6 +13,7 @@ __all__ = [
     "OutOfPinnedMemory",
     "ShapeError",
     "CheckpointError",
+    "NonFiniteError",
     "PlanError",
     "DeviceError",
 ]
@@ -114,6 +115,11 @@ class OutOfPinnedMemory(MemoryExhausted):
 
 class ShapeError(VmemError, ValueError):
     """A layer received a tensor of the wrong shape. The message names the layer and both shapes."""
+
+
+class NonFiniteError(VmemError, FloatingPointError):
+    """Training stopped: several steps in a row had a loss or gradients that were not finite (each changed
+    nothing). The message names the first op whose output was not finite, and the step."""
 
 
 class CheckpointError(VmemError):

@@ -49,6 +49,11 @@ class StepReport:
     timeline: Timeline = field(default_factory=Timeline, repr=False)
     #: host threads the step's BLAS calls could use (the CPU device's core budget); None elsewhere
     threads: int | None = None
+    #: the loss or a gradient was NaN or infinite: the step changed nothing (weights, optimizer state,
+    #: batch-norm statistics)
+    skipped: bool = False
+    #: with ``check=True``: the first op (by name, with the pass) whose output was not finite, else None
+    first_nonfinite: str | None = None
 
     @property
     def spans(self) -> list[Span]:
@@ -56,7 +61,8 @@ class StepReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in
-                ("loss", "seconds", "peak_bytes", "average_bytes", "offloaded_bytes", "stall_seconds", "threads")}
+                ("loss", "seconds", "peak_bytes", "average_bytes", "offloaded_bytes", "stall_seconds", "threads",
+                 "skipped", "first_nonfinite")}
 
 
 class _Run:
@@ -70,6 +76,11 @@ class _Run:
         self.timeline = Timeline(origin=origin)
         self.staged: Any = None  # the pinned buffer holding the batch for the step's uploads
         self.batch: dict[str, np.ndarray] = {}
+        self.loss_ok: Any = None  # the loss is finite (a device scalar, set by the loss step)
+        self.skipped = False  # set by the update step when the loss or a gradient is not finite
+        self.check = False  # look at every op's output for NaN or infinity (a diagnosis, slow)
+        self.kept_stats: list[Any] = []  # batch norm's running statistics as they were before the step
+        self.first_nonfinite: str | None = None
 
 
 class Executor(Transfers):
@@ -104,6 +115,10 @@ class Executor(Transfers):
             for key in (f"{op.name}.{k}" for op, k, s in program.owned_params() if s.trainable)
         ] if optimizer is not None else []
         self._update_sizes = [p.size for p, _, _ in self._updates]
+        # state a forward changes besides the weights (batch norm's running statistics): kept aside at the
+        # start of a step, put back if the step turns out not finite
+        self._stats = [params.views[Key(Kind.WEIGHT, f"{op.name}.{k}")] for op, k, s in program.owned_params()
+                       if not s.trainable] if optimizer is not None else []
         # the batch staged in one pinned buffer: the input, then the labels at the next aligned offset
         a = device.pool.alignment
         self._labels_at = -(-max(program.tensors[program.input].nbytes, 1) // a) * a
@@ -125,20 +140,28 @@ class Executor(Transfers):
 
     # -- one step ----------------------------------------------------------------------------------
     def run(self, x: np.ndarray, labels: np.ndarray | None, *, train: bool, rng: np.random.Generator,
-            step: int = 0) -> tuple[StepReport, np.ndarray | None]:
-        """Run the schedule on one batch. Returns the report and, for inference, the logits (NCHW order)."""
+            step: int = 0, check: bool = False) -> tuple[StepReport, np.ndarray | None]:
+        """Run the schedule on one batch. Returns the report and, for inference, the logits (NCHW order).
+
+        A training step whose loss or gradients are not all finite changes nothing: the update is skipped
+        and batch norm's running statistics are put back (``report.skipped``). With ``check``, every op's
+        output is looked at as the step runs, and ``report.first_nonfinite`` names the first that is not
+        finite (a diagnosis: each look waits for the op)."""
         dev, pool = self.device, self.device.pool
         host_x = np.ascontiguousarray(np.asarray(x).transpose(0, 2, 3, 1) if x.ndim == 4 else x, dtype=self.dtype)
         # before the step: no pinned allocation inside it (the offloads' buffers, and the batch's staging)
         dev.reserve_pinned(self.schedule.pinned_bytes + self._staging_bytes)
         pool.reset_peak()
         r = _Run(host_x, labels, train, rng, step, time.perf_counter())
+        r.check = check
         if self._asynchronous:  # spans timed by events: measured from this one
             r.timeline.start(dev.compute_stream.record(timing=True))
         r.timeline.sample(r.timeline.origin, dev.readings())
         self._begin_transfers(r)
         try:
             self._stage(r)
+            if train and self._stats:
+                self._keep_stats(r)
             with dev.step_scope() as threads:
                 for st in self.schedule.steps:
                     self._table[type(st)](r, st)
@@ -157,7 +180,7 @@ class Executor(Transfers):
         report = StepReport(loss=r.loss if r.loss is not None else float("nan"), seconds=time.perf_counter() - timeline.origin,
                             peak_bytes=pool.peak, average_bytes=timeline.average_bytes(pool.in_use),
                             offloaded_bytes=moved, stall_seconds=timeline.stall_seconds, timeline=timeline,
-                            threads=threads)
+                            threads=threads, skipped=r.skipped, first_nonfinite=r.first_nonfinite)
         return report, r.logits
 
     def _roll_back(self, r: _Run) -> None:
@@ -248,8 +271,11 @@ class Executor(Transfers):
         replay = type(st) is Recompute
         ctx = self._ctx(r, st.op, r.train or replay, r.rng, st.algo, st.workspace, replay=replay)
         xs = [self._value(r, t) for t in op.inputs]
-        self._launch(r, f"{op.name}.recompute" if replay else op.name, op.layer.forward, ctx, xs,
-                     self._value(r, op.output), kind="recompute" if replay else "compute")
+        y = self._value(r, op.output)
+        self._launch(r, f"{op.name}.recompute" if replay else op.name, op.layer.forward, ctx, xs, y,
+                     kind="recompute" if replay else "compute")
+        if r.check:
+            self._check(r, f"{op.name} (forward)", [y])
 
     def _backward(self, r: _Run, st: Backward) -> None:
         op = self.program.ops[st.op]
@@ -275,6 +301,19 @@ class Executor(Transfers):
             else:
                 dxs.append(self._grad(r, t))
         self._launch(r, f"{op.name}.backward", op.layer.backward, ctx, dy, xs, y, dxs)
+        if r.check:
+            self._check(r, f"{op.name} (backward)", [d for d in dxs if d is not None] + list(ctx.grads.values()))
+
+    def _check(self, r: _Run, name: str, arrays: list[Any]) -> None:
+        """Record ``name`` as the step's first non-finite output if any of ``arrays`` is not finite, once
+        the work before it has run (a diagnosis: on a GPU the host waits here)."""
+        xp = self.xp
+
+        def look() -> None:
+            if r.first_nonfinite is None and not all(bool(xp.isfinite(a.sum(dtype=np.float64))) for a in arrays):
+                r.first_nonfinite = name
+
+        self.device.compute_stream.launch(look)
 
     def _accumulate(self, r: _Run, st: Accumulate) -> None:
         g = self._grad(r, st.tensor)
@@ -301,6 +340,7 @@ class Executor(Transfers):
 
         def run() -> None:  # the value stays on the device; its copy lands in pinned memory, read after the step
             value[0] = loss.forward(xp, logits, labels, probs)
+            r.loss_ok = xp.isfinite(value[0])  # a device scalar: the update looks at it
             loss.backward(xp, probs, labels, dlogits)
             if copy is not None:
                 copy(host, value, "d2h")  # enqueued on the compute stream: the host does not wait
@@ -318,6 +358,30 @@ class Executor(Transfers):
             opt.update(xp, param, grad, state, step)  # type: ignore[union-attr]
 
         def run() -> None:
+            if not self._finite(r):  # skip the step: nothing changes
+                r.skipped = True
+                for view, kept in zip(self._stats, r.kept_stats):
+                    view[...] = kept
+                return
             lanes.each(xp, self._update_sizes, update)
 
         self._launch(r, "update", run)
+
+    def _keep_stats(self, r: _Run) -> None:
+        """Copies of batch norm's running statistics, made on the compute stream before the forward."""
+        xp, stats = self.xp, self._stats
+
+        def keep() -> None:
+            r.kept_stats = [xp.array(v) for v in stats]
+
+        self.device.compute_stream.launch(keep)
+
+    def _finite(self, r: _Run) -> bool:
+        """Whether the loss and every weight gradient are finite (on a GPU: the step's one wait of the host
+        for the device, before its update). A sum in float64 is NaN or infinite if any term is."""
+        xp = self.xp
+        ok = True if r.loss_ok is None else r.loss_ok
+        if self._updates:
+            total = sum(g.sum(dtype=np.float64) for _, g, _ in self._updates)
+            ok = xp.logical_and(ok, xp.isfinite(total))
+        return bool(ok)

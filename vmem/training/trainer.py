@@ -10,6 +10,7 @@ whole run, and copies weights back to the network on :meth:`sync` (done by ``fit
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -18,7 +19,7 @@ import numpy as np
 from .. import policies
 from ..data import Dataset
 from ..device import device as make_device
-from ..errors import DeviceError, OutOfDeviceMemory, PlanError, ShapeError
+from ..errors import DeviceError, NonFiniteError, OutOfDeviceMemory, PlanError, ShapeError
 from ..graph import Network
 from ..nn.loss import SoftmaxCrossEntropy
 from ..optim import SGD, Optimizer
@@ -48,7 +49,7 @@ class EpochStats:
     def of(cls, epoch: int, reports: list[StepReport]) -> "EpochStats":
         """The training figures of an epoch's step reports."""
         return cls(
-            epoch=epoch, train_loss=float(np.mean([r.loss for r in reports])),
+            epoch=epoch, train_loss=float(np.mean([r.loss for r in reports if not r.skipped] or [float("nan")])),
             step_seconds=float(np.median([r.seconds for r in reports])),
             peak_bytes=max(r.peak_bytes for r in reports),
             average_bytes=float(np.mean([r.average_bytes for r in reports])),
@@ -77,11 +78,21 @@ class Trainer:
     it). ``policy``: a spec string or Policy. ``loss`` defaults to SoftmaxCrossEntropy, ``optimizer`` to
     SGD(lr=0.01, momentum=0.9). ``seed`` seeds the weights (if the network has none yet), the shuffling
     and dropout, so the same seed gives bitwise-identical weights.
+
+    A step whose loss or gradients are not finite changes nothing (weights, optimizer state, batch norm's
+    statistics), is reported (``StepReport.skipped``) and warned about; after ``nonfinite_limit`` such
+    steps in a row, training stops with :class:`~vmem.errors.NonFiniteError` naming the first op whose
+    output was not finite.
     """
 
     def __init__(self, net: Network, device: Any = "cpu", policy: Any = "baseline", loss: Any = None,
                  optimizer: Optimizer | None = None, seed: int = 0, *, input_shape: Sequence[int] | None = None,
-                 dtype: str = "float32", memory: int | str | None = None, profile: bool | None = None):
+                 dtype: str = "float32", memory: int | str | None = None, profile: bool | None = None,
+                 nonfinite_limit: int = 5):
+        if not isinstance(nonfinite_limit, int) or nonfinite_limit < 1:
+            raise ValueError(f"nonfinite_limit={nonfinite_limit!r} must be a positive int")
+        self.nonfinite_limit = nonfinite_limit
+        self.skipped_in_a_row = 0
         self.net = net
         self.input_shape = tuple(input_shape) if input_shape is not None else net.input_shape
         if self.input_shape is None:
@@ -211,9 +222,30 @@ class Trainer:
         x = np.asarray(x)
         self._check_input(x, y)
         ex = self._executor(len(x), True)
+        state = self.rng.bit_generator.state  # to replay the step (its dropout masks) for a diagnosis
         report, _ = ex.run(x, np.asarray(y), train=True, rng=self.rng, step=self.steps_done + 1)
-        self.steps_done += 1
+        if not report.skipped:
+            self.steps_done += 1
+            self.skipped_in_a_row = 0
+            return report
+        self.skipped_in_a_row += 1
+        warnings.warn(f"{self.net.name}: step {self.steps_done + 1}: the loss or a gradient is not finite; the step "
+                      "was skipped (nothing changed)", RuntimeWarning, stacklevel=2)
+        if self.skipped_in_a_row >= self.nonfinite_limit:
+            raise self._nonfinite(ex, x, y, state)
         return report
+
+    def _nonfinite(self, ex: Executor, x: np.ndarray, y: Any, state: dict) -> NonFiniteError:
+        """The error that stops training, naming the first op whose output is not finite (the last bad
+        batch run again with every output looked at; it changes nothing either)."""
+        rng = np.random.default_rng()
+        rng.bit_generator.state = state
+        report, _ = ex.run(x, np.asarray(y), train=True, rng=rng, step=self.steps_done + 1, check=True)
+        where = (f"the first output that is not finite: {report.first_nonfinite}" if report.first_nonfinite else
+                 "every op's output was finite when the batch was run again: the loss itself is not")
+        return NonFiniteError(f"{self.net.name}: {self.skipped_in_a_row} steps in a row had a loss or gradients "
+                              f"that were not finite (after step {self.steps_done}); {where}; lower the learning "
+                              "rate or look at the data")
 
     def fit(self, train: Dataset, epochs: int = 1, val: Dataset | None = None, *, batch_size: int = 64,
             shuffle: bool = True, progress: bool = True, callbacks: Sequence[Callback] = ()) -> History:
