@@ -378,10 +378,11 @@ class Executor(Transfers):
 
     def _finite(self, r: _Run) -> bool:
         """Whether the loss and every weight gradient are finite (on a GPU: the step's one wait of the host
-        for the device, before its update). A sum in float64 is NaN or infinite if any term is."""
+        for the device, before its update). A sum is NaN or infinite if any term is (it may also overflow
+        where the gradients are near float32's largest value: then the step is skipped as well)."""
         xp = self.xp
         ok = True if r.loss_ok is None else r.loss_ok
         if self._updates:
-            total = sum(g.sum(dtype=np.float64) for _, g, _ in self._updates)
+            total = sum(g.sum() for _, g, _ in self._updates)
             ok = xp.logical_and(ok, xp.isfinite(total))
         return bool(ok)
