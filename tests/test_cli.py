@@ -116,7 +116,7 @@ def test_models_json(capsys):
     (["train", "--memory", "auto:half"], "auto takes a fraction"),
     (["train", "--model", "vgg17"], "unknown model 'vgg17'"),
     (["train", "--policy", "baseline", "--memory", "1MiB"], "Out of device memory"),
-    (["train", "--memory", "1MiB"], "needs at least 2.00 MiB"),
+    (["train", "--memory", "1MiB"], "needs at least 1.40 MiB (1466368 bytes)"),
     (["plan", "--model", "vgg_cifar", "--batch", "8", "--memory", "auto:0"], "auto takes a fraction"),
     (["train", "--policy", "baseline:algo=fast"], "has no option 'algo'"),
 ])

@@ -11,16 +11,13 @@ GB = 10**9
 
 
 def least(policy: str) -> int:
-    """The smallest budget at which a static policy's plan fits, scanning up from its peak as vdnn-dyn does
-    (whether a plan fits is not monotonic in the capacity: fragmentation depends on the arena)."""
+    """The smallest budget, to the pool's alignment, at which a static policy's plan fits (bisected from its
+    peak, as vdnn-dyn's refusal does)."""
+    from vmem.policies.budget import least_memory
+
     net = vmem.models.get("vgg16")
-    mib = 1 << 20
     peak = vmem.plan(net, 128, "sim:titan-x", policy, memory="1000GB").peak_bytes
-    step = max(mib, peak // 256 // mib * mib)
-    memory = -(-peak // mib) * mib
-    while not vmem.plan(net, 128, "sim:titan-x", policy, memory=memory).fits:
-        memory += step
-    return memory
+    return least_memory(lambda memory: vmem.plan(net, 128, "sim:titan-x", policy, memory=memory).fits, peak)
 
 
 @pytest.fixture(scope="module")

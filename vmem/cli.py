@@ -139,8 +139,9 @@ def _train(args: argparse.Namespace) -> int:
     fraction = _auto_fraction(args.memory, args.policy)
     memory: Any = args.memory
     needs = None
+    raised = False
     if fraction is not None:  # a budget below what the baseline needs: what vmem is for
-        memory, needs = _auto_memory(args, net, fraction)
+        memory, needs, raised = _auto_memory(args, net, fraction)
     if args.optimizer == "sgd":
         opt = optim.SGD(lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     else:
@@ -152,8 +153,7 @@ def _train(args: argparse.Namespace) -> int:
             print(f"training {net.name} on {args.dataset} ({len(train)} train / {len(val)} val), batch {args.batch}, "
                   f"policy {trainer.policy.spec}, device {trainer.device!r}", flush=True)
             if needs is not None:
-                print(f"device memory {format_bytes(memory)}: {fraction:.0%} of the {format_bytes(needs)} the "
-                      f"baseline policy needs (--memory auto:{fraction:g})", flush=True)
+                print(_budget_line(memory, needs, fraction, raised, args), flush=True)
         from .training import Checkpoint, CosineSchedule
 
         schedule = [CosineSchedule()] if args.schedule == "cosine" else []
@@ -264,21 +264,33 @@ _PLANNING_ARENA = 1 << 20
 _UNBOUNDED = 1 << 50
 
 
-def _baseline_peak(net: Any, batch: int, device: str) -> int:
-    """The baseline policy's peak at ``batch`` with ``device``'s own algorithms (on a GPU, cuDNN's: the
-    device is opened with a tiny arena to read them)."""
-    from .planner import plan
+def _auto_memory(args: argparse.Namespace, net: Any, fraction: float) -> tuple[int, int, bool]:
+    """``--memory auto:FRACTION``: (the budget, the baseline's peak, whether the budget had to be raised).
 
-    if device.startswith("cuda"):
-        with _open_device(device, _PLANNING_ARENA) as dev:
-            return plan(net, batch, device=dev, policy="baseline", memory=_UNBOUNDED).peak_bytes
-    return plan(net, batch, device=device, policy="baseline", memory=_UNBOUNDED).peak_bytes
+    The budget is that fraction of the baseline policy's peak, rounded up to KiB, with the device's own
+    algorithms (on a GPU, cuDNN's: the device is opened with a tiny arena to read them); never below the
+    smallest budget the run's policy trains in, where it is raised to that."""
+    from .planner import _spec_of, plan, smallest_memory
+
+    policy = _policy_spec(args)
+    with (_open_device(args.device, _PLANNING_ARENA) if args.device.startswith("cuda")
+          else contextlib.nullcontext(args.device)) as device:
+        needs = plan(net, args.batch, device=device, policy="baseline", memory=_UNBOUNDED).peak_bytes
+        spec, alignment, catalog = _spec_of(device, None)
+        floor = smallest_memory(net.build(args.batch), spec, policy, alignment=alignment, catalog=catalog)
+    memory = -(-int(needs * fraction) // 1024) * 1024
+    if floor is not None and memory < floor:
+        return floor, needs, True
+    return memory, needs, False
 
 
-def _auto_memory(args: argparse.Namespace, net: Any, fraction: float) -> tuple[int, int]:
-    """``--memory auto:FRACTION``: (that fraction of the baseline's peak, rounded up to KiB; the peak)."""
-    needs = _baseline_peak(net, args.batch, args.device)
-    return -(-int(needs * fraction) // 1024) * 1024, needs
+def _budget_line(memory: int, needs: int, fraction: float, raised: bool, args: argparse.Namespace) -> str:
+    if raised:
+        return (f"device memory {format_bytes(memory)}: the smallest budget {_policy_spec(args)} trains in at batch "
+                f"{args.batch}, above the {fraction:.0%} of the {format_bytes(needs)} the baseline policy needs that "
+                f"--memory auto:{fraction:g} asks for")
+    return (f"device memory {format_bytes(memory)}: {fraction:.0%} of the {format_bytes(needs)} the baseline policy "
+            f"needs (--memory auto:{fraction:g})")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -288,14 +300,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     fraction = _auto_fraction(args.memory, "") if args.memory is not None else None
     memory: Any = args.memory
     needs = None
+    raised = False
     if fraction is not None:
-        memory, needs = _auto_memory(args, net, fraction)
+        memory, needs, raised = _auto_memory(args, net, fraction)
     costs, notes = None, []
     policy = _policy_spec(args)
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
     if needs is not None:
-        say(f"device memory {format_bytes(memory)}: {fraction:.0%} of the {format_bytes(needs)} the baseline "
-            f"policy needs (--memory auto:{fraction:g})")
+        say(_budget_line(memory, needs, fraction, raised, args))
     if args.device.startswith("sim:"):
         device: Any = args.device
         if args.profile:

@@ -18,12 +18,13 @@ from .device.sim import SimDevice
 from .device.spec import DeviceSpec
 from .errors import OutOfDeviceMemory
 from .graph import PASSES, Network, Program
+from .policies.budget import least_memory
 from .policies.plan import Plan
 from .schedule import Schedule
 from .schedule.lower import lower, op_workspace
 from .schedule.replay import Figures, LayerRow, replay
 
-__all__ = ["plan", "plan_program", "evaluate", "PlanResult"]
+__all__ = ["plan", "plan_program", "evaluate", "least_memory", "smallest_memory", "PlanResult"]
 
 _UNBOUNDED = 1 << 60
 
@@ -106,6 +107,26 @@ def plan_program(program: Program, device: DeviceSpec, policy: Any, *, alignment
         figures = dataclasses.replace(result.figures, baseline_step_seconds=oracle(base).step_seconds)
         result = PlanResult(decided, figures)
     return result, schedule
+
+
+def smallest_memory(program: Program, device: DeviceSpec, policy: Any, *, alignment: int = 256,
+                    optimizer_slots: tuple[str, ...] = ("momentum",), catalog: Any = None) -> int | None:
+    """The smallest device capacity (to ``alignment``) in which ``policy`` trains ``program``: its plan's
+    blocks as they are packed, with the device's algorithms (``catalog``). For ``vdnn-dyn``, the least
+    any of its choices needs: vdnn-all with memory-optimal algorithms. None above 4x the plan's peak."""
+    pol = policies.get(policy)
+    if pol.name == "vdnn-dyn":
+        pol = policies.get("vdnn-all:algos=memory")
+    unbounded = dataclasses.replace(device, memory=_UNBOUNDED)
+    program, _ = _cost_setup(program, device, None, catalog)
+
+    def oracle(candidate: Plan, memory: int | None = None) -> PlanResult:
+        spec = unbounded if memory is None else dataclasses.replace(device, memory=memory)
+        return evaluate(program, spec, candidate, alignment=alignment, optimizer_slots=optimizer_slots)[0]
+
+    decided = pol.decide(program, unbounded, None, oracle)
+    peak = oracle(decided).peak_bytes
+    return least_memory(lambda memory: oracle(decided, memory).fits, peak, alignment)
 
 
 def _layer_rows(program: Program, decided: Plan) -> tuple[LayerRow, ...]:

@@ -94,8 +94,10 @@ def vgg_cifar(num_classes: int = 10, image_size: int = 32) -> Sequential:
     512,512,M, then one fully connected layer (2048 -> classes at 32x32)."""
     trunk = _conv_stack(VGG_CONFIGS["cifar"], 3)
     feats = flat(trace_shape(trunk, (3, image_size, image_size)))
-    return Sequential(*trunk, Flatten(), Linear(feats, num_classes), input_shape=(3, image_size, image_size),
-                      name="vgg_cifar")
+    net = Sequential(*trunk, Flatten(), Linear(feats, num_classes), input_shape=(3, image_size, image_size),
+                     name="vgg_cifar")
+    net.train_defaults = {"lr": 0.01}  # ten layers without batch norm: SGD at 0.05 diverges
+    return net
 
 
 def inception(g: Graph, x, in_ch: int, n1: int, n3r: int, n3: int, n5r: int, n5: int, proj: int, name: str):

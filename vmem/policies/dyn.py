@@ -106,7 +106,7 @@ class VdnnDyn(Policy):
             raise PlanError(
                 f"{program.network} at batch {program.batch} needs at least {format_bytes(least)} ({least} bytes) "
                 f"of device memory, with every feature map offloaded and memory-optimal algorithms; the device "
-                f"has {budget}. Use a smaller batch or a larger memory budget."
+                f"has {budget}. Use a larger memory budget" + (" or a smaller batch." if program.batch > 1 else ".")
             )
         best = candidate("layerwise", "performance")
         if best.fits:
@@ -129,16 +129,12 @@ class VdnnDyn(Policy):
 
     @staticmethod
     def _least_memory(floor: Plan, peak: int, oracle: Any) -> int:
-        """The smallest capacity at which ``floor`` fits: its peak plus what fragmentation costs.
+        """The smallest capacity, to the pool's alignment (256 bytes), at which ``floor`` fits: its peak
+        plus what packing its blocks costs (see :func:`vmem.planner.least_memory`)."""
+        from .budget import least_memory
 
-        Whether a plan fits is not monotonic in the capacity (best fit places blocks differently in a
-        different arena), so this scans upward from the peak in steps of 1/256 of it (at least 1 MiB)."""
-        mib = 1 << 20
-        step = max(mib, peak // 256 // mib * mib)
-        memory = -(-peak // mib) * mib
-        while memory < 4 * peak and not oracle(floor, memory=memory).fits:
-            memory += step
-        return memory
+        least = least_memory(lambda memory: oracle(floor, memory=memory).fits, peak, 256)
+        return least if least is not None else 4 * peak
 
     # -- step 4 ------------------------------------------------------------------------------------
     def _fastest(self, program: Program, costs: Any) -> dict[str, dict[str, str]]:

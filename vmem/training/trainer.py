@@ -9,6 +9,7 @@ whole run, and copies weights back to the network on :meth:`sync` (done by ``fit
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -23,9 +24,12 @@ from ..errors import DeviceError, NonFiniteError, OutOfDeviceMemory, PlanError, 
 from ..graph import Network
 from ..nn.loss import SoftmaxCrossEntropy
 from ..optim import SGD, Optimizer
-from ..planner import PlanResult, plan_program
+from ..planner import PlanResult, plan_program, smallest_memory
 from ..runtime import DeviceParams, Executor, StepReport
+from ..device.sim import SimDevice
 from ..schedule.lower import lower_inference, persistent_buffers
+from ..schedule.pack import place
+from ..schedule.replay import replay
 from ..units import format_bytes
 from . import checkpoint
 from .callbacks import Callback, LossWatch, PrintEpochs, ProgressBar
@@ -121,6 +125,7 @@ class Trainer:
         self._params: DeviceParams | None = None
         self._executors: dict[tuple[int, bool], Executor] = {}
         self.plans: dict[int, PlanResult] = {}
+        self._inference: dict[tuple[str, int], tuple[Any, int]] = {}
         self._closed = False
 
     # -- setup ---------------------------------------------------------------------------------------
@@ -145,19 +150,82 @@ class Trainer:
         if ex is not None:
             return ex
         program = self.net.build(batch, self.input_shape, self.dtype)
-        costs = self.profile(batch) if self.profiling and train else None
-        plan, schedule = plan_program(program, self.device.spec, self.policy, alignment=self.device.pool.alignment,
-                                      catalog=self.device.catalog,
-                                      optimizer_slots=self.optimizer.slots, costs=costs, baseline=costs is not None)
         if train:
+            costs = self.profile(batch) if self.profiling else None
+            try:
+                plan, schedule = plan_program(program, self.device.spec, self.policy,
+                                              alignment=self.device.pool.alignment, catalog=self.device.catalog,
+                                              optimizer_slots=self.optimizer.slots, costs=costs,
+                                              baseline=costs is not None)
+            except PlanError as exc:
+                if "needs at least" in str(exc):  # does not fit: say which batch would
+                    raise PlanError(f"{str(exc).rstrip('.')}; {self._batch_advice(batch)}") from None
+                raise
             self.plans[batch] = plan
             if check and not plan.fits:
                 raise self._refusal(program, plan)
         else:
-            schedule = lower_inference(program, plan.plan, self.device.pool.alignment)
+            schedule, peak = self._inference_plan(batch)
+            if schedule is None:
+                raise OutOfDeviceMemory(peak, self.device.pool.capacity, self.device.pool.in_use,
+                                        self.device.pool.stats().largest_free, 0.0, {},
+                                        remedy=f"evaluation at batch {batch} needs {format_bytes(peak)} beside the "
+                                        "training state; use a smaller evaluation batch (batch_size=)")
         ex = Executor(self.device, schedule, self._device_params(), self.loss, self.optimizer if train else None)
         self._executors[key] = ex
         return ex
+
+    def _inference_plan(self, batch: int) -> tuple[Any, int]:
+        """An evaluation pass at ``batch``, planned beside the training state (weights, gradients, optimizer
+        state at the bottom of the arena, as they are during the run) and packed offline: (its schedule, its
+        peak), or (None, the peak it needs) where it does not fit. Its convolutions run the training plan's
+        forward algorithms where they fit, else those with the least workspace."""
+        key = ("inference", batch)
+        if key in self._inference:
+            return self._inference[key]
+        program = self.device.catalog(self.net.build(batch, self.input_shape, self.dtype))
+        spec, alignment = self.device.spec, self.device.pool.alignment
+        lean = policies.get("baseline:algos=memory").decide(program, spec)
+        candidates = []
+        trained = next(iter(self.plans.values()), None)
+        if trained is not None:
+            offered = {op.name: op.algorithms.get("forward", []) for op in program.ops}
+            algos = {name: {**passes, "forward": trained.plan.algos[name]["forward"]}
+                     for name, passes in lean.algos.items()
+                     if trained.plan.algos.get(name, {}).get("forward") in offered.get(name, [])}
+            candidates.append(dataclasses.replace(lean, algos={**lean.algos, **algos}))
+        candidates.append(lean)
+        persistent = persistent_buffers(program, self.optimizer.slots)
+        peak = 0
+        for decided in candidates:
+            schedule = place(dataclasses.replace(lower_inference(program, decided, alignment), persistent=persistent))
+            try:
+                figures = replay(schedule, SimDevice(spec, alignment=alignment))
+            except OutOfDeviceMemory:
+                unbounded = dataclasses.replace(spec, memory=1 << 60)
+                need = replay(schedule, SimDevice(unbounded, alignment=alignment)).peak_bytes
+                peak = need if not peak else min(peak, need)
+                continue
+            self._inference[key] = (schedule, figures.peak_bytes)
+            return self._inference[key]
+        self._inference[key] = (None, peak)
+        return self._inference[key]
+
+    def eval_batch(self, n: int | None = None, limit: int = 256) -> int:
+        """The largest evaluation batch, up to ``limit`` (and ``n``, the number of samples), whose pass fits
+        the device beside the training state; what :meth:`evaluate` and :meth:`predict` use by default.
+        Raises OutOfDeviceMemory where not even batch 1 fits."""
+        self._check_open()
+        batch = max(1, min(limit, n if n else limit))
+        while True:
+            schedule, peak = self._inference_plan(batch)
+            if schedule is not None:
+                return batch
+            if batch == 1:
+                raise OutOfDeviceMemory(peak, self.device.pool.capacity, 0, 0, 0.0, {},
+                                        remedy="evaluation needs more memory than the training state leaves, "
+                                               "even one sample at a time; give the device more memory")
+            batch = max(1, batch // 2)
 
     def profile(self, batch: int) -> Any:
         """Measured costs of a training step at ``batch`` on this device (see :mod:`vmem.costs.measured`); made
@@ -171,7 +239,39 @@ class Trainer:
                                         seed=self.seed, device=self.device)
         return self.costs[batch]
 
+    def _fits(self, batch: int, policy: Any) -> bool:
+        """Whether ``policy`` trains at ``batch`` on this device (a plan without a profile)."""
+        program = self.net.build(batch, self.input_shape, self.dtype)
+        if policy.name == "vdnn-dyn":  # the least any of its choices needs
+            policy = policies.get("vdnn-all:algos=memory")
+        try:
+            result, _ = plan_program(program, self.device.spec, policy, alignment=self.device.pool.alignment,
+                                     catalog=self.device.catalog, optimizer_slots=self.optimizer.slots)
+        except PlanError:
+            return False
+        return result.fits
+
+    def largest_batch(self, batch: int) -> int | None:
+        """The largest batch below ``batch`` that this trainer's policy trains in the device's memory (by
+        bisection; None where not even batch 1 does)."""
+        if batch <= 1 or not self._fits(1, self.policy):
+            return None
+        lo, hi = 1, batch  # lo fits, hi does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self._fits(mid, self.policy) else (lo, mid)
+        return lo
+
+    def _batch_advice(self, batch: int) -> str:
+        largest = self.largest_batch(batch)
+        capacity = format_bytes(self.device.pool.capacity)
+        if largest is None:
+            return f"not even batch 1 fits in {capacity}: give the device more memory"
+        return f"the largest batch that fits in {capacity} is {largest}"
+
     def _refusal(self, program: Any, plan: PlanResult) -> OutOfDeviceMemory:
+        least = smallest_memory(program, self.device.spec, self.policy, alignment=self.device.pool.alignment,
+                                optimizer_slots=self.optimizer.slots, catalog=self.device.catalog)
         fitting = []
         for name in policies.names():
             if name == self.policy.name:
@@ -184,9 +284,11 @@ class Trainer:
                 continue
             if other.fits:
                 fitting.append(f"{name} (peak {format_bytes(other.peak_bytes)})")
-        remedy = (f"policy {plan.policy} needs {format_bytes(plan.peak_bytes)} at batch {plan.batch}; "
-                  + (f"these policies fit: {', '.join(fitting)}" if fitting else
-                     "use a smaller batch or a larger memory="))
+        needs = (f"at least {format_bytes(least)} ({least} bytes, the smallest budget it fits in)" if least else
+                 format_bytes(plan.peak_bytes))
+        remedy = (f"policy {plan.policy} needs {needs} at batch {plan.batch}; "
+                  + (f"these policies fit: {', '.join(fitting)}; " if fitting else "")
+                  + self._batch_advice(plan.batch))
         stats = self.device.pool.stats()
         return OutOfDeviceMemory(plan.peak_bytes, self.device.pool.capacity, stats.in_use, stats.largest_free,
                                  stats.fragmentation, {k: int(v["peak"]) for k, v in plan.by_category.items()},
@@ -253,12 +355,24 @@ class Trainer:
 
         ``progress`` shows a bar and prints a line per epoch; ``callbacks`` observe the loop (see
         :mod:`vmem.training.callbacks`, e.g. ``Checkpoint(path)``)."""
-        if not isinstance(epochs, int) or epochs < 1:
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise ValueError(f"fit: epochs={epochs!r} must be a positive int")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"fit: batch_size={batch_size!r} must be a positive int")
         history = History()
         n_batches = train.num_batches(batch_size, drop_last=True)
         if n_batches == 0:
             raise ValueError(f"fit: {len(train)} samples make no full batch of {batch_size}")
+        # every batch the run executes is planned before it starts: the training step (refused here if it
+        # does not fit), and evaluation at the largest batch that fits beside the training state
+        self._check_input(np.asarray(train.x[:1]), np.asarray(train.y[:1]))
+        self._executor(int(batch_size), True)
+        eval_batch = None
+        if val is not None and len(val):
+            eval_batch = self._eval_batches(len(val), self.eval_batch(len(val)))
+            if progress and eval_batch < min(256, len(val)):
+                print(f"evaluating in batches of {eval_batch}: the largest that fits beside the training state",
+                      flush=True)
         observers = ([ProgressBar(), PrintEpochs()] if progress else []) + [LossWatch()] + list(callbacks)
         for epoch in range(1, epochs + 1):
             for cb in observers:
@@ -269,8 +383,8 @@ class Trainer:
                 for cb in observers:
                     cb.on_step(self, reports[-1])
             stats = EpochStats.of(epoch, reports)
-            if val is not None:
-                result = self.evaluate(val, batch_size=batch_size)
+            if eval_batch is not None:
+                result = self.evaluate(val, batch_size=eval_batch)
                 stats.val_loss, stats.val_accuracy = result["loss"], result["accuracy"]
             history.epochs.append(stats)
             for cb in observers:
@@ -280,10 +394,30 @@ class Trainer:
             cb.on_fit_end(self, history)
         return history
 
-    def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
-        """Logits for ``x`` (evaluation mode: batch-norm running statistics, no dropout)."""
+    def _eval_batches(self, n: int, batch_size: int | None) -> int:
+        """The evaluation batch for ``n`` samples (checked, or the largest that fits), with the last partial
+        batch planned too: nothing runs out of memory midway."""
+        if batch_size is None:
+            batch_size = self.eval_batch(n)
+        elif isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r} must be a positive int")
+        for b in {min(int(batch_size), n), n % int(batch_size)} - {0}:
+            schedule, peak = self._inference_plan(b)
+            if schedule is None:
+                raise OutOfDeviceMemory(peak, self.device.pool.capacity, 0, 0, 0.0, {},
+                                        remedy=f"evaluation at batch {b} does not fit beside the training state; "
+                                               f"leave batch_size out (the largest that fits: {self.eval_batch(n)})")
+        return int(batch_size)
+
+    def predict(self, x: np.ndarray, batch_size: int | None = None) -> np.ndarray:
+        """Logits for ``x`` (evaluation mode: batch-norm running statistics, no dropout), in batches of
+        ``batch_size`` (default: the largest up to 256 that fits beside the training state, see
+        :meth:`eval_batch`)."""
         x = np.asarray(x)
         self._check_input(x, None)
+        if len(x) == 0:
+            return np.zeros((0,) + tuple(self.net.output_shape(1, self.input_shape)[1:]), np.float32)
+        batch_size = self._eval_batches(len(x), batch_size)
         out = []
         for start in range(0, len(x), batch_size):
             xb = x[start : start + batch_size]
@@ -291,8 +425,11 @@ class Trainer:
             out.append(logits)
         return np.concatenate(out)
 
-    def evaluate(self, data: Dataset, batch_size: int = 256) -> dict[str, float]:
-        """Mean loss and accuracy (a fraction) on ``data``."""
+    def evaluate(self, data: Dataset, batch_size: int | None = None) -> dict[str, float]:
+        """Mean loss and accuracy (a fraction) on ``data`` (batches as in :meth:`predict`)."""
+        if len(data) == 0:
+            raise ValueError(f"{self.net.name}: evaluate: the dataset is empty")
+        self._check_input(np.asarray(data.x), np.asarray(data.y))
         logits = self.predict(data.x, batch_size).astype(np.float64)
         logits = logits.reshape(-1, logits.shape[-1])  # sequences: one prediction per token
         labels = np.asarray(data.y).reshape(-1)

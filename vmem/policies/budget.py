@@ -1,0 +1,33 @@
+"""The smallest budget a plan fits in: a search over capacities, pure (the caller says what fits)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+__all__ = ["least_memory"]
+
+
+def least_memory(fits: Callable[[int], bool], peak: int, alignment: int = 256, most: int | None = None) -> int | None:
+    """The smallest capacity, a multiple of ``alignment``, at which ``fits(capacity)`` holds: what a plan
+    whose peak is ``peak`` needs once its blocks are placed (packing and alignment can take more than the
+    peak). Doubles from the peak until it fits (up to ``most``, default 4x the peak; None beyond), then
+    bisects to the alignment. A plan's blocks sit at offsets packed before the replay, so whether it fits
+    grows with the capacity; the answer is checked to fit."""
+    def up(n: int) -> int:
+        return -(-n // alignment) * alignment
+
+    most = 4 * peak if most is None else most
+    lo, hi = up(peak) - alignment, up(peak)  # lo: known not to fit (below the peak)
+    while not fits(hi):
+        if hi >= most:
+            return None
+        lo, hi = hi, min(up(2 * hi - up(peak) + alignment), up(most))
+    while hi - lo > alignment:
+        mid = up((lo + hi) // 2)
+        if mid >= hi:
+            break
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
