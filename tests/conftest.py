@@ -15,6 +15,21 @@ def stream_threads() -> list[threading.Thread]:
 
 
 @pytest.fixture(autouse=True, scope="session")
+def profile_cache_of_this_session(tmp_path_factory):
+    """Profiles are kept in a folder of this test session's (never the user's cache); every subprocess a
+    test starts inherits it."""
+    import os
+
+    before = os.environ.get("VMEM_CACHE_DIR")
+    os.environ["VMEM_CACHE_DIR"] = str(tmp_path_factory.mktemp("vmem-cache"))
+    yield
+    if before is None:
+        os.environ.pop("VMEM_CACHE_DIR", None)
+    else:
+        os.environ["VMEM_CACHE_DIR"] = before
+
+
+@pytest.fixture(autouse=True, scope="session")
 def pinned_core_budget():
     """Tests compare runs bit for bit, so every run uses the same BLAS thread count whatever the machine's
     load (vmem.threads.BUDGET would otherwise follow it; tests/test_threads.py tests that on its own

@@ -313,7 +313,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if args.profile:
             say(f"--profile: {args.device} is simulated; its times come from the roofline model")
     elif args.profile:  # measure on the device itself, within the budget the plan is for
-        from .costs import profile
+        from .costs import cache
 
         device = _open_device(args.device, memory)
         memory = device.pool.capacity
@@ -321,9 +321,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         say(f"profiling {len(program.ops)} layers of {net.name} at batch {args.batch} on {device.name} (every pass "
             f"and algorithm, in its {format_bytes(device.pool.capacity)})...")
         t0 = time.perf_counter()
-        costs = profile(program, copy_gbps=device.spec.pcie_gbps, device=device)
+        costs, kept = cache.profile(program, copy_gbps=device.spec.pcie_gbps, device=device)
         notes = costs.notes
-        say(f"profiled in {time.perf_counter() - t0:.1f} s" + "".join(f"\n  {n}" for n in notes))
+        say((f"the profile kept in {cache.folder()} (VMEM_PROFILE_CACHE=0 measures afresh)" if kept else
+             f"profiled in {time.perf_counter() - t0:.1f} s") + "".join(f"\n  {n}" for n in notes))
     elif args.device.startswith("cuda"):  # its algorithms and spec, without taking its memory
         device = _open_device(args.device, _PLANNING_ARENA)
         memory = memory if memory is not None else device.free_capacity

@@ -75,8 +75,18 @@ class Profiled:
         return self.times.get((kind, "forward", None), 0.0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"times": {"|".join(str(p) for p in k): v for k, v in self.times.items()},
-                "d2h_gbps": self.d2h, "h2d_gbps": self.h2d, "update": self.update, "notes": self.notes}
+        """Everything measured, as plain data (:meth:`from_dict` reads it back)."""
+        return {"times": [[op, pass_, algo, t] for (op, pass_, algo), t in self.times.items()],
+                "d2h_gbps": self.d2h, "h2d_gbps": self.h2d, "update": self.update,
+                "elementwise_gbps": self.elementwise_gbps, "copies": [[n, t] for n, t in self.copies.items()],
+                "notes": self.notes}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Profiled":
+        return cls({(op, pass_, algo): float(t) for op, pass_, algo, t in data["times"]},
+                   float(data["d2h_gbps"]), float(data["h2d_gbps"]), float(data["update"]),
+                   float(data["elementwise_gbps"]), {int(n): float(t) for n, t in data["copies"]},
+                   list(data.get("notes", [])))
 
 
 class _Runner:

@@ -83,6 +83,10 @@ class Trainer:
     SGD(lr=0.01, momentum=0.9). ``seed`` seeds the weights (if the network has none yet), the shuffling
     and dropout, so the same seed gives bitwise-identical weights.
 
+    Profiles (a policy that decides by measured time, ``vdnn-dyn``) are kept on disk and reused by a run with
+    the same program, device and machine (``profile_cache=False``, or ``VMEM_PROFILE_CACHE=0``, measures
+    afresh): see :mod:`vmem.costs.cache`.
+
     A step whose loss or gradients are not finite changes nothing (weights, optimizer state, batch norm's
     statistics), is reported (``StepReport.skipped``) and warned about; after ``nonfinite_limit`` such
     steps in a row, training stops with :class:`~vmem.errors.NonFiniteError` naming the first op whose
@@ -92,10 +96,11 @@ class Trainer:
     def __init__(self, net: Network, device: Any = "cpu", policy: Any = "baseline", loss: Any = None,
                  optimizer: Optimizer | None = None, seed: int = 0, *, input_shape: Sequence[int] | None = None,
                  dtype: str = "float32", memory: int | str | None = None, profile: bool | None = None,
-                 nonfinite_limit: int = 5):
+                 nonfinite_limit: int = 5, profile_cache: bool = True):
         if not isinstance(nonfinite_limit, int) or nonfinite_limit < 1:
             raise ValueError(f"nonfinite_limit={nonfinite_limit!r} must be a positive int")
         self.nonfinite_limit = nonfinite_limit
+        self.profile_cache = bool(profile_cache)
         self.skipped_in_a_row = 0
         self.net = net
         self.input_shape = tuple(input_shape) if input_shape is not None else net.input_shape
@@ -231,12 +236,13 @@ class Trainer:
         """Measured costs of a training step at ``batch`` on this device (see :mod:`vmem.costs.measured`); made
         once per batch size. vdnn-dyn uses them to choose; with them plans also predict step time."""
         if batch not in self.costs:
-            from ..costs import profile
+            from ..costs import cache
 
             program = self.net.build(batch, self.input_shape, self.dtype)
-            # on the device, within what its pool has free (never more than the budget)
-            self.costs[batch] = profile(self.device.catalog(program), copy_gbps=self.device.spec.pcie_gbps,
-                                        seed=self.seed, device=self.device)
+            # on the device, within what its pool has free (never more than the budget); kept on disk, so
+            # that the same run repeats (see vmem.costs.cache)
+            self.costs[batch], _ = cache.profile(self.device.catalog(program), copy_gbps=self.device.spec.pcie_gbps,
+                                                 seed=self.seed, device=self.device, cache=self.profile_cache)
         return self.costs[batch]
 
     def _fits(self, batch: int, policy: Any) -> bool:
@@ -454,7 +460,9 @@ class Trainer:
         params = self._device_params()
         self.sync()
         meta = {"network": self.net.name, "optimizer": self.optimizer.config(), "steps": self.steps_done,
-                "rng": self.rng.bit_generator.state, "dtype": self.dtype}
+                "rng": self.rng.bit_generator.state, "dtype": self.dtype,
+                # the plans the run used (policy, algorithms, what was offloaded, recomputed or encoded)
+                "plans": {str(b): p.plan.to_dict() for b, p in self.plans.items()}}
         checkpoint.write(path, self.net.params, params.optimizer_state(), meta)  # type: ignore[arg-type]
 
     def load(self, path: str | os.PathLike) -> None:

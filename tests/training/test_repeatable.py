@@ -1,0 +1,50 @@
+"""The same command with the same seed gives the same weights: profiles are kept on disk (keyed by program,
+device and machine) and reused, so a profile-driven policy chooses the same algorithms every time; the
+checkpoint records the plan the run used."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+import vmem
+from vmem.cli import main
+from vmem.costs import cache
+
+
+def _arrays(path):
+    with np.load(path, allow_pickle=False) as f:
+        return {k: f[k] for k in f.files}
+
+
+def test_three_runs_of_one_command_give_identical_checkpoints(tmp_path, capsys):
+    paths = []
+    for i in range(3):
+        path = tmp_path / f"run{i}.npz"
+        assert main(["train", "--epochs", "2", "--save", str(path), "--json"]) == 0
+        capsys.readouterr()
+        paths.append(path)
+    first = _arrays(paths[0])
+    for other in paths[1:]:
+        arrays = _arrays(other)
+        assert set(arrays) == set(first)
+        assert all(np.array_equal(first[k], arrays[k]) for k in first)
+    meta = json.loads(str(first["meta"]))
+    plan = meta["plans"]["32"]
+    assert plan["policy"].startswith("vdnn-dyn") and plan["algos"]
+
+
+def test_a_kept_profile_is_reused_and_can_be_turned_off(monkeypatch):
+    net = vmem.models.get("digits_cnn")
+    program = net.build(8)
+    with vmem.device("cpu", memory="16MiB") as dev:
+        first, kept = cache.profile(dev.catalog(program), device=dev, copy_gbps=4.0)
+        again, kept_again = cache.profile(dev.catalog(program), device=dev, copy_gbps=4.0)
+        assert not kept and kept_again and again.times == first.times and again.copies == first.copies
+        with vmem.device("cpu", memory="32MiB") as bigger:  # another device: another profile
+            _, kept_bigger = cache.profile(bigger.catalog(program), device=bigger, copy_gbps=4.0)
+        assert not kept_bigger
+        monkeypatch.setenv("VMEM_PROFILE_CACHE", "0")
+        _, kept_off = cache.profile(dev.catalog(program), device=dev, copy_gbps=4.0)
+        assert not kept_off
