@@ -52,24 +52,48 @@ class Terminated(KeyboardInterrupt):
     what it has and exits with 143."""
 
 
-@contextlib.contextmanager
-def _terminate_as_interrupt() -> Any:
-    """While the block runs (in the main thread), SIGTERM raises :class:`Terminated`."""
-    import signal
-    import threading
+class _StopBetweenSteps:
+    """While a run trains (in the main thread), Ctrl-C and SIGTERM stop it between two steps, never inside
+    one (a step cut short may have updated some weights and not others, and could not be resumed exactly):
+    the first signal is noted and raised after the step that is running (as KeyboardInterrupt, or
+    :class:`Terminated`); a second one raises at once."""
 
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    def __init__(self) -> None:
+        self.pending: BaseException | None = None
+        self._before: dict[int, Any] = {}
 
-    def handler(signum: int, frame: Any) -> None:
-        raise Terminated()
+    def _handler(self, signum: int, frame: Any) -> None:
+        import signal
 
-    before = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
+        stop = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+        if self.pending is not None:
+            raise stop
+        self.pending = stop
+        print("\nstopping after this step (again to stop at once)", file=sys.stderr, flush=True)
+
+    def on_step(self, trainer: Any, report: Any) -> None:  # a Trainer callback
+        if self.pending is not None:
+            raise self.pending
+
+    def on_epoch_start(self, *args: Any) -> None:
+        pass
+
+    on_epoch_end = on_fit_end = on_epoch_start
+
+    def __enter__(self) -> "_StopBetweenSteps":
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._before[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        for sig, before in self._before.items():  # a signal noted after the last step: the run is done
+            signal.signal(sig, before)
 
 
 def _policy_spec(args: argparse.Namespace) -> str:
@@ -119,11 +143,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .training.checkpoint import SaveLock
 
     # a path that cannot take a checkpoint is refused before any training, and held for the run
-    with (SaveLock(args.save) if args.save else contextlib.nullcontext()), _terminate_as_interrupt():
-        return _train(args)
+    with (SaveLock(args.save) if args.save else contextlib.nullcontext()), _StopBetweenSteps() as stop:
+        return _train(args, stop)
 
 
-def _train(args: argparse.Namespace) -> int:
+def _train(args: argparse.Namespace, stop: Any) -> int:
     import numpy as np
 
     from . import data, optim
@@ -158,9 +182,19 @@ def _train(args: argparse.Namespace) -> int:
 
         schedule = [CosineSchedule()] if args.schedule == "cosine" else []
         saver = Checkpoint(args.save) if args.save else None
+        initial = 0
+        if args.resume:
+            trainer.load(args.resume)
+            initial = trainer.epochs_done
+            if initial >= args.epochs:
+                raise ValueError(f"--resume {args.resume}: it has trained {initial} epochs already; ask for more "
+                                 f"with --epochs (now {args.epochs})")
+            if not args.json:
+                print(f"resuming {args.resume}: {initial} epochs and {trainer.epoch_step} steps of the next done "
+                      f"({trainer.steps_done} steps)", flush=True)
         try:
             history = trainer.fit(train, epochs=args.epochs, val=val, batch_size=args.batch, progress=not args.json,
-                                  callbacks=schedule + ([saver] if saver else []))
+                                  callbacks=schedule + ([saver] if saver else []) + [stop], initial_epoch=initial)
         except KeyboardInterrupt:
             if args.save:  # what the interrupted epoch did so far, on top of the last whole epoch
                 try:
@@ -435,7 +469,9 @@ def _add_train(sub: Any) -> None:
     p.add_argument("--weight-decay", type=_nonnegative_float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save", metavar="PATH", help="write a checkpoint (.npz) after every epoch (checked before "
-                   "training starts); on Ctrl-C, what was trained so far")
+                   "training starts); on Ctrl-C or SIGTERM, what was trained so far (after the step running)")
+    p.add_argument("--resume", metavar="PATH", help="go on from a checkpoint of the same command (its epochs and "
+                   "steps, weights, optimizer state and random state): ends with the weights of a run never stopped")
     p.set_defaults(func=cmd_train)
 
 

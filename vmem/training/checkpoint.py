@@ -31,6 +31,11 @@ class Checkpoint:
     optimizer_state: dict[str, np.ndarray]
     steps: int
     rng: np.random.Generator
+    #: where in the run it was written: epochs finished, batches done in the next, and the generator's
+    #: state at that epoch's start (None at an epoch's end); absent from older checkpoints: 0, 0, None
+    epochs_done: int = 0
+    epoch_step: int = 0
+    epoch_rng: dict | None = None
 
 
 def target(path: str | os.PathLike) -> Path:
@@ -240,4 +245,19 @@ def read(path: str | os.PathLike, network: str, optimizer: Any, specs: dict[str,
         rng.bit_generator.state = meta["rng"]
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: entry 'meta.rng' (the random state) is unreadable") from exc
-    return Checkpoint(params, opt_state, steps, rng)
+    position = []
+    for name in ("epochs_done", "epoch_step"):
+        value = meta.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise CheckpointError(f"{path}: entry 'meta.{name}' is {value!r}, expected a count")
+        position.append(value)
+    epoch_rng = meta.get("epoch_rng")
+    if epoch_rng is not None:
+        try:
+            np.random.default_rng().bit_generator.state = epoch_rng
+        except (TypeError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"{path}: entry 'meta.epoch_rng' (the epoch's random state) is unreadable") from exc
+    if position[1] and epoch_rng is None:
+        raise CheckpointError(f"{path}: entry 'meta.epoch_step' is {position[1]} but the epoch's random state is "
+                              "missing")
+    return Checkpoint(params, opt_state, steps, rng, position[0], position[1], epoch_rng)

@@ -51,14 +51,20 @@ class EpochStats:
 
     @classmethod
     def of(cls, epoch: int, reports: list[StepReport]) -> "EpochStats":
-        """The training figures of an epoch's step reports."""
+        """The training figures of an epoch's step reports (NaN and 0 for an epoch resumed after its last
+        step, which runs none)."""
+        nan = float("nan")
+
+        def mean(values: list[float]) -> float:
+            return float(np.mean(values)) if values else nan
+
         return cls(
-            epoch=epoch, train_loss=float(np.mean([r.loss for r in reports if not r.skipped] or [float("nan")])),
-            step_seconds=float(np.median([r.seconds for r in reports])),
-            peak_bytes=max(r.peak_bytes for r in reports),
-            average_bytes=float(np.mean([r.average_bytes for r in reports])),
-            offloaded_bytes=max(r.offloaded_bytes for r in reports),
-            stall_seconds=float(np.mean([r.stall_seconds for r in reports])),
+            epoch=epoch, train_loss=mean([r.loss for r in reports if not r.skipped]),
+            step_seconds=float(np.median([r.seconds for r in reports])) if reports else nan,
+            peak_bytes=max((r.peak_bytes for r in reports), default=0),
+            average_bytes=mean([r.average_bytes for r in reports]),
+            offloaded_bytes=max((r.offloaded_bytes for r in reports), default=0),
+            stall_seconds=mean([r.stall_seconds for r in reports]),
             seconds=float(sum(r.seconds for r in reports)),
         )
 
@@ -101,6 +107,11 @@ class Trainer:
             raise ValueError(f"nonfinite_limit={nonfinite_limit!r} must be a positive int")
         self.nonfinite_limit = nonfinite_limit
         self.profile_cache = bool(profile_cache)
+        #: epochs finished, batches done in the current one, and the generator's state at its start (what a
+        #: checkpoint needs to resume midway through an epoch)
+        self.epochs_done = 0
+        self.epoch_step = 0
+        self._epoch_rng: dict | None = None
         self.skipped_in_a_row = 0
         self.net = net
         self.input_shape = tuple(input_shape) if input_shape is not None else net.input_shape
@@ -356,15 +367,23 @@ class Trainer:
                               "rate or look at the data")
 
     def fit(self, train: Dataset, epochs: int = 1, val: Dataset | None = None, *, batch_size: int = 64,
-            shuffle: bool = True, progress: bool = True, callbacks: Sequence[Callback] = ()) -> History:
-        """Train for ``epochs`` over ``train`` (the last partial batch is dropped); evaluate on ``val``.
+            shuffle: bool = True, progress: bool = True, callbacks: Sequence[Callback] = (),
+            initial_epoch: int = 0) -> History:
+        """Train epochs ``initial_epoch + 1`` to ``epochs`` over ``train`` (the last partial batch is dropped);
+        evaluate on ``val`` after each.
 
-        ``progress`` shows a bar and prints a line per epoch; ``callbacks`` observe the loop (see
-        :mod:`vmem.training.callbacks`, e.g. ``Checkpoint(path)``)."""
+        To resume a run: ``load`` its checkpoint, then ``fit(..., initial_epoch=trainer.epochs_done)``; a
+        checkpoint written midway through an epoch (Ctrl-C, SIGTERM) resumes at the step it stopped after,
+        with the same batches and random draws, so the resumed run ends with bitwise the weights of the run
+        that was never stopped. ``progress`` shows a bar and prints a line per epoch; ``callbacks`` observe
+        the loop (see :mod:`vmem.training.callbacks`, e.g. ``Checkpoint(path)``)."""
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise ValueError(f"fit: epochs={epochs!r} must be a positive int")
+        if isinstance(initial_epoch, bool) or not isinstance(initial_epoch, int) or not 0 <= initial_epoch < epochs:
+            raise ValueError(f"fit: initial_epoch={initial_epoch!r} must be an int from 0 to epochs - 1 ({epochs - 1})")
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"fit: batch_size={batch_size!r} must be a positive int")
+        batch_size = int(batch_size)
         history = History()
         n_batches = train.num_batches(batch_size, drop_last=True)
         if n_batches == 0:
@@ -372,7 +391,7 @@ class Trainer:
         # every batch the run executes is planned before it starts: the training step (refused here if it
         # does not fit), and evaluation at the largest batch that fits beside the training state
         self._check_input(np.asarray(train.x[:1]), np.asarray(train.y[:1]))
-        self._executor(int(batch_size), True)
+        self._executor(batch_size, True)
         eval_batch = None
         if val is not None and len(val):
             eval_batch = self._eval_batches(len(val), self.eval_batch(len(val)))
@@ -380,15 +399,17 @@ class Trainer:
                 print(f"evaluating in batches of {eval_batch}: the largest that fits beside the training state",
                       flush=True)
         observers = ([ProgressBar(), PrintEpochs()] if progress else []) + [LossWatch()] + list(callbacks)
-        for epoch in range(1, epochs + 1):
+        for epoch in range(initial_epoch + 1, epochs + 1):
             for cb in observers:
                 cb.on_epoch_start(self, epoch, epochs, n_batches)
             reports: list[StepReport] = []
-            for x, y in train.batches(batch_size, shuffle=shuffle, rng=self.rng, drop_last=True):
+            for x, y in self._epoch_batches(train, batch_size, shuffle, epoch):
                 reports.append(self.step(x, y))
+                self.epoch_step += 1
                 for cb in observers:
                     cb.on_step(self, reports[-1])
             stats = EpochStats.of(epoch, reports)
+            self.epochs_done, self.epoch_step, self._epoch_rng = epoch, 0, None
             if eval_batch is not None:
                 result = self.evaluate(val, batch_size=eval_batch)
                 stats.val_loss, stats.val_accuracy = result["loss"], result["accuracy"]
@@ -399,6 +420,26 @@ class Trainer:
         for cb in observers:
             cb.on_fit_end(self, history)
         return history
+
+    def _epoch_batches(self, train: Dataset, batch_size: int, shuffle: bool, epoch: int) -> Any:
+        """The batches of ``epoch``: a permutation drawn from the trainer's generator at the epoch's start
+        (kept, with the batches done, for a checkpoint written midway); resuming midway draws the same
+        permutation and goes on after the batches done, from the generator's state at the save."""
+        n = len(train)
+        resuming = epoch == self.epochs_done + 1 and self.epoch_step > 0 and self._epoch_rng is not None
+        if resuming:
+            now = self.rng.bit_generator.state
+            self.rng.bit_generator.state = self._epoch_rng
+            order = self.rng.permutation(n) if shuffle else np.arange(n)
+            self.rng.bit_generator.state = now
+            first = self.epoch_step
+        else:
+            self._epoch_rng = self.rng.bit_generator.state
+            order = self.rng.permutation(n) if shuffle else np.arange(n)
+            self.epoch_step = first = 0
+        for k in range(first, n // batch_size):
+            idx = order[k * batch_size:(k + 1) * batch_size]
+            yield train.x[idx], train.y[idx]
 
     def _eval_batches(self, n: int, batch_size: int | None) -> int:
         """The evaluation batch for ``n`` samples (checked, or the largest that fits), with the last partial
@@ -461,6 +502,7 @@ class Trainer:
         self.sync()
         meta = {"network": self.net.name, "optimizer": self.optimizer.config(), "steps": self.steps_done,
                 "rng": self.rng.bit_generator.state, "dtype": self.dtype,
+                "epochs_done": self.epochs_done, "epoch_step": self.epoch_step, "epoch_rng": self._epoch_rng,
                 # the plans the run used (policy, algorithms, what was offloaded, recomputed or encoded)
                 "plans": {str(b): p.plan.to_dict() for b, p in self.plans.items()}}
         checkpoint.write(path, self.net.params, params.optimizer_state(), meta)  # type: ignore[arg-type]
@@ -483,6 +525,7 @@ class Trainer:
             raise
         self.steps_done = int(ckpt.steps)
         self.rng = ckpt.rng
+        self.epochs_done, self.epoch_step, self._epoch_rng = ckpt.epochs_done, ckpt.epoch_step, ckpt.epoch_rng
 
     # -- lifetime ----------------------------------------------------------------------------------
     def close(self) -> None:
