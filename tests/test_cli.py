@@ -78,7 +78,7 @@ def test_in_a_tight_budget_plan_profiles_on_the_device_within_it(capsys):
 
 def test_plan_json(capsys):
     code, out, _ = run(capsys, "plan", "--model", "vgg16", "--batch", "256", "--memory", "12GB", "--json")
-    assert code == 0
+    assert code == 1  # the plan does not fit: a failure, with its figures printed
     result = json.loads(out)
     for key in ("model", "batch", "device", "policy", "peak_bytes", "average_bytes", "offloaded_bytes", "step_seconds",
                 "baseline_step_seconds", "by_category", "layers"):
@@ -118,6 +118,12 @@ def test_models_json(capsys):
     (["train", "--policy", "baseline", "--memory", "1MiB"], "Out of device memory"),
     (["train", "--memory", "1MiB"], "needs at least 1.40 MiB (1466368 bytes)"),
     (["plan", "--model", "vgg_cifar", "--batch", "8", "--memory", "auto:0"], "auto takes a fraction"),
+    (["train", "--model", "nmt_small", "--dataset", "digits"], "--model nmt_small takes token sequences"),
+    (["train", "--model", "digits_vgg", "--dataset", "reverse"], "use --dataset digits or synthetic"),
+    (["bench", "bandwidth", "--codec", "zvc", "--density", "abc"], "--density 'abc': comma-separated fractions"),
+    (["trace", "--out", "README.md"], "--out README.md: is a file"),
+    (["train", "--policy", "vdnn-all:algos=memory", "--algos", "performance"], "disagree; give one"),
+    (["plan", "--model", "vgg16", "--batch", "1000000000000"], "a batch this large cannot be planned"),
     (["train", "--policy", "baseline:algo=fast"], "has no option 'algo'"),
 ])
 def test_bad_input_is_one_clear_line(capsys, argv, message):
@@ -127,13 +133,15 @@ def test_bad_input_is_one_clear_line(capsys, argv, message):
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("option, value", [("--lr", "inf"), ("--lr", "nan"), ("--weight-decay", "inf"),
-                                           ("--momentum", "-inf")])
-def test_numbers_that_cannot_be_right_are_refused_by_the_parser(capsys, option, value):
+@pytest.mark.parametrize("command, option, value", [
+    ("train", "--lr", "inf"), ("train", "--lr", "nan"), ("train", "--weight-decay", "inf"),
+    ("train", "--momentum", "-inf"), ("train", "--seed", "-1"), ("trace", "--pcie-gbps", "0"),
+    ("bench", "--pcie-gbps", "-2")])
+def test_numbers_that_cannot_be_right_are_refused_by_the_parser(capsys, command, option, value):
     with pytest.raises(SystemExit) as info:
-        main(["train", f"{option}={value}"])
+        main([command] + (["bandwidth"] if command == "bench" else []) + [f"{option}={value}"])
     err = capsys.readouterr().err
-    assert info.value.code == 2 and option in err and ("finite" in err or "at least" in err)
+    assert info.value.code == 2 and option in err and any(w in err for w in ("finite", "at least", "more than"))
 
 
 def test_help_for_every_command():

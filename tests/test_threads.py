@@ -260,3 +260,12 @@ def test_the_cap_reaches_blas_libraries_loaded_later(monkeypatch):
     with budget.limit():
         pass
     assert budget._controller is again  # and not again without one
+
+
+def test_more_threads_than_cores_in_the_environment_are_clamped_with_a_warning(monkeypatch):
+    from vmem.threads import CoreBudget
+
+    monkeypatch.setenv("VMEM_THREADS", "64")
+    with pytest.warns(RuntimeWarning, match="VMEM_THREADS=64: this machine has 2 core"):
+        budget = CoreBudget(ncores=2)
+    assert budget.fixed == 2

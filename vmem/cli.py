@@ -28,6 +28,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _nonnegative_int(text: str) -> int:
+    """An argparse type: an integer of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 0")
+    return value
+
+
 def _nonnegative_float(text: str) -> float:
     try:
         value = float(text)
@@ -99,8 +110,26 @@ class _StopBetweenSteps:
 def _policy_spec(args: argparse.Namespace) -> str:
     spec = args.policy
     if getattr(args, "algos", None):
-        spec += ("," if ":" in spec else ":") + f"algos={args.algos}"
+        given = [o.split("=", 1)[1] for o in spec.partition(":")[2].split(",") if o.startswith("algos=")]
+        if given and given[0] != args.algos:
+            raise ValueError(f"--algos {args.algos} and --policy {spec} (algos={given[0]}) disagree; give one")
+        if not given:
+            spec += ("," if ":" in spec else ":") + f"algos={args.algos}"
     return spec
+
+
+#: what each dataset feeds: images (C, H, W) or token sequences (T,)
+_SEQUENCES = ("reverse",)
+
+
+def _check_dataset(args: argparse.Namespace, net: Any) -> None:
+    """A dataset the model can take: images for a model of images, token sequences for a sequence model."""
+    takes_tokens = len(tuple(net.input_shape or ())) == 1
+    gives_tokens = args.dataset in _SEQUENCES
+    if takes_tokens != gives_tokens:
+        fits = "reverse" if takes_tokens else "digits or synthetic"
+        raise ValueError(f"--model {net.name} takes {'token sequences' if takes_tokens else 'images'}; --dataset "
+                         f"{args.dataset} gives {'token sequences' if gives_tokens else 'images'}: use --dataset {fits}")
 
 
 def _model(args: argparse.Namespace):
@@ -154,6 +183,8 @@ def _train(args: argparse.Namespace, stop: Any) -> int:
     from .training import Trainer
 
     net = _model(args)
+    _check_dataset(args, net)
+    _policy_spec(args)  # a contradiction between --policy and --algos, before anything runs
     for key, value in {**TRAIN_DEFAULTS, **getattr(net, "train_defaults", {})}.items():
         if getattr(args, key) is None:  # options left out: the model's own defaults, else the generic ones
             setattr(args, key, value)
@@ -182,6 +213,11 @@ def _train(args: argparse.Namespace, stop: Any) -> int:
 
         schedule = [CosineSchedule()] if args.schedule == "cosine" else []
         saver = Checkpoint(args.save) if args.save else None
+        if trainer.profiling:  # measured once per program, device and machine, then kept (vmem.costs.cache)
+            program = trainer.net.build(args.batch, trainer.input_shape)
+            with _Slow(f"profiling {len(program.ops)} layers of {net.name} at batch {args.batch} on "
+                       f"{trainer.device.name} (every pass and algorithm; kept for the next run)", quiet=args.json):
+                trainer.profile(args.batch)
         initial = 0
         if args.resume:
             trainer.load(args.resume)
@@ -383,17 +419,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(line)
         if result.reason:
             print(result.reason)
-    return 0
+    return 0 if result.fits else 1  # a plan that does not fit is a failure, as vdnn-dyn's refusal is
 
 
 def cmd_models(args: argparse.Namespace) -> int:
     from . import models
 
     rows = []
-    for name in models.names():
-        net = models.get(name)
-        rows.append({"name": name, "input_shape": list(net.input_shape), "params": net.num_params(),
-                     "description": models.info(name)})
+    with _Slow(f"building the {len(models.names())} models of the zoo to count their parameters", quiet=args.json):
+        for name in models.names():
+            net = models.get(name)
+            rows.append({"name": name, "input_shape": list(net.input_shape), "params": net.num_params(),
+                         "description": models.info(name)})
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -436,13 +473,14 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def _common(p: argparse.ArgumentParser, model_default: str | None, policy_default: str = "baseline",
-            memory_help: str = "device memory, e.g. 256MiB or 12GB (default 1GiB)") -> None:
+            memory_help: str = "device memory, e.g. 256MiB or 12GB (default 1GiB)", simulated: bool = False) -> None:
     """Options every command that builds a model takes."""
     p.add_argument("--model", default=model_default, required=model_default is None,
                    help="zoo model name (see `vmem models`)" + (f"; default {model_default}" if model_default else ""))
     p.add_argument("--image-size", type=_positive_int, help="input height and width (default: the model's)")
     p.add_argument("--depth", type=_positive_int, help="depth, for resnet_cifar")
-    p.add_argument("--device", default="cpu", help="device name: cpu (default), cuda:N or sim:<gpu> (see vmem devices)")
+    p.add_argument("--device", default="cpu", help="device name: cpu (default), cuda:N" + (
+        " or sim:<gpu> (a simulated GPU: plans only)" if simulated else "") + " (see vmem devices)")
     p.add_argument("--memory", default=None, help=memory_help)
     p.add_argument("--policy", default=policy_default,
                    help="policy spec: baseline, layerwise, vdnn-all, vdnn-conv, vdnn-dyn, gist, mirror, chen, echo, with :key=value options"
@@ -467,7 +505,8 @@ def _add_train(sub: Any) -> None:
                    help="learning rate over the epochs: cosine decay to 0 (default) or constant")
     p.add_argument("--momentum", type=_nonnegative_float, default=0.9, help="SGD momentum (default 0.9)")
     p.add_argument("--weight-decay", type=_nonnegative_float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_nonnegative_int, default=0, help="seeds the weights, shuffling and dropout "
+                   "(default 0; the same seed gives the same weights)")
     p.add_argument("--save", metavar="PATH", help="write a checkpoint (.npz) after every epoch (checked before "
                    "training starts); on Ctrl-C or SIGTERM, what was trained so far (after the step running)")
     p.add_argument("--resume", metavar="PATH", help="go on from a checkpoint of the same command (its epochs and "
@@ -477,9 +516,11 @@ def _add_train(sub: Any) -> None:
 
 def _add_plan(sub: Any) -> None:
     p = sub.add_parser("plan", help="plan a training step without running it",
-                       description="Replay one step's allocations under a policy and print the plan.")
+                       description="Replay one step's allocations under a policy and print the plan. Exits 1 if "
+                                   "the plan does not fit the device's memory.")
     _common(p, None, memory_help="device memory, e.g. 256MiB or 12GB, or auto[:FRACTION]: that fraction of what "
-            "the baseline policy needs on this device (default: the device's capacity; the CPU's 1GiB)")
+            "the baseline policy needs on this device (default: the device's capacity; the CPU's 1GiB)",
+            simulated=True)
     p.add_argument("--batch", type=_positive_int, required=True)
     p.add_argument("--profile", action="store_true",
                    help="on a real device (cpu, cuda:N): measure every layer there first, within --memory, so that "
@@ -495,8 +536,9 @@ def _add_trace(sub: Any) -> None:
     p.add_argument("--dataset", default="synthetic", choices=("digits", "synthetic", "reverse"))
     p.add_argument("--batch", type=_positive_int, default=64)
     p.add_argument("--steps", type=_positive_int, default=3, help="steps to run; the last is written (default 3)")
-    p.add_argument("--pcie-gbps", type=float, help="throttle host-device copies to this many GB/s")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pcie-gbps", type=_positive_float, help="throttle host-device copies to this many GB/s "
+                   "(more than 0; leave it out for an unthrottled link)")
+    p.add_argument("--seed", type=_nonnegative_int, default=0)
     p.add_argument("--out", default="vmem-trace", help="output folder (default vmem-trace)")
     p.set_defaults(func=cmd_trace)
 
@@ -509,7 +551,8 @@ def _add_bench(sub: Any) -> None:
     p.add_argument("which", choices=("bandwidth",))
     p.add_argument("--device", default="cpu")
     p.add_argument("--memory", default=None, help="device memory (default 1GiB)")
-    p.add_argument("--pcie-gbps", type=float, help="throttle the CPU device's link to this many GB/s")
+    p.add_argument("--pcie-gbps", type=_positive_float, help="throttle the CPU device's link to this many GB/s "
+                   "(more than 0; leave it out for an unthrottled link)")
     p.add_argument("--sizes", help="comma-separated sizes (default 64KiB to 256MiB)")
     p.add_argument("--rounds", type=_positive_int, default=3)
     p.add_argument("--codec", help="transfer through this codec (zvc, ssdc, fp16, fp8, ...; see vmem.codecs)")

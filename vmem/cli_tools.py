@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import json
 from typing import Any
 
@@ -23,15 +24,25 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from .report import layer_table
     from .training import Trainer
 
+    from .cli import _check_dataset
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {args.out}: is a file; give a folder (made if it does not exist)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--out {args.out}: cannot make the folder ({exc.strerror})") from None
+    if not os.access(out, os.W_OK):
+        raise ValueError(f"--out {args.out}: the folder is not writable")
     net = _model(args)
+    _check_dataset(args, net)
     train, _ = data.load(args.dataset, input_shape=net.input_shape, seed=args.seed, n=max(args.batch, 256))
     if train.num_classes != net.output_shape()[-1]:
         net = _rebuild_for_classes(args, train.num_classes)
     options: dict[str, Any] = {"memory": args.memory} if args.memory else {}
     if args.pcie_gbps:
         options["pcie_gbps"] = args.pcie_gbps
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     dev = make_device(args.device, **options)
     try:
         with Trainer(net, device=dev, policy=_policy_spec(args), optimizer=optim.SGD(lr=0.01, momentum=0.9),
@@ -81,9 +92,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from . import codecs
 
         codecs.get(args.codec)  # a clear error before the device starts
-        densities = [float(d) for d in args.density.split(",")]
+        try:
+            densities = [float(d) for d in args.density.split(",")]
+        except ValueError:
+            densities = [-1.0]
         if any(not 0 <= d <= 1 for d in densities):
-            raise ValueError(f"--density {args.density!r}: fractions in [0, 1]")
+            raise ValueError(f"--density {args.density!r}: comma-separated fractions of nonzeros from 0 to 1, "
+                             "e.g. 0.1,0.5,0.9")
     sizes = args.sizes.split(",") if args.sizes else (["4MiB", "16MiB", "64MiB"] if args.codec else list(DEFAULT_SIZES))
     dev = make_device(args.device, **options)
     try:

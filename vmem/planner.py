@@ -16,13 +16,14 @@ from typing import Any, Sequence
 from . import policies
 from .device.sim import SimDevice
 from .device.spec import DeviceSpec
-from .errors import OutOfDeviceMemory
+from .errors import OutOfDeviceMemory, PlanError
 from .graph import PASSES, Network, Program
 from .policies.budget import least_memory
 from .policies.plan import Plan
 from .schedule import Schedule
 from .schedule.lower import lower, op_workspace
 from .schedule.replay import Figures, LayerRow, replay
+from .units import format_bytes
 
 __all__ = ["plan", "plan_program", "evaluate", "least_memory", "smallest_memory", "PlanResult"]
 
@@ -78,7 +79,12 @@ def evaluate(program: Program, device: DeviceSpec, decided: Plan, *, alignment: 
         figures = replay(schedule, SimDevice(device, alignment=alignment), costs)
     except OutOfDeviceMemory:
         unbounded = dataclasses.replace(device, memory=_UNBOUNDED)
-        figures = dataclasses.replace(replay(schedule, SimDevice(unbounded, alignment=alignment), costs), fits=False)
+        try:
+            figures = replay(schedule, SimDevice(unbounded, alignment=alignment), costs)
+        except OutOfDeviceMemory:
+            raise PlanError(f"{program.network} at batch {program.batch}: one step needs more than "
+                            f"{format_bytes(_UNBOUNDED)}; a batch this large cannot be planned") from None
+        figures = dataclasses.replace(figures, fits=False)
     figures = dataclasses.replace(figures, layers=_layer_rows(program, decided))
     return PlanResult(decided, figures), schedule
 

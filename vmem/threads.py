@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 import sys
 import threading
 import time
@@ -133,6 +134,11 @@ class CoreBudget:
                 fixed = int(given)
             except ValueError:
                 raise ValueError(f"VMEM_THREADS must be a whole number of threads, not {given!r}") from None
+            if not 1 <= fixed <= self.cores:  # more threads than cores only slows every step down
+                clamped = min(max(fixed, 1), self.cores)
+                warnings.warn(f"VMEM_THREADS={given}: this machine has {self.cores} core(s); allowed are 1 to "
+                              f"{self.cores}; using {clamped}", RuntimeWarning, stacklevel=2)
+                fixed = clamped
         self.fix(fixed)
 
     def fix(self, threads: int | None) -> None:

@@ -59,8 +59,8 @@ def format_bytes(nbytes: int | float) -> str:
     value = float(nbytes)
     sign = "-" if value < 0 else ""
     value = abs(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if value < 1024 or unit == "EiB":
             return f"{sign}{value:.0f} B" if unit == "B" else f"{sign}{value:.2f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")

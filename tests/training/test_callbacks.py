@@ -50,3 +50,32 @@ def test_fit_refuses_zero_epochs():
         with pytest.raises(ValueError, match="epochs"):
             trainer.fit(data(), epochs=0, progress=False)
         assert np.isfinite(trainer.rng.random())
+
+
+def test_the_progress_bar_shows_on_a_terminal_that_reports_no_size():
+    """A pseudo-terminal of 0 x 0 (as `script` makes one) hid tqdm's bar: the bar gets 80 x 24 there."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    pytest.importorskip("tqdm")
+    code = ("from vmem.training.callbacks import ProgressBar\n"
+            "bar = ProgressBar(); bar.on_epoch_start(None, 1, 1, 3)\n"
+            "assert bar.bar is not None\n"
+            "for _ in range(3): bar.bar.update(1)\n"
+            "bar.bar.refresh(); bar.on_epoch_end(None, None, 1)\n")
+    leader, follower = pty.openpty()  # a terminal of 0 columns and 0 rows
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=follower, stdout=follower, stderr=follower)
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    assert proc.wait(timeout=60) == 0, out.decode(errors="replace")
+    assert b"epoch 1/1" in out and b"3/3" in out

@@ -46,7 +46,12 @@ class ProgressBar(Callback):
             from tqdm.auto import tqdm
         except ImportError:
             return
-        bar = tqdm(total=batches, desc=f"epoch {epoch}/{epochs}", leave=False, dynamic_ncols=True, disable=None)
+        try:  # a terminal that reports no size (0 x 0) would hide the bar: give it 80 x 24
+            sized = os.get_terminal_size(sys.stderr.fileno()).columns > 0
+        except (OSError, ValueError, AttributeError):
+            sized = False
+        bar = tqdm(total=batches, desc=f"epoch {epoch}/{epochs}", leave=False, dynamic_ncols=sized,
+                   ncols=None if sized else 80, nrows=None if sized else 24, disable=None)
         self.bar = None if bar.disable else bar  # disable=None: off unless a terminal
 
     def on_step(self, trainer: "Trainer", report: "StepReport") -> None:
