@@ -168,3 +168,16 @@ def test_sigterm_saves_and_exits_143(tmp_path):
         t.load(path)
         assert t.steps_done > 0
     assert not _temporaries(tmp_path)
+
+
+def test_a_save_is_flushed_to_the_disk_with_its_folder(trainer, tmp_path, monkeypatch):
+    synced = []
+    real = os.fsync
+
+    def fsync(fd):
+        synced.append(stat.S_ISDIR(os.fstat(fd).st_mode))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    trainer.save(tmp_path / "ckpt.npz")
+    assert synced == [False, True]  # the file, then its folder (after the rename)

@@ -101,3 +101,16 @@ def test_auto_never_picks_a_budget_that_cannot_train(capsys):
     assert code == 0, out.err
     result = json.loads(out.out)
     assert result["memory"] > 0.1 * result["baseline_peak_bytes"] and result["peak_bytes"] <= result["memory"]
+
+
+def test_at_batch_one_a_refusal_suggests_no_smaller_batch(capsys):
+    code = main(["train", "--model", "digits_vgg", "--batch", "1", "--memory", "64KiB"])
+    err = capsys.readouterr().err
+    assert code == 1 and "smaller batch" not in err and "Use a larger memory budget" in err
+
+
+def test_train_offers_no_simulated_gpu_in_its_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert "cuda:N" in out and "sim:" not in out
