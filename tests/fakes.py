@@ -1,5 +1,5 @@
 """Stand-in streams for tests: the runtime's own virtual streams, whose events complete only when a test
-says so (STYLE.md 3: inject the upstream). ``advance(k)`` completes the next ``k`` items."""
+says so (a test injects what is upstream of the code it tests). ``advance(k)`` completes the next ``k`` items."""
 
 from __future__ import annotations
 

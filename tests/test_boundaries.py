@@ -1,4 +1,4 @@
-"""The import graph keeps the design's boundaries (DESIGN.md: layers know nothing of offload; policies are
+"""The import graph keeps the design's boundaries (docs/architecture.md: layers know nothing of offload; policies are
 pure; the executor only carries a schedule out; the pool knows nothing of networks).
 
 Imports are read from the source (not from what happens to be loaded), followed transitively through

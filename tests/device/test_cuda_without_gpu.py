@@ -66,7 +66,7 @@ def test_the_cudnn_declarations_load_from_the_wheel():
 
     assert cudnn.version() >= 90000
     f = cudnn.ffi()
-    for kind in ("Fwd", "BwdData", "BwdFilter"):  # the perf structs as GPU_NOTES.md measured them
+    for kind in ("Fwd", "BwdData", "BwdFilter"):  # the perf structs as docs/gpu.md gives them
         assert f.sizeof(f"cudnnConvolution{kind}AlgoPerf_t") == 48
         assert f.offsetof(f"cudnnConvolution{kind}AlgoPerf_t", "memory") == 16
 

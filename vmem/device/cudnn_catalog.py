@@ -1,7 +1,7 @@
 """cuDNN's convolution algorithms as the simulator sees them: applicability, workspace, arithmetic.
 
 For each pass (forward, backward-data, backward-filter) the legacy API offers a handful of algorithms
-(see GPU_NOTES.md for their enums). The simulator needs, per algorithm and layer shape: whether it
+(see docs/gpu.md for their enums). The simulator needs, per algorithm and layer shape: whether it
 applies, how much workspace it asks for, how many FLOPs it actually performs (FFT and Winograd do fewer
 multiplies than the direct method) and how efficiently it runs. Workspace sizes follow the structure of
 each method (column buffers for GEMM, transformed tensors for FFT and non-fused Winograd); they are

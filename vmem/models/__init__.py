@@ -1,4 +1,4 @@
-"""The model zoo: the networks the papers measured (see shared MODELS.md), plus small ones for the CPU.
+"""The model zoo: the networks the papers measured (see docs/models.md), plus small ones for the CPU.
 
 ``vmem.models.names()`` lists them; ``vmem.models.get(name, num_classes=..., image_size=...)`` builds one
 (shapes only: parameters are initialized by ``net.init(seed)`` or by the Trainer). Every network knows its

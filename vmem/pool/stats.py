@@ -7,7 +7,7 @@ from typing import Literal, TypedDict
 
 __all__ = ["CATEGORIES", "CategoryStats", "PoolStats", "BlockInfo", "Snapshot", "check_category"]
 
-#: Every byte the device pool hands out belongs to one of these (DESIGN.md section 5).
+#: Every byte the device pool hands out belongs to one of these (docs/architecture.md, memory accounting).
 CATEGORIES: tuple[str, ...] = (
     "weights",
     "weight_grads",

@@ -3,7 +3,7 @@
 CuPy 14 removed its cuDNN bindings, so vmem declares what it calls (vmem/csrc/cudnn.h, from cuDNN 9's
 headers) and loads ``libcudnn.so.9`` from the ``nvidia-cudnn-cu13`` wheel. Descriptors can be made and
 output shapes computed without a GPU; anything that needs a handle (workspace sizes, algorithm search,
-the convolutions) needs one. Enum values are cuDNN 9's (see GPU_NOTES.md); algorithms carry the names
+the convolutions) needs one. Enum values are cuDNN 9's (see docs/gpu.md); algorithms carry the names
 the simulator's catalog uses (:mod:`vmem.device.cudnn_catalog`).
 """
 
@@ -121,7 +121,7 @@ class FilterDesc:
     def __init__(self, k: int, c: int, kh: int, kw: int, layout: int = NHWC, dtype: int = FLOAT):
         self.shape = (k, c, kh, kw)
         self.ptr = _make("FilterDescriptor")
-        # dataType comes before format here, unlike the tensor descriptor (GPU_NOTES.md)
+        # dataType comes before format here, unlike the tensor descriptor (docs/gpu.md)
         check("cudnnSetFilter4dDescriptor", lib().cudnnSetFilter4dDescriptor(self.ptr, dtype, layout, k, c, kh, kw))
 
 

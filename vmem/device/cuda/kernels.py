@@ -1,7 +1,7 @@
 """The encoding kernels of vmem/csrc/kernels.cuh built for the GPU: raw NVRTC to a cubin, loaded as a module.
 
 CuPy's RawModule appends ``-ftz=true`` after the caller's options and turns ``__fmul_rn``/``__fadd_rn`` into
-flush-to-zero instructions, so subnormal values would differ from the CPU build (GPU_NOTES.md). vmem
+flush-to-zero instructions, so subnormal values would differ from the CPU build (docs/gpu.md). vmem
 therefore compiles with NVRTC itself, with :data:`OPTIONS` (no flush to zero, IEEE division and square
 root, no contraction into fused multiply-adds) for the exact architecture of the device (a cubin: a PTX
 of a newer NVRTC may not load on an older driver), and loads the cubin. :func:`compile_cubin` needs no
