@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
-_HERE = str(Path(__file__).resolve().parent)
-sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE] + [_HERE]
-from _report import emit, table, verdict  # noqa: E402
+from _report import emit, table, verdict
 
-import vmem  # noqa: E402
-from vmem import format_bytes  # noqa: E402
-from vmem.errors import OutOfDeviceMemory  # noqa: E402
+import vmem
+from vmem import format_bytes
+from vmem.errors import OutOfDeviceMemory
 
 
 def smallest_budget(net, batch: int, policy: str) -> int:

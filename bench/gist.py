@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 
-_HERE = str(Path(__file__).resolve().parent)
-sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE] + [_HERE]
-from _report import emit, table, verdict  # noqa: E402
+from _report import emit, table, verdict
 
-import vmem  # noqa: E402
-from vmem.optim import SGD  # noqa: E402
+import vmem
+from vmem.optim import SGD
 
 POLICIES = ["baseline", "gist:ssdc=false,binarize=false", "gist", "gist:dpr=fp16", "gist:dpr=fp10", "gist:dpr=fp8",
             "gist:codec=fixed4", "gist:codec=patch2"]

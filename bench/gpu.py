@@ -45,12 +45,10 @@ from pathlib import Path
 
 import numpy as np
 
-_HERE = str(Path(__file__).resolve().parent)
-sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE] + [_HERE]
-from _report import machine, table, verdict  # noqa: E402
+from _report import machine, table, verdict
 
-import vmem  # noqa: E402
-from vmem import format_bytes, parse_bytes  # noqa: E402
+import vmem
+from vmem import format_bytes, parse_bytes
 
 GiB = 1 << 30
 

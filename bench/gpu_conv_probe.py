@@ -21,21 +21,18 @@ For finding what makes a profile slow. Every thread's stack is printed if it run
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-_HERE = str(Path(__file__).resolve().parent)  # bench/copy.py must not shadow the standard library's copy
-sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE]
 
-import argparse  # noqa: E402
-import faulthandler  # noqa: E402
-import logging  # noqa: E402
-import time  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
+import argparse
+import faulthandler
+import logging
+import time
+from types import SimpleNamespace
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import vmem  # noqa: E402
-from vmem.nn.base import physical  # noqa: E402
+import vmem
+from vmem.nn.base import physical
 
 
 def main() -> int:

@@ -18,11 +18,8 @@ import argparse
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-_HERE = str(Path(__file__).resolve().parent)
-sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE] + [_HERE]
-from _report import emit, table, verdict  # noqa: E402
+from _report import emit, table, verdict
 
 POLICIES = ["baseline", "gist:dpr=fp8", "gist:codec=fixed4", "gist:codec=patch2"]
 

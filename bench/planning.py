@@ -18,21 +18,18 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-_HERE = str(Path(__file__).resolve().parent)
-sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE] + [_HERE]
-from _report import emit, table, verdict  # noqa: E402
+from _report import emit, table, verdict
 
-import dataclasses  # noqa: E402  (after the path fix: bench/copy.py would shadow the standard library's copy)
+import dataclasses
 
-import vmem  # noqa: E402
-from vmem import format_bytes, policies  # noqa: E402
-from vmem.device.sim import SimDevice  # noqa: E402
-from vmem.planner import _cost_setup  # noqa: E402
-from vmem.schedule.lower import lower  # noqa: E402
-from vmem.schedule.pack import GREEDY_LIMIT, _greedy, lifetimes, place  # noqa: E402
-from vmem.schedule.replay import replay  # noqa: E402
+import vmem
+from vmem import format_bytes, policies
+from vmem.device.sim import SimDevice
+from vmem.planner import _cost_setup
+from vmem.schedule.lower import lower
+from vmem.schedule.pack import GREEDY_LIMIT, _greedy, lifetimes, place
+from vmem.schedule.replay import replay
 
 BIG = {"resnet_cifar(1001)": lambda: vmem.models.get("resnet_cifar", depth=1001), "vgg416": lambda: vmem.models.get("vgg416")}
 POLICIES = ("baseline:algos=performance", "vdnn-all", "gist")

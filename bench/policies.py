@@ -21,16 +21,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
-_HERE = str(Path(__file__).resolve().parent)
-sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE] + [_HERE]
-from _report import emit, table, verdict  # noqa: E402
+from _report import emit, table, verdict
 
-import vmem  # noqa: E402
-from vmem import format_bytes  # noqa: E402
+import vmem
+from vmem import format_bytes
 
 POLICIES = ["baseline", "vdnn-all", "vdnn-conv", "vdnn-all:sync=event", "vdnn-conv:sync=event"]
 

@@ -16,15 +16,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-# Put this folder last on the path: this file must not shadow the standard library's ``copy`` module.
-_HERE = str(Path(__file__).resolve().parent)
-sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE] + [_HERE]
-from _report import emit, table, verdict  # noqa: E402
+from _report import emit, table, verdict
 
-from vmem.pool import DevicePool  # noqa: E402
-from vmem.streams import CpuStream  # noqa: E402
+from vmem.pool import DevicePool
+from vmem.streams import CpuStream
 
 CONFIG = [64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M"]
 

@@ -14,17 +14,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
 import time
-from pathlib import Path
 
-_HERE = str(Path(__file__).resolve().parent)
-# bench/copy.py would shadow the standard library's copy: the bench folder goes last, the checkout first
-sys.path[:] = [str(Path(_HERE).parent)] + [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE] + [_HERE]
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import vmem  # noqa: E402
+import vmem
 
 POLICIES = ("layerwise", "mirror", "chen", "echo")
 

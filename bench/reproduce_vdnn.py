@@ -27,15 +27,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-_HERE = str(Path(__file__).resolve().parent)
-sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE] + [_HERE]
-from _report import emit, table, verdict  # noqa: E402
+from _report import emit, table, verdict
 
-import vmem  # noqa: E402
-from vmem.errors import PlanError  # noqa: E402
-from vmem.report import paper_accounting  # noqa: E402
+import vmem
+from vmem.errors import PlanError
+from vmem.report import paper_accounting
 
 PUBLISHED = {"alexnet": (128, 0.081), "overfeat": (128, 0.268), "vgg_a": (64, 0.529), "googlenet": (128, 0.470)}
 CONFIGS = ([(m, b) for m in ("alexnet", "overfeat", "googlenet", "vgg16") for b in (64, 128, 256)]

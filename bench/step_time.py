@@ -38,15 +38,12 @@ import sys
 import time
 from collections import Counter
 from contextlib import contextmanager
-from pathlib import Path
 
 import numpy as np
 
-_HERE = str(Path(__file__).resolve().parent)
-sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE] + [_HERE]
-from _report import emit, table, verdict  # noqa: E402
+from _report import emit, table, verdict
 
-import vmem  # noqa: E402
+import vmem
 
 
 #: Seconds between one side's work and the other's: OpenBLAS's threads after a product, and PyTorch's

@@ -7,7 +7,7 @@ made with ``pcie_gbps=R`` must move data at R GB/s each way.
 
 Targets (issue 2): ratio at least 0.8 for blocks of 4 MiB and more; throttled rate within 10% of R.
 
-    python bench/copy.py [--sizes 64KiB,1MiB,...] [--rate 2] [--json]
+    python bench/copies.py [--sizes 64KiB,1MiB,...] [--rate 2] [--json]
 """
 
 from __future__ import annotations
@@ -16,18 +16,14 @@ import argparse
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
-# Put this folder last on the path: this file must not shadow the standard library's ``copy`` module.
-_HERE = str(Path(__file__).resolve().parent)
-sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE] + [_HERE]
-from _report import emit, table, verdict  # noqa: E402
+from _report import emit, table, verdict
 
-import vmem  # noqa: E402
-from vmem import format_bytes, parse_bytes  # noqa: E402
-from vmem.streams import elapsed_time  # noqa: E402
+import vmem
+from vmem import format_bytes, parse_bytes
+from vmem.streams import elapsed_time
 
 DEFAULT_SIZES = "64KiB,1MiB,4MiB,16MiB,64MiB,256MiB"
 

@@ -9,24 +9,21 @@ numpy.copyto of the same array. Compression ratios are printed too.
 
 Targets (issue 6): at least 0.5x a copy for binarize and dpr, at least 0.25x for zvc and ssdc.
 
-    python bench/codecs.py [--size 64MiB] [--density 0.5] [--json]
+    python bench/codec_rates.py [--size 64MiB] [--density 0.5] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
-_HERE = str(Path(__file__).resolve().parent)
-sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE] + [_HERE]
-from _report import emit, table, verdict  # noqa: E402
+from _report import emit, table, verdict
 
-from vmem import codecs, parse_bytes  # noqa: E402
-from vmem.benchmarks import best_seconds, relu_activations  # noqa: E402
-from vmem.codecs import native  # noqa: E402
+from vmem import codecs, parse_bytes
+from vmem.benchmarks import best_seconds, relu_activations
+from vmem.codecs import native
 
 SPECS = ["binarize", "dpr:format=fp16", "dpr:format=fp10", "dpr:format=fp8", "zvc", "ssdc", "fixed:bits=8",
          "fixed:bits=4", "patch2"]

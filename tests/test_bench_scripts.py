@@ -1,0 +1,29 @@
+"""Every benchmark script starts as ``python bench/NAME.py`` from the checkout (no name of the bench folder
+shadows a standard-library module, and no script edits ``sys.path``) and has ``--help``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+SCRIPTS = sorted(p for p in BENCH.glob("*.py") if not p.name.startswith("_"))
+
+
+def test_no_bench_script_shadows_the_standard_library():
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    shadows = [p.name for p in BENCH.glob("*.py") if (stdlib / p.name).exists() or (stdlib / p.stem).is_dir()
+               or p.stem in sys.builtin_module_names]
+    assert not shadows
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_each_script_has_help_and_leaves_the_path_alone(script):
+    assert "sys.path[" not in script.read_text() and "sys.path.insert" not in script.read_text()
+    done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage:" in done.stdout
