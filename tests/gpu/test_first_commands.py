@@ -82,11 +82,11 @@ def test_the_installed_wheel_runs_on_the_gpu(tmp_path):
     paths = [str(site)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                            if p and Path(p).resolve() != ROOT]  # the carried wheels, not the checkout
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-    code = ("import vmem, numpy as np; assert vmem.__file__.startswith(%r), vmem.__file__; "
+    code = (f"import vmem, numpy as np; assert vmem.__file__.startswith({str(site)!r}), vmem.__file__; "
             "net = vmem.models.get('vgg_cifar', image_size=16); "
             "t = vmem.Trainer(net, device='cuda:0', memory='256MiB', policy='vdnn-all:codec=zvc'); "
             "x = np.random.default_rng(0).standard_normal((8, 3, 16, 16)).astype(np.float32); "
-            "r = t.step(x, np.arange(8) % 10); t.close(); print(r.loss)" % str(site))
+            "r = t.step(x, np.arange(8) % 10); t.close(); print(r.loss)")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert np.isfinite(float(done.stdout.split()[-1]))

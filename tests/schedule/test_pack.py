@@ -25,7 +25,7 @@ def lives(draw):
             live.append(len(out))
             out.append(Life(256 * draw(st.integers(1, 64)), t, -1))
         t += 1
-    return [l._replace(end=t) if l.end < 0 else l for l in out]  # never freed: live to the end
+    return [life._replace(end=t) if life.end < 0 else life for life in out]  # never freed: live to the end
 
 
 def check(lives_: list[Life], base: int, top: int, offsets: list[int]) -> None:
@@ -79,5 +79,5 @@ def test_zoo_schedules_satisfy_the_invariants(policy):
     lives_ = lifetimes(schedule.steps, schedule.alignment)
     base = sum(-(-b.nbytes // 256) * 256 for b in schedule.persistent)
     offsets = [st.offset for st in schedule.steps if type(st).__name__ == "Alloc"]
-    top = max(o + l.size for o, l in zip(offsets, lives_))
+    top = max(o + life.size for o, life in zip(offsets, lives_))
     check(lives_, base, top, offsets)

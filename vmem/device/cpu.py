@@ -223,7 +223,7 @@ class CpuDevice:
 
     def link_stats(self) -> dict[str, dict[str, float]]:
         """Bytes moved and seconds spent by the copy engine in each direction since the device was made."""
-        return {d: {"bytes": l.bytes, "seconds": l.seconds} for d, l in (("d2h", self._d2h), ("h2d", self._h2d))}
+        return {d: {"bytes": link.bytes, "seconds": link.seconds} for d, link in (("d2h", self._d2h), ("h2d", self._h2d))}
 
     # -- lifetime ----------------------------------------------------------------------------------
     def synchronize(self) -> None:

@@ -75,7 +75,7 @@ def _size_of(st: Step) -> int:
 
 def peak_live(lives: Iterable[Life]) -> int:
     """The most bytes live at once: no placement can have a lower top."""
-    events = sorted([(l.start, l.size) for l in lives] + [(l.end, -l.size) for l in lives])
+    events = sorted([(life.start, life.size) for life in lives] + [(life.end, -life.size) for life in lives])
     live = peak = 0
     for _, delta in events:
         live += delta
@@ -85,7 +85,8 @@ def peak_live(lives: Iterable[Life]) -> int:
 
 def _sweep(lives: list[Life], base: int, best_fit: bool) -> tuple[int, list[int]]:
     """Place blocks in allocation order into the free gaps below the highest live block."""
-    events = sorted([(l.start, 1, i) for i, l in enumerate(lives)] + [(l.end, 0, i) for i, l in enumerate(lives)])
+    events = sorted([(life.start, 1, i) for i, life in enumerate(lives)]
+                    + [(life.end, 0, i) for i, life in enumerate(lives)])
     offs: list[int] = []  # free gaps below the frontier, by offset
     sizes: list[int] = []
     frontier = top = base
