@@ -139,3 +139,17 @@ def test_importing_vmem_imports_no_gpu_library():
     code = "import sys, vmem; vmem.plan(vmem.models.get('digits_cnn'), 4); print(sorted(m for m in ('cupy', 'pynvml', 'torch') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_nothing_outside_vmem_device_probes_a_device():
+    """The Device protocol is complete: no hasattr/getattr on a device, no test of its kind or of its array
+    module outside vmem/device (a device says what it can do: asynchronous, runs_codec, release_cached)."""
+    import re
+
+    probe = re.compile(r"(hasattr|getattr)\((self\.)?(device|dev|_device)\b|\b(device|dev)\.kind\s*[=!]=|"
+                       r"\b(device|dev)\.xp\s+is\b")
+    root = ROOT
+    found = [f"{path.relative_to(root)}:{n}: {line.strip()}" for path in root.rglob("*.py")
+             if "device" not in path.relative_to(root).parts[:1]
+             for n, line in enumerate(path.read_text().splitlines(), 1) if probe.search(line)]
+    assert not found, "\n".join(found)

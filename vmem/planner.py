@@ -59,15 +59,15 @@ class PlanResult:
         return layer_table(self)
 
 
-def _cost_setup(program: Program, device: DeviceSpec, costs: Any, catalog: Any = None) -> tuple[Program, Any]:
+def _cost_setup(program: Program, spec: DeviceSpec, costs: Any, catalog: Any = None) -> tuple[Program, Any]:
     """The program as the device sees it (its convolution catalog: ``catalog(program)`` from a Device, or
-    cuDNN's as the simulator models it for a simulated GPU) and its cost model (the roofline on a simulated
-    GPU unless ``costs`` is given)."""
-    if device.kind == "sim":
+    cuDNN's as the simulator models it for a simulated GPU's spec) and its cost model (the roofline on a
+    simulated GPU unless ``costs`` is given)."""
+    if spec.kind == "sim":
         from .costs import Roofline, with_cudnn_catalog
 
-        program = catalog(program) if catalog is not None else with_cudnn_catalog(program, device.arch)
-        return program, costs or Roofline(device, program.itemsize)
+        program = catalog(program) if catalog is not None else with_cudnn_catalog(program, spec.arch)
+        return program, costs or Roofline(spec, program.itemsize)
     return (catalog(program) if catalog is not None else program), costs
 
 

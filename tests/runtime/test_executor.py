@@ -26,6 +26,7 @@ class FakeDevice:
     holds_data = True
     xp = np
     conv_backend = None
+    asynchronous = False
 
     def __init__(self, memory: int = 64 << 20):
         self.name = "fake"
@@ -59,6 +60,12 @@ class FakeDevice:
     def copy_now(self, dst, src, direction):
         np.copyto(dst, src, casting="no")
         self.moved[direction] += dst.nbytes
+
+    def runs_codec(self, codec):
+        return True
+
+    def release_cached(self):
+        pass
 
     def readings(self):
         return {"used_bytes": self.pool.in_use}  # stands for NVML's

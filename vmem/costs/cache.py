@@ -55,11 +55,10 @@ def key(program: Program, device: Any, copy_gbps: float | None, repeats: int, se
 
     ops = [(op.name, op.kind, [list(s) for s in op.in_shapes], list(op.out_shape), op.algorithms,
             op.workspace) for op in program.ops]
-    spec = getattr(device, "spec", None)
     what = {
         "program": [program.network, program.batch, program.dtype, ops],
-        "device": None if device is None else [device.kind, device.name, device.pool.capacity,
-                                               getattr(spec, "arch", None), getattr(device, "gpu", None)],
+        "device": None if device is None else [device.name, device.pool.capacity, device.spec.to_dict(),
+                                               repr(device)],
         "copy_gbps": copy_gbps, "repeats": repeats, "seed": seed,
         "machine": [platform.machine(), _processor(), os.cpu_count()],
         "versions": [__version__, np.__version__],

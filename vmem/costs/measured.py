@@ -103,7 +103,7 @@ class _Runner:
         self.device = device
         self.xp = np if device is None else device.xp
         self.conv = None if device is None else device.conv_backend
-        self.streamed = bool(getattr(device, "asynchronous", False))
+        self.streamed = device is not None and bool(device.asynchronous)
         self.alignment = 0 if device is None else device.pool.alignment
         self.notes: list[str] = []  # what was not measured as asked (see Profiled.notes)
         self._blocks: list[Any] = []
@@ -166,8 +166,7 @@ class _Runner:
             self.device.synchronize()
             for block in self._blocks:
                 self.device.pool.free(block)
-            if hasattr(self.device, "release_cached"):  # CuPy's cached temporaries, outside the arena
-                self.device.release_cached()
+            self.device.release_cached()  # CuPy's cached temporaries, outside the arena
         self._blocks.clear()
 
     def call(self, fn: Any) -> Any:
@@ -533,7 +532,7 @@ def _copy_gbps(device: Any, repeats: int, on: _Runner | None = None, notes: list
     """The link rate: a 32 MiB memcpy on the CPU (the CPU device's copies are memcpys on its memory
     stream); pinned copies (the slower direction) on a GPU, of up to 32 MiB, less where the pool has less
     room."""
-    if device is None or not getattr(device, "asynchronous", False):
+    if device is None or not device.asynchronous:
         src = np.ones(32 << 20, np.uint8)
         dst = np.empty_like(src)
         return src.nbytes / best_seconds(lambda: np.copyto(dst, src), repeats) / 1e9

@@ -27,8 +27,8 @@ class Device(Protocol):
     memory stream by default) and return at once; ``copy_now`` copies on the calling thread, for work
     already running on a stream. ``holds_data`` is False for a device that only plans (simulated).
     A device whose streams run their work after ``launch`` returns (a GPU) says so with a true
-    ``asynchronous`` attribute (optional; absent means False): the executor then times its spans with
-    timing events and makes streams wait for each other without the host.
+    ``asynchronous`` attribute: the executor then times its spans with timing events and makes streams wait
+    for each other without the host.
     """
 
     name: str
@@ -40,6 +40,7 @@ class Device(Protocol):
     compute_stream: Stream
     memory_stream: Stream
     conv_backend: Any  # the device's convolutions (cuDNN on CUDA); None: the layers' NumPy algorithms
+    asynchronous: bool  # work runs after launch returns (a GPU): spans timed by events, streams wait on the device
 
     @property
     def pinned(self) -> PinnedHostPool | None:
@@ -71,6 +72,15 @@ class Device(Protocol):
 
     def copy_now(self, dst: Any, src: Any, direction: str) -> None:
         """Copy at once on the calling thread (``"d2h"`` or ``"h2d"``), for work running on a stream."""
+        ...
+
+    def runs_codec(self, codec: Any) -> bool:
+        """Whether this device's kernels can run ``codec`` (a :class:`~vmem.codecs.Codec`)."""
+        ...
+
+    def release_cached(self) -> None:
+        """Give back what the device's array library caches outside the pool (CuPy's blocks on a GPU),
+        after waiting for both streams; nothing to do elsewhere."""
         ...
 
     def readings(self) -> dict[str, Any]:

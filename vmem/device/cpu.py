@@ -97,6 +97,7 @@ class CpuDevice:
     kind = "cpu"
     holds_data = True
     conv_backend = None  # the layers' own NumPy algorithms
+    asynchronous = False  # work on a stream runs on its thread, timed by the host's clock
 
     def __init__(
         self,
@@ -236,6 +237,13 @@ class CpuDevice:
                 errors.append(exc)
         if errors:
             raise errors[0]
+
+    def runs_codec(self, codec: Any) -> bool:
+        """Every codec runs on the CPU (its C kernels, or its NumPy reference)."""
+        return True
+
+    def release_cached(self) -> None:
+        """Nothing is cached outside the arena."""
 
     def step_scope(self) -> Any:
         """Cap BLAS's threads to the cores other processes leave free (:data:`vmem.threads.BUDGET`)."""

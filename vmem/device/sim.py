@@ -30,6 +30,7 @@ class SimDevice:
     xp = None
     holds_data = False
     conv_backend = None
+    asynchronous = False
 
     def __init__(self, gpu: str | DeviceSpec, *, memory: int | str | None = None, alignment: int = 256):
         spec = gpu if isinstance(gpu, DeviceSpec) else specs.get(gpu)
@@ -48,6 +49,13 @@ class SimDevice:
         from ..costs import with_cudnn_catalog
 
         return with_cudnn_catalog(program, self.spec.arch)
+
+    def runs_codec(self, codec: Any) -> bool:
+        """A simulated GPU plans the codecs a GPU runs."""
+        return bool(codec.gpu)
+
+    def release_cached(self) -> None:
+        """Nothing is cached: a simulated GPU holds no data."""
 
     def _no_data(self, what: str) -> DeviceError:
         return DeviceError(f"{self.name} is simulated and holds no data ({what}); plan on it with vmem.plan")

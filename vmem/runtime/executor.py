@@ -90,10 +90,10 @@ class Executor(Transfers):
                  optimizer: Optimizer | None = None):
         if not device.holds_data:
             raise DeviceError(f"{device.name} holds no data: it plans (vmem.plan) but cannot run a step")
-        cpu_only = sorted({st.codec.spec for st in schedule.steps if type(st) in (Encode, Decode, Offload, Prefetch)
-                           and st.codec is not None and not st.codec.gpu})
-        if device.xp is not np and cpu_only:
-            raise DeviceError(f"{device.name}: codec {', '.join(cpu_only)} runs on the CPU device only in this "
+        refused = sorted({st.codec.spec for st in schedule.steps if type(st) in (Encode, Decode, Offload, Prefetch)
+                          and st.codec is not None and not device.runs_codec(st.codec)})
+        if refused:
+            raise DeviceError(f"{device.name}: codec {', '.join(refused)} runs on the CPU device only in this "
                               "version of vmem (on a GPU: zvc, ssdc, binarize, dpr)")
         self.device = device
         self.schedule = schedule
@@ -125,7 +125,7 @@ class Executor(Transfers):
         self._loss_at = self._labels_at + -(-int(np.prod(program.label_shape)) * 8 // a) * a
         self._staging_bytes = self._loss_at + a  # and the loss, copied there on the compute stream
         #: work runs after launch returns (a GPU): spans are timed by events, streams wait on the device
-        self._asynchronous = bool(getattr(device, "asynchronous", False))
+        self._asynchronous = bool(device.asynchronous)
         self._aux_dtype = {(op.index, k): (self.dtype if a.dtype == "float" else np.dtype(a.dtype))
                            for op in ops for k, a in op.aux.items()}
         self._table = handlers({

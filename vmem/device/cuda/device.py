@@ -223,6 +223,10 @@ class CudaDevice:
         for stream in (self.compute_stream, self.memory_stream):
             stream.synchronize()
 
+    def runs_codec(self, codec: Any) -> bool:
+        """The codecs whose kernels have a GPU build (zvc, ssdc, binarize, dpr)."""
+        return bool(codec.gpu)
+
     def release_cached(self) -> None:
         """Wait for both streams, then give the blocks CuPy's pool caches (the temporaries of work done
         so far) back to the driver, so that the reserve is whole again (the profile does this between
