@@ -113,15 +113,15 @@ class BestFit:
         kinds of blocks grow from opposite ends of free space instead of interleaving).
         The returned block is marked allocated; its other fields are the caller's to fill.
         """
-        best_list = None
+        best_list: list[tuple[int, int]] | None = None
         best_index = -1
-        best_key = None
+        best_key: tuple[int, int] = (0, 0)
         for key_owner in (None, owner) if owner is not None else (None,):
             lst = self._lists.get(key_owner)
             if not lst:
                 continue
             i = bisect_left(lst, (size, -1))
-            if i < len(lst) and (best_key is None or lst[i] < best_key):
+            if i < len(lst) and (best_list is None or lst[i] < best_key):
                 best_list, best_index, best_key = lst, i, lst[i]
         if best_list is None:
             return None

@@ -77,7 +77,8 @@ class _ArenaPool:
         self.capacity = capacity
         self.alignment = alignment
         self._mask = alignment - 1
-        self.arena = upstream(capacity) if upstream is not None else None
+        #: the memory blocks are carved from (None for a pool that only plans: a simulated device's)
+        self.arena: Any = upstream(capacity) if upstream is not None else None
         self._fit = BestFit(capacity)
         self._live: dict[int, Block] = {}  # offset -> allocated block: only this pool's own are freed
         self._lock = threading.RLock()

@@ -90,7 +90,7 @@ class Executor(Transfers):
                  optimizer: Optimizer | None = None):
         if not device.holds_data:
             raise DeviceError(f"{device.name} holds no data: it plans (vmem.plan) but cannot run a step")
-        refused = sorted({st.codec.spec for st in schedule.steps if type(st) in (Encode, Decode, Offload, Prefetch)
+        refused = sorted({st.codec.spec for st in schedule.steps if isinstance(st, (Encode, Decode, Offload, Prefetch))
                           and st.codec is not None and not device.runs_codec(st.codec)})
         if refused:
             raise DeviceError(f"{device.name}: codec {', '.join(refused)} runs on the CPU device only in this "
@@ -291,7 +291,7 @@ class Executor(Transfers):
             return
         xs = [self._value(r, t) for t in op.inputs] if op.reads_input else None
         y = self._value(r, op.output) if op.reads_output else None
-        dxs = []
+        dxs: list[Any] = []
         for j, t in enumerate(op.inputs):
             if not sched.needs_grad[t]:
                 dxs.append(None)

@@ -139,6 +139,7 @@ class Transfers:
             dev.pool.free(block, dev.compute_stream)
 
     def _send(self, st: Offload, src: Any, off: _Offloaded) -> None:
+        assert st.codec is not None  # an offload through a codec
         off.enc = transfer.send(self.device, st.codec, src, off.host, self._range(st.range))
         off.moved = off.enc.nbytes
 

@@ -60,9 +60,9 @@ def op_workspace(program: Program, plan: "Plan", op_index: int) -> tuple[int, in
     if not op.algorithms:
         return 0, 0
     algos = plan.algos.get(op.name, {})
-    fwd = op.workspace["forward"].get(algos.get("forward"), 0)
-    bwd = max(op.workspace["backward_data"].get(algos.get("backward_data"), 0),
-              op.workspace["backward_filter"].get(algos.get("backward_filter"), 0))
+    fwd = op.workspace["forward"].get(algos.get("forward", ""), 0)
+    bwd = max(op.workspace["backward_data"].get(algos.get("backward_data", ""), 0),
+              op.workspace["backward_filter"].get(algos.get("backward_filter", ""), 0))
     return fwd, bwd
 
 

@@ -36,7 +36,7 @@ _OPEN, _CLOSE = "open", "close"
 # the memory effect of each step kind (the one table this consumer dispatches on)
 _EFFECT = handlers({Alloc: _OPEN, Free: _CLOSE, Release: _CLOSE, Offload: None, Upload: None, Forward: None, Recompute: None, Loss: None,
                     Backward: None, Accumulate: None, AccumulateParam: None, Update: None, Prefetch: None, WaitPrefetch: None,
-                    Encode: None, Decode: None, CopyOut: None}, "pack")  # type: ignore[arg-type]
+                    Encode: None, Decode: None, CopyOut: None}, "pack")
 
 
 class Life(NamedTuple):

@@ -149,7 +149,7 @@ class _Replay:
             offloaded_bytes=self.schedule.offloaded_bytes,
             step_seconds=max(self.compute.clock, self.memory.clock) if timed else None,
             stall_seconds=self.stall if timed else None,
-            update_seconds=sum(self.seconds[i] for i, st in enumerate(self.schedule.steps)  # type: ignore[index]
+            update_seconds=sum(self.seconds[i] for i, st in enumerate(self.schedule.steps)  # type: ignore[index, misc]
                                if type(st) is Update) if timed else None,
             layer_peaks=self.layer_peaks,
         )
@@ -173,7 +173,7 @@ class _Replay:
         self.pool.free(self.blocks.pop(st.key), self.compute)
 
     def _compute(self, index: int, st: Step) -> None:
-        if type(st) in (Forward, Backward, Recompute):
+        if isinstance(st, (Forward, Backward, Recompute)):
             name = self.schedule.program.ops[st.op].name
             self.layer_peaks[name] = max(self.layer_peaks.get(name, 0), self.pool.in_use)
         if self.seconds is None:

@@ -242,7 +242,7 @@ STEPS: tuple[type, ...] = (Alloc, Free, Upload, Forward, Recompute, Loss, Backwa
 RELEASES: tuple[type, ...] = (Free, Release)
 
 
-def handlers(table: dict[type, Callable[..., Any] | None], consumer: str) -> dict[type, Callable[..., Any] | None]:
+def handlers(table: dict[type, Any], consumer: str) -> dict[type, Any]:
     """Check that ``table`` has an entry for every step kind (None: nothing to do) and return it."""
     missing = [t.__name__ for t in STEPS if t not in table]
     extra = [t.__name__ for t in table if t not in STEPS]

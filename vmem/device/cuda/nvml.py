@@ -116,15 +116,15 @@ def gpus() -> list[dict[str, Any]]:
     nv = _nvml()
     if nv is None:
         return []
-    rows = []
+    rows: list[dict[str, Any]] = []
     for i in range(nv.nvmlDeviceGetCount()):
         h = nv.nvmlDeviceGetHandleByIndex(i)
         row = {"nvml_index": i, "gpu": _text(nv.nvmlDeviceGetName(h)),
                "pci_bus_id": _text(nv.nvmlDeviceGetPciInfo(h).busId), "uuid": _text(nv.nvmlDeviceGetUUID(h))}
         rows.append({**row, **_read(nv, h)})
     order = cuda_order(rows)
-    for row in rows:
-        row["cuda_index"] = order.get(row["nvml_index"])
+    for listed in rows:
+        listed["cuda_index"] = order.get(listed["nvml_index"])
     return rows
 
 
