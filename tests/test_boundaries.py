@@ -153,3 +153,30 @@ def test_nothing_outside_vmem_device_probes_a_device():
              if "device" not in path.relative_to(root).parts[:1]
              for n, line in enumerate(path.read_text().splitlines(), 1) if probe.search(line)]
     assert not found, "\n".join(found)
+
+
+def test_the_import_graph_has_no_cycle():
+    """No two modules import each other, at module level or inside a function (a package's __init__ and
+    its own modules aside): a cycle means two modules are one."""
+    def ancestors(name: str) -> set[str]:
+        parts = name.split(".")
+        return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+    graph = {m: {t for t in direct_imports(m, deep=True) if t != m and t not in ancestors(m)
+                 and not t.startswith(m + ".")} for m in MODULES}
+    seen: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles = []
+
+    def visit(m: str, path: list[str]) -> None:
+        seen[m] = 1
+        for t in sorted(graph.get(m, ())):
+            if seen.get(t) == 1:
+                cycles.append(path[path.index(t):] + [t] if t in path else [m, t])
+            elif t not in seen:
+                visit(t, path + [t])
+        seen[m] = 2
+
+    for m in sorted(graph):
+        if m not in seen:
+            visit(m, [m])
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)

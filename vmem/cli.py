@@ -5,57 +5,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import sys
 import time
 from typing import Any, Sequence
 
 from .errors import VmemError
+from .cli_args import (check_dataset as _check_dataset, model as _model, nonnegative_float as _nonnegative_float,
+                       nonnegative_int as _nonnegative_int, policy_spec as _policy_spec, positive_float as _positive_float,
+                       positive_int as _positive_int, rebuild_for_classes as _rebuild_for_classes)
 from .cli_tools import cmd_bench, cmd_trace
 from .units import format_bytes
 
 __all__ = ["main"]
-
-
-def _positive_int(text: str) -> int:
-    """An argparse type: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
-def _nonnegative_int(text: str) -> int:
-    """An argparse type: an integer of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 0")
-    return value
-
-
-def _nonnegative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number")
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 0")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = _nonnegative_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be more than 0")
-    return value
 
 
 class Terminated(KeyboardInterrupt):
@@ -105,42 +66,6 @@ class _StopBetweenSteps:
 
         for sig, before in self._before.items():  # a signal noted after the last step: the run is done
             signal.signal(sig, before)
-
-
-def _policy_spec(args: argparse.Namespace) -> str:
-    spec = args.policy
-    if getattr(args, "algos", None):
-        given = [o.split("=", 1)[1] for o in spec.partition(":")[2].split(",") if o.startswith("algos=")]
-        if given and given[0] != args.algos:
-            raise ValueError(f"--algos {args.algos} and --policy {spec} (algos={given[0]}) disagree; give one")
-        if not given:
-            spec += ("," if ":" in spec else ":") + f"algos={args.algos}"
-    return spec
-
-
-#: what each dataset feeds: images (C, H, W) or token sequences (T,)
-_SEQUENCES = ("reverse",)
-
-
-def _check_dataset(args: argparse.Namespace, net: Any) -> None:
-    """A dataset the model can take: images for a model of images, token sequences for a sequence model."""
-    takes_tokens = len(tuple(net.input_shape or ())) == 1
-    gives_tokens = args.dataset in _SEQUENCES
-    if takes_tokens != gives_tokens:
-        fits = "reverse" if takes_tokens else "digits or synthetic"
-        raise ValueError(f"--model {net.name} takes {'token sequences' if takes_tokens else 'images'}; --dataset "
-                         f"{args.dataset} gives {'token sequences' if gives_tokens else 'images'}: use --dataset {fits}")
-
-
-def _model(args: argparse.Namespace):
-    from . import models
-
-    kwargs: dict[str, Any] = {}
-    if getattr(args, "image_size", None):
-        kwargs["image_size"] = args.image_size
-    if getattr(args, "depth", None):
-        kwargs["depth"] = args.depth
-    return models.get(args.model, **kwargs)
 
 
 #: ``vmem train --memory auto``: the device budget as a fraction of the baseline policy's peak
@@ -276,15 +201,6 @@ def _train(args: argparse.Namespace, stop: Any) -> int:
         print(f"vmem train: the last save failed: {saver.failed}", file=sys.stderr)
         return 1
     return 0
-
-
-def _rebuild_for_classes(args: argparse.Namespace, num_classes: int):
-    from . import models
-
-    kwargs: dict[str, Any] = {"num_classes": num_classes}
-    if getattr(args, "image_size", None):
-        kwargs["image_size"] = args.image_size
-    return models.get(args.model, **kwargs)
 
 
 #: Seconds after which a command that is still working says so on stderr.

@@ -14,7 +14,7 @@ __all__ = ["cmd_trace", "cmd_bench"]
 
 def cmd_trace(args: argparse.Namespace) -> int:
     """Train a few steps and write the last step's Chrome trace, memory plot and per-layer table."""
-    from .cli import _model, _policy_spec, _rebuild_for_classes  # the model options every command shares
+    from .cli_args import model as _model, policy_spec as _policy_spec, rebuild_for_classes as _rebuild_for_classes
     from pathlib import Path
 
     import numpy as np
@@ -24,7 +24,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from .report import layer_table
     from .training import Trainer
 
-    from .cli import _check_dataset
+    from .cli_args import check_dataset as _check_dataset
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():

@@ -8,39 +8,17 @@ their published Titan X times (bench/reproduce_vdnn.py prints the comparison).
 
 from __future__ import annotations
 
-import dataclasses
 
-from ..device.cudnn_catalog import ALGORITHMS, EFFICIENCY, Geometry, applies, effective_flops, workspace
+from ..device.cudnn_catalog import EFFICIENCY, effective_flops, geometry, with_cudnn_catalog, workspace
 from ..device.spec import DeviceSpec
-from ..graph import OpInfo, Program
+from ..graph import OpInfo
 
-__all__ = ["Roofline", "geometry", "with_cudnn_catalog"]
+__all__ = ["Roofline", "geometry", "with_cudnn_catalog"]  # the last two from vmem.device.cudnn_catalog
 
 ELEMENTWISE_EFFICIENCY = 0.35  # fraction of memory bandwidth element-wise kernels reach (calibrated)
 GEMM_EFFICIENCY = 0.75  # fully connected layers
 FILL = 16384  # output pixels x batch that fill a GPU; fewer leave units idle
 CHANNEL_EXP = 0.6  # how much narrow GEMMs lose: (min(C*kh*kw, K) / 64) ** CHANNEL_EXP
-
-
-def geometry(op: OpInfo) -> Geometry:
-    layer = op.layer
-    n, c, h, w = op.in_shapes[0]
-    _, k, ho, wo = op.out_shape
-    kh, kw = layer.kernel_size  # type: ignore[attr-defined]
-    return Geometry(n, c, h, w, k, kh, kw, layer.stride, layer.padding, ho, wo)  # type: ignore[attr-defined]
-
-
-def with_cudnn_catalog(program: Program, arch: str | None = None) -> Program:
-    """A copy of ``program`` whose convolutions offer cuDNN's algorithms (as the simulator models them)."""
-    ops = []
-    for op in program.ops:
-        if op.kind == "conv":
-            g = geometry(op)
-            algos = {p: [a for a in names if applies(g, a, arch)] for p, names in ALGORITHMS.items()}
-            ws = {p: {a: workspace(g, p, a, program.itemsize) for a in algos[p]} for p in algos}
-            op = dataclasses.replace(op, algorithms=algos, workspace=ws)
-        ops.append(op)
-    return dataclasses.replace(program, ops=ops)
 
 
 def _bytes(op: OpInfo, itemsize: int) -> int:

@@ -11,10 +11,16 @@ figures of convnet-benchmarks (see vmem.costs).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["ALGORITHMS", "Geometry", "workspace", "effective_flops", "applies", "EFFICIENCY"]
+if TYPE_CHECKING:
+    from ..graph import OpInfo, Program
+
+__all__ = ["ALGORITHMS", "Geometry", "workspace", "effective_flops", "applies", "EFFICIENCY", "geometry",
+           "with_cudnn_catalog"]
 
 ALGORITHMS = {
     "forward": ["implicit_gemm", "implicit_precomp_gemm", "gemm", "fft", "fft_tiling", "winograd",
@@ -124,3 +130,25 @@ def effective_flops(g: Geometry, algo: str) -> float:
         transforms = 5.0 * (g.n * g.c + g.n * g.k + g.c * g.k) * hf * wf * tiles * math.log2(hf * wf)
         return min(pointwise + transforms, direct * 4)
     return direct
+
+
+def geometry(op: "OpInfo") -> Geometry:
+    """A convolution op's geometry (logical NCHW shapes)."""
+    layer = op.layer
+    n, c, h, w = op.in_shapes[0]
+    _, k, ho, wo = op.out_shape
+    kh, kw = layer.kernel_size  # type: ignore[attr-defined]
+    return Geometry(n, c, h, w, k, kh, kw, layer.stride, layer.padding, ho, wo)  # type: ignore[attr-defined]
+
+
+def with_cudnn_catalog(program: "Program", arch: str | None = None) -> "Program":
+    """A copy of ``program`` whose convolutions offer cuDNN's algorithms (as the simulator models them)."""
+    ops = []
+    for op in program.ops:
+        if op.kind == "conv":
+            g = geometry(op)
+            algos = {p: [a for a in names if applies(g, a, arch)] for p, names in ALGORITHMS.items()}
+            ws = {p: {a: workspace(g, p, a, program.itemsize) for a in algos[p]} for p in algos}
+            op = dataclasses.replace(op, algorithms=algos, workspace=ws)
+        ops.append(op)
+    return dataclasses.replace(program, ops=ops)

@@ -46,7 +46,7 @@ class SimDevice:
 
     def catalog(self, program: Any) -> Any:
         """``program`` with cuDNN's algorithms as the simulator models them for this GPU's architecture."""
-        from ..costs import with_cudnn_catalog
+        from .cudnn_catalog import with_cudnn_catalog
 
         return with_cudnn_catalog(program, self.spec.arch)
 

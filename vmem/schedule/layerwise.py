@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..graph import Program
 from .gradients import gradients, needs_grad, param_temps
-from .lower import (LABELS, LOSS, PROBS, _algos, _alloc, _values, codec_info, decode_step, encode_step,
-                    offload_step,
-                    op_workspace, persistent_buffers, pinned_bytes, prefetch_step)
+from .parts import (LABELS, LOSS, PROBS, allocate, buffer_keys, codec_info, decode_step, encode_step, offload_step,
+                    op_workspace, pass_algos, persistent_buffers, pinned_bytes, prefetch_step)
 from .recompute import Rebuild, backward_uses, check_sources, decisions
 from .steps import (Alloc, Backward, Buffer, Forward, Free, Key, Kind, Loss, Recompute, Release, Schedule, Step,
                     Update, WaitPrefetch)
@@ -39,7 +38,7 @@ class _Layerwise:
         self.program, self.plan = program, plan
         ops, tensors = program.ops, program.tensors
         self.needs = needs_grad(program)
-        self.value, self.buffers, self.aux = _values(program)
+        self.value, self.buffers, self.aux = buffer_keys(program)
         self.grads = gradients(program, self.needs)
         self.param_temps, self.param_adds, temp_buffers = param_temps(program, self.needs)
         for key, (_, _, nbytes) in self.grads.intervals.items():
@@ -100,7 +99,7 @@ class _Layerwise:
         return out_grad is not None and all(program.tensors[t].buffer == b for t in group)
 
     def alloc(self, key: Key) -> None:
-        _alloc(self.buffers[key], self.value[self.program.input], self.steps)
+        allocate(self.buffers[key], self.value[self.program.input], self.steps)
 
     def alloc_encoding(self, b: int) -> None:
         self.steps.append(Alloc(self.buffers[self.enc[b]], deferred=self.codecs[b][0].data_dependent))
@@ -126,7 +125,7 @@ class _Layerwise:
             for k in op.aux:
                 self.alloc(self.aux[(op.index, k)])
             ws = self.workspace.get((op.index, "fwd"))
-            self.around_workspace(op.index, "fwd", Forward(op.index, _algos(self.plan, program, op.index)[0], ws))
+            self.around_workspace(op.index, "fwd", Forward(op.index, pass_algos(self.plan, program, op.index)[0], ws))
             if self.last_writer[self.buf[op.output]] == op.index:
                 self.start_offload(self.buf[op.output])
             for b in dict.fromkeys(self.buf[t] for t in op.inputs):
@@ -232,14 +231,14 @@ class _Layerwise:
         self.alloc(value[b])
         for j in rebuild.chain:
             ws = self.workspace.get((j, "fwd"))
-            self.around_workspace(j, "fwd", Recompute(j, _algos(self.plan, program, j)[0], ws))
+            self.around_workspace(j, "fwd", Recompute(j, pass_algos(self.plan, program, j)[0], ws))
         self.steps += [Free(value[s]) for s in rebuild.sources if self.last_use[s] == at]
 
     def backward_step(self, i: int) -> Backward:
         op = self.program.ops[i]
         out = self.buf[op.output]
         on_bits = self.enc[out] if op.reads_output and out in self.binarized else None
-        return Backward(i, _algos(self.plan, self.program, i)[1], self.workspace.get((i, "bwd")), on_bits)
+        return Backward(i, pass_algos(self.plan, self.program, i)[1], self.workspace.get((i, "bwd")), on_bits)
 
 
 def lower_layerwise(program: Program, plan: "Plan", optimizer_slots: tuple[str, ...], alignment: int) -> Schedule:
