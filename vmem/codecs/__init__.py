@@ -17,7 +17,7 @@ from .floats import DPR, FORMATS, quantize
 from .quant import Fixed, Patch2
 from .sparse import SSDC, ZVC, Binarize
 
-__all__ = ["get", "names", "ALIASES", "stored_nbytes", "STORE_SLACK", "encode_channels_last", "decode_channels_last", "Codec", "Encoded", "ZVC", "SSDC", "Binarize", "DPR", "Fixed", "Patch2", "FORMATS",
+__all__ = ["get", "names", "register", "ALIASES", "stored_nbytes", "STORE_SLACK", "encode_channels_last", "decode_channels_last", "Codec", "Encoded", "ZVC", "SSDC", "Binarize", "DPR", "Fixed", "Patch2", "FORMATS",
            "quantize"]
 
 _CODECS: dict[str, type[Codec]] = {c.name: c for c in (ZVC, SSDC, Binarize, DPR, Fixed, Patch2)}
@@ -36,7 +36,22 @@ def decode_channels_last(codec: Codec, enc: Encoded, out: Any) -> None:
 
 
 def names() -> list[str]:
+    """Every codec name ``get`` accepts (short names aside: :data:`ALIASES`)."""
     return sorted(_CODECS)
+
+
+def register(cls: type[Codec]) -> type[Codec]:
+    """Add a codec class (a :class:`Codec` subclass with a unique ``name``; usable as a decorator), as
+    ``vmem.policies.register`` adds a policy: then ``codec=NAME`` in a policy's spec takes it."""
+    if not (isinstance(cls, type) and issubclass(cls, Codec)):
+        raise ValueError(f"register: {cls!r} is not a Codec subclass")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name or ":" in name or name in ALIASES:
+        raise ValueError(f"register: codec {cls.__name__} needs a name of its own, not {name!r}")
+    if name in _CODECS and _CODECS[name] is not cls:
+        raise ValueError(f"codec {name!r} is already registered")
+    _CODECS[name] = cls
+    return cls
 
 
 def get(spec: "str | Codec", **options: Any) -> Codec:

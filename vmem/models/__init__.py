@@ -2,7 +2,9 @@
 
 ``vmem.models.names()`` lists them; ``vmem.models.get(name, num_classes=..., image_size=...)`` builds one
 (shapes only: parameters are initialized by ``net.init(seed)`` or by the Trainer). Every network knows its
-``input_shape``.
+``input_shape``. ``vmem.models.register(name, builder)`` adds one (also as a decorator), as
+``vmem.policies.register`` adds a policy and ``vmem.codecs.register`` a codec: then ``vmem train --model
+name`` and ``vmem plan`` take it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from .resnet import resnet, resnet_cifar
 from .seq import nmt, nmt_small, transformer
 from .small import digits_cnn, digits_vgg, mini_googlenet
 
-__all__ = ["get", "names", "info"]
+__all__ = ["get", "names", "info", "register"]
 
 _ZOO: dict[str, tuple[Callable[..., Network], dict[str, Any], str]] = {
     "alexnet": (alexnet, {}, "AlexNet (One Weird Trick), 3x224x224"),
@@ -46,6 +48,25 @@ for _depth in (18, 34, 50, 101, 152):
 def names() -> list[str]:
     """Every model name ``get`` accepts."""
     return sorted(_ZOO)
+
+
+def register(name: str, builder: Callable[..., Network] | None = None, *, description: str = "",
+             **defaults: Any) -> Any:
+    """Add model ``name``, built by ``builder(**options)`` (a function returning a Network with its
+    ``input_shape``; ``num_classes`` and ``image_size`` are passed where given). Used as a decorator
+    without ``builder``. A name already taken is refused."""
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"model name {name!r}: a non-empty name without ':'")
+    if name in _ZOO:
+        raise ValueError(f"model {name!r} is already registered")
+
+    def add(fn: Callable[..., Network]) -> Callable[..., Network]:
+        if not callable(fn):
+            raise ValueError(f"model {name!r}: the builder must be callable, not {fn!r}")
+        _ZOO[name] = (fn, dict(defaults), description or (fn.__doc__ or name).strip().splitlines()[0])
+        return fn
+
+    return add if builder is None else add(builder)
 
 
 def info(name: str) -> str:
