@@ -180,7 +180,7 @@ def test_dropout_draws_its_mask_on_the_host_for_every_device():
 
 
 class _FakePlan:
-    """Stands in for graph.Plan: fails for the configurations marked so, records what it ran."""
+    """Stands in for graph.ExecutionPlan: fails for the configurations marked so, records what it ran."""
 
     ran: list = []
 
@@ -225,7 +225,7 @@ def _graph_conv(monkeypatch, ranked, every=(), deterministic=True):
     from vmem.device.cuda.conv import GraphConv
 
     monkeypatch.setattr(graph, "ConvPass", _fake_pass(ranked, every))
-    monkeypatch.setattr(graph, "Plan", _FakePlan)
+    monkeypatch.setattr(graph, "ExecutionPlan", _FakePlan)
     _FakePlan.ran = []
     device = SimpleNamespace(deterministic=deterministic, compute_stream=SimpleNamespace(stream=nullcontext()))
     conv = GraphConv(device)

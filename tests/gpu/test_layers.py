@@ -132,7 +132,7 @@ def test_graph_api_engines_against_float64(cuda, case):
 
     from vmem.device.cuda import cudnn
     from vmem.device.cuda.conv import _geometry
-    from vmem.device.cuda.graph import ConvPass, Plan
+    from vmem.device.cuda.graph import ConvPass, ExecutionPlan
 
     cin, cout, k, s, p, shape = case
     layer = nn.Conv2d(cin, cout, k, stride=s, padding=p, bias=False)
@@ -151,7 +151,7 @@ def test_graph_api_engines_against_float64(cuda, case):
             ran = 0
             for cfg in configs[:3]:
                 try:
-                    plan = Plan(handle.ptr, cfg)
+                    plan = ExecutionPlan(handle.ptr, cfg)
                 except cudnn.CudnnError:
                     continue
                 out = cupy.zeros(want.shape, np.float32)

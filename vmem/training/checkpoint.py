@@ -17,14 +17,14 @@ import numpy as np
 
 from ..errors import CheckpointError
 
-__all__ = ["write", "read", "target", "SaveLock", "Checkpoint", "FORMAT", "VERSION"]
+__all__ = ["write", "read", "target", "SaveLock", "SavedState", "FORMAT", "VERSION"]
 
 FORMAT = "vmem-checkpoint"
 VERSION = 1
 
 
 @dataclass
-class Checkpoint:
+class SavedState:
     """A checkpoint read and checked against a network and optimizer: nothing has been applied yet."""
 
     params: dict[str, np.ndarray]
@@ -216,7 +216,7 @@ def _steps(path: str | os.PathLike, meta: dict[str, Any]) -> int:
     return steps
 
 
-def read(path: str | os.PathLike, network: str, optimizer: Any, specs: dict[str, Any]) -> Checkpoint:
+def read(path: str | os.PathLike, network: str, optimizer: Any, specs: dict[str, Any]) -> SavedState:
     """Read ``path`` and check every entry against the network's name and parameter ``specs`` and the
     optimizer: keys, shapes, dtypes, finiteness, the step count, the random state. Raises CheckpointError
     naming the file and the entry; the parameters' names and shapes are checked again by the network."""
@@ -260,4 +260,4 @@ def read(path: str | os.PathLike, network: str, optimizer: Any, specs: dict[str,
     if position[1] and epoch_rng is None:
         raise CheckpointError(f"{path}: entry 'meta.epoch_step' is {position[1]} but the epoch's random state is "
                               "missing")
-    return Checkpoint(params, opt_state, steps, rng, position[0], position[1], epoch_rng)
+    return SavedState(params, opt_state, steps, rng, position[0], position[1], epoch_rng)

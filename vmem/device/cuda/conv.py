@@ -336,7 +336,7 @@ class GraphConv(CudnnConv):
             if (self.device.deterministic and not cfg.deterministic) or "runtime_compilation" in cfg.behavior:
                 continue
             try:
-                plan = graph.Plan(handle, cfg, owner)  # the plan keeps its operation graph alive
+                plan = graph.ExecutionPlan(handle, cfg, owner)  # the plan keeps its operation graph alive
             except cudnn.CudnnError:
                 continue
             name, i = f"e{cfg.index}", 0

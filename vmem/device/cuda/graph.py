@@ -20,7 +20,7 @@ from typing import Any, Iterable, Sequence
 
 from . import cudnn
 
-__all__ = ["Descriptor", "ConvPass", "EngineConfig", "Plan", "UIDS"]
+__all__ = ["Descriptor", "ConvPass", "EngineConfig", "ExecutionPlan", "UIDS"]
 
 # cudnnBackendDescriptorType_t
 _ENGINE, _ENGINECFG, _ENGINEHEUR, _EXECUTION_PLAN = 2, 3, 4, 5
@@ -230,7 +230,7 @@ def _describe(cfg: Descriptor) -> EngineConfig:
                         frozenset(BEHAVIOR_NOTES[i] for i in behavior if 0 <= i < len(BEHAVIOR_NOTES)))
 
 
-class Plan:
+class ExecutionPlan:
     """An engine configuration built into an execution plan on ``handle``; ``workspace`` is the bytes it
     needs. ``owner`` (the :class:`ConvPass`) is kept: cuDNN's plan refers to its operation graph, which
     must not be destroyed while the plan runs. Raises :class:`.cudnn.CudnnError` if the configuration cannot run this pass."""
