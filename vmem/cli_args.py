@@ -11,29 +11,27 @@ __all__ = ["positive_int", "nonnegative_int", "nonnegative_float", "positive_flo
            "model", "rebuild_for_classes", "SEQUENCES"]
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
+def _int_at_least(least: int):
+    """An argparse type: an integer of at least ``least``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} must be at least {least}")
+        return value
+
+    return parse
 
 
-def nonnegative_int(text: str) -> int:
-    """An argparse type: an integer of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 0")
-    return value
+#: argparse types: an integer of at least 1, of at least 0
+positive_int = _int_at_least(1)
+nonnegative_int = _int_at_least(0)
 
 
 def nonnegative_float(text: str) -> float:
+    """An argparse type: a finite number of at least 0."""
     try:
         value = float(text)
     except ValueError:
@@ -46,6 +44,7 @@ def nonnegative_float(text: str) -> float:
 
 
 def positive_float(text: str) -> float:
+    """An argparse type: a finite number more than 0."""
     value = nonnegative_float(text)
     if value == 0:
         raise argparse.ArgumentTypeError("must be more than 0")
@@ -53,6 +52,7 @@ def positive_float(text: str) -> float:
 
 
 def policy_spec(args: argparse.Namespace) -> str:
+    """The policy spec of ``--policy`` with ``--algos`` folded in (a contradiction between them refused)."""
     spec = args.policy
     if getattr(args, "algos", None):
         given = [o.split("=", 1)[1] for o in spec.partition(":")[2].split(",") if o.startswith("algos=")]
