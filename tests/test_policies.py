@@ -53,3 +53,25 @@ def test_a_plan_is_plain_data_and_gives_figures_even_when_it_does_not_fit():
     assert data["peak_bytes"] == plan.peak_bytes
     assert "DOES NOT FIT" in plan.table()
     assert plan.average_bytes == pytest.approx(plan.peak_bytes)
+
+
+def test_decisions_are_enums_that_read_as_their_values():
+    from vmem.policies import Allocation, Stash
+
+    net = vmem.models.get("vgg_cifar", image_size=16)
+    plan = vmem.plan(net, 8, policy="vdnn-all")
+    assert plan.allocation is Allocation.LAYER and set(plan.stash.values()) <= set(Stash)
+    assert Stash.OFFLOAD in plan.stash.values() and "offload" in plan.stash.values()
+    assert plan.to_dict()["stash"] and all(type(v) is str for v in plan.to_dict()["stash"].values())
+    assert f"{Stash.RECOMPUTE}" == "recompute"
+
+
+def test_an_unknown_decision_is_refused_naming_the_buffer():
+    from vmem.errors import PlanError
+    from vmem.policies import Plan
+
+    with pytest.raises(PlanError, match="buffer 'conv1': stash decision 'swap'"):
+        Plan(policy="mine", network="n", batch=1, device="cpu", capacity=1, allocation="layer",
+             stash={"conv1": "swap"})
+    with pytest.raises(PlanError, match="allocation 'global'"):
+        Plan(policy="mine", network="n", batch=1, device="cpu", capacity=1, allocation="global")

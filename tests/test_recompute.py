@@ -85,7 +85,7 @@ def test_a_rebuild_whose_source_is_not_live_is_refused():
         lower(program, dataclasses.replace(plan, stash=stash, codecs={"conv1": "fp8"}))
     with pytest.raises(PlanError, match="network's input"):
         lower(program, dataclasses.replace(plan, stash={**plan.stash, "input": "recompute"}))
-    with pytest.raises(PlanError, match="unknown decision"):
+    with pytest.raises(PlanError, match="stash decision .drop.; use one of keep, offload, encode, recompute"):
         lower(program, dataclasses.replace(plan, stash={**plan.stash, "conv1": "drop"}))
 
 

@@ -11,6 +11,6 @@ from . import layerwise as _layerwise  # noqa: F401
 from . import recompute as _recompute  # noqa: F401
 from . import vdnn as _vdnn  # noqa: F401
 from .base import Policy, get, names, parse_spec, register
-from .plan import Plan
+from .plan import Allocation, Plan, Stash
 
-__all__ = ["Policy", "Plan", "get", "names", "parse_spec", "register"]
+__all__ = ["Policy", "Plan", "Stash", "Allocation", "get", "names", "parse_spec", "register"]

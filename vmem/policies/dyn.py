@@ -41,7 +41,7 @@ from ..errors import PlanError
 from ..graph import PASSES, Program
 from ..units import format_bytes
 from .base import Policy, get, option, register
-from .plan import Plan
+from .plan import Plan, Stash
 from .vdnn import SYNC_MODES, prefetch_points
 
 __all__ = ["VdnnDyn"]
@@ -192,7 +192,7 @@ class VdnnDyn(Policy):
             if (trials >= self.KEEP_TRIALS or idle >= self.KEEP_PATIENCE
                     or candidate.stall_seconds < self.KEEP_STALL * candidate.step_seconds):
                 break
-            stash = dict(plan.stash, **{name: "keep"})
+            stash = dict(plan.stash, **{name: Stash.KEEP})
             offloaded = {ids[n] for n, how in stash.items() if how == "offload"}
             trial = replace(plan, stash=stash, prefetch=prefetch_points(program, offloaded),
                             codecs={n: c for n, c in plan.codecs.items() if n != name})

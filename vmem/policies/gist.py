@@ -29,7 +29,7 @@ from .. import codecs
 from ..device.spec import DeviceSpec
 from ..graph import Program
 from .base import Policy, option, register
-from .plan import Plan
+from .plan import Allocation, Plan, Stash
 from .ranges import batchnorm_ranges, check_sigmas
 from .vdnn import check_density
 
@@ -106,7 +106,7 @@ class Gist(Policy):
                 codec = lossy
             elif self.ssdc and _nonnegative_sparse(program, b):
                 codec = codecs.get("ssdc")
-            stash[t.name] = "encode" if codec is not None else "keep"
+            stash[t.name] = Stash.ENCODE if codec is not None else Stash.KEEP
             if codec is not None:
                 chosen[t.name] = codec.spec
         counts: dict[str, int] = {}
@@ -115,7 +115,7 @@ class Gist(Policy):
         summary = ", ".join(f"{n} {spec}" for spec, n in sorted(counts.items())) or "nothing"
         return Plan(
             policy=self.spec, network=program.network, batch=program.batch, device=device.name,
-            capacity=device.memory, allocation="layer", algos=self.choose_algos(program, costs, capacity=device.memory), stash=stash,
+            capacity=device.memory, allocation=Allocation.LAYER, algos=self.choose_algos(program, costs, capacity=device.memory), stash=stash,
             codecs=chosen, density=self.density, ranges=batchnorm_ranges(program, chosen, self.bn_sigmas),
             reason=f"layer-wise allocation; gist: encode {summary} of {len(stash)} stashed buffers on the device",
         )

@@ -13,7 +13,7 @@ from typing import Any
 from ..device.spec import DeviceSpec
 from ..graph import Program
 from .base import Policy, register
-from .plan import Plan
+from .plan import Allocation, Plan, Stash
 
 __all__ = ["Layerwise"]
 
@@ -29,7 +29,7 @@ class Layerwise(Policy):
         stashed = program.stashed_buffers()
         return Plan(
             policy=self.spec, network=program.network, batch=program.batch, device=device.name,
-            capacity=device.memory, allocation="layer", algos=self.choose_algos(program, costs, capacity=device.memory),
-            stash={program.tensors[b].name: "keep" for b in sorted(stashed)},
+            capacity=device.memory, allocation=Allocation.LAYER, algos=self.choose_algos(program, costs, capacity=device.memory),
+            stash={program.tensors[b].name: Stash.KEEP for b in sorted(stashed)},
             reason=f"layer-wise allocation; nothing offloaded ({len(stashed)} stashed buffers kept)",
         )

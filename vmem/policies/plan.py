@@ -16,9 +16,35 @@ those figures (:class:`vmem.planner.PlanResult`).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any
 
-__all__ = ["Plan"]
+from ..errors import PlanError
+
+__all__ = ["Plan", "Stash", "Allocation"]
+
+
+class _Decision(str, Enum):
+    """A decision: compares, prints and serializes as its value (``Stash.OFFLOAD == "offload"``)."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__  # type: ignore[assignment]
+
+
+class Stash(_Decision):
+    """What happens to a stashed feature-map buffer between its last forward use and backward."""
+
+    KEEP = "keep"  # stays on the device
+    OFFLOAD = "offload"  # copied to pinned host memory (through its codec, if it has one), prefetched back
+    ENCODE = "encode"  # kept on the device in its codec's encoding (Gist)
+    RECOMPUTE = "recompute"  # freed, and rebuilt by running its producer again before backward reads it
+
+
+class Allocation(_Decision):
+    """How a step's memory is allocated."""
+
+    NETWORK = "network"  # everything up front, as Torch and Caffe do
+    LAYER = "layer"  # layer by layer, released after last use
 
 
 @dataclass(frozen=True)
@@ -28,9 +54,9 @@ class Plan:
     batch: int
     device: str
     capacity: int
-    allocation: str  # "network" | "layer"
+    allocation: str  # an Allocation ("network" | "layer"; a string is taken)
     algos: dict[str, dict[str, str]] = field(default_factory=dict)  # op -> pass -> algorithm
-    stash: dict[str, str] = field(default_factory=dict)  # stashed buffer (owner) -> "keep" | "offload" | "encode"
+    stash: dict[str, str] = field(default_factory=dict)  # stashed buffer (owner) -> a Stash (a string is taken)
     codecs: dict[str, str] = field(default_factory=dict)  # offloaded or encoded buffer -> codec spec
     density: float = 0.5  # expected fraction of nonzeros, to size data-dependent encodings when planning
     # fixed-point buffers whose per-channel range comes from a batch norm: buffer -> {"batchnorm": op name,
@@ -43,5 +69,26 @@ class Plan:
     step: int | None = None  # ... and the step of its procedure that chose it
     notes: dict[str, str] = field(default_factory=dict)  # buffer -> why the policy decided as it did (echo)
 
+    def __post_init__(self) -> None:
+        """Decisions given as strings become :class:`Stash` and :class:`Allocation` members; an unknown one
+        is a PlanError naming the buffer."""
+        try:
+            allocation = Allocation(self.allocation)
+        except ValueError:
+            raise PlanError(f"plan {self.policy!r}: allocation {self.allocation!r}; use one of "
+                            f"{', '.join(a.value for a in Allocation)}") from None
+        stash = {}
+        for buffer, decision in self.stash.items():
+            try:
+                stash[buffer] = Stash(decision)
+            except ValueError:
+                raise PlanError(f"plan {self.policy!r}: buffer {buffer!r}: stash decision {decision!r}; use one of "
+                                f"{', '.join(d.value for d in Stash)}") from None
+        object.__setattr__(self, "allocation", allocation)
+        object.__setattr__(self, "stash", stash)
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["allocation"] = str(self.allocation)
+        out["stash"] = {k: str(v) for k, v in self.stash.items()}
+        return out

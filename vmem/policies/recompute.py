@@ -30,7 +30,7 @@ from ..device.spec import DeviceSpec
 from ..graph import Program
 from ..schedule.recompute import writers
 from .base import Policy, register
-from .plan import Plan
+from .plan import Allocation, Plan, Stash
 
 __all__ = ["Mirror", "Chen", "Echo", "CHEAP_FLOPS", "cheap_ops"]
 
@@ -125,10 +125,10 @@ class _Graph:
             lv = 1 + max([level[s] for s in early]) if early else 1
             if depth is not None and lv > depth:
                 continue
-            decided[b], level[b] = "recompute", lv
+            decided[b], level[b] = Stash.RECOMPUTE, lv
             held -= size[b]
             for s in temps:
-                decided[s] = "recompute"
+                decided[s] = Stash.RECOMPUTE
             for s in kept:
                 if s not in decided:
                     held += size[s]
@@ -141,7 +141,7 @@ def _plan(policy: "Policy", program: Program, device: DeviceSpec, costs: Any, de
     names = {b: program.tensors[b].name for b in decided}
     return Plan(
         policy=policy.spec, network=program.network, batch=program.batch, device=device.name,
-        capacity=device.memory, allocation="layer", algos=policy.choose_algos(program, costs, capacity=device.memory),
+        capacity=device.memory, allocation=Allocation.LAYER, algos=policy.choose_algos(program, costs, capacity=device.memory),
         stash={names[b]: d for b, d in sorted(decided.items())}, reason=reason, notes=notes or {},
     )
 
@@ -240,7 +240,7 @@ class Echo(Policy):
         if oracle is None:
             return self._at_depth(g, device, costs, DEPTH, cache)
         # the depth limit trades chains against what they hold; replay tells which peaks lowest
-        base = _plan(self, program, device, costs, {b: "keep" for b in g.stashed}, "")
+        base = _plan(self, program, device, costs, {b: Stash.KEEP for b in g.stashed}, "")
         floor = oracle(base, memory=1 << 60).peak_bytes
         tried = []
         for depth in DEPTHS:

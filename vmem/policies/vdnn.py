@@ -30,7 +30,7 @@ from typing import Any
 from ..device.spec import DeviceSpec
 from ..graph import Program
 from .base import Policy, option, register
-from .plan import Plan
+from .plan import Allocation, Plan, Stash
 from .ranges import batchnorm_ranges, check_sigmas
 
 __all__ = ["VdnnAll", "VdnnConv", "prefetch_points", "offload_codec", "check_density"]
@@ -111,8 +111,8 @@ class _Vdnn(Policy):
                   if self.codec else {})
         return Plan(
             policy=self.spec, network=program.network, batch=program.batch, device=device.name,
-            capacity=device.memory, allocation="layer", algos=self.choose_algos(program, costs, capacity=device.memory),
-            stash={program.tensors[b].name: ("offload" if b in offloaded else "keep") for b in sorted(stashed)},
+            capacity=device.memory, allocation=Allocation.LAYER, algos=self.choose_algos(program, costs, capacity=device.memory),
+            stash={program.tensors[b].name: (Stash.OFFLOAD if b in offloaded else Stash.KEEP) for b in sorted(stashed)},
             prefetch=prefetch_points(program, offloaded), sync=self.sync, density=self.density,
             codecs=chosen, ranges=batchnorm_ranges(program, chosen, self.bn_sigmas),
             reason=f"layer-wise allocation; {self.name}: offload {len(offloaded)} of {len(stashed)} stashed buffers"
