@@ -4,6 +4,7 @@ baseline's memory, profiled on the GPU within that budget) and with a named poli
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -51,25 +52,27 @@ def test_plan_on_cuda_without_a_profile_takes_no_gpu_memory_to_speak_of(capsys):
     free_before = cupy.cuda.runtime.memGetInfo()[0]
     result = _cli(capsys, "plan", "--device", "cuda:0", "--model", "vgg16", "--batch", "64")
     assert result["peak_bytes"] > 1 << 30
-    assert cupy.cuda.runtime.memGetInfo()[0] > free_before - (256 << 20)
+    assert cupy.cuda.runtime.memGetInfo()[0] > free_before - (1 << 30)  # cuDNN's own libraries aside: no arena
 
 
 def test_fit_evaluate_save_load_in_the_default_arena(tmp_path):
     train, val = vmem.data.digits(image_size=16, channels=1)
     net = vmem.models.get("digits_cnn")
     path = tmp_path / "ckpt.npz"
-    with vmem.Trainer(net, device="cuda:0", policy="vdnn-all", seed=0) as trainer:
-        assert trainer.device.pool.capacity > 1 << 30  # the default: the GPU's free memory less the reserve
-        history = trainer.fit(train, epochs=2, val=val, batch_size=32, progress=False)
+    with vmem.Trainer(net, device="cuda:0", policy="vdnn-all", seed=0) as first:
+        assert first.device.pool.capacity > 1 << 30  # the default: the GPU's free memory less the reserve
+        history = first.fit(train, epochs=2, val=val, batch_size=32, progress=False)
         assert history.last.val_accuracy > 0.5
-        before = trainer.evaluate(val, batch_size=64)
-        trainer.save(path)
+        before = first.evaluate(val, batch_size=64)
+        first.save(path)
         weights = {k: v.copy() for k, v in net.params.items()}
+    del first
+    gc.collect()  # the first arena (nearly the whole GPU) goes back before the second is taken
     other = vmem.models.get("digits_cnn")
-    with vmem.Trainer(other, device="cuda:0", policy="baseline", seed=1) as trainer:
-        trainer.load(path)
+    with vmem.Trainer(other, device="cuda:0", policy="baseline", seed=1) as second:
+        second.load(path)
         assert all(np.array_equal(weights[k], other.params[k]) for k in weights)
-        after = trainer.evaluate(val, batch_size=64)
+        after = second.evaluate(val, batch_size=64)
     assert abs(after["accuracy"] - before["accuracy"]) < 1e-6
 
 
