@@ -256,6 +256,7 @@ class CudaDevice:
                 self._conv.close()
             for s in (self.compute_stream, self.memory_stream):
                 s.close()
+            self.pool.arena.release()  # the arena goes back to the driver once its last view is gone
             self._release_threads()
 
     def __enter__(self) -> "CudaDevice":

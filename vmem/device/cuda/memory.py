@@ -32,7 +32,14 @@ class DeviceArena:
     def view(self, offset: int, shape: Any, dtype: Any) -> Any:
         import cupy
 
+        if self.base is None:
+            raise RuntimeError("the device arena was released (its device is closed)")
         return cupy.ndarray(shape, dtype, memptr=self.base + offset)
+
+    def release(self) -> None:
+        """Drop the arena's own hold on its memory: the driver gets it back once no view of it is left (a
+        closed device's next user may take the GPU's free memory again)."""
+        self.memory = self.base = None
 
     def fill(self, offset: int, nbytes: int, byte: int, stream: Any = None) -> None:
         """Set ``nbytes`` bytes at ``offset`` to ``byte`` on ``stream`` (poisoning freed blocks)."""
