@@ -14,7 +14,7 @@ from vmem.errors import PlanError
 from vmem.schedule.lower import lower
 from vmem.schedule.steps import Free, Key, Kind, Recompute
 
-from .lossless import all_equal, weights_under
+from tests.lossless import all_equal, weights_under
 
 RECOMPUTE = ("mirror", "chen", "echo")
 

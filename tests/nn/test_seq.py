@@ -9,7 +9,7 @@ import vmem
 from vmem import nn
 from vmem.optim import SGD
 
-from .lossless import all_equal, weights_under
+from tests.lossless import all_equal, weights_under
 
 
 def test_a_shared_layer_sums_the_gradients_of_its_uses():
