@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import vmem
-from tests.test_vdnn import MODELS, train
+from tests.policies.test_vdnn import MODELS, train
 from vmem import codecs
 
 
