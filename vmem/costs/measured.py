@@ -385,11 +385,11 @@ def _profile(program: Program, copy_gbps: float | None, repeats: int, seed: int,
     dtype = np.dtype(program.dtype)
     on = _Runner(device)
     times: dict[tuple[str, str, str | None], float] = {}
-    notes = on.notes
+    notes = on.notes  # what was not measured as asked, said by whatever measured it
     unmeasured = []
     for op in program.ops:
         t0 = time.perf_counter()
-        if not _profile_fitting(program, op, rng, dtype, repeats, times, on, notes):
+        if not _profile_fitting(program, op, rng, dtype, repeats, times, on):
             unmeasured.append(op)
         _log.info("%s (%s): %.2f s", op.name, op.kind, time.perf_counter() - t0)
     _estimate(program, unmeasured, times, notes)
@@ -400,11 +400,11 @@ def _profile(program: Program, copy_gbps: float | None, repeats: int, seed: int,
         notes.append("loss: not measured (its buffers do not fit the device's free memory); taken as free")
     finally:
         on.release()
-    elementwise_gbps = _elementwise_gbps(on, dtype, repeats, notes)
+    elementwise_gbps = _elementwise_gbps(on, dtype, repeats)
     copies = {}
     if copy_gbps is None:
-        copy_gbps = _copy_gbps(device, repeats, on, notes)
-        if device is None or not on.streamed:  # unthrottled CPU copies: time each size the program may offload
+        copy_gbps = _copy_gbps(on, repeats)
+        if not on.streamed:  # unthrottled CPU copies: time each size the program may offload
             copies = _copy_times(program, repeats)
     params_bytes = sum(int(np.prod(s.shape)) for _, _, s in program.owned_params() if s.trainable)
     update = 5 * params_bytes * dtype.itemsize / (elementwise_gbps * 1e9)
@@ -415,7 +415,7 @@ def _profile(program: Program, copy_gbps: float | None, repeats: int, seed: int,
 
 
 def _profile_fitting(program: Program, op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: int,
-                     times: dict[tuple[str, str, str | None], float], on: _Runner, notes: list[str]) -> bool:
+                     times: dict[tuple[str, str, str | None], float], on: _Runner) -> bool:
     """Profile ``op`` at the program's batch, else at the largest batch (halving) whose buffers fit the
     device's free memory, its times scaled by the ratio of batches; False where none fits."""
     batch = program.batch
@@ -427,7 +427,7 @@ def _profile_fitting(program: Program, op: OpInfo, rng: np.random.Generator, dty
             _profile_op(sub, rng, dtype, repeats, measured, on)
         except OutOfDeviceMemory as exc:
             if b == 1:
-                notes.append(f"{op.name}: not measured: its buffers do not fit the device's free memory even at batch "
+                on.notes.append(f"{op.name}: not measured: its buffers do not fit the device's free memory even at batch "
                              f"1 ({exc.requested:,} bytes asked, {exc.largest_free:,} free in one block); estimated "
                              "from the other layers' time per FLOP")
                 return False
@@ -438,7 +438,7 @@ def _profile_fitting(program: Program, op: OpInfo, rng: np.random.Generator, dty
         scale = batch / b
         times.update({key: t * scale for key, t in measured.items()})
         if b < batch:
-            notes.append(f"{op.name}: measured at batch {b} of {batch} (its buffers do not fit the device's free "
+            on.notes.append(f"{op.name}: measured at batch {b} of {batch} (its buffers do not fit the device's free "
                          f"memory at {batch}), times scaled by {scale:g}")
         return True
 
@@ -464,8 +464,8 @@ def _at_batch(program: Program, op: OpInfo, b: int, on: _Runner) -> OpInfo:
 
 def _estimate(program: Program, ops: list[OpInfo], times: dict[tuple[str, str, str | None], float],
               notes: list[str]) -> None:
-    """Times for ops that could not be measured: their FLOPs at the measured ops' median time per FLOP
-    (backward twice forward), for every algorithm alike."""
+    """Times for ops that could not be measured: their FLOPs at the measured ops' median time per FLOP,
+    every pass and algorithm of a convolution alike, another op's backward twice its forward."""
     if not ops:
         return
     rates = [times[(op.name, "forward", a)] / op.flops for op in program.ops if op.flops and op not in ops
@@ -483,12 +483,12 @@ def _estimate(program: Program, ops: list[OpInfo], times: dict[tuple[str, str, s
             times[(op.name, "backward", None)] = 2 * seconds
 
 
-def _elementwise_gbps(on: _Runner, dtype: np.dtype, repeats: int, notes: list[str]) -> float:
+def _elementwise_gbps(on: _Runner, dtype: np.dtype, repeats: int) -> float:
     """Element-wise bandwidth (gradient accumulation, the optimizer's update): an add over two arrays of up
     to 16 MiB each, smaller where the device has less room."""
     n = min(4 << 20, max(0, on.room() - 2 * on.alignment) // (2 * dtype.itemsize))
     if n < 4096:
-        notes.append(f"element-wise bandwidth: not measured (no room for two arrays of 4096 values); taken as "
+        on.notes.append(f"element-wise bandwidth: not measured (no room for two arrays of 4096 values); taken as "
                      f"{_DEFAULT_GBPS:g} GB/s")
         return _DEFAULT_GBPS
     try:
@@ -498,7 +498,7 @@ def _elementwise_gbps(on: _Runner, dtype: np.dtype, repeats: int, notes: list[st
     finally:
         on.release()
     if n < 4 << 20:
-        notes.append(f"element-wise bandwidth: measured on {n * dtype.itemsize:,}-byte arrays (16 MiB asked)")
+        on.notes.append(f"element-wise bandwidth: measured on {n * dtype.itemsize:,}-byte arrays (16 MiB asked)")
     return 3 * n * dtype.itemsize / max(add_seconds, 1e-9) / 1e9
 
 
@@ -528,23 +528,22 @@ def _loss_seconds(program: Program, rng: np.random.Generator, dtype: np.dtype, r
                       repeats)
 
 
-def _copy_gbps(device: Any, repeats: int, on: _Runner | None = None, notes: list[str] | None = None) -> float:
+def _copy_gbps(on: _Runner, repeats: int) -> float:
     """The link rate: a 32 MiB memcpy on the CPU (the CPU device's copies are memcpys on its memory
     stream); pinned copies (the slower direction) on a GPU, of up to 32 MiB, less where the pool has less
     room."""
-    if device is None or not device.asynchronous:
+    if not on.streamed:
         src = np.ones(32 << 20, np.uint8)
         dst = np.empty_like(src)
         return src.nbytes / best_seconds(lambda: np.copyto(dst, src), repeats) / 1e9
     from ..benchmarks import bandwidth
 
-    room = on.room() if on is not None else 32 << 20
+    room = on.room()
     size = min(32 << 20, room - room % (1 << 20) if room >= 2 << 20 else room - room % 4096)
     if size < 4096:
-        if notes is not None:
-            notes.append(f"host link: not measured (no room in the device's pool); taken as {_DEFAULT_GBPS:g} GB/s")
+        on.notes.append(f"host link: not measured (no room in the device's pool); taken as {_DEFAULT_GBPS:g} GB/s")
         return _DEFAULT_GBPS
-    if size < 32 << 20 and notes is not None:
-        notes.append(f"host link: measured with {size:,}-byte copies (32 MiB asked)")
-    row = bandwidth(device, [size], rounds=repeats)[0]
+    if size < 32 << 20:
+        on.notes.append(f"host link: measured with {size:,}-byte copies (32 MiB asked)")
+    row = bandwidth(on.device, [size], rounds=repeats)[0]
     return min(row["d2h_pinned_gbps"], row["h2d_pinned_gbps"])
