@@ -15,6 +15,7 @@ __all__ = [
     "CheckpointError",
     "NonFiniteError",
     "PlanError",
+    "BudgetTooSmall",
     "DeviceError",
 ]
 
@@ -129,6 +130,15 @@ class CheckpointError(VmemError):
 class PlanError(VmemError, ValueError):
     """No plan satisfies the request (for example, the network cannot fit the memory budget), or a plan is
     invalid (a recompute source that is not live when it is needed)."""
+
+
+class BudgetTooSmall(PlanError):
+    """The device's memory is below the least the network needs at this batch under any choice of the
+    policy; ``least`` is that least budget in bytes (to the pool's alignment)."""
+
+    def __init__(self, message: str, least: int):
+        super().__init__(message)
+        self.least = least
 
 
 class DeviceError(VmemError, ValueError):

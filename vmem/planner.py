@@ -25,7 +25,8 @@ from .schedule.lower import lower, op_workspace
 from .schedule.replay import Figures, LayerRow, replay
 from .units import format_bytes
 
-__all__ = ["plan", "plan_program", "evaluate", "least_memory", "smallest_memory", "PlanResult"]
+__all__ = ["plan", "plan_program", "evaluate", "replay_fitting", "floor_policy", "least_memory", "smallest_memory",
+           "PlanResult"]
 
 _UNBOUNDED = 1 << 60
 
@@ -75,18 +76,33 @@ def evaluate(program: Program, device: DeviceSpec, decided: Plan, *, alignment: 
              optimizer_slots: tuple[str, ...] = ("momentum",), costs: Any = None) -> tuple[PlanResult, Schedule]:
     """Lower a decided plan and replay it (``program`` as the device sees it); its figures and schedule."""
     schedule = lower(program, decided, optimizer_slots, alignment)
-    try:
-        figures = replay(schedule, SimDevice(device, alignment=alignment), costs)
-    except OutOfDeviceMemory:
-        unbounded = dataclasses.replace(device, memory=_UNBOUNDED)
-        try:
-            figures = replay(schedule, SimDevice(unbounded, alignment=alignment), costs)
-        except OutOfDeviceMemory:
-            raise PlanError(f"{program.network} at batch {program.batch}: one step needs more than "
-                            f"{format_bytes(_UNBOUNDED)}; a batch this large cannot be planned") from None
-        figures = dataclasses.replace(figures, fits=False)
+    figures = replay_fitting(schedule, device, alignment, costs)
     figures = dataclasses.replace(figures, layers=_layer_rows(program, decided))
     return PlanResult(decided, figures), schedule
+
+
+def replay_fitting(schedule: Schedule, device: DeviceSpec, alignment: int = 256, costs: Any = None) -> Figures:
+    """The figures of ``schedule`` replayed on a simulated ``device``; one that does not fit is replayed
+    again without a capacity, so that its figures are still given (``fits=False``)."""
+    try:
+        return replay(schedule, SimDevice(device, alignment=alignment), costs)
+    except OutOfDeviceMemory:
+        pass
+    program = schedule.program
+    try:
+        figures = replay(schedule, SimDevice(dataclasses.replace(device, memory=_UNBOUNDED), alignment=alignment),
+                         costs)
+    except OutOfDeviceMemory:
+        raise PlanError(f"{program.network} at batch {program.batch}: one step needs more than "
+                        f"{format_bytes(_UNBOUNDED)}; a batch this large cannot be planned") from None
+    return dataclasses.replace(figures, fits=False)
+
+
+def floor_policy(policy: Any) -> Any:
+    """The policy whose plan is the least ``policy`` can need: itself, or for ``vdnn-dyn`` (which chooses
+    among others) vdnn-all with memory-optimal algorithms."""
+    pol = policies.get(policy)
+    return policies.get("vdnn-all:algos=memory") if pol.name == "vdnn-dyn" else pol
 
 
 def plan_program(program: Program, device: DeviceSpec, policy: Any, *, alignment: int = 256,
@@ -120,9 +136,7 @@ def smallest_memory(program: Program, device: DeviceSpec, policy: Any, *, alignm
     """The smallest device capacity (to ``alignment``) in which ``policy`` trains ``program``: its plan's
     blocks as they are packed, with the device's algorithms (``catalog``). For ``vdnn-dyn``, the least
     any of its choices needs: vdnn-all with memory-optimal algorithms. None above 4x the plan's peak."""
-    pol = policies.get(policy)
-    if pol.name == "vdnn-dyn":
-        pol = policies.get("vdnn-all:algos=memory")
+    pol = floor_policy(policy)
     unbounded = dataclasses.replace(device, memory=_UNBOUNDED)
     program, _ = _cost_setup(program, device, None, catalog)
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from ..device.spec import DeviceSpec
-from ..errors import PlanError
+from ..errors import BudgetTooSmall, PlanError
 from ..graph import PASSES, Program
 from ..units import format_bytes
 from .base import Policy, get, option, register
@@ -103,11 +103,11 @@ class VdnnDyn(Policy):
         floor = candidate("vdnn-all", "memory")
         if not floor.fits:
             least = self._least_memory(floor.plan, floor.peak_bytes, oracle)
-            raise PlanError(
+            raise BudgetTooSmall(
                 f"{program.network} at batch {program.batch} needs at least {format_bytes(least)} ({least} bytes) "
                 f"of device memory, with every feature map offloaded and memory-optimal algorithms; the device "
-                f"has {budget}. Use a larger memory budget" + (" or a smaller batch." if program.batch > 1 else ".")
-            )
+                f"has {budget}. Use a larger memory budget" + (" or a smaller batch." if program.batch > 1 else "."),
+                least)
         best = candidate("layerwise", "performance")
         if best.fits:
             return self._chose(program, best, 2, f"layer-wise allocation with the fastest algorithms fits in "

@@ -20,16 +20,14 @@ import numpy as np
 from .. import policies
 from ..data import Dataset
 from ..device import device as make_device
-from ..errors import DeviceError, NonFiniteError, OutOfDeviceMemory, PlanError, ShapeError
+from ..errors import BudgetTooSmall, DeviceError, NonFiniteError, OutOfDeviceMemory, PlanError, ShapeError
 from ..graph import Network
 from ..nn.loss import SoftmaxCrossEntropy
 from ..optim import SGD, Optimizer
-from ..planner import PlanResult, plan_program, smallest_memory
+from ..planner import PlanResult, floor_policy, plan_program, replay_fitting, smallest_memory
 from ..runtime import DeviceParams, Executor, StepReport
-from ..device.sim import SimDevice
 from ..schedule.lower import lower_inference, persistent_buffers
 from ..schedule.pack import place
-from ..schedule.replay import replay
 from ..units import format_bytes
 from . import checkpoint
 from .callbacks import Callback, LossWatch, PrintEpochs, ProgressBar
@@ -141,7 +139,7 @@ class Trainer:
         self._params: DeviceParams | None = None
         self._executors: dict[tuple[int, bool], Executor] = {}
         self.plans: dict[int, PlanResult] = {}
-        self._inference: dict[tuple[str, int], tuple[Any, int]] = {}
+        self._inference: dict[int, tuple[Any, int]] = {}  # evaluation batch -> (schedule or None, peak)
         self._closed = False
 
     # -- setup ---------------------------------------------------------------------------------------
@@ -173,20 +171,16 @@ class Trainer:
                                               alignment=self.device.pool.alignment, catalog=self.device.catalog,
                                               optimizer_slots=self.optimizer.slots, costs=costs,
                                               baseline=costs is not None)
-            except PlanError as exc:
-                if "needs at least" in str(exc):  # does not fit: say which batch would
-                    raise PlanError(f"{str(exc).rstrip('.')}; {self._batch_advice(batch)}") from None
-                raise
+            except BudgetTooSmall as exc:  # does not fit under any of the policy's choices: say which batch would
+                raise BudgetTooSmall(f"{str(exc).rstrip('.')}; {self._batch_advice(batch)}", exc.least) from None
             self.plans[batch] = plan
             if check and not plan.fits:
                 raise self._refusal(program, plan)
         else:
             schedule, peak = self._inference_plan(batch)
             if schedule is None:
-                raise OutOfDeviceMemory(peak, self.device.pool.capacity, self.device.pool.in_use,
-                                        self.device.pool.stats().largest_free, 0.0, {},
-                                        remedy=f"evaluation at batch {batch} needs {format_bytes(peak)} beside the "
-                                        "training state; use a smaller evaluation batch (batch_size=)")
+                raise self._eval_refusal(peak, f"evaluation at batch {batch} needs {format_bytes(peak)} beside the "
+                                               "training state; use a smaller evaluation batch (batch_size=)")
         ex = Executor(self.device, schedule, self._device_params(), self.loss, self.optimizer if train else None)
         self._executors[key] = ex
         return ex
@@ -194,11 +188,10 @@ class Trainer:
     def _inference_plan(self, batch: int) -> tuple[Any, int]:
         """An evaluation pass at ``batch``, planned beside the training state (weights, gradients, optimizer
         state at the bottom of the arena, as they are during the run) and packed offline: (its schedule, its
-        peak), or (None, the peak it needs) where it does not fit. Its convolutions run the training plan's
-        forward algorithms where they fit, else those with the least workspace."""
-        key = ("inference", batch)
-        if key in self._inference:
-            return self._inference[key]
+        peak), or (None, the least peak it needs) where it does not fit. Its convolutions run the training
+        plan's forward algorithms where they fit, else those with the least workspace."""
+        if batch in self._inference:
+            return self._inference[batch]
         program = self.device.catalog(self.net.build(batch, self.input_shape, self.dtype))
         spec, alignment = self.device.spec, self.device.pool.alignment
         lean = policies.get("baseline:algos=memory").decide(program, spec)
@@ -212,20 +205,22 @@ class Trainer:
             candidates.append(dataclasses.replace(lean, algos={**lean.algos, **algos}))
         candidates.append(lean)
         persistent = persistent_buffers(program, self.optimizer.slots)
-        peak = 0
+        needs = []
         for decided in candidates:
             schedule = place(dataclasses.replace(lower_inference(program, decided, alignment), persistent=persistent))
-            try:
-                figures = replay(schedule, SimDevice(spec, alignment=alignment))
-            except OutOfDeviceMemory:
-                unbounded = dataclasses.replace(spec, memory=1 << 60)
-                need = replay(schedule, SimDevice(unbounded, alignment=alignment)).peak_bytes
-                peak = need if not peak else min(peak, need)
-                continue
-            self._inference[key] = (schedule, figures.peak_bytes)
-            return self._inference[key]
-        self._inference[key] = (None, peak)
-        return self._inference[key]
+            figures = replay_fitting(schedule, spec, alignment)
+            if figures.fits:
+                self._inference[batch] = (schedule, figures.peak_bytes)
+                return self._inference[batch]
+            needs.append(figures.peak_bytes)
+        self._inference[batch] = (None, min(needs))
+        return self._inference[batch]
+
+    def _eval_refusal(self, peak: int, remedy: str) -> OutOfDeviceMemory:
+        """Evaluation does not fit beside the training state (said before anything runs)."""
+        stats = self.device.pool.stats()
+        return OutOfDeviceMemory(peak, self.device.pool.capacity, stats.in_use, stats.largest_free,
+                                 stats.fragmentation, {}, remedy=remedy)
 
     def eval_batch(self, n: int | None = None, limit: int = 256) -> int:
         """The largest evaluation batch, up to ``limit`` (and ``n``, the number of samples), whose pass fits
@@ -238,9 +233,8 @@ class Trainer:
             if schedule is not None:
                 return batch
             if batch == 1:
-                raise OutOfDeviceMemory(peak, self.device.pool.capacity, 0, 0, 0.0, {},
-                                        remedy="evaluation needs more memory than the training state leaves, "
-                                               "even one sample at a time; give the device more memory")
+                raise self._eval_refusal(peak, "evaluation needs more memory than the training state leaves, even "
+                                               "one sample at a time; give the device more memory")
             batch = max(1, batch // 2)
 
     def profile(self, batch: int) -> Any:
@@ -256,13 +250,12 @@ class Trainer:
                                                  seed=self.seed, device=self.device, cache=self.profile_cache)
         return self.costs[batch]
 
-    def _fits(self, batch: int, policy: Any) -> bool:
-        """Whether ``policy`` trains at ``batch`` on this device (a plan without a profile)."""
+    def _fits(self, batch: int) -> bool:
+        """Whether this trainer's policy can train at ``batch`` on this device (the least plan it can
+        choose, without a profile)."""
         program = self.net.build(batch, self.input_shape, self.dtype)
-        if policy.name == "vdnn-dyn":  # the least any of its choices needs
-            policy = policies.get("vdnn-all:algos=memory")
         try:
-            result, _ = plan_program(program, self.device.spec, policy, alignment=self.device.pool.alignment,
+            result, _ = plan_program(program, self.device.spec, floor_policy(self.policy), alignment=self.device.pool.alignment,
                                      catalog=self.device.catalog, optimizer_slots=self.optimizer.slots)
         except PlanError:
             return False
@@ -271,12 +264,12 @@ class Trainer:
     def largest_batch(self, batch: int) -> int | None:
         """The largest batch below ``batch`` that this trainer's policy trains in the device's memory (by
         bisection; None where not even batch 1 does)."""
-        if batch <= 1 or not self._fits(1, self.policy):
+        if batch <= 1 or not self._fits(1):
             return None
         lo, hi = 1, batch  # lo fits, hi does not
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if self._fits(mid, self.policy) else (lo, mid)
+            lo, hi = (mid, hi) if self._fits(mid) else (lo, mid)
         return lo
 
     def _batch_advice(self, batch: int) -> str:
@@ -451,8 +444,7 @@ class Trainer:
         for b in {min(int(batch_size), n), n % int(batch_size)} - {0}:
             schedule, peak = self._inference_plan(b)
             if schedule is None:
-                raise OutOfDeviceMemory(peak, self.device.pool.capacity, 0, 0, 0.0, {},
-                                        remedy=f"evaluation at batch {b} does not fit beside the training state; "
+                raise self._eval_refusal(peak, f"evaluation at batch {b} does not fit beside the training state; "
                                                f"leave batch_size out (the largest that fits: {self.eval_batch(n)})")
         return int(batch_size)
 
