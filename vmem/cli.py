@@ -246,23 +246,27 @@ def _open_device(name: str, memory: Any = None) -> Any:
 
 #: The arena of a CUDA device opened only to read its catalog and spec: planning needs no GPU memory.
 _PLANNING_ARENA = 1 << 20
-#: A capacity no plan reaches: a baseline peak is read off its replay wherever it falls.
-_UNBOUNDED = 1 << 50
 
 
-def _auto_memory(args: argparse.Namespace, net: Any, fraction: float) -> tuple[int, int, bool]:
+def _auto_memory(args: argparse.Namespace, net: Any, fraction: float, device: Any = None) -> tuple[int, int, bool]:
     """``--memory auto:FRACTION``: (the budget, the baseline's peak, whether the budget had to be raised).
 
     The budget is that fraction of the baseline policy's peak, rounded up to KiB, with the device's own
     algorithms (on a GPU, cuDNN's: the device is opened with a tiny arena to read them); never below the
-    smallest budget the run's policy trains in, where it is raised to that."""
-    from .planner import _spec_of, plan, smallest_memory
+    smallest budget the run's policy trains in, where it is raised to that. ``device``: one already open
+    for planning (else it is opened here)."""
+    from .planner import UNBOUNDED, plan, smallest_memory, spec_of
 
     policy = _policy_spec(args)
-    with (_open_device(args.device, _PLANNING_ARENA) if args.device.startswith("cuda")
-          else contextlib.nullcontext(args.device)) as device:
-        needs = plan(net, args.batch, device=device, policy="baseline", memory=_UNBOUNDED).peak_bytes
-        spec, alignment, catalog = _spec_of(device, None)
+    if device is not None:
+        opened = contextlib.nullcontext(device)
+    elif args.device.startswith("cuda"):
+        opened = _open_device(args.device, _PLANNING_ARENA)
+    else:
+        opened = contextlib.nullcontext(args.device)
+    with opened as planning:
+        needs = plan(net, args.batch, device=planning, policy="baseline", memory=UNBOUNDED).peak_bytes
+        spec, alignment, catalog = spec_of(planning)
         floor = smallest_memory(net.build(args.batch), spec, policy, alignment=alignment, catalog=catalog)
     memory = -(-int(needs * fraction) // 1024) * 1024
     if floor is not None and memory < floor:
@@ -287,8 +291,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     memory: Any = args.memory
     needs = None
     raised = False
+    # a CUDA device planned on without a profile is opened once, with a tiny arena, for the budget and the plan
+    planning = (_open_device(args.device, _PLANNING_ARENA) if args.device.startswith("cuda") and not args.profile
+                else None)
     if fraction is not None:
-        memory, needs, raised = _auto_memory(args, net, fraction)
+        memory, needs, raised = _auto_memory(args, net, fraction, planning)
     costs, notes = None, []
     policy = _policy_spec(args)
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
@@ -311,8 +318,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         notes = costs.notes
         say((f"the profile kept in {cache.folder()} (VMEM_PROFILE_CACHE=0 measures afresh)" if kept else
              f"profiled in {time.perf_counter() - t0:.1f} s") + "".join(f"\n  {n}" for n in notes))
-    elif args.device.startswith("cuda"):  # its algorithms and spec, without taking its memory
-        device = _open_device(args.device, _PLANNING_ARENA)
+    elif planning is not None:  # its algorithms and spec, without taking its memory
+        device = planning
         memory = memory if memory is not None else device.free_capacity
     else:
         device = args.device

@@ -26,9 +26,10 @@ from .schedule.replay import Figures, LayerRow, replay
 from .units import format_bytes
 
 __all__ = ["plan", "plan_program", "evaluate", "replay_fitting", "floor_policy", "least_memory", "smallest_memory",
-           "PlanResult"]
+           "spec_of", "UNBOUNDED", "PlanResult"]
 
-_UNBOUNDED = 1 << 60
+#: A capacity no plan reaches: a plan that does not fit is replayed at it for its figures.
+UNBOUNDED = 1 << 60
 
 
 @dataclass(frozen=True)
@@ -90,11 +91,11 @@ def replay_fitting(schedule: Schedule, device: DeviceSpec, alignment: int = 256,
         pass
     program = schedule.program
     try:
-        figures = replay(schedule, SimDevice(dataclasses.replace(device, memory=_UNBOUNDED), alignment=alignment),
+        figures = replay(schedule, SimDevice(dataclasses.replace(device, memory=UNBOUNDED), alignment=alignment),
                          costs)
     except OutOfDeviceMemory:
         raise PlanError(f"{program.network} at batch {program.batch}: one step needs more than "
-                        f"{format_bytes(_UNBOUNDED)}; a batch this large cannot be planned") from None
+                        f"{format_bytes(UNBOUNDED)}; a batch this large cannot be planned") from None
     return dataclasses.replace(figures, fits=False)
 
 
@@ -137,7 +138,7 @@ def smallest_memory(program: Program, device: DeviceSpec, policy: Any, *, alignm
     blocks as they are packed, with the device's algorithms (``catalog``). For ``vdnn-dyn``, the least
     any of its choices needs: vdnn-all with memory-optimal algorithms. None above 4x the plan's peak."""
     pol = floor_policy(policy)
-    unbounded = dataclasses.replace(device, memory=_UNBOUNDED)
+    unbounded = dataclasses.replace(device, memory=UNBOUNDED)
     program, _ = _cost_setup(program, device, None, catalog)
 
     def oracle(candidate: Plan, memory: int | None = None) -> PlanResult:
@@ -165,8 +166,9 @@ def _layer_rows(program: Program, decided: Plan) -> tuple[LayerRow, ...]:
     return tuple(rows)
 
 
-def _spec_of(device: Any, memory: int | str | None) -> tuple[DeviceSpec, int, Any]:
-    """The spec, pool alignment and catalog of a Device, a DeviceSpec or a device name."""
+def spec_of(device: Any, memory: int | str | None = None) -> tuple[DeviceSpec, int, Any]:
+    """The spec (its capacity ``memory`` where given), pool alignment and catalog of a Device, a
+    DeviceSpec or a device name."""
     from .device import device as make_device
     from .units import parse_bytes
 
@@ -197,7 +199,7 @@ def plan(net: Network, batch: int, device: Any = "cpu", policy: Any = "baseline"
     CPU device, pass ``costs`` (a profile, see :meth:`vmem.Trainer.profile`) to predict time.
     ``optimizer_slots`` names the optimizer state per parameter (SGD with momentum: one).
     """
-    spec, alignment, catalog = _spec_of(device, memory)
+    spec, alignment, catalog = spec_of(device, memory)
     program = net.build(batch, input_shape, dtype)
     result, _ = plan_program(program, spec, policy, alignment=alignment, optimizer_slots=optimizer_slots,
                              costs=costs, baseline=True, catalog=catalog)
