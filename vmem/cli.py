@@ -10,6 +10,7 @@ import time
 from typing import Any, Sequence
 
 from .errors import VmemError
+from .training.callbacks import Callback
 from .cli_args import (check_dataset as _check_dataset, model as _model, nonnegative_float as _nonnegative_float,
                        nonnegative_int as _nonnegative_int, policy_spec as _policy_spec, positive_float as _positive_float,
                        positive_int as _positive_int, rebuild_for_classes as _rebuild_for_classes)
@@ -24,7 +25,7 @@ class Terminated(KeyboardInterrupt):
     what it has and exits with 143."""
 
 
-class _StopBetweenSteps:
+class _StopBetweenSteps(Callback):
     """While a run trains (in the main thread), Ctrl-C and SIGTERM stop it between two steps, never inside
     one (a step cut short may have updated some weights and not others, and could not be resumed exactly):
     the first signal is noted and raised after the step that is running (as KeyboardInterrupt, or
@@ -43,14 +44,9 @@ class _StopBetweenSteps:
         self.pending = stop
         print("\nstopping after this step (again to stop at once)", file=sys.stderr, flush=True)
 
-    def on_step(self, trainer: Any, report: Any) -> None:  # a Trainer callback
+    def on_step(self, trainer: Any, report: Any) -> None:
         if self.pending is not None:
             raise self.pending
-
-    def on_epoch_start(self, *args: Any) -> None:
-        pass
-
-    on_epoch_end = on_fit_end = on_epoch_start
 
     def __enter__(self) -> "_StopBetweenSteps":
         import signal

@@ -57,8 +57,8 @@ def key(program: Program, device: Any, copy_gbps: float | None, repeats: int, se
             op.workspace) for op in program.ops]
     what = {
         "program": [program.network, program.batch, program.dtype, ops],
-        "device": None if device is None else [device.name, device.pool.capacity, device.spec.to_dict(),
-                                               repr(device)],
+        # the spec (name, capacity, link, architecture) and the repr (options such as poison, the GPU's name)
+        "device": None if device is None else [device.spec.to_dict(), repr(device)],
         "copy_gbps": copy_gbps, "repeats": repeats, "seed": seed,
         "machine": [platform.machine(), _processor(), os.cpu_count()],
         "versions": [__version__, np.__version__],

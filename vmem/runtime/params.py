@@ -40,10 +40,10 @@ class DeviceParams:
                 stream.launch(view.fill, 0)
 
     def _host(self, view: Any) -> np.ndarray:
-        """A host copy of a device view, copied on the compute stream (after the work enqueued there)."""
+        """A host copy of a device view, copied on the compute stream after the work enqueued there (into
+        pageable memory: the host waits for the copy)."""
         out = np.empty(view.shape, view.dtype)
         self.device.copy_to_host(out, view, self.device.compute_stream)
-        self.device.compute_stream.synchronize()
         return out
 
     def _write(self, view: Any, value: Any, name: str) -> None:
