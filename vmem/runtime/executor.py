@@ -124,6 +124,7 @@ class Executor(Transfers):
         self._labels_at = -(-max(program.tensors[program.input].nbytes, 1) // a) * a
         self._loss_at = self._labels_at + -(-int(np.prod(program.label_shape)) * 8 // a) * a
         self._staging_bytes = self._loss_at + a  # and the loss, copied there on the compute stream
+        self._has_loss = any(type(st) is Loss for st in schedule.steps)
         #: work runs after launch returns (a GPU): spans are timed by events, streams wait on the device
         self._asynchronous = bool(device.asynchronous)
         self._aux_dtype = {(op.index, k): (self.dtype if a.dtype == "float" else np.dtype(a.dtype))
@@ -167,7 +168,7 @@ class Executor(Transfers):
                     self._table[type(st)](r, st)
                 dev.synchronize()
             r.timeline.resolve()
-            if r.loss is not None:  # the step has run: the loss's copy has landed
+            if self._has_loss:  # the step has run: the loss's copy has landed
                 r.loss = float(r.batch["loss"][0])
             self._unstage(r)
             r.timeline.sample(time.perf_counter(), dev.readings())
@@ -347,7 +348,6 @@ class Executor(Transfers):
             else:
                 np.copyto(host, value)
 
-        r.loss = float("nan")
         self._launch(r, "loss", run)
 
     def _update(self, r: _Run, st: Update) -> None:
