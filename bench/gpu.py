@@ -292,6 +292,7 @@ def task_vmem_largest(budget: str) -> dict:
 def task_torch_largest(mode: str, budget: str) -> dict:
     """The largest VGG-16 batch PyTorch trains in ``budget`` (its caching allocator held to it)."""
     torch = torch_setup()
+    torch.backends.cudnn.benchmark = False  # a search per batch size tried would take minutes; cuDNN's heuristics
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(parse_bytes(budget) / total)
     model = torch_vgg16(torch).cuda()

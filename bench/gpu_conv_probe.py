@@ -156,14 +156,15 @@ def _graph_timed(handle, geometry, pass_: str, bufs, ws, top: int) -> list[tuple
     fastest first. Configurations that compile at run time, need more workspace than ``ws`` or fail are
     left out."""
     from vmem.device.cuda import cudnn
-    from vmem.device.cuda.graph import ConvPass, Plan
+    from vmem.device.cuda.graph import ConvPass, ExecutionPlan
 
     out = []
-    for cfg in ConvPass(pass_, geometry).heuristics(handle.ptr)[:top]:
+    conv = ConvPass(pass_, geometry)
+    for cfg in conv.heuristics(handle.ptr)[:top]:
         if "runtime_compilation" in cfg.behavior:
             continue
         try:
-            plan = Plan(handle.ptr, cfg)
+            plan = ExecutionPlan(handle.ptr, cfg, conv)
             if plan.workspace > ws.nbytes:
                 continue
             out.append((cfg.name, cfg.deterministic, plan.seconds(*(b.data.ptr for b in bufs), ws.data.ptr)))

@@ -27,3 +27,22 @@ def test_each_script_has_help_and_leaves_the_path_alone(script):
     done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage:" in done.stdout
+
+
+def _vmem_imports(path: Path) -> list[tuple[str, str]]:
+    import ast
+
+    return [(node.module, alias.name) for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "vmem"
+            for alias in node.names]
+
+
+def test_every_name_a_bench_script_imports_from_vmem_exists():
+    """Imports inside functions that run only on a GPU are checked here, where no GPU runs them."""
+    import importlib
+
+    missing = [f"{p.name}: from {module} import {name}" for p in sorted(BENCH.glob("*.py"))
+               for module, name in _vmem_imports(p)
+               if not hasattr(importlib.import_module(module), name)
+               and importlib.util.find_spec(f"{module}.{name}") is None]
+    assert not missing

@@ -45,7 +45,9 @@ class _FoundConv:
         self.calls.append(("forward", ctx.algo))
         y[...] = 0
 
-    def backward(self, layer, ctx, dy, x, w, dx, dw):
+    def backward(self, layer, ctx, dy, x, w, dx, dw, db=None):
+        if db is not None:
+            db[...] = 0
         self.calls.append(("backward", ctx.algo))
         dw[...] = 0
         if dx is not None:
@@ -170,11 +172,11 @@ class _FailingConv(_RankedConv):
             raise RuntimeError("CUDNN_STATUS_NOT_SUPPORTED")
         super().forward(layer, ctx, x, w, y)
 
-    def backward(self, layer, ctx, dy, x, w, dx, dw):
+    def backward(self, layer, ctx, dy, x, w, dx, dw, db=None):
         data, filt = ctx.algo
         if self._fails("backward_filter", filt) or (dx is not None and self._fails("backward_data", data)):
             raise RuntimeError("CUDNN_STATUS_EXECUTION_FAILED")
-        super().backward(layer, ctx, dy, x, w, dx, dw)
+        super().backward(layer, ctx, dy, x, w, dx, dw, db)
 
 
 def test_an_algorithm_that_fails_is_skipped_and_named_not_the_whole_layer(monkeypatch):

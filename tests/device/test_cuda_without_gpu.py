@@ -408,3 +408,13 @@ def test_a_compute_capability_that_is_not_one_is_refused():
 
     with pytest.raises(DeviceError, match="compute capability"):
         arch_of("sm9")
+
+
+def test_graph_engines_whose_result_disagrees_are_left_out_of_a_profile():
+    from vmem.device.cuda.conv import agreeing
+
+    assert agreeing({}) == set()
+    assert agreeing({"e1": 5.0}) == {"e1"}
+    assert agreeing({"e0": 0.0, "e3": 7.0}) == {"e3"}  # an engine that wrote zeros
+    assert agreeing({"e0": 0.0, "e3": 7.0, "e50": 7.02, "e74": 6.99}) == {"e3", "e50", "e74"}
+    assert agreeing({"e0": 0.0, "e1": 0.0}) == {"e0", "e1"}  # a zero gradient is zero everywhere

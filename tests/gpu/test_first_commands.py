@@ -36,7 +36,7 @@ def test_train_with_its_defaults_on_cuda(capsys):
 
 def test_train_a_named_policy_on_cuda(capsys):
     result = _cli(capsys, "train", "--device", "cuda:0", "--model", "vgg_cifar", "--policy", "vdnn-all",
-                  "--dataset", "synthetic", "--epochs", "1", "--memory", "256MiB")
+                  "--dataset", "synthetic", "--epochs", "1", "--memory", "256MiB", "--lr", "0.001")
     assert result["offloaded_bytes"] > 0 and result["peak_bytes"] <= 256 << 20
 
 
@@ -57,7 +57,7 @@ def test_plan_on_cuda_without_a_profile_takes_no_gpu_memory_to_speak_of(capsys):
 
 def test_fit_evaluate_save_load_in_the_default_arena(tmp_path):
     train, val = vmem.data.digits(image_size=16, channels=1)
-    net = vmem.models.get("digits_cnn")
+    net = vmem.models.get("digits_cnn", image_size=16)
     path = tmp_path / "ckpt.npz"
     with vmem.Trainer(net, device="cuda:0", policy="vdnn-all", seed=0) as first:
         assert first.device.pool.capacity > 1 << 30  # the default: the GPU's free memory less the reserve
@@ -68,7 +68,7 @@ def test_fit_evaluate_save_load_in_the_default_arena(tmp_path):
         weights = {k: v.copy() for k, v in net.params.items()}
     del first
     gc.collect()  # the first arena (nearly the whole GPU) goes back before the second is taken
-    other = vmem.models.get("digits_cnn")
+    other = vmem.models.get("digits_cnn", image_size=16)
     with vmem.Trainer(other, device="cuda:0", policy="baseline", seed=1) as second:
         second.load(path)
         assert all(np.array_equal(weights[k], other.params[k]) for k in weights)

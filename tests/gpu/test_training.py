@@ -4,6 +4,8 @@ was."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -153,6 +155,9 @@ def test_nvml_readings_are_sampled_into_the_step_timeline():
     net = vmem.models.get("vgg_cifar", image_size=16)
     dev = vmem.device("cuda:0", memory="256MiB")
     try:
+        deadline = time.monotonic() + 5  # NVML is read on a thread of its own: its first reading
+        while not dev.readings() and time.monotonic() < deadline:
+            time.sleep(0.01)
         with vmem.Trainer(net, device=dev, seed=0) as trainer:
             report = trainer.step(np.zeros((8, 3, 16, 16), np.float32), np.zeros(8, int))
         samples = report.timeline.samples

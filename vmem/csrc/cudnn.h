@@ -120,6 +120,9 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void *alp
                                            cudnnConvolutionBwdDataAlgo_t algo, void *workSpace,
                                            size_t workSpaceSizeInBytes, const void *beta,
                                            const cudnnTensorDescriptor_t dxDesc, void *dx);
+cudnnStatus_t cudnnConvolutionBackwardBias(cudnnHandle_t handle, const void *alpha, const cudnnTensorDescriptor_t dyDesc,
+                                           const void *dy, const void *beta, const cudnnTensorDescriptor_t dbDesc,
+                                           void *db);
 cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void *alpha,
                                              const cudnnTensorDescriptor_t xDesc, const void *x,
                                              const cudnnTensorDescriptor_t dyDesc, const void *dy,

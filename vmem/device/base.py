@@ -55,7 +55,8 @@ class Device(Protocol):
         ...
 
     def reserve_pinned(self, nbytes: int) -> PinnedHostPool:
-        """Make sure the pinned pool holds at least ``nbytes`` (before a step, never inside one)."""
+        """Make sure the pinned pool holds at least ``nbytes`` (before a step, never inside one), the last
+        step's returned buffers coalesced."""
         ...
 
     def view(self, block: Block, shape: Any, dtype: Any) -> Any:

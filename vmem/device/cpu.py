@@ -207,10 +207,12 @@ class CpuDevice:
 
         The pool is made (and prefaulted) on first use: ``nbytes``, or ``pinned_memory`` if that was given
         and is larger; an idle pool that is too small is replaced by a larger one. A busy one raises
-        OutOfPinnedMemory."""
+        OutOfPinnedMemory. Buffers whose copies have completed are coalesced first, so that a step's exact
+        fit finds the room the last step left, whatever order its buffers came back in."""
         with self._pinned_lock:
             pool = self._pinned
             if pool is not None and pool.capacity >= nbytes:
+                pool.reclaim()  # the last step's returns, coalesced before this step's exact fit
                 return pool
             if pool is not None:
                 pool.require_idle(nbytes)

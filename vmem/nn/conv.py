@@ -250,10 +250,8 @@ class Conv2d(Layer):
         c = self.in_channels
         dy2 = dy.reshape(-1, k)
         dw = ctx.grads["weight"]
-        if ctx.conv is not None:  # the device's own convolutions (cuDNN)
-            if self.bias:
-                ctx.xp.sum(dy2, axis=0, out=ctx.grads["bias"])
-            ctx.conv.backward(self, ctx, dy, x, w, dx, dw)
+        if ctx.conv is not None:  # the device's own convolutions (cuDNN), the bias's gradient too
+            ctx.conv.backward(self, ctx, dy, x, w, dx, dw, ctx.grads["bias"] if self.bias else None)
             return
         if self.bias:  # a GEMV with a ones vector: far faster than sum(axis=0)
             np.matmul(_ones(dy2.shape[0], dy2.dtype), dy2, out=ctx.grads["bias"])

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from . import lanes
-from .base import Ctx, Layer, ParamSpec, Shape
+from .base import Ctx, Layer, ParamSpec, Shape, column_sum
 
 __all__ = ["Linear", "Flatten"]
 
@@ -64,7 +64,7 @@ class Linear(Layer):
             dy, x = dy.reshape(-1, self.out_features), x.reshape(-1, self.in_features)
         lanes.matmul(xp, dy.T, x, out=ctx.grads["weight"])
         if self.bias:
-            xp.sum(dy, axis=0, out=ctx.grads["bias"])
+            column_sum(xp, dy, out=ctx.grads["bias"])
         if dxs[0] is not None:
             lanes.matmul(xp, dy, ctx.params["weight"], out=dxs[0].reshape(-1, self.in_features))
 

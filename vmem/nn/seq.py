@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from ..errors import ShapeError
 from . import lanes
-from .base import AuxSpec, Ctx, Layer, ParamSpec, Shape
+from .base import AuxSpec, Ctx, Layer, ParamSpec, Shape, column_sum
 
 __all__ = ["Embedding", "Split", "Reshape", "ExpandDims", "Softmax", "MatMul", "LayerNorm", "LengthMask"]
 
@@ -302,8 +302,8 @@ class LayerNorm(Layer):
         x2, dy2 = xs[0].reshape(-1, f), dy.reshape(-1, f)  # type: ignore[index]
         mean, invstd = ctx.aux["mean"][:, None], ctx.aux["invstd"][:, None]
         xhat = (x2 - mean) * invstd
-        xp.sum(dy2 * xhat, axis=0, out=ctx.grads["weight"])
-        xp.sum(dy2, axis=0, out=ctx.grads["bias"])
+        column_sum(xp, dy2 * xhat, out=ctx.grads["weight"])
+        column_sum(xp, dy2, out=ctx.grads["bias"])
         if dxs[0] is not None:
             g = dy2 * ctx.params["weight"]
             dx = g - g.mean(axis=1, keepdims=True) - xhat * (g * xhat).mean(axis=1, keepdims=True)

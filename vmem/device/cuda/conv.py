@@ -19,7 +19,7 @@ import numpy as np
 
 from . import cudnn
 
-__all__ = ["CudnnConv", "GraphConv", "Descs", "search"]
+__all__ = ["CudnnConv", "GraphConv", "Descs", "search", "agreeing"]
 
 
 def _geometry(layer: Any, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> tuple:
@@ -39,6 +39,7 @@ class Descs:
         self.w = cudnn.FilterDesc(k, c, kh, kw, layout)
         self.conv = cudnn.ConvDesc(padding, stride)
         self.y = cudnn.TensorDesc(*cudnn.conv_output_shape(self.x, self.w, self.conv), layout)
+        self.bias = cudnn.TensorDesc(1, k, 1, 1, layout)
 
 
 class CudnnConv:
@@ -142,8 +143,14 @@ class CudnnConv:
     def forward(self, layer: Any, ctx: Any, x: Any, w: Any, y: Any) -> None:
         self._pass(layer, "forward", ctx.algo, ctx, x, w, y)
 
-    def backward(self, layer: Any, ctx: Any, dy: Any, x: Any, w: Any, dx: Any, dw: Any) -> None:
-        """Backward-filter, then backward-data if ``dx`` is wanted (one after the other in one workspace)."""
+    def backward(self, layer: Any, ctx: Any, dy: Any, x: Any, w: Any, dx: Any, dw: Any, db: Any = None) -> None:
+        """The bias's gradient ``db`` if given (cuDNN's own reduction of ``dy``: a generic column sum over
+        N*H*W rows is many times slower), backward-filter, then backward-data if ``dx`` is wanted (one
+        after the other in one workspace)."""
+        if db is not None:
+            d = self.descs(layer, x.shape, dy.shape)
+            cudnn.check("cudnnConvolutionBackwardBias", cudnn.lib().cudnnConvolutionBackwardBias(
+                self._handle(), self._one, d.y.ptr, self._ptr(dy), self._zero, d.bias.ptr, self._ptr(db)))
         data_algo, filter_algo = ctx.algo if isinstance(ctx.algo, tuple) else (ctx.algo, ctx.algo)
         self._pass(layer, "backward_filter", filter_algo, ctx, x, dw, dy)
         if dx is not None:
@@ -380,11 +387,27 @@ class GraphConv(CudnnConv):
         return list(self.plans(layer, pass_, x_shape, y_shape))
 
     def find(self, layer: Any, pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
-        """Each plan of the pass timed by events on the current stream (after a warm-up run)."""
-        out = []
+        """Each plan of the pass timed by events on the current stream (after a warm-up run). A plan whose
+        result's norm is off the others' median by over 1% is left out: on an H100 with cuDNN 9.19 one
+        backward-data engine wrote zeros for a 5x5 convolution, and a profile must never choose it."""
+        import cupy
+
+        written = {"forward": y, "backward_data": x, "backward_filter": w}[pass_]
+        out, norms = [], {}
         for name, plan in self.plans(layer, pass_, x.shape, y.shape).items():
             if plan.workspace and (ws is None or ws.nbytes < plan.workspace):
                 continue
             seconds = plan.seconds(x.data.ptr, w.data.ptr, y.data.ptr, ws.data.ptr if ws is not None else 0)
+            flat = written.reshape(-1)
+            norms[name] = math.sqrt(float(cupy.vdot(flat, flat).get()))
             out.append((name, seconds, plan.workspace))
-        return sorted(out, key=lambda r: r[1])
+        keep = agreeing(norms)
+        return sorted((r for r in out if r[0] in keep), key=lambda r: r[1])
+
+
+def agreeing(norms: dict[str, float], tolerance: float = 0.01) -> set[str]:
+    """The names whose norm is within ``tolerance`` (relative) of the median norm: engines that agree."""
+    if not norms:
+        return set()
+    median = sorted(norms.values())[len(norms) // 2]  # the upper median: of two that differ, the larger
+    return {k for k, v in norms.items() if abs(v - median) <= tolerance * max(median, 1e-30)}

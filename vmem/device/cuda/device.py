@@ -153,6 +153,7 @@ class CudaDevice:
     def reserve_pinned(self, nbytes: int) -> PinnedHostPool:
         pool = self._pinned
         if pool is not None and pool.capacity >= nbytes:
+            pool.reclaim()  # the last step's returns, coalesced before this step's exact fit
             return pool
         if pool is not None:
             pool.require_idle(nbytes)
