@@ -195,17 +195,19 @@ def breakdown(report) -> tuple[dict[str, float], list[tuple[str, float]]]:
     return kinds, sorted(ops, key=lambda kv: -kv[1])
 
 
-def torch_vgg16(torch):
+def torch_vgg16(torch, inplace: bool = True):
+    """VGG-16 in PyTorch; ``inplace=False`` for checkpointing, which re-runs segments whose ReLU would
+    otherwise overwrite a tensor autograd saved."""
     nn = torch.nn
     layers, c = [], 3
     for v in (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"):
         if v == "M":
             layers.append(nn.MaxPool2d(2))
         else:
-            layers += [nn.Conv2d(c, v, 3, padding=1), nn.ReLU(inplace=True)]
+            layers += [nn.Conv2d(c, v, 3, padding=1), nn.ReLU(inplace=inplace)]
             c = v
-    layers += [nn.Flatten(), nn.Linear(25088, 4096), nn.ReLU(inplace=True), nn.Linear(4096, 4096),
-               nn.ReLU(inplace=True), nn.Linear(4096, 1000)]
+    layers += [nn.Flatten(), nn.Linear(25088, 4096), nn.ReLU(inplace=inplace), nn.Linear(4096, 4096),
+               nn.ReLU(inplace=inplace), nn.Linear(4096, 1000)]
     return nn.Sequential(*layers)
 
 
@@ -295,7 +297,7 @@ def task_torch_largest(mode: str, budget: str) -> dict:
     torch.backends.cudnn.benchmark = False  # a search per batch size tried would take minutes; cuDNN's heuristics
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(parse_bytes(budget) / total)
-    model = torch_vgg16(torch).cuda()
+    model = torch_vgg16(torch, inplace=mode != "checkpoint").cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     def fits(batch: int) -> bool:
