@@ -99,7 +99,8 @@ def _under(prefixes: tuple[str, ...]) -> list[str]:
 RULES = [
     # (modules, what they must not reach, why)
     (("vmem.nn",), ("vmem.policies", "vmem.schedule", "vmem.planner", "vmem.pool", "vmem.streams", "vmem.device",
-                    "vmem.runtime", "vmem.training", "vmem.costs", "vmem.codecs"), "layers are pure math"),
+                    "vmem.runtime", "vmem.training", "vmem.costs", "vmem.codecs", "vmem.threads"),
+     "layers are pure math: the device runs their work (ctx.ops)"),
     (("vmem.policies",), ("vmem.pool", "vmem.streams", "vmem.runtime", "vmem.training"), "policies are pure"),
     (("vmem.codecs",), ("vmem.policies", "vmem.schedule", "vmem.runtime", "vmem.training"),
      "codecs know nothing of policies"),
@@ -143,11 +144,12 @@ def test_importing_vmem_imports_no_gpu_library():
 
 def test_nothing_outside_vmem_device_probes_a_device():
     """The Device protocol is complete: no hasattr/getattr on a device, no test of its kind or of its array
-    module outside vmem/device (a device says what it can do: asynchronous, runs_codec, release_cached)."""
+    module (``xp is np``) outside vmem/device (a device says what it can do: asynchronous, runs_codec,
+    release_cached, and runs the layers' array work: ops)."""
     import re
 
     probe = re.compile(r"(hasattr|getattr)\((self\.)?(device|dev|_device)\b|\b(device|dev)\.kind\s*[=!]=|"
-                       r"\b(device|dev)\.xp\s+is\b")
+                       r"\b(device|dev)\.xp\s+is\b|\bxp\s+is\s+(not\s+)?np\b")
     root = ROOT
     found = [f"{path.relative_to(root)}:{n}: {line.strip()}" for path in root.rglob("*.py")
              if "device" not in path.relative_to(root).parts[:1]

@@ -32,7 +32,7 @@ __all__ = ["WorkerPool", "KERNELS", "LINK", "LANE", "LANES", "hold", "release", 
 
 #: Name prefix of every helper thread vmem starts (stream workers are ``vmem-stream-...``).
 PREFIX = "vmem-"
-#: Lanes the CPU layers deal their work to (:mod:`vmem.nn.lanes`); they run side by side on this many cores.
+#: Lanes the CPU layers deal their work to (:mod:`vmem.nn.lanes`, run by :mod:`vmem.device.lanes`); they run side by side on this many cores.
 LANES = 2
 
 
@@ -189,7 +189,7 @@ class CoreBudget:
         """Run the body (a step) under a fresh :meth:`sample`; yields the figure.
 
         With exactly :data:`LANES` threads, BLAS runs single-threaded and :attr:`lanes` is LANES: the CPU
-        layers run their pieces of work side by side (:mod:`vmem.nn.lanes`). Otherwise BLAS's threads
+        layers run their pieces of work side by side (:mod:`vmem.device.lanes`). Otherwise BLAS's threads
         are capped at the figure and the pieces run in turn. Call it from the main thread: OpenBLAS
         (0.3.31) ignores a thread count set from any other thread."""
         threads = self.sample()
@@ -283,7 +283,7 @@ class WorkerPool:
 KERNELS = WorkerPool("codec", lambda: min(cores(), 8))
 #: One thread that carries the pieces of a transfer through a codec over the link, one at a time.
 LINK = WorkerPool("link", lambda: 1)
-#: The threads of the lanes beyond the first (which runs on the thread that asked): see :mod:`vmem.nn.lanes`.
+#: The threads of the lanes beyond the first (which runs on the thread that asked): see :mod:`vmem.device.lanes`.
 LANE = WorkerPool("lane", lambda: LANES - 1)
 _POOLS = (KERNELS, LINK, LANE)
 

@@ -11,6 +11,7 @@ import pytest
 import vmem
 from vmem import threads
 from vmem.errors import DeviceError
+from vmem.nn.ops import HostOps
 from vmem.optim import SGD
 from vmem.pool import DevicePool, HostArena, PinnedHostPool
 from vmem.runtime import DeviceParams, Executor
@@ -26,6 +27,7 @@ class FakeDevice:
     holds_data = True
     xp = np
     conv_backend = None
+    ops = HostOps()  # the CPU device's pieces, run in turn: the same bits
     asynchronous = False
 
     def __init__(self, memory: int = 64 << 20):

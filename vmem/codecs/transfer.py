@@ -67,7 +67,7 @@ def send(device: Any, codec: Codec, src: Any, host: np.ndarray, ranges: tuple[An
     link, piece by piece, encoding the next piece while the previous one crosses. ``ranges``: per-channel
     ``(lo, hi)`` for ``fixed``. ``.nbytes`` of the result is what crossed the link."""
     whole = not codec.streams
-    inline = array_module(src) is not np
+    inline = bool(device.asynchronous)  # a GPU enqueues its copies: nothing to overlap on a thread
     flat = src.reshape(-1)
     parts: list[Encoded] = []
     offset = 0
@@ -107,7 +107,7 @@ def receive(device: Any, codec: Codec, sent: Pieces, dst: Any) -> None:
     flat = dst.reshape(-1)
     ranges = _ranges(flat.size, sent.whole)
     parts = sent.parts
-    inline = xp is not np
+    inline = bool(device.asynchronous)  # a GPU enqueues its copies: nothing to overlap on a thread
     pending = _submit(inline, fetch, parts[0], staged(parts[0])) if parts else None
     for i, (lo, hi) in enumerate(ranges):
         part = pending.result()

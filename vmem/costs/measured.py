@@ -24,6 +24,7 @@ from ..benchmarks import best_seconds
 from ..errors import OutOfDeviceMemory
 from ..graph import OpInfo, Program
 from ..nn.base import Ctx, physical
+from ..nn.ops import HostOps
 from ..threads import BUDGET
 
 __all__ = ["Profiled", "profile"]
@@ -103,6 +104,7 @@ class _Runner:
         self.device = device
         self.xp = np if device is None else device.xp
         self.conv = None if device is None else device.conv_backend
+        self.ops = HostOps() if device is None else device.ops
         self.streamed = device is not None and bool(device.asynchronous)
         self.alignment = 0 if device is None else device.pool.alignment
         self.notes: list[str] = []  # what was not measured as asked (see Profiled.notes)
@@ -230,7 +232,8 @@ def _profile_op(op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: 
 
     def ctx(algo: Any) -> Ctx:
         return Ctx(xp=on.xp, params=params, grads=grads, aux=aux, train=True, rng=np.random.default_rng(0),
-                   workspace=ws, algo=algo, in_shapes=tuple(physical(s) for s in op.in_shapes), conv=on.conv)
+                   workspace=ws, algo=algo, in_shapes=tuple(physical(s) for s in op.in_shapes), conv=on.conv,
+                   ops=on.ops)
 
     needs_x = xs if op.reads_input else None
     if op.kind == "conv":

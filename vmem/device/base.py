@@ -40,6 +40,7 @@ class Device(Protocol):
     compute_stream: Stream
     memory_stream: Stream
     conv_backend: Any  # the device's convolutions (cuDNN on CUDA); None: the layers' NumPy algorithms
+    ops: Any  # how the layers' array work runs here (vmem.nn.ops: products, work over rows, column sums)
     asynchronous: bool  # work runs after launch returns (a GPU): spans timed by events, streams wait on the device
 
     @property

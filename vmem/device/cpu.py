@@ -25,6 +25,7 @@ from .. import threads
 from ..pool import Block, DevicePool, HostArena, PinnedHostPool, PoolHook
 from ..streams import CpuStream
 from ..units import format_bytes, parse_bytes
+from .lanes import LaneOps
 from .spec import DeviceSpec
 
 __all__ = ["CpuDevice"]
@@ -97,6 +98,8 @@ class CpuDevice:
     kind = "cpu"
     holds_data = True
     conv_backend = None  # the layers' own NumPy algorithms
+    #: the layers' pieces of work, side by side on the step's core budget
+    ops = LaneOps()
     asynchronous = False  # work on a stream runs on its thread, timed by the host's clock
 
     def __init__(

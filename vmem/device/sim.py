@@ -30,6 +30,7 @@ class SimDevice:
     xp = None
     holds_data = False
     conv_backend = None
+    ops = None  # holds no data: runs no layer
     asynchronous = False
 
     def __init__(self, gpu: str | DeviceSpec, *, memory: int | str | None = None, alignment: int = 256):

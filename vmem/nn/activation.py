@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..errors import ShapeError
-from . import lanes
 from .base import AuxSpec, Ctx, Layer, Shape
 
 __all__ = ["ReLU", "Sigmoid", "Tanh", "Mul", "Dropout"]
@@ -21,12 +20,12 @@ class ReLU(Layer):
 
     def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
         x, xp = xs[0], ctx.xp
-        lanes.rows(xp, y.shape[0], lambda r: xp.maximum(x[r], 0, out=y[r]), y.size)
+        ctx.ops.rows(y.shape[0], lambda r: xp.maximum(x[r], 0, out=y[r]), y.size)
 
     def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
         if dxs[0] is not None:
             xp, dx = ctx.xp, dxs[0]
-            lanes.rows(xp, dy.shape[0], lambda r: xp.multiply(dy[r], y[r] > 0, out=dx[r]), dy.size)
+            ctx.ops.rows(dy.shape[0], lambda r: xp.multiply(dy[r], y[r] > 0, out=dx[r]), dy.size)
 
 
 class Sigmoid(Layer):

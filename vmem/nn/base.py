@@ -20,7 +20,6 @@ that update buffers (running statistics) leave them alone.
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
@@ -28,8 +27,9 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from ..errors import ShapeError
+from .ops import HostOps
 
-__all__ = ["Layer", "Ctx", "Shape", "physical", "logical", "column_sum", "ParamSpec", "AuxSpec", "PASSES"]
+__all__ = ["Layer", "Ctx", "Shape", "physical", "logical", "ParamSpec", "AuxSpec", "PASSES"]
 
 Shape = tuple[int, ...]
 
@@ -51,26 +51,6 @@ def logical(shape: Shape) -> Shape:
         n, h, w, c = shape
         return (n, c, h, w)
     return tuple(shape)
-
-
-def column_sum(xp: Any, a: Any, out: Any = None) -> Any:
-    """The sum of a 2-D array's rows, ``a.sum(axis=0)``, into ``out`` if given. NumPy sums at once; any
-    other array module (CuPy) first sums blocks of about sqrt(M) rows, then the partial sums: one pass over
-    M rows and few columns keeps only a few thread blocks of a GPU busy, many times slower."""
-    m = a.shape[0]
-    if xp is np or m < 4096:
-        return xp.sum(a, axis=0, out=out)
-    g = _block_rows(m)
-    partial = a.reshape(m // g, g, a.shape[1]).sum(axis=1)
-    return xp.sum(partial, axis=0, out=out)
-
-
-def _block_rows(m: int) -> int:
-    """The largest divisor of ``m`` not above its square root."""
-    for g in range(math.isqrt(m), 0, -1):
-        if m % g == 0:
-            return g
-    return 1
 
 
 @dataclass(frozen=True)
@@ -106,6 +86,9 @@ class Ctx:
     algo: str | None = None  # convolution algorithm for this pass
     in_shapes: tuple[Shape, ...] = ()  # physical shapes of the inputs
     conv: Any = None  # the device's convolution backend (cuDNN on CUDA); None: the layer's own NumPy algorithms
+    #: how the device runs array work: products, work over rows, column sums (:mod:`vmem.nn.ops`);
+    #: NumPy, in turn, unless the device says otherwise
+    ops: Any = field(default_factory=HostOps)
     #: a second forward of the same step (to rebuild an output backward reads): reuse the saved state
     #: (dropout's mask), update nothing (batch norm's running statistics), and write the same output
     replay: bool = False

@@ -227,12 +227,12 @@ class Conv2d(Layer):
         if ctx.conv is not None:  # the device's own convolutions (cuDNN)
             ctx.conv.forward(self, ctx, x, w, y)
         elif self._is_gemm():
-            _lanes.matmul(np, x.reshape(-1, c), w.reshape(k, c).T, out=y2)
+            ctx.ops.matmul(x.reshape(-1, c), w.reshape(k, c).T, out=y2)
         elif ctx.algo == "implicit":
             self._forward_implicit(ctx, x, w, y)
         elif ctx.algo == "winograd":
             nb, shared, lanes = self._winograd_slots(ctx, x.shape, "forward", x.dtype)
-            _winograd.forward(x, w, ctx.params["bias"] if self.bias else None, y, self.padding, nb, shared, lanes)
+            _winograd.forward(x, w, ctx.params["bias"] if self.bias else None, y, self.padding, nb, shared, lanes, ctx.ops)
             return
         else:  # adds the bias to each chunk's output while it is in cache
             self._forward_im2col(ctx, x, w, y, ctx.params["bias"] if self.bias else None)
@@ -256,16 +256,16 @@ class Conv2d(Layer):
         if self.bias:  # a GEMV with a ones vector: far faster than sum(axis=0)
             np.matmul(_ones(dy2.shape[0], dy2.dtype), dy2, out=ctx.grads["bias"])
         if self._is_gemm():
-            _lanes.matmul(np, dy2.T, x.reshape(-1, c), out=dw.reshape(k, c))
+            ctx.ops.matmul(dy2.T, x.reshape(-1, c), out=dw.reshape(k, c))
             if dx is not None:
-                _lanes.matmul(np, dy2, w.reshape(k, c), out=dx.reshape(-1, c))
+                ctx.ops.matmul(dy2, w.reshape(k, c), out=dx.reshape(-1, c))
             return
         algo_data, algo_filter = ctx.algo if isinstance(ctx.algo, tuple) else (ctx.algo, ctx.algo)
         if algo_filter == "implicit":
             self._backward_filter_implicit(ctx, x, dy, dw)
         elif algo_filter == "winograd":
             nb, shared, lanes = self._winograd_slots(ctx, x.shape, "backward_filter", x.dtype)
-            _winograd.backward_filter(x, dy, dw, self.padding, nb, shared, lanes)
+            _winograd.backward_filter(x, dy, dw, self.padding, nb, shared, lanes, ctx.ops)
         else:
             self._backward_filter_im2col(ctx, x, dy, dw)
         if dx is None:
@@ -274,7 +274,7 @@ class Conv2d(Layer):
             self._backward_data_implicit(ctx, dy, w, dx)
         elif algo_data == "winograd":
             nb, shared, lanes = self._winograd_slots(ctx, dx.shape, "backward_data", dx.dtype)
-            _winograd.backward_data(dy, w, dx, self.padding, nb, shared, lanes)
+            _winograd.backward_data(dy, w, dx, self.padding, nb, shared, lanes, ctx.ops)
         elif self._transposed_ok():
             self._backward_data_transposed(ctx, dy, w, dx)
         else:
@@ -284,7 +284,7 @@ class Conv2d(Layer):
     # The column matrix is built a few images at a time (about 1M values a chunk) and consumed by the
     # GEMM while it is still in cache: faster than one huge matrix, and a much smaller workspace. Each
     # lane has its own slots. Forward and backward-data chunks write disjoint outputs, so the lanes
-    # pull them as they finish (vmem.nn.lanes.pull: a slowed core takes fewer); backward-filter's are
+    # pull them as they finish (``ctx.ops.pull``: a slowed core takes fewer); backward-filter's are
     # dealt, chunk i to lane i % lanes, each lane summing its own partial filter gradient, so that the
     # sums are added in an order fixed by the shapes. Either way the results do not depend on how the
     # lanes run.
@@ -317,7 +317,7 @@ class Conv2d(Layer):
             if bias is not None:
                 yb += bias
 
-        _lanes.pull(piece, len(chunks), len(lanes))
+        ctx.ops.pull(piece, len(chunks), len(lanes))
 
     def _backward_filter_im2col(self, ctx: Ctx, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
         chunks, _, lanes = self._im2col_slots(ctx, x.shape, "backward_filter", x.dtype)
@@ -337,7 +337,7 @@ class Conv2d(Layer):
                     np.matmul(dy[b].reshape(-1, k).T, cb, out=slots["tmp"])
                     acc += slots["tmp"]
 
-        _lanes.run(lane, len(lanes))
+        ctx.ops.run(lane, len(lanes))
         for slots in lanes[1:]:
             dw2 += slots["acc"]
 
@@ -359,7 +359,7 @@ class Conv2d(Layer):
             _gather(dy[b], slots.get("pad"), cb, self.kernel_size, (1, 1), (kh - 1 - ph, kw - 1 - pw))
             np.matmul(cb, wflip, out=dx[b].reshape(-1, c))
 
-        _lanes.pull(piece, len(chunks), len(lanes))
+        ctx.ops.pull(piece, len(chunks), len(lanes))
 
     def _backward_data_col2im(self, ctx: Ctx, dy: np.ndarray, w: np.ndarray, dx: np.ndarray) -> None:
         """Strided convolutions: columns of d(input) from a GEMM, scattered back window by window."""
@@ -384,7 +384,7 @@ class Conv2d(Layer):
             if dpad is not None:
                 dx[b] = target[:, ph : ph + h, pw : pw + wd, :]
 
-        _lanes.pull(piece, len(chunks), len(lanes))
+        ctx.ops.pull(piece, len(chunks), len(lanes))
 
     # implicit -------------------------------------------------------------------------------------
     @staticmethod

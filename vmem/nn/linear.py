@@ -7,8 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import ShapeError
-from . import lanes
-from .base import Ctx, Layer, ParamSpec, Shape, column_sum
+from .base import Ctx, Layer, ParamSpec, Shape
 
 __all__ = ["Linear", "Flatten"]
 
@@ -52,21 +51,19 @@ class Linear(Layer):
         return 2 * int(np.prod(in_shapes[0][:-1])) * self.in_features * self.out_features
 
     def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
-        xp = ctx.xp
-        lanes.matmul(xp, xs[0], ctx.params["weight"].T, out=y)
+        ctx.ops.matmul(xs[0], ctx.params["weight"].T, out=y)
         if self.bias:
             y += ctx.params["bias"]
 
     def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
-        xp = ctx.xp
         x = xs[0]  # type: ignore[index]
         if dy.ndim > 2:
             dy, x = dy.reshape(-1, self.out_features), x.reshape(-1, self.in_features)
-        lanes.matmul(xp, dy.T, x, out=ctx.grads["weight"])
+        ctx.ops.matmul(dy.T, x, out=ctx.grads["weight"])
         if self.bias:
-            column_sum(xp, dy, out=ctx.grads["bias"])
+            ctx.ops.column_sum(dy, out=ctx.grads["bias"])
         if dxs[0] is not None:
-            lanes.matmul(xp, dy, ctx.params["weight"], out=dxs[0].reshape(-1, self.in_features))
+            ctx.ops.matmul(dy, ctx.params["weight"], out=dxs[0].reshape(-1, self.in_features))
 
 
 class Flatten(Layer):

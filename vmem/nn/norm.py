@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import numpy as np
-
-from .base import AuxSpec, Ctx, Layer, ParamSpec, Shape, column_sum
+from .base import AuxSpec, Ctx, Layer, ParamSpec, Shape
 
 __all__ = ["BatchNorm2d"]
 
@@ -70,15 +68,11 @@ class BatchNorm2d(Layer):
         mean, invstd = aux["mean"], aux["invstd"]
         if ctx.train:
             m = x2.shape[0]
-            if xp is np:
-                xp.mean(x2, axis=0, out=mean)
-                var = xp.var(x2, axis=0)
-            else:  # column sums in blocks of rows (column_sum): fast on a GPU
-                column_sum(xp, x2, out=mean)
-                mean /= m
-                centred = x2 - mean
-                centred *= centred
-                var = column_sum(xp, centred) / m
+            ctx.ops.column_sum(x2, out=mean)  # the mean and the variance, as NumPy computes them
+            mean /= m
+            centred = x2 - mean
+            centred *= centred
+            var = ctx.ops.column_sum(centred) / m
         if ctx.train and not ctx.replay:  # a replay writes the same output and leaves the statistics alone
             rm, rv = p["running_mean"], p["running_var"]
             rm *= 1.0 - self.momentum
@@ -102,8 +96,8 @@ class BatchNorm2d(Layer):
         mean, invstd = aux["mean"], aux["invstd"]
         xhat = (x2 - mean) * invstd
         dgamma, dbeta = ctx.grads["weight"], ctx.grads["bias"]
-        column_sum(xp, dy2 * xhat, out=dgamma)
-        column_sum(xp, dy2, out=dbeta)
+        ctx.ops.column_sum(dy2 * xhat, out=dgamma)
+        ctx.ops.column_sum(dy2, out=dbeta)
         dx = dxs[0]
         if dx is None:
             return

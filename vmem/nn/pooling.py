@@ -13,7 +13,6 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..errors import ShapeError
-from . import lanes
 from .base import AuxSpec, Ctx, Layer, Shape, physical
 from .conv import _pair, _span
 
@@ -126,7 +125,7 @@ class MaxPool2d(_Pool2d):
             self._forward(xp, x[r], y[r], am)
             _pack_nibbles(xp, am, packed[self._packed_rows(y, r)])
 
-        lanes.rows(xp, y.shape[0], images, self._work(y, x.size))
+        ctx.ops.rows(y.shape[0], images, self._work(y, x.size))
 
     def _work(self, y: Any, size: int) -> int:
         """The work to cut between images: ``size``, or none where images share bytes of packed codes."""
@@ -187,7 +186,7 @@ class MaxPool2d(_Pool2d):
                 am = packed[r]
             self._backward(xp, dy[r], am, dx[r])
 
-        lanes.rows(xp, dy.shape[0], images, self._work(dy, dx.size))
+        ctx.ops.rows(dy.shape[0], images, self._work(dy, dx.size))
 
     def _backward(self, xp: Any, dy: Any, am: Any, dx: Any) -> None:
         _, h, w, _ = dx.shape

@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..errors import ShapeError
-from . import lanes
-from .base import AuxSpec, Ctx, Layer, ParamSpec, Shape, column_sum
+from .base import AuxSpec, Ctx, Layer, ParamSpec, Shape
 
 __all__ = ["Embedding", "Split", "Reshape", "ExpandDims", "Softmax", "MatMul", "LayerNorm", "LengthMask"]
 
@@ -239,18 +238,17 @@ class MatMul(Layer):
         return b.swapaxes(-1, -2) if self.transpose_b else b
 
     def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
-        lanes.matmul(ctx.xp, xs[0], self._b(xs[1]), out=y)
+        ctx.ops.matmul(xs[0], self._b(xs[1]), out=y)
 
     def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
-        xp = ctx.xp
         a, b = xs  # type: ignore[misc]
         if dxs[0] is not None:
-            lanes.matmul(xp, dy, self._b(b).swapaxes(-1, -2), out=dxs[0])
+            ctx.ops.matmul(dy, self._b(b).swapaxes(-1, -2), out=dxs[0])
         if dxs[1] is not None:
             if self.transpose_b:  # dB = dy^T a
-                lanes.matmul(xp, dy.swapaxes(-1, -2), a, out=dxs[1])
+                ctx.ops.matmul(dy.swapaxes(-1, -2), a, out=dxs[1])
             else:
-                lanes.matmul(xp, a.swapaxes(-1, -2), dy, out=dxs[1])
+                ctx.ops.matmul(a.swapaxes(-1, -2), dy, out=dxs[1])
 
 
 class LayerNorm(Layer):
@@ -302,8 +300,8 @@ class LayerNorm(Layer):
         x2, dy2 = xs[0].reshape(-1, f), dy.reshape(-1, f)  # type: ignore[index]
         mean, invstd = ctx.aux["mean"][:, None], ctx.aux["invstd"][:, None]
         xhat = (x2 - mean) * invstd
-        column_sum(xp, dy2 * xhat, out=ctx.grads["weight"])
-        column_sum(xp, dy2, out=ctx.grads["bias"])
+        ctx.ops.column_sum(dy2 * xhat, out=ctx.grads["weight"])
+        ctx.ops.column_sum(dy2, out=ctx.grads["bias"])
         if dxs[0] is not None:
             g = dy2 * ctx.params["weight"]
             dx = g - g.mean(axis=1, keepdims=True) - xhat * (g * xhat).mean(axis=1, keepdims=True)

@@ -17,7 +17,7 @@ The three passes, channels last:
 
 The tiles of a batch are processed a few images at a time (a chunk), with the transformed values in 16
 planes of the workspace, each lane with its own planes; as im2col's, forward and backward-data chunks
-are pulled by the lanes as they finish (:func:`vmem.nn.lanes.pull`) and backward-filter's are dealt
+are pulled by the lanes as they finish (``ops.pull``, :mod:`vmem.nn.ops`) and backward-filter's are dealt
 (each lane sums its own filter gradient, added in lane order), so the results do not depend on how the
 lanes run. Small maps (a few tiles an image, where each lane would have one chunk) go as one chunk of the
 whole batch instead: its transforms split by ranges of tiles and its 16 GEMMs by planes, each GEMM over
@@ -35,9 +35,13 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import lanes as _lanes
+from .ops import HostOps
 from .conv_arrays import _image_chunks
 
 __all__ = ["applies", "worthwhile", "layout", "forward", "backward_data", "backward_filter"]
+
+#: The pieces run in turn: for the transforms called on their own.
+_IN_TURN = HostOps()
 
 try:
     from .._native import ffi as _ffi, lib as _lib  # type: ignore[import-not-found]
@@ -146,7 +150,8 @@ def _mix(matrix: Any, srcs: list[np.ndarray], outs: list[np.ndarray]) -> None:
                 np.multiply(out, magnitude, out=out)
 
 
-def filter_transform(wt: np.ndarray, u: np.ndarray, t: np.ndarray, flip: bool = False) -> np.ndarray:
+def filter_transform(wt: np.ndarray, u: np.ndarray, t: np.ndarray, flip: bool = False,
+                     ops: HostOps = _IN_TURN) -> np.ndarray:
     """``u[a, b] = (G g G^T)[a, b]`` for every filter g of ``wt`` (k, 3, 3, c), as 16 planes of k x c
     (``u``: :func:`layout`'s slot; ``t``: 12*k*c values); ``flip``: of the filters turned by 180
     degrees, as the backward-data pass convolves. Returns the planes as a (16, k, c) view."""
@@ -154,7 +159,7 @@ def filter_transform(wt: np.ndarray, u: np.ndarray, t: np.ndarray, flip: bool = 
     planes = _planes(u, k, c)
     if _native(wt, u):
         ps = _plane_stride(k, c)
-        _lanes.rows(np, k, lambda r: _lib.vmem_wg_filter(r.start, r.stop, _ptr(wt), _ptr(u), ps, k, c, int(flip)),
+        ops.rows(k, lambda r: _lib.vmem_wg_filter(r.start, r.stop, _ptr(wt), _ptr(u), ps, k, c, int(flip)),
                     16 * k * c)
         return planes
     g = wt[:, ::-1, ::-1, :] if flip else wt
@@ -166,13 +171,13 @@ def filter_transform(wt: np.ndarray, u: np.ndarray, t: np.ndarray, flip: bool = 
     return planes
 
 
-def filter_gradient(du: np.ndarray, t: np.ndarray, dw: np.ndarray) -> None:
+def filter_gradient(du: np.ndarray, t: np.ndarray, dw: np.ndarray, ops: HostOps = _IN_TURN) -> None:
     """``dw[:, i, j, :] = (G^T dU G)[i, j]``: the gradient of the filters (k, 3, 3, c) from that of their
     transforms (``du``: 16 planes of k x c as :func:`layout` lays them out; ``t``: 12*k*c values)."""
     k, _, _, c = dw.shape
     if _native(du, dw):
         ps = _plane_stride(k, c)
-        _lanes.rows(np, k, lambda r: _lib.vmem_wg_filter_grad(r.start, r.stop, _ptr(du), _ptr(dw), ps, k, c),
+        ops.rows(k, lambda r: _lib.vmem_wg_filter_grad(r.start, r.stop, _ptr(du), _ptr(dw), ps, k, c),
                     16 * k * c)
         return
     planes = _planes(du, k, c)
@@ -269,14 +274,14 @@ def _chunks(n: int, nb: int) -> list[slice]:
 
 def _convolve(src: np.ndarray, dst: np.ndarray, u: np.ndarray, transposed: bool, pad: tuple[int, int],
               nb: int, shared: dict[str, np.ndarray], lanes: list[dict[str, np.ndarray]],
-              bias: np.ndarray | None) -> None:
+              bias: np.ndarray | None, ops: HostOps) -> None:
     """dst = the convolution of src by the transformed filters ``u`` (16, k, c): ``M = V u^T`` where
     ``transposed`` (forward: u's rows are the outputs), else ``M = V u`` (backward-data)."""
     _, ho, wo, _ = dst.shape
     th, tw = _tiles(ho, wo)
     uu = u.transpose(0, 2, 1) if transposed else u
     if not lanes:
-        _by_planes(src, None, dst, uu, pad, shared, bias)
+        _by_planes(src, None, dst, uu, pad, shared, bias, ops)
         return
     chunks = _chunks(src.shape[0], nb)
 
@@ -288,7 +293,7 @@ def _convolve(src: np.ndarray, dst: np.ndarray, u: np.ndarray, transposed: bool,
         np.matmul(v, uu, out=m)
         output_transform(slots["m"], dst[b], th, tw, bias)
 
-    _lanes.pull(piece, len(chunks), len(lanes))
+    ops.pull(piece, len(chunks), len(lanes))
 
 
 #: Pieces the tile transforms of a whole-batch chunk are cut into (each a range of tiles).
@@ -296,7 +301,7 @@ _TILE_PIECES = 8
 
 
 def _by_planes(x: np.ndarray, dy: np.ndarray | None, y: np.ndarray | None, uu: np.ndarray | None,
-               pad: tuple[int, int], shared: dict[str, np.ndarray], bias: np.ndarray | None) -> None:
+               pad: tuple[int, int], shared: dict[str, np.ndarray], bias: np.ndarray | None, ops: HostOps) -> None:
     """One chunk of the whole batch, in three rounds of pieces pulled by the lanes: the tiles' transforms
     by ranges of tiles, then the 16 GEMMs one plane at a time, then (forward, backward-data) the output
     transform by ranges of tiles. With ``dy`` (backward-filter): ``V`` from x and ``M`` from dy, then
@@ -321,32 +326,36 @@ def _by_planes(x: np.ndarray, dy: np.ndarray | None, y: np.ndarray | None, uu: n
         if dy is not None:
             output_adjoint(dy, shared["m"], th, tw, ins[i])
 
-    _lanes.pull(transform, len(ins))
+    ops.pull(transform, len(ins))
     if dy is not None:
         du = _planes(shared["du"], cout, x.shape[3])
-        _lanes.pull(lambda _, p: np.matmul(m[p].T, v[p], out=du[p]), 16)
+        ops.pull(lambda _, p: np.matmul(m[p].T, v[p], out=du[p]), 16)
         return
-    _lanes.pull(lambda _, p: np.matmul(v[p], uu[p], out=m[p]), 16)
+    ops.pull(lambda _, p: np.matmul(v[p], uu[p], out=m[p]), 16)
     outs = parts(shared["m"], y, bias)
-    _lanes.pull(lambda _, i: output_transform(shared["m"], y, th, tw, bias, outs[i]), len(outs))
+    ops.pull(lambda _, i: output_transform(shared["m"], y, th, tw, bias, outs[i]), len(outs))
 
 
 def forward(x: np.ndarray, wt: np.ndarray, bias: np.ndarray | None, y: np.ndarray, pad: tuple[int, int],
-            nb: int, shared: dict[str, np.ndarray], lanes: list[dict[str, np.ndarray]]) -> None:
-    """y = conv(x, wt) + bias, x (n, h, w, c), wt (k, 3, 3, c), y (n, ho, wo, k)."""
-    u = filter_transform(wt, shared["u"], shared["t"])
-    _convolve(x, y, u, True, pad, nb, shared, lanes, bias)
+            nb: int, shared: dict[str, np.ndarray], lanes: list[dict[str, np.ndarray]],
+            ops: HostOps = _IN_TURN) -> None:
+    """y = conv(x, wt) + bias, x (n, h, w, c), wt (k, 3, 3, c), y (n, ho, wo, k); ``ops`` runs the
+    pieces (:mod:`vmem.nn.ops`)."""
+    u = filter_transform(wt, shared["u"], shared["t"], ops=ops)
+    _convolve(x, y, u, True, pad, nb, shared, lanes, bias, ops)
 
 
 def backward_data(dy: np.ndarray, wt: np.ndarray, dx: np.ndarray, pad: tuple[int, int], nb: int,
-                  shared: dict[str, np.ndarray], lanes: list[dict[str, np.ndarray]]) -> None:
+                  shared: dict[str, np.ndarray], lanes: list[dict[str, np.ndarray]],
+                  ops: HostOps = _IN_TURN) -> None:
     """dx from dy: the forward convolution of dy padded by 2 - p with the flipped filters."""
-    u = filter_transform(wt, shared["u"], shared["t"], flip=True)
-    _convolve(dy, dx, u, False, (2 - pad[0], 2 - pad[1]), nb, shared, lanes, None)
+    u = filter_transform(wt, shared["u"], shared["t"], flip=True, ops=ops)
+    _convolve(dy, dx, u, False, (2 - pad[0], 2 - pad[1]), nb, shared, lanes, None, ops)
 
 
 def backward_filter(x: np.ndarray, dy: np.ndarray, dw: np.ndarray, pad: tuple[int, int], nb: int,
-                    shared: dict[str, np.ndarray], lanes: list[dict[str, np.ndarray]]) -> None:
+                    shared: dict[str, np.ndarray], lanes: list[dict[str, np.ndarray]],
+                    ops: HostOps = _IN_TURN) -> None:
     """dw (k, 3, 3, c) from x and dy: each lane sums ``M^T V`` over its chunks' tiles into its own
     ``du``; the lanes' sums are added in lane order, then transformed back. On small maps (no lane
     slots), ``du`` is computed plane by plane over every tile of the batch (:func:`_by_planes`)."""
@@ -354,8 +363,8 @@ def backward_filter(x: np.ndarray, dy: np.ndarray, dw: np.ndarray, pad: tuple[in
     c = x.shape[3]
     th, tw = _tiles(ho, wo)
     if not lanes:
-        _by_planes(x, dy, None, None, pad, shared, None)
-        filter_gradient(shared["du"], shared["t"], dw)
+        _by_planes(x, dy, None, None, pad, shared, None, ops)
+        filter_gradient(shared["du"], shared["t"], dw, ops)
         return
     chunks = _chunks(n, nb)
 
@@ -372,8 +381,8 @@ def backward_filter(x: np.ndarray, dy: np.ndarray, dw: np.ndarray, pad: tuple[in
                 np.matmul(m.transpose(0, 2, 1), v, out=tmp)
                 du += tmp
 
-    _lanes.run(lane, len(lanes))
+    ops.run(lane, len(lanes))
     total = _planes(lanes[0]["du"], k, c)
     for slots in lanes[1:]:
         total += _planes(slots["du"], k, c)
-    filter_gradient(lanes[0]["du"], shared["t"], dw)
+    filter_gradient(lanes[0]["du"], shared["t"], dw, ops)

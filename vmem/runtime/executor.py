@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 
 from ..errors import DeviceError
-from ..nn import lanes
 from ..nn.base import Ctx, physical
 from ..optim import Optimizer
 from ..schedule import Key, Kind, Schedule
@@ -263,7 +262,7 @@ class Executor(Transfers):
         ws = self._view(r, workspace, (r.blocks[workspace].nbytes,), np.uint8) if workspace is not None else None
         return Ctx(xp=self.xp, params=self._op_params[i], grads=self._op_grads[i], aux=aux, train=train, rng=rng,
                    workspace=ws, algo=algo, in_shapes=tuple(physical(s) for s in op.in_shapes),
-                   conv=self.device.conv_backend, replay=replay)
+                   conv=self.device.conv_backend, ops=self.device.ops, replay=replay)
 
     # -- ops ---------------------------------------------------------------------------------------
     def _forward(self, r: _Run, st: Forward | Recompute) -> None:
@@ -363,7 +362,7 @@ class Executor(Transfers):
                 for view, kept in zip(self._stats, r.kept_stats):
                     view[...] = kept
                 return
-            lanes.each(xp, self._update_sizes, update)
+            self.device.ops.each(self._update_sizes, update)
 
         self._launch(r, "update", run)
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from ... import threads
 from ...errors import DeviceError
+from ...nn.ops import ArrayOps
 from ...pool import Block, DevicePool, PinnedHostPool, PoolHook
 from ...units import format_bytes, parse_bytes
 from ..spec import DeviceSpec
@@ -91,6 +92,7 @@ class CudaDevice:
                               f"{format_bytes(free)} free of {format_bytes(total)} on {self.gpu}")
         self.name = f"cuda:{index}"
         self.xp = cupy
+        self.ops = ArrayOps(cupy)  # one call per operation; column sums in blocks of rows
         self.poison = bool(poison)
         self.deterministic = bool(deterministic)
         self.pool = DevicePool(capacity, alignment, DeviceArena, name=f"{self.name} device")

@@ -9,7 +9,12 @@ import numpy as np
 import pytest
 
 from vmem import nn, threads
+from vmem.device.lanes import LaneOps
 from vmem.nn import Ctx, PASSES, conv, lanes, physical
+from vmem.nn.ops import ArrayOps
+
+#: The CPU device's lanes.
+OPS = LaneOps()
 
 
 @pytest.fixture
@@ -38,7 +43,7 @@ def budget(monkeypatch):
 def _conv_step(layer, shape, x, w, b, dy):
     ws = max(layer.workspace_bytes([shape], p, "im2col", 4) for p in PASSES)
     ctx = Ctx(xp=np, params={"weight": w, "bias": b}, grads={"weight": np.empty_like(w), "bias": np.empty_like(b)},
-              workspace=np.empty(ws, np.uint8), algo="im2col")
+              workspace=np.empty(ws, np.uint8), algo="im2col", ops=OPS)
     y = np.empty(physical(layer.output_shape([shape])), np.float32)
     layer.forward(ctx, [x], y)
     dx = np.empty_like(x)
@@ -78,7 +83,7 @@ def test_matmul_pieces_same_bits_and_right(a_shape, b_shape, budget):
     outs = {}
     for n in (1, 2):
         out = np.empty(out_shape, np.float32)
-        budget(n, lambda: lanes.matmul(np, a, b, out))
+        budget(n, lambda: OPS.matmul(a, b, out))
         outs[n] = out
     assert budget.side_by_side
     np.testing.assert_array_equal(outs[1], outs[2])
@@ -91,9 +96,9 @@ def test_small_work_is_not_split(budget, monkeypatch):
     monkeypatch.setattr(lanes, "_SPLIT_MIN", 1 << 26)
     a = np.ones((64, 64), np.float32)
     out = np.empty((64, 64), np.float32)
-    budget(2, lambda: lanes.matmul(np, a, np.eye(64, dtype=np.float32), out))
+    budget(2, lambda: OPS.matmul(a, np.eye(64, dtype=np.float32), out))
     x = np.ones((8, 1000), np.float32)
-    budget(2, lambda: lanes.rows(np, 8, lambda r: np.maximum(x[r], 0, out=x[r]), x.size))
+    budget(2, lambda: OPS.rows(8, lambda r: np.maximum(x[r], 0, out=x[r]), x.size))
     assert not budget.side_by_side
     np.testing.assert_array_equal(out, a)
     small, big = nn.Conv2d(16, 16, 3, padding=1), nn.Conv2d(64, 64, 3, padding=1)
@@ -111,7 +116,7 @@ def test_an_error_in_a_lane_is_raised_after_both_finish(budget):
         finished.append(lane)
 
     with pytest.raises(ValueError, match="lane 1 failed"):
-        budget(2, lambda: lanes.run(work))
+        budget(2, lambda: OPS.run(work))
     assert finished == [0]
 
 
@@ -122,13 +127,13 @@ def test_lanes_do_not_nest(budget):
     def inner(lane: int) -> None:
         seen.append((threading.current_thread().name, lane))
 
-    budget(2, lambda: lanes.run(lambda lane: lanes.run(inner)))
+    budget(2, lambda: OPS.run(lambda lane: OPS.run(inner)))
     assert len(seen) == 4 and len(budget.side_by_side) == 1
 
 
 def test_pull_runs_every_piece_once_in_order_when_in_turn(budget):
     seen = []
-    budget(1, lambda: lanes.pull(lambda lane, piece: seen.append((lane, piece)), 5))
+    budget(1, lambda: OPS.pull(lambda lane, piece: seen.append((lane, piece)), 5))
     assert seen == [(0, i) for i in range(5)] and not budget.side_by_side
 
 
@@ -149,7 +154,7 @@ def test_pull_a_slow_lane_takes_fewer_pieces(budget):
         if lane == 0 and len(taken[0]) == 5:
             rest_done.set()
 
-    budget(2, lambda: lanes.pull(work, 6))
+    budget(2, lambda: OPS.pull(work, 6))
     assert budget.side_by_side
     assert len(taken[1]) == 1 and len(taken[0]) == 5
     assert sorted(taken[0] + taken[1]) == list(range(6))
@@ -165,7 +170,7 @@ def test_pull_stops_taking_pieces_after_an_error(budget):
         threading.Event().wait(0.01)
 
     with pytest.raises(ValueError, match="piece 0 failed"):
-        budget(2, lambda: lanes.pull(work, 1000))
+        budget(2, lambda: OPS.pull(work, 1000))
     assert len(taken) < 1000
 
 
@@ -190,7 +195,7 @@ def test_elementwise_and_pooling_same_bits_cut_or_whole(layer, shape, budget, mo
     aux = {k: np.zeros(a.shape, a.dtype) for k, a in layer.aux_specs([shape]).items()}
 
     def step():
-        ctx = Ctx(xp=np, params={}, grads={}, aux={k: v.copy() for k, v in aux.items()})
+        ctx = Ctx(xp=np, params={}, grads={}, aux={k: v.copy() for k, v in aux.items()}, ops=OPS)
         y = np.empty(out, np.float32)
         layer.forward(ctx, [x], y)
         dx = np.empty_like(x)
@@ -216,8 +221,8 @@ def test_deal_balances_by_size_and_keeps_order(monkeypatch):
 def test_each_runs_every_item_once(budget, monkeypatch):
     monkeypatch.setattr(lanes, "_ROWS_MIN", 1)
     seen = []
-    budget(2, lambda: lanes.each(np, [5, 1, 1, 4], seen.append))
+    budget(2, lambda: OPS.each([5, 1, 1, 4], seen.append))
     assert sorted(seen) == [0, 1, 2, 3] and budget.side_by_side
     seen.clear()
-    lanes.each(object(), [5, 1], seen.append)  # not NumPy: in order, on this thread
+    ArrayOps(object()).each([5, 1], seen.append)  # not NumPy: in order, on this thread
     assert seen == [0, 1]

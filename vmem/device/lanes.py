@@ -1,0 +1,48 @@
+"""The CPU device's lanes: the layers' pieces of work (:mod:`vmem.nn.lanes`) run side by side on the
+step's core budget (:mod:`vmem.threads`)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from .. import threads
+from ..nn.lanes import LANES
+from ..nn.ops import HostOps
+
+__all__ = ["LaneOps"]
+
+if LANES != threads.LANES:  # the pieces the layers cut and the threads that run them
+    raise ImportError(f"vmem.nn.lanes.LANES={LANES} differs from vmem.threads.LANES={threads.LANES}")
+
+_inside = threading.local()
+
+
+class LaneOps(HostOps):
+    """:class:`~vmem.nn.ops.HostOps` whose lanes run at once where the step's core budget has lanes
+    (:meth:`vmem.threads.CoreBudget.limit`), else in turn; lanes do not nest (work inside a lane runs its
+    own lanes in turn). The pieces, hence the results, are the same either way."""
+
+    def run(self, work: Callable[[int], None], lanes: int = LANES) -> None:
+        """``work(lane)`` for each lane: at once where the step has lanes, else in turn. The first error
+        raised is re-raised after every lane has finished."""
+        if lanes < 2 or threads.BUDGET.lanes < lanes or getattr(_inside, "on", False):
+            for lane in range(lanes):
+                work(lane)
+            return
+
+        def inside(lane: int) -> None:
+            _inside.on = True
+            try:
+                work(lane)
+            finally:
+                _inside.on = False
+
+        futures = [threads.LANE.submit(inside, lane) for lane in range(1, lanes)]
+        try:
+            inside(0)
+        finally:
+            errors = [f.exception() for f in futures]
+        for error in errors:
+            if error is not None:
+                raise error

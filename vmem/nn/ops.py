@@ -1,0 +1,144 @@
+"""How a device runs the layers' array work: the ``ops`` a :class:`~vmem.nn.Ctx` carries.
+
+Layers never ask which device they are on. They hand their big products, their elementwise work over
+rows and their column sums to ``ctx.ops``, which the device chose:
+
+- :class:`HostOps` (NumPy): work cut into pieces fixed by the shapes alone (:mod:`vmem.nn.lanes`) and
+  run in turn. A device with cores to spare runs the same pieces side by side (the CPU device's
+  ``vmem.device.lanes.LaneOps``); the pieces, hence the results bit for bit, are the same either way.
+- :class:`ArrayOps` (any other array module, CuPy on a GPU): one call per operation, no pieces, and
+  column sums in blocks of rows (one pass over millions of rows and few columns keeps only a few
+  thread blocks of a GPU busy).
+
+A Ctx made without ``ops`` gets :class:`HostOps`: layers called on their own run on NumPy, in turn.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from .lanes import LANES, deal, lanes_for, rows_worth_cutting, split
+
+__all__ = ["ArrayOps", "HostOps"]
+
+
+class ArrayOps:
+    """Array work on ``xp`` one operation at a time (a GPU's array module: the device parallelizes)."""
+
+    #: Whether the arrays are host (NumPy) arrays whose work is cut into pieces by shape.
+    host = False
+
+    def __init__(self, xp: Any):
+        self.xp = xp
+
+    def run(self, work: Callable[[int], None], lanes: int = LANES) -> None:
+        """``work(lane)`` for each of ``lanes`` lanes, in turn."""
+        for lane in range(lanes):
+            work(lane)
+
+    def pull(self, work: Callable[[int, int], None], pieces: int, lanes: int = LANES) -> None:
+        """``work(lane, piece)`` for every piece in ``range(pieces)``, each lane taking the next piece as
+        soon as it is done with its last one (a lane slowed by another process takes fewer). Only for
+        pieces whose results do not depend on the lane that computes them (disjoint outputs; ``lane`` picks
+        the scratch space). Where the lanes run in turn, lane 0 takes every piece, in order. The first error
+        is re-raised once every lane has stopped; after one, the lanes take no new pieces."""
+        taken = iter(range(pieces))
+        lock = threading.Lock()
+        failed = threading.Event()
+
+        def lane(i: int) -> None:
+            while not failed.is_set():
+                with lock:
+                    piece = next(taken, None)
+                if piece is None:
+                    return
+                try:
+                    work(i, piece)
+                except BaseException:
+                    failed.set()
+                    raise
+
+        self.run(lane, max(1, min(lanes, pieces)))  # in turn, lane 0 takes every piece before lane 1 looks
+
+    def matmul(self, a: Any, b: Any, out: Any) -> Any:
+        """``xp.matmul(a, b, out=out)``."""
+        return self.xp.matmul(a, b, out=out)
+
+    def rows(self, n: int, work: Callable[[slice], None], size: int) -> None:
+        """``work(piece)`` over ``n`` rows (the first axis of the arrays it touches): here, all at once.
+        For work whose every result depends only on its own rows, so that any cut gives the same."""
+        work(slice(0, n))
+
+    def each(self, sizes: list[int], work: Callable[[int], None]) -> None:
+        """``work(i)`` for every item of independent elementwise work of ``sizes`` elements: in order."""
+        for i in range(len(sizes)):
+            work(i)
+
+    def column_sum(self, a: Any, out: Any = None) -> Any:
+        """The sum of a 2-D array's rows (``a.sum(axis=0)``) into ``out`` if given: blocks of about
+        sqrt(M) rows first, then their partial sums."""
+        m = a.shape[0]
+        if m < 4096:
+            return self.xp.sum(a, axis=0, out=out)
+        g = _block_rows(m)
+        partial = a.reshape(m // g, g, a.shape[1]).sum(axis=1)
+        return self.xp.sum(partial, axis=0, out=out)
+
+
+class HostOps(ArrayOps):
+    """NumPy arrays, work cut into pieces fixed by the shapes (see :mod:`vmem.nn.lanes`), run in turn."""
+
+    host = True
+
+    def __init__(self) -> None:
+        super().__init__(np)
+
+    def matmul(self, a: Any, b: Any, out: Any) -> Any:
+        """``np.matmul(a, b, out=out)``; a large product split over the rows of ``out`` (its first axis) into
+        one piece per lane, whether or not the lanes run at once."""
+        if a.ndim != out.ndim or out.shape[0] < LANES or lanes_for(out.size * a.shape[-1]) < LANES:
+            return np.matmul(a, b, out=out)
+        pieces = split(out.shape[0])
+        b_split = b.ndim == a.ndim and b.ndim > 2  # batched: b's leading axis goes along with a's
+
+        def work(lane: int) -> None:
+            s = pieces[lane]
+            np.matmul(a[s], b[s] if b_split else b, out=out[s])
+
+        self.run(work, len(pieces))
+        return out
+
+    def rows(self, n: int, work: Callable[[slice], None], size: int) -> None:
+        """``work(piece)`` for each lane's piece of ``n`` rows where the work covers about a million values
+        or more (``size``); else ``work(slice(0, n))``."""
+        if not rows_worth_cutting(n, size):
+            work(slice(0, n))
+            return
+        pieces = split(n)
+        self.run(lambda lane: work(pieces[lane]), len(pieces))
+
+    def each(self, sizes: list[int], work: Callable[[int], None]) -> None:
+        """``work(i)`` for every item, dealt to the lanes (:func:`~vmem.nn.lanes.deal`)."""
+        shares = deal(sizes)
+
+        def share(lane: int) -> None:
+            for i in shares[lane]:
+                work(i)
+
+        self.run(share, len(shares))
+
+    def column_sum(self, a: Any, out: Any = None) -> Any:
+        """NumPy's own ``sum(axis=0)``."""
+        return np.sum(a, axis=0, out=out)
+
+
+def _block_rows(m: int) -> int:
+    """The largest divisor of ``m`` not above its square root."""
+    for g in range(math.isqrt(m), 0, -1):
+        if m % g == 0:
+            return g
+    return 1
