@@ -9,6 +9,7 @@ import pytest
 from vmem import nn
 from vmem.graph import Sequential
 from vmem.nn import Ctx, physical
+from vmem.nn.ops import ArrayOps, HostOps
 
 CASES = [
     (lambda: nn.Conv2d(3, 8, 3, padding=1), [(4, 3, 9, 9)]),
@@ -43,7 +44,8 @@ def _run(layer, in_shapes, xp, conv, seed=0, algo=None, bwd_algo=None):
     y = xp.zeros(physical(out_shape), np.float32)
     ws = xp.zeros(1 << 24, np.uint8)
     ctx = Ctx(xp=xp, params=params, grads=grads, aux=aux, train=True, rng=np.random.default_rng(1), workspace=ws,
-              algo=algo, in_shapes=tuple(physical(s) for s in in_shapes), conv=conv)
+              algo=algo, in_shapes=tuple(physical(s) for s in in_shapes), conv=conv,
+              ops=HostOps() if xp is np else ArrayOps(xp))  # as the CPU and CUDA devices run layers' work
     layer.forward(ctx, [x.copy() for x in xs], y)
     dy = xp.asarray(rng.standard_normal(y.shape).astype(np.float32))
     dxs = [xp.zeros(x.shape, np.float32) for x in xs]
