@@ -246,24 +246,21 @@ def torch_step(torch, model, opt, batch: int, mode: str = "plain", channels_last
     return time.perf_counter() - t0
 
 
-def task_torch_step(batch: int, steps: int) -> dict:
-    """PyTorch eager's median step, NCHW (its default) and channels last (vmem's layout)."""
+def task_torch_step(batch: int, steps: int, layout: str = "nchw") -> dict:
+    """PyTorch eager's median step in ``layout``: ``nchw`` (its default) or ``channels_last`` (vmem's), each
+    in a child of its own (cuDNN's search in channels last alone can take minutes)."""
     torch = torch_setup()
-    out = {"version": torch.__version__}
-    for layout in ("nchw", "channels_last"):
-        torch.manual_seed(0)
-        model = torch_vgg16(torch).cuda()
-        if layout == "channels_last":
-            model = model.to(memory_format=torch.channels_last)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        for _ in range(2):
-            torch_step(torch, model, opt, batch, channels_last=layout == "channels_last")
-        times = [torch_step(torch, model, opt, batch, channels_last=layout == "channels_last") for _ in range(steps)]
-        say(f"pytorch eager {layout}: steps {', '.join(f'{t * 1e3:.1f}' for t in times)} ms")
-        out[layout] = {"median": float(np.median(times)), "times": times}
-        del model, opt
-        torch.cuda.empty_cache()
-    return out
+    torch.manual_seed(0)
+    model = torch_vgg16(torch).cuda()
+    last = layout == "channels_last"
+    if last:
+        model = model.to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    for _ in range(2):
+        torch_step(torch, model, opt, batch, channels_last=last)
+    times = [torch_step(torch, model, opt, batch, channels_last=last) for _ in range(steps)]
+    say(f"pytorch eager {layout}: steps {', '.join(f'{t * 1e3:.1f}' for t in times)} ms")
+    return {"version": torch.__version__, "median": float(np.median(times)), "times": times}
 
 
 def largest(fits, lo: int, hi: int) -> int:
@@ -373,15 +370,15 @@ def section_step_time(args, out):
             times["vdnn-dyn"] = r["median"]
     else:
         _failed(out, "vmem vdnn-dyn", ChildFailed("not run: it plans from a profile, and none could be made"))
-    try:
-        t = isolated("torch_step", args.child_timeout, batch=args.batch, steps=args.steps)
-        times["pytorch"] = t["nchw"]["median"]
-        times["pytorch channels_last"] = t["channels_last"]["median"]
-        for layout in ("nchw", "channels_last"):
-            rows.append((f"pytorch {t['version']} eager, {layout}", f"{t[layout]['median'] * 1e3:.1f}", "-",
-                         "cudnn.benchmark", "-"))
-    except ChildFailed as exc:
-        _failed(out, "pytorch", exc)
+    for layout, key in (("nchw", "pytorch"), ("channels_last", "pytorch channels_last")):
+        try:
+            t = isolated("torch_step", args.child_timeout, batch=args.batch, steps=args.steps, layout=layout)
+        except ChildFailed as exc:
+            _failed(out, key, exc)
+            continue
+        times[key] = t["median"]
+        rows.append((f"pytorch {t['version']} eager, {layout}", f"{t['median'] * 1e3:.1f}", "-", "cudnn.benchmark",
+                     "-"))
     print(f"\nVGG-16, batch {args.batch}, 224x224, FP32 (TF32 off): median step of {args.steps}")
     print(table(("run", "step ms", "plan's ms", "algorithms / choice", "plan peak"), rows))
     out["step_time"] = times
