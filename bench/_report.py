@@ -48,7 +48,15 @@ def verdict(name: str, value: float, target: float, *, at_least: bool = True, un
 
 
 def emit(result: dict[str, Any], as_json: bool) -> int:
-    result["machine"] = machine()
+    """Print ``result`` as JSON on stdout (``as_json``), with the machine, the date (UTC) and the command that
+    made it (bench/results.py builds bench/RESULTS.md from these)."""
+    import datetime
+    from pathlib import Path
+
+    result["machine"] = {**machine(), **result.get("machine", {})}
+    result["date"] = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    args = [a for a in sys.argv[1:] if a != "--json"]
+    result["command"] = " ".join(["python", f"bench/{Path(sys.argv[0]).name}", *args])
     if as_json:
         json.dump(result, _JSON_OUT, indent=2)
         print(file=_JSON_OUT)

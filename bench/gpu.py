@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import datetime
 import json
 import logging
 import os
@@ -561,7 +562,9 @@ def main() -> int:
     if reason:
         print(f"bench/gpu.py: {reason}", file=sys.stderr)
         return 2
-    out: dict = {"verdicts": [], "errors": {}, "machine": machine(), "gpu": nvml.gpus()}
+    out: dict = {"verdicts": [], "errors": {}, "machine": machine(), "gpu": nvml.gpus(),
+                 "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+                 "command": " ".join(["python", "bench/gpu.py", *sys.argv[1:]])}
     print(f"GPU: {out['gpu']}")
     names = list(SECTIONS) if not args.sections else [n.strip() for n in args.sections.split(",") if n.strip()]
     unknown = [n for n in names if n not in SECTIONS]

@@ -46,3 +46,19 @@ def test_every_name_a_bench_script_imports_from_vmem_exists():
                if not hasattr(importlib.import_module(module), name)
                and importlib.util.find_spec(f"{module}.{name}") is None]
     assert not missing
+
+
+def test_results_md_is_what_the_benches_json_gives():
+    """bench/RESULTS.md is written from bench/results/*.json by bench/results.py, never by hand."""
+    done = subprocess.run([sys.executable, str(BENCH / "results.py"), "--check"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_every_result_names_its_machine_date_and_command():
+    import json
+
+    for path in sorted((BENCH / "results").glob("*.json")):
+        result = json.loads(path.read_text())
+        assert result.get("verdicts") is not None and result.get("date") and result.get("command"), path.name
+        assert result.get("machine") or result.get("gpu"), path.name
