@@ -20,8 +20,12 @@ def machine() -> dict[str, Any]:
 
     import numpy as np
 
-    return {"python": platform.python_version(), "numpy": np.__version__, "cpus": os.cpu_count(),
-            "machine": platform.machine()}
+    return {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+    }
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -79,21 +79,39 @@ def main(argv: list[str] | None = None) -> int:
     ]:
         ok, peak = trains(make, args.batch, policy, memory, args.steps)
         checks[label] = {"policy": policy, "memory": memory, "trains": ok, "peak_bytes": peak}
-        rows.append((label, format_bytes(memory), "trains" if ok else "OutOfDeviceMemory",
-                     format_bytes(peak) if ok else "-"))
-    print(f"vgg_cifar batch {args.batch}, memory-optimal algorithms: baseline peak {format_bytes(base_peak)}, "
-          f"smallest vdnn-all budget {format_bytes(vdnn_budget)}")
+        rows.append(
+            (label, format_bytes(memory), "trains" if ok else "OutOfDeviceMemory", format_bytes(peak) if ok else "-")
+        )
+    print(
+        f"vgg_cifar batch {args.batch}, memory-optimal algorithms: baseline peak {format_bytes(base_peak)}, "
+        f"smallest vdnn-all budget {format_bytes(vdnn_budget)}"
+    )
     print(table(["check", "device memory", "result", "measured peak"], rows))
     ratio = vdnn_budget / base_peak
     targets = [verdict("smallest vdnn-all budget / baseline peak", ratio, 0.6, at_least=False)]
-    consistent = (checks["baseline at its own peak"]["trains"] and not checks["baseline at the middle budget"]["trains"]
-                  and checks["vdnn-all at the middle budget"]["trains"]
-                  and checks["vdnn-all at its smallest budget"]["trains"])
-    print(f"checks: baseline fails and vdnn-all trains at the middle budget, vdnn-all trains at its smallest: "
-          f"{'yes' if consistent else 'NO'}")
-    return emit({"bench": "budget", "batch": args.batch, "baseline_peak_bytes": base_peak,
-                 "vdnn_all_budget_bytes": vdnn_budget, "ratio": ratio, "checks": checks,
-                 "consistent": consistent, "targets": targets}, args.json)
+    consistent = (
+        checks["baseline at its own peak"]["trains"]
+        and not checks["baseline at the middle budget"]["trains"]
+        and checks["vdnn-all at the middle budget"]["trains"]
+        and checks["vdnn-all at its smallest budget"]["trains"]
+    )
+    print(
+        f"checks: baseline fails and vdnn-all trains at the middle budget, vdnn-all trains at its smallest: "
+        f"{'yes' if consistent else 'NO'}"
+    )
+    return emit(
+        {
+            "bench": "budget",
+            "batch": args.batch,
+            "baseline_peak_bytes": base_peak,
+            "vdnn_all_budget_bytes": vdnn_budget,
+            "ratio": ratio,
+            "checks": checks,
+            "consistent": consistent,
+            "targets": targets,
+        },
+        args.json,
+    )
 
 
 if __name__ == "__main__":

@@ -25,10 +25,25 @@ from vmem import codecs, parse_bytes
 from vmem.benchmarks import best_seconds, relu_activations
 from vmem.codecs import native
 
-SPECS = ["binarize", "dpr:format=fp16", "dpr:format=fp10", "dpr:format=fp8", "zvc", "ssdc", "fixed:bits=8",
-         "fixed:bits=4", "patch2"]
-TARGETS = {"binarize": 0.5, "dpr:format=fp16": 0.5, "dpr:format=fp10": 0.5, "dpr:format=fp8": 0.5, "zvc": 0.25,
-           "ssdc": 0.25}
+SPECS = [
+    "binarize",
+    "dpr:format=fp16",
+    "dpr:format=fp10",
+    "dpr:format=fp8",
+    "zvc",
+    "ssdc",
+    "fixed:bits=8",
+    "fixed:bits=4",
+    "patch2",
+]
+TARGETS = {
+    "binarize": 0.5,
+    "dpr:format=fp16": 0.5,
+    "dpr:format=fp10": 0.5,
+    "dpr:format=fp8": 0.5,
+    "zvc": 0.25,
+    "ssdc": 0.25,
+}
 
 
 def best(fn, rounds: int) -> float:
@@ -52,18 +67,30 @@ def main(argv: list[str] | None = None) -> int:
         c = codecs.get(spec)
         enc = codecs.encode_channels_last(c, x)
         out = np.empty_like(x)
-        seconds = (best(lambda: codecs.encode_channels_last(c, x), args.rounds)
-                   + best(lambda: codecs.decode_channels_last(c, enc, out), args.rounds))
+        seconds = best(lambda: codecs.encode_channels_last(c, x), args.rounds) + best(
+            lambda: codecs.decode_channels_last(c, enc, out), args.rounds
+        )
         gbps = x.nbytes / seconds / 1e9
         results[spec] = {"gbps": gbps, "ratio_to_copy": gbps / copy_gbps, "compression": x.nbytes / enc.nbytes}
         rows.append((spec, gbps, gbps / copy_gbps, x.nbytes / enc.nbytes))
-    print(f"{x.nbytes / 2**20:.0f} MiB of ReLU output at density {args.density:g}; numpy copy {copy_gbps:.2f} GB/s; "
-          f"native kernels: {'yes' if native.lib is not None else 'no (NumPy references)'}")
+    print(
+        f"{x.nbytes / 2**20:.0f} MiB of ReLU output at density {args.density:g}; numpy copy {copy_gbps:.2f} GB/s; "
+        f"native kernels: {'yes' if native.lib is not None else 'no (NumPy references)'}"
+    )
     print(table(["codec", "enc+dec GB/s", "x copy", "compression"], rows))
     for spec, target in TARGETS.items():
         targets.append(verdict(f"{spec} throughput / copy", results[spec]["ratio_to_copy"], target))
-    return emit({"bench": "codecs", "bytes": x.nbytes, "density": args.density, "copy_gbps": copy_gbps,
-                 "results": results, "targets": targets}, args.json)
+    return emit(
+        {
+            "bench": "codecs",
+            "bytes": x.nbytes,
+            "density": args.density,
+            "copy_gbps": copy_gbps,
+            "results": results,
+            "targets": targets,
+        },
+        args.json,
+    )
 
 
 if __name__ == "__main__":

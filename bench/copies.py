@@ -102,8 +102,16 @@ def main(argv: list[str] | None = None) -> int:
         targets.append(verdict("min copy-engine/numpy ratio, blocks >= 4 MiB", min(big), 0.8))
     if throttled:
         targets.append(verdict("max throttled rate error", max(t["error"] for t in throttled), 0.10, at_least=False))
-    return emit({"bench": "copy", "unthrottled": unthrottled, "throttled": throttled, "rate_gbps": args.rate,
-                 "targets": targets}, args.json)
+    return emit(
+        {
+            "bench": "copy",
+            "unthrottled": unthrottled,
+            "throttled": throttled,
+            "rate_gbps": args.rate,
+            "targets": targets,
+        },
+        args.json,
+    )
 
 
 if __name__ == "__main__":

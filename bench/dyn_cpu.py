@@ -23,8 +23,14 @@ from _report import emit, table, verdict
 import vmem
 from vmem import format_bytes
 
-STATIC = ["baseline:algos=memory", "baseline:algos=performance", "vdnn-conv:algos=memory",
-          "vdnn-conv:algos=performance", "vdnn-all:algos=memory", "vdnn-all:algos=performance"]
+STATIC = [
+    "baseline:algos=memory",
+    "baseline:algos=performance",
+    "vdnn-conv:algos=memory",
+    "vdnn-conv:algos=performance",
+    "vdnn-all:algos=memory",
+    "vdnn-all:algos=performance",
+]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,8 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     trainers = {}
     try:
         for policy in ["vdnn-dyn"] + fitting:
-            trainers[policy] = vmem.Trainer(vmem.models.get(args.model), memory=budget, policy=policy, seed=0,
-                                            optimizer=vmem.optim.SGD(lr=0.01, momentum=0.9))
+            trainers[policy] = vmem.Trainer(
+                vmem.models.get(args.model),
+                memory=budget,
+                policy=policy,
+                seed=0,
+                optimizer=vmem.optim.SGD(lr=0.01, momentum=0.9),
+            )
             trainers[policy].step(x, y)
         times: dict[str, list[float]] = {p: [] for p in trainers}
         for _ in range(args.steps):
@@ -59,19 +70,38 @@ def main(argv: list[str] | None = None) -> int:
         for t in trainers.values():
             t.close()
     median = {p: float(np.median(v)) for p, v in times.items()}
-    print(f"{args.model} batch {args.batch} in {format_bytes(budget)} ({args.fraction:g} of baseline's peak "
-          f"{format_bytes(peak)}); vdnn-dyn chose {dyn_plan.chosen} at step {dyn_plan.step}")
+    print(
+        f"{args.model} batch {args.batch} in {format_bytes(budget)} ({args.fraction:g} of baseline's peak "
+        f"{format_bytes(peak)}); vdnn-dyn chose {dyn_plan.chosen} at step {dyn_plan.step}"
+    )
     print(f"  {dyn_plan.reason}")
-    print(table(["policy", "step s", "peak", "fits"],
-                [(p, median[p], format_bytes(peaks[p]), "yes") for p in trainers]
-                + [(p, "-", "-", "no") for p in STATIC if p not in fitting]))
+    print(
+        table(
+            ["policy", "step s", "peak", "fits"],
+            [(p, median[p], format_bytes(peaks[p]), "yes") for p in trainers]
+            + [(p, "-", "-", "no") for p in STATIC if p not in fitting],
+        )
+    )
     fastest_static = min((median[p] for p in fitting), default=float("nan"))
-    targets = [verdict("vdnn-dyn / fastest fitting static policy", median["vdnn-dyn"] / fastest_static, 1.0,
-                       at_least=False)]
-    return emit({"bench": "dyn_cpu", "model": args.model, "batch": args.batch, "budget": budget,
-                 "baseline_peak": peak, "chosen": dyn_plan.chosen, "step": dyn_plan.step, "reason": dyn_plan.reason,
-                 "seconds": median,
-                 "fitting": fitting, "targets": targets}, args.json)
+    targets = [
+        verdict("vdnn-dyn / fastest fitting static policy", median["vdnn-dyn"] / fastest_static, 1.0, at_least=False)
+    ]
+    return emit(
+        {
+            "bench": "dyn_cpu",
+            "model": args.model,
+            "batch": args.batch,
+            "budget": budget,
+            "baseline_peak": peak,
+            "chosen": dyn_plan.chosen,
+            "step": dyn_plan.step,
+            "reason": dyn_plan.reason,
+            "seconds": median,
+            "fitting": fitting,
+            "targets": targets,
+        },
+        args.json,
+    )
 
 
 if __name__ == "__main__":

@@ -28,8 +28,16 @@ from _report import emit, table, verdict
 import vmem
 from vmem.optim import SGD
 
-POLICIES = ["baseline", "gist:ssdc=false,binarize=false", "gist", "gist:dpr=fp16", "gist:dpr=fp10", "gist:dpr=fp8",
-            "gist:codec=fixed4", "gist:codec=patch2"]
+POLICIES = [
+    "baseline",
+    "gist:ssdc=false,binarize=false",
+    "gist",
+    "gist:dpr=fp16",
+    "gist:dpr=fp10",
+    "gist:dpr=fp8",
+    "gist:codec=fixed4",
+    "gist:codec=patch2",
+]
 CODECS = ["zvc", "ssdc", "fp16", "fp10", "fp8", "fixed8", "fixed4", "patch2"]
 PERSISTENT = ("weights", "weight_grads", "optimizer_state")
 
@@ -54,11 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     net = vmem.models.get("vgg_cifar")
     train, _ = vmem.data.digits(image_size=32, channels=3)
     b = args.batch
-    with vmem.Trainer(net, device="cpu", policy="baseline", memory=args.memory,
-                      optimizer=SGD(lr=0.01, momentum=0.9)) as tr:
+    with vmem.Trainer(
+        net, device="cpu", policy="baseline", memory=args.memory, optimizer=SGD(lr=0.01, momentum=0.9)
+    ) as tr:
         for i in range(args.warmup):
             lo = (i * b) % (len(train) - b)
-            report = tr.step(train.x[lo:lo + b], train.y[lo:lo + b])
+            report = tr.step(train.x[lo : lo + b], train.y[lo : lo + b])
         weights = {k: v.copy() for k, v in net.params.items()}
     x, y = train.x[:b], train.y[:b]
     if not args.json:
@@ -69,8 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         act, persistent, plan, rep = one_step(net, weights, policy, x, y, args.memory)
         base = base or act
         enc = plan.by_category.get("encoded", {}).get("peak", 0)
-        results[policy] = {"activation_bytes": act, "ratio": base / act, "peak_bytes": act + persistent,
-                           "planned_encoded_peak": enc, "lossless": policy in POLICIES[:3]}
+        results[policy] = {
+            "activation_bytes": act,
+            "ratio": base / act,
+            "peak_bytes": act + persistent,
+            "planned_encoded_peak": enc,
+            "lossless": policy in POLICIES[:3],
+        }
         rows.append((policy, f"{act / 2**20:.1f}", f"{base / act:.2f}", "yes" if policy in POLICIES[:3] else "no"))
     print(table(["policy", "activations MiB", "x smaller", "lossless"], rows))
     raw = None
@@ -82,10 +96,21 @@ def main(argv: list[str] | None = None) -> int:
         crows.append((codec, f"{rep.offloaded_bytes / 2**20:.1f}", f"{raw / rep.offloaded_bytes:.2f}"))
     print(f"every stashed buffer ({raw / 2**20:.1f} MiB) through each codec:")
     print(table(["codec", "encoded MiB", "compression"], crows))
-    targets = [verdict("lossless gist activation footprint reduction", results["gist"]["ratio"], 1.5),
-               verdict("gist:dpr=fp8 activation footprint reduction", results["gist:dpr=fp8"]["ratio"], 2.0)]
-    return emit({"bench": "gist", "batch": b, "warmup": args.warmup, "policies": results, "codecs": cresults,
-                 "targets": targets}, args.json)
+    targets = [
+        verdict("lossless gist activation footprint reduction", results["gist"]["ratio"], 1.5),
+        verdict("gist:dpr=fp8 activation footprint reduction", results["gist:dpr=fp8"]["ratio"], 2.0),
+    ]
+    return emit(
+        {
+            "bench": "gist",
+            "batch": b,
+            "warmup": args.warmup,
+            "policies": results,
+            "codecs": cresults,
+            "targets": targets,
+        },
+        args.json,
+    )
 
 
 if __name__ == "__main__":

@@ -75,12 +75,21 @@ def isolated(task: str, timeout: float, **kwargs) -> dict:
     output is echoed, indented, as it comes. Past ``timeout`` seconds it is stopped (after printing every
     thread's stack, 10 s before) and :class:`ChildFailed` says it stalled."""
     dump = max(timeout - 10, 1)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", task, "--child-args", json.dumps(kwargs),
-           "--stall-dump", str(dump)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        task,
+        "--child-args",
+        json.dumps(kwargs),
+        "--stall-dump",
+        str(dump),
+    ]
     say(f"{task} {kwargs} (in its own process, at most {timeout:.0f} s)")
     # its own process group: stopping it stops whatever it started, and frees the pipe read below
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True
+    )
     stopped = threading.Event()
 
     def stop() -> None:
@@ -94,7 +103,7 @@ def isolated(task: str, timeout: float, **kwargs) -> dict:
         assert proc.stdout is not None
         for line in proc.stdout:
             if line.startswith(_RESULT):
-                result = json.loads(line[len(_RESULT):])
+                result = json.loads(line[len(_RESULT) :])
             else:
                 print("    | " + line, end="", flush=True)
         proc.wait()
@@ -134,8 +143,16 @@ def child_main(task: str, kwargs: dict, stall_dump: float) -> int:
     return 0
 
 
-def task_vmem_step(policy: str, batch: int, steps: int, memory: str | None = None, profile: bool = True,
-                   profile_cache: str | None = None, conv_api: str = "legacy", nchw: bool = False) -> dict:
+def task_vmem_step(
+    policy: str,
+    batch: int,
+    steps: int,
+    memory: str | None = None,
+    profile: bool = True,
+    profile_cache: str | None = None,
+    conv_api: str = "legacy",
+    nchw: bool = False,
+) -> dict:
     """Median step seconds of vmem on VGG-16 (after two warm-up steps) and what the plan chose. With
     ``profile``, the plan uses measured costs: those in ``profile_cache`` if it exists, else a profile
     made here (and saved there). The profile runs each layer on its own with its buffers in the arena: in
@@ -149,8 +166,9 @@ def task_vmem_step(policy: str, batch: int, steps: int, memory: str | None = Non
     y = rng.integers(0, 1000, batch)
     cache = Path(profile_cache) if profile and profile_cache else None
     try:
-        with vmem.Trainer(net, device=dev, policy=policy, profile=profile, seed=0,
-                          optimizer=vmem.optim.SGD(lr=0.01, momentum=0.9)) as trainer:
+        with vmem.Trainer(
+            net, device=dev, policy=policy, profile=profile, seed=0, optimizer=vmem.optim.SGD(lr=0.01, momentum=0.9)
+        ) as trainer:
             t0 = time.perf_counter()
             if cache is not None and cache.exists():
                 trainer.costs[batch] = pickle.loads(cache.read_bytes())
@@ -169,13 +187,22 @@ def task_vmem_step(policy: str, batch: int, steps: int, memory: str | None = Non
             plan = trainer.plans[batch]
             say(f"vmem {policy}: steps {', '.join(f'{t * 1e3:.1f}' for t in times)} ms")
             kinds, ops = breakdown(reports[-1])
-            say("last step's compute stream by op kind (ms): "
-                + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])))
+            say(
+                "last step's compute stream by op kind (ms): "
+                + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
+            )
             say("its slowest ops (ms): " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in ops[:12]))
-            return {"median": float(np.median(times)), "times": times, "chosen": plan.chosen or plan.policy,
-                    "peak_bytes": plan.peak_bytes, "step": plan.step,
-                    "predicted_seconds": getattr(plan, "step_seconds", None), "profiled": profile,
-                    "by_kind": kinds, "algos": plan.plan.algos}
+            return {
+                "median": float(np.median(times)),
+                "times": times,
+                "chosen": plan.chosen or plan.policy,
+                "peak_bytes": plan.peak_bytes,
+                "step": plan.step,
+                "predicted_seconds": getattr(plan, "step_seconds", None),
+                "profiled": profile,
+                "by_kind": kinds,
+                "algos": plan.plan.algos,
+            }
     finally:
         dev.close()
 
@@ -188,8 +215,11 @@ def breakdown(report) -> tuple[dict[str, float], list[tuple[str, float]]]:
     for span in report.spans:
         if span.stream != "compute":
             continue
-        base = span.name.rstrip("0123456789") if "." not in span.name else \
-            span.name.split(".")[0].rstrip("0123456789") + "." + span.name.split(".", 1)[1]
+        base = (
+            span.name.rstrip("0123456789")
+            if "." not in span.name
+            else span.name.split(".")[0].rstrip("0123456789") + "." + span.name.split(".", 1)[1]
+        )
         kind = "wait" if span.kind == "wait" else base
         kinds[kind] = kinds.get(kind, 0.0) + span.seconds
         ops.append((span.name, span.seconds))
@@ -207,8 +237,14 @@ def torch_vgg16(torch, inplace: bool = True):
         else:
             layers += [nn.Conv2d(c, v, 3, padding=1), nn.ReLU(inplace=inplace)]
             c = v
-    layers += [nn.Flatten(), nn.Linear(25088, 4096), nn.ReLU(inplace=inplace), nn.Linear(4096, 4096),
-               nn.ReLU(inplace=inplace), nn.Linear(4096, 1000)]
+    layers += [
+        nn.Flatten(),
+        nn.Linear(25088, 4096),
+        nn.ReLU(inplace=inplace),
+        nn.Linear(4096, 4096),
+        nn.ReLU(inplace=inplace),
+        nn.Linear(4096, 1000),
+    ]
     return nn.Sequential(*layers)
 
 
@@ -285,8 +321,10 @@ def task_vmem_largest(budget: str) -> dict:
     """The largest VGG-16 batch each policy's plan fits in ``budget`` (plans only: nothing runs)."""
     net = vmem.models.get("vgg16")
     with vmem.device("cuda:0", memory=budget) as dev:
-        return {policy: largest(lambda b: vmem.plan(net, b, dev, policy).fits, 1, 4096)
-                for policy in ("baseline", "vdnn-conv", "vdnn-all")}
+        return {
+            policy: largest(lambda b: vmem.plan(net, b, dev, policy).fits, 1, 4096)
+            for policy in ("baseline", "vdnn-conv", "vdnn-all")
+        }
 
 
 def task_torch_largest(mode: str, budget: str) -> dict:
@@ -311,8 +349,12 @@ def task_torch_largest(mode: str, budget: str) -> dict:
     return {"largest": largest(fits, 1, 4096)}
 
 
-TASKS = {"vmem_step": task_vmem_step, "torch_step": task_torch_step, "vmem_largest": task_vmem_largest,
-         "torch_largest": task_torch_largest}
+TASKS = {
+    "vmem_step": task_vmem_step,
+    "torch_step": task_torch_step,
+    "vmem_largest": task_vmem_largest,
+    "torch_largest": task_torch_largest,
+}
 
 
 # -- sections ------------------------------------------------------------------------------------------
@@ -327,8 +369,9 @@ def _variant(api: str, nchw: bool) -> str:
     return "cuDNN legacy API" + (" + NCHW algorithms" if nchw else ", channels last only")
 
 
-def _vmem_run(args, out, rows, policy: str, profile: bool, api: str | None = None,
-              nchw: bool | None = None) -> dict | None:
+def _vmem_run(
+    args, out, rows, policy: str, profile: bool, api: str | None = None, nchw: bool | None = None
+) -> dict | None:
     """One vmem run in its own process (see :func:`task_vmem_step`), its row added to ``rows``; None if it
     failed or stalled (recorded in ``out``). Runs with the same convolution options share one profile."""
     api = args.conv_api if api is None else api
@@ -337,15 +380,31 @@ def _vmem_run(args, out, rows, policy: str, profile: bool, api: str | None = Non
     label = policy + ("" if profile else " (no profile)") + ("" if main else f" [{_variant(api, nchw)}]")
     cache = Path(args.profile_cache) / f"profile-b{args.batch}-{api}{'-nchw' if nchw else ''}.pkl"
     try:
-        r = isolated("vmem_step", args.child_timeout, policy=policy, profile=profile,
-                     profile_cache=str(cache) if profile else None, conv_api=api, nchw=nchw, batch=args.batch,
-                     steps=args.steps, memory=args.memory)
+        r = isolated(
+            "vmem_step",
+            args.child_timeout,
+            policy=policy,
+            profile=profile,
+            profile_cache=str(cache) if profile else None,
+            conv_api=api,
+            nchw=nchw,
+            batch=args.batch,
+            steps=args.steps,
+            memory=args.memory,
+        )
     except ChildFailed as exc:
         _failed(out, f"vmem {label}", exc)
         return None
     predicted = r["predicted_seconds"]
-    rows.append((label, f"{r['median'] * 1e3:.1f}", f"{predicted * 1e3:.1f}" if predicted else "-", r["chosen"],
-                 format_bytes(r["peak_bytes"])))
+    rows.append(
+        (
+            label,
+            f"{r['median'] * 1e3:.1f}",
+            f"{predicted * 1e3:.1f}" if predicted else "-",
+            r["chosen"],
+            format_bytes(r["peak_bytes"]),
+        )
+    )
     out.setdefault("step_runs", {})[label] = r
     r["profiled_here"] = cache.exists()
     return r
@@ -378,19 +437,27 @@ def section_step_time(args, out):
             _failed(out, key, exc)
             continue
         times[key] = t["median"]
-        rows.append((f"pytorch {t['version']} eager, {layout}", f"{t['median'] * 1e3:.1f}", "-", "cudnn.benchmark",
-                     "-"))
+        rows.append(
+            (f"pytorch {t['version']} eager, {layout}", f"{t['median'] * 1e3:.1f}", "-", "cudnn.benchmark", "-")
+        )
     print(f"\nVGG-16, batch {args.batch}, 224x224, FP32 (TF32 off): median step of {args.steps}")
     print(table(("run", "step ms", "plan's ms", "algorithms / choice", "plan peak"), rows))
     out["step_time"] = times
     base = times.get("baseline:algos=performance")
     if base and "pytorch" in times:
-        out["verdicts"].append(verdict("vmem baseline / PyTorch eager" + ("" if profiled else " (no profile)"),
-                                       base / times["pytorch"], 1.15, at_least=False))
+        out["verdicts"].append(
+            verdict(
+                "vmem baseline / PyTorch eager" + ("" if profiled else " (no profile)"),
+                base / times["pytorch"],
+                1.15,
+                at_least=False,
+            )
+        )
     for policy, target in (("vdnn-all:algos=performance", 1.2), ("vdnn-dyn", 1.05)):
         if base and policy in times:
-            out["verdicts"].append(verdict(f"{policy.split(':')[0]} / vmem baseline", times[policy] / base, target,
-                                           at_least=False))
+            out["verdicts"].append(
+                verdict(f"{policy.split(':')[0]} / vmem baseline", times[policy] / base, target, at_least=False)
+            )
 
 
 def section_variants(args, out):
@@ -423,24 +490,33 @@ def section_budget(args, out):
     best = max(results, key=results.get) if results else None
     if best:
         try:  # verify: it trains at that batch
-            r = isolated("vmem_step", args.child_timeout, policy=best.split()[1], batch=results[best], steps=1,
-                         memory=args.budget, profile=False)
+            r = isolated(
+                "vmem_step",
+                args.child_timeout,
+                policy=best.split()[1],
+                batch=results[best],
+                steps=1,
+                memory=args.budget,
+                profile=False,
+            )
             checked = f"verified by a step of {r['median']:.2f} s"
         except ChildFailed as exc:
             _failed(out, "budget verification", exc)
             checked = "NOT verified: the step failed"
     for mode in ("plain", "save_on_cpu", "checkpoint"):
         try:
-            results[f"pytorch {mode}"] = isolated("torch_largest", args.child_timeout, mode=mode,
-                                                  budget=args.budget)["largest"]
+            results[f"pytorch {mode}"] = isolated("torch_largest", args.child_timeout, mode=mode, budget=args.budget)[
+                "largest"
+            ]
         except ChildFailed as exc:
             _failed(out, f"pytorch {mode} largest batch", exc)
     print(f"\nlargest VGG-16 batch that trains in {args.budget} (vmem: {best} {checked})")
     print(table(("run", "largest batch"), sorted(results.items())))
     out["budget"] = results
     if best and results.get("pytorch plain"):
-        out["verdicts"].append(verdict("vmem's largest batch / PyTorch plain's",
-                                       results[best] / results["pytorch plain"], 2.0))
+        out["verdicts"].append(
+            verdict("vmem's largest batch / PyTorch plain's", results[best] / results["pytorch plain"], 2.0)
+        )
 
 
 def section_copies(args, out):
@@ -465,13 +541,20 @@ def section_copies(args, out):
             end.synchronize()
             best = max(best, 4 * n / (cupy.cuda.get_elapsed_time(start, end) / 1e3) / 1e9)
         raw[name] = best
-    rows = [(d, f"{row[f'{d}_pinned_gbps']:.1f}", f"{raw[d]:.1f}", f"{row[f'{d}_pinned_gbps'] / raw[d]:.3f}")
-            for d in ("d2h", "h2d")]
+    rows = [
+        (d, f"{row[f'{d}_pinned_gbps']:.1f}", f"{raw[d]:.1f}", f"{row[f'{d}_pinned_gbps'] / raw[d]:.3f}")
+        for d in ("d2h", "h2d")
+    ]
     print("\npinned copies of 256 MiB: vmem's device against raw cudaMemcpyAsync (GB/s)")
     print(table(("direction", "vmem", "raw", "ratio"), rows))
     out["copies"] = {"vmem": row, "raw": raw}
-    out["verdicts"].append(verdict("pinned copies / raw cudaMemcpyAsync (worse direction)",
-                                   min(row["d2h_pinned_gbps"] / raw["d2h"], row["h2d_pinned_gbps"] / raw["h2d"]), 0.9))
+    out["verdicts"].append(
+        verdict(
+            "pinned copies / raw cudaMemcpyAsync (worse direction)",
+            min(row["d2h_pinned_gbps"] / raw["d2h"], row["h2d_pinned_gbps"] / raw["h2d"]),
+            0.9,
+        )
+    )
 
 
 def section_kernels(args, out):
@@ -483,11 +566,20 @@ def section_kernels(args, out):
     rows, res = [], {}
     with vmem.device("cuda:0", memory="1GiB") as dev:
         k = dev.kernels
-        cases = {"binarize_encode": (-(-n // 8), (x, cupy.empty(-(-n // 8), cupy.uint8), np.int64(n))),
-                 "dpr16_encode": (n, (x.view(cupy.uint32), cupy.empty(n, cupy.uint16), np.int64(n))),
-                 "dpr8_encode": (n, (x.view(cupy.uint32), cupy.empty(n, cupy.uint8), np.int64(n))),
-                 "zvc_mask": (-(-n // 32), (x.view(cupy.uint32), cupy.empty(-(-n // 32), cupy.uint32),
-                                            cupy.empty(-(-n // 32), cupy.uint32), np.int64(n)))}
+        cases = {
+            "binarize_encode": (-(-n // 8), (x, cupy.empty(-(-n // 8), cupy.uint8), np.int64(n))),
+            "dpr16_encode": (n, (x.view(cupy.uint32), cupy.empty(n, cupy.uint16), np.int64(n))),
+            "dpr8_encode": (n, (x.view(cupy.uint32), cupy.empty(n, cupy.uint8), np.int64(n))),
+            "zvc_mask": (
+                -(-n // 32),
+                (
+                    x.view(cupy.uint32),
+                    cupy.empty(-(-n // 32), cupy.uint32),
+                    cupy.empty(-(-n // 32), cupy.uint32),
+                    np.int64(n),
+                ),
+            ),
+        }
         for name, (threads, kargs) in cases.items():
             k.launch(name, threads, *kargs)
             start, end = cupy.cuda.Event(), cupy.cuda.Event()
@@ -513,9 +605,17 @@ def section_codecs(args, out):
         for spec in ("zvc", "ssdc", "fp16", "fp8"):
             for row in codec_bandwidth(dev, spec, sizes=("64MiB",), densities=(0.1, 0.5, 0.9), rounds=3):
                 res.setdefault(spec, []).append(row)
-                rows.append((spec, f"{row['density']:.1f}", f"{row['encoded_bytes'] / row['bytes']:.2f}",
-                             f"{row['offload_gbps']:.1f}", f"{row['prefetch_gbps']:.1f}",
-                             f"{row['link_d2h_gbps']:.1f}", f"{row['link_h2d_gbps']:.1f}"))
+                rows.append(
+                    (
+                        spec,
+                        f"{row['density']:.1f}",
+                        f"{row['encoded_bytes'] / row['bytes']:.2f}",
+                        f"{row['offload_gbps']:.1f}",
+                        f"{row['prefetch_gbps']:.1f}",
+                        f"{row['link_d2h_gbps']:.1f}",
+                        f"{row['link_h2d_gbps']:.1f}",
+                    )
+                )
     print("\noffload through a codec on the GPU, 64 MiB of float32 ReLU output (GB/s of the raw tensor)")
     print(table(("codec", "density", "size", "offload", "prefetch", "copy d2h", "copy h2d"), rows))
     out["codecs"] = res
@@ -525,27 +625,50 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--budget", default="8GiB")
-    parser.add_argument("--memory", default="32GiB",
-                        help="vmem's arena for the step times (default 32GiB: VGG-16 at batch 64 fits under baseline, "
-                             "and the rest of the GPU is left to CuPy's temporaries and cuDNN)")
+    parser.add_argument(
+        "--memory",
+        default="32GiB",
+        help="vmem's arena for the step times (default 32GiB: VGG-16 at batch 64 fits under baseline, "
+        "and the rest of the GPU is left to CuPy's temporaries and cuDNN)",
+    )
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="skip the batch search (the longest section)")
     parser.add_argument("--json-out", help="write the results as JSON to this file (after each section)")
     parser.add_argument("--sections", help="comma-separated sections to run, in order, of: " + ", ".join(SECTIONS))
-    parser.add_argument("--child-timeout", type=float, default=150.0, metavar="SECONDS",
-                        help="the most a training run in its own process may take before it is stopped as stalled "
-                             "(default 150)")
-    parser.add_argument("--conv-api", choices=("legacy", "graph"), default="legacy",
-                        help="vmem's convolutions through cuDNN's legacy API (default) or its graph API's engines")
-    parser.add_argument("--nchw", action=argparse.BooleanOptionalAction, default=True,
-                        help="with the legacy API, also offer each algorithm on NCHW copies (the device's nchw=True; "
-                             "default on: the profile then picks, per pass, the faster of the two layouts)")
-    parser.add_argument("--profile-cache", metavar="DIR",
-                        help="where the first vmem run keeps its profile for the others (default: a new temporary "
-                             "folder; one that already holds a profile of this batch is reused)")
-    parser.add_argument("--stall-dump", type=float, default=120.0, metavar="SECONDS",
-                        help="print every thread's stack when a section has run this long, and again each time "
-                             "as long again (default 120; 0: never)")
+    parser.add_argument(
+        "--child-timeout",
+        type=float,
+        default=150.0,
+        metavar="SECONDS",
+        help="the most a training run in its own process may take before it is stopped as stalled (default 150)",
+    )
+    parser.add_argument(
+        "--conv-api",
+        choices=("legacy", "graph"),
+        default="legacy",
+        help="vmem's convolutions through cuDNN's legacy API (default) or its graph API's engines",
+    )
+    parser.add_argument(
+        "--nchw",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with the legacy API, also offer each algorithm on NCHW copies (the device's nchw=True; "
+        "default on: the profile then picks, per pass, the faster of the two layouts)",
+    )
+    parser.add_argument(
+        "--profile-cache",
+        metavar="DIR",
+        help="where the first vmem run keeps its profile for the others (default: a new temporary "
+        "folder; one that already holds a profile of this batch is reused)",
+    )
+    parser.add_argument(
+        "--stall-dump",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="print every thread's stack when a section has run this long, and again each time "
+        "as long again (default 120; 0: never)",
+    )
     parser.add_argument("--child", choices=sorted(TASKS), help=argparse.SUPPRESS)
     parser.add_argument("--child-args", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -562,9 +685,14 @@ def main() -> int:
     if reason:
         print(f"bench/gpu.py: {reason}", file=sys.stderr)
         return 2
-    out: dict = {"verdicts": [], "errors": {}, "machine": machine(), "gpu": nvml.gpus(),
-                 "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
-                 "command": " ".join(["python", "bench/gpu.py", *sys.argv[1:]])}
+    out: dict = {
+        "verdicts": [],
+        "errors": {},
+        "machine": machine(),
+        "gpu": nvml.gpus(),
+        "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+        "command": " ".join(["python", "bench/gpu.py", *sys.argv[1:]]),
+    }
     print(f"GPU: {out['gpu']}")
     names = list(SECTIONS) if not args.sections else [n.strip() for n in args.sections.split(",") if n.strip()]
     unknown = [n for n in names if n not in SECTIONS]
@@ -589,8 +717,14 @@ def main() -> int:
 
 
 # the training runs first (each in a process of its own), then what runs here
-SECTIONS = {"step_time": section_step_time, "budget": section_budget, "variants": section_variants,
-            "copies": section_copies, "kernels": section_kernels, "codecs": section_codecs}
+SECTIONS = {
+    "step_time": section_step_time,
+    "budget": section_budget,
+    "variants": section_variants,
+    "copies": section_copies,
+    "kernels": section_kernels,
+    "codecs": section_codecs,
+}
 
 
 if __name__ == "__main__":

@@ -40,15 +40,22 @@ def main() -> int:
     parser.add_argument("--model", default="vgg16")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--layer", default="conv2", help="the convolution's op name (default conv2)")
-    parser.add_argument("--memory", default="40GiB",
-                        help="the device arena (default 40GiB; with --profile, all: the device's default)")
+    parser.add_argument(
+        "--memory", default="40GiB", help="the device arena (default 40GiB; with --profile, all: the device's default)"
+    )
     parser.add_argument("--skip-find", action="store_true", help="do not run cuDNN's search at the end")
     parser.add_argument("--profile", action="store_true", help="run vmem's whole profile of the model instead")
     parser.add_argument("--with-torch", action="store_true", help="with --profile: run PyTorch first, in-process")
-    parser.add_argument("--layouts", action="store_true",
-                        help="search every convolution in NHWC and NCHW instead (see above)")
-    parser.add_argument("--stall-dump", type=float, default=60.0, metavar="SECONDS",
-                        help="print every thread's stack after this long, and again each time as long again")
+    parser.add_argument(
+        "--layouts", action="store_true", help="search every convolution in NHWC and NCHW instead (see above)"
+    )
+    parser.add_argument(
+        "--stall-dump",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="print every thread's stack after this long, and again each time as long again",
+    )
     args = parser.parse_args()
     faulthandler.dump_traceback_later(args.stall_dump, repeat=True)
     from vmem.device.cuda import unavailable
@@ -70,13 +77,18 @@ def main() -> int:
         program = dev.catalog(net.build(args.batch, net.input_shape, "float32"))
         convs = {op.name: op for op in program.ops if op.kind == "conv"}
         if args.layer not in convs:
-            parser.error(f"--layer: {args.layer!r} is not a convolution of {args.model}; choose from {', '.join(convs)}")
+            parser.error(
+                f"--layer: {args.layer!r} is not a convolution of {args.model}; choose from {', '.join(convs)}"
+            )
         op = convs[args.layer]
         conv, cp, s = dev.conv_backend, dev.xp, dev.compute_stream
         x_shape, y_shape = physical(op.in_shapes[0]), physical(op.out_shape)
-        say(f"{args.model} {op.name} batch {args.batch}: x {x_shape} -> y {y_shape}; workspace (MiB) "
-            + "; ".join(f"{p}: " + ", ".join(f"{a} {b / 2**20:.0f}" for a, b in op.workspace[p].items())
-                        for p in op.workspace))
+        say(
+            f"{args.model} {op.name} batch {args.batch}: x {x_shape} -> y {y_shape}; workspace (MiB) "
+            + "; ".join(
+                f"{p}: " + ", ".join(f"{a} {b / 2**20:.0f}" for a, b in op.workspace[p].items()) for p in op.workspace
+            )
+        )
         gen = cp.random.default_rng(0)
         x, dx = gen.standard_normal(x_shape, dtype=np.float32), cp.empty(x_shape, np.float32)
         y, dy = cp.empty(y_shape, np.float32), gen.standard_normal(y_shape, dtype=np.float32)
@@ -96,9 +108,14 @@ def main() -> int:
                 if op.workspace[pass_][algo] > room:
                     say(f"{pass_} {algo}: skipped (workspace)")
                     continue
-                ctx = SimpleNamespace(algo=algo if pass_ == "forward" else
-                                      (algo, "algo_1") if pass_ == "backward_data" else ("algo_1", algo),
-                                      workspace=ws)
+                ctx = SimpleNamespace(
+                    algo=algo
+                    if pass_ == "forward"
+                    else (algo, "algo_1")
+                    if pass_ == "backward_data"
+                    else ("algo_1", algo),
+                    workspace=ws,
+                )
                 for run in ("first", "second"):
                     a = time.perf_counter()
                     try:
@@ -114,14 +131,19 @@ def main() -> int:
                         say(f"{pass_} {algo}: {type(exc).__name__}: {exc}")
                         break
         if not args.skip_find:
-            for pass_, bufs in (("forward", (x, w, y)), ("backward_filter", (x, dw, dy)),
-                                ("backward_data", (dx, w, dy))):
+            for pass_, bufs in (
+                ("forward", (x, w, y)),
+                ("backward_filter", (x, dw, dy)),
+                ("backward_data", (dx, w, dy)),
+            ):
                 box = {}
                 a = time.perf_counter()
                 s.launch(lambda p=pass_, b=bufs: box.__setitem__("r", conv.find(layer, p, *b, ws)))
                 s.synchronize()
-                say(f"find {pass_} ({(time.perf_counter() - a):.1f} s): "
-                    + ", ".join(f"{n} {t * 1e3:.1f} ms" for n, t, _ in box["r"]))
+                say(
+                    f"find {pass_} ({(time.perf_counter() - a):.1f} s): "
+                    + ", ".join(f"{n} {t * 1e3:.1f} ms" for n, t, _ in box["r"])
+                )
     return 0
 
 
@@ -188,8 +210,10 @@ def _layouts(args, net, say) -> int:
     ways = ("NHWC", "NCHW", "NHWC graph")
     sums = {(way, which): 0.0 for way in ways for which in ("all", "deterministic")}
     missing = dict.fromkeys(sums, 0)  # passes for which a way ran nothing
-    say(f"{args.model} batch {args.batch}: {len(convs)} convolutions, cuDNN {cudnn.version()}, 4 GiB workspace; "
-        "legacy Find*Ex in NHWC and NCHW, and the graph API's heuristics (top 6 exact FP32 engines) in NHWC")
+    say(
+        f"{args.model} batch {args.batch}: {len(convs)} convolutions, cuDNN {cudnn.version()}, 4 GiB workspace; "
+        "legacy Find*Ex in NHWC and NCHW, and the graph API's heuristics (top 6 exact FP32 engines) in NHWC"
+    )
     seen: dict[tuple, tuple[str, dict, dict]] = {}  # geometry -> (first op, its sums, its misses): VGG-16 repeats
     with stream:
         for op in convs:
@@ -233,18 +257,25 @@ def _layouts(args, net, say) -> int:
                         else:  # nothing ran for this pass this way: counted apart, not as zero
                             missing[(way, which)] += 1
                 say(f"{op.name} {way}: " + "; ".join(parts))
-            seen[geometry] = (op.name, {key: sums[key] - before[key] for key in sums},
-                              {key: missing[key] - missed[key] for key in sums})
+            seen[geometry] = (
+                op.name,
+                {key: sums[key] - before[key] for key in sums},
+                {key: missing[key] - missed[key] for key in sums},
+            )
             del x, dy, w, y, dx, dw
             cupy.get_default_memory_pool().free_all_blocks()
     handle.close()
     for which in ("deterministic", "all"):
-        say(f"sum of the fastest {which} (forward + backward, ms): "
-            + ", ".join(f"{way} {sums[(way, which)] * 1e3:.1f}"
-                        + (f" ({missing[(way, which)]} passes with none)" if missing[(way, which)] else "")
-                        for way in ways)
+        say(
+            f"sum of the fastest {which} (forward + backward, ms): "
+            + ", ".join(
+                f"{way} {sums[(way, which)] * 1e3:.1f}"
+                + (f" ({missing[(way, which)]} passes with none)" if missing[(way, which)] else "")
+                for way in ways
+            )
             + f"; NHWC / NCHW {sums[('NHWC', which)] / sums[('NCHW', which)]:.3f}, "
-            f"NHWC graph / NCHW {sums[('NHWC graph', which)] / sums[('NCHW', which)]:.3f}")
+            f"NHWC graph / NCHW {sums[('NHWC graph', which)] / sums[('NCHW', which)]:.3f}"
+        )
     return 0
 
 

@@ -25,8 +25,26 @@ POLICIES = ["baseline", "gist:dpr=fp8", "gist:codec=fixed4", "gist:codec=patch2"
 
 
 def train(policy: str, epochs: int, seed: int, model: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "vmem", "train", "--json", "--model", model, "--policy", policy,
-                          "--epochs", str(epochs), "--seed", str(seed)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vmem",
+            "train",
+            "--json",
+            "--model",
+            model,
+            "--policy",
+            policy,
+            "--epochs",
+            str(epochs),
+            "--seed",
+            str(seed),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 
@@ -48,13 +66,31 @@ def main(argv: list[str] | None = None) -> int:
         if not args.json:
             print(f"seed {seed}: " + ", ".join(f"{p} {acc[p][-1]:.2f}" for p in POLICIES), flush=True)
     drop = {p: sum(b - a for a, b in zip(acc[p], acc["baseline"])) / len(seeds) for p in POLICIES}
-    rows = [(p, f"{sum(acc[p]) / len(seeds):.2f}", f"{min(acc[p]):.2f}-{max(acc[p]):.2f}", f"{-drop[p]:+.2f}",
-             f"{peak[p] / 2**20:.2f}") for p in POLICIES]
+    rows = [
+        (
+            p,
+            f"{sum(acc[p]) / len(seeds):.2f}",
+            f"{min(acc[p]):.2f}-{max(acc[p]):.2f}",
+            f"{-drop[p]:+.2f}",
+            f"{peak[p] / 2**20:.2f}",
+        )
+        for p in POLICIES
+    ]
     print(f"{args.model} on digits, {args.epochs} epochs, seeds {args.seeds}")
     print(table(["policy", "mean val acc %", "range", "vs fp32 (points)", "peak MiB"], rows))
     targets = [verdict(f"{p} mean accuracy drop (points)", drop[p], 2.0, at_least=False) for p in POLICIES[1:]]
-    return emit({"bench": "lossy_accuracy", "epochs": args.epochs, "seeds": seeds, "model": args.model,
-                 "accuracy": acc, "peak_bytes": peak, "targets": targets}, args.json)
+    return emit(
+        {
+            "bench": "lossy_accuracy",
+            "epochs": args.epochs,
+            "seeds": seeds,
+            "model": args.model,
+            "accuracy": acc,
+            "peak_bytes": peak,
+            "targets": targets,
+        },
+        args.json,
+    )
 
 
 if __name__ == "__main__":

@@ -31,7 +31,10 @@ from vmem.schedule.lower import lower
 from vmem.schedule.pack import GREEDY_LIMIT, _greedy, lifetimes, place
 from vmem.schedule.replay import replay
 
-BIG = {"resnet_cifar(1001)": lambda: vmem.models.get("resnet_cifar", depth=1001), "vgg416": lambda: vmem.models.get("vgg416")}
+BIG = {
+    "resnet_cifar(1001)": lambda: vmem.models.get("resnet_cifar", depth=1001),
+    "vgg416": lambda: vmem.models.get("vgg416"),
+}
 POLICIES = ("baseline:algos=performance", "vdnn-all", "gist")
 
 
@@ -45,9 +48,11 @@ def plan_seconds(make, batch: int, rounds: int) -> tuple[float, float, int]:
     return min(times), max(times), peak
 
 
-OLD_ORDERS = (lambda il: (-il[1].size, -(il[1].end - il[1].start), il[1].start),  # the packer before the sweeps
-              lambda il: (-(il[1].end - il[1].start), -il[1].size, il[1].start),
-              lambda il: (il[1].start, -il[1].size))
+OLD_ORDERS = (
+    lambda il: (-il[1].size, -(il[1].end - il[1].start), il[1].start),  # the packer before the sweeps
+    lambda il: (-(il[1].end - il[1].start), -il[1].size, il[1].start),
+    lambda il: (il[1].start, -il[1].size),
+)
 
 
 def old_place(schedule) -> None:
@@ -92,10 +97,17 @@ def main() -> int:
         rows.append((name, f"{lo:.2f}", f"{hi:.2f}", format_bytes(peak)))
     print(f"vmem.plan under vdnn-dyn on sim:titan-x, batch {args.batch}, {args.rounds} rounds")
     print(table(("model", "min s", "max s", "peak"), rows))
-    result["verdicts"].append(verdict("resnet_cifar(1001) vdnn-dyn plan seconds (worst round)",
-                                      result["timings"]["resnet_cifar(1001)"]["max"], 5.0, at_least=False))
-    result["verdicts"].append(verdict("vgg416 vdnn-dyn plan seconds (worst round)",
-                                      result["timings"]["vgg416"]["max"], 2.0, at_least=False))
+    result["verdicts"].append(
+        verdict(
+            "resnet_cifar(1001) vdnn-dyn plan seconds (worst round)",
+            result["timings"]["resnet_cifar(1001)"]["max"],
+            5.0,
+            at_least=False,
+        )
+    )
+    result["verdicts"].append(
+        verdict("vgg416 vdnn-dyn plan seconds (worst round)", result["timings"]["vgg416"]["max"], 2.0, at_least=False)
+    )
     nets = {n: (lambda n=n: vmem.models.get(n)) for n in vmem.models.names()}
     if not args.quick:
         nets.update(BIG)
@@ -106,11 +118,14 @@ def main() -> int:
             worse += new > old
             result["peaks"].append({"model": name, "policy": policy, "blocks": blocks, "old": old, "new": new})
             rows.append((name, policy, blocks, format_bytes(old), format_bytes(new), f"{new / old:.4f}"))
-    print(f"\npeaks at batch {args.batch} on sim:titan-x, old packing (six greedy packings) vs new (sweeps, plus "
-          f"the greedy orders up to {GREEDY_LIMIT} blocks)")
+    print(
+        f"\npeaks at batch {args.batch} on sim:titan-x, old packing (six greedy packings) vs new (sweeps, plus "
+        f"the greedy orders up to {GREEDY_LIMIT} blocks)"
+    )
     print(table(("model", "policy", "blocks", "old peak", "new peak", "new / old"), rows))
-    result["verdicts"].append(verdict("models x policies where the new packing's peak is higher", worse, 0,
-                                      at_least=False))
+    result["verdicts"].append(
+        verdict("models x policies where the new packing's peak is higher", worse, 0, at_least=False)
+    )
     return emit(result, args.json)
 
 

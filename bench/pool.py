@@ -104,17 +104,18 @@ def main(argv: list[str] | None = None) -> int:
             replay(pool, ops, 20, s)  # warm up
             pairs, seconds = replay(pool, ops, args.steps, s)
             rate = pairs / seconds
-            results[name] = {"pairs": pairs, "seconds": seconds, "pairs_per_second": rate,
-                             "peak_bytes": pool.peak}
+            results[name] = {"pairs": pairs, "seconds": seconds, "pairs_per_second": rate, "peak_bytes": pool.peak}
             rows.append((name, pairs, seconds, rate, pool.peak / 2**20))
     finally:
         stream.close()
     print(f"allocator replay: vgg_cifar batch {args.batch}, {sum(o[0] == 'alloc' for o in ops)} allocations per step")
     print(table(["frees", "pairs", "seconds", "pairs/s", "peak MiB"], rows))
-    targets = [verdict("stream-ordered allocate+free pairs per second",
-                       results["stream-ordered"]["pairs_per_second"], 100_000)]
-    return emit({"bench": "pool", "batch": args.batch, "steps": args.steps, "results": results,
-                 "targets": targets}, args.json)
+    targets = [
+        verdict("stream-ordered allocate+free pairs per second", results["stream-ordered"]["pairs_per_second"], 100_000)
+    ]
+    return emit(
+        {"bench": "pool", "batch": args.batch, "steps": args.steps, "results": results, "targets": targets}, args.json
+    )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,7 @@ POLICIES = ("layerwise", "mirror", "chen", "echo")
 
 def held(program, plan, prefixes=("att.", "enc", "dec")) -> int:
     """Bytes of attention and LSTM outputs kept from forward to backward."""
-    return sum(program.tensor(n).nbytes for n, d in plan.stash.items()
-               if d == "keep" and n.startswith(prefixes))
+    return sum(program.tensor(n).nbytes for n, d in plan.stash.items() if d == "keep" and n.startswith(prefixes))
 
 
 def simulated() -> dict:
@@ -37,8 +36,12 @@ def simulated() -> dict:
     for policy in POLICIES:
         t = time.perf_counter()
         r = vmem.plan(net, 128, "sim:rtx-2080ti", policy, memory="1TiB")
-        out[f"nmt/{policy}"] = {"peak_gib": r.peak_bytes / 2**30, "step_s": r.step_seconds,
-                                "held_gib": held(program, r) / 2**30, "plan_s": time.perf_counter() - t}
+        out[f"nmt/{policy}"] = {
+            "peak_gib": r.peak_bytes / 2**30,
+            "step_s": r.step_seconds,
+            "held_gib": held(program, r) / 2**30,
+            "plan_s": time.perf_counter() - t,
+        }
     res = vmem.models.get("resnet152")
     for policy in ("layerwise", "echo"):
         r = vmem.plan(res, 32, "sim:titan-x", policy, memory="1TiB")
@@ -59,9 +62,15 @@ def measured(steps: int) -> dict:
 
 def _measured(steps: int) -> dict:
     out: dict = {}
-    cases = {"nmt_small": (lambda: vmem.models.get("nmt_small", dropout=0.1), 64),
-             "nmt_bench": (lambda: vmem.models.get("nmt", seq_len=16, hidden=128, attention=128, layers=1,
-                                                   src_vocab=500, tgt_vocab=500, dropout=0.1), 32)}
+    cases = {
+        "nmt_small": (lambda: vmem.models.get("nmt_small", dropout=0.1), 64),
+        "nmt_bench": (
+            lambda: vmem.models.get(
+                "nmt", seq_len=16, hidden=128, attention=128, layers=1, src_vocab=500, tgt_vocab=500, dropout=0.1
+            ),
+            32,
+        ),
+    }
     for name, (make, batch) in cases.items():
         net = make()
         length = net.input_shape[0] // 2
@@ -69,11 +78,14 @@ def _measured(steps: int) -> dict:
         x, y = data.x[:batch], data.y[:batch]
         with contextlib.ExitStack() as stack:
             trainers = {}
-            for policy in ("baseline",) + POLICIES:  # one trainer each, stepped in turn: load on the machine hits all alike
+            for policy in (
+                "baseline",
+            ) + POLICIES:  # one trainer each, stepped in turn: load on the machine hits all alike
                 dev = vmem.device("cpu", memory="256MiB")
                 stack.callback(dev.close)
                 trainers[policy] = stack.enter_context(
-                    vmem.Trainer(make(), device=dev, policy=policy, optimizer=vmem.optim.Adam(lr=1e-3), seed=0))
+                    vmem.Trainer(make(), device=dev, policy=policy, optimizer=vmem.optim.Adam(lr=1e-3), seed=0)
+                )
                 trainers[policy].step(x, y)  # warm-up
             reports: dict[str, list] = {p: [] for p in trainers}
             for _ in range(steps):
@@ -81,9 +93,12 @@ def _measured(steps: int) -> dict:
                     reports[policy].append(t.step(x, y))
             for policy, t in trainers.items():
                 secs = [r.seconds for r in reports[policy]]
-                out[f"{name}/{policy}"] = {"step_s": float(np.median(secs)), "spread": max(secs) / min(secs),
-                                           "peak": reports[policy][-1].peak_bytes,
-                                           "planned_peak": t.plans[batch].peak_bytes}
+                out[f"{name}/{policy}"] = {
+                    "step_s": float(np.median(secs)),
+                    "spread": max(secs) / min(secs),
+                    "peak": reports[policy][-1].peak_bytes,
+                    "planned_peak": t.plans[batch].peak_bytes,
+                }
         base = trainers["baseline"].net.params  # the trainers are closed: weights are back in the networks
         for policy, t in trainers.items():
             params = t.net.params
@@ -104,21 +119,27 @@ def main() -> None:
     for p in POLICIES:
         f = sim[f"nmt/{p}"]
         print(f"{p:<10}{f['peak_gib']:>10.3f}{f['held_gib']:>10.3f}{f['step_s']:>9.3f}{f['plan_s']:>8.1f}")
-    print(f"echo: peak {lw['peak_gib'] / ec['peak_gib']:.2f}x below layerwise (>= 2), {ec['peak_gib'] / mi['peak_gib']:.2f}"
-          f" of mirror's (<= 0.75); attention+LSTM kept {lw['held_gib'] / max(ec['held_gib'], 1e-9):.1f}x lower (>= 3);"
-          f" time +{100 * (ec['step_s'] / lw['step_s'] - 1):.1f}% (<= 5, mirror +{100 * (mi['step_s'] / lw['step_s'] - 1):.1f}%)")
+    print(
+        f"echo: peak {lw['peak_gib'] / ec['peak_gib']:.2f}x below layerwise (>= 2), {ec['peak_gib'] / mi['peak_gib']:.2f}"
+        f" of mirror's (<= 0.75); attention+LSTM kept {lw['held_gib'] / max(ec['held_gib'], 1e-9):.1f}x lower (>= 3);"
+        f" time +{100 * (ec['step_s'] / lw['step_s'] - 1):.1f}% (<= 5, mirror +{100 * (mi['step_s'] / lw['step_s'] - 1):.1f}%)"
+    )
     r_lw, r_ec = sim["resnet152/layerwise"], sim["resnet152/echo"]
-    print(f"resnet152 batch 32 (sim:titan-x): layerwise {r_lw['peak_gib']:.2f} GiB / echo {r_ec['peak_gib']:.2f} GiB"
-          f" = {r_lw['peak_gib'] / r_ec['peak_gib']:.2f}x (>= 1.5)")
+    print(
+        f"resnet152 batch 32 (sim:titan-x): layerwise {r_lw['peak_gib']:.2f} GiB / echo {r_ec['peak_gib']:.2f} GiB"
+        f" = {r_lw['peak_gib'] / r_ec['peak_gib']:.2f}x (>= 1.5)"
+    )
     print("\nCPU device, measured (median step; spread = slowest / fastest)")
     for name in ("nmt_small", "nmt_bench"):
         base = cpu[f"{name}/layerwise"]["step_s"]
         for p in POLICIES:
             f = cpu[f"{name}/{p}"]
-            print(f"{name:<10}{p:<10} step {f['step_s'] * 1e3:7.1f} ms ({100 * (f['step_s'] / base - 1):+5.1f}%, "
-                  f"spread {f['spread']:.2f})  peak {f['peak'] / 2**20:7.2f} MiB, planned {f['planned_peak'] / 2**20:7.2f}"
-                  f" {'(equal)' if f['peak'] == f['planned_peak'] else '(DIFFERS)'}; weights "
-                  f"{'bitwise equal to' if f['bitwise'] else 'DIFFER from'} baseline's")
+            print(
+                f"{name:<10}{p:<10} step {f['step_s'] * 1e3:7.1f} ms ({100 * (f['step_s'] / base - 1):+5.1f}%, "
+                f"spread {f['spread']:.2f})  peak {f['peak'] / 2**20:7.2f} MiB, planned {f['planned_peak'] / 2**20:7.2f}"
+                f" {'(equal)' if f['peak'] == f['planned_peak'] else '(DIFFERS)'}; weights "
+                f"{'bitwise equal to' if f['bitwise'] else 'DIFFER from'} baseline's"
+            )
     if args.json:
         print(json.dumps({"sim": sim, "cpu": cpu}, indent=1))
 

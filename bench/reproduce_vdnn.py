@@ -35,13 +35,26 @@ from vmem.errors import PlanError
 from vmem.report import paper_accounting
 
 PUBLISHED = {"alexnet": (128, 0.081), "overfeat": (128, 0.268), "vgg_a": (64, 0.529), "googlenet": (128, 0.470)}
-CONFIGS = ([(m, b) for m in ("alexnet", "overfeat", "googlenet", "vgg16") for b in (64, 128, 256)]
-           + [(f"vgg{d}", 32) for d in (116, 216, 316, 416)])
-POLICIES = ["baseline:algos=memory", "baseline:algos=performance", "vdnn-all:algos=memory",
-            "vdnn-all:algos=performance", "vdnn-conv:algos=memory", "vdnn-conv:algos=performance", "vdnn-dyn"]
+CONFIGS = [(m, b) for m in ("alexnet", "overfeat", "googlenet", "vgg16") for b in (64, 128, 256)] + [
+    (f"vgg{d}", 32) for d in (116, 216, 316, 416)
+]
+POLICIES = [
+    "baseline:algos=memory",
+    "baseline:algos=performance",
+    "vdnn-all:algos=memory",
+    "vdnn-all:algos=performance",
+    "vdnn-conv:algos=memory",
+    "vdnn-conv:algos=performance",
+    "vdnn-dyn",
+]
 GiB = 2**30
-PAPER_PEAKS = {("vgg16", 256): 28e9, ("vgg16", 128): 15e9, ("vgg16", 32): 4.9e9, ("alexnet", 128): 1.1e9,
-               ("vgg416", 32): 67.1e9}
+PAPER_PEAKS = {
+    ("vgg16", 256): 28e9,
+    ("vgg16", 128): 15e9,
+    ("vgg16", 32): 4.9e9,
+    ("alexnet", 128): 1.1e9,
+    ("vgg416", 32): 67.1e9,
+}
 PAPER_REDUCTIONS = {"alexnet": 0.89, "overfeat": 0.91, "googlenet": 0.95}
 ACTIVATIONS = ("feature_maps", "gradient_maps", "workspace", "encoded")
 
@@ -55,21 +68,37 @@ def paper_section(device: str) -> tuple[dict, list]:
         plan = vmem.plan(net, batch, device, "baseline:algos=performance")
         view = paper_accounting(net.build(batch), plan)
         out["peaks"][f"{model}({batch})"] = {"paper_view": view, "published": published, "full": plan.peak_bytes}
-        rows.append((f"{model}({batch})", published / 1e9, view["total"] / 1e9, view["total"] / published,
-                     view["feature_maps"] / 1e9, plan.peak_bytes / 1e9))
+        rows.append(
+            (
+                f"{model}({batch})",
+                published / 1e9,
+                view["total"] / 1e9,
+                view["total"] / published,
+                view["feature_maps"] / 1e9,
+                plan.peak_bytes / 1e9,
+            )
+        )
         if model != "vgg416":
-            targets.append(verdict(f"{model}({batch}) baseline(p), paper's accounting / published",
-                                   abs(view["total"] / published - 1), 0.10, at_least=False))
+            targets.append(
+                verdict(
+                    f"{model}({batch}) baseline(p), paper's accounting / published",
+                    abs(view["total"] / published - 1),
+                    0.10,
+                    at_least=False,
+                )
+            )
     print(f"\nbaseline(p) on {device} in the paper's accounting (GB), next to vmem's full accounting")
     print(table(["network", "published", "paper view", "ratio", "feature maps alone", "vmem full peak"], rows))
     v416 = out["peaks"]["vgg416(32)"]["paper_view"]
     floor = v416["feature_maps"] + v416["weights"] + v416["gradient_maps"]
     note = "below" if floor > PAPER_PEAKS[("vgg416", 32)] else "above"
-    print(f"VGG-416(32): its feature maps take {v416['feature_maps'] / 1e9:.1f} GB, its weights "
-          f"{v416['weights'] / 1e9:.2f} GB and one dX and one dY {v416['gradient_maps'] / 1e9:.2f} GB: the paper's "
-          f"own accounting with no workspace at all comes to {floor / 1e9:.1f} GB, and the published 67.1 GB is "
-          f"{note} that floor (the paper's VGG-416 must differ from VGG-16 plus 20 convolutions per group in a "
-          "detail it does not give).")
+    print(
+        f"VGG-416(32): its feature maps take {v416['feature_maps'] / 1e9:.1f} GB, its weights "
+        f"{v416['weights'] / 1e9:.2f} GB and one dX and one dY {v416['gradient_maps'] / 1e9:.2f} GB: the paper's "
+        f"own accounting with no workspace at all comes to {floor / 1e9:.1f} GB, and the published 67.1 GB is "
+        f"{note} that floor (the paper's VGG-416 must differ from VGG-16 plus 20 convolutions per group in a "
+        "detail it does not give)."
+    )
     out["vgg416_floor"] = floor
     rows = []
     for model, published in PAPER_REDUCTIONS.items():
@@ -80,20 +109,35 @@ def paper_section(device: str) -> tuple[dict, list]:
         reduction = 1 - average / base["activations"]
         out["reductions"][model] = {"reduction": reduction, "published": published}
         rows.append((f"{model}(128)", published * 100, reduction * 100))
-        targets.append(verdict(f"{model}(128) activation reduction, points from published",
-                               abs(reduction - published) * 100, 5, at_least=False))
+        targets.append(
+            verdict(
+                f"{model}(128) activation reduction, points from published",
+                abs(reduction - published) * 100,
+                5,
+                at_least=False,
+            )
+        )
     print("\naverage activation memory (weights excluded) of vdnn-all(m) against baseline(p), reduction in %")
     print(table(["network", "published", "vmem"], rows))
     net = vmem.models.get("vgg16")
     dyn = vmem.plan(net, 256, device, "vdnn-dyn")
     throughput = dyn.baseline_step_seconds / dyn.step_seconds
-    print(f"\nVGG-16(256) under vdnn-dyn: {dyn.reason}; peak {dyn.peak_bytes / GiB:.2f} GiB, step "
-          f"{dyn.step_seconds:.3f} s ({dyn.stall_seconds:.3f} s stalled), oracle {dyn.baseline_step_seconds:.3f} s: "
-          f"{throughput:.1%} of the oracle's throughput (paper: 82%)")
-    out["vgg16_256_dyn"] = {"chosen": dyn.chosen, "step": dyn.step, "reason": dyn.reason, "fits": dyn.fits,
-                            "peak_bytes": dyn.peak_bytes, "throughput": throughput}
-    targets.append(verdict("VGG-16(256) vdnn-dyn fits 12 GiB (1 = yes)", float(dyn.fits and dyn.peak_bytes <= 12 * GiB),
-                           1.0))
+    print(
+        f"\nVGG-16(256) under vdnn-dyn: {dyn.reason}; peak {dyn.peak_bytes / GiB:.2f} GiB, step "
+        f"{dyn.step_seconds:.3f} s ({dyn.stall_seconds:.3f} s stalled), oracle {dyn.baseline_step_seconds:.3f} s: "
+        f"{throughput:.1%} of the oracle's throughput (paper: 82%)"
+    )
+    out["vgg16_256_dyn"] = {
+        "chosen": dyn.chosen,
+        "step": dyn.step,
+        "reason": dyn.reason,
+        "fits": dyn.fits,
+        "peak_bytes": dyn.peak_bytes,
+        "throughput": throughput,
+    }
+    targets.append(
+        verdict("VGG-16(256) vdnn-dyn fits 12 GiB (1 = yes)", float(dyn.fits and dyn.peak_bytes <= 12 * GiB), 1.0)
+    )
     targets.append(verdict("VGG-16(256) vdnn-dyn throughput / oracle", throughput, 0.82))
     return out, targets
 
@@ -114,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"calibration on {args.device}: baseline (fastest algorithms), forward+backward per iteration")
     print(table(["model", "batch", "predicted ms", "published ms", "ratio"], rows))
     for name, c in calibration.items():
-        targets.append(verdict(f"{name} predicted/published", abs(c["predicted"] / c["published"] - 1), 0.25,
-                               at_least=False))
+        targets.append(
+            verdict(f"{name} predicted/published", abs(c["predicted"] / c["published"] - 1), 0.25, at_least=False)
+        )
 
     results = []
     rows = []
@@ -130,12 +175,33 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             rel = plan.step_seconds / plan.baseline_step_seconds
             label = policy if plan.chosen is None else f"vdnn-dyn -> {plan.chosen.split(',sync')[0]} (step {plan.step})"
-            results.append({"model": model, "batch": batch, "policy": policy, "chosen": plan.chosen, "step": plan.step,
-                            "fits": plan.fits, "peak_bytes": plan.peak_bytes, "average_bytes": plan.average_bytes,
-                            "offloaded_bytes": plan.offloaded_bytes, "step_seconds": plan.step_seconds,
-                            "relative_to_baseline": rel})
-            rows.append((model, batch, label, plan.peak_bytes / GiB, plan.average_bytes / GiB,
-                         plan.offloaded_bytes / GiB, rel, "yes" if plan.fits else "NO"))
+            results.append(
+                {
+                    "model": model,
+                    "batch": batch,
+                    "policy": policy,
+                    "chosen": plan.chosen,
+                    "step": plan.step,
+                    "fits": plan.fits,
+                    "peak_bytes": plan.peak_bytes,
+                    "average_bytes": plan.average_bytes,
+                    "offloaded_bytes": plan.offloaded_bytes,
+                    "step_seconds": plan.step_seconds,
+                    "relative_to_baseline": rel,
+                }
+            )
+            rows.append(
+                (
+                    model,
+                    batch,
+                    label,
+                    plan.peak_bytes / GiB,
+                    plan.average_bytes / GiB,
+                    plan.offloaded_bytes / GiB,
+                    rel,
+                    "yes" if plan.fits else "NO",
+                )
+            )
     seconds = time.perf_counter() - t0
     print(f"\n{args.device}: GiB; time relative to baseline with the fastest algorithms (oracle if it does not fit)")
     print(table(["model", "batch", "policy", "peak", "average", "offloaded", "time x", "fits"], rows))
@@ -143,8 +209,18 @@ def main(argv: list[str] | None = None) -> int:
     targets.append(verdict("seconds for the whole table", seconds, 60, at_least=False))
     paper, paper_targets = paper_section(args.device)
     targets += paper_targets
-    return emit({"bench": "reproduce_vdnn", "device": args.device, "calibration": calibration, "results": results,
-                 "seconds": seconds, "paper": paper, "targets": targets}, args.json)
+    return emit(
+        {
+            "bench": "reproduce_vdnn",
+            "device": args.device,
+            "calibration": calibration,
+            "results": results,
+            "seconds": seconds,
+            "paper": paper,
+            "targets": targets,
+        },
+        args.json,
+    )
 
 
 if __name__ == "__main__":

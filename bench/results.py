@@ -50,12 +50,18 @@ def render(results_dir: Path = RESULTS) -> str:
         machine, date, command = _machine(result), result.get("date", "?"), result.get("command", "?")
         for v in result.get("verdicts", []):
             want = (">= " if v["at_least"] else "<= ") + f"{v['target']:g}"
-            rows.append(f"| {v['name']} | {_figure(v['value'])} | {want} | {'met' if v['met'] else 'missed'} | "
-                        f"{machine} | {date} | `{command}` |")
+            rows.append(
+                f"| {v['name']} | {_figure(v['value'])} | {want} | {'met' if v['met'] else 'missed'} | "
+                f"{machine} | {date} | `{command}` |"
+            )
         for what, message in (result.get("errors") or {}).items():
             errors.append(f"- `{path.name}`, {what}: {message}")
-    lines = [HEADER, "| target | figure | want | verdict | machine | date | command |",
-             "|---|---|---|---|---|---|---|", *rows]
+    lines = [
+        HEADER,
+        "| target | figure | want | verdict | machine | date | command |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+    ]
     if errors:
         lines += ["", "Errors the runs recorded:", "", *errors]
     return "\n".join(lines) + "\n"

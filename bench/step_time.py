@@ -93,8 +93,15 @@ def gemm_ceiling(conv_ops: dict, matmul: Matmul, rounds: int = 5) -> float:
             shapes.append((nbd * h * w, kh * kw * k, c, False))
         for m, kk, nn, transposed in shapes:
             a = rng.standard_normal((kk, m) if transposed else (m, kk)).astype(np.float32)
-            products.append((op.flops, 2 * m * kk * nn, a.T if transposed else a,
-                             rng.standard_normal((kk, nn)).astype(np.float32), np.empty((m, nn), np.float32)))
+            products.append(
+                (
+                    op.flops,
+                    2 * m * kk * nn,
+                    a.T if transposed else a,
+                    rng.standard_normal((kk, nn)).astype(np.float32),
+                    np.empty((m, nn), np.float32),
+                )
+            )
     fractions = []
     for _ in range(rounds):
         seconds = flops = 0.0
@@ -207,11 +214,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=10, help="timed steps of each (after 2 warm-up steps)")
-    parser.add_argument("--busy", type=int, default=1,
-                        help="competing busy processes in the second phase (0: quiet phase only)")
-    parser.add_argument("--runs", type=int, default=1,
-                        help="run the quiet phase this many times, each in a fresh process, and report the spread "
-                             "of the median step from run to run")
+    parser.add_argument(
+        "--busy", type=int, default=1, help="competing busy processes in the second phase (0: quiet phase only)"
+    )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="run the quiet phase this many times, each in a fresh process, and report the spread "
+        "of the median step from run to run",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.batch < 1 or args.steps < 1 or args.busy < 0 or args.runs < 1:
@@ -230,11 +242,19 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = gemm_ceiling(conv_ops, matmul)
 
     phases = [("quiet", 0)] + ([(f"{args.busy} busy", args.busy)] if args.busy else [])
-    result = {"bench": "step_time", "model": "vgg_cifar", "batch": args.batch, "steps": args.steps,
-              "conv_gemm_ceiling": ceiling, "torch_version": torch_version, "phases": {}}
+    result = {
+        "bench": "step_time",
+        "model": "vgg_cifar",
+        "batch": args.batch,
+        "steps": args.steps,
+        "conv_gemm_ceiling": ceiling,
+        "torch_version": torch_version,
+        "phases": {},
+    }
     rows = []
-    with vmem.Trainer(net, memory="2GiB", policy="baseline:algos=performance",
-                      optimizer=vmem.optim.SGD(lr=0.01, momentum=0.9), seed=0) as trainer:
+    with vmem.Trainer(
+        net, memory="2GiB", policy="baseline:algos=performance", optimizer=vmem.optim.SGD(lr=0.01, momentum=0.9), seed=0
+    ) as trainer:
         # vmem alone first: its own step-to-step spread, without PyTorch's threads between its steps
         mark = len(matmul.seen) + 2  # the matmuls timed after the timed steps (not the warm-up ones)
         ticks = cpu_ticks()
@@ -243,65 +263,115 @@ def main(argv: list[str] | None = None) -> int:
         result["vmem_alone_times"] = alone
         result["vmem_alone_budgets"] = budgets
         result["vmem_alone_spread"] = max(alone) / min(alone)
-        rows.append(("vmem (cpu device), alone", float(np.median(alone)), f"{min(alone):.3f}-{max(alone):.3f}",
-                     result["vmem_alone_spread"], program.flops * 3 / float(np.median(alone)) / 1e9))
+        rows.append(
+            (
+                "vmem (cpu device), alone",
+                float(np.median(alone)),
+                f"{min(alone):.3f}-{max(alone):.3f}",
+                result["vmem_alone_spread"],
+                program.flops * 3 / float(np.median(alone)) / 1e9,
+            )
+        )
         # the machine's own steadiness over the same stretch: the matmul timed after each of those steps
         mm = [2 * matmul.n**3 / g / 1e9 for g in matmul.seen[mark:]]
         result["matmul_alone_times"] = mm
         result["matmul_alone_spread"] = max(mm) / min(mm)
-        rows.append((f"NumPy matmul {matmul.n} (after each), alone", float(np.median(mm)),
-                     f"{min(mm):.3f}-{max(mm):.3f}", result["matmul_alone_spread"], float(np.median(matmul.seen[mark:]))))
+        rows.append(
+            (
+                f"NumPy matmul {matmul.n} (after each), alone",
+                float(np.median(mm)),
+                f"{min(mm):.3f}-{max(mm):.3f}",
+                result["matmul_alone_spread"],
+                float(np.median(matmul.seen[mark:])),
+            )
+        )
         for label, busy in phases:
             with competitors(busy):
                 ticks = cpu_ticks()
-                v_times, t_times, conv_fraction, peak_bytes, budgets = run_steps(trainer, torch_step, x, y,
-                                                                                args.steps, conv_ops, matmul)
+                v_times, t_times, conv_fraction, peak_bytes, budgets = run_steps(
+                    trainer, torch_step, x, y, args.steps, conv_ops, matmul
+                )
                 steal = steal_share(ticks, cpu_ticks())
             v = float(np.median(v_times))
-            phase = {"competitors": busy, "vmem_seconds": v, "vmem_times": v_times, "steal": steal,
-                     "vmem_spread": max(v_times) / min(v_times),
-                     "conv_fraction_of_matmul": float(np.median(conv_fraction)), "peak_bytes": peak_bytes,
-                     "vmem_budgets": budgets}
-            rows.append((f"vmem (cpu device), {label}", v, f"{min(v_times):.3f}-{max(v_times):.3f}",
-                         phase["vmem_spread"], program.flops * 3 / v / 1e9))
+            phase = {
+                "competitors": busy,
+                "vmem_seconds": v,
+                "vmem_times": v_times,
+                "steal": steal,
+                "vmem_spread": max(v_times) / min(v_times),
+                "conv_fraction_of_matmul": float(np.median(conv_fraction)),
+                "peak_bytes": peak_bytes,
+                "vmem_budgets": budgets,
+            }
+            rows.append(
+                (
+                    f"vmem (cpu device), {label}",
+                    v,
+                    f"{min(v_times):.3f}-{max(v_times):.3f}",
+                    phase["vmem_spread"],
+                    program.flops * 3 / v / 1e9,
+                )
+            )
             if t_times:
                 t = float(np.median(t_times))
-                phase.update(torch_seconds=t, torch_times=t_times, torch_spread=max(t_times) / min(t_times),
-                             ratio=v / t)
-                rows.append((f"pytorch {torch_version}, {label}", t, f"{min(t_times):.3f}-{max(t_times):.3f}",
-                             phase["torch_spread"], program.flops * 3 / t / 1e9))
+                phase.update(
+                    torch_seconds=t, torch_times=t_times, torch_spread=max(t_times) / min(t_times), ratio=v / t
+                )
+                rows.append(
+                    (
+                        f"pytorch {torch_version}, {label}",
+                        t,
+                        f"{min(t_times):.3f}-{max(t_times):.3f}",
+                        phase["torch_spread"],
+                        program.flops * 3 / t / 1e9,
+                    )
+                )
             result["phases"][label] = phase
 
     result["matmul_gflops"] = float(np.median(matmul.seen))
     result["matmul_gflops_range"] = [min(matmul.seen), max(matmul.seen)]
-    print(f"vgg_cifar batch {args.batch}: one training step (median of {args.steps}, alternating); NumPy float32 "
-          f"matmul {result['matmul_gflops']:.0f} GFLOP/s ({min(matmul.seen):.0f}-{max(matmul.seen):.0f} over the run)")
+    print(
+        f"vgg_cifar batch {args.batch}: one training step (median of {args.steps}, alternating); NumPy float32 "
+        f"matmul {result['matmul_gflops']:.0f} GFLOP/s ({min(matmul.seen):.0f}-{max(matmul.seen):.0f} over the run)"
+    )
     print(table(["", "median s", "range s", "max/min", "GFLOP/s (step)"], rows))
     seen = [("alone", result["vmem_alone_budgets"])] + [(k, p["vmem_budgets"]) for k, p in result["phases"].items()]
-    print("vmem's core budget per timed step: " + "; ".join(
-        f"{k} " + ", ".join(f"{b} thread{'s' if b != 1 else ''} x{n}" for b, n in sorted(Counter(v).items()))
-        for k, v in seen))
+    print(
+        "vmem's core budget per timed step: "
+        + "; ".join(
+            f"{k} " + ", ".join(f"{b} thread{'s' if b != 1 else ''} x{n}" for b, n in sorted(Counter(v).items()))
+            for k, v in seen
+        )
+    )
     quiet = result["phases"]["quiet"]
-    targets = [verdict("vmem step spread, quiet, alone (max/min)", result["vmem_alone_spread"], 1.15,
-                       at_least=False)]
-    print(f"the machine's own spread over those steps: {result['matmul_alone_spread']:.3f} (the same NumPy "
-          f"matmul timed after each; a spread of vmem's well above it is vmem's, one near it is the machine's)")
+    targets = [verdict("vmem step spread, quiet, alone (max/min)", result["vmem_alone_spread"], 1.15, at_least=False)]
+    print(
+        f"the machine's own spread over those steps: {result['matmul_alone_spread']:.3f} (the same NumPy "
+        f"matmul timed after each; a spread of vmem's well above it is vmem's, one near it is the machine's)"
+    )
     if result["steal_alone"] is not None:
-        print(f"CPU time taken by the hypervisor (steal): {100 * result['steal_alone']:.1f}% over vmem's alone steps, "
-              + ", ".join(f"{100 * p['steal']:.1f}% over the {k} phase" for k, p in result["phases"].items()))
+        print(
+            f"CPU time taken by the hypervisor (steal): {100 * result['steal_alone']:.1f}% over vmem's alone steps, "
+            + ", ".join(f"{100 * p['steal']:.1f}% over the {k} phase" for k, p in result["phases"].items())
+        )
     if torch_step:
         targets.append(verdict("vmem/pytorch step time, quiet", quiet["ratio"], 1.3, at_least=False))
         if args.busy == 1:
-            targets.append(verdict("vmem/pytorch step time, one busy process",
-                                   result["phases"]["1 busy"]["ratio"], 1.5, at_least=False))
+            targets.append(
+                verdict(
+                    "vmem/pytorch step time, one busy process", result["phases"]["1 busy"]["ratio"], 1.5, at_least=False
+                )
+            )
         elif args.busy:
             print(f"vmem/pytorch with {args.busy} busy processes: {result['phases'][phases[1][0]]['ratio']:.3f}")
     else:
         print("PyTorch is not installed (pip install torch==2.13.0): no ratio")
     targets.append(verdict("conv FLOP/s / matmul FLOP/s, quiet", quiet["conv_fraction_of_matmul"], 0.6))
-    print(f"the convolutions' own GEMMs (one chunk each, one BLAS thread, x{vmem.nn.lanes.LANES} lanes) reach "
-          f"{ceiling:.3f} of matmul: the ceiling of an im2col convolution on this BLAS (Winograd's fewer "
-          f"multiply-adds can pass it)")
+    print(
+        f"the convolutions' own GEMMs (one chunk each, one BLAS thread, x{vmem.nn.lanes.LANES} lanes) reach "
+        f"{ceiling:.3f} of matmul: the ceiling of an im2col convolution on this BLAS (Winograd's fewer "
+        f"multiply-adds can pass it)"
+    )
     result["targets"] = targets
     return emit(result, args.json)
 
@@ -310,43 +380,83 @@ def run_to_run(args) -> int:
     """``--runs``: the quiet phase in ``args.runs`` fresh processes; the spread of each side's median step."""
     per_run = []
     for i in range(args.runs):
-        cmd = [sys.executable, __file__, "--batch", str(args.batch), "--steps", str(args.steps), "--busy", "0",
-               "--json"]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--batch",
+            str(args.batch),
+            "--steps",
+            str(args.steps),
+            "--busy",
+            "0",
+            "--json",
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
             sys.stderr.write(done.stderr)
             raise SystemExit(f"step_time run {i + 1} of {args.runs} failed (exit {done.returncode}): {' '.join(cmd)}")
         r = json.loads(done.stdout)
         quiet = r["phases"]["quiet"]
-        run = {"vmem_alone": float(np.median(r["vmem_alone_times"])), "vmem": quiet["vmem_seconds"],
-               "pytorch": quiet.get("torch_seconds"), "matmul": float(np.median(r["matmul_alone_times"])),
-               "ratio": quiet.get("ratio"), "vmem_alone_spread": r["vmem_alone_spread"],
-               "steal": r.get("steal_alone"), "budgets": sorted(set(r["vmem_alone_budgets"]))}
+        run = {
+            "vmem_alone": float(np.median(r["vmem_alone_times"])),
+            "vmem": quiet["vmem_seconds"],
+            "pytorch": quiet.get("torch_seconds"),
+            "matmul": float(np.median(r["matmul_alone_times"])),
+            "ratio": quiet.get("ratio"),
+            "vmem_alone_spread": r["vmem_alone_spread"],
+            "steal": r.get("steal_alone"),
+            "budgets": sorted(set(r["vmem_alone_budgets"])),
+        }
         per_run.append(run)
         steal = "" if run["steal"] is None else f", steal {100 * run['steal']:.1f}%"
         steal += f", core budget {'/'.join(map(str, run['budgets']))}"
-        print(f"run {i + 1}/{args.runs}: vmem alone {run['vmem_alone']:.3f} s, matmul {run['matmul']:.3f} s"
-              + (f", vmem/pytorch {run['vmem']:.3f}/{run['pytorch']:.3f} s" if run["pytorch"] else "") + steal,
-              file=sys.stderr, flush=True)
+        print(
+            f"run {i + 1}/{args.runs}: vmem alone {run['vmem_alone']:.3f} s, matmul {run['matmul']:.3f} s"
+            + (f", vmem/pytorch {run['vmem']:.3f}/{run['pytorch']:.3f} s" if run["pytorch"] else "")
+            + steal,
+            file=sys.stderr,
+            flush=True,
+        )
     rows = []
     spreads = {}
-    for key, label in (("vmem_alone", "vmem (cpu device), alone"), ("vmem", "vmem, quiet (alternating)"),
-                       ("pytorch", "pytorch, quiet (alternating)"), ("matmul", "NumPy matmul 4096 (after each)")):
+    for key, label in (
+        ("vmem_alone", "vmem (cpu device), alone"),
+        ("vmem", "vmem, quiet (alternating)"),
+        ("pytorch", "pytorch, quiet (alternating)"),
+        ("matmul", "NumPy matmul 4096 (after each)"),
+    ):
         values = [r[key] for r in per_run if r[key] is not None]
         if values:
             spreads[key] = max(values) / min(values)
             rows.append((label, float(np.median(values)), f"{min(values):.3f}-{max(values):.3f}", spreads[key]))
-    print(f"vgg_cifar batch {args.batch}: the median step of each of {args.runs} runs ({args.steps} steps each, "
-          f"quiet, each run a fresh process)")
+    print(
+        f"vgg_cifar batch {args.batch}: the median step of each of {args.runs} runs ({args.steps} steps each, "
+        f"quiet, each run a fresh process)"
+    )
     print(table(["", "median of runs, s", "range s", "max/min"], rows))
     ratios = [r["ratio"] for r in per_run if r["ratio"] is not None]
     if ratios:
         print(f"vmem/pytorch per run: {min(ratios):.3f}-{max(ratios):.3f} (median {float(np.median(ratios)):.3f})")
-    targets = [verdict(f"vmem step spread over {args.runs} runs, quiet (max/min of the runs' medians)",
-                       spreads["vmem_alone"], 1.15, at_least=False)]
-    print("references over the same runs: " + ", ".join(f"{k} {v:.3f}" for k, v in spreads.items() if k != "vmem_alone"))
-    result = {"bench": "step_time", "model": "vgg_cifar", "batch": args.batch, "steps": args.steps,
-              "runs": per_run, "spreads": spreads, "targets": targets}
+    targets = [
+        verdict(
+            f"vmem step spread over {args.runs} runs, quiet (max/min of the runs' medians)",
+            spreads["vmem_alone"],
+            1.15,
+            at_least=False,
+        )
+    ]
+    print(
+        "references over the same runs: " + ", ".join(f"{k} {v:.3f}" for k, v in spreads.items() if k != "vmem_alone")
+    )
+    result = {
+        "bench": "step_time",
+        "model": "vgg_cifar",
+        "batch": args.batch,
+        "steps": args.steps,
+        "runs": per_run,
+        "spreads": spreads,
+        "targets": targets,
+    }
     return emit(result, args.json)
 
 

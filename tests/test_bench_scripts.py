@@ -16,8 +16,11 @@ SCRIPTS = sorted(p for p in BENCH.glob("*.py") if not p.name.startswith("_"))
 
 def test_no_bench_script_shadows_the_standard_library():
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    shadows = [p.name for p in BENCH.glob("*.py") if (stdlib / p.name).exists() or (stdlib / p.stem).is_dir()
-               or p.stem in sys.builtin_module_names]
+    shadows = [
+        p.name
+        for p in BENCH.glob("*.py")
+        if (stdlib / p.name).exists() or (stdlib / p.stem).is_dir() or p.stem in sys.builtin_module_names
+    ]
     assert not shadows
 
 
@@ -32,26 +35,32 @@ def test_each_script_has_help_and_leaves_the_path_alone(script):
 def _vmem_imports(path: Path) -> list[tuple[str, str]]:
     import ast
 
-    return [(node.module, alias.name) for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "vmem"
-            for alias in node.names]
+    return [
+        (node.module, alias.name)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "vmem"
+        for alias in node.names
+    ]
 
 
 def test_every_name_a_bench_script_imports_from_vmem_exists():
     """Imports inside functions that run only on a GPU are checked here, where no GPU runs them."""
     import importlib
 
-    missing = [f"{p.name}: from {module} import {name}" for p in sorted(BENCH.glob("*.py"))
-               for module, name in _vmem_imports(p)
-               if not hasattr(importlib.import_module(module), name)
-               and importlib.util.find_spec(f"{module}.{name}") is None]
+    missing = [
+        f"{p.name}: from {module} import {name}"
+        for p in sorted(BENCH.glob("*.py"))
+        for module, name in _vmem_imports(p)
+        if not hasattr(importlib.import_module(module), name) and importlib.util.find_spec(f"{module}.{name}") is None
+    ]
     assert not missing
 
 
 def test_results_md_is_what_the_benches_json_gives():
     """bench/RESULTS.md is written from bench/results/*.json by bench/results.py, never by hand."""
-    done = subprocess.run([sys.executable, str(BENCH / "results.py"), "--check"], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "results.py"), "--check"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
 
 

@@ -34,7 +34,8 @@ MODULES = _module_names()
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _resolve(module: str, level: int, current: str, is_package: bool) -> str:
@@ -98,18 +99,49 @@ def _under(prefixes: tuple[str, ...]) -> list[str]:
 
 RULES = [
     # (modules, what they must not reach, why)
-    (("vmem.nn",), ("vmem.policies", "vmem.schedule", "vmem.planner", "vmem.pool", "vmem.streams", "vmem.device",
-                    "vmem.runtime", "vmem.training", "vmem.costs", "vmem.codecs", "vmem.threads"),
-     "layers are pure math: the device runs their work (ctx.ops)"),
+    (
+        ("vmem.nn",),
+        (
+            "vmem.policies",
+            "vmem.schedule",
+            "vmem.planner",
+            "vmem.pool",
+            "vmem.streams",
+            "vmem.device",
+            "vmem.runtime",
+            "vmem.training",
+            "vmem.costs",
+            "vmem.codecs",
+            "vmem.threads",
+        ),
+        "layers are pure math: the device runs their work (ctx.ops)",
+    ),
     (("vmem.policies",), ("vmem.pool", "vmem.streams", "vmem.runtime", "vmem.training"), "policies are pure"),
-    (("vmem.codecs",), ("vmem.policies", "vmem.schedule", "vmem.runtime", "vmem.training"),
-     "codecs know nothing of policies"),
-    (("vmem.pool", "vmem.streams"), ("vmem.nn", "vmem.graph", "vmem.models", "vmem.policies", "vmem.schedule",
-                                     "vmem.runtime", "vmem.training", "vmem.codecs"),
-     "the pool and streams know nothing of networks"),
+    (
+        ("vmem.codecs",),
+        ("vmem.policies", "vmem.schedule", "vmem.runtime", "vmem.training"),
+        "codecs know nothing of policies",
+    ),
+    (
+        ("vmem.pool", "vmem.streams"),
+        (
+            "vmem.nn",
+            "vmem.graph",
+            "vmem.models",
+            "vmem.policies",
+            "vmem.schedule",
+            "vmem.runtime",
+            "vmem.training",
+            "vmem.codecs",
+        ),
+        "the pool and streams know nothing of networks",
+    ),
     (("vmem.runtime",), ("vmem.policies", "vmem.planner", "vmem.training"), "the executor only carries a schedule out"),
-    (("vmem.schedule.steps", "vmem.schedule.pack", "vmem.schedule.replay"), ("vmem.policies",),
-     "schedules are read without the policies"),
+    (
+        ("vmem.schedule.steps", "vmem.schedule.pack", "vmem.schedule.replay"),
+        ("vmem.policies",),
+        "schedules are read without the policies",
+    ),
     (("vmem.device.spec",), ("vmem.pool", "vmem.streams"), "DeviceSpec is plain data"),
 ]
 
@@ -148,24 +180,33 @@ def test_nothing_outside_vmem_device_probes_a_device():
     release_cached, and runs the layers' array work: ops)."""
     import re
 
-    probe = re.compile(r"(hasattr|getattr)\((self\.)?(device|dev|_device)\b|\b(device|dev)\.kind\s*[=!]=|"
-                       r"\b(device|dev)\.xp\s+is\b|\bxp\s+is\s+(not\s+)?np\b")
+    probe = re.compile(
+        r"(hasattr|getattr)\((self\.)?(device|dev|_device)\b|\b(device|dev)\.kind\s*[=!]=|"
+        r"\b(device|dev)\.xp\s+is\b|\bxp\s+is\s+(not\s+)?np\b"
+    )
     root = ROOT
-    found = [f"{path.relative_to(root)}:{n}: {line.strip()}" for path in root.rglob("*.py")
-             if "device" not in path.relative_to(root).parts[:1]
-             for n, line in enumerate(path.read_text().splitlines(), 1) if probe.search(line)]
+    found = [
+        f"{path.relative_to(root)}:{n}: {line.strip()}"
+        for path in root.rglob("*.py")
+        if "device" not in path.relative_to(root).parts[:1]
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if probe.search(line)
+    ]
     assert not found, "\n".join(found)
 
 
 def test_the_import_graph_has_no_cycle():
     """No two modules import each other, at module level or inside a function (a package's __init__ and
     its own modules aside): a cycle means two modules are one."""
+
     def ancestors(name: str) -> set[str]:
         parts = name.split(".")
         return {".".join(parts[:i]) for i in range(1, len(parts))}
 
-    graph = {m: {t for t in direct_imports(m, deep=True) if t != m and t not in ancestors(m)
-                 and not t.startswith(m + ".")} for m in MODULES}
+    graph = {
+        m: {t for t in direct_imports(m, deep=True) if t != m and t not in ancestors(m) and not t.startswith(m + ".")}
+        for m in MODULES
+    }
     seen: dict[str, int] = {}  # 1: on the current path, 2: done
     cycles = []
 
@@ -173,7 +214,7 @@ def test_the_import_graph_has_no_cycle():
         seen[m] = 1
         for t in sorted(graph.get(m, ())):
             if seen.get(t) == 1:
-                cycles.append(path[path.index(t):] + [t] if t in path else [m, t])
+                cycles.append(path[path.index(t) :] + [t] if t in path else [m, t])
             elif t not in seen:
                 visit(t, path + [t])
         seen[m] = 2

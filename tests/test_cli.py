@@ -22,8 +22,21 @@ def test_train_with_its_defaults_reaches_95_percent_in_half_the_baselines_memory
     code, out, _ = run(capsys, "train", "--json")
     assert code == 0
     result = json.loads(out)
-    for key in ("model", "dataset", "policy", "epochs", "train_loss", "val_accuracy", "step_seconds", "peak_bytes",
-                "average_bytes", "offloaded_bytes", "baseline_peak_bytes", "memory", "chosen"):
+    for key in (
+        "model",
+        "dataset",
+        "policy",
+        "epochs",
+        "train_loss",
+        "val_accuracy",
+        "step_seconds",
+        "peak_bytes",
+        "average_bytes",
+        "offloaded_bytes",
+        "baseline_peak_bytes",
+        "memory",
+        "chosen",
+    ):
         assert key in result
     assert result["model"] == "digits_vgg" and result["dataset"] == "digits" and result["policy"] == "vdnn-dyn"
     assert result["val_accuracy"] >= 0.95
@@ -49,8 +62,20 @@ def test_a_named_policy_keeps_the_fixed_default_memory(capsys):
 
 
 def test_train_prints_loss_accuracy_step_time_and_peak_memory(capsys):
-    code, out, _ = run(capsys, "train", "--epochs", "1", "--dataset", "synthetic", "--model", "mini_googlenet",
-                       "--batch", "16", "--memory", "64MiB")
+    code, out, _ = run(
+        capsys,
+        "train",
+        "--epochs",
+        "1",
+        "--dataset",
+        "synthetic",
+        "--model",
+        "mini_googlenet",
+        "--batch",
+        "16",
+        "--memory",
+        "64MiB",
+    )
     assert code == 0
     summary = next(line for line in out.splitlines() if line.startswith("done in"))
     for word in ("val accuracy", "train loss", "step time", "peak device memory"):
@@ -66,8 +91,20 @@ def test_in_a_tight_budget_train_profiles_and_trains_inside_it(capsys):
 
 
 def test_in_a_tight_budget_plan_profiles_on_the_device_within_it(capsys):
-    code, out, err = run(capsys, "plan", "--model", "digits_vgg", "--batch", "32", "--memory", "auto:0.3",
-                         "--policy", "vdnn-dyn", "--profile", "--json")
+    code, out, err = run(
+        capsys,
+        "plan",
+        "--model",
+        "digits_vgg",
+        "--batch",
+        "32",
+        "--memory",
+        "auto:0.3",
+        "--policy",
+        "vdnn-dyn",
+        "--profile",
+        "--json",
+    )
     assert code == 0, err
     result = json.loads(out)
     assert result["fits"] and result["peak_bytes"] <= result["memory"] < 0.31 * result["baseline_peak_bytes"]
@@ -80,8 +117,19 @@ def test_plan_json(capsys):
     code, out, _ = run(capsys, "plan", "--model", "vgg16", "--batch", "256", "--memory", "12GB", "--json")
     assert code == 1  # the plan does not fit: a failure, with its figures printed
     result = json.loads(out)
-    for key in ("model", "batch", "device", "policy", "peak_bytes", "average_bytes", "offloaded_bytes", "step_seconds",
-                "baseline_step_seconds", "by_category", "layers"):
+    for key in (
+        "model",
+        "batch",
+        "device",
+        "policy",
+        "peak_bytes",
+        "average_bytes",
+        "offloaded_bytes",
+        "step_seconds",
+        "baseline_step_seconds",
+        "by_category",
+        "layers",
+    ):
         assert key in result
     assert result["model"] == "vgg16" and result["batch"] == 256
     assert result["fits"] is False and result["peak_bytes"] > 12e9  # vDNN: VGG-16 at 256 needs about 28 GB
@@ -94,8 +142,9 @@ def test_a_slow_plan_says_what_it_is_doing_and_how_long_it_took(capsys, monkeypa
     from vmem import cli
 
     monkeypatch.setattr(cli, "SLOW_AFTER", 0.0)
-    code, out, err = run(capsys, "plan", "--model", "vgg16", "--batch", "64", "--device", "sim:titan-x",
-                         "--policy", "vdnn-dyn")
+    code, out, err = run(
+        capsys, "plan", "--model", "vgg16", "--batch", "64", "--device", "sim:titan-x", "--policy", "vdnn-dyn"
+    )
     assert code == 0 and "fits: yes" in out
     assert "planning vgg16 at batch 64 under vdnn-dyn on sim:titan-x..." in err and "done in" in err
     assert not [t for t in threading.enumerate() if t.name == "vmem-cli-progress"]
@@ -109,23 +158,26 @@ def test_models_json(capsys):
     assert "vgg16" in names and "resnet_cifar" in names and code == 0
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["train", "--policy", "nope"], "unknown policy 'nope'"),
-    (["train", "--memory", "lots"], "memory='lots'"),
-    (["train", "--memory", "auto:2"], "auto takes a fraction"),
-    (["train", "--memory", "auto:half"], "auto takes a fraction"),
-    (["train", "--model", "vgg17"], "unknown model 'vgg17'"),
-    (["train", "--policy", "baseline", "--memory", "1MiB"], "Out of device memory"),
-    (["train", "--memory", "1MiB"], "needs at least 1.40 MiB (1466368 bytes)"),
-    (["plan", "--model", "vgg_cifar", "--batch", "8", "--memory", "auto:0"], "auto takes a fraction"),
-    (["train", "--model", "nmt_small", "--dataset", "digits"], "--model nmt_small takes token sequences"),
-    (["train", "--model", "digits_vgg", "--dataset", "reverse"], "use --dataset digits or synthetic"),
-    (["bench", "bandwidth", "--codec", "zvc", "--density", "abc"], "--density 'abc': comma-separated fractions"),
-    (["trace", "--out", "README.md"], "--out README.md: is a file"),
-    (["train", "--policy", "vdnn-all:algos=memory", "--algos", "performance"], "disagree; give one"),
-    (["plan", "--model", "vgg16", "--batch", "1000000000000"], "a batch this large cannot be planned"),
-    (["train", "--policy", "baseline:algo=fast"], "has no option 'algo'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--policy", "nope"], "unknown policy 'nope'"),
+        (["train", "--memory", "lots"], "memory='lots'"),
+        (["train", "--memory", "auto:2"], "auto takes a fraction"),
+        (["train", "--memory", "auto:half"], "auto takes a fraction"),
+        (["train", "--model", "vgg17"], "unknown model 'vgg17'"),
+        (["train", "--policy", "baseline", "--memory", "1MiB"], "Out of device memory"),
+        (["train", "--memory", "1MiB"], "needs at least 1.40 MiB (1466368 bytes)"),
+        (["plan", "--model", "vgg_cifar", "--batch", "8", "--memory", "auto:0"], "auto takes a fraction"),
+        (["train", "--model", "nmt_small", "--dataset", "digits"], "--model nmt_small takes token sequences"),
+        (["train", "--model", "digits_vgg", "--dataset", "reverse"], "use --dataset digits or synthetic"),
+        (["bench", "bandwidth", "--codec", "zvc", "--density", "abc"], "--density 'abc': comma-separated fractions"),
+        (["trace", "--out", "README.md"], "--out README.md: is a file"),
+        (["train", "--policy", "vdnn-all:algos=memory", "--algos", "performance"], "disagree; give one"),
+        (["plan", "--model", "vgg16", "--batch", "1000000000000"], "a batch this large cannot be planned"),
+        (["train", "--policy", "baseline:algo=fast"], "has no option 'algo'"),
+    ],
+)
 def test_bad_input_is_one_clear_line(capsys, argv, message):
     code, _, err = run(capsys, *argv)
     assert code == 1
@@ -133,10 +185,18 @@ def test_bad_input_is_one_clear_line(capsys, argv, message):
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("command, option, value", [
-    ("train", "--lr", "inf"), ("train", "--lr", "nan"), ("train", "--weight-decay", "inf"),
-    ("train", "--momentum", "-inf"), ("train", "--seed", "-1"), ("trace", "--pcie-gbps", "0"),
-    ("bench", "--pcie-gbps", "-2")])
+@pytest.mark.parametrize(
+    "command, option, value",
+    [
+        ("train", "--lr", "inf"),
+        ("train", "--lr", "nan"),
+        ("train", "--weight-decay", "inf"),
+        ("train", "--momentum", "-inf"),
+        ("train", "--seed", "-1"),
+        ("trace", "--pcie-gbps", "0"),
+        ("bench", "--pcie-gbps", "-2"),
+    ],
+)
 def test_numbers_that_cannot_be_right_are_refused_by_the_parser(capsys, command, option, value):
     with pytest.raises(SystemExit) as info:
         main([command] + (["bandwidth"] if command == "bench" else []) + [f"{option}={value}"])
@@ -151,8 +211,25 @@ def test_help_for_every_command():
 
 
 def test_trace_writes_a_valid_chrome_trace_a_plot_and_a_table(capsys, tmp_path):
-    code, out, _ = run(capsys, "trace", "--model", "mini_googlenet", "--image-size", "16", "--policy", "vdnn-all",
-                       "--batch", "8", "--steps", "2", "--memory", "64MiB", "--out", str(tmp_path), "--json")
+    code, out, _ = run(
+        capsys,
+        "trace",
+        "--model",
+        "mini_googlenet",
+        "--image-size",
+        "16",
+        "--policy",
+        "vdnn-all",
+        "--batch",
+        "8",
+        "--steps",
+        "2",
+        "--memory",
+        "64MiB",
+        "--out",
+        str(tmp_path),
+        "--json",
+    )
     assert code == 0
     summary = json.loads(out)
     assert summary["offloaded_bytes"] > 0
@@ -164,8 +241,9 @@ def test_trace_writes_a_valid_chrome_trace_a_plot_and_a_table(capsys, tmp_path):
 
 
 def test_bench_bandwidth_json(capsys):
-    code, out, _ = run(capsys, "bench", "bandwidth", "--sizes", "64KiB,1MiB", "--rounds", "1", "--memory", "16MiB",
-                       "--json")
+    code, out, _ = run(
+        capsys, "bench", "bandwidth", "--sizes", "64KiB,1MiB", "--rounds", "1", "--memory", "16MiB", "--json"
+    )
     assert code == 0
     rows = json.loads(out)["rows"]
     assert [r["bytes"] for r in rows] == [65536, 1 << 20]
@@ -190,12 +268,15 @@ def test_devices_says_why_no_cuda_gpu_is_listed(capsys, monkeypatch):
     assert any(line.startswith("sim:h100-sxm") for line in lines)
 
 
-@pytest.mark.parametrize("argv", [
-    ["plan", "--model", "vgg_cifar", "--batch", "8", "--device", "cuda:0"],
-    ["plan", "--model", "vgg_cifar", "--batch", "8", "--device", "cuda:0", "--profile"],
-    ["plan", "--model", "vgg_cifar", "--batch", "8", "--device", "cuda:0", "--memory", "auto:0.5"],
-    ["train", "--device", "cuda:0"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "--model", "vgg_cifar", "--batch", "8", "--device", "cuda:0"],
+        ["plan", "--model", "vgg_cifar", "--batch", "8", "--device", "cuda:0", "--profile"],
+        ["plan", "--model", "vgg_cifar", "--batch", "8", "--device", "cuda:0", "--memory", "auto:0.5"],
+        ["train", "--device", "cuda:0"],
+    ],
+)
 def test_cuda_without_cupy_is_one_line_naming_the_extra(capsys, monkeypatch, argv):
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
     code, _, err = run(capsys, *argv)
@@ -207,5 +288,9 @@ def test_check_passes_in_this_checkout(capsys):
     code, out, _ = run(capsys, "check", "--no-compile", "--json")
     report = json.loads(out)
     assert code == 0 and report["ok"], report
-    assert {c["name"] for c in report["checks"]} == {"imports", "package files", "cudnn declarations",
-                                                      "native CPU kernels"}
+    assert {c["name"] for c in report["checks"]} == {
+        "imports",
+        "package files",
+        "cudnn declarations",
+        "native CPU kernels",
+    }

@@ -17,8 +17,9 @@ def run(capsys, *argv):
     return code, out, err
 
 
-@pytest.mark.parametrize("argv", [("--batch", "0"), ("--epochs", "0"), ("--epochs", "-1"), ("--lr", "-0.1"),
-                                  ("--batch", "many")])
+@pytest.mark.parametrize(
+    "argv", [("--batch", "0"), ("--epochs", "0"), ("--epochs", "-1"), ("--lr", "-0.1"), ("--batch", "many")]
+)
 def test_numeric_options_are_checked_by_the_parser(capsys, argv):
     with pytest.raises(SystemExit) as info:
         main(["train", *argv])

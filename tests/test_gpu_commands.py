@@ -42,8 +42,9 @@ def test_the_documented_commands_cover_every_stage_once():
 def test_each_command_fits_its_limit_in_a_dry_run(command, tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "VMEM_GPU_DRY_RUN": "1", "PYTHON": sys.executable}
     t0 = time.perf_counter()
-    done = subprocess.run(["bash", "tests/gpu/run.sh", *command], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=COMMAND_S)
+    done = subprocess.run(
+        ["bash", "tests/gpu/run.sh", *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=COMMAND_S
+    )
     overhead = time.perf_counter() - t0
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = (tmp_path / "stages.log").read_text().splitlines()

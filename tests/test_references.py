@@ -10,13 +10,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 #: a file inside one of the repository's own folders, or a Markdown file named on its own (an upstream
 #: project's file is named with its project: "CuPy (tests/...)" is not ours)
-PATH = re.compile(r"(?<![\w/.(-])((?:vmem|tests|bench|docs|\.ci)/[\w/.-]*\.(?:py|md|sh|h|cuh|c|json|toml|txt)"
-                  r"|[\w-]+\.md)\b")
+PATH = re.compile(
+    r"(?<![\w/.(-])((?:vmem|tests|bench|docs|\.ci)/[\w/.-]*\.(?:py|md|sh|h|cuh|c|json|toml|txt)"
+    r"|[\w-]+\.md)\b"
+)
 
 
 def _files() -> list[Path]:
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return [ROOT / f for f in out if f.endswith((".py", ".md", ".sh", ".toml", ".h", ".cuh", ".c", ".cfg", "run"))]
 
 
@@ -32,7 +39,11 @@ def test_every_file_the_repository_names_exists():
                 target = ROOT / ref
                 if "*" in ref or "NAME" in ref:  # a pattern, a placeholder
                     continue
-                if not (target.exists() or (ROOT / ref.split("/", 1)[-1]).exists()
-                        or (path.parent / ref).exists() or ("/" not in ref and ref in names)):
+                if not (
+                    target.exists()
+                    or (ROOT / ref.split("/", 1)[-1]).exists()
+                    or (path.parent / ref).exists()
+                    or ("/" not in ref and ref in names)
+                ):
                     missing.append(f"{path.relative_to(ROOT)}:{n}: {ref}")
     assert not missing, "\n".join(missing)

@@ -15,8 +15,14 @@ from vmem.codecs.base import Codec, Encoded
 def test_a_registered_model_trains_from_the_command_line(capsys):
     @models.register("tiny_mlp", description="two linear layers for 8x8 digits")
     def tiny_mlp(num_classes: int = 10, image_size: int = 8) -> vmem.Sequential:
-        return vmem.Sequential(nn.Flatten(), nn.Linear(image_size * image_size, 32), nn.ReLU(),
-                               nn.Linear(32, num_classes), input_shape=(1, image_size, image_size), name="tiny_mlp")
+        return vmem.Sequential(
+            nn.Flatten(),
+            nn.Linear(image_size * image_size, 32),
+            nn.ReLU(),
+            nn.Linear(32, num_classes),
+            input_shape=(1, image_size, image_size),
+            name="tiny_mlp",
+        )
 
     try:
         assert "tiny_mlp" in models.names() and models.info("tiny_mlp") == "two linear layers for 8x8 digits"

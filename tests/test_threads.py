@@ -104,13 +104,15 @@ def test_busy_time_leaves_out_idle_iowait_and_a_hypervisors_steal():
     """Busy is what this machine's processes ran (user, nice, system, irq, softirq) on the CPUs asked about.
     A VM's steal is not: counted, a hypervisor taking a quarter of the time would drop the step to one lane
     and keep it there, leaving idle a core that the second lane would use."""
-    stat = "\n".join([
-        "cpu  900 0 90 5000 10 0 9 4000 0 0",  # the aggregate line is not read
-        "cpu0 100 2 30 1000 7 1 4 500 0 0",
-        "cpu1 200 0 10 2000 3 0 6 3000 0 0",
-        "cpu2 400 0 50 0 0 0 0 0 0 0",
-        "intr 12345 0 0",
-    ])
+    stat = "\n".join(
+        [
+            "cpu  900 0 90 5000 10 0 9 4000 0 0",  # the aggregate line is not read
+            "cpu0 100 2 30 1000 7 1 4 500 0 0",
+            "cpu1 200 0 10 2000 3 0 6 3000 0 0",
+            "cpu2 400 0 50 0 0 0 0 0 0 0",
+            "intr 12345 0 0",
+        ]
+    )
     assert threads._busy_ticks(stat, {0, 1}) == (100 + 2 + 30 + 1 + 4) + (200 + 10 + 6)
     assert threads._busy_ticks(stat, None) == 137 + 216 + 450
     assert threads._busy_ticks(stat, {7}) is None
@@ -231,8 +233,13 @@ def test_the_budget_changes_the_speed_not_the_weights(monkeypatch):
             threads.BUDGET.fix(n)
             side_by_side.clear()
             net = vmem.models.get("vgg_cifar", image_size=16)
-            with vmem.Trainer(net, memory="256MiB", policy="baseline:algos=performance", seed=0,
-                              optimizer=vmem.optim.SGD(lr=0.01, momentum=0.9)) as trainer:
+            with vmem.Trainer(
+                net,
+                memory="256MiB",
+                policy="baseline:algos=performance",
+                seed=0,
+                optimizer=vmem.optim.SGD(lr=0.01, momentum=0.9),
+            ) as trainer:
                 for _ in range(3):
                     trainer.step(x, y)
             weights[n] = {k: v.copy() for k, v in net.params.items()}

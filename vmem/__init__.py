@@ -22,7 +22,22 @@ from .units import format_bytes, parse_bytes
 __version__ = "0.1.0"
 
 __all__ = [
-    "device", "plan", "Trainer", "Sequential", "Graph", "Network", "Program",
-    "nn", "models", "optim", "policies", "pool", "streams", "data", "errors",
-    "parse_bytes", "format_bytes", "__version__",
+    "device",
+    "plan",
+    "Trainer",
+    "Sequential",
+    "Graph",
+    "Network",
+    "Program",
+    "nn",
+    "models",
+    "optim",
+    "policies",
+    "pool",
+    "streams",
+    "data",
+    "errors",
+    "parse_bytes",
+    "format_bytes",
+    "__version__",
 ]

@@ -15,6 +15,8 @@ def source_file(name: str) -> Path:
     """The path of ``vmem/csrc/<name>``; FileNotFoundError naming the file if this installation lacks it."""
     path = CSRC / name
     if not path.is_file():
-        raise FileNotFoundError(f"vmem's source file {name} is not in {CSRC}: this installation of vmem is "
-                                "incomplete; reinstall it (pip install --force-reinstall vmem)")
+        raise FileNotFoundError(
+            f"vmem's source file {name} is not in {CSRC}: this installation of vmem is "
+            "incomplete; reinstall it (pip install --force-reinstall vmem)"
+        )
     return path

@@ -15,8 +15,14 @@ __all__ = ["bandwidth", "codec_bandwidth", "relu_activations", "best_seconds", "
 DEFAULT_SIZES = ("64KiB", "256KiB", "1MiB", "4MiB", "16MiB", "64MiB", "256MiB")
 
 
-def bandwidth(device: Any, sizes: Sequence[int | str] = DEFAULT_SIZES, *, rounds: int = 3,
-              target_bytes: int = 256 << 20, progress: bool = False) -> list[dict[str, float]]:
+def bandwidth(
+    device: Any,
+    sizes: Sequence[int | str] = DEFAULT_SIZES,
+    *,
+    rounds: int = 3,
+    target_bytes: int = 256 << 20,
+    progress: bool = False,
+) -> list[dict[str, float]]:
     """Device-to-host and host-to-device GB/s per size, with pinned and with pageable host buffers.
 
     Copies are enqueued on the device's memory stream back to back (about ``target_bytes`` a round)
@@ -38,8 +44,10 @@ def bandwidth(device: Any, sizes: Sequence[int | str] = DEFAULT_SIZES, *, rounds
             reps = max(1, target_bytes // n)
             row: dict[str, float] = {"bytes": n}
             for label, host in (("pinned", pinned), ("pageable", pageable)):
-                for direction, copy, a, b in (("d2h", device.copy_to_host, host, dev),
-                                              ("h2d", device.copy_to_device, dev, host)):
+                for direction, copy, a, b in (
+                    ("d2h", device.copy_to_host, host, dev),
+                    ("h2d", device.copy_to_device, dev, host),
+                ):
                     best = 0.0
                     for _ in range(rounds):
                         t0 = time.perf_counter()
@@ -57,14 +65,14 @@ def bandwidth(device: Any, sizes: Sequence[int | str] = DEFAULT_SIZES, *, rounds
     return rows
 
 
-
 #: a call whose wall time exceeds the CPU time its process spent by this fraction lost time to others
 _PREEMPTED = 0.1
 _RESOLUTION = 20e-6  # seconds: the clocks' overhead on a short call
 
 
-def best_seconds(fn: Any, rounds: int, *, warmup: bool = False, undisturbed: bool = False,
-                 most: int | None = None) -> float:
+def best_seconds(
+    fn: Any, rounds: int, *, warmup: bool = False, undisturbed: bool = False, most: int | None = None
+) -> float:
     """The shortest of ``rounds`` timed calls of ``fn`` (after one untimed call if ``warmup``).
 
     ``undisturbed``: on a busy machine each of a few calls of some milliseconds may lose a time slice
@@ -95,9 +103,15 @@ def relu_activations(n: int, density: float, seed: int = 0) -> np.ndarray:
     return x
 
 
-def codec_bandwidth(device: Any, codec: Any, sizes: Sequence[int | str] = ("4MiB", "16MiB", "64MiB"),
-                    densities: Sequence[float] = (0.1, 0.3, 0.5, 0.7, 0.9), *, rounds: int = 3,
-                    progress: bool = False) -> list[dict[str, float]]:
+def codec_bandwidth(
+    device: Any,
+    codec: Any,
+    sizes: Sequence[int | str] = ("4MiB", "16MiB", "64MiB"),
+    densities: Sequence[float] = (0.1, 0.3, 0.5, 0.7, 0.9),
+    *,
+    rounds: int = 3,
+    progress: bool = False,
+) -> list[dict[str, float]]:
     """Effective offload and prefetch bandwidth through ``codec`` (uncompressed bytes per second, the
     encode or decode included) against the plain pinned copy of the same bytes, per size and density
     of ReLU-like activations. Everything runs on the memory stream, as the executor's offloads do."""
@@ -127,8 +141,8 @@ def codec_bandwidth(device: Any, codec: Any, sizes: Sequence[int | str] = ("4MiB
         try:
             dev = device.view(block, (count,), np.float32)
             host = device.host_view(host_block, (host_block.nbytes,), np.uint8)
-            raw_d2h = best(lambda: device.copy_now(host[:count * 4], dev.view(np.uint8), "d2h"))
-            raw_h2d = best(lambda: device.copy_now(dev.view(np.uint8), host[:count * 4], "h2d"))
+            raw_d2h = best(lambda: device.copy_now(host[: count * 4], dev.view(np.uint8), "d2h"))
+            raw_h2d = best(lambda: device.copy_now(dev.view(np.uint8), host[: count * 4], "h2d"))
             xp = device.xp
 
             def fill(v: Any) -> None:  # on the memory stream, in order with the transfers
@@ -147,9 +161,17 @@ def codec_bandwidth(device: Any, codec: Any, sizes: Sequence[int | str] = ("4MiB
                 h2d = best(lambda: transfer.receive(device, codec, box["enc"], dev))
                 if codec.lossless and not bool(xp.array_equal(dev.view(np.uint32), values.view(np.uint32))):
                     raise AssertionError(f"{codec.spec}: the round trip changed the data")
-                rows.append({"bytes": count * 4, "density": density, "encoded_bytes": box["enc"].nbytes,
-                             "link_d2h_gbps": count * 4 / raw_d2h / 1e9, "link_h2d_gbps": count * 4 / raw_h2d / 1e9,
-                             "offload_gbps": count * 4 / d2h / 1e9, "prefetch_gbps": count * 4 / h2d / 1e9})
+                rows.append(
+                    {
+                        "bytes": count * 4,
+                        "density": density,
+                        "encoded_bytes": box["enc"].nbytes,
+                        "link_d2h_gbps": count * 4 / raw_d2h / 1e9,
+                        "link_h2d_gbps": count * 4 / raw_h2d / 1e9,
+                        "offload_gbps": count * 4 / d2h / 1e9,
+                        "prefetch_gbps": count * 4 / h2d / 1e9,
+                    }
+                )
             if progress:
                 print(f"  {n / 2**20:9.3f} MiB done", flush=True)
         finally:

@@ -11,9 +11,16 @@ from typing import Any, Sequence
 
 from .errors import VmemError
 from .training.callbacks import Callback
-from .cli_args import (check_dataset as _check_dataset, model as _model, nonnegative_float as _nonnegative_float,
-                       nonnegative_int as _nonnegative_int, policy_spec as _policy_spec, positive_float as _positive_float,
-                       positive_int as _positive_int, rebuild_for_classes as _rebuild_for_classes)
+from .cli_args import (
+    check_dataset as _check_dataset,
+    model as _model,
+    nonnegative_float as _nonnegative_float,
+    nonnegative_int as _nonnegative_int,
+    policy_spec as _policy_spec,
+    positive_float as _positive_float,
+    positive_int as _positive_int,
+    rebuild_for_classes as _rebuild_for_classes,
+)
 from .cli_tools import cmd_bench, cmd_trace
 from .units import format_bytes
 
@@ -80,8 +87,7 @@ def _auto_fraction(memory: str | None, policy: str) -> float | None:
     except ValueError:
         fraction = -1.0
     if not 0 < fraction <= 1:
-        raise ValueError(f"--memory {memory}: auto takes a fraction of the baseline's peak in (0, 1], "
-                         "e.g. auto:0.5")
+        raise ValueError(f"--memory {memory}: auto takes a fraction of the baseline's peak in (0, 1], e.g. auto:0.5")
     return fraction
 
 
@@ -93,7 +99,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .training.checkpoint import SaveLock
 
     # a path that cannot take a checkpoint is refused before any training, and held for the run
-    with (SaveLock(args.save) if args.save else contextlib.nullcontext()), _StopBetweenSteps() as stop:
+    with SaveLock(args.save) if args.save else contextlib.nullcontext(), _StopBetweenSteps() as stop:
         return _train(args, stop)
 
 
@@ -123,11 +129,15 @@ def _train(args: argparse.Namespace, stop: Any) -> int:
     else:
         opt = optim.Adam(lr=args.lr, weight_decay=args.weight_decay)
     t0 = time.perf_counter()
-    with Trainer(net, device=args.device, memory=memory, policy=_policy_spec(args), optimizer=opt,
-                 seed=args.seed) as trainer:
+    with Trainer(
+        net, device=args.device, memory=memory, policy=_policy_spec(args), optimizer=opt, seed=args.seed
+    ) as trainer:
         if not args.json:
-            print(f"training {net.name} on {args.dataset} ({len(train)} train / {len(val)} val), batch {args.batch}, "
-                  f"policy {trainer.policy.spec}, device {trainer.device!r}", flush=True)
+            print(
+                f"training {net.name} on {args.dataset} ({len(train)} train / {len(val)} val), batch {args.batch}, "
+                f"policy {trainer.policy.spec}, device {trainer.device!r}",
+                flush=True,
+            )
             if needs is not None:
                 print(_budget_line(memory, needs, fraction, raised, args), flush=True)
         from .training import Checkpoint, CosineSchedule
@@ -136,22 +146,37 @@ def _train(args: argparse.Namespace, stop: Any) -> int:
         saver = Checkpoint(args.save) if args.save else None
         if trainer.profiling:  # measured once per program, device and machine, then kept (vmem.costs.cache)
             program = trainer.net.build(args.batch, trainer.input_shape)
-            with _Slow(f"profiling {len(program.ops)} layers of {net.name} at batch {args.batch} on "
-                       f"{trainer.device.name} (every pass and algorithm; kept for the next run)", quiet=args.json):
+            with _Slow(
+                f"profiling {len(program.ops)} layers of {net.name} at batch {args.batch} on "
+                f"{trainer.device.name} (every pass and algorithm; kept for the next run)",
+                quiet=args.json,
+            ):
                 trainer.profile(args.batch)
         initial = 0
         if args.resume:
             trainer.load(args.resume)
             initial = trainer.epochs_done
             if initial >= args.epochs:
-                raise ValueError(f"--resume {args.resume}: it has trained {initial} epochs already; ask for more "
-                                 f"with --epochs (now {args.epochs})")
+                raise ValueError(
+                    f"--resume {args.resume}: it has trained {initial} epochs already; ask for more "
+                    f"with --epochs (now {args.epochs})"
+                )
             if not args.json:
-                print(f"resuming {args.resume}: {initial} epochs and {trainer.epoch_step} steps of the next done "
-                      f"({trainer.steps_done} steps)", flush=True)
+                print(
+                    f"resuming {args.resume}: {initial} epochs and {trainer.epoch_step} steps of the next done "
+                    f"({trainer.steps_done} steps)",
+                    flush=True,
+                )
         try:
-            history = trainer.fit(train, epochs=args.epochs, val=val, batch_size=args.batch, progress=not args.json,
-                                  callbacks=schedule + ([saver] if saver else []) + [stop], initial_epoch=initial)
+            history = trainer.fit(
+                train,
+                epochs=args.epochs,
+                val=val,
+                batch_size=args.batch,
+                progress=not args.json,
+                callbacks=schedule + ([saver] if saver else []) + [stop],
+                initial_epoch=initial,
+            )
         except KeyboardInterrupt:
             if args.save:  # what the interrupted epoch did so far, on top of the last whole epoch
                 try:
@@ -165,30 +190,48 @@ def _train(args: argparse.Namespace, stop: Any) -> int:
     wall = time.perf_counter() - t0
     last = history.last
     result = {
-        "model": net.name, "dataset": args.dataset, "policy": _policy_spec(args), "device": args.device,
-        "memory": memory, "baseline_peak_bytes": needs, "batch": args.batch, "epochs": args.epochs, "seed": args.seed,
-        "train_loss": last.train_loss, "val_loss": last.val_loss, "val_accuracy": last.val_accuracy,
+        "model": net.name,
+        "dataset": args.dataset,
+        "policy": _policy_spec(args),
+        "device": args.device,
+        "memory": memory,
+        "baseline_peak_bytes": needs,
+        "batch": args.batch,
+        "epochs": args.epochs,
+        "seed": args.seed,
+        "train_loss": last.train_loss,
+        "val_loss": last.val_loss,
+        "val_accuracy": last.val_accuracy,
         "step_seconds": float(np.median([e.step_seconds for e in history.epochs])),
         "peak_bytes": max(e.peak_bytes for e in history.epochs),
         "average_bytes": float(np.mean([e.average_bytes for e in history.epochs])),
         "offloaded_bytes": max(e.offloaded_bytes for e in history.epochs),
         "stall_seconds": float(np.mean([e.stall_seconds for e in history.epochs])),
-        "wall_seconds": wall, "history": history.to_dict(),
-        "chosen": planned.chosen if planned is not None else None, "reason": planned.reason if planned else None,
-        "profile_notes": notes, "save_failed": saver.failed if saver else None,
+        "wall_seconds": wall,
+        "history": history.to_dict(),
+        "chosen": planned.chosen if planned is not None else None,
+        "reason": planned.reason if planned else None,
+        "profile_notes": notes,
+        "save_failed": saver.failed if saver else None,
     }
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"done in {wall:.1f} s: val accuracy {last.val_accuracy:.2%}, train loss {last.train_loss:.4f}, "
-              f"step time {result['step_seconds'] * 1e3:.1f} ms (median), peak device memory "
-              f"{format_bytes(result['peak_bytes'])} (average {format_bytes(result['average_bytes'])})")
+        print(
+            f"done in {wall:.1f} s: val accuracy {last.val_accuracy:.2%}, train loss {last.train_loss:.4f}, "
+            f"step time {result['step_seconds'] * 1e3:.1f} ms (median), peak device memory "
+            f"{format_bytes(result['peak_bytes'])} (average {format_bytes(result['average_bytes'])})"
+        )
         if needs is not None:
-            print(f"used {format_bytes(result['peak_bytes'])} of device memory at the peak: "
-                  f"{result['peak_bytes'] / needs:.2f}x the {format_bytes(needs)} the baseline policy needs")
+            print(
+                f"used {format_bytes(result['peak_bytes'])} of device memory at the peak: "
+                f"{result['peak_bytes'] / needs:.2f}x the {format_bytes(needs)} the baseline policy needs"
+            )
         if result["offloaded_bytes"]:
-            print(f"offloaded {format_bytes(result['offloaded_bytes'])} a step to pinned host memory; "
-                  f"compute waited {result['stall_seconds'] * 1e3:.1f} ms a step for the memory stream")
+            print(
+                f"offloaded {format_bytes(result['offloaded_bytes'])} a step to pinned host memory; "
+                f"compute waited {result['stall_seconds'] * 1e3:.1f} ms a step for the memory stream"
+            )
         if planned is not None and planned.chosen:
             print(planned.reason)
         for note in notes:
@@ -272,11 +315,15 @@ def _auto_memory(args: argparse.Namespace, net: Any, fraction: float, device: An
 
 def _budget_line(memory: int, needs: int, fraction: float, raised: bool, args: argparse.Namespace) -> str:
     if raised:
-        return (f"device memory {format_bytes(memory)}: the smallest budget {_policy_spec(args)} trains in at batch "
-                f"{args.batch}, above the {fraction:.0%} of the {format_bytes(needs)} the baseline policy needs that "
-                f"--memory auto:{fraction:g} asks for")
-    return (f"device memory {format_bytes(memory)}: {fraction:.0%} of the {format_bytes(needs)} the baseline policy "
-            f"needs (--memory auto:{fraction:g})")
+        return (
+            f"device memory {format_bytes(memory)}: the smallest budget {_policy_spec(args)} trains in at batch "
+            f"{args.batch}, above the {fraction:.0%} of the {format_bytes(needs)} the baseline policy needs that "
+            f"--memory auto:{fraction:g} asks for"
+        )
+    return (
+        f"device memory {format_bytes(memory)}: {fraction:.0%} of the {format_bytes(needs)} the baseline policy "
+        f"needs (--memory auto:{fraction:g})"
+    )
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -288,8 +335,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     needs = None
     raised = False
     # a CUDA device planned on without a profile is opened once, with a tiny arena, for the budget and the plan
-    planning = (_open_device(args.device, _PLANNING_ARENA) if args.device.startswith("cuda") and not args.profile
-                else None)
+    planning = (
+        _open_device(args.device, _PLANNING_ARENA) if args.device.startswith("cuda") and not args.profile else None
+    )
     if fraction is not None:
         memory, needs, raised = _auto_memory(args, net, fraction, planning)
     costs, notes = None, []
@@ -307,13 +355,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
         device = _open_device(args.device, memory)
         memory = device.pool.capacity
         program = device.catalog(net.build(args.batch))
-        say(f"profiling {len(program.ops)} layers of {net.name} at batch {args.batch} on {device.name} (every pass "
-            f"and algorithm, in its {format_bytes(device.pool.capacity)})...")
+        say(
+            f"profiling {len(program.ops)} layers of {net.name} at batch {args.batch} on {device.name} (every pass "
+            f"and algorithm, in its {format_bytes(device.pool.capacity)})..."
+        )
         t0 = time.perf_counter()
         costs, kept = cache.profile(program, copy_gbps=device.spec.pcie_gbps, device=device)
         notes = costs.notes
-        say((f"the profile kept in {cache.folder()} (VMEM_PROFILE_CACHE=0 measures afresh)" if kept else
-             f"profiled in {time.perf_counter() - t0:.1f} s") + "".join(f"\n  {n}" for n in notes))
+        say(
+            (
+                f"the profile kept in {cache.folder()} (VMEM_PROFILE_CACHE=0 measures afresh)"
+                if kept
+                else f"profiled in {time.perf_counter() - t0:.1f} s"
+            )
+            + "".join(f"\n  {n}" for n in notes)
+        )
     elif planning is not None:  # its algorithms and spec, without taking its memory
         device = planning
         memory = memory if memory is not None else device.free_capacity
@@ -333,8 +389,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(result.table())
         line = f"fits: {'yes' if result.fits else 'NO'}; offloaded {format_bytes(result.offloaded_bytes)} a step"
         if result.step_seconds is not None:
-            line += (f"; predicted step {result.step_seconds * 1e3:.1f} ms (baseline with the fastest algorithms: "
-                     f"{result.baseline_step_seconds * 1e3:.1f} ms), stalls {result.stall_seconds * 1e3:.1f} ms")
+            line += (
+                f"; predicted step {result.step_seconds * 1e3:.1f} ms (baseline with the fastest algorithms: "
+                f"{result.baseline_step_seconds * 1e3:.1f} ms), stalls {result.stall_seconds * 1e3:.1f} ms"
+            )
         print(line)
         if result.reason:
             print(result.reason)
@@ -348,8 +406,14 @@ def cmd_models(args: argparse.Namespace) -> int:
     with _Slow(f"building the {len(models.names())} models of the zoo to count their parameters", quiet=args.json):
         for name in models.names():
             net = models.get(name)
-            rows.append({"name": name, "input_shape": list(net.input_shape), "params": net.num_params(),
-                         "description": models.info(name)})
+            rows.append(
+                {
+                    "name": name,
+                    "input_shape": list(net.input_shape),
+                    "params": net.num_params(),
+                    "description": models.info(name),
+                }
+            )
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -367,8 +431,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = [{"name": "cpu", "kind": "cpu"}]
     for gpu in nvml.gpus():  # through NVML alone: listing GPUs imports no CuPy
         index = gpu["cuda_index"]
-        rows.append({"name": f"cuda:{index}" if index is not None else f"nvml:{gpu['nvml_index']}", "kind": "cuda",
-                     **gpu})
+        rows.append(
+            {"name": f"cuda:{index}" if index is not None else f"nvml:{gpu['nvml_index']}", "kind": "cuda", **gpu}
+        )
     rows += [{**gpu_specs.get(n).to_dict(), "name": f"sim:{n}", "kind": "sim"} for n in gpu_specs.names()]
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -379,104 +444,179 @@ def cmd_devices(args: argparse.Namespace) -> int:
         print(f"cuda: none here: {nvml.why_not() or 'NVML lists no GPU'}")
     for r in sorted(cuda, key=lambda r: (r["cuda_index"] is None, r["cuda_index"] or 0, r["nvml_index"])):
         link = f", PCIe gen {r['pcie_gen']} x{r['pcie_width']}" if "pcie_gen" in r else ""
-        print(f"{r['name']:<16} {format_bytes(r['total_bytes']):>11}  {r['gpu']} at {r['pci_bus_id']}: "
-              f"{format_bytes(r['used_bytes'])} in use{link}")
+        print(
+            f"{r['name']:<16} {format_bytes(r['total_bytes']):>11}  {r['gpu']} at {r['pci_bus_id']}: "
+            f"{format_bytes(r['used_bytes'])} in use{link}"
+        )
     if any(r["cuda_index"] is None for r in cuda):
-        print("  nvml:N: CUDA hides it (CUDA_VISIBLE_DEVICES), or numbers these different GPUs fastest first; "
-              "set CUDA_DEVICE_ORDER=PCI_BUS_ID for cuda:N in this order")
+        print(
+            "  nvml:N: CUDA hides it (CUDA_VISIBLE_DEVICES), or numbers these different GPUs fastest first; "
+            "set CUDA_DEVICE_ORDER=PCI_BUS_ID for cuda:N in this order"
+        )
     for r in rows:
         if r["kind"] == "sim":
-            print(f"{r['name']:<16} {format_bytes(r['memory']):>11}  {r['fp32_tflops']:5.1f} TFLOP/s  "
-                  f"{r['memory_gbps']:6.0f} GB/s  host link {r['h2d_gbps']:g} GB/s  (simulated: plans only)")
+            print(
+                f"{r['name']:<16} {format_bytes(r['memory']):>11}  {r['fp32_tflops']:5.1f} TFLOP/s  "
+                f"{r['memory_gbps']:6.0f} GB/s  host link {r['h2d_gbps']:g} GB/s  (simulated: plans only)"
+            )
     return 0
 
 
-def _common(p: argparse.ArgumentParser, model_default: str | None, policy_default: str = "baseline",
-            memory_help: str = "device memory, e.g. 256MiB or 12GB (default 1GiB)", simulated: bool = False) -> None:
+def _common(
+    p: argparse.ArgumentParser,
+    model_default: str | None,
+    policy_default: str = "baseline",
+    memory_help: str = "device memory, e.g. 256MiB or 12GB (default 1GiB)",
+    simulated: bool = False,
+) -> None:
     """Options every command that builds a model takes."""
-    p.add_argument("--model", default=model_default, required=model_default is None,
-                   help="zoo model name (see `vmem models`)" + (f"; default {model_default}" if model_default else ""))
+    p.add_argument(
+        "--model",
+        default=model_default,
+        required=model_default is None,
+        help="zoo model name (see `vmem models`)" + (f"; default {model_default}" if model_default else ""),
+    )
     p.add_argument("--image-size", type=_positive_int, help="input height and width (default: the model's)")
     p.add_argument("--depth", type=_positive_int, help="depth, for resnet_cifar")
-    p.add_argument("--device", default="cpu", help="device name: cpu (default), cuda:N" + (
-        " or sim:<gpu> (a simulated GPU: plans only)" if simulated else "") + " (see vmem devices)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="device name: cpu (default), cuda:N"
+        + (" or sim:<gpu> (a simulated GPU: plans only)" if simulated else "")
+        + " (see vmem devices)",
+    )
     p.add_argument("--memory", default=None, help=memory_help)
-    p.add_argument("--policy", default=policy_default,
-                   help="policy spec: baseline, layerwise, vdnn-all, vdnn-conv, vdnn-dyn, gist, mirror, chen, echo, with :key=value options"
-                   f" (default {policy_default})")
-    p.add_argument("--algos", choices=("memory", "performance"), help="convolution algorithms (adds algos= to --policy)")
+    p.add_argument(
+        "--policy",
+        default=policy_default,
+        help="policy spec: baseline, layerwise, vdnn-all, vdnn-conv, vdnn-dyn, gist, mirror, chen, echo, with :key=value options"
+        f" (default {policy_default})",
+    )
+    p.add_argument(
+        "--algos", choices=("memory", "performance"), help="convolution algorithms (adds algos= to --policy)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-
 
 
 def _add_train(sub: Any) -> None:
     p = sub.add_parser("train", help="train a model on a dataset", description="Train a zoo model with vmem.Trainer.")
-    _common(p, "digits_vgg", policy_default="vdnn-dyn", memory_help=(
-        "device memory, e.g. 256MiB, or auto[:FRACTION]: that fraction of what the baseline policy would need "
-        f"(default auto:{AUTO_FRACTION:g} with vdnn-dyn, 1GiB with any other policy)"))
-    p.add_argument("--dataset", default="digits", choices=("digits", "synthetic", "reverse"),
-                   help="default digits; reverse: token sequences for nmt_small")
+    _common(
+        p,
+        "digits_vgg",
+        policy_default="vdnn-dyn",
+        memory_help=(
+            "device memory, e.g. 256MiB, or auto[:FRACTION]: that fraction of what the baseline policy would need "
+            f"(default auto:{AUTO_FRACTION:g} with vdnn-dyn, 1GiB with any other policy)"
+        ),
+    )
+    p.add_argument(
+        "--dataset",
+        default="digits",
+        choices=("digits", "synthetic", "reverse"),
+        help="default digits; reverse: token sequences for nmt_small",
+    )
     p.add_argument("--batch", type=_positive_int, help="batch size (default 32; the model's own for nmt_small: 64)")
     p.add_argument("--epochs", type=_positive_int, help="epochs (default 10; nmt_small: 3)")
     p.add_argument("--optimizer", choices=("sgd", "adam"), help="default sgd; nmt_small: adam")
     p.add_argument("--lr", type=_positive_float, help="learning rate (default 0.05; nmt_small with adam: 0.01)")
-    p.add_argument("--schedule", choices=("cosine", "constant"), default="cosine",
-                   help="learning rate over the epochs: cosine decay to 0 (default) or constant")
+    p.add_argument(
+        "--schedule",
+        choices=("cosine", "constant"),
+        default="cosine",
+        help="learning rate over the epochs: cosine decay to 0 (default) or constant",
+    )
     p.add_argument("--momentum", type=_nonnegative_float, default=0.9, help="SGD momentum (default 0.9)")
     p.add_argument("--weight-decay", type=_nonnegative_float, default=0.0)
-    p.add_argument("--seed", type=_nonnegative_int, default=0, help="seeds the weights, shuffling and dropout "
-                   "(default 0; the same seed gives the same weights)")
-    p.add_argument("--save", metavar="PATH", help="write a checkpoint (.npz) after every epoch (checked before "
-                   "training starts); on Ctrl-C or SIGTERM, what was trained so far (after the step running)")
-    p.add_argument("--resume", metavar="PATH", help="go on from a checkpoint of the same command (its epochs and "
-                   "steps, weights, optimizer state and random state): ends with the weights of a run never stopped")
+    p.add_argument(
+        "--seed",
+        type=_nonnegative_int,
+        default=0,
+        help="seeds the weights, shuffling and dropout (default 0; the same seed gives the same weights)",
+    )
+    p.add_argument(
+        "--save",
+        metavar="PATH",
+        help="write a checkpoint (.npz) after every epoch (checked before "
+        "training starts); on Ctrl-C or SIGTERM, what was trained so far (after the step running)",
+    )
+    p.add_argument(
+        "--resume",
+        metavar="PATH",
+        help="go on from a checkpoint of the same command (its epochs and "
+        "steps, weights, optimizer state and random state): ends with the weights of a run never stopped",
+    )
     p.set_defaults(func=cmd_train)
 
 
 def _add_plan(sub: Any) -> None:
-    p = sub.add_parser("plan", help="plan a training step without running it",
-                       description="Replay one step's allocations under a policy and print the plan. Exits 1 if "
-                                   "the plan does not fit the device's memory.")
-    _common(p, None, memory_help="device memory, e.g. 256MiB or 12GB, or auto[:FRACTION]: that fraction of what "
-            "the baseline policy needs on this device (default: the device's capacity; the CPU's 1GiB)",
-            simulated=True)
+    p = sub.add_parser(
+        "plan",
+        help="plan a training step without running it",
+        description="Replay one step's allocations under a policy and print the plan. Exits 1 if "
+        "the plan does not fit the device's memory.",
+    )
+    _common(
+        p,
+        None,
+        memory_help="device memory, e.g. 256MiB or 12GB, or auto[:FRACTION]: that fraction of what "
+        "the baseline policy needs on this device (default: the device's capacity; the CPU's 1GiB)",
+        simulated=True,
+    )
     p.add_argument("--batch", type=_positive_int, required=True)
-    p.add_argument("--profile", action="store_true",
-                   help="on a real device (cpu, cuda:N): measure every layer there first, within --memory, so that "
-                        "the plan predicts time (vdnn-dyn needs it)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="on a real device (cpu, cuda:N): measure every layer there first, within --memory, so that "
+        "the plan predicts time (vdnn-dyn needs it)",
+    )
     p.set_defaults(func=cmd_plan)
 
 
 def _add_trace(sub: Any) -> None:
-    p = sub.add_parser("trace", help="run a few steps; write a Chrome trace, a memory plot, a layer table",
-                       description="Train a few steps and write the last step's timeline: trace.json (open in "
-                       "Perfetto or chrome://tracing), memory.png and layers.txt, into --out.")
+    p = sub.add_parser(
+        "trace",
+        help="run a few steps; write a Chrome trace, a memory plot, a layer table",
+        description="Train a few steps and write the last step's timeline: trace.json (open in "
+        "Perfetto or chrome://tracing), memory.png and layers.txt, into --out.",
+    )
     _common(p, "vgg_cifar")
     p.add_argument("--dataset", default="synthetic", choices=("digits", "synthetic", "reverse"))
     p.add_argument("--batch", type=_positive_int, default=64)
     p.add_argument("--steps", type=_positive_int, default=3, help="steps to run; the last is written (default 3)")
-    p.add_argument("--pcie-gbps", type=_positive_float, help="throttle host-device copies to this many GB/s "
-                   "(more than 0; leave it out for an unthrottled link)")
+    p.add_argument(
+        "--pcie-gbps",
+        type=_positive_float,
+        help="throttle host-device copies to this many GB/s (more than 0; leave it out for an unthrottled link)",
+    )
     p.add_argument("--seed", type=_nonnegative_int, default=0)
     p.add_argument("--out", default="vmem-trace", help="output folder (default vmem-trace)")
     p.set_defaults(func=cmd_trace)
 
 
 def _add_bench(sub: Any) -> None:
-    p = sub.add_parser("bench", help="microbenchmarks (bandwidth)",
-                       description="bandwidth: device-to-host and host-to-device copy throughput over sizes, "
-                       "pinned against pageable host buffers; with --codec, the effective bandwidth of offloads "
-                       "and prefetches through a codec on ReLU-like activations of several densities.")
+    p = sub.add_parser(
+        "bench",
+        help="microbenchmarks (bandwidth)",
+        description="bandwidth: device-to-host and host-to-device copy throughput over sizes, "
+        "pinned against pageable host buffers; with --codec, the effective bandwidth of offloads "
+        "and prefetches through a codec on ReLU-like activations of several densities.",
+    )
     p.add_argument("which", choices=("bandwidth",))
     p.add_argument("--device", default="cpu")
     p.add_argument("--memory", default=None, help="device memory (default 1GiB)")
-    p.add_argument("--pcie-gbps", type=_positive_float, help="throttle the CPU device's link to this many GB/s "
-                   "(more than 0; leave it out for an unthrottled link)")
+    p.add_argument(
+        "--pcie-gbps",
+        type=_positive_float,
+        help="throttle the CPU device's link to this many GB/s (more than 0; leave it out for an unthrottled link)",
+    )
     p.add_argument("--sizes", help="comma-separated sizes (default 64KiB to 256MiB)")
     p.add_argument("--rounds", type=_positive_int, default=3)
     p.add_argument("--codec", help="transfer through this codec (zvc, ssdc, fp16, fp8, ...; see vmem.codecs)")
-    p.add_argument("--density", default="0.1,0.3,0.5,0.7,0.9",
-                   help="with --codec: fractions of nonzeros, comma-separated (default 0.1,...,0.9)")
+    p.add_argument(
+        "--density",
+        default="0.1,0.3,0.5,0.7,0.9",
+        help="with --codec: fractions of nonzeros, comma-separated (default 0.1,...,0.9)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
 
@@ -498,8 +638,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_devices)
     return parser
-
-
 
 
 def _version() -> str:
@@ -525,12 +663,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except Terminated:
-        print(f"vmem {args.command}: terminated (SIGTERM)" + (f"; the checkpoint is in {args.save}"
-                                                               if getattr(args, "save", None) else ""), file=sys.stderr)
+        print(
+            f"vmem {args.command}: terminated (SIGTERM)"
+            + (f"; the checkpoint is in {args.save}" if getattr(args, "save", None) else ""),
+            file=sys.stderr,
+        )
         return 143
     except KeyboardInterrupt:  # the devices are closed by the context managers on the way out
-        print(f"vmem {args.command}: interrupted" + (f"; the checkpoint is in {args.save}"
-                                                     if getattr(args, "save", None) else ""), file=sys.stderr)
+        print(
+            f"vmem {args.command}: interrupted"
+            + (f"; the checkpoint is in {args.save}" if getattr(args, "save", None) else ""),
+            file=sys.stderr,
+        )
         return 130
     except (ValueError, MemoryError, ImportError, VmemError) as exc:  # user errors: one clear line
         if getattr(args, "json", False):

@@ -7,12 +7,22 @@ import argparse
 import math
 from typing import Any
 
-__all__ = ["positive_int", "nonnegative_int", "nonnegative_float", "positive_float", "policy_spec", "check_dataset",
-           "model", "rebuild_for_classes", "SEQUENCES"]
+__all__ = [
+    "positive_int",
+    "nonnegative_int",
+    "nonnegative_float",
+    "positive_float",
+    "policy_spec",
+    "check_dataset",
+    "model",
+    "rebuild_for_classes",
+    "SEQUENCES",
+]
 
 
 def _int_at_least(least: int):
     """An argparse type: an integer of at least ``least``."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -73,8 +83,10 @@ def check_dataset(args: argparse.Namespace, net: Any) -> None:
     gives_tokens = args.dataset in SEQUENCES
     if takes_tokens != gives_tokens:
         fits = "reverse" if takes_tokens else "digits or synthetic"
-        raise ValueError(f"--model {net.name} takes {'token sequences' if takes_tokens else 'images'}; --dataset "
-                         f"{args.dataset} gives {'token sequences' if gives_tokens else 'images'}: use --dataset {fits}")
+        raise ValueError(
+            f"--model {net.name} takes {'token sequences' if takes_tokens else 'images'}; --dataset "
+            f"{args.dataset} gives {'token sequences' if gives_tokens else 'images'}: use --dataset {fits}"
+        )
 
 
 def model(args: argparse.Namespace):

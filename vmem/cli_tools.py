@@ -45,8 +45,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
         options["pcie_gbps"] = args.pcie_gbps
     dev = make_device(args.device, **options)
     try:
-        with Trainer(net, device=dev, policy=_policy_spec(args), optimizer=optim.SGD(lr=0.01, momentum=0.9),
-                     seed=args.seed) as trainer:
+        with Trainer(
+            net, device=dev, policy=_policy_spec(args), optimizer=optim.SGD(lr=0.01, momentum=0.9), seed=args.seed
+        ) as trainer:
             batches = train.batches(args.batch, shuffle=True, rng=np.random.default_rng(args.seed), drop_last=True)
             report = None
             for _, (x, y) in zip(range(args.steps), batches):
@@ -66,16 +67,26 @@ def cmd_trace(args: argparse.Namespace) -> int:
         files["plot"] = str(plot_path)
     except ImportError as exc:
         files["plot_error"] = str(exc)
-    summary = {"model": net.name, "policy": plan.policy, "batch": args.batch, "step_seconds": report.seconds,
-               "peak_bytes": report.peak_bytes, "average_bytes": report.average_bytes,
-               "offloaded_bytes": report.offloaded_bytes, "stall_seconds": report.stall_seconds, "files": files}
+    summary = {
+        "model": net.name,
+        "policy": plan.policy,
+        "batch": args.batch,
+        "step_seconds": report.seconds,
+        "peak_bytes": report.peak_bytes,
+        "average_bytes": report.average_bytes,
+        "offloaded_bytes": report.offloaded_bytes,
+        "stall_seconds": report.stall_seconds,
+        "files": files,
+    }
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         print(table)
-        print(f"step {report.seconds * 1e3:.1f} ms, stall {report.stall_seconds * 1e3:.1f} ms, peak "
-              f"{format_bytes(report.peak_bytes)}, average {format_bytes(report.average_bytes)}, offloaded "
-              f"{format_bytes(report.offloaded_bytes)}")
+        print(
+            f"step {report.seconds * 1e3:.1f} ms, stall {report.stall_seconds * 1e3:.1f} ms, peak "
+            f"{format_bytes(report.peak_bytes)}, average {format_bytes(report.average_bytes)}, offloaded "
+            f"{format_bytes(report.offloaded_bytes)}"
+        )
         for kind, path in files.items():
             print(f"{kind}: {path}")
     return 0
@@ -97,8 +108,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         except ValueError:
             densities = [-1.0]
         if any(not 0 <= d <= 1 for d in densities):
-            raise ValueError(f"--density {args.density!r}: comma-separated fractions of nonzeros from 0 to 1, "
-                             "e.g. 0.1,0.5,0.9")
+            raise ValueError(
+                f"--density {args.density!r}: comma-separated fractions of nonzeros from 0 to 1, e.g. 0.1,0.5,0.9"
+            )
     sizes = args.sizes.split(",") if args.sizes else (["4MiB", "16MiB", "64MiB"] if args.codec else list(DEFAULT_SIZES))
     dev = make_device(args.device, **options)
     try:
@@ -108,15 +120,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     finally:
         dev.close()
     if args.json:
-        print(json.dumps({"bench": "bandwidth", "device": args.device, "pcie_gbps": args.pcie_gbps, "rows": rows},
-                         indent=2))
+        print(
+            json.dumps(
+                {"bench": "bandwidth", "device": args.device, "pcie_gbps": args.pcie_gbps, "rows": rows}, indent=2
+            )
+        )
         return 0
-    print(f"host-device copy bandwidth on {args.device}" + (f", link {args.pcie_gbps:g} GB/s" if args.pcie_gbps else "")
-          + " (GB/s, best of rounds)")
+    print(
+        f"host-device copy bandwidth on {args.device}"
+        + (f", link {args.pcie_gbps:g} GB/s" if args.pcie_gbps else "")
+        + " (GB/s, best of rounds)"
+    )
     print(f"{'size':>12}  {'d2h pinned':>10}  {'h2d pinned':>10}  {'d2h pageable':>12}  {'h2d pageable':>12}")
     for r in rows:
-        print(f"{format_bytes(r['bytes']):>12}  {r['d2h_pinned_gbps']:10.2f}  {r['h2d_pinned_gbps']:10.2f}  "
-              f"{r['d2h_pageable_gbps']:12.2f}  {r['h2d_pageable_gbps']:12.2f}")
+        print(
+            f"{format_bytes(r['bytes']):>12}  {r['d2h_pinned_gbps']:10.2f}  {r['h2d_pinned_gbps']:10.2f}  "
+            f"{r['d2h_pageable_gbps']:12.2f}  {r['h2d_pageable_gbps']:12.2f}"
+        )
     return 0
 
 
@@ -125,13 +145,30 @@ def _bench_codec(dev: Any, args: argparse.Namespace, sizes: list[str], densities
 
     rows = codec_bandwidth(dev, args.codec, sizes, densities, rounds=args.rounds, progress=not args.json)
     if args.json:
-        print(json.dumps({"bench": "bandwidth", "device": args.device, "pcie_gbps": args.pcie_gbps,
-                          "codec": args.codec, "rows": rows}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "bench": "bandwidth",
+                    "device": args.device,
+                    "pcie_gbps": args.pcie_gbps,
+                    "codec": args.codec,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+        )
         return 0
-    print(f"offload through {args.codec} on {args.device}" + (f", link {args.pcie_gbps:g} GB/s" if args.pcie_gbps else "")
-          + ": effective GB/s (uncompressed bytes per second, codec included) against a plain pinned copy")
-    print(f"{'size':>10}  {'density':>7}  {'ratio':>6}  {'link d2h':>8}  {'offload':>8}  {'link h2d':>8}  {'prefetch':>8}")
+    print(
+        f"offload through {args.codec} on {args.device}"
+        + (f", link {args.pcie_gbps:g} GB/s" if args.pcie_gbps else "")
+        + ": effective GB/s (uncompressed bytes per second, codec included) against a plain pinned copy"
+    )
+    print(
+        f"{'size':>10}  {'density':>7}  {'ratio':>6}  {'link d2h':>8}  {'offload':>8}  {'link h2d':>8}  {'prefetch':>8}"
+    )
     for r in rows:
-        print(f"{format_bytes(r['bytes']):>10}  {r['density']:7.2f}  {r['bytes'] / r['encoded_bytes']:6.2f}  "
-              f"{r['link_d2h_gbps']:8.2f}  {r['offload_gbps']:8.2f}  {r['link_h2d_gbps']:8.2f}  {r['prefetch_gbps']:8.2f}")
+        print(
+            f"{format_bytes(r['bytes']):>10}  {r['density']:7.2f}  {r['bytes'] / r['encoded_bytes']:6.2f}  "
+            f"{r['link_d2h_gbps']:8.2f}  {r['offload_gbps']:8.2f}  {r['link_h2d_gbps']:8.2f}  {r['prefetch_gbps']:8.2f}"
+        )
     return 0

@@ -37,8 +37,9 @@ class Dataset:
     def input_shape(self) -> tuple[int, int, int]:
         return tuple(self.x.shape[1:])  # type: ignore[return-value]
 
-    def batches(self, batch_size: int, *, shuffle: bool = False, rng: np.random.Generator | None = None,
-                drop_last: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def batches(
+        self, batch_size: int, *, shuffle: bool = False, rng: np.random.Generator | None = None, drop_last: bool = False
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yield (x, y) batches; ``shuffle`` draws a permutation from ``rng``."""
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be positive")
@@ -63,8 +64,10 @@ class Dataset:
             val_idx.extend(idx[: int(round(len(idx) * val_fraction))])
         mask = np.zeros(len(self), bool)
         mask[val_idx] = True
-        return (Dataset(self.x[~mask], self.y[~mask], self.num_classes, f"{self.name}-train"),
-                Dataset(self.x[mask], self.y[mask], self.num_classes, f"{self.name}-val"))
+        return (
+            Dataset(self.x[~mask], self.y[~mask], self.num_classes, f"{self.name}-train"),
+            Dataset(self.x[mask], self.y[mask], self.num_classes, f"{self.name}-val"),
+        )
 
 
 def _resize(x: np.ndarray, size: int) -> np.ndarray:
@@ -86,8 +89,7 @@ def _resize(x: np.ndarray, size: int) -> np.ndarray:
     return (rows[:, :, :, cl] * (1 - cf) + rows[:, :, :, ch] * cf).astype(x.dtype)
 
 
-def digits(image_size: int = 8, channels: int = 1, val_fraction: float = 0.2, seed: int = 0
-           ) -> tuple[Dataset, Dataset]:
+def digits(image_size: int = 8, channels: int = 1, val_fraction: float = 0.2, seed: int = 0) -> tuple[Dataset, Dataset]:
     """scikit-learn's 1,797 8x8 handwritten digits, standardized, optionally upsampled and repeated over
     ``channels``; returns a stratified (train, val) split."""
     try:
@@ -104,8 +106,13 @@ def digits(image_size: int = 8, channels: int = 1, val_fraction: float = 0.2, se
     return data.split(val_fraction, seed)
 
 
-def synthetic(n: int = 1024, input_shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10,
-              seed: int = 0, val_fraction: float = 0.2) -> tuple[Dataset, Dataset]:
+def synthetic(
+    n: int = 1024,
+    input_shape: tuple[int, int, int] = (3, 32, 32),
+    num_classes: int = 10,
+    seed: int = 0,
+    val_fraction: float = 0.2,
+) -> tuple[Dataset, Dataset]:
     """Seeded images that are learnable: each class is a fixed random pattern plus noise."""
     rng = np.random.default_rng(seed)
     patterns = rng.standard_normal((num_classes,) + tuple(input_shape)).astype(np.float32)
@@ -115,8 +122,14 @@ def synthetic(n: int = 1024, input_shape: tuple[int, int, int] = (3, 32, 32), nu
     return data.split(val_fraction, seed)
 
 
-def reverse(n: int = 4096, seq_len: int = 8, vocab: int = 50, min_len: int | None = None, seed: int = 0,
-            val_fraction: float = 0.2) -> tuple[Dataset, Dataset]:
+def reverse(
+    n: int = 4096,
+    seq_len: int = 8,
+    vocab: int = 50,
+    min_len: int | None = None,
+    seed: int = 0,
+    val_fraction: float = 0.2,
+) -> tuple[Dataset, Dataset]:
     """Learn to reverse a random sequence (a translation task in small): each sample is a source of
     ``min_len`` to ``seq_len`` tokens (ids 2 .. vocab-1, padded with 0) followed by the target shifted right
     (1 begins it), as float32 ids (N, 2 * seq_len); the labels are the reversed source (N, seq_len), 0 where
@@ -139,8 +152,9 @@ def reverse(n: int = 4096, seq_len: int = 8, vocab: int = 50, min_len: int | Non
     return data.split(val_fraction, seed)
 
 
-def load(name: str, input_shape: tuple[int, int, int] | None = None, seed: int = 0, n: int = 1024
-         ) -> tuple[Dataset, Dataset]:
+def load(
+    name: str, input_shape: tuple[int, int, int] | None = None, seed: int = 0, n: int = 1024
+) -> tuple[Dataset, Dataset]:
     """A dataset by name, shaped for a model's ``input_shape`` (C, H, W): ``digits`` or ``synthetic``."""
     if name == "digits":
         c, h, _ = input_shape or (1, 8, 8)

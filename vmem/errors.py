@@ -84,22 +84,37 @@ class MemoryExhausted(VmemError, MemoryError):
         self.remedy = remedy
         super().__init__(
             _memory_report(
-                self._what, requested, capacity, in_use, largest_free, fragmentation, pending,
-                by_category, remedy,
+                self._what,
+                requested,
+                capacity,
+                in_use,
+                largest_free,
+                fragmentation,
+                pending,
+                by_category,
+                remedy,
             )
         )
 
     def __reduce__(self):  # keep the attributes when pickled (e.g. across processes)
         return (
             _rebuild,
-            (type(self), self.requested, self.capacity, self.in_use, self.largest_free,
-             self.fragmentation, self.by_category, self.pending, self.remedy),
+            (
+                type(self),
+                self.requested,
+                self.capacity,
+                self.in_use,
+                self.largest_free,
+                self.fragmentation,
+                self.by_category,
+                self.pending,
+                self.remedy,
+            ),
         )
 
 
 def _rebuild(cls, requested, capacity, in_use, largest_free, fragmentation, by_category, pending, remedy):
-    return cls(requested, capacity, in_use, largest_free, fragmentation, by_category,
-               pending=pending, remedy=remedy)
+    return cls(requested, capacity, in_use, largest_free, fragmentation, by_category, pending=pending, remedy=remedy)
 
 
 class OutOfDeviceMemory(MemoryExhausted):

@@ -71,8 +71,9 @@ class Adam(Optimizer):
 
     slots = ("m", "v")
 
-    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0):
+    def __init__(
+        self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0
+    ):
         super().__init__(lr)
         b1, b2 = betas
         if not (0 <= b1 < 1 and 0 <= b2 < 1):

@@ -25,8 +25,18 @@ from .schedule.lower import lower, op_workspace
 from .schedule.replay import Figures, LayerRow, replay
 from .units import format_bytes
 
-__all__ = ["plan", "plan_program", "evaluate", "replay_fitting", "floor_policy", "least_memory", "smallest_memory",
-           "spec_of", "UNBOUNDED", "PlanResult"]
+__all__ = [
+    "plan",
+    "plan_program",
+    "evaluate",
+    "replay_fitting",
+    "floor_policy",
+    "least_memory",
+    "smallest_memory",
+    "spec_of",
+    "UNBOUNDED",
+    "PlanResult",
+]
 
 #: A capacity no plan reaches: a plan that does not fit is replayed at it for its figures.
 UNBOUNDED = 1 << 60
@@ -73,8 +83,15 @@ def _cost_setup(program: Program, spec: DeviceSpec, costs: Any, catalog: Any = N
     return (catalog(program) if catalog is not None else program), costs
 
 
-def evaluate(program: Program, device: DeviceSpec, decided: Plan, *, alignment: int = 256,
-             optimizer_slots: tuple[str, ...] = ("momentum",), costs: Any = None) -> tuple[PlanResult, Schedule]:
+def evaluate(
+    program: Program,
+    device: DeviceSpec,
+    decided: Plan,
+    *,
+    alignment: int = 256,
+    optimizer_slots: tuple[str, ...] = ("momentum",),
+    costs: Any = None,
+) -> tuple[PlanResult, Schedule]:
     """Lower a decided plan and replay it (``program`` as the device sees it); its figures and schedule."""
     schedule = lower(program, decided, optimizer_slots, alignment)
     figures = replay_fitting(schedule, device, alignment, costs)
@@ -91,11 +108,12 @@ def replay_fitting(schedule: Schedule, device: DeviceSpec, alignment: int = 256,
         pass
     program = schedule.program
     try:
-        figures = replay(schedule, SimDevice(dataclasses.replace(device, memory=UNBOUNDED), alignment=alignment),
-                         costs)
+        figures = replay(schedule, SimDevice(dataclasses.replace(device, memory=UNBOUNDED), alignment=alignment), costs)
     except OutOfDeviceMemory:
-        raise PlanError(f"{program.network} at batch {program.batch}: one step needs more than "
-                        f"{format_bytes(UNBOUNDED)}; a batch this large cannot be planned") from None
+        raise PlanError(
+            f"{program.network} at batch {program.batch}: one step needs more than "
+            f"{format_bytes(UNBOUNDED)}; a batch this large cannot be planned"
+        ) from None
     return dataclasses.replace(figures, fits=False)
 
 
@@ -106,9 +124,17 @@ def floor_policy(policy: Any) -> Any:
     return policies.get("vdnn-all:algos=memory") if pol.name == "vdnn-dyn" else pol
 
 
-def plan_program(program: Program, device: DeviceSpec, policy: Any, *, alignment: int = 256,
-                 optimizer_slots: tuple[str, ...] = ("momentum",), costs: Any = None,
-                 baseline: bool = False, catalog: Any = None) -> tuple[PlanResult, Schedule]:
+def plan_program(
+    program: Program,
+    device: DeviceSpec,
+    policy: Any,
+    *,
+    alignment: int = 256,
+    optimizer_slots: tuple[str, ...] = ("momentum",),
+    costs: Any = None,
+    baseline: bool = False,
+    catalog: Any = None,
+) -> tuple[PlanResult, Schedule]:
     """Decide, lower and replay for a built Program; the plan with its figures, and the Schedule.
 
     ``catalog`` (a Device's ``catalog``) gives the program the device's convolution algorithms. With
@@ -119,12 +145,12 @@ def plan_program(program: Program, device: DeviceSpec, policy: Any, *, alignment
 
     def oracle(candidate: Plan, memory: int | None = None) -> PlanResult:
         spec = device if memory is None else dataclasses.replace(device, memory=memory)
-        return evaluate(program, spec, candidate, alignment=alignment, optimizer_slots=optimizer_slots,
-                        costs=costs)[0]
+        return evaluate(program, spec, candidate, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs)[0]
 
     decided = pol.decide(program, device, costs, oracle)
-    result, schedule = evaluate(program, device, decided, alignment=alignment, optimizer_slots=optimizer_slots,
-                                costs=costs)
+    result, schedule = evaluate(
+        program, device, decided, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs
+    )
     if baseline and costs is not None:
         base = policies.get("baseline:algos=performance").decide(program, device, costs)
         figures = dataclasses.replace(result.figures, baseline_step_seconds=oracle(base).step_seconds)
@@ -132,8 +158,15 @@ def plan_program(program: Program, device: DeviceSpec, policy: Any, *, alignment
     return result, schedule
 
 
-def smallest_memory(program: Program, device: DeviceSpec, policy: Any, *, alignment: int = 256,
-                    optimizer_slots: tuple[str, ...] = ("momentum",), catalog: Any = None) -> int | None:
+def smallest_memory(
+    program: Program,
+    device: DeviceSpec,
+    policy: Any,
+    *,
+    alignment: int = 256,
+    optimizer_slots: tuple[str, ...] = ("momentum",),
+    catalog: Any = None,
+) -> int | None:
     """The smallest device capacity (to ``alignment``) in which ``policy`` trains ``program``: its plan's
     blocks as they are packed, with the device's algorithms (``catalog``). For ``vdnn-dyn``, the least
     any of its choices needs: vdnn-all with memory-optimal algorithms. None above 4x the plan's peak."""
@@ -156,13 +189,20 @@ def _layer_rows(program: Program, decided: Plan) -> tuple[LayerRow, ...]:
         out = program.tensors[op.output]
         owner = program.tensors[out.buffer].name
         algos = decided.algos.get(op.name)
-        rows.append(LayerRow(
-            name=op.name, kind=op.kind, shape=tuple(out.shape), bytes=out.nbytes, inplace=op.inplace, flops=op.flops,
-            algos="/".join(algos[p] for p in PASSES) if algos else None,
-            stash=decided.stash.get(owner) if out.stashed else None,
-            codec=decided.codecs.get(owner) if out.stashed else None,
-            workspace=max(op_workspace(program, decided, op.index)),
-        ))
+        rows.append(
+            LayerRow(
+                name=op.name,
+                kind=op.kind,
+                shape=tuple(out.shape),
+                bytes=out.nbytes,
+                inplace=op.inplace,
+                flops=op.flops,
+                algos="/".join(algos[p] for p in PASSES) if algos else None,
+                stash=decided.stash.get(owner) if out.stashed else None,
+                codec=decided.codecs.get(owner) if out.stashed else None,
+                workspace=max(op_workspace(program, decided, op.index)),
+            )
+        )
     return tuple(rows)
 
 
@@ -188,10 +228,18 @@ def spec_of(device: Any, memory: int | str | None = None) -> tuple[DeviceSpec, i
     return spec, alignment, catalog
 
 
-def plan(net: Network, batch: int, device: Any = "cpu", policy: Any = "baseline", *,
-         input_shape: Sequence[int] | None = None, dtype: str = "float32",
-         optimizer_slots: tuple[str, ...] = ("momentum",), memory: int | str | None = None,
-         costs: Any = None) -> PlanResult:
+def plan(
+    net: Network,
+    batch: int,
+    device: Any = "cpu",
+    policy: Any = "baseline",
+    *,
+    input_shape: Sequence[int] | None = None,
+    dtype: str = "float32",
+    optimizer_slots: tuple[str, ...] = ("momentum",),
+    memory: int | str | None = None,
+    costs: Any = None,
+) -> PlanResult:
     """Plan one training step of ``net`` at ``batch`` on ``device`` under ``policy``, without running it.
 
     ``device`` is a Device, a DeviceSpec or a name (``"cpu"``, ``"sim:titan-x"``; ``memory=`` overrides
@@ -201,6 +249,14 @@ def plan(net: Network, batch: int, device: Any = "cpu", policy: Any = "baseline"
     """
     spec, alignment, catalog = spec_of(device, memory)
     program = net.build(batch, input_shape, dtype)
-    result, _ = plan_program(program, spec, policy, alignment=alignment, optimizer_slots=optimizer_slots,
-                             costs=costs, baseline=True, catalog=catalog)
+    result, _ = plan_program(
+        program,
+        spec,
+        policy,
+        alignment=alignment,
+        optimizer_slots=optimizer_slots,
+        costs=costs,
+        baseline=True,
+        catalog=catalog,
+    )
     return result

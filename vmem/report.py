@@ -19,22 +19,42 @@ def layer_table(plan: Any, timeline: Timeline | None = None) -> str:
         for s in timeline.spans:
             if s.stream == "compute" and s.kind == "compute":
                 times[s.name] = times.get(s.name, 0.0) + s.seconds
-    head = ("layer", "output", "algorithms (fwd/bwd-data/bwd-filter)", "stash", "bytes", "workspace", "fwd ms", "bwd ms")
+    head = (
+        "layer",
+        "output",
+        "algorithms (fwd/bwd-data/bwd-filter)",
+        "stash",
+        "bytes",
+        "workspace",
+        "fwd ms",
+        "bwd ms",
+    )
     rows: list[tuple[Any, ...]] = [head]
     for row in plan.layers:
         fwd = times.get(row.name)
         bwd = times.get(f"{row.name}.backward")
         stash = (row.stash or "-") + (f" {row.codec}" if row.codec else "")
-        rows.append((row.name, "x".join(map(str, row.shape)), row.algos or "-", stash, format_bytes(row.bytes),
-                     format_bytes(row.workspace) if row.workspace else "-",
-                     "-" if fwd is None else f"{fwd * 1e3:.2f}", "-" if bwd is None else f"{bwd * 1e3:.2f}"))
+        rows.append(
+            (
+                row.name,
+                "x".join(map(str, row.shape)),
+                row.algos or "-",
+                stash,
+                format_bytes(row.bytes),
+                format_bytes(row.workspace) if row.workspace else "-",
+                "-" if fwd is None else f"{fwd * 1e3:.2f}",
+                "-" if bwd is None else f"{bwd * 1e3:.2f}",
+            )
+        )
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
     if timeline is None:  # no measured times: drop those columns
         rows = [r[:-2] for r in rows]
         widths = widths[:-2]
-    lines = [f"{plan.network} batch {plan.batch} on {plan.device} ({format_bytes(plan.capacity)}), policy "
-             f"{plan.policy}: peak {format_bytes(plan.peak_bytes)}, average {format_bytes(plan.average_bytes)}, "
-             f"offloaded {format_bytes(plan.offloaded_bytes)}" + ("" if plan.fits else "  ** DOES NOT FIT **")]
+    lines = [
+        f"{plan.network} batch {plan.batch} on {plan.device} ({format_bytes(plan.capacity)}), policy "
+        f"{plan.policy}: peak {format_bytes(plan.peak_bytes)}, average {format_bytes(plan.average_bytes)}, "
+        f"offloaded {format_bytes(plan.offloaded_bytes)}" + ("" if plan.fits else "  ** DOES NOT FIT **")
+    ]
     lines.append("  ".join(str(c).ljust(w) for c, w in zip(rows[0], widths)).rstrip())
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows[1:]]
@@ -51,8 +71,12 @@ def paper_accounting(program: Any, result: Any) -> dict[str, int]:
     feature_maps = sum(t.nbytes for t in program.buffers())
     largest = max(t.nbytes for t in program.tensors)
     workspace = max((row.workspace for row in result.layers), default=0)
-    out = {"weights": program.param_bytes, "feature_maps": feature_maps, "gradient_maps": 2 * largest,
-           "workspace": workspace}
+    out = {
+        "weights": program.param_bytes,
+        "feature_maps": feature_maps,
+        "gradient_maps": 2 * largest,
+        "workspace": workspace,
+    }
     out["activations"] = feature_maps + 2 * largest + workspace
     out["total"] = out["activations"] + program.param_bytes
     return out

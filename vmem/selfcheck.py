@@ -107,8 +107,9 @@ def _kernels_compile() -> str | None:
     with tempfile.TemporaryDirectory() as tmp:
         src, out = Path(tmp) / "kernels.cu", Path(tmp) / "kernels.cubin"
         src.write_text(source_file("kernels.cuh").read_text())
-        done = subprocess.run([nvcc, "-cubin", f"-arch={ARCH}", "-o", str(out), str(src)], capture_output=True,
-                              text=True, timeout=300)
+        done = subprocess.run(
+            [nvcc, "-cubin", f"-arch={ARCH}", "-o", str(out), str(src)], capture_output=True, text=True, timeout=300
+        )
         if done.returncode != 0:
             raise RuntimeError(f"nvcc could not compile kernels.cuh: {done.stderr.strip()[-2000:]}")
         return f"nvcc: {out.stat().st_size:,}-byte cubin for {ARCH}"
@@ -127,9 +128,12 @@ def _run(name: str, fn: Callable[[], str | None], required: bool) -> Check:
 
 def run_checks(require_native: bool = False, compile_kernels: bool = True) -> list[Check]:
     """Every check, in order (see the module docstring)."""
-    checks = [_run("imports", _modules, True), _run("package files", _files, True),
-              _run("cudnn declarations", _cudnn_declarations, True),
-              _run("native CPU kernels", _native, require_native)]
+    checks = [
+        _run("imports", _modules, True),
+        _run("package files", _files, True),
+        _run("cudnn declarations", _cudnn_declarations, True),
+        _run("native CPU kernels", _native, require_native),
+    ]
     if compile_kernels:
         checks.append(_run("kernels compile", _kernels_compile, True))
     return checks
@@ -137,8 +141,11 @@ def run_checks(require_native: bool = False, compile_kernels: bool = True) -> li
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vmem check", description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--require-native", action="store_true",
-                        help="fail if the CPU build of the kernels did not load (it is optional otherwise)")
+    parser.add_argument(
+        "--require-native",
+        action="store_true",
+        help="fail if the CPU build of the kernels did not load (it is optional otherwise)",
+    )
     parser.add_argument("--no-compile", action="store_true", help="skip compiling the kernels' CUDA source")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)

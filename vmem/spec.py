@@ -31,8 +31,9 @@ def parse_spec(spec: str, what: str = "policy") -> tuple[str, dict[str, Any]]:
 
     ``what`` names the option in error messages (``policy=``, ``codec=``)."""
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"{what}={spec!r}: expected a {what} name such as 'baseline', optionally with "
-                         "':key=value,...'")
+        raise ValueError(
+            f"{what}={spec!r}: expected a {what} name such as 'baseline', optionally with ':key=value,...'"
+        )
     name, _, rest = spec.strip().partition(":")
     options: dict[str, Any] = {}
     for item in filter(None, (p.strip() for p in rest.split(","))):

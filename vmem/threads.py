@@ -27,8 +27,20 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator
 
-__all__ = ["WorkerPool", "KERNELS", "LINK", "LANE", "LANES", "hold", "release", "shutdown", "PREFIX", "cores", "CoreBudget",
-           "BUDGET"]
+__all__ = [
+    "WorkerPool",
+    "KERNELS",
+    "LINK",
+    "LANE",
+    "LANES",
+    "hold",
+    "release",
+    "shutdown",
+    "PREFIX",
+    "cores",
+    "CoreBudget",
+    "BUDGET",
+]
 
 #: Name prefix of every helper thread vmem starts (stream workers are ``vmem-stream-...``).
 PREFIX = "vmem-"
@@ -117,8 +129,9 @@ class CoreBudget:
     #: seconds the first sample watches the machine (once per process, or after :meth:`fix`)
     FIRST_LOOK = 0.1
 
-    def __init__(self, ncores: int | None = None, *, interval: float = 0.25, fixed: int | None = None,
-                 env: bool = True):
+    def __init__(
+        self, ncores: int | None = None, *, interval: float = 0.25, fixed: int | None = None, env: bool = True
+    ):
         self._cpus = _affinity()
         self.cores = ncores or cores()
         self.interval = interval
@@ -136,8 +149,12 @@ class CoreBudget:
                 raise ValueError(f"VMEM_THREADS must be a whole number of threads, not {given!r}") from None
             if not 1 <= fixed <= self.cores:  # more threads than cores only slows every step down
                 clamped = min(max(fixed, 1), self.cores)
-                warnings.warn(f"VMEM_THREADS={given}: this machine has {self.cores} core(s); allowed are 1 to "
-                              f"{self.cores}; using {clamped}", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"VMEM_THREADS={given}: this machine has {self.cores} core(s); allowed are 1 to "
+                    f"{self.cores}; using {clamped}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
                 fixed = clamped
         self.fix(fixed)
 
@@ -256,8 +273,9 @@ class WorkerPool:
 
     def _get(self) -> ThreadPoolExecutor:
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=max(1, self._workers()),
-                                                thread_name_prefix=f"{PREFIX}{self.name}")
+            self._executor = ThreadPoolExecutor(
+                max_workers=max(1, self._workers()), thread_name_prefix=f"{PREFIX}{self.name}"
+            )
         return self._executor
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:

@@ -36,15 +36,12 @@ def parse_bytes(value: int | str, *, name: str = "memory") -> int:
         return value
     if not isinstance(value, str):
         raise ValueError(
-            f"{name}={value!r}: expected a byte count or a size such as '512MiB', "
-            f"not {type(value).__name__}"
+            f"{name}={value!r}: expected a byte count or a size such as '512MiB', not {type(value).__name__}"
         )
     match = _PATTERN.match(value)
     units = ", ".join(UNITS)
     if match is None:
-        raise ValueError(
-            f"{name}={value!r}: expected a number followed by a unit ({units}), e.g. '512MiB' or '12GB'"
-        )
+        raise ValueError(f"{name}={value!r}: expected a number followed by a unit ({units}), e.g. '512MiB' or '12GB'")
     number, unit = match.groups()
     if unit not in UNITS:
         raise ValueError(f"{name}={value!r}: unknown unit {unit!r}; use one of {units}")

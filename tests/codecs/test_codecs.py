@@ -15,8 +15,7 @@ LOSSY = ["dpr:format=fp16", "dpr:format=fp10", "dpr:format=fp8", "fixed:bits=8",
 
 @st.composite
 def tensors(draw, rank4=True):
-    shape = tuple(draw(st.lists(st.integers(1, 9), min_size=4, max_size=4))) if rank4 else \
-        (draw(st.integers(1, 700)),)
+    shape = tuple(draw(st.lists(st.integers(1, 9), min_size=4, max_size=4))) if rank4 else (draw(st.integers(1, 700)),)
     seed = draw(st.integers(0, 2**31 - 1))
     kind = draw(st.sampled_from(["relu", "zeros", "dense", "very-sparse"]))
     rng = np.random.default_rng(seed)

@@ -34,8 +34,16 @@ def arrays(draw):
     return x
 
 
-KERNEL_CODECS = ("zvc", "ssdc", "binarize", "dpr:format=fp16", "dpr:format=fp10", "dpr:format=fp8", "fixed:bits=8",
-                 "fixed:bits=4")
+KERNEL_CODECS = (
+    "zvc",
+    "ssdc",
+    "binarize",
+    "dpr:format=fp16",
+    "dpr:format=fp10",
+    "dpr:format=fp8",
+    "fixed:bits=8",
+    "fixed:bits=4",
+)
 
 
 def _same(c, x, **kw):
@@ -100,8 +108,9 @@ def test_relu_backward_on_binarized_output_equals_dense_backward_bytes(x):
 def test_kernels_compile_for_the_gpu(tmp_path, arch):
     src = tmp_path / "kernels.cu"
     src.write_text((NATIVE / "kernels.cuh").read_text())
-    out = subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-o", str(tmp_path / "k.cubin"), str(src)],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["nvcc", "-cubin", f"-arch={arch}", "-o", str(tmp_path / "k.cubin"), str(src)], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "k.cubin").stat().st_size > 0
 
@@ -112,7 +121,7 @@ def test_the_kernels_split_over_threads_give_the_same_bytes(monkeypatch):
     assert len(native._chunks(x.size)) > 1 or (native.os.cpu_count() or 1) == 1
     for spec in KERNEL_CODECS:
         _same(codecs.get(spec), x[:40_005].reshape(-1, 5) if spec.startswith("fixed") else x)
-    _same(codecs.get("patch2"), x[:2 * 7 * 45 * 63].reshape(2, 7, 45, 63))  # rows split over threads
+    _same(codecs.get("patch2"), x[: 2 * 7 * 45 * 63].reshape(2, 7, 45, 63))  # rows split over threads
     for spec in ("fixed:bits=8", "fixed:bits=4"):
         _same(codecs.get(spec), x[:40_000].reshape(-1, 8), axis=-1)
 
@@ -148,8 +157,10 @@ def test_the_gpu_launch_sequence_gives_the_cpu_builds_bytes(x):
     native.zvc_decode(mask, values, out, gpu)
     assert np.array_equal(out.view(np.uint32), x.view(np.uint32))
     row_ptr, cols, vals = native.ssdc_encode(x, 256, gpu)
-    assert all(np.array_equal(a.view(np.uint8), b.view(np.uint8))
-               for a, b in zip((row_ptr, cols, vals), native.ssdc_encode(x, 256)))
+    assert all(
+        np.array_equal(a.view(np.uint8), b.view(np.uint8))
+        for a, b in zip((row_ptr, cols, vals), native.ssdc_encode(x, 256))
+    )
     out = np.full_like(x, 7.0)
     native.ssdc_decode(row_ptr, cols, vals, out, gpu)
     assert np.array_equal(out.view(np.uint32), x.view(np.uint32))

@@ -27,10 +27,19 @@ def measured_core_budget():
     yield
     threads.BUDGET.fix(pinned)
 
-NETS = {"vgg_cifar": lambda: vmem.models.get("vgg_cifar", image_size=16),
-        "resnet_cifar": lambda: vmem.models.get("resnet_cifar", depth=8, image_size=16)}
-POLICIES = ["baseline:algos=memory", "baseline:algos=performance", "vdnn-all", "vdnn-conv:algos=performance",
-            "vdnn-all:sync=event", "vdnn-dyn"]
+
+NETS = {
+    "vgg_cifar": lambda: vmem.models.get("vgg_cifar", image_size=16),
+    "resnet_cifar": lambda: vmem.models.get("resnet_cifar", depth=8, image_size=16),
+}
+POLICIES = [
+    "baseline:algos=memory",
+    "baseline:algos=performance",
+    "vdnn-all",
+    "vdnn-conv:algos=performance",
+    "vdnn-all:sync=event",
+    "vdnn-dyn",
+]
 
 
 @pytest.mark.parametrize("name", sorted(NETS))
@@ -40,8 +49,9 @@ def test_predicted_peak_and_average_match_the_run(name):
     x = rng.standard_normal((32,) + net.input_shape).astype(np.float32)
     y = rng.integers(0, 10, 32)
     for policy in POLICIES:
-        with vmem.Trainer(NETS[name](), memory="256MiB", policy=policy, optimizer=SGD(lr=0.01, momentum=0.9),
-                          profile=True, seed=0) as trainer:
+        with vmem.Trainer(
+            NETS[name](), memory="256MiB", policy=policy, optimizer=SGD(lr=0.01, momentum=0.9), profile=True, seed=0
+        ) as trainer:
             reports = [trainer.step(x, y) for _ in range(5)]
             plan = trainer.plans[32]
         assert plan.step_seconds is not None and plan.step_seconds > 0

@@ -50,9 +50,11 @@ def test_a_bad_index_is_refused():
 
 
 def test_the_cuda_modules_import_no_gpu_library():
-    code = ("import sys; import vmem.device.cuda.device, vmem.device.cuda.conv, vmem.device.cuda.streams, "
-            "vmem.device.cuda.memory, vmem.device.cuda.kernels, vmem.device.cuda.nvml, vmem.device.cuda.cudnn; "
-            "print(sorted(m for m in ('cupy', 'pynvml', 'cffi') if m in sys.modules))")
+    code = (
+        "import sys; import vmem.device.cuda.device, vmem.device.cuda.conv, vmem.device.cuda.streams, "
+        "vmem.device.cuda.memory, vmem.device.cuda.kernels, vmem.device.cuda.nvml, vmem.device.cuda.cudnn; "
+        "print(sorted(m for m in ('cupy', 'pynvml', 'cffi') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "cupy" not in out and "pynvml" not in out
 
@@ -72,8 +74,21 @@ def test_the_cudnn_declarations_load_from_the_wheel():
 
 
 @needs_cudnn
-@pytest.mark.parametrize("model", ["alexnet", "overfeat", "vgg16", "googlenet", "nin", "resnet50", "vgg_cifar",
-                                   "resnet_cifar", "mini_googlenet", "digits_cnn"])
+@pytest.mark.parametrize(
+    "model",
+    [
+        "alexnet",
+        "overfeat",
+        "vgg16",
+        "googlenet",
+        "nin",
+        "resnet50",
+        "vgg_cifar",
+        "resnet_cifar",
+        "mini_googlenet",
+        "digits_cnn",
+    ],
+)
 def test_cudnn_computes_every_zoo_convolutions_output_shape(model):
     from vmem.device.cuda import cudnn
     from vmem.device.cuda.conv import Descs, _geometry
@@ -235,15 +250,29 @@ def _graph_conv(monkeypatch, ranked, every=(), deterministic=True):
 
 @needs_cudnn
 def test_graph_backend_offers_the_ranked_engines_it_can_build(monkeypatch):
-    conv = _graph_conv(monkeypatch, ranked=[(5,), (3,), (5,), (7, "nondeterministic"), (8, "runtime_compilation"),
-                                            (9,), (10,), (11,), (12,), (13,)])
+    conv = _graph_conv(
+        monkeypatch,
+        ranked=[
+            (5,),
+            (3,),
+            (5,),
+            (7, "nondeterministic"),
+            (8, "runtime_compilation"),
+            (9,),
+            (10,),
+            (11,),
+            (12,),
+            (13,),
+        ],
+    )
     layer = vmem.nn.Conv2d(4, 8, 3, padding=1)
     names = conv.heuristic(layer, "forward", (2, 6, 6, 4), (2, 6, 6, 8))
     # cuDNN's order; e3 does not build, e7 is not deterministic, e8 compiles at run time; the same engine
     # with another knob choice gets a suffix; at most TOP of them
-    assert names == ["e5", "e5.1", "e9", "e10", "e11", "e12"][:conv.TOP]
-    assert conv.plans(layer, "forward", (2, 6, 6, 4), (2, 6, 6, 8)) is conv.plans(layer, "forward", (2, 6, 6, 4),
-                                                                                   (2, 6, 6, 8))  # made once
+    assert names == ["e5", "e5.1", "e9", "e10", "e11", "e12"][: conv.TOP]
+    assert conv.plans(layer, "forward", (2, 6, 6, 4), (2, 6, 6, 8)) is conv.plans(
+        layer, "forward", (2, 6, 6, 4), (2, 6, 6, 8)
+    )  # made once
     conv = _graph_conv(monkeypatch, ranked=[(7, "nondeterministic"), (9,)], deterministic=False)
     assert conv.heuristic(layer, "forward", (2, 6, 6, 4), (2, 6, 6, 8)) == ["e7", "e9"]
 
@@ -270,8 +299,9 @@ def test_graph_backend_falls_back_to_every_engine_and_names_what_it_lacks(monkey
     conv = _graph_conv(monkeypatch, ranked=[(3,)], every=[(3,), (4,)])
     layer = vmem.nn.Conv2d(4, 8, 3, padding=1)
     assert conv.heuristic(layer, "backward_data", (2, 6, 6, 4), (2, 6, 6, 8)) == ["e4"]
-    net = vmem.graph.Sequential(vmem.nn.Conv2d(3, 4, 3, padding=1), vmem.nn.Flatten(), vmem.nn.Linear(4 * 36, 2),
-                                input_shape=(3, 6, 6))
+    net = vmem.graph.Sequential(
+        vmem.nn.Conv2d(3, 4, 3, padding=1), vmem.nn.Flatten(), vmem.nn.Linear(4 * 36, 2), input_shape=(3, 6, 6)
+    )
     program = conv.catalog(net.build(2))
     op = next(o for o in program.ops if o.kind == "conv")
     assert op.algorithms == {p: ["e4"] for p in cudnn.ALGOS}
@@ -343,7 +373,7 @@ def test_nchw_algorithms_run_on_transposed_copies(monkeypatch, pass_):
         ctx.algo = ("nchw.algo_1", "algo_1")  # backward-data on NCHW copies, backward-filter channels last
         conv.backward(layer, ctx, y, x, w, dx, np.zeros_like(w))
         x = dx
-    (name, layout, algo, xt, wt, yt, ws_size), = [c for c in calls if c[0] == pass_]
+    ((name, layout, algo, xt, wt, yt, ws_size),) = [c for c in calls if c[0] == pass_]
     assert layout == cudnn.NCHW and not algo.startswith("nchw.") and ws_size == 1000
     reads = {"forward": "xw", "backward_filter": "xy", "backward_data": "wy"}[pass_]
     seen = {"x": xt, "w": wt, "y": yt}
@@ -370,8 +400,9 @@ def test_nchw_algorithms_need_room_for_their_copies_and_are_ranked_beside_channe
     x, w, y = np.zeros((2, 4, 6, 3), np.float32), np.zeros((5, 3, 3, 3), np.float32), np.zeros((2, 4, 6, 5), np.float32)
     with pytest.raises(ValueError, match=r"layer .*forward nchw.winograd needs at least \d+ bytes"):
         conv.forward(layer, SimpleNamespace(algo="nchw.winograd", workspace=np.zeros(64, np.uint8)), x, w, y)
-    monkeypatch.setattr(conv, "_ranked", lambda layer, pass_, xs, ys, layout:
-                        ["a", "b", "c"] if layout == cudnn.NHWC else ["p", "q"])
+    monkeypatch.setattr(
+        conv, "_ranked", lambda layer, pass_, xs, ys, layout: ["a", "b", "c"] if layout == cudnn.NHWC else ["p", "q"]
+    )
     assert conv.heuristic(layer, "forward", x.shape, y.shape) == ["a", "nchw.p", "b", "nchw.q", "c"]
     assert conv.ranked_top == 6
 
@@ -384,19 +415,27 @@ def test_the_catalog_offers_nchw_variants_with_their_copies_in_the_workspace(mon
     conv, _ = _nchw_conv(monkeypatch)
     # cuDNN's answers: NHWC supports implicit GEMM only, NCHW winograd too; sizes 100 and 200
     supported = {cudnn.NHWC: {"implicit_gemm", "algo_1"}, cudnn.NCHW: {"implicit_gemm", "winograd", "algo_1"}}
-    monkeypatch.setattr(conv, "workspace", lambda d, pass_, a: (100 if d.layout == cudnn.NHWC else 200)
-                        if a in supported[d.layout] else None)
-    net = vmem.graph.Sequential(vmem.nn.Conv2d(3, 4, 3, padding=1), vmem.nn.Flatten(), vmem.nn.Linear(4 * 36, 2),
-                                input_shape=(3, 6, 6))
+    monkeypatch.setattr(
+        conv,
+        "workspace",
+        lambda d, pass_, a: (100 if d.layout == cudnn.NHWC else 200) if a in supported[d.layout] else None,
+    )
+    net = vmem.graph.Sequential(
+        vmem.nn.Conv2d(3, 4, 3, padding=1), vmem.nn.Flatten(), vmem.nn.Linear(4 * 36, 2), input_shape=(3, 6, 6)
+    )
     op = next(o for o in conv.catalog(net.build(2)).ops if o.kind == "conv")
     staged = _staging_bytes((2, 6, 6, 3), (4, 3, 3, 3), (2, 6, 6, 4))
-    assert op.workspace["forward"] == {"implicit_gemm": 100, "nchw.implicit_gemm": staged + 200,
-                                       "nchw.winograd": staged + 200}
+    assert op.workspace["forward"] == {
+        "implicit_gemm": 100,
+        "nchw.implicit_gemm": staged + 200,
+        "nchw.winograd": staged + 200,
+    }
     assert op.algorithms["backward_data"] == ["algo_1", "nchw.algo_1", "nchw.winograd"]
 
 
-@pytest.mark.parametrize("capability, arch", [("90", "sm_90"), ("80", "sm_80"), ("120", "sm_120"), ((8, 6), "sm_86"),
-                                              ("75", "sm_75")])
+@pytest.mark.parametrize(
+    "capability, arch", [("90", "sm_90"), ("80", "sm_80"), ("120", "sm_120"), ((8, 6), "sm_86"), ("75", "sm_75")]
+)
 def test_compute_capability_as_cupy_gives_it_is_parsed(capability, arch):
     from vmem.device.cuda.kernels import arch_of
 

@@ -42,8 +42,14 @@ def budget(monkeypatch):
 
 def _conv_step(layer, shape, x, w, b, dy):
     ws = max(layer.workspace_bytes([shape], p, "im2col", 4) for p in PASSES)
-    ctx = Ctx(xp=np, params={"weight": w, "bias": b}, grads={"weight": np.empty_like(w), "bias": np.empty_like(b)},
-              workspace=np.empty(ws, np.uint8), algo="im2col", ops=OPS)
+    ctx = Ctx(
+        xp=np,
+        params={"weight": w, "bias": b},
+        grads={"weight": np.empty_like(w), "bias": np.empty_like(b)},
+        workspace=np.empty(ws, np.uint8),
+        algo="im2col",
+        ops=OPS,
+    )
     y = np.empty(physical(layer.output_shape([shape])), np.float32)
     layer.forward(ctx, [x], y)
     dx = np.empty_like(x)
@@ -51,8 +57,9 @@ def _conv_step(layer, shape, x, w, b, dy):
     return y, dx, ctx.grads["weight"], ctx.grads["bias"]
 
 
-@pytest.mark.parametrize("k, s, p, shape", [(3, 1, 1, (8, 16, 12, 12)), (5, 2, 2, (6, 8, 15, 13)),
-                                           (1, 1, 0, (64, 64, 16, 16))])
+@pytest.mark.parametrize(
+    "k, s, p, shape", [(3, 1, 1, (8, 16, 12, 12)), (5, 2, 2, (6, 8, 15, 13)), (1, 1, 0, (64, 64, 16, 16))]
+)
 def test_convolution_same_bits_side_by_side_or_in_turn(k, s, p, shape, budget, monkeypatch):
     monkeypatch.setattr(conv, "_COL_VALUES", 64)
     monkeypatch.setattr(conv, "_COL_MIN_ROWS", 1)
@@ -73,8 +80,9 @@ def test_convolution_same_bits_side_by_side_or_in_turn(k, s, p, shape, budget, m
         np.testing.assert_allclose(two[0], x.astype(np.float64) @ w1.T + b, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("a_shape, b_shape", [((512, 1024), (1024, 300)), ((8, 256, 64), (8, 64, 256)),
-                                               ((4096, 96), (96, 512))])
+@pytest.mark.parametrize(
+    "a_shape, b_shape", [((512, 1024), (1024, 300)), ((8, 256, 64), (8, 64, 256)), ((4096, 96), (96, 512))]
+)
 def test_matmul_pieces_same_bits_and_right(a_shape, b_shape, budget):
     rng = np.random.default_rng(3)
     a = rng.standard_normal(a_shape).astype(np.float32)
@@ -179,12 +187,15 @@ def test_split_covers_the_rows():
     assert lanes.split(1) == [slice(0, 1)]
 
 
-@pytest.mark.parametrize("layer, shape", [
-    (nn.ReLU(), (6, 8, 10, 10)),
-    (nn.MaxPool2d(2), (6, 8, 10, 10)),  # 2x2 tiles, nibbles: 5*5*8 codes an image, whole bytes
-    (nn.MaxPool2d(3, stride=2), (5, 6, 11, 11)),  # overlapping windows
-    (nn.MaxPool2d(2), (5, 3, 6, 6)),  # 27 codes an image: images share a byte, so not cut
-])
+@pytest.mark.parametrize(
+    "layer, shape",
+    [
+        (nn.ReLU(), (6, 8, 10, 10)),
+        (nn.MaxPool2d(2), (6, 8, 10, 10)),  # 2x2 tiles, nibbles: 5*5*8 codes an image, whole bytes
+        (nn.MaxPool2d(3, stride=2), (5, 6, 11, 11)),  # overlapping windows
+        (nn.MaxPool2d(2), (5, 3, 6, 6)),  # 27 codes an image: images share a byte, so not cut
+    ],
+)
 def test_elementwise_and_pooling_same_bits_cut_or_whole(layer, shape, budget, monkeypatch):
     """ReLU and max pooling cut their work between images on a two-core budget: the output, the packed
     argmax map and the gradient are those of the whole batch at once."""

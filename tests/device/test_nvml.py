@@ -16,24 +16,30 @@ from vmem.device.cuda import nvml
 
 
 def _rows(*specs):
-    return [{"nvml_index": i, "gpu": gpu, "pci_bus_id": bus, "uuid": f"GPU-{uuid}"}
-            for i, (gpu, bus, uuid) in enumerate(specs)]
+    return [
+        {"nvml_index": i, "gpu": gpu, "pci_bus_id": bus, "uuid": f"GPU-{uuid}"}
+        for i, (gpu, bus, uuid) in enumerate(specs)
+    ]
 
 
-SAME = _rows(("H100", "00000000:1B:00.0", "aaaa"), ("H100", "00000000:3B:00.0", "bbbb"),
-             ("H100", "00000000:5B:00.0", "cccc"))
+SAME = _rows(
+    ("H100", "00000000:1B:00.0", "aaaa"), ("H100", "00000000:3B:00.0", "bbbb"), ("H100", "00000000:5B:00.0", "cccc")
+)
 MIXED = _rows(("A100", "00000000:1B:00.0", "aaaa"), ("H100", "00000000:3B:00.0", "bbbb"))
 
 
-@pytest.mark.parametrize("rows, env, want", [
-    (SAME, {}, {0: 0, 1: 1, 2: 2}),
-    (SAME, {"CUDA_VISIBLE_DEVICES": "2,0"}, {2: 0, 0: 1}),
-    (SAME, {"CUDA_VISIBLE_DEVICES": "GPU-bb"}, {1: 0}),
-    (SAME, {"CUDA_VISIBLE_DEVICES": "1,7,0"}, {1: 0}),  # CUDA ignores the list from an entry that names none
-    (SAME, {"CUDA_VISIBLE_DEVICES": ""}, {}),
-    (MIXED, {}, {}),  # fastest first: not told without CUDA
-    (MIXED, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, {0: 0, 1: 1}),
-])
+@pytest.mark.parametrize(
+    "rows, env, want",
+    [
+        (SAME, {}, {0: 0, 1: 1, 2: 2}),
+        (SAME, {"CUDA_VISIBLE_DEVICES": "2,0"}, {2: 0, 0: 1}),
+        (SAME, {"CUDA_VISIBLE_DEVICES": "GPU-bb"}, {1: 0}),
+        (SAME, {"CUDA_VISIBLE_DEVICES": "1,7,0"}, {1: 0}),  # CUDA ignores the list from an entry that names none
+        (SAME, {"CUDA_VISIBLE_DEVICES": ""}, {}),
+        (MIXED, {}, {}),  # fastest first: not told without CUDA
+        (MIXED, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, {0: 0, 1: 1}),
+    ],
+)
 def test_cuda_numbering_from_nvml(rows, env, want):
     assert nvml.cuda_order(rows, env) == want
 

@@ -73,7 +73,9 @@ def test_close_is_idempotent_and_leaves_no_thread(dev):
     dev.close()
     dev.close()
     assert dev.closed
-    assert not [t.name for t in threading.enumerate() if t.name.startswith("vmem-") and t not in before and t.is_alive()]
+    assert not [
+        t.name for t in threading.enumerate() if t.name.startswith("vmem-") and t not in before and t.is_alive()
+    ]
 
 
 def test_data_operations(dev):
@@ -81,8 +83,13 @@ def test_data_operations(dev):
     block = dev.pool.allocate(4096, None, "other")
     if not dev.holds_data:
         assert dev.pinned is None
-        for call in (lambda: dev.view(block, (16,), np.float32), lambda: dev.reserve_pinned(4096), lambda: dev.copy_now(None, None, "d2h"),
-                     lambda: dev.copy_to_host(None, None), lambda: dev.copy_to_device(None, None)):
+        for call in (
+            lambda: dev.view(block, (16,), np.float32),
+            lambda: dev.reserve_pinned(4096),
+            lambda: dev.copy_now(None, None, "d2h"),
+            lambda: dev.copy_to_host(None, None),
+            lambda: dev.copy_to_device(None, None),
+        ):
             with pytest.raises(DeviceError, match=dev.name):
                 call()
         dev.pool.free(block)

@@ -34,8 +34,11 @@ def test_user_specs_from_keywords_and_files(tmp_path):
     spec = specs.register("my-gpu", base="v100-16gb", memory="32GiB")
     assert spec.memory == 32 << 30 and spec.fp32_tflops == specs.get("v100-16gb").fp32_tflops
     path = tmp_path / "gpus.json"
-    path.write_text(json.dumps({"lab-gpu": {"memory": "24GB", "fp32_tflops": 30, "memory_gbps": 900,
-                                            "h2d_gbps": 20, "d2h_gbps": 20}}))
+    path.write_text(
+        json.dumps(
+            {"lab-gpu": {"memory": "24GB", "fp32_tflops": 30, "memory_gbps": 900, "h2d_gbps": 20, "d2h_gbps": 20}}
+        )
+    )
     (loaded,) = specs.load(path)
     assert vmem.device("sim:lab-gpu").spec == loaded
     plan = vmem.plan(vmem.models.get("vgg16"), 32, "sim:lab-gpu", "vdnn-all")
@@ -95,8 +98,10 @@ def test_a_variant_of_a_known_algorithm_is_weighed_as_that_algorithm():
     program = vmem.models.get("vgg16").build(32)
     op = next(o for o in program.ops if o.kind == "conv" and o.layer.in_channels == 256)
     g = geometry(op)
-    ws = {p: {"implicit_gemm": 0, "nchw.winograd": workspace(g, p, "winograd") + 3 * (1 << 20)}
-          for p in ("forward", "backward_data", "backward_filter")}
+    ws = {
+        p: {"implicit_gemm": 0, "nchw.winograd": workspace(g, p, "winograd") + 3 * (1 << 20)}
+        for p in ("forward", "backward_data", "backward_filter")
+    }
     op = dataclasses.replace(op, algorithms={p: list(n) for p, n in ws.items()}, workspace=ws)
     model = Roofline(specs.get("h100-sxm"))
     assert model.op_seconds(op, "forward", "nchw.winograd") < model.op_seconds(op, "forward", "implicit_gemm")

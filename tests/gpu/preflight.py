@@ -30,8 +30,14 @@ def _item(name: str, fn: Callable[[], Any], rows: list[dict[str, Any]], needs_gp
         try:
             rows.append({"item": name, "status": "ok", "detail": fn(), "seconds": time.perf_counter() - t0})
         except Exception as exc:  # noqa: BLE001 - each item reports its own failure
-            rows.append({"item": name, "status": "failed", "detail": f"{type(exc).__name__}: {exc}",
-                         "seconds": time.perf_counter() - t0})
+            rows.append(
+                {
+                    "item": name,
+                    "status": "failed",
+                    "detail": f"{type(exc).__name__}: {exc}",
+                    "seconds": time.perf_counter() - t0,
+                }
+            )
     r = rows[-1]
     print(f"{r['item']:<22} {r['status']:<8} {r['seconds']:7.3f} s  {r['detail']}", flush=True)
 
@@ -52,8 +58,7 @@ def main() -> int:
 
     no_gpu = unavailable()
     rows: list[dict[str, Any]] = []
-    _item("versions", lambda: {m: _version(m) for m in ("numpy", "cupy", "cffi", "pycparser", "pynvml", "torch")},
-          rows)
+    _item("versions", lambda: {m: _version(m) for m in ("numpy", "cupy", "cffi", "pycparser", "pynvml", "torch")}, rows)
 
     def driver() -> str:
         import cupy
@@ -62,9 +67,11 @@ def main() -> int:
 
         props = cupy.cuda.runtime.getDeviceProperties(0)
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-        return (f"{name}, {arch_of(cupy.cuda.Device(0).compute_capability)}, driver "
-                f"{cupy.cuda.runtime.driverGetVersion()}, runtime {cupy.cuda.runtime.runtimeGetVersion()}, "
-                f"{cupy.cuda.runtime.getDeviceCount()} GPU(s)")
+        return (
+            f"{name}, {arch_of(cupy.cuda.Device(0).compute_capability)}, driver "
+            f"{cupy.cuda.runtime.driverGetVersion()}, runtime {cupy.cuda.runtime.runtimeGetVersion()}, "
+            f"{cupy.cuda.runtime.getDeviceCount()} GPU(s)"
+        )
 
     _item("driver and GPU", driver, rows, no_gpu)
 

@@ -35,14 +35,43 @@ def test_train_with_its_defaults_on_cuda(capsys):
 
 
 def test_train_a_named_policy_on_cuda(capsys):
-    result = _cli(capsys, "train", "--device", "cuda:0", "--model", "vgg_cifar", "--policy", "vdnn-all",
-                  "--dataset", "synthetic", "--epochs", "1", "--memory", "256MiB", "--lr", "0.001")
+    result = _cli(
+        capsys,
+        "train",
+        "--device",
+        "cuda:0",
+        "--model",
+        "vgg_cifar",
+        "--policy",
+        "vdnn-all",
+        "--dataset",
+        "synthetic",
+        "--epochs",
+        "1",
+        "--memory",
+        "256MiB",
+        "--lr",
+        "0.001",
+    )
     assert result["offloaded_bytes"] > 0 and result["peak_bytes"] <= 256 << 20
 
 
 def test_plan_profiles_on_cuda_within_the_budget(capsys):
-    result = _cli(capsys, "plan", "--device", "cuda:0", "--model", "vgg_cifar", "--batch", "32", "--memory",
-                  "auto:0.5", "--policy", "vdnn-dyn", "--profile")
+    result = _cli(
+        capsys,
+        "plan",
+        "--device",
+        "cuda:0",
+        "--model",
+        "vgg_cifar",
+        "--batch",
+        "32",
+        "--memory",
+        "auto:0.5",
+        "--policy",
+        "vdnn-dyn",
+        "--profile",
+    )
     assert result["fits"] and result["peak_bytes"] <= result["memory"] and result["step_seconds"] > 0
 
 
@@ -78,21 +107,57 @@ def test_fit_evaluate_save_load_in_the_default_arena(tmp_path):
 
 def test_the_installed_wheel_runs_on_the_gpu(tmp_path):
     wheel_dir, site = tmp_path / "wheel", tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(wheel_dir), str(ROOT)], check=True, cwd=tmp_path)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
-                    *map(str, wheel_dir.glob("vmem-*.whl"))], check=True, cwd=tmp_path)
-    paths = [str(site)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                           if p and Path(p).resolve() != ROOT]  # the carried wheels, not the checkout
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheel_dir),
+            str(ROOT),
+        ],
+        check=True,
+        cwd=tmp_path,
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(site),
+            *map(str, wheel_dir.glob("vmem-*.whl")),
+        ],
+        check=True,
+        cwd=tmp_path,
+    )
+    paths = [str(site)] + [
+        p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != ROOT
+    ]  # the carried wheels, not the checkout
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-    code = (f"import vmem, numpy as np; assert vmem.__file__.startswith({str(site)!r}), vmem.__file__; "
-            "net = vmem.models.get('vgg_cifar', image_size=16); "
-            "t = vmem.Trainer(net, device='cuda:0', memory='256MiB', policy='vdnn-all:codec=zvc'); "
-            "x = np.random.default_rng(0).standard_normal((8, 3, 16, 16)).astype(np.float32); "
-            "r = t.step(x, np.arange(8) % 10); t.close(); print(r.loss)")
+    code = (
+        f"import vmem, numpy as np; assert vmem.__file__.startswith({str(site)!r}), vmem.__file__; "
+        "net = vmem.models.get('vgg_cifar', image_size=16); "
+        "t = vmem.Trainer(net, device='cuda:0', memory='256MiB', policy='vdnn-all:codec=zvc'); "
+        "x = np.random.default_rng(0).standard_normal((8, 3, 16, 16)).astype(np.float32); "
+        "r = t.step(x, np.arange(8) % 10); t.close(); print(r.loss)"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert np.isfinite(float(done.stdout.split()[-1]))
-    check = subprocess.run([sys.executable, "-m", "vmem.selfcheck", "--require-native"], cwd=tmp_path, env=env,
-                           capture_output=True, text=True)
+    check = subprocess.run(
+        [sys.executable, "-m", "vmem.selfcheck", "--require-native"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert check.returncode == 0, check.stdout + check.stderr

@@ -12,8 +12,9 @@ from vmem.codecs import native
 def _values(n: int) -> np.ndarray:
     rng = np.random.default_rng(0)
     x = np.maximum(rng.standard_normal(n), 0).astype(np.float32)
-    special = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1e-40, -1e-42, 1.4e-45, 6e-39, 65504.0, 7e4],
-                       np.float32)  # subnormals: 1e-40, 1e-42, the smallest, 6e-39
+    special = np.array(
+        [0.0, -0.0, np.nan, np.inf, -np.inf, 1e-40, -1e-42, 1.4e-45, 6e-39, 65504.0, 7e4], np.float32
+    )  # subnormals: 1e-40, 1e-42, the smallest, 6e-39
     k = min(n, special.size)
     x[:k] = special[:k]
     x[::7] *= -1

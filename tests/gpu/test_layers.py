@@ -34,18 +34,32 @@ def _run(layer, in_shapes, xp, conv, seed=0, algo=None, bwd_algo=None):
     rng = np.random.default_rng(seed)
     host = lambda a: a if xp is np else a.get()  # noqa: E731
     specs = layer.param_specs(in_shapes)
-    params = {k: xp.asarray((rng.standard_normal(s.shape) * 0.5 + (1.5 if k == "running_var" else 0)).astype(np.float32))
-              for k, s in specs.items()}
+    params = {
+        k: xp.asarray((rng.standard_normal(s.shape) * 0.5 + (1.5 if k == "running_var" else 0)).astype(np.float32))
+        for k, s in specs.items()
+    }
     grads = {k: xp.zeros(s.shape, np.float32) for k, s in specs.items() if s.trainable}
-    aux = {k: xp.zeros(a.shape, np.float32 if a.dtype == "float" else a.dtype)
-           for k, a in layer.aux_specs(in_shapes).items()}
+    aux = {
+        k: xp.zeros(a.shape, np.float32 if a.dtype == "float" else a.dtype)
+        for k, a in layer.aux_specs(in_shapes).items()
+    }
     xs = [xp.asarray(rng.standard_normal(physical(s)).astype(np.float32)) for s in in_shapes]
     out_shape = layer.output_shape(in_shapes)
     y = xp.zeros(physical(out_shape), np.float32)
     ws = xp.zeros(1 << 24, np.uint8)
-    ctx = Ctx(xp=xp, params=params, grads=grads, aux=aux, train=True, rng=np.random.default_rng(1), workspace=ws,
-              algo=algo, in_shapes=tuple(physical(s) for s in in_shapes), conv=conv,
-              ops=HostOps() if xp is np else ArrayOps(xp))  # as the CPU and CUDA devices run layers' work
+    ctx = Ctx(
+        xp=xp,
+        params=params,
+        grads=grads,
+        aux=aux,
+        train=True,
+        rng=np.random.default_rng(1),
+        workspace=ws,
+        algo=algo,
+        in_shapes=tuple(physical(s) for s in in_shapes),
+        conv=conv,
+        ops=HostOps() if xp is np else ArrayOps(xp),
+    )  # as the CPU and CUDA devices run layers' work
     layer.forward(ctx, [x.copy() for x in xs], y)
     dy = xp.asarray(rng.standard_normal(y.shape).astype(np.float32))
     dxs = [xp.zeros(x.shape, np.float32) for x in xs]
@@ -65,8 +79,11 @@ def test_layer_on_the_gpu_matches_the_cpu(cuda, make, in_shapes):
         np.testing.assert_allclose(ggrads[k], grads[k], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("case", [(3, 8, 3, 1, 1, (4, 3, 12, 12)), (8, 16, 5, 1, 2, (2, 8, 16, 16)),
-                                  (4, 6, 3, 2, 1, (2, 4, 15, 14))], ids=["3x3", "5x5", "3x3s2"])
+@pytest.mark.parametrize(
+    "case",
+    [(3, 8, 3, 1, 1, (4, 3, 12, 12)), (8, 16, 5, 1, 2, (2, 8, 16, 16)), (4, 6, 3, 2, 1, (2, 4, 15, 14))],
+    ids=["3x3", "5x5", "3x3s2"],
+)
 @pytest.mark.parametrize("api", ["legacy", "legacy+nchw", "graph"])
 def test_every_cudnn_algorithm_against_float64(api, case):
     """Every algorithm of the device's catalog: the legacy API's (with ``+nchw``, also on NCHW copies) or the
@@ -74,8 +91,10 @@ def test_every_cudnn_algorithm_against_float64(api, case):
     import vmem
 
     if api == "graph" and case[2] == 5:
-        pytest.xfail("H100, cuDNN 9.19: the graph API's backward-data engine e0 writes zeros for this 5x5 "
-                     "convolution (a profile leaves it out: GraphConv.find; the graph API is opt-in)")
+        pytest.xfail(
+            "H100, cuDNN 9.19: the graph API's backward-data engine e0 writes zeros for this 5x5 "
+            "convolution (a profile leaves it out: GraphConv.find; the graph API is opt-in)"
+        )
 
     with vmem.device("cuda:0", memory="512MiB", conv_api=api.split("+")[0], nchw=api.endswith("+nchw")) as cuda:
         _every_algorithm_against_float64(cuda, case)
@@ -89,6 +108,7 @@ def _bound(algo: str, k: int) -> float:
 
 def _every_algorithm_against_float64(cuda, case):
     cin, cout, k, s, p, shape = case
+
     def conv():
         return nn.Conv2d(cin, cout, k, stride=s, padding=p, bias=False)
 
@@ -122,10 +142,12 @@ def _reference(layer, shape):
     grads = {k: np.zeros(s.shape) for k, s in specs.items() if s.trainable}
     x = rng.standard_normal(physical(shape)).astype(np.float32).astype(np.float64)
     out = physical(layer.output_shape([shape]))
-    ws = np.zeros(max(layer.workspace_bytes([shape], p, "im2col", 8) for p in
-                      ("forward", "backward_data", "backward_filter")) + 64, np.uint8)
-    ctx = Ctx(xp=np, params=params, grads=grads, train=True, workspace=ws, algo="im2col",
-              in_shapes=(physical(shape),))
+    ws = np.zeros(
+        max(layer.workspace_bytes([shape], p, "im2col", 8) for p in ("forward", "backward_data", "backward_filter"))
+        + 64,
+        np.uint8,
+    )
+    ctx = Ctx(xp=np, params=params, grads=grads, train=True, workspace=ws, algo="im2col", in_shapes=(physical(shape),))
     y = np.zeros(out)
     layer.forward(ctx, [x.copy()], y)
     dy = rng.standard_normal(out).astype(np.float32).astype(np.float64)
@@ -134,8 +156,9 @@ def _reference(layer, shape):
     return y, dx, grads["weight"]
 
 
-@pytest.mark.parametrize("case", [(3, 8, 3, 1, 1, (4, 3, 12, 12)), (4, 6, 3, 2, 1, (2, 4, 15, 14))],
-                         ids=["3x3", "3x3s2"])
+@pytest.mark.parametrize(
+    "case", [(3, 8, 3, 1, 1, (4, 3, 12, 12)), (4, 6, 3, 2, 1, (2, 4, 15, 14))], ids=["3x3", "3x3s2"]
+)
 def test_graph_api_engines_against_float64(cuda, case):
     """cuDNN's graph API (vmem.device.cuda.graph) offers exact-FP32 engines for every pass of a channels-last
     convolution, and each of its heuristics' best ones that builds computes the pass as the float64

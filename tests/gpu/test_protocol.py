@@ -15,9 +15,15 @@ def dev():
     d.close()
 
 
-test_it_is_a_device_with_a_spec_and_a_pool_of_its_capacity = suite.test_it_is_a_device_with_a_spec_and_a_pool_of_its_capacity
-test_the_pool_allocates_frees_and_refuses_beyond_capacity_unchanged = suite.test_the_pool_allocates_frees_and_refuses_beyond_capacity_unchanged
-test_streams_record_events_that_complete_after_a_host_wait = suite.test_streams_record_events_that_complete_after_a_host_wait
+test_it_is_a_device_with_a_spec_and_a_pool_of_its_capacity = (
+    suite.test_it_is_a_device_with_a_spec_and_a_pool_of_its_capacity
+)
+test_the_pool_allocates_frees_and_refuses_beyond_capacity_unchanged = (
+    suite.test_the_pool_allocates_frees_and_refuses_beyond_capacity_unchanged
+)
+test_streams_record_events_that_complete_after_a_host_wait = (
+    suite.test_streams_record_events_that_complete_after_a_host_wait
+)
 test_link_stats_count_both_directions = suite.test_link_stats_count_both_directions
 test_close_is_idempotent_and_leaves_no_thread = suite.test_close_is_idempotent_and_leaves_no_thread
 test_data_operations = suite.test_data_operations

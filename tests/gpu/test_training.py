@@ -12,13 +12,22 @@ import pytest
 import vmem
 from vmem.optim import SGD
 
-MODELS = {"vgg_cifar": lambda: vmem.models.get("vgg_cifar"),
-          "resnet_cifar": lambda: vmem.models.get("resnet_cifar", depth=8)}
-LOSSLESS = [("vdnn-all", {}), ("vdnn-conv", {}), ("vdnn-all:sync=event", {}), ("vdnn-all", {"poison": True}),
-            ("vdnn-conv:sync=event", {"poison": True}),
-            # the codec kernels on the GPU: zero-value compression before the copy (cDMA), Gist's lossless
-            # encodings kept on the device
-            ("vdnn-all:codec=zvc", {}), ("vdnn-all:codec=ssdc", {"poison": True}), ("gist", {})]
+MODELS = {
+    "vgg_cifar": lambda: vmem.models.get("vgg_cifar"),
+    "resnet_cifar": lambda: vmem.models.get("resnet_cifar", depth=8),
+}
+LOSSLESS = [
+    ("vdnn-all", {}),
+    ("vdnn-conv", {}),
+    ("vdnn-all:sync=event", {}),
+    ("vdnn-all", {"poison": True}),
+    ("vdnn-conv:sync=event", {"poison": True}),
+    # the codec kernels on the GPU: zero-value compression before the copy (cDMA), Gist's lossless
+    # encodings kept on the device
+    ("vdnn-all:codec=zvc", {}),
+    ("vdnn-all:codec=ssdc", {"poison": True}),
+    ("gist", {}),
+]
 
 
 def train(make, policy, steps=5, batch=16, **device):

@@ -9,8 +9,14 @@ from vmem import nn
 
 
 def test_program_of_a_chain():
-    net = vmem.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                          nn.Linear(8 * 4 * 4, 10), input_shape=(3, 8, 8))
+    net = vmem.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(8 * 4 * 4, 10),
+        input_shape=(3, 8, 8),
+    )
     p = net.build(4)
     assert [op.name for op in p.ops] == ["conv1", "relu1", "maxpool1", "flatten1", "linear1"]
     conv_out = p.tensor("conv1")

@@ -8,8 +8,16 @@ import vmem
 from vmem import nn
 from vmem.errors import ShapeError
 
-SMALLER = {"overfeat": 199, "alexnet": 127, "googlenet": 128, "nin": 160, "vgg_cifar": 16, "resnet_cifar": 16,
-           "digits_cnn": 16, "mini_googlenet": 16}
+SMALLER = {
+    "overfeat": 199,
+    "alexnet": 127,
+    "googlenet": 128,
+    "nin": 160,
+    "vgg_cifar": 16,
+    "resnet_cifar": 16,
+    "digits_cnn": 16,
+    "mini_googlenet": 16,
+}
 
 SEQUENCE = {"nmt": (2, 100, 7709), "nmt_small": (2, 8, 50), "transformer": (2, 128, 32000)}
 IMAGES = [n for n in vmem.models.names() if n not in SEQUENCE]
@@ -77,7 +85,9 @@ def test_resnet_cifar_depth_is_validated():
 
 def test_channel_mismatch_names_the_layer_and_both_shapes():
     net = vmem.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(4, 8, 3), input_shape=(3, 16, 16))
-    with pytest.raises(ShapeError, match=r"'conv2' \(Conv2d\): expects input of shape \(N, 4, H, W\), got \(1, 8, 14, 14\)"):
+    with pytest.raises(
+        ShapeError, match=r"'conv2' \(Conv2d\): expects input of shape \(N, 4, H, W\), got \(1, 8, 14, 14\)"
+    ):
         net.build(1)
 
 

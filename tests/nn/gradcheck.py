@@ -11,18 +11,29 @@ PASSES = ("forward", "backward_data", "backward_filter")
 
 def make_ctx(layer, in_shapes, rng, algo=None, train=True, seed=7):
     specs = layer.param_specs(in_shapes)
-    params = {k: rng.standard_normal(s.shape) * (0.5 if s.trainable else 0.1) + (1.0 if k == "running_var" else 0.0)
-              for k, s in specs.items()}
+    params = {
+        k: rng.standard_normal(s.shape) * (0.5 if s.trainable else 0.1) + (1.0 if k == "running_var" else 0.0)
+        for k, s in specs.items()
+    }
     if "running_var" in params:
         params["running_var"] = np.abs(params["running_var"]) + 0.5
     grads = {k: np.zeros(s.shape) for k, s in specs.items() if s.trainable}
-    aux = {k: np.zeros(a.shape, dtype=np.float64 if a.dtype == "float" else a.dtype)
-           for k, a in layer.aux_specs(in_shapes).items()}
+    aux = {
+        k: np.zeros(a.shape, dtype=np.float64 if a.dtype == "float" else a.dtype)
+        for k, a in layer.aux_specs(in_shapes).items()
+    }
     algos = algo if isinstance(algo, tuple) else (algo,)
     ws_bytes = max([layer.workspace_bytes(in_shapes, p, a, 8) for p in PASSES for a in algos] + [0])
-    ctx = Ctx(xp=np, params=params, grads=grads, aux=aux, train=train,
-              workspace=np.zeros(ws_bytes, np.uint8) if ws_bytes else None, algo=algo,
-              in_shapes=tuple(physical(s) for s in in_shapes))
+    ctx = Ctx(
+        xp=np,
+        params=params,
+        grads=grads,
+        aux=aux,
+        train=train,
+        workspace=np.zeros(ws_bytes, np.uint8) if ws_bytes else None,
+        algo=algo,
+        in_shapes=tuple(physical(s) for s in in_shapes),
+    )
     ctx.seed = seed
     return ctx
 
@@ -34,8 +45,7 @@ def run_forward(layer, ctx, xs, out_shape):
     return y
 
 
-def check_layer(layer, in_shapes, *, algo=None, train=True, seed=0, samples=25, tol=1e-6, inputs=None,
-                no_grad=()):
+def check_layer(layer, in_shapes, *, algo=None, train=True, seed=0, samples=25, tol=1e-6, inputs=None, no_grad=()):
     """``inputs``: {position: array} to use instead of random values (token ids); ``no_grad``: positions whose
     gradient the layer does not give (ids)."""
     rng = np.random.default_rng(seed)

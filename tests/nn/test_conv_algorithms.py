@@ -14,9 +14,13 @@ from vmem.nn.conv import ALGORITHMS, PASSES
 
 def run(layer, shape, algo, x, w, b, dy):
     ws = max(layer.workspace_bytes([shape], p, algo, 4) for p in PASSES)
-    ctx = Ctx(xp=np, params={"weight": w, "bias": b},
-              grads={"weight": np.empty_like(w), "bias": np.empty_like(b)},
-              workspace=np.empty(ws, np.uint8) if ws else None, algo=algo)
+    ctx = Ctx(
+        xp=np,
+        params={"weight": w, "bias": b},
+        grads={"weight": np.empty_like(w), "bias": np.empty_like(b)},
+        workspace=np.empty(ws, np.uint8) if ws else None,
+        algo=algo,
+    )
     y = np.empty(physical(layer.output_shape([shape])), np.float32)
     layer.forward(ctx, [x], y)
     dx = np.empty_like(x)
@@ -40,9 +44,17 @@ def chunking(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("k, s, p, shape", [(3, 1, 1, (8, 16, 12, 12)), (5, 2, 2, (4, 8, 15, 13)),
-                                           (11, 4, 2, (2, 3, 35, 35)), (1, 1, 0, (4, 32, 6, 6)),
-                                           (3, 1, 0, (3, 16, 9, 8)), (3, 1, 2, (2, 20, 7, 5))])
+@pytest.mark.parametrize(
+    "k, s, p, shape",
+    [
+        (3, 1, 1, (8, 16, 12, 12)),
+        (5, 2, 2, (4, 8, 15, 13)),
+        (11, 4, 2, (2, 3, 35, 35)),
+        (1, 1, 0, (4, 32, 6, 6)),
+        (3, 1, 0, (3, 16, 9, 8)),
+        (3, 1, 2, (2, 20, 7, 5)),
+    ],
+)
 def test_algorithms_agree_in_float32(k, s, p, shape, chunking):
     rng = np.random.default_rng(1)
     layer = nn.Conv2d(shape[1], 24, k, stride=s, padding=p)
@@ -98,8 +110,10 @@ def test_implicit_needs_much_less_workspace_than_im2col():
     # im2col: two lanes, each with a chunk of two images (2,048 rows of 576 columns) and their padded copy
     assert layer.workspace_bytes([shape], "forward", "im2col", 4) == 2 * 4 * (2048 * 576 + 2 * 34 * 34 * 64)
     # backward-filter adds lane 1's partial dW and, in each lane (16 chunks each), a product to add in
-    assert layer.workspace_bytes([shape], "backward_filter", "im2col", 4) == \
-        2 * 4 * (2048 * 576 + 2 * 34 * 34 * 64) + 3 * 4 * 64 * 576
+    assert (
+        layer.workspace_bytes([shape], "backward_filter", "im2col", 4)
+        == 2 * 4 * (2048 * 576 + 2 * 34 * 34 * 64) + 3 * 4 * 64 * 576
+    )
     assert layer.workspace_bytes([shape], "forward", "implicit", 4) == 4 * (4 * 32 * 32) * (64 + 64)  # 4 images a step
 
 
@@ -117,7 +131,6 @@ def test_gemm_convolution_needs_no_workspace():
 def test_unknown_algorithm_is_named():
     with pytest.raises(ValueError, match="'fft'"):
         nn.Conv2d(3, 4, 3).workspace_bytes([(1, 3, 8, 8)], "forward", "fft", 4)
-
 
 
 def test_winograd_is_offered_for_3x3_stride_1_with_enough_channels():
@@ -142,8 +155,9 @@ def test_winograd_needs_less_workspace_than_im2col_on_a_wide_layer():
 
 
 @pytest.mark.skipif(winograd._lib is None, reason="vmem's native kernels are not built")
-@pytest.mark.parametrize("shape, pad", [((3, 7, 9, 20), (1, 1)), ((2, 4, 4, 70), (1, 1)), ((2, 6, 5, 17), (0, 2)),
-                                        ((1, 8, 8, 64), (2, 0))])
+@pytest.mark.parametrize(
+    "shape, pad", [((3, 7, 9, 20), (1, 1)), ((2, 4, 4, 70), (1, 1)), ((2, 6, 5, 17), (0, 2)), ((1, 8, 8, 64), (2, 0))]
+)
 def test_winograd_native_transforms_match_their_numpy_references(shape, pad, monkeypatch):
     """Tile transforms within float32 rounding (the C sums in another order); filter transforms bit for
     bit; odd sizes, border tiles and channel counts that are not a multiple of the C code's blocks."""
@@ -165,10 +179,12 @@ def test_winograd_native_transforms_match_their_numpy_references(shape, pad, mon
         t = np.empty(12 * k * c, np.float32)
         y = np.full((nb, ho, wo, k), np.nan, np.float32)
         dw = np.full_like(wt, np.nan)
-        out = {"v": winograd.input_transform(x, v, th, tw, pad).copy(),
-               "m": winograd.output_adjoint(dy, m, th, tw).copy(),
-               "u": winograd.filter_transform(wt, u, t).copy(),
-               "u_flipped": winograd.filter_transform(wt, u, t, flip=True).copy()}
+        out = {
+            "v": winograd.input_transform(x, v, th, tw, pad).copy(),
+            "m": winograd.output_adjoint(dy, m, th, tw).copy(),
+            "u": winograd.filter_transform(wt, u, t).copy(),
+            "u_flipped": winograd.filter_transform(wt, u, t, flip=True).copy(),
+        }
         winograd.filter_gradient(u, t, dw)
         m[...] = rng_m
         winograd.output_transform(m, y, th, tw, bias)
@@ -183,5 +199,6 @@ def test_winograd_native_transforms_match_their_numpy_references(shape, pad, mon
         np.testing.assert_array_equal(native[name], reference[name], err_msg=name)
     for name in ("v", "m", "y"):
         assert np.isfinite(native[name]).all(), name
-        np.testing.assert_allclose(native[name], reference[name], rtol=0, atol=1e-5 * np.abs(reference[name]).max(),
-                                   err_msg=name)
+        np.testing.assert_allclose(
+            native[name], reference[name], rtol=0, atol=1e-5 * np.abs(reference[name]).max(), err_msg=name
+        )

@@ -13,12 +13,19 @@ HERE = Path(__file__).resolve().parent
 
 
 def _public_layers() -> list[str]:
-    return [name for name in nn.__all__ if isinstance(getattr(nn, name), type)
-            and (issubclass(getattr(nn, name), Layer) and name != "Layer" or name == "SoftmaxCrossEntropy")]
+    return [
+        name
+        for name in nn.__all__
+        if isinstance(getattr(nn, name), type)
+        and (issubclass(getattr(nn, name), Layer) and name != "Layer" or name == "SoftmaxCrossEntropy")
+    ]
 
 
 def test_every_public_layer_has_a_gradient_check():
-    checks = "".join(p.read_text() for p in HERE.glob("test_*.py") if "check_layer(" in p.read_text()
-                     or "finite differences" in p.read_text())
+    checks = "".join(
+        p.read_text()
+        for p in HERE.glob("test_*.py")
+        if "check_layer(" in p.read_text() or "finite differences" in p.read_text()
+    )
     missing = [name for name in _public_layers() if not re.search(rf"\bnn\.{name}\b", checks)]
     assert len(_public_layers()) >= 20 and not missing, f"no gradient check for {missing}"

@@ -19,8 +19,11 @@ CONV_CASES = [
 ]
 
 
-@pytest.mark.parametrize("algo", ["im2col", "implicit", ("im2col", "implicit"), ("implicit", "im2col")],
-                         ids=["im2col", "implicit", "data-im2col-filter-implicit", "data-implicit-filter-im2col"])
+@pytest.mark.parametrize(
+    "algo",
+    ["im2col", "implicit", ("im2col", "implicit"), ("implicit", "im2col")],
+    ids=["im2col", "implicit", "data-im2col-filter-implicit", "data-implicit-filter-im2col"],
+)
 @pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"k{c[2]}s{c[3]}p{c[4]}")
 def test_conv2d(case, algo):
     cin, cout, k, s, p, shape = case
@@ -28,10 +31,16 @@ def test_conv2d(case, algo):
     assert checked == ["x0", "weight", "bias"]
 
 
-@pytest.mark.parametrize("algo", ["winograd", ("winograd", "im2col"), ("im2col", "winograd")],
-                         ids=["winograd", "data-winograd-filter-im2col", "data-im2col-filter-winograd"])
-@pytest.mark.parametrize("case", [(3, 4, 3, 1, 1, (2, 3, 5, 5)), (2, 3, 3, 1, 0, (2, 2, 6, 5)),
-                                  (2, 2, 3, 1, 2, (1, 2, 4, 3))], ids=["p1-odd", "p0", "p2"])
+@pytest.mark.parametrize(
+    "algo",
+    ["winograd", ("winograd", "im2col"), ("im2col", "winograd")],
+    ids=["winograd", "data-winograd-filter-im2col", "data-im2col-filter-winograd"],
+)
+@pytest.mark.parametrize(
+    "case",
+    [(3, 4, 3, 1, 1, (2, 3, 5, 5)), (2, 3, 3, 1, 0, (2, 2, 6, 5)), (2, 2, 3, 1, 2, (1, 2, 4, 3))],
+    ids=["p1-odd", "p0", "p2"],
+)
 def test_conv2d_winograd(case, algo, monkeypatch):
     """Winograd F(2x2, 3x3) in float64 (its NumPy transforms), also in chunks of one image, and as one
     chunk of the whole batch split by tiles and planes."""
@@ -154,20 +163,24 @@ def test_split(index):
     assert check_layer(nn.Split(3, index, axis=2), [(2, 4, 6)]) == ["x0"]
 
 
-@pytest.mark.parametrize("shapes", [[(2, 3, 4), (2, 3, 4)], [(2, 5, 4), (2, 1, 4)], [(1, 3, 4), (2, 3, 1)],
-                                    [(2, 3), (2, 3), (2, 3)]])
+@pytest.mark.parametrize(
+    "shapes", [[(2, 3, 4), (2, 3, 4)], [(2, 5, 4), (2, 1, 4)], [(1, 3, 4), (2, 3, 1)], [(2, 3), (2, 3), (2, 3)]]
+)
 def test_broadcasting_add(shapes):
     assert check_layer(nn.Add(), shapes) == [f"x{i}" for i in range(len(shapes))]
 
 
-@pytest.mark.parametrize("layer, shape", [(nn.Reshape((6,)), (2, 3, 2)), (nn.ExpandDims(1), (2, 5)),
-                                          (nn.ExpandDims(2), (2, 3))])
+@pytest.mark.parametrize(
+    "layer, shape", [(nn.Reshape((6,)), (2, 3, 2)), (nn.ExpandDims(1), (2, 5)), (nn.ExpandDims(2), (2, 3))]
+)
 def test_reshapes(layer, shape):
     check_layer(layer, [shape])
 
 
-@pytest.mark.parametrize("axis, shapes", [(1, [(2, 3, 4), (2, 2, 4)]), (2, [(2, 3, 4), (2, 3, 1), (2, 3, 2)]),
-                                          (1, [(2, 3, 4, 4), (2, 2, 4, 4)])])
+@pytest.mark.parametrize(
+    "axis, shapes",
+    [(1, [(2, 3, 4), (2, 2, 4)]), (2, [(2, 3, 4), (2, 3, 1), (2, 3, 2)]), (1, [(2, 3, 4, 4), (2, 2, 4, 4)])],
+)
 def test_concat_on_any_axis(axis, shapes):
     check_layer(nn.Concat(axis=axis), shapes)
 
@@ -206,8 +219,12 @@ def test_sigmoid_tanh_mul(shape):
 def test_four_dimensional_tensors_are_refused_where_an_axis_would_be_ambiguous():
     from vmem.errors import ShapeError
 
-    for layer, shapes in [(nn.ExpandDims(2), [(2, 3, 5)]), (nn.Softmax(1), [(2, 3, 4, 4)]),
-                          (nn.Split(2, 0, axis=2), [(2, 3, 4, 4)]), (nn.Concat(axis=2), [(2, 3, 4, 4)] * 2),
-                          (nn.Linear(4, 2), [(2, 3, 4, 4)])]:
+    for layer, shapes in [
+        (nn.ExpandDims(2), [(2, 3, 5)]),
+        (nn.Softmax(1), [(2, 3, 4, 4)]),
+        (nn.Split(2, 0, axis=2), [(2, 3, 4, 4)]),
+        (nn.Concat(axis=2), [(2, 3, 4, 4)] * 2),
+        (nn.Linear(4, 2), [(2, 3, 4, 4)]),
+    ]:
         with pytest.raises(ShapeError, match="4"):
             layer.output_shape(shapes)

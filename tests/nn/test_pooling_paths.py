@@ -27,12 +27,15 @@ def test_fast_2x2_path_matches_the_general_path_with_ties():
     assert np.array_equal(outs[0][1], np.argmax(x6, axis=-1))  # NumPy's argmax also takes the first maximum
 
 
-@pytest.mark.parametrize("k, shape, nbytes", [
-    (2, (2, 3, 4, 6), 18),  # 36 outputs, 2 per byte
-    (3, (1, 3, 9, 9), 14),  # 3x3/3: 27 outputs (odd): the last byte holds one
-    (4, (1, 2, 8, 8), 4),  # 16 positions: still 4 bits
-    (5, (1, 2, 10, 10), 8),  # 25 positions: 1 byte per output
-])
+@pytest.mark.parametrize(
+    "k, shape, nbytes",
+    [
+        (2, (2, 3, 4, 6), 18),  # 36 outputs, 2 per byte
+        (3, (1, 3, 9, 9), 14),  # 3x3/3: 27 outputs (odd): the last byte holds one
+        (4, (1, 2, 8, 8), 4),  # 16 positions: still 4 bits
+        (5, (1, 2, 10, 10), 8),  # 25 positions: 1 byte per output
+    ],
+)
 def test_argmax_map_is_four_bits_per_output_up_to_16_positions(k, shape, nbytes):
     layer = nn.MaxPool2d(k)
     out = layer.output_shape([shape])

@@ -14,6 +14,7 @@ from tests.lossless import all_equal, weights_under
 
 def test_a_shared_layer_sums_the_gradients_of_its_uses():
     """One SGD step: the shared weight moves by the sum of what two separate copies of it move by."""
+
     def make(shared):
         g = vmem.Graph(input_shape=(4,), name="shared" if shared else "separate")
         first = nn.Linear(4, 4)

@@ -22,8 +22,15 @@ def least(policy: str) -> int:
 
 @pytest.fixture(scope="module")
 def peaks():
-    return {p: least(p) for p in ("layerwise:algos=performance", "vdnn-conv:algos=performance",
-                                   "vdnn-all:algos=performance", "vdnn-all:algos=memory")}
+    return {
+        p: least(p)
+        for p in (
+            "layerwise:algos=performance",
+            "vdnn-conv:algos=performance",
+            "vdnn-all:algos=performance",
+            "vdnn-all:algos=memory",
+        )
+    }
 
 
 def dyn(memory, policy="vdnn-dyn:sync=layer,keep=none"):
@@ -94,7 +101,8 @@ def test_keep_auto_keeps_offloaded_buffers_on_the_device_only_where_it_fits_and_
     assert not any(b in names for names in auto.prefetch.values() for b in kept)  # nothing to bring back
     assert auto.offloaded_bytes < none.offloaded_bytes
     assert {b for b, how in auto.stash.items() if how == "offload"} | set(kept) == {
-        b for b, how in none.stash.items() if how == "offload"}
+        b for b, how in none.stash.items() if how == "offload"
+    }
 
 
 def test_keep_is_checked_and_a_plan_without_offloads_is_left_alone(peaks):

@@ -15,8 +15,13 @@ from vmem import codecs
 @pytest.mark.parametrize("model", ["vgg_cifar", "mini_googlenet"])
 def test_lossless_encodings_give_the_baselines_weights_bitwise(model):
     ref, _, _ = train(MODELS[model], "baseline:algos=memory")
-    for policy, device in [("gist", {}), ("gist", {"poison": True}), ("vdnn-all:codec=zvc", {"poison": True}),
-                           ("vdnn-all:codec=ssdc,sync=event", {}), ("vdnn-conv:codec=zvc", {})]:
+    for policy, device in [
+        ("gist", {}),
+        ("gist", {"poison": True}),
+        ("vdnn-all:codec=zvc", {"poison": True}),
+        ("vdnn-all:codec=ssdc,sync=event", {}),
+        ("vdnn-conv:codec=zvc", {}),
+    ]:
         params, reports, plan = train(MODELS[model], policy, **device)
         assert all(np.array_equal(ref[k], params[k]) for k in ref), f"{policy} {device} changed the weights"
         if policy.startswith("vdnn"):  # what crossed the bus: the encoded bytes, less than the buffers' size
@@ -32,8 +37,12 @@ def test_lossy_encodings_stay_close_and_use_less_memory():
     dev.close()
     ref, _, _ = train(MODELS["vgg_cifar"], "baseline:algos=memory")
     want = np.concatenate([(ref[k] - init[k]).ravel() for k in ref])
-    for policy, tolerance in (("gist:dpr=fp8", 0.2), ("gist:codec=fixed4", 0.3), ("gist:codec=patch2", 0.5),
-                              ("vdnn-all:codec=fp16", 0.1)):
+    for policy, tolerance in (
+        ("gist:dpr=fp8", 0.2),
+        ("gist:codec=fixed4", 0.3),
+        ("gist:codec=patch2", 0.5),
+        ("vdnn-all:codec=fp16", 0.1),
+    ):
         params, reports, plan = train(MODELS["vgg_cifar"], policy)
         got = np.concatenate([(params[k] - init[k]).ravel() for k in ref])
         error = np.linalg.norm(got - want) / np.linalg.norm(want)  # of the weights' updates over five steps
@@ -47,7 +56,15 @@ def test_gist_binarizes_relu_before_pool_and_keeps_conv_inputs_as_ssdc():
     binarized = {name for name, c in plan.codecs.items() if c == "binarize"}
     assert binarized == {"conv2", "conv4", "conv6", "conv8"}  # ReLU in place, then max-pool: sign only
     assert {name for name, c in plan.codecs.items() if c == "ssdc"} == {
-        "conv1", "maxpool1", "conv3", "maxpool2", "conv5", "maxpool3", "conv7", "maxpool4"}
+        "conv1",
+        "maxpool1",
+        "conv3",
+        "maxpool2",
+        "conv5",
+        "maxpool3",
+        "conv7",
+        "maxpool4",
+    }
     assert plan.stash["input"] == "keep"  # not a ReLU output: dense, kept as it is without dpr
     lossy = vmem.plan(net, 32, "cpu", "gist:dpr=fp8")
     assert lossy.codecs["input"] == "dpr:format=fp8" and lossy.codecs["conv2"] == "binarize"
@@ -104,8 +121,24 @@ def test_encoding_options_are_validated():
 def test_cli_codec_bandwidth(capsys):
     from vmem.cli import main
 
-    assert main(["bench", "bandwidth", "--codec", "zvc", "--sizes", "256KiB", "--density", "0.1,0.9",
-                 "--rounds", "1", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "bandwidth",
+                "--codec",
+                "zvc",
+                "--sizes",
+                "256KiB",
+                "--density",
+                "0.1,0.9",
+                "--rounds",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["density"] for r in rows] == [0.1, 0.9]
     assert rows[0]["encoded_bytes"] < 0.2 * rows[0]["bytes"] < rows[1]["encoded_bytes"]
@@ -133,8 +166,9 @@ def test_fixed_point_ranges_come_from_batch_norm_parameters(monkeypatch):
     with vmem.Trainer(net, device=dev, seed=0):  # initializes the weights, then trained from below
         pass
     for k in [k for k in net.params if k.startswith("batchnorm") and k.endswith(("weight", "bias"))]:
-        net.params[k] = (rng.standard_normal(net.params[k].shape) * 0.5 + (1 if k.endswith("weight") else 0)
-                         ).astype(np.float32)
+        net.params[k] = (rng.standard_normal(net.params[k].shape) * 0.5 + (1 if k.endswith("weight") else 0)).astype(
+            np.float32
+        )
     want = {}
     for name in plan.ranges:
         g, b = net.params[f"{name}.weight"], net.params[f"{name}.bias"]
@@ -154,5 +188,7 @@ def test_fixed_point_ranges_come_from_batch_norm_parameters(monkeypatch):
     dev.close()
     assert len(seen) == len(want)
     for lo, hi in want.values():
-        assert any(a.shape == lo.shape and np.allclose(lo, a, rtol=1e-6, atol=0)
-                   and np.allclose(hi, b, rtol=1e-6, atol=0) for a, b in seen)
+        assert any(
+            a.shape == lo.shape and np.allclose(lo, a, rtol=1e-6, atol=0) and np.allclose(hi, b, rtol=1e-6, atol=0)
+            for a, b in seen
+        )

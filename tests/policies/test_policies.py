@@ -21,13 +21,16 @@ def test_spec_strings():
     assert "baseline" in policies.names()
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("baseline:algos=fast", "algos='fast'"),
-    ("baseline:speed=1", "no option 'speed'"),
-    ("baseline:algos", "must be key=value"),
-    ("", "expected a policy name"),
-    ("magic", "unknown policy 'magic'"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("baseline:algos=fast", "algos='fast'"),
+        ("baseline:speed=1", "no option 'speed'"),
+        ("baseline:algos", "must be key=value"),
+        ("", "expected a policy name"),
+        ("magic", "unknown policy 'magic'"),
+    ],
+)
 def test_bad_specs(spec, message):
     with pytest.raises(ValueError, match=message):
         policies.get(spec)
@@ -71,7 +74,6 @@ def test_an_unknown_decision_is_refused_naming_the_buffer():
     from vmem.policies import Plan
 
     with pytest.raises(PlanError, match="buffer 'conv1': stash decision 'swap'"):
-        Plan(policy="mine", network="n", batch=1, device="cpu", capacity=1, allocation="layer",
-             stash={"conv1": "swap"})
+        Plan(policy="mine", network="n", batch=1, device="cpu", capacity=1, allocation="layer", stash={"conv1": "swap"})
     with pytest.raises(PlanError, match="allocation 'global'"):
         Plan(policy="mine", network="n", batch=1, device="cpu", capacity=1, allocation="global")

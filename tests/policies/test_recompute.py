@@ -42,8 +42,11 @@ def batch(shape, n=8, seed=0):
     return rng.standard_normal((n,) + shape).astype(np.float32), rng.integers(0, 10, n)
 
 
-@pytest.mark.parametrize("make", [bn_dropout_net, lambda: vmem.models.get("resnet_cifar", depth=8, image_size=8)],
-                         ids=["bn_dropout", "resnet_cifar"])
+@pytest.mark.parametrize(
+    "make",
+    [bn_dropout_net, lambda: vmem.models.get("resnet_cifar", depth=8, image_size=8)],
+    ids=["bn_dropout", "resnet_cifar"],
+)
 def test_recompute_policies_are_bitwise_lossless(make):
     """Weights and batch-norm running statistics equal baseline's after 5 steps; each step's peak is the plan's."""
     x, y = batch(make().input_shape)
@@ -109,8 +112,15 @@ def test_recompute_composes_with_offload_and_encodings():
     reads = {u.op: [s for r in u.rebuilds for s in r.sources] + list(u.reads) for u in walk}
     offloaded = {program.tensor("conv1").id}
     prefetch = prefetch_points(program, offloaded, reads=reads)
-    plan = dataclasses.replace(echo, policy="composed", stash=stash, codecs={"input": "zvc", "conv1": "zvc"},
-                               prefetch=prefetch, sync="layer", density=1.0)  # the input has no zeros
+    plan = dataclasses.replace(
+        echo,
+        policy="composed",
+        stash=stash,
+        codecs={"input": "zvc", "conv1": "zvc"},
+        prefetch=prefetch,
+        sync="layer",
+        density=1.0,
+    )  # the input has no zeros
 
     class Composed(vmem.policies.Policy):
         name = "composed"
@@ -173,9 +183,11 @@ def _dropout_logits_net():
     return g
 
 
-@pytest.mark.parametrize("make, inplace", [(_relu_logits_net, False), (_dropout_logits_net, True),
-                                           (lambda: vmem.models.get("nmt_small"), True)],
-                         ids=["relu_logits", "dropout_logits", "nmt_small"])
+@pytest.mark.parametrize(
+    "make, inplace",
+    [(_relu_logits_net, False), (_dropout_logits_net, True), (lambda: vmem.models.get("nmt_small"), True)],
+    ids=["relu_logits", "dropout_logits", "nmt_small"],
+)
 def test_layerwise_loss_writes_probabilities_and_gradient_over_the_logits(make, inplace):
     """The loss holds one buffer instead of three where backward reads nothing sharing the logits' buffer
     (an in-place Dropout after the last Linear shares it and still may); the weights stay bitwise
@@ -209,7 +221,9 @@ def test_mirror_is_mxnets_heuristic_and_takes_step_and_depth():
     concats = [op.name for op in program.ops if op.kind == "concat" and program.tensors[op.output].stashed]
     assert concats and all(default.stash[n] == "keep" for n in concats)
     every = vmem.plan(net, 4, policy="mirror:step=0").plan
-    kept_by_step = {n for n, d in default.stash.items() if d == "keep"} - {n for n, d in every.stash.items() if d == "keep"}
+    kept_by_step = {n for n, d in default.stash.items() if d == "keep"} - {
+        n for n, d in every.stash.items() if d == "keep"
+    }
     assert len(kept_by_step) >= 1  # nmt_small has over 100 candidates: the 100th is kept
     bounded = vmem.plan(net, 4, policy="mirror:depth=1").plan
     assert sum(d == "recompute" for d in bounded.stash.values()) < sum(d == "recompute" for d in default.stash.values())

@@ -36,9 +36,13 @@ def train(make, policy, steps=5, batch=8, **device):
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_offload_is_lossless_bitwise(model):
     ref, _, _ = train(MODELS[model], "baseline:algos=memory")
-    for policy, device in [("vdnn-all:algos=memory", {}), ("vdnn-conv:algos=memory", {}),
-                           ("vdnn-all:algos=memory,sync=event", {}), ("vdnn-all:algos=memory", {"poison": True}),
-                           ("vdnn-conv:algos=memory,sync=event", {"poison": True})]:
+    for policy, device in [
+        ("vdnn-all:algos=memory", {}),
+        ("vdnn-conv:algos=memory", {}),
+        ("vdnn-all:algos=memory,sync=event", {}),
+        ("vdnn-all:algos=memory", {"poison": True}),
+        ("vdnn-conv:algos=memory,sync=event", {"poison": True}),
+    ]:
         params, reports, plan = train(MODELS[model], policy, **device)
         assert all(np.array_equal(ref[k], params[k]) for k in ref), f"{policy} {device} changed the weights"
         assert reports[-1].offloaded_bytes == plan.offloaded_bytes > 0
@@ -56,7 +60,15 @@ def test_vdnn_uses_less_memory_than_the_baseline_and_conv_offloads_less_than_all
     assert every.by_category["feature_maps"]["peak"] < base.by_category["feature_maps"]["peak"] / 2
     assert all(d == "offload" for d in every.stash.values())
     assert {name for name, d in conv.stash.items() if d == "offload"} == {
-        "input", "conv1", "maxpool1", "conv3", "maxpool2", "conv5", "maxpool3", "conv7"}
+        "input",
+        "conv1",
+        "maxpool1",
+        "conv3",
+        "maxpool2",
+        "conv5",
+        "maxpool3",
+        "conv7",
+    }
 
 
 def test_prefetch_follows_vdnn_rule():

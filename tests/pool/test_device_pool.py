@@ -33,8 +33,12 @@ def test_best_fit_split_and_coalescing_on_exact_offsets():
     pool.free(blocks[3])
     pool.free(blocks[4])  # hole of 2 KiB at 3 KiB (merged)
     assert offsets(pool)[:6] == [
-        (0, 1024, "allocated"), (1024, 1024, "free"), (2048, 1024, "allocated"),
-        (3072, 2048, "free"), (5120, 1024, "allocated"), (6144, 10240, "free"),
+        (0, 1024, "allocated"),
+        (1024, 1024, "free"),
+        (2048, 1024, "allocated"),
+        (3072, 2048, "free"),
+        (5120, 1024, "allocated"),
+        (6144, 10240, "free"),
     ]
     # best fit: a 2 KiB request takes the 2 KiB hole, not the tail; a 1 KiB request the 1 KiB hole
     assert pool.allocate(2 * KiB).offset == 3072
@@ -160,8 +164,9 @@ def test_when_memory_is_short_the_host_waits_on_pending_events():
     a = pool.allocate(2 * KiB, stream=s)
     pool.free(a, stream=s)
     snap = pool.snapshot()["blocks"]
-    assert snap == [{"offset": 0, "size": 2048, "state": "free", "category": None, "stream": "s",
-                     "requested": 0, "ready": False}]
+    assert snap == [
+        {"offset": 0, "size": 2048, "state": "free", "category": None, "stream": "s", "requested": 0, "ready": False}
+    ]
     assert pool.stats().pending == 2 * KiB
     b = pool.allocate(2 * KiB, stream=t)  # only possible after waiting on s's event
     assert b.offset == 0 and s.host_waits == 1

@@ -25,8 +25,13 @@ class PoolMachine(RuleBasedStateMachine):
         self.expected_peak = 0
 
     # -- actions -------------------------------------------------------------------------------
-    @rule(nbytes=sizes, stream=st.integers(-1, 2), category=st.sampled_from(CATEGORIES), high=st.booleans(),
-          at=st.one_of(st.none(), st.integers(0, CAPACITY - 1)))
+    @rule(
+        nbytes=sizes,
+        stream=st.integers(-1, 2),
+        category=st.sampled_from(CATEGORIES),
+        high=st.booleans(),
+        at=st.one_of(st.none(), st.integers(0, CAPACITY - 1)),
+    )
     def allocate(self, nbytes, stream, category, high, at):
         s = None if stream < 0 else self.streams[stream]
         before = self.pool.snapshot()
@@ -129,8 +134,15 @@ class PoolMachine(RuleBasedStateMachine):
             self.pool.free(block)
         self.pool.reclaim(wait=True)
         assert self.pool.snapshot()["blocks"] == [
-            {"offset": 0, "size": CAPACITY, "state": "free", "category": None, "stream": None,
-             "requested": 0, "ready": True}
+            {
+                "offset": 0,
+                "size": CAPACITY,
+                "state": "free",
+                "category": None,
+                "stream": None,
+                "requested": 0,
+                "ready": True,
+            }
         ]
         assert self.pool.stats().in_use == 0
 

@@ -48,8 +48,11 @@ def test_many_threads_allocating_and_freeing_leave_consistent_statistics():
                     pool.free(mine.pop(rng.randrange(len(mine))))
                 else:
                     try:
-                        mine.append(pool.allocate(rng.randrange(1, 1 << 18), None,
-                                                  rng.choice(["feature_maps", "workspace", "other"])))
+                        mine.append(
+                            pool.allocate(
+                                rng.randrange(1, 1 << 18), None, rng.choice(["feature_maps", "workspace", "other"])
+                            )
+                        )
                     except OutOfDeviceMemory:
                         pass
                 if rng.random() < 0.05:  # a snapshot in the middle tiles the arena exactly

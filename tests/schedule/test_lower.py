@@ -16,8 +16,16 @@ from vmem.schedule.pack import lifetimes
 from tests.lossless import all_equal, weights_under
 
 SPEC = vmem.device("sim:titan-x").spec
-POLICIES = ["baseline", "baseline:algos=performance", "vdnn-all", "vdnn-conv:sync=event", "vdnn-all:codec=zvc",
-            "gist", "gist:dpr=fp8", "vdnn-all:codec=fixed8"]
+POLICIES = [
+    "baseline",
+    "baseline:algos=performance",
+    "vdnn-all",
+    "vdnn-conv:sync=event",
+    "vdnn-all:codec=zvc",
+    "gist",
+    "gist:dpr=fp8",
+    "vdnn-all:codec=fixed8",
+]
 
 
 def lowered(net, policy, batch=4):
@@ -94,8 +102,9 @@ def test_gist_encodes_after_the_forward_and_reads_bits_without_decoding():
     binarized = {n for n, c in plan.codecs.items() if c == "binarize"}
     assert encoded == set(plan.codecs) and decoded == encoded - binarized
     on_bits = {program.ops[st.op].name for st in schedule.steps if type(st) is S.Backward and st.on_bits}
-    assert on_bits and all(program.ops[i].kind == "relu" for i in range(len(program.ops))
-                           if program.ops[i].name in on_bits)
+    assert on_bits and all(
+        program.ops[i].kind == "relu" for i in range(len(program.ops)) if program.ops[i].name in on_bits
+    )
 
 
 def test_inference_copies_the_logits_right_after_the_last_forward():
@@ -111,9 +120,12 @@ def test_inference_copies_the_logits_right_after_the_last_forward():
 def test_a_network_that_ends_in_an_in_place_flatten_keeps_its_logits_until_the_loss():
     """The logits' buffer is an earlier layer's (Flatten writes over AvgPool's output): the forward must
     not release it before the loss reads it (it once did, under every layer-wise policy)."""
+
     def make():
-        return vmem.Sequential(nn.Conv2d(3, 10, 3, padding=1), nn.ReLU(), nn.AvgPool2d(8), nn.Flatten(),
-                               input_shape=(3, 8, 8))
+        return vmem.Sequential(
+            nn.Conv2d(3, 10, 3, padding=1), nn.ReLU(), nn.AvgPool2d(8), nn.Flatten(), input_shape=(3, 8, 8)
+        )
+
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((4, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 4)
     assert all_equal(weights_under(make, ("baseline", "vdnn-all", "gist"), x, y))

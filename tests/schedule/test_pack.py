@@ -32,7 +32,7 @@ def check(lives_: list[Life], base: int, top: int, offsets: list[int]) -> None:
     assert len(offsets) == len(lives_)
     for i, (a, o) in enumerate(zip(lives_, offsets)):
         assert o >= base and o + a.size <= top, "every block inside the arena"
-        for b, p in zip(lives_[i + 1:], offsets[i + 1:]):
+        for b, p in zip(lives_[i + 1 :], offsets[i + 1 :]):
             if a.start < b.end and b.start < a.end:  # live at the same time
                 assert o + a.size <= p or p + b.size <= o, f"{a}@{o} overlaps {b}@{p}"
     assert top - base >= peak_live(lives_), "no placement beats the live-bytes peak"

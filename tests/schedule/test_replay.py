@@ -35,13 +35,18 @@ def schedule(sync: str) -> Schedule:
     program = vmem.models.get("digits_cnn").build(1)
     a, b = Buffer(A, KiB, "feature_maps"), Buffer(B, 2 * KiB, "feature_maps")
     steps = [
-        Alloc(a), Forward(0),                                      # compute writes a: 0 -> 1
-        Offload(A, KiB, 2000, (KiB // 4,)),                        # memory copies a: 1 -> 3
-        Alloc(b), Forward(0),                                      # compute reads a: 1 -> 2
-        Release(A, sync),                                          # layer: compute waits until 3
-        Alloc(a), Prefetch(A, 2000, (KiB // 4,)),                  # memory from compute's clock, 2 s
-        Forward(0),                                                # compute + 1
-        WaitPrefetch(A), Free(A), Free(B),
+        Alloc(a),
+        Forward(0),  # compute writes a: 0 -> 1
+        Offload(A, KiB, 2000, (KiB // 4,)),  # memory copies a: 1 -> 3
+        Alloc(b),
+        Forward(0),  # compute reads a: 1 -> 2
+        Release(A, sync),  # layer: compute waits until 3
+        Alloc(a),
+        Prefetch(A, 2000, (KiB // 4,)),  # memory from compute's clock, 2 s
+        Forward(0),  # compute + 1
+        WaitPrefetch(A),
+        Free(A),
+        Free(B),
     ]
     return Schedule(program=program, persistent=[], steps=steps, value={}, alignment=256)
 
@@ -69,11 +74,15 @@ def test_reusing_memory_whose_copy_is_still_running_stalls_compute_until_the_cop
     waits on the host for the copy's event, and compute's later work cannot start before it."""
     program = vmem.models.get("digits_cnn").build(1)
     c = Key(Kind.VALUE, "c")
-    steps = [Alloc(Buffer(A, KiB, "feature_maps")), Forward(0),  # compute 0 -> 1
-             Offload(A, KiB, 2000, (KiB // 4,)),                 # memory copies a: 1 -> 3
-             Release(A, "event"),                                # freed on the memory stream, after the copy
-             Alloc(Buffer(c, KiB, "feature_maps")), Forward(0),  # only a's memory is left: wait until 3, 3 -> 4
-             Free(c)]
+    steps = [
+        Alloc(Buffer(A, KiB, "feature_maps")),
+        Forward(0),  # compute 0 -> 1
+        Offload(A, KiB, 2000, (KiB // 4,)),  # memory copies a: 1 -> 3
+        Release(A, "event"),  # freed on the memory stream, after the copy
+        Alloc(Buffer(c, KiB, "feature_maps")),
+        Forward(0),  # only a's memory is left: wait until 3, 3 -> 4
+        Free(c),
+    ]
     sched = Schedule(program=program, persistent=[], steps=steps, value={}, alignment=256)
     figures = replay(sched, vmem.device("sim:titan-x", memory="1KiB"), Costs())
     assert figures.step_seconds == pytest.approx(4.0)

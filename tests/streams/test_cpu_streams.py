@@ -181,7 +181,9 @@ def test_many_host_threads_waiting_on_different_points_all_wake(streams):
         a.launch(time.sleep, 0.001)
         events.append(a.record())
     woke = []
-    threads = [threading.Thread(target=lambda e=e, i=i: (e.synchronize(), woke.append(i))) for i, e in enumerate(events)]
+    threads = [
+        threading.Thread(target=lambda e=e, i=i: (e.synchronize(), woke.append(i))) for i, e in enumerate(events)
+    ]
     for t in threads:
         t.start()
     gate.set()

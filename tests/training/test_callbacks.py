@@ -60,11 +60,13 @@ def test_the_progress_bar_shows_on_a_terminal_that_reports_no_size():
     import sys
 
     pytest.importorskip("tqdm")
-    code = ("from vmem.training.callbacks import ProgressBar\n"
-            "bar = ProgressBar(); bar.on_epoch_start(None, 1, 1, 3)\n"
-            "assert bar.bar is not None\n"
-            "for _ in range(3): bar.bar.update(1)\n"
-            "bar.bar.refresh(); bar.on_epoch_end(None, None, 1)\n")
+    code = (
+        "from vmem.training.callbacks import ProgressBar\n"
+        "bar = ProgressBar(); bar.on_epoch_start(None, 1, 1, 3)\n"
+        "assert bar.bar is not None\n"
+        "for _ in range(3): bar.bar.update(1)\n"
+        "bar.bar.refresh(); bar.on_epoch_end(None, None, 1)\n"
+    )
     leader, follower = pty.openpty()  # a terminal of 0 columns and 0 rows
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=follower, stdout=follower, stderr=follower)
     os.close(follower)

@@ -14,19 +14,32 @@ from vmem.errors import CheckpointError
 
 
 def net():
-    return vmem.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 8 * 8, 10),
-                           input_shape=(3, 8, 8), name="tiny")
+    return vmem.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(4 * 8 * 8, 10),
+        input_shape=(3, 8, 8),
+        name="tiny",
+    )
 
 
 def state(trainer):
     trainer.sync()
-    return ({k: v.copy() for k, v in trainer.net.params.items()}, trainer._device_params().optimizer_state(),
-            trainer.steps_done, json.dumps(trainer.rng.bit_generator.state))
+    return (
+        {k: v.copy() for k, v in trainer.net.params.items()},
+        trainer._device_params().optimizer_state(),
+        trainer.steps_done,
+        json.dumps(trainer.rng.bit_generator.state),
+    )
 
 
 def same(a, b):
-    return (all(np.array_equal(a[0][k], b[0][k]) for k in a[0]) and all(np.array_equal(a[1][k], b[1][k]) for k in a[1])
-            and a[2:] == b[2:])
+    return (
+        all(np.array_equal(a[0][k], b[0][k]) for k in a[0])
+        and all(np.array_equal(a[1][k], b[1][k]) for k in a[1])
+        and a[2:] == b[2:]
+    )
 
 
 @pytest.fixture
@@ -70,9 +83,11 @@ def nan_weight(data, meta):
     data[key].flat[0] = np.nan
 
 
-@pytest.mark.parametrize("change,entry", [(drop_steps, "steps"), (text_steps, "steps"),
-                                          (int_optimizer_state, "opt/"), (nan_weight, "param/")],
-                         ids=["no-steps", "text-steps", "int-optimizer-state", "nan-weight"])
+@pytest.mark.parametrize(
+    "change,entry",
+    [(drop_steps, "steps"), (text_steps, "steps"), (int_optimizer_state, "opt/"), (nan_weight, "param/")],
+    ids=["no-steps", "text-steps", "int-optimizer-state", "nan-weight"],
+)
 def test_a_bad_entry_is_refused_and_nothing_changes(trained, tmp_path, change, entry):
     trainer, good = trained
     before = state(trainer)

@@ -13,8 +13,15 @@ from vmem.errors import NonFiniteError
 
 
 def _net():
-    return vmem.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
-                           nn.Linear(8 * 8 * 8, 10), input_shape=(3, 8, 8), name="bn_net")
+    return vmem.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(8 * 8 * 8, 10),
+        input_shape=(3, 8, 8),
+        name="bn_net",
+    )
 
 
 def _state(trainer):
@@ -65,8 +72,11 @@ def test_steps_that_stay_non_finite_stop_training_naming_the_first_op():
         with pytest.warns(RuntimeWarning):
             trainer.step(x, y)
             trainer.step(x, y)
-            with pytest.raises(NonFiniteError, match=r"3 steps in a row.*first output that is not finite: conv1 "
-                                                     r"\(forward\)"):
+            with pytest.raises(
+                NonFiniteError,
+                match=r"3 steps in a row.*first output that is not finite: conv1 "
+                r"\(forward\)",
+            ):
                 trainer.step(x, y)
         assert trainer.steps_done == 0
 

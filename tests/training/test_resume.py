@@ -16,8 +16,16 @@ from vmem.training import Callback, CosineSchedule
 
 
 def _net():
-    return vmem.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.3),
-                           nn.Flatten(), nn.Linear(8 * 8 * 8, 10), input_shape=(1, 8, 8), name="resumable")
+    return vmem.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Dropout(0.3),
+        nn.Flatten(),
+        nn.Linear(8 * 8 * 8, 10),
+        input_shape=(1, 8, 8),
+        name="resumable",
+    )
 
 
 class _StopAt(Callback):
@@ -31,8 +39,9 @@ class _StopAt(Callback):
 
 
 def _trainer():
-    return vmem.Trainer(_net(), memory="32MiB", policy="vdnn-all", seed=3,
-                        optimizer=vmem.optim.SGD(lr=0.05, momentum=0.9))
+    return vmem.Trainer(
+        _net(), memory="32MiB", policy="vdnn-all", seed=3, optimizer=vmem.optim.SGD(lr=0.05, momentum=0.9)
+    )
 
 
 @pytest.mark.parametrize("stop_after", [7, 44, 45])  # midway through epoch 1; the last step of 1; into epoch 2
@@ -44,14 +53,27 @@ def test_resumed_midway_equals_never_stopped(tmp_path, stop_after):
     path = tmp_path / "ckpt.npz"
     with _trainer() as t:
         with pytest.raises(KeyboardInterrupt):
-            t.fit(train, epochs=3, val=val, batch_size=32, progress=False,
-                  callbacks=[CosineSchedule(), _StopAt(stop_after)])
+            t.fit(
+                train,
+                epochs=3,
+                val=val,
+                batch_size=32,
+                progress=False,
+                callbacks=[CosineSchedule(), _StopAt(stop_after)],
+            )
         t.save(path)
     with _trainer() as t:
         t.load(path)
         assert t.steps_done == stop_after
-        t.fit(train, epochs=3, val=val, batch_size=32, progress=False, callbacks=[CosineSchedule()],
-              initial_epoch=t.epochs_done)
+        t.fit(
+            train,
+            epochs=3,
+            val=val,
+            batch_size=32,
+            progress=False,
+            callbacks=[CosineSchedule()],
+            initial_epoch=t.epochs_done,
+        )
         got = t.net.params
     assert all(np.array_equal(want[k], got[k]) for k in want)
 

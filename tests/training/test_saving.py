@@ -124,8 +124,10 @@ def test_a_checkpoint_gets_the_umasks_permissions(trainer, tmp_path):
 def test_two_runs_cannot_save_to_one_path(tmp_path):
     path = tmp_path / "ckpt.npz"
     with checkpoint.SaveLock(path):
-        code = ("import sys; from vmem.training.checkpoint import SaveLock; from vmem.errors import CheckpointError\n"
-                "try:\n    SaveLock(sys.argv[1])\nexcept CheckpointError as e:\n    print(e)")
+        code = (
+            "import sys; from vmem.training.checkpoint import SaveLock; from vmem.errors import CheckpointError\n"
+            "try:\n    SaveLock(sys.argv[1])\nexcept CheckpointError as e:\n    print(e)"
+        )
         out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True).stdout
         assert f"another run (process {os.getpid()})" in out
     with checkpoint.SaveLock(path):  # released: the next run may save there
@@ -139,8 +141,9 @@ def test_a_failed_save_at_the_end_of_an_epoch_lets_training_go_on(trainer, tmp_p
     def failing(*args, **kwargs):
         calls.append(1)
         if len(calls) == 1:
-            raise CheckpointError("ckpt.npz: could not save (No space left on device); the last checkpoint there "
-                                  "is unchanged")
+            raise CheckpointError(
+                "ckpt.npz: could not save (No space left on device); the last checkpoint there is unchanged"
+            )
 
     monkeypatch.setattr(checkpoint, "write", failing)
     train, _ = vmem.data.synthetic(n=20, input_shape=(3, 8, 8), seed=0)
@@ -153,9 +156,25 @@ def test_a_failed_save_at_the_end_of_an_epoch_lets_training_go_on(trainer, tmp_p
 
 def test_sigterm_saves_and_exits_143(tmp_path):
     path = tmp_path / "ckpt.npz"
-    proc = subprocess.Popen([sys.executable, "-m", "vmem", "train", "--model", "digits_cnn", "--epochs", "200",
-                             "--policy", "baseline", "--save", str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vmem",
+            "train",
+            "--model",
+            "digits_cnn",
+            "--epochs",
+            "200",
+            "--policy",
+            "baseline",
+            "--save",
+            str(path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while not path.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.1)

@@ -21,8 +21,16 @@ def batch(shape, n, classes=10, seed=0):
 
 
 def small_net(dropout=0.0):
-    layers = [nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
-              nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten()]
+    layers = [
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+    ]
     if dropout:
         layers.append(nn.Dropout(dropout))
     return vmem.Sequential(*layers, nn.Linear(16 * 4 * 4, 10), input_shape=(3, 16, 16))
@@ -31,8 +39,9 @@ def small_net(dropout=0.0):
 def weights_after(net_fn, steps, *, seed=0, policy="baseline", optimizer=None, device_opts=None, data_seed=0):
     net = net_fn()
     dev = vmem.device("cpu", memory="64MiB", **(device_opts or {}))
-    with vmem.Trainer(net, device=dev, policy=policy, optimizer=optimizer or SGD(lr=0.05, momentum=0.9),
-                      seed=seed) as trainer:
+    with vmem.Trainer(
+        net, device=dev, policy=policy, optimizer=optimizer or SGD(lr=0.05, momentum=0.9), seed=seed
+    ) as trainer:
         for i in range(steps):
             x, y = batch(net.input_shape, 8, seed=data_seed + i)
             trainer.step(x, y)
@@ -46,16 +55,30 @@ def test_baseline_peak_equals_the_programs_prediction_per_category():
     # What the Program predicts for network-wide allocation, category by category.
     params = [s for op in program.ops for s in op.params.values()]
     weights = sum(align(int(np.prod(s.shape)) * 4) for s in params)
-    feature_maps = (sum(align(t.nbytes) for t in program.buffers())
-                    + sum(align(n) for op in program.ops for n in op.aux_nbytes.values())
-                    + align(16 * 10 * 4))  # softmax probabilities
+    feature_maps = (
+        sum(align(t.nbytes) for t in program.buffers())
+        + sum(align(n) for op in program.ops for n in op.aux_nbytes.values())
+        + align(16 * 10 * 4)
+    )  # softmax probabilities
     largest_grad = max(t.nbytes for t in program.tensors[1:])
     gradient_maps = 2 * align(largest_grad)  # a dX/dY pair reused layer by layer
-    workspace = align(max(max(op.workspace[p][a] for p in op.workspace for a in op.workspace[p] if a == "implicit")
-                          for op in program.ops if op.kind == "conv"))
+    workspace = align(
+        max(
+            max(op.workspace[p][a] for p in op.workspace for a in op.workspace[p] if a == "implicit")
+            for op in program.ops
+            if op.kind == "conv"
+        )
+    )
     other = align(16 * 8) + align(4)  # labels, loss
-    predicted = {"weights": weights, "weight_grads": weights, "optimizer_state": weights,
-                 "feature_maps": feature_maps, "gradient_maps": gradient_maps, "workspace": workspace, "other": other}
+    predicted = {
+        "weights": weights,
+        "weight_grads": weights,
+        "optimizer_state": weights,
+        "feature_maps": feature_maps,
+        "gradient_maps": gradient_maps,
+        "workspace": workspace,
+        "other": other,
+    }
     dev = vmem.device("cpu", memory="512MiB")
     with vmem.Trainer(net, device=dev, policy="baseline:algos=memory", seed=0) as trainer:
         x, y = batch((3, 32, 32), 16)
@@ -83,8 +106,9 @@ def test_poisoning_freed_blocks_changes_nothing():
     assert all(np.array_equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("optimizer", [lambda: SGD(lr=0.05, momentum=0.9, weight_decay=1e-4),
-                                       lambda: Adam(lr=1e-3)], ids=["sgd", "adam"])
+@pytest.mark.parametrize(
+    "optimizer", [lambda: SGD(lr=0.05, momentum=0.9, weight_decay=1e-4), lambda: Adam(lr=1e-3)], ids=["sgd", "adam"]
+)
 def test_save_load_and_continue_equals_not_stopping(tmp_path, optimizer):
     straight = weights_after(lambda: small_net(dropout=0.2), 6, optimizer=optimizer())
     path = tmp_path / "ckpt.npz"
@@ -120,8 +144,13 @@ def test_bad_checkpoints_raise_and_leave_the_model_untouched(tmp_path):
         with pytest.raises(CheckpointError, match="cannot read"):
             trainer.load(tmp_path / "missing.npz")
 
-        other = vmem.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Flatten(), nn.Linear(4 * 16 * 16, 10),
-                                input_shape=(3, 16, 16), name="sequential")
+        other = vmem.Sequential(
+            nn.Conv2d(3, 4, 3, padding=1),
+            nn.Flatten(),
+            nn.Linear(4 * 16 * 16, 10),
+            input_shape=(3, 16, 16),
+            name="sequential",
+        )
         with vmem.Trainer(other, memory="64MiB", seed=0) as t2:
             mismatched = tmp_path / "other.npz"
             t2.save(mismatched)
@@ -173,16 +202,20 @@ def test_errors_in_layers_surface_and_the_pool_recovers():
         def forward(self, ctx, xs, y):
             raise FloatingPointError("broken layer")
 
-    net = vmem.Sequential(nn.Conv2d(3, 4, 3, padding=1), Broken(), nn.Flatten(), nn.Linear(4 * 16 * 16, 10),
-                          input_shape=(3, 16, 16))
+    net = vmem.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), Broken(), nn.Flatten(), nn.Linear(4 * 16 * 16, 10), input_shape=(3, 16, 16)
+    )
     dev = vmem.device("cpu", memory="16MiB")
     with vmem.Trainer(net, device=dev, seed=0) as trainer:
         in_use = dev.pool.stats().in_use if trainer._params else None
         with pytest.raises(FloatingPointError, match="broken layer"):
             trainer.step(*batch(net.input_shape, 4))
         dev.pool.reclaim(wait=True)
-        assert dev.pool.stats().in_use == sum(s.in_use for c, s in dev.pool.stats().by_category.items()
-                                               if c in ("weights", "weight_grads", "optimizer_state"))
+        assert dev.pool.stats().in_use == sum(
+            s.in_use
+            for c, s in dev.pool.stats().by_category.items()
+            if c in ("weights", "weight_grads", "optimizer_state")
+        )
         assert in_use is None
     dev.close()
 

@@ -38,21 +38,33 @@ def test_evaluate_and_predict_default_to_a_batch_that_fits_beside_the_training_s
 
 def test_fit_says_when_it_evaluates_in_smaller_batches(capsys):
     train, val = vmem.data.digits(image_size=32, channels=3)
-    with vmem.Trainer(vmem.models.get("vgg_cifar"), memory="100MiB", policy="vdnn-all", seed=0,
-                      optimizer=vmem.optim.SGD(lr=0.01, momentum=0.9)) as trainer:
+    with vmem.Trainer(
+        vmem.models.get("vgg_cifar"),
+        memory="100MiB",
+        policy="vdnn-all",
+        seed=0,
+        optimizer=vmem.optim.SGD(lr=0.01, momentum=0.9),
+    ) as trainer:
         trainer.fit(vmem.data.Dataset(train.x[:96], train.y[:96], 10), epochs=1, val=val, batch_size=32)
     assert "evaluating in batches of" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda t, d: t.fit(d, batch_size=0), "batch_size=0 must be a positive int"),
-    (lambda t, d: t.fit(d, epochs=True), "epochs=True must be a positive int"),
-    (lambda t, d: t.predict(d.x, batch_size=-1), "batch_size=-1 must be a positive int"),
-    (lambda t, d: t.evaluate(vmem.data.Dataset(d.x[:4], np.array([0, 1, 12, 2]), 10, "bad")),
-     "labels must be integers from 0 to 9"),
-    (lambda t, d: t.evaluate(vmem.data.Dataset(d.x[:4], np.array([0, 1, -1, 2]), 10, "bad")),
-     "labels must be integers from 0 to 9"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda t, d: t.fit(d, batch_size=0), "batch_size=0 must be a positive int"),
+        (lambda t, d: t.fit(d, epochs=True), "epochs=True must be a positive int"),
+        (lambda t, d: t.predict(d.x, batch_size=-1), "batch_size=-1 must be a positive int"),
+        (
+            lambda t, d: t.evaluate(vmem.data.Dataset(d.x[:4], np.array([0, 1, 12, 2]), 10, "bad")),
+            "labels must be integers from 0 to 9",
+        ),
+        (
+            lambda t, d: t.evaluate(vmem.data.Dataset(d.x[:4], np.array([0, 1, -1, 2]), 10, "bad")),
+            "labels must be integers from 0 to 9",
+        ),
+    ],
+)
 def test_bad_arguments_are_refused_by_name(call, message):
     train, _ = vmem.data.digits(image_size=8, channels=1)
     with vmem.Trainer(vmem.models.get("digits_cnn"), memory="16MiB") as trainer:
@@ -95,8 +107,9 @@ def test_the_smallest_budget_a_refusal_names_is_the_smallest_that_trains(policy)
 
 
 def test_auto_never_picks_a_budget_that_cannot_train(capsys):
-    code = main(["train", "--model", "digits_cnn", "--epochs", "1", "--memory", "auto:0.1", "--policy", "vdnn-all",
-                 "--json"])
+    code = main(
+        ["train", "--model", "digits_cnn", "--epochs", "1", "--memory", "auto:0.1", "--policy", "vdnn-all", "--json"]
+    )
     out = capsys.readouterr()
     assert code == 0, out.err
     result = json.loads(out.out)

@@ -17,12 +17,35 @@ from .floats import DPR, FORMATS, quantize
 from .quant import Fixed, Patch2
 from .sparse import SSDC, ZVC, Binarize
 
-__all__ = ["get", "names", "register", "ALIASES", "stored_nbytes", "STORE_SLACK", "encode_channels_last", "decode_channels_last", "Codec", "Encoded", "ZVC", "SSDC", "Binarize", "DPR", "Fixed", "Patch2", "FORMATS",
-           "quantize"]
+__all__ = [
+    "get",
+    "names",
+    "register",
+    "ALIASES",
+    "stored_nbytes",
+    "STORE_SLACK",
+    "encode_channels_last",
+    "decode_channels_last",
+    "Codec",
+    "Encoded",
+    "ZVC",
+    "SSDC",
+    "Binarize",
+    "DPR",
+    "Fixed",
+    "Patch2",
+    "FORMATS",
+    "quantize",
+]
 
 _CODECS: dict[str, type[Codec]] = {c.name: c for c in (ZVC, SSDC, Binarize, DPR, Fixed, Patch2)}
-ALIASES = {"fp16": "dpr:format=fp16", "fp10": "dpr:format=fp10", "fp8": "dpr:format=fp8", "fixed8": "fixed:bits=8",
-           "fixed4": "fixed:bits=4"}
+ALIASES = {
+    "fp16": "dpr:format=fp16",
+    "fp10": "dpr:format=fp10",
+    "fp8": "dpr:format=fp8",
+    "fixed8": "fixed:bits=8",
+    "fixed4": "fixed:bits=4",
+}
 
 
 def encode_channels_last(codec: Codec, x: Any, lo: Any = None, hi: Any = None) -> Encoded:
@@ -60,14 +83,14 @@ def get(spec: "str | Codec", **options: Any) -> Codec:
     if isinstance(spec, Codec):
         return spec
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"codec={spec!r}: expected a codec name ({', '.join(names())}) or short name "
-                         f"({', '.join(ALIASES)})")
+        raise ValueError(
+            f"codec={spec!r}: expected a codec name ({', '.join(names())}) or short name ({', '.join(ALIASES)})"
+        )
     name, parsed = parse_spec(ALIASES.get(spec.strip(), spec), "codec")
     parsed.update(options)
     cls = _CODECS.get(name)
     if cls is None:
-        raise ValueError(f"unknown codec {name!r}; available: {', '.join(names())} (short names: "
-                         f"{', '.join(ALIASES)})")
+        raise ValueError(f"unknown codec {name!r}; available: {', '.join(names())} (short names: {', '.join(ALIASES)})")
     try:
         return cls(**parsed)
     except TypeError:

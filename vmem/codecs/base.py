@@ -44,8 +44,10 @@ class Encoded:
             a = array_module(a).ascontiguousarray(a)
             end = offset + a.nbytes
             if end > raw.nbytes:
-                raise ValueError(f"{self.codec}: the encoding needs {self.nbytes} bytes (with alignment more), "
-                                 f"the buffer holds {raw.nbytes}")
+                raise ValueError(
+                    f"{self.codec}: the encoding needs {self.nbytes} bytes (with alignment more), "
+                    f"the buffer holds {raw.nbytes}"
+                )
             dst = raw[offset:end].view(a.dtype).reshape(a.shape)
             if copy is None:
                 dst[...] = a

@@ -22,9 +22,26 @@ import numpy as np
 from ..threads import BUDGET, KERNELS
 from .base import array_module
 
-__all__ = ["available", "Backend", "CPU", "backend", "register_gpu", "binarize_encode", "binarize_decode",
-           "binarize_relu_backward", "zvc_encode", "zvc_decode", "ssdc_encode", "ssdc_decode", "dpr_encode",
-           "dpr_decode", "fixed_encode", "fixed_decode", "patch2_encode", "patch2_decode"]
+__all__ = [
+    "available",
+    "Backend",
+    "CPU",
+    "backend",
+    "register_gpu",
+    "binarize_encode",
+    "binarize_decode",
+    "binarize_relu_backward",
+    "zvc_encode",
+    "zvc_decode",
+    "ssdc_encode",
+    "ssdc_decode",
+    "dpr_encode",
+    "dpr_decode",
+    "fixed_encode",
+    "fixed_decode",
+    "patch2_encode",
+    "patch2_decode",
+]
 
 try:
     from .._native import ffi, lib  # type: ignore[import-not-found]
@@ -38,8 +55,11 @@ def available() -> bool:
     global _warned
     if lib is None and not _warned:
         _warned = True
-        warnings.warn("vmem's native kernels are not built (no C compiler at install?): codecs use NumPy",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            "vmem's native kernels are not built (no C compiler at install?): codecs use NumPy",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return lib is not None
 
 
@@ -56,8 +76,14 @@ def _chunks(threads: int, cols: int = 1) -> list[tuple[int, int]]:
     return [(lo, min(lo + step, threads)) for lo in range(0, threads, step)]
 
 
-_TYPES = {np.dtype(np.float32): "float *", np.dtype(np.uint32): "uint32_t *", np.dtype(np.int32): "int32_t *",
-          np.dtype(np.uint16): "uint16_t *", np.dtype(np.uint8): "uint8_t *", np.dtype(np.int64): "int64_t *"}
+_TYPES = {
+    np.dtype(np.float32): "float *",
+    np.dtype(np.uint32): "uint32_t *",
+    np.dtype(np.int32): "int32_t *",
+    np.dtype(np.uint16): "uint16_t *",
+    np.dtype(np.uint8): "uint8_t *",
+    np.dtype(np.int64): "int64_t *",
+}
 
 
 def launch(kernel: str, threads: int, *args: Any, first: int = 0, cols: int = 1) -> None:
@@ -253,13 +279,27 @@ def patch2_encode(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Codes, lo and scale of each 4x4 patch of a C-contiguous (N, H, W, C) float32 array."""
     n, h, w, c = x.shape
     patches = n * _groups(h, 4) * _groups(w, 4)
-    codes, lo, scale = np.empty(patches * c, np.uint32), np.empty(patches * c, np.float32), \
-        np.empty(patches * c, np.float32)
+    codes, lo, scale = (
+        np.empty(patches * c, np.uint32),
+        np.empty(patches * c, np.float32),
+        np.empty(patches * c, np.float32),
+    )
     launch("patch2_encode", patches, x, codes, lo, scale, n, h, w, c, cols=c)
     return codes, lo, scale
 
 
 def patch2_decode(codes: np.ndarray, lo: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
     n, h, w, c = out.shape
-    launch("patch2_decode", n * h * w, np.ascontiguousarray(codes), np.ascontiguousarray(lo),
-           np.ascontiguousarray(scale), out, n, h, w, c, cols=c)
+    launch(
+        "patch2_decode",
+        n * h * w,
+        np.ascontiguousarray(codes),
+        np.ascontiguousarray(lo),
+        np.ascontiguousarray(scale),
+        out,
+        n,
+        h,
+        w,
+        c,
+        cols=c,
+    )

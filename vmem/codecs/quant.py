@@ -96,7 +96,7 @@ class Fixed(Codec):
         hi = np.ascontiguousarray(hi, np.float32).reshape(-1)
         levels = (1 << self.bits) - 1
         scale = ((hi - lo) / np.float32(levels)).astype(np.float32)
-        inner = math.prod(a.shape[axis + 1:])
+        inner = math.prod(a.shape[axis + 1 :])
         meta = {"axis": axis}
         if not reference and a.dtype == np.float32 and native.available():
             codes = native.fixed_encode(np.ascontiguousarray(a).reshape(-1), lo, scale, inner, self.bits)
@@ -111,7 +111,7 @@ class Fixed(Codec):
         lo, scale = enc.arrays["lo"], enc.arrays["scale"]
         r = res.reshape(-1)
         if not reference and res.dtype == np.float32 and r.flags.c_contiguous and native.available():
-            native.fixed_decode(enc.arrays["codes"], lo, scale, math.prod(enc.shape[axis + 1:]), self.bits, r)
+            native.fixed_decode(enc.arrays["codes"], lo, scale, math.prod(enc.shape[axis + 1 :]), self.bits, r)
             return res
         shape = [1] * len(enc.shape)
         shape[axis] = -1
@@ -179,8 +179,9 @@ class Patch2(Codec):
         codes = (q.astype(np.uint32) << (2 * np.arange(16, dtype=np.uint32))).sum(axis=-1, dtype=np.uint32)
         return codes.reshape(-1), lo.reshape(-1), scale.reshape(-1)
 
-    def decode(self, enc: Encoded, out: Any = None, *, channels_last: bool = False,
-               reference: bool = False) -> np.ndarray:
+    def decode(
+        self, enc: Encoded, out: Any = None, *, channels_last: bool = False, reference: bool = False
+    ) -> np.ndarray:
         n, c, h, w = enc.shape
         if out is None:
             out = np.empty((n, h, w, c) if channels_last else (n, c, h, w), enc.dtype)

@@ -80,8 +80,12 @@ class SSDC(Codec):
         counts = np.bincount(where // self.ROW, minlength=rows)
         row_ptr = np.zeros(rows + 1, np.int32)
         np.cumsum(counts, out=row_ptr[1:])
-        return Encoded(self.name, shape_of(x), v.dtype,
-                       {"row_ptr": row_ptr, "cols": (where % self.ROW).astype(np.uint8), "values": v[where]})
+        return Encoded(
+            self.name,
+            shape_of(x),
+            v.dtype,
+            {"row_ptr": row_ptr, "cols": (where % self.ROW).astype(np.uint8), "values": v[where]},
+        )
 
     def decode(self, enc: Encoded, out: Any = None, *, reference: bool = False) -> np.ndarray:
         res = output(enc, out)
@@ -137,8 +141,14 @@ class Binarize(Codec):
         """ReLU's backward on the encoded output (Gist): ``dx = dy * mask``, the same bytes as
         ``dy * (y > 0)`` on the dense output, without decoding it. ``dx`` may be ``dy``."""
         bits = enc.arrays["bits"]
-        if (not reference and dx.dtype == np.float32 and dy.dtype == np.float32 and dx.flags.c_contiguous
-                and dy.flags.c_contiguous and (on := native.backend(dx)) is not None):
+        if (
+            not reference
+            and dx.dtype == np.float32
+            and dy.dtype == np.float32
+            and dx.flags.c_contiguous
+            and dy.flags.c_contiguous
+            and (on := native.backend(dx)) is not None
+        ):
             native.binarize_relu_backward(bits, dy.reshape(-1), dx.reshape(-1), on)
             return
         mask = np.unpackbits(bits, bitorder="little", count=enc.size).astype(bool).reshape(dy.shape)

@@ -78,8 +78,13 @@ def send(device: Any, codec: Codec, src: Any, host: np.ndarray, ranges: tuple[An
             pending.result()  # the link carries one piece at a time
         room = host[offset:]
         stored = enc.store(room, copy=lambda dst, a: None)  # place the arrays; the link copies them below
-        pairs = [(stored.arrays[k].reshape(-1).view(np.uint8),
-                  array_module(a).ascontiguousarray(a).reshape(-1).view(np.uint8)) for k, a in enc.arrays.items()]
+        pairs = [
+            (
+                stored.arrays[k].reshape(-1).view(np.uint8),
+                array_module(a).ascontiguousarray(a).reshape(-1).view(np.uint8),
+            )
+            for k, a in enc.arrays.items()
+        ]
         pending = _submit(inline, lambda ps=pairs: [device.copy_now(d, s, "d2h") for d, s in ps])
         parts.append(stored)
         offset += enc.nbytes + STORE_SLACK

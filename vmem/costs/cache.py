@@ -34,7 +34,8 @@ def enabled() -> bool:
 def folder() -> Path:
     """Where profiles are kept (see the module docstring)."""
     base = os.environ.get("VMEM_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vmem")
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vmem"
+    )
     return Path(base) / "profiles"
 
 
@@ -53,13 +54,17 @@ def key(program: Program, device: Any, copy_gbps: float | None, repeats: int, se
     """A hex digest of everything a profile of ``program`` on ``device`` depends on."""
     from .. import __version__
 
-    ops = [(op.name, op.kind, [list(s) for s in op.in_shapes], list(op.out_shape), op.algorithms,
-            op.workspace) for op in program.ops]
+    ops = [
+        (op.name, op.kind, [list(s) for s in op.in_shapes], list(op.out_shape), op.algorithms, op.workspace)
+        for op in program.ops
+    ]
     what = {
         "program": [program.network, program.batch, program.dtype, ops],
         # the spec (name, capacity, link, architecture) and the repr (options such as poison, the GPU's name)
         "device": None if device is None else [device.spec.to_dict(), repr(device)],
-        "copy_gbps": copy_gbps, "repeats": repeats, "seed": seed,
+        "copy_gbps": copy_gbps,
+        "repeats": repeats,
+        "seed": seed,
         "machine": [platform.machine(), _processor(), os.cpu_count()],
         "versions": [__version__, np.__version__],
     }
@@ -91,8 +96,15 @@ def store(digest: str, profiled: Profiled) -> None:
         pass
 
 
-def profile(program: Program, *, device: Any = None, copy_gbps: float | None = None, repeats: int = 3,
-            seed: int = 0, cache: bool = True) -> tuple[Profiled, bool]:
+def profile(
+    program: Program,
+    *,
+    device: Any = None,
+    copy_gbps: float | None = None,
+    repeats: int = 3,
+    seed: int = 0,
+    cache: bool = True,
+) -> tuple[Profiled, bool]:
     """:func:`vmem.costs.profile`, kept: (the profile, whether it came from the cache). With ``cache``
     False (or ``VMEM_PROFILE_CACHE=0``) it measures and keeps nothing."""
     from .measured import profile as measure

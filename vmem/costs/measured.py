@@ -44,9 +44,16 @@ class Profiled:
     program offloads: small copies run from the cache, far faster than a large copy's rate), the
     element-wise bandwidth."""
 
-    def __init__(self, times: dict[tuple[str, str, str | None], float], d2h_gbps: float, h2d_gbps: float,
-                 update: float = 0.0, elementwise_gbps: float = 10.0, copies: dict[int, float] | None = None,
-                 notes: list[str] | None = None):
+    def __init__(
+        self,
+        times: dict[tuple[str, str, str | None], float],
+        d2h_gbps: float,
+        h2d_gbps: float,
+        update: float = 0.0,
+        elementwise_gbps: float = 10.0,
+        copies: dict[int, float] | None = None,
+        notes: list[str] | None = None,
+    ):
         self.times = times
         self.d2h = d2h_gbps
         self.h2d = h2d_gbps
@@ -77,17 +84,27 @@ class Profiled:
 
     def to_dict(self) -> dict[str, Any]:
         """Everything measured, as plain data (:meth:`from_dict` reads it back)."""
-        return {"times": [[op, pass_, algo, t] for (op, pass_, algo), t in self.times.items()],
-                "d2h_gbps": self.d2h, "h2d_gbps": self.h2d, "update": self.update,
-                "elementwise_gbps": self.elementwise_gbps, "copies": [[n, t] for n, t in self.copies.items()],
-                "notes": self.notes}
+        return {
+            "times": [[op, pass_, algo, t] for (op, pass_, algo), t in self.times.items()],
+            "d2h_gbps": self.d2h,
+            "h2d_gbps": self.h2d,
+            "update": self.update,
+            "elementwise_gbps": self.elementwise_gbps,
+            "copies": [[n, t] for n, t in self.copies.items()],
+            "notes": self.notes,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Profiled":
-        return cls({(op, pass_, algo): float(t) for op, pass_, algo, t in data["times"]},
-                   float(data["d2h_gbps"]), float(data["h2d_gbps"]), float(data["update"]),
-                   float(data["elementwise_gbps"]), {int(n): float(t) for n, t in data["copies"]},
-                   list(data.get("notes", [])))
+        return cls(
+            {(op, pass_, algo): float(t) for op, pass_, algo, t in data["times"]},
+            float(data["d2h_gbps"]),
+            float(data["h2d_gbps"]),
+            float(data["update"]),
+            float(data["elementwise_gbps"]),
+            {int(n): float(t) for n, t in data["copies"]},
+            list(data.get("notes", [])),
+        )
 
 
 class _Runner:
@@ -133,8 +150,9 @@ class _Runner:
         self.device.copy_to_device(out, np.ascontiguousarray(host), self.device.compute_stream)
         return out
 
-    def normal(self, rng: np.random.Generator, shape: Any, dtype: np.dtype, scale: float = 1.0,
-               shift: float = 0.0) -> Any:
+    def normal(
+        self, rng: np.random.Generator, shape: Any, dtype: np.dtype, scale: float = 1.0, shift: float = 0.0
+    ) -> Any:
         """Random values of ``shape`` (standard normal, scaled and shifted): drawn by ``rng`` on the host;
         on a GPU, drawn there into the pool (the feature maps of a large batch are gigabytes, which a
         host generator would take a minute to draw), seeded from ``rng``."""
@@ -209,8 +227,14 @@ class _Runner:
         return {name: t for name, t, _ in self.call(lambda: self.conv.find(layer, pass_, x, w, y, ws))}
 
 
-def _profile_op(op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: int,
-                times: dict[tuple[str, str, str | None], float], on: _Runner) -> None:
+def _profile_op(
+    op: OpInfo,
+    rng: np.random.Generator,
+    dtype: np.dtype,
+    repeats: int,
+    times: dict[tuple[str, str, str | None], float],
+    on: _Runner,
+) -> None:
     """Time every pass and algorithm of one op on random data of its shapes into ``times``."""
     layer = op.layer
     xs = [on.normal(rng, physical(s), dtype) for s in op.in_shapes]
@@ -231,9 +255,19 @@ def _profile_op(op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: 
     ws = on.empty(ws_bytes, np.uint8) if ws_bytes else None
 
     def ctx(algo: Any) -> Ctx:
-        return Ctx(xp=on.xp, params=params, grads=grads, aux=aux, train=True, rng=np.random.default_rng(0),
-                   workspace=ws, algo=algo, in_shapes=tuple(physical(s) for s in op.in_shapes), conv=on.conv,
-                   ops=on.ops)
+        return Ctx(
+            xp=on.xp,
+            params=params,
+            grads=grads,
+            aux=aux,
+            train=True,
+            rng=np.random.default_rng(0),
+            workspace=ws,
+            algo=algo,
+            in_shapes=tuple(physical(s) for s in op.in_shapes),
+            conv=on.conv,
+            ops=on.ops,
+        )
 
     needs_x = xs if op.reads_input else None
     if op.kind == "conv":
@@ -254,12 +288,24 @@ def _profile_op(op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: 
 
     def backward() -> None:
         layer.backward(ctx(None), dy, needs_x, y_read, dxs)
+
     on.call(backward)
     times[(op.name, "backward", None)] = on.seconds(backward, repeats)
 
 
-def _time_conv(op: OpInfo, algos: dict[str, list[str]], ctx: Any, xs: list[Any], y: Any, dy: Any, dxs: list[Any],
-               needs_x: Any, times: dict[tuple[str, str, str | None], float], on: _Runner, repeats: int) -> None:
+def _time_conv(
+    op: OpInfo,
+    algos: dict[str, list[str]],
+    ctx: Any,
+    xs: list[Any],
+    y: Any,
+    dy: Any,
+    dxs: list[Any],
+    needs_x: Any,
+    times: dict[tuple[str, str, str | None], float],
+    on: _Runner,
+    repeats: int,
+) -> None:
     """Time each of ``algos`` of each pass of a convolution as the layer runs it (after a warm-up run):
     backward-filter alone, backward-data as both passes (with the fastest filter algorithm) less that.
     An algorithm that fails is skipped (never offered: its time is infinite) and named in the profile's
@@ -274,8 +320,10 @@ def _time_conv(op: OpInfo, algos: dict[str, list[str]], ctx: Any, xs: list[Any],
         except OutOfDeviceMemory:
             raise  # the op's buffers: measured at a smaller batch instead
         except Exception as exc:  # noqa: BLE001 - this algorithm does not run here: skip it, say so
-            on.notes.append(f"{op.name}: {pass_} algorithm {algo} failed and is not offered "
-                            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+            on.notes.append(
+                f"{op.name}: {pass_} algorithm {algo} failed and is not offered "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+            )
             _log.warning("%s", on.notes[-1])
             seconds = float("inf")
         times[(op.name, pass_, algo)] = seconds
@@ -296,8 +344,9 @@ def _time_conv(op: OpInfo, algos: dict[str, list[str]], ctx: Any, xs: list[Any],
     best_filter = min(usable("backward_filter"), key=lambda a: times[(op.name, "backward_filter", a)])
     base_filter = times[(op.name, "backward_filter", best_filter)]
     for da in algos["backward_data"]:
-        both = timed("backward_data", da,
-                     lambda da=da: layer.backward(ctx((da, best_filter)), dy, needs_x, y_read, dxs))
+        both = timed(
+            "backward_data", da, lambda da=da: layer.backward(ctx((da, best_filter)), dy, needs_x, y_read, dxs)
+        )
         times[(op.name, "backward_data", da)] = max(0.0, both - base_filter) if np.isfinite(both) else both
     usable("backward_data")
 
@@ -308,9 +357,20 @@ def _time_conv(op: OpInfo, algos: dict[str, list[str]], ctx: Any, xs: list[Any],
 TOP = 3
 
 
-def _profile_conv_ranked(op: OpInfo, algos: dict[str, list[str]], ctx: Any, xs: list[Any], y: Any, dy: Any,
-                         dxs: list[Any], needs_x: Any, times: dict[tuple[str, str, str | None], float],
-                         on: _Runner, repeats: int, ws: Any) -> None:
+def _profile_conv_ranked(
+    op: OpInfo,
+    algos: dict[str, list[str]],
+    ctx: Any,
+    xs: list[Any],
+    y: Any,
+    dy: Any,
+    dxs: list[Any],
+    needs_x: Any,
+    times: dict[tuple[str, str, str | None], float],
+    on: _Runner,
+    repeats: int,
+    ws: Any,
+) -> None:
     """A convolution on a device with cuDNN: the :data:`TOP` algorithms of each pass by cuDNN's heuristics
     (``Get*Algorithm_v7``, which runs nothing), each timed as the layer runs it."""
     layer = op.layer
@@ -325,18 +385,31 @@ def _profile_conv_ranked(op: OpInfo, algos: dict[str, list[str]], ctx: Any, xs: 
     _time_conv(op, ranked, ctx, xs, y, dy, dxs, needs_x, times, on, repeats)
 
 
-def _profile_conv_found(op: OpInfo, algos: dict[str, list[str]], ctx: Any, xs: list[Any], y: Any, dy: Any,
-                        dxs: list[Any], needs_x: Any, times: dict[tuple[str, str, str | None], float], on: _Runner,
-                        repeats: int, ws: Any) -> None:
+def _profile_conv_found(
+    op: OpInfo,
+    algos: dict[str, list[str]],
+    ctx: Any,
+    xs: list[Any],
+    y: Any,
+    dy: Any,
+    dxs: list[Any],
+    needs_x: Any,
+    times: dict[tuple[str, str, str | None], float],
+    on: _Runner,
+    repeats: int,
+    ws: Any,
+) -> None:
     """A convolution on a device with cuDNN: each pass's algorithms timed by cuDNN's search (one call per
     pass, as frameworks do), then the fastest timed as the layer runs it (bias included); the others
     are given cuDNN's time plus the same overhead, so that the plan weighs them alike."""
     layer = op.layer
     y_read = y if op.reads_output else None
     w, dw = ctx(None).params["weight"], ctx(None).grads["weight"]
-    found = {"forward": on.find("forward", layer, xs[0], w, y, ws),
-             "backward_filter": on.find("backward_filter", layer, xs[0], dw, dy, ws),
-             "backward_data": on.find("backward_data", layer, dxs[0], w, dy, ws)}
+    found = {
+        "forward": on.find("forward", layer, xs[0], w, y, ws),
+        "backward_filter": on.find("backward_filter", layer, xs[0], dw, dy, ws),
+        "backward_data": on.find("backward_data", layer, dxs[0], w, dy, ws),
+    }
     best: dict[str, str] = {}
     for pass_, names in algos.items():
         usable = {a: found[pass_][a] for a in names if a in found[pass_]}
@@ -362,8 +435,9 @@ def _profile_conv_found(op: OpInfo, algos: dict[str, list[str]], ctx: Any, xs: l
     measured("backward_data", max(0.0, both - filter_seconds))
 
 
-def profile(program: Program, *, copy_gbps: float | None = None, repeats: int = 3, seed: int = 0,
-            device: Any = None) -> Profiled:
+def profile(
+    program: Program, *, copy_gbps: float | None = None, repeats: int = 3, seed: int = 0, device: Any = None
+) -> Profiled:
     """Measured costs of one training step of ``program``: on this machine's CPU (host arrays), or on
     ``device`` (the CPU device or a CUDA one: every array in its pool, its convolution backend, on a GPU its
     compute stream; the program should carry the device's catalog, ``device.catalog(program)``).
@@ -379,7 +453,7 @@ def profile(program: Program, *, copy_gbps: float | None = None, repeats: int = 
     :func:`vmem.benchmarks.best_seconds`), lest a busy machine make the plan weigh an op several times
     over."""
     # under the same thread budget as the steps it predicts
-    with (BUDGET.limit() if device is None else device.step_scope()):
+    with BUDGET.limit() if device is None else device.step_scope():
         return _profile(program, copy_gbps, repeats, seed, device)
 
 
@@ -413,12 +487,26 @@ def _profile(program: Program, copy_gbps: float | None, repeats: int, seed: int,
     update = 5 * params_bytes * dtype.itemsize / (elementwise_gbps * 1e9)
     for note in notes:
         _log.info("profile: %s", note)
-    return Profiled(times, d2h_gbps=copy_gbps, h2d_gbps=copy_gbps, update=update, elementwise_gbps=elementwise_gbps,
-                    copies=copies, notes=notes)
+    return Profiled(
+        times,
+        d2h_gbps=copy_gbps,
+        h2d_gbps=copy_gbps,
+        update=update,
+        elementwise_gbps=elementwise_gbps,
+        copies=copies,
+        notes=notes,
+    )
 
 
-def _profile_fitting(program: Program, op: OpInfo, rng: np.random.Generator, dtype: np.dtype, repeats: int,
-                     times: dict[tuple[str, str, str | None], float], on: _Runner) -> bool:
+def _profile_fitting(
+    program: Program,
+    op: OpInfo,
+    rng: np.random.Generator,
+    dtype: np.dtype,
+    repeats: int,
+    times: dict[tuple[str, str, str | None], float],
+    on: _Runner,
+) -> bool:
     """Profile ``op`` at the program's batch, else at the largest batch (halving) whose buffers fit the
     device's free memory, its times scaled by the ratio of batches; False where none fits."""
     batch = program.batch
@@ -430,9 +518,11 @@ def _profile_fitting(program: Program, op: OpInfo, rng: np.random.Generator, dty
             _profile_op(sub, rng, dtype, repeats, measured, on)
         except OutOfDeviceMemory as exc:
             if b == 1:
-                on.notes.append(f"{op.name}: not measured: its buffers do not fit the device's free memory even at batch "
-                             f"1 ({exc.requested:,} bytes asked, {exc.largest_free:,} free in one block); estimated "
-                             "from the other layers' time per FLOP")
+                on.notes.append(
+                    f"{op.name}: not measured: its buffers do not fit the device's free memory even at batch "
+                    f"1 ({exc.requested:,} bytes asked, {exc.largest_free:,} free in one block); estimated "
+                    "from the other layers' time per FLOP"
+                )
                 return False
             b = max(1, b // 2)
             continue
@@ -441,8 +531,10 @@ def _profile_fitting(program: Program, op: OpInfo, rng: np.random.Generator, dty
         scale = batch / b
         times.update({key: t * scale for key, t in measured.items()})
         if b < batch:
-            on.notes.append(f"{op.name}: measured at batch {b} of {batch} (its buffers do not fit the device's free "
-                         f"memory at {batch}), times scaled by {scale:g}")
+            on.notes.append(
+                f"{op.name}: measured at batch {b} of {batch} (its buffers do not fit the device's free "
+                f"memory at {batch}), times scaled by {scale:g}"
+            )
         return True
 
 
@@ -456,24 +548,36 @@ def _at_batch(program: Program, op: OpInfo, b: int, on: _Runner) -> OpInfo:
         return (b,) + shape[1:] if shape and shape[0] == batch else shape
 
     in_shapes = tuple(scaled(s) for s in op.in_shapes)
-    workspace = {p: {a: op.layer.workspace_bytes(in_shapes, p, a, program.itemsize) for a in names}
-                 for p, names in op.workspace.items()}
-    sub = dataclasses.replace(op, in_shapes=in_shapes, out_shape=scaled(op.out_shape), workspace=workspace,
-                              aux={k: dataclasses.replace(a, shape=scaled(a.shape)) for k, a in op.aux.items()})
+    workspace = {
+        p: {a: op.layer.workspace_bytes(in_shapes, p, a, program.itemsize) for a in names}
+        for p, names in op.workspace.items()
+    }
+    sub = dataclasses.replace(
+        op,
+        in_shapes=in_shapes,
+        out_shape=scaled(op.out_shape),
+        workspace=workspace,
+        aux={k: dataclasses.replace(a, shape=scaled(a.shape)) for k, a in op.aux.items()},
+    )
     if on.device is not None and on.conv is not None:  # the device's own algorithms and their workspace
         sub = on.device.catalog(dataclasses.replace(program, ops=[sub], batch=b)).ops[0]
     return sub
 
 
-def _estimate(program: Program, ops: list[OpInfo], times: dict[tuple[str, str, str | None], float],
-              notes: list[str]) -> None:
+def _estimate(
+    program: Program, ops: list[OpInfo], times: dict[tuple[str, str, str | None], float], notes: list[str]
+) -> None:
     """Times for ops that could not be measured: their FLOPs at the measured ops' median time per FLOP,
     every pass and algorithm of a convolution alike, another op's backward twice its forward."""
     if not ops:
         return
-    rates = [times[(op.name, "forward", a)] / op.flops for op in program.ops if op.flops and op not in ops
-             for a in (op.algorithms.get("forward") or [None]) if (op.name, "forward", a) in times
-             and np.isfinite(times[(op.name, "forward", a)])]
+    rates = [
+        times[(op.name, "forward", a)] / op.flops
+        for op in program.ops
+        if op.flops and op not in ops
+        for a in (op.algorithms.get("forward") or [None])
+        if (op.name, "forward", a) in times and np.isfinite(times[(op.name, "forward", a)])
+    ]
     per_flop = float(np.median(rates)) if rates else 1e-10
     for op in ops:
         seconds = op.flops * per_flop
@@ -491,8 +595,10 @@ def _elementwise_gbps(on: _Runner, dtype: np.dtype, repeats: int) -> float:
     to 16 MiB each, smaller where the device has less room."""
     n = min(4 << 20, max(0, on.room() - 2 * on.alignment) // (2 * dtype.itemsize))
     if n < 4096:
-        on.notes.append(f"element-wise bandwidth: not measured (no room for two arrays of 4096 values); taken as "
-                     f"{_DEFAULT_GBPS:g} GB/s")
+        on.notes.append(
+            f"element-wise bandwidth: not measured (no room for two arrays of 4096 values); taken as "
+            f"{_DEFAULT_GBPS:g} GB/s"
+        )
         return _DEFAULT_GBPS
     try:
         a = on.array(np.ones(n, dtype))
@@ -527,8 +633,9 @@ def _loss_seconds(program: Program, rng: np.random.Generator, dtype: np.dtype, r
     labels = on.array(rng.integers(0, logits.shape[1], logits.shape[0]).astype(np.int64))
     probs, dlogits = on.empty(logits.shape, dtype), on.empty(logits.shape, dtype)
     loss, xp = SoftmaxCrossEntropy(), on.xp
-    return on.seconds(lambda: (loss.forward(xp, logits, labels, probs), loss.backward(xp, probs, labels, dlogits)),
-                      repeats)
+    return on.seconds(
+        lambda: (loss.forward(xp, logits, labels, probs), loss.backward(xp, probs, labels, dlogits)), repeats
+    )
 
 
 def _copy_gbps(on: _Runner, repeats: int) -> float:

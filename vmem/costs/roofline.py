@@ -55,8 +55,9 @@ class Roofline:
     def _op_seconds(self, op: OpInfo, pass_: str, algo: str | None) -> float:
         if op.kind == "conv":
             g = geometry(op)
-            fill = (min(1.0, (g.n * g.ho * g.wo) / FILL) ** 0.5
-                    * min(1.0, min(g.c * g.kh * g.kw, g.k) / 64) ** CHANNEL_EXP)
+            fill = (
+                min(1.0, (g.n * g.ho * g.wo) / FILL) ** 0.5 * min(1.0, min(g.c * g.kh * g.kw, g.k) / 64) ** CHANNEL_EXP
+            )
             if algo is None or algo in EFFICIENCY:
                 model: str | None = algo or "implicit_precomp_gemm"
                 ws = workspace(g, pass_, algo or "implicit_gemm", self.itemsize)

@@ -23,9 +23,13 @@ def declarations() -> str:
 
 ffibuilder = FFI()
 ffibuilder.cdef(declarations() + "\n" + (HERE / "winograd.h").read_text())
-ffibuilder.set_source("vmem._native", '#include "cpu_launch.c"\n#include "winograd.c"', include_dirs=[str(HERE)],
-                      extra_compile_args=["-O3", "-std=c99", "-fno-math-errno", "-fno-wrapv", "-ffp-contract=off"],
-                      depends=[str(HERE / n) for n in ("shim.h", "kernels.cuh", "cpu_launch.c", "winograd.c", "winograd.h")])
+ffibuilder.set_source(
+    "vmem._native",
+    '#include "cpu_launch.c"\n#include "winograd.c"',
+    include_dirs=[str(HERE)],
+    extra_compile_args=["-O3", "-std=c99", "-fno-math-errno", "-fno-wrapv", "-ffp-contract=off"],
+    depends=[str(HERE / n) for n in ("shim.h", "kernels.cuh", "cpu_launch.c", "winograd.c", "winograd.h")],
+)
 
 if __name__ == "__main__":
     ffibuilder.compile(tmpdir=str(HERE.parents[1] / "build" / "native"), verbose=True)

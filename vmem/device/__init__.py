@@ -17,8 +17,12 @@ from .spec import DeviceSpec
 
 __all__ = ["device", "names", "Device", "DeviceSpec", "CpuDevice", "SimDevice", "specs"]
 
-_LAZY = {"Device": ("base", "Device"), "CpuDevice": ("cpu", "CpuDevice"), "SimDevice": ("sim", "SimDevice"),
-         "specs": ("specs", None)}
+_LAZY = {
+    "Device": ("base", "Device"),
+    "CpuDevice": ("cpu", "CpuDevice"),
+    "SimDevice": ("sim", "SimDevice"),
+    "specs": ("specs", None),
+}
 
 
 def __getattr__(name: str) -> Any:

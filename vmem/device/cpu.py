@@ -121,8 +121,9 @@ class CpuDevice:
         self.xp = np
         self.poison = bool(poison)
         self.pool = DevicePool(capacity, alignment, HostArena, name="cpu device")
-        self.spec = DeviceSpec(name="cpu", kind="cpu", memory=self.pool.capacity,
-                               pcie_gbps=None if pcie_gbps is None else float(pcie_gbps))
+        self.spec = DeviceSpec(
+            name="cpu", kind="cpu", memory=self.pool.capacity, pcie_gbps=None if pcie_gbps is None else float(pcie_gbps)
+        )
         if self.poison:
             self.pool.add_hook(_Poison(self.pool.arena))
         self.compute_stream = CpuStream("compute")
@@ -182,8 +183,17 @@ class CpuDevice:
         """Enqueue a host-to-device copy of ``src`` into ``dst`` (a device view) on ``stream``."""
         self._copy(self._h2d, "h2d", dst, src, stream, host=src, device=dst)
 
-    def _copy(self, link: _Link, direction: str, dst: np.ndarray, src: np.ndarray,
-              stream: CpuStream | None, *, host: np.ndarray, device: np.ndarray) -> None:
+    def _copy(
+        self,
+        link: _Link,
+        direction: str,
+        dst: np.ndarray,
+        src: np.ndarray,
+        stream: CpuStream | None,
+        *,
+        host: np.ndarray,
+        device: np.ndarray,
+    ) -> None:
         if dst.shape != src.shape or dst.dtype != src.dtype:
             raise ValueError(
                 f"{direction} copy: destination {dst.shape} {dst.dtype} does not match source {src.shape} {src.dtype}"
@@ -229,7 +239,9 @@ class CpuDevice:
 
     def link_stats(self) -> dict[str, dict[str, float]]:
         """Bytes moved and seconds spent by the copy engine in each direction since the device was made."""
-        return {d: {"bytes": link.bytes, "seconds": link.seconds} for d, link in (("d2h", self._d2h), ("h2d", self._h2d))}
+        return {
+            d: {"bytes": link.bytes, "seconds": link.seconds} for d, link in (("d2h", self._d2h), ("h2d", self._h2d))
+        }
 
     # -- lifetime ----------------------------------------------------------------------------------
     def synchronize(self) -> None:

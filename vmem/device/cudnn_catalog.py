@@ -19,20 +19,35 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..graph import OpInfo, Program
 
-__all__ = ["ALGORITHMS", "Geometry", "workspace", "effective_flops", "applies", "EFFICIENCY", "geometry",
-           "with_cudnn_catalog"]
+__all__ = [
+    "ALGORITHMS",
+    "Geometry",
+    "workspace",
+    "effective_flops",
+    "applies",
+    "EFFICIENCY",
+    "geometry",
+    "with_cudnn_catalog",
+]
 
 ALGORITHMS = {
-    "forward": ["implicit_gemm", "implicit_precomp_gemm", "gemm", "fft", "fft_tiling", "winograd",
-                "winograd_nonfused"],
+    "forward": ["implicit_gemm", "implicit_precomp_gemm", "gemm", "fft", "fft_tiling", "winograd", "winograd_nonfused"],
     "backward_data": ["algo_0", "algo_1", "fft", "fft_tiling", "winograd", "winograd_nonfused"],
     "backward_filter": ["algo_0", "algo_1", "fft", "algo_3", "winograd_nonfused", "fft_tiling"],
 }
 
 #: Fraction of peak FP32 each algorithm sustains on a large, well-shaped layer.
 EFFICIENCY = {
-    "implicit_gemm": 0.50, "implicit_precomp_gemm": 0.72, "gemm": 0.62, "fft": 0.55, "fft_tiling": 0.55,
-    "winograd": 0.55, "winograd_nonfused": 0.50, "algo_0": 0.45, "algo_1": 0.60, "algo_3": 0.62,
+    "implicit_gemm": 0.50,
+    "implicit_precomp_gemm": 0.72,
+    "gemm": 0.62,
+    "fft": 0.55,
+    "fft_tiling": 0.55,
+    "winograd": 0.55,
+    "winograd_nonfused": 0.50,
+    "algo_0": 0.45,
+    "algo_1": 0.60,
+    "algo_3": 0.62,
 }
 
 

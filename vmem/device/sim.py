@@ -114,5 +114,7 @@ class SimDevice:
         s = self.spec
         if s.fp32_tflops is None:
             return f"SimDevice({s.name}: {format_bytes(s.memory)})"
-        return (f"SimDevice({s.name}: {format_bytes(s.memory)}, {s.fp32_tflops:g} TFLOP/s FP32, "
-                f"{s.memory_gbps:g} GB/s, host link {s.h2d_gbps:g} GB/s)")
+        return (
+            f"SimDevice({s.name}: {format_bytes(s.memory)}, {s.fp32_tflops:g} TFLOP/s FP32, "
+            f"{s.memory_gbps:g} GB/s, host link {s.h2d_gbps:g} GB/s)"
+        )

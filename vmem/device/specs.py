@@ -20,9 +20,21 @@ __all__ = ["SPECS", "get", "names", "register", "load"]
 GiB = 1 << 30
 
 
-def _gpu(name: str, memory: int, tflops: float, gbps: float, link: float, arch: str, launch_us: float = 5.0) -> DeviceSpec:
-    return DeviceSpec(name=name, kind="sim", memory=memory, pcie_gbps=link, fp32_tflops=tflops, memory_gbps=gbps,
-                      h2d_gbps=link, d2h_gbps=link, launch_us=launch_us, arch=arch)
+def _gpu(
+    name: str, memory: int, tflops: float, gbps: float, link: float, arch: str, launch_us: float = 5.0
+) -> DeviceSpec:
+    return DeviceSpec(
+        name=name,
+        kind="sim",
+        memory=memory,
+        pcie_gbps=link,
+        fp32_tflops=tflops,
+        memory_gbps=gbps,
+        h2d_gbps=link,
+        d2h_gbps=link,
+        launch_us=launch_us,
+        arch=arch,
+    )
 
 
 SPECS: dict[str, DeviceSpec] = {

@@ -23,8 +23,9 @@ class Node:
 
     __slots__ = ("graph", "index", "layer", "inputs", "alias")
 
-    def __init__(self, graph: "Network", index: int, layer: Layer | None, inputs: tuple["Node", ...],
-                 alias: str | None = None):
+    def __init__(
+        self, graph: "Network", index: int, layer: Layer | None, inputs: tuple["Node", ...], alias: str | None = None
+    ):
         self.graph = graph
         self.index = index
         self.layer = layer
@@ -63,8 +64,10 @@ class Network:
         if not isinstance(layer, Layer):
             raise TypeError(f"{self.name}: expected a vmem.nn layer, got {type(layer).__name__}")
         if layer.name is not None and any(n.layer is layer for n in self._nodes[1:]):
-            raise ValueError(f"{self.name}: layer {layer.name!r} is already in the network; make a new one, or "
-                             "share its parameters with Graph.reuse()")
+            raise ValueError(
+                f"{self.name}: layer {layer.name!r} is already in the network; make a new one, or "
+                "share its parameters with Graph.reuse()"
+            )
         for node in inputs:
             if not isinstance(node, Node) or node.graph is not self:
                 raise ValueError(f"{self.name}: inputs of {type(layer).__name__} must be nodes of this network")
@@ -204,10 +207,10 @@ class Sequential(Network):
 class Graph(Network):
     """A DAG built step by step, for branches and joins::
 
-        g = vmem.Graph(input_shape=(3, 32, 32))
-        a = g.add(nn.Conv2d(3, 16, 3, padding=1), g.input)
-        b = g.add(nn.ReLU(), a)
-        c = g.add(nn.Add(), b, g.input)   # the last node added is the output unless output() says
+    g = vmem.Graph(input_shape=(3, 32, 32))
+    a = g.add(nn.Conv2d(3, 16, 3, padding=1), g.input)
+    b = g.add(nn.ReLU(), a)
+    c = g.add(nn.Add(), b, g.input)   # the last node added is the output unless output() says
     """
 
     def add(self, layer: Layer, *inputs: Node, name: str | None = None) -> Node:
@@ -219,8 +222,7 @@ class Graph(Network):
         """``sections`` equal pieces of ``node`` along ``axis``: one :class:`~vmem.nn.Split` op per piece."""
         from ..nn.seq import Split
 
-        return [self.add(Split(sections, i, axis), node, name=f"{name}.{i}" if name else None)
-                for i in range(sections)]
+        return [self.add(Split(sections, i, axis), node, name=f"{name}.{i}" if name else None) for i in range(sections)]
 
     def reuse(self, layer: Layer, *inputs: Node, name: str | None = None) -> Node:
         """Apply ``layer``, already in the graph, again: the new op shares its parameters (an unrolled

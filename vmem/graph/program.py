@@ -147,8 +147,10 @@ class Program:
         raise KeyError(f"no tensor named {name_or_id!r}")
 
     def summary(self) -> str:
-        lines = [f"{self.network}: batch {self.batch}, {len(self.ops)} ops, {self.flops / 1e9:.2f} GFLOP forward, "
-                 f"{self.param_bytes / 2**20:.1f} MiB of weights"]
+        lines = [
+            f"{self.network}: batch {self.batch}, {len(self.ops)} ops, {self.flops / 1e9:.2f} GFLOP forward, "
+            f"{self.param_bytes / 2**20:.1f} MiB of weights"
+        ]
         for op in self.ops:
             out = self.tensors[op.output]
             flag = " (in place)" if op.inplace else ""
@@ -169,17 +171,40 @@ def _live_nodes(net: "Network") -> list[Any]:
     return [n for n in net._nodes if n.index in live]
 
 
-def _op(layer: Layer, index: int, inputs: list[int], output: int, in_shapes: tuple[Shape, ...], out_shape: Shape,
-        itemsize: int, name: str | None = None, shares: str | None = None) -> OpInfo:
+def _op(
+    layer: Layer,
+    index: int,
+    inputs: list[int],
+    output: int,
+    in_shapes: tuple[Shape, ...],
+    out_shape: Shape,
+    itemsize: int,
+    name: str | None = None,
+    shares: str | None = None,
+) -> OpInfo:
     aux = layer.aux_specs(in_shapes)
     algos = layer.algorithms(in_shapes)
     workspace = {p: {a: layer.workspace_bytes(in_shapes, p, a, itemsize) for a in algos.get(p, [None])} for p in PASSES}
     return OpInfo(
-        index=index, layer=layer, name=name or layer.name or f"op{index}", kind=layer.kind, shares=shares, inputs=inputs, output=output,
-        in_shapes=in_shapes, out_shape=out_shape, params=layer.param_specs(in_shapes), aux=aux,
-        aux_nbytes={k: _nbytes(a.shape, itemsize if a.dtype == "float" else np.dtype(a.dtype).itemsize)
-                    for k, a in aux.items()},
-        needs=layer.needs, inplace=False, flops=layer.flops(in_shapes), algorithms=algos, workspace=workspace,
+        index=index,
+        layer=layer,
+        name=name or layer.name or f"op{index}",
+        kind=layer.kind,
+        shares=shares,
+        inputs=inputs,
+        output=output,
+        in_shapes=in_shapes,
+        out_shape=out_shape,
+        params=layer.param_specs(in_shapes),
+        aux=aux,
+        aux_nbytes={
+            k: _nbytes(a.shape, itemsize if a.dtype == "float" else np.dtype(a.dtype).itemsize) for k, a in aux.items()
+        },
+        needs=layer.needs,
+        inplace=False,
+        flops=layer.flops(in_shapes),
+        algorithms=algos,
+        workspace=workspace,
     )
 
 
@@ -228,8 +253,10 @@ def build_program(net: "Network", batch: int, input_shape: tuple[int, ...], dtyp
             tensors[i].consumers.append(len(ops))
         shares = layer.name if node.alias else None
         if shares is not None and layer.param_specs(in_shapes) != owner_specs.get(shares):
-            raise ShapeError(f"{net.name}: {node.alias!r} reuses layer {layer.name!r} on inputs {in_shapes} that "
-                             f"need other parameters than its first use")
+            raise ShapeError(
+                f"{net.name}: {node.alias!r} reuses layer {layer.name!r} on inputs {in_shapes} that "
+                f"need other parameters than its first use"
+            )
         ops.append(_op(layer, len(ops), inputs, tid, in_shapes, out_shape, itemsize, name, shares))
         if shares is None:
             owner_specs[name] = ops[-1].params
@@ -242,5 +269,14 @@ def build_program(net: "Network", batch: int, input_shape: tuple[int, ...], dtyp
             "must end in (N, classes), or (N, T, classes) for a sequence (add Flatten and Linear)"
         )
     _mark_stash_and_inplace(ops, tensors)
-    return Program(network=net.name, batch=batch, dtype=str(np.dtype(dtype)), itemsize=itemsize, ops=ops,
-                   tensors=tensors, input=0, output=output, num_classes=out_shape[-1])
+    return Program(
+        network=net.name,
+        batch=batch,
+        dtype=str(np.dtype(dtype)),
+        itemsize=itemsize,
+        ops=ops,
+        tensors=tensors,
+        input=0,
+        output=output,
+        num_classes=out_shape[-1],
+    )

@@ -38,7 +38,8 @@ _ZOO: dict[str, tuple[Callable[..., Network], dict[str, Any], str]] = {
 }
 for _extra, _depth in ((20, 116), (40, 216), (60, 316), (80, 416)):
     _ZOO[f"vgg{_depth}"] = (
-        (lambda e, d: lambda **kw: vgg("D", extra=e, name=f"vgg{d}", **kw))(_extra, _depth), {},
+        (lambda e, d: lambda **kw: vgg("D", extra=e, name=f"vgg{d}", **kw))(_extra, _depth),
+        {},
         f"VGG-16 with {_extra} more 3x3 convs per group (vDNN), 3x224x224",
     )
 for _depth in (18, 34, 50, 101, 152):
@@ -50,8 +51,9 @@ def names() -> list[str]:
     return sorted(_ZOO)
 
 
-def register(name: str, builder: Callable[..., Network] | None = None, *, description: str = "",
-             **defaults: Any) -> Any:
+def register(
+    name: str, builder: Callable[..., Network] | None = None, *, description: str = "", **defaults: Any
+) -> Any:
     """Add model ``name``, built by ``builder(**options)`` (a function returning a Network with its
     ``input_shape``; ``num_classes`` and ``image_size`` are passed where given). Used as a decorator
     without ``builder``. A name already taken is refused."""

@@ -44,33 +44,63 @@ def _conv_stack(config: list, in_channels: int) -> list:
 def alexnet(num_classes: int = 1000, image_size: int = 224, dropout: float = 0.0) -> Sequential:
     """AlexNet, the "One Weird Trick" variant of convnet-benchmarks (no LRN); input 3x224x224."""
     trunk = [
-        Conv2d(3, 64, 11, stride=4, padding=2), ReLU(), MaxPool2d(3, 2),
-        Conv2d(64, 192, 5, padding=2), ReLU(), MaxPool2d(3, 2),
-        Conv2d(192, 384, 3, padding=1), ReLU(),
-        Conv2d(384, 256, 3, padding=1), ReLU(),
-        Conv2d(256, 256, 3, padding=1), ReLU(), MaxPool2d(3, 2),
+        Conv2d(3, 64, 11, stride=4, padding=2),
+        ReLU(),
+        MaxPool2d(3, 2),
+        Conv2d(64, 192, 5, padding=2),
+        ReLU(),
+        MaxPool2d(3, 2),
+        Conv2d(192, 384, 3, padding=1),
+        ReLU(),
+        Conv2d(384, 256, 3, padding=1),
+        ReLU(),
+        Conv2d(256, 256, 3, padding=1),
+        ReLU(),
+        MaxPool2d(3, 2),
     ]
     feats = flat(trace_shape(trunk, (3, image_size, image_size)))
-    return Sequential(*trunk, *_classifier(feats, [4096, 4096], num_classes, dropout),
-                      input_shape=(3, image_size, image_size), name="alexnet")
+    return Sequential(
+        *trunk,
+        *_classifier(feats, [4096, 4096], num_classes, dropout),
+        input_shape=(3, image_size, image_size),
+        name="alexnet",
+    )
 
 
 def overfeat(num_classes: int = 1000, image_size: int = 231, dropout: float = 0.0) -> Sequential:
     """OverFeat (fast); input 3x231x231."""
     trunk = [
-        Conv2d(3, 96, 11, stride=4), ReLU(), MaxPool2d(2, 2),
-        Conv2d(96, 256, 5), ReLU(), MaxPool2d(2, 2),
-        Conv2d(256, 512, 3, padding=1), ReLU(),
-        Conv2d(512, 1024, 3, padding=1), ReLU(),
-        Conv2d(1024, 1024, 3, padding=1), ReLU(), MaxPool2d(2, 2),
+        Conv2d(3, 96, 11, stride=4),
+        ReLU(),
+        MaxPool2d(2, 2),
+        Conv2d(96, 256, 5),
+        ReLU(),
+        MaxPool2d(2, 2),
+        Conv2d(256, 512, 3, padding=1),
+        ReLU(),
+        Conv2d(512, 1024, 3, padding=1),
+        ReLU(),
+        Conv2d(1024, 1024, 3, padding=1),
+        ReLU(),
+        MaxPool2d(2, 2),
     ]
     feats = flat(trace_shape(trunk, (3, image_size, image_size)))
-    return Sequential(*trunk, *_classifier(feats, [3072, 4096], num_classes, dropout),
-                      input_shape=(3, image_size, image_size), name="overfeat")
+    return Sequential(
+        *trunk,
+        *_classifier(feats, [3072, 4096], num_classes, dropout),
+        input_shape=(3, image_size, image_size),
+        name="overfeat",
+    )
 
 
-def vgg(config: str = "D", num_classes: int = 1000, image_size: int = 224, extra: int = 0,
-        dropout: float = 0.0, name: str | None = None) -> Sequential:
+def vgg(
+    config: str = "D",
+    num_classes: int = 1000,
+    image_size: int = 224,
+    extra: int = 0,
+    dropout: float = 0.0,
+    name: str | None = None,
+) -> Sequential:
     """VGG with configuration A, D (VGG-16) or E (VGG-19). ``extra`` adds that many 3x3 convolutions
     to each of the five groups (vDNN's very deep VGG-116/216/316/416 add 20/40/60/80 to VGG-16)."""
     cfg = list(VGG_CONFIGS[config])
@@ -85,8 +115,12 @@ def vgg(config: str = "D", num_classes: int = 1000, image_size: int = 224, extra
         cfg = out
     trunk = _conv_stack(cfg, 3)
     feats = flat(trace_shape(trunk, (3, image_size, image_size)))
-    return Sequential(*trunk, *_classifier(feats, [4096, 4096], num_classes, dropout),
-                      input_shape=(3, image_size, image_size), name=name or f"vgg_{config}")
+    return Sequential(
+        *trunk,
+        *_classifier(feats, [4096, 4096], num_classes, dropout),
+        input_shape=(3, image_size, image_size),
+        name=name or f"vgg_{config}",
+    )
 
 
 def vgg_cifar(num_classes: int = 10, image_size: int = 32) -> Sequential:
@@ -94,8 +128,9 @@ def vgg_cifar(num_classes: int = 10, image_size: int = 32) -> Sequential:
     512,512,M, then one fully connected layer (2048 -> classes at 32x32)."""
     trunk = _conv_stack(VGG_CONFIGS["cifar"], 3)
     feats = flat(trace_shape(trunk, (3, image_size, image_size)))
-    net = Sequential(*trunk, Flatten(), Linear(feats, num_classes), input_shape=(3, image_size, image_size),
-                     name="vgg_cifar")
+    net = Sequential(
+        *trunk, Flatten(), Linear(feats, num_classes), input_shape=(3, image_size, image_size), name="vgg_cifar"
+    )
     net.train_defaults = {"lr": 0.01}  # ten layers without batch norm: SGD at 0.05 diverges
     return net
 
@@ -110,10 +145,15 @@ def inception(g: Graph, x, in_ch: int, n1: int, n3r: int, n3: int, n5r: int, n5:
 
 
 GOOGLENET_MODULES = {
-    "3a": (64, 96, 128, 16, 32, 32), "3b": (128, 128, 192, 32, 96, 64),
-    "4a": (192, 96, 208, 16, 48, 64), "4b": (160, 112, 224, 24, 64, 64), "4c": (128, 128, 256, 24, 64, 64),
-    "4d": (112, 144, 288, 32, 64, 64), "4e": (256, 160, 320, 32, 128, 128),
-    "5a": (256, 160, 320, 32, 128, 128), "5b": (384, 192, 384, 48, 128, 128),
+    "3a": (64, 96, 128, 16, 32, 32),
+    "3b": (128, 128, 192, 32, 96, 64),
+    "4a": (192, 96, 208, 16, 48, 64),
+    "4b": (160, 112, 224, 24, 64, 64),
+    "4c": (128, 128, 256, 24, 64, 64),
+    "4d": (112, 144, 288, 32, 64, 64),
+    "4e": (256, 160, 320, 32, 128, 128),
+    "5a": (256, 160, 320, 32, 128, 128),
+    "5b": (384, 192, 384, 48, 128, 128),
 }
 
 
@@ -121,8 +161,18 @@ def googlenet(num_classes: int = 1000, image_size: int = 224) -> Graph:
     """GoogLeNet v1 without LRN or auxiliary heads; pools use ceil mode; the final average pool covers the
     whole 7x7 map at 224 (and the whole map at other sizes)."""
     g = Graph(input_shape=(3, image_size, image_size), name="googlenet")
-    x = chain(g, g.input, Conv2d(3, 64, 7, stride=2, padding=3), ReLU(), MaxPool2d(3, 2, ceil_mode=True),
-              Conv2d(64, 64, 1), ReLU(), Conv2d(64, 192, 3, padding=1), ReLU(), MaxPool2d(3, 2, ceil_mode=True))
+    x = chain(
+        g,
+        g.input,
+        Conv2d(3, 64, 7, stride=2, padding=3),
+        ReLU(),
+        MaxPool2d(3, 2, ceil_mode=True),
+        Conv2d(64, 64, 1),
+        ReLU(),
+        Conv2d(64, 192, 3, padding=1),
+        ReLU(),
+        MaxPool2d(3, 2, ceil_mode=True),
+    )
     c = 192
     for stage in ("3a", "3b", "pool", "4a", "4b", "4c", "4d", "4e", "pool", "5a", "5b"):
         if stage == "pool":
@@ -137,13 +187,25 @@ def googlenet(num_classes: int = 1000, image_size: int = 224) -> Graph:
 def nin(num_classes: int = 1000, image_size: int = 224) -> Sequential:
     """Network in Network for ImageNet: four mlpconv blocks (a conv and two 1x1 convs, each with ReLU),
     max pools 3/2 (ceil) between them, dropout before the last block, global average pooling."""
-    def block(cin, cout, k, s, p, last=None):
-        return [Conv2d(cin, cout, k, stride=s, padding=p), ReLU(), Conv2d(cout, cout, 1), ReLU(),
-                Conv2d(cout, last or cout, 1), ReLU()]
 
-    trunk = (block(3, 96, 11, 4, 0) + [MaxPool2d(3, 2, ceil_mode=True)]
-             + block(96, 256, 5, 1, 2) + [MaxPool2d(3, 2, ceil_mode=True)]
-             + block(256, 384, 3, 1, 1) + [MaxPool2d(3, 2, ceil_mode=True), Dropout(0.5)]
-             + block(384, 1024, 3, 1, 1, last=num_classes))
+    def block(cin, cout, k, s, p, last=None):
+        return [
+            Conv2d(cin, cout, k, stride=s, padding=p),
+            ReLU(),
+            Conv2d(cout, cout, 1),
+            ReLU(),
+            Conv2d(cout, last or cout, 1),
+            ReLU(),
+        ]
+
+    trunk = (
+        block(3, 96, 11, 4, 0)
+        + [MaxPool2d(3, 2, ceil_mode=True)]
+        + block(96, 256, 5, 1, 2)
+        + [MaxPool2d(3, 2, ceil_mode=True)]
+        + block(256, 384, 3, 1, 1)
+        + [MaxPool2d(3, 2, ceil_mode=True), Dropout(0.5)]
+        + block(384, 1024, 3, 1, 1, last=num_classes)
+    )
     spatial = trace_shape(trunk, (3, image_size, image_size))[1]
     return Sequential(*trunk, AvgPool2d(spatial, 1), Flatten(), input_shape=(3, image_size, image_size), name="nin")

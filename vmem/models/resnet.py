@@ -9,8 +9,13 @@ from ._util import chain
 
 __all__ = ["resnet", "resnet_cifar", "RESNET_LAYERS"]
 
-RESNET_LAYERS = {18: ("basic", [2, 2, 2, 2]), 34: ("basic", [3, 4, 6, 3]), 50: ("bottleneck", [3, 4, 6, 3]),
-                 101: ("bottleneck", [3, 4, 23, 3]), 152: ("bottleneck", [3, 8, 36, 3])}
+RESNET_LAYERS = {
+    18: ("basic", [2, 2, 2, 2]),
+    34: ("basic", [3, 4, 6, 3]),
+    50: ("bottleneck", [3, 4, 6, 3]),
+    101: ("bottleneck", [3, 4, 23, 3]),
+    152: ("bottleneck", [3, 8, 36, 3]),
+}
 
 
 def _conv_bn(g: Graph, x: Node, cin: int, cout: int, k: int, stride: int = 1, relu: bool = True) -> Node:
@@ -53,12 +58,26 @@ def _preact_block(g: Graph, x: Node, cin: int, planes: int, stride: int, bottlen
     cout = planes * 4 if bottleneck else planes
     pre = chain(g, x, BatchNorm2d(cin), ReLU())
     if bottleneck:
-        y = chain(g, pre, Conv2d(cin, planes, 1, bias=False), BatchNorm2d(planes), ReLU(),
-                  Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False), BatchNorm2d(planes), ReLU(),
-                  Conv2d(planes, cout, 1, bias=False))
+        y = chain(
+            g,
+            pre,
+            Conv2d(cin, planes, 1, bias=False),
+            BatchNorm2d(planes),
+            ReLU(),
+            Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False),
+            BatchNorm2d(planes),
+            ReLU(),
+            Conv2d(planes, cout, 1, bias=False),
+        )
     else:
-        y = chain(g, pre, Conv2d(cin, planes, 3, stride=stride, padding=1, bias=False), BatchNorm2d(planes), ReLU(),
-                  Conv2d(planes, planes, 3, padding=1, bias=False))
+        y = chain(
+            g,
+            pre,
+            Conv2d(cin, planes, 3, stride=stride, padding=1, bias=False),
+            BatchNorm2d(planes),
+            ReLU(),
+            Conv2d(planes, planes, 3, padding=1, bias=False),
+        )
     if stride != 1 or cin != cout:
         shortcut = g.add(Conv2d(cin, cout, 1, stride=stride, bias=False), pre)  # projection of the pre-activation
     else:
@@ -73,8 +92,9 @@ def resnet_cifar(depth: int = 20, num_classes: int = 10, image_size: int = 32, b
         bottleneck = depth >= 164
     per = 9 if bottleneck else 6
     if depth < per + 2 or (depth - 2) % per:
-        raise ValueError(f"resnet_cifar depth={depth}: needs depth = {per}n+2 with "
-                         f"{'bottleneck' if bottleneck else 'basic'} blocks")
+        raise ValueError(
+            f"resnet_cifar depth={depth}: needs depth = {per}n+2 with {'bottleneck' if bottleneck else 'basic'} blocks"
+        )
     n = (depth - 2) // per
     g = Graph(input_shape=(3, image_size, image_size), name=f"resnet_cifar{depth}")
     x = g.add(Conv2d(3, 16, 3, padding=1, bias=False), g.input)

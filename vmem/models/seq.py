@@ -9,8 +9,24 @@ padding: attention ignores padded source positions and the loss ignores padded l
 from __future__ import annotations
 
 from ..graph import Graph, Node
-from ..nn import (Add, Concat, Dropout, Embedding, ExpandDims, LayerNorm, LengthMask, Linear, MatMul, Mul, ReLU, Reshape,
-                  Sigmoid, Softmax, SoftmaxCrossEntropy, Tanh)
+from ..nn import (
+    Add,
+    Concat,
+    Dropout,
+    Embedding,
+    ExpandDims,
+    LayerNorm,
+    LengthMask,
+    Linear,
+    MatMul,
+    Mul,
+    ReLU,
+    Reshape,
+    Sigmoid,
+    Softmax,
+    SoftmaxCrossEntropy,
+    Tanh,
+)
 from ..nn.base import Layer
 
 __all__ = ["nmt", "transformer", "PAD", "BOS"]
@@ -33,8 +49,10 @@ class _Shared:
 
 def _steps(g: Graph, seq: Node, length: int, features: int, name: str) -> list[Node]:
     """The time steps of a (N, T, F) sequence as (N, F) nodes."""
-    return [g.add(Reshape((features,)), piece, name=f"{name}.t{t}")
-            for t, piece in enumerate(g.split(seq, length, axis=1, name=f"{name}.split"))]
+    return [
+        g.add(Reshape((features,)), piece, name=f"{name}.t{t}")
+        for t, piece in enumerate(g.split(seq, length, axis=1, name=f"{name}.split"))
+    ]
 
 
 def _stack(g: Graph, nodes: list[Node], name: str) -> Node:
@@ -43,8 +61,9 @@ def _stack(g: Graph, nodes: list[Node], name: str) -> Node:
     return g.add(Concat(axis=1), *expanded, name=name) if len(expanded) > 1 else expanded[0]
 
 
-def _lstm(g: Graph, seq: Node, length: int, features: int, hidden: int, name: str,
-          state: tuple[Node, Node] | None = None) -> tuple[list[Node], tuple[Node, Node]]:
+def _lstm(
+    g: Graph, seq: Node, length: int, features: int, hidden: int, name: str, state: tuple[Node, Node] | None = None
+) -> tuple[list[Node], tuple[Node, Node]]:
     """One LSTM layer over (N, T, F): the input projection of every step at once (a Linear over the
     sequence), the recurrent projection shared by every step. Returns the hidden states and the last state."""
     xproj = g.add(Linear(features, 4 * hidden), seq, name=f"{name}.wx")
@@ -63,16 +82,32 @@ def _lstm(g: Graph, seq: Node, length: int, features: int, hidden: int, name: st
     return outputs, (h, c)  # type: ignore[return-value]
 
 
-def nmt(seq_len: int = 100, hidden: int = 512, attention: int = 512, embed: int | None = None, layers: int = 2,
-        src_vocab: int = 17191, tgt_vocab: int = 7709, encoder_layers: int | None = None,
-        decoder_layers: int | None = None, dropout: float = 0.0, name: str = "nmt") -> Graph:
+def nmt(
+    seq_len: int = 100,
+    hidden: int = 512,
+    attention: int = 512,
+    embed: int | None = None,
+    layers: int = 2,
+    src_vocab: int = 17191,
+    tgt_vocab: int = 7709,
+    encoder_layers: int | None = None,
+    decoder_layers: int | None = None,
+    dropout: float = 0.0,
+    name: str = "nmt",
+) -> Graph:
     """Sockeye-style NMT (Echo's benchmark): embeddings, ``layers`` LSTM layers in the encoder and the
     decoder (each decoder layer starts from the matching encoder layer's last state), MLP attention
     (``v . tanh(K h_enc + q h_dec)``, masked at padded source positions) after the top decoder layer, and
     ``tanh(W [h; context])`` into the output projection; ``dropout`` after the embeddings and before the
     output projection."""
-    for key, v in (("seq_len", seq_len), ("hidden", hidden), ("attention", attention), ("layers", layers),
-                   ("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab)):
+    for key, v in (
+        ("seq_len", seq_len),
+        ("hidden", hidden),
+        ("attention", attention),
+        ("layers", layers),
+        ("src_vocab", src_vocab),
+        ("tgt_vocab", tgt_vocab),
+    ):
         if not isinstance(v, int) or v <= 0:
             raise ValueError(f"nmt: {key}={v!r} must be a positive int")
     embed = embed or hidden
@@ -124,13 +159,26 @@ def nmt_small(seq_len: int = 8, hidden: int = 32, vocab: int = 50, **options) ->
     return g
 
 
-def transformer(layers: int = 6, seq_len: int = 128, dim: int = 512, heads: int = 8, ffn: int = 2048,
-                vocab: int = 32000, name: str = "transformer") -> Graph:
+def transformer(
+    layers: int = 6,
+    seq_len: int = 128,
+    dim: int = 512,
+    heads: int = 8,
+    ffn: int = 2048,
+    vocab: int = 32000,
+    name: str = "transformer",
+) -> Graph:
     """A transformer encoder stack (post-norm) over (N, T) token ids predicting a token per position (a
     masked-language-model head): embeddings plus a learned position table, then ``layers`` blocks of
     multi-head self-attention and a ReLU feed-forward network, each with a residual and LayerNorm."""
-    for key, v in (("layers", layers), ("seq_len", seq_len), ("dim", dim), ("heads", heads), ("ffn", ffn),
-                   ("vocab", vocab)):
+    for key, v in (
+        ("layers", layers),
+        ("seq_len", seq_len),
+        ("dim", dim),
+        ("heads", heads),
+        ("ffn", ffn),
+        ("vocab", vocab),
+    ):
         if not isinstance(v, int) or v <= 0:
             raise ValueError(f"transformer: {key}={v!r} must be a positive int")
     if dim % heads:

@@ -12,15 +12,30 @@ __all__ = ["digits_cnn", "digits_vgg", "mini_googlenet"]
 
 def digits_cnn(num_classes: int = 10, image_size: int = 8, channels: int = 1) -> Sequential:
     """A small CNN for scikit-learn's 8x8 digits (the default of ``vmem train``)."""
-    trunk = [Conv2d(channels, 32, 3, padding=1), ReLU(), Conv2d(32, 32, 3, padding=1), ReLU(), MaxPool2d(2),
-             Conv2d(32, 64, 3, padding=1), ReLU(), MaxPool2d(2)]
+    trunk = [
+        Conv2d(channels, 32, 3, padding=1),
+        ReLU(),
+        Conv2d(32, 32, 3, padding=1),
+        ReLU(),
+        MaxPool2d(2),
+        Conv2d(32, 64, 3, padding=1),
+        ReLU(),
+        MaxPool2d(2),
+    ]
     feats = flat(trace_shape(trunk, (channels, image_size, image_size)))
-    return Sequential(*trunk, Flatten(), Linear(feats, num_classes), input_shape=(channels, image_size, image_size),
-                      name="digits_cnn")
+    return Sequential(
+        *trunk, Flatten(), Linear(feats, num_classes), input_shape=(channels, image_size, image_size), name="digits_cnn"
+    )
 
 
-def digits_vgg(num_classes: int = 10, image_size: int = 16, channels: int = 1, width: int = 8,
-               depth: int = 8, batchnorm: bool = True) -> Sequential:
+def digits_vgg(
+    num_classes: int = 10,
+    image_size: int = 16,
+    channels: int = 1,
+    width: int = 8,
+    depth: int = 8,
+    batchnorm: bool = True,
+) -> Sequential:
     """A VGG-style stack for scikit-learn's digits scaled to 16x16 (the default of ``vmem train``).
 
     ``depth`` 3x3 convolutions of ``width`` channels at full resolution, then two of twice the width at
@@ -37,8 +52,9 @@ def digits_vgg(num_classes: int = 10, image_size: int = 16, channels: int = 1, w
         c = out
     trunk.append(MaxPool2d(2))
     feats = flat(trace_shape(trunk, (channels, image_size, image_size)))
-    return Sequential(*trunk, Flatten(), Linear(feats, num_classes), input_shape=(channels, image_size, image_size),
-                      name="digits_vgg")
+    return Sequential(
+        *trunk, Flatten(), Linear(feats, num_classes), input_shape=(channels, image_size, image_size), name="digits_vgg"
+    )
 
 
 def mini_googlenet(num_classes: int = 10, image_size: int = 32) -> Graph:

@@ -80,8 +80,10 @@ class Mul(Layer):
     def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         self.check_arity(in_shapes)
         if tuple(in_shapes[0]) != tuple(in_shapes[1]):
-            raise ShapeError(f"layer {self.label}: cannot multiply shapes {tuple(in_shapes[0])} and "
-                             f"{tuple(in_shapes[1])} element-wise")
+            raise ShapeError(
+                f"layer {self.label}: cannot multiply shapes {tuple(in_shapes[0])} and "
+                f"{tuple(in_shapes[1])} element-wise"
+            )
         return tuple(in_shapes[0])
 
     def flops(self, in_shapes: Sequence[Shape]) -> int:

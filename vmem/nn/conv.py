@@ -80,8 +80,15 @@ class Conv2d(Layer):
     kind = "conv"
     needs = frozenset({"x"})
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int | Sequence[int],
-                 stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0, bias: bool = True):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] = 0,
+        bias: bool = True,
+    ):
         super().__init__()
         for name, v in (("in_channels", in_channels), ("out_channels", out_channels)):
             if not isinstance(v, int) or v <= 0:
@@ -92,12 +99,16 @@ class Conv2d(Layer):
         self.stride = _pair(stride, "stride")
         self.padding = _pair(padding, "padding")
         if min(self.kernel_size) < 1 or min(self.stride) < 1 or min(self.padding) < 0:
-            raise ValueError(f"Conv2d: bad geometry kernel={self.kernel_size} stride={self.stride} padding={self.padding}")
+            raise ValueError(
+                f"Conv2d: bad geometry kernel={self.kernel_size} stride={self.stride} padding={self.padding}"
+            )
         self.bias = bias
 
     def extra_repr(self) -> str:
-        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, padding={self.padding}" + ("" if self.bias else ", bias=False"))
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}, padding={self.padding}" + ("" if self.bias else ", bias=False")
+        )
 
     # -- shapes ------------------------------------------------------------------------------------
     def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
@@ -140,8 +151,12 @@ class Conv2d(Layer):
         return _winograd.applies(self.kernel_size, self.stride, self.padding)
 
     def algorithms(self, in_shapes: Sequence[Shape]) -> dict[str, list[str]]:
-        offered = [a for a in ALGORITHMS if a != "winograd" or (
-            self._winograd_applies() and _winograd.worthwhile(self.in_channels, self.out_channels))]
+        offered = [
+            a
+            for a in ALGORITHMS
+            if a != "winograd"
+            or (self._winograd_applies() and _winograd.worthwhile(self.in_channels, self.out_channels))
+        ]
         return {p: list(offered) for p in PASSES}
 
     def _geometry(self, in_shape: Shape) -> tuple[int, ...]:
@@ -188,14 +203,19 @@ class Conv2d(Layer):
     def _winograd_layout(self, in_shape: Shape, pass_: str) -> tuple[int, dict[str, Shape], list[dict[str, Shape]]]:
         """A Winograd pass's chunking and workspace slots (see :func:`vmem.nn.winograd.layout`)."""
         if not self._winograd_applies():
-            raise ValueError(f"layer {self.label}: the winograd algorithm needs a 3x3 kernel, stride 1 and "
-                             f"padding at most 2, not kernel={self.kernel_size} stride={self.stride} "
-                             f"padding={self.padding}")
+            raise ValueError(
+                f"layer {self.label}: the winograd algorithm needs a 3x3 kernel, stride 1 and "
+                f"padding at most 2, not kernel={self.kernel_size} stride={self.stride} "
+                f"padding={self.padding}"
+            )
         n, c, h, w, k, ho, wo = self._geometry(in_shape)
         ways = _lanes.lanes_for(n * ho * wo * 9 * c * k)
         nb, shared, lanes = _winograd.layout(n, c, h, w, k, ho, wo, pass_, ways)
-        return nb, {name: (v,) for name, v in shared.items()}, [{name: (v,) for name, v in slots.items()}
-                                                                for slots in lanes]
+        return (
+            nb,
+            {name: (v,) for name, v in shared.items()},
+            [{name: (v,) for name, v in slots.items()} for slots in lanes],
+        )
 
     def _workspace_shapes(self, in_shape: Shape, pass_: str, algo: str | None) -> list[Shape]:
         if self._is_gemm():
@@ -232,7 +252,9 @@ class Conv2d(Layer):
             self._forward_implicit(ctx, x, w, y)
         elif ctx.algo == "winograd":
             nb, shared, lanes = self._winograd_slots(ctx, x.shape, "forward", x.dtype)
-            _winograd.forward(x, w, ctx.params["bias"] if self.bias else None, y, self.padding, nb, shared, lanes, ctx.ops)
+            _winograd.forward(
+                x, w, ctx.params["bias"] if self.bias else None, y, self.padding, nb, shared, lanes, ctx.ops
+            )
             return
         else:  # adds the bias to each chunk's output while it is in cache
             self._forward_im2col(ctx, x, w, y, ctx.params["bias"] if self.bias else None)
@@ -288,15 +310,17 @@ class Conv2d(Layer):
     # dealt, chunk i to lane i % lanes, each lane summing its own partial filter gradient, so that the
     # sums are added in an order fixed by the shapes. Either way the results do not depend on how the
     # lanes run.
-    def _im2col_slots(self, ctx: Ctx, x_shape: Shape, pass_: str,
-                      dtype: Any) -> tuple[list[slice], dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+    def _im2col_slots(
+        self, ctx: Ctx, x_shape: Shape, pass_: str, dtype: Any
+    ) -> tuple[list[slice], dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
         """An im2col pass's chunks (slices of the batch) and its workspace carved into named slots."""
         n, h, w, c = x_shape
         nb, shared, lanes = self._im2col_layout((n, c, h, w), pass_)
         return [b for b, _ in _image_chunks(n, nb)], *_carve_slots(ctx, dtype, shared, lanes)
 
-    def _winograd_slots(self, ctx: Ctx, x_shape: Shape, pass_: str,
-                        dtype: Any) -> tuple[int, dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+    def _winograd_slots(
+        self, ctx: Ctx, x_shape: Shape, pass_: str, dtype: Any
+    ) -> tuple[int, dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
         """A Winograd pass's images per chunk and its workspace carved into named (flat) slots."""
         n, h, w, c = x_shape
         nb, shared, lanes = self._winograd_layout((n, c, h, w), pass_)
@@ -467,8 +491,9 @@ def _flat(shared: dict[str, Shape], lanes: list[dict[str, Shape]]) -> list[Shape
     return list(shared.values()) + [shape for slots in lanes for shape in slots.values()]
 
 
-def _carve_slots(ctx: Ctx, dtype: Any, shared: dict[str, Shape],
-                 lanes: list[dict[str, Shape]]) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+def _carve_slots(
+    ctx: Ctx, dtype: Any, shared: dict[str, Shape], lanes: list[dict[str, Shape]]
+) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
     """A layout's slots carved from the pass's workspace, in :func:`_flat`'s order: (shared, each lane's)."""
     arrays = iter(_carve(ctx.workspace, dtype, *_flat(shared, lanes)))
     return {name: next(arrays) for name in shared}, [{name: next(arrays) for name in slots} for slots in lanes]

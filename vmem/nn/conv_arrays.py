@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+
 def _image_chunks(n: int, per_chunk: int):
     """(slice of images, number of images) chunks covering a batch of ``n``."""
     per_chunk = max(1, per_chunk)
@@ -31,8 +32,14 @@ def _ones(n: int, dtype: Any) -> np.ndarray:
     return ones
 
 
-def _gather(x: np.ndarray, xpad: np.ndarray | None, col: np.ndarray, kernel: tuple[int, int],
-            stride: tuple[int, int], pad: tuple[int, int]) -> None:
+def _gather(
+    x: np.ndarray,
+    xpad: np.ndarray | None,
+    col: np.ndarray,
+    kernel: tuple[int, int],
+    stride: tuple[int, int],
+    pad: tuple[int, int],
+) -> None:
     """im2col: copy every (kh, kw, C) window of ``x`` (zero-padded through ``xpad``) into a row of ``col``."""
     n, h, w, c = x.shape
     (kh, kw), (sh, sw), (ph, pw) = kernel, stride, pad

@@ -70,13 +70,15 @@ class Concat(Layer):
         rank = len(first)
         a = self.axis % rank if -rank <= self.axis < rank else -1
         if a < 1 or (rank == 4 and a != 1):
-            raise ShapeError(f"layer {self.label}: cannot concatenate along axis {self.axis} of {first}"
-                             + (" (4-D tensors join on channels)" if rank == 4 else ""))
+            raise ShapeError(
+                f"layer {self.label}: cannot concatenate along axis {self.axis} of {first}"
+                + (" (4-D tensors join on channels)" if rank == 4 else "")
+            )
         for other in in_shapes[1:]:
             other = tuple(other)
-            if len(other) != rank or other[:a] + other[a + 1:] != first[:a] + first[a + 1:]:
+            if len(other) != rank or other[:a] + other[a + 1 :] != first[:a] + first[a + 1 :]:
                 raise ShapeError(f"layer {self.label}: cannot concatenate shapes {first} and {other} on axis {a}")
-        return first[:a] + (sum(s[a] for s in in_shapes),) + first[a + 1:]
+        return first[:a] + (sum(s[a] for s in in_shapes),) + first[a + 1 :]
 
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         return 0

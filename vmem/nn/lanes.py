@@ -58,4 +58,3 @@ def deal(sizes: list[int], lanes: int = LANES) -> list[list[int]]:
         shares[lane].append(i)
         loads[lane] += sizes[i]
     return [sorted(share) for share in shares]
-

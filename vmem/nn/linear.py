@@ -41,8 +41,9 @@ class Linear(Layer):
         return shape[:-1] + (self.out_features,)
 
     def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:
-        specs = {"weight": ParamSpec((self.out_features, self.in_features), "glorot", self.in_features,
-                                     self.out_features)}
+        specs = {
+            "weight": ParamSpec((self.out_features, self.in_features), "glorot", self.in_features, self.out_features)
+        }
         if self.bias:
             specs["bias"] = ParamSpec((self.out_features,), "zeros")
         return specs

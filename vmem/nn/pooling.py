@@ -28,8 +28,13 @@ def _out_size(size: int, k: int, s: int, p: int, ceil: bool) -> int:
 
 
 class _Pool2d(Layer):
-    def __init__(self, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None = None,
-                 padding: int | Sequence[int] = 0, ceil_mode: bool = False):
+    def __init__(
+        self,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] | None = None,
+        padding: int | Sequence[int] = 0,
+        ceil_mode: bool = False,
+    ):
         super().__init__()
         self.kernel_size = _pair(kernel_size, "kernel_size")
         self.stride = self.kernel_size if stride is None else _pair(stride, "stride")
@@ -41,8 +46,9 @@ class _Pool2d(Layer):
             raise ValueError(f"{type(self).__name__}: padding {self.padding} must be at most half the kernel")
 
     def extra_repr(self) -> str:
-        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
-                + (", ceil_mode=True" if self.ceil_mode else ""))
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}" + (
+            ", ceil_mode=True" if self.ceil_mode else ""
+        )
 
     def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         self.check_arity(in_shapes)

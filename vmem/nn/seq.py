@@ -25,8 +25,9 @@ def _size(shape: Sequence[int]) -> int:
 
 def _axis(layer: Layer, axis: int, rank: int) -> int:
     if rank == 4:
-        raise ShapeError(f"layer {layer.label}: works on tensors of rank other than 4 (4-D tensors are stored "
-                         "channels-last)")
+        raise ShapeError(
+            f"layer {layer.label}: works on tensors of rank other than 4 (4-D tensors are stored channels-last)"
+        )
     if not -rank <= axis < rank or (axis % rank) == 0:
         raise ShapeError(f"layer {layer.label}: axis {axis} is not a non-batch axis of a rank-{rank} tensor")
     return axis % rank
@@ -93,7 +94,7 @@ class Split(Layer):
         a = _axis(self, self.axis, len(shape))
         if shape[a] % self.sections:
             raise ShapeError(f"layer {self.label}: axis {a} of {shape} does not split into {self.sections} pieces")
-        return shape[:a] + (shape[a] // self.sections,) + shape[a + 1:]
+        return shape[:a] + (shape[a] // self.sections,) + shape[a + 1 :]
 
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         return 0
@@ -136,8 +137,10 @@ class Reshape(Layer):
         shape = tuple(in_shapes[0])
         out = (shape[0],) + tuple(self.target(shape))
         if _size(out) != _size(shape) or 4 in (len(shape), len(out)):
-            raise ShapeError(f"layer {self.label}: cannot reshape {shape} to {out}" +
-                             (" (4-D tensors are stored channels-last)" if 4 in (len(shape), len(out)) else ""))
+            raise ShapeError(
+                f"layer {self.label}: cannot reshape {shape} to {out}"
+                + (" (4-D tensors are stored channels-last)" if 4 in (len(shape), len(out)) else "")
+            )
         return out
 
     def flops(self, in_shapes: Sequence[Shape]) -> int:
@@ -170,7 +173,7 @@ class ExpandDims(Reshape):
     def target(self, shape: Shape) -> Shape:
         if self.axis > len(shape):
             raise ShapeError(f"layer {self.label}: axis {self.axis} is past the end of {tuple(shape)}")
-        return tuple(shape[1:self.axis]) + (1,) + tuple(shape[self.axis:])
+        return tuple(shape[1 : self.axis]) + (1,) + tuple(shape[self.axis :])
 
 
 class Softmax(Layer):
@@ -223,8 +226,9 @@ class MatMul(Layer):
         self.check_arity(in_shapes)
         a, b = (tuple(s) for s in in_shapes)
         if len(a) != len(b) or len(a) not in (3, 5) or a[:-2] != b[:-2]:
-            raise ShapeError(f"layer {self.label}: cannot multiply batches of matrices {a} and {b} (same leading "
-                             "axes, rank 3)")
+            raise ShapeError(
+                f"layer {self.label}: cannot multiply batches of matrices {a} and {b} (same leading axes, rank 3)"
+            )
         k_b, n = (b[-1], b[-2]) if self.transpose_b else (b[-2], b[-1])
         if a[-1] != k_b:
             raise ShapeError(f"layer {self.label}: inner sizes differ: {a} and {b}")
@@ -323,8 +327,10 @@ class LengthMask(Layer):
     def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         self.check_arity(in_shapes)
         if tuple(in_shapes[0]) != tuple(in_shapes[1]) or len(in_shapes[0]) == 4:
-            raise ShapeError(f"layer {self.label}: scores {tuple(in_shapes[0])} and ids {tuple(in_shapes[1])} "
-                             "must have the same shape")
+            raise ShapeError(
+                f"layer {self.label}: scores {tuple(in_shapes[0])} and ids {tuple(in_shapes[1])} "
+                "must have the same shape"
+            )
         return tuple(in_shapes[0])
 
     def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:

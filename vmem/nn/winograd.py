@@ -85,8 +85,9 @@ def _plane_stride(tiles: int, channels: int) -> int:
     return -(-tiles * channels // 16) * 16 + 16
 
 
-def layout(n: int, c: int, h: int, w: int, k: int, ho: int, wo: int, pass_: str,
-           ways: int) -> tuple[int, dict[str, int], list[dict[str, int]]]:
+def layout(
+    n: int, c: int, h: int, w: int, k: int, ho: int, wo: int, pass_: str, ways: int
+) -> tuple[int, dict[str, int], list[dict[str, int]]]:
     """A pass's chunking and workspace: (images per chunk, shared slots, each lane's slots), each slot a
     number of values.
 
@@ -150,8 +151,9 @@ def _mix(matrix: Any, srcs: list[np.ndarray], outs: list[np.ndarray]) -> None:
                 np.multiply(out, magnitude, out=out)
 
 
-def filter_transform(wt: np.ndarray, u: np.ndarray, t: np.ndarray, flip: bool = False,
-                     ops: HostOps = _IN_TURN) -> np.ndarray:
+def filter_transform(
+    wt: np.ndarray, u: np.ndarray, t: np.ndarray, flip: bool = False, ops: HostOps = _IN_TURN
+) -> np.ndarray:
     """``u[a, b] = (G g G^T)[a, b]`` for every filter g of ``wt`` (k, 3, 3, c), as 16 planes of k x c
     (``u``: :func:`layout`'s slot; ``t``: 12*k*c values); ``flip``: of the filters turned by 180
     degrees, as the backward-data pass convolves. Returns the planes as a (16, k, c) view."""
@@ -159,8 +161,7 @@ def filter_transform(wt: np.ndarray, u: np.ndarray, t: np.ndarray, flip: bool = 
     planes = _planes(u, k, c)
     if _native(wt, u):
         ps = _plane_stride(k, c)
-        ops.rows(k, lambda r: _lib.vmem_wg_filter(r.start, r.stop, _ptr(wt), _ptr(u), ps, k, c, int(flip)),
-                    16 * k * c)
+        ops.rows(k, lambda r: _lib.vmem_wg_filter(r.start, r.stop, _ptr(wt), _ptr(u), ps, k, c, int(flip)), 16 * k * c)
         return planes
     g = wt[:, ::-1, ::-1, :] if flip else wt
     t4 = t[: 12 * k * c].reshape(4, 3, k, c)
@@ -177,8 +178,7 @@ def filter_gradient(du: np.ndarray, t: np.ndarray, dw: np.ndarray, ops: HostOps 
     k, _, _, c = dw.shape
     if _native(du, dw):
         ps = _plane_stride(k, c)
-        ops.rows(k, lambda r: _lib.vmem_wg_filter_grad(r.start, r.stop, _ptr(du), _ptr(dw), ps, k, c),
-                    16 * k * c)
+        ops.rows(k, lambda r: _lib.vmem_wg_filter_grad(r.start, r.stop, _ptr(du), _ptr(dw), ps, k, c), 16 * k * c)
         return
     planes = _planes(du, k, c)
     t4 = t[: 12 * k * c].reshape(3, 4, k, c)
@@ -204,8 +204,9 @@ def _planes(buf: np.ndarray, tiles: int, channels: int) -> np.ndarray:
     return as_strided(buf, (16, tiles, channels), (_plane_stride(tiles, channels) * s, channels * s, s))
 
 
-def input_transform(x: np.ndarray, v: np.ndarray, th: int, tw: int, pad: tuple[int, int],
-                    part: tuple[int, int] | None = None) -> np.ndarray:
+def input_transform(
+    x: np.ndarray, v: np.ndarray, th: int, tw: int, pad: tuple[int, int], part: tuple[int, int] | None = None
+) -> np.ndarray:
     """The tiles of images ``x`` (nb, h, w, c), zero-padded by ``pad``, as 16 planes of ``v``
     (returned as the (16, nb*th*tw, c) view). ``part``: only the tiles in that range (image-major), on
     the C kernels only (see :func:`_native`); the NumPy reference does every tile."""
@@ -228,16 +229,28 @@ def input_transform(x: np.ndarray, v: np.ndarray, th: int, tw: int, pad: tuple[i
     return planes
 
 
-def output_transform(m: np.ndarray, y: np.ndarray, th: int, tw: int, bias: np.ndarray | None,
-                     part: tuple[int, int] | None = None) -> None:
+def output_transform(
+    m: np.ndarray, y: np.ndarray, th: int, tw: int, bias: np.ndarray | None, part: tuple[int, int] | None = None
+) -> None:
     """``y`` (nb, ho, wo, k) from the 16 planes of ``m``: each tile's 2x2 outputs, plus ``bias``
     (``part``: as :func:`input_transform`'s)."""
     nb, ho, wo, k = y.shape
     tiles = nb * th * tw
     if _native(m, y, bias):
         t0, t1 = part or (0, tiles)
-        _lib.vmem_wg_output(t0, t1, _ptr(m), _ffi.NULL if bias is None else _ptr(bias), _ptr(y),
-                            _plane_stride(tiles, k), ho, wo, k, th, tw)
+        _lib.vmem_wg_output(
+            t0,
+            t1,
+            _ptr(m),
+            _ffi.NULL if bias is None else _ptr(bias),
+            _ptr(y),
+            _plane_stride(tiles, k),
+            ho,
+            wo,
+            k,
+            th,
+            tw,
+        )
         return
     assert part is None, "tile ranges are for the C kernels"
     at = np.array(AT, y.dtype)
@@ -248,8 +261,7 @@ def output_transform(m: np.ndarray, y: np.ndarray, th: int, tw: int, bias: np.nd
         y += bias
 
 
-def output_adjoint(dy: np.ndarray, m: np.ndarray, th: int, tw: int,
-                   part: tuple[int, int] | None = None) -> np.ndarray:
+def output_adjoint(dy: np.ndarray, m: np.ndarray, th: int, tw: int, part: tuple[int, int] | None = None) -> np.ndarray:
     """The adjoint of :func:`output_transform` (without bias): dy (nb, ho, wo, k) to the 16 planes of
     ``m`` (returned as the (16, nb*th*tw, k) view; ``part``: as :func:`input_transform`'s)."""
     nb, ho, wo, k = dy.shape
@@ -272,9 +284,18 @@ def _chunks(n: int, nb: int) -> list[slice]:
     return [b for b, _ in _image_chunks(n, nb)]
 
 
-def _convolve(src: np.ndarray, dst: np.ndarray, u: np.ndarray, transposed: bool, pad: tuple[int, int],
-              nb: int, shared: dict[str, np.ndarray], lanes: list[dict[str, np.ndarray]],
-              bias: np.ndarray | None, ops: HostOps) -> None:
+def _convolve(
+    src: np.ndarray,
+    dst: np.ndarray,
+    u: np.ndarray,
+    transposed: bool,
+    pad: tuple[int, int],
+    nb: int,
+    shared: dict[str, np.ndarray],
+    lanes: list[dict[str, np.ndarray]],
+    bias: np.ndarray | None,
+    ops: HostOps,
+) -> None:
     """dst = the convolution of src by the transformed filters ``u`` (16, k, c): ``M = V u^T`` where
     ``transposed`` (forward: u's rows are the outputs), else ``M = V u`` (backward-data)."""
     _, ho, wo, _ = dst.shape
@@ -300,8 +321,16 @@ def _convolve(src: np.ndarray, dst: np.ndarray, u: np.ndarray, transposed: bool,
 _TILE_PIECES = 8
 
 
-def _by_planes(x: np.ndarray, dy: np.ndarray | None, y: np.ndarray | None, uu: np.ndarray | None,
-               pad: tuple[int, int], shared: dict[str, np.ndarray], bias: np.ndarray | None, ops: HostOps) -> None:
+def _by_planes(
+    x: np.ndarray,
+    dy: np.ndarray | None,
+    y: np.ndarray | None,
+    uu: np.ndarray | None,
+    pad: tuple[int, int],
+    shared: dict[str, np.ndarray],
+    bias: np.ndarray | None,
+    ops: HostOps,
+) -> None:
     """One chunk of the whole batch, in three rounds of pieces pulled by the lanes: the tiles' transforms
     by ranges of tiles, then the 16 GEMMs one plane at a time, then (forward, backward-data) the output
     transform by ranges of tiles. With ``dy`` (backward-filter): ``V`` from x and ``M`` from dy, then
@@ -336,26 +365,48 @@ def _by_planes(x: np.ndarray, dy: np.ndarray | None, y: np.ndarray | None, uu: n
     ops.pull(lambda _, i: output_transform(shared["m"], y, th, tw, bias, outs[i]), len(outs))
 
 
-def forward(x: np.ndarray, wt: np.ndarray, bias: np.ndarray | None, y: np.ndarray, pad: tuple[int, int],
-            nb: int, shared: dict[str, np.ndarray], lanes: list[dict[str, np.ndarray]],
-            ops: HostOps = _IN_TURN) -> None:
+def forward(
+    x: np.ndarray,
+    wt: np.ndarray,
+    bias: np.ndarray | None,
+    y: np.ndarray,
+    pad: tuple[int, int],
+    nb: int,
+    shared: dict[str, np.ndarray],
+    lanes: list[dict[str, np.ndarray]],
+    ops: HostOps = _IN_TURN,
+) -> None:
     """y = conv(x, wt) + bias, x (n, h, w, c), wt (k, 3, 3, c), y (n, ho, wo, k); ``ops`` runs the
     pieces (:mod:`vmem.nn.ops`)."""
     u = filter_transform(wt, shared["u"], shared["t"], ops=ops)
     _convolve(x, y, u, True, pad, nb, shared, lanes, bias, ops)
 
 
-def backward_data(dy: np.ndarray, wt: np.ndarray, dx: np.ndarray, pad: tuple[int, int], nb: int,
-                  shared: dict[str, np.ndarray], lanes: list[dict[str, np.ndarray]],
-                  ops: HostOps = _IN_TURN) -> None:
+def backward_data(
+    dy: np.ndarray,
+    wt: np.ndarray,
+    dx: np.ndarray,
+    pad: tuple[int, int],
+    nb: int,
+    shared: dict[str, np.ndarray],
+    lanes: list[dict[str, np.ndarray]],
+    ops: HostOps = _IN_TURN,
+) -> None:
     """dx from dy: the forward convolution of dy padded by 2 - p with the flipped filters."""
     u = filter_transform(wt, shared["u"], shared["t"], flip=True, ops=ops)
     _convolve(dy, dx, u, False, (2 - pad[0], 2 - pad[1]), nb, shared, lanes, None, ops)
 
 
-def backward_filter(x: np.ndarray, dy: np.ndarray, dw: np.ndarray, pad: tuple[int, int], nb: int,
-                    shared: dict[str, np.ndarray], lanes: list[dict[str, np.ndarray]],
-                    ops: HostOps = _IN_TURN) -> None:
+def backward_filter(
+    x: np.ndarray,
+    dy: np.ndarray,
+    dw: np.ndarray,
+    pad: tuple[int, int],
+    nb: int,
+    shared: dict[str, np.ndarray],
+    lanes: list[dict[str, np.ndarray]],
+    ops: HostOps = _IN_TURN,
+) -> None:
     """dw (k, 3, 3, c) from x and dy: each lane sums ``M^T V`` over its chunks' tiles into its own
     ``du``; the lanes' sums are added in lane order, then transformed back. On small maps (no lane
     slots), ``du`` is computed plane by plane over every tile of the batch (:func:`_by_planes`)."""

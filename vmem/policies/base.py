@@ -75,8 +75,11 @@ class Policy(ABC):
     @property
     def spec(self) -> str:
         """The spec string that rebuilds this policy."""
-        options = ",".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
-                           if not (f.metadata.get("elide_default") and getattr(self, f.name) == f.default))
+        options = ",".join(
+            f"{f.name}={getattr(self, f.name)}"
+            for f in dataclasses.fields(self)
+            if not (f.metadata.get("elide_default") and getattr(self, f.name) == f.default)
+        )
         return f"{self.name}:{options}" if options else self.name
 
     @abstractmethod
@@ -87,8 +90,9 @@ class Policy(ABC):
         supplied by the planner, replays a candidate plan and returns its figures (a PlanResult: ``.fits``,
         ``.peak_bytes``, ...; only policies that search, such as vdnn-dyn, use it)."""
 
-    def choose_algos(self, program: Program, costs: Any = None, algos: str | None = None,
-                     capacity: int | None = None) -> dict[str, dict[str, str]]:
+    def choose_algos(
+        self, program: Program, costs: Any = None, algos: str | None = None, capacity: int | None = None
+    ) -> dict[str, dict[str, str]]:
         """Per op with a choice of algorithms: the one per pass that ``algos`` (default: this policy's)
         asks for. ``memory``: least workspace (ties: the faster). ``performance``: the fastest by
         ``costs`` when given, else the catalog's first, among the algorithms whose single-layer footprint
@@ -102,6 +106,7 @@ class Policy(ABC):
             per_pass = {}
             room = None if capacity is None else capacity - layer_bytes(program, op)
             for pass_, candidates in op.algorithms.items():
+
                 def speed(a: str) -> float:
                     return costs.op_seconds(op, pass_, a) if costs is not None else candidates.index(a)
 

@@ -13,6 +13,7 @@ def least_memory(fits: Callable[[int], bool], peak: int, alignment: int = 256, m
     peak). Doubles from the peak until it fits (up to ``most``, default 4x the peak; None beyond), then
     bisects to the alignment. A plan's blocks sit at offsets packed before the replay, so whether it fits
     grows with the capacity; the answer is checked to fit."""
+
     def up(n: int) -> int:
         return -(-n // alignment) * alignment
 

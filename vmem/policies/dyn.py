@@ -77,8 +77,10 @@ class VdnnDyn(Policy):
         if self.sync not in SYNC_MODES + ("auto",):
             raise ValueError(f"policy {self.name!r}: sync={self.sync!r}; use one of auto, {', '.join(SYNC_MODES)}")
         if self.keep not in ("auto", "none"):
-            raise ValueError(f"policy {self.name!r}: keep={self.keep!r}; use auto (keep offloaded buffers on the "
-                             "device where that is faster and still fits) or none")
+            raise ValueError(
+                f"policy {self.name!r}: keep={self.keep!r}; use auto (keep offloaded buffers on the "
+                "device where that is faster and still fits) or none"
+            )
 
     @property
     def procedure_sync(self) -> str:
@@ -87,8 +89,11 @@ class VdnnDyn(Policy):
 
     @property
     def spec(self) -> str:
-        options = ([f"sync={self.sync}"] + ([f"max_trials={self.max_trials}"] if self.max_trials != 200 else [])
-                   + ([f"keep={self.keep}"] if self.keep != "auto" else []))
+        options = (
+            [f"sync={self.sync}"]
+            + ([f"max_trials={self.max_trials}"] if self.max_trials != 200 else [])
+            + ([f"keep={self.keep}"] if self.keep != "auto" else [])
+        )
         return f"{self.name}:{','.join(options)}"
 
     def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
@@ -107,25 +112,44 @@ class VdnnDyn(Policy):
                 f"{program.network} at batch {program.batch} needs at least {format_bytes(least)} ({least} bytes) "
                 f"of device memory, with every feature map offloaded and memory-optimal algorithms; the device "
                 f"has {budget}. Use a larger memory budget" + (" or a smaller batch." if program.batch > 1 else "."),
-                least)
+                least,
+            )
         best = candidate("layerwise", "performance")
         if best.fits:
-            return self._chose(program, best, 2, f"layer-wise allocation with the fastest algorithms fits in "
-                                                 f"{budget} without offloading")
+            return self._chose(
+                program,
+                best,
+                2,
+                f"layer-wise allocation with the fastest algorithms fits in {budget} without offloading",
+            )
         for name in ("vdnn-conv", "vdnn-all"):
             plan = candidate(name, "performance")
             if plan.fits:
-                return self._chose(program, plan, 3, f"{name} with the fastest algorithms fits in {budget}; "
-                                                     "layer-wise allocation without offloading does not", oracle)
+                return self._chose(
+                    program,
+                    plan,
+                    3,
+                    f"{name} with the fastest algorithms fits in {budget}; "
+                    "layer-wise allocation without offloading does not",
+                    oracle,
+                )
         for name in ("vdnn-conv", "vdnn-all"):
             plan = self._greedy(program, device, costs, oracle, name)
             if plan is not None:
-                downgraded = sum(1 for op, per in plan.plan.algos.items() for p in PASSES
-                                 if per.get(p) != self._fastest(program, costs).get(op, {}).get(p))
-                return self._chose(program, plan, 4, f"{name} fits in {budget} once {downgraded} convolution "
-                                                     "passes use algorithms with less workspace", oracle)
-        return self._chose(program, floor, 5, f"only vdnn-all with memory-optimal algorithms fits in {budget}",
-                           oracle)
+                downgraded = sum(
+                    1
+                    for op, per in plan.plan.algos.items()
+                    for p in PASSES
+                    if per.get(p) != self._fastest(program, costs).get(op, {}).get(p)
+                )
+                return self._chose(
+                    program,
+                    plan,
+                    4,
+                    f"{name} fits in {budget} once {downgraded} convolution passes use algorithms with less workspace",
+                    oracle,
+                )
+        return self._chose(program, floor, 5, f"only vdnn-all with memory-optimal algorithms fits in {budget}", oracle)
 
     @staticmethod
     def _least_memory(floor: Plan, peak: int, oracle: Any) -> int:
@@ -160,8 +184,14 @@ class VdnnDyn(Policy):
                     ws = op.workspace[pass_][algos[op_name][pass_]]
                     leaner = [a for a in op.algorithms[pass_] if op.workspace[pass_][a] < ws]
                     if leaner:
-                        out.append((ws, op_name, pass_, min(leaner, key=lambda a: (speed(op, pass_, a),
-                                                                                   op.workspace[pass_][a]))))
+                        out.append(
+                            (
+                                ws,
+                                op_name,
+                                pass_,
+                                min(leaner, key=lambda a: (speed(op, pass_, a), op.workspace[pass_][a])),
+                            )
+                        )
             return out
 
         result = oracle(base)
@@ -184,18 +214,26 @@ class VdnnDyn(Policy):
         start = candidate
         plan = candidate.plan
         ids = {program.tensors[b].name: b for b in program.stashed_buffers()}
-        order = sorted((n for n, how in plan.stash.items() if how == "offload"),
-                       key=lambda n: (-program.tensors[ids[n]].nbytes, n))
+        order = sorted(
+            (n for n, how in plan.stash.items() if how == "offload"), key=lambda n: (-program.tensors[ids[n]].nbytes, n)
+        )
         kept: list[str] = []
         trials = idle = 0
         for name in order:
-            if (trials >= self.KEEP_TRIALS or idle >= self.KEEP_PATIENCE
-                    or candidate.stall_seconds < self.KEEP_STALL * candidate.step_seconds):
+            if (
+                trials >= self.KEEP_TRIALS
+                or idle >= self.KEEP_PATIENCE
+                or candidate.stall_seconds < self.KEEP_STALL * candidate.step_seconds
+            ):
                 break
             stash = dict(plan.stash, **{name: Stash.KEEP})
             offloaded = {ids[n] for n, how in stash.items() if how == "offload"}
-            trial = replace(plan, stash=stash, prefetch=prefetch_points(program, offloaded),
-                            codecs={n: c for n, c in plan.codecs.items() if n != name})
+            trial = replace(
+                plan,
+                stash=stash,
+                prefetch=prefetch_points(program, offloaded),
+                codecs={n: c for n, c in plan.codecs.items() if n != name},
+            )
             result = oracle(trial)
             trials += 1
             if result.fits and result.step_seconds < candidate.step_seconds * (1 - self.KEEP_GAIN):
@@ -206,23 +244,36 @@ class VdnnDyn(Policy):
         if not kept:
             return start, ""
         nbytes = sum(program.tensors[ids[n]].nbytes for n in kept)
-        return candidate, (f"; keeping {len(kept)} of its {len(order)} offloaded buffers on the device "
-                           f"({format_bytes(nbytes)}: {', '.join(kept)}) still fits and takes "
-                           f"{candidate.step_seconds:.3f} s instead of {start.step_seconds:.3f} s")
+        return candidate, (
+            f"; keeping {len(kept)} of its {len(order)} offloaded buffers on the device "
+            f"({format_bytes(nbytes)}: {', '.join(kept)}) still fits and takes "
+            f"{candidate.step_seconds:.3f} s instead of {start.step_seconds:.3f} s"
+        )
 
     def _chose(self, program: Program, candidate: Any, step: int, reason: str, oracle: Any = None) -> Plan:
-        if (oracle is not None and self.sync == "auto" and candidate.plan.sync == "layer"
-                and candidate.step_seconds is not None):  # without a cost model there is no faster
+        if (
+            oracle is not None
+            and self.sync == "auto"
+            and candidate.plan.sync == "layer"
+            and candidate.step_seconds is not None
+        ):  # without a cost model there is no faster
             plan = candidate.plan
             event = oracle(replace(plan, sync="event", policy=plan.policy.replace("sync=layer", "sync=event")))
             if event.fits and event.step_seconds < candidate.step_seconds:
-                reason += (f"; releasing on the copies' events (sync=event) also fits and takes "
-                           f"{event.step_seconds:.3f} s instead of {candidate.step_seconds:.3f} s")
+                reason += (
+                    f"; releasing on the copies' events (sync=event) also fits and takes "
+                    f"{event.step_seconds:.3f} s instead of {candidate.step_seconds:.3f} s"
+                )
                 candidate = event
         chosen = candidate.plan.policy
         if oracle is not None and self.keep == "auto" and candidate.step_seconds is not None:
             candidate, kept = self._keep_resident(program, candidate, oracle)
             if kept:
                 reason += kept
-        return replace(candidate.plan, policy=self.spec, chosen=chosen, step=step,
-                       reason=f"vdnn-dyn step {step}: {reason} (chose {chosen})")
+        return replace(
+            candidate.plan,
+            policy=self.spec,
+            chosen=chosen,
+            step=step,
+            reason=f"vdnn-dyn step {step}: {reason} (chose {chosen})",
+        )

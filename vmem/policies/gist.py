@@ -81,8 +81,10 @@ class Gist(Policy):
             except ValueError as exc:
                 raise ValueError(f"policy 'gist': codec={self.codec!r}: {exc}") from None
             if c.sign_only:
-                raise ValueError(f"policy 'gist': codec={self.codec} keeps only signs; binarizing is applied where "
-                                 "it can be (binarize=true)")
+                raise ValueError(
+                    f"policy 'gist': codec={self.codec} keeps only signs; binarizing is applied where "
+                    "it can be (binarize=true)"
+                )
         for key in ("binarize", "ssdc"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"policy 'gist': {key}={getattr(self, key)!r} must be true or false")
@@ -114,8 +116,16 @@ class Gist(Policy):
             counts[spec] = counts.get(spec, 0) + 1
         summary = ", ".join(f"{n} {spec}" for spec, n in sorted(counts.items())) or "nothing"
         return Plan(
-            policy=self.spec, network=program.network, batch=program.batch, device=device.name,
-            capacity=device.memory, allocation=Allocation.LAYER, algos=self.choose_algos(program, costs, capacity=device.memory), stash=stash,
-            codecs=chosen, density=self.density, ranges=batchnorm_ranges(program, chosen, self.bn_sigmas),
+            policy=self.spec,
+            network=program.network,
+            batch=program.batch,
+            device=device.name,
+            capacity=device.memory,
+            allocation=Allocation.LAYER,
+            algos=self.choose_algos(program, costs, capacity=device.memory),
+            stash=stash,
+            codecs=chosen,
+            density=self.density,
+            ranges=batchnorm_ranges(program, chosen, self.bn_sigmas),
             reason=f"layer-wise allocation; gist: encode {summary} of {len(stash)} stashed buffers on the device",
         )

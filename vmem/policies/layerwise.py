@@ -28,8 +28,13 @@ class Layerwise(Policy):
     def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
         stashed = program.stashed_buffers()
         return Plan(
-            policy=self.spec, network=program.network, batch=program.batch, device=device.name,
-            capacity=device.memory, allocation=Allocation.LAYER, algos=self.choose_algos(program, costs, capacity=device.memory),
+            policy=self.spec,
+            network=program.network,
+            batch=program.batch,
+            device=device.name,
+            capacity=device.memory,
+            allocation=Allocation.LAYER,
+            algos=self.choose_algos(program, costs, capacity=device.memory),
             stash={program.tensors[b].name: Stash.KEEP for b in sorted(stashed)},
             reason=f"layer-wise allocation; nothing offloaded ({len(stashed)} stashed buffers kept)",
         )

@@ -75,15 +75,19 @@ class Plan:
         try:
             allocation = Allocation(self.allocation)
         except ValueError:
-            raise PlanError(f"plan {self.policy!r}: allocation {self.allocation!r}; use one of "
-                            f"{', '.join(a.value for a in Allocation)}") from None
+            raise PlanError(
+                f"plan {self.policy!r}: allocation {self.allocation!r}; use one of "
+                f"{', '.join(a.value for a in Allocation)}"
+            ) from None
         stash = {}
         for buffer, decision in self.stash.items():
             try:
                 stash[buffer] = Stash(decision)
             except ValueError:
-                raise PlanError(f"plan {self.policy!r}: buffer {buffer!r}: stash decision {decision!r}; use one of "
-                                f"{', '.join(d.value for d in Stash)}") from None
+                raise PlanError(
+                    f"plan {self.policy!r}: buffer {buffer!r}: stash decision {decision!r}; use one of "
+                    f"{', '.join(d.value for d in Stash)}"
+                ) from None
         object.__setattr__(self, "allocation", allocation)
         object.__setattr__(self, "stash", stash)
 

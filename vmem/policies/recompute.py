@@ -49,8 +49,7 @@ MIRROR_KEEPS = frozenset({"concat", "dropout"})
 
 def cheap_ops(program: Program) -> set[int]:
     """Indices of the ops that are cheap to run again."""
-    return {op.index for op in program.ops
-            if op.flops <= CHEAP_FLOPS * max(math.prod(op.out_shape), 1)}
+    return {op.index for op in program.ops if op.flops <= CHEAP_FLOPS * max(math.prod(op.out_shape), 1)}
 
 
 class _Graph:
@@ -60,8 +59,10 @@ class _Graph:
         self.program = program
         self.chains = writers(program)
         tensors = program.tensors
-        self.sources = {b: tuple(dict.fromkeys(tensors[t].buffer for t in program.ops[chain[0]].inputs))
-                        for b, chain in self.chains.items()}
+        self.sources = {
+            b: tuple(dict.fromkeys(tensors[t].buffer for t in program.ops[chain[0]].inputs))
+            for b, chain in self.chains.items()
+        }
         self.stashed = program.stashed_buffers()
         self.size = {t.id: t.nbytes for t in tensors if t.buffer == t.id}
         cheap = cheap_ops(program)
@@ -96,8 +97,9 @@ class _Graph:
                 kept.append(s)
         return tuple(frontier), tuple(temps), tuple(kept)
 
-    def close(self, recompute: set[int], rebuildable: Any, depth: int | None = None,
-              cache: dict[int, Any] | None = None) -> dict[int, str]:
+    def close(
+        self, recompute: set[int], rebuildable: Any, depth: int | None = None, cache: dict[int, Any] | None = None
+    ) -> dict[int, str]:
         """Decisions for stashed buffers (``recompute`` or keep) and every source their rebuilds need: a
         source that ``rebuildable(b)`` is recomputed too, any other is kept. ``cache``: :meth:`reach` per
         buffer, for repeated calls with the same ``rebuildable``.
@@ -109,8 +111,9 @@ class _Graph:
         ``b``'s rebuild, and adds nothing to the chain (an LSTM's tanh(c) rebuilt from its cell state)."""
         return self.close_held(recompute, rebuildable, depth, cache)[0]
 
-    def close_held(self, recompute: set[int], rebuildable: Any, depth: int | None = None,
-                   cache: dict[int, Any] | None = None) -> tuple[dict[int, str], int]:
+    def close_held(
+        self, recompute: set[int], rebuildable: Any, depth: int | None = None, cache: dict[int, Any] | None = None
+    ) -> tuple[dict[int, str], int]:
         """:meth:`close` and the bytes its decisions hold from forward to backward (every kept buffer)."""
         cache = {} if cache is None else cache
         decided = dict.fromkeys(self.stashed, "keep")
@@ -136,13 +139,27 @@ class _Graph:
         return decided, held
 
 
-def _plan(policy: "Policy", program: Program, device: DeviceSpec, costs: Any, decided: dict[int, str],
-          reason: str, notes: dict[str, str] | None = None) -> Plan:
+def _plan(
+    policy: "Policy",
+    program: Program,
+    device: DeviceSpec,
+    costs: Any,
+    decided: dict[int, str],
+    reason: str,
+    notes: dict[str, str] | None = None,
+) -> Plan:
     names = {b: program.tensors[b].name for b in decided}
     return Plan(
-        policy=policy.spec, network=program.network, batch=program.batch, device=device.name,
-        capacity=device.memory, allocation=Allocation.LAYER, algos=policy.choose_algos(program, costs, capacity=device.memory),
-        stash={names[b]: d for b, d in sorted(decided.items())}, reason=reason, notes=notes or {},
+        policy=policy.spec,
+        network=program.network,
+        batch=program.batch,
+        device=device.name,
+        capacity=device.memory,
+        allocation=Allocation.LAYER,
+        algos=policy.choose_algos(program, costs, capacity=device.memory),
+        stash={names[b]: d for b, d in sorted(decided.items())},
+        reason=reason,
+        notes=notes or {},
     )
 
 
@@ -166,8 +183,10 @@ class Mirror(Policy):
         for key in ("step", "depth"):
             v = getattr(self, key)
             if not isinstance(v, int) or v < 0 or (key == "step" and v == 1):
-                raise ValueError(f"policy 'mirror': {key}={v!r} must be a non-negative int"
-                                 + (" other than 1" if key == "step" else ""))
+                raise ValueError(
+                    f"policy 'mirror': {key}={v!r} must be a non-negative int"
+                    + (" other than 1" if key == "step" else "")
+                )
 
     def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
         g = _Graph(program)
@@ -176,7 +195,9 @@ class Mirror(Policy):
         candidates = sorted(b for b in g.stashed if b in mirrorable)
         recompute = {b for k, b in enumerate(candidates, 1) if not self.step or k % self.step}
         decided = g.close(recompute, lambda s: s in mirrorable, self.depth or None)
-        return _plan(self, program, device, costs, decided, f"mirror: every cheap op's output; {_counts(decided, g.stashed)}")
+        return _plan(
+            self, program, device, costs, decided, f"mirror: every cheap op's output; {_counts(decided, g.stashed)}"
+        )
 
 
 @register
@@ -196,9 +217,15 @@ class Chen(Policy):
         g = _Graph(program)
         checkpoints = self.checkpoints(program, g)
         decided = g.close({b for b in g.stashed if b not in checkpoints}, lambda s: s not in checkpoints)
-        return _plan(self, program, device, costs, decided,
-                     f"chen: {len(checkpoints)} checkpoints kept; {_counts(decided, g.stashed)}",
-                     {g.name(b): "checkpoint" for b in sorted(checkpoints)})
+        return _plan(
+            self,
+            program,
+            device,
+            costs,
+            decided,
+            f"chen: {len(checkpoints)} checkpoints kept; {_counts(decided, g.stashed)}",
+            {g.name(b): "checkpoint" for b in sorted(checkpoints)},
+        )
 
     def checkpoints(self, program: Program, g: _Graph) -> set[int]:
         """Buffers that alone carry the forward pass at their point (a cut of one), every ~1/k of the bytes."""
@@ -249,11 +276,15 @@ class Echo(Policy):
         peak, depth, plan = min(tried, key=lambda t: (t[0], t[1]))
         peaks = ", ".join(f"{d}: {p}" for p, d, _ in tried)
         if peak > floor:
-            return replace(base, reason=f"echo: recomputing would peak at {peak} bytes at best, above layer-wise "
-                           f"allocation's {floor}: nothing recomputed",
-                           notes={g.name(b): "kept: recomputing raised the peak" for b in g.stashed})
-        return replace(plan, reason=f"{plan.reason}; rebuild chains at most {depth} deep (replayed peak by depth: "
-                       f"{peaks} bytes)")
+            return replace(
+                base,
+                reason=f"echo: recomputing would peak at {peak} bytes at best, above layer-wise "
+                f"allocation's {floor}: nothing recomputed",
+                notes={g.name(b): "kept: recomputing raised the peak" for b in g.stashed},
+            )
+        return replace(
+            plan, reason=f"{plan.reason}; rebuild chains at most {depth} deep (replayed peak by depth: {peaks} bytes)"
+        )
 
     def _at_depth(self, g: _Graph, device: DeviceSpec, costs: Any, depth: int, cache: dict[int, Any]) -> Plan:
         """Echo's Algorithm 1 with rebuild chains at most ``depth`` stashed buffers deep."""
@@ -277,8 +308,12 @@ class Echo(Policy):
         decided = close(recompute)[0]
         for b, d in decided.items():
             if d == "recompute":
-                notes.setdefault(g.name(b), "recomputed: a cheap op whose sources stay live anyway"
-                                 if b in g.stashed else "recomputed: a cheap source of a rebuild")
+                notes.setdefault(
+                    g.name(b),
+                    "recomputed: a cheap op whose sources stay live anyway"
+                    if b in g.stashed
+                    else "recomputed: a cheap source of a rebuild",
+                )
             elif b not in g.stashed:
                 notes.setdefault(g.name(b), "kept: a source of rebuilds")
             elif b not in g.cheap:
@@ -307,8 +342,12 @@ class Echo(Policy):
                         stack.append(s)
                     else:
                         needed_by.setdefault(s, set()).add(b)
-        groups = [(members, f"recomputing it would hold {g.name(s)!r} ({g.size[s]} bytes) as a source")
-                  for s, members in sorted(needed_by.items(), key=lambda kv: (-g.size[kv[0]], kv[0]))]
-        groups += [({b}, "recomputing it frees no more than it holds")
-                   for b in sorted(recompute, key=lambda b: (-g.size[b], b))]
+        groups = [
+            (members, f"recomputing it would hold {g.name(s)!r} ({g.size[s]} bytes) as a source")
+            for s, members in sorted(needed_by.items(), key=lambda kv: (-g.size[kv[0]], kv[0]))
+        ]
+        groups += [
+            ({b}, "recomputing it frees no more than it holds")
+            for b in sorted(recompute, key=lambda b: (-g.size[b], b))
+        ]
         return groups

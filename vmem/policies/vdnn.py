@@ -47,8 +47,10 @@ def offload_codec(policy: str, spec: str) -> Any:
     except ValueError as exc:
         raise ValueError(f"policy {policy!r}: codec={spec!r}: {exc}") from None
     if codec.sign_only:
-        raise ValueError(f"policy {policy!r}: codec={spec} keeps only the sign, which only ReLU's backward can "
-                         f"use; binarize through policy 'gist'")
+        raise ValueError(
+            f"policy {policy!r}: codec={spec} keeps only the sign, which only ReLU's backward can "
+            f"use; binarize through policy 'gist'"
+        )
     return codec
 
 
@@ -57,15 +59,18 @@ def check_density(policy: str, density: float) -> None:
         raise ValueError(f"policy {policy!r}: density={density!r} must be a fraction in [0, 1]")
 
 
-def prefetch_points(program: Program, offloaded: set[int],
-                    reads: dict[int, list[int]] | None = None) -> dict[str, list[str]]:
+def prefetch_points(
+    program: Program, offloaded: set[int], reads: dict[int, list[int]] | None = None
+) -> dict[str, list[str]]:
     """For each op (by name), the offloaded buffers to prefetch when its backward starts (vDNN's rule).
     ``reads``: op -> buffers used at its backward, where rebuilds read more than the backward itself
     (see :func:`vmem.schedule.recompute.backward_uses`); default: what each backward reads."""
     ops, tensors = program.ops, program.tensors
     reads = reads or {}
-    needs = {op.index: [b for b in dict.fromkeys(reads.get(op.index, program.backward_reads(op))) if b in offloaded]
-             for op in ops}
+    needs = {
+        op.index: [b for b in dict.fromkeys(reads.get(op.index, program.backward_reads(op))) if b in offloaded]
+        for op in ops
+    }
     back: set[int] = set()
     points: dict[str, list[str]] = {}
     for m in range(len(ops) - 1, -1, -1):
@@ -107,16 +112,27 @@ class _Vdnn(Policy):
     def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
         stashed = program.stashed_buffers()
         offloaded = self.offloads(program) & stashed
-        chosen = ({program.tensors[b].name: offload_codec(self.name, self.codec).spec for b in sorted(offloaded)}
-                  if self.codec else {})
+        chosen = (
+            {program.tensors[b].name: offload_codec(self.name, self.codec).spec for b in sorted(offloaded)}
+            if self.codec
+            else {}
+        )
         return Plan(
-            policy=self.spec, network=program.network, batch=program.batch, device=device.name,
-            capacity=device.memory, allocation=Allocation.LAYER, algos=self.choose_algos(program, costs, capacity=device.memory),
+            policy=self.spec,
+            network=program.network,
+            batch=program.batch,
+            device=device.name,
+            capacity=device.memory,
+            allocation=Allocation.LAYER,
+            algos=self.choose_algos(program, costs, capacity=device.memory),
             stash={program.tensors[b].name: (Stash.OFFLOAD if b in offloaded else Stash.KEEP) for b in sorted(stashed)},
-            prefetch=prefetch_points(program, offloaded), sync=self.sync, density=self.density,
-            codecs=chosen, ranges=batchnorm_ranges(program, chosen, self.bn_sigmas),
+            prefetch=prefetch_points(program, offloaded),
+            sync=self.sync,
+            density=self.density,
+            codecs=chosen,
+            ranges=batchnorm_ranges(program, chosen, self.bn_sigmas),
             reason=f"layer-wise allocation; {self.name}: offload {len(offloaded)} of {len(stashed)} stashed buffers"
-                   + (f" through {self.codec}" if self.codec else ""),
+            + (f" through {self.codec}" if self.codec else ""),
         )
 
 

@@ -86,9 +86,7 @@ class BestFit:
 
     def free_bytes(self, *, owned_only: bool = False) -> int:
         """Bytes in free segments (``owned_only``: only those not yet handed back to everyone)."""
-        return sum(
-            size for owner, lst in self._lists.items() if not (owned_only and owner is None) for size, _ in lst
-        )
+        return sum(size for owner, lst in self._lists.items() if not (owned_only and owner is None) for size, _ in lst)
 
     def owners(self) -> list[Any]:
         """Owners (other than None) that hold free segments."""

@@ -102,9 +102,7 @@ class _ArenaPool:
             raise ValueError(f"nbytes={nbytes}: cannot allocate a negative size")
         cat = self._cat.get(category)
         if cat is None:
-            raise ValueError(
-                f"category={category!r} is not a memory category; use one of {', '.join(CATEGORIES)}"
-            )
+            raise ValueError(f"category={category!r} is not a memory category; use one of {', '.join(CATEGORIES)}")
         size = (nbytes + self._mask) & ~self._mask or self.alignment
         with self._lock:
             fit = self._fit
@@ -237,14 +235,31 @@ class _ArenaPool:
             blocks: list[BlockInfo] = []
             for seg in self._fit.segments():
                 if seg.state == ALLOCATED:
-                    blocks.append(BlockInfo(offset=seg.offset, size=seg.size, state="allocated",
-                                            category=seg.category, stream=_stream_name(seg.stream),
-                                            requested=seg.nbytes, ready=False))
+                    blocks.append(
+                        BlockInfo(
+                            offset=seg.offset,
+                            size=seg.size,
+                            state="allocated",
+                            category=seg.category,
+                            stream=_stream_name(seg.stream),
+                            requested=seg.nbytes,
+                            ready=False,
+                        )
+                    )
                 else:
                     ready = seg.owner is None or (seg.event is not None and seg.event.query())
                     owner = seg.owner if _is_stream(seg.owner) else None
-                    blocks.append(BlockInfo(offset=seg.offset, size=seg.size, state="free", category=None,
-                                            stream=_stream_name(owner), requested=0, ready=ready))
+                    blocks.append(
+                        BlockInfo(
+                            offset=seg.offset,
+                            size=seg.size,
+                            state="free",
+                            category=None,
+                            stream=_stream_name(owner),
+                            requested=0,
+                            ready=ready,
+                        )
+                    )
             return Snapshot(capacity=self.capacity, alignment=self.alignment, blocks=blocks)
 
     def blocks(self, state: str = "allocated") -> list[Block]:
@@ -323,8 +338,9 @@ class DevicePool(_ArenaPool):
     def __init__(self, capacity: int | str, alignment: int = 256, upstream: Any = None, *, name: str = "device"):
         super().__init__(capacity, alignment, upstream, name)
 
-    def allocate(self, nbytes: int, stream: Any = None, category: str = "other", *, high: bool = False,
-                 offset: int | None = None) -> Block:
+    def allocate(
+        self, nbytes: int, stream: Any = None, category: str = "other", *, high: bool = False, offset: int | None = None
+    ) -> Block:
         """Allocate ``nbytes`` for work on ``stream`` (None: the host) and account it to ``category``.
 
         ``high=True`` carves the block from the high end of the best-fitting free block: a placement
@@ -371,8 +387,10 @@ class PinnedHostPool(_ArenaPool):
         prefault: bool = True,
     ):
         if upstream is None:
+
             def upstream(n: int) -> HostArena:
                 return HostArena(n, prefault=prefault)
+
         super().__init__(capacity, alignment, upstream, name)
 
     def allocate(self, nbytes: int, category: str = "feature_maps", *, high: bool = False) -> Block:
@@ -393,8 +411,14 @@ class PinnedHostPool(_ArenaPool):
         self.reclaim(wait=True)
         if self.in_use:
             stats = self.stats()
-            raise OutOfPinnedMemory(nbytes, self.capacity, stats.in_use, stats.largest_free, stats.fragmentation,
-                                    {c: s.in_use for c, s in stats.by_category.items()})
+            raise OutOfPinnedMemory(
+                nbytes,
+                self.capacity,
+                stats.in_use,
+                stats.largest_free,
+                stats.fragmentation,
+                {c: s.in_use for c, s in stats.by_category.items()},
+            )
 
     def free(self, block: Block, event: Any = None) -> None:
         """Return ``block`` once ``event`` (the event after its last copy) completes; now if None."""

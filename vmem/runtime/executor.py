@@ -24,8 +24,26 @@ from ..errors import DeviceError
 from ..nn.base import Ctx, physical
 from ..optim import Optimizer
 from ..schedule import Key, Kind, Schedule
-from ..schedule.steps import (Accumulate, AccumulateParam, Alloc, Backward, CopyOut, Decode, Encode, Forward, Free, Loss, Offload,
-                              Prefetch, Recompute, Release, Update, Upload, WaitPrefetch, handlers)
+from ..schedule.steps import (
+    Accumulate,
+    AccumulateParam,
+    Alloc,
+    Backward,
+    CopyOut,
+    Decode,
+    Encode,
+    Forward,
+    Free,
+    Loss,
+    Offload,
+    Prefetch,
+    Recompute,
+    Release,
+    Update,
+    Upload,
+    WaitPrefetch,
+    handlers,
+)
 from .params import DeviceParams
 from .timeline import Span, Timeline
 from .transfers import Transfers
@@ -59,9 +77,20 @@ class StepReport:
         return self.timeline.spans
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in
-                ("loss", "seconds", "peak_bytes", "average_bytes", "offloaded_bytes", "stall_seconds", "threads",
-                 "skipped", "first_nonfinite")}
+        return {
+            k: getattr(self, k)
+            for k in (
+                "loss",
+                "seconds",
+                "peak_bytes",
+                "average_bytes",
+                "offloaded_bytes",
+                "stall_seconds",
+                "threads",
+                "skipped",
+                "first_nonfinite",
+            )
+        }
 
 
 class _Run:
@@ -85,15 +114,30 @@ class _Run:
 class Executor(Transfers):
     """Runs one Schedule (training or inference) on a device."""
 
-    def __init__(self, device: Any, schedule: Schedule, params: DeviceParams, loss: Any = None,
-                 optimizer: Optimizer | None = None):
+    def __init__(
+        self,
+        device: Any,
+        schedule: Schedule,
+        params: DeviceParams,
+        loss: Any = None,
+        optimizer: Optimizer | None = None,
+    ):
         if not device.holds_data:
             raise DeviceError(f"{device.name} holds no data: it plans (vmem.plan) but cannot run a step")
-        refused = sorted({st.codec.spec for st in schedule.steps if isinstance(st, (Encode, Decode, Offload, Prefetch))
-                          and st.codec is not None and not device.runs_codec(st.codec)})
+        refused = sorted(
+            {
+                st.codec.spec
+                for st in schedule.steps
+                if isinstance(st, (Encode, Decode, Offload, Prefetch))
+                and st.codec is not None
+                and not device.runs_codec(st.codec)
+            }
+        )
         if refused:
-            raise DeviceError(f"{device.name}: codec {', '.join(refused)} runs on the CPU device only in this "
-                              "version of vmem (on a GPU: zvc, ssdc, binarize, dpr)")
+            raise DeviceError(
+                f"{device.name}: codec {', '.join(refused)} runs on the CPU device only in this "
+                "version of vmem (on a GPU: zvc, ssdc, binarize, dpr)"
+            )
         self.device = device
         self.schedule = schedule
         self.program = program = schedule.program
@@ -104,20 +148,38 @@ class Executor(Transfers):
         self._params = params
         ops = program.ops
         # Per-op views that never change: parameters and their gradients.
-        self._op_params = [{k: params.views[Key(Kind.WEIGHT, f"{op.param_owner}.{k}")] for k in op.params} for op in ops]
-        self._op_grads = [{k: params.views[Key(Kind.WEIGHT_GRAD, f"{op.param_owner}.{k}")] for k, s in op.params.items()
-                           if s.trainable} for op in ops]
+        self._op_params = [
+            {k: params.views[Key(Kind.WEIGHT, f"{op.param_owner}.{k}")] for k in op.params} for op in ops
+        ]
+        self._op_grads = [
+            {
+                k: params.views[Key(Kind.WEIGHT_GRAD, f"{op.param_owner}.{k}")]
+                for k, s in op.params.items()
+                if s.trainable
+            }
+            for op in ops
+        ]
         slots = optimizer.slots if optimizer is not None else ()
-        self._updates = [
-            (params.views[Key(Kind.WEIGHT, key)], params.views[Key(Kind.WEIGHT_GRAD, key)],
-             {slot: params.views[Key(Kind.OPT_STATE, key, slot)] for slot in slots})
-            for key in (f"{op.name}.{k}" for op, k, s in program.owned_params() if s.trainable)
-        ] if optimizer is not None else []
+        self._updates = (
+            [
+                (
+                    params.views[Key(Kind.WEIGHT, key)],
+                    params.views[Key(Kind.WEIGHT_GRAD, key)],
+                    {slot: params.views[Key(Kind.OPT_STATE, key, slot)] for slot in slots},
+                )
+                for key in (f"{op.name}.{k}" for op, k, s in program.owned_params() if s.trainable)
+            ]
+            if optimizer is not None
+            else []
+        )
         self._update_sizes = [p.size for p, _, _ in self._updates]
         # state a forward changes besides the weights (batch norm's running statistics): kept aside at the
         # start of a step, put back if the step turns out not finite
-        self._stats = [params.views[Key(Kind.WEIGHT, f"{op.name}.{k}")] for op, k, s in program.owned_params()
-                       if not s.trainable] if optimizer is not None else []
+        self._stats = (
+            [params.views[Key(Kind.WEIGHT, f"{op.name}.{k}")] for op, k, s in program.owned_params() if not s.trainable]
+            if optimizer is not None
+            else []
+        )
         # the batch staged in one pinned buffer: the input, then the labels at the next aligned offset
         a = device.pool.alignment
         self._labels_at = -(-max(program.tensors[program.input].nbytes, 1) // a) * a
@@ -126,21 +188,45 @@ class Executor(Transfers):
         self._has_loss = any(type(st) is Loss for st in schedule.steps)
         #: work runs after launch returns (a GPU): spans are timed by events, streams wait on the device
         self._asynchronous = bool(device.asynchronous)
-        self._aux_dtype = {(op.index, k): (self.dtype if a.dtype == "float" else np.dtype(a.dtype))
-                           for op in ops for k, a in op.aux.items()}
-        self._table = handlers({
-            Alloc: self._alloc, Free: self._free, Upload: self._upload, Forward: self._forward,
-            Recompute: self._forward, Loss: self._loss,
-            Backward: self._backward, Accumulate: self._accumulate,
-            AccumulateParam: self._accumulate_param, Update: self._update, Offload: self._offload,
-            Release: self._release,
-            Prefetch: self._prefetch, WaitPrefetch: self._wait_prefetch, Encode: self._encode, Decode: self._decode,
-            CopyOut: self._copy_out,
-        }, "executor")
+        self._aux_dtype = {
+            (op.index, k): (self.dtype if a.dtype == "float" else np.dtype(a.dtype))
+            for op in ops
+            for k, a in op.aux.items()
+        }
+        self._table = handlers(
+            {
+                Alloc: self._alloc,
+                Free: self._free,
+                Upload: self._upload,
+                Forward: self._forward,
+                Recompute: self._forward,
+                Loss: self._loss,
+                Backward: self._backward,
+                Accumulate: self._accumulate,
+                AccumulateParam: self._accumulate_param,
+                Update: self._update,
+                Offload: self._offload,
+                Release: self._release,
+                Prefetch: self._prefetch,
+                WaitPrefetch: self._wait_prefetch,
+                Encode: self._encode,
+                Decode: self._decode,
+                CopyOut: self._copy_out,
+            },
+            "executor",
+        )
 
     # -- one step ----------------------------------------------------------------------------------
-    def run(self, x: np.ndarray, labels: np.ndarray | None, *, train: bool, rng: np.random.Generator,
-            step: int = 0, check: bool = False) -> tuple[StepReport, np.ndarray | None]:
+    def run(
+        self,
+        x: np.ndarray,
+        labels: np.ndarray | None,
+        *,
+        train: bool,
+        rng: np.random.Generator,
+        step: int = 0,
+        check: bool = False,
+    ) -> tuple[StepReport, np.ndarray | None]:
         """Run the schedule on one batch. Returns the report and, for inference, the logits (NCHW order).
 
         A training step whose loss or gradients are not all finite changes nothing: the update is skipped
@@ -177,10 +263,18 @@ class Executor(Transfers):
             self._roll_back(r)
             raise
         timeline = r.timeline
-        report = StepReport(loss=r.loss if r.loss is not None else float("nan"), seconds=time.perf_counter() - timeline.origin,
-                            peak_bytes=pool.peak, average_bytes=timeline.average_bytes(pool.in_use),
-                            offloaded_bytes=moved, stall_seconds=timeline.stall_seconds, timeline=timeline,
-                            threads=threads, skipped=r.skipped, first_nonfinite=r.first_nonfinite)
+        report = StepReport(
+            loss=r.loss if r.loss is not None else float("nan"),
+            seconds=time.perf_counter() - timeline.origin,
+            peak_bytes=pool.peak,
+            average_bytes=timeline.average_bytes(pool.in_use),
+            offloaded_bytes=moved,
+            stall_seconds=timeline.stall_seconds,
+            timeline=timeline,
+            threads=threads,
+            skipped=r.skipped,
+            first_nonfinite=r.first_nonfinite,
+        )
         return report, r.logits
 
     def _roll_back(self, r: _Run) -> None:
@@ -206,8 +300,9 @@ class Executor(Transfers):
         if st.deferred:  # allocated by its Encode step, at its actual size
             self._defer(r, buf, st.offset)
             return
-        r.blocks[buf.key] = self.device.pool.allocate(buf.nbytes, self.device.compute_stream, buf.category,
-                                                      high=buf.high, offset=st.offset)
+        r.blocks[buf.key] = self.device.pool.allocate(
+            buf.nbytes, self.device.compute_stream, buf.category, high=buf.high, offset=st.offset
+        )
 
     def _free(self, r: _Run, st: Free) -> None:
         self.device.pool.free(r.blocks.pop(st.key), self.device.compute_stream)
@@ -220,14 +315,14 @@ class Executor(Transfers):
         dev = self.device
         r.staged = dev.pinned.allocate(self._staging_bytes, "other", high=True)
         raw = dev.host_view(r.staged, (r.staged.nbytes,), np.uint8)
-        r.batch = {"input": raw[:r.x.nbytes].view(r.x.dtype).reshape(r.x.shape)}
+        r.batch = {"input": raw[: r.x.nbytes].view(r.x.dtype).reshape(r.x.shape)}
         np.copyto(r.batch["input"], r.x)
         if r.labels is not None:
             labels = np.asarray(r.labels, dtype=np.int64)
             at = self._labels_at
-            r.batch["labels"] = raw[at:at + labels.nbytes].view(np.int64).reshape(labels.shape)
+            r.batch["labels"] = raw[at : at + labels.nbytes].view(np.int64).reshape(labels.shape)
             np.copyto(r.batch["labels"], labels)
-        r.batch["loss"] = raw[self._loss_at:self._loss_at + self.dtype.itemsize].view(self.dtype)
+        r.batch["loss"] = raw[self._loss_at : self._loss_at + self.dtype.itemsize].view(self.dtype)
 
     def _unstage(self, r: _Run) -> None:
         if r.staged is not None:
@@ -255,14 +350,26 @@ class Executor(Transfers):
     def _labels(self, r: _Run) -> Any:
         return self._view(r, _LABELS, self.program.label_shape, np.int64)
 
-    def _ctx(self, r: _Run, i: int, train: bool, rng: Any, algo: Any, workspace: Key | None,
-             replay: bool = False) -> Ctx:
+    def _ctx(
+        self, r: _Run, i: int, train: bool, rng: Any, algo: Any, workspace: Key | None, replay: bool = False
+    ) -> Ctx:
         op = self.program.ops[i]
         aux = {k: self._view(r, self.schedule.aux[(i, k)], a.shape, self._aux_dtype[(i, k)]) for k, a in op.aux.items()}
         ws = self._view(r, workspace, (r.blocks[workspace].nbytes,), np.uint8) if workspace is not None else None
-        return Ctx(xp=self.xp, params=self._op_params[i], grads=self._op_grads[i], aux=aux, train=train, rng=rng,
-                   workspace=ws, algo=algo, in_shapes=tuple(physical(s) for s in op.in_shapes),
-                   conv=self.device.conv_backend, ops=self.device.ops, replay=replay)
+        return Ctx(
+            xp=self.xp,
+            params=self._op_params[i],
+            grads=self._op_grads[i],
+            aux=aux,
+            train=train,
+            rng=rng,
+            workspace=ws,
+            algo=algo,
+            in_shapes=tuple(physical(s) for s in op.in_shapes),
+            conv=self.device.conv_backend,
+            ops=self.device.ops,
+            replay=replay,
+        )
 
     # -- ops ---------------------------------------------------------------------------------------
     def _forward(self, r: _Run, st: Forward | Recompute) -> None:
@@ -272,8 +379,15 @@ class Executor(Transfers):
         ctx = self._ctx(r, st.op, r.train or replay, r.rng, st.algo, st.workspace, replay=replay)
         xs = [self._value(r, t) for t in op.inputs]
         y = self._value(r, op.output)
-        self._launch(r, f"{op.name}.recompute" if replay else op.name, op.layer.forward, ctx, xs, y,
-                     kind="recompute" if replay else "compute")
+        self._launch(
+            r,
+            f"{op.name}.recompute" if replay else op.name,
+            op.layer.forward,
+            ctx,
+            xs,
+            y,
+            kind="recompute" if replay else "compute",
+        )
         if r.check:
             self._check(r, f"{op.name} (forward)", [y])
 

@@ -60,8 +60,17 @@ class Timeline:
         """Turn the event-timed spans into spans (after the step's work has completed): each event's time
         from the step's first event, on the host's clock from ``origin``."""
         for name, stream, kind, usage, start, end in self.waiting:
-            self.record(Span(name, stream, kind, self.origin + self.started.elapsed_time(start),
-                             self.origin + self.started.elapsed_time(end), sum(usage.values()), usage))
+            self.record(
+                Span(
+                    name,
+                    stream,
+                    kind,
+                    self.origin + self.started.elapsed_time(start),
+                    self.origin + self.started.elapsed_time(end),
+                    sum(usage.values()),
+                    usage,
+                )
+            )
         self.waiting.clear()
 
     def sample(self, time: float, readings: dict[str, Any]) -> None:
@@ -98,18 +107,38 @@ class Timeline:
             {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "vmem device"}},
         ]
         for stream, tid in tids.items():
-            events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": tid, "args": {"name": f"{stream} stream"}})
+            events.append(
+                {"ph": "M", "name": "thread_name", "pid": 1, "tid": tid, "args": {"name": f"{stream} stream"}}
+            )
         for s in sorted(self.spans, key=lambda s: s.start):
-            events.append({"ph": "X", "name": s.name, "cat": s.kind, "pid": 1, "tid": tids.get(s.stream, 3),
-                           "ts": (s.start - self.origin) * 1e6, "dur": max(s.seconds, 0.0) * 1e6})
+            events.append(
+                {
+                    "ph": "X",
+                    "name": s.name,
+                    "cat": s.kind,
+                    "pid": 1,
+                    "tid": tids.get(s.stream, 3),
+                    "ts": (s.start - self.origin) * 1e6,
+                    "dur": max(s.seconds, 0.0) * 1e6,
+                }
+            )
         for t, readings in self.samples:
-            counters = {k: v / 2**20 if k.endswith("_bytes") else v for k, v in readings.items()
-                        if isinstance(v, (int, float))}
-            events.append({"ph": "C", "name": "device readings", "pid": 1, "ts": (t - self.origin) * 1e6,
-                           "args": counters})
+            counters = {
+                k: v / 2**20 if k.endswith("_bytes") else v for k, v in readings.items() if isinstance(v, (int, float))
+            }
+            events.append(
+                {"ph": "C", "name": "device readings", "pid": 1, "ts": (t - self.origin) * 1e6, "args": counters}
+            )
         for t, usage in self.memory()[::2]:
-            events.append({"ph": "C", "name": "device memory (MiB)", "pid": 1, "ts": t * 1e6,
-                           "args": {k: v / 2**20 for k, v in usage.items()}})
+            events.append(
+                {
+                    "ph": "C",
+                    "name": "device memory (MiB)",
+                    "pid": 1,
+                    "ts": t * 1e6,
+                    "args": {k: v / 2**20 for k, v in usage.items()},
+                }
+            )
         return {"traceEvents": events, "displayTimeUnit": "ms"}
 
     def write_chrome_trace(self, path: str | os.PathLike) -> None:
@@ -132,8 +161,15 @@ class Timeline:
         ax.stackplot(times, [[u.get(c, 0) / 2**20 for _, u in samples] for c in cats], labels=cats, step="post")
         for s in self.spans:
             if s.kind in ("offload", "prefetch"):
-                ax.axvspan((s.start - self.origin) * 1e3, (s.end - self.origin) * 1e3, ymin=0, ymax=0.03,
-                           color="tab:red" if s.kind == "offload" else "tab:green", alpha=0.6, lw=0)
+                ax.axvspan(
+                    (s.start - self.origin) * 1e3,
+                    (s.end - self.origin) * 1e3,
+                    ymin=0,
+                    ymax=0.03,
+                    color="tab:red" if s.kind == "offload" else "tab:green",
+                    alpha=0.6,
+                    lw=0,
+                )
         ax.set_xlabel("time in step (ms)")
         ax.set_ylabel("device memory (MiB)")
         ax.set_title(title or "device memory over one step (red: offload, green: prefetch)")

@@ -121,8 +121,17 @@ class Transfers:
             self._span(r, ms, name, "offload", {}, self._send, st, src, off)
         else:
             off.moved = block.nbytes
-            self._span(r, ms, name, "offload", {}, dev.copy_now,
-                       off.host[:block.nbytes], dev.view(block, (block.nbytes,), np.uint8), "d2h")
+            self._span(
+                r,
+                ms,
+                name,
+                "offload",
+                {},
+                dev.copy_now,
+                off.host[: block.nbytes],
+                dev.view(block, (block.nbytes,), np.uint8),
+                "d2h",
+            )
         off.done = ms.record()
         r.offloaded[st.key] = off
         r.sent.append(off)
@@ -153,11 +162,19 @@ class Transfers:
         if st.codec is not None:
             dst = dev.view(block, st.shape, self.dtype)  # off.enc is set by the offload's task: read it when this runs
             codec = st.codec
-            self._span(r, ms, name, "prefetch", {},
-                       lambda: transfer.receive(dev, codec, off.enc, dst))
+            self._span(r, ms, name, "prefetch", {}, lambda: transfer.receive(dev, codec, off.enc, dst))
         else:
-            self._span(r, ms, name, "prefetch", {}, dev.copy_now,
-                       dev.view(block, (block.nbytes,), np.uint8), off.host[:block.nbytes], "h2d")
+            self._span(
+                r,
+                ms,
+                name,
+                "prefetch",
+                {},
+                dev.copy_now,
+                dev.view(block, (block.nbytes,), np.uint8),
+                off.host[: block.nbytes],
+                "h2d",
+            )
         off.back = ms.record()
         dev.pinned.free(off.host_block, off.back)
 
@@ -198,15 +215,19 @@ class Transfers:
         cs.launch(lambda: encodings.__setitem__(st.enc, enc.store(raw)))
         cs.synchronize()
         usage = pool.usage()
-        r.timeline.record(Span(f"encode:{st.key}", "compute", "compute", start, time.perf_counter(),
-                               sum(usage.values()), usage))
+        r.timeline.record(
+            Span(f"encode:{st.key}", "compute", "compute", start, time.perf_counter(), sum(usage.values()), usage)
+        )
 
     def _decode(self, r: Any, st: Decode) -> None:
         """Decode a buffer back into its (newly allocated) block before the first backward that reads it."""
         dst = self.device.view(r.blocks[st.key], st.shape, self.dtype)
         encodings, codec = r.encodings, st.codec
-        self._launch(r, f"decode:{st.key}",  # type: ignore[attr-defined]
-                     lambda: codecs.decode_channels_last(codec, encodings.pop(st.enc), dst))
+        self._launch(
+            r,
+            f"decode:{st.key}",  # type: ignore[attr-defined]
+            lambda: codecs.decode_channels_last(codec, encodings.pop(st.enc), dst),
+        )
 
     def _relu_on_bits(self, r: Any, name: str, enc: Key, dy: Any, dx: Any) -> None:
         encodings = r.encodings

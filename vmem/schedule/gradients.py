@@ -79,8 +79,9 @@ def gradients(program: Program, needs: list[bool]) -> Gradients:
     return grads
 
 
-def param_temps(program: Program, needs: list[bool]) -> tuple[dict[int, dict[str, Key]], dict[int, list[AccumulateParam]],
-                                                               dict[Key, Buffer]]:
+def param_temps(
+    program: Program, needs: list[bool]
+) -> tuple[dict[int, dict[str, Key]], dict[int, list[AccumulateParam]], dict[Key, Buffer]]:
     """Shared parameters: the first backward (in backward order) that uses one writes its gradient; every
     later one writes into a temporary (one per parameter, reused) that is then added to it. Returns
     op -> parameter -> temporary, op -> the additions after its backward, and the temporaries' buffers."""

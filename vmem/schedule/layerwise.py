@@ -19,11 +19,39 @@ from typing import TYPE_CHECKING, Any
 
 from ..graph import Program
 from .gradients import gradients, needs_grad, param_temps
-from .parts import (LABELS, LOSS, PROBS, allocate, buffer_keys, codec_info, decode_step, encode_step, offload_step,
-                    op_workspace, pass_algos, persistent_buffers, pinned_bytes, prefetch_step)
+from .parts import (
+    LABELS,
+    LOSS,
+    PROBS,
+    allocate,
+    buffer_keys,
+    codec_info,
+    decode_step,
+    encode_step,
+    offload_step,
+    op_workspace,
+    pass_algos,
+    persistent_buffers,
+    pinned_bytes,
+    prefetch_step,
+)
 from .recompute import Rebuild, backward_uses, check_sources, decisions
-from .steps import (Alloc, Backward, Buffer, Forward, Free, Key, Kind, Loss, Recompute, Release, Schedule, Step,
-                    Update, WaitPrefetch)
+from .steps import (
+    Alloc,
+    Backward,
+    Buffer,
+    Forward,
+    Free,
+    Key,
+    Kind,
+    Loss,
+    Recompute,
+    Release,
+    Schedule,
+    Step,
+    Update,
+    WaitPrefetch,
+)
 
 if TYPE_CHECKING:
     from ..policies.plan import Plan
@@ -110,8 +138,9 @@ class _Layerwise:
 
     def start_offload(self, b: int) -> None:
         if b in self.offloaded:
-            self.steps.append(offload_step(self.program, b, self.value[b], self.buffers[self.value[b]].nbytes,
-                                           self.codecs.get(b)))
+            self.steps.append(
+                offload_step(self.program, b, self.value[b], self.buffers[self.value[b]].nbytes, self.codecs.get(b))
+            )
 
     def forward(self) -> None:
         program, value = self.program, self.value
@@ -171,8 +200,9 @@ class _Layerwise:
                 b = by_name[name]
                 prefetched.add(b)
                 self.alloc(value[b])
-                self.steps.append(prefetch_step(program, b, value[b], self.buffers[value[b]].nbytes,
-                                                self.codecs.get(b)))
+                self.steps.append(
+                    prefetch_step(program, b, value[b], self.buffers[value[b]].nbytes, self.codecs.get(b))
+                )
             for k, rebuild in enumerate(uses.rebuilds):
                 self.rebuild(rebuild, prefetched, ready, (pos, k))
             self.bring_back(op, uses.reads, prefetched, ready)
@@ -186,8 +216,11 @@ class _Layerwise:
             self.steps += self.grads.acc_steps.get(i, [])
             self.steps += [Free(key) for key in ends.get(n - i, [])]
             self.steps += [Free(self.aux[(i, k)]) for k in op.aux]
-            self.steps += [Free(self.enc[b] if b in self.binarized else value[b]) for b in uses.reads
-                           if self.last_use[b] == (pos, -1)]
+            self.steps += [
+                Free(self.enc[b] if b in self.binarized else value[b])
+                for b in uses.reads
+                if self.last_use[b] == (pos, -1)
+            ]
         # saved state of layers whose backward does not run
         self.steps += [Free(self.aux[(i, k)]) for i in range(n) if not self.needs[ops[i].output] for k in ops[i].aux]
         self.steps += [Free(key) for key in self.still_allocated() if key != LOSS]  # held but never read back
@@ -202,8 +235,9 @@ class _Layerwise:
                 live.pop(st.key, None)  # type: ignore[union-attr]
         return list(live)
 
-    def bring_back(self, op: Any, reads: tuple[int, ...], prefetched: set[int], ready: set[int],
-                   reader: str | None = None) -> None:
+    def bring_back(
+        self, op: Any, reads: tuple[int, ...], prefetched: set[int], ready: set[int], reader: str | None = None
+    ) -> None:
         """Before ``op``'s backward (or a rebuild, ``reader``): decode what it reads that is encoded, wait for
         what is prefetched."""
         program, value = self.program, self.value
@@ -215,8 +249,10 @@ class _Layerwise:
         for b in reads:
             if b in self.offloaded and b not in ready:  # later readers are ordered after the first on compute
                 if b not in prefetched:
-                    raise ValueError(f"plan {self.plan.policy!r}: {program.tensors[b].name!r} is offloaded but never "
-                                     f"prefetched before {reader or f'the backward of {op.name!r}'}")
+                    raise ValueError(
+                        f"plan {self.plan.policy!r}: {program.tensors[b].name!r} is offloaded but never "
+                        f"prefetched before {reader or f'the backward of {op.name!r}'}"
+                    )
                 ready.add(b)
                 self.steps.append(WaitPrefetch(value[b]))
 
@@ -226,8 +262,9 @@ class _Layerwise:
         program, value = self.program, self.value
         b = rebuild.buffer
         producer = program.ops[rebuild.chain[0]]
-        self.bring_back(producer, rebuild.sources, prefetched, ready,
-                        reader=f"the rebuild of {program.tensors[b].name!r}")
+        self.bring_back(
+            producer, rebuild.sources, prefetched, ready, reader=f"the rebuild of {program.tensors[b].name!r}"
+        )
         self.alloc(value[b])
         for j in rebuild.chain:
             ws = self.workspace.get((j, "fwd"))
@@ -248,8 +285,15 @@ def lower_layerwise(program: Program, plan: "Plan", optimizer_slots: tuple[str, 
     lowering.backward()
     grads, needs = lowering.grads, lowering.needs
     return Schedule(
-        program=program, persistent=persistent_buffers(program, optimizer_slots), steps=lowering.steps,
-        value=lowering.value, grad={t.id: grads.of_tensor[t.id] for t in program.tensors if needs[t.id]},
-        aux=lowering.aux, acc=grads.acc, param_acc=lowering.param_temps, needs_grad=needs, alignment=alignment,
+        program=program,
+        persistent=persistent_buffers(program, optimizer_slots),
+        steps=lowering.steps,
+        value=lowering.value,
+        grad={t.id: grads.of_tensor[t.id] for t in program.tensors if needs[t.id]},
+        aux=lowering.aux,
+        acc=grads.acc,
+        param_acc=lowering.param_temps,
+        needs_grad=needs,
+        alignment=alignment,
         pinned_bytes=pinned_bytes(lowering.steps, alignment),
     )

@@ -20,21 +20,63 @@ from ..graph import Program
 from .gradients import Gradients, gradients, needs_grad, param_temps
 from .layerwise import lower_layerwise
 from .pack import place
-from .parts import (LABELS, LOSS, PROBS, allocate, buffer_keys, codec_info, decode_step, encode_step, offload_step,
-                    op_workspace, pass_algos, persistent_buffers, pinned_bytes, prefetch_step)
-from .steps import (Accumulate, Alloc, Backward, Buffer, CopyOut, Forward, Free, Key, Kind, Loss, Schedule, Step,
-                    Update, Upload)
+from .parts import (
+    LABELS,
+    LOSS,
+    PROBS,
+    allocate,
+    buffer_keys,
+    codec_info,
+    decode_step,
+    encode_step,
+    offload_step,
+    op_workspace,
+    pass_algos,
+    persistent_buffers,
+    pinned_bytes,
+    prefetch_step,
+)
+from .steps import (
+    Accumulate,
+    Alloc,
+    Backward,
+    Buffer,
+    CopyOut,
+    Forward,
+    Free,
+    Key,
+    Kind,
+    Loss,
+    Schedule,
+    Step,
+    Update,
+    Upload,
+)
 
 if TYPE_CHECKING:
     from ..policies.plan import Plan
 
 # the pieces both lowerings share are in .parts; their names stay importable from here
-__all__ = ["lower", "lower_inference", "persistent_buffers", "op_workspace", "codec_info", "offload_step",
-           "prefetch_step", "encode_step", "decode_step", "pinned_bytes", "LABELS", "LOSS", "PROBS"]
+__all__ = [
+    "lower",
+    "lower_inference",
+    "persistent_buffers",
+    "op_workspace",
+    "codec_info",
+    "offload_step",
+    "prefetch_step",
+    "encode_step",
+    "decode_step",
+    "pinned_bytes",
+    "LABELS",
+    "LOSS",
+    "PROBS",
+]
 
 
-def lower(program: Program, plan: "Plan", optimizer_slots: tuple[str, ...] = ("momentum",),
-          alignment: int = 256) -> Schedule:
+def lower(
+    program: Program, plan: "Plan", optimizer_slots: tuple[str, ...] = ("momentum",), alignment: int = 256
+) -> Schedule:
     """The training step of ``plan``, every allocation placed in the arena (:func:`.pack.place`)."""
     if plan.allocation == "network":
         schedule = _lower_network(program, plan, optimizer_slots, alignment)
@@ -58,7 +100,9 @@ def _share_slots(grads: Gradients) -> tuple[dict[Key, Key], list[Buffer]]:
             slots.append([end, nbytes])
             s = len(slots) - 1
         slot_of[key] = Key(Kind.GRAD_SLOT, str(s))
-    return slot_of, [Buffer(Key(Kind.GRAD_SLOT, str(s)), nbytes, "gradient_maps") for s, (_, nbytes) in enumerate(slots)]
+    return slot_of, [
+        Buffer(Key(Kind.GRAD_SLOT, str(s)), nbytes, "gradient_maps") for s, (_, nbytes) in enumerate(slots)
+    ]
 
 
 def _lower_network(program: Program, plan: "Plan", optimizer_slots: tuple[str, ...], alignment: int) -> Schedule:
@@ -92,9 +136,16 @@ def _lower_network(program: Program, plan: "Plan", optimizer_slots: tuple[str, .
     steps.append(Update())
     steps += [Free(key) for key in reversed(list(buffers))]
     return Schedule(
-        program=program, persistent=persistent_buffers(program, optimizer_slots), steps=steps, value=value,
-        grad={t.id: slot_of[grads.of_tensor[t.id]] for t in tensors if needs[t.id]}, aux=aux,
-        acc={k: slot_of[v] for k, v in grads.acc.items()}, param_acc=temps, needs_grad=needs, alignment=alignment,
+        program=program,
+        persistent=persistent_buffers(program, optimizer_slots),
+        steps=steps,
+        value=value,
+        grad={t.id: slot_of[grads.of_tensor[t.id]] for t in tensors if needs[t.id]},
+        aux=aux,
+        acc={k: slot_of[v] for k, v in grads.acc.items()},
+        param_acc=temps,
+        needs_grad=needs,
+        alignment=alignment,
     )
 
 
@@ -108,8 +159,10 @@ def lower_inference(program: Program, plan: "Plan", alignment: int = 256) -> Sch
         for i in op.inputs + [op.output]:
             last_use[value[i]] = op.index
     last_use[value[program.output]] = len(ops)  # read by the host after the last op
-    steps: list[Step] = [Alloc(Buffer(value[program.input], max(tensors[program.input].nbytes, 1), "feature_maps")),
-                         Upload(value[program.input], "input")]
+    steps: list[Step] = [
+        Alloc(Buffer(value[program.input], max(tensors[program.input].nbytes, 1), "feature_maps")),
+        Upload(value[program.input], "input"),
+    ]
     aux = {}
     for op in ops:
         out = tensors[op.output]
@@ -130,5 +183,6 @@ def lower_inference(program: Program, plan: "Plan", alignment: int = 256) -> Sch
         steps += [Free(aux[(op.index, k)]) for k in op.aux_nbytes]
         steps += [Free(key) for key in dict.fromkeys(value[i] for i in op.inputs) if last_use[key] == op.index]
     steps.append(Free(value[program.output]))  # after the host's read of the logits, in stream order
-    return Schedule(program=program, persistent=[], steps=steps, value=value, aux=aux, alignment=alignment,
-                    training=False)
+    return Schedule(
+        program=program, persistent=[], steps=steps, value=value, aux=aux, alignment=alignment, training=False
+    )

@@ -23,8 +23,28 @@ from bisect import bisect_left, insort
 from dataclasses import replace
 from typing import Callable, Iterable, NamedTuple
 
-from .steps import (Accumulate, AccumulateParam, Alloc, Backward, CopyOut, Decode, Encode, Forward, Free, Loss, Offload, Prefetch,
-                    Recompute, Release, Schedule, Step, Update, Upload, WaitPrefetch, handlers)
+from .steps import (
+    Accumulate,
+    AccumulateParam,
+    Alloc,
+    Backward,
+    CopyOut,
+    Decode,
+    Encode,
+    Forward,
+    Free,
+    Loss,
+    Offload,
+    Prefetch,
+    Recompute,
+    Release,
+    Schedule,
+    Step,
+    Update,
+    Upload,
+    WaitPrefetch,
+    handlers,
+)
 
 __all__ = ["Life", "lifetimes", "pack", "place", "peak_live", "GREEDY_LIMIT", "STRATEGIES"]
 
@@ -34,9 +54,28 @@ STRATEGIES = ("auto", "sweep", "greedy")
 
 _OPEN, _CLOSE = "open", "close"
 # the memory effect of each step kind (the one table this consumer dispatches on)
-_EFFECT = handlers({Alloc: _OPEN, Free: _CLOSE, Release: _CLOSE, Offload: None, Upload: None, Forward: None, Recompute: None, Loss: None,
-                    Backward: None, Accumulate: None, AccumulateParam: None, Update: None, Prefetch: None, WaitPrefetch: None,
-                    Encode: None, Decode: None, CopyOut: None}, "pack")
+_EFFECT = handlers(
+    {
+        Alloc: _OPEN,
+        Free: _CLOSE,
+        Release: _CLOSE,
+        Offload: None,
+        Upload: None,
+        Forward: None,
+        Recompute: None,
+        Loss: None,
+        Backward: None,
+        Accumulate: None,
+        AccumulateParam: None,
+        Update: None,
+        Prefetch: None,
+        WaitPrefetch: None,
+        Encode: None,
+        Decode: None,
+        CopyOut: None,
+    },
+    "pack",
+)
 
 
 class Life(NamedTuple):
@@ -85,8 +124,9 @@ def peak_live(lives: Iterable[Life]) -> int:
 
 def _sweep(lives: list[Life], base: int, best_fit: bool) -> tuple[int, list[int]]:
     """Place blocks in allocation order into the free gaps below the highest live block."""
-    events = sorted([(life.start, 1, i) for i, life in enumerate(lives)]
-                    + [(life.end, 0, i) for i, life in enumerate(lives)])
+    events = sorted(
+        [(life.start, 1, i) for i, life in enumerate(lives)] + [(life.end, 0, i) for i, life in enumerate(lives)]
+    )
     offs: list[int] = []  # free gaps below the frontier, by offset
     sizes: list[int] = []
     frontier = top = base
@@ -140,8 +180,9 @@ _ORDERS: tuple[Callable[[tuple[int, Life]], tuple], ...] = (
 )
 
 
-def _greedy(lives: list[Life], base: int, order: Callable[[tuple[int, Life]], tuple],
-            tightest: bool) -> tuple[int, list[int]]:
+def _greedy(
+    lives: list[Life], base: int, order: Callable[[tuple[int, Life]], tuple], tightest: bool
+) -> tuple[int, list[int]]:
     """Place blocks in ``order``, each at the lowest (or tightest) gap among the placed blocks live at the
     same time."""
     placed: list[tuple[int, int, int, int]] = []  # (offset, size, start, end), sorted by offset

@@ -18,8 +18,22 @@ from .steps import Alloc, BnRange, Buffer, Decode, Encode, Key, Kind, Offload, P
 if TYPE_CHECKING:
     from ..policies.plan import Plan
 
-__all__ = ["LABELS", "PROBS", "LOSS", "persistent_buffers", "op_workspace", "buffer_keys", "pass_algos", "allocate",
-           "codec_info", "offload_step", "prefetch_step", "encode_step", "decode_step", "pinned_bytes"]
+__all__ = [
+    "LABELS",
+    "PROBS",
+    "LOSS",
+    "persistent_buffers",
+    "op_workspace",
+    "buffer_keys",
+    "pass_algos",
+    "allocate",
+    "codec_info",
+    "offload_step",
+    "prefetch_step",
+    "encode_step",
+    "decode_step",
+    "pinned_bytes",
+]
 
 LABELS, PROBS, LOSS = Key(Kind.LABELS), Key(Kind.PROBS), Key(Kind.LOSS)
 
@@ -49,8 +63,10 @@ def op_workspace(program: Program, plan: "Plan", op_index: int) -> tuple[int, in
         return 0, 0
     algos = plan.algos.get(op.name, {})
     fwd = op.workspace["forward"].get(algos.get("forward", ""), 0)
-    bwd = max(op.workspace["backward_data"].get(algos.get("backward_data", ""), 0),
-              op.workspace["backward_filter"].get(algos.get("backward_filter", ""), 0))
+    bwd = max(
+        op.workspace["backward_data"].get(algos.get("backward_data", ""), 0),
+        op.workspace["backward_filter"].get(algos.get("backward_filter", ""), 0),
+    )
     return fwd, bwd
 
 
@@ -68,9 +84,11 @@ def buffer_keys(program: Program) -> tuple[dict[int, Key], dict[Key, Buffer], di
             aux[(op.index, k)] = key = Key(Kind.AUX, op.name, k)
             buffers[key] = Buffer(key, max(nbytes, 1), "feature_maps", high=True)
     labels = int(np.prod(program.label_shape))
-    for key, nbytes, category in ((LABELS, labels * 8, "other"),
-                                  (PROBS, labels * program.num_classes * program.itemsize, "feature_maps"),
-                                  (LOSS, program.itemsize, "other")):
+    for key, nbytes, category in (
+        (LABELS, labels * 8, "other"),
+        (PROBS, labels * program.num_classes * program.itemsize, "feature_maps"),
+        (LOSS, program.itemsize, "other"),
+    ):
         buffers[key] = Buffer(key, nbytes, category, high=True)
     return value, buffers, aux
 
@@ -110,8 +128,10 @@ def codec_info(program: Program, plan: "Plan", offloaded: set[int], encoded: set
             out[b] = (codec, codec.encoded_nbytes(t.shape, "float32", plan.density), False, bn)
             continue
         if codec.sign_only and not program.sign_only(b):
-            raise ValueError(f"plan {plan.policy!r} binarizes {t.name!r}, but the backward of "
-                             f"{', '.join(op.name for op in program.backward_readers(b))} needs more than its sign")
+            raise ValueError(
+                f"plan {plan.policy!r} binarizes {t.name!r}, but the backward of "
+                f"{', '.join(op.name for op in program.backward_readers(b))} needs more than its sign"
+            )
         out[b] = (codec, _codecs.stored_nbytes(codec, t.shape, plan.density), codec.sign_only, bn)
     return out
 
@@ -146,4 +166,3 @@ def decode_step(program: Program, b: int, key: Key, enc: Key, codec_info: Any) -
 def pinned_bytes(steps: list[Step], alignment: int) -> int:
     """Pinned host bytes the step's offloads need at once, each at the pool's alignment."""
     return sum(_align(st.host_nbytes, alignment) for st in steps if type(st) is Offload)
-

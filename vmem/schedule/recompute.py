@@ -64,8 +64,9 @@ def decisions(program: Program, stash: Mapping[str, str]) -> dict[int, str]:
     return out
 
 
-def backward_uses(program: Program, decided: Mapping[int, str], needs: list[bool],
-                  lossless: frozenset[int] | set[int] = frozenset()) -> list[Uses]:
+def backward_uses(
+    program: Program, decided: Mapping[int, str], needs: list[bool], lossless: frozenset[int] | set[int] = frozenset()
+) -> list[Uses]:
     """The backward walk (see the module docstring), one :class:`Uses` per op whose backward runs, in
     backward order. ``lossless``: encoded buffers whose decoding is exact (usable as sources)."""
     ops, tensors = program.ops, program.tensors
@@ -89,11 +90,15 @@ def backward_uses(program: Program, decided: Mapping[int, str], needs: list[bool
         elif d in ("keep", "offload") or (d == "encode" and (reader.startswith("the backward") or b in lossless)):
             return
         elif d == "encode":
-            raise PlanError(f"{reader} needs {tensors[b].name!r}, which is encoded lossily: a rebuild needs the "
-                            "exact values (keep, offload or recompute it)")
+            raise PlanError(
+                f"{reader} needs {tensors[b].name!r}, which is encoded lossily: a rebuild needs the "
+                "exact values (keep, offload or recompute it)"
+            )
         else:
-            raise PlanError(f"{reader} needs {tensors[b].name!r}, which is not live then: the plan neither keeps, "
-                            "offloads nor recomputes it")
+            raise PlanError(
+                f"{reader} needs {tensors[b].name!r}, which is not live then: the plan neither keeps, "
+                "offloads nor recomputes it"
+            )
 
     for i in range(len(ops) - 1, -1, -1):
         if not needs[ops[i].output]:
@@ -112,7 +117,8 @@ def check_sources(program: Program, decided: Mapping[int, str]) -> None:
     stashed = program.stashed_buffers()
     for b, d in decided.items():
         if d not in ("keep", "offload", "encode", "recompute"):
-            raise PlanError(f"unknown decision {d!r} for {program.tensors[b].name!r}; use keep, offload, encode "
-                            "or recompute")
+            raise PlanError(
+                f"unknown decision {d!r} for {program.tensors[b].name!r}; use keep, offload, encode or recompute"
+            )
         if d in ("offload", "encode") and b not in stashed:
             raise PlanError(f"the plan {d}s {program.tensors[b].name!r}, which no backward reads")

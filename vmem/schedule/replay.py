@@ -16,8 +16,28 @@ from typing import Any
 
 from ..graph import Program
 from ..pool import CATEGORIES
-from .steps import (Accumulate, AccumulateParam, Alloc, Backward, CopyOut, Decode, Encode, Forward, Free, Loss, Offload, Prefetch,
-                    Recompute, Release, Schedule, Step, Update, Upload, WaitPrefetch, handlers)
+from .steps import (
+    Accumulate,
+    AccumulateParam,
+    Alloc,
+    Backward,
+    CopyOut,
+    Decode,
+    Encode,
+    Forward,
+    Free,
+    Loss,
+    Offload,
+    Prefetch,
+    Recompute,
+    Release,
+    Schedule,
+    Step,
+    Update,
+    Upload,
+    WaitPrefetch,
+    handlers,
+)
 
 __all__ = ["Figures", "LayerRow", "replay", "durations"]
 
@@ -84,19 +104,28 @@ def durations(schedule: Schedule, costs: Any) -> list[float]:
             t += costs.op_seconds(op, "backward_data", data_algo)
         return t
 
-    table = handlers({
-        Forward: lambda st: costs.op_seconds(program.ops[st.op], "forward", st.algo),
-        Recompute: lambda st: costs.op_seconds(program.ops[st.op], "forward", st.algo),
-        Backward: backward,
-        Loss: lambda st: costs.misc_seconds("loss", 0),
-        Accumulate: lambda st: costs.misc_seconds("acc", program.tensors[st.tensor].nbytes),
-        AccumulateParam: lambda st: costs.misc_seconds("acc", st.nbytes),
-        Update: lambda st: costs.update_seconds(params),
-        Encode: lambda st: costs.misc_seconds("encode", st.nbytes),
-        Decode: lambda st: costs.misc_seconds("decode", st.nbytes),
-        Alloc: None, Free: None, Upload: None, Offload: None, Release: None, Prefetch: None, WaitPrefetch: None,
-        CopyOut: None,
-    }, "durations")
+    table = handlers(
+        {
+            Forward: lambda st: costs.op_seconds(program.ops[st.op], "forward", st.algo),
+            Recompute: lambda st: costs.op_seconds(program.ops[st.op], "forward", st.algo),
+            Backward: backward,
+            Loss: lambda st: costs.misc_seconds("loss", 0),
+            Accumulate: lambda st: costs.misc_seconds("acc", program.tensors[st.tensor].nbytes),
+            AccumulateParam: lambda st: costs.misc_seconds("acc", st.nbytes),
+            Update: lambda st: costs.update_seconds(params),
+            Encode: lambda st: costs.misc_seconds("encode", st.nbytes),
+            Decode: lambda st: costs.misc_seconds("decode", st.nbytes),
+            Alloc: None,
+            Free: None,
+            Upload: None,
+            Offload: None,
+            Release: None,
+            Prefetch: None,
+            WaitPrefetch: None,
+            CopyOut: None,
+        },
+        "durations",
+    )
     return [0.0 if table[type(st)] is None else table[type(st)](st) for st in schedule.steps]  # type: ignore[misc]
 
 
@@ -124,12 +153,28 @@ class _Replay:
         self.layer_peaks: dict[str, int] = {}
         self.total_weight = self.weighted_all = self.stall = 0.0
         compute = self._compute
-        self.table = handlers({
-            Alloc: self._alloc, Free: self._free, Offload: self._offload, Release: self._release,
-            Prefetch: self._prefetch,
-            WaitPrefetch: self._wait, Forward: compute, Recompute: compute, Backward: compute, Loss: compute, Accumulate: compute, AccumulateParam: compute,
-            Update: compute, Encode: compute, Decode: compute, Upload: None, CopyOut: None,
-        }, "replay")
+        self.table = handlers(
+            {
+                Alloc: self._alloc,
+                Free: self._free,
+                Offload: self._offload,
+                Release: self._release,
+                Prefetch: self._prefetch,
+                WaitPrefetch: self._wait,
+                Forward: compute,
+                Recompute: compute,
+                Backward: compute,
+                Loss: compute,
+                Accumulate: compute,
+                AccumulateParam: compute,
+                Update: compute,
+                Encode: compute,
+                Decode: compute,
+                Upload: None,
+                CopyOut: None,
+            },
+            "replay",
+        )
 
     def run(self) -> Figures:
         pool = self.pool
@@ -143,14 +188,22 @@ class _Replay:
         total = self.total_weight
         timed = self.seconds is not None
         return Figures(
-            peak_bytes=stats.peak, average_bytes=self.weighted_all / total if total else float(stats.peak),
-            by_category={c: {"peak": s.peak, "average": self.weighted[c] / total if total else 0.0}
-                         for c, s in stats.by_category.items()},
+            peak_bytes=stats.peak,
+            average_bytes=self.weighted_all / total if total else float(stats.peak),
+            by_category={
+                c: {"peak": s.peak, "average": self.weighted[c] / total if total else 0.0}
+                for c, s in stats.by_category.items()
+            },
             offloaded_bytes=self.schedule.offloaded_bytes,
             step_seconds=max(self.compute.clock, self.memory.clock) if timed else None,
             stall_seconds=self.stall if timed else None,
-            update_seconds=sum(self.seconds[i] for i, st in enumerate(self.schedule.steps)  # type: ignore[index, misc]
-                               if type(st) is Update) if timed else None,
+            update_seconds=sum(
+                self.seconds[i]
+                for i, st in enumerate(self.schedule.steps)  # type: ignore[index, misc]
+                if type(st) is Update
+            )
+            if timed
+            else None,
             layer_peaks=self.layer_peaks,
         )
 
@@ -164,8 +217,9 @@ class _Replay:
 
     def _alloc(self, index: int, st: Alloc) -> None:
         buf = st.buffer
-        self.blocks[buf.key] = self.pool.allocate(buf.nbytes, self.compute, buf.category, high=buf.high,
-                                                  offset=st.offset)
+        self.blocks[buf.key] = self.pool.allocate(
+            buf.nbytes, self.compute, buf.category, high=buf.high, offset=st.offset
+        )
         if self.seconds is not None:  # the pool may have waited on the host for a copy still running
             self._stalled(self.compute.catch_up())
 

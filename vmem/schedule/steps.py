@@ -21,9 +21,34 @@ if TYPE_CHECKING:
     from ..codecs import Codec
     from ..graph import Program
 
-__all__ = ["Kind", "Key", "Buffer", "BnRange", "Alloc", "Free", "Upload", "Forward", "Loss", "Backward", "Accumulate",
-           "AccumulateParam", "Update", "Recompute", "Offload", "Release", "Prefetch", "WaitPrefetch", "Encode", "Decode", "CopyOut", "Step", "STEPS",
-           "RELEASES", "Schedule", "handlers"]
+__all__ = [
+    "Kind",
+    "Key",
+    "Buffer",
+    "BnRange",
+    "Alloc",
+    "Free",
+    "Upload",
+    "Forward",
+    "Loss",
+    "Backward",
+    "Accumulate",
+    "AccumulateParam",
+    "Update",
+    "Recompute",
+    "Offload",
+    "Release",
+    "Prefetch",
+    "WaitPrefetch",
+    "Encode",
+    "Decode",
+    "CopyOut",
+    "Step",
+    "STEPS",
+    "RELEASES",
+    "Schedule",
+    "handlers",
+]
 
 
 class Kind(str, Enum):
@@ -233,11 +258,45 @@ class CopyOut:
     tensor: int
 
 
-Step = Union[Alloc, Free, Upload, Forward, Recompute, Loss, Backward, Accumulate, AccumulateParam, Update, Offload, Release, Prefetch,
-             WaitPrefetch, Encode, Decode, CopyOut]
+Step = Union[
+    Alloc,
+    Free,
+    Upload,
+    Forward,
+    Recompute,
+    Loss,
+    Backward,
+    Accumulate,
+    AccumulateParam,
+    Update,
+    Offload,
+    Release,
+    Prefetch,
+    WaitPrefetch,
+    Encode,
+    Decode,
+    CopyOut,
+]
 #: Every step kind: a consumer's handler table must cover all of them.
-STEPS: tuple[type, ...] = (Alloc, Free, Upload, Forward, Recompute, Loss, Backward, Accumulate, AccumulateParam, Update, Offload, Release,
-                           Prefetch, WaitPrefetch, Encode, Decode, CopyOut)
+STEPS: tuple[type, ...] = (
+    Alloc,
+    Free,
+    Upload,
+    Forward,
+    Recompute,
+    Loss,
+    Backward,
+    Accumulate,
+    AccumulateParam,
+    Update,
+    Offload,
+    Release,
+    Prefetch,
+    WaitPrefetch,
+    Encode,
+    Decode,
+    CopyOut,
+)
 #: Steps that release a buffer (its block is free after them).
 RELEASES: tuple[type, ...] = (Free, Release)
 
@@ -247,8 +306,10 @@ def handlers(table: dict[type, Any], consumer: str) -> dict[type, Any]:
     missing = [t.__name__ for t in STEPS if t not in table]
     extra = [t.__name__ for t in table if t not in STEPS]
     if missing or extra:
-        raise TypeError(f"{consumer}: step handlers do not match the step kinds "
-                        f"(missing {missing or 'none'}, unknown {extra or 'none'})")
+        raise TypeError(
+            f"{consumer}: step handlers do not match the step kinds "
+            f"(missing {missing or 'none'}, unknown {extra or 'none'})"
+        )
     return table
 
 

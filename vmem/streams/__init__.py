@@ -10,5 +10,14 @@ from .base import Event, Stream, elapsed_time
 from .cpu import THREAD_PREFIX, CpuEvent, CpuStream
 from .virtual import HostClock, VirtualEvent, VirtualStream
 
-__all__ = ["Stream", "Event", "elapsed_time", "CpuStream", "CpuEvent", "THREAD_PREFIX", "VirtualStream", "VirtualEvent",
-           "HostClock"]
+__all__ = [
+    "Stream",
+    "Event",
+    "elapsed_time",
+    "CpuStream",
+    "CpuEvent",
+    "THREAD_PREFIX",
+    "VirtualStream",
+    "VirtualEvent",
+    "HostClock",
+]

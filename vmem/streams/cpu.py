@@ -33,8 +33,20 @@ _ids = itertools.count()
 class _State:
     """What the worker thread shares with the host; holds no reference to the Stream object."""
 
-    __slots__ = ("name", "lock", "work", "done", "queue", "enqueued", "completed", "error", "error_seq", "closed",
-                 "waiters", "wake_at")
+    __slots__ = (
+        "name",
+        "lock",
+        "work",
+        "done",
+        "queue",
+        "enqueued",
+        "completed",
+        "error",
+        "error_seq",
+        "closed",
+        "waiters",
+        "wake_at",
+    )
 
     def __init__(self, name: str):
         self.name = name

@@ -3,5 +3,14 @@
 from .callbacks import Callback, Checkpoint, CosineSchedule, LossWatch, PrintEpochs, ProgressBar
 from .trainer import EpochStats, History, Trainer
 
-__all__ = ["Trainer", "History", "EpochStats", "Callback", "ProgressBar", "PrintEpochs", "Checkpoint",
-           "CosineSchedule", "LossWatch"]
+__all__ = [
+    "Trainer",
+    "History",
+    "EpochStats",
+    "Callback",
+    "ProgressBar",
+    "PrintEpochs",
+    "Checkpoint",
+    "CosineSchedule",
+    "LossWatch",
+]

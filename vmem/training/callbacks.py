@@ -50,8 +50,15 @@ class ProgressBar(Callback):
             sized = os.get_terminal_size(sys.stderr.fileno()).columns > 0
         except (OSError, ValueError, AttributeError):
             sized = False
-        bar = tqdm(total=batches, desc=f"epoch {epoch}/{epochs}", leave=False, dynamic_ncols=sized,
-                   ncols=None if sized else 80, nrows=None if sized else 24, disable=None)
+        bar = tqdm(
+            total=batches,
+            desc=f"epoch {epoch}/{epochs}",
+            leave=False,
+            dynamic_ncols=sized,
+            ncols=None if sized else 80,
+            nrows=None if sized else 24,
+            disable=None,
+        )
         self.bar = None if bar.disable else bar  # disable=None: off unless a terminal
 
     def on_step(self, trainer: "Trainer", report: "StepReport") -> None:
@@ -69,10 +76,15 @@ class PrintEpochs(Callback):
     """One line per epoch: loss, validation loss and accuracy, median step time."""
 
     def on_epoch_end(self, trainer: "Trainer", stats: "EpochStats", epochs: int) -> None:
-        extra = (f"  val loss {stats.val_loss:.4f}  val accuracy {stats.val_accuracy:.2%}"
-                 if stats.val_accuracy is not None else "")
-        print(f"epoch {stats.epoch}/{epochs}  loss {stats.train_loss:.4f}{extra}  "
-              f"step {stats.step_seconds * 1e3:.1f} ms", flush=True)
+        extra = (
+            f"  val loss {stats.val_loss:.4f}  val accuracy {stats.val_accuracy:.2%}"
+            if stats.val_accuracy is not None
+            else ""
+        )
+        print(
+            f"epoch {stats.epoch}/{epochs}  loss {stats.train_loss:.4f}{extra}  step {stats.step_seconds * 1e3:.1f} ms",
+            flush=True,
+        )
 
 
 class Checkpoint(Callback):

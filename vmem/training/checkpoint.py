@@ -49,11 +49,21 @@ def target(path: str | os.PathLike) -> Path:
     if real.exists():
         mode = os.stat(real).st_mode
         if not stat.S_ISREG(mode):
-            kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
-                    "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
-                    "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
-            raise CheckpointError(f"{shown}: is {kind}; a checkpoint is written only to a regular file "
-                                  f"(e.g. {given / 'ckpt.npz' if stat.S_ISDIR(mode) else 'ckpt.npz'})")
+            kind = (
+                "a folder"
+                if stat.S_ISDIR(mode)
+                else "a FIFO"
+                if stat.S_ISFIFO(mode)
+                else "a device"
+                if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket"
+                if stat.S_ISSOCK(mode)
+                else "not a regular file"
+            )
+            raise CheckpointError(
+                f"{shown}: is {kind}; a checkpoint is written only to a regular file "
+                f"(e.g. {given / 'ckpt.npz' if stat.S_ISDIR(mode) else 'ckpt.npz'})"
+            )
     if not real.parent.is_dir():
         raise CheckpointError(f"{shown}: the folder {real.parent} does not exist")
     if not os.access(real.parent, os.W_OK):
@@ -69,7 +79,7 @@ def _sweep(real: Path) -> None:
     """Remove temporaries of saves to ``real`` whose process is gone (a save killed midway)."""
     for tmp in real.parent.glob(f".{glob.escape(real.name)}.*{_TMP}"):
         try:
-            pid = int(tmp.name[len(real.name) + 2:].split(".")[0])
+            pid = int(tmp.name[len(real.name) + 2 :].split(".")[0])
         except ValueError:
             continue
         if pid == os.getpid() or not _alive(pid):
@@ -99,8 +109,9 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def write(path: str | os.PathLike, params: dict[str, np.ndarray], optimizer_state: dict[str, np.ndarray],
-          meta: dict[str, Any]) -> None:
+def write(
+    path: str | os.PathLike, params: dict[str, np.ndarray], optimizer_state: dict[str, np.ndarray], meta: dict[str, Any]
+) -> None:
     """Write a checkpoint to ``path`` so that nothing is lost whatever happens.
 
     Refused before anything is written (CheckpointError): a path that is not a regular file (see
@@ -113,8 +124,10 @@ def write(path: str | os.PathLike, params: dict[str, np.ndarray], optimizer_stat
     for kind, arrays in (("param", params), ("opt", optimizer_state)):
         for key, a in arrays.items():
             if not np.isfinite(a).all():
-                raise CheckpointError(f"{path}: not saved: '{kind}/{key}' holds NaN or infinite values (training "
-                                      "diverged); the last checkpoint there is unchanged")
+                raise CheckpointError(
+                    f"{path}: not saved: '{kind}/{key}' holds NaN or infinite values (training "
+                    "diverged); the last checkpoint there is unchanged"
+                )
     arrays = {f"param/{k}": v for k, v in params.items()}
     arrays.update({f"opt/{k}": v for k, v in optimizer_state.items()})
     arrays["meta"] = np.array(json.dumps({"format": FORMAT, "version": VERSION, **meta}))
@@ -129,8 +142,9 @@ def write(path: str | os.PathLike, params: dict[str, np.ndarray], optimizer_stat
         os.replace(tmp, real)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise CheckpointError(f"{path}: could not save ({exc.strerror or exc}); the last checkpoint there is "
-                              "unchanged") from exc
+        raise CheckpointError(
+            f"{path}: could not save ({exc.strerror or exc}); the last checkpoint there is unchanged"
+        ) from exc
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -156,8 +170,9 @@ class SaveLock:
         except OSError:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
             os.close(fd)
-            raise CheckpointError(f"{path}: another run (process {holder}) is saving to it; give each run its "
-                                  "own --save path") from None
+            raise CheckpointError(
+                f"{path}: another run (process {holder}) is saving to it; give each run its own --save path"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
@@ -225,18 +240,21 @@ def read(path: str | os.PathLike, network: str, optimizer: Any, specs: dict[str,
         raise CheckpointError(f"{path}: the checkpoint is of network {meta.get('network')!r}, not {network!r}")
     opt = meta.get("optimizer", {})
     if opt.get("type") != type(optimizer).__name__:
-        raise CheckpointError(f"{path}: the checkpoint's optimizer is {opt.get('type')!r}, "
-                              f"this trainer's is {type(optimizer).__name__!r}")
-    params = {k[len("param/"):]: v for k, v in data.items() if k.startswith("param/")}
-    opt_state = {k[len("opt/"):]: v for k, v in data.items() if k.startswith("opt/")}
+        raise CheckpointError(
+            f"{path}: the checkpoint's optimizer is {opt.get('type')!r}, this trainer's is {type(optimizer).__name__!r}"
+        )
+    params = {k[len("param/") :]: v for k, v in data.items() if k.startswith("param/")}
+    opt_state = {k[len("opt/") :]: v for k, v in data.items() if k.startswith("opt/")}
     expected_opt = {f"{k}:{slot}": s.shape for k, s in specs.items() if s.trainable for slot in optimizer.slots}
     if set(opt_state) != set(expected_opt):
-        raise CheckpointError(f"{path}: optimizer state does not match ({len(opt_state)} arrays, "
-                              f"expected {len(expected_opt)})")
+        raise CheckpointError(
+            f"{path}: optimizer state does not match ({len(opt_state)} arrays, expected {len(expected_opt)})"
+        )
     for key, shape in expected_opt.items():
         if opt_state[key].shape != tuple(shape):
-            raise CheckpointError(f"{path}: optimizer state {key} has shape {opt_state[key].shape}, "
-                                  f"expected {tuple(shape)}")
+            raise CheckpointError(
+                f"{path}: optimizer state {key} has shape {opt_state[key].shape}, expected {tuple(shape)}"
+            )
     _check_arrays(path, "param", params)
     _check_arrays(path, "opt", opt_state)
     steps = _steps(path, meta)
@@ -258,6 +276,7 @@ def read(path: str | os.PathLike, network: str, optimizer: Any, specs: dict[str,
         except (TypeError, ValueError, KeyError) as exc:
             raise CheckpointError(f"{path}: entry 'meta.epoch_rng' (the epoch's random state) is unreadable") from exc
     if position[1] and epoch_rng is None:
-        raise CheckpointError(f"{path}: entry 'meta.epoch_step' is {position[1]} but the epoch's random state is "
-                              "missing")
+        raise CheckpointError(
+            f"{path}: entry 'meta.epoch_step' is {position[1]} but the epoch's random state is missing"
+        )
     return SavedState(params, opt_state, steps, rng, position[0], position[1], epoch_rng)

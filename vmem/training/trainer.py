@@ -34,6 +34,7 @@ from .callbacks import Callback, LossWatch, PrintEpochs, ProgressBar
 
 __all__ = ["Trainer", "History", "EpochStats"]
 
+
 @dataclass
 class EpochStats:
     epoch: int
@@ -57,7 +58,8 @@ class EpochStats:
             return float(np.mean(values)) if values else nan
 
         return cls(
-            epoch=epoch, train_loss=mean([r.loss for r in reports if not r.skipped]),
+            epoch=epoch,
+            train_loss=mean([r.loss for r in reports if not r.skipped]),
             step_seconds=float(np.median([r.seconds for r in reports])) if reports else nan,
             peak_bytes=max((r.peak_bytes for r in reports), default=0),
             average_bytes=mean([r.average_bytes for r in reports]),
@@ -97,10 +99,22 @@ class Trainer:
     output was not finite.
     """
 
-    def __init__(self, net: Network, device: Any = "cpu", policy: Any = "baseline", loss: Any = None,
-                 optimizer: Optimizer | None = None, seed: int = 0, *, input_shape: Sequence[int] | None = None,
-                 dtype: str = "float32", memory: int | str | None = None, profile: bool | None = None,
-                 nonfinite_limit: int = 5, profile_cache: bool = True):
+    def __init__(
+        self,
+        net: Network,
+        device: Any = "cpu",
+        policy: Any = "baseline",
+        loss: Any = None,
+        optimizer: Optimizer | None = None,
+        seed: int = 0,
+        *,
+        input_shape: Sequence[int] | None = None,
+        dtype: str = "float32",
+        memory: int | str | None = None,
+        profile: bool | None = None,
+        nonfinite_limit: int = 5,
+        profile_cache: bool = True,
+    ):
         if not isinstance(nonfinite_limit, int) or nonfinite_limit < 1:
             raise ValueError(f"nonfinite_limit={nonfinite_limit!r} must be a positive int")
         self.nonfinite_limit = nonfinite_limit
@@ -147,8 +161,9 @@ class Trainer:
         if self._params is None:
             program = self.net.build(1, self.input_shape, self.dtype)
             specs = self.net.param_specs(self.input_shape)
-            self._params = DeviceParams(self.device, persistent_buffers(program, self.optimizer.slots), specs,
-                                        self.dtype)
+            self._params = DeviceParams(
+                self.device, persistent_buffers(program, self.optimizer.slots), specs, self.dtype
+            )
             self._params.upload(self.net.params)  # type: ignore[arg-type]
         return self._params
 
@@ -167,10 +182,16 @@ class Trainer:
         if train:
             costs = self.profile(batch) if self.profiling else None
             try:
-                plan, schedule = plan_program(program, self.device.spec, self.policy,
-                                              alignment=self.device.pool.alignment, catalog=self.device.catalog,
-                                              optimizer_slots=self.optimizer.slots, costs=costs,
-                                              baseline=costs is not None)
+                plan, schedule = plan_program(
+                    program,
+                    self.device.spec,
+                    self.policy,
+                    alignment=self.device.pool.alignment,
+                    catalog=self.device.catalog,
+                    optimizer_slots=self.optimizer.slots,
+                    costs=costs,
+                    baseline=costs is not None,
+                )
             except BudgetTooSmall as exc:  # does not fit under any of the policy's choices: say which batch would
                 raise BudgetTooSmall(f"{str(exc).rstrip('.')}; {self._batch_advice(batch)}", exc.least) from None
             self.plans[batch] = plan
@@ -179,8 +200,11 @@ class Trainer:
         else:
             schedule, peak = self._inference_plan(batch)
             if schedule is None:
-                raise self._eval_refusal(peak, f"evaluation at batch {batch} needs {format_bytes(peak)} beside the "
-                                               "training state; use a smaller evaluation batch (batch_size=)")
+                raise self._eval_refusal(
+                    peak,
+                    f"evaluation at batch {batch} needs {format_bytes(peak)} beside the "
+                    "training state; use a smaller evaluation batch (batch_size=)",
+                )
         ex = Executor(self.device, schedule, self._device_params(), self.loss, self.optimizer if train else None)
         self._executors[key] = ex
         return ex
@@ -199,9 +223,11 @@ class Trainer:
         trained = next(iter(self.plans.values()), None)
         if trained is not None:
             offered = {op.name: op.algorithms.get("forward", []) for op in program.ops}
-            algos = {name: {**passes, "forward": trained.plan.algos[name]["forward"]}
-                     for name, passes in lean.algos.items()
-                     if trained.plan.algos.get(name, {}).get("forward") in offered.get(name, [])}
+            algos = {
+                name: {**passes, "forward": trained.plan.algos[name]["forward"]}
+                for name, passes in lean.algos.items()
+                if trained.plan.algos.get(name, {}).get("forward") in offered.get(name, [])
+            }
             candidates.append(dataclasses.replace(lean, algos={**lean.algos, **algos}))
         candidates.append(lean)
         persistent = persistent_buffers(program, self.optimizer.slots)
@@ -219,8 +245,9 @@ class Trainer:
     def _eval_refusal(self, peak: int, remedy: str) -> OutOfDeviceMemory:
         """Evaluation does not fit beside the training state (said before anything runs)."""
         stats = self.device.pool.stats()
-        return OutOfDeviceMemory(peak, self.device.pool.capacity, stats.in_use, stats.largest_free,
-                                 stats.fragmentation, {}, remedy=remedy)
+        return OutOfDeviceMemory(
+            peak, self.device.pool.capacity, stats.in_use, stats.largest_free, stats.fragmentation, {}, remedy=remedy
+        )
 
     def eval_batch(self, n: int | None = None, limit: int = 256) -> int:
         """The largest evaluation batch, up to ``limit`` (and ``n``, the number of samples), whose pass fits
@@ -233,8 +260,11 @@ class Trainer:
             if schedule is not None:
                 return batch
             if batch == 1:
-                raise self._eval_refusal(peak, "evaluation needs more memory than the training state leaves, even "
-                                               "one sample at a time; give the device more memory")
+                raise self._eval_refusal(
+                    peak,
+                    "evaluation needs more memory than the training state leaves, even "
+                    "one sample at a time; give the device more memory",
+                )
             batch = max(1, batch // 2)
 
     def profile(self, batch: int) -> Any:
@@ -246,8 +276,13 @@ class Trainer:
             program = self.net.build(batch, self.input_shape, self.dtype)
             # on the device, within what its pool has free (never more than the budget); kept on disk, so
             # that the same run repeats (see vmem.costs.cache)
-            self.costs[batch], _ = cache.profile(self.device.catalog(program), copy_gbps=self.device.spec.pcie_gbps,
-                                                 seed=self.seed, device=self.device, cache=self.profile_cache)
+            self.costs[batch], _ = cache.profile(
+                self.device.catalog(program),
+                copy_gbps=self.device.spec.pcie_gbps,
+                seed=self.seed,
+                device=self.device,
+                cache=self.profile_cache,
+            )
         return self.costs[batch]
 
     def _fits(self, batch: int) -> bool:
@@ -255,8 +290,14 @@ class Trainer:
         choose, without a profile)."""
         program = self.net.build(batch, self.input_shape, self.dtype)
         try:
-            result, _ = plan_program(program, self.device.spec, floor_policy(self.policy), alignment=self.device.pool.alignment,
-                                     catalog=self.device.catalog, optimizer_slots=self.optimizer.slots)
+            result, _ = plan_program(
+                program,
+                self.device.spec,
+                floor_policy(self.policy),
+                alignment=self.device.pool.alignment,
+                catalog=self.device.catalog,
+                optimizer_slots=self.optimizer.slots,
+            )
         except PlanError:
             return False
         return result.fits
@@ -280,40 +321,65 @@ class Trainer:
         return f"the largest batch that fits in {capacity} is {largest}"
 
     def _refusal(self, program: Any, plan: PlanResult) -> OutOfDeviceMemory:
-        least = smallest_memory(program, self.device.spec, self.policy, alignment=self.device.pool.alignment,
-                                optimizer_slots=self.optimizer.slots, catalog=self.device.catalog)
+        least = smallest_memory(
+            program,
+            self.device.spec,
+            self.policy,
+            alignment=self.device.pool.alignment,
+            optimizer_slots=self.optimizer.slots,
+            catalog=self.device.catalog,
+        )
         fitting = []
         for name in policies.names():
             if name == self.policy.name:
                 continue
             try:
-                other, _ = plan_program(program, self.device.spec, name, alignment=self.device.pool.alignment,
-                                        catalog=self.device.catalog,
-                                        optimizer_slots=self.optimizer.slots)
+                other, _ = plan_program(
+                    program,
+                    self.device.spec,
+                    name,
+                    alignment=self.device.pool.alignment,
+                    catalog=self.device.catalog,
+                    optimizer_slots=self.optimizer.slots,
+                )
             except PlanError:
                 continue
             if other.fits:
                 fitting.append(f"{name} (peak {format_bytes(other.peak_bytes)})")
-        needs = (f"at least {format_bytes(least)} ({least} bytes, the smallest budget it fits in)" if least else
-                 format_bytes(plan.peak_bytes))
-        remedy = (f"policy {plan.policy} needs {needs} at batch {plan.batch}; "
-                  + (f"these policies fit: {', '.join(fitting)}; " if fitting else "")
-                  + self._batch_advice(plan.batch))
+        needs = (
+            f"at least {format_bytes(least)} ({least} bytes, the smallest budget it fits in)"
+            if least
+            else format_bytes(plan.peak_bytes)
+        )
+        remedy = (
+            f"policy {plan.policy} needs {needs} at batch {plan.batch}; "
+            + (f"these policies fit: {', '.join(fitting)}; " if fitting else "")
+            + self._batch_advice(plan.batch)
+        )
         stats = self.device.pool.stats()
-        return OutOfDeviceMemory(plan.peak_bytes, self.device.pool.capacity, stats.in_use, stats.largest_free,
-                                 stats.fragmentation, {k: int(v["peak"]) for k, v in plan.by_category.items()},
-                                 remedy=remedy)
+        return OutOfDeviceMemory(
+            plan.peak_bytes,
+            self.device.pool.capacity,
+            stats.in_use,
+            stats.largest_free,
+            stats.fragmentation,
+            {k: int(v["peak"]) for k, v in plan.by_category.items()},
+            remedy=remedy,
+        )
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError(f"{self.net.name}: this Trainer is closed (its device memory is released); "
-                               "make a new one")
+            raise RuntimeError(
+                f"{self.net.name}: this Trainer is closed (its device memory is released); make a new one"
+            )
 
     def _check_input(self, x: np.ndarray, y: np.ndarray | None) -> None:
         self._check_open()
         if tuple(x.shape[1:]) != tuple(self.input_shape):  # type: ignore[arg-type]
-            raise ShapeError(f"{self.net.name}: input batch has shape {tuple(x.shape)}, the network takes "
-                             f"(N, {', '.join(map(str, self.input_shape))})")  # type: ignore[arg-type]
+            raise ShapeError(
+                f"{self.net.name}: input batch has shape {tuple(x.shape)}, the network takes "
+                f"(N, {', '.join(map(str, self.input_shape))})"
+            )  # type: ignore[arg-type]
         if y is not None and len(y) != len(x):
             raise ShapeError(f"{self.net.name}: {len(x)} inputs but {len(y)} labels")
         if y is not None and len(y):
@@ -321,12 +387,16 @@ class Trainer:
             out = self.net.output_shape(1, self.input_shape)
             classes = out[-1]
             if tuple(y.shape[1:]) != tuple(out[1:-1]):
-                raise ShapeError(f"{self.net.name}: labels have shape {tuple(y.shape)}, the network predicts "
-                                 f"(N, {', '.join(map(str, out[1:-1] + (classes,)))}): one label per "
-                                 + ("token" if len(out) > 2 else "sample"))
+                raise ShapeError(
+                    f"{self.net.name}: labels have shape {tuple(y.shape)}, the network predicts "
+                    f"(N, {', '.join(map(str, out[1:-1] + (classes,)))}): one label per "
+                    + ("token" if len(out) > 2 else "sample")
+                )
             if y.dtype.kind not in "iu" or y.min() < 0 or y.max() >= classes:
-                raise ValueError(f"{self.net.name}: labels must be integers from 0 to {classes - 1} (the network has "
-                                 f"{classes} classes); got {y.dtype} from {y.min()} to {y.max()}")
+                raise ValueError(
+                    f"{self.net.name}: labels must be integers from 0 to {classes - 1} (the network has "
+                    f"{classes} classes); got {y.dtype} from {y.min()} to {y.max()}"
+                )
 
     # -- training ----------------------------------------------------------------------------------
     def step(self, x: np.ndarray, y: np.ndarray) -> StepReport:
@@ -341,8 +411,12 @@ class Trainer:
             self.skipped_in_a_row = 0
             return report
         self.skipped_in_a_row += 1
-        warnings.warn(f"{self.net.name}: step {self.steps_done + 1}: the loss or a gradient is not finite; the step "
-                      "was skipped (nothing changed)", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"{self.net.name}: step {self.steps_done + 1}: the loss or a gradient is not finite; the step "
+            "was skipped (nothing changed)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         if self.skipped_in_a_row >= self.nonfinite_limit:
             raise self._nonfinite(ex, x, y, state)
         return report
@@ -353,15 +427,29 @@ class Trainer:
         rng = np.random.default_rng()
         rng.bit_generator.state = state
         report, _ = ex.run(x, np.asarray(y), train=True, rng=rng, step=self.steps_done + 1, check=True)
-        where = (f"the first output that is not finite: {report.first_nonfinite}" if report.first_nonfinite else
-                 "every op's output was finite when the batch was run again: the loss itself is not")
-        return NonFiniteError(f"{self.net.name}: {self.skipped_in_a_row} steps in a row had a loss or gradients "
-                              f"that were not finite (after step {self.steps_done}); {where}; lower the learning "
-                              "rate or look at the data")
+        where = (
+            f"the first output that is not finite: {report.first_nonfinite}"
+            if report.first_nonfinite
+            else "every op's output was finite when the batch was run again: the loss itself is not"
+        )
+        return NonFiniteError(
+            f"{self.net.name}: {self.skipped_in_a_row} steps in a row had a loss or gradients "
+            f"that were not finite (after step {self.steps_done}); {where}; lower the learning "
+            "rate or look at the data"
+        )
 
-    def fit(self, train: Dataset, epochs: int = 1, val: Dataset | None = None, *, batch_size: int = 64,
-            shuffle: bool = True, progress: bool = True, callbacks: Sequence[Callback] = (),
-            initial_epoch: int = 0) -> History:
+    def fit(
+        self,
+        train: Dataset,
+        epochs: int = 1,
+        val: Dataset | None = None,
+        *,
+        batch_size: int = 64,
+        shuffle: bool = True,
+        progress: bool = True,
+        callbacks: Sequence[Callback] = (),
+        initial_epoch: int = 0,
+    ) -> History:
         """Train epochs ``initial_epoch + 1`` to ``epochs`` over ``train`` (the last partial batch is dropped);
         evaluate on ``val`` after each.
 
@@ -389,8 +477,10 @@ class Trainer:
         if val is not None and len(val):
             eval_batch = self._eval_batches(len(val), self.eval_batch(len(val)))
             if progress and eval_batch < min(256, len(val)):
-                print(f"evaluating in batches of {eval_batch}: the largest that fits beside the training state",
-                      flush=True)
+                print(
+                    f"evaluating in batches of {eval_batch}: the largest that fits beside the training state",
+                    flush=True,
+                )
         observers = ([ProgressBar(), PrintEpochs()] if progress else []) + [LossWatch()] + list(callbacks)
         for epoch in range(initial_epoch + 1, epochs + 1):
             for cb in observers:
@@ -431,7 +521,7 @@ class Trainer:
             order = self.rng.permutation(n) if shuffle else np.arange(n)
             self.epoch_step = first = 0
         for k in range(first, n // batch_size):
-            idx = order[k * batch_size:(k + 1) * batch_size]
+            idx = order[k * batch_size : (k + 1) * batch_size]
             yield train.x[idx], train.y[idx]
 
     def _eval_batches(self, n: int, batch_size: int | None) -> int:
@@ -444,8 +534,11 @@ class Trainer:
         for b in {min(int(batch_size), n), n % int(batch_size)} - {0}:
             schedule, peak = self._inference_plan(b)
             if schedule is None:
-                raise self._eval_refusal(peak, f"evaluation at batch {b} does not fit beside the training state; "
-                                               f"leave batch_size out (the largest that fits: {self.eval_batch(n)})")
+                raise self._eval_refusal(
+                    peak,
+                    f"evaluation at batch {b} does not fit beside the training state; "
+                    f"leave batch_size out (the largest that fits: {self.eval_batch(n)})",
+                )
         return int(batch_size)
 
     def predict(self, x: np.ndarray, batch_size: int | None = None) -> np.ndarray:
@@ -492,11 +585,18 @@ class Trainer:
         self._check_open()
         params = self._device_params()
         self.sync()
-        meta = {"network": self.net.name, "optimizer": self.optimizer.config(), "steps": self.steps_done,
-                "rng": self.rng.bit_generator.state, "dtype": self.dtype,
-                "epochs_done": self.epochs_done, "epoch_step": self.epoch_step, "epoch_rng": self._epoch_rng,
-                # the plans the run used (policy, algorithms, what was offloaded, recomputed or encoded)
-                "plans": {str(b): p.plan.to_dict() for b, p in self.plans.items()}}
+        meta = {
+            "network": self.net.name,
+            "optimizer": self.optimizer.config(),
+            "steps": self.steps_done,
+            "rng": self.rng.bit_generator.state,
+            "dtype": self.dtype,
+            "epochs_done": self.epochs_done,
+            "epoch_step": self.epoch_step,
+            "epoch_rng": self._epoch_rng,
+            # the plans the run used (policy, algorithms, what was offloaded, recomputed or encoded)
+            "plans": {str(b): p.plan.to_dict() for b, p in self.plans.items()},
+        }
         checkpoint.write(path, self.net.params, params.optimizer_state(), meta)  # type: ignore[arg-type]
 
     def load(self, path: str | os.PathLike) -> None:

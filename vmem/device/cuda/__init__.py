@@ -45,5 +45,7 @@ def open_device(name: str, index: str, **options: Any) -> Any:
     try:
         return CudaDevice(i, **options)
     except TypeError as exc:
-        raise DeviceError(f"device {name!r}: {exc}; options are memory, reserve, pinned_memory, poison, alignment, "
-                          "deterministic, temporaries, conv_api, nchw") from None
+        raise DeviceError(
+            f"device {name!r}: {exc}; options are memory, reserve, pinned_memory, poison, alignment, "
+            "deterministic, temporaries, conv_api, nchw"
+        ) from None

@@ -68,8 +68,7 @@ class CudnnConv:
             h = self._handles[ptr] = cudnn.Handle(ptr)
         return h.ptr
 
-    def descs(self, layer: Any, x_shape: tuple[int, ...], y_shape: tuple[int, ...],
-              layout: int = cudnn.NHWC) -> Descs:
+    def descs(self, layer: Any, x_shape: tuple[int, ...], y_shape: tuple[int, ...], layout: int = cudnn.NHWC) -> Descs:
         key = (_geometry(layer, x_shape, y_shape), layout)
         d = self._descs.get(key)
         if d is None:
@@ -96,11 +95,13 @@ class CudnnConv:
         if pass_ == "forward":
             status = lib.cudnnGetConvolutionForwardWorkspaceSize(h, d.x.ptr, d.w.ptr, d.conv.ptr, d.y.ptr, index, size)
         elif pass_ == "backward_data":
-            status = lib.cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w.ptr, d.y.ptr, d.conv.ptr, d.x.ptr, index,
-                                                                      size)
+            status = lib.cudnnGetConvolutionBackwardDataWorkspaceSize(
+                h, d.w.ptr, d.y.ptr, d.conv.ptr, d.x.ptr, index, size
+            )
         else:
-            status = lib.cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x.ptr, d.y.ptr, d.conv.ptr, d.w.ptr,
-                                                                        index, size)
+            status = lib.cudnnGetConvolutionBackwardFilterWorkspaceSize(
+                h, d.x.ptr, d.y.ptr, d.conv.ptr, d.w.ptr, index, size
+            )
         return int(size[0]) if status == cudnn.SUCCESS else None
 
     def catalog(self, program: Any) -> Any:
@@ -149,8 +150,12 @@ class CudnnConv:
         after the other in one workspace)."""
         if db is not None:
             d = self.descs(layer, x.shape, dy.shape)
-            cudnn.check("cudnnConvolutionBackwardBias", cudnn.lib().cudnnConvolutionBackwardBias(
-                self._handle(), self._one, d.y.ptr, self._ptr(dy), self._zero, d.bias.ptr, self._ptr(db)))
+            cudnn.check(
+                "cudnnConvolutionBackwardBias",
+                cudnn.lib().cudnnConvolutionBackwardBias(
+                    self._handle(), self._one, d.y.ptr, self._ptr(dy), self._zero, d.bias.ptr, self._ptr(db)
+                ),
+            )
         data_algo, filter_algo = ctx.algo if isinstance(ctx.algo, tuple) else (ctx.algo, ctx.algo)
         self._pass(layer, "backward_filter", filter_algo, ctx, x, dw, dy)
         if dx is not None:
@@ -170,8 +175,10 @@ class CudnnConv:
         ws = ctx.workspace
         staged = _staging_bytes(x.shape, w.shape, y.shape)
         if ws is None or ws.nbytes < staged:
-            raise ValueError(f"layer {layer.label}: {pass_} {algo} needs at least {staged} bytes of workspace for "
-                             f"its NCHW copies, given {0 if ws is None else ws.nbytes}")
+            raise ValueError(
+                f"layer {layer.label}: {pass_} {algo} needs at least {staged} bytes of workspace for "
+                f"its NCHW copies, given {0 if ws is None else ws.nbytes}"
+            )
         xt, wt, yt = _carve_nchw(ws, x.shape, w.shape, y.shape)
         copies = {"x": (x, xt), "w": (w, wt), "y": (y, yt)}
         reads, writes = {"forward": ("xw", "y"), "backward_filter": ("xy", "w"), "backward_data": ("wy", "x")}[pass_]
@@ -179,8 +186,16 @@ class CudnnConv:
             src, dst = copies[role]
             dst[...] = src.transpose(0, 3, 1, 2)  # NHWC -> NCHW (filters KRSC -> KCRS)
         rest = ws[staged:]
-        self._call(pass_, self.descs(layer, x.shape, y.shape, cudnn.NCHW), algo[len(NCHW):], xt, wt, yt,
-                   self._ptr(rest) if rest.nbytes else cudnn.ffi().NULL, int(rest.nbytes))
+        self._call(
+            pass_,
+            self.descs(layer, x.shape, y.shape, cudnn.NCHW),
+            algo[len(NCHW) :],
+            xt,
+            wt,
+            yt,
+            self._ptr(rest) if rest.nbytes else cudnn.ffi().NULL,
+            int(rest.nbytes),
+        )
         out, result = copies[writes]
         out[...] = result.transpose(0, 2, 3, 1)  # back to NHWC (KRSC)
 
@@ -188,17 +203,62 @@ class CudnnConv:
         lib, h, ptr = cudnn.lib(), self._handle(), self._ptr
         index = cudnn.ALGOS[pass_].index(algo)
         if pass_ == "forward":
-            cudnn.check("cudnnConvolutionForward", lib.cudnnConvolutionForward(
-                h, self._one, d.x.ptr, ptr(x), d.w.ptr, ptr(w), d.conv.ptr, index, ws, ws_size, self._zero, d.y.ptr,
-                ptr(y)))
+            cudnn.check(
+                "cudnnConvolutionForward",
+                lib.cudnnConvolutionForward(
+                    h,
+                    self._one,
+                    d.x.ptr,
+                    ptr(x),
+                    d.w.ptr,
+                    ptr(w),
+                    d.conv.ptr,
+                    index,
+                    ws,
+                    ws_size,
+                    self._zero,
+                    d.y.ptr,
+                    ptr(y),
+                ),
+            )
         elif pass_ == "backward_filter":
-            cudnn.check("cudnnConvolutionBackwardFilter", lib.cudnnConvolutionBackwardFilter(
-                h, self._one, d.x.ptr, ptr(x), d.y.ptr, ptr(y), d.conv.ptr, index, ws, ws_size, self._zero, d.w.ptr,
-                ptr(w)))
+            cudnn.check(
+                "cudnnConvolutionBackwardFilter",
+                lib.cudnnConvolutionBackwardFilter(
+                    h,
+                    self._one,
+                    d.x.ptr,
+                    ptr(x),
+                    d.y.ptr,
+                    ptr(y),
+                    d.conv.ptr,
+                    index,
+                    ws,
+                    ws_size,
+                    self._zero,
+                    d.w.ptr,
+                    ptr(w),
+                ),
+            )
         else:
-            cudnn.check("cudnnConvolutionBackwardData", lib.cudnnConvolutionBackwardData(
-                h, self._one, d.w.ptr, ptr(w), d.y.ptr, ptr(y), d.conv.ptr, index, ws, ws_size, self._zero, d.x.ptr,
-                ptr(x)))
+            cudnn.check(
+                "cudnnConvolutionBackwardData",
+                lib.cudnnConvolutionBackwardData(
+                    h,
+                    self._one,
+                    d.w.ptr,
+                    ptr(w),
+                    d.y.ptr,
+                    ptr(y),
+                    d.conv.ptr,
+                    index,
+                    ws,
+                    ws_size,
+                    self._zero,
+                    d.x.ptr,
+                    ptr(x),
+                ),
+            )
 
     def heuristic(self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> list[str]:
         """cuDNN's ranking of ``pass_``'s algorithms for this geometry, best first, without running them
@@ -209,10 +269,11 @@ class CudnnConv:
             return ranked
         other = [NCHW + a for a in self._ranked(layer, pass_, x_shape, y_shape, cudnn.NCHW)]
         merged = [a for pair in zip(ranked, other) for a in pair]
-        return merged + ranked[len(other):] + other[len(ranked):]
+        return merged + ranked[len(other) :] + other[len(ranked) :]
 
-    def _ranked(self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...],
-                layout: int) -> list[str]:
+    def _ranked(
+        self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...], layout: int
+    ) -> list[str]:
         lib, f = cudnn.lib(), cudnn.ffi()
         d = self.descs(layer, x_shape, y_shape, layout)
         n = len(cudnn.ALGOS[pass_])
@@ -220,19 +281,22 @@ class CudnnConv:
         h = self._handle()
         if pass_ == "forward":
             perf = f.new(f"cudnnConvolutionFwdAlgoPerf_t[{n}]")
-            status = lib.cudnnGetConvolutionForwardAlgorithm_v7(h, d.x.ptr, d.w.ptr, d.conv.ptr, d.y.ptr, n, returned,
-                                                                perf)
+            status = lib.cudnnGetConvolutionForwardAlgorithm_v7(
+                h, d.x.ptr, d.w.ptr, d.conv.ptr, d.y.ptr, n, returned, perf
+            )
         elif pass_ == "backward_data":
             perf = f.new(f"cudnnConvolutionBwdDataAlgoPerf_t[{n}]")
-            status = lib.cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w.ptr, d.y.ptr, d.conv.ptr, d.x.ptr, n,
-                                                                     returned, perf)
+            status = lib.cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                h, d.w.ptr, d.y.ptr, d.conv.ptr, d.x.ptr, n, returned, perf
+            )
         else:
             perf = f.new(f"cudnnConvolutionBwdFilterAlgoPerf_t[{n}]")
-            status = lib.cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x.ptr, d.y.ptr, d.conv.ptr, d.w.ptr, n,
-                                                                       returned, perf)
+            status = lib.cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                h, d.x.ptr, d.y.ptr, d.conv.ptr, d.w.ptr, n, returned, perf
+            )
         cudnn.check(f"cudnnGet*Algorithm_v7({pass_})", status)
         names = cudnn.ALGOS[pass_]
-        return [names[p.algo] for p in perf[0:returned[0]] if p.status == cudnn.SUCCESS]
+        return [names[p.algo] for p in perf[0 : returned[0]] if p.status == cudnn.SUCCESS]
 
     def find(self, layer: Any, pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
         """cuDNN's own measurement (``Find*Ex``) of every algorithm of ``pass_`` on these buffers: (name,
@@ -270,7 +334,7 @@ def _carve_nchw(ws: Any, *shapes: tuple[int, ...]) -> list[Any]:
     out, offset = [], 0
     for shape in shapes:
         t = _nchw_shape(shape)
-        out.append(ws[offset:offset + 4 * math.prod(t)].view(np.float32).reshape(t))
+        out.append(ws[offset : offset + 4 * math.prod(t)].view(np.float32).reshape(t))
         offset += _aligned_bytes(t)
     return out
 
@@ -286,20 +350,22 @@ def search(handle: Any, pass_: str, d: Descs, x: Any, w: Any, y: Any, ws: Any) -
     args = (ptr(ws), int(ws.nbytes)) if ws is not None else (f.NULL, 0)
     if pass_ == "forward":
         perf = f.new(f"cudnnConvolutionFwdAlgoPerf_t[{n}]")
-        status = lib.cudnnFindConvolutionForwardAlgorithmEx(handle, d.x.ptr, ptr(x), d.w.ptr, ptr(w), d.conv.ptr,
-                                                            d.y.ptr, ptr(y), n, returned, perf, *args)
+        status = lib.cudnnFindConvolutionForwardAlgorithmEx(
+            handle, d.x.ptr, ptr(x), d.w.ptr, ptr(w), d.conv.ptr, d.y.ptr, ptr(y), n, returned, perf, *args
+        )
     elif pass_ == "backward_data":
         perf = f.new(f"cudnnConvolutionBwdDataAlgoPerf_t[{n}]")
-        status = lib.cudnnFindConvolutionBackwardDataAlgorithmEx(handle, d.w.ptr, ptr(w), d.y.ptr, ptr(y),
-                                                                 d.conv.ptr, d.x.ptr, ptr(x), n, returned, perf, *args)
+        status = lib.cudnnFindConvolutionBackwardDataAlgorithmEx(
+            handle, d.w.ptr, ptr(w), d.y.ptr, ptr(y), d.conv.ptr, d.x.ptr, ptr(x), n, returned, perf, *args
+        )
     else:
         perf = f.new(f"cudnnConvolutionBwdFilterAlgoPerf_t[{n}]")
-        status = lib.cudnnFindConvolutionBackwardFilterAlgorithmEx(handle, d.x.ptr, ptr(x), d.y.ptr, ptr(y),
-                                                                   d.conv.ptr, d.w.ptr, ptr(w), n, returned, perf,
-                                                                   *args)
+        status = lib.cudnnFindConvolutionBackwardFilterAlgorithmEx(
+            handle, d.x.ptr, ptr(x), d.y.ptr, ptr(y), d.conv.ptr, d.w.ptr, ptr(w), n, returned, perf, *args
+        )
     cudnn.check(f"cudnnFind({pass_})", status)
     names = cudnn.ALGOS[pass_]
-    return [(names[p.algo], p.time / 1e3, int(p.memory)) for p in perf[0:returned[0]] if p.status == cudnn.SUCCESS]
+    return [(names[p.algo], p.time / 1e3, int(p.memory)) for p in perf[0 : returned[0]] if p.status == cudnn.SUCCESS]
 
 
 class GraphConv(CudnnConv):
@@ -363,12 +429,17 @@ class GraphConv(CudnnConv):
             if op.kind == "conv":
                 x_shape, y_shape = physical(op.in_shapes[0]), physical(op.out_shape)
                 with self.device.compute_stream.stream:  # the plans the steps run (on the compute stream)
-                    ws = {p: {name: plan.workspace for name, plan in self.plans(op.layer, p, x_shape, y_shape).items()}
-                          for p in cudnn.ALGOS}
+                    ws = {
+                        p: {name: plan.workspace for name, plan in self.plans(op.layer, p, x_shape, y_shape).items()}
+                        for p in cudnn.ALGOS
+                    }
                 missing = [p for p, names in ws.items() if not names]
                 if missing:
-                    raise cudnn.CudnnError(f"{op.name}: cuDNN's graph API", cudnn.NOT_SUPPORTED,
-                                           f"no exact FP32 engine builds a plan for {', '.join(missing)}")
+                    raise cudnn.CudnnError(
+                        f"{op.name}: cuDNN's graph API",
+                        cudnn.NOT_SUPPORTED,
+                        f"no exact FP32 engine builds a plan for {', '.join(missing)}",
+                    )
                 op = dataclasses.replace(op, algorithms={p: list(names) for p, names in ws.items()}, workspace=ws)
             ops.append(op)
         return dataclasses.replace(program, ops=ops)
@@ -379,8 +450,10 @@ class GraphConv(CudnnConv):
         plan = plans[algo] if algo else next(iter(plans.values()))
         ws = ctx.workspace
         if plan.workspace and (ws is None or ws.nbytes < plan.workspace):
-            raise ValueError(f"layer {layer.label}: {pass_} engine {algo} needs {plan.workspace} bytes of workspace, "
-                             f"given {0 if ws is None else ws.nbytes}")
+            raise ValueError(
+                f"layer {layer.label}: {pass_} engine {algo} needs {plan.workspace} bytes of workspace, "
+                f"given {0 if ws is None else ws.nbytes}"
+            )
         plan.execute(x.data.ptr, w.data.ptr, y.data.ptr, ws.data.ptr if ws is not None else 0)
 
     def heuristic(self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> list[str]:

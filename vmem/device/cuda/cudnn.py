@@ -17,8 +17,24 @@ from typing import Any
 from ..._resources import source_file
 from ...errors import DeviceError
 
-__all__ = ["lib", "ffi", "CudnnError", "check", "version", "Handle", "TensorDesc", "FilterDesc", "ConvDesc",
-           "conv_output_shape", "ALGOS", "NONDETERMINISTIC", "FLOAT", "NCHW", "NHWC", "FMA_MATH"]
+__all__ = [
+    "lib",
+    "ffi",
+    "CudnnError",
+    "check",
+    "version",
+    "Handle",
+    "TensorDesc",
+    "FilterDesc",
+    "ConvDesc",
+    "conv_output_shape",
+    "ALGOS",
+    "NONDETERMINISTIC",
+    "FLOAT",
+    "NCHW",
+    "NHWC",
+    "FMA_MATH",
+]
 
 FLOAT, DOUBLE, HALF = 0, 1, 2
 NCHW, NHWC = 0, 1
@@ -28,8 +44,16 @@ SUCCESS, NOT_INITIALIZED, BAD_PARAM, NOT_SUPPORTED = 0, 1001, 2000, 3000
 
 #: Algorithm names by pass, in enum order (the index is cuDNN's enum value).
 ALGOS = {
-    "forward": ["implicit_gemm", "implicit_precomp_gemm", "gemm", "direct", "fft", "fft_tiling", "winograd",
-                "winograd_nonfused"],
+    "forward": [
+        "implicit_gemm",
+        "implicit_precomp_gemm",
+        "gemm",
+        "direct",
+        "fft",
+        "fft_tiling",
+        "winograd",
+        "winograd_nonfused",
+    ],
     "backward_data": ["algo_0", "algo_1", "fft", "fft_tiling", "winograd", "winograd_nonfused"],
     "backward_filter": ["algo_0", "algo_1", "fft", "algo_3", "winograd", "winograd_nonfused", "fft_tiling"],
 }
@@ -128,20 +152,39 @@ class FilterDesc:
 class ConvDesc:
     """A 2-D cross-correlation with FMA math (exact FP32: no TF32) unless ``math`` says otherwise."""
 
-    def __init__(self, padding: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int] = (1, 1),
-                 dtype: int = FLOAT, math: int = FMA_MATH):
+    def __init__(
+        self,
+        padding: tuple[int, int],
+        stride: tuple[int, int],
+        dilation: tuple[int, int] = (1, 1),
+        dtype: int = FLOAT,
+        math: int = FMA_MATH,
+    ):
         self.ptr = _make("ConvolutionDescriptor")
-        check("cudnnSetConvolution2dDescriptor", lib().cudnnSetConvolution2dDescriptor(
-            self.ptr, padding[0], padding[1], stride[0], stride[1], dilation[0], dilation[1], CROSS_CORRELATION,
-            dtype))
+        check(
+            "cudnnSetConvolution2dDescriptor",
+            lib().cudnnSetConvolution2dDescriptor(
+                self.ptr,
+                padding[0],
+                padding[1],
+                stride[0],
+                stride[1],
+                dilation[0],
+                dilation[1],
+                CROSS_CORRELATION,
+                dtype,
+            ),
+        )
         check("cudnnSetConvolutionMathType", lib().cudnnSetConvolutionMathType(self.ptr, math))
 
 
 def conv_output_shape(x: TensorDesc, w: FilterDesc, conv: ConvDesc) -> tuple[int, int, int, int]:
     """(N, K, Ho, Wo) as cuDNN computes it (works without a GPU)."""
     dims = [ffi().new("int *") for _ in range(4)]
-    check("cudnnGetConvolution2dForwardOutputDim",
-          lib().cudnnGetConvolution2dForwardOutputDim(conv.ptr, x.ptr, w.ptr, *dims))
+    check(
+        "cudnnGetConvolution2dForwardOutputDim",
+        lib().cudnnGetConvolution2dForwardOutputDim(conv.ptr, x.ptr, w.ptr, *dims),
+    )
     return tuple(int(d[0]) for d in dims)  # type: ignore[return-value]
 
 

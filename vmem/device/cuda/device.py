@@ -63,13 +63,25 @@ class CudaDevice:
     #: wait for each other on the GPU, not on the host
     asynchronous = True
 
-    def __init__(self, index: int = 0, *, memory: int | str | None = None, reserve: int | str | None = None,
-                 pinned_memory: int | str | None = None, poison: bool = False, alignment: int = 256,
-                 deterministic: bool = True, temporaries: str = "reserve", conv_api: str = "legacy",
-                 nchw: bool = False):
+    def __init__(
+        self,
+        index: int = 0,
+        *,
+        memory: int | str | None = None,
+        reserve: int | str | None = None,
+        pinned_memory: int | str | None = None,
+        poison: bool = False,
+        alignment: int = 256,
+        deterministic: bool = True,
+        temporaries: str = "reserve",
+        conv_api: str = "legacy",
+        nchw: bool = False,
+    ):
         if conv_api not in ("legacy", "graph"):  # before any memory is taken
-            raise DeviceError(f"cuda:{index}: conv_api={conv_api!r}; use 'legacy' (cuDNN's algorithms) or 'graph' "
-                              "(cuDNN's graph API and its engines)")
+            raise DeviceError(
+                f"cuda:{index}: conv_api={conv_api!r}; use 'legacy' (cuDNN's algorithms) or 'graph' "
+                "(cuDNN's graph API and its engines)"
+            )
         if temporaries not in ("reserve", "pool"):
             raise DeviceError(f"cuda:{index}: temporaries={temporaries!r}; use 'reserve' or 'pool'")
         self.conv_api = conv_api
@@ -88,8 +100,10 @@ class CudaDevice:
         self.free_capacity = free - self.reserve
         capacity = self.free_capacity if memory is None else parse_bytes(memory, name="memory")
         if capacity <= 0 or capacity > free:
-            raise DeviceError(f"cuda:{index}: memory={format_bytes(capacity)} does not fit the "
-                              f"{format_bytes(free)} free of {format_bytes(total)} on {self.gpu}")
+            raise DeviceError(
+                f"cuda:{index}: memory={format_bytes(capacity)} does not fit the "
+                f"{format_bytes(free)} free of {format_bytes(total)} on {self.gpu}"
+            )
         self.name = f"cuda:{index}"
         self.xp = cupy
         self.ops = ArrayOps(cupy)  # one call per operation; column sums in blocks of rows
@@ -148,8 +162,9 @@ class CudaDevice:
     @property
     def pinned(self) -> PinnedHostPool:
         if self._pinned is None:
-            self._pinned = PinnedHostPool(self._pinned_capacity, self.pool.alignment, PinnedArena,
-                                          name=f"{self.name} pinned")
+            self._pinned = PinnedHostPool(
+                self._pinned_capacity, self.pool.alignment, PinnedArena, name=f"{self.name} pinned"
+            )
         return self._pinned
 
     def reserve_pinned(self, nbytes: int) -> PinnedHostPool:
@@ -186,8 +201,10 @@ class CudaDevice:
     def _copy(self, dst: Any, src: Any, stream: CudaStream, direction: str) -> None:
         host = dst if direction == "d2h" else src
         if dst.nbytes != src.nbytes or not (dst.flags.c_contiguous and src.flags.c_contiguous):
-            raise ValueError(f"{direction} copy: both sides must be C-contiguous and of the same size "
-                             f"({dst.shape} {dst.dtype} <- {src.shape} {src.dtype})")
+            raise ValueError(
+                f"{direction} copy: both sides must be C-contiguous and of the same size "
+                f"({dst.shape} {dst.dtype} <- {src.shape} {src.dtype})"
+            )
         self._memcpy(dst, src, direction, stream.ptr)
         if not self.is_pinned(host):  # pageable: staged by the driver; the host waits, as on the CPU device
             stream.synchronize()
@@ -269,7 +286,9 @@ class CudaDevice:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"CudaDevice({self.name}: {self.gpu} {self.arch}, memory={format_bytes(self.pool.capacity)}, "
-                f"reserve={format_bytes(self.reserve)} for the CUDA context, cuDNN and cuBLAS"
-                f"{', poison' if self.poison else ''}{', cuDNN graph API' if self.conv_api == 'graph' else ''}"
-                f"{', NCHW algorithms too' if self.nchw else ''})")
+        return (
+            f"CudaDevice({self.name}: {self.gpu} {self.arch}, memory={format_bytes(self.pool.capacity)}, "
+            f"reserve={format_bytes(self.reserve)} for the CUDA context, cuDNN and cuBLAS"
+            f"{', poison' if self.poison else ''}{', cuDNN graph API' if self.conv_api == 'graph' else ''}"
+            f"{', NCHW algorithms too' if self.nchw else ''})"
+        )

@@ -49,19 +49,45 @@ _OP_ATTRS = {
 #: cudnnBackendHeurMode_t
 HEUR_INSTANT, HEUR_B, HEUR_FALLBACK, HEUR_A = 0, 1, 2, 3
 #: cudnnBackendNumericalNote_t, by name
-NUMERICAL_NOTES = ("tensor_core", "down_convert_inputs", "reduced_precision_reduction", "fft", "nondeterministic",
-                   "winograd", "winograd_4x4", "winograd_6x6", "winograd_13x13", "strict_nan_prop")
+NUMERICAL_NOTES = (
+    "tensor_core",
+    "down_convert_inputs",
+    "reduced_precision_reduction",
+    "fft",
+    "nondeterministic",
+    "winograd",
+    "winograd_4x4",
+    "winograd_6x6",
+    "winograd_13x13",
+    "strict_nan_prop",
+)
 #: cudnnBackendBehaviorNote_t, by name
-BEHAVIOR_NOTES = ("runtime_compilation", "filter_int8x32_reorder", "bias_int8x32_reorder", "cuda_graph_native",
-                  "cublaslt_dependency")
+BEHAVIOR_NOTES = (
+    "runtime_compilation",
+    "filter_int8x32_reorder",
+    "bias_int8x32_reorder",
+    "cuda_graph_native",
+    "cublaslt_dependency",
+)
 #: Notes that mean an engine does not compute in exact FP32 (TF32 tensor cores, or inputs converted down).
 INEXACT = frozenset({"tensor_core", "down_convert_inputs", "reduced_precision_reduction"})
 #: The tensors' unique ids in every graph and variant pack.
 UIDS = {"x": 1, "w": 2, "y": 3}
 _CROSS_CORRELATION = 1
-_C_TYPES = {T_HANDLE: "cudnnHandle_t", T_DATA_TYPE: "int", T_BOOLEAN: "_Bool", T_INT64: "int64_t", T_FLOAT: "float",
-            T_DOUBLE: "double", T_VOID_PTR: "void *", T_CONVOLUTION_MODE: "int", T_HEUR_MODE: "int",
-            T_NUMERICAL_NOTE: "int", T_BACKEND_DESCRIPTOR: "cudnnBackendDescriptor_t", T_BEHAVIOR_NOTE: "int"}
+_C_TYPES = {
+    T_HANDLE: "cudnnHandle_t",
+    T_DATA_TYPE: "int",
+    T_BOOLEAN: "_Bool",
+    T_INT64: "int64_t",
+    T_FLOAT: "float",
+    T_DOUBLE: "double",
+    T_VOID_PTR: "void *",
+    T_CONVOLUTION_MODE: "int",
+    T_HEUR_MODE: "int",
+    T_NUMERICAL_NOTE: "int",
+    T_BACKEND_DESCRIPTOR: "cudnnBackendDescriptor_t",
+    T_BEHAVIOR_NOTE: "int",
+}
 
 
 class Descriptor:
@@ -87,31 +113,39 @@ class Descriptor:
         else:
             items = list(values)
         array = f.new(f"{_C_TYPES[type_]}[]", items)
-        cudnn.check(f"cudnnBackendSetAttribute({name})",
-                    cudnn.lib().cudnnBackendSetAttribute(self.ptr, name, type_, len(items), array))
+        cudnn.check(
+            f"cudnnBackendSetAttribute({name})",
+            cudnn.lib().cudnnBackendSetAttribute(self.ptr, name, type_, len(items), array),
+        )
         return self
 
     def count(self, name: int, type_: int) -> int:
         """How many elements attribute ``name`` holds."""
         got = cudnn.ffi().new("int64_t *")
-        cudnn.check(f"cudnnBackendGetAttribute({name})",
-                    cudnn.lib().cudnnBackendGetAttribute(self.ptr, name, type_, 0, got, cudnn.ffi().NULL))
+        cudnn.check(
+            f"cudnnBackendGetAttribute({name})",
+            cudnn.lib().cudnnBackendGetAttribute(self.ptr, name, type_, 0, got, cudnn.ffi().NULL),
+        )
         return int(got[0])
 
     def get(self, name: int, type_: int, most: int = 1) -> list[Any]:
         """Up to ``most`` values of attribute ``name`` (ints or floats; not descriptors: see ``get_into``)."""
         f = cudnn.ffi()
         array, got = f.new(f"{_C_TYPES[type_]}[]", max(most, 1)), f.new("int64_t *")
-        cudnn.check(f"cudnnBackendGetAttribute({name})",
-                    cudnn.lib().cudnnBackendGetAttribute(self.ptr, name, type_, most, got, array))
+        cudnn.check(
+            f"cudnnBackendGetAttribute({name})",
+            cudnn.lib().cudnnBackendGetAttribute(self.ptr, name, type_, most, got, array),
+        )
         return [array[i] for i in range(int(got[0]))]
 
     def get_into(self, name: int, targets: Sequence["Descriptor"]) -> int:
         """Fill the descriptors ``targets`` (made, not finalized) from attribute ``name``; how many were."""
         f = cudnn.ffi()
         array, got = f.new("cudnnBackendDescriptor_t[]", [t.ptr for t in targets]), f.new("int64_t *")
-        cudnn.check(f"cudnnBackendGetAttribute({name})",
-                    cudnn.lib().cudnnBackendGetAttribute(self.ptr, name, T_BACKEND_DESCRIPTOR, len(targets), got, array))
+        cudnn.check(
+            f"cudnnBackendGetAttribute({name})",
+            cudnn.lib().cudnnBackendGetAttribute(self.ptr, name, T_BACKEND_DESCRIPTOR, len(targets), got, array),
+        )
         return int(got[0])
 
     def finalize(self) -> "Descriptor":
@@ -120,9 +154,15 @@ class Descriptor:
 
 
 def _tensor(uid: int, dims: Iterable[int], strides: Iterable[int], alignment: int) -> Descriptor:
-    return (Descriptor(_TENSOR).set(A_TENSOR_UID, T_INT64, [uid]).set(A_TENSOR_DATA_TYPE, T_DATA_TYPE, [cudnn.FLOAT])
-            .set(A_TENSOR_DIMS, T_INT64, list(dims)).set(A_TENSOR_STRIDES, T_INT64, list(strides))
-            .set(A_TENSOR_ALIGNMENT, T_INT64, [alignment]).finalize())
+    return (
+        Descriptor(_TENSOR)
+        .set(A_TENSOR_UID, T_INT64, [uid])
+        .set(A_TENSOR_DATA_TYPE, T_DATA_TYPE, [cudnn.FLOAT])
+        .set(A_TENSOR_DIMS, T_INT64, list(dims))
+        .set(A_TENSOR_STRIDES, T_INT64, list(strides))
+        .set(A_TENSOR_ALIGNMENT, T_INT64, [alignment])
+        .finalize()
+    )
 
 
 def _strides(n: int, c: int, h: int, w: int, layout: int) -> list[int]:
@@ -169,14 +209,22 @@ class ConvPass:
         ho = (h + 2 * padding[0] - kh) // stride[0] + 1
         wo = (w + 2 * padding[1] - kw) // stride[1] + 1
         self.pass_ = pass_
-        self.tensors = {"x": _tensor(UIDS["x"], (n, c, h, w), _strides(n, c, h, w, layout), alignment),
-                        "w": _tensor(UIDS["w"], (k, c, kh, kw), _strides(k, c, kh, kw, layout), alignment),
-                        "y": _tensor(UIDS["y"], (n, k, ho, wo), _strides(n, k, ho, wo, layout), alignment)}
-        self.conv = (Descriptor(_CONVOLUTION).set(A_CONV_COMP_TYPE, T_DATA_TYPE, [cudnn.FLOAT])
-                     .set(A_CONV_MODE, T_CONVOLUTION_MODE, [_CROSS_CORRELATION]).set(A_CONV_SPATIAL_DIMS, T_INT64, [2])
-                     .set(A_CONV_DILATIONS, T_INT64, [1, 1]).set(A_CONV_FILTER_STRIDES, T_INT64, list(stride))
-                     .set(A_CONV_PRE_PADDINGS, T_INT64, list(padding))
-                     .set(A_CONV_POST_PADDINGS, T_INT64, list(padding)).finalize())
+        self.tensors = {
+            "x": _tensor(UIDS["x"], (n, c, h, w), _strides(n, c, h, w, layout), alignment),
+            "w": _tensor(UIDS["w"], (k, c, kh, kw), _strides(k, c, kh, kw, layout), alignment),
+            "y": _tensor(UIDS["y"], (n, k, ho, wo), _strides(n, k, ho, wo, layout), alignment),
+        }
+        self.conv = (
+            Descriptor(_CONVOLUTION)
+            .set(A_CONV_COMP_TYPE, T_DATA_TYPE, [cudnn.FLOAT])
+            .set(A_CONV_MODE, T_CONVOLUTION_MODE, [_CROSS_CORRELATION])
+            .set(A_CONV_SPATIAL_DIMS, T_INT64, [2])
+            .set(A_CONV_DILATIONS, T_INT64, [1, 1])
+            .set(A_CONV_FILTER_STRIDES, T_INT64, list(stride))
+            .set(A_CONV_PRE_PADDINGS, T_INT64, list(padding))
+            .set(A_CONV_POST_PADDINGS, T_INT64, list(padding))
+            .finalize()
+        )
         attrs = _OP_ATTRS[pass_]
         op = Descriptor(_OP[pass_]).set(attrs["alpha"], T_FLOAT, [1.0]).set(attrs["beta"], T_FLOAT, [0.0])
         op.set(attrs["conv"], T_BACKEND_DESCRIPTOR, [self.conv])
@@ -188,14 +236,22 @@ class ConvPass:
     def graph(self, handle: Any) -> Descriptor:
         """The operation graph on ``handle`` (a cuDNN handle: needs a GPU), made once."""
         if self._graph is None:
-            self._graph = (Descriptor(_OPERATIONGRAPH).set(A_GRAPH_HANDLE, T_HANDLE, [handle])
-                           .set(A_GRAPH_OPS, T_BACKEND_DESCRIPTOR, [self.op]).finalize())
+            self._graph = (
+                Descriptor(_OPERATIONGRAPH)
+                .set(A_GRAPH_HANDLE, T_HANDLE, [handle])
+                .set(A_GRAPH_OPS, T_BACKEND_DESCRIPTOR, [self.op])
+                .finalize()
+            )
         return self._graph
 
     def heuristics(self, handle: Any, mode: int = HEUR_A, exact: bool = True) -> list[EngineConfig]:
         """cuDNN's ranked configurations for this pass (best first); with ``exact``, only exact FP32 ones."""
-        heur = (Descriptor(_ENGINEHEUR).set(A_HEUR_GRAPH, T_BACKEND_DESCRIPTOR, [self.graph(handle)])
-                .set(A_HEUR_MODE, T_HEUR_MODE, [mode]).finalize())
+        heur = (
+            Descriptor(_ENGINEHEUR)
+            .set(A_HEUR_GRAPH, T_BACKEND_DESCRIPTOR, [self.graph(handle)])
+            .set(A_HEUR_MODE, T_HEUR_MODE, [mode])
+            .finalize()
+        )
         cfgs = [Descriptor(_ENGINECFG) for _ in range(heur.count(A_HEUR_RESULTS, T_BACKEND_DESCRIPTOR))]
         got = heur.get_into(A_HEUR_RESULTS, cfgs) if cfgs else 0
         out = [_describe(cfg) for cfg in cfgs[:got]]
@@ -208,8 +264,12 @@ class ConvPass:
         out = []
         for index in range(graph.get(A_GRAPH_ENGINE_COUNT, T_INT64)[0]):
             try:
-                engine = (Descriptor(_ENGINE).set(A_ENGINE_GRAPH, T_BACKEND_DESCRIPTOR, [graph])
-                          .set(A_ENGINE_INDEX, T_INT64, [index]).finalize())
+                engine = (
+                    Descriptor(_ENGINE)
+                    .set(A_ENGINE_GRAPH, T_BACKEND_DESCRIPTOR, [graph])
+                    .set(A_ENGINE_INDEX, T_INT64, [index])
+                    .finalize()
+                )
                 cfg = Descriptor(_ENGINECFG).set(A_CFG_ENGINE, T_BACKEND_DESCRIPTOR, [engine]).finalize()
             except cudnn.CudnnError:
                 continue
@@ -225,9 +285,12 @@ def _describe(cfg: Descriptor) -> EngineConfig:
     cfg._refs.append(engine)
     numerical = engine.get(A_ENGINE_NUMERICAL_NOTE, T_NUMERICAL_NOTE, len(NUMERICAL_NOTES))
     behavior = engine.get(A_ENGINE_BEHAVIOR_NOTE, T_BEHAVIOR_NOTE, len(BEHAVIOR_NOTES))
-    return EngineConfig(cfg, int(engine.get(A_ENGINE_INDEX, T_INT64)[0]),
-                        frozenset(NUMERICAL_NOTES[i] for i in numerical if 0 <= i < len(NUMERICAL_NOTES)),
-                        frozenset(BEHAVIOR_NOTES[i] for i in behavior if 0 <= i < len(BEHAVIOR_NOTES)))
+    return EngineConfig(
+        cfg,
+        int(engine.get(A_ENGINE_INDEX, T_INT64)[0]),
+        frozenset(NUMERICAL_NOTES[i] for i in numerical if 0 <= i < len(NUMERICAL_NOTES)),
+        frozenset(BEHAVIOR_NOTES[i] for i in behavior if 0 <= i < len(BEHAVIOR_NOTES)),
+    )
 
 
 class ExecutionPlan:
@@ -239,20 +302,29 @@ class ExecutionPlan:
         self.config = config
         self.handle = handle
         self.owner = owner  # the pass whose operation graph the plan was built from: it lives as long
-        self.desc = (Descriptor(_EXECUTION_PLAN).set(A_PLAN_HANDLE, T_HANDLE, [handle])
-                     .set(A_PLAN_CONFIG, T_BACKEND_DESCRIPTOR, [config.desc]).finalize())
+        self.desc = (
+            Descriptor(_EXECUTION_PLAN)
+            .set(A_PLAN_HANDLE, T_HANDLE, [handle])
+            .set(A_PLAN_CONFIG, T_BACKEND_DESCRIPTOR, [config.desc])
+            .finalize()
+        )
         self.workspace = int(self.desc.get(A_PLAN_WORKSPACE, T_INT64)[0])
 
     def execute(self, x: int, w: int, y: int, workspace: int = 0, handle: Any = None) -> None:
         """Run the pass on the device pointers ``x``, ``w``, ``y`` (by role, as in :class:`ConvPass`) with
         ``workspace`` (a device pointer to at least ``self.workspace`` bytes), on the stream of ``handle``
         (by default the one the plan was built with)."""
-        pack = (Descriptor(_VARIANT_PACK).set(A_PACK_UIDS, T_INT64, [UIDS["x"], UIDS["w"], UIDS["y"]])
-                .set(A_PACK_POINTERS, T_VOID_PTR, [x, w, y]).set(A_PACK_WORKSPACE, T_VOID_PTR, [workspace])
-                .finalize())
-        cudnn.check(f"cudnnBackendExecute({self.config.name})",
-                    cudnn.lib().cudnnBackendExecute(self.handle if handle is None else handle, self.desc.ptr,
-                                                    pack.ptr))
+        pack = (
+            Descriptor(_VARIANT_PACK)
+            .set(A_PACK_UIDS, T_INT64, [UIDS["x"], UIDS["w"], UIDS["y"]])
+            .set(A_PACK_POINTERS, T_VOID_PTR, [x, w, y])
+            .set(A_PACK_WORKSPACE, T_VOID_PTR, [workspace])
+            .finalize()
+        )
+        cudnn.check(
+            f"cudnnBackendExecute({self.config.name})",
+            cudnn.lib().cudnnBackendExecute(self.handle if handle is None else handle, self.desc.ptr, pack.ptr),
+        )
 
     def seconds(self, x: int, w: int, y: int, workspace: int = 0) -> float:
         """One run of the pass timed by CUDA events on the current stream (after an untimed warm-up run);

@@ -38,8 +38,9 @@ def compile_cubin(arch: str, source: str | None = None) -> bytes:
         try:
             nvrtc.compileProgram(prog, options)
         except nvrtc.NVRTCError as exc:
-            raise DeviceError(f"NVRTC could not compile {SOURCE.name} for {arch}: {exc}\n"
-                              f"{nvrtc.getProgramLog(prog)}") from exc
+            raise DeviceError(
+                f"NVRTC could not compile {SOURCE.name} for {arch}: {exc}\n{nvrtc.getProgramLog(prog)}"
+            ) from exc
         return nvrtc.getCUBIN(prog)
     finally:
         nvrtc.destroyProgram(prog)

@@ -119,8 +119,12 @@ def gpus() -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for i in range(nv.nvmlDeviceGetCount()):
         h = nv.nvmlDeviceGetHandleByIndex(i)
-        row = {"nvml_index": i, "gpu": _text(nv.nvmlDeviceGetName(h)),
-               "pci_bus_id": _text(nv.nvmlDeviceGetPciInfo(h).busId), "uuid": _text(nv.nvmlDeviceGetUUID(h))}
+        row = {
+            "nvml_index": i,
+            "gpu": _text(nv.nvmlDeviceGetName(h)),
+            "pci_bus_id": _text(nv.nvmlDeviceGetPciInfo(h).busId),
+            "uuid": _text(nv.nvmlDeviceGetUUID(h)),
+        }
         rows.append({**row, **_read(nv, h)})
     order = cuda_order(rows)
     for listed in rows:
