@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
+import sys
 import time
 
-
 import numpy as np
+from _report import emit, verdict
 
 import vmem
 
@@ -106,7 +106,7 @@ def _measured(steps: int) -> dict:
     return out
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=12, help="measured steps per policy (default 12)")
     ap.add_argument("--json", action="store_true")
@@ -140,9 +140,20 @@ def main() -> None:
                 f" {'(equal)' if f['peak'] == f['planned_peak'] else '(DIFFERS)'}; weights "
                 f"{'bitwise equal to' if f['bitwise'] else 'DIFFER from'} baseline's"
             )
-    if args.json:
-        print(json.dumps({"sim": sim, "cpu": cpu}, indent=1))
+    targets = [
+        verdict("echo: layerwise peak / echo peak (nmt, sim)", lw["peak_gib"] / ec["peak_gib"], 2.0),
+        verdict("echo peak / mirror peak (nmt, sim)", ec["peak_gib"] / mi["peak_gib"], 0.75, at_least=False),
+        verdict("attention+LSTM kept, layerwise / echo", lw["held_gib"] / max(ec["held_gib"], 1e-9), 3.0),
+        verdict("echo time overhead over layerwise (nmt, sim)", ec["step_s"] / lw["step_s"] - 1, 0.05, at_least=False),
+        verdict("resnet152(32): layerwise peak / echo peak", r_lw["peak_gib"] / r_ec["peak_gib"], 1.5),
+    ]
+    for name in ("nmt_small", "nmt_bench"):
+        overhead = cpu[f"{name}/echo"]["step_s"] / cpu[f"{name}/layerwise"]["step_s"] - 1
+        targets.append(
+            verdict(f"{name} on the CPU device: echo's step overhead over layerwise", overhead, 0.15, at_least=False)
+        )
+    return emit({"bench": "recompute", "sim": sim, "cpu": cpu, "targets": targets}, args.json)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

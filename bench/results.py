@@ -42,16 +42,22 @@ def _figure(value: float) -> str:
     return f"{value:.3g}" if abs(value) >= 1 else f"{value:.3f}"
 
 
+def _verdicts(result: dict) -> list[dict]:
+    """A result's verdicts: ``targets`` in the CPU benches' JSON, ``verdicts`` in bench/gpu.py's."""
+    return list(result.get("verdicts") or result.get("targets") or [])
+
+
 def render(results_dir: Path = RESULTS) -> str:
     """The Markdown table of every verdict in ``results_dir``'s JSON files, in file then verdict order."""
     rows, errors = [], []
     for path in sorted(results_dir.glob("*.json")):
         result = json.loads(path.read_text())
         machine, date, command = _machine(result), result.get("date", "?"), result.get("command", "?")
-        for v in result.get("verdicts", []):
+        for v in _verdicts(result):
             want = (">= " if v["at_least"] else "<= ") + f"{v['target']:g}"
+            name = v["name"].replace("|", "\\|")  # a pipe in a name would end its cell
             rows.append(
-                f"| {v['name']} | {_figure(v['value'])} | {want} | {'met' if v['met'] else 'missed'} | "
+                f"| {name} | {_figure(v['value'])} | {want} | {'met' if v['met'] else 'missed'} | "
                 f"{machine} | {date} | `{command}` |"
             )
         for what, message in (result.get("errors") or {}).items():

@@ -36,3 +36,15 @@ def test_format_bytes():
     assert format_bytes(3 * 2**20) == "3.00 MiB"
     assert format_bytes(100) == "100 B"
     assert format_bytes(5 * 2**30) == "5.00 GiB"
+
+
+def test_spec_options_are_set_through_the_parser_not_by_editing_the_string():
+    from vmem.spec import format_spec, parse_spec, with_options
+
+    assert with_options("vdnn-all:algos=performance,sync=layer", sync="event") == (
+        "vdnn-all:algos=performance,sync=event"
+    )
+    assert with_options("vdnn-all", sync="event") == "vdnn-all:sync=event"
+    assert with_options("gist:dpr=fp8,lossless=true", lossless=False) == "gist:dpr=fp8,lossless=false"
+    for spec in ("baseline", "vdnn-all:algos=memory,codec=zvc", "echo:depth=3"):
+        assert format_spec(*parse_spec(spec)) == spec

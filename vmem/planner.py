@@ -36,6 +36,8 @@ __all__ = [
     "spec_of",
     "UNBOUNDED",
     "PlanResult",
+    "Problem",
+    "validate",
 ]
 
 #: A capacity no plan reaches: a plan that does not fit is replayed at it for its figures.
@@ -115,6 +117,48 @@ def replay_fitting(schedule: Schedule, device: DeviceSpec, alignment: int = 256,
             f"{format_bytes(UNBOUNDED)}; a batch this large cannot be planned"
         ) from None
     return dataclasses.replace(figures, fits=False)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What :func:`validate` found wrong with a plan: ``kind`` is ``"invalid"`` (the plan cannot be carried
+    out: it names a buffer the network lacks, or a backward or a rebuild needs a buffer the plan neither
+    keeps, offloads nor recomputes) or ``"does not fit"`` (it runs, in more memory than the device has)."""
+
+    kind: str
+    message: str
+
+
+def validate(
+    program: Program,
+    decided: Plan,
+    device: DeviceSpec | None = None,
+    *,
+    alignment: int = 256,
+    optimizer_slots: tuple[str, ...] = ("momentum",),
+) -> list[Problem]:
+    """Every problem of a decided plan for ``program`` (as the device sees it), without raising: empty when
+    the plan can be carried out and, with a ``device``, fits it. A planner weighing candidates asks this
+    instead of catching the lowering's and the replay's errors."""
+    try:
+        schedule = lower(program, decided, optimizer_slots, alignment)
+    except PlanError as exc:
+        return [Problem("invalid", str(exc))]
+    if device is None:
+        return []
+    try:
+        figures = replay_fitting(schedule, device, alignment)
+    except PlanError as exc:
+        return [Problem("does not fit", str(exc))]
+    if figures.fits:
+        return []
+    return [
+        Problem(
+            "does not fit",
+            f"{program.network} at batch {program.batch} under {decided.policy}: the step peaks at "
+            f"{format_bytes(figures.peak_bytes)}, the device has {format_bytes(device.memory)}",
+        )
+    ]
 
 
 def floor_policy(policy: Any) -> Any:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["parse_spec", "parse_value"]
+__all__ = ["parse_spec", "parse_value", "format_spec", "with_options"]
 
 
 def parse_value(text: str) -> Any:
@@ -42,3 +42,21 @@ def parse_spec(spec: str, what: str = "policy") -> tuple[str, dict[str, Any]]:
             raise ValueError(f"{what}={spec!r}: option {item!r} must be key=value")
         options[key.strip()] = parse_value(value.strip())
     return name.strip(), options
+
+
+def format_spec(name: str, options: dict[str, Any]) -> str:
+    """The inverse of :func:`parse_spec`: ``("vdnn-all", {"algos": "memory"})`` -> ``"vdnn-all:algos=memory"``
+    (booleans as ``true``/``false``)."""
+
+    def text(value: Any) -> str:
+        return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+    rest = ",".join(f"{k}={text(v)}" for k, v in options.items())
+    return f"{name}:{rest}" if rest else name
+
+
+def with_options(spec: str, **options: Any) -> str:
+    """``spec`` with ``options`` set (replaced where the spec has them, else added at the end):
+    ``with_options("vdnn-all:sync=layer", sync="event")`` -> ``"vdnn-all:sync=event"``."""
+    name, current = parse_spec(spec)
+    return format_spec(name, {**current, **options})

@@ -39,10 +39,12 @@ from typing import Any, ClassVar
 from ..device.spec import DeviceSpec
 from ..errors import BudgetTooSmall, PlanError
 from ..graph import PASSES, Program
+from ..spec import with_options
 from ..units import format_bytes
 from .base import Policy, get, option, register
 from .plan import Plan, Stash
-from .vdnn import SYNC_MODES, prefetch_points
+from ..graph.analysis import prefetch_points
+from .vdnn import SYNC_MODES
 
 __all__ = ["VdnnDyn"]
 
@@ -258,7 +260,7 @@ class VdnnDyn(Policy):
             and candidate.step_seconds is not None
         ):  # without a cost model there is no faster
             plan = candidate.plan
-            event = oracle(replace(plan, sync="event", policy=plan.policy.replace("sync=layer", "sync=event")))
+            event = oracle(replace(plan, sync="event", policy=with_options(plan.policy, sync="event")))
             if event.fits and event.step_seconds < candidate.step_seconds:
                 reason += (
                     f"; releasing on the copies' events (sync=event) also fits and takes "

@@ -28,29 +28,13 @@ from typing import Any
 from .. import codecs
 from ..device.spec import DeviceSpec
 from ..graph import Program
+from ..graph.analysis import nonnegative_sparse
 from .base import Policy, option, register
 from .plan import Allocation, Plan, Stash
 from .ranges import batchnorm_ranges, check_sigmas
 from .vdnn import check_density
 
 __all__ = ["Gist"]
-
-
-def _nonnegative_sparse(program: Program, b: int) -> bool:
-    """Whether buffer ``b`` holds ReLU outputs (or max-pools of ReLU outputs): sparse, nonnegative."""
-    seen = set()
-    while b not in seen:
-        seen.add(b)
-        writers = [op for op in program.ops if program.tensors[op.output].buffer == b and op.kind != "flatten"]
-        if not writers:
-            return False
-        last = writers[-1]  # the value that stays in the buffer
-        if last.kind == "relu":
-            return True
-        if last.kind != "maxpool":
-            return False
-        b = program.tensors[last.inputs[0]].buffer
-    return False
 
 
 @register
@@ -106,7 +90,7 @@ class Gist(Policy):
                 codec = codecs.get("binarize")
             elif lossy is not None and lossy.applies(t.shape):
                 codec = lossy
-            elif self.ssdc and _nonnegative_sparse(program, b):
+            elif self.ssdc and nonnegative_sparse(program, b):
                 codec = codecs.get("ssdc")
             stash[t.name] = Stash.ENCODE if codec is not None else Stash.KEEP
             if codec is not None:

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..device.spec import DeviceSpec
 from ..graph import Program
-from ..schedule.recompute import writers
+from ..graph.analysis import writers
 from .base import Policy, register
 from .plan import Allocation, Plan, Stash
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..device.spec import DeviceSpec
 from ..graph import Program
+from ..graph.analysis import prefetch_points
 from .base import Policy, option, register
 from .plan import Allocation, Plan, Stash
 from .ranges import batchnorm_ranges, check_sigmas
@@ -57,36 +58,6 @@ def offload_codec(policy: str, spec: str) -> Any:
 def check_density(policy: str, density: float) -> None:
     if not isinstance(density, (int, float)) or not 0.0 <= density <= 1.0:
         raise ValueError(f"policy {policy!r}: density={density!r} must be a fraction in [0, 1]")
-
-
-def prefetch_points(
-    program: Program, offloaded: set[int], reads: dict[int, list[int]] | None = None
-) -> dict[str, list[str]]:
-    """For each op (by name), the offloaded buffers to prefetch when its backward starts (vDNN's rule).
-    ``reads``: op -> buffers used at its backward, where rebuilds read more than the backward itself
-    (see :func:`vmem.schedule.recompute.backward_uses`); default: what each backward reads."""
-    ops, tensors = program.ops, program.tensors
-    reads = reads or {}
-    needs = {
-        op.index: [b for b in dict.fromkeys(reads.get(op.index, program.backward_reads(op))) if b in offloaded]
-        for op in ops
-    }
-    back: set[int] = set()
-    points: dict[str, list[str]] = {}
-    for m in range(len(ops) - 1, -1, -1):
-        batch = [b for b in needs[m] if b not in back]  # on demand: layer m cannot start without them
-        back.update(batch)
-        for j in range(m - 1, -1, -1):  # look ahead: the nearest earlier layer still offloaded
-            pending = [b for b in needs[j] if b not in back]
-            if pending:
-                batch += pending
-                back.update(pending)
-                break
-            if ops[j].kind == "conv":
-                break
-        if batch:
-            points[ops[m].name] = [tensors[b].name for b in batch]
-    return points
 
 
 @dataclass(frozen=True)

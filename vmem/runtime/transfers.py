@@ -223,9 +223,9 @@ class Transfers:
         """Decode a buffer back into its (newly allocated) block before the first backward that reads it."""
         dst = self.device.view(r.blocks[st.key], st.shape, self.dtype)
         encodings, codec = r.encodings, st.codec
-        self._launch(
+        self._launch(  # type: ignore[attr-defined]
             r,
-            f"decode:{st.key}",  # type: ignore[attr-defined]
+            f"decode:{st.key}",
             lambda: codecs.decode_channels_last(codec, encodings.pop(st.enc), dst),
         )
 

@@ -21,8 +21,9 @@ from typing import Mapping
 
 from ..errors import PlanError
 from ..graph import Program
+from ..graph.analysis import writers
 
-__all__ = ["Rebuild", "Uses", "writers", "decisions", "backward_uses", "check_sources"]
+__all__ = ["Rebuild", "Uses", "decisions", "backward_uses", "check_sources"]
 
 
 @dataclass(frozen=True)
@@ -43,14 +44,6 @@ class Uses:
     op: int
     rebuilds: tuple[Rebuild, ...]
     reads: tuple[int, ...]
-
-
-def writers(program: Program) -> dict[int, tuple[int, ...]]:
-    """Per buffer (owner tensor id): the ops that write it, in order (its producer, then in-place layers)."""
-    out: dict[int, list[int]] = {}
-    for op in program.ops:
-        out.setdefault(program.tensors[op.output].buffer, []).append(op.index)
-    return {b: tuple(ops) for b, ops in out.items()}
 
 
 def decisions(program: Program, stash: Mapping[str, str]) -> dict[int, str]:

@@ -198,8 +198,8 @@ class _Replay:
             step_seconds=max(self.compute.clock, self.memory.clock) if timed else None,
             stall_seconds=self.stall if timed else None,
             update_seconds=sum(
-                self.seconds[i]
-                for i, st in enumerate(self.schedule.steps)  # type: ignore[index, misc]
+                self.seconds[i]  # type: ignore[index, misc]
+                for i, st in enumerate(self.schedule.steps)
                 if type(st) is Update
             )
             if timed

@@ -1,0 +1,40 @@
+"""vmem.planner.validate: what is wrong with a plan, reported, never raised."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import vmem
+from vmem import policies
+from vmem.device.specs import get as get_spec
+from vmem.planner import Problem, validate
+
+
+def _setup():
+    program = vmem.models.get("vgg_cifar", image_size=16).build(8)
+    spec = get_spec("titan-x")
+    return program, spec
+
+
+def test_a_plan_that_runs_and_fits_has_no_problem():
+    program, spec = _setup()
+    plan = policies.get("vdnn-all").decide(program, spec, None)
+    assert validate(program, plan) == [] and validate(program, plan, spec) == []
+
+
+def test_a_plan_that_needs_what_it_drops_is_invalid_and_says_why():
+    program, spec = _setup()
+    plan = policies.get("layerwise").decide(program, spec, None)
+    first = program.tensors[program.input].name
+    bad = dataclasses.replace(plan, stash={**plan.stash, first: "recompute"})
+    (problem,) = validate(program, bad, spec)
+    assert problem.kind == "invalid" and first in problem.message
+
+
+def test_a_plan_that_does_not_fit_says_its_peak_and_the_capacity():
+    program, spec = _setup()
+    small = dataclasses.replace(spec, memory=1 << 20)
+    plan = policies.get("baseline").decide(program, small, None)
+    problems = validate(program, plan, small)
+    assert problems == [Problem("does not fit", problems[0].message)]
+    assert "1.00 MiB" in problems[0].message

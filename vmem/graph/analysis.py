@@ -1,0 +1,80 @@
+"""Analyses of a Program that policies and schedules share: who writes and reads each buffer, which
+buffers hold sparse nonnegative values, and vDNN's prefetch points. Pure functions of the Program (and
+of a plan's decisions where they take one): cheap to ask again, and the same for every caller.
+
+Buffers are named by their owner tensor's id (``program.tensors[t].buffer``), ops by their index.
+"""
+
+from __future__ import annotations
+
+from .program import Program
+
+__all__ = ["writers", "readers", "nonnegative_sparse", "prefetch_points"]
+
+
+def writers(program: Program) -> dict[int, tuple[int, ...]]:
+    """Per buffer: the ops that write it, in order (its producer, then in-place layers)."""
+    out: dict[int, list[int]] = {}
+    for op in program.ops:
+        out.setdefault(program.tensors[op.output].buffer, []).append(op.index)
+    return {b: tuple(ops) for b, ops in out.items()}
+
+
+def readers(program: Program) -> dict[int, dict[str, tuple[int, ...]]]:
+    """Per buffer: the ops whose forward reads it (``"forward"``) and whose backward reads it
+    (``"backward"``), each in op order."""
+    out: dict[int, dict[str, list[int]]] = {}
+    for op in program.ops:
+        for t in dict.fromkeys(program.tensors[i].buffer for i in op.inputs):
+            out.setdefault(t, {"forward": [], "backward": []})["forward"].append(op.index)
+        for b in dict.fromkeys(program.backward_reads(op)):
+            out.setdefault(b, {"forward": [], "backward": []})["backward"].append(op.index)
+    return {b: {k: tuple(v) for k, v in uses.items()} for b, uses in out.items()}
+
+
+def nonnegative_sparse(program: Program, b: int) -> bool:
+    """Whether buffer ``b`` holds ReLU outputs (or max-pools of ReLU outputs): sparse and nonnegative, what
+    Gist's SSDC and binarization encode."""
+    seen = set()
+    while b not in seen:
+        seen.add(b)
+        ops = [op for op in program.ops if program.tensors[op.output].buffer == b and op.kind != "flatten"]
+        if not ops:
+            return False
+        last = ops[-1]  # the value that stays in the buffer
+        if last.kind == "relu":
+            return True
+        if last.kind != "maxpool":
+            return False
+        b = program.tensors[last.inputs[0]].buffer
+    return False
+
+
+def prefetch_points(
+    program: Program, offloaded: set[int], reads: dict[int, list[int]] | None = None
+) -> dict[str, list[str]]:
+    """For each op (by name), the offloaded buffers to prefetch when its backward starts (vDNN's rule).
+    ``reads``: op -> buffers used at its backward, where rebuilds read more than the backward itself
+    (see :func:`vmem.schedule.recompute.backward_uses`); default: what each backward reads."""
+    ops, tensors = program.ops, program.tensors
+    reads = reads or {}
+    needs = {
+        op.index: [b for b in dict.fromkeys(reads.get(op.index, program.backward_reads(op))) if b in offloaded]
+        for op in ops
+    }
+    back: set[int] = set()
+    points: dict[str, list[str]] = {}
+    for m in range(len(ops) - 1, -1, -1):
+        batch = [b for b in needs[m] if b not in back]  # on demand: layer m cannot start without them
+        back.update(batch)
+        for j in range(m - 1, -1, -1):  # look ahead: the nearest earlier layer still offloaded
+            pending = [b for b in needs[j] if b not in back]
+            if pending:
+                batch += pending
+                back.update(pending)
+                break
+            if ops[j].kind == "conv":
+                break
+        if batch:
+            points[ops[m].name] = [tensors[b].name for b in batch]
+    return points
