@@ -48,3 +48,17 @@ def test_prefetch_points_bring_back_every_offloaded_buffer_once():
     assert len(names) == len(set(names))
     needed = {program.tensors[b].name for op in program.ops for b in program.backward_reads(op) if b in offloaded}
     assert set(names) == needed
+
+
+def test_the_recompute_graph_reads_sources_from_each_buffers_first_writer():
+    from vmem.graph.analysis import RecomputeGraph
+
+    program = _program()
+    none, every = RecomputeGraph(program, set()), RecomputeGraph(program, {op.index for op in program.ops})
+    assert none.cheap == set() and every.cheap == set(every.chains)
+    for b, chain in every.chains.items():
+        first = program.ops[chain[0]]
+        assert set(every.sources[b]) == {program.tensors[t].buffer for t in first.inputs}
+    assert every.stashed_bytes == sum(every.size[b] for b in every.stashed)
+    frontier, temps, kept = every.reach(max(every.stashed), lambda s: True)
+    assert not set(frontier) & set(temps) and not set(temps) & set(kept)

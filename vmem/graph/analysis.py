@@ -7,9 +7,11 @@ Buffers are named by their owner tensor's id (``program.tensors[t].buffer``), op
 
 from __future__ import annotations
 
+from typing import Any
+
 from .program import Program
 
-__all__ = ["writers", "readers", "nonnegative_sparse", "prefetch_points"]
+__all__ = ["writers", "readers", "nonnegative_sparse", "prefetch_points", "RecomputeGraph"]
 
 
 def writers(program: Program) -> dict[int, tuple[int, ...]]:
@@ -78,3 +80,54 @@ def prefetch_points(
         if batch:
             points[ops[m].name] = [tensors[b].name for b in batch]
     return points
+
+
+class RecomputeGraph:
+    """What recomputation reads of a Program: per buffer its writers (``chains``) and the buffers its first
+    writer reads (``sources``), sizes, what is stashed, which buffers only ``cheap`` ops write, and where
+    backward first reads each stashed buffer (``first_read``: backward runs ops in reverse). ``cheap``: the
+    indices of the ops cheap enough to run again (a policy's choice)."""
+
+    def __init__(self, program: Program, cheap: set[int]):
+        self.program = program
+        self.chains = writers(program)
+        tensors = program.tensors
+        self.sources = {
+            b: tuple(dict.fromkeys(tensors[t].buffer for t in program.ops[chain[0]].inputs))
+            for b, chain in self.chains.items()
+        }
+        self.stashed = program.stashed_buffers()
+        self.size = {t.id: t.nbytes for t in tensors if t.buffer == t.id}
+        self.cheap = {b for b, chain in self.chains.items() if all(i in cheap for i in chain)}
+        self.stashed_bytes = sum(self.size[b] for b in self.stashed)
+        self.first_read: dict[
+            int, int
+        ] = {}  # stashed buffer -> its first backward reader (backward runs ops in reverse)
+        for op in program.ops:
+            for b in program.backward_reads(op):
+                self.first_read[b] = op.index
+
+    def name(self, b: int) -> str:
+        """Buffer ``b``'s name (its owner tensor's)."""
+        return self.program.tensors[b].name
+
+    def reach(self, b: int, rebuildable: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """What a rebuild of ``b`` reads, through rebuildable temporaries: the stashed buffers it reaches that
+        backward reads after ``b`` (rebuilt early, for ``b``), the temporaries it rebuilds on the way, and
+        the other sources it keeps."""
+        frontier, temps, kept = [], [], []
+        stack, seen = list(self.sources[b]), set()
+        while stack:
+            s = stack.pop()
+            if s in seen:
+                continue
+            seen.add(s)
+            if s in self.stashed:
+                if self.first_read[s] <= self.first_read[b]:  # rebuilt early, for b
+                    frontier.append(s)
+            elif s in self.chains and rebuildable(s):
+                temps.append(s)
+                stack.extend(self.sources[s])
+            else:
+                kept.append(s)
+        return tuple(frontier), tuple(temps), tuple(kept)

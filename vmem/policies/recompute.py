@@ -28,7 +28,7 @@ from typing import Any
 
 from ..device.spec import DeviceSpec
 from ..graph import Program
-from ..graph.analysis import writers
+from ..graph.analysis import RecomputeGraph
 from .base import Policy, register
 from .plan import Allocation, Plan, Stash
 
@@ -52,50 +52,11 @@ def cheap_ops(program: Program) -> set[int]:
     return {op.index for op in program.ops if op.flops <= CHEAP_FLOPS * max(math.prod(op.out_shape), 1)}
 
 
-class _Graph:
-    """What the recompute policies read: buffers, their writers and sources, sizes, what is stashed."""
+class _Graph(RecomputeGraph):
+    """The recompute policies' decisions over :class:`~vmem.graph.analysis.RecomputeGraph`."""
 
     def __init__(self, program: Program):
-        self.program = program
-        self.chains = writers(program)
-        tensors = program.tensors
-        self.sources = {
-            b: tuple(dict.fromkeys(tensors[t].buffer for t in program.ops[chain[0]].inputs))
-            for b, chain in self.chains.items()
-        }
-        self.stashed = program.stashed_buffers()
-        self.size = {t.id: t.nbytes for t in tensors if t.buffer == t.id}
-        cheap = cheap_ops(program)
-        self.cheap = {b for b, chain in self.chains.items() if all(i in cheap for i in chain)}
-        self.stashed_bytes = sum(self.size[b] for b in self.stashed)
-        self.first_read = {}  # stashed buffer -> its first backward reader (backward runs ops in reverse)
-        for op in program.ops:
-            for b in program.backward_reads(op):
-                self.first_read[b] = op.index
-
-    def name(self, b: int) -> str:
-        return self.program.tensors[b].name
-
-    def reach(self, b: int, rebuildable: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-        """What a rebuild of ``b`` reads, through rebuildable temporaries: the stashed buffers it reaches that
-        backward reads after ``b`` (rebuilt early, for ``b``), the temporaries it rebuilds on the way, and
-        the other sources it keeps."""
-        frontier, temps, kept = [], [], []
-        stack, seen = list(self.sources[b]), set()
-        while stack:
-            s = stack.pop()
-            if s in seen:
-                continue
-            seen.add(s)
-            if s in self.stashed:
-                if self.first_read[s] <= self.first_read[b]:  # rebuilt early, for b
-                    frontier.append(s)
-            elif s in self.chains and rebuildable(s):
-                temps.append(s)
-                stack.extend(self.sources[s])
-            else:
-                kept.append(s)
-        return tuple(frontier), tuple(temps), tuple(kept)
+        super().__init__(program, cheap_ops(program))
 
     def close(
         self, recompute: set[int], rebuildable: Any, depth: int | None = None, cache: dict[int, Any] | None = None
