@@ -37,6 +37,14 @@ class _FoundConv:
         self.times = times
         self.calls: list[tuple[str, object]] = []
 
+    ranked_top = 3
+
+    def catalog(self, program):
+        return program
+
+    def heuristic(self, layer, pass_, x_shape, y_shape):
+        return []  # no ranking of its own: a profile times every algorithm through find
+
     def find(self, layer, pass_, x, w, y, ws):
         self.calls.append(("find", pass_))
         return [(name, t, 0) for name, t in sorted(self.times[pass_].items(), key=lambda kv: kv[1])]
@@ -86,17 +94,16 @@ def test_a_backend_that_times_its_own_algorithms_is_asked_once_per_pass(monkeypa
 class _RankedConv(_FoundConv):
     """Like cuDNN, also ranks its algorithms without running them (``heuristic``)."""
 
+    ranked_top = 1  # only the best of its ranking is timed
+
     def heuristic(self, layer, pass_, x_shape, y_shape):
         self.calls.append(("heuristic", pass_))
         return sorted(self.times[pass_], key=self.times[pass_].get)
 
 
 def test_a_backend_with_heuristics_has_only_its_best_ranked_algorithms_timed(monkeypatch):
-    """Only the TOP algorithms of cuDNN's ranking run (the others, some of them seconds long on a large
-    batch, are not offered); cuDNN's search is not called."""
-    from vmem.costs import measured
-
-    monkeypatch.setattr(measured, "TOP", 1)
+    """Only the backend's ``ranked_top`` algorithms of its ranking run (the others, some of them seconds long
+    on a large batch, are not offered); cuDNN's search is not called."""
     prof, fake, program = _profile_with(_RankedConv, monkeypatch)
     conv = next(op for op in program.ops if op.kind == "conv")
     names = conv.algorithms
@@ -163,6 +170,8 @@ def test_an_op_that_fits_at_no_batch_is_estimated_and_named():
 class _FailingConv(_RankedConv):
     """Ranks like cuDNN, but its second-ranked algorithm of every pass fails when run (as an algorithm
     cuDNN offers but cannot run on this GPU)."""
+
+    ranked_top = 3
 
     def _fails(self, pass_, algo):
         return algo == sorted(self.times[pass_], key=self.times[pass_].get)[1]

@@ -457,3 +457,15 @@ def test_graph_engines_whose_result_disagrees_are_left_out_of_a_profile():
     assert agreeing({"e0": 0.0, "e3": 7.0}) == {"e3"}  # an engine that wrote zeros
     assert agreeing({"e0": 0.0, "e3": 7.0, "e50": 7.02, "e74": 6.99}) == {"e3", "e50", "e74"}
     assert agreeing({"e0": 0.0, "e1": 0.0}) == {"e0", "e1"}  # a zero gradient is zero everywhere
+
+
+def test_the_cudnn_backends_are_convolution_backends():
+    from vmem.device.base import ConvBackend
+    from vmem.device.cuda.conv import CudnnConv, GraphConv
+
+    for cls in (CudnnConv, GraphConv):
+        missing = [
+            m for m in ("catalog", "forward", "backward", "heuristic", "find", "ranked_top") if not hasattr(cls, m)
+        ]
+        assert not missing, (cls.__name__, missing)
+    assert ConvBackend.__doc__  # the protocol both implement (vmem.device.base)

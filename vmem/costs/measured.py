@@ -273,11 +273,11 @@ def _profile_op(
     if op.kind == "conv":
         if on.conv is not None:
             for method, strategy in (("heuristic", _profile_conv_ranked), ("find", _profile_conv_found)):
-                if not hasattr(on.conv, method):
-                    continue
                 try:
                     strategy(op, algos, ctx, xs, y, dy, dxs, needs_x, times, on, repeats, ws)
                     return
+                except _NoRanking:  # the backend ranks nothing itself: its search
+                    continue
                 except Exception as exc:  # noqa: BLE001 - the next strategy, then each algorithm in turn
                     _log.warning("%s: profiling by cuDNN's %s failed (%s)", op.name, method, exc)
         _time_conv(op, algos, ctx, xs, y, dy, dxs, needs_x, times, on, repeats)
@@ -351,10 +351,8 @@ def _time_conv(
     usable("backward_data")
 
 
-#: Algorithms per pass timed on a device with cuDNN: the best of its heuristics' ranking (a backend may
-#: say otherwise: ``ranked_top``). The others are not offered (some run for seconds on a large batch:
-#: cuDNN's own search, which runs them all, takes minutes on VGG-16 at batch 64).
-TOP = 3
+class _NoRanking(Exception):
+    """The backend's heuristic ranks nothing: its search (``find``) times the algorithms instead."""
 
 
 def _profile_conv_ranked(
@@ -371,13 +369,18 @@ def _profile_conv_ranked(
     repeats: int,
     ws: Any,
 ) -> None:
-    """A convolution on a device with cuDNN: the :data:`TOP` algorithms of each pass by cuDNN's heuristics
-    (``Get*Algorithm_v7``, which runs nothing), each timed as the layer runs it."""
+    """A convolution on a device with cuDNN: the backend's ``ranked_top`` algorithms of each pass by cuDNN's
+    heuristics (``Get*Algorithm_v7``, which runs nothing), each timed as the layer runs it. The others are
+    not offered: some run for seconds on a large batch (cuDNN's own search, which runs them all, takes
+    minutes on VGG-16 at batch 64)."""
     layer = op.layer
+    orders = {pass_: on.rank(pass_, layer, xs[0].shape, y.shape) for pass_ in algos}
+    if not any(orders.values()):
+        raise _NoRanking
     ranked = {}
-    top = getattr(on.conv, "ranked_top", TOP)
+    top = on.conv.ranked_top
     for pass_, names in algos.items():
-        order = on.rank(pass_, layer, xs[0].shape, y.shape)
+        order = orders[pass_]
         ranked[pass_] = [a for a in order if a in names][:top] or names[:1]
         for a in names:
             times[(op.name, pass_, a)] = float("inf")  # not offered unless timed below

@@ -15,7 +15,36 @@ from ..pool import Block, DevicePool, PinnedHostPool
 from ..streams import Stream
 from .spec import DeviceSpec
 
-__all__ = ["Device", "DeviceSpec"]
+__all__ = ["Device", "DeviceSpec", "ConvBackend"]
+
+
+@runtime_checkable
+class ConvBackend(Protocol):
+    """A device's own convolutions (cuDNN's on a GPU): ``Conv2d`` hands its passes to it (``ctx.conv``) and a
+    profile asks it what to time. Tensors are channels last, filters KRSC; a pass's algorithm is a name
+    from the program's catalog (``ctx.algo``; backward: a pair (backward_data, backward_filter))."""
+
+    #: how many of :meth:`heuristic`'s algorithms per pass a profile times
+    ranked_top: int
+
+    def catalog(self, program: Any) -> Any:
+        """``program`` whose convolutions offer this backend's algorithms, with their exact workspace bytes."""
+        ...
+
+    def forward(self, layer: Any, ctx: Any, x: Any, w: Any, y: Any) -> None: ...
+
+    def backward(self, layer: Any, ctx: Any, dy: Any, x: Any, w: Any, dx: Any, dw: Any, db: Any = None) -> None:
+        """The bias's gradient ``db`` if given, the filters' ``dw``, and ``dx`` unless it is None."""
+        ...
+
+    def heuristic(self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> list[str]:
+        """The pass's algorithms ranked best first without running them; empty where the backend has no
+        ranking of its own (a profile then times them all through :meth:`find`)."""
+        ...
+
+    def find(self, layer: Any, pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
+        """Every algorithm of the pass timed on these buffers: (name, seconds, workspace bytes), fastest first."""
+        ...
 
 
 @runtime_checkable
@@ -39,7 +68,7 @@ class Device(Protocol):
     pool: DevicePool
     compute_stream: Stream
     memory_stream: Stream
-    conv_backend: Any  # the device's convolutions (cuDNN on CUDA); None: the layers' NumPy algorithms
+    conv_backend: ConvBackend | None  # the device's convolutions (cuDNN on CUDA); None: the layers' own
     ops: Any  # how the layers' array work runs here (vmem.nn.ops: products, work over rows, column sums)
     asynchronous: bool  # work runs after launch returns (a GPU): spans timed by events, streams wait on the device
 

@@ -82,7 +82,8 @@ class CudnnConv:
 
     @property
     def ranked_top(self) -> int:
-        """How many of :meth:`heuristic`'s algorithms per pass a profile times (more with both layouts)."""
+        """How many of :meth:`heuristic`'s algorithms per pass a profile times (more with both layouts): the
+        best of cuDNN's ranking, as the others can run for seconds each on a large batch."""
         return 6 if self.nchw else 3
 
     # -- the catalog: which algorithms run, and their workspace ----------------------------------------
