@@ -23,7 +23,7 @@ from ..nn.base import PASSES, AuxSpec, Layer, ParamSpec, Shape
 if TYPE_CHECKING:
     from .network import Network
 
-__all__ = ["Program", "TensorInfo", "OpInfo", "build_program", "PASSES"]
+__all__ = ["Program", "TensorInfo", "OpInfo", "Precision", "build_program", "PASSES"]
 
 
 def _nbytes(shape: Shape, itemsize: int) -> int:
@@ -44,6 +44,7 @@ class TensorInfo:
     buffer: int = -1
     stashed: bool = False  # read by some backward
     needs_grad: bool = True  # its gradient is computed
+    dtype: str = "float32"  # what it is stored in (its gradient too); ``nbytes`` counts in it
 
 
 @dataclass
@@ -82,6 +83,26 @@ class OpInfo:
         return "y" in self.needs or "mask" in self.needs
 
 
+@dataclass(frozen=True)
+class Precision:
+    """What one training step stores in what (NumPy dtype names): ``activations`` (feature maps and their
+    gradients, unless a layer stores its output otherwise: ``TensorInfo.dtype``), ``parameters`` (the
+    weights the layers read), ``gradients`` (the weights' gradients), ``master`` (the weights the optimizer
+    updates) and ``optimizer_state``."""
+
+    activations: str
+    parameters: str
+    gradients: str
+    master: str
+    optimizer_state: str
+
+    @classmethod
+    def uniform(cls, dtype: str) -> "Precision":
+        """Everything in ``dtype``."""
+        name = str(np.dtype(dtype))
+        return cls(name, name, name, name, name)
+
+
 @dataclass
 class Program:
     """Everything a policy needs to know about one training step of a network at a batch size."""
@@ -95,6 +116,7 @@ class Program:
     input: int
     output: int
     num_classes: int
+    precision: Precision = field(default_factory=lambda: Precision.uniform("float32"))
 
     @property
     def param_bytes(self) -> int:
@@ -226,7 +248,7 @@ def _mark_stash_and_inplace(ops: list[OpInfo], tensors: list[TensorInfo]) -> Non
             continue
         if ops[t_in.producer].reads_output and layer.kind not in ("flatten", "reshape"):
             continue
-        if t_in.nbytes != tensors[op.output].nbytes:
+        if t_in.nbytes != tensors[op.output].nbytes or t_in.dtype != tensors[op.output].dtype:
             continue
         op.inplace = True
         tensors[op.output].buffer = t_in.buffer
@@ -237,7 +259,10 @@ def build_program(net: "Network", batch: int, input_shape: tuple[int, ...], dtyp
     itemsize = np.dtype(dtype).itemsize
     assert net._output is not None
     in_shape = (batch,) + tuple(input_shape)
-    tensors = [TensorInfo(0, "input", in_shape, _nbytes(in_shape, itemsize), None, buffer=0, needs_grad=False)]
+    stored_as = str(np.dtype(dtype))
+    tensors = [
+        TensorInfo(0, "input", in_shape, _nbytes(in_shape, itemsize), None, buffer=0, needs_grad=False, dtype=stored_as)
+    ]
     tensor_of = {0: 0}
     ops: list[OpInfo] = []
     owner_specs: dict[str, Any] = {}
@@ -247,8 +272,13 @@ def build_program(net: "Network", batch: int, input_shape: tuple[int, ...], dtyp
         in_shapes = tuple(tensors[i].shape for i in inputs)
         out_shape = tuple(layer.output_shape(in_shapes))
         tid = len(tensors)
-        name = node.alias or layer.name or f"t{tid}"
-        tensors.append(TensorInfo(tid, name, out_shape, _nbytes(out_shape, itemsize), len(ops), buffer=tid))
+        stored = str(np.dtype(layer.output_dtype([tensors[i].dtype for i in inputs], stored_as)))
+        tname = node.alias or layer.name or f"t{tid}"
+        tensors.append(
+            TensorInfo(
+                tid, tname, out_shape, _nbytes(out_shape, np.dtype(stored).itemsize), len(ops), buffer=tid, dtype=stored
+            )
+        )
         for i in inputs:
             tensors[i].consumers.append(len(ops))
         shares = layer.name if node.alias else None
@@ -257,9 +287,9 @@ def build_program(net: "Network", batch: int, input_shape: tuple[int, ...], dtyp
                 f"{net.name}: {node.alias!r} reuses layer {layer.name!r} on inputs {in_shapes} that "
                 f"need other parameters than its first use"
             )
-        ops.append(_op(layer, len(ops), inputs, tid, in_shapes, out_shape, itemsize, name, shares))
+        ops.append(_op(layer, len(ops), inputs, tid, in_shapes, out_shape, itemsize, tname, shares))
         if shares is None:
-            owner_specs[name] = ops[-1].params
+            owner_specs[tname] = ops[-1].params
         tensor_of[node.index] = tid
     output = tensor_of[net._output.index]
     out_shape = tensors[output].shape
@@ -279,4 +309,5 @@ def build_program(net: "Network", batch: int, input_shape: tuple[int, ...], dtyp
         input=0,
         output=output,
         num_classes=out_shape[-1],
+        precision=Precision.uniform(dtype),
     )

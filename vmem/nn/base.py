@@ -110,6 +110,11 @@ class Layer(ABC):
         """Logical (NCHW) output shape for logical input shapes; raises ShapeError."""
         return tuple(in_shapes[0])
 
+    def output_dtype(self, in_dtypes: Sequence[str], dtype: str) -> str:
+        """What the output is stored in, given the inputs' dtypes and the network's ``dtype``: the network's,
+        unless the layer says otherwise (a layer that only reshapes keeps its input's)."""
+        return dtype
+
     def check_arity(self, in_shapes: Sequence[Shape]) -> None:
         n = len(in_shapes)
         if self.arity is None:

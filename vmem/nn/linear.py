@@ -76,6 +76,9 @@ class Flatten(Layer):
     kind = "flatten"
     inplace = True
 
+    def output_dtype(self, in_dtypes: Sequence[str], dtype: str) -> str:
+        return in_dtypes[0]  # a reshape: the input's values as they are
+
     def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         self.check_arity(in_shapes)
         shape = tuple(in_shapes[0])

@@ -122,6 +122,9 @@ class Reshape(Layer):
     kind = "reshape"
     inplace = True
 
+    def output_dtype(self, in_dtypes: Sequence[str], dtype: str) -> str:
+        return in_dtypes[0]  # a view: the input's values as they are
+
     def __init__(self, shape: Sequence[int]):
         super().__init__()
         self.shape = tuple(int(d) for d in shape)

@@ -145,6 +145,8 @@ class Executor(Transfers):
         self.optimizer = optimizer
         self.xp = device.xp
         self.dtype = np.dtype(program.dtype)
+        #: each tensor is viewed in what it is stored in (a layer may store its output otherwise)
+        self._dtypes = {t.dtype: np.dtype(t.dtype) for t in program.tensors}
         self._params = params
         ops = program.ops
         # Per-op views that never change: parameters and their gradients.
@@ -342,10 +344,12 @@ class Executor(Transfers):
         return self.device.view(r.blocks[key], shape, dtype)
 
     def _value(self, r: _Run, tensor: int) -> Any:
-        return self._view(r, self.schedule.value[tensor], physical(self.program.tensors[tensor].shape), self.dtype)
+        t = self.program.tensors[tensor]
+        return self._view(r, self.schedule.value[tensor], physical(t.shape), self._dtypes[t.dtype])
 
     def _grad(self, r: _Run, tensor: int) -> Any:
-        return self._view(r, self.schedule.grad[tensor], physical(self.program.tensors[tensor].shape), self.dtype)
+        t = self.program.tensors[tensor]  # a gradient is stored as its tensor is
+        return self._view(r, self.schedule.grad[tensor], physical(t.shape), self._dtypes[t.dtype])
 
     def _labels(self, r: _Run) -> Any:
         return self._view(r, _LABELS, self.program.label_shape, np.int64)
@@ -410,8 +414,8 @@ class Executor(Transfers):
             if not sched.needs_grad[t]:
                 dxs.append(None)
             elif (st.op, j) in sched.acc:
-                shape = physical(self.program.tensors[t].shape)
-                dxs.append(self._view(r, sched.acc[(st.op, j)], shape, self.dtype))
+                tensor = self.program.tensors[t]
+                dxs.append(self._view(r, sched.acc[(st.op, j)], physical(tensor.shape), self._dtypes[tensor.dtype]))
             else:
                 dxs.append(self._grad(r, t))
         self._launch(r, f"{op.name}.backward", op.layer.backward, ctx, dy, xs, y, dxs)

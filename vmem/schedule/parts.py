@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import codecs as _codecs
 from ..codecs import transfer as _transfer
+from ..errors import PlanError
 from ..graph import Program
 from ..nn.base import physical
 from .steps import Alloc, BnRange, Buffer, Decode, Encode, Key, Kind, Offload, Prefetch, Step, Upload
@@ -122,10 +123,15 @@ def codec_info(program: Program, plan: "Plan", offloaded: set[int], encoded: set
                 raise ValueError(f"plan {plan.policy!r} encodes {t.name!r} but names no codec for it")
             continue
         codec = _codecs.get(spec)
+        if t.dtype != "float32":
+            raise PlanError(
+                f"plan {plan.policy!r}: codec {spec!r} encodes float32 feature maps; {t.name!r} is stored in "
+                f"{t.dtype} (keep, offload or recompute it without a codec)"
+            )
         r = plan.ranges.get(t.name)
         bn = BnRange(index[r["batchnorm"]], bool(r["relu"]), float(r["sigmas"])) if r else None
         if b in offloaded:
-            out[b] = (codec, codec.encoded_nbytes(t.shape, "float32", plan.density), False, bn)
+            out[b] = (codec, codec.encoded_nbytes(t.shape, t.dtype, plan.density), False, bn)
             continue
         if codec.sign_only and not program.sign_only(b):
             raise ValueError(

@@ -1,0 +1,82 @@
+"""A dtype per tensor: a layer may store its output in another dtype than the network's (here fp16), and
+the Program, the lowering, the packing, the replay and the executor all count and view it in that dtype."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import vmem
+from vmem import nn
+from vmem.graph.program import Precision
+from vmem.nn.base import Layer
+from vmem.schedule.steps import Alloc
+
+
+class _Half(Layer):
+    """The identity, its output stored in float16 (its gradient too, as every tensor's)."""
+
+    def output_dtype(self, in_dtypes, dtype):
+        return "float16"
+
+    def forward(self, ctx, xs, y):
+        y[...] = xs[0]
+
+    def backward(self, ctx, dy, xs, y, dxs):
+        if dxs[0] is not None:
+            dxs[0][...] = dy
+
+
+def _net(half: bool = True):
+    layers = [nn.Conv2d(1, 4, 3, padding=1), nn.ReLU()] + ([_Half()] if half else [])
+    return vmem.Sequential(*layers, nn.Flatten(), nn.Linear(4 * 8 * 8, 10), input_shape=(1, 8, 8))
+
+
+def test_a_layer_stores_its_output_in_its_own_dtype_and_a_reshape_keeps_it():
+    program = _net().build(8)
+    dtypes = {t.name: t.dtype for t in program.tensors}
+    half = next(t for t in program.tensors if t.dtype == "float16")
+    flat = program.tensors[program.ops[half.producer + 1].output]
+    assert half.nbytes == 2 * 8 * 4 * 8 * 8 and flat.dtype == "float16" and flat.buffer == half.buffer
+    assert dtypes["input"] == "float32" and program.tensors[program.output].dtype == "float32"
+    assert program.precision == Precision.uniform("float32")
+
+
+@pytest.mark.parametrize("policy", ["baseline", "layerwise", "vdnn-all"])
+def test_the_lowering_allocates_the_fp16_buffer_and_its_gradient_at_fp16_size(policy):
+    from vmem.planner import plan_program
+    from vmem.device.specs import get as get_spec
+
+    program = _net().build(8)
+    half = next(t for t in program.tensors if t.dtype == "float16")
+    _, schedule = plan_program(program, get_spec("titan-x"), policy)
+    sizes = {st.buffer.key: st.buffer.nbytes for st in schedule.steps if type(st) is Alloc}
+    assert sizes[schedule.value[half.id]] == half.nbytes == 2 * 8 * 256
+    if half.id in schedule.grad:
+        assert sizes[schedule.grad[half.id]] == half.nbytes
+
+
+@pytest.mark.parametrize("policy", ["baseline", "layerwise", "vdnn-all"])
+def test_the_executor_runs_it_at_the_planned_peak_and_its_gradients_agree_with_fp32(policy):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 10, 8)
+    weights = {}
+    for half in (True, False):
+        net = _net(half)
+        with vmem.Trainer(net, policy=policy, seed=0, memory="16MiB") as t:
+            report = t.step(x, y)
+            assert report.peak_bytes == t.plans[8].peak_bytes  # replayed and run: the same bytes
+            assert np.isfinite(report.loss)
+        weights[half] = {
+            k.split(".", 1)[1]: v.copy() for k, v in net.params.items() if k.startswith(("conv", "linear"))
+        }
+    for k, w in weights[False].items():
+        np.testing.assert_allclose(weights[True][k], w, rtol=1e-2, atol=1e-4)  # fp16 rounding only
+
+
+def test_a_codec_on_a_map_stored_in_fp16_is_refused_by_name():
+    from vmem.errors import PlanError
+
+    with pytest.raises(PlanError, match="layer1.*float16"):
+        vmem.plan(_net(), 8, "cpu", "vdnn-all:codec=zvc", memory="16MiB")
