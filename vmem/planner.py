@@ -81,7 +81,7 @@ def _cost_setup(program: Program, spec: DeviceSpec, costs: Any, catalog: Any = N
         from .costs import Roofline, with_cudnn_catalog
 
         program = catalog(program) if catalog is not None else with_cudnn_catalog(program, spec.arch)
-        return program, costs or Roofline(spec, program.itemsize)
+        return program, costs or Roofline(spec)
     return (catalog(program) if catalog is not None else program), costs
 
 

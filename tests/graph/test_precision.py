@@ -80,3 +80,35 @@ def test_a_codec_on_a_map_stored_in_fp16_is_refused_by_name():
 
     with pytest.raises(PlanError, match="layer1.*float16"):
         vmem.plan(_net(), 8, "cpu", "vdnn-all:codec=zvc", memory="16MiB")
+
+
+def test_weights_their_gradients_and_the_optimizers_state_are_counted_in_their_own_dtypes():
+    import dataclasses
+
+    from vmem.schedule.lower import persistent_buffers
+    from vmem.schedule.steps import Kind
+
+    program = _net(half=False).build(8)
+    mixed = dataclasses.replace(program, precision=Precision("float32", "float16", "float16", "float32", "float32"))
+    n = {f"{op.name}.{k}": int(np.prod(s.shape)) for op, k, s in program.owned_params()}
+    for buf in persistent_buffers(mixed, ("momentum",)):
+        per = {Kind.WEIGHT: 2, Kind.WEIGHT_GRAD: 2, Kind.OPT_STATE: 4}[buf.key.kind]
+        assert buf.nbytes == n[buf.key.name] * per, buf
+    assert mixed.param_bytes == program.param_bytes // 2
+
+
+def test_nothing_outside_the_program_reads_a_single_program_dtype():
+    """Byte counts come from each tensor's dtype and the Program's precision record, never one dtype."""
+    import re
+    from pathlib import Path
+
+    root = Path(vmem.__file__).parent
+    read = re.compile(r"\bprogram\.(dtype|itemsize)\b")
+    found = [
+        f"{p.relative_to(root)}:{n}"
+        for p in root.rglob("*.py")
+        if p.parent.name != "graph"
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if read.search(line)
+    ]
+    assert not found

@@ -12,6 +12,7 @@ forget what was measured.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -55,11 +56,20 @@ def key(program: Program, device: Any, copy_gbps: float | None, repeats: int, se
     from .. import __version__
 
     ops = [
-        (op.name, op.kind, [list(s) for s in op.in_shapes], list(op.out_shape), op.algorithms, op.workspace)
+        (
+            op.name,
+            op.kind,
+            [list(s) for s in op.in_shapes],
+            list(op.out_shape),
+            list(op.in_dtypes),
+            op.out_dtype,
+            op.algorithms,
+            op.workspace,
+        )
         for op in program.ops
     ]
     what = {
-        "program": [program.network, program.batch, program.dtype, ops],
+        "program": [program.network, program.batch, dataclasses.asdict(program.precision), ops],
         # the spec (name, capacity, link, architecture) and the repr (options such as poison, the GPU's name)
         "device": None if device is None else [device.spec.to_dict(), repr(device)],
         "copy_gbps": copy_gbps,

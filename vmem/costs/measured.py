@@ -237,12 +237,14 @@ def _profile_op(
 ) -> None:
     """Time every pass and algorithm of one op on random data of its shapes into ``times``."""
     layer = op.layer
-    xs = [on.normal(rng, physical(s), dtype) for s in op.in_shapes]
-    y = on.empty(physical(op.out_shape), dtype)
-    dy = on.normal(rng, y.shape, dtype)
+    ins = op.in_dtypes or (op.out_dtype,) * len(op.in_shapes)
+    xs = [on.normal(rng, physical(s), np.dtype(d)) for s, d in zip(op.in_shapes, ins)]
+    y = on.empty(physical(op.out_shape), np.dtype(op.out_dtype))
+    dy = on.normal(rng, y.shape, y.dtype)
     params = {k: on.normal(rng, s.shape, dtype, 0.1, 1.0 if k == "running_var" else 0.0) for k, s in op.params.items()}
     grads = {k: on.empty(s.shape, dtype) for k, s in op.params.items() if s.trainable}
-    aux = {k: on.array(np.zeros(a.shape, dtype if a.dtype == "float" else a.dtype)) for k, a in op.aux.items()}
+    compute = np.dtype(ins[0]) if ins else y.dtype
+    aux = {k: on.array(np.zeros(a.shape, compute if a.dtype == "float" else a.dtype)) for k, a in op.aux.items()}
     dxs = [on.empty(x.shape, x.dtype) for x in xs]
     algos = dict(op.algorithms or {})
     room = on.room()  # algorithms whose workspace does not fit cannot run here: never the fastest
@@ -462,7 +464,7 @@ def profile(
 
 def _profile(program: Program, copy_gbps: float | None, repeats: int, seed: int, device: Any) -> Profiled:
     rng = np.random.default_rng(seed)
-    dtype = np.dtype(program.dtype)
+    dtype = np.dtype(program.precision.parameters)  # the layers' weights; each op's data in its own dtypes
     on = _Runner(device)
     times: dict[tuple[str, str, str | None], float] = {}
     notes = on.notes  # what was not measured as asked, said by whatever measured it
@@ -474,20 +476,21 @@ def _profile(program: Program, copy_gbps: float | None, repeats: int, seed: int,
         _log.info("%s (%s): %.2f s", op.name, op.kind, time.perf_counter() - t0)
     _estimate(program, unmeasured, times, notes)
     try:
-        times[("loss", "forward", None)] = _loss_seconds(program, rng, dtype, repeats, on)
+        logits = np.dtype(program.tensors[program.output].dtype)
+        times[("loss", "forward", None)] = _loss_seconds(program, rng, logits, repeats, on)
     except OutOfDeviceMemory:
         times[("loss", "forward", None)] = 0.0
         notes.append("loss: not measured (its buffers do not fit the device's free memory); taken as free")
     finally:
         on.release()
-    elementwise_gbps = _elementwise_gbps(on, dtype, repeats)
+    elementwise_gbps = _elementwise_gbps(on, np.dtype(program.precision.activations), repeats)
     copies = {}
     if copy_gbps is None:
         copy_gbps = _copy_gbps(on, repeats)
         if not on.streamed:  # unthrottled CPU copies: time each size the program may offload
             copies = _copy_times(program, repeats)
     params_bytes = sum(int(np.prod(s.shape)) for _, _, s in program.owned_params() if s.trainable)
-    update = 5 * params_bytes * dtype.itemsize / (elementwise_gbps * 1e9)
+    update = 5 * params_bytes * program.precision.itemsize("master") / (elementwise_gbps * 1e9)
     for note in notes:
         _log.info("profile: %s", note)
     return Profiled(
@@ -552,7 +555,7 @@ def _at_batch(program: Program, op: OpInfo, b: int, on: _Runner) -> OpInfo:
 
     in_shapes = tuple(scaled(s) for s in op.in_shapes)
     workspace = {
-        p: {a: op.layer.workspace_bytes(in_shapes, p, a, program.itemsize) for a in names}
+        p: {a: op.layer.workspace_bytes(in_shapes, p, a, op.itemsize) for a in names}
         for p, names in op.workspace.items()
     }
     sub = dataclasses.replace(

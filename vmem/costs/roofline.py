@@ -9,6 +9,8 @@ their published Titan X times (bench/reproduce_vdnn.py prints the comparison).
 from __future__ import annotations
 
 
+import numpy as np
+
 from ..device.cudnn_catalog import EFFICIENCY, effective_flops, geometry, with_cudnn_catalog, workspace
 from ..device.spec import DeviceSpec
 from ..graph import OpInfo
@@ -21,27 +23,28 @@ FILL = 16384  # output pixels x batch that fill a GPU; fewer leave units idle
 CHANNEL_EXP = 0.6  # how much narrow GEMMs lose: (min(C*kh*kw, K) / 64) ** CHANNEL_EXP
 
 
-def _bytes(op: OpInfo, itemsize: int) -> int:
+def _bytes(op: OpInfo) -> int:
+    """Bytes of the op's inputs, output and saved state, each in what it is stored in."""
+    dtypes = list(op.in_dtypes) or [op.out_dtype] * len(op.in_shapes)
     total = 0
-    for shape in list(op.in_shapes) + [op.out_shape]:
+    for shape, dtype in zip(list(op.in_shapes) + [op.out_shape], dtypes + [op.out_dtype]):
         n = 1
         for d in shape:
             n *= d
-        total += n * itemsize
+        total += n * np.dtype(dtype).itemsize
     return total + sum(op.aux_nbytes.values())
 
 
 class Roofline:
     """The simulator's cost model for a GPU spec sheet."""
 
-    def __init__(self, spec: DeviceSpec, itemsize: int = 4):
+    def __init__(self, spec: DeviceSpec):
         if not (spec.fp32_tflops and spec.memory_gbps and spec.h2d_gbps and spec.d2h_gbps):
             raise ValueError(f"device {spec.name!r}: a spec sheet needs fp32_tflops, memory_gbps, h2d_gbps, d2h_gbps")
         self.spec = spec
         self.flops = spec.fp32_tflops * 1e12
         self.bw = spec.memory_gbps * 1e9
         self.launch = (spec.launch_us or 5.0) * 1e-6
-        self.itemsize = itemsize
         self._memo: dict[tuple, float] = {}
 
     def op_seconds(self, op: OpInfo, pass_: str, algo: str | None) -> float:
@@ -60,7 +63,7 @@ class Roofline:
             )
             if algo is None or algo in EFFICIENCY:
                 model: str | None = algo or "implicit_precomp_gemm"
-                ws = workspace(g, pass_, algo or "implicit_gemm", self.itemsize)
+                ws = workspace(g, pass_, algo or "implicit_gemm", op.itemsize)
             else:  # a device's own name, with its catalog's workspace: a variant of a known algorithm
                 # ("nchw.winograd": winograd on copies) does that one's arithmetic; others (cuDNN's graph
                 # engines) the direct FLOPs
@@ -69,13 +72,13 @@ class Roofline:
                 ws = (op.workspace or {}).get(pass_, {}).get(algo, 0)
             flops = effective_flops(g, model) if model else float(g.direct_flops)
             compute = flops / (self.flops * EFFICIENCY.get(model or "", 0.6) * fill)
-            traffic = (_bytes(op, self.itemsize) + ws) / self.bw
+            traffic = (_bytes(op) + ws) / self.bw
             return self.launch + max(compute, traffic)
         factor = 1.0 if pass_ == "forward" else 2.0
-        memory = factor * _bytes(op, self.itemsize) / (self.bw * ELEMENTWISE_EFFICIENCY)
+        memory = factor * _bytes(op) / (self.bw * ELEMENTWISE_EFFICIENCY)
         if op.kind == "linear":
             compute = factor * op.flops / (self.flops * GEMM_EFFICIENCY)
-            weights = op.layer.in_features * op.layer.out_features * self.itemsize / self.bw  # type: ignore[attr-defined]
+            weights = op.layer.in_features * op.layer.out_features * op.itemsize / self.bw  # type: ignore[attr-defined]
             return self.launch + max(compute, weights + memory)
         return self.launch + memory
 

@@ -68,6 +68,13 @@ class OpInfo:
     algorithms: dict[str, list[str]]
     workspace: dict[str, dict[str, int]]  # pass -> algorithm -> bytes
     shares: str | None = None  # the op whose parameters this one uses (a layer applied at several places)
+    in_dtypes: tuple[str, ...] = ()  # what its inputs are stored in
+    out_dtype: str = "float32"  # what its output is stored in
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per value of the data it computes on (its first input's, else its output's)."""
+        return np.dtype(self.in_dtypes[0] if self.in_dtypes else self.out_dtype).itemsize
 
     @property
     def param_owner(self) -> str:
@@ -96,6 +103,10 @@ class Precision:
     master: str
     optimizer_state: str
 
+    def itemsize(self, role: str) -> int:
+        """Bytes per value of ``role`` (``"parameters"``, ``"gradients"``, ...)."""
+        return np.dtype(getattr(self, role)).itemsize
+
     @classmethod
     def uniform(cls, dtype: str) -> "Precision":
         """Everything in ``dtype``."""
@@ -109,8 +120,7 @@ class Program:
 
     network: str
     batch: int
-    dtype: str
-    itemsize: int
+    dtype: str  # what the network was built in: the default of every role in ``precision``
     ops: list[OpInfo]
     tensors: list[TensorInfo]
     input: int
@@ -121,7 +131,9 @@ class Program:
     @property
     def param_bytes(self) -> int:
         """Bytes of trainable parameters (unaligned)."""
-        return sum(_nbytes(s.shape, self.itemsize) for _, _, s in self.owned_params() if s.trainable)
+        return sum(
+            _nbytes(s.shape, self.precision.itemsize("parameters")) for _, _, s in self.owned_params() if s.trainable
+        )
 
     def owned_params(self) -> list[tuple["OpInfo", str, ParamSpec]]:
         """Every parameter once: (owner op, name, spec); ops that share another's parameters are skipped."""
@@ -200,12 +212,14 @@ def _op(
     output: int,
     in_shapes: tuple[Shape, ...],
     out_shape: Shape,
-    itemsize: int,
+    in_dtypes: tuple[str, ...],
+    out_dtype: str,
     name: str | None = None,
     shares: str | None = None,
 ) -> OpInfo:
     aux = layer.aux_specs(in_shapes)
     algos = layer.algorithms(in_shapes)
+    itemsize = np.dtype(in_dtypes[0] if in_dtypes else out_dtype).itemsize  # what it computes on
     workspace = {p: {a: layer.workspace_bytes(in_shapes, p, a, itemsize) for a in algos.get(p, [None])} for p in PASSES}
     return OpInfo(
         index=index,
@@ -227,6 +241,8 @@ def _op(
         flops=layer.flops(in_shapes),
         algorithms=algos,
         workspace=workspace,
+        in_dtypes=in_dtypes,
+        out_dtype=out_dtype,
     )
 
 
@@ -287,7 +303,8 @@ def build_program(net: "Network", batch: int, input_shape: tuple[int, ...], dtyp
                 f"{net.name}: {node.alias!r} reuses layer {layer.name!r} on inputs {in_shapes} that "
                 f"need other parameters than its first use"
             )
-        ops.append(_op(layer, len(ops), inputs, tid, in_shapes, out_shape, itemsize, tname, shares))
+        in_dtypes = tuple(tensors[i].dtype for i in inputs)
+        ops.append(_op(layer, len(ops), inputs, tid, in_shapes, out_shape, in_dtypes, stored, tname, shares))
         if shares is None:
             owner_specs[tname] = ops[-1].params
         tensor_of[node.index] = tid
@@ -303,7 +320,6 @@ def build_program(net: "Network", batch: int, input_shape: tuple[int, ...], dtyp
         network=net.name,
         batch=batch,
         dtype=str(np.dtype(dtype)),
-        itemsize=itemsize,
         ops=ops,
         tensors=tensors,
         input=0,

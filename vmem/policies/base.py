@@ -123,5 +123,5 @@ class Policy(ABC):
 def layer_bytes(program: Program, op: Any) -> int:
     """Bytes one layer touches besides its workspace: its inputs, its output and its weights."""
     ins = sum(program.tensors[t].nbytes for t in op.inputs)
-    weights = sum(math.prod(s.shape) for s in op.params.values()) * program.itemsize
+    weights = sum(math.prod(s.shape) for s in op.params.values()) * program.precision.itemsize("parameters")
     return ins + program.tensors[op.output].nbytes + weights

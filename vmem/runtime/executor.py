@@ -144,7 +144,9 @@ class Executor(Transfers):
         self.loss = loss
         self.optimizer = optimizer
         self.xp = device.xp
-        self.dtype = np.dtype(program.dtype)
+        self._input_dtype = np.dtype(program.tensors[program.input].dtype)
+        self._logits_dtype = np.dtype(program.tensors[program.output].dtype)  # the loss's, and its probabilities'
+        self._grad_dtype = np.dtype(program.precision.gradients)  # the weights' gradients
         #: each tensor is viewed in what it is stored in (a layer may store its output otherwise)
         self._dtypes = {t.dtype: np.dtype(t.dtype) for t in program.tensors}
         self._params = params
@@ -191,7 +193,9 @@ class Executor(Transfers):
         #: work runs after launch returns (a GPU): spans are timed by events, streams wait on the device
         self._asynchronous = bool(device.asynchronous)
         self._aux_dtype = {
-            (op.index, k): (self.dtype if a.dtype == "float" else np.dtype(a.dtype))
+            (op.index, k): (
+                np.dtype(op.in_dtypes[0] if op.in_dtypes else op.out_dtype) if a.dtype == "float" else np.dtype(a.dtype)
+            )
             for op in ops
             for k, a in op.aux.items()
         }
@@ -236,7 +240,9 @@ class Executor(Transfers):
         output is looked at as the step runs, and ``report.first_nonfinite`` names the first that is not
         finite (a diagnosis: each look waits for the op)."""
         dev, pool = self.device, self.device.pool
-        host_x = np.ascontiguousarray(np.asarray(x).transpose(0, 2, 3, 1) if x.ndim == 4 else x, dtype=self.dtype)
+        host_x = np.ascontiguousarray(
+            np.asarray(x).transpose(0, 2, 3, 1) if x.ndim == 4 else x, dtype=self._input_dtype
+        )
         # before the step: no pinned allocation inside it (the offloads' buffers, and the batch's staging)
         dev.reserve_pinned(self.schedule.pinned_bytes + self._staging_bytes)
         pool.reset_peak()
@@ -324,7 +330,8 @@ class Executor(Transfers):
             at = self._labels_at
             r.batch["labels"] = raw[at : at + labels.nbytes].view(np.int64).reshape(labels.shape)
             np.copyto(r.batch["labels"], labels)
-        r.batch["loss"] = raw[self._loss_at : self._loss_at + self.dtype.itemsize].view(self.dtype)
+        loss = self._logits_dtype
+        r.batch["loss"] = raw[self._loss_at : self._loss_at + loss.itemsize].view(loss)
 
     def _unstage(self, r: _Run) -> None:
         if r.staged is not None:
@@ -336,7 +343,8 @@ class Executor(Transfers):
         self.device.copy_to_device(dst, r.batch[st.source], stream=self.device.compute_stream)
 
     def _copy_out(self, r: _Run, st: CopyOut) -> None:
-        r.logits = np.empty(self.program.tensors[st.tensor].shape, self.dtype)
+        t = self.program.tensors[st.tensor]
+        r.logits = np.empty(t.shape, self._dtypes[t.dtype])
         self.device.copy_to_host(r.logits, self._value(r, st.tensor), stream=self.device.compute_stream)
 
     # -- views -------------------------------------------------------------------------------------
@@ -401,7 +409,7 @@ class Executor(Transfers):
         ctx = self._ctx(r, st.op, True, None, st.algos, st.workspace)
         temps = sched.param_acc.get(st.op)
         if temps:  # a shared parameter used again: its contribution goes to a temporary
-            ctx.grads = {k: self._view(r, key, ctx.grads[k].shape, self.dtype) for k, key in temps.items()}
+            ctx.grads = {k: self._view(r, key, ctx.grads[k].shape, self._grad_dtype) for k, key in temps.items()}
         dy = self._grad(r, op.output)
         if st.on_bits is not None:  # ReLU's backward on the bits of its binarized output (Gist)
             if sched.needs_grad[op.inputs[0]]:
@@ -435,23 +443,23 @@ class Executor(Transfers):
 
     def _accumulate(self, r: _Run, st: Accumulate) -> None:
         g = self._grad(r, st.tensor)
-        tmp = self._view(r, st.temp, g.shape, self.dtype)
+        tmp = self._view(r, st.temp, g.shape, g.dtype)
         self._launch(r, f"acc:{self.program.tensors[st.tensor].name}", np.add, g, tmp, g)
 
     def _accumulate_param(self, r: _Run, st: AccumulateParam) -> None:
         g = self._params.views[Key(Kind.WEIGHT_GRAD, st.param)]
-        tmp = self._view(r, st.temp, g.shape, self.dtype)
+        tmp = self._view(r, st.temp, g.shape, g.dtype)
         self._launch(r, f"acc:{st.param}", np.add, g, tmp, g)
 
     def _loss(self, r: _Run, st: Loss) -> None:
         prog = self.program
         logits = self._value(r, prog.output)
-        value = self._view(r, _LOSS, (1,), self.dtype)
+        value = self._view(r, _LOSS, (1,), self._logits_dtype)
         labels = self._labels(r)
         if st.inplace:
             probs = dlogits = logits
         else:
-            probs = self._view(r, _PROBS, logits.shape, self.dtype)
+            probs = self._view(r, _PROBS, logits.shape, self._logits_dtype)
             dlogits = self._grad(r, prog.output)
         loss, xp, host = self.loss, self.xp, r.batch["loss"]
         copy = self.device.copy_now if self._asynchronous else None

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..graph.program import Precision
 from ..schedule import Buffer, Key, Kind
 
 __all__ = ["DeviceParams"]
@@ -19,18 +20,21 @@ __all__ = ["DeviceParams"]
 
 class DeviceParams:
     """The persistent buffers of a Schedule, allocated in the device pool and viewed by key; weights are
-    uploaded from and downloaded to host arrays named ``"layer.param"``."""
+    uploaded from and downloaded to host arrays named ``"layer.param"``. ``precision``: what weights,
+    their gradients and the optimizer's state are stored in (a Precision, or one dtype for all)."""
 
-    def __init__(self, device: Any, buffers: list[Buffer], specs: dict[str, Any], dtype: str):
+    def __init__(self, device: Any, buffers: list[Buffer], specs: dict[str, Any], precision: Any):
         self.device = device
-        self.dtype = np.dtype(dtype)
+        self.precision = Precision.uniform(precision) if isinstance(precision, str) else precision
+        role = {Kind.WEIGHT: "parameters", Kind.WEIGHT_GRAD: "gradients", Kind.OPT_STATE: "optimizer_state"}
         self.blocks: dict[Key, Any] = {}
         self.views: dict[Key, Any] = {}
         try:
             for buf in buffers:
                 block = device.pool.allocate(buf.nbytes, None, buf.category)
                 self.blocks[buf.key] = block
-                self.views[buf.key] = device.view(block, specs[buf.key.name].shape, self.dtype)
+                dtype = np.dtype(getattr(self.precision, role[buf.key.kind]))
+                self.views[buf.key] = device.view(block, specs[buf.key.name].shape, dtype)
         except BaseException:
             self.release()
             raise

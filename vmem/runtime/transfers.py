@@ -48,12 +48,15 @@ class _Offloaded:
         self.moved = 0
 
 
+#: What a map through a codec is stored in: the codecs encode float32 maps (the lowering refuses others).
+_CODED = np.dtype(np.float32)
+
+
 class Transfers:
-    """Offload, prefetch, encode and decode steps; the executor supplies ``device``, ``dtype``,
-    ``_op_params``, ``_view``, ``_launch``, ``_asynchronous`` and the per-step state ``r``."""
+    """Offload, prefetch, encode and decode steps; the executor supplies ``device``, ``_op_params``,
+    ``_view``, ``_launch``, ``_asynchronous`` and the per-step state ``r``."""
 
     device: Any
-    dtype: Any
     xp: Any
     _op_params: list[dict[str, Any]]
     _asynchronous: bool
@@ -117,7 +120,7 @@ class Transfers:
         ms.wait(cs.record())
         name = f"offload:{st.key}"
         if st.codec is not None:
-            src = dev.view(block, st.shape, self.dtype)
+            src = dev.view(block, st.shape, _CODED)
             self._span(r, ms, name, "offload", {}, self._send, st, src, off)
         else:
             off.moved = block.nbytes
@@ -160,7 +163,7 @@ class Transfers:
         ms.wait(cs.record())  # the block's previous users on compute are done
         name = f"prefetch:{st.key}"
         if st.codec is not None:
-            dst = dev.view(block, st.shape, self.dtype)  # off.enc is set by the offload's task: read it when this runs
+            dst = dev.view(block, st.shape, _CODED)  # off.enc is set by the offload's task: read it when this runs
             codec = st.codec
             self._span(r, ms, name, "prefetch", {}, lambda: transfer.receive(dev, codec, off.enc, dst))
         else:
@@ -184,7 +187,7 @@ class Transfers:
     # -- encodings kept on the device (Gist) ----------------------------------------------------------
     def _encode(self, r: Any, st: Encode) -> None:
         """Encode a buffer into its encoding's block after its last forward use."""
-        src = self.device.view(r.blocks[st.key], st.shape, self.dtype)
+        src = self.device.view(r.blocks[st.key], st.shape, _CODED)
         if st.enc in r.deferred:
             self._encode_at_size(r, st, src)
             return
@@ -221,7 +224,7 @@ class Transfers:
 
     def _decode(self, r: Any, st: Decode) -> None:
         """Decode a buffer back into its (newly allocated) block before the first backward that reads it."""
-        dst = self.device.view(r.blocks[st.key], st.shape, self.dtype)
+        dst = self.device.view(r.blocks[st.key], st.shape, _CODED)
         encodings, codec = r.encodings, st.codec
         self._launch(  # type: ignore[attr-defined]
             r,

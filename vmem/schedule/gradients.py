@@ -98,7 +98,7 @@ def param_temps(
                 if not spec.trainable:
                     continue
                 key = Key(Kind.ACC, owner, k)
-                nbytes = max(1, int(np.prod(spec.shape)) * program.itemsize)
+                nbytes = max(1, int(np.prod(spec.shape)) * program.precision.itemsize("gradients"))
                 buffers[key] = Buffer(key, nbytes, "weight_grads")
                 temps.setdefault(i, {})[k] = key
                 adds.setdefault(i, []).append(AccumulateParam(f"{owner}.{k}", key, nbytes))

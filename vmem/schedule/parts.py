@@ -46,14 +46,16 @@ def _align(n: int, alignment: int) -> int:
 def persistent_buffers(program: Program, optimizer_slots: tuple[str, ...]) -> list[Buffer]:
     """Weights (and non-trainable buffers such as running statistics), weight gradients, optimizer state."""
     out = []
+    precision = program.precision
     for op, k, spec in program.owned_params():
         key = f"{op.name}.{k}"
-        nbytes = int(np.prod(spec.shape)) * program.itemsize
-        out.append(Buffer(Key(Kind.WEIGHT, key), nbytes, "weights"))
+        n = int(np.prod(spec.shape))
+        out.append(Buffer(Key(Kind.WEIGHT, key), n * precision.itemsize("parameters"), "weights"))
         if spec.trainable:
-            out.append(Buffer(Key(Kind.WEIGHT_GRAD, key), nbytes, "weight_grads"))
+            out.append(Buffer(Key(Kind.WEIGHT_GRAD, key), n * precision.itemsize("gradients"), "weight_grads"))
             for slot in optimizer_slots:
-                out.append(Buffer(Key(Kind.OPT_STATE, key, slot), nbytes, "optimizer_state"))
+                state = n * precision.itemsize("optimizer_state")
+                out.append(Buffer(Key(Kind.OPT_STATE, key, slot), state, "optimizer_state"))
     return out
 
 
@@ -85,10 +87,11 @@ def buffer_keys(program: Program) -> tuple[dict[int, Key], dict[Key, Buffer], di
             aux[(op.index, k)] = key = Key(Kind.AUX, op.name, k)
             buffers[key] = Buffer(key, max(nbytes, 1), "feature_maps", high=True)
     labels = int(np.prod(program.label_shape))
+    logits = np.dtype(program.tensors[program.output].dtype).itemsize  # the loss is computed in the logits' dtype
     for key, nbytes, category in (
         (LABELS, labels * 8, "other"),
-        (PROBS, labels * program.num_classes * program.itemsize, "feature_maps"),
-        (LOSS, program.itemsize, "other"),
+        (PROBS, labels * program.num_classes * logits, "feature_maps"),
+        (LOSS, logits, "other"),
     ):
         buffers[key] = Buffer(key, nbytes, category, high=True)
     return value, buffers, aux

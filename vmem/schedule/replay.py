@@ -92,7 +92,9 @@ class Figures:
 def durations(schedule: Schedule, costs: Any) -> list[float]:
     """Predicted seconds of each step of the schedule under ``costs`` (0 for steps that are not compute)."""
     program = schedule.program
-    params = sum(math.prod(s.shape) for _, _, s in program.owned_params() if s.trainable) * program.itemsize
+    # the update reads and writes the master weights
+    params = sum(math.prod(s.shape) for _, _, s in program.owned_params() if s.trainable)
+    params *= program.precision.itemsize("master")
 
     def backward(st: Backward) -> float:
         op = program.ops[st.op]

@@ -162,7 +162,7 @@ class Trainer:
             program = self.net.build(1, self.input_shape, self.dtype)
             specs = self.net.param_specs(self.input_shape)
             self._params = DeviceParams(
-                self.device, persistent_buffers(program, self.optimizer.slots), specs, self.dtype
+                self.device, persistent_buffers(program, self.optimizer.slots), specs, program.precision
             )
             self._params.upload(self.net.params)  # type: ignore[arg-type]
         return self._params
