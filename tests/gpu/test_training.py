@@ -204,3 +204,30 @@ def test_the_step_timeline_is_timed_on_the_gpu():
     assert all(later.start >= earlier.end - 1e-6 for earlier, later in zip(compute, compute[1:]))
     assert {s.kind for s in memory} == {"offload", "prefetch"} and any(s.kind == "wait" for s in compute)
     assert sum(s.seconds for s in compute) <= r.seconds + 1e-3
+
+
+@pytest.mark.parametrize("policy", ["baseline", "vdnn-all"])
+def test_a_tensor_stored_in_fp16_runs_on_the_gpu_at_the_planned_peak(policy):
+    """A layer storing its output in float16 (the Program counts it at 2 bytes a value): on cuda:0 the step
+    views it as float16, runs at exactly the planned peak and gives the fp32 network's weights within fp16
+    rounding (tests/graph/test_precision.py does the same on the CPU device)."""
+    from tests.graph.test_precision import _net
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 10, 8)
+    weights = {}
+    for half in (True, False):
+        net = _net(half)
+        dev = vmem.device("cuda:0", memory="64MiB", pinned_memory="16MiB")
+        try:
+            with vmem.Trainer(net, device=dev, policy=policy, seed=0) as t:
+                report = t.step(x, y)
+                assert report.peak_bytes == t.plans[8].peak_bytes and np.isfinite(report.loss)
+        finally:
+            dev.close()
+        weights[half] = {
+            k.split(".", 1)[1]: v.copy() for k, v in net.params.items() if k.startswith(("conv", "linear"))
+        }
+    for k, w in weights[False].items():
+        np.testing.assert_allclose(weights[True][k], w, rtol=1e-2, atol=1e-4)
