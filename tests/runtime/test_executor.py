@@ -5,6 +5,8 @@ more), carries a schedule out exactly as on the CPU device (bitwise), and rolls 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -16,6 +18,7 @@ from vmem.optim import SGD
 from vmem.pool import DevicePool, HostArena, PinnedHostPool
 from vmem.runtime import DeviceParams, Executor
 from vmem.schedule.lower import lower
+from vmem.schedule.steps import Update
 from vmem.streams import VirtualStream
 from vmem.device.spec import DeviceSpec
 
@@ -91,12 +94,18 @@ class FakeDevice:
         self.close()
 
 
-def run_steps(device, policy: str, steps: int = 3):
+def run_steps(device, policy: str, steps: int = 3, buckets: int = 1, nan: bool = False):
     net = vmem.models.get("vgg_cifar", image_size=16)
     net.init(0)
     program = net.build(4)
     plan = vmem.policies.get(policy).decide(program, device.spec)
     schedule = lower(program, plan, ("momentum",), device.pool.alignment)
+    if buckets > 1:  # the one update split into buckets of parameters, each its own step
+        names = [f"{op.name}.{k}" for op, k, s in program.owned_params() if s.trainable]
+        parts = [tuple(names[i::buckets]) for i in range(buckets)]
+        at = next(i for i, st in enumerate(schedule.steps) if type(st) is Update)
+        steps_ = schedule.steps[:at] + [Update(p) for p in parts] + schedule.steps[at + 1 :]
+        schedule = dataclasses.replace(schedule, steps=steps_)
     specs = {f"{op.name}.{k}": s for op in program.ops for k, s in op.params.items()}
     params = DeviceParams(device, schedule.persistent, specs, "float32")
     params.upload(net.params)
@@ -105,6 +114,8 @@ def run_steps(device, policy: str, steps: int = 3):
     reports = []
     for step in range(1, steps + 1):
         x = rng.standard_normal((4, 3, 16, 16)).astype(np.float32)
+        if nan:
+            x[0, 0, 0, 0] = np.nan
         reports.append(ex.run(x, rng.integers(0, 10, 4), train=True, rng=np.random.default_rng(step), step=step)[0])
     weights = params.download()
     params.release()
@@ -221,3 +232,20 @@ def test_spans_timed_by_events_on_an_asynchronous_device():
         assert all(later.start >= earlier.end for earlier, later in zip(compute, compute[1:]))  # in order
         assert any(s.kind == "wait" for s in compute) and b.timeline.waiting == []
         assert min(s.in_use for s in compute) <= b.average_bytes <= max(s.in_use for s in compute)
+
+
+def test_updating_the_parameters_in_buckets_gives_the_same_weights_bit_for_bit():
+    with vmem.device("cpu", memory="64MiB") as cpu:
+        whole, _, _ = run_steps(cpu, "vdnn-all")
+        split, reports, _ = run_steps(cpu, "vdnn-all", buckets=3)
+    assert all(np.array_equal(whole[k], split[k]) for k in whole)
+    assert not any(r.skipped for r in reports)
+
+
+def test_a_step_that_is_not_finite_updates_no_bucket():
+    net = vmem.models.get("vgg_cifar", image_size=16)
+    net.init(0)
+    with vmem.device("cpu", memory="64MiB") as cpu:
+        weights, reports, _ = run_steps(cpu, "vdnn-all", steps=1, buckets=3, nan=True)
+    assert reports[0].skipped
+    assert all(np.array_equal(weights[k], net.params[k]) for k in weights)

@@ -106,6 +106,7 @@ class _Run:
         self.batch: dict[str, np.ndarray] = {}
         self.loss_ok: Any = None  # the loss is finite (a device scalar, set by the loss step)
         self.skipped = False  # set by the update step when the loss or a gradient is not finite
+        self.finite: bool | None = None  # decided by the step's first update, for every bucket
         self.check = False  # look at every op's output for NaN or infinity (a diagnosis, slow)
         self.kept_stats: list[Any] = []  # batch norm's running statistics as they were before the step
         self.first_nonfinite: str | None = None
@@ -177,6 +178,9 @@ class Executor(Transfers):
             else []
         )
         self._update_sizes = [p.size for p, _, _ in self._updates]
+        self._update_index = {
+            key: i for i, key in enumerate(f"{op.name}.{k}" for op, k, s in program.owned_params() if s.trainable)
+        }
         # state a forward changes besides the weights (batch norm's running statistics): kept aside at the
         # start of a step, put back if the step turns out not finite
         self._stats = (
@@ -477,18 +481,21 @@ class Executor(Transfers):
 
     def _update(self, r: _Run, st: Update) -> None:
         opt, xp, step = self.optimizer, self.xp, r.step
+        bucket = list(range(len(self._updates))) if st.params is None else [self._update_index[k] for k in st.params]
 
-        def update(i: int) -> None:  # each parameter is updated on its own: on the CPU, any lane may take it
-            param, grad, state = self._updates[i]
+        def update(j: int) -> None:  # each parameter is updated on its own: on the CPU, any lane may take it
+            param, grad, state = self._updates[bucket[j]]
             opt.update(xp, param, grad, state, step)  # type: ignore[union-attr]
 
         def run() -> None:
-            if not self._finite(r):  # skip the step: nothing changes
-                r.skipped = True
-                for view, kept in zip(self._stats, r.kept_stats):
-                    view[...] = kept
-                return
-            self.device.ops.each(self._update_sizes, update)
+            if r.finite is None:  # the step's first bucket decides for every one
+                r.finite = self._finite(r)
+                if not r.finite:  # skip the step: nothing changes
+                    r.skipped = True
+                    for view, kept in zip(self._stats, r.kept_stats):
+                        view[...] = kept
+            if r.finite:
+                self.device.ops.each([self._update_sizes[i] for i in bucket], update)
 
         self._launch(r, "update", run)
 

@@ -92,9 +92,13 @@ class Figures:
 def durations(schedule: Schedule, costs: Any) -> list[float]:
     """Predicted seconds of each step of the schedule under ``costs`` (0 for steps that are not compute)."""
     program = schedule.program
-    # the update reads and writes the master weights
-    params = sum(math.prod(s.shape) for _, _, s in program.owned_params() if s.trainable)
-    params *= program.precision.itemsize("master")
+    # an update reads and writes the master weights of its bucket
+    master = program.precision.itemsize("master")
+    sizes = {f"{op.name}.{k}": math.prod(s.shape) * master for op, k, s in program.owned_params() if s.trainable}
+    params = sum(sizes.values())
+
+    def update(st: Update) -> float:
+        return costs.update_seconds(params if st.params is None else sum(sizes[k] for k in st.params))
 
     def backward(st: Backward) -> float:
         op = program.ops[st.op]
@@ -114,7 +118,7 @@ def durations(schedule: Schedule, costs: Any) -> list[float]:
             Loss: lambda st: costs.misc_seconds("loss", 0),
             Accumulate: lambda st: costs.misc_seconds("acc", program.tensors[st.tensor].nbytes),
             AccumulateParam: lambda st: costs.misc_seconds("acc", st.nbytes),
-            Update: lambda st: costs.update_seconds(params),
+            Update: update,
             Encode: lambda st: costs.misc_seconds("encode", st.nbytes),
             Decode: lambda st: costs.misc_seconds("decode", st.nbytes),
             Alloc: None,

@@ -182,7 +182,12 @@ class AccumulateParam:
 
 @dataclass(frozen=True, slots=True)
 class Update:
-    """The optimizer's update of every trainable parameter."""
+    """The optimizer's update of the trainable parameters ``params`` (``"layer.param"`` names), every one when
+    None. A step may update its parameters in several buckets, each an Update after their gradients are
+    final; the first decides for all whether the loss and every gradient are finite: a step that is not
+    updates no bucket."""
+
+    params: tuple[str, ...] | None = None
 
 
 # -- offload and encodings ---------------------------------------------------------------------------
