@@ -9,7 +9,6 @@ whole run, and copies weights back to the network on :meth:`sync` (done by ``fit
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -20,17 +19,15 @@ import numpy as np
 from .. import policies
 from ..data import Dataset
 from ..device import device as make_device
-from ..errors import BudgetTooSmall, DeviceError, NonFiniteError, OutOfDeviceMemory, PlanError, ShapeError
+from ..errors import DeviceError, NonFiniteError, ShapeError
 from ..graph import Network
 from ..nn.loss import SoftmaxCrossEntropy
 from ..optim import SGD, Optimizer
-from ..planner import PlanResult, floor_policy, plan_program, replay_fitting, smallest_memory
+from ..planner import PlanResult
 from ..runtime import DeviceParams, Executor, StepReport
-from ..schedule.lower import lower_inference, persistent_buffers
-from ..schedule.pack import place
-from ..units import format_bytes
 from . import checkpoint
 from .callbacks import Callback, LossWatch, PrintEpochs, ProgressBar
+from .session import Session
 
 __all__ = ["Trainer", "History", "EpochStats"]
 
@@ -133,7 +130,6 @@ class Trainer:
         self.policy = policies.get(policy)
         # a policy that decides by time needs measured costs; any other may ask for them (plan times)
         self.profiling = self.policy.needs_profile if profile is None else bool(profile)
-        self.costs: dict[int, Any] = {}
         self.loss = loss if loss is not None else (getattr(net, "loss", None) or SoftmaxCrossEntropy())
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01, momentum=0.9)
         self.seed = seed
@@ -150,222 +146,62 @@ class Trainer:
             self.device = make_device(device)
         if not self.device.holds_data:
             raise DeviceError(f"{self.device.name} is a simulated GPU: it plans (vmem.plan) but cannot train")
-        self._params: DeviceParams | None = None
-        self._executors: dict[tuple[int, bool], Executor] = {}
-        self.plans: dict[int, PlanResult] = {}
-        self._inference: dict[int, tuple[Any, int]] = {}  # evaluation batch -> (schedule or None, peak)
+        self.session = Session(
+            net,
+            self.device,
+            self.policy,
+            self.loss,
+            self.optimizer,
+            input_shape=self.input_shape,
+            dtype=dtype,
+            profiling=self.profiling,
+            profile_cache=self.profile_cache,
+            seed=seed,
+        )
         self._closed = False
 
-    # -- setup ---------------------------------------------------------------------------------------
+    # -- the engine (vmem.training.session) ------------------------------------------------------------
+    @property
+    def plans(self) -> dict[int, PlanResult]:
+        """The plan of each training batch size this trainer has run (or planned), by batch."""
+        return self.session.plans
+
+    @property
+    def costs(self) -> dict[int, Any]:
+        """The profiles made so far, by batch."""
+        return self.session.costs
+
+    @property
+    def _params(self) -> DeviceParams | None:
+        return self.session._params
+
     def _device_params(self) -> DeviceParams:
-        if self._params is None:
-            program = self.net.build(1, self.input_shape, self.dtype)
-            specs = self.net.param_specs(self.input_shape)
-            self._params = DeviceParams(
-                self.device, persistent_buffers(program, self.optimizer.slots), specs, program.precision
-            )
-            self._params.upload(self.net.params)  # type: ignore[arg-type]
-        return self._params
+        return self.session.device_params()
+
+    def _executor(self, batch: int, train: bool, check: bool = True) -> Executor:
+        return self.session.executor(batch, train, check)
 
     def plan(self, batch: int) -> PlanResult:
         """The plan of a training step at ``batch`` (figures included), as ``vmem.plan`` gives it."""
         self._check_open()
-        self._executor(batch, True, check=False)
-        return self.plans[batch]
-
-    def _executor(self, batch: int, train: bool, check: bool = True) -> Executor:
-        key = (batch, train)
-        ex = self._executors.get(key)
-        if ex is not None:
-            return ex
-        program = self.net.build(batch, self.input_shape, self.dtype)
-        if train:
-            costs = self.profile(batch) if self.profiling else None
-            try:
-                plan, schedule = plan_program(
-                    program,
-                    self.device.spec,
-                    self.policy,
-                    alignment=self.device.pool.alignment,
-                    catalog=self.device.catalog,
-                    optimizer_slots=self.optimizer.slots,
-                    costs=costs,
-                    baseline=costs is not None,
-                )
-            except BudgetTooSmall as exc:  # does not fit under any of the policy's choices: say which batch would
-                raise BudgetTooSmall(f"{str(exc).rstrip('.')}; {self._batch_advice(batch)}", exc.least) from None
-            self.plans[batch] = plan
-            if check and not plan.fits:
-                raise self._refusal(program, plan)
-        else:
-            schedule, peak = self._inference_plan(batch)
-            if schedule is None:
-                raise self._eval_refusal(
-                    peak,
-                    f"evaluation at batch {batch} needs {format_bytes(peak)} beside the "
-                    "training state; use a smaller evaluation batch (batch_size=)",
-                )
-        ex = Executor(self.device, schedule, self._device_params(), self.loss, self.optimizer if train else None)
-        self._executors[key] = ex
-        return ex
-
-    def _inference_plan(self, batch: int) -> tuple[Any, int]:
-        """An evaluation pass at ``batch``, planned beside the training state (weights, gradients, optimizer
-        state at the bottom of the arena, as they are during the run) and packed offline: (its schedule, its
-        peak), or (None, the least peak it needs) where it does not fit. Its convolutions run the training
-        plan's forward algorithms where they fit, else those with the least workspace."""
-        if batch in self._inference:
-            return self._inference[batch]
-        program = self.device.catalog(self.net.build(batch, self.input_shape, self.dtype))
-        spec, alignment = self.device.spec, self.device.pool.alignment
-        lean = policies.get("baseline:algos=memory").decide(program, spec)
-        candidates = []
-        trained = next(iter(self.plans.values()), None)
-        if trained is not None:
-            offered = {op.name: op.algorithms.get("forward", []) for op in program.ops}
-            algos = {
-                name: {**passes, "forward": trained.plan.algos[name]["forward"]}
-                for name, passes in lean.algos.items()
-                if trained.plan.algos.get(name, {}).get("forward") in offered.get(name, [])
-            }
-            candidates.append(dataclasses.replace(lean, algos={**lean.algos, **algos}))
-        candidates.append(lean)
-        persistent = persistent_buffers(program, self.optimizer.slots)
-        needs = []
-        for decided in candidates:
-            schedule = place(dataclasses.replace(lower_inference(program, decided, alignment), persistent=persistent))
-            figures = replay_fitting(schedule, spec, alignment)
-            if figures.fits:
-                self._inference[batch] = (schedule, figures.peak_bytes)
-                return self._inference[batch]
-            needs.append(figures.peak_bytes)
-        self._inference[batch] = (None, min(needs))
-        return self._inference[batch]
-
-    def _eval_refusal(self, peak: int, remedy: str) -> OutOfDeviceMemory:
-        """Evaluation does not fit beside the training state (said before anything runs)."""
-        stats = self.device.pool.stats()
-        return OutOfDeviceMemory(
-            peak, self.device.pool.capacity, stats.in_use, stats.largest_free, stats.fragmentation, {}, remedy=remedy
-        )
+        return self.session.plan(batch)
 
     def eval_batch(self, n: int | None = None, limit: int = 256) -> int:
         """The largest evaluation batch, up to ``limit`` (and ``n``, the number of samples), whose pass fits
         the device beside the training state; what :meth:`evaluate` and :meth:`predict` use by default.
         Raises OutOfDeviceMemory where not even batch 1 fits."""
         self._check_open()
-        batch = max(1, min(limit, n if n else limit))
-        while True:
-            schedule, peak = self._inference_plan(batch)
-            if schedule is not None:
-                return batch
-            if batch == 1:
-                raise self._eval_refusal(
-                    peak,
-                    "evaluation needs more memory than the training state leaves, even "
-                    "one sample at a time; give the device more memory",
-                )
-            batch = max(1, batch // 2)
+        return self.session.eval_batch(n, limit)
 
     def profile(self, batch: int) -> Any:
         """Measured costs of a training step at ``batch`` on this device (see :mod:`vmem.costs.measured`); made
         once per batch size. vdnn-dyn uses them to choose; with them plans also predict step time."""
-        if batch not in self.costs:
-            from ..costs import cache
-
-            program = self.net.build(batch, self.input_shape, self.dtype)
-            # on the device, within what its pool has free (never more than the budget); kept on disk, so
-            # that the same run repeats (see vmem.costs.cache)
-            self.costs[batch], _ = cache.profile(
-                self.device.catalog(program),
-                copy_gbps=self.device.spec.pcie_gbps,
-                seed=self.seed,
-                device=self.device,
-                cache=self.profile_cache,
-            )
-        return self.costs[batch]
-
-    def _fits(self, batch: int) -> bool:
-        """Whether this trainer's policy can train at ``batch`` on this device (the least plan it can
-        choose, without a profile)."""
-        program = self.net.build(batch, self.input_shape, self.dtype)
-        try:
-            result, _ = plan_program(
-                program,
-                self.device.spec,
-                floor_policy(self.policy),
-                alignment=self.device.pool.alignment,
-                catalog=self.device.catalog,
-                optimizer_slots=self.optimizer.slots,
-            )
-        except PlanError:
-            return False
-        return result.fits
+        return self.session.profile(batch)
 
     def largest_batch(self, batch: int) -> int | None:
         """The largest batch below ``batch`` that this trainer's policy trains in the device's memory (by
         bisection; None where not even batch 1 does)."""
-        if batch <= 1 or not self._fits(1):
-            return None
-        lo, hi = 1, batch  # lo fits, hi does not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if self._fits(mid) else (lo, mid)
-        return lo
-
-    def _batch_advice(self, batch: int) -> str:
-        largest = self.largest_batch(batch)
-        capacity = format_bytes(self.device.pool.capacity)
-        if largest is None:
-            return f"not even batch 1 fits in {capacity}: give the device more memory"
-        return f"the largest batch that fits in {capacity} is {largest}"
-
-    def _refusal(self, program: Any, plan: PlanResult) -> OutOfDeviceMemory:
-        least = smallest_memory(
-            program,
-            self.device.spec,
-            self.policy,
-            alignment=self.device.pool.alignment,
-            optimizer_slots=self.optimizer.slots,
-            catalog=self.device.catalog,
-        )
-        fitting = []
-        for name in policies.names():
-            if name == self.policy.name:
-                continue
-            try:
-                other, _ = plan_program(
-                    program,
-                    self.device.spec,
-                    name,
-                    alignment=self.device.pool.alignment,
-                    catalog=self.device.catalog,
-                    optimizer_slots=self.optimizer.slots,
-                )
-            except PlanError:
-                continue
-            if other.fits:
-                fitting.append(f"{name} (peak {format_bytes(other.peak_bytes)})")
-        needs = (
-            f"at least {format_bytes(least)} ({least} bytes, the smallest budget it fits in)"
-            if least
-            else format_bytes(plan.peak_bytes)
-        )
-        remedy = (
-            f"policy {plan.policy} needs {needs} at batch {plan.batch}; "
-            + (f"these policies fit: {', '.join(fitting)}; " if fitting else "")
-            + self._batch_advice(plan.batch)
-        )
-        stats = self.device.pool.stats()
-        return OutOfDeviceMemory(
-            plan.peak_bytes,
-            self.device.pool.capacity,
-            stats.in_use,
-            stats.largest_free,
-            stats.fragmentation,
-            {k: int(v["peak"]) for k, v in plan.by_category.items()},
-            remedy=remedy,
-        )
+        return self.session.largest_batch(batch)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -532,9 +368,9 @@ class Trainer:
         elif isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be a positive int")
         for b in {min(int(batch_size), n), n % int(batch_size)} - {0}:
-            schedule, peak = self._inference_plan(b)
+            schedule, peak = self.session.inference_plan(b)
             if schedule is None:
-                raise self._eval_refusal(
+                raise self.session.eval_refusal(
                     peak,
                     f"evaluation at batch {b} does not fit beside the training state; "
                     f"leave batch_size out (the largest that fits: {self.eval_batch(n)})",
@@ -576,9 +412,9 @@ class Trainer:
     # -- state ---------------------------------------------------------------------------------------
     def sync(self) -> None:
         """Copy the device's weights back into the network (``net.params``)."""
-        if self._params is not None:
-            self.device.synchronize()
-            self.net.params = self._params.download()
+        weights = self.session.download()
+        if weights is not None:
+            self.net.params = weights
 
     def save(self, path: str | os.PathLike) -> None:
         """Write weights, optimizer state, step count and random state to an .npz file (atomically)."""
@@ -628,10 +464,7 @@ class Trainer:
         try:
             self.sync()
         finally:
-            if self._params is not None:
-                self._params.release()
-                self._params = None
-            self._executors.clear()
+            self.session.release()
             if self._own_device:
                 self.device.close()
 
