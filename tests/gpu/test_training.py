@@ -211,23 +211,6 @@ def test_a_tensor_stored_in_fp16_runs_on_the_gpu_at_the_planned_peak(policy):
     """A layer storing its output in float16 (the Program counts it at 2 bytes a value): on cuda:0 the step
     views it as float16, runs at exactly the planned peak and gives the fp32 network's weights within fp16
     rounding (tests/graph/test_precision.py does the same on the CPU device)."""
-    from tests.graph.test_precision import _net
+    from tests.graph.test_precision import step_half_and_full
 
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((8, 1, 8, 8)).astype(np.float32)
-    y = rng.integers(0, 10, 8)
-    weights = {}
-    for half in (True, False):
-        net = _net(half)
-        dev = vmem.device("cuda:0", memory="64MiB", pinned_memory="16MiB")
-        try:
-            with vmem.Trainer(net, device=dev, policy=policy, seed=0) as t:
-                report = t.step(x, y)
-                assert report.peak_bytes == t.plans[8].peak_bytes and np.isfinite(report.loss)
-        finally:
-            dev.close()
-        weights[half] = {
-            k.split(".", 1)[1]: v.copy() for k, v in net.params.items() if k.startswith(("conv", "linear"))
-        }
-    for k, w in weights[False].items():
-        np.testing.assert_allclose(weights[True][k], w, rtol=1e-2, atol=1e-4)
+    step_half_and_full(policy, lambda: vmem.device("cuda:0", memory="64MiB", pinned_memory="16MiB"))
