@@ -237,14 +237,12 @@ def _profile_op(
 ) -> None:
     """Time every pass and algorithm of one op on random data of its shapes into ``times``."""
     layer = op.layer
-    ins = op.in_dtypes or (op.out_dtype,) * len(op.in_shapes)
-    xs = [on.normal(rng, physical(s), np.dtype(d)) for s, d in zip(op.in_shapes, ins)]
+    xs = [on.normal(rng, physical(s), np.dtype(d)) for s, d in zip(op.in_shapes, op.in_dtypes)]
     y = on.empty(physical(op.out_shape), np.dtype(op.out_dtype))
     dy = on.normal(rng, y.shape, y.dtype)
     params = {k: on.normal(rng, s.shape, dtype, 0.1, 1.0 if k == "running_var" else 0.0) for k, s in op.params.items()}
     grads = {k: on.empty(s.shape, dtype) for k, s in op.params.items() if s.trainable}
-    compute = np.dtype(ins[0]) if ins else y.dtype
-    aux = {k: on.array(np.zeros(a.shape, compute if a.dtype == "float" else a.dtype)) for k, a in op.aux.items()}
+    aux = {k: on.array(np.zeros(a.shape, op.dtype if a.dtype == "float" else a.dtype)) for k, a in op.aux.items()}
     dxs = [on.empty(x.shape, x.dtype) for x in xs]
     algos = dict(op.algorithms or {})
     room = on.room()  # algorithms whose workspace does not fit cannot run here: never the fastest

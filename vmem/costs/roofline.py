@@ -25,9 +25,8 @@ CHANNEL_EXP = 0.6  # how much narrow GEMMs lose: (min(C*kh*kw, K) / 64) ** CHANN
 
 def _bytes(op: OpInfo) -> int:
     """Bytes of the op's inputs, output and saved state, each in what it is stored in."""
-    dtypes = list(op.in_dtypes) or [op.out_dtype] * len(op.in_shapes)
     total = 0
-    for shape, dtype in zip(list(op.in_shapes) + [op.out_shape], dtypes + [op.out_dtype]):
+    for shape, dtype in zip(list(op.in_shapes) + [op.out_shape], list(op.in_dtypes) + [op.out_dtype]):
         n = 1
         for d in shape:
             n *= d

@@ -72,9 +72,14 @@ class OpInfo:
     out_dtype: str = "float32"  # what its output is stored in
 
     @property
+    def dtype(self) -> np.dtype:
+        """What it computes on: its first input's dtype (every op has an input); its saved state's too."""
+        return np.dtype(self.in_dtypes[0])
+
+    @property
     def itemsize(self) -> int:
-        """Bytes per value of the data it computes on (its first input's, else its output's)."""
-        return np.dtype(self.in_dtypes[0] if self.in_dtypes else self.out_dtype).itemsize
+        """Bytes per value of the data it computes on."""
+        return self.dtype.itemsize
 
     @property
     def param_owner(self) -> str:
@@ -219,7 +224,7 @@ def _op(
 ) -> OpInfo:
     aux = layer.aux_specs(in_shapes)
     algos = layer.algorithms(in_shapes)
-    itemsize = np.dtype(in_dtypes[0] if in_dtypes else out_dtype).itemsize  # what it computes on
+    itemsize = np.dtype(in_dtypes[0]).itemsize  # what it computes on (OpInfo.dtype)
     workspace = {p: {a: layer.workspace_bytes(in_shapes, p, a, itemsize) for a in algos.get(p, [None])} for p in PASSES}
     return OpInfo(
         index=index,

@@ -178,9 +178,13 @@ class Executor(Transfers):
             else []
         )
         self._update_sizes = [p.size for p, _, _ in self._updates]
-        self._update_index = {
-            key: i for i, key in enumerate(f"{op.name}.{k}" for op, k, s in program.owned_params() if s.trainable)
-        }
+        index = {key: i for i, key in enumerate(f"{op.name}.{k}" for op, k, s in program.owned_params() if s.trainable)}
+        #: per Update step's bucket: the indices of its parameters and their sizes (every one for None)
+        self._buckets: dict[tuple[str, ...] | None, tuple[list[int], list[int]]] = {}
+        for st in schedule.steps:
+            if type(st) is Update:
+                ids = list(range(len(self._updates))) if st.params is None else [index[k] for k in st.params]
+                self._buckets[st.params] = (ids, [self._update_sizes[i] for i in ids])
         # state a forward changes besides the weights (batch norm's running statistics): kept aside at the
         # start of a step, put back if the step turns out not finite
         self._stats = (
@@ -197,9 +201,7 @@ class Executor(Transfers):
         #: work runs after launch returns (a GPU): spans are timed by events, streams wait on the device
         self._asynchronous = bool(device.asynchronous)
         self._aux_dtype = {
-            (op.index, k): (
-                np.dtype(op.in_dtypes[0] if op.in_dtypes else op.out_dtype) if a.dtype == "float" else np.dtype(a.dtype)
-            )
+            (op.index, k): (op.dtype if a.dtype == "float" else np.dtype(a.dtype))
             for op in ops
             for k, a in op.aux.items()
         }
@@ -481,7 +483,7 @@ class Executor(Transfers):
 
     def _update(self, r: _Run, st: Update) -> None:
         opt, xp, step = self.optimizer, self.xp, r.step
-        bucket = list(range(len(self._updates))) if st.params is None else [self._update_index[k] for k in st.params]
+        bucket, sizes = self._buckets[st.params]
 
         def update(j: int) -> None:  # each parameter is updated on its own: on the CPU, any lane may take it
             param, grad, state = self._updates[bucket[j]]
@@ -495,7 +497,7 @@ class Executor(Transfers):
                     for view, kept in zip(self._stats, r.kept_stats):
                         view[...] = kept
             if r.finite:
-                self.device.ops.each([self._update_sizes[i] for i in bucket], update)
+                self.device.ops.each(sizes, update)
 
         self._launch(r, "update", run)
 

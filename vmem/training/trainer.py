@@ -115,7 +115,6 @@ class Trainer:
         if not isinstance(nonfinite_limit, int) or nonfinite_limit < 1:
             raise ValueError(f"nonfinite_limit={nonfinite_limit!r} must be a positive int")
         self.nonfinite_limit = nonfinite_limit
-        self.profile_cache = bool(profile_cache)
         #: epochs finished, batches done in the current one, and the generator's state at its start (what a
         #: checkpoint needs to resume midway through an epoch)
         self.epochs_done = 0
@@ -127,9 +126,7 @@ class Trainer:
         if self.input_shape is None:
             raise ShapeError(f"{net.name}: no input shape; pass input_shape=(C, H, W)")
         self.dtype = dtype
-        self.policy = policies.get(policy)
-        # a policy that decides by time needs measured costs; any other may ask for them (plan times)
-        self.profiling = self.policy.needs_profile if profile is None else bool(profile)
+        pol = policies.get(policy)
         self.loss = loss if loss is not None else (getattr(net, "loss", None) or SoftmaxCrossEntropy())
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01, momentum=0.9)
         self.seed = seed
@@ -149,13 +146,14 @@ class Trainer:
         self.session = Session(
             net,
             self.device,
-            self.policy,
+            pol,
             self.loss,
             self.optimizer,
             input_shape=self.input_shape,
             dtype=dtype,
-            profiling=self.profiling,
-            profile_cache=self.profile_cache,
+            # a policy that decides by time needs measured costs; any other may ask for them (plan times)
+            profiling=pol.needs_profile if profile is None else bool(profile),
+            profile_cache=bool(profile_cache),
             seed=seed,
         )
         self._closed = False
@@ -165,6 +163,21 @@ class Trainer:
     def plans(self) -> dict[int, PlanResult]:
         """The plan of each training batch size this trainer has run (or planned), by batch."""
         return self.session.plans
+
+    @property
+    def policy(self) -> Any:
+        """The memory policy (a Policy) this trainer plans with."""
+        return self.session.policy
+
+    @property
+    def profiling(self) -> bool:
+        """Whether plans are made with a profile of this device (measured costs)."""
+        return self.session.profiling
+
+    @property
+    def profile_cache(self) -> bool:
+        """Whether profiles are kept on disk and reused (see :mod:`vmem.costs.cache`)."""
+        return self.session.profile_cache
 
     @property
     def costs(self) -> dict[int, Any]:
