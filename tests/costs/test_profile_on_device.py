@@ -49,7 +49,7 @@ class _FoundConv:
         self.calls.append(("find", pass_))
         return [(name, t, 0) for name, t in sorted(self.times[pass_].items(), key=lambda kv: kv[1])]
 
-    def forward(self, layer, ctx, x, w, y):
+    def forward(self, layer, ctx, x, w, y, b=None):
         self.calls.append(("forward", ctx.algo))
         y[...] = 0
 
@@ -176,10 +176,10 @@ class _FailingConv(_RankedConv):
     def _fails(self, pass_, algo):
         return algo == sorted(self.times[pass_], key=self.times[pass_].get)[1]
 
-    def forward(self, layer, ctx, x, w, y):
+    def forward(self, layer, ctx, x, w, y, b=None):
         if self._fails("forward", ctx.algo):
             raise RuntimeError("CUDNN_STATUS_NOT_SUPPORTED")
-        super().forward(layer, ctx, x, w, y)
+        super().forward(layer, ctx, x, w, y, b)
 
     def backward(self, layer, ctx, dy, x, w, dx, dw, db=None):
         data, filt = ctx.algo

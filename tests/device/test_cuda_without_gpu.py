@@ -171,12 +171,16 @@ def test_the_kernels_compile_with_the_devices_exact_options(arch):
 
 
 def test_the_cpu_and_sim_catalogs():
+    from vmem.device.hostconv import HostConv
+
     program = vmem.models.get("vgg_cifar").build(4)
     with vmem.device("cpu", memory="64MiB") as cpu:
-        assert cpu.catalog(program) is program and cpu.conv_backend is None
-    sim = vmem.device("sim:titan-x").catalog(program)
-    conv = next(op for op in sim.ops if op.kind == "conv")
-    assert "implicit_gemm" in conv.algorithms["forward"] and "im2col" not in conv.algorithms["forward"]
+        assert isinstance(cpu.conv_backend, HostConv)
+        assert cpu.catalog(program) == program  # a program as built offers the host's algorithms
+        sim = vmem.device("sim:titan-x").catalog(program)
+        conv = next(op for op in sim.ops if op.kind == "conv")
+        assert "implicit_gemm" in conv.algorithms["forward"] and "im2col" not in conv.algorithms["forward"]
+        assert cpu.catalog(sim) == program  # and the CPU's catalog gives them back
 
 
 def test_dropout_draws_its_mask_on_the_host_for_every_device():

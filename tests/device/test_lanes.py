@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from vmem import nn, threads
+from vmem.device.hostconv import HostConv, backend as conv, workspace_bytes
 from vmem.device.lanes import LaneOps
-from vmem.nn import Ctx, PASSES, conv, lanes, physical
+from vmem.nn import Ctx, PASSES, lanes, physical
 from vmem.nn.ops import ArrayOps
 
 #: The CPU device's lanes.
@@ -41,7 +42,7 @@ def budget(monkeypatch):
 
 
 def _conv_step(layer, shape, x, w, b, dy):
-    ws = max(layer.workspace_bytes([shape], p, "im2col", 4) for p in PASSES)
+    ws = max(workspace_bytes(layer, shape, p, "im2col", 4) for p in PASSES)
     ctx = Ctx(
         xp=np,
         params={"weight": w, "bias": b},
@@ -49,6 +50,7 @@ def _conv_step(layer, shape, x, w, b, dy):
         workspace=np.empty(ws, np.uint8),
         algo="im2col",
         ops=OPS,
+        conv=HostConv(),
     )
     y = np.empty(physical(layer.output_shape([shape])), np.float32)
     layer.forward(ctx, [x], y)
@@ -110,8 +112,8 @@ def test_small_work_is_not_split(budget, monkeypatch):
     assert not budget.side_by_side
     np.testing.assert_array_equal(out, a)
     small, big = nn.Conv2d(16, 16, 3, padding=1), nn.Conv2d(64, 64, 3, padding=1)
-    assert len(small._im2col_layout((32, 16, 8, 8), "forward")[2]) == 1  # 9.4M multiply-adds
-    assert len(big._im2col_layout((64, 64, 32, 32), "forward")[2]) == 2  # 2.4G
+    assert len(conv._im2col_layout(small, (32, 16, 8, 8), "forward")[2]) == 1  # 9.4M multiply-adds
+    assert len(conv._im2col_layout(big, (64, 64, 32, 32), "forward")[2]) == 2  # 2.4G
 
 
 def test_an_error_in_a_lane_is_raised_after_both_finish(budget):

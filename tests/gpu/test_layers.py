@@ -9,6 +9,7 @@ import pytest
 from vmem import nn
 from vmem.graph import Sequential
 from vmem.nn import Ctx, physical
+from vmem.device.hostconv import HostConv, workspace_bytes
 from vmem.nn.ops import ArrayOps, HostOps
 
 CASES = [
@@ -143,11 +144,20 @@ def _reference(layer, shape):
     x = rng.standard_normal(physical(shape)).astype(np.float32).astype(np.float64)
     out = physical(layer.output_shape([shape]))
     ws = np.zeros(
-        max(layer.workspace_bytes([shape], p, "im2col", 8) for p in ("forward", "backward_data", "backward_filter"))
+        max(workspace_bytes(layer, shape, p, "im2col", 8) for p in ("forward", "backward_data", "backward_filter"))
         + 64,
         np.uint8,
     )
-    ctx = Ctx(xp=np, params=params, grads=grads, train=True, workspace=ws, algo="im2col", in_shapes=(physical(shape),))
+    ctx = Ctx(
+        xp=np,
+        params=params,
+        grads=grads,
+        train=True,
+        workspace=ws,
+        algo="im2col",
+        in_shapes=(physical(shape),),
+        conv=HostConv(),
+    )
     y = np.zeros(out)
     layer.forward(ctx, [x.copy()], y)
     dy = rng.standard_normal(out).astype(np.float32).astype(np.float64)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vmem.device.hostconv import HostConv, workspace_bytes
 from vmem.nn import Ctx, physical
 
 PASSES = ("forward", "backward_data", "backward_filter")
@@ -23,7 +24,8 @@ def make_ctx(layer, in_shapes, rng, algo=None, train=True, seed=7):
         for k, a in layer.aux_specs(in_shapes).items()
     }
     algos = algo if isinstance(algo, tuple) else (algo,)
-    ws_bytes = max([layer.workspace_bytes(in_shapes, p, a, 8) for p in PASSES for a in algos] + [0])
+    conv = layer.kind == "conv"  # run by the host's convolutions (the CPU device's backend)
+    ws_bytes = max([workspace_bytes(layer, in_shapes[0], p, a, 8) for p in PASSES for a in algos if conv] + [0])
     ctx = Ctx(
         xp=np,
         params=params,
@@ -33,6 +35,7 @@ def make_ctx(layer, in_shapes, rng, algo=None, train=True, seed=7):
         workspace=np.zeros(ws_bytes, np.uint8) if ws_bytes else None,
         algo=algo,
         in_shapes=tuple(physical(s) for s in in_shapes),
+        conv=HostConv(),
     )
     ctx.seed = seed
     return ctx

@@ -44,7 +44,7 @@ def test_conv2d(case, algo):
 def test_conv2d_winograd(case, algo, monkeypatch):
     """Winograd F(2x2, 3x3) in float64 (its NumPy transforms), also in chunks of one image, and as one
     chunk of the whole batch split by tiles and planes."""
-    from vmem.nn import winograd
+    from vmem.device.hostconv import winograd
 
     cin, cout, k, s, p, shape = case
     layer = nn.Conv2d(cin, cout, k, stride=s, padding=p)
@@ -65,7 +65,7 @@ def test_conv2d_winograd(case, algo, monkeypatch):
 @pytest.mark.parametrize("algo", ["im2col", "implicit"])
 @pytest.mark.parametrize("case", CONV_CASES[:3], ids=lambda c: f"k{c[2]}s{c[3]}p{c[4]}")
 def test_conv2d_in_tiny_chunks(case, algo, monkeypatch):
-    from vmem.nn import conv
+    from vmem.device.hostconv import backend as conv
 
     monkeypatch.setattr(conv, "_COL_VALUES", 8)
     monkeypatch.setattr(conv, "_COL_MIN_ROWS", 1)

@@ -13,6 +13,7 @@ import pytest
 import vmem
 from vmem import threads
 from vmem.errors import DeviceError
+from vmem.device.hostconv import HostConv
 from vmem.nn.ops import HostOps
 from vmem.optim import SGD
 from vmem.pool import DevicePool, HostArena, PinnedHostPool
@@ -29,7 +30,7 @@ class FakeDevice:
     kind = "cpu"
     holds_data = True
     xp = np
-    conv_backend = None
+    conv_backend = HostConv()  # the CPU device's convolutions
     ops = HostOps()  # the CPU device's pieces, run in turn: the same bits
     asynchronous = False
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..benchmarks import best_seconds
+from ..device.hostconv import HostConv
 from ..errors import OutOfDeviceMemory
 from ..graph import OpInfo, Program
 from ..nn.base import Ctx, physical
@@ -120,7 +121,7 @@ class _Runner:
     def __init__(self, device: Any = None):
         self.device = device
         self.xp = np if device is None else device.xp
-        self.conv = None if device is None else device.conv_backend
+        self.conv = HostConv() if device is None else device.conv_backend
         self.ops = HostOps() if device is None else device.ops
         self.streamed = device is not None and bool(device.asynchronous)
         self.alignment = 0 if device is None else device.pool.alignment
@@ -279,7 +280,7 @@ def _profile_op(
                 except _NoRanking:  # the backend ranks nothing itself: its search
                     continue
                 except Exception as exc:  # noqa: BLE001 - the next strategy, then each algorithm in turn
-                    _log.warning("%s: profiling by cuDNN's %s failed (%s)", op.name, method, exc)
+                    _log.warning("%s: profiling by the backend's %s failed (%s)", op.name, method, exc)
         _time_conv(op, algos, ctx, xs, y, dy, dxs, needs_x, times, on, repeats)
         return
     on.call(lambda: layer.forward(ctx(None), xs, y))
@@ -551,20 +552,14 @@ def _at_batch(program: Program, op: OpInfo, b: int, on: _Runner) -> OpInfo:
         shape = tuple(shape)
         return (b,) + shape[1:] if shape and shape[0] == batch else shape
 
-    in_shapes = tuple(scaled(s) for s in op.in_shapes)
-    workspace = {
-        p: {a: op.layer.workspace_bytes(in_shapes, p, a, op.itemsize) for a in names}
-        for p, names in op.workspace.items()
-    }
     sub = dataclasses.replace(
         op,
-        in_shapes=in_shapes,
+        in_shapes=tuple(scaled(s) for s in op.in_shapes),
         out_shape=scaled(op.out_shape),
-        workspace=workspace,
         aux={k: dataclasses.replace(a, shape=scaled(a.shape)) for k, a in op.aux.items()},
     )
-    if on.device is not None and on.conv is not None:  # the device's own algorithms and their workspace
-        sub = on.device.catalog(dataclasses.replace(program, ops=[sub], batch=b)).ops[0]
+    if on.conv is not None and op.kind == "conv":  # the device's algorithms and their workspace at batch b
+        sub = on.conv.catalog(dataclasses.replace(program, ops=[sub], batch=b)).ops[0]
     return sub
 
 

@@ -1,4 +1,4 @@
-/* Winograd F(2x2, 3x3) transforms of the CPU device's 3x3 stride-1 convolutions (vmem/nn/winograd.py).
+/* Winograd F(2x2, 3x3) transforms of the CPU device's 3x3 stride-1 convolutions (vmem/device/hostconv/winograd.py).
  *
  * CPU only (the CUDA device convolves through cuDNN). Arrays are channels last. A chunk of ``tiles`` tiles
  * is th x tw tiles per image, tile t = (image * th + ti) * tw + tj; its 16 transformed values per channel

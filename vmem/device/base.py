@@ -20,8 +20,8 @@ __all__ = ["Device", "DeviceSpec", "ConvBackend"]
 
 @runtime_checkable
 class ConvBackend(Protocol):
-    """A device's own convolutions (cuDNN's on a GPU): ``Conv2d`` hands its passes to it (``ctx.conv``) and a
-    profile asks it what to time. Tensors are channels last, filters KRSC; a pass's algorithm is a name
+    """A device's convolutions (the host's on the CPU device, cuDNN's on a GPU): ``Conv2d`` hands its passes
+    to it (``ctx.conv``) and a profile asks it what to time. Tensors are channels last, filters KRSC; a pass's algorithm is a name
     from the program's catalog (``ctx.algo``; backward: a pair (backward_data, backward_filter))."""
 
     #: how many of :meth:`heuristic`'s algorithms per pass a profile times
@@ -31,7 +31,9 @@ class ConvBackend(Protocol):
         """``program`` whose convolutions offer this backend's algorithms, with their exact workspace bytes."""
         ...
 
-    def forward(self, layer: Any, ctx: Any, x: Any, w: Any, y: Any) -> None: ...
+    def forward(self, layer: Any, ctx: Any, x: Any, w: Any, y: Any, b: Any = None) -> None:
+        """``y = conv(x, w)``, plus the bias ``b`` where given."""
+        ...
 
     def backward(self, layer: Any, ctx: Any, dy: Any, x: Any, w: Any, dx: Any, dw: Any, db: Any = None) -> None:
         """The bias's gradient ``db`` if given, the filters' ``dw``, and ``dx`` unless it is None."""
@@ -68,7 +70,7 @@ class Device(Protocol):
     pool: DevicePool
     compute_stream: Stream
     memory_stream: Stream
-    conv_backend: ConvBackend | None  # the device's convolutions (cuDNN on CUDA); None: the layers' own
+    conv_backend: ConvBackend | None  # the device's convolutions (host's, cuDNN's); None: it runs none (simulated)
     ops: Any  # how the layers' array work runs here (vmem.nn.ops: products, work over rows, column sums)
     asynchronous: bool  # work runs after launch returns (a GPU): spans timed by events, streams wait on the device
 

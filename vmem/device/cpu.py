@@ -25,6 +25,7 @@ from .. import threads
 from ..pool import Block, DevicePool, HostArena, PinnedHostPool, PoolHook
 from ..streams import CpuStream
 from ..units import format_bytes, parse_bytes
+from .hostconv import HostConv
 from .lanes import LaneOps
 from .spec import DeviceSpec
 
@@ -92,14 +93,13 @@ class CpuDevice:
     Parameters: ``memory`` is the capacity of device memory (bytes or a size string); ``pcie_gbps``
     throttles host-device copies to that many GB/s each way (None: as fast as memcpy); ``poison``
     NaN-fills freed blocks; ``pinned_memory`` is the capacity of the pinned host pool for offload,
-    reserved when first used (default: twice ``memory``); ``alignment`` of device blocks in bytes.
+    reserved when first used (default: twice ``memory``); ``alignment`` of device blocks in bytes;
+    ``budget`` the :class:`~vmem.threads.CoreBudget` its steps run on (default: the process's).
     """
 
     kind = "cpu"
     holds_data = True
-    conv_backend = None  # the layers' own NumPy algorithms
-    #: the layers' pieces of work, side by side on the step's core budget
-    ops = LaneOps()
+    conv_backend = HostConv()  # the host's convolutions (stateless: one for every CPU device)
     asynchronous = False  # work on a stream runs on its thread, timed by the host's clock
 
     def __init__(
@@ -110,6 +110,7 @@ class CpuDevice:
         poison: bool = False,
         pinned_memory: int | str | None = None,
         alignment: int = 256,
+        budget: threads.CoreBudget | None = None,
     ):
         capacity = parse_bytes(memory, name="memory")
         if pcie_gbps is not None and not (isinstance(pcie_gbps, (int, float)) and pcie_gbps > 0):
@@ -119,6 +120,11 @@ class CpuDevice:
         )
         self.name = "cpu"
         self.xp = np
+        #: the cores a step may keep busy (the process's budget unless one is given: BLAS's threads are the
+        #: process's, so devices in one process share it by default)
+        self.budget = threads.BUDGET if budget is None else budget
+        #: the layers' pieces of work, side by side on this device's core budget
+        self.ops = LaneOps(self.budget)
         self.poison = bool(poison)
         self.pool = DevicePool(capacity, alignment, HostArena, name="cpu device")
         self.spec = DeviceSpec(
@@ -139,8 +145,8 @@ class CpuDevice:
         self._release_threads = weakref.finalize(self, threads.release)
 
     def catalog(self, program: Any) -> Any:
-        """The CPU offers the layers' own algorithms: the program as it is."""
-        return program
+        """``program`` whose convolutions offer the host's algorithms (:mod:`vmem.device.hostconv`)."""
+        return self.conv_backend.catalog(program)
 
     # -- memory ------------------------------------------------------------------------------------
     @property
@@ -263,8 +269,8 @@ class CpuDevice:
         """Nothing is cached outside the arena."""
 
     def step_scope(self) -> Any:
-        """Cap BLAS's threads to the cores other processes leave free (:data:`vmem.threads.BUDGET`)."""
-        return threads.BUDGET.limit()
+        """Cap BLAS's threads to the cores other processes leave free (the device's :attr:`budget`)."""
+        return self.budget.limit()
 
     def close(self) -> None:
         """Finish outstanding work, stop the stream threads and, if no other device is open, the codec

@@ -2,7 +2,8 @@
 
 ``build_program`` infers every shape and returns the ops in execution order and every tensor with its size,
 producer, consumers (reference counts), the memory it shares (in-place layers), and whether backward
-needs it.
+needs it. Its convolutions offer the host's algorithms (:mod:`vmem.device.hostconv`, the CPU device's
+catalog); another device's ``catalog(program)`` replaces them with its own.
 
 In-place rule: a layer declared ``inplace`` (ReLU, Dropout, Flatten) writes its output over its input
 when that input is not the network's input, has no other consumer, and its producer's backward does
@@ -223,9 +224,7 @@ def _op(
     shares: str | None = None,
 ) -> OpInfo:
     aux = layer.aux_specs(in_shapes)
-    algos = layer.algorithms(in_shapes)
     itemsize = np.dtype(in_dtypes[0]).itemsize  # what it computes on (OpInfo.dtype)
-    workspace = {p: {a: layer.workspace_bytes(in_shapes, p, a, itemsize) for a in algos.get(p, [None])} for p in PASSES}
     return OpInfo(
         index=index,
         layer=layer,
@@ -244,8 +243,8 @@ def _op(
         needs=layer.needs,
         inplace=False,
         flops=layer.flops(in_shapes),
-        algorithms=algos,
-        workspace=workspace,
+        algorithms={},  # no choice until a catalog offers some (build_program: the host's)
+        workspace={p: {None: 0} for p in PASSES},
         in_dtypes=in_dtypes,
         out_dtype=out_dtype,
     )
@@ -321,14 +320,18 @@ def build_program(net: "Network", batch: int, input_shape: tuple[int, ...], dtyp
             "must end in (N, classes), or (N, T, classes) for a sequence (add Flatten and Linear)"
         )
     _mark_stash_and_inplace(ops, tensors)
-    return Program(
-        network=net.name,
-        batch=batch,
-        dtype=str(np.dtype(dtype)),
-        ops=ops,
-        tensors=tensors,
-        input=0,
-        output=output,
-        num_classes=out_shape[-1],
-        precision=Precision.uniform(dtype),
+    from ..device.hostconv import with_host_catalog  # the host's algorithms: a device's catalog replaces them
+
+    return with_host_catalog(
+        Program(
+            network=net.name,
+            batch=batch,
+            dtype=str(np.dtype(dtype)),
+            ops=ops,
+            tensors=tensors,
+            input=0,
+            output=output,
+            num_classes=out_shape[-1],
+            precision=Precision.uniform(dtype),
+        )
     )

@@ -82,10 +82,10 @@ class Ctx:
     aux: dict[str, Any] = field(default_factory=dict)
     train: bool = True
     rng: Any = None
-    workspace: Any = None  # a uint8 array, at least ``workspace_bytes`` long, or None
+    workspace: Any = None  # a uint8 array, at least the pass's workspace (the op's catalog) long, or None
     algo: str | None = None  # convolution algorithm for this pass
     in_shapes: tuple[Shape, ...] = ()  # physical shapes of the inputs
-    conv: Any = None  # the device's convolution backend (cuDNN on CUDA); None: the layer's own NumPy algorithms
+    conv: Any = None  # the device's convolution backend (the host's on the CPU, cuDNN's on CUDA): Conv2d's passes
     #: how the device runs array work: products, work over rows, column sums (:mod:`vmem.nn.ops`);
     #: NumPy, in turn, unless the device says otherwise
     ops: Any = field(default_factory=HostOps)
@@ -139,14 +139,6 @@ class Layer(ABC):
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         """Floating-point operations of forward (backward is counted by the caller as about 2x)."""
         return int(np.prod(self.output_shape(in_shapes)))
-
-    def algorithms(self, in_shapes: Sequence[Shape]) -> dict[str, list[str]]:
-        """Algorithms per pass ("forward", "backward_data", "backward_filter"); empty if not a choice."""
-        return {}
-
-    def workspace_bytes(self, in_shapes: Sequence[Shape], pass_: str, algo: str | None, itemsize: int) -> int:
-        """Scratch bytes a pass needs with ``algo``."""
-        return 0
 
     # -- math ------------------------------------------------------------------------------------
     @abstractmethod

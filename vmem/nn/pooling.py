@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from .base import AuxSpec, Ctx, Layer, Shape, physical
-from .conv import _pair, _span
+from .conv import _pair, span as _span
 
 __all__ = ["MaxPool2d", "AvgPool2d"]
 

@@ -142,8 +142,12 @@ class CudnnConv:
         ws = ctx.workspace
         return (self._ptr(ws), int(ws.nbytes)) if ws is not None else (cudnn.ffi().NULL, 0)
 
-    def forward(self, layer: Any, ctx: Any, x: Any, w: Any, y: Any) -> None:
+    def forward(self, layer: Any, ctx: Any, x: Any, w: Any, y: Any, b: Any = None) -> None:
+        """``y = conv(x, w)``, then the bias ``b`` added where given."""
         self._pass(layer, "forward", ctx.algo, ctx, x, w, y)
+        if b is not None:
+            y2 = y.reshape(-1, y.shape[-1])
+            y2 += b
 
     def backward(self, layer: Any, ctx: Any, dy: Any, x: Any, w: Any, dx: Any, dw: Any, db: Any = None) -> None:
         """The bias's gradient ``db`` if given (cuDNN's own reduction of ``dy``: a generic column sum over

@@ -1,4 +1,4 @@
-"""The CPU convolution algorithms agree within float32 rounding and differ in workspace; Winograd's
+"""The host's convolution algorithms (the CPU device's backend) agree within float32 rounding and differ in workspace; Winograd's
 native transforms do what their NumPy references do."""
 
 from __future__ import annotations
@@ -8,18 +8,20 @@ import pytest
 
 from vmem import nn
 from vmem.nn import Ctx, physical
-from vmem.nn import conv, lanes, winograd
-from vmem.nn.conv import ALGORITHMS, PASSES
+from vmem.device.hostconv import ALGORITHMS, HostConv, algorithms, backend as conv, winograd, workspace_bytes
+from vmem.nn import lanes
+from vmem.nn.base import PASSES
 
 
 def run(layer, shape, algo, x, w, b, dy):
-    ws = max(layer.workspace_bytes([shape], p, algo, 4) for p in PASSES)
+    ws = max(workspace_bytes(layer, shape, p, algo, 4) for p in PASSES)
     ctx = Ctx(
         xp=np,
         params={"weight": w, "bias": b},
         grads={"weight": np.empty_like(w), "bias": np.empty_like(b)},
         workspace=np.empty(ws, np.uint8) if ws else None,
         algo=algo,
+        conv=HostConv(),
     )
     y = np.empty(physical(layer.output_shape([shape])), np.float32)
     layer.forward(ctx, [x], y)
@@ -62,7 +64,7 @@ def test_algorithms_agree_in_float32(k, s, p, shape, chunking):
     w = rng.standard_normal((24, k, k, shape[1])).astype(np.float32) * 0.1
     b = rng.standard_normal(24).astype(np.float32)
     dy = rng.standard_normal(physical(layer.output_shape([shape]))).astype(np.float32)
-    offered = layer.algorithms([shape])["forward"]
+    offered = algorithms(layer, shape)["forward"]
     assert ("winograd" in offered) == (k == 3 and s == 1)
     results = [run(layer, shape, a, x, w, b, dy) for a in offered]
     for ref, other in zip(results[0], results[1]):
@@ -104,54 +106,54 @@ def test_implicit_needs_much_less_workspace_than_im2col():
     layer = nn.Conv2d(64, 64, 3, padding=1)
     shape = (64, 64, 32, 32)
     for p in PASSES:
-        big = layer.workspace_bytes([shape], p, "im2col", 4)
-        small = layer.workspace_bytes([shape], p, "implicit", 4)
+        big = workspace_bytes(layer, shape, p, "im2col", 4)
+        small = workspace_bytes(layer, shape, p, "implicit", 4)
         assert big >= 2 * small > 0
     # im2col: two lanes, each with a chunk of two images (2,048 rows of 576 columns) and their padded copy
-    assert layer.workspace_bytes([shape], "forward", "im2col", 4) == 2 * 4 * (2048 * 576 + 2 * 34 * 34 * 64)
+    assert workspace_bytes(layer, shape, "forward", "im2col", 4) == 2 * 4 * (2048 * 576 + 2 * 34 * 34 * 64)
     # backward-filter adds lane 1's partial dW and, in each lane (16 chunks each), a product to add in
     assert (
-        layer.workspace_bytes([shape], "backward_filter", "im2col", 4)
+        workspace_bytes(layer, shape, "backward_filter", "im2col", 4)
         == 2 * 4 * (2048 * 576 + 2 * 34 * 34 * 64) + 3 * 4 * 64 * 576
     )
-    assert layer.workspace_bytes([shape], "forward", "implicit", 4) == 4 * (4 * 32 * 32) * (64 + 64)  # 4 images a step
+    assert workspace_bytes(layer, shape, "forward", "implicit", 4) == 4 * (4 * 32 * 32) * (64 + 64)  # 4 images a step
 
 
 def test_implicit_workspace_does_not_grow_with_the_batch():
     layer = nn.Conv2d(64, 64, 3, padding=1)
-    sizes = {layer.workspace_bytes([(n, 64, 32, 32)], "forward", "implicit", 4) for n in (4, 64, 256)}
+    sizes = {workspace_bytes(layer, (n, 64, 32, 32), "forward", "implicit", 4) for n in (4, 64, 256)}
     assert len(sizes) == 1
 
 
 def test_gemm_convolution_needs_no_workspace():
     layer = nn.Conv2d(64, 32, 1)
-    assert all(layer.workspace_bytes([(8, 64, 7, 7)], p, a, 4) == 0 for p in PASSES for a in ALGORITHMS)
+    assert all(workspace_bytes(layer, (8, 64, 7, 7), p, a, 4) == 0 for p in PASSES for a in ALGORITHMS)
 
 
 def test_unknown_algorithm_is_named():
     with pytest.raises(ValueError, match="'fft'"):
-        nn.Conv2d(3, 4, 3).workspace_bytes([(1, 3, 8, 8)], "forward", "fft", 4)
+        workspace_bytes(nn.Conv2d(3, 4, 3), (1, 3, 8, 8), "forward", "fft", 4)
 
 
 def test_winograd_is_offered_for_3x3_stride_1_with_enough_channels():
-    assert nn.Conv2d(64, 64, 3, padding=1).algorithms([(8, 64, 16, 16)])["forward"] == list(ALGORITHMS)
-    assert "winograd" not in nn.Conv2d(3, 64, 3, padding=1).algorithms([(8, 3, 16, 16)])["forward"]  # too thin
-    assert "winograd" not in nn.Conv2d(64, 64, 3, stride=2, padding=1).algorithms([(8, 64, 16, 16)])["forward"]
-    assert "winograd" not in nn.Conv2d(64, 64, 5, padding=2).algorithms([(8, 64, 16, 16)])["forward"]
+    assert algorithms(nn.Conv2d(64, 64, 3, padding=1), (8, 64, 16, 16))["forward"] == list(ALGORITHMS)
+    assert "winograd" not in algorithms(nn.Conv2d(3, 64, 3, padding=1), (8, 3, 16, 16))["forward"]  # too thin
+    assert "winograd" not in algorithms(nn.Conv2d(64, 64, 3, stride=2, padding=1), (8, 64, 16, 16))["forward"]
+    assert "winograd" not in algorithms(nn.Conv2d(64, 64, 5, padding=2), (8, 64, 16, 16))["forward"]
 
 
 def test_winograd_on_a_convolution_it_cannot_compute_names_the_layer():
     layer = nn.Conv2d(16, 16, 3, stride=2, padding=1)
     layer.name = "conv7"
     with pytest.raises(ValueError, match="conv7.*winograd.*stride 1"):
-        layer.workspace_bytes([(2, 16, 8, 8)], "forward", "winograd", 4)
+        workspace_bytes(layer, (2, 16, 8, 8), "forward", "winograd", 4)
 
 
 def test_winograd_needs_less_workspace_than_im2col_on_a_wide_layer():
     layer = nn.Conv2d(128, 128, 3, padding=1)
     shape = (64, 128, 16, 16)
     for p in PASSES:
-        assert 0 < layer.workspace_bytes([shape], p, "winograd", 4) < layer.workspace_bytes([shape], p, "im2col", 4)
+        assert 0 < workspace_bytes(layer, shape, p, "winograd", 4) < workspace_bytes(layer, shape, p, "im2col", 4)
 
 
 @pytest.mark.skipif(winograd._lib is None, reason="vmem's native kernels are not built")

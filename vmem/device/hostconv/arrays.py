@@ -1,4 +1,4 @@
-"""Array helpers of the CPU convolution (:mod:`vmem.nn.conv`): image chunks, receptive-field gathering
+"""Array helpers of the host convolutions (:mod:`vmem.device.hostconv`): image chunks, receptive-field gathering
 into columns, padding borders."""
 
 from __future__ import annotations
@@ -53,13 +53,6 @@ def _gather(
     s = x.strides
     windows = as_strided(x, (n, ho, wo, kh, kw, c), (s[0], s[1] * sh, s[2] * sw, s[1], s[2], s[3]), writeable=False)
     np.copyto(col.reshape(n, ho, wo, kh, kw, c), windows)
-
-
-def _span(offset: int, pad: int, stride: int, size: int, out_size: int) -> tuple[int, int]:
-    """Output indices o in [o0, o1) whose input index o*stride + offset - pad lies in [0, size)."""
-    o0 = max(0, -(-(pad - offset) // stride))
-    o1 = min(out_size, (size - 1 + pad - offset) // stride + 1)
-    return o0, o1
 
 
 def _zero_border(xpad: np.ndarray, ph: int, pw: int) -> None:

@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from . import lanes as _lanes
-from .ops import HostOps
-from .conv_arrays import _image_chunks
+from ...nn import lanes as _lanes
+from ...nn.ops import HostOps
+from .arrays import _image_chunks
 
 __all__ = ["applies", "worthwhile", "layout", "forward", "backward_data", "backward_filter"]
 
@@ -44,7 +44,7 @@ __all__ = ["applies", "worthwhile", "layout", "forward", "backward_data", "backw
 _IN_TURN = HostOps()
 
 try:
-    from .._native import ffi as _ffi, lib as _lib  # type: ignore[import-not-found]
+    from ..._native import ffi as _ffi, lib as _lib  # type: ignore[import-not-found]
 except ImportError:  # pragma: no cover - depends on the install
     _ffi = _lib = None
 if _lib is not None and not hasattr(_lib, "vmem_wg_input"):  # pragma: no cover - an older build
@@ -338,7 +338,9 @@ def _by_planes(
     writes its own rows or planes, so the results do not depend on the lanes. On the NumPy reference
     (float64) each transform is one piece."""
     n = x.shape[0]
-    _, ho, wo, cout = (dy if dy is not None else y).shape
+    out = dy if dy is not None else y
+    assert out is not None and (dy is not None or (y is not None and uu is not None))
+    _, ho, wo, cout = out.shape
     th, tw = _tiles(ho, wo)
     tiles = n * th * tw
     v, m = _planes(shared["v"], tiles, x.shape[3]), _planes(shared["m"], tiles, cout)
@@ -360,6 +362,7 @@ def _by_planes(
         du = _planes(shared["du"], cout, x.shape[3])
         ops.pull(lambda _, p: np.matmul(m[p].T, v[p], out=du[p]), 16)
         return
+    assert y is not None and uu is not None
     ops.pull(lambda _, p: np.matmul(v[p], uu[p], out=m[p]), 16)
     outs = parts(shared["m"], y, bias)
     ops.pull(lambda _, i: output_transform(shared["m"], y, th, tw, bias, outs[i]), len(outs))

@@ -1,0 +1,520 @@
+"""The host's convolutions (NumPy, channels last): the CPU device's :class:`~vmem.device.base.ConvBackend`.
+
+Three algorithms per pass, each trading workspace for speed:
+
+* ``im2col``: gather the receptive fields of a few images into a column matrix (about 1M values, so it
+  is still in cache when the GEMM reads it), then one GEMM per chunk. Its workspace is the column chunk
+  plus a zero-padded copy of the chunk's images. With stride 1, backward-data is the same thing applied to
+  dy with the filters flipped (a "full" convolution), which avoids scattering columns back; strided
+  convolutions scatter (col2im).
+* ``implicit``: for each of the kh*kw filter offsets, one GEMM over the shifted input region,
+  accumulated into the output, a few images at a time (enough for 4,096 output rows). The workspace
+  holds one region of those images (for 3x3 filters about 9C/(C+K) times less than im2col's columns
+  for the same rows), and it is slower.
+* ``winograd`` (3x3 kernels, stride 1, padding up to 2, at least 16 channels in and out): Winograd's
+  F(2x2, 3x3), 2.25x fewer multiply-adds than im2col in 16 GEMMs over transformed tiles (see
+  :mod:`vmem.device.hostconv.winograd`); its workspace holds a chunk's transformed tiles and the
+  transformed filters.
+
+A 1x1 convolution with stride 1 and no padding is a plain GEMM for all, with no workspace. All give the
+same results up to float32 rounding. This catalog is what memory-optimal versus performance-optimal
+selection acts on on the CPU; the CUDA device offers cuDNN's algorithms under the same protocol.
+
+The big products are cut into pieces by shape (:mod:`vmem.nn.lanes`) and run by the Ctx's ``ops``: the
+CPU device's run them side by side on its core budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Iterator
+
+import numpy as np
+
+from ...nn import lanes as _lanes
+from ...nn.base import PASSES, Shape
+from ...nn.conv import span as _span
+from . import winograd as _winograd
+from .arrays import _gather, _image_chunks, _ones
+
+__all__ = ["ALGORITHMS", "HostConv", "algorithms", "workspace_bytes", "with_host_catalog"]
+
+#: Algorithms of the host catalog, fastest first (a convolution is offered those that apply to it).
+ALGORITHMS = ("winograd", "im2col", "implicit")
+_ALIGN = 64
+_IMPLICIT_ROWS = 4096  # output rows per GEMM step of the implicit algorithm
+_COL_VALUES = 1 << 20  # values per im2col chunk (4 MiB in float32): stays in cache for its GEMM
+_COL_MIN_ROWS = 2048  # ... but no fewer rows than this, so that each GEMM stays efficient
+
+
+class HostConv:
+    """The host's convolutions as a :class:`~vmem.device.base.ConvBackend`: :data:`ALGORITHMS`, their
+    workspace carved from the pass's workspace (``ctx.workspace``), their pieces run by ``ctx.ops``."""
+
+    #: a profile times every algorithm the catalog offers (there are at most three)
+    ranked_top = len(ALGORITHMS)
+
+    def catalog(self, program: Any) -> Any:
+        """``program`` whose convolutions offer the host's algorithms (:func:`with_host_catalog`)."""
+        return with_host_catalog(program)
+
+    def forward(self, layer: Any, ctx: Any, x: Any, w: Any, y: Any, b: Any = None) -> None:
+        """``y = conv(x, w) + b`` (no bias where ``b`` is None) with ``ctx.algo``."""
+        forward(layer, ctx, x, w, y, b)
+
+    def backward(self, layer: Any, ctx: Any, dy: Any, x: Any, w: Any, dx: Any, dw: Any, db: Any = None) -> None:
+        """``db`` where given, ``dw``, then ``dx`` unless it is None, with ``ctx.algo`` (one name or a pair
+        (backward_data, backward_filter)), one after the other in the same workspace."""
+        backward(layer, ctx, dy, x, w, dx, dw, db)
+
+    def heuristic(self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> list[str]:
+        """The algorithms offered for the pass, in the catalog's order (fastest first as a rule); a profile
+        times them all (:attr:`ranked_top`)."""
+        n, h, w, c = x_shape
+        return algorithms(layer, (n, c, h, w))[pass_]
+
+    def find(self, layer: Any, pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
+        """Each algorithm of the pass run once on these buffers (as cuDNN's search: ``x`` the input or its
+        gradient, ``w`` the filters or their gradient, ``y`` the output or its gradient) and timed;
+        (name, seconds, workspace bytes), fastest first. One whose workspace exceeds ``ws`` is left out."""
+        from types import SimpleNamespace
+
+        from ...nn.ops import HostOps
+
+        n, h, wd, c = x.shape
+        in_shape = (n, c, h, wd)
+        room = 0 if ws is None else ws.nbytes
+        found = []
+        for algo in algorithms(layer, in_shape)[pass_]:
+            need = workspace_bytes(layer, in_shape, pass_, algo, x.dtype.itemsize)
+            if need > room:
+                continue
+            ctx = SimpleNamespace(algo=algo if pass_ == "forward" else (algo, algo), workspace=ws, ops=HostOps())
+            start = time.perf_counter()
+            if pass_ == "forward":
+                forward(layer, ctx, x, w, y, None)
+            elif pass_ == "backward_filter":
+                _backward_filter(layer, ctx, x, y, w, algo)
+            else:
+                _backward_data(layer, ctx, y, w, x, algo)
+            found.append((algo, time.perf_counter() - start, need))
+        return sorted(found, key=lambda f: f[1])
+
+
+def with_host_catalog(program: Any) -> Any:
+    """A copy of ``program`` whose convolutions offer the host's algorithms and their exact workspace."""
+    ops = []
+    for op in program.ops:
+        if op.kind == "conv":
+            in_shape = op.in_shapes[0]
+            algos = algorithms(op.layer, in_shape)
+            ws = {p: {a: workspace_bytes(op.layer, in_shape, p, a, op.itemsize) for a in algos[p]} for p in algos}
+            op = dataclasses.replace(op, algorithms=algos, workspace=ws)
+        ops.append(op)
+    return dataclasses.replace(program, ops=ops)
+
+
+# -- the catalog --------------------------------------------------------------------------------------
+def _is_gemm(layer: Any) -> bool:
+    return layer.kernel_size == (1, 1) and layer.stride == (1, 1) and layer.padding == (0, 0)
+
+
+def _winograd_applies(layer: Any) -> bool:
+    return _winograd.applies(layer.kernel_size, layer.stride, layer.padding)
+
+
+def algorithms(layer: Any, in_shape: Shape) -> dict[str, list[str]]:
+    """The host algorithms a convolution (a :class:`~vmem.nn.Conv2d`) is offered, per pass."""
+    offered = [
+        a
+        for a in ALGORITHMS
+        if a != "winograd" or (_winograd_applies(layer) and _winograd.worthwhile(layer.in_channels, layer.out_channels))
+    ]
+    return {p: list(offered) for p in PASSES}
+
+
+def workspace_bytes(layer: Any, in_shape: Shape, pass_: str, algo: str | None, itemsize: int) -> int:
+    """Scratch bytes a pass of ``layer`` on a logical (NCHW) input of ``in_shape`` needs with ``algo``."""
+    return _ws_bytes(itemsize, *_workspace_shapes(layer, in_shape, pass_, algo))
+
+
+def _geometry(layer: Any, in_shape: Shape) -> tuple[int, ...]:
+    n, c, h, w = in_shape
+    _, k, ho, wo = layer.output_shape([in_shape])
+    return n, c, h, w, k, ho, wo
+
+
+def _workspace_shapes(layer: Any, in_shape: Shape, pass_: str, algo: str | None) -> list[Shape]:
+    if _is_gemm(layer):
+        return []
+    n, c, h, w, k, ho, wo = _geometry(layer, in_shape)
+    if algo == "winograd":
+        return _flat(*_winograd_layout(layer, in_shape, pass_)[1:])
+    if algo in (None, "im2col"):
+        return _flat(*_im2col_layout(layer, in_shape, pass_)[1:])
+    if algo == "implicit":
+        rows = _chunk(n, ho, wo) * ho * wo
+        if pass_ == "forward":
+            return [(rows, c), (rows, k)]
+        if pass_ == "backward_data":
+            return [(rows, k), (rows, c)]
+        return [(rows, c), (rows, k), (k, c)]
+    raise ValueError(f"layer {layer.label}: unknown convolution algorithm {algo!r}; use one of {ALGORITHMS}")
+
+
+def _im2col_layout(layer: Any, in_shape: Shape, pass_: str) -> tuple[int, dict[str, Shape], list[dict[str, Shape]]]:
+    """An im2col pass's chunking and workspace: (images per chunk, shared slots, each lane's slots).
+
+    Each lane has a padded copy of its chunk's images (``pad``, where the convolution pads) and the
+    chunk's columns (``col``); backward-filter adds the lane's own partial gradient (``acc``, except
+    lane 0, which sums into dW itself) and a product to add in (``tmp``, where the lane has several
+    chunks); backward-data by transposed convolution shares the flipped filters (``wflip``)."""
+    n, c, h, w, k, ho, wo = _geometry(layer, in_shape)
+    (kh, kw), (ph, pw) = layer.kernel_size, layer.padding
+    shared: dict[str, Shape] = {}
+    if pass_ == "backward_data" and _transposed_ok(layer):
+        # dx = im2col(dy padded by k-1-p) @ flipped filters
+        qh, qw = kh - 1 - ph, kw - 1 - pw
+        nb = _col_images(n, h, w, kh * kw * k)
+        shared["wflip"] = (kh * kw * k, c)
+        pad = (nb, ho + 2 * qh, wo + 2 * qw, k) if qh or qw else None
+        col = (nb * h * w, kh * kw * k)
+    else:
+        nb = _col_images(n, ho, wo, kh * kw * c)
+        pad = (nb, h + 2 * ph, w + 2 * pw, c) if ph or pw else None
+        col = (nb * ho * wo, kh * kw * c)
+    ways = _lanes.lanes_for(n * ho * wo * kh * kw * c * k)  # the pass's multiply-adds
+    nb = min(nb, -(-n // ways))  # at least one chunk for each lane
+    chunks = -(-n // nb)
+    lanes: list[dict[str, Shape]] = []
+    for lane in range(min(ways, chunks)):
+        slots: dict[str, Shape] = {"pad": pad} if pad is not None else {}
+        slots["col"] = col
+        if pass_ == "backward_filter":
+            if lane:
+                slots["acc"] = (k, kh * kw * c)
+            if len(range(lane, chunks, ways)) > 1:
+                slots["tmp"] = (k, kh * kw * c)
+        lanes.append(slots)
+    return nb, shared, lanes
+
+
+def _winograd_layout(layer: Any, in_shape: Shape, pass_: str) -> tuple[int, dict[str, Shape], list[dict[str, Shape]]]:
+    """A Winograd pass's chunking and workspace slots (see :func:`vmem.device.hostconv.winograd.layout`)."""
+    if not _winograd_applies(layer):
+        raise ValueError(
+            f"layer {layer.label}: the winograd algorithm needs a 3x3 kernel, stride 1 and "
+            f"padding at most 2, not kernel={layer.kernel_size} stride={layer.stride} "
+            f"padding={layer.padding}"
+        )
+    n, c, h, w, k, ho, wo = _geometry(layer, in_shape)
+    ways = _lanes.lanes_for(n * ho * wo * 9 * c * k)
+    nb, shared, lanes = _winograd.layout(n, c, h, w, k, ho, wo, pass_, ways)
+    return (
+        nb,
+        {name: (v,) for name, v in shared.items()},
+        [{name: (v,) for name, v in slots.items()} for slots in lanes],
+    )
+
+
+# -- the passes ---------------------------------------------------------------------------------------
+def forward(layer: Any, ctx: Any, x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None) -> None:
+    """``y = conv(x, w) + bias`` with ``ctx.algo``; tensors channels last, filters KRSC."""
+    n, h, wd, c = x.shape
+    k = layer.out_channels
+    y2 = y.reshape(-1, k)
+    if _is_gemm(layer):
+        ctx.ops.matmul(x.reshape(-1, c), w.reshape(k, c).T, out=y2)
+    elif ctx.algo == "implicit":
+        _implicit_accumulate(layer, ctx, x, y, lambda i, j: w[:, i, j, :].T, forward=True)
+    elif ctx.algo == "winograd":
+        nb, shared, lanes = _winograd_slots(layer, ctx, x.shape, "forward", x.dtype)
+        _winograd.forward(x, w, bias, y, layer.padding, nb, shared, lanes, ctx.ops)
+        return
+    else:  # adds the bias to each chunk's output while it is in cache
+        _forward_im2col(layer, ctx, x, w, y, bias)
+        return
+    if bias is not None:
+        y2 += bias
+
+
+def backward(
+    layer: Any,
+    ctx: Any,
+    dy: np.ndarray,
+    x: np.ndarray,
+    w: np.ndarray,
+    dx: np.ndarray | None,
+    dw: np.ndarray,
+    db: np.ndarray | None,
+) -> None:
+    """``db`` (where given), ``dw``, then ``dx`` (unless None) with ``ctx.algo``: one name for both passes
+    or a pair (backward_data, backward_filter)."""
+    k, c = layer.out_channels, layer.in_channels
+    dy2 = dy.reshape(-1, k)
+    if db is not None:  # a GEMV with a ones vector: far faster than sum(axis=0)
+        np.matmul(_ones(dy2.shape[0], dy2.dtype), dy2, out=db)
+    if _is_gemm(layer):
+        ctx.ops.matmul(dy2.T, x.reshape(-1, c), out=dw.reshape(k, c))
+        if dx is not None:
+            ctx.ops.matmul(dy2, w.reshape(k, c), out=dx.reshape(-1, c))
+        return
+    algo_data, algo_filter = ctx.algo if isinstance(ctx.algo, tuple) else (ctx.algo, ctx.algo)
+    _backward_filter(layer, ctx, x, dy, dw, algo_filter)
+    if dx is not None:
+        _backward_data(layer, ctx, dy, w, dx, algo_data)
+
+
+def _backward_filter(layer: Any, ctx: Any, x: np.ndarray, dy: np.ndarray, dw: np.ndarray, algo: str | None) -> None:
+    if _is_gemm(layer):
+        k, c = layer.out_channels, layer.in_channels
+        ctx.ops.matmul(dy.reshape(-1, k).T, x.reshape(-1, c), out=dw.reshape(k, c))
+    elif algo == "implicit":
+        _backward_filter_implicit(layer, ctx, x, dy, dw)
+    elif algo == "winograd":
+        nb, shared, lanes = _winograd_slots(layer, ctx, x.shape, "backward_filter", x.dtype)
+        _winograd.backward_filter(x, dy, dw, layer.padding, nb, shared, lanes, ctx.ops)
+    else:
+        _backward_filter_im2col(layer, ctx, x, dy, dw)
+
+
+def _backward_data(layer: Any, ctx: Any, dy: np.ndarray, w: np.ndarray, dx: np.ndarray, algo: str | None) -> None:
+    if _is_gemm(layer):
+        k, c = layer.out_channels, layer.in_channels
+        ctx.ops.matmul(dy.reshape(-1, k), w.reshape(k, c), out=dx.reshape(-1, c))
+    elif algo == "implicit":
+        _implicit_accumulate(layer, ctx, dy, dx, lambda i, j: w[:, i, j, :], forward=False)
+    elif algo == "winograd":
+        nb, shared, lanes = _winograd_slots(layer, ctx, dx.shape, "backward_data", dx.dtype)
+        _winograd.backward_data(dy, w, dx, layer.padding, nb, shared, lanes, ctx.ops)
+    elif _transposed_ok(layer):
+        _backward_data_transposed(layer, ctx, dy, w, dx)
+    else:
+        _backward_data_col2im(layer, ctx, dy, w, dx)
+
+
+# im2col ---------------------------------------------------------------------------------------------
+# The column matrix is built a few images at a time (about 1M values a chunk) and consumed by the GEMM
+# while it is still in cache: faster than one huge matrix, and a much smaller workspace. Each lane has its
+# own slots. Forward and backward-data chunks write disjoint outputs, so the lanes pull them as they
+# finish (``ctx.ops.pull``: a slowed core takes fewer); backward-filter's are dealt, chunk i to lane
+# i % lanes, each lane summing its own partial filter gradient, so that the sums are added in an order
+# fixed by the shapes. Either way the results do not depend on how the lanes run.
+def _im2col_slots(
+    layer: Any, ctx: Any, x_shape: Shape, pass_: str, dtype: Any
+) -> tuple[list[slice], dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+    """An im2col pass's chunks (slices of the batch) and its workspace carved into named slots."""
+    n, h, w, c = x_shape
+    nb, shared, lanes = _im2col_layout(layer, (n, c, h, w), pass_)
+    return [b for b, _ in _image_chunks(n, nb)], *_carve_slots(ctx, dtype, shared, lanes)
+
+
+def _winograd_slots(
+    layer: Any, ctx: Any, x_shape: Shape, pass_: str, dtype: Any
+) -> tuple[int, dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+    """A Winograd pass's images per chunk and its workspace carved into named (flat) slots."""
+    n, h, w, c = x_shape
+    nb, shared, lanes = _winograd_layout(layer, (n, c, h, w), pass_)
+    return nb, *_carve_slots(ctx, dtype, shared, lanes)
+
+
+def _forward_im2col(layer: Any, ctx: Any, x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None) -> None:
+    chunks, _, lanes = _im2col_slots(layer, ctx, x.shape, "forward", x.dtype)
+    k = layer.out_channels
+    wmat = w.reshape(k, -1).T
+    per = y.shape[1] * y.shape[2]
+
+    def piece(i: int, j: int) -> None:
+        slots, b = lanes[i], chunks[j]
+        cb = slots["col"][: (b.stop - b.start) * per]
+        _gather(x[b], slots.get("pad"), cb, layer.kernel_size, layer.stride, layer.padding)
+        yb = y[b].reshape(-1, k)
+        np.matmul(cb, wmat, out=yb)
+        if bias is not None:
+            yb += bias
+
+    ctx.ops.pull(piece, len(chunks), len(lanes))
+
+
+def _backward_filter_im2col(layer: Any, ctx: Any, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
+    chunks, _, lanes = _im2col_slots(layer, ctx, x.shape, "backward_filter", x.dtype)
+    k = layer.out_channels
+    dw2 = dw.reshape(k, -1)
+    per = dy.shape[1] * dy.shape[2]
+
+    def lane(i: int) -> None:
+        slots = lanes[i]
+        acc = slots.get("acc", dw2)
+        for j, b in enumerate(chunks[i :: len(lanes)]):
+            cb = slots["col"][: (b.stop - b.start) * per]
+            _gather(x[b], slots.get("pad"), cb, layer.kernel_size, layer.stride, layer.padding)
+            if j == 0:
+                np.matmul(dy[b].reshape(-1, k).T, cb, out=acc)
+            else:
+                np.matmul(dy[b].reshape(-1, k).T, cb, out=slots["tmp"])
+                acc += slots["tmp"]
+
+    ctx.ops.run(lane, len(lanes))
+    for slots in lanes[1:]:
+        dw2 += slots["acc"]
+
+
+def _transposed_ok(layer: Any) -> bool:
+    """Backward-data as a forward convolution of dy with flipped filters: stride 1, padding < kernel."""
+    (kh, kw), (ph, pw) = layer.kernel_size, layer.padding
+    return layer.stride == (1, 1) and ph < kh and pw < kw
+
+
+def _backward_data_transposed(layer: Any, ctx: Any, dy: np.ndarray, w: np.ndarray, dx: np.ndarray) -> None:
+    n, h, wd, c = dx.shape
+    chunks, shared, lanes = _im2col_slots(layer, ctx, dx.shape, "backward_data", dx.dtype)
+    (kh, kw), (ph, pw) = layer.kernel_size, layer.padding
+    k = layer.out_channels
+    wflip = shared["wflip"]
+    wflip.reshape(kh, kw, k, c)[...] = w[:, ::-1, ::-1, :].transpose(1, 2, 0, 3)
+
+    def piece(i: int, j: int) -> None:
+        slots, b = lanes[i], chunks[j]
+        cb = slots["col"][: (b.stop - b.start) * h * wd]
+        _gather(dy[b], slots.get("pad"), cb, layer.kernel_size, (1, 1), (kh - 1 - ph, kw - 1 - pw))
+        np.matmul(cb, wflip, out=dx[b].reshape(-1, c))
+
+    ctx.ops.pull(piece, len(chunks), len(lanes))
+
+
+def _backward_data_col2im(layer: Any, ctx: Any, dy: np.ndarray, w: np.ndarray, dx: np.ndarray) -> None:
+    """Strided convolutions: columns of d(input) from a GEMM, scattered back window by window."""
+    n, h, wd, c = dx.shape
+    _, ho, wo, k = dy.shape
+    chunks, _, lanes = _im2col_slots(layer, ctx, dx.shape, "backward_data", dx.dtype)
+    (kh, kw), (sh, sw), (ph, pw) = layer.kernel_size, layer.stride, layer.padding
+    wmat = w.reshape(k, -1)
+
+    def piece(i: int, j: int) -> None:
+        slots, b = lanes[i], chunks[j]
+        rows = b.stop - b.start
+        dcol = slots["col"][: rows * ho * wo]
+        np.matmul(dy[b].reshape(-1, k), wmat, out=dcol)
+        d6 = dcol.reshape(rows, ho, wo, kh, kw, c)
+        dpad = slots.get("pad")
+        target = dx[b] if dpad is None else dpad[:rows]
+        target.fill(0)
+        for p in range(kh):
+            for q in range(kw):
+                target[:, p : p + sh * (ho - 1) + 1 : sh, q : q + sw * (wo - 1) + 1 : sw, :] += d6[:, :, :, p, q, :]
+        if dpad is not None:
+            dx[b] = target[:, ph : ph + h, pw : pw + wd, :]
+
+    ctx.ops.pull(piece, len(chunks), len(lanes))
+
+
+# implicit -------------------------------------------------------------------------------------------
+def _chunk(n: int, ho: int, wo: int) -> int:
+    """Images per step of the implicit algorithm: enough output rows (>= 4096) to keep a GEMM efficient,
+    no more, so that its workspace stays small whatever the batch."""
+    return min(n, -(-_IMPLICIT_ROWS // (ho * wo)))
+
+
+def _chunks(n: int, ho: int, wo: int) -> Iterator[slice]:
+    step = _chunk(n, ho, wo)
+    for lo in range(0, n, step):
+        yield slice(lo, min(lo + step, n))
+
+
+def _regions(layer: Any, h: int, w: int, ho: int, wo: int) -> Iterator[tuple[Any, ...]]:
+    """For each filter offset: the output rows/cols it touches and the matching input slices."""
+    (kh, kw), (sh, sw), (ph, pw) = layer.kernel_size, layer.stride, layer.padding
+    for i in range(kh):
+        o0, o1 = _span(i, ph, sh, h, ho)
+        if o0 >= o1:
+            continue
+        for j in range(kw):
+            p0, p1 = _span(j, pw, sw, w, wo)
+            if p0 >= p1:
+                continue
+            rows = slice(o0 * sh + i - ph, (o1 - 1) * sh + i - ph + 1, sh)
+            cols = slice(p0 * sw + j - pw, (p1 - 1) * sw + j - pw + 1, sw)
+            yield i, j, slice(o0, o1), slice(p0, p1), rows, cols
+
+
+def _implicit_accumulate(layer: Any, ctx: Any, src: np.ndarray, dst: np.ndarray, matrix: Any, forward: bool) -> None:
+    """dst = sum over filter offsets of shifted(src) @ matrix(offset), a few images at a time.
+
+    Forward: src is x, dst is y, and the input region of each offset maps to its output region;
+    backward-data runs the same map the other way (src dy, dst dx)."""
+    x_shape, y_shape = (src.shape, dst.shape) if forward else (dst.shape, src.shape)
+    n, h, wd, _ = x_shape
+    _, ho, wo, _ = y_shape
+    cin, cout = src.shape[3], dst.shape[3]
+    rows = _chunk(n, ho, wo) * ho * wo
+    tin, tout = _carve(ctx.workspace, src.dtype, (rows, cin), (rows, cout))
+    dst.fill(0)
+    for b in _chunks(n, ho, wo):
+        sb, db = src[b], dst[b]
+        for i, j, orow, ocol, irow, icol in _regions(layer, h, wd, ho, wo):
+            (sr, sc), (dr, dc) = ((irow, icol), (orow, ocol)) if forward else ((orow, ocol), (irow, icol))
+            region = sb[:, sr, sc, :]
+            m = region.shape[0] * region.shape[1] * region.shape[2]
+            a = tin[:m].reshape(region.shape)
+            np.copyto(a, region)
+            out = tout[:m]
+            np.matmul(a.reshape(m, cin), matrix(i, j), out=out)
+            db[:, dr, dc, :] += out.reshape(region.shape[:3] + (cout,))
+
+
+def _backward_filter_implicit(layer: Any, ctx: Any, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
+    n, h, wd, c = x.shape
+    _, ho, wo, k = dy.shape
+    rows = _chunk(n, ho, wo) * ho * wo
+    tin, tdy, tw = _carve(ctx.workspace, x.dtype, (rows, c), (rows, k), (k, c))
+    dw.fill(0)
+    for b in _chunks(n, ho, wo):
+        xb, dyb = x[b], dy[b]
+        for i, j, orow, ocol, irow, icol in _regions(layer, h, wd, ho, wo):
+            xr = xb[:, irow, icol, :]
+            m = xr.shape[0] * xr.shape[1] * xr.shape[2]
+            a = tin[:m].reshape(xr.shape)
+            np.copyto(a, xr)
+            d = tdy[:m].reshape(xr.shape[:3] + (k,))
+            np.copyto(d, dyb[:, orow, ocol, :])
+            np.matmul(d.reshape(m, k).T, a.reshape(m, c), out=tw)
+            dw[:, i, j, :] += tw
+
+
+# workspace ------------------------------------------------------------------------------------------
+def _carve(ws: np.ndarray | None, dtype: Any, *shapes: Shape) -> list[np.ndarray]:
+    """Split a uint8 workspace into arrays of ``shapes`` (each start aligned to 64 bytes)."""
+    out, offset = [], 0
+    itemsize = np.dtype(dtype).itemsize
+    for shape in shapes:
+        n = int(np.prod(shape)) * itemsize
+        if ws is None or offset + n > ws.nbytes:
+            have = 0 if ws is None else ws.nbytes
+            raise ValueError(f"convolution workspace too small: need at least {offset + n} bytes, have {have}")
+        out.append(ws[offset : offset + n].view(dtype).reshape(shape))
+        offset += -(-n // _ALIGN) * _ALIGN
+    return out
+
+
+def _ws_bytes(itemsize: int, *shapes: Shape) -> int:
+    return sum(-(-int(np.prod(s)) * itemsize // _ALIGN) * _ALIGN for s in shapes)
+
+
+def _flat(shared: dict[str, Shape], lanes: list[dict[str, Shape]]) -> list[Shape]:
+    """A layout's slot shapes (im2col's or Winograd's) in workspace order: the shared slots, then each lane's."""
+    return list(shared.values()) + [shape for slots in lanes for shape in slots.values()]
+
+
+def _carve_slots(
+    ctx: Any, dtype: Any, shared: dict[str, Shape], lanes: list[dict[str, Shape]]
+) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+    """A layout's slots carved from the pass's workspace, in :func:`_flat`'s order: (shared, each lane's)."""
+    arrays = iter(_carve(ctx.workspace, dtype, *_flat(shared, lanes)))
+    return {name: next(arrays) for name in shared}, [{name: next(arrays) for name in slots} for slots in lanes]
+
+
+def _col_images(n: int, ho: int, wo: int, width: int) -> int:
+    """Images per chunk of an im2col column matrix ``width`` values wide (about _COL_VALUES values)."""
+    rows = max(_COL_MIN_ROWS, _COL_VALUES // width)
+    return min(n, max(1, -(-rows // (ho * wo))))
