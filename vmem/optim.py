@@ -1,4 +1,5 @@
-"""Optimizers: SGD (momentum, Nesterov, weight decay) and Adam, updating device arrays in place.
+"""Optimizers: SGD (momentum, Nesterov, weight decay) and Adam, updating device arrays in place; the
+dynamic loss scale of fp16 training (:class:`GradScaler`).
 
 An optimizer declares the state it keeps per parameter (``slots``) so that the planner and the executor
 can allocate it from the device pool (category ``optimizer_state``). ``update`` runs on the compute
@@ -10,7 +11,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-__all__ = ["Optimizer", "SGD", "Adam"]
+import numpy as np
+
+__all__ = ["Optimizer", "SGD", "Adam", "GradScaler"]
 
 
 class Optimizer(ABC):
@@ -95,3 +98,84 @@ class Adam(Optimizer):
         denom = xp.sqrt(v / (1 - b2**step))
         denom += self.eps
         param -= step_size * (m / denom)
+
+
+class GradScaler:
+    """The dynamic loss scale of fp16 training, with PyTorch's ``GradScaler`` semantics and defaults.
+
+    A step's loss gradient is multiplied by :attr:`scale` (so that small gradients survive fp16), its
+    weight gradients divided by it before the update; a step whose scaled gradients are not all finite is
+    skipped (nothing changes) and the scale multiplied by ``backoff_factor``; after ``growth_interval``
+    finite steps in a row it is multiplied by ``growth_factor`` (where the result is finite). The scale is a
+    float32, each product rounded once to it, as PyTorch keeps it: the same sequence of scales for the same
+    sequence of overflows. bf16 training needs no scaler (its range is float32's).
+    """
+
+    def __init__(
+        self,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+    ):
+        if not (np.isfinite(init_scale) and init_scale > 0):
+            raise ValueError(f"GradScaler: init_scale={init_scale!r} must be a positive finite number")
+        if not growth_factor > 1:
+            raise ValueError(f"GradScaler: growth_factor={growth_factor!r} must be greater than 1")
+        if not 0 < backoff_factor < 1:
+            raise ValueError(f"GradScaler: backoff_factor={backoff_factor!r} must be in (0, 1)")
+        if not (isinstance(growth_interval, int) and growth_interval >= 1):
+            raise ValueError(f"GradScaler: growth_interval={growth_interval!r} must be a positive int")
+        self._scale = np.float32(init_scale)
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.growth_interval = growth_interval
+        self.growth_tracker = 0  # finite steps since the scale last changed
+        self.skipped = 0  # steps skipped for overflow so far
+
+    @property
+    def scale(self) -> float:
+        """The scale the next step's loss gradient is multiplied by."""
+        return float(self._scale)
+
+    def inverse(self) -> float:
+        """What the gradients are multiplied by before the update: 1/scale, as a float32 (as PyTorch's)."""
+        return float(np.float32(1.0 / float(self._scale)))
+
+    def update(self, found_inf: bool) -> None:
+        """After a step: back off (and count the skip) where its gradients overflowed, else grow the scale
+        once every ``growth_interval`` finite steps."""
+        if found_inf:
+            self._scale = np.float32(float(self._scale) * self.backoff_factor)
+            self.growth_tracker = 0
+            self.skipped += 1
+            return
+        self.growth_tracker += 1
+        if self.growth_tracker == self.growth_interval:
+            grown = np.float32(float(self._scale) * self.growth_factor)
+            if np.isfinite(grown):
+                self._scale = grown
+            self.growth_tracker = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The scale and its counters (saved in checkpoints)."""
+        return {"scale": float(self._scale), "growth_tracker": self.growth_tracker, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._scale = np.float32(state["scale"])
+        self.growth_tracker = int(state["growth_tracker"])
+        self.skipped = int(state.get("skipped", 0))
+
+    def config(self) -> dict[str, Any]:
+        """Hyperparameters, stored in checkpoints."""
+        return {
+            "growth_factor": self.growth_factor,
+            "backoff_factor": self.backoff_factor,
+            "growth_interval": self.growth_interval,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"GradScaler(scale={self.scale:g}, growth_factor={self.growth_factor:g}, "
+            f"backoff_factor={self.backoff_factor:g}, growth_interval={self.growth_interval})"
+        )
