@@ -130,7 +130,13 @@ def _train(args: argparse.Namespace, stop: Any) -> int:
         opt = optim.Adam(lr=args.lr, weight_decay=args.weight_decay)
     t0 = time.perf_counter()
     with Trainer(
-        net, device=args.device, memory=memory, policy=_policy_spec(args), optimizer=opt, seed=args.seed
+        net,
+        device=args.device,
+        memory=memory,
+        policy=_policy_spec(args),
+        optimizer=opt,
+        seed=args.seed,
+        precision=args.precision,
     ) as trainer:
         if not args.json:
             print(
@@ -145,7 +151,7 @@ def _train(args: argparse.Namespace, stop: Any) -> int:
         schedule = [CosineSchedule()] if args.schedule == "cosine" else []
         saver = Checkpoint(args.save) if args.save else None
         if trainer.profiling:  # measured once per program, device and machine, then kept (vmem.costs.cache)
-            program = trainer.net.build(args.batch, trainer.input_shape)
+            program = trainer.net.build(args.batch, trainer.input_shape, precision=args.precision)
             with _Slow(
                 f"profiling {len(program.ops)} layers of {net.name} at batch {args.batch} on "
                 f"{trainer.device.name} (every pass and algorithm; kept for the next run)",
@@ -304,9 +310,13 @@ def _auto_memory(args: argparse.Namespace, net: Any, fraction: float, device: An
     else:
         opened = contextlib.nullcontext(args.device)
     with opened as planning:
-        needs = plan(net, args.batch, device=planning, policy="baseline", memory=UNBOUNDED).peak_bytes
+        needs = plan(
+            net, args.batch, device=planning, policy="baseline", memory=UNBOUNDED, precision=args.precision
+        ).peak_bytes
         spec, alignment, catalog = spec_of(planning)
-        floor = smallest_memory(net.build(args.batch), spec, policy, alignment=alignment, catalog=catalog)
+        floor = smallest_memory(
+            net.build(args.batch, precision=args.precision), spec, policy, alignment=alignment, catalog=catalog
+        )
     memory = -(-int(needs * fraction) // 1024) * 1024
     if floor is not None and memory < floor:
         return floor, needs, True
@@ -354,7 +364,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         device = _open_device(args.device, memory)
         memory = device.pool.capacity
-        program = device.catalog(net.build(args.batch))
+        program = device.catalog(net.build(args.batch, precision=args.precision))
         say(
             f"profiling {len(program.ops)} layers of {net.name} at batch {args.batch} on {device.name} (every pass "
             f"and algorithm, in its {format_bytes(device.pool.capacity)})..."
@@ -377,7 +387,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         device = args.device
     try:
         with _Slow(f"planning {net.name} at batch {args.batch} under {policy} on {args.device}", quiet=args.json):
-            result = plan(net, args.batch, device, policy, memory=memory, costs=costs)
+            result = plan(net, args.batch, device, policy, memory=memory, costs=costs, precision=args.precision)
     finally:
         if not isinstance(device, str):
             device.close()
@@ -494,6 +504,13 @@ def _common(
     )
     p.add_argument(
         "--algos", choices=("memory", "performance"), help="convolution algorithms (adds algos= to --policy)"
+    )
+    p.add_argument(
+        "--precision",
+        choices=("fp32", "fp16", "bf16"),
+        default="fp32",
+        help="what feature maps are stored in (default fp32); fp16 and bf16 keep weights, their gradients and "
+        "the optimizer's state in fp32 and fp16 scales its loss (bf16 needs ml_dtypes: vmem[bf16])",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 

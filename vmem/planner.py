@@ -261,7 +261,9 @@ def spec_of(device: Any, memory: int | str | None = None) -> tuple[DeviceSpec, i
         spec = device
     elif isinstance(device, str):
         if device in ("cpu", "cpu:0"):  # no need to start a CPU device's streams just to plan
-            spec = DeviceSpec(name="cpu", kind="cpu", memory=1 << 30)
+            from .device.staging import cpu_catalog
+
+            spec, catalog = DeviceSpec(name="cpu", kind="cpu", memory=1 << 30), cpu_catalog
         else:  # sim:<gpu>; names that are not available raise a clear DeviceError
             spec = make_device(device).spec
     else:
@@ -280,6 +282,7 @@ def plan(
     *,
     input_shape: Sequence[int] | None = None,
     dtype: str = "float32",
+    precision: str = "fp32",
     optimizer_slots: tuple[str, ...] = ("momentum",),
     memory: int | str | None = None,
     costs: Any = None,
@@ -289,10 +292,11 @@ def plan(
     ``device`` is a Device, a DeviceSpec or a name (``"cpu"``, ``"sim:titan-x"``; ``memory=`` overrides
     its capacity). On a simulated GPU the plan predicts step time with the roofline cost model; on the
     CPU device, pass ``costs`` (a profile, see :meth:`vmem.Trainer.profile`) to predict time.
-    ``optimizer_slots`` names the optimizer state per parameter (SGD with momentum: one).
+    ``optimizer_slots`` names the optimizer state per parameter (SGD with momentum: one). ``precision``
+    (``"fp32"``, ``"fp16"``, ``"bf16"``) is what feature maps are stored in (:mod:`vmem.precision`).
     """
     spec, alignment, catalog = spec_of(device, memory)
-    program = net.build(batch, input_shape, dtype)
+    program = net.build(batch, input_shape, dtype, precision)
     result, _ = plan_program(
         program,
         spec,

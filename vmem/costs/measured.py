@@ -26,6 +26,7 @@ from ..errors import OutOfDeviceMemory
 from ..graph import OpInfo, Program
 from ..nn.base import Ctx, physical
 from ..nn.ops import HostOps
+from ..precision import dtype as _dtype
 from ..threads import BUDGET
 
 __all__ = ["Profiled", "profile"]
@@ -238,12 +239,13 @@ def _profile_op(
 ) -> None:
     """Time every pass and algorithm of one op on random data of its shapes into ``times``."""
     layer = op.layer
-    xs = [on.normal(rng, physical(s), np.dtype(d)) for s, d in zip(op.in_shapes, op.in_dtypes)]
-    y = on.empty(physical(op.out_shape), np.dtype(op.out_dtype))
+    # an op the device computes in another dtype than it stores (staged) is timed in that dtype, without the casts
+    xs = [on.normal(rng, physical(s), op.dtype if op.staged else _dtype(d)) for s, d in zip(op.in_shapes, op.in_dtypes)]
+    y = on.empty(physical(op.out_shape), op.dtype if op.staged else _dtype(op.out_dtype))
     dy = on.normal(rng, y.shape, y.dtype)
     params = {k: on.normal(rng, s.shape, dtype, 0.1, 1.0 if k == "running_var" else 0.0) for k, s in op.params.items()}
     grads = {k: on.empty(s.shape, dtype) for k, s in op.params.items() if s.trainable}
-    aux = {k: on.array(np.zeros(a.shape, op.dtype if a.dtype == "float" else a.dtype)) for k, a in op.aux.items()}
+    aux = {k: on.array(np.zeros(a.shape, dtype if a.dtype == "float" else a.dtype)) for k, a in op.aux.items()}
     dxs = [on.empty(x.shape, x.dtype) for x in xs]
     algos = dict(op.algorithms or {})
     room = on.room()  # algorithms whose workspace does not fit cannot run here: never the fastest

@@ -27,6 +27,7 @@ from ..streams import CpuStream
 from ..units import format_bytes, parse_bytes
 from .hostconv import HostConv
 from .lanes import LaneOps
+from .staging import cpu_catalog
 from .spec import DeviceSpec
 
 __all__ = ["CpuDevice"]
@@ -145,8 +146,9 @@ class CpuDevice:
         self._release_threads = weakref.finalize(self, threads.release)
 
     def catalog(self, program: Any) -> Any:
-        """``program`` whose convolutions offer the host's algorithms (:mod:`vmem.device.hostconv`)."""
-        return self.conv_backend.catalog(program)
+        """``program`` whose convolutions offer the host's algorithms (:mod:`vmem.device.hostconv`), each op
+        computed in float32 over low-precision storage (:mod:`vmem.device.staging`)."""
+        return cpu_catalog(program)
 
     # -- memory ------------------------------------------------------------------------------------
     @property

@@ -98,8 +98,11 @@ class Network:
         raise KeyError(f"{self.name} has no layer named {name!r}")
 
     # -- shapes ------------------------------------------------------------------------------------
-    def build(self, batch: int, input_shape: Sequence[int] | None = None, dtype: str = "float32") -> Program:
-        """Infer all shapes for ``batch`` and return the Program (cached per batch, shape and dtype)."""
+    def build(
+        self, batch: int, input_shape: Sequence[int] | None = None, dtype: str = "float32", precision: str = "fp32"
+    ) -> Program:
+        """Infer all shapes for ``batch`` and return the Program (cached per batch, shape, dtype and precision:
+        ``"fp16"`` or ``"bf16"`` store feature maps in half precision, see :mod:`vmem.precision`)."""
         if self._output is None:
             raise ShapeError(f"{self.name}: the network has no layers")
         shape = tuple(input_shape) if input_shape is not None else self.input_shape
@@ -107,9 +110,9 @@ class Network:
             raise ShapeError(f"{self.name}: no input shape; pass input_shape=(C, H, W) for a network built by hand")
         if not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch={batch!r} must be a positive int")
-        key = (batch, shape, dtype)
+        key = (batch, shape, dtype, precision)
         if key not in self._built:
-            self._built[key] = build_program(self, batch, shape, dtype)
+            self._built[key] = build_program(self, batch, shape, dtype, precision)
         return self._built[key]
 
     def shape_of(self, node: Node, batch: int = 1, input_shape: Sequence[int] | None = None) -> Shape:

@@ -13,12 +13,14 @@ the output gradient too.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import ShapeError
+from ..precision import PRECISIONS, activations_dtype, dtype as _dtype
 from ..nn.base import PASSES, AuxSpec, Layer, ParamSpec, Shape
 
 if TYPE_CHECKING:
@@ -71,11 +73,21 @@ class OpInfo:
     shares: str | None = None  # the op whose parameters this one uses (a layer applied at several places)
     in_dtypes: tuple[str, ...] = ()  # what its inputs are stored in
     out_dtype: str = "float32"  # what its output is stored in
+    #: what the device computes it in where that differs from what it reads (float32 over fp16 storage on
+    #: the CPU device, set by its catalog); None: its first input's dtype
+    compute: str | None = None
 
     @property
     def dtype(self) -> np.dtype:
-        """What it computes on: its first input's dtype (every op has an input); its saved state's too."""
-        return np.dtype(self.in_dtypes[0])
+        """What it computes on: ``compute`` if the device's catalog set it, else its first input's dtype
+        (every op has an input)."""
+        return _dtype(self.compute or self.in_dtypes[0])
+
+    @property
+    def staged(self) -> bool:
+        """Whether the device computes it in another dtype than some of its tensors are stored in (each is
+        cast into a staging copy in the op's workspace, each output rounded once back)."""
+        return self.compute is not None and any(d != self.compute for d in (*self.in_dtypes, self.out_dtype))
 
     @property
     def itemsize(self) -> int:
@@ -111,13 +123,32 @@ class Precision:
 
     def itemsize(self, role: str) -> int:
         """Bytes per value of ``role`` (``"parameters"``, ``"gradients"``, ...)."""
-        return np.dtype(getattr(self, role)).itemsize
+        return _dtype(getattr(self, role)).itemsize
 
     @classmethod
     def uniform(cls, dtype: str) -> "Precision":
         """Everything in ``dtype``."""
         name = str(np.dtype(dtype))
         return cls(name, name, name, name, name)
+
+    @classmethod
+    def of(cls, precision: str, dtype: str = "float32") -> "Precision":
+        """A training precision (:data:`vmem.precision.PRECISIONS`): feature maps in its dtype, the rest
+        (weights, their gradients, master weights, optimizer state) in the network's ``dtype``."""
+        low = activations_dtype(precision)
+        rest = str(np.dtype(dtype))
+        return cls(low if precision != "fp32" else rest, rest, rest, rest, rest)
+
+    @property
+    def name(self) -> str:
+        """The precision's name (``"fp32"``, ``"fp16"``, ``"bf16"``; the network's dtype where everything is
+        stored in it), or ``"mixed"`` for another record."""
+        if self == Precision.uniform(self.master):
+            return "fp32" if self.master == "float32" else self.master
+        for name, low in PRECISIONS.items():
+            if name != "fp32" and self == dataclasses.replace(Precision.uniform(self.master), activations=low):
+                return name
+        return "mixed"
 
 
 @dataclass
@@ -220,11 +251,11 @@ def _op(
     out_shape: Shape,
     in_dtypes: tuple[str, ...],
     out_dtype: str,
+    float_itemsize: int,
     name: str | None = None,
     shares: str | None = None,
 ) -> OpInfo:
     aux = layer.aux_specs(in_shapes)
-    itemsize = np.dtype(in_dtypes[0]).itemsize  # what it computes on (OpInfo.dtype)
     return OpInfo(
         index=index,
         layer=layer,
@@ -238,7 +269,8 @@ def _op(
         params=layer.param_specs(in_shapes),
         aux=aux,
         aux_nbytes={
-            k: _nbytes(a.shape, itemsize if a.dtype == "float" else np.dtype(a.dtype).itemsize) for k, a in aux.items()
+            k: _nbytes(a.shape, float_itemsize if a.dtype == "float" else np.dtype(a.dtype).itemsize)
+            for k, a in aux.items()
         },
         needs=layer.needs,
         inplace=False,
@@ -274,14 +306,24 @@ def _mark_stash_and_inplace(ops: list[OpInfo], tensors: list[TensorInfo]) -> Non
         tensors[op.output].buffer = t_in.buffer
 
 
-def build_program(net: "Network", batch: int, input_shape: tuple[int, ...], dtype: str) -> Program:
-    """Shape inference over ``net`` for ``batch`` (see the module docstring for the in-place rule)."""
+def build_program(
+    net: "Network", batch: int, input_shape: tuple[int, ...], dtype: str, precision: str = "fp32"
+) -> Program:
+    """Shape inference over ``net`` for ``batch`` (see the module docstring for the in-place rule).
+
+    ``precision`` (:mod:`vmem.precision`) is what feature maps are stored in; the input and the network's
+    output stay in ``dtype`` (the batch arrives in it; the loss is computed in it), as saved state marked
+    ``"float"`` (batch norm's statistics) and the weights do."""
     itemsize = np.dtype(dtype).itemsize
     assert net._output is not None
     in_shape = (batch,) + tuple(input_shape)
-    stored_as = str(np.dtype(dtype))
+    record = Precision.of(precision, dtype)
+    stored_as = record.activations
+    network_dtype = str(np.dtype(dtype))
     tensors = [
-        TensorInfo(0, "input", in_shape, _nbytes(in_shape, itemsize), None, buffer=0, needs_grad=False, dtype=stored_as)
+        TensorInfo(
+            0, "input", in_shape, _nbytes(in_shape, itemsize), None, buffer=0, needs_grad=False, dtype=network_dtype
+        )
     ]
     tensor_of = {0: 0}
     ops: list[OpInfo] = []
@@ -292,11 +334,13 @@ def build_program(net: "Network", batch: int, input_shape: tuple[int, ...], dtyp
         in_shapes = tuple(tensors[i].shape for i in inputs)
         out_shape = tuple(layer.output_shape(in_shapes))
         tid = len(tensors)
-        stored = str(np.dtype(layer.output_dtype([tensors[i].dtype for i in inputs], stored_as)))
+        stored = str(_dtype(layer.output_dtype([tensors[i].dtype for i in inputs], stored_as)))
+        if node is net._output and stored != network_dtype and precision != "fp32":
+            stored = network_dtype  # the logits: the loss reads them in the network's dtype
         tname = node.alias or layer.name or f"t{tid}"
         tensors.append(
             TensorInfo(
-                tid, tname, out_shape, _nbytes(out_shape, np.dtype(stored).itemsize), len(ops), buffer=tid, dtype=stored
+                tid, tname, out_shape, _nbytes(out_shape, _dtype(stored).itemsize), len(ops), buffer=tid, dtype=stored
             )
         )
         for i in inputs:
@@ -308,7 +352,7 @@ def build_program(net: "Network", batch: int, input_shape: tuple[int, ...], dtyp
                 f"need other parameters than its first use"
             )
         in_dtypes = tuple(tensors[i].dtype for i in inputs)
-        ops.append(_op(layer, len(ops), inputs, tid, in_shapes, out_shape, in_dtypes, stored, tname, shares))
+        ops.append(_op(layer, len(ops), inputs, tid, in_shapes, out_shape, in_dtypes, stored, itemsize, tname, shares))
         if shares is None:
             owner_specs[tname] = ops[-1].params
         tensor_of[node.index] = tid
@@ -332,6 +376,6 @@ def build_program(net: "Network", batch: int, input_shape: tuple[int, ...], dtyp
             input=0,
             output=output,
             num_classes=out_shape[-1],
-            precision=Precision.uniform(dtype),
+            precision=record,
         )
     )

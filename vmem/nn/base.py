@@ -69,7 +69,7 @@ class AuxSpec:
     """State a layer saves in forward for its own backward (physical shape)."""
 
     shape: Shape
-    dtype: str  # "float" means the network's float dtype
+    dtype: str  # "float" means the network's float dtype (float32 under mixed precision: statistics stay float32)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..device.staging import copy_nbytes, staged
 from ..errors import DeviceError
 from ..nn.base import Ctx, physical
 from ..optim import Optimizer
@@ -71,6 +72,8 @@ class StepReport:
     skipped: bool = False
     #: with ``check=True``: the first op (by name, with the pass) whose output was not finite, else None
     first_nonfinite: str | None = None
+    #: the loss scale the step ran with (fp16 training), None where the loss was not scaled
+    loss_scale: float | None = None
 
     @property
     def spans(self) -> list[Span]:
@@ -89,6 +92,7 @@ class StepReport:
                 "threads",
                 "skipped",
                 "first_nonfinite",
+                "loss_scale",
             )
         }
 
@@ -107,6 +111,7 @@ class _Run:
         self.loss_ok: Any = None  # the loss is finite (a device scalar, set by the loss step)
         self.skipped = False  # set by the update step when the loss or a gradient is not finite
         self.finite: bool | None = None  # decided by the step's first update, for every bucket
+        self.scale: float | None = None  # the loss scale (fp16 training), None: not scaled
         self.check = False  # look at every op's output for NaN or infinity (a diagnosis, slow)
         self.kept_stats: list[Any] = []  # batch norm's running statistics as they were before the step
         self.first_nonfinite: str | None = None
@@ -201,9 +206,16 @@ class Executor(Transfers):
         #: work runs after launch returns (a GPU): spans are timed by events, streams wait on the device
         self._asynchronous = bool(device.asynchronous)
         self._aux_dtype = {
-            (op.index, k): (op.dtype if a.dtype == "float" else np.dtype(a.dtype))
+            (op.index, k): (np.dtype(program.dtype) if a.dtype == "float" else np.dtype(a.dtype))
             for op in ops
             for k, a in op.aux.items()
+        }
+        #: each staged op's float32 copies per pass: (role, input index, shape, aligned bytes)
+        self._stage_items = {
+            (op.index, p): [(role, j, shape, copy_nbytes(shape)) for role, j, shape in staged(program, op, p)]
+            for op in ops
+            if op.staged
+            for p in ("forward", "backward")
         }
         self._table = handlers(
             {
@@ -238,13 +250,16 @@ class Executor(Transfers):
         rng: np.random.Generator,
         step: int = 0,
         check: bool = False,
+        loss_scale: float | None = None,
     ) -> tuple[StepReport, np.ndarray | None]:
         """Run the schedule on one batch. Returns the report and, for inference, the logits (NCHW order).
 
         A training step whose loss or gradients are not all finite changes nothing: the update is skipped
         and batch norm's running statistics are put back (``report.skipped``). With ``check``, every op's
         output is looked at as the step runs, and ``report.first_nonfinite`` names the first that is not
-        finite (a diagnosis: each look waits for the op)."""
+        finite (a diagnosis: each look waits for the op). ``loss_scale`` (fp16 training, see
+        :class:`vmem.optim.GradScaler`) multiplies the loss's gradient; the weights' gradients are divided by
+        it before the update, and a step whose scaled gradients overflow is skipped as any non-finite one."""
         dev, pool = self.device, self.device.pool
         host_x = np.ascontiguousarray(
             np.asarray(x).transpose(0, 2, 3, 1) if x.ndim == 4 else x, dtype=self._input_dtype
@@ -254,6 +269,7 @@ class Executor(Transfers):
         pool.reset_peak()
         r = _Run(host_x, labels, train, rng, step, time.perf_counter())
         r.check = check
+        r.scale = None if loss_scale is None or loss_scale == 1 else float(loss_scale)
         if self._asynchronous:  # spans timed by events: measured from this one
             r.timeline.start(dev.compute_stream.record(timing=True))
         r.timeline.sample(r.timeline.origin, dev.readings())
@@ -288,6 +304,7 @@ class Executor(Transfers):
             threads=threads,
             skipped=r.skipped,
             first_nonfinite=r.first_nonfinite,
+            loss_scale=r.scale,
         )
         return report, r.logits
 
@@ -397,10 +414,11 @@ class Executor(Transfers):
         ctx = self._ctx(r, st.op, r.train or replay, r.rng, st.algo, st.workspace, replay=replay)
         xs = [self._value(r, t) for t in op.inputs]
         y = self._value(r, op.output)
+        fn = op.layer.forward if not op.staged else self._staged_forward(r, st.op, ctx)
         self._launch(
             r,
             f"{op.name}.recompute" if replay else op.name,
-            op.layer.forward,
+            fn,
             ctx,
             xs,
             y,
@@ -432,9 +450,59 @@ class Executor(Transfers):
                 dxs.append(self._view(r, sched.acc[(st.op, j)], physical(tensor.shape), self._dtypes[tensor.dtype]))
             else:
                 dxs.append(self._grad(r, t))
-        self._launch(r, f"{op.name}.backward", op.layer.backward, ctx, dy, xs, y, dxs)
+        fn = op.layer.backward if not op.staged else self._staged_backward(r, st.op, ctx)
+        self._launch(r, f"{op.name}.backward", fn, ctx, dy, xs, y, dxs)
         if r.check:
             self._check(r, f"{op.name} (backward)", [d for d in dxs if d is not None] + list(ctx.grads.values()))
+
+    # -- float32 compute over low-precision storage (vmem.device.staging) ----------------------------
+    def _copies(self, r: _Run, i: int, pass_: str, ctx: Ctx) -> dict[tuple[str, int], Any]:
+        """The pass's float32 copies, carved from the end of its workspace (the layer keeps the start)."""
+        items = self._stage_items[(i, pass_)]
+        ws = ctx.workspace
+        total = sum(n for *_, n in items)
+        base = ws.nbytes - total
+        ctx.workspace = ws[:base] if base else None
+        copies, at = {}, base
+        for role, j, shape, n in items:
+            copies[(role, j)] = ws[at : at + int(np.prod(shape)) * 4].view(np.float32).reshape(shape)
+            at += n
+        return copies
+
+    def _staged_forward(self, r: _Run, i: int, ctx: Ctx) -> Any:
+        """The layer's forward on float32 copies of its low-precision inputs, its output rounded once back."""
+        copies = self._copies(r, i, "forward", ctx)
+        forward = self.program.ops[i].layer.forward
+
+        def run(ctx: Ctx, xs: list[Any], y: Any) -> None:
+            xs32 = [_cast_into(copies[("x", j)], x) if ("x", j) in copies else x for j, x in enumerate(xs)]
+            y32 = copies.get(("y", -1), y)
+            forward(ctx, xs32, y32)
+            if y32 is not y:
+                with np.errstate(over="ignore"):  # past fp16's range is inf, as IEEE storage is
+                    y[...] = y32  # one rounding (to nearest even) per output
+
+        return run
+
+    def _staged_backward(self, r: _Run, i: int, ctx: Ctx) -> Any:
+        """The layer's backward on float32 copies of what it reads, each input gradient rounded once back."""
+        copies = self._copies(r, i, "backward", ctx)
+        backward = self.program.ops[i].layer.backward
+
+        def run(ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any, dxs: list[Any]) -> None:
+            dy32 = _cast_into(copies[("dy", -1)], dy) if ("dy", -1) in copies else dy
+            if xs is not None:
+                xs = [_cast_into(copies[("x", j)], x) if ("x", j) in copies else x for j, x in enumerate(xs)]
+            if y is not None and ("y", -1) in copies:
+                y = _cast_into(copies[("y", -1)], y)
+            dxs32 = [copies[("dx", j)] if d is not None and ("dx", j) in copies else d for j, d in enumerate(dxs)]
+            backward(ctx, dy32, xs, y, dxs32)
+            for d, d32 in zip(dxs, dxs32):
+                if d is not None and d32 is not d:
+                    with np.errstate(over="ignore"):
+                        d[...] = d32
+
+        return run
 
     def _check(self, r: _Run, name: str, arrays: list[Any]) -> None:
         """Record ``name`` as the step's first non-finite output if any of ``arrays`` is not finite, once
@@ -469,11 +537,14 @@ class Executor(Transfers):
             dlogits = self._grad(r, prog.output)
         loss, xp, host = self.loss, self.xp, r.batch["loss"]
         copy = self.device.copy_now if self._asynchronous else None
+        scale = r.scale
 
         def run() -> None:  # the value stays on the device; its copy lands in pinned memory, read after the step
             value[0] = loss.forward(xp, logits, labels, probs)
             r.loss_ok = xp.isfinite(value[0])  # a device scalar: the update looks at it
             loss.backward(xp, probs, labels, dlogits)
+            if scale is not None:
+                xp.multiply(dlogits, dlogits.dtype.type(scale), out=dlogits)
             if copy is not None:
                 copy(host, value, "d2h")  # enqueued on the compute stream: the host does not wait
             else:
@@ -489,6 +560,12 @@ class Executor(Transfers):
             param, grad, state = self._updates[bucket[j]]
             opt.update(xp, param, grad, state, step)  # type: ignore[union-attr]
 
+        inverse = None if r.scale is None else np.float32(1.0 / r.scale)  # as PyTorch's: 1/scale in float32
+
+        def unscale(j: int) -> None:  # the gradient back to the loss's own scale
+            grad = self._updates[bucket[j]][1]
+            grad *= inverse
+
         def run() -> None:
             if r.finite is None:  # the step's first bucket decides for every one
                 r.finite = self._finite(r)
@@ -497,6 +574,8 @@ class Executor(Transfers):
                     for view, kept in zip(self._stats, r.kept_stats):
                         view[...] = kept
             if r.finite:
+                if r.scale is not None:
+                    self.device.ops.each(sizes, unscale)
                 self.device.ops.each(sizes, update)
 
         self._launch(r, "update", run)
@@ -520,3 +599,9 @@ class Executor(Transfers):
             total = sum(g.sum() for _, g, _ in self._updates)
             ok = xp.logical_and(ok, xp.isfinite(total))
         return bool(ok)
+
+
+def _cast_into(dst: Any, src: Any) -> Any:
+    """``src`` widened into ``dst`` (exact: every fp16 and bf16 value is a float32); ``dst``."""
+    dst[...] = src
+    return dst

@@ -62,13 +62,11 @@ def persistent_buffers(program: Program, optimizer_slots: tuple[str, ...]) -> li
 def op_workspace(program: Program, plan: "Plan", op_index: int) -> tuple[int, int]:
     """(forward, backward) workspace bytes of an op under the plan's algorithms."""
     op = program.ops[op_index]
-    if not op.algorithms:
-        return 0, 0
-    algos = plan.algos.get(op.name, {})
-    fwd = op.workspace["forward"].get(algos.get("forward", ""), 0)
+    algos = plan.algos.get(op.name, {}) if op.algorithms else {}  # an op with no choice: its entry under None
+    fwd = op.workspace["forward"].get(algos.get("forward"), 0)
     bwd = max(
-        op.workspace["backward_data"].get(algos.get("backward_data", ""), 0),
-        op.workspace["backward_filter"].get(algos.get("backward_filter", ""), 0),
+        op.workspace["backward_data"].get(algos.get("backward_data"), 0),
+        op.workspace["backward_filter"].get(algos.get("backward_filter"), 0),
     )
     return fwd, bwd
 

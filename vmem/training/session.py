@@ -38,6 +38,7 @@ class Session:
         *,
         input_shape: tuple[int, ...],
         dtype: str,
+        precision: str = "fp32",
         profiling: bool,
         profile_cache: bool,
         seed: int,
@@ -50,6 +51,7 @@ class Session:
             profile_cache,
             seed,
         )
+        self.precision = precision
         self.costs: dict[int, Any] = {}
         self.plans: dict[int, PlanResult] = {}
         self._params: DeviceParams | None = None
@@ -59,7 +61,7 @@ class Session:
     # -- parameters ------------------------------------------------------------------------------
     def device_params(self) -> DeviceParams:
         if self._params is None:
-            program = self.net.build(1, self.input_shape, self.dtype)
+            program = self.net.build(1, self.input_shape, self.dtype, self.precision)
             specs = self.net.param_specs(self.input_shape)
             self._params = DeviceParams(
                 self.device, persistent_buffers(program, self.optimizer.slots), specs, program.precision
@@ -77,7 +79,7 @@ class Session:
         ex = self._executors.get(key)
         if ex is not None:
             return ex
-        program = self.net.build(batch, self.input_shape, self.dtype)
+        program = self.net.build(batch, self.input_shape, self.dtype, self.precision)
         if train:
             costs = self.profile(batch) if self.profiling else None
             try:
@@ -115,7 +117,7 @@ class Session:
         plan's forward algorithms where they fit, else those with the least workspace."""
         if batch in self._inference:
             return self._inference[batch]
-        program = self.device.catalog(self.net.build(batch, self.input_shape, self.dtype))
+        program = self.device.catalog(self.net.build(batch, self.input_shape, self.dtype, self.precision))
         spec, alignment = self.device.spec, self.device.pool.alignment
         lean = policies.get("baseline:algos=memory").decide(program, spec)
         candidates = []
@@ -171,7 +173,7 @@ class Session:
         if batch not in self.costs:
             from ..costs import cache
 
-            program = self.net.build(batch, self.input_shape, self.dtype)
+            program = self.net.build(batch, self.input_shape, self.dtype, self.precision)
             # on the device, within what its pool has free (never more than the budget); kept on disk, so
             # that the same run repeats (see vmem.costs.cache)
             self.costs[batch], _ = cache.profile(
@@ -186,7 +188,7 @@ class Session:
     def fits(self, batch: int) -> bool:
         """Whether this trainer's policy can train at ``batch`` on this device (the least plan it can
         choose, without a profile)."""
-        program = self.net.build(batch, self.input_shape, self.dtype)
+        program = self.net.build(batch, self.input_shape, self.dtype, self.precision)
         try:
             result, _ = plan_program(
                 program,

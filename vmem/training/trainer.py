@@ -22,8 +22,9 @@ from ..device import device as make_device
 from ..errors import DeviceError, NonFiniteError, ShapeError
 from ..graph import Network
 from ..nn.loss import SoftmaxCrossEntropy
-from ..optim import SGD, Optimizer
+from ..optim import SGD, GradScaler, Optimizer
 from ..planner import PlanResult
+from ..precision import activations_dtype
 from ..runtime import DeviceParams, Executor, StepReport
 from . import checkpoint
 from .callbacks import Callback, LossWatch, PrintEpochs, ProgressBar
@@ -107,6 +108,8 @@ class Trainer:
         *,
         input_shape: Sequence[int] | None = None,
         dtype: str = "float32",
+        precision: str = "fp32",
+        scaler: GradScaler | None = None,
         memory: int | str | None = None,
         profile: bool | None = None,
         nonfinite_limit: int = 5,
@@ -126,6 +129,12 @@ class Trainer:
         if self.input_shape is None:
             raise ShapeError(f"{net.name}: no input shape; pass input_shape=(C, H, W)")
         self.dtype = dtype
+        activations_dtype(precision)  # a clear error for a precision there is not (or bf16 without ml_dtypes)
+        self.precision = precision
+        #: fp16's dynamic loss scale (a GradScaler with PyTorch's defaults unless given); None otherwise
+        self.scaler = scaler if scaler is not None else (GradScaler() if precision == "fp16" else None)
+        if self.scaler is not None and precision != "fp16":
+            raise ValueError("scaler= applies to precision='fp16' only (bf16 and fp32 need no loss scaling)")
         pol = policies.get(policy)
         self.loss = loss if loss is not None else (getattr(net, "loss", None) or SoftmaxCrossEntropy())
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01, momentum=0.9)
@@ -151,6 +160,7 @@ class Trainer:
             self.optimizer,
             input_shape=self.input_shape,
             dtype=dtype,
+            precision=precision,
             # a policy that decides by time needs measured costs; any other may ask for them (plan times)
             profiling=pol.needs_profile if profile is None else bool(profile),
             profile_cache=bool(profile_cache),
@@ -254,7 +264,12 @@ class Trainer:
         self._check_input(x, y)
         ex = self._executor(len(x), True)
         state = self.rng.bit_generator.state  # to replay the step (its dropout masks) for a diagnosis
-        report, _ = ex.run(x, np.asarray(y), train=True, rng=self.rng, step=self.steps_done + 1)
+        scale = None if self.scaler is None else self.scaler.scale
+        report, _ = ex.run(x, np.asarray(y), train=True, rng=self.rng, step=self.steps_done + 1, loss_scale=scale)
+        if self.scaler is not None:
+            self.scaler.update(report.skipped)
+            if report.skipped and np.isfinite(report.loss) and self.scaler.scale >= 1:
+                return report  # the scaled gradients overflowed: expected now and then, the scale is lowered
         if not report.skipped:
             self.steps_done += 1
             self.skipped_in_a_row = 0
