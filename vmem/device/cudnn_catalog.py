@@ -163,7 +163,9 @@ def with_cudnn_catalog(program: "Program", arch: str | None = None) -> "Program"
         if op.kind == "conv":
             g = geometry(op)
             algos = {p: [a for a in names if applies(g, a, arch)] for p, names in ALGORITHMS.items()}
-            ws = {p: {a: workspace(g, p, a, op.itemsize) for a in algos[p]} for p in algos}
+            ws: dict[str, dict[str | None, int]] = {
+                p: {a: workspace(g, p, a, op.itemsize) for a in algos[p]} for p in algos
+            }
             op = dataclasses.replace(op, algorithms=algos, workspace=ws)
         ops.append(op)
     return dataclasses.replace(program, ops=ops)

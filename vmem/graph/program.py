@@ -69,7 +69,7 @@ class OpInfo:
     inplace: bool
     flops: int
     algorithms: dict[str, list[str]]
-    workspace: dict[str, dict[str, int]]  # pass -> algorithm -> bytes
+    workspace: dict[str, dict[str | None, int]]  # pass -> algorithm (None: an op with no choice) -> bytes
     shares: str | None = None  # the op whose parameters this one uses (a layer applied at several places)
     in_dtypes: tuple[str, ...] = ()  # what its inputs are stored in
     out_dtype: str = "float32"  # what its output is stored in

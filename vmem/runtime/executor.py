@@ -206,7 +206,7 @@ class Executor(Transfers):
         #: work runs after launch returns (a GPU): spans are timed by events, streams wait on the device
         self._asynchronous = bool(device.asynchronous)
         self._aux_dtype = {
-            (op.index, k): (np.dtype(program.dtype) if a.dtype == "float" else np.dtype(a.dtype))
+            (op.index, k): (np.dtype(program.precision.master) if a.dtype == "float" else np.dtype(a.dtype))
             for op in ops
             for k, a in op.aux.items()
         }
