@@ -53,13 +53,34 @@ def test_a_precision_names_its_dtypes_and_unknown_ones_are_refused():
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_every_map_between_input_and_logits_takes_half_the_bytes(precision):
+def test_every_feature_map_takes_half_the_bytes(precision):
     net = vmem.models.get("vgg_cifar")
     full, half = net.build(16), net.build(16, precision=precision)
-    inner = lambda p: sum(t.nbytes for t in p.tensors if t.id not in (p.input, p.output))  # noqa: E731
-    assert 2 * inner(half) == inner(full)
-    assert half.tensors[half.input].dtype == half.tensors[half.output].dtype == "float32"  # the batch, the loss
+    assert 2 * sum(t.nbytes for t in half.buffers()) == sum(t.nbytes for t in full.buffers())
+    low = activations_dtype(precision)
+    assert half.tensors[half.input].dtype == half.tensors[half.output].dtype == low  # the batch and logits too
     assert half.param_bytes == full.param_bytes  # weights stay fp32
+    ids = vmem.models.get("nmt_small").build(4, precision=precision)
+    assert ids.tensors[ids.input].dtype == "float32"  # token ids are kept exact
+
+
+def test_half_logits_give_a_float32_loss_and_gradient_scaled_before_rounding():
+    """The loss reads fp16 logits into float32 probabilities; d(logits) is made and scaled in float32 and
+    rounded once, so a gradient below fp16's smallest subnormal survives a large loss scale."""
+    loss = vmem.nn.SoftmaxCrossEntropy()
+    logits = np.array([[0.0, -12.0, 5.0], [1.0, 1.0, -20.0]], np.float16)
+    labels = np.array([2, 0])
+    probs = np.empty(logits.shape, np.float32)
+    value = loss.forward(np, logits, labels, probs)
+    wide = logits.astype(np.float32)
+    p = np.exp(wide - wide.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    assert value.dtype == np.float32 and value == pytest.approx(-np.log(p[[0, 1], [2, 0]]).mean(), rel=1e-6)
+    loss.backward(np, probs, labels, probs)
+    probs *= np.float32(65536.0)
+    dlogits = np.empty(logits.shape, np.float16)
+    dlogits[...] = probs
+    assert np.float16(probs[0, 1] / 65536) == 0 and dlogits[0, 1] > 0  # unscaled, fp16 would flush it to zero
 
 
 def _digits(n=32, seed=0):
@@ -96,10 +117,11 @@ def test_the_stored_map_is_the_float32_result_rounded_once():
     x = values[np.abs(values) < 60000][: 4 * 64].reshape(4, 1, 8, 8)  # no overflow here
     with vmem.Trainer(net, device="cpu", memory="16MiB", precision="fp16", seed=0) as t:
         logits = t.predict(x)
-    stored = np.maximum(x, 0).astype(np.float16).astype(np.float32).reshape(4, 64)
+    stored = np.maximum(x.astype(np.float16), 0).astype(np.float32).reshape(4, 64)  # the input is staged in fp16
     w, b = net.params["linear1.weight"], net.params["linear1.bias"]
-    expected = stored @ w.T + b
-    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-6)
+    expected = (stored @ w.T + b).astype(np.float16).astype(np.float32)  # the logits rounded once
+    assert logits.dtype == np.float32
+    np.testing.assert_allclose(logits, expected, rtol=2e-3, atol=1e-6)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the overflow is the point

@@ -76,16 +76,19 @@ def step_half_and_full(policy: str, device) -> None:
         np.testing.assert_allclose(weights[True][k], w, rtol=1e-2, atol=1e-4)  # fp16 rounding only
 
 
-@pytest.mark.parametrize("policy", ["baseline", "layerwise", "vdnn-all"])
+@pytest.mark.parametrize("policy", ["baseline", "layerwise", "vdnn-all", "vdnn-all:codec=zvc", "gist"])
 def test_the_executor_runs_it_at_the_planned_peak_and_its_gradients_agree_with_fp32(policy):
     step_half_and_full(policy, lambda: vmem.device("cpu", memory="16MiB"))
 
 
-def test_a_codec_on_a_map_stored_in_fp16_is_refused_by_name():
-    from vmem.errors import PlanError
-
-    with pytest.raises(PlanError, match="layer1.*float16"):
-        vmem.plan(_net(), 8, "cpu", "vdnn-all:codec=zvc", memory="16MiB")
+def test_a_codec_on_a_map_stored_in_fp16_counts_its_bytes_in_fp16():
+    raw = vmem.plan(_net(), 8, "cpu", "vdnn-all", memory="16MiB")
+    fp8 = vmem.plan(_net(), 8, "cpu", "vdnn-all:codec=fp8", memory="16MiB")
+    sent = [r for r in fp8.layers if r.stash == "offload"]
+    assert any(r.bytes == 2 * int(np.prod(r.shape)) for r in sent)  # an fp16 map among them
+    x = _net().build(8).tensors[0]  # the input is offloaded too
+    assert raw.offloaded_bytes == sum(r.bytes for r in sent) + x.nbytes
+    assert fp8.offloaded_bytes == sum(int(np.prod(r.shape)) for r in sent) + x.nbytes // 4  # a byte a value
 
 
 def test_weights_their_gradients_and_the_optimizers_state_are_counted_in_their_own_dtypes():

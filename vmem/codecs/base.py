@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = ["Codec", "Encoded", "stored_nbytes", "STORE_SLACK", "array_module", "shape_of"]
+__all__ = ["Codec", "Encoded", "stored_nbytes", "STORE_SLACK", "array_module", "shape_of", "is_half"]
 
 _ALIGN = 8  # each array of an encoding stored in one block starts at a multiple of this
 STORE_SLACK = 4 * _ALIGN  # room for aligning up to four arrays
@@ -110,10 +110,10 @@ class Codec(ABC):
         return f"{type(self).__name__}({self.spec!r})"
 
 
-def stored_nbytes(codec: Codec, shape: tuple[int, ...], density: float | None = None) -> int:
-    """Bytes of a buffer that holds ``codec``'s encoding of a float32 tensor of ``shape`` (logical NCHW)
-    with :meth:`Encoded.store`: the encoded size at ``density`` plus room for alignment."""
-    return codec.encoded_nbytes(tuple(shape), "float32", density) + STORE_SLACK
+def stored_nbytes(codec: Codec, shape: tuple[int, ...], density: float | None = None, dtype: Any = "float32") -> int:
+    """Bytes of a buffer that holds ``codec``'s encoding of a tensor of ``shape`` (logical NCHW) and
+    ``dtype`` with :meth:`Encoded.store`: the encoded size at ``density`` plus room for alignment."""
+    return codec.encoded_nbytes(tuple(shape), dtype, density) + STORE_SLACK
 
 
 def array_module(x: Any) -> Any:
@@ -129,12 +129,36 @@ def shape_of(x: Any) -> tuple[int, ...]:
     return tuple(shape) if shape is not None else tuple(np.shape(x))
 
 
+def is_half(dtype: Any) -> bool:
+    """Whether ``dtype`` is a 16-bit float (float16, or ``ml_dtypes.bfloat16``): what mixed precision stores."""
+    if isinstance(dtype, str) and dtype == "bfloat16":  # named before ml_dtypes is imported
+        return True
+    d = np.dtype(dtype)
+    return d.itemsize == 2 and (d.kind == "f" or d.name == "bfloat16")
+
+
 def flat(x: Any) -> Any:
     xp = array_module(x)
     x = xp.asarray(x)
-    if x.dtype.kind != "f":
+    if x.dtype.kind != "f" and not is_half(x.dtype):
         raise TypeError(f"codecs take floating-point tensors, not {x.dtype}")
     return xp.ascontiguousarray(x).reshape(-1)
+
+
+def widened(v: Any) -> Any:
+    """A 16-bit float array as float32 (exact), for the float32 kernels; a float32 array as it is."""
+    return v if v.dtype == np.float32 else v.astype(np.float32)
+
+
+def narrowed_into(out: Any, fn: Any) -> None:
+    """Run ``fn(dst)``, a float32 kernel writing ``dst``, into ``out``: directly where ``out`` is float32,
+    else through a float32 copy rounded into ``out`` (exact where the values came from ``out``'s dtype)."""
+    if out.dtype == np.float32:
+        fn(out)
+        return
+    tmp = array_module(out).empty(out.shape, np.float32)
+    fn(tmp)
+    out[...] = tmp
 
 
 def bits_of(x: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import native
-from .base import Codec, Encoded, flat, output, shape_of
+from .base import Codec, Encoded, flat, narrowed_into, output, shape_of, widened
 
 __all__ = ["DPR", "FORMATS", "quantize"]
 
@@ -88,8 +88,8 @@ class DPR(Codec):
 
     def encode(self, x: Any, *, reference: bool = False) -> Encoded:
         v = flat(x)
-        if not reference and v.dtype == np.float32 and (on := native.backend(v)) is not None:
-            return Encoded(self.spec, shape_of(x), v.dtype, {"codes": native.dpr_encode(v, self.format, on)})
+        if not reference and (on := native.backend(v)) is not None:  # 16-bit floats: widened first (exact)
+            return Encoded(self.spec, shape_of(x), v.dtype, {"codes": native.dpr_encode(widened(v), self.format, on)})
         codes = _encode(v, self.ebits, self.mbits)
         if self.format == "fp16":
             packed = codes
@@ -106,8 +106,8 @@ class DPR(Codec):
         res = output(enc, out)
         r = res.reshape(-1)
         packed = enc.arrays["codes"]
-        if not reference and res.dtype == np.float32 and r.flags.c_contiguous and (on := native.backend(r)) is not None:
-            native.dpr_decode(packed, self.format, r, on)
+        if not reference and r.flags.c_contiguous and (on := native.backend(r)) is not None:
+            narrowed_into(r, lambda dst: native.dpr_decode(packed, self.format, dst, on))
             return res
         if self.format == "fp10":
             w = packed.astype(np.uint32)

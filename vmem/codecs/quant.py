@@ -12,12 +12,13 @@ decode to the range's minimum (a fixed-point code of 0).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
 
 from . import native
-from .base import Codec, Encoded, output
+from .base import Codec, Encoded, array_module, is_half, narrowed_into, output, widened
 
 __all__ = ["Fixed", "Patch2"]
 
@@ -98,8 +99,8 @@ class Fixed(Codec):
         scale = ((hi - lo) / np.float32(levels)).astype(np.float32)
         inner = math.prod(a.shape[axis + 1 :])
         meta = {"axis": axis}
-        if not reference and a.dtype == np.float32 and native.available():
-            codes = native.fixed_encode(np.ascontiguousarray(a).reshape(-1), lo, scale, inner, self.bits)
+        if not reference and (a.dtype == np.float32 or is_half(a.dtype)) and native.available():
+            codes = native.fixed_encode(np.ascontiguousarray(widened(a)).reshape(-1), lo, scale, inner, self.bits)
         else:
             q, _ = _quantize(a, lo.reshape(shape), hi.reshape(shape), levels)
             codes = _pack(q.reshape(-1), self.bits)
@@ -110,8 +111,14 @@ class Fixed(Codec):
         axis = enc.meta.get("axis", 1)
         lo, scale = enc.arrays["lo"], enc.arrays["scale"]
         r = res.reshape(-1)
-        if not reference and res.dtype == np.float32 and r.flags.c_contiguous and native.available():
-            native.fixed_decode(enc.arrays["codes"], lo, scale, math.prod(enc.shape[axis + 1 :]), self.bits, r)
+        if (
+            not reference
+            and (res.dtype == np.float32 or is_half(res.dtype))
+            and r.flags.c_contiguous
+            and native.available()
+        ):
+            inner = math.prod(enc.shape[axis + 1 :])
+            narrowed_into(r, lambda dst: native.fixed_decode(enc.arrays["codes"], lo, scale, inner, self.bits, dst))
             return res
         shape = [1] * len(enc.shape)
         shape[axis] = -1
@@ -138,12 +145,20 @@ def _unkey(k: np.ndarray) -> np.ndarray:
 
 class Patch2(Codec):
     """``patch2``: 2 bits per value, four levels between the minimum and maximum of each 4x4 spatial
-    patch of an (N, C, H, W) tensor (edges padded).
+    patch of an (N, C, H, W) tensor (edges padded). The format follows the tensor's dtype.
 
-    Encoded, per patch and channel in (image, patch row, patch column, channel) order: a 32-bit word of
-    codes (value (i, j) of the patch at bits 2 * (4i + j)), the patch's minimum ``lo`` and ``scale`` =
-    (max - min) / 3, over its finite values (0 and 0 if it has none). ``channels_last=True`` takes and
-    gives the tensor stored (N, H, W, C), as the devices store it: the kernels read that layout directly."""
+    Per patch and channel, in (image, patch row, patch column, channel) order, a 32-bit word of codes
+    (value (i, j) of the patch at bits 2 * (4i + j)) and:
+
+    - float32: the patch's minimum ``lo`` and ``scale`` = (max - min) / 3 over its finite values (0 and 0
+      if it has none); each code is the nearest level (12 bytes a patch).
+    - float16 and bfloat16: the seed's format (Chen et al.'s 2-bit patches over mixed precision): the
+      patch's minimum ``lo`` and maximum ``hi`` in the tensor's dtype (8 bytes a patch: a quarter of the
+      16-bit tensor where H and W divide by 4), computed as the seed's GPU kernel computes them (each code
+      the nearest of four evenly spaced levels, ties up; see :func:`_seed_encode`); decoding gives lo,
+      (hi + 2 lo) / 3, (2 hi + lo) / 3 and hi, rounded to the dtype.
+
+    ``channels_last=True`` takes and gives the tensor stored (N, H, W, C), as the devices store it."""
 
     name = "patch2"
     lossless = False
@@ -151,11 +166,14 @@ class Patch2(Codec):
     P = 4
 
     def encode(self, x: Any, *, channels_last: bool = False, reference: bool = False) -> Encoded:
-        a = np.asarray(x)
+        a = x if array_module(x) is not np else np.asarray(x)
         if a.ndim != 4:
             raise ValueError(f"patch2: needs an (N, C, H, W) tensor, got shape {a.shape}")
         nhwc = a if channels_last else a.transpose(0, 2, 3, 1)
         n, h, w, c = nhwc.shape
+        if is_half(a.dtype):
+            codes, lo, hi = _seed_encode(nhwc)
+            return Encoded(self.name, (n, c, h, w), a.dtype, {"codes": codes, "lo": lo, "hi": hi})
         if not reference and a.dtype == np.float32 and native.available():
             codes, lo, scale = native.patch2_encode(np.ascontiguousarray(nhwc))
         else:
@@ -184,10 +202,14 @@ class Patch2(Codec):
     ) -> np.ndarray:
         n, c, h, w = enc.shape
         if out is None:
-            out = np.empty((n, h, w, c) if channels_last else (n, c, h, w), enc.dtype)
+            xp = array_module(enc.arrays["codes"])
+            out = xp.empty((n, h, w, c) if channels_last else (n, c, h, w), enc.dtype)
         res = out.transpose(0, 3, 1, 2) if channels_last else out
         output(enc, res)  # checks the shape and dtype
         nhwc = out if channels_last else out.transpose(0, 2, 3, 1)
+        if "hi" in enc.arrays:  # the seed's format (16-bit floats)
+            _seed_decode(enc.arrays["codes"], enc.arrays["lo"], enc.arrays["hi"], nhwc)
+            return out
         codes, lo, scale = enc.arrays["codes"], enc.arrays["lo"], enc.arrays["scale"]
         if not reference and enc.dtype == np.float32 and native.available():
             if nhwc.flags.c_contiguous:
@@ -218,4 +240,56 @@ class Patch2(Codec):
     def encoded_nbytes(self, shape, dtype="float32", density=None) -> int:
         n, c, h, w = shape
         patches = n * c * -(-h // self.P) * -(-w // self.P)
-        return patches * self.P * self.P // 4 + 8 * patches
+        return patches * (8 if is_half(dtype) else 12)  # the codes' word, then lo and hi (or lo and scale)
+
+
+def _seed_encode(nhwc: Any) -> tuple[Any, Any, Any]:
+    """The seed's 2-bit patches of a 16-bit (N, H, W, C) tensor: codes, lo and hi per (patch, channel).
+
+    As its GPU kernel computes (in float32): lo and hi are the patch's minimum and maximum (NaN ignored,
+    as fmaxf does); with bottom = lo * 7 / 6 - hi / 6 and s = 3 / max(hi - lo, 1e-6) (that quotient in
+    double, rounded to float32), the code of x is trunc((x - bottom) * s) clamped to 0..3 (NaN: 0), the
+    nearest level with ties up. Positions past the bottom or right edge repeat the patch's top-left value."""
+    xp = array_module(nhwc)
+    f32 = np.float32
+    n, h, w, c = nhwc.shape
+    ph, pw = -(-h // 4), -(-w // 4)
+    x = nhwc.astype(f32)
+    if h % 4 or w % 4:
+        padded = xp.repeat(xp.repeat(x[:, ::4, ::4], 4, axis=1), 4, axis=2)  # each patch's top-left value
+        padded[:, :h, :w] = x
+        x = padded
+    p = x.reshape(n, ph, 4, pw, 4, c).transpose(0, 1, 3, 5, 2, 4).reshape(n, ph, pw, c, 16)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN patch: NaN, as fmaxf gives
+        lo, hi = xp.nanmin(p, axis=-1), xp.nanmax(p, axis=-1)
+        bottom = (lo * f32(7)) / f32(6) - hi / f32(6)
+        s = (3.0 / xp.fmax((hi - lo).astype(np.float64), 1e-6)).astype(f32)
+        t = (p - bottom[..., None]) * s[..., None]
+        q = xp.where(xp.isnan(t), f32(0), xp.trunc(xp.clip(t, f32(0), f32(3)))).astype(np.uint32)
+    codes = (q << (2 * xp.arange(16, dtype=np.uint32))).sum(axis=-1, dtype=np.uint32)
+    return codes.reshape(-1), lo.astype(nhwc.dtype).reshape(-1), hi.astype(nhwc.dtype).reshape(-1)
+
+
+def _seed_decode(codes: Any, lo: Any, hi: Any, nhwc: Any) -> None:
+    """Decode the seed's patches into ``nhwc`` (N, H, W, C) of their 16-bit dtype: the four levels lo,
+    hi / 3 + lo * 2 / 3, hi * 2 / 3 + lo / 3, hi (computed in float32, rounded once to the dtype)."""
+    xp = array_module(codes)
+    f32 = np.float32
+    n, h, w, c = nhwc.shape
+    ph, pw = -(-h // 4), -(-w // 4)
+    l32, h32 = lo.astype(f32), hi.astype(f32)
+    dtype = nhwc.dtype
+    levels = xp.stack(
+        [
+            lo,
+            (h32 / f32(3) + (l32 * f32(2)) / f32(3)).astype(dtype),
+            ((h32 * f32(2)) / f32(3) + l32 / f32(3)).astype(dtype),
+            hi,
+        ],
+        axis=-1,
+    )  # (patches, 4)
+    q = (codes[:, None] >> (2 * xp.arange(16, dtype=np.uint32))) & np.uint32(3)
+    vals = xp.take_along_axis(levels, q.astype(np.intp), axis=1)  # (patches, 16)
+    full = vals.reshape(n, ph, pw, c, 4, 4).transpose(0, 1, 4, 2, 5, 3).reshape(n, ph * 4, pw * 4, c)
+    nhwc[...] = full[:, :h, :w]

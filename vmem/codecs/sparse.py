@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from . import native
-from .base import Codec, Encoded, bits_of, flat, output, shape_of
+from .base import Codec, Encoded, bits_of, flat, narrowed_into, output, shape_of, widened
 
 __all__ = ["ZVC", "SSDC", "Binarize"]
 
@@ -26,7 +26,8 @@ def _unmask(words: np.ndarray, n: int) -> np.ndarray:
 
 
 class ZVC(Codec):
-    """cDMA's zero-value compression: per 32 values a 32-bit mask of nonzeros, then the nonzeros.
+    """cDMA's zero-value compression: per 32 values a 32-bit mask of nonzeros, then the nonzeros (in the
+    tensor's dtype: 2 bytes each for fp16 and bf16).
 
     Lossless, bitwise: a value is "zero" only if all its bits are zero, so -0.0, NaN and infinities are
     kept as they are. Size: 4 bytes per 32 values plus the nonzeros."""
@@ -37,8 +38,9 @@ class ZVC(Codec):
 
     def encode(self, x: Any, *, reference: bool = False) -> Encoded:
         v = flat(x)
-        if not reference and v.dtype == np.float32 and (on := native.backend(v)) is not None:
-            mask, values = native.zvc_encode(v, on)
+        if not reference and (on := native.backend(v)) is not None:  # 16-bit floats: widened (zero stays zero)
+            mask, values = native.zvc_encode(widened(v), on)
+            values = values.astype(v.dtype, copy=False)
         else:
             nonzero = bits_of(v) != 0
             mask, values = _mask_words(nonzero), v[nonzero]
@@ -47,8 +49,9 @@ class ZVC(Codec):
     def decode(self, enc: Encoded, out: Any = None, *, reference: bool = False) -> np.ndarray:
         res = output(enc, out)
         r = res.reshape(-1)
-        if not reference and res.dtype == np.float32 and r.flags.c_contiguous and (on := native.backend(r)) is not None:
-            native.zvc_decode(enc.arrays["mask"], enc.arrays["values"], r, on)
+        if not reference and r.flags.c_contiguous and (on := native.backend(r)) is not None:
+            mask, values = enc.arrays["mask"], widened(enc.arrays["values"])
+            narrowed_into(r, lambda dst: native.zvc_decode(mask, values, dst, on))
             return res
         r.fill(0)
         r[_unmask(enc.arrays["mask"], enc.size)] = enc.arrays["values"]
@@ -70,8 +73,9 @@ class SSDC(Codec):
 
     def encode(self, x: Any, *, reference: bool = False) -> Encoded:
         v = flat(x)
-        if not reference and v.dtype == np.float32 and (on := native.backend(v)) is not None:
-            row_ptr, cols, values = native.ssdc_encode(v, self.ROW, on)
+        if not reference and (on := native.backend(v)) is not None:
+            row_ptr, cols, values = native.ssdc_encode(widened(v), self.ROW, on)
+            values = values.astype(v.dtype, copy=False)
             return Encoded(self.name, shape_of(x), v.dtype, {"row_ptr": row_ptr, "cols": cols, "values": values})
         n = v.size
         rows = -(-n // self.ROW)
@@ -91,8 +95,9 @@ class SSDC(Codec):
         res = output(enc, out)
         r = res.reshape(-1)
         a = enc.arrays
-        if not reference and res.dtype == np.float32 and r.flags.c_contiguous and (on := native.backend(r)) is not None:
-            native.ssdc_decode(a["row_ptr"], a["cols"], a["values"], r, on)
+        if not reference and r.flags.c_contiguous and (on := native.backend(r)) is not None:
+            values = widened(a["values"])
+            narrowed_into(r, lambda dst: native.ssdc_decode(a["row_ptr"], a["cols"], values, dst, on))
             return res
         r.fill(0)
         row_ptr = a["row_ptr"]
@@ -118,8 +123,8 @@ class Binarize(Codec):
 
     def encode(self, x: Any, *, reference: bool = False) -> Encoded:
         v = flat(x)
-        if not reference and v.dtype == np.float32 and (on := native.backend(v)) is not None:
-            bits = native.binarize_encode(v, on)
+        if not reference and (on := native.backend(v)) is not None:
+            bits = native.binarize_encode(widened(v), on)
         else:
             bits = np.packbits(v > 0, bitorder="little")
         return Encoded(self.name, shape_of(x), v.dtype, {"bits": bits})
@@ -127,8 +132,8 @@ class Binarize(Codec):
     def decode(self, enc: Encoded, out: Any = None, *, reference: bool = False) -> np.ndarray:
         res = output(enc, out)
         r = res.reshape(-1)
-        if not reference and res.dtype == np.float32 and r.flags.c_contiguous and (on := native.backend(r)) is not None:
-            native.binarize_decode(enc.arrays["bits"], r, on)
+        if not reference and r.flags.c_contiguous and (on := native.backend(r)) is not None:
+            narrowed_into(r, lambda dst: native.binarize_decode(enc.arrays["bits"], dst, on))
         else:
             r[...] = np.unpackbits(enc.arrays["bits"], bitorder="little", count=enc.size)
         return res
@@ -151,5 +156,10 @@ class Binarize(Codec):
         ):
             native.binarize_relu_backward(bits, dy.reshape(-1), dx.reshape(-1), on)
             return
-        mask = np.unpackbits(bits, bitorder="little", count=enc.size).astype(bool).reshape(dy.shape)
+        if dx.dtype != np.float32 and dx.flags.c_contiguous and (on := native.backend(dx)) is not None:
+            mask = on.xp.empty(dx.shape, np.float32)  # 16-bit floats: the mask from the kernel, then dy * mask
+            native.binarize_decode(bits, mask.reshape(-1), on)
+            on.xp.multiply(dy, mask.astype(dx.dtype), out=dx)
+            return
+        mask = np.unpackbits(bits, bitorder="little", count=enc.size).astype(dy.dtype).reshape(dy.shape)
         np.multiply(dy, mask, out=dx)

@@ -36,14 +36,14 @@ class Pieces:
         return sum(p.nbytes for p in self.parts)
 
 
-def host_nbytes(codec: Codec, shape: tuple[int, ...]) -> int:
-    """Pinned bytes that hold any encoding of a float32 tensor of ``shape`` (logical NCHW) sent in pieces:
-    the worst case (every value nonzero) plus room for each piece's alignment and headers."""
+def host_nbytes(codec: Codec, shape: tuple[int, ...], dtype: Any = "float32") -> int:
+    """Pinned bytes that hold any encoding of a tensor of ``shape`` (logical NCHW) and ``dtype`` sent in
+    pieces: the worst case (every value nonzero) plus room for each piece's alignment and headers."""
     from .base import stored_nbytes
 
     n = int(np.prod(shape))
     pieces = len(_ranges(n, not codec.streams))
-    return stored_nbytes(codec, shape, 1.0) + pieces * (STORE_SLACK + 8)
+    return stored_nbytes(codec, shape, 1.0, dtype) + pieces * (STORE_SLACK + 8)
 
 
 def _ranges(n: int, whole: bool) -> list[tuple[int, int]]:

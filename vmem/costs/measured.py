@@ -81,7 +81,7 @@ class Profiled:
 
     def misc_seconds(self, kind: str, nbytes: int) -> float:
         if kind in ("acc", "encode", "decode"):
-            return (3 if kind == "acc" else 1.5) * nbytes / (self.elementwise_gbps * 1e9)
+            return (3 if kind == "acc" else 1) * nbytes / (self.elementwise_gbps * 1e9)
         return self.times.get((kind, "forward", None), 0.0)
 
     def to_dict(self) -> dict[str, Any]:
@@ -632,7 +632,7 @@ def _loss_seconds(program: Program, rng: np.random.Generator, dtype: np.dtype, r
 
     logits = on.normal(rng, program.tensors[program.output].shape, dtype)
     labels = on.array(rng.integers(0, logits.shape[1], logits.shape[0]).astype(np.int64))
-    probs, dlogits = on.empty(logits.shape, dtype), on.empty(logits.shape, dtype)
+    probs, dlogits = on.empty(logits.shape, np.dtype(program.loss_dtype)), on.empty(logits.shape, dtype)
     loss, xp = SoftmaxCrossEntropy(), on.xp
     return on.seconds(
         lambda: (loss.forward(xp, logits, labels, probs), loss.backward(xp, probs, labels, dlogits)), repeats

@@ -30,5 +30,6 @@ class CostModel(Protocol):
 
     def misc_seconds(self, kind: str, nbytes: int) -> float:
         """The loss (``"loss"``), adding a gradient contribution of ``nbytes`` (``"acc"``), or encoding or
-        decoding a feature map of ``nbytes`` (``"encode"``, ``"decode"``)."""
+        decoding a feature map (``"encode"``, ``"decode"``; ``nbytes``: the map's bytes plus its encoding's,
+        what the kernel reads and writes)."""
         ...

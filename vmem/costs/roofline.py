@@ -11,13 +11,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..device.cudnn_catalog import EFFICIENCY, effective_flops, geometry, with_cudnn_catalog, workspace
+from ..device.cudnn_catalog import (
+    EFFICIENCY,
+    TENSOR_CORE_ALGOS,
+    effective_flops,
+    geometry,
+    with_cudnn_catalog,
+    workspace,
+)
 from ..device.spec import DeviceSpec
 from ..graph import OpInfo
 
 __all__ = ["Roofline", "geometry", "with_cudnn_catalog"]  # the last two from vmem.device.cudnn_catalog
 
-ELEMENTWISE_EFFICIENCY = 0.35  # fraction of memory bandwidth element-wise kernels reach (calibrated)
+ELEMENTWISE_EFFICIENCY = 0.35  # fraction of memory bandwidth element-wise layers reach (calibrated)
+#: fraction of memory bandwidth an encoding kernel reaches: one pass, reading the map and writing its
+#: encoding (measured on an H100: the dpr16 and dpr8 kernels moved 0.57 and 0.49 of peak, binarize 0.88)
+CODEC_EFFICIENCY = 0.55
 GEMM_EFFICIENCY = 0.75  # fully connected layers
 FILL = 16384  # output pixels x batch that fill a GPU; fewer leave units idle
 CHANNEL_EXP = 0.6  # how much narrow GEMMs lose: (min(C*kh*kw, K) / 64) ** CHANNEL_EXP
@@ -42,6 +52,12 @@ class Roofline:
             raise ValueError(f"device {spec.name!r}: a spec sheet needs fp32_tflops, memory_gbps, h2d_gbps, d2h_gbps")
         self.spec = spec
         self.flops = spec.fp32_tflops * 1e12
+        #: tensor-core peaks by the dtype an op computes on (fp16/bf16, where the GPU has the units)
+        self.tensor_flops = {
+            name: tflops * 1e12
+            for name, tflops in (("float16", spec.fp16_tflops), ("bfloat16", spec.bf16_tflops))
+            if tflops
+        }
         self.bw = spec.memory_gbps * 1e9
         self.launch = (spec.launch_us or 5.0) * 1e-6
         self._memo: dict[tuple, float] = {}
@@ -70,16 +86,23 @@ class Roofline:
                 model = base if base in EFFICIENCY else None
                 ws = (op.workspace or {}).get(pass_, {}).get(algo, 0)
             flops = effective_flops(g, model) if model else float(g.direct_flops)
-            compute = flops / (self.flops * EFFICIENCY.get(model or "", 0.6) * fill)
+            compute = flops / (self._peak(op, model) * EFFICIENCY.get(model or "", 0.6) * fill)
             traffic = (_bytes(op) + ws) / self.bw
             return self.launch + max(compute, traffic)
         factor = 1.0 if pass_ == "forward" else 2.0
         memory = factor * _bytes(op) / (self.bw * ELEMENTWISE_EFFICIENCY)
         if op.kind == "linear":
-            compute = factor * op.flops / (self.flops * GEMM_EFFICIENCY)
+            compute = factor * op.flops / (self._peak(op, None) * GEMM_EFFICIENCY)
             weights = op.layer.in_features * op.layer.out_features * op.itemsize / self.bw  # type: ignore[attr-defined]
             return self.launch + max(compute, weights + memory)
         return self.launch + memory
+
+    def _peak(self, op: OpInfo, algo: str | None) -> float:
+        """Peak FLOP/s for ``op`` under ``algo``: the tensor cores' in fp16/bf16 where the GPU has them and
+        the algorithm runs on them (None: a cuBLAS GEMM or a cuDNN graph engine; cuDNN's implicit
+        precomputed GEMM, algo 1, non-fused Winograd), else the FP32 rate (pseudo-half computes in FP32)."""
+        tensor = self.tensor_flops.get(op.dtype.name)
+        return tensor if tensor and (algo is None or algo in TENSOR_CORE_ALGOS) else self.flops
 
     def copy_seconds(self, nbytes: int, direction: str) -> float:
         gbps = self.spec.d2h_gbps if direction == "d2h" else self.spec.h2d_gbps
@@ -91,5 +114,6 @@ class Roofline:
     def misc_seconds(self, kind: str, nbytes: int) -> float:
         if kind == "loss":
             return self.launch * 2
-        passes = 3 if kind == "acc" else 1.5  # encode/decode: the dense side once, the encoding (smaller) once
-        return self.launch + passes * nbytes / (self.bw * ELEMENTWISE_EFFICIENCY)
+        if kind == "acc":  # two reads and a write
+            return self.launch + 3 * nbytes / (self.bw * ELEMENTWISE_EFFICIENCY)
+        return self.launch + nbytes / (self.bw * CODEC_EFFICIENCY)  # nbytes: the map and its encoding

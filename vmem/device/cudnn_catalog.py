@@ -26,6 +26,7 @@ __all__ = [
     "effective_flops",
     "applies",
     "EFFICIENCY",
+    "TENSOR_CORE_ALGOS",
     "geometry",
     "with_cudnn_catalog",
 ]
@@ -35,6 +36,9 @@ ALGORITHMS = {
     "backward_data": ["algo_0", "algo_1", "fft", "fft_tiling", "winograd", "winograd_nonfused"],
     "backward_filter": ["algo_0", "algo_1", "fft", "algo_3", "winograd_nonfused", "fft_tiling"],
 }
+
+#: Algorithms that run on tensor cores in fp16/bf16 (CUDNN_TENSOR_OP_MATH); the others compute in FP32.
+TENSOR_CORE_ALGOS = frozenset({"implicit_precomp_gemm", "winograd_nonfused", "algo_1"})
 
 #: Fraction of peak FP32 each algorithm sustains on a large, well-shaped layer.
 EFFICIENCY = {

@@ -14,7 +14,9 @@ class DeviceSpec:
     each way (None: not throttled, the CPU device's default). For GPUs (spec sheets in
     :mod:`vmem.device.specs`): ``fp32_tflops`` peak FP32 throughput, ``memory_gbps`` device memory
     bandwidth, ``h2d_gbps``/``d2h_gbps`` achieved pinned copy bandwidth each way, ``launch_us`` the cost of
-    one kernel launch, and ``arch`` (the cost model's efficiency table)."""
+    one kernel launch, and ``arch`` (the cost model's efficiency table). ``fp16_tflops`` and ``bf16_tflops``:
+    peak dense tensor-core throughput in that precision with FP32 accumulation (None: the GPU has no such
+    units, and computes half-precision convolutions at its FP32 rate, as cuDNN's pseudo-half does)."""
 
     name: str
     kind: str
@@ -26,6 +28,8 @@ class DeviceSpec:
     d2h_gbps: float | None = None
     launch_us: float | None = None
     arch: str | None = None
+    fp16_tflops: float | None = None
+    bf16_tflops: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,8 +1,9 @@
 """GPU spec sheets for the simulator, and a way to add your own.
 
-Figures are vendor peaks (FP32 without tensor cores, memory bandwidth) and achieved pinned
-cudaMemcpyAsync bandwidth over the host link (about 80% of PCIe peak). Memory sizes are the cards'
-advertised sizes in GiB, except the H200's 141 GB.
+Figures are vendor peaks (FP32 without tensor cores; FP16 and BF16 dense tensor-core throughput with
+FP32 accumulation, where the GPU has such units; memory bandwidth) and achieved pinned cudaMemcpyAsync
+bandwidth over the host link (about 80% of PCIe peak). Memory sizes are the cards' advertised sizes in
+GiB, except the H200's 141 GB.
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ GiB = 1 << 30
 
 
 def _gpu(
-    name: str, memory: int, tflops: float, gbps: float, link: float, arch: str, launch_us: float = 5.0
+    name: str,
+    memory: int,
+    tflops: float,
+    gbps: float,
+    link: float,
+    arch: str,
+    launch_us: float = 5.0,
+    half: tuple[float | None, float | None] = (None, None),
 ) -> DeviceSpec:
     return DeviceSpec(
         name=name,
@@ -34,6 +42,8 @@ def _gpu(
         d2h_gbps=link,
         launch_us=launch_us,
         arch=arch,
+        fp16_tflops=half[0],
+        bf16_tflops=half[1],
     )
 
 
@@ -42,12 +52,12 @@ SPECS: dict[str, DeviceSpec] = {
     for s in (
         _gpu("titan-x", 12 * GiB, 6.6, 336.5, 12.8, "maxwell"),  # GTX Titan X (Maxwell), PCIe 3 x16
         _gpu("gtx-1080ti", 11 * GiB, 11.3, 484.0, 12.8, "pascal"),
-        _gpu("rtx-2080ti", 11 * GiB, 13.4, 616.0, 12.8, "turing"),
-        _gpu("v100-16gb", 16 * GiB, 15.7, 900.0, 12.8, "volta"),  # SXM2, host link PCIe 3
-        _gpu("a100-40gb", 40 * GiB, 19.5, 1555.0, 25.0, "ampere", 4.0),  # PCIe 4
-        _gpu("a100-80gb", 80 * GiB, 19.5, 2039.0, 25.0, "ampere", 4.0),
-        _gpu("h100-sxm", 80 * GiB, 67.0, 3350.0, 50.0, "hopper", 3.0),  # PCIe 5
-        _gpu("h200", 141 * 10**9, 67.0, 4800.0, 50.0, "hopper", 3.0),
+        _gpu("rtx-2080ti", 11 * GiB, 13.4, 616.0, 12.8, "turing", half=(53.8, None)),  # no BF16 units
+        _gpu("v100-16gb", 16 * GiB, 15.7, 900.0, 12.8, "volta", half=(125.0, None)),  # SXM2, host link PCIe 3
+        _gpu("a100-40gb", 40 * GiB, 19.5, 1555.0, 25.0, "ampere", 4.0, (312.0, 312.0)),  # PCIe 4
+        _gpu("a100-80gb", 80 * GiB, 19.5, 2039.0, 25.0, "ampere", 4.0, (312.0, 312.0)),
+        _gpu("h100-sxm", 80 * GiB, 67.0, 3350.0, 50.0, "hopper", 3.0, (989.0, 989.0)),  # PCIe 5
+        _gpu("h200", 141 * 10**9, 67.0, 4800.0, 50.0, "hopper", 3.0, (989.0, 989.0)),
     )
 }
 

@@ -177,6 +177,12 @@ class Program:
         return [(op, k, spec) for op in self.ops if op.shares is None for k, spec in op.params.items()]
 
     @property
+    def loss_dtype(self) -> str:
+        """What the loss and its probabilities are computed in: the master weights' dtype (float32 under
+        mixed precision, whose logits are stored in half precision)."""
+        return self.precision.master
+
+    @property
     def label_shape(self) -> Shape:
         """Shape of the step's labels: one per sample, or one per token of a sequence output."""
         return tuple(self.tensors[self.output].shape[:-1])
@@ -311,32 +317,46 @@ def build_program(
 ) -> Program:
     """Shape inference over ``net`` for ``batch`` (see the module docstring for the in-place rule).
 
-    ``precision`` (:mod:`vmem.precision`) is what feature maps are stored in; the input and the network's
-    output stay in ``dtype`` (the batch arrives in it; the loss is computed in it), as saved state marked
-    ``"float"`` (batch norm's statistics) and the weights do."""
+    ``precision`` (:mod:`vmem.precision`) is what feature maps are stored in, the input batch and the
+    logits included (the input is rounded into it as it is staged, unless a layer reads it as integer ids;
+    the loss reads the logits into ``dtype``); saved state marked ``"float"`` (batch norm's statistics)
+    and the weights stay in ``dtype``."""
     itemsize = np.dtype(dtype).itemsize
     assert net._output is not None
     in_shape = (batch,) + tuple(input_shape)
     record = Precision.of(precision, dtype)
     stored_as = record.activations
     network_dtype = str(np.dtype(dtype))
+    live = _live_nodes(net)
+    ids = set()  # nodes whose values are integer ids (what an Embedding reads, and what they are cut from)
+    for node in reversed(live[1:]):
+        if node.layer.reads_ids or node.index in ids:
+            ids.update(i.index for i in node.inputs)
+    in_dtype = network_dtype if live[0].index in ids else stored_as
     tensors = [
         TensorInfo(
-            0, "input", in_shape, _nbytes(in_shape, itemsize), None, buffer=0, needs_grad=False, dtype=network_dtype
+            0,
+            "input",
+            in_shape,
+            _nbytes(in_shape, _dtype(in_dtype).itemsize),
+            None,
+            buffer=0,
+            needs_grad=False,
+            dtype=in_dtype,
         )
     ]
     tensor_of = {0: 0}
     ops: list[OpInfo] = []
     owner_specs: dict[str, Any] = {}
-    for node in _live_nodes(net)[1:]:
+    for node in live[1:]:
         layer = node.layer
         inputs = [tensor_of[n.index] for n in node.inputs]
         in_shapes = tuple(tensors[i].shape for i in inputs)
         out_shape = tuple(layer.output_shape(in_shapes))
         tid = len(tensors)
         stored = str(_dtype(layer.output_dtype([tensors[i].dtype for i in inputs], stored_as)))
-        if node is net._output and stored != network_dtype and precision != "fp32":
-            stored = network_dtype  # the logits: the loss reads them in the network's dtype
+        if node.index in ids:
+            stored = network_dtype  # ids stay exact
         tname = node.alias or layer.name or f"t{tid}"
         tensors.append(
             TensorInfo(

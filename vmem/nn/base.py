@@ -101,6 +101,7 @@ class Layer(ABC):
     needs: ClassVar[frozenset[str]] = frozenset()  # subset of {"x", "y", "mask"}
     inplace: ClassVar[bool] = False  # may write its output over its (single) input
     arity: ClassVar[int | None] = 1  # number of inputs; None: two or more
+    reads_ids: ClassVar[bool] = False  # its input holds integer ids (kept exact: never stored in half precision)
 
     def __init__(self) -> None:
         self.name: str | None = None

@@ -17,7 +17,8 @@ class SoftmaxCrossEntropy:
     ``ignore``: a label that counts for nothing (padding); the mean is over the other labels.
     ``forward`` writes the probabilities (saved for backward) and returns the loss as a 0-d array on the
     device; ``backward`` writes d(loss)/d(logits) = (p - onehot(labels)) / count. Either may write over its
-    input: ``probs`` may be ``logits``, ``dlogits`` may be ``probs``.
+    input: ``probs`` may be ``logits``, ``dlogits`` may be ``probs``. ``probs`` may be wider than the
+    logits (float32 over half-precision logits, as AMP computes softmax and losses).
     """
 
     name = "loss"
@@ -39,7 +40,9 @@ class SoftmaxCrossEntropy:
         return p2, l1, keep
 
     def forward(self, xp: Any, logits: Any, labels: Any, probs: Any) -> Any:
-        xp.subtract(logits, logits.max(axis=-1, keepdims=True), out=probs)
+        if probs is not logits:
+            probs[...] = logits  # read into the loss's dtype (float32 over half-precision logits)
+        probs -= probs.max(axis=-1, keepdims=True)
         xp.exp(probs, out=probs)
         probs /= probs.sum(axis=-1, keepdims=True)
         p2, l1, keep = self._flat(xp, probs, labels)

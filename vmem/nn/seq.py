@@ -39,6 +39,7 @@ class Embedding(Layer):
 
     kind = "embedding"
     needs = frozenset({"x"})
+    reads_ids = True
 
     def __init__(self, num: int, dim: int):
         super().__init__()

@@ -151,7 +151,8 @@ class Executor(Transfers):
         self.optimizer = optimizer
         self.xp = device.xp
         self._input_dtype = np.dtype(program.tensors[program.input].dtype)
-        self._logits_dtype = np.dtype(program.tensors[program.output].dtype)  # the loss's, and its probabilities'
+        self._logits_dtype = np.dtype(program.tensors[program.output].dtype)
+        self._loss_dtype = np.dtype(program.loss_dtype)  # the loss's and its probabilities' (float32 over half logits)
         self._grad_dtype = np.dtype(program.precision.gradients)  # the weights' gradients
         #: each tensor is viewed in what it is stored in (a layer may store its output otherwise)
         self._dtypes = {t.dtype: np.dtype(t.dtype) for t in program.tensors}
@@ -306,7 +307,10 @@ class Executor(Transfers):
             first_nonfinite=r.first_nonfinite,
             loss_scale=r.scale,
         )
-        return report, r.logits
+        logits = r.logits
+        if logits is not None and logits.dtype != self._loss_dtype:  # half logits: given back as the loss read them
+            logits = logits.astype(self._loss_dtype)
+        return report, logits
 
     def _roll_back(self, r: _Run) -> None:
         """Return every block and pinned buffer the failed step holds, then let its streams drain."""
@@ -353,7 +357,7 @@ class Executor(Transfers):
             at = self._labels_at
             r.batch["labels"] = raw[at : at + labels.nbytes].view(np.int64).reshape(labels.shape)
             np.copyto(r.batch["labels"], labels)
-        loss = self._logits_dtype
+        loss = self._loss_dtype
         r.batch["loss"] = raw[self._loss_at : self._loss_at + loss.itemsize].view(loss)
 
     def _unstage(self, r: _Run) -> None:
@@ -528,23 +532,29 @@ class Executor(Transfers):
     def _loss(self, r: _Run, st: Loss) -> None:
         prog = self.program
         logits = self._value(r, prog.output)
-        value = self._view(r, _LOSS, (1,), self._logits_dtype)
+        value = self._view(r, _LOSS, (1,), self._loss_dtype)
         labels = self._labels(r)
         if st.inplace:
             probs = dlogits = logits
         else:
-            probs = self._view(r, _PROBS, logits.shape, self._logits_dtype)
+            probs = self._view(r, _PROBS, logits.shape, self._loss_dtype)
             dlogits = self._grad(r, prog.output)
         loss, xp, host = self.loss, self.xp, r.batch["loss"]
         copy = self.device.copy_now if self._asynchronous else None
         scale = r.scale
+        # half logits (mixed precision): the gradient is made and scaled in float32 over the
+        # probabilities, then rounded once into d(logits), so that scaling comes before any underflow
+        narrow = dlogits.dtype != probs.dtype
 
         def run() -> None:  # the value stays on the device; its copy lands in pinned memory, read after the step
             value[0] = loss.forward(xp, logits, labels, probs)
             r.loss_ok = xp.isfinite(value[0])  # a device scalar: the update looks at it
-            loss.backward(xp, probs, labels, dlogits)
+            grad = probs if narrow else dlogits
+            loss.backward(xp, probs, labels, grad)
             if scale is not None:
-                xp.multiply(dlogits, dlogits.dtype.type(scale), out=dlogits)
+                xp.multiply(grad, grad.dtype.type(scale), out=grad)
+            if narrow:
+                dlogits[...] = probs
             if copy is not None:
                 copy(host, value, "d2h")  # enqueued on the compute stream: the host does not wait
             else:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .. import codecs
+from ..precision import dtype as _dtype
 from ..codecs import transfer
 from ..schedule import Key
 from ..schedule.steps import BnRange, Decode, Encode, Offload, Prefetch, Release, WaitPrefetch
@@ -48,8 +49,9 @@ class _Offloaded:
         self.moved = 0
 
 
-#: What a map through a codec is stored in: the codecs encode float32 maps (the lowering refuses others).
-_CODED = np.dtype(np.float32)
+def _coded(st: Any) -> np.dtype:
+    """What a map through a codec is stored in (float32, float16 or bfloat16)."""
+    return _dtype(st.dtype)
 
 
 class Transfers:
@@ -120,7 +122,7 @@ class Transfers:
         ms.wait(cs.record())
         name = f"offload:{st.key}"
         if st.codec is not None:
-            src = dev.view(block, st.shape, _CODED)
+            src = dev.view(block, st.shape, _coded(st))
             self._span(r, ms, name, "offload", {}, self._send, st, src, off)
         else:
             off.moved = block.nbytes
@@ -163,7 +165,7 @@ class Transfers:
         ms.wait(cs.record())  # the block's previous users on compute are done
         name = f"prefetch:{st.key}"
         if st.codec is not None:
-            dst = dev.view(block, st.shape, _CODED)  # off.enc is set by the offload's task: read it when this runs
+            dst = dev.view(block, st.shape, _coded(st))  # off.enc is set by the offload's task: read it when this runs
             codec = st.codec
             self._span(r, ms, name, "prefetch", {}, lambda: transfer.receive(dev, codec, off.enc, dst))
         else:
@@ -187,7 +189,7 @@ class Transfers:
     # -- encodings kept on the device (Gist) ----------------------------------------------------------
     def _encode(self, r: Any, st: Encode) -> None:
         """Encode a buffer into its encoding's block after its last forward use."""
-        src = self.device.view(r.blocks[st.key], st.shape, _CODED)
+        src = self.device.view(r.blocks[st.key], st.shape, _coded(st))
         if st.enc in r.deferred:
             self._encode_at_size(r, st, src)
             return
@@ -224,7 +226,7 @@ class Transfers:
 
     def _decode(self, r: Any, st: Decode) -> None:
         """Decode a buffer back into its (newly allocated) block before the first backward that reads it."""
-        dst = self.device.view(r.blocks[st.key], st.shape, _CODED)
+        dst = self.device.view(r.blocks[st.key], st.shape, _coded(st))
         encodings, codec = r.encodings, st.codec
         self._launch(  # type: ignore[attr-defined]
             r,

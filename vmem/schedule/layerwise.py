@@ -122,6 +122,8 @@ class _Layerwise:
         b = self.buf[program.output]
         if b in self.decided:  # every stashed buffer has a decision, and so has every source of a rebuild
             return False
+        if program.tensors[program.output].dtype != program.loss_dtype:  # half logits: the loss works in float32
+            return False
         out_grad = self.grads.of_tensor.get(program.output)
         group = [t for t, key in self.grads.of_tensor.items() if key == out_grad]
         return out_grad is not None and all(program.tensors[t].buffer == b for t in group)

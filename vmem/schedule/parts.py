@@ -85,11 +85,11 @@ def buffer_keys(program: Program) -> tuple[dict[int, Key], dict[Key, Buffer], di
             aux[(op.index, k)] = key = Key(Kind.AUX, op.name, k)
             buffers[key] = Buffer(key, max(nbytes, 1), "feature_maps", high=True)
     labels = int(np.prod(program.label_shape))
-    logits = np.dtype(program.tensors[program.output].dtype).itemsize  # the loss is computed in the logits' dtype
+    loss = np.dtype(program.loss_dtype).itemsize  # the loss is computed in the network's dtype (float32 under fp16)
     for key, nbytes, category in (
         (LABELS, labels * 8, "other"),
-        (PROBS, labels * program.num_classes * logits, "feature_maps"),
-        (LOSS, logits, "other"),
+        (PROBS, labels * program.num_classes * loss, "feature_maps"),
+        (LOSS, loss, "other"),
     ):
         buffers[key] = Buffer(key, nbytes, category, high=True)
     return value, buffers, aux
@@ -124,10 +124,10 @@ def codec_info(program: Program, plan: "Plan", offloaded: set[int], encoded: set
                 raise ValueError(f"plan {plan.policy!r} encodes {t.name!r} but names no codec for it")
             continue
         codec = _codecs.get(spec)
-        if t.dtype != "float32":
+        if t.dtype not in ("float32", "float16", "bfloat16"):
             raise PlanError(
-                f"plan {plan.policy!r}: codec {spec!r} encodes float32 feature maps; {t.name!r} is stored in "
-                f"{t.dtype} (keep, offload or recompute it without a codec)"
+                f"plan {plan.policy!r}: codec {spec!r} encodes float32, float16 or bfloat16 feature maps; "
+                f"{t.name!r} is stored in {t.dtype} (keep, offload or recompute it without a codec)"
             )
         r = plan.ranges.get(t.name)
         bn = BnRange(index[r["batchnorm"]], bool(r["relu"]), float(r["sigmas"])) if r else None
@@ -139,7 +139,7 @@ def codec_info(program: Program, plan: "Plan", offloaded: set[int], encoded: set
                 f"plan {plan.policy!r} binarizes {t.name!r}, but the backward of "
                 f"{', '.join(op.name for op in program.backward_readers(b))} needs more than its sign"
             )
-        out[b] = (codec, _codecs.stored_nbytes(codec, t.shape, plan.density), codec.sign_only, bn)
+        out[b] = (codec, _codecs.stored_nbytes(codec, t.shape, plan.density, t.dtype), codec.sign_only, bn)
     return out
 
 
@@ -149,25 +149,26 @@ def offload_step(program: Program, b: int, key: Key, nbytes: int, codec_info: An
     if codec_info is None:
         return Offload(key, nbytes, nbytes, physical(t.shape))
     codec, transfer_nbytes, _, bn = codec_info
-    return Offload(key, _transfer.host_nbytes(codec, t.shape), transfer_nbytes, physical(t.shape), codec, bn)
+    host = _transfer.host_nbytes(codec, t.shape, t.dtype)
+    return Offload(key, host, transfer_nbytes, physical(t.shape), codec, bn, t.dtype)
 
 
 def prefetch_step(program: Program, b: int, key: Key, nbytes: int, codec_info: Any) -> Prefetch:
     t = program.tensors[b]
     if codec_info is None:
         return Prefetch(key, nbytes, physical(t.shape))
-    return Prefetch(key, codec_info[1], physical(t.shape), codec_info[0])
+    return Prefetch(key, codec_info[1], physical(t.shape), codec_info[0], t.dtype)
 
 
 def encode_step(program: Program, b: int, key: Key, enc: Key, codec_info: Any) -> Encode:
     t = program.tensors[b]
     codec, _, _, bn = codec_info
-    return Encode(key, enc, codec, physical(t.shape), max(t.nbytes, 1), bn)
+    return Encode(key, enc, codec, physical(t.shape), max(t.nbytes, 1), bn, t.dtype, codec_info[1])
 
 
 def decode_step(program: Program, b: int, key: Key, enc: Key, codec_info: Any) -> Decode:
     t = program.tensors[b]
-    return Decode(key, enc, codec_info[0], physical(t.shape), max(t.nbytes, 1))
+    return Decode(key, enc, codec_info[0], physical(t.shape), max(t.nbytes, 1), t.dtype, codec_info[1])
 
 
 def pinned_bytes(steps: list[Step], alignment: int) -> int:

@@ -203,6 +203,7 @@ class Offload:
     shape: tuple[int, ...]
     codec: "Codec | None" = None
     range: BnRange | None = None
+    dtype: str = "float32"  # what the buffer stores (a codec reads it in this dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +224,7 @@ class Prefetch:
     transfer_nbytes: int
     shape: tuple[int, ...]
     codec: "Codec | None" = None
+    dtype: str = "float32"
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +244,8 @@ class Encode:
     shape: tuple[int, ...]
     nbytes: int  # the value buffer's bytes (for cost models)
     range: BnRange | None = None
+    dtype: str = "float32"
+    enc_nbytes: int = 0  # the encoding's bytes (for cost models: the kernel reads one and writes the other)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +257,8 @@ class Decode:
     codec: "Codec"
     shape: tuple[int, ...]
     nbytes: int
+    dtype: str = "float32"
+    enc_nbytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
