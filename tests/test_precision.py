@@ -137,3 +137,52 @@ def test_fp16_overflow_is_skipped_and_the_scale_backs_off_without_changing_anyth
         assert t.steps_done == 0
     with pytest.raises(ValueError, match="scaler= applies to precision='fp16'"):
         vmem.Trainer(vmem.models.get("digits_cnn"), precision="bf16", scaler=vmem.optim.GradScaler())
+
+
+LOSSLESS = ("layerwise", "vdnn-all", "vdnn-conv", "vdnn-all:codec=zvc", "vdnn-all:codec=ssdc", "gist", "chen", "echo")
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_lossless_policies_give_the_baselines_weights_bit_for_bit_at_each_precision(precision):
+    """Offload, Gist's lossless encodings (binarize, ssdc) and recomputation on 16-bit maps change nothing."""
+    from tests.lossless import all_equal, weights_under
+
+    x, y = _digits(16)
+    make = lambda: vmem.models.get("digits_cnn")  # noqa: E731
+    weights = weights_under(make, ("baseline",) + LOSSLESS, x, y, precision=precision, memory="32MiB")
+    assert all_equal(weights)
+
+
+def test_a_checkpoint_keeps_the_precision_and_the_loss_scale(tmp_path):
+    from vmem.errors import CheckpointError
+    from vmem.training import checkpoint
+
+    x, y = _digits()
+    path = tmp_path / "half.npz"
+    scaler = vmem.optim.GradScaler(init_scale=1024.0, growth_interval=2)
+    with vmem.Trainer(vmem.models.get("digits_cnn"), memory="64MiB", precision="fp16", scaler=scaler, seed=0) as t:
+        for _ in range(3):
+            t.step(x, y)
+        state = t.scaler.state_dict()
+        assert state["scale"] == 2048.0 and state["growth_tracker"] == 1
+        t.save(path)
+    with vmem.Trainer(vmem.models.get("digits_cnn"), memory="64MiB", precision="fp16", seed=0) as t:
+        t.load(path)
+        assert t.scaler.state_dict() == state  # goes on at the scale it had reached
+    data, meta = checkpoint._load(path)
+    assert meta["precision"] == "fp16"
+    meta["scaler"] = {"scale": float("inf"), "growth_tracker": 0}
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, meta=np.array(__import__("json").dumps(meta)), **data)
+    with pytest.raises(CheckpointError, match="bad.npz: entry 'meta.scaler'"):
+        with vmem.Trainer(vmem.models.get("digits_cnn"), memory="64MiB", precision="fp16", seed=0) as t:
+            t.load(bad)
+
+
+def test_the_timeline_marks_the_loss_scale_and_a_skipped_step():
+    x, y = _digits()
+    with vmem.Trainer(vmem.models.get("digits_cnn"), memory="64MiB", precision="fp16", seed=0) as t:
+        trace = t.step(x, y).timeline.chrome_trace()
+    marks = [e for e in trace["traceEvents"] if e["ph"] == "i"]
+    assert [m["args"] for m in marks] == [{"loss_scale": 65536.0, "skipped": False}]
+    assert marks[0]["name"] == "step: loss_scale 65536, skipped False"

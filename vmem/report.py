@@ -51,7 +51,7 @@ def layer_table(plan: Any, timeline: Timeline | None = None) -> str:
         rows = [r[:-2] for r in rows]
         widths = widths[:-2]
     lines = [
-        f"{plan.network} batch {plan.batch} on {plan.device} ({format_bytes(plan.capacity)}), policy "
+        f"{plan.network} batch {plan.batch}{_precision(plan)} on {plan.device} ({format_bytes(plan.capacity)}), policy "
         f"{plan.policy}: peak {format_bytes(plan.peak_bytes)}, average {format_bytes(plan.average_bytes)}, "
         f"offloaded {format_bytes(plan.offloaded_bytes)}" + ("" if plan.fits else "  ** DOES NOT FIT **")
     ]
@@ -61,6 +61,11 @@ def layer_table(plan: Any, timeline: Timeline | None = None) -> str:
     cats = ", ".join(f"{k} {format_bytes(v['peak'])}" for k, v in plan.by_category.items() if v.get("peak"))
     lines.append(f"peak by category: {cats}")
     return "\n".join(lines)
+
+
+def _precision(plan: Any) -> str:
+    precision = getattr(plan, "precision", "fp32")
+    return "" if precision == "fp32" else f" in {precision}"
 
 
 def paper_accounting(program: Any, result: Any) -> dict[str, int]:

@@ -214,3 +214,28 @@ def test_a_tensor_stored_in_fp16_runs_on_the_gpu_at_the_planned_peak(policy):
     from tests.graph.test_precision import step_half_and_full
 
     step_half_and_full(policy, lambda: vmem.device("cuda:0", memory="64MiB", pinned_memory="16MiB"))
+
+
+def test_fp16_training_on_the_gpu_runs_at_the_planned_peak_and_follows_fp32():
+    """Mixed precision on cuda:0: feature maps in fp16, each op computed in float32 over staging copies;
+    every step at its planned peak, lossless policies bitwise equal to the fp16 baseline, the weights close
+    to the fp32 run's."""
+    x = np.random.default_rng(0).standard_normal((16, 3, 32, 32)).astype(np.float32)
+    y = np.random.default_rng(1).integers(0, 10, 16)
+    weights = {}
+    for precision, policy in [("fp32", "baseline"), ("fp16", "baseline"), ("fp16", "vdnn-all"), ("fp16", "gist")]:
+        net = vmem.models.get("resnet_cifar", depth=8)
+        dev = vmem.device("cuda:0", memory="1GiB", pinned_memory="512MiB")
+        try:
+            with vmem.Trainer(net, device=dev, policy=policy, precision=precision, seed=0) as t:
+                for _ in range(3):
+                    report = t.step(x, y)
+                    assert np.isfinite(report.loss) and report.peak_bytes == t.plans[16].peak_bytes
+        finally:
+            dev.close()
+        weights[(precision, policy)] = net.params
+    half = weights[("fp16", "baseline")]
+    for key in (("fp16", "vdnn-all"), ("fp16", "gist")):
+        assert all(np.array_equal(half[k], weights[key][k]) for k in half), key
+    for k, w in weights[("fp32", "baseline")].items():
+        np.testing.assert_allclose(half[k], w, rtol=0.05, atol=0.02)

@@ -294,6 +294,8 @@ class Executor(Transfers):
             self._roll_back(r)
             raise
         timeline = r.timeline
+        if r.scale is not None:
+            timeline.marks.update(loss_scale=float(r.scale), skipped=bool(r.skipped))
         report = StepReport(
             loss=r.loss if r.loss is not None else float("nan"),
             seconds=time.perf_counter() - timeline.origin,

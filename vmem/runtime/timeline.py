@@ -40,6 +40,9 @@ class Timeline:
     #: (time, readings) of the device itself (NVML on a GPU: memory the driver sees used, PCIe throughput),
     #: taken when the step starts and when it ends
     samples: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    #: facts of the step as a whole, written into the trace at its end: under fp16, ``loss_scale`` and
+    #: ``skipped`` (the gradients overflowed: nothing was updated)
+    marks: dict[str, Any] = field(default_factory=dict)
 
     #: spans timed by events (an asynchronous device), read by :meth:`resolve` once their work has run
     waiting: list[tuple] = field(default_factory=list, repr=False)
@@ -128,6 +131,13 @@ class Timeline:
             }
             events.append(
                 {"ph": "C", "name": "device readings", "pid": 1, "ts": (t - self.origin) * 1e6, "args": counters}
+            )
+        if self.marks:
+            end = max((s.end for s in self.spans), default=self.origin)
+            label = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in self.marks.items())
+            events.append(
+                {"ph": "i", "s": "p", "name": f"step: {label}", "pid": 1, "ts": (end - self.origin) * 1e6}
+                | {"args": dict(self.marks)}
             )
         for t, usage in self.memory()[::2]:
             events.append(

@@ -79,6 +79,7 @@ class Figures:
     stall_seconds: float | None = None
     update_seconds: float | None = None  # the optimizer's share of step_seconds
     baseline_step_seconds: float | None = None  # baseline with the fastest algorithms (the oracle)
+    precision: str = "fp32"  # what the feature maps are stored in (vmem.precision)
     layers: tuple[LayerRow, ...] = field(default=(), repr=False)
     #: per layer, the most pool bytes in use while its forward or backward ran (where a plan overflows)
     layer_peaks: dict[str, int] = field(default_factory=dict, repr=False)
@@ -211,6 +212,7 @@ class _Replay:
             if timed
             else None,
             layer_peaks=self.layer_peaks,
+            precision=self.schedule.program.precision.name,
         )
 
     def account(self, weight: float) -> None:

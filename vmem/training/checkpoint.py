@@ -36,6 +36,10 @@ class SavedState:
     epochs_done: int = 0
     epoch_step: int = 0
     epoch_rng: dict | None = None
+    #: the training precision it was written at ("fp32" in older checkpoints) and, for fp16, the loss
+    #: scaler's state (:meth:`vmem.optim.GradScaler.state_dict`)
+    precision: str = "fp32"
+    scaler: dict | None = None
 
 
 def target(path: str | os.PathLike) -> Path:
@@ -279,4 +283,16 @@ def read(path: str | os.PathLike, network: str, optimizer: Any, specs: dict[str,
         raise CheckpointError(
             f"{path}: entry 'meta.epoch_step' is {position[1]} but the epoch's random state is missing"
         )
-    return SavedState(params, opt_state, steps, rng, position[0], position[1], epoch_rng)
+    precision = meta.get("precision", "fp32")
+    if precision not in ("fp32", "fp16", "bf16"):
+        raise CheckpointError(f"{path}: entry 'meta.precision' is {precision!r}, expected fp32, fp16 or bf16")
+    scaler = meta.get("scaler")
+    if scaler is not None:
+        fields = scaler if isinstance(scaler, dict) else {}
+        scale, tracker = fields.get("scale"), fields.get("growth_tracker")
+        scale_ok = type(scale) in (int, float) and bool(np.isfinite(scale)) and scale > 0
+        if not scale_ok or type(tracker) is not int or tracker < 0:
+            raise CheckpointError(
+                f"{path}: entry 'meta.scaler' is {scaler!r}, expected the loss scaler's scale and growth_tracker"
+            )
+    return SavedState(params, opt_state, steps, rng, position[0], position[1], epoch_rng, precision, scaler)

@@ -445,7 +445,8 @@ class Trainer:
             self.net.params = weights
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write weights, optimizer state, step count and random state to an .npz file (atomically)."""
+        """Write weights, optimizer state, step count, random state, the precision and the loss scaler's
+        state to an .npz file (atomically)."""
         self._check_open()
         params = self._device_params()
         self.sync()
@@ -458,6 +459,8 @@ class Trainer:
             "epochs_done": self.epochs_done,
             "epoch_step": self.epoch_step,
             "epoch_rng": self._epoch_rng,
+            "precision": self.precision,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             # the plans the run used (policy, algorithms, what was offloaded, recomputed or encoded)
             "plans": {str(b): p.plan.to_dict() for b, p in self.plans.items()},
         }
@@ -482,6 +485,8 @@ class Trainer:
         self.steps_done = int(ckpt.steps)
         self.rng = ckpt.rng
         self.epochs_done, self.epoch_step, self._epoch_rng = ckpt.epochs_done, ckpt.epoch_step, ckpt.epoch_rng
+        if self.scaler is not None and ckpt.scaler is not None:  # fp16 goes on at the scale it had reached
+            self.scaler.load_state_dict(ckpt.scaler)
 
     # -- lifetime ----------------------------------------------------------------------------------
     def close(self) -> None:

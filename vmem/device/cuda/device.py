@@ -155,8 +155,12 @@ class CudaDevice:
         return backend_for_device(self.index).module
 
     def catalog(self, program: Any) -> Any:
-        """``program`` with cuDNN's convolution algorithms on this GPU and their exact workspace sizes."""
-        return self.conv_backend.catalog(program)
+        """``program`` with cuDNN's convolution algorithms on this GPU and their exact workspace sizes; ops
+        over fp16/bf16 storage compute in float32 through staging copies in their workspace (as on the CPU
+        device: :mod:`vmem.device.staging`), each output rounded once."""
+        from ..staging import with_float32_compute
+
+        return with_float32_compute(program, self.conv_backend.catalog)
 
     # -- memory ------------------------------------------------------------------------------------
     @property
