@@ -64,7 +64,7 @@ class Roofline:
 
     def op_seconds(self, op: OpInfo, pass_: str, algo: str | None) -> float:
         """Seconds of one pass of ``op`` with ``algo`` (memoized: planning asks the same question often)."""
-        key = (op.name, op.kind, op.in_shapes, op.out_shape, pass_, algo)
+        key = (op.name, op.kind, op.in_shapes, op.out_shape, op.in_dtypes, op.out_dtype, pass_, algo)
         seconds = self._memo.get(key)
         if seconds is None:
             seconds = self._memo[key] = self._op_seconds(op, pass_, algo)
