@@ -499,7 +499,7 @@ def _common(
     p.add_argument(
         "--policy",
         default=policy_default,
-        help="policy spec: baseline, layerwise, vdnn-all, vdnn-conv, vdnn-dyn, gist, mirror, chen, echo, with :key=value options"
+        help="policy spec: baseline, layerwise, vdnn-all, vdnn-conv, vdnn-dyn, gist, mirror, chen, echo, auto (all of them mixed for the budget), with :key=value options"
         f" (default {policy_default})",
     )
     p.add_argument(

@@ -93,9 +93,12 @@ def evaluate(
     alignment: int = 256,
     optimizer_slots: tuple[str, ...] = ("momentum",),
     costs: Any = None,
+    packing: str = "auto",
 ) -> tuple[PlanResult, Schedule]:
-    """Lower a decided plan and replay it (``program`` as the device sees it); its figures and schedule."""
-    schedule = lower(program, decided, optimizer_slots, alignment)
+    """Lower a decided plan and replay it (``program`` as the device sees it); its figures and schedule.
+    ``packing``: how the blocks are placed in the arena (:func:`vmem.schedule.pack.pack`; ``"sweep"`` is
+    faster and never packs tighter than ``"auto"``: a plan that fits with it fits)."""
+    schedule = lower(program, decided, optimizer_slots, alignment, packing)
     figures = replay_fitting(schedule, device, alignment, costs)
     figures = dataclasses.replace(figures, layers=_layer_rows(program, decided))
     return PlanResult(decided, figures), schedule
@@ -162,10 +165,11 @@ def validate(
 
 
 def floor_policy(policy: Any) -> Any:
-    """The policy whose plan is the least ``policy`` can need: itself, or for ``vdnn-dyn`` (which chooses
-    among others) vdnn-all with memory-optimal algorithms."""
+    """The policy whose plan is the least ``policy`` can need: itself, or for ``vdnn-dyn`` and ``auto``
+    (which choose among others) vdnn-all with memory-optimal algorithms (for ``auto`` a bound: a plan that
+    recomputes may need less)."""
     pol = policies.get(policy)
-    return policies.get("vdnn-all:algos=memory") if pol.name == "vdnn-dyn" else pol
+    return policies.get("vdnn-all:algos=memory") if pol.name in ("vdnn-dyn", "auto") else pol
 
 
 def plan_program(
@@ -187,9 +191,11 @@ def plan_program(
     pol = policies.get(policy)
     program, costs = _cost_setup(program, device, costs, catalog)
 
-    def oracle(candidate: Plan, memory: int | None = None) -> PlanResult:
+    def oracle(candidate: Plan, memory: int | None = None, packing: str = "auto") -> PlanResult:
         spec = device if memory is None else dataclasses.replace(device, memory=memory)
-        return evaluate(program, spec, candidate, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs)[0]
+        return evaluate(
+            program, spec, candidate, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs, packing=packing
+        )[0]
 
     decided = pol.decide(program, device, costs, oracle)
     result, schedule = evaluate(

@@ -16,10 +16,7 @@ __all__ = ["writers", "readers", "nonnegative_sparse", "prefetch_points", "Recom
 
 def writers(program: Program) -> dict[int, tuple[int, ...]]:
     """Per buffer: the ops that write it, in order (its producer, then in-place layers)."""
-    out: dict[int, list[int]] = {}
-    for op in program.ops:
-        out.setdefault(program.tensors[op.output].buffer, []).append(op.index)
-    return {b: tuple(ops) for b, ops in out.items()}
+    return dict(program.buffer_writers)
 
 
 def readers(program: Program) -> dict[int, dict[str, tuple[int, ...]]]:
@@ -38,9 +35,10 @@ def nonnegative_sparse(program: Program, b: int) -> bool:
     """Whether buffer ``b`` holds ReLU outputs (or max-pools of ReLU outputs): sparse and nonnegative, what
     Gist's SSDC and binarization encode."""
     seen = set()
+    chains = program.buffer_writers
     while b not in seen:
         seen.add(b)
-        ops = [op for op in program.ops if program.tensors[op.output].buffer == b and op.kind != "flatten"]
+        ops = [program.ops[i] for i in chains.get(b, ()) if program.ops[i].kind != "flatten"]
         if not ops:
             return False
         last = ops[-1]  # the value that stays in the buffer
@@ -66,17 +64,25 @@ def prefetch_points(
     }
     back: set[int] = set()
     points: dict[str, list[str]] = {}
+    # look ahead from layer m: the nearest earlier layer j with a buffer not yet back, searching no
+    # further than the nearest earlier convolution (included). Layers whose buffers are all back stay so
+    # (back only grows), and m only decreases: a stack of the candidates keeps the search linear.
+    conv_before, last = [-1] * len(ops), -1
+    for op in ops:
+        conv_before[op.index] = last
+        if op.kind == "conv":
+            last = op.index
+    candidates = [op.index for op in ops if needs[op.index]]  # ascending
     for m in range(len(ops) - 1, -1, -1):
         batch = [b for b in needs[m] if b not in back]  # on demand: layer m cannot start without them
         back.update(batch)
-        for j in range(m - 1, -1, -1):  # look ahead: the nearest earlier layer still offloaded
+        while candidates and (candidates[-1] >= m or all(b in back for b in needs[candidates[-1]])):
+            candidates.pop()
+        if candidates and candidates[-1] >= conv_before[m]:
+            j = candidates[-1]
             pending = [b for b in needs[j] if b not in back]
-            if pending:
-                batch += pending
-                back.update(pending)
-                break
-            if ops[j].kind == "conv":
-                break
+            batch += pending
+            back.update(pending)
         if batch:
             points[ops[m].name] = [tensors[b].name for b in batch]
     return points

@@ -14,6 +14,7 @@ the output gradient too.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -209,7 +210,25 @@ class Program:
 
     def backward_readers(self, buffer: int) -> list[OpInfo]:
         """Ops whose backward reads ``buffer`` (an owner tensor id)."""
-        return [op for op in self.ops if buffer in self.backward_reads(op)]
+        return list(self._backward_readers.get(buffer, ()))
+
+    @functools.cached_property
+    def _backward_readers(self) -> dict[int, list[OpInfo]]:
+        """Per buffer, the ops whose backward reads it (made once: a Program's ops do not change after it
+        is built; a changed Program is a new one, ``dataclasses.replace``)."""
+        out: dict[int, list[OpInfo]] = {}
+        for op in self.ops:
+            for b in self.backward_reads(op):
+                out.setdefault(b, []).append(op)
+        return out
+
+    @functools.cached_property
+    def buffer_writers(self) -> dict[int, tuple[int, ...]]:
+        """Per buffer: the indices of the ops that write it, in order (its producer, then in-place layers)."""
+        out: dict[int, list[int]] = {}
+        for op in self.ops:
+            out.setdefault(self.tensors[op.output].buffer, []).append(op.index)
+        return {b: tuple(ops) for b, ops in out.items()}
 
     def sign_only(self, buffer: int) -> bool:
         """Whether every backward that reads ``buffer`` needs only the sign of its own output (ReLU's)."""

@@ -4,7 +4,8 @@
 them. Spec strings are accepted wherever ``policy=`` is.
 """
 
-from . import baseline as _baseline  # noqa: F401  (registers the policies)
+from . import auto as _auto  # noqa: F401  (registers the policies)
+from . import baseline as _baseline  # noqa: F401
 from . import dyn as _dyn  # noqa: F401
 from . import gist as _gist  # noqa: F401
 from . import layerwise as _layerwise  # noqa: F401

@@ -75,16 +75,21 @@ __all__ = [
 
 
 def lower(
-    program: Program, plan: "Plan", optimizer_slots: tuple[str, ...] = ("momentum",), alignment: int = 256
+    program: Program,
+    plan: "Plan",
+    optimizer_slots: tuple[str, ...] = ("momentum",),
+    alignment: int = 256,
+    packing: str = "auto",
 ) -> Schedule:
-    """The training step of ``plan``, every allocation placed in the arena (:func:`.pack.place`)."""
+    """The training step of ``plan``, every allocation placed in the arena (:func:`.pack.place`, with the
+    ``packing`` strategy)."""
     if plan.allocation == "network":
         schedule = _lower_network(program, plan, optimizer_slots, alignment)
     elif plan.allocation == "layer":
         schedule = lower_layerwise(program, plan, optimizer_slots, alignment)
     else:
         raise ValueError(f"plan {plan.policy!r}: unknown allocation {plan.allocation!r}")
-    return place(schedule)
+    return place(schedule, packing)
 
 
 def _share_slots(grads: Gradients) -> tuple[dict[Key, Key], list[Buffer]]:

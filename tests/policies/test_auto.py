@@ -1,0 +1,99 @@
+"""``auto``: the fastest plan that fits over every technique, never slower than a named policy, lossless."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import vmem
+from vmem.errors import BudgetTooSmall, PlanError
+from vmem.policies.auto import PORTFOLIO
+from tests.lossless import weights_under
+
+SIM = "sim:v100-16gb"
+
+
+AUTO = "auto:trials=24"  # fewer replays than the default: the same search, cut short
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    net = vmem.models.get("resnet_cifar", depth=20)
+    return net, vmem.plan(net, 128, SIM, "layerwise", memory="1TiB").peak_bytes
+
+
+@pytest.mark.parametrize("fraction", [0.45, 0.8])
+def test_auto_fits_wherever_a_named_policy_does_and_is_never_slower(resnet, fraction):
+    net, peak = resnet
+    memory = int(peak * fraction)
+    named = []
+    for spec in PORTFOLIO:
+        try:
+            r = vmem.plan(net, 128, SIM, spec, memory=memory)
+        except PlanError:
+            continue
+        if r.fits:
+            named.append(r.step_seconds)
+    assert named, "the budget should leave some named policy fitting"
+    auto = vmem.plan(net, 128, SIM, AUTO, memory=memory)
+    assert auto.fits and auto.peak_bytes <= memory
+    assert auto.step_seconds <= min(named) * (1 + 1e-12)
+    assert auto.plan.chosen in PORTFOLIO and auto.reason.startswith("auto: ")
+
+
+def test_the_moves_auto_keeps_are_explained_per_buffer_or_pass(resnet):
+    net, peak = resnet
+    auto = vmem.plan(net, 128, SIM, AUTO, memory=int(peak * 0.6))
+    moved = {k: v for k, v in auto.plan.notes.items() if "saved" in v or "saves" in v}
+    improved = "improved by" in auto.reason
+    assert improved and improved == bool(moved)
+    for what, note in moved.items():
+        assert "instead of" in note or "through zvc" in note, (what, note)
+
+
+def test_auto_on_the_cpu_device_is_lossless_and_runs_at_its_planned_peak():
+    """Against baseline with the same convolution algorithms (each algorithm rounds its own way)."""
+    import dataclasses
+
+    x = np.random.default_rng(0).standard_normal((32, 1, 16, 16)).astype(np.float32)
+    y = np.random.default_rng(1).integers(0, 10, 32)
+    make = lambda: vmem.models.get("digits_vgg")  # noqa: E731
+    need = vmem.plan(make(), 32, "cpu", "baseline").peak_bytes
+    net, dev = make(), vmem.device("cpu", memory=need // 2, poison=True)
+    try:
+        with vmem.Trainer(net, device=dev, policy="auto", seed=0) as t:
+            for _ in range(3):
+                report = t.step(x, y)
+                assert np.isfinite(report.loss) and report.peak_bytes == t.plans[32].peak_bytes
+            chosen = t.plans[32].plan
+    finally:
+        dev.close()
+    assert any(d != "keep" for d in chosen.stash.values())  # half the baseline's need: it had to do something
+
+    class SameAlgos(vmem.policies.Policy):
+        name = "baseline-with-auto-algos"
+
+        def decide(self, program, device, costs=None, oracle=None):
+            plan = vmem.policies.get("baseline").decide(program, device, costs)
+            return dataclasses.replace(plan, algos=chosen.algos)
+
+    base = next(iter(weights_under(make, (SameAlgos(),), x, y, memory=2 * need).values()))
+    assert all(np.array_equal(base[k], net.params[k]) for k in base)
+
+
+def test_auto_needs_a_cost_model_and_names_its_options():
+    net = vmem.models.get("digits_cnn")
+    with pytest.raises(PlanError, match="auto ranks plans by predicted step time"):
+        vmem.plan(net, 8, "cpu", "auto", memory="64MiB")
+    with pytest.raises(ValueError, match="lossy='fp9'"):
+        vmem.policies.get("auto:lossy=fp9")
+    with pytest.raises(ValueError, match="trials=-1"):
+        vmem.policies.get("auto:trials=-1")
+    assert vmem.policies.get("auto:lossy=fp8").portfolio()[-1].endswith("codec=fp8")
+
+
+def test_a_budget_nothing_fits_is_refused_with_the_least_memory(resnet):
+    net, peak = resnet
+    with pytest.raises(BudgetTooSmall) as info:
+        vmem.plan(net, 128, SIM, AUTO, memory=int(peak * 0.05))
+    assert info.value.least > peak * 0.05
