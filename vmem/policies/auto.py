@@ -105,6 +105,13 @@ class Auto(Policy):
             return self.trials
         return max(8, min(self.MAX_TRIALS, self.REPLAY_OPS // max(len(program.ops), 1)))
 
+    @property
+    def spec(self) -> str:
+        options = ([f"lossy={self.lossy}"] if self.lossy is not None else []) + (
+            [f"trials={self.trials}"] if self.trials is not None else []
+        )
+        return f"{self.name}:{','.join(options)}" if options else self.name
+
     def portfolio(self) -> list[str]:
         """The named plans auto starts from."""
         out = list(PORTFOLIO)
