@@ -131,8 +131,13 @@ class Auto(Policy):
         started = time.perf_counter()
 
         def quick(candidate: Plan, memory: int | None = None) -> Any:
+            """The oracle's answer, packing the arena as the planner does only where it can matter: a plan
+            that fits with the sweeps fits; one whose live bytes alone exceed the capacity fits under no
+            packing (and its figures do not depend on the packing)."""
             result = oracle(candidate, memory, packing="sweep")
-            return result if result.fits else oracle(candidate, memory)
+            if result.fits or result.peak_bytes > (device.memory if memory is None else memory):
+                return result
+            return oracle(candidate, memory)
 
         fitting: list[tuple[float, str, Any]] = []
         tried, floor = 0, None
@@ -191,7 +196,7 @@ class Auto(Policy):
         """Try the moves in order of estimated gain, keeping those after which the plan still fits and is
         faster. A try first packs the arena with the sweeps only (faster; the predicted time does not depend
         on the packing, and a plan that fits so fits as the planner packs it); a faster plan that does not
-        fit that way is packed again as the planner does."""
+        fit that way, but whose live bytes do, is packed again as the planner does."""
         plan, kept, trials = best.plan, 0, 0
         notes: dict[str, str] = {}
         budget = self.trial_budget(program)
@@ -205,8 +210,8 @@ class Auto(Policy):
                     candidate = move.apply(plan)
                     result = oracle(candidate, packing="sweep")
                     faster = result.step_seconds < best.step_seconds * (1 - self.GAIN)
-                    if faster and not result.fits:  # the time does not depend on the packing; the fit may
-                        result = oracle(candidate)
+                    if faster and not result.fits and result.peak_bytes <= device.memory:
+                        result = oracle(candidate)  # the time does not depend on the packing; the fit may
                 except (PlanError, ValueError):  # a mix the lowering cannot schedule: not a plan
                     continue
                 if faster and result.fits:
