@@ -145,6 +145,11 @@ def flat(x: Any) -> Any:
     return xp.ascontiguousarray(x).reshape(-1)
 
 
+def kernel_dtype(dtype: Any) -> bool:
+    """Whether the float32 kernels serve ``dtype``: float32, or a 16-bit float they read widened (exact)."""
+    return dtype == np.float32 or is_half(dtype)
+
+
 def widened(v: Any) -> Any:
     """A 16-bit float array as float32 (exact), for the float32 kernels; a float32 array as it is."""
     return v if v.dtype == np.float32 else v.astype(np.float32)

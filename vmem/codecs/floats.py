@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import native
-from .base import Codec, Encoded, flat, narrowed_into, output, shape_of, widened
+from .base import Codec, Encoded, kernel_dtype, flat, narrowed_into, output, shape_of, widened
 
 __all__ = ["DPR", "FORMATS", "quantize"]
 
@@ -88,7 +88,9 @@ class DPR(Codec):
 
     def encode(self, x: Any, *, reference: bool = False) -> Encoded:
         v = flat(x)
-        if not reference and (on := native.backend(v)) is not None:  # 16-bit floats: widened first (exact)
+        if (
+            not reference and kernel_dtype(v.dtype) and (on := native.backend(v)) is not None
+        ):  # 16-bit floats: widened first (exact)
             return Encoded(self.spec, shape_of(x), v.dtype, {"codes": native.dpr_encode(widened(v), self.format, on)})
         codes = _encode(v, self.ebits, self.mbits)
         if self.format == "fp16":
@@ -106,7 +108,7 @@ class DPR(Codec):
         res = output(enc, out)
         r = res.reshape(-1)
         packed = enc.arrays["codes"]
-        if not reference and r.flags.c_contiguous and (on := native.backend(r)) is not None:
+        if not reference and kernel_dtype(r.dtype) and r.flags.c_contiguous and (on := native.backend(r)) is not None:
             narrowed_into(r, lambda dst: native.dpr_decode(packed, self.format, dst, on))
             return res
         if self.format == "fp10":

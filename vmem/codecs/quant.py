@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import native
-from .base import Codec, Encoded, array_module, is_half, narrowed_into, output, widened
+from .base import Codec, Encoded, array_module, is_half, kernel_dtype, narrowed_into, output, widened
 
 __all__ = ["Fixed", "Patch2"]
 
@@ -99,7 +99,7 @@ class Fixed(Codec):
         scale = ((hi - lo) / np.float32(levels)).astype(np.float32)
         inner = math.prod(a.shape[axis + 1 :])
         meta = {"axis": axis}
-        if not reference and (a.dtype == np.float32 or is_half(a.dtype)) and native.available():
+        if not reference and kernel_dtype(a.dtype) and native.available():
             codes = native.fixed_encode(np.ascontiguousarray(widened(a)).reshape(-1), lo, scale, inner, self.bits)
         else:
             q, _ = _quantize(a, lo.reshape(shape), hi.reshape(shape), levels)
@@ -111,12 +111,7 @@ class Fixed(Codec):
         axis = enc.meta.get("axis", 1)
         lo, scale = enc.arrays["lo"], enc.arrays["scale"]
         r = res.reshape(-1)
-        if (
-            not reference
-            and (res.dtype == np.float32 or is_half(res.dtype))
-            and r.flags.c_contiguous
-            and native.available()
-        ):
+        if not reference and kernel_dtype(res.dtype) and r.flags.c_contiguous and native.available():
             inner = math.prod(enc.shape[axis + 1 :])
             narrowed_into(r, lambda dst: native.fixed_decode(enc.arrays["codes"], lo, scale, inner, self.bits, dst))
             return res

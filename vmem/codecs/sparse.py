@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from . import native
-from .base import Codec, Encoded, bits_of, flat, narrowed_into, output, shape_of, widened
+from .base import Codec, Encoded, is_half, kernel_dtype, bits_of, flat, narrowed_into, output, shape_of, widened
 
 __all__ = ["ZVC", "SSDC", "Binarize"]
 
@@ -38,7 +38,9 @@ class ZVC(Codec):
 
     def encode(self, x: Any, *, reference: bool = False) -> Encoded:
         v = flat(x)
-        if not reference and (on := native.backend(v)) is not None:  # 16-bit floats: widened (zero stays zero)
+        if (
+            not reference and kernel_dtype(v.dtype) and (on := native.backend(v)) is not None
+        ):  # 16-bit floats: widened (zero stays zero)
             mask, values = native.zvc_encode(widened(v), on)
             values = values.astype(v.dtype, copy=False)
         else:
@@ -49,7 +51,7 @@ class ZVC(Codec):
     def decode(self, enc: Encoded, out: Any = None, *, reference: bool = False) -> np.ndarray:
         res = output(enc, out)
         r = res.reshape(-1)
-        if not reference and r.flags.c_contiguous and (on := native.backend(r)) is not None:
+        if not reference and kernel_dtype(r.dtype) and r.flags.c_contiguous and (on := native.backend(r)) is not None:
             mask, values = enc.arrays["mask"], widened(enc.arrays["values"])
             narrowed_into(r, lambda dst: native.zvc_decode(mask, values, dst, on))
             return res
@@ -73,7 +75,7 @@ class SSDC(Codec):
 
     def encode(self, x: Any, *, reference: bool = False) -> Encoded:
         v = flat(x)
-        if not reference and (on := native.backend(v)) is not None:
+        if not reference and kernel_dtype(v.dtype) and (on := native.backend(v)) is not None:
             row_ptr, cols, values = native.ssdc_encode(widened(v), self.ROW, on)
             values = values.astype(v.dtype, copy=False)
             return Encoded(self.name, shape_of(x), v.dtype, {"row_ptr": row_ptr, "cols": cols, "values": values})
@@ -95,7 +97,7 @@ class SSDC(Codec):
         res = output(enc, out)
         r = res.reshape(-1)
         a = enc.arrays
-        if not reference and r.flags.c_contiguous and (on := native.backend(r)) is not None:
+        if not reference and kernel_dtype(r.dtype) and r.flags.c_contiguous and (on := native.backend(r)) is not None:
             values = widened(a["values"])
             narrowed_into(r, lambda dst: native.ssdc_decode(a["row_ptr"], a["cols"], values, dst, on))
             return res
@@ -123,7 +125,7 @@ class Binarize(Codec):
 
     def encode(self, x: Any, *, reference: bool = False) -> Encoded:
         v = flat(x)
-        if not reference and (on := native.backend(v)) is not None:
+        if not reference and kernel_dtype(v.dtype) and (on := native.backend(v)) is not None:
             bits = native.binarize_encode(widened(v), on)
         else:
             bits = np.packbits(v > 0, bitorder="little")
@@ -132,7 +134,7 @@ class Binarize(Codec):
     def decode(self, enc: Encoded, out: Any = None, *, reference: bool = False) -> np.ndarray:
         res = output(enc, out)
         r = res.reshape(-1)
-        if not reference and r.flags.c_contiguous and (on := native.backend(r)) is not None:
+        if not reference and kernel_dtype(r.dtype) and r.flags.c_contiguous and (on := native.backend(r)) is not None:
             narrowed_into(r, lambda dst: native.binarize_decode(enc.arrays["bits"], dst, on))
         else:
             r[...] = np.unpackbits(enc.arrays["bits"], bitorder="little", count=enc.size)
@@ -156,7 +158,7 @@ class Binarize(Codec):
         ):
             native.binarize_relu_backward(bits, dy.reshape(-1), dx.reshape(-1), on)
             return
-        if dx.dtype != np.float32 and dx.flags.c_contiguous and (on := native.backend(dx)) is not None:
+        if is_half(dx.dtype) and dx.flags.c_contiguous and (on := native.backend(dx)) is not None:
             mask = on.xp.empty(dx.shape, np.float32)  # 16-bit floats: the mask from the kernel, then dy * mask
             native.binarize_decode(bits, mask.reshape(-1), on)
             on.xp.multiply(dy, mask.astype(dx.dtype), out=dx)

@@ -35,6 +35,8 @@ from ..device.spec import DeviceSpec
 from ..errors import BudgetTooSmall, PlanError
 from ..graph import PASSES, Program
 from ..graph.analysis import nonnegative_sparse, prefetch_points, writers
+from ..schedule.gradients import needs_grad
+from ..schedule.recompute import backward_uses, decisions
 from ..units import format_bytes
 from .base import Policy, get, option, register
 from .plan import Allocation, Plan, Stash
@@ -283,29 +285,19 @@ def _offloaded(program: Program, plan: Plan) -> set[int]:
 
 
 def _reads(program: Program, plan: Plan) -> dict[int, list[int]]:
-    """Per op: the buffers used at its backward, the sources of the rebuilds it runs included (a recomputed
-    buffer is rebuilt at its first reader in backward order, from the inputs of its first writer, those
-    recomputed in turn rebuilt first): where an offloaded buffer must be back."""
-    tensors = program.tensors
-    by_name = {t.name: t.id for t in tensors}
-    recomputed = {tensors[by_name[n]].buffer for n, d in plan.stash.items() if d == Stash.RECOMPUTE}
-    chains = writers(program)
-    rebuilt: set[int] = set()
-    out: dict[int, list[int]] = {}
-    for op in reversed(program.ops):
-        reads: list[int] = []
-
-        def need(b: int) -> None:
-            reads.append(b)
-            if b in recomputed and b not in rebuilt and b in chains:
-                rebuilt.add(b)
-                for t in program.ops[chains[b][0]].inputs:
-                    need(tensors[t].buffer)
-
-        for b in program.backward_reads(op):
-            need(b)
-        out[op.index] = reads
-    return out
+    """Per op: the buffers used at its backward, the sources of the rebuilds it runs included (where an
+    offloaded buffer must be back), from the lowering's own walk of ``plan``'s decisions."""
+    by_name = {t.name: t.id for t in program.tensors}
+    lossless = {
+        program.tensors[by_name[n]].buffer
+        for n, d in plan.stash.items()
+        if d == Stash.ENCODE
+        and n in plan.codecs
+        and codecs.get(plan.codecs[n]).lossless
+        and not codecs.get(plan.codecs[n]).sign_only
+    }
+    walk = backward_uses(program, decisions(program, plan.stash), needs_grad(program), lossless)
+    return {u.op: [s for r in u.rebuilds for s in r.sources] + list(u.reads) for u in walk}
 
 
 def _keep(name: str) -> Callable[[Plan], Plan]:

@@ -151,7 +151,6 @@ class Executor(Transfers):
         self.optimizer = optimizer
         self.xp = device.xp
         self._input_dtype = np.dtype(program.tensors[program.input].dtype)
-        self._logits_dtype = np.dtype(program.tensors[program.output].dtype)
         self._loss_dtype = np.dtype(program.loss_dtype)  # the loss's and its probabilities' (float32 over half logits)
         self._grad_dtype = np.dtype(program.precision.gradients)  # the weights' gradients
         #: each tensor is viewed in what it is stored in (a layer may store its output otherwise)

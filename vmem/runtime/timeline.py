@@ -135,10 +135,8 @@ class Timeline:
         if self.marks:
             end = max((s.end for s in self.spans), default=self.origin)
             label = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in self.marks.items())
-            events.append(
-                {"ph": "i", "s": "p", "name": f"step: {label}", "pid": 1, "ts": (end - self.origin) * 1e6}
-                | {"args": dict(self.marks)}
-            )
+            ts = (end - self.origin) * 1e6
+            events.append({"ph": "i", "s": "p", "name": f"step: {label}", "pid": 1, "ts": ts, "args": dict(self.marks)})
         for t, usage in self.memory()[::2]:
             events.append(
                 {

@@ -49,11 +49,6 @@ class _Offloaded:
         self.moved = 0
 
 
-def _coded(st: Any) -> np.dtype:
-    """What a map through a codec is stored in (float32, float16 or bfloat16)."""
-    return _dtype(st.dtype)
-
-
 class Transfers:
     """Offload, prefetch, encode and decode steps; the executor supplies ``device``, ``_op_params``,
     ``_view``, ``_launch``, ``_asynchronous`` and the per-step state ``r``."""
@@ -122,7 +117,7 @@ class Transfers:
         ms.wait(cs.record())
         name = f"offload:{st.key}"
         if st.codec is not None:
-            src = dev.view(block, st.shape, _coded(st))
+            src = dev.view(block, st.shape, _dtype(st.dtype))
             self._span(r, ms, name, "offload", {}, self._send, st, src, off)
         else:
             off.moved = block.nbytes
@@ -165,7 +160,9 @@ class Transfers:
         ms.wait(cs.record())  # the block's previous users on compute are done
         name = f"prefetch:{st.key}"
         if st.codec is not None:
-            dst = dev.view(block, st.shape, _coded(st))  # off.enc is set by the offload's task: read it when this runs
+            dst = dev.view(
+                block, st.shape, _dtype(st.dtype)
+            )  # off.enc is set by the offload's task: read it when this runs
             codec = st.codec
             self._span(r, ms, name, "prefetch", {}, lambda: transfer.receive(dev, codec, off.enc, dst))
         else:
@@ -189,7 +186,7 @@ class Transfers:
     # -- encodings kept on the device (Gist) ----------------------------------------------------------
     def _encode(self, r: Any, st: Encode) -> None:
         """Encode a buffer into its encoding's block after its last forward use."""
-        src = self.device.view(r.blocks[st.key], st.shape, _coded(st))
+        src = self.device.view(r.blocks[st.key], st.shape, _dtype(st.dtype))
         if st.enc in r.deferred:
             self._encode_at_size(r, st, src)
             return
@@ -226,7 +223,7 @@ class Transfers:
 
     def _decode(self, r: Any, st: Decode) -> None:
         """Decode a buffer back into its (newly allocated) block before the first backward that reads it."""
-        dst = self.device.view(r.blocks[st.key], st.shape, _coded(st))
+        dst = self.device.view(r.blocks[st.key], st.shape, _dtype(st.dtype))
         encodings, codec = r.encodings, st.codec
         self._launch(  # type: ignore[attr-defined]
             r,
