@@ -7,7 +7,7 @@ import pytest
 
 import vmem
 from vmem.errors import BudgetTooSmall, PlanError
-from vmem.policies.auto import PORTFOLIO
+from vmem.policies.auto import DESCENT, PORTFOLIO
 from tests.lossless import weights_under
 
 SIM = "sim:v100-16gb"
@@ -38,7 +38,27 @@ def test_auto_fits_wherever_a_named_policy_does_and_is_never_slower(resnet, frac
     auto = vmem.plan(net, 128, SIM, AUTO, memory=memory)
     assert auto.fits and auto.peak_bytes <= memory
     assert auto.step_seconds <= min(named) * (1 + 1e-12)
-    assert auto.plan.chosen in PORTFOLIO and auto.reason.startswith("auto: ")
+    assert auto.plan.chosen in (*PORTFOLIO, DESCENT) and auto.reason.startswith("auto: ")
+
+
+def test_the_descent_mixes_techniques_and_beats_every_named_policy_where_none_is_right(resnet):
+    """At half the layer-wise peak no named policy is near the fastest plan: the descent from it (the
+    cheapest seconds per byte saved at the replayed peak) mixes recomputation with encodings or offloads."""
+    net, peak = resnet
+    memory = int(peak * 0.5)
+    named = []
+    for spec in PORTFOLIO:
+        try:
+            r = vmem.plan(net, 128, SIM, spec, memory=memory)
+        except PlanError:
+            continue
+        if r.fits:
+            named.append(r.step_seconds)
+    auto = vmem.plan(net, 128, SIM, AUTO, memory=memory)
+    assert auto.plan.chosen == DESCENT and auto.fits
+    assert auto.step_seconds < min(named) * 0.99
+    kinds = {str(d) for d in auto.plan.stash.values()}
+    assert "recompute" in kinds and len(kinds - {"keep"}) >= 2, kinds
 
 
 def test_the_moves_auto_keeps_are_explained_per_buffer_or_pass(resnet):

@@ -99,6 +99,14 @@ def test_the_average_is_weighted_by_time_and_the_peak_is_the_pools():
     assert figures.by_category["feature_maps"]["peak"] == 3 * KiB
 
 
+def test_the_figures_say_where_the_peak_was_reached():
+    figures = replay(schedule("layer"), vmem.device("sim:titan-x", memory="1MiB"), Costs())
+    # in use at each forward: 1 KiB, 3 KiB (a and b), then 3 KiB again (b and the prefetched a): the first
+    name = vmem.models.get("digits_cnn").build(1).ops[0].name
+    assert figures.peak_at == f"forward {name}"
+    assert figures.layer_peaks == {name: 3 * KiB}
+
+
 def test_without_costs_compute_is_weighted_by_flops_and_nothing_is_timed():
     figures = replay(schedule("layer"), vmem.device("sim:titan-x", memory="1MiB"))
     assert figures.step_seconds is None and figures.stall_seconds is None

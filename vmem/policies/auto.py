@@ -40,6 +40,7 @@ from ..schedule.recompute import backward_uses, decisions
 from ..units import format_bytes
 from .base import Policy, get, option, register
 from .plan import Allocation, Plan, Stash
+from .recompute import cheap_ops
 
 __all__ = ["Auto", "PORTFOLIO"]
 
@@ -65,6 +66,9 @@ PORTFOLIO = (
     "chen:algos=memory",
 )
 LOSSY = ("fp16", "fp10", "fp8", "fixed8", "fixed4", "patch2")
+#: the start made by the descent: the fastest plan, made to fit by the cheapest savings per byte
+FAST = "layerwise:algos=performance"
+DESCENT = f"{FAST}, descended"
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,11 @@ class Auto(Policy):
             tried += 1
             if result.fits and result.step_seconds is not None:
                 fitting.append((result.step_seconds, spec, result))
+        for share in self.LINK_SHARES:
+            descended = self._descend(program, device, costs, oracle, share)
+            tried += 1
+            if descended is not None:
+                fitting.append((descended.step_seconds, DESCENT, descended))
         if not fitting:
             if floor is not None:
                 raise floor
@@ -180,7 +189,7 @@ class Auto(Policy):
             plan, notes, moves_kept, best = self._improve(program, device, costs, oracle, best)
         seconds = best.step_seconds
         reason = (
-            f"auto: {len(fitting)} of {tried} named plans fit in {format_bytes(device.memory)}; the fastest, "
+            f"auto: {len(fitting)} of {tried} starting plans fit in {format_bytes(device.memory)}; the fastest, "
             f"{start_spec} ({start_seconds * 1e3:.2f} ms predicted), "
             + (
                 f"improved by {moves_kept} move(s) to {seconds * 1e3:.2f} ms"
@@ -192,6 +201,100 @@ class Auto(Policy):
         return dataclasses.replace(
             plan, policy=self.spec, reason=reason, chosen=start_spec, notes={**plan.notes, **notes}
         )
+
+    # -- the descent -----------------------------------------------------------------------------------
+    #: rounds of the descent (each one replay), and the margin each round aims below the budget
+    DESCENT_ROUNDS: ClassVar[int] = 24
+    MARGIN: ClassVar[float] = 0.02
+
+    #: the descents' shares of the time before the peak the copies out may fill (0: no offloads): where the
+    #: forward allocates where an offloaded buffer was before its copy ends, it waits for it
+    LINK_SHARES: ClassVar[tuple[float, ...]] = (0.0, 0.25, 0.5, 1.0)
+
+    def _descend(self, program: Program, device: DeviceSpec, costs: Any, oracle: Any, share: float) -> Any:
+        """From the fastest plan (layer-wise, fastest algorithms), while it does not fit: at the peak (the
+        replay says where), take the savings with the least estimated seconds per byte saved there until
+        they cover the excess, and replay. Copies out fill at most ``share`` of the time before the peak.
+        The result where it fits, else None."""
+        plan = get(FAST).decide(program, device, costs)
+        if plan.allocation != Allocation.LAYER:
+            return None
+        info = _Info(program, costs, plan)
+        result = oracle(plan, packing="sweep")
+        for _ in range(self.DESCENT_ROUNDS):
+            if result.fits:
+                return result
+            if result.peak_bytes <= device.memory:  # the live bytes fit; the sweeps did not pack them
+                result = oracle(plan)
+                if result.fits:
+                    return result
+            excess = result.peak_bytes - device.memory * (1 - self.MARGIN)
+            savings = sorted(self._savings(program, plan, costs, info, result.peak_at), key=lambda s: s[0] / s[1])
+            if not savings:
+                return None
+            chosen, freed, taken = [], 0, set()
+            link = _Link(info, plan, result.peak_at, share)
+            for _, saved, what, kind, apply, wire in savings:
+                if what in taken or (kind == "offload" and not link.admit(what, wire)):
+                    continue
+                taken.add(what)
+                chosen.append(apply)
+                freed += saved
+                if freed >= excess:
+                    break
+            candidate = plan
+            for apply in chosen:
+                candidate = apply(candidate)
+            try:
+                result = oracle(_refreshed(program, candidate), packing="sweep")
+            except (PlanError, ValueError):
+                return None
+            plan = result.plan
+        return result if result.fits else None
+
+    def _savings(self, program: Program, plan: Plan, costs: Any, info: "_Info", peak_at: str | None) -> list:
+        """(estimated seconds, bytes saved at the peak, buffer, kind, apply, bytes over the link) for each
+        way to store a kept buffer that is live at the peak: encoded losslessly, offloaded (raw or through
+        zvc), recomputed."""
+        phase, _, layer = (peak_at or "backward ").partition(" ")
+        p = info.index.get(layer, len(program.ops))
+        tensors = program.tensors
+        out = []
+        for b in sorted(program.stashed_buffers()):
+            name = tensors[b].name
+            if plan.stash.get(name, Stash.KEEP) != Stash.KEEP or b not in info.first_read:
+                continue
+            if phase == "forward":
+                live = info.last_forward.get(b, -1) < p
+            else:  # backward (or a rebuild during it): not yet needed again
+                live = info.first_read[b] < p
+            if not live:
+                continue
+            t = tensors[b]
+            nbytes, shape, dtype = t.nbytes, tuple(t.shape), t.dtype
+            lossless = []
+            if program.sign_only(b):
+                lossless.append("binarize")
+            elif nonnegative_sparse(program, b):
+                lossless.append("ssdc")
+            for spec in lossless:
+                codec = codecs.get(spec)
+                enc = codecs.stored_nbytes(codec, shape, plan.density, dtype)
+                if enc < nbytes:
+                    work = costs.misc_seconds("encode", nbytes + enc)
+                    if not codec.sign_only:  # a sign-only encoding is read as it is
+                        work += costs.misc_seconds("decode", nbytes + enc)
+                    out.append((work, nbytes - enc, name, "encode", _encode(name, spec), 0))
+            out.append((info.exposed(b, nbytes), nbytes, name, "offload", _offload(program, name, None), nbytes))
+            if nonnegative_sparse(program, b):
+                enc = codecs.stored_nbytes(codecs.get("zvc"), shape, plan.density, dtype)
+                work = costs.misc_seconds("encode", nbytes + enc) + costs.misc_seconds("decode", nbytes + enc)
+                out.append((work + info.exposed(b, enc), nbytes, name, "offload", _offload(program, name, "zvc"), enc))
+            rebuild = info.rebuild(b, plan)
+            if rebuild is not None:
+                seconds, extra = rebuild
+                out.append((seconds, nbytes, name, "recompute", _recompute(name, extra), 0))
+        return out
 
     # -- the improvement stage -----------------------------------------------------------------------
     def _improve(self, program: Program, device: DeviceSpec, costs: Any, oracle: Any, best: Any) -> tuple:
@@ -338,5 +441,163 @@ def _algo(op_name: str, pass_: str, algo: str) -> Callable[[Plan], Plan]:
         algos = {op: dict(per) for op, per in plan.algos.items()}
         algos[op_name][pass_] = algo
         return dataclasses.replace(plan, algos=algos)
+
+    return apply
+
+
+class _Info:
+    """What the descent's estimates read of a program under one plan's algorithms: op positions, where
+    backward first reads each stashed buffer and forward last reads it, per-op seconds, and the windows an
+    offload's copies can hide in."""
+
+    def __init__(self, program: Program, costs: Any, plan: Plan):
+        self.program, self.costs = program, costs
+        ops = program.ops
+        self.index = {op.name: op.index for op in ops}
+        self.by_name = {t.name: t.id for t in program.tensors}
+        self.first_read: dict[int, int] = {}  # backward runs ops in reverse: the highest index reads first
+        self.last_forward: dict[int, int] = {}
+        for op in ops:
+            for b in program.backward_reads(op):
+                self.first_read[b] = op.index
+            for t in op.inputs:
+                self.last_forward[program.tensors[t].buffer] = op.index
+        self.chains = writers(program)
+        algos = plan.algos
+        self.forward = [costs.op_seconds(op, "forward", algos.get(op.name, {}).get("forward")) for op in ops]
+        self.backward = []
+        for op in ops:
+            per = algos.get(op.name, {})
+            if op.kind == "conv":
+                t = costs.op_seconds(op, "backward_filter", per.get("backward_filter"))
+                t += costs.op_seconds(op, "backward_data", per.get("backward_data"))
+            else:
+                t = costs.op_seconds(op, "backward", None)
+            self.backward.append(t)
+        self.after = [0.0] * (len(ops) + 1)  # forward seconds from op i on
+        for i in range(len(ops) - 1, -1, -1):
+            self.after[i] = self.after[i + 1] + self.forward[i]
+        self.total_forward = self.after[0]
+        self.next_conv = [len(ops) - 1] * len(ops)
+        nxt = len(ops) - 1
+        for i in range(len(ops) - 1, -1, -1):
+            self.next_conv[i] = nxt
+            if ops[i].kind == "conv":
+                nxt = i
+        self.cheap = cheap_ops(program)
+        self.stashed = program.stashed_buffers()
+
+    def exposed(self, b: int, wire: int) -> float:
+        """Estimated seconds an offload of ``b`` (``wire`` bytes each way) adds where the link is free (see
+        :class:`_Link` for where it is not): what its prefetch cannot hide behind the backward of the layers
+        from its prefetch point (vDNN's: the next convolution up) to its reader, and a hundredth of the
+        copies (a busier link delays the rest)."""
+        d, h = self.costs.copy_seconds(wire, "d2h"), self.costs.copy_seconds(wire, "h2d")
+        j = self.first_read[b]
+        window = sum(self.backward[j + 1 : self.next_conv[j] + 1])
+        return max(0.0, h - window) + 0.01 * (d + h)
+
+    def written(self, b: int) -> float:
+        """Forward seconds until ``b`` is written for the last time (its copy out may start then)."""
+        last = self.chains[b][-1] if b in self.chains else -1
+        return self.total_forward - self.after[last + 1]
+
+    def rebuild(self, b: int, plan: Plan, depth: int = 3) -> tuple[float, tuple[str, ...]] | None:
+        """Seconds to rebuild ``b`` and the temporaries (buffers no backward reads) rebuilt with it; None
+        where it cannot be rebuilt from what the plan holds (the network's input, a heavy temporary)."""
+        program, tensors = self.program, self.program.tensors
+        if b not in self.chains or depth < 0:
+            return None
+        chain = self.chains[b]
+        seconds = sum(self.forward[i] for i in chain)
+        extra: list[str] = []
+        for t in dict.fromkeys(tensors[i].buffer for i in program.ops[chain[0]].inputs):
+            name = tensors[t].name
+            decided = plan.stash.get(name)
+            if t in self.stashed:
+                if decided == Stash.ENCODE and not _lossless(plan.codecs.get(name)):
+                    return None
+                continue
+            if decided in (Stash.KEEP, Stash.RECOMPUTE):
+                continue
+            if t not in self.chains or not all(i in self.cheap for i in self.chains[t]):
+                return None
+            inner = self.rebuild(t, plan, depth - 1)
+            if inner is None:
+                return None
+            seconds += inner[0]
+            extra += [name, *inner[1]]
+        return seconds, tuple(extra)
+
+
+class _Link:
+    """The copies out to the host, in forward order on one link: an offload saves bytes at the peak only if
+    its copy ends before the peak. ``admit`` takes an offload whose copy, queued with the plan's and those
+    admitted before, still ends in time (and keeps every other one in time); ``share`` of that time is
+    open to them."""
+
+    def __init__(self, info: _Info, plan: Plan, peak_at: str | None, share: float):
+        self.info = info
+        phase, _, layer = (peak_at or "backward ").partition(" ")
+        p = info.index.get(layer, len(info.forward))
+        if phase == "forward":
+            self.deadline = info.total_forward - info.after[p]
+        else:  # the whole forward, and the backward of the layers after the peak's
+            self.deadline = info.total_forward + sum(info.backward[p + 1 :])
+        self.deadline *= share
+        self.queue: list[tuple[float, float]] = []  # (when it may start, seconds)
+        program = info.program
+        for name, d in plan.stash.items():
+            if d == Stash.OFFLOAD:
+                b = info.by_name[name]
+                t = program.tensors[b]
+                wire = t.nbytes
+                if name in plan.codecs:
+                    wire = codecs.stored_nbytes(codecs.get(plan.codecs[name]), tuple(t.shape), plan.density, t.dtype)
+                self.queue.append((info.written(b), info.costs.copy_seconds(wire, "d2h")))
+
+    def admit(self, name: str, wire: int) -> bool:
+        b = self.info.by_name[name]
+        queue = sorted([*self.queue, (self.info.written(b), self.info.costs.copy_seconds(wire, "d2h"))])
+        end = 0.0
+        for start, seconds in queue:
+            end = max(end, start) + seconds
+        if end > self.deadline:
+            return False
+        self.queue = queue
+        return True
+
+
+def _lossless(spec: str | None) -> bool:
+    if spec is None:
+        return False
+    codec = codecs.get(spec)
+    return codec.lossless and not codec.sign_only
+
+
+def _refreshed(program: Program, plan: Plan) -> Plan:
+    """``plan`` with its prefetch points placed again for its decisions (a rebuild may read an offloaded
+    buffer earlier than its backward does)."""
+    offloaded = _offloaded(program, plan)
+    return dataclasses.replace(
+        plan,
+        prefetch=prefetch_points(program, offloaded, reads=_reads(program, plan)) if offloaded else {},
+        sync=(plan.sync or "event") if offloaded else plan.sync,
+    )
+
+
+def _encode(name: str, spec: str) -> Callable[[Plan], Plan]:
+    def apply(plan: Plan) -> Plan:
+        return dataclasses.replace(
+            plan, stash={**plan.stash, name: Stash.ENCODE}, codecs={**plan.codecs, name: codecs.get(spec).spec}
+        )
+
+    return apply
+
+
+def _recompute(name: str, temporaries: tuple[str, ...]) -> Callable[[Plan], Plan]:
+    def apply(plan: Plan) -> Plan:
+        stash = {**plan.stash, **dict.fromkeys(temporaries, Stash.RECOMPUTE), name: Stash.RECOMPUTE}
+        return dataclasses.replace(plan, stash=stash)
 
     return apply

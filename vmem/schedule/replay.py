@@ -83,6 +83,9 @@ class Figures:
     layers: tuple[LayerRow, ...] = field(default=(), repr=False)
     #: per layer, the most pool bytes in use while its forward or backward ran (where a plan overflows)
     layer_peaks: dict[str, int] = field(default_factory=dict, repr=False)
+    #: where the most pool bytes were in use while a layer ran: ``"forward conv3"``, ``"backward conv3"``,
+    #: ``"recompute relu2"`` (None if no layer ran)
+    peak_at: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -145,6 +148,9 @@ def _flops_weight(program: Program, st: Step) -> float:
     return 1
 
 
+_PHASE = {Forward: "forward", Backward: "backward", Recompute: "recompute"}
+
+
 class _Replay:
     """One replay of a schedule on a simulated device; ``run`` returns its Figures (without layer rows)."""
 
@@ -158,6 +164,8 @@ class _Replay:
         self.copied: dict = {}  # offloaded key -> its copy's event
         self.weighted = {c: 0.0 for c in CATEGORIES}
         self.layer_peaks: dict[str, int] = {}
+        self.peak_at: str | None = None
+        self.peak_in_use = -1
         self.total_weight = self.weighted_all = self.stall = 0.0
         compute = self._compute
         self.table = handlers(
@@ -212,6 +220,7 @@ class _Replay:
             if timed
             else None,
             layer_peaks=self.layer_peaks,
+            peak_at=self.peak_at,
             precision=self.schedule.program.precision.name,
         )
 
@@ -236,8 +245,10 @@ class _Replay:
 
     def _compute(self, index: int, st: Step) -> None:
         if isinstance(st, (Forward, Backward, Recompute)):
-            name = self.schedule.program.ops[st.op].name
-            self.layer_peaks[name] = max(self.layer_peaks.get(name, 0), self.pool.in_use)
+            name, in_use = self.schedule.program.ops[st.op].name, self.pool.in_use
+            self.layer_peaks[name] = max(self.layer_peaks.get(name, 0), in_use)
+            if in_use > self.peak_in_use:
+                self.peak_in_use, self.peak_at = in_use, f"{_PHASE[type(st)]} {name}"
         if self.seconds is None:
             self.account(_flops_weight(self.schedule.program, st))
             return
