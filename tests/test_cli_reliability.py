@@ -71,7 +71,7 @@ def test_errors_under_json_are_json_objects(capsys):
 
 def test_a_closed_trainer_refuses_to_train():
     net = vmem.models.get("digits_cnn")
-    trainer = vmem.Trainer(net, memory="16MiB", seed=0)
+    trainer = vmem.Trainer(net, policy="baseline", memory="16MiB", seed=0)
     trainer.close()
     with pytest.raises(RuntimeError, match="closed"):
         trainer.step(np.zeros((4,) + net.input_shape, np.float32), np.zeros(4, int))
@@ -80,7 +80,7 @@ def test_a_closed_trainer_refuses_to_train():
 @pytest.mark.parametrize("labels", [[0, 1, 2, 10], [0, -1, 2, 3], [0.5, 1, 2, 3]], ids=["too-big", "negative", "float"])
 def test_labels_are_checked_against_the_classes(labels):
     net = vmem.models.get("digits_cnn")
-    with vmem.Trainer(net, memory="16MiB", seed=0) as trainer:
+    with vmem.Trainer(net, policy="baseline", memory="16MiB", seed=0) as trainer:
         with pytest.raises(ValueError, match="labels must be integers from 0 to 9"):
             trainer.step(np.zeros((4,) + net.input_shape, np.float32), np.array(labels))
         assert trainer.steps_done == 0

@@ -115,7 +115,7 @@ def test_the_stored_map_is_the_float32_result_rounded_once():
     net.init(0)
     values = _fuzz()
     x = values[np.abs(values) < 60000][: 4 * 64].reshape(4, 1, 8, 8)  # no overflow here
-    with vmem.Trainer(net, device="cpu", memory="16MiB", precision="fp16", seed=0) as t:
+    with vmem.Trainer(net, device="cpu", policy="baseline", memory="16MiB", precision="fp16", seed=0) as t:
         logits = t.predict(x)
     stored = np.maximum(x.astype(np.float16), 0).astype(np.float32).reshape(4, 64)  # the input is staged in fp16
     w, b = net.params["linear1.weight"], net.params["linear1.bias"]
@@ -129,7 +129,9 @@ def test_fp16_overflow_is_skipped_and_the_scale_backs_off_without_changing_anyth
     x, y = _digits()
     net = vmem.models.get("digits_cnn")
     scaler = vmem.optim.GradScaler(init_scale=3.0e38)  # any gradient times this overflows float32
-    with vmem.Trainer(net, device="cpu", memory="64MiB", precision="fp16", scaler=scaler, seed=0) as t:
+    with vmem.Trainer(
+        net, device="cpu", policy="baseline", memory="64MiB", precision="fp16", scaler=scaler, seed=0
+    ) as t:
         before = {k: v.copy() for k, v in net.params.items()}
         report = t.step(x, y)
         assert report.skipped and np.isfinite(report.loss) and t.scaler.scale == pytest.approx(1.5e38, rel=1e-6)
@@ -160,13 +162,15 @@ def test_a_checkpoint_keeps_the_precision_and_the_loss_scale(tmp_path):
     x, y = _digits()
     path = tmp_path / "half.npz"
     scaler = vmem.optim.GradScaler(init_scale=1024.0, growth_interval=2)
-    with vmem.Trainer(vmem.models.get("digits_cnn"), memory="64MiB", precision="fp16", scaler=scaler, seed=0) as t:
+    with vmem.Trainer(
+        vmem.models.get("digits_cnn"), policy="baseline", memory="64MiB", precision="fp16", scaler=scaler, seed=0
+    ) as t:
         for _ in range(3):
             t.step(x, y)
         state = t.scaler.state_dict()
         assert state["scale"] == 2048.0 and state["growth_tracker"] == 1
         t.save(path)
-    with vmem.Trainer(vmem.models.get("digits_cnn"), memory="64MiB", precision="fp16", seed=0) as t:
+    with vmem.Trainer(vmem.models.get("digits_cnn"), policy="baseline", memory="64MiB", precision="fp16", seed=0) as t:
         t.load(path)
         assert t.scaler.state_dict() == state  # goes on at the scale it had reached
     data, meta = checkpoint._load(path)
@@ -175,13 +179,15 @@ def test_a_checkpoint_keeps_the_precision_and_the_loss_scale(tmp_path):
     bad = tmp_path / "bad.npz"
     np.savez(bad, meta=np.array(__import__("json").dumps(meta)), **data)
     with pytest.raises(CheckpointError, match="bad.npz: entry 'meta.scaler'"):
-        with vmem.Trainer(vmem.models.get("digits_cnn"), memory="64MiB", precision="fp16", seed=0) as t:
+        with vmem.Trainer(
+            vmem.models.get("digits_cnn"), policy="baseline", memory="64MiB", precision="fp16", seed=0
+        ) as t:
             t.load(bad)
 
 
 def test_the_timeline_marks_the_loss_scale_and_a_skipped_step():
     x, y = _digits()
-    with vmem.Trainer(vmem.models.get("digits_cnn"), memory="64MiB", precision="fp16", seed=0) as t:
+    with vmem.Trainer(vmem.models.get("digits_cnn"), policy="baseline", memory="64MiB", precision="fp16", seed=0) as t:
         trace = t.step(x, y).timeline.chrome_trace()
     marks = [e for e in trace["traceEvents"] if e["ph"] == "i"]
     assert [m["args"] for m in marks] == [{"loss_scale": 65536.0, "skipped": False}]

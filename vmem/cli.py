@@ -78,7 +78,7 @@ AUTO_FRACTION = 0.5
 def _auto_fraction(memory: str | None, policy: str) -> float | None:
     """The fraction of the baseline's peak ``--memory`` asks for (None: a size, or the 1GiB default)."""
     if memory is None:
-        return AUTO_FRACTION if policy.split(":")[0] == "vdnn-dyn" else None
+        return AUTO_FRACTION if policy.split(":")[0] in ("auto", "vdnn-dyn") else None
     if memory != "auto" and not memory.startswith("auto:"):
         return None
     text = memory.partition(":")[2] or str(AUTO_FRACTION)
@@ -118,7 +118,7 @@ def _train(args: argparse.Namespace, stop: Any) -> int:
     train, val = data.load(args.dataset, input_shape=net.input_shape, seed=args.seed)
     if train.num_classes != net.output_shape()[-1]:
         net = _rebuild_for_classes(args, train.num_classes)
-    fraction = _auto_fraction(args.memory, args.policy)
+    fraction = _auto_fraction(args.memory, _policy_spec(args))
     memory: Any = args.memory
     needs = None
     raised = False
@@ -337,9 +337,13 @@ def _budget_line(memory: int, needs: int, fraction: float, raised: bool, args: a
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from . import policies
     from .planner import plan
 
     net = _model(args)
+    simulated = args.device.startswith("sim:")
+    if args.policy is None and args.memory is not None and not simulated and not args.profile:
+        args.policy = "baseline"  # auto would profile the device first: only when asked (--profile)
     fraction = _auto_fraction(args.memory, "") if args.memory is not None else None
     memory: Any = args.memory
     needs = None
@@ -355,7 +359,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
     if needs is not None:
         say(_budget_line(memory, needs, fraction, raised, args))
-    if args.device.startswith("sim:"):
+    if not simulated and not args.profile and policies.get(policy).needs_profile:
+        say(f"{policy} decides by measured time: profiling first (as --profile does)")
+        if planning is not None:
+            planning.close()
+            planning = None
+        args.profile = True
+    if simulated:
         device: Any = args.device
         if args.profile:
             say(f"--profile: {args.device} is simulated; its times come from the roofline model")
@@ -475,7 +485,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
 def _common(
     p: argparse.ArgumentParser,
     model_default: str | None,
-    policy_default: str = "baseline",
+    policy_default: str | None = None,
+    policy_help: str = "auto where --memory is given, else baseline",
     memory_help: str = "device memory, e.g. 256MiB or 12GB (default 1GiB)",
     simulated: bool = False,
 ) -> None:
@@ -499,8 +510,10 @@ def _common(
     p.add_argument(
         "--policy",
         default=policy_default,
-        help="policy spec: baseline, layerwise, vdnn-all, vdnn-conv, vdnn-dyn, gist, mirror, chen, echo, auto (all of them mixed for the budget), with :key=value options"
-        f" (default {policy_default})",
+        help="policy spec: baseline, layerwise, vdnn-all, vdnn-conv, vdnn-dyn, gist, mirror, chen, echo, auto (all of "
+        "them mixed for the budget), with :key=value options (default "
+        + (policy_default or policy_help)
+        + ")",
     )
     p.add_argument(
         "--algos", choices=("memory", "performance"), help="convolution algorithms (adds algos= to --policy)"
@@ -520,10 +533,10 @@ def _add_train(sub: Any) -> None:
     _common(
         p,
         "digits_vgg",
-        policy_default="vdnn-dyn",
+        policy_default="auto",
         memory_help=(
             "device memory, e.g. 256MiB, or auto[:FRACTION]: that fraction of what the baseline policy would need "
-            f"(default auto:{AUTO_FRACTION:g} with vdnn-dyn, 1GiB with any other policy)"
+            f"(default auto:{AUTO_FRACTION:g} with the policies auto and vdnn-dyn, 1GiB with any other)"
         ),
     )
     p.add_argument(
@@ -578,6 +591,7 @@ def _add_plan(sub: Any) -> None:
         memory_help="device memory, e.g. 256MiB or 12GB, or auto[:FRACTION]: that fraction of what "
         "the baseline policy needs on this device (default: the device's capacity; the CPU's 1GiB)",
         simulated=True,
+        policy_help="auto where --memory is given on a simulated GPU or with --profile, else baseline",
     )
     p.add_argument("--batch", type=_positive_int, required=True)
     p.add_argument(

@@ -62,8 +62,9 @@ def positive_float(text: str) -> float:
 
 
 def policy_spec(args: argparse.Namespace) -> str:
-    """The policy spec of ``--policy`` with ``--algos`` folded in (a contradiction between them refused)."""
-    spec = args.policy
+    """The policy spec of ``--policy`` with ``--algos`` folded in (a contradiction between them refused).
+    Without ``--policy``: ``auto`` where a budget is given (``--memory``), else ``baseline``."""
+    spec = args.policy or ("auto" if getattr(args, "memory", None) is not None else "baseline")
     if getattr(args, "algos", None):
         given = [o.split("=", 1)[1] for o in spec.partition(":")[2].split(",") if o.startswith("algos=")]
         if given and given[0] != args.algos:

@@ -7,7 +7,7 @@ import pytest
 
 import vmem
 from vmem.errors import BudgetTooSmall, PlanError
-from vmem.policies.auto import DESCENT, PORTFOLIO
+from vmem.policies.auto import DESCENT, EXHAUSTIVE, PORTFOLIO, Auto
 from tests.lossless import weights_under
 
 SIM = "sim:v100-16gb"
@@ -117,3 +117,95 @@ def test_a_budget_nothing_fits_is_refused_with_the_least_memory(resnet):
     with pytest.raises(BudgetTooSmall) as info:
         vmem.plan(net, 128, SIM, AUTO, memory=int(peak * 0.05))
     assert info.value.least > peak * 0.05
+
+
+def test_auto_is_the_default_wherever_a_budget_is_given():
+    import argparse
+
+    from vmem.cli_args import policy_spec
+
+    assert policy_spec(argparse.Namespace(policy=None, memory="64MiB", algos=None)) == "auto"
+    assert policy_spec(argparse.Namespace(policy=None, memory=None, algos="memory")) == "baseline:algos=memory"
+    assert policy_spec(argparse.Namespace(policy="echo", memory="64MiB", algos=None)) == "echo"
+    with vmem.Trainer(vmem.models.get("digits_cnn")) as t:
+        assert t.policy.name == "baseline" and not t.profiling
+    with vmem.Trainer(vmem.models.get("digits_cnn"), memory="64MiB") as t:
+        assert t.policy.name == "auto" and t.profiling  # auto decides by measured time
+
+
+def _small_net():
+    from vmem import nn
+
+    return vmem.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(4),
+        nn.Flatten(),
+        nn.Linear(16 * 8 * 8, 10),
+        input_shape=(3, 32, 32),
+    )
+
+
+def test_on_a_small_graph_auto_equals_an_exhaustive_search_over_every_buffers_choices(monkeypatch):
+    """Five stashed buffers, each kept, offloaded (raw or through zvc), encoded (ssdc, binarize) or
+    recomputed, fastest algorithms: every combination lowered and replayed here, by the public planner."""
+    import dataclasses
+    import itertools
+
+    from vmem.costs import Roofline, with_cudnn_catalog
+    from vmem.graph.analysis import nonnegative_sparse, prefetch_points
+    from vmem.planner import evaluate, spec_of
+    from vmem.schedule.gradients import needs_grad
+    from vmem.schedule.recompute import backward_uses, decisions
+
+    net, batch = _small_net(), 256
+    memory = int(vmem.plan(net, batch, SIM, "layerwise", memory="1TiB").peak_bytes * 0.8)
+    auto = vmem.plan(net, batch, SIM, "auto", memory=memory)
+    spec = dataclasses.replace(spec_of(SIM)[0], memory=memory)
+    program = with_cudnn_catalog(net.build(batch), spec.arch)
+    costs = Roofline(spec)
+    base = vmem.policies.get("layerwise:algos=performance").decide(program, spec, costs)
+    options = {}
+    for b in sorted(program.stashed_buffers()):
+        name = program.tensors[b].name
+        ways = [("keep", None), ("offload", None)]
+        if nonnegative_sparse(program, b):
+            ways += [("offload", "zvc"), ("encode", "binarize" if program.sign_only(b) else "ssdc")]
+        if b in program.buffer_writers:
+            ways.append(("recompute", None))
+        options[name] = ways
+    assert len(options) == 5
+    best, tried = None, 0
+    for combo in itertools.product(*options.values()):
+        stash = {n: d for n, (d, _) in zip(options, combo)}
+        codecs = {n: c for n, (_, c) in zip(options, combo) if c is not None}
+        offloaded = {
+            program.tensors[b].buffer
+            for b in range(len(program.tensors))
+            if stash.get(program.tensors[b].name) == "offload"
+        }
+        tried += 1
+        try:  # a rebuild that reads a binarized buffer cannot be carried out
+            walk = backward_uses(program, decisions(program, stash), needs_grad(program))
+        except PlanError:
+            continue
+        reads = {u.op: [s for r in u.rebuilds for s in r.sources] + list(u.reads) for u in walk}
+        plan = dataclasses.replace(
+            base,
+            stash=stash,
+            codecs=codecs,
+            sync="event" if offloaded else None,
+            prefetch=prefetch_points(program, offloaded, reads=reads) if offloaded else {},
+        )
+        result, _ = evaluate(program, spec, plan, costs=costs)
+        if result.fits and (best is None or result.step_seconds < best):
+            best = result.step_seconds
+    assert tried == 2 * 5**4 and best is not None
+    assert auto.fits and auto.step_seconds == pytest.approx(best, rel=1e-12)
+    assert auto.plan.chosen == EXHAUSTIVE
+    monkeypatch.setattr(Auto, "EXHAUSTIVE", 0)  # the descent alone finds it too
+    assert vmem.plan(net, batch, SIM, "auto", memory=memory).step_seconds == pytest.approx(best, rel=1e-12)

@@ -24,7 +24,9 @@ def test_the_cosine_schedule_decays_each_epoch_and_restores_the_rate():
             seen.append(trainer.optimizer.lr)
 
     opt = vmem.optim.SGD(lr=0.1, momentum=0.9)
-    with vmem.Trainer(vmem.models.get("digits_cnn"), memory="16MiB", optimizer=opt, seed=0) as trainer:
+    with vmem.Trainer(
+        vmem.models.get("digits_cnn"), policy="baseline", memory="16MiB", optimizer=opt, seed=0
+    ) as trainer:
         trainer.fit(data(), epochs=4, batch_size=256, progress=False, callbacks=[CosineSchedule(), Record()])
     want = [0.1 * 0.5 * (1 + math.cos(math.pi * e / 4)) for e in range(4)]
     assert seen == pytest.approx(want) and opt.lr == 0.1
@@ -46,7 +48,7 @@ def test_a_non_finite_loss_warns_once():
 
 
 def test_fit_refuses_zero_epochs():
-    with vmem.Trainer(vmem.models.get("digits_cnn"), memory="16MiB", seed=0) as trainer:
+    with vmem.Trainer(vmem.models.get("digits_cnn"), policy="baseline", memory="16MiB", seed=0) as trainer:
         with pytest.raises(ValueError, match="epochs"):
             trainer.fit(data(), epochs=0, progress=False)
         assert np.isfinite(trainer.rng.random())

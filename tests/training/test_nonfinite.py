@@ -54,7 +54,7 @@ def test_a_nan_batch_leaves_everything_bitwise_unchanged(policy):
 def test_a_finite_batch_that_overflows_inside_the_network_is_caught_too():
     rng = np.random.default_rng(1)
     x, y = rng.standard_normal((8, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 8)
-    with vmem.Trainer(_net(), memory="32MiB", seed=0) as trainer:
+    with vmem.Trainer(_net(), policy="baseline", memory="32MiB", seed=0) as trainer:
         trainer.step(x, y)
         before = _state(trainer)
         big = np.clip(x, -1, 1) * np.float32(3e38)  # finite, but the convolution's sums overflow
@@ -68,7 +68,7 @@ def test_steps_that_stay_non_finite_stop_training_naming_the_first_op():
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((8, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 8)
     x[0, 0, 0, 0] = np.inf
-    with vmem.Trainer(_net(), memory="32MiB", seed=0, nonfinite_limit=3) as trainer:
+    with vmem.Trainer(_net(), policy="baseline", memory="32MiB", seed=0, nonfinite_limit=3) as trainer:
         with pytest.warns(RuntimeWarning):
             trainer.step(x, y)
             trainer.step(x, y)
@@ -83,4 +83,4 @@ def test_steps_that_stay_non_finite_stop_training_naming_the_first_op():
 
 def test_the_limit_is_checked():
     with pytest.raises(ValueError, match="nonfinite_limit"):
-        vmem.Trainer(_net(), memory="32MiB", nonfinite_limit=0)
+        vmem.Trainer(_net(), policy="baseline", memory="32MiB", nonfinite_limit=0)

@@ -28,7 +28,7 @@ from .test_checkpoints import net
 def trainer():
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((8, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 8)
-    with vmem.Trainer(net(), memory="32MiB", seed=0) as t:
+    with vmem.Trainer(net(), policy="baseline", memory="32MiB", seed=0) as t:
         t.step(x, y)
         t.batch = (x, y)
         yield t
@@ -183,7 +183,7 @@ def test_sigterm_saves_and_exits_143(tmp_path):
     assert proc.returncode == 143, err
     assert "terminated (SIGTERM)" in err and "Traceback" not in err
     model = vmem.models.get("digits_cnn")
-    with vmem.Trainer(model, memory="64MiB") as t:
+    with vmem.Trainer(model, policy="baseline", memory="64MiB") as t:
         t.load(path)
         assert t.steps_done > 0
     assert not _temporaries(tmp_path)

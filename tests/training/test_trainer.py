@@ -113,12 +113,12 @@ def test_save_load_and_continue_equals_not_stopping(tmp_path, optimizer):
     straight = weights_after(lambda: small_net(dropout=0.2), 6, optimizer=optimizer())
     path = tmp_path / "ckpt.npz"
     net = small_net(dropout=0.2)
-    with vmem.Trainer(net, memory="64MiB", optimizer=optimizer(), seed=0) as trainer:
+    with vmem.Trainer(net, policy="baseline", memory="64MiB", optimizer=optimizer(), seed=0) as trainer:
         for i in range(3):
             trainer.step(*batch(net.input_shape, 8, seed=i))
         trainer.save(path)
     net2 = small_net(dropout=0.2)
-    with vmem.Trainer(net2, memory="64MiB", optimizer=optimizer(), seed=99) as trainer:
+    with vmem.Trainer(net2, policy="baseline", memory="64MiB", optimizer=optimizer(), seed=99) as trainer:
         trainer.load(path)
         assert trainer.steps_done == 3
         for i in range(3, 6):
@@ -128,7 +128,7 @@ def test_save_load_and_continue_equals_not_stopping(tmp_path, optimizer):
 
 def test_bad_checkpoints_raise_and_leave_the_model_untouched(tmp_path):
     net = small_net()
-    with vmem.Trainer(net, memory="64MiB", seed=0) as trainer:
+    with vmem.Trainer(net, policy="baseline", memory="64MiB", seed=0) as trainer:
         trainer.step(*batch(net.input_shape, 8))
         good = tmp_path / "good.npz"
         trainer.save(good)
@@ -151,12 +151,12 @@ def test_bad_checkpoints_raise_and_leave_the_model_untouched(tmp_path):
             input_shape=(3, 16, 16),
             name="sequential",
         )
-        with vmem.Trainer(other, memory="64MiB", seed=0) as t2:
+        with vmem.Trainer(other, policy="baseline", memory="64MiB", seed=0) as t2:
             mismatched = tmp_path / "other.npz"
             t2.save(mismatched)
         with pytest.raises(CheckpointError, match="does not match"):
             trainer.load(mismatched)
-        with vmem.Trainer(small_net(), memory="64MiB", optimizer=Adam(), seed=0) as t3:
+        with vmem.Trainer(small_net(), policy="baseline", memory="64MiB", optimizer=Adam(), seed=0) as t3:
             adam = tmp_path / "adam.npz"
             t3.save(adam)
         with pytest.raises(CheckpointError, match="optimizer is 'Adam'"):
@@ -170,7 +170,7 @@ def test_bad_checkpoints_raise_and_leave_the_model_untouched(tmp_path):
 
 def test_a_plan_that_does_not_fit_is_refused_with_a_remedy():
     net = vmem.models.get("vgg_cifar")
-    with vmem.Trainer(net, memory="32MiB", seed=0) as trainer:
+    with vmem.Trainer(net, policy="baseline", memory="32MiB", seed=0) as trainer:
         with pytest.raises(OutOfDeviceMemory, match="needs .* at batch 64") as info:
             trainer.step(*batch((3, 32, 32), 64))
         assert info.value.requested == trainer.plans[64].peak_bytes
@@ -242,7 +242,7 @@ def test_no_leaks_over_many_steps_and_after_close():
 def test_fit_learns_and_evaluate_reports_accuracy():
     train, val = vmem.data.synthetic(n=400, input_shape=(3, 16, 16), seed=1)
     net = small_net()
-    with vmem.Trainer(net, memory="64MiB", optimizer=SGD(lr=0.01, momentum=0.9), seed=0) as trainer:
+    with vmem.Trainer(net, policy="baseline", memory="64MiB", optimizer=SGD(lr=0.01, momentum=0.9), seed=0) as trainer:
         history = trainer.fit(train, epochs=5, val=val, batch_size=16, progress=False)
     assert history.last.train_loss < history.epochs[0].train_loss
     assert history.last.val_accuracy > 0.8
@@ -251,7 +251,7 @@ def test_fit_learns_and_evaluate_reports_accuracy():
 
 def test_inputs_are_checked():
     net = small_net()
-    with vmem.Trainer(net, memory="64MiB") as trainer:
+    with vmem.Trainer(net, policy="baseline", memory="64MiB") as trainer:
         with pytest.raises(vmem.errors.ShapeError, match=r"takes \(N, 3, 16, 16\)"):
             trainer.step(np.zeros((2, 3, 8, 8), np.float32), np.zeros(2, int))
         with pytest.raises(ValueError, match="unknown policy 'vdnn'"):

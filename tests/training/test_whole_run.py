@@ -67,13 +67,13 @@ def test_fit_says_when_it_evaluates_in_smaller_batches(capsys):
 )
 def test_bad_arguments_are_refused_by_name(call, message):
     train, _ = vmem.data.digits(image_size=8, channels=1)
-    with vmem.Trainer(vmem.models.get("digits_cnn"), memory="16MiB") as trainer:
+    with vmem.Trainer(vmem.models.get("digits_cnn"), policy="baseline", memory="16MiB") as trainer:
         with pytest.raises(ValueError, match=message):
             call(trainer, train)
 
 
 def test_predict_on_no_samples_gives_no_logits():
-    with vmem.Trainer(vmem.models.get("digits_cnn"), memory="16MiB") as trainer:
+    with vmem.Trainer(vmem.models.get("digits_cnn"), policy="baseline", memory="16MiB") as trainer:
         out = trainer.predict(np.zeros((0, 1, 8, 8), np.float32))
     assert out.shape == (0, 10)
 

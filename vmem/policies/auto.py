@@ -2,20 +2,29 @@
 
 Within the budget it looks for the plan with the least predicted step time, deciding per stashed buffer
 keep, offload (raw or through a lossless codec), encode on the device or recompute, and per convolution
-pass its algorithm. It searches in two stages, each candidate verified by the planner's replay through
+pass its algorithm. It searches in three stages, each candidate verified by the planner's replay through
 the real pool (fragmentation included) and priced by the cost model (the roofline on a simulated GPU, the
 measured profile on the CPU device):
 
 1. **Portfolio.** Every named technique, each with the fastest algorithms and with the leanest: layer-wise
    allocation, vDNN's ``vdnn-conv`` and ``vdnn-all`` (both sync modes, raw and through zero-value
    compression), ``vdnn-dyn``, Gist's lossless encodings, and recomputation (``echo``, ``mirror``,
-   ``chen``). The fastest that fits is the starting point, so ``auto`` fits wherever one of them does and is
-   never slower than the fastest of them.
-2. **Improvement.** Moves that mix the techniques, ranked by a cheap estimate of the time they save and
+   ``chen``). So ``auto`` fits wherever one of them does and is never slower than the fastest of them.
+2. **Descent.** From the fastest plan (layer-wise, fastest algorithms), while it does not fit: the replay
+   says where the peak is; of the kept buffers live there, take the ways to store them with the least
+   estimated seconds per byte saved until they cover the excess, and replay again. The ways: recompute
+   (from what the plan holds, cheap temporaries rebuilt with it: its producer's forward time), encode
+   losslessly (ssdc, binarize: the kernels' time), offload raw or through zvc (what the prefetch cannot
+   hide behind the backward ahead of its reader, while the copies out, queued in forward order, end
+   before the peak). An offloaded buffer's memory is reused only once its copy ends, which the estimate
+   does not see, so up to four descents run, the copies out given all, half, a quarter or none of the
+   time before the peak (``LINK_SHARES``; the next only where the last fitted). The fastest fitting plan of stages 1 and 2 is the start of:
+3. **Improvement.** Moves that mix the techniques, ranked by a cheap estimate of the time they save and
    tried in that order, each kept only where the replayed plan still fits and is faster: a recomputed
    buffer kept, or offloaded instead (the copy hides behind compute where recomputing it would not); an
    offloaded or encoded buffer kept; a raw offload sent through zero-value compression (for buffers of
-   ReLU outputs); a convolution pass given a faster algorithm. ``trials`` bounds the replays (by default 160, fewer on graphs of more than 250 ops).
+   ReLU outputs); a convolution pass given a faster algorithm. ``trials`` bounds the replays (by default
+   160, fewer on graphs of more than 250 ops).
 
 Lossless by default (the plan trains bitwise like ``baseline``). ``lossy=`` admits one lossy codec as well
 (``fp16``, ``fp10``, ``fp8``, ``fixed8``, ``fixed4``, ``patch2``): Gist with it, and offloads through it.
@@ -25,7 +34,10 @@ buffer or pass what each accepted move changed and what it saved.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
@@ -69,6 +81,26 @@ LOSSY = ("fp16", "fp10", "fp8", "fixed8", "fixed4", "patch2")
 #: the start made by the descent: the fastest plan, made to fit by the cheapest savings per byte
 FAST = "layerwise:algos=performance"
 DESCENT = f"{FAST}, descended"
+EXHAUSTIVE = f"{FAST}, every choice tried"
+
+
+@dataclass(frozen=True)
+class _Saving:
+    """One way the descent may store a kept buffer: ``stash`` (its decision, and those of the temporaries
+    rebuilt with it), ``codec``, what it costs (estimated ``seconds``), the bytes it ``saved`` at the peak
+    and the bytes it sends over the link (``wire``)."""
+
+    seconds: float
+    saved: int
+    name: str
+    kind: str  # "encode" | "offload" | "recompute"
+    stash: dict[str, Stash]
+    codec: str | None
+    wire: int = 0
+
+    def rate(self) -> float:
+        """Estimated seconds per byte saved: the descent takes the lowest first."""
+        return self.seconds / self.saved
 
 
 @dataclass(frozen=True)
@@ -168,11 +200,16 @@ class Auto(Policy):
             tried += 1
             if result.fits and result.step_seconds is not None:
                 fitting.append((result.step_seconds, spec, result))
+        exact = self._exhaustive(program, device, costs, oracle)
+        if exact is not None:
+            tried += 1
+            fitting.append((exact.step_seconds, EXHAUSTIVE, exact))
         for share in self.LINK_SHARES:
             descended = self._descend(program, device, costs, oracle, share)
             tried += 1
-            if descended is not None:
-                fitting.append((descended.step_seconds, DESCENT, descended))
+            if descended is None:
+                break  # where the copies may take the most time it did not fit: with less, neither
+            fitting.append((descended.step_seconds, DESCENT, descended))
         if not fitting:
             if floor is not None:
                 raise floor
@@ -196,11 +233,46 @@ class Auto(Policy):
                 if moves_kept
                 else "could not be improved by the moves tried"
             )
-            + f" ({time.perf_counter() - started:.1f} s of planning). {plan.reason}"
+            + f" ({time.perf_counter() - started:.1f} s of planning); {_summary(plan)}. {plan.reason}"
         )
         return dataclasses.replace(
             plan, policy=self.spec, reason=reason, chosen=start_spec, notes={**plan.notes, **notes}
         )
+
+    # -- exact, on small graphs ------------------------------------------------------------------------
+    #: the most plans the exhaustive search replays (a graph with more combinations is not searched so)
+    EXHAUSTIVE: ClassVar[int] = 2048
+
+    def choices(self, program: Program, costs: Any, plan: Plan) -> dict[str, list["_Saving | None"]]:
+        """Per stashed buffer, every way the descent and the exhaustive search may store it: kept (None)
+        and each :class:`_Saving` that applies."""
+        info = _Info(program, costs, plan)
+        out: dict[str, list[_Saving | None]] = {program.tensors[b].name: [None] for b in program.stashed_buffers()}
+        for saving in self._savings(program, plan, costs, info, None, live_only=False):
+            out[saving.name].append(saving)
+        return out
+
+    def _exhaustive(self, program: Program, device: DeviceSpec, costs: Any, oracle: Any) -> Any:
+        """Where the buffers' choices make at most :attr:`EXHAUSTIVE` plans (fastest algorithms): the fastest
+        of them that fits, every one replayed (None if none fits, or there are more)."""
+        plan = get(FAST).decide(program, device, costs)
+        if plan.allocation != Allocation.LAYER:
+            return None
+        options = self.choices(program, costs, plan)
+        if math.prod(len(v) for v in options.values()) > self.EXHAUSTIVE:
+            return None
+        best = None
+        for combo in itertools.product(*options.values()):
+            candidate = _applied(plan, [c for c in combo if c is not None])
+            try:
+                result = oracle(_refreshed(program, candidate), packing="sweep")
+                if not result.fits and result.peak_bytes <= device.memory:
+                    result = oracle(result.plan)
+            except (PlanError, ValueError):  # a mix the lowering cannot schedule
+                continue
+            if result.fits and (best is None or result.step_seconds < best.step_seconds):
+                best = result
+        return best
 
     # -- the descent -----------------------------------------------------------------------------------
     #: rounds of the descent (each one replay), and the margin each round aims below the budget
@@ -209,53 +281,59 @@ class Auto(Policy):
 
     #: the descents' shares of the time before the peak the copies out may fill (0: no offloads): where the
     #: forward allocates where an offloaded buffer was before its copy ends, it waits for it
-    LINK_SHARES: ClassVar[tuple[float, ...]] = (0.0, 0.25, 0.5, 1.0)
+    LINK_SHARES: ClassVar[tuple[float, ...]] = (1.0, 0.5, 0.25, 0.0)
 
     def _descend(self, program: Program, device: DeviceSpec, costs: Any, oracle: Any, share: float) -> Any:
         """From the fastest plan (layer-wise, fastest algorithms), while it does not fit: at the peak (the
         replay says where), take the savings with the least estimated seconds per byte saved there until
         they cover the excess, and replay. Copies out fill at most ``share`` of the time before the peak.
+        Gives up (None) where a round does not lower the peak.
         The result where it fits, else None."""
         plan = get(FAST).decide(program, device, costs)
         if plan.allocation != Allocation.LAYER:
             return None
         info = _Info(program, costs, plan)
         result = oracle(plan, packing="sweep")
-        for _ in range(self.DESCENT_ROUNDS):
+        # a round replays every op: fewer on large graphs, about 3 x REPLAY_OPS op-replays for a descent
+        rounds = max(6, min(self.DESCENT_ROUNDS, 3 * self.REPLAY_OPS // max(len(program.ops), 1)))
+        for _ in range(rounds):
             if result.fits:
                 return result
+            before = result.peak_bytes
             if result.peak_bytes <= device.memory:  # the live bytes fit; the sweeps did not pack them
                 result = oracle(plan)
                 if result.fits:
                     return result
             excess = result.peak_bytes - device.memory * (1 - self.MARGIN)
-            savings = sorted(self._savings(program, plan, costs, info, result.peak_at), key=lambda s: s[0] / s[1])
+            savings = sorted(self._savings(program, plan, costs, info, result.peak_at), key=_Saving.rate)
             if not savings:
                 return None
             chosen, freed, taken = [], 0, set()
             link = _Link(info, plan, result.peak_at, share)
-            for _, saved, what, kind, apply, wire in savings:
-                if what in taken or (kind == "offload" and not link.admit(what, wire)):
+            for saving in savings:
+                if saving.name in taken or (saving.kind == "offload" and not link.admit(saving.name, saving.wire)):
                     continue
-                taken.add(what)
-                chosen.append(apply)
-                freed += saved
+                taken.add(saving.name)
+                chosen.append(saving)
+                freed += saving.saved
                 if freed >= excess:
                     break
-            candidate = plan
-            for apply in chosen:
-                candidate = apply(candidate)
+            candidate = _applied(plan, chosen)
             try:
                 result = oracle(_refreshed(program, candidate), packing="sweep")
             except (PlanError, ValueError):
                 return None
             plan = result.plan
+            if result.peak_bytes >= before and not result.fits:
+                return None  # the savings did not lower the peak: the estimates no longer lead anywhere
         return result if result.fits else None
 
-    def _savings(self, program: Program, plan: Plan, costs: Any, info: "_Info", peak_at: str | None) -> list:
-        """(estimated seconds, bytes saved at the peak, buffer, kind, apply, bytes over the link) for each
-        way to store a kept buffer that is live at the peak: encoded losslessly, offloaded (raw or through
-        zvc), recomputed."""
+    def _savings(
+        self, program: Program, plan: Plan, costs: Any, info: "_Info", peak_at: str | None, live_only: bool = True
+    ) -> list["_Saving"]:
+        """Each way to store a kept buffer that is live at the peak (``live_only``; else any kept buffer):
+        encoded losslessly, offloaded (raw or through zvc), recomputed; with its estimated seconds and the
+        bytes it saves there."""
         phase, _, layer = (peak_at or "backward ").partition(" ")
         p = info.index.get(layer, len(program.ops))
         tensors = program.tensors
@@ -268,32 +346,31 @@ class Auto(Policy):
                 live = info.last_forward.get(b, -1) < p
             else:  # backward (or a rebuild during it): not yet needed again
                 live = info.first_read[b] < p
-            if not live:
+            if live_only and not live:
                 continue
             t = tensors[b]
             nbytes, shape, dtype = t.nbytes, tuple(t.shape), t.dtype
-            lossless = []
-            if program.sign_only(b):
-                lossless.append("binarize")
-            elif nonnegative_sparse(program, b):
-                lossless.append("ssdc")
-            for spec in lossless:
+            sparse = nonnegative_sparse(program, b)
+            for spec in ("binarize",) if program.sign_only(b) else ("ssdc",) if sparse else ():
                 codec = codecs.get(spec)
                 enc = codecs.stored_nbytes(codec, shape, plan.density, dtype)
                 if enc < nbytes:
                     work = costs.misc_seconds("encode", nbytes + enc)
                     if not codec.sign_only:  # a sign-only encoding is read as it is
                         work += costs.misc_seconds("decode", nbytes + enc)
-                    out.append((work, nbytes - enc, name, "encode", _encode(name, spec), 0))
-            out.append((info.exposed(b, nbytes), nbytes, name, "offload", _offload(program, name, None), nbytes))
-            if nonnegative_sparse(program, b):
-                enc = codecs.stored_nbytes(codecs.get("zvc"), shape, plan.density, dtype)
+                    out.append(_Saving(work, nbytes - enc, name, "encode", {name: Stash.ENCODE}, codec.spec))
+            offload = {name: Stash.OFFLOAD}
+            out.append(_Saving(info.exposed(b, nbytes), nbytes, name, "offload", offload, None, nbytes))
+            if sparse:
+                zvc = codecs.get("zvc")
+                enc = codecs.stored_nbytes(zvc, shape, plan.density, dtype)
                 work = costs.misc_seconds("encode", nbytes + enc) + costs.misc_seconds("decode", nbytes + enc)
-                out.append((work + info.exposed(b, enc), nbytes, name, "offload", _offload(program, name, "zvc"), enc))
+                out.append(_Saving(work + info.exposed(b, enc), nbytes, name, "offload", offload, zvc.spec, enc))
             rebuild = info.rebuild(b, plan)
             if rebuild is not None:
                 seconds, extra = rebuild
-                out.append((seconds, nbytes, name, "recompute", _recompute(name, extra), 0))
+                decided = {**dict.fromkeys(extra, Stash.RECOMPUTE), name: Stash.RECOMPUTE}
+                out.append(_Saving(seconds, nbytes, name, "recompute", decided, None))
         return out
 
     # -- the improvement stage -----------------------------------------------------------------------
@@ -420,6 +497,7 @@ def _keep(name: str) -> Callable[[Plan], Plan]:
 
 
 def _offload(program: Program, name: str, codec: str | None) -> Callable[[Plan], Plan]:
+
     def apply(plan: Plan) -> Plan:
         stash = {**plan.stash, name: Stash.OFFLOAD}
         codecs_ = dict(plan.codecs)
@@ -533,8 +611,8 @@ class _Info:
 class _Link:
     """The copies out to the host, in forward order on one link: an offload saves bytes at the peak only if
     its copy ends before the peak. ``admit`` takes an offload whose copy, queued with the plan's and those
-    admitted before, still ends in time (and keeps every other one in time); ``share`` of that time is
-    open to them."""
+    admitted before, still ends in time (and keeps every other one in time), while they fill at most
+    ``share`` of the time before the peak."""
 
     def __init__(self, info: _Info, plan: Plan, peak_at: str | None, share: float):
         self.info = info
@@ -545,7 +623,8 @@ class _Link:
         else:  # the whole forward, and the backward of the layers after the peak's
             self.deadline = info.total_forward + sum(info.backward[p + 1 :])
         self.deadline *= share
-        self.queue: list[tuple[float, float]] = []  # (when it may start, seconds)
+        self.queue: list[tuple[float, float]] = []  # (when it may start, seconds), by start
+        self.busy = 0.0
         program = info.program
         for name, d in plan.stash.items():
             if d == Stash.OFFLOAD:
@@ -555,17 +634,58 @@ class _Link:
                 if name in plan.codecs:
                     wire = codecs.stored_nbytes(codecs.get(plan.codecs[name]), tuple(t.shape), plan.density, t.dtype)
                 self.queue.append((info.written(b), info.costs.copy_seconds(wire, "d2h")))
+                self.busy += self.queue[-1][1]
+        self.queue.sort()
 
     def admit(self, name: str, wire: int) -> bool:
-        b = self.info.by_name[name]
-        queue = sorted([*self.queue, (self.info.written(b), self.info.costs.copy_seconds(wire, "d2h"))])
+        seconds = self.info.costs.copy_seconds(wire, "d2h")
+        if self.busy + seconds > self.deadline:  # the link is not free that long (checked first: cheap)
+            return False
+        entry = (self.info.written(self.info.by_name[name]), seconds)
+        at = bisect.bisect(self.queue, entry)
         end = 0.0
-        for start, seconds in queue:
-            end = max(end, start) + seconds
+        for start, took in (*self.queue[:at], entry, *self.queue[at:]):
+            end = max(end, start) + took
         if end > self.deadline:
             return False
-        self.queue = queue
+        self.queue.insert(at, entry)
+        self.busy += seconds
         return True
+
+
+def _applied(plan: Plan, savings: list[_Saving]) -> Plan:
+    """``plan`` with ``savings`` made (their prefetches not yet placed: :func:`_refreshed`)."""
+    stash, codecs_ = dict(plan.stash), dict(plan.codecs)
+    for saving in savings:
+        stash.update(saving.stash)
+        if saving.codec is None:
+            codecs_.pop(saving.name, None)
+        else:
+            codecs_[saving.name] = saving.codec
+    offloads = any(d == Stash.OFFLOAD for d in stash.values())
+    return dataclasses.replace(
+        plan, stash=stash, codecs=codecs_, sync=(plan.sync or "event") if offloads else plan.sync
+    )
+
+
+def _summary(plan: Plan) -> str:
+    """What the plan does with its stashed buffers, counted: ``"keeps 12, offloads 3 (2 through zvc) ..."``."""
+    parts = []
+    for decision, verb in ((Stash.KEEP, "keeps"), (Stash.OFFLOAD, "offloads"), (Stash.ENCODE, "encodes")):
+        names = [n for n, d in plan.stash.items() if d == decision]
+        if names:
+            through: dict[str, int] = {}
+            for n in names:
+                if n in plan.codecs:
+                    through[plan.codecs[n]] = through.get(plan.codecs[n], 0) + 1
+            detail = ", ".join(
+                f"{k} through {c}" if decision == Stash.OFFLOAD else f"{k} as {c}" for c, k in sorted(through.items())
+            )
+            parts.append(f"{verb} {len(names)}" + (f" ({detail})" if detail else ""))
+    rebuilt = sum(1 for d in plan.stash.values() if d == Stash.RECOMPUTE)
+    if rebuilt:
+        parts.append(f"recomputes {rebuilt}")
+    return "it " + ", ".join(parts) + " buffers" if parts else "it keeps every buffer"
 
 
 def _lossless(spec: str | None) -> bool:
@@ -584,20 +704,3 @@ def _refreshed(program: Program, plan: Plan) -> Plan:
         prefetch=prefetch_points(program, offloaded, reads=_reads(program, plan)) if offloaded else {},
         sync=(plan.sync or "event") if offloaded else plan.sync,
     )
-
-
-def _encode(name: str, spec: str) -> Callable[[Plan], Plan]:
-    def apply(plan: Plan) -> Plan:
-        return dataclasses.replace(
-            plan, stash={**plan.stash, name: Stash.ENCODE}, codecs={**plan.codecs, name: codecs.get(spec).spec}
-        )
-
-    return apply
-
-
-def _recompute(name: str, temporaries: tuple[str, ...]) -> Callable[[Plan], Plan]:
-    def apply(plan: Plan) -> Plan:
-        stash = {**plan.stash, **dict.fromkeys(temporaries, Stash.RECOMPUTE), name: Stash.RECOMPUTE}
-        return dataclasses.replace(plan, stash=stash)
-
-    return apply

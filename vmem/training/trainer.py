@@ -83,11 +83,12 @@ class Trainer:
     """Train ``net`` on ``device`` under a memory ``policy``.
 
     ``device``: a Device or a name (``"cpu"``; ``memory=`` then sets its capacity and the trainer closes
-    it). ``policy``: a spec string or Policy. ``loss`` defaults to SoftmaxCrossEntropy, ``optimizer`` to
+    it). ``policy``: a spec string or Policy; by default ``auto`` (every technique mixed for the budget)
+    where a budget is given (``memory=``), else ``baseline``. ``loss`` defaults to SoftmaxCrossEntropy, ``optimizer`` to
     SGD(lr=0.01, momentum=0.9). ``seed`` seeds the weights (if the network has none yet), the shuffling
     and dropout, so the same seed gives bitwise-identical weights.
 
-    Profiles (a policy that decides by measured time, ``vdnn-dyn``) are kept on disk and reused by a run with
+    Profiles (a policy that decides by measured time, ``auto`` or ``vdnn-dyn``) are kept on disk and reused by a run with
     the same program, device and machine (``profile_cache=False``, or ``VMEM_PROFILE_CACHE=0``, measures
     afresh): see :mod:`vmem.costs.cache`.
 
@@ -101,7 +102,7 @@ class Trainer:
         self,
         net: Network,
         device: Any = "cpu",
-        policy: Any = "baseline",
+        policy: Any = None,
         loss: Any = None,
         optimizer: Optimizer | None = None,
         seed: int = 0,
@@ -135,7 +136,7 @@ class Trainer:
         self.scaler = scaler if scaler is not None else (GradScaler() if precision == "fp16" else None)
         if self.scaler is not None and precision != "fp16":
             raise ValueError("scaler= applies to precision='fp16' only (bf16 and fp32 need no loss scaling)")
-        pol = policies.get(policy)
+        pol = policies.get(policy if policy is not None else ("auto" if memory is not None else "baseline"))
         self.loss = loss if loss is not None else (getattr(net, "loss", None) or SoftmaxCrossEntropy())
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01, momentum=0.9)
         self.seed = seed
