@@ -511,9 +511,7 @@ def _common(
         "--policy",
         default=policy_default,
         help="policy spec: baseline, layerwise, vdnn-all, vdnn-conv, vdnn-dyn, gist, mirror, chen, echo, auto (all of "
-        "them mixed for the budget), with :key=value options (default "
-        + (policy_default or policy_help)
-        + ")",
+        "them mixed for the budget), with :key=value options (default " + (policy_default or policy_help) + ")",
     )
     p.add_argument(
         "--algos", choices=("memory", "performance"), help="convolution algorithms (adds algos= to --policy)"
