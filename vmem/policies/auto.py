@@ -9,7 +9,8 @@ measured profile on the CPU device):
 1. **Portfolio.** Every named technique, each with the fastest algorithms and with the leanest: layer-wise
    allocation, vDNN's ``vdnn-conv`` and ``vdnn-all`` (both sync modes, raw and through zero-value
    compression), ``vdnn-dyn``, Gist's lossless encodings, and recomputation (``echo``, ``mirror``,
-   ``chen``). So ``auto`` fits wherever one of them does and is never slower than the fastest of them.
+   ``chen``). So ``auto`` fits wherever one of them does and is never slower than the fastest of them
+   (vdnn-dyn's search is left out on graphs of more than ``DYN_OPS`` ops: the descent covers its choices).
 2. **Descent.** From the fastest plan (layer-wise, fastest algorithms), while it does not fit: the replay
    says where the peak is; of the kept buffers live there, take the ways to store them with the least
    estimated seconds per byte saved until they cover the excess, and replay again. The ways: recompute
@@ -121,11 +122,13 @@ class Auto(Policy):
     needs_profile = True
     lossy: str | None = option(None)
     trials: int | None = option(None)
+    #: the most ops on which the portfolio runs vdnn-dyn's search
+    DYN_OPS: ClassVar[int] = 2000
     #: the least fraction of the step a move must save to be kept (less is within the cost model's error)
     GAIN: ClassVar[float] = 1e-4
     #: the default improvement stage's replays: at most MAX_TRIALS, about REPLAY_OPS ops replayed in all
-    MAX_TRIALS: ClassVar[int] = 160
-    REPLAY_OPS: ClassVar[int] = 40_000
+    MAX_TRIALS: ClassVar[int] = 128
+    REPLAY_OPS: ClassVar[int] = 25_000
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -185,8 +188,10 @@ class Auto(Policy):
             if not choices and spec.replace("algos=memory", "algos=performance") in seen:
                 continue  # no convolution: the same plan as with the fastest algorithms
             seen.add(spec)
-            if spec == "vdnn-dyn" and not any(s == FLOOR for _, s, _ in fitting):
-                continue  # vdnn-dyn needs its floor (vdnn-all, leanest algorithms) to fit
+            if spec == "vdnn-dyn" and (
+                not any(s == FLOOR for _, s, _ in fitting) or len(program.ops) > self.DYN_OPS
+            ):  # it needs its floor (vdnn-all, leanest algorithms) to fit; on a large graph its search
+                continue  # (dozens of replays) costs more than the descent, which mixes what it chooses
             try:
                 # vdnn-dyn decides by fits and times alone: packed with the sweeps first, as the planner
                 # packs where that does not fit, it decides the same, with fewer full packings
@@ -233,7 +238,8 @@ class Auto(Policy):
                 if moves_kept
                 else "could not be improved by the moves tried"
             )
-            + f" ({time.perf_counter() - started:.1f} s of planning); {_summary(plan)}. {plan.reason}"
+            + f" ({time.perf_counter() - started:.1f} s of planning); {_summary(plan)}."
+            + ("" if start_spec in (DESCENT, EXHAUSTIVE) else f" {start_spec}: {plan.reason}")
         )
         return dataclasses.replace(
             plan, policy=self.spec, reason=reason, chosen=start_spec, notes={**plan.notes, **notes}
