@@ -32,7 +32,7 @@ def test_three_runs_of_one_command_give_identical_checkpoints(tmp_path, capsys):
         assert all(np.array_equal(first[k], arrays[k]) for k in first)
     meta = json.loads(str(first["meta"]))
     plan = meta["plans"]["32"]
-    assert plan["policy"].startswith("vdnn-dyn") and plan["algos"]
+    assert plan["policy"].startswith("auto") and plan["algos"]
 
 
 def test_a_kept_profile_is_reused_and_can_be_turned_off(monkeypatch):

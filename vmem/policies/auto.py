@@ -39,7 +39,6 @@ import bisect
 import dataclasses
 import itertools
 import math
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
@@ -169,7 +168,6 @@ class Auto(Policy):
                 "auto ranks plans by predicted step time: plan on a simulated GPU, or give costs= (a profile of "
                 "the device, as a Trainer makes)"
             )
-        started = time.perf_counter()
 
         def quick(candidate: Plan, memory: int | None = None) -> Any:
             """The oracle's answer, packing the arena as the planner does only where it can matter: a plan
@@ -238,7 +236,7 @@ class Auto(Policy):
                 if moves_kept
                 else "could not be improved by the moves tried"
             )
-            + f" ({time.perf_counter() - started:.1f} s of planning); {_summary(plan)}."
+            + f"; {_summary(plan)}."
             + ("" if start_spec in (DESCENT, EXHAUSTIVE) else f" {start_spec}: {plan.reason}")
         )
         return dataclasses.replace(
