@@ -51,6 +51,7 @@ from ..schedule.gradients import needs_grad
 from ..schedule.recompute import backward_uses, decisions
 from ..units import format_bytes
 from .base import Policy, get, option, register
+from .budget import least_memory
 from .plan import Allocation, Plan, Stash
 from .recompute import cheap_ops
 
@@ -216,7 +217,7 @@ class Auto(Policy):
         if not fitting:
             if floor is not None:
                 raise floor
-            get("vdnn-dyn").decide(program, device, costs, oracle)  # BudgetTooSmall: the least memory it needs
+            self._refuse(program, device, costs, oracle)
             raise PlanError(
                 f"{program.network} at batch {program.batch} fits in {format_bytes(device.memory)} under none of "
                 f"auto's techniques ({', '.join(self.portfolio())}); use a larger memory budget"
@@ -241,6 +242,28 @@ class Auto(Policy):
         )
         return dataclasses.replace(
             plan, policy=self.spec, reason=reason, chosen=start_spec, notes={**plan.notes, **notes}
+        )
+
+    #: the refusal's least budget is found to this fraction of the leanest plan's peak
+    LEAST_TOLERANCE: ClassVar[float] = 1e-3
+
+    def _refuse(self, program: Program, device: DeviceSpec, costs: Any, oracle: Any) -> None:
+        """Raise BudgetTooSmall with the least budget the leanest plan (every feature map offloaded, the
+        leanest algorithms) fits in, to :attr:`LEAST_TOLERANCE` (each try replays the whole step)."""
+        lean = get(FLOOR).decide(program, device, costs)
+        result = oracle(lean)
+        if result.fits:
+            return
+        least = least_memory(
+            lambda memory: oracle(lean, memory).fits, result.peak_bytes, tolerance=self.LEAST_TOLERANCE
+        )
+        least = least if least is not None else 4 * result.peak_bytes
+        raise BudgetTooSmall(
+            f"{program.network} at batch {program.batch} fits in {format_bytes(device.memory)} under none of auto's "
+            f"plans; the leanest ({FLOOR}: every feature map offloaded, memory-optimal algorithms) needs "
+            f"{format_bytes(least)} ({least} bytes, to {self.LEAST_TOLERANCE:.1%}). Use a larger memory budget"
+            + (" or a smaller batch." if program.batch > 1 else "."),
+            least,
         )
 
     # -- exact, on small graphs ------------------------------------------------------------------------

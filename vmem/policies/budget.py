@@ -7,12 +7,15 @@ from typing import Callable
 __all__ = ["least_memory"]
 
 
-def least_memory(fits: Callable[[int], bool], peak: int, alignment: int = 256, most: int | None = None) -> int | None:
+def least_memory(
+    fits: Callable[[int], bool], peak: int, alignment: int = 256, most: int | None = None, tolerance: float = 0.0
+) -> int | None:
     """The smallest capacity, a multiple of ``alignment``, at which ``fits(capacity)`` holds: what a plan
     whose peak is ``peak`` needs once its blocks are placed (packing and alignment can take more than the
     peak). Doubles from the peak until it fits (up to ``most``, default 4x the peak; None beyond), then
-    bisects to the alignment. A plan's blocks sit at offsets packed before the replay, so whether it fits
-    grows with the capacity; the answer is checked to fit."""
+    bisects to the alignment, or with ``tolerance`` only until the answer is within that fraction of the
+    peak above the least (fewer replays). A plan's blocks sit at offsets packed before the replay, so
+    whether it fits grows with the capacity; the answer is checked to fit."""
 
     def up(n: int) -> int:
         return -(-n // alignment) * alignment
@@ -23,7 +26,7 @@ def least_memory(fits: Callable[[int], bool], peak: int, alignment: int = 256, m
         if hi >= most:
             return None
         lo, hi = hi, min(up(2 * hi - up(peak) + alignment), up(most))
-    while hi - lo > alignment:
+    while hi - lo > max(alignment, int(tolerance * peak)):
         mid = up((lo + hi) // 2)
         if mid >= hi:
             break
