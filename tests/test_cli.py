@@ -114,6 +114,19 @@ def test_in_a_tight_budget_plan_profiles_on_the_device_within_it(capsys):
     assert any(note.startswith("element-wise bandwidth: measured on") for note in result["profile_notes"])
 
 
+def test_plan_with_a_budget_uses_auto_where_it_can_price_plans(capsys):
+    sim = ["plan", "--model", "resnet_cifar", "--depth", "8", "--batch", "64", "--device", "sim:v100-16gb"]
+    code, out, _ = run(capsys, *sim, "--memory", "auto:0.7", "--json")
+    assert code == 0 and json.loads(out)["policy"] == "auto"
+    code, out, _ = run(capsys, *sim, "--json")  # no budget: the baseline
+    assert json.loads(out)["policy"].startswith("baseline")
+    cpu = ["plan", "--model", "digits_cnn", "--batch", "8", "--memory", "auto:0.8"]
+    code, out, _ = run(capsys, *cpu, "--json")  # on the CPU, auto would profile first: only when asked
+    assert json.loads(out)["policy"].startswith("baseline")
+    code, out, err = run(capsys, *cpu, "--policy", "auto")  # asked by name: it profiles, and says so
+    assert "auto decides by measured time: profiling first" in err and "auto: " in out
+
+
 def test_plan_json(capsys):
     code, out, _ = run(capsys, "plan", "--model", "vgg16", "--batch", "256", "--memory", "12GB", "--json")
     assert code == 1  # the plan does not fit: a failure, with its figures printed

@@ -596,7 +596,7 @@ def _add_plan(sub: Any) -> None:
         "--profile",
         action="store_true",
         help="on a real device (cpu, cuda:N): measure every layer there first, within --memory, so that "
-        "the plan predicts time (vdnn-dyn needs it)",
+        "the plan predicts time (auto and vdnn-dyn need it: they profile without it too)",
     )
     p.set_defaults(func=cmd_plan)
 
