@@ -22,10 +22,8 @@ def resnet():
     return net, vmem.plan(net, 128, SIM, "layerwise", memory="1TiB").peak_bytes
 
 
-@pytest.mark.parametrize("fraction", [0.45, 0.8])
-def test_auto_fits_wherever_a_named_policy_does_and_is_never_slower(resnet, fraction):
-    net, peak = resnet
-    memory = int(peak * fraction)
+def _named_times(net, memory):
+    """The predicted step of each named policy of auto's portfolio that fits ``memory``."""
     named = []
     for spec in PORTFOLIO:
         try:
@@ -34,6 +32,14 @@ def test_auto_fits_wherever_a_named_policy_does_and_is_never_slower(resnet, frac
             continue
         if r.fits:
             named.append(r.step_seconds)
+    return named
+
+
+@pytest.mark.parametrize("fraction", [0.45, 0.8])
+def test_auto_fits_wherever_a_named_policy_does_and_is_never_slower(resnet, fraction):
+    net, peak = resnet
+    memory = int(peak * fraction)
+    named = _named_times(net, memory)
     assert named, "the budget should leave some named policy fitting"
     auto = vmem.plan(net, 128, SIM, AUTO, memory=memory)
     assert auto.fits and auto.peak_bytes <= memory
@@ -46,14 +52,7 @@ def test_the_descent_mixes_techniques_and_beats_every_named_policy_where_none_is
     cheapest seconds per byte saved at the replayed peak) mixes recomputation with encodings or offloads."""
     net, peak = resnet
     memory = int(peak * 0.5)
-    named = []
-    for spec in PORTFOLIO:
-        try:
-            r = vmem.plan(net, 128, SIM, spec, memory=memory)
-        except PlanError:
-            continue
-        if r.fits:
-            named.append(r.step_seconds)
+    named = _named_times(net, memory)
     auto = vmem.plan(net, 128, SIM, AUTO, memory=memory)
     assert auto.plan.chosen == DESCENT and auto.fits
     assert auto.step_seconds < min(named) * 0.99
