@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -212,3 +214,26 @@ def test_on_a_small_graph_auto_equals_an_exhaustive_search_over_every_buffers_ch
     assert auto.plan.chosen == EXHAUSTIVE
     monkeypatch.setattr(Auto, "EXHAUSTIVE", 0)  # the descent alone finds it too
     assert vmem.plan(net, batch, SIM, "auto", memory=memory).step_seconds == pytest.approx(best, rel=1e-12)
+
+
+def test_the_integer_program_adds_descents_and_says_how_they_compare(resnet):
+    """solver=ilp: descents whose rounds HiGHS solves (each the least estimated seconds that save the
+    excess), beside the greedy ones; the reason gives both descents' best times."""
+    pytest.importorskip("scipy")
+    net, peak = resnet
+    memory = int(peak * 0.6)
+    fast = vmem.plan(net, 128, SIM, AUTO, memory=memory)
+    ilp = vmem.plan(net, 128, SIM, f"{AUTO},solver=ilp,time_limit=5", memory=memory)
+    assert ilp.fits and ilp.plan.policy == "auto:trials=24,solver=ilp,time_limit=5"
+    assert abs(ilp.step_seconds / fast.step_seconds - 1) <= 0.05  # each improved from its own fastest start
+    found = re.search(r"the fastest such descent ([\d.]+) ms, the greedy one ([\d.]+) ms", ilp.reason)
+    assert found and "solved by HiGHS (the largest gap" in ilp.reason, ilp.reason
+    assert abs(float(found[1]) / float(found[2]) - 1) <= 0.05  # they agree here
+
+
+def test_auto_names_a_bad_solver_or_time_limit():
+    with pytest.raises(ValueError, match="solver='cplex'"):
+        vmem.policies.get("auto:solver=cplex")
+    with pytest.raises(ValueError, match="time_limit=0"):
+        vmem.policies.get("auto:time_limit=0")
+    assert vmem.policies.get("auto:solver=ilp").spec == "auto:solver=ilp"

@@ -79,9 +79,12 @@ PORTFOLIO = (
     "chen:algos=memory",
 )
 LOSSY = ("fp16", "fp10", "fp8", "fixed8", "fixed4", "patch2")
+#: how the descent picks each round's savings: by least seconds per byte, or by an integer program
+SOLVERS = ("greedy", "ilp")
 #: the start made by the descent: the fastest plan, made to fit by the cheapest savings per byte
 FAST = "layerwise:algos=performance"
 DESCENT = f"{FAST}, descended"
+ILP_DESCENT = f"{FAST}, descended by integer programs"
 EXHAUSTIVE = f"{FAST}, every choice tried"
 
 
@@ -122,6 +125,8 @@ class Auto(Policy):
     needs_profile = True
     lossy: str | None = option(None)
     trials: int | None = option(None)
+    solver: str = option("greedy")
+    time_limit: float = option(10.0)
     #: the most ops on which the portfolio runs vdnn-dyn's search
     DYN_OPS: ClassVar[int] = 2000
     #: the least fraction of the step a move must save to be kept (less is within the cost model's error)
@@ -132,6 +137,10 @@ class Auto(Policy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.solver not in SOLVERS:
+            raise ValueError(f"policy 'auto': solver={self.solver!r}; use one of {', '.join(SOLVERS)}")
+        if isinstance(self.time_limit, bool) or not isinstance(self.time_limit, (int, float)) or self.time_limit <= 0:
+            raise ValueError(f"policy 'auto': time_limit={self.time_limit!r} must be a positive number of seconds")
         if self.lossy is not None and self.lossy not in LOSSY:
             raise ValueError(f"policy 'auto': lossy={self.lossy!r}; use one of {', '.join(LOSSY)}")
         if self.trials is not None and (
@@ -148,8 +157,11 @@ class Auto(Policy):
 
     @property
     def spec(self) -> str:
-        options = ([f"lossy={self.lossy}"] if self.lossy is not None else []) + (
-            [f"trials={self.trials}"] if self.trials is not None else []
+        options = (
+            ([f"lossy={self.lossy}"] if self.lossy is not None else [])
+            + ([f"trials={self.trials}"] if self.trials is not None else [])
+            + ([f"solver={self.solver}"] if self.solver != "greedy" else [])
+            + ([f"time_limit={self.time_limit:g}"] if self.time_limit != 10.0 else [])
         )
         return f"{self.name}:{','.join(options)}" if options else self.name
 
@@ -208,12 +220,14 @@ class Auto(Policy):
         if exact is not None:
             tried += 1
             fitting.append((exact.step_seconds, EXHAUSTIVE, exact))
-        for share in self.LINK_SHARES:
-            descended = self._descend(program, device, costs, oracle, share)
-            tried += 1
-            if descended is None:
-                break  # where the copies may take the most time it did not fit: with less, neither
-            fitting.append((descended.step_seconds, DESCENT, descended))
+        gaps: list[float] = []
+        for solver in ("greedy", "ilp") if self.solver == "ilp" else ("greedy",):
+            for share in self.LINK_SHARES:
+                descended = self._descend(program, device, costs, oracle, share, gaps, solver)
+                tried += 1
+                if descended is None:
+                    break  # where the copies may take the most time it did not fit: with less, neither
+                fitting.append((descended.step_seconds, DESCENT if solver == "greedy" else ILP_DESCENT, descended))
         if not fitting:
             if floor is not None:
                 raise floor
@@ -237,8 +251,14 @@ class Auto(Policy):
                 if moves_kept
                 else "could not be improved by the moves tried"
             )
+            + (
+                f"; {len(gaps)} descent rounds solved by HiGHS (the largest gap {max(gaps):.2%}), the fastest "
+                f"such descent {_best(fitting, ILP_DESCENT)}, the greedy one {_best(fitting, DESCENT)}"
+                if gaps
+                else ""
+            )
             + f"; {_summary(plan)}."
-            + ("" if start_spec in (DESCENT, EXHAUSTIVE) else f" {start_spec}: {plan.reason}")
+            + ("" if start_spec in (DESCENT, ILP_DESCENT, EXHAUSTIVE) else f" {start_spec}: {plan.reason}")
         )
         return dataclasses.replace(
             plan, policy=self.spec, reason=reason, chosen=start_spec, notes={**plan.notes, **notes}
@@ -310,10 +330,22 @@ class Auto(Policy):
     #: forward allocates where an offloaded buffer was before its copy ends, it waits for it
     LINK_SHARES: ClassVar[tuple[float, ...]] = (1.0, 0.5, 0.25, 0.0)
 
-    def _descend(self, program: Program, device: DeviceSpec, costs: Any, oracle: Any, share: float) -> Any:
+    def _descend(
+        self,
+        program: Program,
+        device: DeviceSpec,
+        costs: Any,
+        oracle: Any,
+        share: float,
+        gaps: list[float],
+        solver: str = "greedy",
+    ) -> Any:
         """From the fastest plan (layer-wise, fastest algorithms), while it does not fit: at the peak (the
         replay says where), take the savings with the least estimated seconds per byte saved there until
-        they cover the excess, and replay. Copies out fill at most ``share`` of the time before the peak.
+        they cover the excess, and replay (with ``solver="ilp"``, the least estimated seconds that cover it,
+        by an integer program, each round's gap appended to ``gaps``; the greedy choice where it does not
+        lower the peak). Copies out fill at most ``share``
+        of the time before the peak.
         Gives up (None) where a round does not lower the peak.
         The result where it fits, else None."""
         plan = get(FAST).decide(program, device, costs)
@@ -335,24 +367,25 @@ class Auto(Policy):
             savings = sorted(self._savings(program, plan, costs, info, result.peak_at), key=_Saving.rate)
             if not savings:
                 return None
-            chosen, freed, taken = [], 0, set()
-            link = _Link(info, plan, result.peak_at, share)
-            for saving in savings:
-                if saving.name in taken or (saving.kind == "offload" and not link.admit(saving.name, saving.wire)):
+            for how in (solver, "greedy") if solver == "ilp" else (solver,):
+                # where the program's choice does not lower the peak, the greedy one
+                link = _Link(info, plan, result.peak_at, share)
+                if how == "ilp":
+                    chosen, gap = _knapsack(savings, excess, link, self.time_limit)
+                    gaps.append(gap)
+                else:
+                    chosen = _greedy(savings, excess, link)
+                if not chosen:
                     continue
-                taken.add(saving.name)
-                chosen.append(saving)
-                freed += saving.saved
-                if freed >= excess:
+                try:
+                    attempt = oracle(_refreshed(program, _applied(plan, chosen)), packing="sweep")
+                except (PlanError, ValueError):
+                    continue
+                if attempt.peak_bytes < before or attempt.fits:
                     break
-            candidate = _applied(plan, chosen)
-            try:
-                result = oracle(_refreshed(program, candidate), packing="sweep")
-            except (PlanError, ValueError):
-                return None
-            plan = result.plan
-            if result.peak_bytes >= before and not result.fits:
+            else:
                 return None  # the savings did not lower the peak: the estimates no longer lead anywhere
+            result, plan = attempt, attempt.plan
         return result if result.fits else None
 
     def _savings(
@@ -678,6 +711,72 @@ class _Link:
         self.queue.insert(at, entry)
         self.busy += seconds
         return True
+
+
+def _best(fitting: list[tuple[float, str, Any]], start: str) -> str:
+    """The least predicted step among the fitting starts named ``start``, in ms ("none fits" if none)."""
+    seconds = [t for t, s, _ in fitting if s == start]
+    return f"{min(seconds) * 1e3:.2f} ms" if seconds else "none fits"
+
+
+def _greedy(savings: list[_Saving], excess: float, link: "_Link") -> list[_Saving]:
+    """One round of the descent, greedily: the savings in order (of seconds per byte), one way per buffer,
+    the offloads the link admits, until they save ``excess`` bytes."""
+    chosen, freed, taken = [], 0, set()
+    for saving in savings:
+        if saving.name in taken or (saving.kind == "offload" and not link.admit(saving.name, saving.wire)):
+            continue
+        taken.add(saving.name)
+        chosen.append(saving)
+        freed += saving.saved
+        if freed >= excess:
+            break
+    return chosen
+
+
+def _knapsack(savings: list[_Saving], excess: float, link: "_Link", time_limit: float) -> tuple[list[_Saving], float]:
+    """One round of the descent as an integer program (SciPy's HiGHS): the savings of least estimated
+    seconds that save at least ``excess`` bytes, one way per buffer, the copies out within the link's
+    free time, each of them ending before the peak. The savings chosen (none where no choice saves that
+    much) and the solver's relative gap (0: proven optimal; inf: no solution within ``time_limit``)."""
+    try:
+        import numpy as np
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import csr_array
+    except ImportError:
+        raise PlanError("auto:solver=ilp needs SciPy (pip install 'vmem[plan]')") from None
+    info = link.info
+    usable = [
+        s
+        for s in savings
+        if s.kind != "offload"
+        or info.written(info.by_name[s.name]) + info.costs.copy_seconds(s.wire, "d2h") <= link.deadline
+    ]
+    if not usable or sum(s.saved for s in usable) < excess:
+        return [], float("inf")
+    names = {n: k for k, n in enumerate(dict.fromkeys(s.name for s in usable))}
+    n = len(usable)
+    one_way = csr_array(
+        (np.ones(n), ([names[s.name] for s in usable], np.arange(n))), shape=(len(names), n)
+    )  # at most one way per buffer
+    saved = np.array([[float(s.saved) for s in usable]])
+    copies = np.array([[info.costs.copy_seconds(s.wire, "d2h") if s.kind == "offload" else 0.0 for s in usable]])
+    constraints = [
+        LinearConstraint(one_way, 0, 1),
+        LinearConstraint(saved, excess, np.inf),
+        LinearConstraint(copies, 0, max(link.deadline - link.busy, 0.0)),
+    ]
+    result = milp(
+        c=np.array([s.seconds for s in usable]),
+        constraints=constraints,
+        integrality=np.ones(n),
+        bounds=Bounds(0, 1),
+        options={"time_limit": float(time_limit)},
+    )
+    if result.x is None:
+        return [], float("inf")
+    gap = float(getattr(result, "mip_gap", 0.0) or 0.0)
+    return [s for s, x in zip(usable, result.x) if x > 0.5], gap
 
 
 def _applied(plan: Plan, savings: list[_Saving]) -> Plan:
