@@ -119,9 +119,9 @@ def test_a_budget_nothing_fits_is_refused_with_the_least_memory(resnet):
         vmem.plan(net, 128, SIM, AUTO, memory=int(peak * 0.05))
     least = info.value.least
     assert least > peak * 0.05 and "under none of auto's plans" in str(info.value)
-    lean = "vdnn-all:algos=memory,sync=layer"  # the leanest plan fits in what the refusal names, to 0.1%
+    lean = "vdnn-all:algos=memory,sync=layer"  # the leanest plan fits in what the refusal names, not less
     assert vmem.plan(net, 128, SIM, lean, memory=least).fits
-    assert not vmem.plan(net, 128, SIM, lean, memory=int(least * (1 - 2e-3))).fits
+    assert not vmem.plan(net, 128, SIM, lean, memory=least - 256).fits
 
 
 def test_auto_is_the_default_wherever_a_budget_is_given():

@@ -125,3 +125,22 @@ def test_a_budget_below_the_minimum_fails_before_training():
         with pytest.raises(PlanError, match="needs at least"):
             trainer.step(np.zeros((64, 3, 32, 32), np.float32), np.zeros(64, int))
         assert trainer.steps_done == 0
+
+
+def test_least_memory_with_a_tolerance_stops_within_it_and_always_fits():
+    from vmem.policies.budget import least_memory
+
+    true = 1_000_000_000 + 12_345  # fits at and above this
+    calls = []
+
+    def fits(memory):
+        calls.append(memory)
+        return memory >= true
+
+    exact = least_memory(fits, peak=900_000_000, alignment=256)
+    exact_calls = len(calls)
+    calls.clear()
+    rough = least_memory(fits, peak=900_000_000, alignment=256, tolerance=1e-3)
+    assert exact == -(-true // 256) * 256
+    assert exact <= rough <= exact + 1e-3 * 900_000_000 + 256 and fits(rough)
+    assert len(calls) < exact_calls - 5

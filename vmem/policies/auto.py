@@ -275,20 +275,20 @@ class Auto(Policy):
 
     def _refuse(self, program: Program, device: DeviceSpec, costs: Any, oracle: Any) -> None:
         """Raise BudgetTooSmall with the least budget the leanest plan (every feature map offloaded, the
-        leanest algorithms) fits in, to :attr:`LEAST_TOLERANCE` (each try replays the whole step)."""
+        leanest algorithms) fits in: to the byte, or on a graph of more than ``DYN_OPS`` ops (each try
+        replays the whole step) to :attr:`LEAST_TOLERANCE`."""
         lean = get(FLOOR).decide(program, device, costs)
         result = oracle(lean)
         if result.fits:
             return
-        least = least_memory(
-            lambda memory: oracle(lean, memory).fits, result.peak_bytes, tolerance=self.LEAST_TOLERANCE
-        )
+        tolerance = self.LEAST_TOLERANCE if len(program.ops) > self.DYN_OPS else 0.0
+        least = least_memory(lambda memory: oracle(lean, memory).fits, result.peak_bytes, tolerance=tolerance)
         least = least if least is not None else 4 * result.peak_bytes
         raise BudgetTooSmall(
             f"{program.network} at batch {program.batch} fits in {format_bytes(device.memory)} under none of auto's "
-            f"plans; the leanest ({FLOOR}: every feature map offloaded, memory-optimal algorithms) needs "
-            f"{format_bytes(least)} ({least} bytes, to {self.LEAST_TOLERANCE:.1%}). Use a larger memory budget"
-            + (" or a smaller batch." if program.batch > 1 else "."),
+            f"plans; the leanest ({FLOOR}: every feature map offloaded, memory-optimal algorithms) needs at least "
+            f"{format_bytes(least)} ({least} bytes{f', to {tolerance:.1%}' if tolerance else ''}). Use a larger "
+            "memory budget" + (" or a smaller batch." if program.batch > 1 else "."),
             least,
         )
 
