@@ -200,11 +200,13 @@ class Auto(Policy):
         fitting: list[tuple[float, str, Any]] = []
         tried, floor = 0, None
         choices = any(op.algorithms for op in program.ops)
-        seen: set[str] = set()
         for spec in self.portfolio():
-            if not choices and spec.replace("algos=memory", "algos=performance") in seen:
-                continue  # no convolution: the same plan as with the fastest algorithms
-            seen.add(spec)
+            twin = spec.replace("algos=memory", "algos=performance")
+            if spec != FLOOR and twin != spec and (not choices or any(s == twin for _, s, _ in fitting)):
+                # no convolution: the same plan as with the fastest algorithms; or those fit, and with
+                # nothing offloaded (the memory variants after the floor: gist, echo, chen) the leanest
+                # algorithms cannot make the step faster
+                continue
             if spec == "vdnn-dyn" and (
                 not any(s == FLOOR for _, s, _ in fitting) or len(program.ops) > self.DYN_OPS
             ):  # it needs its floor (vdnn-all, leanest algorithms) to fit; on a large graph its search
