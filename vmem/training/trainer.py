@@ -85,12 +85,12 @@ class Trainer:
     ``device``: a Device or a name (``"cpu"``; ``memory=`` then sets its capacity and the trainer closes
     it). ``policy``: a spec string or Policy; by default ``auto`` (every technique mixed for the budget)
     where a budget is given (``memory=``), else ``baseline``. ``loss`` defaults to SoftmaxCrossEntropy,
-    ``optimizer`` to SGD(lr=0.01, momentum=0.9). ``seed`` seeds the weights (if the network has none yet), the shuffling
-    and dropout, so the same seed gives bitwise-identical weights.
+    ``optimizer`` to SGD(lr=0.01, momentum=0.9). ``seed`` seeds the weights (if the network has none yet),
+    the shuffling and dropout, so the same seed gives bitwise-identical weights.
 
     Profiles (a policy that decides by measured time, ``auto`` or ``vdnn-dyn``) are kept on disk and reused
-    by a run with the same program, device and machine (``profile_cache=False``, or ``VMEM_PROFILE_CACHE=0``, measures
-    afresh): see :mod:`vmem.costs.cache`.
+    by a run with the same program, device and machine (``profile_cache=False``, or
+    ``VMEM_PROFILE_CACHE=0``, measures afresh): see :mod:`vmem.costs.cache`.
 
     A step whose loss or gradients are not finite changes nothing (weights, optimizer state, batch norm's
     statistics), is reported (``StepReport.skipped``) and warned about; after ``nonfinite_limit`` such
