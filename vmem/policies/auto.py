@@ -52,7 +52,7 @@ from .. import codecs
 from ..device.spec import DeviceSpec
 from ..errors import BudgetTooSmall, PlanError
 from ..graph import PASSES, Program
-from ..graph.analysis import nonnegative_sparse, prefetch_points, writers
+from ..graph.analysis import RecomputeGraph, nonnegative_sparse, prefetch_points, writers
 from ..schedule.gradients import needs_grad
 from ..schedule.recompute import backward_uses, decisions
 from ..units import format_bytes
@@ -224,14 +224,16 @@ class Auto(Policy):
             tried += 1
             if result.fits and result.step_seconds is not None:
                 fitting.append((result.step_seconds, spec, result))
-        exact = self._exhaustive(program, device, costs, oracle)
+        fast = get(FAST).decide(program, device, costs)  # where the exhaustive search and the descents start
+        info = _Info(program, costs, fast)
+        exact = self._exhaustive(program, device, oracle, fast, info)
         if exact is not None:
             tried += 1
             fitting.append((exact.step_seconds, EXHAUSTIVE, exact))
         gaps: list[float] = []
         for solver in ("greedy", "ilp") if self.solver == "ilp" else ("greedy",):
             for share in self.LINK_SHARES:
-                descended = self._descend(program, device, costs, oracle, share, gaps, solver)
+                descended = self._descend(program, device, oracle, fast, info, share, gaps, solver)
                 tried += 1
                 if descended is None:
                     break  # where the copies may take the most time it did not fit: with less, neither
@@ -298,22 +300,22 @@ class Auto(Policy):
     #: the most plans the exhaustive search replays (a graph with more combinations is not searched so)
     EXHAUSTIVE: ClassVar[int] = 2048
 
-    def choices(self, program: Program, costs: Any, plan: Plan) -> dict[str, list["_Saving | None"]]:
+    def choices(self, program: Program, costs: Any, plan: Plan, info: "_Info | None" = None) -> dict[str, list]:
         """Per stashed buffer, every way the descent and the exhaustive search may store it: kept (None)
-        and each :class:`_Saving` that applies."""
-        info = _Info(program, costs, plan)
+        and each :class:`_Saving` that applies (``info``: the program read under ``plan``'s algorithms)."""
+        info = info or _Info(program, costs, plan)
         out: dict[str, list[_Saving | None]] = {program.tensors[b].name: [None] for b in program.stashed_buffers()}
-        for saving in self._savings(program, plan, costs, info, None, live_only=False):
+        for saving in self._savings(program, plan, info, None, live_only=False):
             out[saving.name].append(saving)
         return out
 
-    def _exhaustive(self, program: Program, device: DeviceSpec, costs: Any, oracle: Any) -> Any:
-        """Where the buffers' choices make at most :attr:`EXHAUSTIVE` plans (fastest algorithms): the fastest
-        of them that fits, every one replayed (None if none fits, or there are more)."""
-        plan = get(FAST).decide(program, device, costs)
+    def _exhaustive(self, program: Program, device: DeviceSpec, oracle: Any, plan: Plan, info: "_Info") -> Any:
+        """Where the buffers' choices from ``plan`` (layer-wise, fastest algorithms) make at most
+        :attr:`EXHAUSTIVE` plans: the fastest of them that fits, every one replayed (None if none fits, or
+        there are more)."""
         if plan.allocation != Allocation.LAYER:
             return None
-        options = self.choices(program, costs, plan)
+        options = self.choices(program, info.costs, plan, info)
         if math.prod(len(v) for v in options.values()) > self.EXHAUSTIVE:
             return None
         best = None
@@ -342,24 +344,21 @@ class Auto(Policy):
         self,
         program: Program,
         device: DeviceSpec,
-        costs: Any,
         oracle: Any,
+        plan: Plan,
+        info: "_Info",
         share: float,
         gaps: list[float],
         solver: str = "greedy",
     ) -> Any:
-        """From the fastest plan (layer-wise, fastest algorithms), while it does not fit: at the peak (the
-        replay says where), take the savings with the least estimated seconds per byte saved there until
-        they cover the excess, and replay (with ``solver="ilp"``, the least estimated seconds that cover it,
-        by an integer program, each round's gap appended to ``gaps``; the greedy choice where it does not
-        lower the peak). Copies out fill at most ``share``
-        of the time before the peak.
-        Gives up (None) where a round does not lower the peak.
-        The result where it fits, else None."""
-        plan = get(FAST).decide(program, device, costs)
+        """From ``plan`` (layer-wise, fastest algorithms), while it does not fit: at the peak (the replay
+        says where), take the savings with the least estimated seconds per byte saved there until they
+        cover the excess, and replay (with ``solver="ilp"``, the least estimated seconds that cover it, by
+        an integer program, each round's gap appended to ``gaps``; the greedy choice where that does not
+        lower the peak). Copies out fill at most ``share`` of the time before the peak. The result where it
+        fits; None where it does not, or a round does not lower the peak."""
         if plan.allocation != Allocation.LAYER:
             return None
-        info = _Info(program, costs, plan)
         result = oracle(plan, packing="sweep")
         # a round replays every op: fewer on large graphs, about 3 x REPLAY_OPS op-replays for a descent
         rounds = max(6, min(self.DESCENT_ROUNDS, 3 * self.REPLAY_OPS // max(len(program.ops), 1)))
@@ -372,7 +371,7 @@ class Auto(Policy):
                 if result.fits:
                     return result
             excess = result.peak_bytes - device.memory * (1 - self.MARGIN)
-            savings = sorted(self._savings(program, plan, costs, info, result.peak_at), key=_Saving.rate)
+            savings = sorted(self._savings(program, plan, info, result.peak_at), key=_Saving.rate)
             if not savings:
                 return None
             for how in (solver, "greedy") if solver == "ilp" else (solver,):
@@ -397,23 +396,23 @@ class Auto(Policy):
         return result if result.fits else None
 
     def _savings(
-        self, program: Program, plan: Plan, costs: Any, info: "_Info", peak_at: str | None, live_only: bool = True
+        self, program: Program, plan: Plan, info: "_Info", peak_at: str | None, live_only: bool = True
     ) -> list["_Saving"]:
         """Each way to store a kept buffer that is live at the peak (``live_only``; else any kept buffer):
         encoded losslessly, offloaded (raw or through zvc), recomputed; with its estimated seconds and the
         bytes it saves there."""
         phase, _, layer = (peak_at or "backward ").partition(" ")
         p = info.index.get(layer, len(program.ops))
-        tensors = program.tensors
+        tensors, costs = program.tensors, info.costs
         out = []
-        for b in sorted(program.stashed_buffers()):
+        for b in sorted(info.graph.stashed):
             name = tensors[b].name
-            if plan.stash.get(name, Stash.KEEP) != Stash.KEEP or b not in info.first_read:
+            if plan.stash.get(name, Stash.KEEP) != Stash.KEEP or b not in info.graph.first_read:
                 continue
             if phase == "forward":
                 live = info.last_forward.get(b, -1) < p
             else:  # backward (or a rebuild during it): not yet needed again
-                live = info.first_read[b] < p
+                live = info.graph.first_read[b] < p
             if live_only and not live:
                 continue
             t = tensors[b]
@@ -565,7 +564,6 @@ def _keep(name: str) -> Callable[[Plan], Plan]:
 
 
 def _offload(program: Program, name: str, codec: str | None) -> Callable[[Plan], Plan]:
-
     def apply(plan: Plan) -> Plan:
         stash = {**plan.stash, name: Stash.OFFLOAD}
         codecs_ = dict(plan.codecs)
@@ -592,23 +590,20 @@ def _algo(op_name: str, pass_: str, algo: str) -> Callable[[Plan], Plan]:
 
 
 class _Info:
-    """What the descent's estimates read of a program under one plan's algorithms: op positions, where
-    backward first reads each stashed buffer and forward last reads it, per-op seconds, and the windows an
-    offload's copies can hide in."""
+    """What the descent's estimates read of a program under one plan's algorithms: the recompute graph
+    (writers, sources, what is stashed and cheap, where backward first reads each buffer), op positions,
+    where forward last reads each buffer, per-op seconds, and the windows an offload's copies can hide in."""
 
     def __init__(self, program: Program, costs: Any, plan: Plan):
         self.program, self.costs = program, costs
+        self.graph = RecomputeGraph(program, cheap_ops(program))
         ops = program.ops
         self.index = {op.name: op.index for op in ops}
         self.by_name = {t.name: t.id for t in program.tensors}
-        self.first_read: dict[int, int] = {}  # backward runs ops in reverse: the highest index reads first
         self.last_forward: dict[int, int] = {}
         for op in ops:
-            for b in program.backward_reads(op):
-                self.first_read[b] = op.index
             for t in op.inputs:
                 self.last_forward[program.tensors[t].buffer] = op.index
-        self.chains = writers(program)
         algos = plan.algos
         self.forward = [costs.op_seconds(op, "forward", algos.get(op.name, {}).get("forward")) for op in ops]
         self.backward = []
@@ -630,8 +625,6 @@ class _Info:
             self.next_conv[i] = nxt
             if ops[i].kind == "conv":
                 nxt = i
-        self.cheap = cheap_ops(program)
-        self.stashed = program.stashed_buffers()
 
     def exposed(self, b: int, wire: int) -> float:
         """Estimated seconds an offload of ``b`` (``wire`` bytes each way) adds where the link is free (see
@@ -639,34 +632,34 @@ class _Info:
         from its prefetch point (vDNN's: the next convolution up) to its reader, and a hundredth of the
         copies (a busier link delays the rest)."""
         d, h = self.costs.copy_seconds(wire, "d2h"), self.costs.copy_seconds(wire, "h2d")
-        j = self.first_read[b]
+        j = self.graph.first_read[b]
         window = sum(self.backward[j + 1 : self.next_conv[j] + 1])
         return max(0.0, h - window) + 0.01 * (d + h)
 
     def written(self, b: int) -> float:
         """Forward seconds until ``b`` is written for the last time (its copy out may start then)."""
-        last = self.chains[b][-1] if b in self.chains else -1
+        chains = self.graph.chains
+        last = chains[b][-1] if b in chains else -1
         return self.total_forward - self.after[last + 1]
 
     def rebuild(self, b: int, plan: Plan, depth: int = 3) -> tuple[float, tuple[str, ...]] | None:
         """Seconds to rebuild ``b`` and the temporaries (buffers no backward reads) rebuilt with it; None
         where it cannot be rebuilt from what the plan holds (the network's input, a heavy temporary)."""
-        program, tensors = self.program, self.program.tensors
-        if b not in self.chains or depth < 0:
+        g, tensors = self.graph, self.program.tensors
+        if b not in g.chains or depth < 0:
             return None
-        chain = self.chains[b]
-        seconds = sum(self.forward[i] for i in chain)
+        seconds = sum(self.forward[i] for i in g.chains[b])
         extra: list[str] = []
-        for t in dict.fromkeys(tensors[i].buffer for i in program.ops[chain[0]].inputs):
+        for t in g.sources[b]:
             name = tensors[t].name
             decided = plan.stash.get(name)
-            if t in self.stashed:
+            if t in g.stashed:
                 if decided == Stash.ENCODE and not _lossless(plan.codecs.get(name)):
                     return None
                 continue
             if decided in (Stash.KEEP, Stash.RECOMPUTE):
                 continue
-            if t not in self.chains or not all(i in self.cheap for i in self.chains[t]):
+            if t not in g.cheap:  # a temporary only cheap ops write is rebuilt alongside
                 return None
             inner = self.rebuild(t, plan, depth - 1)
             if inner is None:

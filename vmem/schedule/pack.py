@@ -216,8 +216,8 @@ def pack(lives: list[Life], base: int = 0, strategy: str = "auto") -> tuple[int,
     candidates = []
     if strategy != "greedy":
         candidates += [_sweep(lives, base, best_fit) for best_fit in (False, True)]
-        if min(c[0] for c in candidates) <= base + peak_live(lives):
-            strategy = "sweep"  # the sweeps reach the live bytes: no packing is tighter
+    if strategy == "auto" and len(lives) <= GREEDY_LIMIT and min(c[0] for c in candidates) <= base + peak_live(lives):
+        strategy = "sweep"  # the sweeps reach the live bytes: no packing is tighter, the greedy orders not run
     if strategy == "greedy" or (strategy == "auto" and len(lives) <= GREEDY_LIMIT):
         candidates += [_greedy(lives, base, order, tightest) for order in _ORDERS for tightest in (False, True)]
         if strategy == "greedy":  # the allocation-order greedy the sweeps stand for
