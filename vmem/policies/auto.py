@@ -251,7 +251,7 @@ class Auto(Policy):
         start_seconds, start_spec, best = fitting[0]
         plan, notes, moves_kept = best.plan, {}, 0
         if self.trial_budget(program) and plan.allocation == Allocation.LAYER:
-            plan, notes, moves_kept, best = self._improve(program, device, costs, oracle, best)
+            plan, notes, moves_kept, best = self._improve(program, device, costs, oracle, best, info)
         seconds = best.step_seconds
         reason = (
             f"auto: {len(fitting)} of {tried} starting plans fit in {format_bytes(device.memory)}; the fastest, "
@@ -322,7 +322,7 @@ class Auto(Policy):
         for combo in itertools.product(*options.values()):
             candidate = _applied(plan, [c for c in combo if c is not None])
             try:
-                result = oracle(_refreshed(program, candidate), packing="sweep")
+                result = oracle(info.held(_refreshed(program, candidate)), packing="sweep")
                 if not result.fits and result.peak_bytes <= device.memory:
                     result = oracle(result.plan)
             except (PlanError, ValueError):  # a mix the lowering cannot schedule
@@ -385,7 +385,7 @@ class Auto(Policy):
                 if not chosen:
                     continue
                 try:
-                    attempt = oracle(_refreshed(program, _applied(plan, chosen)), packing="sweep")
+                    attempt = oracle(info.held(_refreshed(program, _applied(plan, chosen))), packing="sweep")
                 except (PlanError, ValueError):
                     continue
                 if attempt.peak_bytes < before or attempt.fits:
@@ -441,7 +441,9 @@ class Auto(Policy):
         return out
 
     # -- the improvement stage -----------------------------------------------------------------------
-    def _improve(self, program: Program, device: DeviceSpec, costs: Any, oracle: Any, best: Any) -> tuple:
+    def _improve(
+        self, program: Program, device: DeviceSpec, costs: Any, oracle: Any, best: Any, info: "_Info"
+    ) -> tuple:
         """Try the moves in order of estimated gain, keeping those after which the plan still fits and is
         faster. A try first packs the arena with the sweeps only (faster; the predicted time does not depend
         on the packing, and a plan that fits so fits as the planner packs it); a faster plan that does not
@@ -457,6 +459,10 @@ class Auto(Policy):
                 trials += 1
                 try:
                     candidate = move.apply(plan)
+                    if plan.release or Stash.OFFLOAD not in plan.stash.values():
+                        # the descent's plans hold offloaded blocks until their copies end; a named
+                        # plan that offloads stays as its policy made it
+                        candidate = info.held(candidate)
                     result = oracle(candidate, packing="sweep")
                     faster = result.step_seconds < best.step_seconds * (1 - self.GAIN)
                     if faster and not result.fits and result.peak_bytes <= device.memory:
@@ -558,6 +564,7 @@ def _keep(name: str) -> Callable[[Plan], Plan]:
             codecs=codecs_,
             prefetch={op: bs for op, bs in prefetch.items() if bs},
             ranges={k: v for k, v in plan.ranges.items() if k != name},
+            release={k: v for k, v in plan.release.items() if k != name},
         )
 
     return apply
@@ -635,6 +642,31 @@ class _Info:
         j = self.graph.first_read[b]
         window = sum(self.backward[j + 1 : self.next_conv[j] + 1])
         return max(0.0, h - window) + 0.01 * (d + h)
+
+    def held(self, plan: Plan) -> Plan:
+        """``plan`` with each offload's block released only once its copy out is expected to have ended
+        (``Plan.release``): the copies queued in forward order on the link, each starting when its buffer
+        is last written; the block released after the first op whose forward ends after that."""
+        program, tensors = self.program, self.program.tensors
+        queue = []
+        for name, d in plan.stash.items():
+            if d != Stash.OFFLOAD:
+                continue
+            b = self.by_name[name]
+            t = tensors[b]
+            wire = t.nbytes
+            if name in plan.codecs:
+                wire = codecs.stored_nbytes(codecs.get(plan.codecs[name]), tuple(t.shape), plan.density, t.dtype)
+            queue.append((self.written(b), self.costs.copy_seconds(wire, "d2h"), name, b))
+        queue.sort()
+        ends = [self.total_forward - self.after[i + 1] for i in range(len(program.ops))]
+        release, clock = {}, 0.0
+        for start, took, name, b in queue:
+            clock = max(clock, start) + took
+            j = min(bisect.bisect_left(ends, clock), len(ends) - 1)
+            if j > self.last_forward.get(b, -1):
+                release[name] = program.ops[j].name
+        return dataclasses.replace(plan, release=release)
 
     def written(self, b: int) -> float:
         """Forward seconds until ``b`` is written for the last time (its copy out may start then)."""

@@ -3,7 +3,8 @@
 Decisions: the algorithm of every convolution pass, what happens to every stashed feature-map buffer
 (named by the tensor that owns it: ``"keep"``, ``"offload"``, ``"encode"``, ``"recompute"``; a buffer no
 backward reads may be kept or recomputed as the source of a rebuild), at which layer's backward each
-offloaded buffer is prefetched, which codec encodes an offloaded buffer on its way to the host (cDMA) or
+offloaded buffer is prefetched (and, where its copy outlasts its readers, after which layer's forward its
+block is released), which codec encodes an offloaded buffer on its way to the host (cDMA) or
 an encoded buffer on the device until backward (Gist), the offload sync mode, and how memory is
 allocated (``"network"``: everything up front, as Torch and Caffe do; ``"layer"``: layer by layer,
 released after last use).
@@ -63,6 +64,10 @@ class Plan:
     # "relu": whether a ReLU follows it, "sigmas": half-width in standard deviations} (see policies.ranges)
     ranges: dict[str, dict[str, Any]] = field(default_factory=dict)
     prefetch: dict[str, list[str]] = field(default_factory=dict)  # op -> buffers to prefetch at its backward
+    # offloaded buffer -> the op after whose forward its block is released, where that is later than its last
+    # forward reader: a copy that outlasts the readers keeps its memory until it is expected to end, so that
+    # the forward does not wait to reuse it (the memory is counted for that long)
+    release: dict[str, str] = field(default_factory=dict)
     sync: str | None = None  # "layer" | "event" for offloading plans
     reason: str = ""
     chosen: str | None = None  # for a policy that chooses among others (vdnn-dyn): the one it chose

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..errors import PlanError
 from ..graph import Program
 from .gradients import gradients, needs_grad, param_temps
 from .parts import (
@@ -98,6 +99,7 @@ class _Layerwise:
         self.last_forward[self.buf[program.output]] = len(ops)  # the loss reads the logits (their buffer may be
         # an earlier op's, written over in place by a last Flatten)
         self.last_writer = {self.buf[op.output]: op.index for op in ops}  # buffer -> the last op writing it
+        self.released = self._released()
         self.workspace: dict[tuple[int, str], Key] = {}
         for i in range(len(ops)):
             for pass_, nbytes in zip(("fwd", "bwd"), op_workspace(program, plan, i)):
@@ -114,6 +116,22 @@ class _Layerwise:
                     self.grads.of_tensor[t] = logits
             del self.buffers[out_grad]
         self.steps: list[Step] = []
+
+    def _released(self) -> dict[int, int]:
+        """Offloaded buffer -> the op after whose forward it is released: its last forward reader, or the
+        later op the plan names (``Plan.release``: its block held until its copy is expected to end)."""
+        program, plan = self.program, self.plan
+        ids = {t.name: t.id for t in program.tensors}
+        index = {op.name: op.index for op in program.ops}
+        out = {b: self.last_forward[b] for b in self.offloaded}
+        for name, op_name in plan.release.items():
+            b = ids.get(name)
+            if b is None or b not in self.offloaded:
+                raise PlanError(f"plan {plan.policy!r}: release names {name!r}, which the plan does not offload")
+            if op_name not in index:
+                raise PlanError(f"plan {plan.policy!r}: release of {name!r} after {op_name!r}, which is no layer")
+            out[b] = max(out[b], index[op_name])
+        return out
 
     def _loss_inplace(self) -> bool:
         """Whether the loss may write the probabilities and d(logits) over the logits: nothing sharing their
@@ -149,6 +167,7 @@ class _Layerwise:
         for key in (LABELS, LOSS, value[program.input]):
             self.alloc(key)
         self.start_offload(self.buf[program.input])  # written by its upload
+        held: dict[int, list[int]] = {}  # op -> offloaded buffers released after its forward (Plan.release)
         for op in program.ops:
             out = program.tensors[op.output]
             if out.buffer == out.id:
@@ -159,11 +178,16 @@ class _Layerwise:
             self.around_workspace(op.index, "fwd", Forward(op.index, pass_algos(self.plan, program, op.index)[0], ws))
             if self.last_writer[self.buf[op.output]] == op.index:
                 self.start_offload(self.buf[op.output])
+            for b in held.pop(op.index, []):
+                self.steps.append(Release(value[b], self.plan.sync or "layer"))
             for b in dict.fromkeys(self.buf[t] for t in op.inputs):
                 if self.last_forward[b] != op.index:
                     continue
                 if b in self.offloaded:
-                    self.steps.append(Release(value[b], self.plan.sync or "layer"))
+                    if self.released[b] == op.index:
+                        self.steps.append(Release(value[b], self.plan.sync or "layer"))
+                    else:  # its copy is expected to run past this op: released after a later one
+                        held.setdefault(self.released[b], []).append(b)
                 elif b in self.encoded:
                     self.alloc_encoding(b)
                     self.steps += [encode_step(program, b, value[b], self.enc[b], self.codecs[b]), Free(value[b])]
