@@ -320,11 +320,15 @@ class Auto(Policy):
             return None
         best = None
         for combo in itertools.product(*options.values()):
-            candidate = _applied(plan, [c for c in combo if c is not None])
             try:
-                result = oracle(info.held(_refreshed(program, candidate)), packing="sweep")
-                if not result.fits and result.peak_bytes <= device.memory:
-                    result = oracle(result.plan)
+                candidate = _refreshed(program, _applied(plan, [c for c in combo if c is not None]))
+                for tried in (info.held(candidate), candidate) if candidate.prefetch else (candidate,):
+                    # each offload held until its copy ends, else (where that does not fit) released at once
+                    result = oracle(tried, packing="sweep")
+                    if not result.fits and result.peak_bytes <= device.memory:
+                        result = oracle(result.plan)
+                    if result.fits:
+                        break
             except (PlanError, ValueError):  # a mix the lowering cannot schedule
                 continue
             if result.fits and (best is None or result.step_seconds < best.step_seconds):
@@ -385,7 +389,15 @@ class Auto(Policy):
                 if not chosen:
                     continue
                 try:
-                    attempt = oracle(info.held(_refreshed(program, _applied(plan, chosen))), packing="sweep")
+                    candidate = _refreshed(program, _applied(plan, chosen))
+                    room = info.room(plan, result, int(device.memory * (1 - self.MARGIN)), chosen)
+                    held = info.held(candidate, room)
+                    # its offloads held until their copies end; where that does not lower the peak (held
+                    # blocks raise the forward's, or leave holes), released at once
+                    for tried in (held, candidate) if held.release else (held,):
+                        attempt = oracle(tried, packing="sweep")
+                        if attempt.peak_bytes < before or attempt.fits:
+                            break
                 except (PlanError, ValueError):
                     continue
                 if attempt.peak_bytes < before or attempt.fits:
@@ -462,7 +474,7 @@ class Auto(Policy):
                     if plan.release or Stash.OFFLOAD not in plan.stash.values():
                         # the descent's plans hold offloaded blocks until their copies end; a named
                         # plan that offloads stays as its policy made it
-                        candidate = info.held(candidate)
+                        candidate = info.held(candidate, info.room(plan, best, device.memory))
                     result = oracle(candidate, packing="sweep")
                     faster = result.step_seconds < best.step_seconds * (1 - self.GAIN)
                     if faster and not result.fits and result.peak_bytes <= device.memory:
@@ -643,10 +655,12 @@ class _Info:
         window = sum(self.backward[j + 1 : self.next_conv[j] + 1])
         return max(0.0, h - window) + 0.01 * (d + h)
 
-    def held(self, plan: Plan) -> Plan:
+    def held(self, plan: Plan, room: "dict[int, int] | None" = None) -> Plan:
         """``plan`` with each offload's block released only once its copy out is expected to have ended
         (``Plan.release``): the copies queued in forward order on the link, each starting when its buffer
-        is last written; the block released after the first op whose forward ends after that."""
+        is last written; the block released after the first op whose forward ends after that. ``room``
+        (per op, the bytes free while its forward runs: :meth:`room`) bounds what is held: a block is held
+        only as far as each op it is held over has room for it, the earliest copies first."""
         program, tensors = self.program, self.program.tensors
         queue = []
         for name, d in plan.stash.items():
@@ -660,13 +674,40 @@ class _Info:
             queue.append((self.written(b), self.costs.copy_seconds(wire, "d2h"), name, b))
         queue.sort()
         ends = [self.total_forward - self.after[i + 1] for i in range(len(program.ops))]
+        free = None if room is None else dict(room)
         release, clock = {}, 0.0
         for start, took, name, b in queue:
             clock = max(clock, start) + took
+            first = self.last_forward.get(b, -1)
             j = min(bisect.bisect_left(ends, clock), len(ends) - 1)
-            if j > self.last_forward.get(b, -1):
+            if free is not None:  # no further than the ops that have room for it
+                nbytes, k = tensors[b].nbytes, first
+                while k < j and free.get(k + 1, 0) >= nbytes:
+                    k += 1
+                for i in range(first + 1, k + 1):
+                    free[i] -= nbytes
+                j = k
+            if j > first:
                 release[name] = program.ops[j].name
         return dataclasses.replace(plan, release=release)
+
+    def room(self, plan: Plan, result: Any, budget: int, savings: "list[_Saving]" = ()) -> dict[int, int]:
+        """Per op, the bytes free of ``budget`` while its forward runs, from ``result`` (``plan``'s replay:
+        the most in use while each layer ran), the blocks ``plan`` holds there counted as free, and what
+        ``savings`` (about to be made) free after their buffers' last forward readers."""
+        peaks, tensors, n = result.layer_peaks, self.program.tensors, len(self.program.ops)
+        delta = [0] * (n + 1)  # bytes freed from op i on, as a difference array
+        for name, op_name in plan.release.items():
+            b = self.by_name[name]
+            delta[self.last_forward.get(b, -1) + 1] += tensors[b].nbytes
+            delta[self.index[op_name] + 1] -= tensors[b].nbytes
+        for saving in savings:
+            delta[self.last_forward.get(self.by_name[saving.name], -1) + 1] += saving.saved
+        out, freed = {}, 0
+        for op in self.program.ops:
+            freed += delta[op.index]
+            out[op.index] = budget - peaks.get(op.name, budget) + freed
+        return out
 
     def written(self, b: int) -> float:
         """Forward seconds until ``b`` is written for the last time (its copy out may start then)."""
