@@ -514,7 +514,9 @@ def _common(
         "them mixed for the budget), with :key=value options (default " + (policy_default or policy_help) + ")",
     )
     p.add_argument(
-        "--algos", choices=("memory", "performance"), help="convolution algorithms (adds algos= to --policy)"
+        "--algos",
+        choices=("fit", "memory", "performance"),
+        help="convolution algorithms: the fastest with which the plan fits (fit, the default), the leanest or the fastest (adds algos= to --policy)",
     )
     p.add_argument(
         "--precision",

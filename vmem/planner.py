@@ -18,6 +18,7 @@ from .device.sim import SimDevice
 from .device.spec import DeviceSpec
 from .errors import OutOfDeviceMemory, PlanError
 from .graph import PASSES, Network, Program
+from .policies.base import fit_algorithms
 from .policies.budget import least_memory
 from .policies.plan import Plan
 from .schedule import Schedule
@@ -165,11 +166,13 @@ def validate(
 
 
 def floor_policy(policy: Any) -> Any:
-    """The policy whose plan is the least ``policy`` can need: itself, or for ``vdnn-dyn`` and ``auto``
-    (which choose among others) vdnn-all with memory-optimal algorithms (for ``auto`` a bound: a plan that
-    recomputes may need less)."""
+    """The policy whose plan is the least ``policy`` can need: itself (with ``algos=fit``, its
+    least-workspace algorithms), or for ``vdnn-dyn`` and ``auto`` (which choose among others) vdnn-all with
+    memory-optimal algorithms (for ``auto`` a bound: a plan that recomputes may need less)."""
     pol = policies.get(policy)
-    return policies.get("vdnn-all:algos=memory") if pol.name in ("vdnn-dyn", "auto") else pol
+    if pol.name in ("vdnn-dyn", "auto"):
+        return policies.get("vdnn-all:algos=memory")
+    return policies.get(pol, algos="memory") if pol.algos == "fit" else pol
 
 
 def plan_program(
@@ -197,7 +200,7 @@ def plan_program(
             program, spec, candidate, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs, packing=packing
         )[0]
 
-    decided = pol.decide(program, device, costs, oracle)
+    decided = fit_algorithms(pol, program, device, costs, oracle, pol.decide(program, device, costs, oracle))
     result, schedule = evaluate(
         program, device, decided, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs
     )

@@ -21,7 +21,7 @@ AUTO = "auto:trials=24"  # fewer replays than the default: the same search, cut 
 @pytest.fixture(scope="module")
 def resnet():
     net = vmem.models.get("resnet_cifar", depth=20)
-    return net, vmem.plan(net, 128, SIM, "layerwise", memory="1TiB").peak_bytes
+    return net, vmem.plan(net, 128, SIM, "layerwise:algos=memory", memory="1TiB").peak_bytes
 
 
 def _named_times(net, memory):
@@ -194,7 +194,7 @@ def test_on_a_small_graph_auto_equals_an_exhaustive_search_over_every_buffers_ch
     from vmem.schedule.recompute import backward_uses, decisions
 
     net, batch = _small_net(), 256
-    memory = int(vmem.plan(net, batch, SIM, "layerwise", memory="1TiB").peak_bytes * 0.8)
+    memory = int(vmem.plan(net, batch, SIM, "layerwise:algos=memory", memory="1TiB").peak_bytes * 0.8)
     auto = vmem.plan(net, batch, SIM, "auto", memory=memory)
     spec = dataclasses.replace(spec_of(SIM)[0], memory=memory)
     program = with_cudnn_catalog(net.build(batch), spec.arch)

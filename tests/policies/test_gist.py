@@ -14,7 +14,7 @@ from vmem import codecs
 
 @pytest.mark.parametrize("model", ["vgg_cifar", "mini_googlenet"])
 def test_lossless_encodings_give_the_baselines_weights_bitwise(model):
-    ref, _, _ = train(MODELS[model], "baseline:algos=memory")
+    ref, _, _ = train(MODELS[model], "baseline")
     for policy, device in [
         ("gist", {}),
         ("gist", {"poison": True}),
@@ -114,7 +114,7 @@ def test_encoding_options_are_validated():
         vmem.policies.get("gist:dpr=fp8,codec=fixed4")
     with pytest.raises(ValueError, match="density=2"):
         vmem.policies.get("gist:density=2")
-    assert vmem.policies.get("gist:dpr=fp8").spec == "gist:algos=memory,dpr=fp8"
+    assert vmem.policies.get("gist:dpr=fp8").spec == "gist:algos=fit,dpr=fp8"
     assert codecs.get("fp8").spec == "dpr:format=fp8" and codecs.get("fixed4").spec == "fixed:bits=4"
 
 

@@ -12,16 +12,19 @@ by the cost model (the roofline on a simulated GPU, the measured profile on the 
    ``chen``). So ``auto`` fits wherever one of them does and is never slower than the fastest of them
    (vdnn-dyn's search is left out on graphs of more than ``DYN_OPS`` ops: the descent covers its choices).
 2. **Exhaustive**, on small graphs: where the stashed buffers' ways (below) make at most ``EXHAUSTIVE``
-   plans, every one is replayed, so the start is exact there.
+   plans, every one is replayed (its offloads held until their copies end, else released at once), so the
+   start is exact there.
 3. **Descent.** From the fastest plan (layer-wise, fastest algorithms), while it does not fit: the replay
    says where the peak is; of the kept buffers live there, take the ways to store them with the least
    estimated seconds per byte saved until they cover the excess, and replay again. The ways: recompute
    (from what the plan holds, cheap temporaries rebuilt with it: its producer's forward time), encode
    losslessly (ssdc, binarize: the kernels' time), offload raw or through zvc (what the prefetch cannot
    hide behind the backward ahead of its reader, while the copies out, queued in forward order, end
-   before the peak). An offloaded buffer's memory is reused only once its copy ends, which the estimate
-   does not see, so up to four descents run, the copies out given all, half, a quarter or none of the
-   time before the peak (``LINK_SHARES``; the next only where the last fitted). ``solver=ilp`` adds
+   before the peak). Each offloaded block is held until its copy is expected to end (``Plan.release``,
+   :meth:`_Info.held`), as far as the forward has room for it, so that the forward never waits to reuse
+   it; where that does not lower the peak, released at once. Held blocks cost the forward memory, so up
+   to four descents run, the copies out given all, half, a quarter or none of the time before the peak
+   (``LINK_SHARES``; the next only where the last fitted). ``solver=ilp`` adds
    descents whose rounds are integer programs (SciPy's HiGHS, ``time_limit`` seconds each): the least
    estimated seconds that save the excess.
 
@@ -46,7 +49,7 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Sequence
 
 from .. import codecs
 from ..device.spec import DeviceSpec
@@ -129,6 +132,7 @@ class Auto(Policy):
 
     name = "auto"
     needs_profile = True
+    chooses_algos = True
     lossy: str | None = option(None)
     trials: int | None = option(None)
     solver: str = option("greedy")
@@ -691,7 +695,7 @@ class _Info:
                 release[name] = program.ops[j].name
         return dataclasses.replace(plan, release=release)
 
-    def room(self, plan: Plan, result: Any, budget: int, savings: "list[_Saving]" = ()) -> dict[int, int]:
+    def room(self, plan: Plan, result: Any, budget: int, savings: "Sequence[_Saving]" = ()) -> dict[int, int]:
         """Per op, the bytes free of ``budget`` while its forward runs, from ``result`` (``plan``'s replay:
         the most in use while each layer ran), the blocks ``plan`` holds there counted as free, and what
         ``savings`` (about to be made) free after their buffers' last forward readers."""

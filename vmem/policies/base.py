@@ -18,9 +18,9 @@ from ..spec import parse_spec
 from ..graph import Program
 from .plan import Plan
 
-__all__ = ["Policy", "parse_spec", "register", "get", "names", "option"]
+__all__ = ["Policy", "parse_spec", "register", "get", "names", "option", "downgrade", "fit_algorithms"]
 
-ALGOS = ("memory", "performance")
+ALGOS = ("fit", "memory", "performance")
 _REGISTRY: dict[str, type["Policy"]] = {}
 
 
@@ -60,13 +60,16 @@ def get(spec: "str | Policy", **overrides: Any) -> "Policy":
 
 @dataclass(frozen=True)
 class Policy(ABC):
-    """Base of every policy. ``algos``: convolution algorithms, ``"memory"`` (least workspace) or
+    """Base of every policy. ``algos``: convolution algorithms, ``"fit"`` (the default: the fastest with
+    which the plan fits the device, see :func:`fit_algorithms`), ``"memory"`` (least workspace) or
     ``"performance"`` (fastest)."""
 
     name: ClassVar[str] = "policy"
     #: whether the policy decides by measured time, so a Trainer profiles the device before planning
     needs_profile: ClassVar[bool] = False
-    algos: str = "memory"
+    #: whether the policy chooses its convolution algorithms itself (its ``algos`` option is not used)
+    chooses_algos: ClassVar[bool] = False
+    algos: str = "fit"
 
     def __post_init__(self) -> None:
         if self.algos not in ALGOS:
@@ -94,7 +97,8 @@ class Policy(ABC):
         self, program: Program, costs: Any = None, algos: str | None = None, capacity: int | None = None
     ) -> dict[str, dict[str, str]]:
         """Per op with a choice of algorithms: the one per pass that ``algos`` (default: this policy's)
-        asks for. ``memory``: least workspace (ties: the faster). ``performance``: the fastest by
+        asks for. ``memory``: least workspace (ties: the faster). ``performance`` (and ``fit``, which the
+        planner then downgrades where the plan does not fit: :func:`fit_algorithms`): the fastest by
         ``costs`` when given, else the catalog's first, among the algorithms whose single-layer footprint
         (the layer's inputs, output, weights and the workspace) fits ``capacity``: what cuDNN's own search
         on that device could return (the least-workspace algorithm if none fits)."""
@@ -111,7 +115,7 @@ class Policy(ABC):
                     return costs.op_seconds(op, pass_, a) if costs is not None else candidates.index(a)
 
                 lean = min(candidates, key=lambda a: (op.workspace[pass_][a], speed(a)))
-                if which == "performance":
+                if which in ("performance", "fit"):
                     fitting = [a for a in candidates if room is None or op.workspace[pass_][a] <= room] or [lean]
                     per_pass[pass_] = min(fitting, key=lambda a: (speed(a), op.workspace[pass_][a]))
                 else:
@@ -125,3 +129,66 @@ def layer_bytes(program: Program, op: Any) -> int:
     ins = sum(program.tensors[t].nbytes for t in op.inputs)
     weights = sum(math.prod(s.shape) for s in op.params.values()) * program.precision.itemsize("parameters")
     return ins + program.tensors[op.output].nbytes + weights
+
+
+def downgrade(program: Program, plan: Plan, device: DeviceSpec, costs: Any, oracle: Any, max_trials: int = 200) -> Any:
+    """vDNN-dyn's greedy pass over ``plan``'s algorithms: while its replay does not fit, the pass with the
+    most workspace among the layers that overflow (during whose pass the pool holds more than the
+    budget, less room for fragmentation; where none has a leaner algorithm left, among all layers) takes
+    its fastest leaner algorithm, one at a time, each verified by ``oracle``. The fitting candidate's
+    figures (a PlanResult), or None where none fits within ``max_trials`` replays."""
+    algos = {op: dict(per) for op, per in plan.algos.items()}
+    ops = {op.name: op for op in program.ops if op.algorithms and op.name in algos}
+    limit = device.memory - max(1 << 20, device.memory // 64)  # room for fragmentation
+
+    def speed(op: Any, pass_: str, a: str) -> float:
+        return costs.op_seconds(op, pass_, a) if costs is not None else op.algorithms[pass_].index(a)
+
+    def downgrades(names: Any) -> list[tuple[int, str, str, str]]:
+        """(workspace, op, pass, the fastest leaner algorithm) of every pass that has a leaner one."""
+        out = []
+        for op_name in names:
+            op = ops[op_name]
+            for pass_, now in algos[op_name].items():
+                ws = op.workspace[pass_][now]
+                leaner = [a for a in op.algorithms[pass_] if op.workspace[pass_][a] < ws]
+                if leaner:
+                    best = min(leaner, key=lambda a: (speed(op, pass_, a), op.workspace[pass_][a]))
+                    out.append((ws, op_name, pass_, best))
+        return out
+
+    result = oracle(plan)
+    for _ in range(max_trials):
+        if result.fits:
+            return result
+        over = [n for n, peak in result.layer_peaks.items() if n in ops and peak > limit]
+        options = downgrades(over) or downgrades(ops)
+        if not options:
+            return None
+        _, op_name, pass_, algo = max(options)
+        algos[op_name][pass_] = algo
+        plan = dataclasses.replace(plan, algos={op: dict(per) for op, per in algos.items()})
+        result = oracle(plan)
+    return result if result.fits else None
+
+
+def fit_algorithms(policy: "Policy", program: Program, device: DeviceSpec, costs: Any, oracle: Any, plan: Plan) -> Plan:
+    """``plan`` (made by ``policy`` with the fastest algorithms) with the fastest algorithms that fit the
+    device, where ``policy.algos`` is ``"fit"``: as it is where it fits (or without an ``oracle`` to
+    replay it); else downgraded pass by pass (:func:`downgrade`); else, where nothing fits, with the
+    least-workspace algorithms (the least the policy can need)."""
+    if policy.algos != "fit" or policy.chooses_algos or oracle is None or not plan.algos:
+        return plan
+    fitted = downgrade(program, plan, device, costs, oracle)
+    if fitted is None:
+        lean = policy.choose_algos(program, costs, algos="memory")
+        return dataclasses.replace(
+            plan, algos=lean, reason=f"{plan.reason}; it fits with no faster algorithms (least workspace)".lstrip("; ")
+        )
+    if fitted.plan.algos == plan.algos:
+        return plan
+    changed = sum(1 for op, per in plan.algos.items() for p, a in per.items() if fitted.plan.algos[op][p] != a)
+    return dataclasses.replace(
+        fitted.plan,
+        reason=f"{plan.reason}; {changed} convolution passes use leaner algorithms to fit".lstrip("; "),
+    )

@@ -41,7 +41,7 @@ from ..errors import BudgetTooSmall, PlanError
 from ..graph import PASSES, Program
 from ..spec import with_options
 from ..units import format_bytes
-from .base import Policy, get, option, register
+from .base import Policy, downgrade, get, option, register
 from .plan import Plan, Stash
 from ..graph.analysis import prefetch_points
 from .vdnn import SYNC_MODES
@@ -62,6 +62,7 @@ class VdnnDyn(Policy):
 
     name = "vdnn-dyn"
     needs_profile = True
+    chooses_algos = True
     sync: str = "auto"
     max_trials: int = 200
     keep: str = option("auto")
@@ -168,47 +169,9 @@ class VdnnDyn(Policy):
 
     def _greedy(self, program: Program, device: DeviceSpec, costs: Any, oracle: Any, name: str) -> Any:
         """Downgrade the overflowing layers' passes, one at a time, until the plan fits; the fitting
-        candidate's figures (a PlanResult), or None."""
+        candidate's figures (a PlanResult), or None (:func:`vmem.policies.base.downgrade`)."""
         base = get(f"{name}:sync={self.procedure_sync}", algos="performance").decide(program, device, costs)
-        algos = {op: dict(per) for op, per in base.algos.items()}
-        ops = {op.name: op for op in program.ops if op.algorithms}
-        limit = device.memory - max(1 << 20, device.memory // 64)  # room for fragmentation
-
-        def speed(op: Any, pass_: str, a: str) -> float:
-            return costs.op_seconds(op, pass_, a) if costs is not None else op.algorithms[pass_].index(a)
-
-        def downgrades(names: Any) -> list[tuple[int, str, str, str]]:
-            """(workspace, op, pass, the fastest leaner algorithm) of every pass that has a leaner one."""
-            out = []
-            for op_name in names:
-                op = ops[op_name]
-                for pass_ in PASSES:
-                    ws = op.workspace[pass_][algos[op_name][pass_]]
-                    leaner = [a for a in op.algorithms[pass_] if op.workspace[pass_][a] < ws]
-                    if leaner:
-                        out.append(
-                            (
-                                ws,
-                                op_name,
-                                pass_,
-                                min(leaner, key=lambda a: (speed(op, pass_, a), op.workspace[pass_][a])),
-                            )
-                        )
-            return out
-
-        result = oracle(base)
-        for _ in range(self.max_trials):
-            if result.fits:
-                return result
-            over = [n for n, peak in result.layer_peaks.items() if n in ops and peak > limit]
-            options = downgrades(over) or downgrades(ops)
-            if not options:
-                return None
-            _, op_name, pass_, algo = max(options)
-            algos[op_name][pass_] = algo
-            base = replace(base, algos={op: dict(per) for op, per in algos.items()})
-            result = oracle(base)
-        return result if result.fits else None
+        return downgrade(program, base, device, costs, oracle, self.max_trials)
 
     def _keep_resident(self, program: Program, candidate: Any, oracle: Any) -> tuple[Any, str]:
         """``candidate`` with the offloaded buffers kept on the device where that fits and is faster (see the
