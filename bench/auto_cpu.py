@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         model, batch_text, fraction_text = (item.split(":") + ["32", "0.5"])[:3]
         batch, fraction = int(batch_text), float(fraction_text)
         net = vmem.models.get(model)
-        peak = vmem.plan(net, batch, memory="64GiB", policy="baseline").peak_bytes
+        peak = vmem.plan(net, batch, memory="64GiB", policy="baseline:algos=memory").peak_bytes
         budget = int(peak * fraction)
         rng = np.random.default_rng(0)
         x = rng.standard_normal((batch,) + tuple(net.input_shape)).astype(np.float32)

@@ -296,7 +296,8 @@ _PLANNING_ARENA = 1 << 20
 def _auto_memory(args: argparse.Namespace, net: Any, fraction: float, device: Any = None) -> tuple[int, int, bool]:
     """``--memory auto:FRACTION``: (the budget, the baseline's peak, whether the budget had to be raised).
 
-    The budget is that fraction of the baseline policy's peak, rounded up to KiB, with the device's own
+    The budget is that fraction of the baseline policy's peak (with the least-workspace algorithms: the
+    least it needs), rounded up to KiB, with the device's own
     algorithms (on a GPU, cuDNN's: the device is opened with a tiny arena to read them); never below the
     smallest budget the run's policy trains in, where it is raised to that. ``device``: one already open
     for planning (else it is opened here)."""
@@ -311,7 +312,7 @@ def _auto_memory(args: argparse.Namespace, net: Any, fraction: float, device: An
         opened = contextlib.nullcontext(args.device)
     with opened as planning:
         needs = plan(
-            net, args.batch, device=planning, policy="baseline", memory=UNBOUNDED, precision=args.precision
+            net, args.batch, device=planning, policy="baseline:algos=memory", memory=UNBOUNDED, precision=args.precision
         ).peak_bytes
         spec, alignment, catalog = spec_of(planning)
         floor = smallest_memory(

@@ -48,6 +48,25 @@ def test_memory_and_performance_algorithms():
     assert mem.by_category["feature_maps"] == perf.by_category["feature_maps"]
 
 
+def test_by_default_the_fastest_algorithms_with_which_the_plan_fits():
+    """``algos=fit`` (every policy's default): the fastest where they fit; a budget between the leanest and
+    the fastest plan's peaks takes the fastest for what fits and downgrades the rest, each replayed; the
+    leanest where nothing fits (the plan is then reported as not fitting)."""
+    net = vmem.models.get("vgg_cifar")
+    mem = vmem.plan(net, 32, policy="layerwise:algos=memory", memory="2GiB")
+    perf = vmem.plan(net, 32, policy="layerwise:algos=performance", memory="2GiB")
+    assert vmem.policies.get("layerwise").algos == "fit"
+    roomy = vmem.plan(net, 32, policy="layerwise", memory="2GiB")
+    assert roomy.algos == perf.algos
+    between = (mem.peak_bytes + perf.peak_bytes) // 2
+    tight = vmem.plan(net, 32, policy="layerwise", memory=between)
+    assert tight.fits and tight.peak_bytes <= between
+    assert tight.algos != perf.algos and tight.algos != mem.algos  # some passes downgraded, not all
+    assert "leaner algorithms to fit" in tight.plan.reason
+    short = vmem.plan(net, 32, policy="layerwise", memory=mem.peak_bytes // 2)
+    assert not short.fits and short.algos == mem.algos
+
+
 def test_a_plan_is_plain_data_and_gives_figures_even_when_it_does_not_fit():
     net = vmem.models.get("vgg16")
     plan = vmem.plan(net, batch=256, device="cpu", memory="12GB")
