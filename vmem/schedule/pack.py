@@ -219,7 +219,12 @@ def pack(lives: list[Life], base: int = 0, strategy: str = "auto") -> tuple[int,
     if strategy == "auto" and len(lives) <= GREEDY_LIMIT and min(c[0] for c in candidates) <= base + peak_live(lives):
         strategy = "sweep"  # the sweeps reach the live bytes: no packing is tighter, the greedy orders not run
     if strategy == "greedy" or (strategy == "auto" and len(lives) <= GREEDY_LIMIT):
-        candidates += [_greedy(lives, base, order, tightest) for order in _ORDERS for tightest in (False, True)]
+        floor = base + peak_live(lives)
+        for order in _ORDERS:
+            for tightest in (False, True):
+                candidates.append(_greedy(lives, base, order, tightest))
+                if strategy == "auto" and candidates[-1][0] <= floor:  # the live bytes: none is tighter
+                    return candidates[-1]
         if strategy == "greedy":  # the allocation-order greedy the sweeps stand for
             candidates += [_greedy(lives, base, lambda il: (il[1].start, -il[1].size), t) for t in (False, True)]
     return min(candidates, key=lambda c: c[0]) if candidates else (base, [])
