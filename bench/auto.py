@@ -30,7 +30,7 @@ from _report import emit, table, verdict
 
 import vmem
 from vmem.errors import PlanError
-from vmem.policies.auto import PORTFOLIO
+from vmem.policies.auto import NAMED
 
 NETWORKS = {  # name -> (model, options, batch)
     "vgg16": ("vgg16", {}, 64),
@@ -45,7 +45,7 @@ MONET = ((0.66, 0.03), (0.40, 0.09), (0.33, 0.11))
 def named(net, batch: int, device: str, memory: int) -> dict[str, float | None]:
     """Each named policy's predicted step time where it fits (None where it does not)."""
     out: dict[str, float | None] = {}
-    for spec in PORTFOLIO:
+    for spec in NAMED:
         try:
             r = vmem.plan(net, batch, device, spec, memory=memory)
             out[spec] = r.step_seconds if r.fits else None

@@ -9,7 +9,7 @@ import pytest
 
 import vmem
 from vmem.errors import BudgetTooSmall, PlanError
-from vmem.policies.auto import DESCENT, EXHAUSTIVE, PORTFOLIO, Auto
+from vmem.policies.auto import DESCENT, EXHAUSTIVE, NAMED, PORTFOLIO, Auto
 from tests.lossless import weights_under
 
 SIM = "sim:v100-16gb"
@@ -27,7 +27,7 @@ def resnet():
 def _named_times(net, memory):
     """The predicted step of each named policy of auto's portfolio that fits ``memory``."""
     named = []
-    for spec in PORTFOLIO:
+    for spec in NAMED:
         try:
             r = vmem.plan(net, 128, SIM, spec, memory=memory)
         except PlanError:

@@ -8,7 +8,8 @@ by the cost model (the roofline on a simulated GPU, the measured profile on the 
 
 1. **Portfolio.** Every named technique, each with the fastest algorithms and with the leanest: layer-wise
    allocation, vDNN's ``vdnn-conv`` and ``vdnn-all`` (both sync modes, raw and through zero-value
-   compression), ``vdnn-dyn``, Gist's lossless encodings, and recomputation (``echo``, ``mirror``,
+   compression), ``vdnn-dyn`` (without its keep search: the improvement's moves make the same choices,
+   from whichever start is fastest), Gist's lossless encodings, and recomputation (``echo``, ``mirror``,
    ``chen``). So ``auto`` fits wherever one of them does and is never slower than the fastest of them
    (vdnn-dyn's search is left out on graphs of more than ``DYN_OPS`` ops: the descent covers its choices).
 2. **Exhaustive**, on small graphs: where the stashed buffers' ways (below) make at most ``EXHAUSTIVE``
@@ -64,7 +65,7 @@ from .budget import least_memory
 from .plan import Allocation, Plan, Stash
 from .recompute import cheap_ops
 
-__all__ = ["Auto", "PORTFOLIO"]
+__all__ = ["Auto", "PORTFOLIO", "NAMED"]
 
 #: The named techniques auto starts from (lossless), each tried as it is: the floor (every map offloaded,
 #: the leanest algorithms) first, since vdnn-dyn needs it to fit.
@@ -78,7 +79,7 @@ PORTFOLIO = (
     "vdnn-all:algos=performance,sync=layer",
     "vdnn-conv:algos=performance,sync=event,codec=zvc",
     "vdnn-all:algos=performance,sync=event,codec=zvc",
-    "vdnn-dyn",
+    "vdnn-dyn:keep=none",
     "gist:algos=performance",
     "echo:algos=performance",
     "mirror:algos=performance",
@@ -87,6 +88,8 @@ PORTFOLIO = (
     "echo:algos=memory",
     "chen:algos=memory",
 )
+#: the named policies auto is measured against (bench/auto.py, its tests): the portfolio's, vdnn-dyn as it is
+NAMED = tuple(s.replace(":keep=none", "") for s in PORTFOLIO)
 LOSSY = ("fp16", "fp10", "fp8", "fixed8", "fixed4", "patch2")
 #: how the descent picks each round's savings: by least seconds per byte, or by an integer program
 SOLVERS = ("greedy", "ilp")
@@ -211,14 +214,14 @@ class Auto(Policy):
                 # nothing offloaded (the memory variants after the floor: gist, echo, chen) the leanest
                 # algorithms cannot make the step faster
                 continue
-            if spec == "vdnn-dyn" and (
+            if spec.startswith("vdnn-dyn") and (
                 not any(s == FLOOR for _, s, _ in fitting) or len(program.ops) > self.DYN_OPS
             ):  # it needs its floor (vdnn-all, leanest algorithms) to fit; on a large graph its search
                 continue  # (dozens of replays) costs more than the descent, which mixes what it chooses
             try:
                 # vdnn-dyn decides by fits and times alone: packed with the sweeps first, as the planner
                 # packs where that does not fit, it decides the same, with fewer full packings
-                plan = get(spec).decide(program, device, costs, quick if spec == "vdnn-dyn" else oracle)
+                plan = get(spec).decide(program, device, costs, quick if spec.startswith("vdnn-dyn") else oracle)
             except BudgetTooSmall as exc:
                 floor = floor or exc
                 continue
