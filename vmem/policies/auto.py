@@ -399,12 +399,12 @@ class Auto(Policy):
                     candidate = _refreshed(program, _applied(plan, chosen))
                     room = info.room(plan, result, int(device.memory * (1 - self.MARGIN)), chosen)
                     held = info.held(candidate, room)
-                    # its offloads held until their copies end; where that does not lower the peak (held
-                    # blocks raise the forward's, or leave holes), released at once
-                    for tried in (held, candidate) if held.release else (held,):
-                        attempt = oracle(tried, packing="sweep")
-                        if attempt.peak_bytes < before or attempt.fits:
-                            break
+                    # its offloads held until their copies end; where that does not lower the peak and the
+                    # peak is in the forward (the held blocks raise it, or leave holes), released at once
+                    attempt = oracle(held, packing="sweep")
+                    lowered = attempt.peak_bytes < before or attempt.fits
+                    if held.release and not lowered and (attempt.peak_at or "").startswith("forward"):
+                        attempt = oracle(candidate, packing="sweep")
                 except (PlanError, ValueError):
                     continue
                 if attempt.peak_bytes < before or attempt.fits:

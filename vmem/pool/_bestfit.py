@@ -160,7 +160,11 @@ class BestFit:
         by ``owner``) cover it, one or several side by side; the parts of the first and last outside the
         range stay free with their owner and event."""
         end = offset + size
-        first = next((c for c in self._free.values() if c.offset <= offset < c.end), None)
+        first = None
+        for c in self._free.values():  # a plain loop: few free segments, and this runs for every planned block
+            if c.offset <= offset < c.offset + c.size:
+                first = c
+                break
         run: list[Block] = []
         seg = first
         while seg is not None and seg.state == FREE and (seg.owner is None or seg.owner is owner):
