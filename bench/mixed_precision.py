@@ -34,6 +34,7 @@ from _report import emit, table, verdict
 
 import vmem
 from vmem.report import paper_accounting
+from vmem.spec import with_options
 
 SEED_POLICY = "gist:codec=patch2,binarize=false,ssdc=false"
 #: the plans and runs below pin the least-workspace convolution algorithms (each policy's default until the
@@ -65,8 +66,7 @@ def planned(device: str, batch: int) -> tuple[dict, float]:
         ("fp16", SEED_POLICY),
         ("fp32", SEED_POLICY),
     ]:
-        spec = f"{policy}{',' if ':' in policy else ':'}{LEAN}"
-        r = vmem.plan(net, batch, device, spec, memory="1TiB", precision=precision)
+        r = vmem.plan(net, batch, device, with_options(policy, algos="memory"), memory="1TiB", precision=precision)
         maps = paper_accounting(net.build(batch, precision=precision), r)["feature_maps"]
         out[f"{precision} {policy}"] = {
             "activation_bytes": activation_bytes(r),
@@ -77,7 +77,7 @@ def planned(device: str, batch: int) -> tuple[dict, float]:
         rows.append((precision, policy, f"{activation_bytes(r) / 2**30:.2f}", f"{r.step_seconds * 1e3:.1f}"))
     fast = {
         p: vmem.plan(
-            net, batch, device, f"{p}{',' if ':' in p else ':'}algos=performance", memory="1TiB", precision="fp16"
+            net, batch, device, with_options(p, algos="performance"), memory="1TiB", precision="fp16"
         ).step_seconds
         for p in ("baseline", SEED_POLICY)
     }

@@ -669,21 +669,11 @@ class _Info:
         (per op, the bytes free while its forward runs: :meth:`room`) bounds what is held: a block is held
         only as far as each op it is held over has room for it, the earliest copies first."""
         program, tensors = self.program, self.program.tensors
-        queue = []
-        for name, d in plan.stash.items():
-            if d != Stash.OFFLOAD:
-                continue
-            b = self.by_name[name]
-            t = tensors[b]
-            wire = t.nbytes
-            if name in plan.codecs:
-                wire = codecs.stored_nbytes(codecs.get(plan.codecs[name]), tuple(t.shape), plan.density, t.dtype)
-            queue.append((self.written(b), self.costs.copy_seconds(wire, "d2h"), name, b))
-        queue.sort()
         ends = [self.total_forward - self.after[i + 1] for i in range(len(program.ops))]
         free = None if room is None else dict(room)
         release, clock = {}, 0.0
-        for start, took, name, b in queue:
+        for start, took, name in self.copies_out(plan):
+            b = self.by_name[name]
             clock = max(clock, start) + took
             first = self.last_forward.get(b, -1)
             j = min(bisect.bisect_left(ends, clock), len(ends) - 1)
@@ -697,6 +687,21 @@ class _Info:
             if j > first:
                 release[name] = program.ops[j].name
         return dataclasses.replace(plan, release=release)
+
+    def copies_out(self, plan: Plan) -> list[tuple[float, float, str]]:
+        """``plan``'s copies to the host in the order they start: (forward seconds when its buffer is last
+        written, seconds the copy takes of what crosses the link, the buffer's name)."""
+        tensors, out = self.program.tensors, []
+        for name, d in plan.stash.items():
+            if d != Stash.OFFLOAD:
+                continue
+            b = self.by_name[name]
+            t = tensors[b]
+            wire = t.nbytes
+            if name in plan.codecs:
+                wire = codecs.stored_nbytes(codecs.get(plan.codecs[name]), tuple(t.shape), plan.density, t.dtype)
+            out.append((self.written(b), self.costs.copy_seconds(wire, "d2h"), name))
+        return sorted(out)
 
     def room(self, plan: Plan, result: Any, budget: int, savings: "Sequence[_Saving]" = ()) -> dict[int, int]:
         """Per op, the bytes free of ``budget`` while its forward runs, from ``result`` (``plan``'s replay:
@@ -764,19 +769,9 @@ class _Link:
         else:  # the whole forward, and the backward of the layers after the peak's
             self.deadline = info.total_forward + sum(info.backward[p + 1 :])
         self.deadline *= share
-        self.queue: list[tuple[float, float]] = []  # (when it may start, seconds), by start
-        self.busy = 0.0
-        program = info.program
-        for name, d in plan.stash.items():
-            if d == Stash.OFFLOAD:
-                b = info.by_name[name]
-                t = program.tensors[b]
-                wire = t.nbytes
-                if name in plan.codecs:
-                    wire = codecs.stored_nbytes(codecs.get(plan.codecs[name]), tuple(t.shape), plan.density, t.dtype)
-                self.queue.append((info.written(b), info.costs.copy_seconds(wire, "d2h")))
-                self.busy += self.queue[-1][1]
-        self.queue.sort()
+        # (when it may start, seconds), by start
+        self.queue: list[tuple[float, float]] = [(start, took) for start, took, _ in info.copies_out(plan)]
+        self.busy = sum(took for _, took in self.queue)
 
     def admit(self, name: str, wire: int) -> bool:
         seconds = self.info.costs.copy_seconds(wire, "d2h")

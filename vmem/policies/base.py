@@ -179,9 +179,11 @@ def fit_algorithms(policy: "Policy", program: Program, device: DeviceSpec, costs
     least-workspace algorithms (the least the policy can need)."""
     if policy.algos != "fit" or policy.chooses_algos or oracle is None or not plan.algos:
         return plan
+    lean = policy.choose_algos(program, costs, algos="memory")
+    if lean == plan.algos:  # the fastest are the leanest: nothing to downgrade, no replay needed
+        return plan
     fitted = downgrade(program, plan, device, costs, oracle)
     if fitted is None:
-        lean = policy.choose_algos(program, costs, algos="memory")
         return dataclasses.replace(
             plan, algos=lean, reason=f"{plan.reason}; it fits with no faster algorithms (least workspace)".lstrip("; ")
         )

@@ -216,14 +216,15 @@ def pack(lives: list[Life], base: int = 0, strategy: str = "auto") -> tuple[int,
     candidates = []
     if strategy != "greedy":
         candidates += [_sweep(lives, base, best_fit) for best_fit in (False, True)]
-    if strategy == "auto" and len(lives) <= GREEDY_LIMIT and min(c[0] for c in candidates) <= base + peak_live(lives):
-        strategy = "sweep"  # the sweeps reach the live bytes: no packing is tighter, the greedy orders not run
-    if strategy == "greedy" or (strategy == "auto" and len(lives) <= GREEDY_LIMIT):
-        floor = base + peak_live(lives)
+    greedy = strategy == "greedy" or (strategy == "auto" and len(lives) <= GREEDY_LIMIT)
+    floor = base + peak_live(lives) if greedy else 0  # no packing is tighter than the live bytes
+    if strategy == "auto" and greedy and min(c[0] for c in candidates) <= floor:
+        greedy = False  # the sweeps reach the live bytes: the greedy orders are not run
+    if greedy:
         for order in _ORDERS:
             for tightest in (False, True):
                 candidates.append(_greedy(lives, base, order, tightest))
-                if strategy == "auto" and candidates[-1][0] <= floor:  # the live bytes: none is tighter
+                if strategy == "auto" and candidates[-1][0] <= floor:
                     return candidates[-1]
         if strategy == "greedy":  # the allocation-order greedy the sweeps stand for
             candidates += [_greedy(lives, base, lambda il: (il[1].start, -il[1].size), t) for t in (False, True)]
