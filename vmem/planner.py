@@ -23,7 +23,7 @@ from .policies.budget import least_memory
 from .policies.plan import Plan
 from .schedule import Schedule
 from .schedule.lower import lower, op_workspace
-from .schedule.replay import Figures, LayerRow, replay
+from .schedule.replay import Figures, LayerRow, durations, replay
 from .units import format_bytes
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "plan_program",
     "evaluate",
     "replay_fitting",
+    "replay_if_fits",
     "floor_policy",
     "least_memory",
     "smallest_memory",
@@ -95,26 +96,44 @@ def evaluate(
     optimizer_slots: tuple[str, ...] = ("momentum",),
     costs: Any = None,
     packing: str = "auto",
+    rows: bool = True,
 ) -> tuple[PlanResult, Schedule]:
     """Lower a decided plan and replay it (``program`` as the device sees it); its figures and schedule.
     ``packing``: how the blocks are placed in the arena (:func:`vmem.schedule.pack.pack`; ``"sweep"`` is
-    faster and never packs tighter than ``"auto"``: a plan that fits with it fits)."""
+    faster and never packs tighter than ``"auto"``: a plan that fits with it fits). ``rows=False`` leaves
+    the figures' per-layer rows out (a planner weighing candidates reads only the totals)."""
     schedule = lower(program, decided, optimizer_slots, alignment, packing)
     figures = replay_fitting(schedule, device, alignment, costs)
-    figures = dataclasses.replace(figures, layers=_layer_rows(program, decided))
+    if rows:
+        figures = dataclasses.replace(figures, layers=_layer_rows(program, decided))
     return PlanResult(decided, figures), schedule
+
+
+def replay_if_fits(
+    schedule: Schedule, device: DeviceSpec, alignment: int = 256, costs: Any = None, seconds: Any = None
+) -> Figures | None:
+    """The figures of ``schedule`` replayed on a simulated ``device``, or None where it does not fit (the
+    replay stops where the pool overflows). ``seconds``: the steps' :func:`~vmem.schedule.replay.durations`
+    under ``costs``, where already known."""
+    if schedule.live_bytes is not None and schedule.live_bytes > device.memory:
+        return None  # more bytes in use at once than the device has: no placement fits
+    try:
+        return replay(schedule, SimDevice(device, alignment=alignment), costs, seconds)
+    except OutOfDeviceMemory:
+        return None
 
 
 def replay_fitting(schedule: Schedule, device: DeviceSpec, alignment: int = 256, costs: Any = None) -> Figures:
     """The figures of ``schedule`` replayed on a simulated ``device``; one that does not fit is replayed
     again without a capacity, so that its figures are still given (``fits=False``)."""
-    try:
-        return replay(schedule, SimDevice(device, alignment=alignment), costs)
-    except OutOfDeviceMemory:
-        pass
+    seconds = durations(schedule, costs) if costs is not None else None  # the same for both replays
+    figures = replay_if_fits(schedule, device, alignment, costs, seconds)
+    if figures is not None:
+        return figures
     program = schedule.program
     try:
-        figures = replay(schedule, SimDevice(dataclasses.replace(device, memory=UNBOUNDED), alignment=alignment), costs)
+        unbounded = SimDevice(dataclasses.replace(device, memory=UNBOUNDED), alignment=alignment)
+        figures = replay(schedule, unbounded, costs, seconds)
     except OutOfDeviceMemory:
         raise PlanError(
             f"{program.network} at batch {program.batch}: one step needs more than "
@@ -194,11 +213,34 @@ def plan_program(
     pol = policies.get(policy)
     program, costs = _cost_setup(program, device, costs, catalog)
 
-    def oracle(candidate: Plan, memory: int | None = None, packing: str = "auto") -> PlanResult:
+    # the plan last lowered (kept, so that its id is not reused), its packing strategy and its schedule
+    last: list[Any] = [None, None, None]
+
+    def oracle(
+        candidate: Plan, memory: int | None = None, packing: str = "auto", unfit: bool = True
+    ) -> PlanResult | None:
+        """``candidate`` lowered and replayed at ``memory`` (the device's where not given), its blocks
+        placed (``packing``: see :func:`evaluate`) only as tightly as they need to be to fit it (the
+        greedy orders run only where the sweeps' placement does not fit and the live bytes do; the
+        planner's own figures, :func:`evaluate`, place them as tightly as they can). With
+        ``unfit=False``, None where it does not fit (a planner that keeps only plans that fit needs no
+        figures of the others: no second replay for them). The same plan asked again at another
+        ``memory`` (a search for its least budget) is replayed, not lowered again, where it would be
+        placed the same."""
         spec = device if memory is None else dataclasses.replace(device, memory=memory)
-        return evaluate(
-            program, spec, candidate, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs, packing=packing
-        )[0]
+        schedule = last[2]
+        if not (
+            last[0] is candidate
+            and last[1] == packing
+            and schedule.placed_for is not None
+            and schedule.placed_for[0] <= spec.memory < schedule.placed_for[1]
+        ):  # not the plan last lowered, or not placed as it would be for this capacity
+            schedule = lower(program, candidate, optimizer_slots, alignment, packing, spec.memory)
+            last[:] = [candidate, packing, schedule]
+        if unfit:
+            return PlanResult(candidate, replay_fitting(schedule, spec, alignment, costs))
+        figures = replay_if_fits(schedule, spec, alignment, costs)
+        return None if figures is None else PlanResult(candidate, figures)
 
     decided = fit_algorithms(pol, program, device, costs, oracle, pol.decide(program, device, costs, oracle))
     result, schedule = evaluate(
@@ -206,7 +248,10 @@ def plan_program(
     )
     if baseline and costs is not None:
         base = policies.get("baseline:algos=performance").decide(program, device, costs)
-        figures = dataclasses.replace(result.figures, baseline_step_seconds=oracle(base).step_seconds)
+        base_result = evaluate(
+            program, device, base, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs, rows=False
+        )[0]
+        figures = dataclasses.replace(result.figures, baseline_step_seconds=base_result.step_seconds)
         result = PlanResult(decided, figures)
     return result, schedule
 
@@ -229,11 +274,16 @@ def smallest_memory(
 
     def oracle(candidate: Plan, memory: int | None = None) -> PlanResult:
         spec = unbounded if memory is None else dataclasses.replace(device, memory=memory)
-        return evaluate(program, spec, candidate, alignment=alignment, optimizer_slots=optimizer_slots)[0]
+        return evaluate(program, spec, candidate, alignment=alignment, optimizer_slots=optimizer_slots, rows=False)[0]
 
     decided = pol.decide(program, unbounded, None, oracle)
     peak = oracle(decided).peak_bytes
-    return least_memory(lambda memory: oracle(decided, memory).fits, peak, alignment)
+    schedule = lower(program, decided, optimizer_slots, alignment)  # the same at every capacity: lowered once
+    return least_memory(
+        lambda memory: replay_if_fits(schedule, dataclasses.replace(device, memory=memory), alignment) is not None,
+        peak,
+        alignment,
+    )
 
 
 def _layer_rows(program: Program, decided: Plan) -> tuple[LayerRow, ...]:

@@ -205,3 +205,19 @@ def test_a_release_naming_no_offload_or_no_layer_is_refused():
         lower(program, dataclasses.replace(plan, release={"no-such-buffer": program.ops[-1].name}))
     with pytest.raises(vmem.errors.PlanError, match="'nowhere', which is no layer"):
         lower(program, dataclasses.replace(plan, release={offloaded: "nowhere"}))
+
+
+def test_lowering_one_program_under_many_plans_gives_what_a_fresh_program_gives():
+    """What the lowering derives from a Program alone is made once and kept with it (gradients' live
+    ranges, buffer keys, ...); the lowerings that change their copies (the loss writing over the logits)
+    must leave it as it was for the next one."""
+    net = vmem.models.get("resnet_cifar", image_size=16)
+    program = net.build(4)
+    policies = [*POLICIES, "echo", "baseline"]
+    for policy in policies:
+        plan = vmem.policies.get(policy).decide(program, SPEC)
+        fresh = net.build(4)
+        again, first = lower(program, plan), lower(fresh, plan)
+        assert repr(again.steps) == repr(first.steps) and again.grad == first.grad, policy  # codecs: by repr
+        assert again.persistent == first.persistent and again.live_bytes == first.live_bytes
+    assert program.derived("anything", lambda: [1]) is program.derived("anything", lambda: [2])

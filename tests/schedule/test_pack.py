@@ -81,3 +81,49 @@ def test_zoo_schedules_satisfy_the_invariants(policy):
     offsets = [st.offset for st in schedule.steps if type(st).__name__ == "Alloc"]
     top = max(o + life.size for o, life in zip(offsets, lives_))
     check(lives_, base, top, offsets)
+
+
+def _every_order(lives_: list[Life], base: int) -> tuple[int, list[int]]:
+    """``pack(..., "auto")`` restated without its shortcuts: both sweeps, then every greedy order run to
+    the end, the first to reach the live bytes taken, else the lowest (the first of equals)."""
+    from vmem.schedule.pack import _ORDERS, _greedy, _sweep
+
+    candidates = [_sweep(lives_, base, best_fit) for best_fit in (False, True)]
+    floor = base + peak_live(lives_)
+    if min(c[0] for c in candidates) > floor:
+        for order in _ORDERS:
+            for tightest in (False, True):
+                placed = _greedy(lives_, base, order, tightest)
+                candidates.append(placed)
+                if placed[0] <= floor:
+                    return placed
+    return min(candidates, key=lambda c: c[0])
+
+
+@settings(max_examples=150, deadline=None)
+@given(lives(), st.sampled_from([0, 4096]))
+def test_abandoning_an_order_that_cannot_win_places_every_block_as_running_them_all_does(lives_, base):
+    assert pack(lives_, base, "auto") == _every_order(lives_, base)
+
+
+@settings(max_examples=150, deadline=None)
+@given(lives(), st.integers(0, 96))
+def test_with_a_capacity_the_greedy_orders_run_only_where_they_can_make_the_blocks_fit(lives_, units):
+    floor, capacity = peak_live(lives_), 256 * units
+    swept = pack(lives_, 0, "sweep")
+    placed = pack(lives_, 0, "auto", capacity)
+    if floor > capacity or swept[0] <= capacity:  # nothing fits, or the sweeps' placement does
+        assert placed == swept
+    elif pack(lives_, 0, "auto")[0] <= capacity:  # the tightest fits: so does the first order that fits
+        assert placed[0] <= capacity
+    else:  # no greedy order fits: the quickest placement
+        assert placed == swept
+    check(lives_, 0, *placed)
+    # the capacities at which the same placement is made, as the planner's oracle reuses it
+    from vmem.schedule.pack import _pack
+
+    lo, hi = _pack(lives_, 0, "auto", capacity)[2]
+    assert lo <= capacity < hi
+    for other in (lo, hi - 256, hi, max(lo - 256, 0)):
+        if lo <= other < hi:
+            assert pack(lives_, 0, "auto", other) == placed

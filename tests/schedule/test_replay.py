@@ -3,6 +3,8 @@ time-weighted average, against figures worked out by hand."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import vmem
@@ -121,3 +123,24 @@ def test_a_schedule_beyond_the_capacity_raises():
 def test_durations_are_per_step_and_zero_for_memory_steps():
     sched = schedule("layer")
     assert durations(sched, Costs()) == [0, 1, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0]
+
+
+@pytest.mark.parametrize(
+    "policy", ["baseline", "layerwise", "vdnn-all:sync=event", "gist", "echo", "vdnn-conv:codec=zvc"]
+)
+def test_the_live_bytes_the_placement_records_are_the_replays_peak(policy):
+    """A schedule's ``live_bytes`` (from its blocks' lifetimes) is the pool's peak in the replay: a plan
+    whose live bytes exceed a device's memory fits it under no placement, with no replay needed."""
+    from vmem.planner import UNBOUNDED, replay_if_fits
+    from vmem.schedule.lower import lower
+
+    device = vmem.device("sim:v100-16gb").spec
+    program = vmem.models.get("mini_googlenet", image_size=16).build(8)
+    schedule = lower(program, vmem.policies.get(policy).decide(program, device))
+    figures = replay(schedule, vmem.device("sim:v100-16gb", memory=UNBOUNDED))
+    assert schedule.live_bytes == figures.peak_bytes
+    assert replay_if_fits(schedule, dataclasses.replace(device, memory=figures.peak_bytes - 256)) is None
+    assert (
+        replay_if_fits(schedule, dataclasses.replace(device, memory=figures.peak_bytes * 2)).peak_bytes
+        == figures.peak_bytes
+    )

@@ -222,6 +222,15 @@ class Program:
                 out.setdefault(b, []).append(op)
         return out
 
+    def derived(self, key: Any, make: Any) -> Any:
+        """``make()``, computed once per Program and kept with it under ``key``: for what the layers above
+        derive from a Program alone (a Program does not change after it is built; a changed Program is a
+        new one). The value is shared by every caller: copy it before changing it."""
+        memo = self.__dict__.setdefault("_derived", {})
+        if key not in memo:
+            memo[key] = make()
+        return memo[key]
+
     @functools.cached_property
     def buffer_writers(self) -> dict[int, tuple[int, ...]]:
         """Per buffer: the indices of the ops that write it, in order (its producer, then in-place layers)."""

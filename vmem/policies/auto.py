@@ -195,17 +195,9 @@ class Auto(Policy):
                 "the device, as a Trainer makes)"
             )
 
-        def quick(candidate: Plan, memory: int | None = None) -> Any:
-            """The oracle's answer, packing the arena as the planner does only where it can matter: a plan
-            that fits with the sweeps fits; one whose live bytes alone exceed the capacity fits under no
-            packing (and its figures do not depend on the packing)."""
-            result = oracle(candidate, memory, packing="sweep")
-            if result.fits or result.peak_bytes > (device.memory if memory is None else memory):
-                return result
-            return oracle(candidate, memory)
-
         fitting: list[tuple[float, str, Any]] = []
         tried, floor = 0, None
+        replayed: dict[tuple, Any] = {}  # a plan's decisions -> its replay: techniques that decide alike
         choices = any(op.algorithms for op in program.ops)
         for spec in self.portfolio():
             twin = spec.replace("algos=memory", "algos=performance")
@@ -219,16 +211,17 @@ class Auto(Policy):
             ):  # it needs its floor (vdnn-all, leanest algorithms) to fit; on a large graph its search
                 continue  # (dozens of replays) costs more than the descent, which mixes what it chooses
             try:
-                # vdnn-dyn decides by fits and times alone: packed with the sweeps first, as the planner
-                # packs where that does not fit, it decides the same, with fewer full packings
-                plan = get(spec).decide(program, device, costs, quick if spec.startswith("vdnn-dyn") else oracle)
+                plan = get(spec).decide(program, device, costs, oracle)
             except BudgetTooSmall as exc:
                 floor = floor or exc
                 continue
             except PlanError:
                 continue
-            result = oracle(plan)
-            tried += 1
+            key = plan.decisions()
+            if key not in replayed:  # on a network without convolutions vdnn-conv is layer-wise, and so on
+                replayed[key] = oracle(plan)
+                tried += 1
+            result = replayed[key]
             if result.fits and result.step_seconds is not None:
                 fitting.append((result.step_seconds, spec, result))
         fast = get(FAST).decide(program, device, costs)  # where the exhaustive search and the descents start
@@ -293,7 +286,9 @@ class Auto(Policy):
         if result.fits:
             return
         tolerance = self.LEAST_TOLERANCE if len(program.ops) > self.DYN_OPS else 0.0
-        least = least_memory(lambda memory: oracle(lean, memory).fits, result.peak_bytes, tolerance=tolerance)
+        least = least_memory(  # the oracle lowers the plan once; each capacity tried is one replay
+            lambda memory: oracle(lean, memory, unfit=False) is not None, result.peak_bytes, tolerance=tolerance
+        )
         least = least if least is not None else 4 * result.peak_bytes
         raise BudgetTooSmall(
             f"{program.network} at batch {program.batch} fits in {format_bytes(device.memory)} under none of auto's "
@@ -331,9 +326,7 @@ class Auto(Policy):
                 candidate = _refreshed(program, _applied(plan, [c for c in combo if c is not None]))
                 for tried in (info.held(candidate), candidate) if candidate.prefetch else (candidate,):
                     # each offload held until its copy ends, else (where that does not fit) released at once
-                    result = oracle(tried, packing="sweep")
-                    if not result.fits and result.peak_bytes <= device.memory:
-                        result = oracle(result.plan)
+                    result = oracle(tried)
                     if result.fits:
                         break
             except (PlanError, ValueError):  # a mix the lowering cannot schedule
@@ -370,17 +363,13 @@ class Auto(Policy):
         fits; None where it does not, or a round does not lower the peak."""
         if plan.allocation != Allocation.LAYER:
             return None
-        result = oracle(plan, packing="sweep")
+        result = oracle(plan)
         # a round replays every op: fewer on large graphs, about 3 x REPLAY_OPS op-replays for a descent
         rounds = max(6, min(self.DESCENT_ROUNDS, 3 * self.REPLAY_OPS // max(len(program.ops), 1)))
         for _ in range(rounds):
             if result.fits:
                 return result
             before = result.peak_bytes
-            if result.peak_bytes <= device.memory:  # the live bytes fit; the sweeps did not pack them
-                result = oracle(plan)
-                if result.fits:
-                    return result
             excess = result.peak_bytes - device.memory * (1 - self.MARGIN)
             savings = sorted(self._savings(program, plan, info, result.peak_at), key=_Saving.rate)
             if not savings:
@@ -401,10 +390,10 @@ class Auto(Policy):
                     held = info.held(candidate, room)
                     # its offloads held until their copies end; where that does not lower the peak and the
                     # peak is in the forward (the held blocks raise it, or leave holes), released at once
-                    attempt = oracle(held, packing="sweep")
+                    attempt = oracle(held)
                     lowered = attempt.peak_bytes < before or attempt.fits
                     if held.release and not lowered and (attempt.peak_at or "").startswith("forward"):
-                        attempt = oracle(candidate, packing="sweep")
+                        attempt = oracle(candidate)
                 except (PlanError, ValueError):
                     continue
                 if attempt.peak_bytes < before or attempt.fits:
@@ -464,9 +453,8 @@ class Auto(Policy):
         self, program: Program, device: DeviceSpec, costs: Any, oracle: Any, best: Any, info: "_Info"
     ) -> tuple:
         """Try the moves in order of estimated gain, keeping those after which the plan still fits and is
-        faster. A try first packs the arena with the sweeps only (faster; the predicted time does not depend
-        on the packing, and a plan that fits so fits as the planner packs it); a faster plan that does not
-        fit that way, but whose live bytes do, is packed again as the planner does."""
+        faster. A try that does not fit is not replayed again for its figures; the oracle places a try's
+        blocks only as tightly as it must to fit (the predicted time hardly depends on the placement)."""
         plan, kept, trials = best.plan, 0, 0
         notes: dict[str, str] = {}
         budget = self.trial_budget(program)
@@ -482,13 +470,10 @@ class Auto(Policy):
                         # the descent's plans hold offloaded blocks until their copies end; a named
                         # plan that offloads stays as its policy made it
                         candidate = info.held(candidate, info.room(plan, best, device.memory))
-                    result = oracle(candidate, packing="sweep")
-                    faster = result.step_seconds < best.step_seconds * (1 - self.GAIN)
-                    if faster and not result.fits and result.peak_bytes <= device.memory:
-                        result = oracle(candidate)  # the time does not depend on the packing; the fit may
+                    result = oracle(candidate, unfit=False)  # None where it does not fit
                 except (PlanError, ValueError):  # a mix the lowering cannot schedule: not a plan
                     continue
-                if faster and result.fits:
+                if result is not None and result.step_seconds < best.step_seconds * (1 - self.GAIN):
                     saved = best.step_seconds - result.step_seconds
                     plan, best, kept, accepted = candidate, result, kept + 1, True
                     notes[move.what] = f"{move.note} (saves {saved * 1e3:.3f} ms; the plan still fits)"

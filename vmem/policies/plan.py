@@ -96,6 +96,32 @@ class Plan:
         object.__setattr__(self, "allocation", allocation)
         object.__setattr__(self, "stash", stash)
 
+    def decisions(self) -> tuple:
+        """What the lowering reads of the plan, as one hashable value: two plans with equal decisions make
+        the same schedule, whatever policy made them and why (the release mode only where something is
+        offloaded)."""
+
+        def frozen(mapping: dict) -> tuple:
+            return tuple(
+                sorted(
+                    (k, frozen(v) if isinstance(v, dict) else tuple(v) if isinstance(v, list) else v)
+                    for k, v in mapping.items()
+                )
+            )
+
+        offloads = Stash.OFFLOAD in self.stash.values()
+        return (
+            self.allocation,
+            frozen(self.algos),
+            frozen(self.stash),
+            frozen(self.codecs),
+            self.density,
+            frozen(self.ranges),
+            frozen(self.prefetch),
+            frozen(self.release),
+            self.sync if offloads else None,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["allocation"] = str(self.allocation)

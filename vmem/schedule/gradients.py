@@ -20,6 +20,10 @@ __all__ = ["needs_grad", "Gradients", "gradients", "param_temps"]
 
 def needs_grad(program: Program) -> list[bool]:
     """Per tensor: whether its gradient is computed (it leads to a trainable parameter)."""
+    return list(program.derived("needs_grad", lambda: _needs_grad(program)))
+
+
+def _needs_grad(program: Program) -> list[bool]:
     needs = [False] * len(program.tensors)
     for op in program.ops:
         has_params = any(s.trainable for s in op.params.values())
@@ -54,6 +58,13 @@ def _inplace_groups(program: Program, needs: list[bool]) -> list[int]:
 
 
 def gradients(program: Program, needs: list[bool]) -> Gradients:
+    """Every gradient buffer's live range, which tensors share it, and the temporaries of later
+    contributions (made once per Program and ``needs``; the dicts a lowering changes are fresh copies)."""
+    made = program.derived(("gradients", tuple(needs)), lambda: _gradients(program, needs))
+    return Gradients(dict(made.intervals), dict(made.of_tensor), made.acc, made.acc_steps)
+
+
+def _gradients(program: Program, needs: list[bool]) -> Gradients:
     ops, tensors = program.ops, program.tensors
     n = len(ops)
     if tensors[program.output].consumers:
@@ -84,7 +95,14 @@ def param_temps(
 ) -> tuple[dict[int, dict[str, Key]], dict[int, list[AccumulateParam]], dict[Key, Buffer]]:
     """Shared parameters: the first backward (in backward order) that uses one writes its gradient; every
     later one writes into a temporary (one per parameter, reused) that is then added to it. Returns
-    op -> parameter -> temporary, op -> the additions after its backward, and the temporaries' buffers."""
+    op -> parameter -> temporary, op -> the additions after its backward, and the temporaries' buffers
+    (made once per Program and ``needs``, shared: not to be changed)."""
+    return program.derived(("param_temps", tuple(needs)), lambda: _param_temps(program, needs))
+
+
+def _param_temps(
+    program: Program, needs: list[bool]
+) -> tuple[dict[int, dict[str, Key]], dict[int, list[AccumulateParam]], dict[Key, Buffer]]:
     users: dict[str, list[int]] = {}
     for op in program.ops:
         if needs[op.output] and any(s.trainable for s in op.params.values()):

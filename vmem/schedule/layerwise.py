@@ -91,14 +91,7 @@ class _Layerwise:
                     self.last_use[src] = (pos, k)
             for b in uses.reads:
                 self.last_use[b] = (pos, -1)
-        self.buf = {t.id: t.buffer for t in tensors}
-        self.last_forward: dict[int, int] = {}
-        for op in ops:
-            for t in op.inputs + [op.output]:
-                self.last_forward[self.buf[t]] = op.index
-        self.last_forward[self.buf[program.output]] = len(ops)  # the loss reads the logits (their buffer may be
-        # an earlier op's, written over in place by a last Flatten)
-        self.last_writer = {self.buf[op.output]: op.index for op in ops}  # buffer -> the last op writing it
+        self.buf, self.last_forward, self.last_writer = program.derived("layerwise", lambda: _positions(program))
         self.released = self._released()
         self.workspace: dict[tuple[int, str], Key] = {}
         for i in range(len(ops)):
@@ -302,6 +295,21 @@ class _Layerwise:
         out = self.buf[op.output]
         on_bits = self.enc[out] if op.reads_output and out in self.binarized else None
         return Backward(i, pass_algos(self.plan, self.program, i)[1], self.workspace.get((i, "bwd")), on_bits)
+
+
+def _positions(program: Program) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:
+    """Per tensor its buffer; per buffer the last op whose forward touches it (the loss, ``len(ops)``, for
+    the logits' buffer) and the last op writing it. Of the program alone: made once, shared."""
+    ops = program.ops
+    buf = {t.id: t.buffer for t in program.tensors}
+    last_forward: dict[int, int] = {}
+    for op in ops:
+        for t in op.inputs + [op.output]:
+            last_forward[buf[t]] = op.index
+    # the loss reads the logits (their buffer may be an earlier op's, written over in place by a last Flatten)
+    last_forward[buf[program.output]] = len(ops)
+    last_writer = {buf[op.output]: op.index for op in ops}
+    return buf, last_forward, last_writer
 
 
 def lower_layerwise(program: Program, plan: "Plan", optimizer_slots: tuple[str, ...], alignment: int) -> Schedule:

@@ -80,16 +80,17 @@ def lower(
     optimizer_slots: tuple[str, ...] = ("momentum",),
     alignment: int = 256,
     packing: str = "auto",
+    capacity: int | None = None,
 ) -> Schedule:
     """The training step of ``plan``, every allocation placed in the arena (:func:`.pack.place`, with the
-    ``packing`` strategy)."""
+    ``packing`` strategy, for an arena of ``capacity`` bytes where given)."""
     if plan.allocation == "network":
         schedule = _lower_network(program, plan, optimizer_slots, alignment)
     elif plan.allocation == "layer":
         schedule = lower_layerwise(program, plan, optimizer_slots, alignment)
     else:
         raise ValueError(f"plan {plan.policy!r}: unknown allocation {plan.allocation!r}")
-    return place(schedule, packing)
+    return place(schedule, packing, capacity)
 
 
 def _share_slots(grads: Gradients) -> tuple[dict[Key, Key], list[Buffer]]:

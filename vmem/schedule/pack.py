@@ -19,8 +19,8 @@ Persistent buffers sit first, contiguously, as the trainer allocates them before
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, insort
-from dataclasses import replace
 from typing import Callable, Iterable, NamedTuple
 
 from .steps import (
@@ -181,16 +181,20 @@ _ORDERS: tuple[Callable[[tuple[int, Life]], tuple], ...] = (
 
 
 def _greedy(
-    lives: list[Life], base: int, order: Callable[[tuple[int, Life]], tuple], tightest: bool
-) -> tuple[int, list[int]]:
+    lives: list[Life],
+    base: int,
+    order: Callable[[tuple[int, Life]], tuple],
+    tightest: bool,
+    beat: int | None = None,
+) -> tuple[int, list[int]] | None:
     """Place blocks in ``order``, each at the lowest (or tightest) gap among the placed blocks live at the
-    same time."""
-    placed: list[tuple[int, int, int, int]] = []  # (offset, size, start, end), sorted by offset
+    same time. None as soon as the top reaches ``beat`` (a placement no lower than one already made)."""
+    placed: list[tuple[int, int, int, int]] = []  # (offset, end offset, start, end), sorted by offset
     offsets = [0] * len(lives)
     top = base
     for i, (size, start, stop) in sorted(enumerate(lives), key=order):
-        offset, chosen, gap_size = base, None, None
-        for o, sz, s0, s1 in placed:  # the gaps between blocks live at the same time, by offset
+        offset, chosen, gap_size = base, -1, 0
+        for o, e, s0, s1 in placed:  # the gaps between blocks live at the same time, by offset
             if s0 >= stop or s1 <= start:
                 continue
             gap = o - offset
@@ -198,49 +202,93 @@ def _greedy(
                 if not tightest:
                     chosen = offset
                     break
-                if gap_size is None or gap < gap_size:
+                if chosen < 0 or gap < gap_size:
                     chosen, gap_size = offset, gap
-            offset = max(offset, o + sz)
-        offset = offset if chosen is None else chosen
+            if e > offset:  # (the hot loop: a comparison, not max())
+                offset = e
+        if chosen >= 0:
+            offset = chosen
         offsets[i] = offset
-        top = max(top, offset + size)
-        insort(placed, (offset, size, start, stop))
+        if offset + size > top:
+            top = offset + size
+            if beat is not None and top >= beat:
+                return None
+        insort(placed, (offset, offset + size, start, stop))
     return top, offsets
 
 
-def pack(lives: list[Life], base: int = 0, strategy: str = "auto") -> tuple[int, list[int]]:
+def pack(
+    lives: list[Life], base: int = 0, strategy: str = "auto", capacity: int | None = None
+) -> tuple[int, list[int]]:
     """(top, offset of each life): the best of the sweeps and, where the schedule is small enough (or
-    ``strategy="greedy"``), the greedy orders. ``strategy="sweep"`` runs the sweeps only."""
+    ``strategy="greedy"``), the greedy orders. ``strategy="sweep"`` runs the sweeps only. With
+    ``capacity`` (the arena's size) ``"auto"`` places the blocks only as tightly as they must be to fit
+    it: the sweeps' placement where it fits, or where the live bytes alone do not (nothing fits); else the
+    first greedy order's whose top fits (each abandoned once above the capacity)."""
+    top, offsets, _ = _pack(lives, base, strategy, capacity)
+    return top, offsets
+
+
+def _pack(
+    lives: list[Life], base: int, strategy: str, capacity: int | None
+) -> tuple[int, list[int], tuple[int, float]]:
+    """:func:`pack`, and the capacities ``[lo, hi)`` at which it places the blocks the same."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r}; use one of {', '.join(STRATEGIES)}")
+    anywhere = (0, math.inf)
     candidates = []
     if strategy != "greedy":
         candidates += [_sweep(lives, base, best_fit) for best_fit in (False, True)]
     greedy = strategy == "greedy" or (strategy == "auto" and len(lives) <= GREEDY_LIMIT)
     floor = base + peak_live(lives) if greedy else 0  # no packing is tighter than the live bytes
-    if strategy == "auto" and greedy and min(c[0] for c in candidates) <= floor:
-        greedy = False  # the sweeps reach the live bytes: the greedy orders are not run
+    swept = min(c[0] for c in candidates) if candidates else math.inf
+    valid: tuple[int, float] = anywhere
+    if strategy == "auto" and greedy:
+        if swept <= floor:
+            greedy = False  # the sweeps reach the live bytes: the greedy orders are not run
+        elif capacity is not None and swept <= capacity:
+            greedy, valid = False, (int(swept), math.inf)  # the sweeps' placement fits
+        elif capacity is not None and floor > capacity:
+            greedy, valid = False, (0, floor)  # nothing fits: the quickest placement
+        elif capacity is not None:
+            # the first order whose placement fits, each abandoned once above the capacity
+            for order in _ORDERS:
+                for tightest in (False, True):
+                    placed = _greedy(lives, base, order, tightest, capacity + 1)
+                    if placed is not None:  # the same at every capacity from its top up to this one
+                        return (*placed, (placed[0], capacity + 1))
+            top, offsets = min(candidates, key=lambda c: c[0])  # none fits: the quickest placement
+            return top, offsets, (floor, capacity + 1)
     if greedy:
-        for order in _ORDERS:
-            for tightest in (False, True):
-                candidates.append(_greedy(lives, base, order, tightest))
-                if strategy == "auto" and candidates[-1][0] <= floor:
-                    return candidates[-1]
+        orders = [(order, tightest) for order in _ORDERS for tightest in (False, True)]
         if strategy == "greedy":  # the allocation-order greedy the sweeps stand for
-            candidates += [_greedy(lives, base, lambda il: (il[1].start, -il[1].size), t) for t in (False, True)]
-    return min(candidates, key=lambda c: c[0]) if candidates else (base, [])
+            orders += [(lambda il: (il[1].start, -il[1].size), t) for t in (False, True)]
+        for order, tightest in orders:
+            # an order whose top reaches the lowest so far is abandoned: min() keeps the first of equals
+            placed = _greedy(lives, base, order, tightest, min(c[0] for c in candidates) if candidates else None)
+            if placed is None:
+                continue
+            candidates.append(placed)
+            if strategy == "auto" and placed[0] <= floor:
+                return (*placed, valid)
+    top, offsets = min(candidates, key=lambda c: c[0]) if candidates else (base, [])
+    return top, offsets, valid
 
 
-def place(schedule: Schedule, strategy: str = "auto") -> Schedule:
+def place(schedule: Schedule, strategy: str = "auto", capacity: int | None = None) -> Schedule:
     """Plan an arena offset for every allocation of the step; returns the schedule (its Alloc steps now
-    carry their offsets)."""
+    carry their offsets, its ``live_bytes`` the most bytes in use at once). ``capacity``: the arena's size,
+    where the placement needs only to fit it (:func:`pack`; the schedule's ``placed_for`` says at which
+    capacities the same placement would be made)."""
     alignment = schedule.alignment
     base = sum(_align(b.nbytes, alignment) for b in schedule.persistent)
     lives = lifetimes(schedule.steps, alignment)
-    _, offsets = pack(lives, base, strategy)
+    _, offsets, valid = _pack(lives, base, strategy, capacity)
     steps, k = schedule.steps, 0
     for index, st in enumerate(steps):
         if type(st) is Alloc:
-            steps[index] = replace(st, offset=offsets[k])
+            steps[index] = Alloc(st.buffer, offsets[k], st.deferred)  # (replace() is slow on the hot path)
             k += 1
+    schedule.live_bytes = base + peak_live(lives)
+    schedule.placed_for = None if capacity is None else valid
     return schedule

@@ -45,6 +45,10 @@ def _align(n: int, alignment: int) -> int:
 
 def persistent_buffers(program: Program, optimizer_slots: tuple[str, ...]) -> list[Buffer]:
     """Weights (and non-trainable buffers such as running statistics), weight gradients, optimizer state."""
+    return list(program.derived(("persistent", tuple(optimizer_slots)), lambda: _persistent(program, optimizer_slots)))
+
+
+def _persistent(program: Program, optimizer_slots: tuple[str, ...]) -> list[Buffer]:
     out = []
     precision = program.precision
     for op, k, spec in program.owned_params():
@@ -72,7 +76,14 @@ def op_workspace(program: Program, plan: "Plan", op_index: int) -> tuple[int, in
 
 
 def buffer_keys(program: Program) -> tuple[dict[int, Key], dict[Key, Buffer], dict[tuple[int, str], Key]]:
-    """Feature-map buffers (in-place layers share their input's), saved state, labels, probabilities, loss."""
+    """Feature-map buffers (in-place layers share their input's), saved state, labels, probabilities, loss:
+    per tensor its buffer's key, per key its Buffer (a fresh dict, for the lowering to add to), per saved
+    state its key."""
+    value, buffers, aux = program.derived("buffer_keys", lambda: _buffer_keys(program))
+    return value, dict(buffers), aux
+
+
+def _buffer_keys(program: Program) -> tuple[dict[int, Key], dict[Key, Buffer], dict[tuple[int, str], Key]]:
     buffers: dict[Key, Buffer] = {}
     value = {}
     for t in program.tensors:

@@ -154,15 +154,19 @@ _PHASE = {Forward: "forward", Backward: "backward", Recompute: "recompute"}
 class _Replay:
     """One replay of a schedule on a simulated device; ``run`` returns its Figures (without layer rows)."""
 
-    def __init__(self, schedule: Schedule, device: Any, costs: Any = None):
+    def __init__(self, schedule: Schedule, device: Any, costs: Any = None, seconds: list[float] | None = None):
         self.schedule, self.costs = schedule, costs
         self.pool = device.pool
         self.compute, self.memory = device.compute_stream, device.memory_stream
-        self.seconds = durations(schedule, costs) if costs is not None else None
+        if costs is not None and seconds is None:
+            seconds = durations(schedule, costs)
+        self.seconds = seconds if costs is not None else None
         self.blocks: dict = {}
         self.ready: dict = {}  # prefetched key -> its copy's event
         self.copied: dict = {}  # offloaded key -> its copy's event
-        self.weighted = {c: 0.0 for c in CATEGORIES}
+        self.weighted = {c: 0.0 for c in CATEGORIES}  # per category: bytes in use x weight, summed
+        self.use = dict.fromkeys(CATEGORIES, 0)  # per category: bytes in use (aligned, as the pool holds them)
+        self.since = dict.fromkeys(CATEGORIES, 0.0)  # per category: the weight accounted when it last changed
         self.layer_peaks: dict[str, int] = {}
         self.peak_at: str | None = None
         self.peak_in_use = -1
@@ -194,11 +198,14 @@ class _Replay:
     def run(self) -> Figures:
         pool = self.pool
         for buf in self.schedule.persistent:
-            pool.allocate(buf.nbytes, None, buf.category)
+            block = pool.allocate(buf.nbytes, None, buf.category)
+            self._changed(buf.category, block.size)
         for index, st in enumerate(self.schedule.steps):
             handler = self.table[type(st)]
             if handler is not None:
                 handler(index, st)
+        for c in CATEGORIES:
+            self._changed(c, 0)
         stats = pool.stats()
         total = self.total_weight
         timed = self.seconds is not None
@@ -225,23 +232,32 @@ class _Replay:
         )
 
     def account(self, weight: float) -> None:
+        """``weight`` (seconds, or FLOPs) passes at the pool's present usage."""
         if weight <= 0:
             return
         self.total_weight += weight
         self.weighted_all += weight * self.pool.in_use
-        for c, v in self.pool.usage().items():
-            self.weighted[c] += weight * v
+
+    def _changed(self, category: str, delta: int) -> None:
+        """``category``'s usage changes by ``delta`` bytes: the weight since its last change is accounted at
+        the usage it had (one category changes at a time: no pass over every category per step)."""
+        self.weighted[category] += self.use[category] * (self.total_weight - self.since[category])
+        self.since[category] = self.total_weight
+        self.use[category] += delta
 
     def _alloc(self, index: int, st: Alloc) -> None:
         buf = st.buffer
-        self.blocks[buf.key] = self.pool.allocate(
+        block = self.blocks[buf.key] = self.pool.allocate(
             buf.nbytes, self.compute, buf.category, high=buf.high, offset=st.offset
         )
+        self._changed(buf.category, block.size)
         if self.seconds is not None:  # the pool may have waited on the host for a copy still running
             self._stalled(self.compute.catch_up())
 
     def _free(self, index: int, st: Free) -> None:
-        self.pool.free(self.blocks.pop(st.key), self.compute)
+        block = self.blocks.pop(st.key)
+        self._changed(block.category, -block.size)
+        self.pool.free(block, self.compute)
 
     def _compute(self, index: int, st: Step) -> None:
         if isinstance(st, (Forward, Backward, Recompute)):
@@ -268,11 +284,10 @@ class _Replay:
         done = self.copied.pop(st.key, None)
         if st.sync == "event":
             self.memory.wait(self.compute.record())  # after the readers, as the executor orders it
-            self.pool.free(block, self.memory)
-            return
-        if done is not None:
+        elif done is not None:
             self._stalled(self.compute.wait(done))
-        self.pool.free(block, self.compute)
+        self._changed(block.category, -block.size)
+        self.pool.free(block, self.memory if st.sync == "event" else self.compute)
 
     def _prefetch(self, index: int, st: Prefetch) -> None:
         if self.seconds is not None:
@@ -290,7 +305,8 @@ class _Replay:
         self.stall += seconds
 
 
-def replay(schedule: Schedule, device: Any, costs: Any = None) -> Figures:
+def replay(schedule: Schedule, device: Any, costs: Any = None, seconds: list[float] | None = None) -> Figures:
     """Replay ``schedule`` on ``device`` (a simulated device: a pool without data, virtual streams); raises
-    OutOfDeviceMemory if its capacity is exceeded. With ``costs`` the figures include predicted time."""
-    return _Replay(schedule, device, costs).run()
+    OutOfDeviceMemory if its capacity is exceeded. With ``costs`` the figures include predicted time
+    (``seconds``: each step's :func:`durations` under them, where already known)."""
+    return _Replay(schedule, device, costs, seconds).run()

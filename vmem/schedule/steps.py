@@ -345,6 +345,12 @@ class Schedule:
     alignment: int = 256
     pinned_bytes: int = 0
     training: bool = True
+    #: the most pool bytes in use at once (the persistent buffers included), known once the blocks are
+    #: placed (:func:`vmem.schedule.pack.place`): a device with less cannot run the step, however packed
+    live_bytes: int | None = None
+    #: where the blocks were placed for an arena of a given size (:func:`vmem.schedule.pack.place`), the
+    #: sizes ``[lo, hi)`` for which the same placement would be made (None: placed as tightly as it can)
+    placed_for: tuple[int, float] | None = None
 
     @property
     def offloaded_bytes(self) -> int:
