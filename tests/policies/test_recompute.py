@@ -240,3 +240,31 @@ def test_echo_chooses_its_chain_depth_by_replay():
 
     assert depth in recompute.DEPTHS
     assert result.peak_bytes <= vmem.plan(net, 16, policy="layerwise").peak_bytes
+
+
+@pytest.mark.parametrize("name, options", [("nmt", {"seq_len": 6}), ("resnet_cifar", {"depth": 8})])
+def test_echos_trials_resume_their_walk_and_hold_what_a_whole_walk_holds(name, options, monkeypatch):
+    """Echo weighs hundreds of groups to keep; each trial walks the buffers again from a copy of the state
+    taken before the group's first one (before it nothing differs): the bytes held are a whole walk's."""
+    from vmem.policies.recompute import _Graph
+
+    monkeypatch.setattr(_Graph, "RESUME_EVERY", 4)  # resume from many places on these small graphs
+
+    g = _Graph(vmem.models.get(name, **options).build(4))
+    rebuildable = lambda s: s in g.cheap  # noqa: E731
+    recompute = {b for b in g.stashed if b in g.cheap}
+    rng = np.random.default_rng(0)
+    for depth in (1, 2, None):
+        cache: dict = {}
+        trials = g.trials(recompute, rebuildable, depth, cache)
+        assert trials.held == g.close_held(recompute, rebuildable, depth, cache)[1]
+        members = sorted(recompute)
+        for _ in range(40):
+            group = set(rng.choice(members, size=min(len(members), int(rng.integers(1, 4))), replace=False).tolist())
+            group &= trials.recompute
+            if not group:
+                continue
+            assert trials.without(group) == g.close_held(trials.recompute - group, rebuildable, depth, cache)[1]
+            if rng.random() < 0.2:
+                trials.remove(group)
+                assert trials.held == g.close_held(trials.recompute, rebuildable, depth, cache)[1]

@@ -163,10 +163,10 @@ class Auto(Policy):
 
     def trial_budget(self, program: Program) -> int:
         """Replays the improvement stage may spend: ``trials``, or by default :attr:`MAX_TRIALS`, fewer on
-        large graphs (each replay walks every op): at least 8, about :attr:`REPLAY_OPS` op-replays in all."""
+        large graphs (each replay walks every op): at least 4, about :attr:`REPLAY_OPS` op-replays in all."""
         if self.trials is not None:
             return self.trials
-        return max(8, min(self.MAX_TRIALS, self.REPLAY_OPS // max(len(program.ops), 1)))
+        return max(4, min(self.MAX_TRIALS, self.REPLAY_OPS // max(len(program.ops), 1)))
 
     @property
     def spec(self) -> str:

@@ -136,7 +136,8 @@ def downgrade(program: Program, plan: Plan, device: DeviceSpec, costs: Any, orac
     most workspace among the layers that overflow (during whose pass the pool holds more than the
     budget, less room for fragmentation; where none has a leaner algorithm left, among all layers) takes
     its fastest leaner algorithm, one at a time, each verified by ``oracle``. The fitting candidate's
-    figures (a PlanResult), or None where none fits within ``max_trials`` replays."""
+    figures (a PlanResult), or None where none fits within ``max_trials`` replays (at once where the plan
+    with every pass at its leanest holds more bytes at once than the device has: then none can fit)."""
     algos = {op: dict(per) for op, per in plan.algos.items()}
     ops = {op.name: op for op in program.ops if op.algorithms and op.name in algos}
     limit = device.memory - max(1 << 20, device.memory // 64)  # room for fragmentation
@@ -158,6 +159,17 @@ def downgrade(program: Program, plan: Plan, device: DeviceSpec, costs: Any, orac
         return out
 
     result = oracle(plan)
+    if not result.fits:
+        # every pass at its leanest: where even that holds more at once than the device has, no downgrade
+        # fits (a leaner algorithm only shrinks its pass's workspace): one replay, not one per pass
+        leanest = {
+            name: {p: min(ops[name].algorithms[p], key=lambda a: ops[name].workspace[p][a]) for p in per}
+            for name, per in algos.items()
+            if name in ops
+        }
+        lean = oracle(dataclasses.replace(plan, algos={**plan.algos, **leanest}))
+        if not lean.fits and lean.peak_bytes > device.memory:
+            return None
     for _ in range(max_trials):
         if result.fits:
             return result

@@ -11,7 +11,8 @@ plan through the pool (the planner's ``oracle``), never by trial training:
    the layers that overflow (those during whose pass the replayed pool holds more than the budget, less
    room for fragmentation) toward less workspace, the pass with the most workspace first, one at a time,
    each verified by replay, until the plan fits; where no overflowing layer has a leaner algorithm left,
-   the pass with the most workspace anywhere.
+   the pass with the most workspace anywhere. (Where even every pass's leanest algorithm leaves more bytes
+   in use at once than the budget, no downgrade can fit: one replay says so.)
 5. ``vdnn-all`` with memory-optimal algorithms (step 1's plan).
 
 The steps use vDNN's ``sync=layer``. With ``sync=auto`` (the default) the chosen plan is then replayed

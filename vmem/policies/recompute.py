@@ -22,6 +22,7 @@ a few stashed buffers in a row (see :meth:`_Graph.close`); how many, it decides 
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -76,17 +77,39 @@ class _Graph(RecomputeGraph):
         self, recompute: set[int], rebuildable: Any, depth: int | None = None, cache: dict[int, Any] | None = None
     ) -> tuple[dict[int, str], int]:
         """:meth:`close` and the bytes its decisions hold from forward to backward (every kept buffer)."""
+        state = (dict.fromkeys(self.stashed, "keep"), self.stashed_bytes, {})
+        decided, held, _ = self._close(sorted(recompute), 0, state, (), rebuildable, depth, cache, None)
+        return decided, held
+
+    def _close(
+        self,
+        order: list[int],
+        start: int,
+        state: tuple[dict[int, str], int, dict[int, int]],
+        skip: Any,
+        rebuildable: Any,
+        depth: int | None,
+        cache: dict[int, Any] | None,
+        every: int | None,
+    ) -> tuple[dict[int, str], int, list[tuple[dict[int, str], int, dict[int, int]]]]:
+        """The walk of :meth:`close_held` over ``order[start:]`` (forward order: sources first), but the
+        buffers in ``skip``, from ``state`` (decisions, bytes held, each rebuilt buffer's chain depth; changed
+        in place). With ``every``, copies of the state before each ``every``-th buffer of ``order``."""
         cache = {} if cache is None else cache
-        decided = dict.fromkeys(self.stashed, "keep")
-        held = self.stashed_bytes
+        decided, held, level = state
         size = self.size
-        level = [0] * len(self.program.tensors)  # stashed rebuilt buffer -> how deep its rebuild chain is
-        for b in sorted(recompute):  # forward order: sources first
+        snapshots = []
+        for i in range(start, len(order)):
+            if every is not None and i % every == 0:
+                snapshots.append((dict(decided), held, dict(level)))
+            b = order[i]
+            if b in skip:
+                continue
             reached = cache.get(b)
             if reached is None:
                 reached = cache[b] = self.reach(b, rebuildable)
             early, temps, kept = reached
-            lv = 1 + max([level[s] for s in early]) if early else 1
+            lv = 1 + max([level.get(s, 0) for s in early]) if early else 1
             if depth is not None and lv > depth:
                 continue
             decided[b], level[b] = Stash.RECOMPUTE, lv
@@ -97,7 +120,47 @@ class _Graph(RecomputeGraph):
                 if s not in decided:
                     held += size[s]
                     decided[s] = "keep"
-        return decided, held
+        return decided, held, snapshots
+
+    #: the trials' walk resumes from a copy of the state taken before every this many buffers
+    RESUME_EVERY = 64
+
+    def trials(self, recompute: set[int], rebuildable: Any, depth: int | None, cache: dict[int, Any]) -> "_Trials":
+        """The bytes :meth:`close_held` holds for ``recompute`` less a group, for many groups: each walk
+        resumes where the group's first buffer comes (before it, nothing differs)."""
+        return _Trials(self, recompute, rebuildable, depth, cache)
+
+
+class _Trials:
+    """:meth:`_Graph.trials`: ``held`` for the set, ``without(group)`` for the set less a group, ``remove``
+    to take a group out of the set for good."""
+
+    def __init__(self, g: "_Graph", recompute: set[int], rebuildable: Any, depth: int | None, cache: dict[int, Any]):
+        self.g, self.rebuildable, self.depth, self.cache = g, rebuildable, depth, cache
+        self.recompute = set(recompute)
+        self._walk()
+
+    def _walk(self) -> None:
+        g = self.g
+        self.order = sorted(self.recompute)
+        start = (dict.fromkeys(g.stashed, "keep"), g.stashed_bytes, {})
+        _, self.held, self.snapshots = g._close(
+            self.order, 0, start, (), self.rebuildable, self.depth, self.cache, g.RESUME_EVERY
+        )
+
+    def without(self, group: set[int]) -> int:
+        """The bytes held with ``group`` (a subset of the set) not recomputed."""
+        first = bisect.bisect_left(self.order, min(group))
+        k = first // self.g.RESUME_EVERY
+        decided, held, level = self.snapshots[k]
+        state = (dict(decided), held, dict(level))
+        return self.g._close(
+            self.order, k * self.g.RESUME_EVERY, state, group, self.rebuildable, self.depth, self.cache, None
+        )[1]
+
+    def remove(self, group: set[int]) -> None:
+        self.recompute -= group
+        self._walk()
 
 
 def _plan(
@@ -256,16 +319,18 @@ class Echo(Policy):
 
         start, held = close({b for b in g.stashed if b in g.cheap})
         recompute = {b for b in g.stashed if start[b] == "recompute"}
+        trials = g.trials(recompute, lambda s: s in g.cheap, depth, cache)
         for group, why in self._groups(g, recompute):
-            group = group & recompute
+            group = group & trials.recompute
             if not group:
                 continue
-            trial = close(recompute - group)[1]
+            trial = trials.without(group)
             if trial <= held:
-                recompute -= group
+                trials.remove(group)
                 for b in group:
                     notes[g.name(b)] = f"kept: {why} (holding it costs {trial - held:+d} bytes)"
                 held = trial
+        recompute = trials.recompute
         decided = close(recompute)[0]
         for b, d in decided.items():
             if d == "recompute":
