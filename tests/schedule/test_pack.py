@@ -116,8 +116,8 @@ def test_with_a_capacity_the_greedy_orders_run_only_where_they_can_make_the_bloc
         assert placed == swept
     elif pack(lives_, 0, "auto")[0] <= capacity:  # the tightest fits: so does the first order that fits
         assert placed[0] <= capacity
-    else:  # no greedy order fits: the quickest placement
-        assert placed == swept
+    else:  # no greedy order fits: the tightest, as without a capacity
+        assert placed == pack(lives_, 0, "auto")
     check(lives_, 0, *placed)
     # the capacities at which the same placement is made, as the planner's oracle reuses it
     from vmem.schedule.pack import _pack

@@ -77,7 +77,11 @@ class _Graph(RecomputeGraph):
         self, recompute: set[int], rebuildable: Any, depth: int | None = None, cache: dict[int, Any] | None = None
     ) -> tuple[dict[int, str], int]:
         """:meth:`close` and the bytes its decisions hold from forward to backward (every kept buffer)."""
-        state = (dict.fromkeys(self.stashed, "keep"), self.stashed_bytes, {})
+        state: tuple[dict[int, str], int, dict[int, int]] = (
+            dict.fromkeys(self.stashed, "keep"),
+            self.stashed_bytes,
+            {},
+        )
         decided, held, _ = self._close(sorted(recompute), 0, state, (), rebuildable, depth, cache, None)
         return decided, held
 
@@ -143,7 +147,7 @@ class _Trials:
     def _walk(self) -> None:
         g = self.g
         self.order = sorted(self.recompute)
-        start = (dict.fromkeys(g.stashed, "keep"), g.stashed_bytes, {})
+        start: tuple[dict[int, str], int, dict[int, int]] = (dict.fromkeys(g.stashed, "keep"), g.stashed_bytes, {})
         _, self.held, self.snapshots = g._close(
             self.order, 0, start, (), self.rebuildable, self.depth, self.cache, g.RESUME_EVERY
         )

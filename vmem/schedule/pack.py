@@ -224,7 +224,8 @@ def pack(
     ``strategy="greedy"``), the greedy orders. ``strategy="sweep"`` runs the sweeps only. With
     ``capacity`` (the arena's size) ``"auto"`` places the blocks only as tightly as they must be to fit
     it: the sweeps' placement where it fits, or where the live bytes alone do not (nothing fits); else the
-    first greedy order's whose top fits (each abandoned once above the capacity)."""
+    first greedy order's whose top fits (each abandoned once above the capacity); else, as without a
+    capacity, the tightest (the pool may still fit it, placing the blocks that overflow elsewhere)."""
     top, offsets, _ = _pack(lives, base, strategy, capacity)
     return top, offsets
 
@@ -257,7 +258,9 @@ def _pack(
                     placed = _greedy(lives, base, order, tightest, capacity + 1)
                     if placed is not None:  # the same at every capacity from its top up to this one
                         return (*placed, (placed[0], capacity + 1))
-            top, offsets = min(candidates, key=lambda c: c[0])  # none fits: the quickest placement
+            # none fits by its top: the tightest, as without a capacity (the pool, placing a block its
+            # planned place cannot take wherever it fits, may still fit it)
+            top, offsets, _ = _pack(lives, base, strategy, None)
             return top, offsets, (floor, capacity + 1)
     if greedy:
         orders = [(order, tightest) for order in _ORDERS for tightest in (False, True)]
