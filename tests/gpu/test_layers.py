@@ -71,7 +71,7 @@ def _run(layer, in_shapes, xp, conv, seed=0, algo=None, bwd_algo=None):
 
 @pytest.mark.parametrize("make,in_shapes", CASES, ids=lambda c: getattr(c, "__name__", str(c)))
 def test_layer_on_the_gpu_matches_the_cpu(cuda, make, in_shapes):
-    y, dxs, grads = _run(make(), in_shapes, np, None)
+    y, dxs, grads = _run(make(), in_shapes, np, HostConv())  # the CPU device's convolutions
     gy, gdxs, ggrads = _run(make(), in_shapes, cuda.xp, cuda.conv_backend)
     np.testing.assert_allclose(gy, y, rtol=1e-4, atol=1e-5)
     for a, b in zip(gdxs, dxs):

@@ -218,8 +218,8 @@ def test_a_tensor_stored_in_fp16_runs_on_the_gpu_at_the_planned_peak(policy):
 
 def test_fp16_training_on_the_gpu_runs_at_the_planned_peak_and_follows_fp32():
     """Mixed precision on cuda:0: feature maps in fp16, each op computed in float32 over staging copies;
-    every step at its planned peak, lossless policies bitwise equal to the fp16 baseline, the weights close
-    to the fp32 run's."""
+    every step at its planned peak (gist: within 0.1%, its ssdc encodings sized by the data), lossless
+    policies bitwise equal to the fp16 baseline, the weights close to the fp32 run's."""
     x = np.random.default_rng(0).standard_normal((16, 3, 32, 32)).astype(np.float32)
     y = np.random.default_rng(1).integers(0, 10, 16)
     weights = {}
@@ -230,7 +230,13 @@ def test_fp16_training_on_the_gpu_runs_at_the_planned_peak_and_follows_fp32():
             with vmem.Trainer(net, device=dev, policy=policy, precision=precision, seed=0) as t:
                 for _ in range(3):
                     report = t.step(x, y)
-                    assert np.isfinite(report.loss) and report.peak_bytes == t.plans[16].peak_bytes
+                    planned = t.plans[16].peak_bytes
+                    assert np.isfinite(report.loss)
+                    if policy == "gist":  # ssdc's encodings are as large as the data makes them (the plan
+                        # sizes them at its density, 0.5): the peak within a few aligned blocks of the plan's
+                        assert abs(report.peak_bytes - planned) <= 0.001 * planned, (report.peak_bytes, planned)
+                    else:
+                        assert report.peak_bytes == planned
         finally:
             dev.close()
         weights[(precision, policy)] = net.params
