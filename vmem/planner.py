@@ -277,8 +277,11 @@ def smallest_memory(
         return evaluate(program, spec, candidate, alignment=alignment, optimizer_slots=optimizer_slots, rows=False)[0]
 
     decided = pol.decide(program, unbounded, None, oracle)
-    peak = oracle(decided).peak_bytes
-    schedule = lower(program, decided, optimizer_slots, alignment)  # the same at every capacity: lowered once
+    # lowered once: the same schedule at every capacity, replayed at each
+    result, schedule = evaluate(
+        program, unbounded, decided, alignment=alignment, optimizer_slots=optimizer_slots, rows=False
+    )
+    peak = result.peak_bytes
     return least_memory(
         lambda memory: replay_if_fits(schedule, dataclasses.replace(device, memory=memory), alignment) is not None,
         peak,

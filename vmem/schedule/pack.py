@@ -231,9 +231,10 @@ def pack(
 
 
 def _pack(
-    lives: list[Life], base: int, strategy: str, capacity: int | None
+    lives: list[Life], base: int, strategy: str, capacity: int | None, live: int | None = None
 ) -> tuple[int, list[int], tuple[int, float]]:
-    """:func:`pack`, and the capacities ``[lo, hi)`` at which it places the blocks the same."""
+    """:func:`pack`, and the capacities ``[lo, hi)`` at which it places the blocks the same (``live``: the
+    live bytes' peak, :func:`peak_live`, where the caller has it)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r}; use one of {', '.join(STRATEGIES)}")
     anywhere = (0, math.inf)
@@ -241,7 +242,8 @@ def _pack(
     if strategy != "greedy":
         candidates += [_sweep(lives, base, best_fit) for best_fit in (False, True)]
     greedy = strategy == "greedy" or (strategy == "auto" and len(lives) <= GREEDY_LIMIT)
-    floor = base + peak_live(lives) if greedy else 0  # no packing is tighter than the live bytes
+    # no packing is tighter than the live bytes
+    floor = base + (peak_live(lives) if live is None else live) if greedy else 0
     swept = min(c[0] for c in candidates) if candidates else math.inf
     valid: tuple[int, float] = anywhere
     if strategy == "auto" and greedy:
@@ -258,10 +260,9 @@ def _pack(
                     placed = _greedy(lives, base, order, tightest, capacity + 1)
                     if placed is not None:  # the same at every capacity from its top up to this one
                         return (*placed, (placed[0], capacity + 1))
-            # none fits by its top: the tightest, as without a capacity (the pool, placing a block its
-            # planned place cannot take wherever it fits, may still fit it)
-            top, offsets, _ = _pack(lives, base, strategy, None)
-            return top, offsets, (floor, capacity + 1)
+            # none fits by its top: the tightest, as without a capacity, below (the pool, placing a block
+            # its planned place cannot take wherever it fits, may still fit it)
+            valid = (floor, capacity + 1)
     if greedy:
         orders = [(order, tightest) for order in _ORDERS for tightest in (False, True)]
         if strategy == "greedy":  # the allocation-order greedy the sweeps stand for
@@ -286,12 +287,13 @@ def place(schedule: Schedule, strategy: str = "auto", capacity: int | None = Non
     alignment = schedule.alignment
     base = sum(_align(b.nbytes, alignment) for b in schedule.persistent)
     lives = lifetimes(schedule.steps, alignment)
-    _, offsets, valid = _pack(lives, base, strategy, capacity)
+    live = peak_live(lives)
+    _, offsets, valid = _pack(lives, base, strategy, capacity, live)
     steps, k = schedule.steps, 0
     for index, st in enumerate(steps):
         if type(st) is Alloc:
             steps[index] = Alloc(st.buffer, offsets[k], st.deferred)  # (replace() is slow on the hot path)
             k += 1
-    schedule.live_bytes = base + peak_live(lives)
+    schedule.live_bytes = base + live
     schedule.placed_for = None if capacity is None else valid
     return schedule
