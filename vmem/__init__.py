@@ -39,5 +39,15 @@ __all__ = [
     "errors",
     "parse_bytes",
     "format_bytes",
+    "onnx",
     "__version__",
 ]
+
+
+def __getattr__(name: str):
+    """``vmem.onnx`` (ONNX import and export) is loaded when first used."""
+    if name == "onnx":
+        import importlib
+
+        return importlib.import_module(".onnx", __name__)
+    raise AttributeError(f"module 'vmem' has no attribute {name!r}")

@@ -117,7 +117,7 @@ def _train(args: argparse.Namespace, stop: Any) -> int:
             setattr(args, key, value)
     train, val = data.load(args.dataset, input_shape=net.input_shape, seed=args.seed)
     if train.num_classes != net.output_shape()[-1]:
-        net = _rebuild_for_classes(args, train.num_classes)
+        net = _rebuild_for_classes(args, train.num_classes, net)
     fraction = _auto_fraction(args.memory, _policy_spec(args))
     memory: Any = args.memory
     needs = None
@@ -492,13 +492,22 @@ def _common(
     simulated: bool = False,
 ) -> None:
     """Options every command that builds a model takes."""
-    p.add_argument(
+    which = p.add_mutually_exclusive_group(required=model_default is None)
+    which.add_argument(
         "--model",
         default=model_default,
-        required=model_default is None,
         help="zoo model name (see `vmem models`)" + (f"; default {model_default}" if model_default else ""),
     )
-    p.add_argument("--image-size", type=_positive_int, help="input height and width (default: the model's)")
+    which.add_argument(
+        "--onnx",
+        metavar="PATH",
+        help="an ONNX model to import instead (one image input, one output; needs vmem[onnx])",
+    )
+    p.add_argument(
+        "--image-size",
+        type=_positive_int,
+        help="input height and width (default: the model's; an ONNX model's where it leaves them open)",
+    )
     p.add_argument("--depth", type=_positive_int, help="depth, for resnet_cifar")
     p.add_argument(
         "--device",

@@ -85,14 +85,23 @@ def check_dataset(args: argparse.Namespace, net: Any) -> None:
     if takes_tokens != gives_tokens:
         fits = "reverse" if takes_tokens else "digits or synthetic"
         raise ValueError(
-            f"--model {net.name} takes {'token sequences' if takes_tokens else 'images'}; --dataset "
+            f"{_named(args)} takes {'token sequences' if takes_tokens else 'images'}; --dataset "
             f"{args.dataset} gives {'token sequences' if gives_tokens else 'images'}: use --dataset {fits}"
         )
+
+
+def _named(args: argparse.Namespace) -> str:
+    return f"--onnx {args.onnx}" if getattr(args, "onnx", None) else f"--model {args.model}"
 
 
 def model(args: argparse.Namespace):
     from . import models
 
+    if getattr(args, "onnx", None):
+        from . import onnx
+
+        size = getattr(args, "image_size", None)
+        return onnx.load(args.onnx, input_shape=(None, size, size) if size else None)
     kwargs: dict[str, Any] = {}
     if getattr(args, "image_size", None):
         kwargs["image_size"] = args.image_size
@@ -101,8 +110,20 @@ def model(args: argparse.Namespace):
     return models.get(args.model, **kwargs)
 
 
-def rebuild_for_classes(args: argparse.Namespace, num_classes: int):
+def rebuild_for_classes(args: argparse.Namespace, num_classes: int, net: Any = None):
+    """The model again with ``num_classes`` outputs (the dataset's); an imported model as it is, where its
+    outputs can take the dataset's labels."""
     from . import models
+
+    if getattr(args, "onnx", None):
+        net = net if net is not None else model(args)
+        outputs = net.output_shape()[-1]
+        if num_classes > outputs:
+            raise ValueError(
+                f"--onnx {args.onnx}: the model gives {outputs} outputs; --dataset {args.dataset} has {num_classes} "
+                "classes"
+            )
+        return net
 
     kwargs: dict[str, Any] = {"num_classes": num_classes}
     if getattr(args, "image_size", None):

@@ -39,7 +39,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     _check_dataset(args, net)
     train, _ = data.load(args.dataset, input_shape=net.input_shape, seed=args.seed, n=max(args.batch, 256))
     if train.num_classes != net.output_shape()[-1]:
-        net = _rebuild_for_classes(args, train.num_classes)
+        net = _rebuild_for_classes(args, train.num_classes, net)
     options: dict[str, Any] = {"memory": args.memory} if args.memory else {}
     if args.pcie_gbps:
         options["pcie_gbps"] = args.pcie_gbps

@@ -17,6 +17,7 @@ __all__ = [
     "PlanError",
     "BudgetTooSmall",
     "DeviceError",
+    "OnnxError",
 ]
 
 
@@ -158,3 +159,9 @@ class BudgetTooSmall(PlanError):
 
 class DeviceError(VmemError, ValueError):
     """A device name or option is not valid, or the device is not available on this machine."""
+
+
+class OnnxError(VmemError, ValueError):
+    """An ONNX model that vmem cannot import (an op, attribute or opset it does not support: every such node
+    is named, with the supported list), or a network it cannot export (a layer with no ONNX form). Raised
+    before anything is built or written."""

@@ -88,6 +88,11 @@ def test_relu(shape):
     check_layer(nn.ReLU(), [shape])
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 7)])
+def test_clip(shape):
+    check_layer(nn.Clip(-0.5, 0.7), [shape])  # ReLU6's shape: both bounds crossed by the standard normal input
+
+
 @pytest.mark.parametrize(
     "k, s, p, ceil, shape",
     [

@@ -53,6 +53,9 @@ class Network:
         self._output: Node | None = None
         self._names: Counter = Counter()
         self.params: dict[str, np.ndarray] | None = None  # "layer.param" -> host array, after init()
+        #: where an imported network's parameters came from: "layer.param" -> the initializer's name in the
+        #: model (vmem.onnx.load; PyTorch's exports keep the module's names, e.g. "layer1.0.conv1.weight")
+        self.sources: dict[str, str] = {}
         self._built: dict[tuple, Program] = {}
 
     # -- construction ------------------------------------------------------------------------------

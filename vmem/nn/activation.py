@@ -1,5 +1,5 @@
-"""Element-wise layers: ReLU, Sigmoid and Tanh (in place where the graph allows), Dropout, and the product
-of two tensors (Mul)."""
+"""Element-wise layers: ReLU, Clip (ReLU6), Sigmoid and Tanh (in place where the graph allows), Dropout, and
+the product of two tensors (Mul)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, Sequence
 from ..errors import ShapeError
 from .base import AuxSpec, Ctx, Layer, Shape
 
-__all__ = ["ReLU", "Sigmoid", "Tanh", "Mul", "Dropout"]
+__all__ = ["ReLU", "Clip", "Sigmoid", "Tanh", "Mul", "Dropout"]
 
 
 class ReLU(Layer):
@@ -26,6 +26,36 @@ class ReLU(Layer):
         if dxs[0] is not None:
             xp, dx = ctx.xp, dxs[0]
             ctx.ops.rows(dy.shape[0], lambda r: xp.multiply(dy[r], y[r] > 0, out=dx[r]), dy.size)
+
+
+class Clip(Layer):
+    """``Clip(lo, hi)``: y = min(max(x, lo), hi) (``Clip(0, 6)`` is ReLU6), in place where the graph allows.
+    Backward needs its output: the gradient passes where lo < y < hi, which is where lo < x < hi (as
+    PyTorch's hardtanh passes it), and is 0 where the value was clipped."""
+
+    kind = "clip"
+    needs = frozenset({"y"})
+    inplace = True
+
+    def __init__(self, lo: float = 0.0, hi: float = 6.0):
+        super().__init__()
+        lo, hi = float(lo), float(hi)
+        if not lo < hi:
+            raise ValueError(f"Clip: lo={lo!r} must be below hi={hi!r}")
+        self.lo, self.hi = lo, hi
+
+    def extra_repr(self) -> str:
+        return f"{self.lo:g}, {self.hi:g}"
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        x, xp = xs[0], ctx.xp
+        ctx.ops.rows(y.shape[0], lambda r: xp.clip(x[r], self.lo, self.hi, out=y[r]), y.size)
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        if dxs[0] is not None:
+            xp, dx = ctx.xp, dxs[0]
+            lo, hi = self.lo, self.hi
+            ctx.ops.rows(dy.shape[0], lambda r: xp.multiply(dy[r], (y[r] > lo) & (y[r] < hi), out=dx[r]), dy.size)
 
 
 class Sigmoid(Layer):

@@ -11,7 +11,7 @@ import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
@@ -42,11 +42,14 @@ class SavedState:
     scaler: dict | None = None
 
 
-def target(path: str | os.PathLike) -> Path:
+def target(
+    path: str | os.PathLike, what: str = "a checkpoint", example: str = "ckpt.npz", error: type = CheckpointError
+) -> Path:
     """Where a save to ``path`` writes: the file a symbolic link points to (a link is followed, never
-    replaced). CheckpointError if that exists and is not a regular file (a folder, a FIFO, a device, a
-    socket: nothing but a regular file is ever overwritten), or if its folder does not exist or is not
-    writable. Checked before training starts, and again at each save."""
+    replaced). ``error`` (CheckpointError) if that exists and is not a regular file (a folder, a FIFO, a
+    device, a socket: nothing but a regular file is ever overwritten), or if its folder does not exist or is
+    not writable. Checked before training starts, and again at each save. ``what`` and ``example`` name
+    the file in the message."""
     given = Path(path)
     real = Path(os.path.realpath(given))  # follows links, also dangling ones (then the link's target is made)
     shown = str(given) + (f" (a link to {real})" if given.is_symlink() else "")
@@ -64,14 +67,14 @@ def target(path: str | os.PathLike) -> Path:
                 if stat.S_ISSOCK(mode)
                 else "not a regular file"
             )
-            raise CheckpointError(
-                f"{shown}: is {kind}; a checkpoint is written only to a regular file "
-                f"(e.g. {given / 'ckpt.npz' if stat.S_ISDIR(mode) else 'ckpt.npz'})"
+            raise error(
+                f"{shown}: is {kind}; {what} is written only to a regular file "
+                f"(e.g. {given / example if stat.S_ISDIR(mode) else example})"
             )
     if not real.parent.is_dir():
-        raise CheckpointError(f"{shown}: the folder {real.parent} does not exist")
+        raise error(f"{shown}: the folder {real.parent} does not exist")
     if not os.access(real.parent, os.W_OK):
-        raise CheckpointError(f"{shown}: the folder {real.parent} is not writable")
+        raise error(f"{shown}: the folder {real.parent} is not writable")
     return real
 
 
@@ -135,20 +138,32 @@ def write(
     arrays = {f"param/{k}": v for k, v in params.items()}
     arrays.update({f"opt/{k}": v for k, v in optimizer_state.items()})
     arrays["meta"] = np.array(json.dumps({"format": FORMAT, "version": VERSION, **meta}))
+    replace(real, path, lambda f: np.savez(f, **arrays))
+
+
+def replace(
+    real: Path,
+    path: str | os.PathLike,
+    fill: Callable[[BinaryIO], None],
+    error: type = CheckpointError,
+    what: str = "checkpoint",
+) -> None:
+    """Write ``real`` (a :func:`target`) by ``fill(file)`` so that nothing is lost whatever happens: into a
+    temporary of its own next to it (with the umask's permissions), flushed to the disk, moved over it in
+    one step, the folder synced. A failure (a full disk) removes the temporary, leaves the old file as it
+    was and raises ``error`` in one line naming ``path``; temporaries a killed save left are swept first."""
     _sweep(real)
     tmp = real.parent / f".{real.name}.{os.getpid()}.{secrets.token_hex(4)}{_TMP}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask decides, as for any file
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
+            fill(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, real)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise CheckpointError(
-            f"{path}: could not save ({exc.strerror or exc}); the last checkpoint there is unchanged"
-        ) from exc
+        raise error(f"{path}: could not save ({exc.strerror or exc}); the last {what} there is unchanged") from exc
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

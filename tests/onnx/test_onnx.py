@@ -1,0 +1,288 @@
+"""vmem.onnx: models built with onnx.helper import into networks whose outputs equal onnxruntime's; what
+cannot be imported is refused by name before anything is built; vmem networks export to models onnxruntime
+runs with the same outputs; an imported network trains as the same network built by hand."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import vmem
+from vmem import nn
+from vmem.errors import OnnxError
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+RTOL, ATOL = 1e-3, 1e-5  # the issue's tolerance against onnxruntime
+
+
+def _model(nodes, inits, shape=(3, 8, 8), out="y", opset=17, batch="N", name="m"):
+    rng = np.random.default_rng(0)
+    tensors = [numpy_helper.from_array(np.asarray(v(rng) if callable(v) else v), k) for k, v in inits.items()]
+    graph = helper.make_graph(
+        nodes,
+        name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, *shape])],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
+        tensors,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def _normal(*shape, scale=0.3):
+    return lambda rng: (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def _positive(*shape):
+    return lambda rng: (rng.uniform(0.5, 1.5, shape)).astype(np.float32)
+
+
+def _check(model, batch=3, **load):
+    """The imported network's output (evaluation mode) equals onnxruntime's."""
+    net = vmem.onnx.load(model, **load)
+    x = np.random.default_rng(1).standard_normal((batch, *net.input_shape)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    with vmem.Trainer(net) as trainer:
+        got = trainer.predict(x)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    return net
+
+
+def _cnn(opset):
+    """conv-bn-relu-maxpool, a residual add, a concat, clip (ReLU6), avgpool, flatten of a 2x2 map, gemm,
+    dropout, softmax: every layer kind a CNN export has."""
+    clip = (
+        [helper.make_node("Clip", ["c2"], ["r2"], min=0.0, max=6.0)]
+        if opset < 11
+        else [helper.make_node("Clip", ["c2", "lo", "hi"], ["r2"])]
+    )
+    dropout = (
+        helper.make_node("Dropout", ["g1"], ["d1"], ratio=0.25)
+        if opset < 12
+        else helper.make_node("Dropout", ["g1", "ratio"], ["d1"])
+    )
+    nodes = [
+        helper.make_node(
+            "Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="/f/conv1/Conv"
+        ),
+        helper.make_node("BatchNormalization", ["c1", "g", "beta", "mean", "var"], ["n1"], epsilon=1e-3),
+        helper.make_node("Relu", ["n1"], ["r1"]),
+        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p1", "w2"], ["c2"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1]),
+        *clip,
+        helper.make_node("Add", ["r2", "p1"], ["a1"]),
+        helper.make_node("Concat", ["a1", "p1"], ["cat"], axis=1),
+        helper.make_node("AveragePool", ["cat"], ["p2"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Flatten", ["p2"], ["f1"], axis=1),
+        helper.make_node("Gemm", ["f1", "w3", "b3"], ["g1"], transB=1),
+        dropout,
+        helper.make_node("Softmax", ["d1"], ["y"], axis=1),
+    ]
+    inits = {
+        "w1": _normal(4, 3, 3, 3),
+        "b1": _normal(4),
+        "g": _positive(4),
+        "beta": _normal(4),
+        "mean": _normal(4),
+        "var": _positive(4),
+        "w2": _normal(4, 4, 3, 3),
+        "lo": np.float32(0.0),
+        "hi": np.float32(6.0),
+        "w3": _normal(5, 8 * 2 * 2),
+        "b3": _normal(5),
+        "ratio": np.float32(0.25),
+    }
+    return _model(nodes, inits, opset=opset)
+
+
+@pytest.mark.parametrize("opset", [9, 13, 17, 18])
+def test_a_cnn_imports_with_onnxruntime_outputs_at_each_opset(opset):
+    net = _check(_cnn(opset))
+    kinds = [layer.kind for layer in net.layers]
+    assert kinds == [
+        "conv", "batchnorm", "relu", "maxpool", "conv", "clip", "add", "concat", "avgpool", "flatten", "linear",
+        "dropout", "softmax",
+    ]  # fmt: skip
+    assert net.layers[0].name == "f.conv1"  # from the node's name (PyTorch's scope path /f/conv1/Conv)
+    assert net.num_params() == 4 * 27 + 4 + 8 + 4 * 36 + 5 * 32 + 5
+    assert net.sources["f.conv1.weight"] == "w1" and net.sources[f"{net.layers[1].name}.running_var"] == "var"
+    assert net.layers[1].momentum == pytest.approx(0.1)  # ONNX's 0.9 (weight of the old value) is Torch's 0.1
+
+
+def test_the_batch_axis_of_a_shape_computation_stays_symbolic():
+    """x.view(x.size(0), -1) as exporters write it (Shape, Gather, Unsqueeze, Concat, Reshape) and a global
+    average pool: the imported network runs at any batch size."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3]),
+        helper.make_node("GlobalAveragePool", ["c"], ["gap"]),
+        helper.make_node("Shape", ["gap"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]),
+        helper.make_node("Concat", ["n1", "minus1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["gap", "target"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "w2"], ["y"]),
+    ]
+    inits = {
+        "w": _normal(6, 3, 3, 3),
+        "zero": np.int64(0),
+        "axes": np.array([0], np.int64),
+        "minus1": np.array([-1], np.int64),
+        "w2": _normal(6, 4),
+    }
+    model = _model(nodes, inits, opset=13)
+    for batch in (1, 5):
+        net = _check(model, batch=batch)
+    assert [layer.kind for layer in net.layers] == ["conv", "avgpool", "flatten", "linear"]
+
+
+def test_a_symbolic_input_shape_is_given_at_load():
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Flatten", ["r"], ["f"])]
+    nodes.append(helper.make_node("Gemm", ["f", "w"], ["y"]))
+    model = _model(nodes, {"w": _normal(3 * 1 * 1, 2)}, shape=(3, "H", "W"))
+    with pytest.raises(OnnxError, match=r"input_shape=\(3, 224, 224\)"):
+        vmem.onnx.load(model)
+    _check(model, input_shape=(3, 1, 1))
+
+
+def test_what_cannot_be_imported_is_refused_by_node_op_and_opset():
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], group=3, name="depthwise"),
+        helper.make_node("LRN", ["c"], ["l"], size=3, name="norm"),  # downstream of a refused node: not named again
+        helper.make_node("Conv", ["x", "w2"], ["d"], kernel_shape=[3, 3], dilations=[2, 2], name="dilated"),
+        helper.make_node("Add", ["l", "d"], ["y"]),
+    ]
+    model = _model(nodes, {"w": _normal(3, 1, 3, 3), "w2": _normal(3, 3, 3, 3)}, opset=17)
+    with pytest.raises(OnnxError) as info:
+        vmem.onnx.load(model)
+    text = str(info.value)
+    assert "2 node(s) cannot be imported" in text and "opset 17" in text
+    assert "node 'depthwise' (Conv v11): group=3" in text and "node 'dilated' (Conv v11): dilations=[2, 2]" in text
+    assert "'norm'" not in text and "Ops vmem converts: Add, AveragePool" in text
+
+    lrn = _model([helper.make_node("LRN", ["x"], ["y"], size=3, name="lrn")], {})
+    with pytest.raises(OnnxError, match=r"node 'lrn' \(LRN v13\): not supported"):
+        vmem.onnx.load(lrn)
+
+
+def test_models_vmem_cannot_take_are_refused_with_the_reason(tmp_path):
+    old = _model([helper.make_node("Relu", ["x"], ["y"])], {}, opset=7)
+    with pytest.raises(OnnxError, match="opset 7 is older"):
+        vmem.onnx.load(old)
+    tied = _model(
+        [
+            helper.make_node("Flatten", ["x"], ["f"]),
+            helper.make_node("MatMul", ["f", "w"], ["h"], name="a"),
+            helper.make_node("MatMul", ["h", "w"], ["y"], name="b"),
+        ],
+        {"w": _normal(4, 4)},
+        shape=(4, 1, 1),
+    )
+    with pytest.raises(OnnxError, match="'w' is also a parameter of layer 'a': tied weights"):
+        vmem.onnx.load(tied)
+    with pytest.raises(FileNotFoundError, match="missing.onnx: no such ONNX file"):
+        vmem.onnx.load(tmp_path / "missing.onnx")
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x00not a model at all")
+    with pytest.raises(OnnxError, match="junk.onnx: not a readable ONNX model"):
+        vmem.onnx.load(junk)
+    reshape = _model(
+        [helper.make_node("Reshape", ["x", "s"], ["y"], name="fold_batch")], {"s": np.array([-1, 4], np.int64)}
+    )
+    with pytest.raises(OnnxError, match="'fold_batch'.*keep the batch axis"):
+        vmem.onnx.load(reshape)
+
+
+def _zoo_like():
+    """A network with every layer the exporter writes that a CNN uses, in vmem's API."""
+    g = vmem.Graph(input_shape=(3, 8, 8), name="zoo_like")
+    c = g.add(nn.Conv2d(3, 6, 3, padding=1, bias=False), g.input)
+    b = g.add(nn.BatchNorm2d(6), c)
+    r = g.add(nn.ReLU(), b)
+    p = g.add(nn.MaxPool2d(2), r)
+    c2 = g.add(nn.Conv2d(6, 6, 3, padding=1), p)
+    k = g.add(nn.Clip(0, 6), c2)
+    a = g.add(nn.Add(), k, p)
+    cat = g.add(nn.Concat(), a, p)
+    q = g.add(nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, count_include_pad=False), cat)
+    f = g.add(nn.Flatten(), q)
+    h = g.add(nn.Linear(12 * 3 * 3, 7), f)
+    d = g.add(nn.Dropout(0.2), h)
+    g.add(nn.Tanh(), d)
+    return g.init(seed=3)
+
+
+@pytest.mark.parametrize("fold", [False, True], ids=["bn-kept", "bn-folded"])
+@pytest.mark.parametrize("opset", [13, 17, 18])
+def test_an_exported_network_runs_in_onnxruntime_with_its_outputs(tmp_path, opset, fold):
+    net = _zoo_like()
+    # batch norm's running statistics away from (0, 1), as after training
+    net.params["batchnorm1.running_mean"] = np.linspace(-0.5, 0.5, 6).astype(np.float32)
+    net.params["batchnorm1.running_var"] = np.linspace(0.5, 2.0, 6).astype(np.float32)
+    path = tmp_path / "net.onnx"
+    vmem.onnx.save(net, path, opset=opset, fold_batch_norm=fold)
+    model = onnx.load(str(path))
+    assert ("BatchNormalization" in {n.op_type for n in model.graph.node}) is not fold
+    x = np.random.default_rng(2).standard_normal((4, 3, 8, 8)).astype(np.float32)
+    with vmem.Trainer(net) as trainer:
+        want = trainer.predict(x)
+    got = ort.InferenceSession(str(path)).run(None, {"input": x})[0]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    again = vmem.onnx.load(path)  # and back: the same outputs
+    with vmem.Trainer(again) as trainer:
+        np.testing.assert_allclose(trainer.predict(x), want, rtol=RTOL, atol=ATOL)
+
+
+def test_a_zoo_model_round_trips(tmp_path):
+    net = vmem.models.get("resnet_cifar", depth=8).init(seed=1)
+    vmem.onnx.save(net, tmp_path / "r.onnx")
+    back = vmem.onnx.load(tmp_path / "r.onnx")
+    assert back.num_params() == net.num_params()
+    x = np.random.default_rng(0).standard_normal((2, *net.input_shape)).astype(np.float32)
+    with vmem.Trainer(net) as a, vmem.Trainer(back) as b:
+        mine, again = a.predict(x), b.predict(x)
+    np.testing.assert_allclose(again, mine, rtol=1e-5, atol=1e-6)
+    theirs = ort.InferenceSession(str(tmp_path / "r.onnx")).run(None, {"input": x})[0]
+    np.testing.assert_allclose(theirs, mine, rtol=RTOL, atol=ATOL)
+
+
+def test_a_save_replaces_only_a_regular_file_and_a_refused_one_writes_nothing(tmp_path):
+    net = _zoo_like()
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    with pytest.raises(OnnxError, match="is a folder; an ONNX model is written only to a regular file"):
+        vmem.onnx.save(net, folder)
+    path = tmp_path / "net.onnx"
+    vmem.onnx.save(net, path)
+    good = path.read_bytes()
+    seq = vmem.models.get("nmt_small")  # its embedding and length mask have no ONNX form here
+    with pytest.raises(OnnxError, match=r"layer '[\w.]+' \((Embedding|LengthMask|Split)\) has no ONNX form"):
+        vmem.onnx.save(seq.init(), path)
+    with pytest.raises(OnnxError, match="opset=12"):
+        vmem.onnx.save(net, path, opset=12)
+    assert path.read_bytes() == good  # the last good file, and no temporary left beside it
+    assert sorted(os.listdir(tmp_path)) == ["folder", "net.onnx"]
+
+
+def test_an_imported_network_trains_as_the_same_network_built_by_hand(tmp_path):
+    """Weights moved in (conv filters to (K, kh, kw, C), the classifier's columns to the (H, W, C) order of
+    vmem's flatten) give the hand-built network's training step bit for bit."""
+    net = _zoo_like()
+    vmem.onnx.save(net, tmp_path / "net.onnx")
+    imported = vmem.onnx.load(tmp_path / "net.onnx")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 7, 4)
+    assert sorted(imported.params) == sorted(net.params)  # the layers keep their names
+    for model in (net, imported):
+        with vmem.Trainer(model, optimizer=vmem.optim.SGD(lr=0.1, momentum=0.9), seed=0) as trainer:
+            for _ in range(2):
+                trainer.step(x, y)
+            trainer.sync()
+    for key, value in net.params.items():
+        np.testing.assert_array_equal(imported.params[key], value, err_msg=key)

@@ -1,0 +1,706 @@
+"""The ONNX importer: an ONNX model -> a trainable :class:`vmem.Graph` with the model's weights (see
+:mod:`vmem.onnx`)."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import nn
+from ..errors import CheckpointError, OnnxError, ShapeError
+from ..graph import Graph
+from ..graph.network import Node
+
+__all__ = ["load", "supported", "MIN_OPSET"]
+
+#: The oldest opset a model may declare (older ones carry attributes long removed, e.g. ``consumed_inputs``).
+MIN_OPSET = 9
+#: The batch axis's stand-in while shapes are computed at import (``Shape`` of a feature map): a prime that
+#: no real dimension is, so that a reshape target keeping the batch axis is recognised as such.
+BATCH = 1_000_003
+#: The most values a constant computed at import may hold (a shape computation, never a feature map).
+_MOST_FOLDED = 1 << 22
+
+
+def _onnx() -> Any:
+    try:
+        import onnx
+    except ImportError:
+        raise ImportError("vmem.onnx needs the onnx package: pip install 'vmem[onnx]'") from None
+    return onnx
+
+
+class _Refuse(Exception):
+    """This node cannot be imported; the message says why."""
+
+
+@dataclass
+class _Tensor:
+    """A value the network computes: its node in the vmem graph and its logical shape at batch 1."""
+
+    node: Node
+    shape: tuple[int, ...]
+    #: a 4-D map flattened in vmem's stored order (H, W, C) where ONNX's Flatten orders it (C, H, W): the
+    #: (C, H, W) that a weight reading it is permuted from; element-wise ops carry it, others refuse it
+    chw: tuple[int, int, int] | None = None
+    #: a 4-D map transposed to (N, H, W, C) (what :func:`vmem.onnx.save` writes before a Flatten): only a
+    #: flatten may read it, and then gives vmem's own order
+    nhwc: bool = False
+
+
+@dataclass
+class _Unusable:
+    """An output no vmem layer gives (batch norm's running statistics, max pooling's indices)."""
+
+    reason: str
+
+
+#: what a refused node's outputs hold (the nodes reading them are not named again)
+_REFUSED = _Unusable("a refused node's output")
+
+
+@dataclass(frozen=True)
+class _Converter:
+    op: str
+    versions: tuple[int, ...]  # the op versions (since_version) it was written for
+    fn: Callable[..., list[Any]]
+
+
+_CONVERTERS: dict[str, _Converter] = {}
+
+
+def _converts(op: str, *versions: int) -> Callable[[Callable[..., list[Any]]], Callable[..., list[Any]]]:
+    def register(fn: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
+        _CONVERTERS[op] = _Converter(op, versions, fn)
+        return fn
+
+    return register
+
+
+def supported() -> dict[str, tuple[int, ...]]:
+    """The ops that become layers, each with the op versions (``since_version``) its converter handles. Any
+    other op is imported where all its inputs are constants (a shape computation), evaluated at import."""
+    return {op: c.versions for op, c in sorted(_CONVERTERS.items())}
+
+
+class _Builder:
+    """The vmem graph under construction and the weights it takes from the model."""
+
+    def __init__(self, graph: Graph, opset: int):
+        self.graph = graph
+        self.opset = opset
+        self.params: dict[str, np.ndarray] = {}
+        self.owner: dict[str, str] = {}  # initializer name -> the layer whose parameter it became
+        self.node: Any = None  # the ONNX node being converted
+        self.input_names: list[str] = []
+        self._taken: list[tuple[str, str]] = []  # (parameter, initializer) the node's layer takes
+        self.sources: dict[str, str] = {}  # "layer.param" -> the initializer it was made from
+        self.static_batch = 0  # the batch size the model's input declares, where it declares one
+
+    def start(self, node: Any) -> None:
+        """Convert ``node`` next."""
+        self.node, self.input_names, self._taken = node, list(node.input), []
+
+    # -- inputs of the node being converted --------------------------------------------------------
+    def tensor(self, ins: list[Any], i: int, what: str, *, nhwc: bool = False, chw: bool = False) -> _Tensor:
+        value = ins[i] if i < len(ins) else None
+        if not isinstance(value, _Tensor):
+            raise _Refuse(f"its {what} (input {i}) must be computed by the network, not a constant")
+        if value.nhwc and not nhwc:
+            raise _Refuse(f"its {what} is a map transposed to (N, H, W, C), which vmem supports only before a Flatten")
+        if value.chw is not None and not chw:
+            raise _Refuse(
+                f"its {what} is a map flattened in (C, H, W) order, which vmem stores as (H, W, C): only "
+                "element-wise ops and Gemm/MatMul with constant weights may read it"
+            )
+        return value
+
+    def const(self, ins: list[Any], i: int, what: str, *, optional: bool = False) -> np.ndarray | None:
+        value = ins[i] if i < len(ins) else None
+        if value is None and optional:
+            return None
+        if not isinstance(value, np.ndarray):
+            raise _Refuse(f"its {what} (input {i}) must be a constant (an initializer)")
+        return value
+
+    def weight(self, ins: list[Any], i: int, what: str, key: str, *, optional: bool = False) -> np.ndarray | None:
+        """A constant that becomes the layer's parameter ``key``: refused where another layer took it already
+        (tied weights would be trained apart)."""
+        value = self.const(ins, i, what, optional=optional)
+        if value is not None:
+            source = self.input_names[i]
+            if source in self.owner:
+                raise _Refuse(
+                    f"its {what} {source!r} is also a parameter of layer {self.owner[source]!r}: tied weights "
+                    "are not supported"
+                )
+            self._taken.append((key, source))
+        return value
+
+    # -- layers -------------------------------------------------------------------------------------
+    def add(
+        self,
+        layer: nn.Layer,
+        inputs: Sequence[_Tensor],
+        params: dict[str, np.ndarray | None] | None = None,
+        chw: tuple[int, int, int] | None = None,
+    ) -> _Tensor:
+        try:
+            shape = tuple(layer.output_shape([t.shape for t in inputs]))
+        except (ShapeError, ValueError) as exc:
+            raise _Refuse(str(exc)) from None
+        node = self.graph.add(layer, *(t.node for t in inputs), name=self._name())
+        for key, source in self._taken:
+            self.owner[source] = node.name
+            self.sources[f"{node.name}.{key}"] = source
+        self._taken = []
+        for key, value in (params or {}).items():
+            if value is not None:
+                self.params[f"{node.name}.{key}"] = np.ascontiguousarray(value, dtype=np.float32)
+        return _Tensor(node, shape, chw)
+
+    def _name(self) -> str:
+        """A layer name from the ONNX node's: PyTorch's scope path ``/layer1/layer1.0/conv1/Conv`` gives
+        ``layer1.0.conv1`` (its module's name, so that parameters are named as in the module's state dict)."""
+        node = self.node
+        parts = [p for p in (node.name or "").strip("/").split("/") if p]
+        if parts and re.fullmatch(re.escape(node.op_type) + r"(_\d+)?", parts[-1]):
+            parts = parts[:-1]  # the op type (and its count) that ends the path
+        kept = [p for p, q in zip(parts, parts[1:] + [""]) if not q.startswith(p + ".")]
+        base = re.sub(r"[^0-9A-Za-z_.]+", "_", ".".join(kept)).strip("_.") or node.op_type.lower()
+        name, k = base, 1
+        while name in self._used_names():
+            k += 1
+            name = f"{base}_{k}"
+        return name
+
+    def _used_names(self) -> set[str]:
+        return {layer.name for layer in self.graph.layers}
+
+
+# -- converters ------------------------------------------------------------------------------------
+def _real(value: Any) -> float:
+    """An ONNX float (32 bits) as the decimal it was written from: the shortest that rounds to it (a
+    momentum written as 0.9 reads 0.9, not 0.8999999762), so that a model saved by vmem imports with its
+    own hyperparameters."""
+    return float(str(np.float32(value)))
+
+
+def _ints(attrs: dict[str, Any], key: str, default: Sequence[int]) -> list[int]:
+    return [int(v) for v in attrs.get(key, default)]
+
+
+def _window(b: _Builder, x: _Tensor, kernel: list[int], attrs: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """(strides, symmetric pads) of a convolution or pooling window; asymmetric padding refused."""
+    if len(kernel) != 2:
+        raise _Refuse(f"a {len(kernel)}-D window: vmem has 2-D convolutions and poolings only")
+    strides = _ints(attrs, "strides", [1, 1])
+    if _ints(attrs, "dilations", [1, 1]) != [1, 1]:
+        raise _Refuse(f"dilations={_ints(attrs, 'dilations', [1, 1])}: dilated windows are not supported yet")
+    auto = attrs.get("auto_pad", "NOTSET")
+    if auto in ("NOTSET", "VALID"):
+        pads = _ints(attrs, "pads", [0, 0, 0, 0]) if auto == "NOTSET" else [0, 0, 0, 0]
+    else:  # SAME_UPPER / SAME_LOWER: the output is ceil(size / stride)
+        pads = [0, 0, 0, 0]
+        for axis in range(2):
+            size = x.shape[2 + axis]
+            out = -(-size // strides[axis])
+            total = max(0, (out - 1) * strides[axis] + kernel[axis] - size)
+            small, large = total // 2, total - total // 2
+            pads[axis], pads[axis + 2] = (small, large) if auto == "SAME_UPPER" else (large, small)
+    if pads[0] != pads[2] or pads[1] != pads[3]:
+        raise _Refuse(f"pads={pads}: asymmetric padding is not supported (vmem pads each side alike)")
+    return strides, pads[:2]
+
+
+def _rank4(x: _Tensor, what: str) -> None:
+    if len(x.shape) != 4:
+        raise _Refuse(f"its {what} has shape {x.shape}: vmem's {what} must be an (N, C, H, W) map")
+
+
+@_converts("Conv", 1, 11, 22)
+def _conv(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    x = b.tensor(ins, 0, "input")
+    _rank4(x, "input")
+    w = b.weight(ins, 1, "weights", "weight")
+    bias = b.weight(ins, 2, "bias", "bias", optional=True)
+    assert w is not None
+    if w.ndim != 4:
+        raise _Refuse(f"weights of shape {w.shape}: vmem has 2-D convolutions only")
+    group = int(attrs.get("group", 1))
+    if group != 1:
+        raise _Refuse(f"group={group}: grouped and depthwise convolutions are not supported yet")
+    k, c, kh, kw = w.shape
+    if c != x.shape[1]:
+        raise _Refuse(f"weights {w.shape} do not match an input of {x.shape[1]} channels")
+    strides, pads = _window(b, x, _ints(attrs, "kernel_shape", [kh, kw]), attrs)
+    layer = nn.Conv2d(c, k, (kh, kw), stride=tuple(strides), padding=tuple(pads), bias=bias is not None)
+    return [b.add(layer, [x], {"weight": w.transpose(0, 2, 3, 1), "bias": bias})]
+
+
+@_converts("BatchNormalization", 9, 14, 15)
+def _batchnorm(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    x = b.tensor(ins, 0, "input")
+    _rank4(x, "input")
+    scale, shift = b.weight(ins, 1, "scale", "weight"), b.weight(ins, 2, "bias", "bias")
+    mean = b.weight(ins, 3, "running mean", "running_mean")
+    var = b.weight(ins, 4, "running variance", "running_var")
+    momentum = _real(attrs.get("momentum", 0.9))  # ONNX's: the weight of the old running value
+    layer = nn.BatchNorm2d(x.shape[1], eps=_real(attrs.get("epsilon", 1e-5)), momentum=round(1.0 - momentum, 12))
+    y = b.add(layer, [x], {"weight": scale, "bias": shift, "running_mean": mean, "running_var": var})
+    stats = _Unusable("batch norm's running statistics as outputs (training-mode export): vmem keeps them itself")
+    return [y, stats, stats]
+
+
+def _elementwise(make: Callable[[], nn.Layer]) -> Callable[..., list[Any]]:
+    def convert(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+        x = b.tensor(ins, 0, "input", chw=True)
+        return [b.add(make(), [x], chw=x.chw)]
+
+    return convert
+
+
+_converts("Relu", 6, 13, 14)(_elementwise(nn.ReLU))
+_converts("Sigmoid", 6, 13)(_elementwise(nn.Sigmoid))
+_converts("Tanh", 6, 13)(_elementwise(nn.Tanh))
+
+
+@_converts("Clip", 6, 11, 12, 13)
+def _clip(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    x = b.tensor(ins, 0, "input", chw=True)
+    if b.opset < 11:
+        lo, hi = _real(attrs.get("min", -np.inf)), _real(attrs.get("max", np.inf))
+    else:
+        lo_c, hi_c = b.const(ins, 1, "min", optional=True), b.const(ins, 2, "max", optional=True)
+        lo = -np.inf if lo_c is None else _real(lo_c)
+        hi = np.inf if hi_c is None else _real(hi_c)
+    if lo == -np.inf and hi == np.inf:
+        return [x]
+    layer: nn.Layer = nn.ReLU() if lo == 0 and hi == np.inf else nn.Clip(lo, hi)
+    return [b.add(layer, [x], chw=x.chw)]
+
+
+def _pool(average: bool) -> Callable[..., list[Any]]:
+    def convert(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+        x = b.tensor(ins, 0, "input")
+        _rank4(x, "input")
+        kernel = _ints(attrs, "kernel_shape", [])
+        strides, pads = _window(b, x, kernel, attrs)
+        ceil = bool(attrs.get("ceil_mode", 0))
+        if int(attrs.get("storage_order", 0)):
+            raise _Refuse("storage_order=1 (column-major indices) is not supported")
+        if pads[0] * 2 > kernel[0] or pads[1] * 2 > kernel[1]:
+            raise _Refuse(f"pads={pads} with kernel {kernel}: vmem pads at most half a window")
+        layer: nn.Layer
+        if average:
+            layer = nn.AvgPool2d(
+                tuple(kernel), tuple(strides), tuple(pads), ceil, bool(attrs.get("count_include_pad", 0))
+            )
+        else:
+            layer = nn.MaxPool2d(tuple(kernel), tuple(strides), tuple(pads), ceil)
+        return [b.add(layer, [x]), _Unusable("max pooling's indices")]
+
+    return convert
+
+
+_converts("MaxPool", 8, 10, 11, 12, 22)(_pool(False))
+_converts("AveragePool", 7, 10, 11, 19, 22)(_pool(True))
+
+
+def _global(average: bool) -> Callable[..., list[Any]]:
+    def convert(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+        x = b.tensor(ins, 0, "input")
+        _rank4(x, "input")
+        window = (x.shape[2], x.shape[3])
+        return [b.add(nn.AvgPool2d(window) if average else nn.MaxPool2d(window), [x])]
+
+    return convert
+
+
+_converts("GlobalAveragePool", 1, 22)(_global(True))
+_converts("GlobalMaxPool", 1, 22)(_global(False))
+
+
+def _same_order(xs: list[_Tensor]) -> tuple[int, int, int] | None:
+    orders = {x.chw for x in xs}
+    if len(orders) > 1:
+        raise _Refuse("its inputs are maps flattened in different orders")
+    return orders.pop()
+
+
+@_converts("Add", 7, 13, 14)
+def _add(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    xs = [b.tensor(ins, i, "operand", chw=True) for i in range(2)]
+    return [b.add(nn.Add(), xs, chw=_same_order(xs))]
+
+
+@_converts("Sum", 6, 8, 13)
+def _sum(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    xs = [b.tensor(ins, i, "operand", chw=True) for i in range(len(ins))]
+    return [xs[0] if len(xs) == 1 else b.add(nn.Add(), xs, chw=_same_order(xs))]
+
+
+@_converts("Mul", 7, 13, 14)
+def _mul(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    xs = [b.tensor(ins, i, "operand", chw=True) for i in range(2)]
+    return [b.add(nn.Mul(), xs, chw=_same_order(xs))]
+
+
+@_converts("Concat", 4, 11, 13)
+def _concat(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    xs = [b.tensor(ins, i, "input") for i in range(len(ins))]
+    axis = int(attrs["axis"])
+    return [xs[0] if len(xs) == 1 else b.add(nn.Concat(axis % len(xs[0].shape)), xs)]
+
+
+def _flat(b: _Builder, x: _Tensor) -> _Tensor:
+    """(N, ...) -> (N, features) in ONNX's order: a 4-D map's features come out (H, W, C) in vmem, so the
+    result carries the (C, H, W) a weight reading it is permuted from (none where H = W = 1 or the map was
+    transposed to (N, H, W, C) first: then the orders agree)."""
+    if len(x.shape) == 2:
+        return x
+    if len(x.shape) != 4:
+        return b.add(nn.Reshape((int(np.prod(x.shape[1:])),)), [x])
+    c, h, w = x.shape[1:]
+    chw = None if x.nhwc or h * w == 1 else (c, h, w)
+    flat = b.add(nn.Flatten(), [x], chw=chw)
+    return flat
+
+
+@_converts("Flatten", 9, 11, 13, 21, 23, 24, 25)
+def _flatten(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    x = b.tensor(ins, 0, "input", nhwc=True)
+    if int(attrs.get("axis", 1)) != 1:
+        raise _Refuse(f"axis={attrs['axis']}: vmem flattens everything after the batch axis (axis=1)")
+    return [_flat(b, x)]
+
+
+@_converts("Reshape", 5, 13, 14, 19, 21, 23, 24, 25)
+def _reshape(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    x = b.tensor(ins, 0, "data", nhwc=True)
+    target = b.const(ins, 1, "shape")
+    assert target is not None
+    dims = [int(d) for d in target.reshape(-1)]
+    if int(attrs.get("allowzero", 0)) and 0 in dims:
+        raise _Refuse("allowzero=1 with a 0 in the shape (an empty tensor)")
+    size = int(np.prod(x.shape[1:]))
+    # the batch axis kept: copied (0), the batch's stand-in, or the batch size an export without a symbolic
+    # batch axis wrote down (the model's own input says it)
+    batch_kept = bool(dims) and dims[0] in (0, BATCH, b.static_batch)
+    rest = [x.shape[i] if d == 0 and i < len(x.shape) else d for i, d in enumerate(dims)][1:]
+    if not batch_kept and dims and dims[0] == -1 and -1 not in rest and int(np.prod(rest)) == size:
+        batch_kept = True
+    if not batch_kept or any(d >= BATCH or d < -1 for d in rest) or rest.count(-1) > 1:
+        raise _Refuse(f"shape {dims}: vmem reshapes keep the batch axis (the shape depends on the batch size)")
+    if -1 in rest:
+        known = int(np.prod([d for d in rest if d != -1]))
+        if known == 0 or size % known:
+            raise _Refuse(f"shape {dims} does not fit {x.shape}")
+        rest[rest.index(-1)] = size // known
+    if int(np.prod(rest)) != size:
+        raise _Refuse(f"cannot reshape {x.shape} to {[x.shape[0]] + rest}")
+    if len(rest) == 1:
+        return [_flat(b, x)]
+    if x.nhwc or x.chw is not None:
+        raise _Refuse("reshapes a flattened or transposed map other than to (N, features)")
+    if tuple(rest) == x.shape[1:]:
+        return [x]
+    if len(x.shape) == 4 or len(rest) == 3:
+        raise _Refuse(f"reshapes {x.shape} to {[x.shape[0]] + rest}: 4-D maps reshape only to (N, features)")
+    return [b.add(nn.Reshape(tuple(rest)), [x])]
+
+
+def _linear_weight(x: _Tensor, w: np.ndarray) -> np.ndarray:
+    """A (out, in) weight in the order vmem stores the input's features (see :func:`_flat`)."""
+    if x.chw is None:
+        return w
+    c, h, ww = x.chw
+    return w.reshape(w.shape[0], c, h, ww).transpose(0, 2, 3, 1).reshape(w.shape[0], -1)
+
+
+@_converts("Gemm", 9, 11, 13)
+def _gemm(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    x = b.tensor(ins, 0, "input A", chw=True)
+    if len(x.shape) != 2:
+        raise _Refuse(f"its input A has shape {x.shape}: Gemm multiplies matrices")
+    if int(attrs.get("transA", 0)):
+        raise _Refuse("transA=1: the input must be (N, features)")
+    w = b.weight(ins, 1, "weights B", "weight")
+    c = b.weight(ins, 2, "bias C", "bias", optional=True)
+    assert w is not None
+    alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+    w = w if int(attrs.get("transB", 0)) else w.T  # (out, in)
+    out, inp = w.shape
+    if inp != x.shape[1]:
+        raise _Refuse(f"weights of shape {w.shape} (out, in) do not match an input of {x.shape[1]} features")
+    bias = None
+    if c is not None and beta != 0:
+        if c.size not in (1, out):
+            raise _Refuse(f"bias C of shape {c.shape}: vmem adds one bias per output feature")
+        bias = np.broadcast_to(c.reshape(-1), (out,)) * beta
+    layer = nn.Linear(inp, out, bias=bias is not None)
+    return [b.add(layer, [x], {"weight": _linear_weight(x, w * alpha), "bias": bias})]
+
+
+@_converts("MatMul", 9, 13)
+def _matmul(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    if isinstance(ins[1], np.ndarray):  # x @ W: a linear layer without a bias
+        x = b.tensor(ins, 0, "input A", chw=True)
+        w = b.weight(ins, 1, "weights B", "weight")
+        assert w is not None
+        if w.ndim != 2 or len(x.shape) == 4 or x.shape[-1] != w.shape[0]:
+            raise _Refuse(f"multiplies {x.shape} by a constant {w.shape}: vmem's Linear takes a 2-D weight")
+        if x.chw is not None and len(x.shape) != 2:
+            raise _Refuse("reads a flattened map as a sequence")
+        layer = nn.Linear(int(w.shape[0]), int(w.shape[1]), bias=False)
+        return [b.add(layer, [x], {"weight": _linear_weight(x, w.T)})]
+    a, m = b.tensor(ins, 0, "input A"), b.tensor(ins, 1, "input B")
+    return [b.add(nn.MatMul(), [a, m])]
+
+
+@_converts("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25)
+def _identity(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    return [b.tensor(ins, 0, "input", chw=True, nhwc=True)]
+
+
+@_converts("Dropout", 7, 10, 12, 13, 22)
+def _dropout(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    x = b.tensor(ins, 0, "input", chw=True)
+    if b.opset < 12:
+        ratio = _real(attrs.get("ratio", 0.5))
+    else:
+        given = b.const(ins, 1, "ratio", optional=True)
+        ratio = 0.5 if given is None else _real(given)
+    mask = _Unusable("dropout's mask")
+    if ratio == 0:
+        return [x, mask]
+    return [b.add(nn.Dropout(ratio), [x], chw=x.chw), mask]
+
+
+@_converts("Softmax", 1, 11, 13)
+def _softmax(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    x = b.tensor(ins, 0, "input")
+    rank = len(x.shape)
+    default = -1 if b.opset >= 13 else 1
+    axis = int(attrs.get("axis", default)) % rank
+    if b.opset < 13 and axis != rank - 1:  # before 13 the input was coerced to 2-D at the axis
+        raise _Refuse(f"axis={axis} of a rank-{rank} input (opset {b.opset} softmaxes the flattened tail)")
+    return [b.add(nn.Softmax(axis), [x])]
+
+
+@_converts("Transpose", 1, 13, 21, 23, 24, 25)
+def _transpose(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    x = b.tensor(ins, 0, "input")
+    perm = _ints(attrs, "perm", list(range(len(x.shape)))[::-1])
+    if len(x.shape) == 4 and perm == [0, 2, 3, 1]:
+        return [_Tensor(x.node, x.shape, None, True)]  # read only by a flatten, in vmem's own order
+    if perm == list(range(len(x.shape))):
+        return [x]
+    raise _Refuse(f"perm={perm} on {x.shape}: only (0, 2, 3, 1) before a Flatten is supported yet")
+
+
+@_converts("Cast", 6, 9, 13, 19, 21, 23, 24, 25, 28)
+def _cast(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    onnx = _onnx()
+    to = onnx.helper.tensor_dtype_to_np_dtype(int(attrs["to"]))
+    if np.dtype(to).kind != "f":
+        raise _Refuse(f"casts a feature map to {np.dtype(to)}: vmem computes feature maps in floating point")
+    return [b.tensor(ins, 0, "input", chw=True, nhwc=True)]
+
+
+# -- the walk -------------------------------------------------------------------------------------
+def _attrs(onnx: Any, node: Any) -> dict[str, Any]:
+    out = {}
+    for a in node.attribute:
+        v = onnx.helper.get_attribute_value(a)
+        out[a.name] = v.decode() if isinstance(v, bytes) else v
+    return out
+
+
+def _fold(onnx: Any, node: Any, ins: list[Any], opset: int) -> list[Any]:
+    """Outputs of a node whose inputs are all constants, by ONNX's reference implementation."""
+    from onnx.reference import ReferenceEvaluator
+
+    if node.op_type in ("ConstantOfShape", "Expand", "Tile", "Range", "RandomNormalLike", "RandomUniformLike"):
+        if any(isinstance(v, np.ndarray) and v.dtype.kind in "iu" and (v >= BATCH).any() for v in ins):
+            raise _Refuse("makes a constant whose size depends on the batch size")
+    helper = onnx.helper
+    names = [n for n in node.input if n]
+    graph = helper.make_graph(
+        [node],
+        "fold",
+        [helper.make_value_info(n, onnx.TypeProto()) for n in names],
+        [helper.make_value_info(n, onnx.TypeProto()) for n in node.output],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    feeds = {n: v for n, v in zip(node.input, ins) if n}
+    try:
+        outs = ReferenceEvaluator(model).run(None, feeds)
+    except Exception as exc:  # noqa: BLE001 - the reference implementation's own complaint, named
+        raise _Refuse(f"could not be evaluated at import ({type(exc).__name__}: {exc})") from None
+    out = [np.asarray(v) for v in outs]
+    if any(v.size > _MOST_FOLDED for v in out):
+        raise _Refuse("computes a constant of more than 4M values at import")
+    return out
+
+
+def _shape_of(x: _Tensor, attrs: dict[str, Any]) -> np.ndarray:
+    shape = (x.shape[0], x.shape[2], x.shape[3], x.shape[1]) if x.nhwc else x.shape
+    dims = np.array((BATCH,) + tuple(shape[1:]), np.int64)
+    start, end = int(attrs.get("start", 0)), attrs.get("end")
+    return dims[start : None if end is None else int(end)]
+
+
+def _read(model: Any) -> tuple[Any, str]:
+    onnx = _onnx()
+    if isinstance(model, onnx.ModelProto):
+        return model, model.graph.name or "onnx model"
+    if isinstance(model, (bytes, bytearray)):
+        return onnx.load_from_string(bytes(model)), "onnx model"
+    path = Path(os.fspath(model))
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such ONNX file" if not path.exists() else f"{path}: not a file")
+    try:
+        return onnx.load(str(path)), str(path)
+    except Exception as exc:  # noqa: BLE001 - a truncated or foreign file: say which
+        raise OnnxError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {exc})") from None
+
+
+def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | None = None) -> Graph:
+    """An ONNX model as a trainable :class:`vmem.Graph` holding its weights (``net.params``).
+
+    ``model``: a path, the file's bytes, or an ``onnx.ModelProto``. ``input_shape``: the input's shape
+    without the batch axis (``(C, H, W)``), where the model leaves it symbolic (None for a dimension the
+    model fixes: ``(None, 64, 64)``); the batch axis is always the network's own. ``name``: the network's name (default the model graph's).
+
+    The model must have one input (an image batch) and one output. Every node becomes a vmem layer (see
+    :func:`supported`) or, where all its inputs are constants, a constant evaluated at import. Raises
+    :class:`~vmem.errors.OnnxError` naming every node that cannot be imported (its op, op version and the
+    model's opset) before building anything; FileNotFoundError for a missing file."""
+    onnx = _onnx()
+    proto, source = _read(model)
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None:
+        raise OnnxError(f"{source}: imports no version of the default ONNX domain")
+    if opset < MIN_OPSET:
+        raise OnnxError(
+            f"{source}: opset {opset} is older than vmem imports (opset {MIN_OPSET} or later); convert it with "
+            "onnx.version_converter.convert_version(model, 13)"
+        )
+    graph = proto.graph
+    values: dict[str, Any] = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in values]
+    if len(inputs) != 1:
+        raise OnnxError(
+            f"{source}: has {len(inputs)} inputs ({', '.join(i.name for i in inputs) or 'none'}); vmem imports "
+            "models with one input (an image batch) so far"
+        )
+    (inp,) = inputs
+    shape = _input_shape(onnx, inp, input_shape, source)
+    if len(graph.output) != 1:
+        raise OnnxError(f"{source}: has {len(graph.output)} outputs; vmem imports models with one output")
+    net = Graph(input_shape=shape, name=name or re.sub(r"[^0-9A-Za-z_]+", "_", graph.name or "onnx").strip("_"))
+    builder = _Builder(net, opset)
+    first = inp.type.tensor_type.shape.dim
+    if first and first[0].HasField("dim_value") and first[0].dim_value > 0:
+        builder.static_batch = int(first[0].dim_value)
+    values[inp.name] = _Tensor(net.input, (1,) + shape)
+    refused: list[str] = []
+
+    def version(op: str) -> int:
+        try:
+            return int(onnx.defs.get_schema(op, opset, "").since_version)
+        except Exception:  # noqa: BLE001 - an op ONNX's own schemas do not know
+            return -1
+
+    for node in graph.node:
+        ins = [values.get(n) if n else None for n in node.input]
+        where = f"node {node.name or node.output[0]!r} ({node.op_type} v{version(node.op_type)})"
+        outs: list[Any] = []
+        if any(v is _REFUSED for v in ins):  # downstream of a refused node: that node is named already
+            values.update((n, _REFUSED) for n in node.output if n)
+            continue
+        try:
+            missing = [n for n, v in zip(node.input, ins) if n and v is None]
+            if node.domain not in ("", "ai.onnx"):
+                raise _Refuse(f"the custom domain {node.domain!r} is not supported")
+            if missing:
+                raise _Refuse(f"reads {missing[0]!r}, which no earlier node computes")
+            unusable = [v.reason for v in ins if isinstance(v, _Unusable)]
+            if unusable:
+                raise _Refuse(f"reads {unusable[0]}")
+            attrs = _attrs(onnx, node)
+            builder.start(node)
+            if node.op_type == "Shape" and isinstance(ins[0], _Tensor):
+                outs = [_shape_of(ins[0], attrs)]
+            elif all(isinstance(v, np.ndarray) or v is None for v in ins):
+                outs = _fold(onnx, node, ins, opset)
+            else:
+                converter = _CONVERTERS.get(node.op_type)
+                if converter is None:
+                    raise _Refuse("not supported")
+                if version(node.op_type) not in converter.versions:
+                    raise _Refuse(
+                        f"op version {version(node.op_type)} (the model's opset {opset}) is not one vmem "
+                        f"converts (versions {', '.join(map(str, converter.versions))})"
+                    )
+                outs = converter.fn(builder, ins, attrs)
+        except _Refuse as exc:
+            refused.append(f"{where}: {exc}")
+            values.update((n, _REFUSED) for n in node.output if n)
+            continue
+        for i, out_name in enumerate(node.output):
+            if out_name:
+                values[out_name] = outs[i] if i < len(outs) else _Unusable(f"an output of {where} not imported")
+    if refused:
+        raise OnnxError(
+            f"{source} (opset {opset}): {len(refused)} node(s) cannot be imported:\n  "
+            + "\n  ".join(refused[:20])
+            + (f"\n  ... and {len(refused) - 20} more" if len(refused) > 20 else "")
+            + f"\nOps vmem converts: {', '.join(supported())}; any op whose inputs are all constants is "
+            "evaluated at import."
+        )
+    out = values.get(graph.output[0].name)
+    if not isinstance(out, _Tensor) or out.node is net.input:
+        raise OnnxError(f"{source}: its output {graph.output[0].name!r} is not computed by any layer")
+    if out.chw is not None or out.nhwc:
+        raise OnnxError(
+            f"{source}: its output is a flattened or transposed feature map, which vmem orders (H, W, C); "
+            "end the model in a layer that mixes the features (Gemm, MatMul)"
+        )
+    net.output(out.node)
+    net.sources = {k: v for k, v in builder.sources.items() if k in builder.params}
+    try:
+        net.load_state_dict(builder.params, source=source)
+    except CheckpointError as exc:  # an op left unused (a dead branch) or a converter's slip: say so
+        raise OnnxError(f"{source}: the imported weights do not match the network built: {exc}") from None
+    return net
+
+
+def _input_shape(onnx: Any, inp: Any, given: Sequence[int] | None, source: str) -> tuple[int, ...]:
+    tensor = inp.type.tensor_type
+    if tensor.elem_type and np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).kind != "f":
+        raise OnnxError(
+            f"{source}: its input {inp.name!r} holds {onnx.TensorProto.DataType.Name(tensor.elem_type)} "
+            "values; vmem imports models of floating-point inputs (images) so far"
+        )
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+    if given is not None:
+        given = tuple(given)
+        if dims and len(dims) != len(given) + 1:
+            raise OnnxError(f"{source}: input_shape={given} does not match the model's input {dims}")
+        shape = tuple(dims[i + 1] if g is None else int(g) for i, g in enumerate(given))
+        if any(d is None for d in shape) or any(d not in (None, s) for d, s in zip(dims[1:], shape)):
+            raise OnnxError(f"{source}: input_shape={given} does not match the model's input {dims}")
+        return shape  # type: ignore[return-value]
+    if not dims or any(d is None or d < 1 for d in dims[1:]):
+        raise OnnxError(
+            f"{source}: its input {inp.name!r} has shape {['?' if d is None else d for d in dims]}; give the "
+            "shape after the batch axis, e.g. load(path, input_shape=(3, 224, 224))"
+        )
+    return tuple(int(d) for d in dims[1:])

@@ -1,0 +1,254 @@
+"""The ONNX exporter: a vmem network -> an ONNX model onnxruntime runs with the same outputs (see
+:mod:`vmem.onnx`)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import nn
+from ..errors import OnnxError
+from ..graph.network import Network, Node
+from ..graph.program import _live_nodes
+from ._load import _onnx
+
+__all__ = ["save"]
+
+#: The opsets :func:`save` writes (LayerNormalization needs 17).
+OPSETS = range(13, 22)
+
+
+class _Writer:
+    def __init__(self, onnx: Any, net: Network, opset: int, fold: bool):
+        self.onnx, self.net, self.opset = onnx, net, opset
+        self.nodes: list[Any] = []
+        self.inits: dict[str, Any] = {}
+        self.names: dict[int, str] = {0: "input"}  # vmem node index -> the ONNX value it computes
+        self.params = net.params or {}
+        self.folded: dict[int, Node] = {}  # conv node index -> the batch norm folded into it
+        if fold:
+            self._fold_plan()
+
+    def _fold_plan(self) -> None:
+        readers: dict[int, int] = {}
+        for node in _live_nodes(self.net)[1:]:
+            for i in node.inputs:
+                readers[i.index] = readers.get(i.index, 0) + 1
+        for node in _live_nodes(self.net)[1:]:
+            src = node.inputs[0] if node.inputs else None
+            if (
+                isinstance(node.layer, nn.BatchNorm2d)
+                and src is not None
+                and isinstance(src.layer, nn.Conv2d)
+                and readers.get(src.index) == 1
+                and src.alias is None
+                and sum(1 for n in self.net._nodes[1:] if n.layer is src.layer) == 1
+            ):
+                self.folded[src.index] = node
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def param(self, layer: nn.Layer, key: str) -> np.ndarray:
+        return np.asarray(self.params[f"{layer.name}.{key}"], np.float32)
+
+    def init(self, name: str, value: np.ndarray) -> str:
+        if name not in self.inits:
+            array = np.asarray(value)  # (a scalar stays a scalar: ascontiguousarray would make it 1-D)
+            self.inits[name] = self.onnx.numpy_helper.from_array(
+                array if array.flags.c_contiguous else array.copy(), name
+            )
+        return name
+
+    def const(self, name: str, value: Any, dtype: Any = np.int64) -> str:
+        return self.init(name, np.asarray(value, dtype))
+
+    def emit(self, op: str, inputs: list[str], output: str, **attrs: Any) -> str:
+        self.nodes.append(self.onnx.helper.make_node(op, inputs, [output], name=output, **attrs))
+        return output
+
+    # -- layers -------------------------------------------------------------------------------------
+    def layer(self, node: Node) -> str:
+        layer, name = node.layer, node.name
+        ins = [self.names[i.index] for i in node.inputs]
+        write = _WRITERS.get(type(layer))
+        if write is None:
+            raise OnnxError(
+                f"{self.net.name}: layer {name!r} ({type(layer).__name__}) has no ONNX form in vmem.onnx.save "
+                f"(it writes {', '.join(sorted(t.__name__ for t in _WRITERS))})"
+            )
+        return write(self, node, layer, ins, name)
+
+
+def _conv(w: _Writer, node: Node, layer: nn.Conv2d, ins: list[str], name: str) -> str:
+    weight = w.param(layer, "weight").transpose(0, 3, 1, 2)  # (K, kh, kw, C) -> (K, C, kh, kw)
+    bias = w.param(layer, "bias") if layer.bias else None
+    out = name
+    bn = w.folded.get(node.index)
+    if bn is not None:  # y = gamma (conv(x) + b - mean) / sqrt(var + eps) + beta, as one convolution
+        g = w.param(bn.layer, "weight") / np.sqrt(w.param(bn.layer, "running_var") + bn.layer.eps)
+        weight = weight * g[:, None, None, None]
+        bias = ((bias if bias is not None else 0.0) - w.param(bn.layer, "running_mean")) * g + w.param(bn.layer, "bias")
+        out = bn.name
+    names = [ins[0], w.init(f"{layer.name}.weight", weight)]
+    if bias is not None:
+        names.append(w.init(f"{layer.name}.bias", np.asarray(bias, np.float32)))
+    (ph, pw) = layer.padding
+    w.emit("Conv", names, out, kernel_shape=list(layer.kernel_size), strides=list(layer.stride), pads=[ph, pw, ph, pw])
+    if bn is not None:
+        w.names[bn.index] = out
+    return out
+
+
+def _batchnorm(w: _Writer, node: Node, layer: nn.BatchNorm2d, ins: list[str], name: str) -> str:
+    if node.index in w.names:  # folded into the convolution before it
+        return w.names[node.index]
+    keys = ("weight", "bias", "running_mean", "running_var")
+    names = [ins[0]] + [w.init(f"{layer.name}.{k}", w.param(layer, k)) for k in keys]
+    return w.emit("BatchNormalization", names, name, epsilon=layer.eps, momentum=1.0 - layer.momentum)
+
+
+def _simple(op: str) -> Callable[..., str]:
+    def write(w: _Writer, node: Node, layer: nn.Layer, ins: list[str], name: str) -> str:
+        return w.emit(op, ins, name)
+
+    return write
+
+
+def _clip(w: _Writer, node: Node, layer: nn.Clip, ins: list[str], name: str) -> str:
+    lo = w.const(f"{name}.min", layer.lo, np.float32)
+    hi = w.const(f"{name}.max", layer.hi, np.float32)
+    return w.emit("Clip", [ins[0], lo, hi], name)
+
+
+def _dropout(w: _Writer, node: Node, layer: nn.Dropout, ins: list[str], name: str) -> str:
+    return w.emit("Dropout", [ins[0], w.const(f"{name}.ratio", layer.p, np.float32)], name)
+
+
+def _pool(w: _Writer, node: Node, layer: Any, ins: list[str], name: str) -> str:
+    (ph, pw) = layer.padding
+    attrs: dict[str, Any] = dict(
+        kernel_shape=list(layer.kernel_size), strides=list(layer.stride), pads=[ph, pw, ph, pw]
+    )
+    if layer.ceil_mode:
+        attrs["ceil_mode"] = 1
+    if isinstance(layer, nn.AvgPool2d):
+        attrs["count_include_pad"] = int(layer.count_include_pad)
+        return w.emit("AveragePool", ins, name, **attrs)
+    return w.emit("MaxPool", ins, name, **attrs)
+
+
+def _add(w: _Writer, node: Node, layer: nn.Add, ins: list[str], name: str) -> str:
+    return w.emit("Add" if len(ins) == 2 else "Sum", ins, name)
+
+
+def _concat(w: _Writer, node: Node, layer: nn.Concat, ins: list[str], name: str) -> str:
+    return w.emit("Concat", ins, name, axis=layer.axis)
+
+
+def _flatten(w: _Writer, node: Node, layer: nn.Flatten, ins: list[str], name: str) -> str:
+    shape = w.net.shape_of(node.inputs[0])
+    src = ins[0]
+    if len(shape) == 4 and shape[2] * shape[3] > 1:  # vmem's features are ordered (H, W, C)
+        src = w.emit("Transpose", [src], f"{name}.nhwc", perm=[0, 2, 3, 1])
+    return w.emit("Flatten", [src], name, axis=1)
+
+
+def _linear(w: _Writer, node: Node, layer: nn.Linear, ins: list[str], name: str) -> str:
+    weight = w.init(f"{layer.name}.weight", w.param(layer, "weight"))
+    bias = [w.init(f"{layer.name}.bias", w.param(layer, "bias"))] if layer.bias else []
+    if len(w.net.shape_of(node.inputs[0])) == 2:
+        return w.emit("Gemm", [ins[0], weight] + bias, name, transB=1)
+    wt = w.init(f"{layer.name}.weight_t", w.param(layer, "weight").T)
+    if not bias:
+        return w.emit("MatMul", [ins[0], wt], name)
+    return w.emit("Add", [w.emit("MatMul", [ins[0], wt], f"{name}.matmul"), bias[0]], name)
+
+
+def _reshape(w: _Writer, node: Node, layer: nn.Reshape, ins: list[str], name: str) -> str:
+    target = layer.target(w.net.shape_of(node.inputs[0])[1:])
+    return w.emit("Reshape", [ins[0], w.const(f"{name}.shape", [0] + list(target))], name)
+
+
+def _softmax(w: _Writer, node: Node, layer: nn.Softmax, ins: list[str], name: str) -> str:
+    return w.emit("Softmax", ins, name, axis=layer.axis)
+
+
+def _matmul(w: _Writer, node: Node, layer: nn.MatMul, ins: list[str], name: str) -> str:
+    b = ins[1]
+    if layer.transpose_b:
+        rank = len(w.net.shape_of(node.inputs[1]))
+        b = w.emit("Transpose", [b], f"{name}.bt", perm=list(range(rank - 2)) + [rank - 1, rank - 2])
+    return w.emit("MatMul", [ins[0], b], name)
+
+
+def _layernorm(w: _Writer, node: Node, layer: nn.LayerNorm, ins: list[str], name: str) -> str:
+    if w.opset < 17:
+        raise OnnxError(f"layer {name!r} (LayerNorm): LayerNormalization needs opset 17 or later (opset={w.opset})")
+    names = [ins[0], w.init(f"{layer.name}.weight", w.param(layer, "weight"))]
+    names.append(w.init(f"{layer.name}.bias", w.param(layer, "bias")))
+    return w.emit("LayerNormalization", names, name, axis=-1, epsilon=layer.eps)
+
+
+_WRITERS: dict[type, Callable[..., str]] = {
+    nn.Conv2d: _conv,
+    nn.BatchNorm2d: _batchnorm,
+    nn.ReLU: _simple("Relu"),
+    nn.Sigmoid: _simple("Sigmoid"),
+    nn.Tanh: _simple("Tanh"),
+    nn.Mul: _simple("Mul"),
+    nn.Clip: _clip,
+    nn.Dropout: _dropout,
+    nn.MaxPool2d: _pool,
+    nn.AvgPool2d: _pool,
+    nn.Add: _add,
+    nn.Concat: _concat,
+    nn.Flatten: _flatten,
+    nn.Linear: _linear,
+    nn.Reshape: _reshape,
+    nn.Softmax: _softmax,
+    nn.MatMul: _matmul,
+    nn.LayerNorm: _layernorm,
+}
+
+
+def save(net: Network, path: str | os.PathLike, *, opset: int = 17, fold_batch_norm: bool = False) -> None:
+    """Write ``net`` with its weights (``net.params``: after training, :meth:`vmem.Trainer.sync` copies
+    them there) as an ONNX model at ``opset`` (13 to 21), its input ``input`` of shape (N, *input_shape)
+    with N symbolic, its output ``output``.
+
+    Batch norm is written as an inference-mode BatchNormalization (its running statistics, and its momentum
+    in ONNX's sense), or with ``fold_batch_norm`` folded into the convolution it follows where that
+    convolution feeds nothing else. The file is replaced atomically: a failed save leaves the last good file,
+    and nothing but a regular file is overwritten. Raises OnnxError naming a layer with no ONNX form, before
+    anything is written."""
+    onnx = _onnx()
+    from ..training import checkpoint
+
+    if opset not in OPSETS:
+        raise OnnxError(f"opset={opset!r}: vmem.onnx.save writes opsets {OPSETS.start} to {OPSETS.stop - 1}")
+    if net.params is None:
+        raise OnnxError(f"{net.name}: its parameters are not initialized; call net.init(seed) or train it first")
+    if net.input_shape is None:
+        raise OnnxError(f"{net.name}: no input shape; build it with input_shape=(C, H, W)")
+    real = checkpoint.target(path, "an ONNX model", "model.onnx", OnnxError)
+    w = _Writer(onnx, net, opset, fold_batch_norm)
+    live = _live_nodes(net)
+    for node in live[1:]:
+        w.names[node.index] = w.layer(node)
+    last = w.names[live[-1].index] if len(live) > 1 else "input"
+    w.emit("Identity", [last], "output")
+    helper = onnx.helper
+    out_shape = net.output_shape(1)
+    graph = helper.make_graph(
+        w.nodes,
+        net.name,
+        [helper.make_tensor_value_info("input", onnx.TensorProto.FLOAT, ["N", *net.input_shape])],
+        [helper.make_tensor_value_info("output", onnx.TensorProto.FLOAT, ["N", *out_shape[1:]])],
+        list(w.inits.values()),
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="vmem")
+    model.ir_version = min(model.ir_version, 8 if opset < 19 else 9)  # what onnxruntime's of the opset read
+    onnx.checker.check_model(model, full_check=True)
+    data = model.SerializeToString()
+    checkpoint.replace(real, path, lambda f: f.write(data), OnnxError, "ONNX model")
