@@ -326,6 +326,23 @@ _converts("GlobalAveragePool", 1, 22)(_global(True))
 _converts("GlobalMaxPool", 1, 22)(_global(False))
 
 
+@_converts("ReduceMean", 1, 11, 13, 18)
+def _reduce_mean(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    """The mean over a map's height and width (what exporters write for adaptive average pooling to 1x1):
+    a global average pool, flattened where the reduced axes are dropped."""
+    x = b.tensor(ins, 0, "input")
+    if b.opset >= 18:
+        given = b.const(ins, 1, "axes", optional=True)
+        axes = list(range(len(x.shape))) if given is None else [int(a) for a in given.reshape(-1)]
+    else:
+        axes = _ints(attrs, "axes", range(len(x.shape)))
+    axes = sorted(a % len(x.shape) for a in axes)
+    if len(x.shape) != 4 or axes != [2, 3]:
+        raise _Refuse(f"the mean over axes {axes} of {x.shape}: vmem takes the mean over a map's (H, W) only")
+    pooled = b.add(nn.AvgPool2d((x.shape[2], x.shape[3])), [x])
+    return [pooled if int(attrs.get("keepdims", 1)) else b.add(nn.Flatten(), [pooled])]
+
+
 def _same_order(xs: list[_Tensor]) -> tuple[int, int, int] | None:
     orders = {x.chw for x in xs}
     if len(orders) > 1:
