@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import vmem
@@ -66,9 +67,13 @@ def test_layer_names_are_unique():
         g.add(layer, g.input)
 
 
-def test_a_network_needs_an_input_shape_and_a_classifier_output():
+def test_a_network_needs_an_input_shape_and_its_loss_takes_its_output():
     net = vmem.Sequential(nn.Conv2d(3, 4, 3))
     with pytest.raises(vmem.errors.ShapeError, match="input_shape"):
         net.build(1)
-    with pytest.raises(vmem.errors.ShapeError, match="must end in \\(N, classes\\)"):
-        net.build(1, input_shape=(3, 8, 8))
+    assert net.build(2, input_shape=(3, 8, 8)).tensors[-1].shape == (2, 4, 6, 6)  # an output of any shape
+    x = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    with vmem.Trainer(net, input_shape=(3, 8, 8)) as trainer:
+        assert trainer.predict(x).shape == (2, 4, 6, 6)  # in NCHW order, as the network computes it
+        with pytest.raises(vmem.errors.ShapeError, match="loss SoftmaxCrossEntropy.*a classifier must end in"):
+            trainer.step(x, np.zeros(2, np.int64))

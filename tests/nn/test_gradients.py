@@ -88,6 +88,13 @@ def test_relu(shape):
     check_layer(nn.ReLU(), [shape])
 
 
+@pytest.mark.parametrize(
+    "perm, shape", [((0, 2, 1), (2, 3, 4)), ((0, 3, 1, 2), (2, 3, 4, 5)), ((0, 2, 3, 1), (2, 3, 4, 5))]
+)
+def test_transpose(perm, shape):
+    check_layer(nn.Transpose(perm), [shape])  # 4-D: permuted through the stored channels-last order
+
+
 @pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 7)])
 def test_clip(shape):
     check_layer(nn.Clip(-0.5, 0.7), [shape])  # ReLU6's shape: both bounds crossed by the standard normal input

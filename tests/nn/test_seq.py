@@ -111,3 +111,17 @@ def test_echo_on_a_tensor_broadcast_into_t_ops():
     assert held(layerwise) >= T * tn
     assert held(echo) <= 2 * tn + B * T * N * 4  # the input, the keys and the T small queries
     assert echo.peak_bytes < layerwise.peak_bytes / 2
+
+
+@pytest.mark.parametrize("perm", [(0, 2, 1, 3), (0, 3, 1, 2), (0, 2, 3, 1), (0, 1, 3, 2)])
+def test_transpose_permutes_the_logical_axes_of_a_stored_map(perm):
+    """A 4-D map is stored channels-last: the layer's stored output, read back in NCHW order, is NumPy's
+    transpose of the NCHW input."""
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 5))
+    layer = nn.Transpose(perm)
+    out = layer.output_shape([x.shape])
+    y = np.empty(nn.physical(out))
+    layer.forward(nn.Ctx(xp=np), [x.transpose(0, 2, 3, 1)], y)
+    np.testing.assert_array_equal(y.transpose(0, 3, 1, 2), x.transpose(perm))
+    with pytest.raises(ValueError, match="the batch axis first"):
+        nn.Transpose((1, 0, 2))

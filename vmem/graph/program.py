@@ -404,13 +404,7 @@ def build_program(
         if shares is None:
             owner_specs[tname] = ops[-1].params
         tensor_of[node.index] = tid
-    output = tensor_of[net._output.index]
-    out_shape = tensors[output].shape
-    if len(out_shape) not in (2, 3):
-        raise ShapeError(
-            f"{net.name}: the output of layer {tensors[output].name!r} has shape {out_shape}; a classifier "
-            "must end in (N, classes), or (N, T, classes) for a sequence (add Flatten and Linear)"
-        )
+    output = tensor_of[net._output.index]  # of any shape: what a loss takes is the loss's to check
     _mark_stash_and_inplace(ops, tensors)
     from ..device.hostconv import with_host_catalog  # the host's algorithms: a device's catalog replaces them
 

@@ -8,7 +8,7 @@ from .linear import Flatten, Linear
 from .loss import SoftmaxCrossEntropy
 from .norm import BatchNorm2d
 from .pooling import AvgPool2d, MaxPool2d
-from .seq import Embedding, ExpandDims, LayerNorm, LengthMask, MatMul, Reshape, Softmax, Split
+from .seq import Embedding, ExpandDims, LayerNorm, LengthMask, MatMul, Reshape, Softmax, Split, Transpose
 
 __all__ = [
     "Layer",
@@ -37,6 +37,7 @@ __all__ = [
     "Split",
     "Reshape",
     "ExpandDims",
+    "Transpose",
     "Softmax",
     "MatMul",
     "LayerNorm",

@@ -40,8 +40,8 @@ class Clip(Layer):
     def __init__(self, lo: float = 0.0, hi: float = 6.0):
         super().__init__()
         lo, hi = float(lo), float(hi)
-        if not lo < hi:
-            raise ValueError(f"Clip: lo={lo!r} must be below hi={hi!r}")
+        if not lo <= hi:
+            raise ValueError(f"Clip: lo={lo!r} must be at most hi={hi!r}")
         self.lo, self.hi = lo, hi
 
     def extra_repr(self) -> str:

@@ -30,7 +30,8 @@ class SoftmaxCrossEntropy:
         if len(logits_shape) not in (2, 3):
             raise ShapeError(
                 f"loss SoftmaxCrossEntropy: expects (N, classes) or (N, T, classes) logits, got shape "
-                f"{tuple(logits_shape)}; add a Flatten and a Linear layer before the loss"
+                f"{tuple(logits_shape)}; a classifier must end in them (add Flatten and Linear layers), or "
+                "train with a loss that takes this output"
             )
 
     def _flat(self, xp: Any, probs: Any, labels: Any) -> tuple[Any, Any, Any]:

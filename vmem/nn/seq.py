@@ -13,7 +13,17 @@ from typing import Any, Sequence
 from ..errors import ShapeError
 from .base import AuxSpec, Ctx, Layer, ParamSpec, Shape
 
-__all__ = ["Embedding", "Split", "Reshape", "ExpandDims", "Softmax", "MatMul", "LayerNorm", "LengthMask"]
+__all__ = [
+    "Embedding",
+    "Split",
+    "Reshape",
+    "ExpandDims",
+    "Transpose",
+    "Softmax",
+    "MatMul",
+    "LayerNorm",
+    "LengthMask",
+]
 
 
 def _size(shape: Sequence[int]) -> int:
@@ -178,6 +188,49 @@ class ExpandDims(Reshape):
         if self.axis > len(shape):
             raise ShapeError(f"layer {self.label}: axis {self.axis} is past the end of {tuple(shape)}")
         return tuple(shape[1 : self.axis]) + (1,) + tuple(shape[self.axis :])
+
+
+class Transpose(Layer):
+    """``Transpose(perm)``: the axes of the input in the order ``perm`` (logical axes; the batch axis stays
+    first: ``perm[0] == 0``), as a copy. A 4-D map is permuted through the channels-last order it is
+    stored in. Backward needs nothing: the gradient is permuted back."""
+
+    kind = "transpose"
+
+    def __init__(self, perm: Sequence[int]):
+        super().__init__()
+        self.perm = tuple(int(a) for a in perm)
+        if sorted(self.perm) != list(range(len(self.perm))) or not self.perm or self.perm[0] != 0:
+            raise ValueError(f"Transpose: perm={self.perm} must order every axis once, the batch axis first")
+
+    def extra_repr(self) -> str:
+        return f"{self.perm}"
+
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        self.check_arity(in_shapes)
+        shape = tuple(in_shapes[0])
+        if len(shape) != len(self.perm):
+            raise ShapeError(f"layer {self.label}: perm {self.perm} does not order the axes of {shape}")
+        return tuple(shape[a] for a in self.perm)
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return 0
+
+    def stored(self) -> tuple[int, ...]:
+        """The permutation of the stored arrays: for 4-D maps, logical (N, C, H, W) is stored (N, H, W, C)."""
+        if len(self.perm) != 4:
+            return self.perm
+        to_stored, to_logical = (0, 3, 1, 2), (0, 2, 3, 1)  # logical axis -> stored axis, and back
+        return tuple(to_stored[self.perm[to_logical[j]]] for j in range(4))
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        y[...] = xs[0].transpose(self.stored())
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        dx = dxs[0]
+        if dx is not None:
+            order = self.stored()
+            dx[...] = dy.transpose(tuple(order.index(j) for j in range(len(order))))
 
 
 class Softmax(Layer):

@@ -48,8 +48,8 @@ class _Tensor:
     #: a 4-D map flattened in vmem's stored order (H, W, C) where ONNX's Flatten orders it (C, H, W): the
     #: (C, H, W) that a weight reading it is permuted from; element-wise ops carry it, others refuse it
     chw: tuple[int, int, int] | None = None
-    #: a 4-D map transposed to (N, H, W, C) (what :func:`vmem.onnx.save` writes before a Flatten): only a
-    #: flatten may read it, and then gives vmem's own order
+    #: a 4-D map transposed to (N, H, W, C) (what :func:`vmem.onnx.save` writes before a Flatten), not yet
+    #: made: a flatten reads it as vmem's own (H, W, C) order, anything else as an nn.Transpose made then
     nhwc: bool = False
 
 
@@ -111,8 +111,8 @@ class _Builder:
         value = ins[i] if i < len(ins) else None
         if not isinstance(value, _Tensor):
             raise _Refuse(f"its {what} (input {i}) must be computed by the network, not a constant")
-        if value.nhwc and not nhwc:
-            raise _Refuse(f"its {what} is a map transposed to (N, H, W, C), which vmem supports only before a Flatten")
+        if value.nhwc and not nhwc:  # read as the transposed tensor it is: made now
+            value = self.add(nn.Transpose((0, 2, 3, 1)), [_Tensor(value.node, value.shape)])
         if value.chw is not None and not chw:
             raise _Refuse(
                 f"its {what} is a map flattened in (C, H, W) order, which vmem stores as (H, W, C): only "
@@ -281,6 +281,7 @@ def _clip(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
         hi = np.inf if hi_c is None else _real(hi_c)
     if lo == -np.inf and hi == np.inf:
         return [x]
+    lo = min(lo, hi)  # ONNX: where min > max, every value becomes max
     layer: nn.Layer = nn.ReLU() if lo == 0 and hi == np.inf else nn.Clip(lo, hi)
     return [b.add(layer, [x], chw=x.chw)]
 
@@ -518,15 +519,20 @@ def _transpose(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
         return [_Tensor(x.node, x.shape, None, True)]  # read only by a flatten, in vmem's own order
     if perm == list(range(len(x.shape))):
         return [x]
-    raise _Refuse(f"perm={perm} on {x.shape}: only (0, 2, 3, 1) before a Flatten is supported yet")
+    if perm[0] != 0:
+        raise _Refuse(f"perm={perm} moves the batch axis: vmem keeps it first")
+    return [b.add(nn.Transpose(perm), [x])]
 
 
 @_converts("Cast", 6, 9, 13, 19, 21, 23, 24, 25, 28)
 def _cast(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     onnx = _onnx()
-    to = onnx.helper.tensor_dtype_to_np_dtype(int(attrs["to"]))
-    if np.dtype(to).kind != "f":
-        raise _Refuse(f"casts a feature map to {np.dtype(to)}: vmem computes feature maps in floating point")
+    to = int(attrs["to"])
+    if to != onnx.TensorProto.FLOAT:
+        raise _Refuse(
+            f"casts a feature map to {onnx.TensorProto.DataType.Name(to).lower()}: vmem's feature maps are float32 "
+            "(or the half precision a Trainer's precision= asks for), not the model's choice"
+        )
     return [b.tensor(ins, 0, "input", chw=True, nhwc=True)]
 
 
@@ -683,11 +689,14 @@ def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | No
             "evaluated at import."
         )
     out = values.get(graph.output[0].name)
+    if isinstance(out, _Tensor) and out.nhwc:  # the model ends in a transposed map: made now
+        builder.start(graph.node[-1])
+        out = builder.add(nn.Transpose((0, 2, 3, 1)), [_Tensor(out.node, out.shape)])
     if not isinstance(out, _Tensor) or out.node is net.input:
         raise OnnxError(f"{source}: its output {graph.output[0].name!r} is not computed by any layer")
-    if out.chw is not None or out.nhwc:
+    if out.chw is not None:
         raise OnnxError(
-            f"{source}: its output is a flattened or transposed feature map, which vmem orders (H, W, C); "
+            f"{source}: its output is a flattened feature map, which vmem orders (H, W, C); "
             "end the model in a layer that mixes the features (Gemm, MatMul)"
         )
     net.output(out.node)

@@ -182,6 +182,10 @@ def _matmul(w: _Writer, node: Node, layer: nn.MatMul, ins: list[str], name: str)
     return w.emit("MatMul", [ins[0], b], name)
 
 
+def _transpose(w: _Writer, node: Node, layer: nn.Transpose, ins: list[str], name: str) -> str:
+    return w.emit("Transpose", ins, name, perm=list(layer.perm))
+
+
 def _layernorm(w: _Writer, node: Node, layer: nn.LayerNorm, ins: list[str], name: str) -> str:
     if w.opset < 17:
         raise OnnxError(f"layer {name!r} (LayerNorm): LayerNormalization needs opset 17 or later (opset={w.opset})")
@@ -208,6 +212,7 @@ _WRITERS: dict[type, Callable[..., str]] = {
     nn.Reshape: _reshape,
     nn.Softmax: _softmax,
     nn.MatMul: _matmul,
+    nn.Transpose: _transpose,
     nn.LayerNorm: _layernorm,
 }
 

@@ -311,6 +311,8 @@ class Executor(Transfers):
         logits = r.logits
         if logits is not None and logits.dtype != self._loss_dtype:  # half logits: given back as the loss read them
             logits = logits.astype(self._loss_dtype)
+        if logits is not None and logits.ndim == 4:  # an output map, given back in NCHW order
+            logits = np.ascontiguousarray(logits.transpose(0, 3, 1, 2))
         return report, logits
 
     def _roll_back(self, r: _Run) -> None:
@@ -372,7 +374,7 @@ class Executor(Transfers):
 
     def _copy_out(self, r: _Run, st: CopyOut) -> None:
         t = self.program.tensors[st.tensor]
-        r.logits = np.empty(t.shape, self._dtypes[t.dtype])
+        r.logits = np.empty(physical(t.shape), self._dtypes[t.dtype])  # as stored: (N, H, W, C) for a map
         self.device.copy_to_host(r.logits, self._value(r, st.tensor), stream=self.device.compute_stream)
 
     # -- views -------------------------------------------------------------------------------------

@@ -245,6 +245,8 @@ class Trainer:
         if y is not None and len(y):
             y = np.asarray(y)
             out = self.net.output_shape(1, self.input_shape)
+            if hasattr(self.loss, "check"):  # the output is one the loss takes (logits, for cross-entropy)
+                self.loss.check(out)
             classes = out[-1]
             if tuple(y.shape[1:]) != tuple(out[1:-1]):
                 raise ShapeError(
