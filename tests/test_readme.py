@@ -41,12 +41,33 @@ def _commands() -> list[str]:
 
 @pytest.mark.slow
 def test_the_python_example_runs_as_written_and_trains(tmp_path):
-    (example,) = _blocks("python")
+    example = _blocks("python")[0]
     done = subprocess.run([sys.executable, "-c", example], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     accuracy = float(re.findall(r"^(\d+\.\d)%$", done.stdout, re.M)[-1])
     assert accuracy >= 85, done.stdout[-2000:]
     assert (tmp_path / "ckpt.npz").is_file()
+
+
+def test_the_onnx_example_runs_as_written(tmp_path):
+    """The second example: a model exported, imported, planned, trained a step and exported again, which
+    onnxruntime runs with the network's outputs."""
+    pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    (example,) = _blocks("python")[1:]
+    done = subprocess.run([sys.executable, "-c", example], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.match(r"\d+ \[\('conv1\.weight', 'conv1\.weight'\)", done.stdout), done.stdout
+    import numpy as np
+
+    import vmem
+
+    net = vmem.onnx.load(tmp_path / "trained.onnx")
+    x = np.random.default_rng(1).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    with vmem.Trainer(net) as trainer:
+        mine = trainer.predict(x)
+    theirs = ort.InferenceSession(str(tmp_path / "trained.onnx")).run(None, {"input": x})[0]
+    np.testing.assert_allclose(theirs, mine, rtol=1e-3, atol=1e-5)
 
 
 def test_the_readme_has_commands_to_run():

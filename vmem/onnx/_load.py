@@ -180,7 +180,7 @@ class _Builder:
         return name
 
     def _used_names(self) -> set[str]:
-        return {layer.name for layer in self.graph.layers}
+        return {str(layer.name) for layer in self.graph.layers}
 
 
 # -- converters ------------------------------------------------------------------------------------
@@ -729,4 +729,4 @@ def _input_shape(onnx: Any, inp: Any, given: Sequence[int] | None, source: str) 
             f"{source}: its input {inp.name!r} has shape {['?' if d is None else d for d in dims]}; give the "
             "shape after the batch axis, e.g. load(path, input_shape=(3, 224, 224))"
         )
-    return tuple(int(d) for d in dims[1:])
+    return tuple(int(d or 0) for d in dims[1:])

@@ -86,9 +86,12 @@ def _conv(w: _Writer, node: Node, layer: nn.Conv2d, ins: list[str], name: str) -
     out = name
     bn = w.folded.get(node.index)
     if bn is not None:  # y = gamma (conv(x) + b - mean) / sqrt(var + eps) + beta, as one convolution
-        g = w.param(bn.layer, "weight") / np.sqrt(w.param(bn.layer, "running_var") + bn.layer.eps)
+        norm = bn.layer
+        assert isinstance(norm, nn.BatchNorm2d)
+        g = w.param(norm, "weight") / np.sqrt(w.param(norm, "running_var") + norm.eps)
         weight = weight * g[:, None, None, None]
-        bias = ((bias if bias is not None else 0.0) - w.param(bn.layer, "running_mean")) * g + w.param(bn.layer, "bias")
+        shift = w.param(norm, "bias") - w.param(norm, "running_mean") * g
+        bias = shift if bias is None else bias * g + shift
         out = bn.name
     names = [ins[0], w.init(f"{layer.name}.weight", weight)]
     if bias is not None:
@@ -256,4 +259,8 @@ def save(net: Network, path: str | os.PathLike, *, opset: int = 17, fold_batch_n
     model.ir_version = min(model.ir_version, 8 if opset < 19 else 9)  # what onnxruntime's of the opset read
     onnx.checker.check_model(model, full_check=True)
     data = model.SerializeToString()
-    checkpoint.replace(real, path, lambda f: f.write(data), OnnxError, "ONNX model")
+
+    def fill(f: Any) -> None:
+        f.write(data)
+
+    checkpoint.replace(real, path, fill, OnnxError, "ONNX model")
