@@ -47,3 +47,26 @@ def test_the_gate_runs_in_place_and_offload_is_lossless():
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((4, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 4)
     assert all_equal(weights_under(gated, ("baseline", "vdnn-all", "layerwise"), x, y))
+
+
+@pytest.mark.parametrize("op", nn.ConstantOp.OPS)
+def test_a_constant_op_combines_the_stored_map_with_its_logical_constant(op):
+    """A per-channel constant (C, 1, 1) meets the channels of a map stored channels-last; the constant is the
+    layer's buffer (not trained) and the network initialises it to the value given."""
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 5))
+    value = np.array([0.5, -2.0, 4.0]).reshape(3, 1, 1)
+    want = {"add": x + value, "sub": x - value, "rsub": value - x, "mul": x * value, "div": x / value}[op]
+    layer = nn.ConstantOp(op, value)
+    (spec,) = layer.param_specs([x.shape]).values()
+    assert not spec.trainable and spec.shape == (1, 1, 1, 3)
+    y = np.empty((2, 4, 5, 3))
+    layer.forward(nn.Ctx(xp=np, params={"value": spec.value}), [x.transpose(0, 2, 3, 1)], y)
+    np.testing.assert_allclose(y.transpose(0, 3, 1, 2), want)
+    net = vmem.Sequential(nn.Flatten(), input_shape=(3, 4, 5))
+    g = vmem.Graph(input_shape=(3, 4, 5))
+    g.add(nn.Flatten(), g.add(nn.ConstantOp(op, value), g.input))
+    params = g.init(seed=1).params
+    np.testing.assert_array_equal(params["constop1.value"], spec.value.astype(np.float32))
+    assert g.num_params() == 0 and net.num_params() == 0
+    with pytest.raises(vmem.errors.ShapeError, match="does not broadcast"):
+        nn.ConstantOp(op, np.ones((2, 3, 1, 1))).output_shape([x.shape])  # a batch axis of 2

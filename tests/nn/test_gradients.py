@@ -95,6 +95,13 @@ def test_transpose(perm, shape):
     check_layer(nn.Transpose(perm), [shape])  # 4-D: permuted through the stored channels-last order
 
 
+@pytest.mark.parametrize("op", nn.ConstantOp.OPS)
+@pytest.mark.parametrize("shape, value", [((2, 3, 4, 5), (3, 1, 1)), ((3, 7), (7,)), ((2, 3, 4), ())])
+def test_constant_op(op, shape, value):
+    """The constant is a buffer (made random by the check, non-zero): only the input has a gradient."""
+    assert check_layer(nn.ConstantOp(op, np.full(value, 0.7)), [shape]) == ["x0"]
+
+
 @pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 7)])
 def test_clip(shape):
     check_layer(nn.Clip(-0.5, 0.7), [shape])  # ReLU6's shape: both bounds crossed by the standard normal input

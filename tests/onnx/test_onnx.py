@@ -150,6 +150,48 @@ def test_a_symbolic_input_shape_is_given_at_load():
     _check(model, input_shape=(3, 1, 1))
 
 
+@pytest.mark.parametrize("opset", [13, 17])
+def test_arithmetic_with_constants_imports_and_exports(tmp_path, opset):
+    """The normalisation an export starts with ((x - mean) / std per channel), a scale, a bias per channel,
+    1 - x and a constant divided into a map: each a ConstantOp, and back to the same ONNX ops."""
+    nodes = [
+        helper.make_node("Sub", ["x", "mean"], ["a"]),
+        helper.make_node("Div", ["a", "std"], ["b"]),
+        helper.make_node("Conv", ["b", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Mul", ["half", "c"], ["d"]),
+        helper.make_node("Add", ["d", "bias"], ["e"]),
+        helper.make_node("Sub", ["one", "e"], ["f"]),
+        helper.make_node("Flatten", ["f"], ["g"]),
+        helper.make_node("Gemm", ["g", "w2"], ["h"], transB=1),
+        helper.make_node("Add", ["h", "zero"], ["y"]),  # + 0: nothing
+    ]
+    inits = {
+        "mean": np.array([0.4, 0.5, 0.6], np.float32).reshape(3, 1, 1),
+        "std": np.array([0.2, 0.25, 0.3], np.float32).reshape(3, 1, 1),
+        "w": _normal(4, 3, 3, 3),
+        "half": np.float32(0.5),
+        "bias": _normal(4, 1, 1),
+        "one": np.float32(1.0),
+        "w2": _normal(6, 4 * 8 * 8),
+        "zero": np.float32(0.0),
+    }
+    net = _check(_model(nodes, inits, opset=opset))
+    assert [layer.kind for layer in net.layers].count("constop") == 5 and net.num_params() == 4 * 27 + 6 * 256
+    vmem.onnx.save(net, tmp_path / "m.onnx", opset=opset)
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "m.onnx")).graph.node]
+    assert ops[:2] == ["Sub", "Div"] and ops.count("Mul") == 1 and ops.count("Sub") == 2
+    _check(_rename_input(tmp_path / "m.onnx"))  # and onnxruntime runs the export with the same outputs
+
+
+def _rename_input(path):
+    """A model vmem.onnx.save wrote, its input called x as the tests' models' are."""
+    model = onnx.load(str(path))
+    for node in model.graph.node:
+        node.input[:] = ["x" if i == "input" else i for i in node.input]
+    model.graph.input[0].name = "x"
+    return model
+
+
 def test_what_cannot_be_imported_is_refused_by_node_op_and_opset():
     nodes = [
         helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], group=3, name="depthwise"),

@@ -193,6 +193,8 @@ def _init(rng: np.random.Generator, spec: ParamSpec, dtype: str) -> np.ndarray:
         arr = rng.standard_normal(spec.shape) / np.sqrt(spec.fan_in)
     elif spec.init == "zeros":
         arr = np.zeros(spec.shape)
+    elif spec.init == "value":
+        arr = np.asarray(spec.value)
     elif spec.init == "ones":
         arr = np.ones(spec.shape)
     else:

@@ -1,6 +1,6 @@
 """Layers: math on an array namespace, shapes, costs, and what backward needs (see :mod:`vmem.nn.base`)."""
 
-from .activation import Clip, Dropout, Mul, ReLU, Sigmoid, Tanh
+from .activation import Clip, ConstantOp, Dropout, Mul, ReLU, Sigmoid, Tanh
 from .base import PASSES, AuxSpec, Ctx, Layer, ParamSpec, logical, physical
 from .conv import Conv2d
 from .join import Add, Concat
@@ -25,6 +25,7 @@ __all__ = [
     "Sigmoid",
     "Tanh",
     "Mul",
+    "ConstantOp",
     "MaxPool2d",
     "AvgPool2d",
     "BatchNorm2d",

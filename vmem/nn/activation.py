@@ -1,14 +1,14 @@
-"""Element-wise layers: ReLU, Clip (ReLU6), Sigmoid and Tanh (in place where the graph allows), Dropout, and
-the product of two tensors (Mul)."""
+"""Element-wise layers: ReLU, Clip (ReLU6), Sigmoid and Tanh (in place where the graph allows), Dropout, the
+product of two tensors (Mul), and arithmetic with a constant (ConstantOp)."""
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 from ..errors import ShapeError
-from .base import AuxSpec, Ctx, Layer, Shape
+from .base import AuxSpec, Ctx, Layer, ParamSpec, Shape
 
-__all__ = ["ReLU", "Clip", "Sigmoid", "Tanh", "Mul", "Dropout"]
+__all__ = ["ReLU", "Clip", "Sigmoid", "Tanh", "Mul", "ConstantOp", "Dropout"]
 
 
 class ReLU(Layer):
@@ -128,6 +128,78 @@ class Mul(Layer):
             ctx.xp.multiply(dy, b, out=dxs[0])
         if dxs[1] is not None:
             ctx.xp.multiply(dy, a, out=dxs[1])
+
+
+class ConstantOp(Layer):
+    """``ConstantOp(op, value)``: the input combined element-wise with a constant: ``add`` (x + value), ``sub``
+    (x - value), ``rsub`` (value - x), ``mul`` (x * value) or ``div`` (x / value). ``value`` (logical
+    layout, any float array) broadcasts into the input's shape, NumPy's way, and holds no batch axis (or one of
+    length 1): a scalar, a per-channel (C, 1, 1) or per-feature bias, a scale. It is a buffer of the layer
+    (a parameter ``value`` that is not trained), stored as the input is (channels last for a 4-D map). In place
+    where the graph allows; backward needs nothing but the constant."""
+
+    kind = "constop"
+    inplace = True
+    OPS = ("add", "sub", "rsub", "mul", "div")
+
+    def __init__(self, op: str, value: Any):
+        super().__init__()
+        if op not in self.OPS:
+            raise ValueError(f"ConstantOp: op={op!r} is not one of {', '.join(self.OPS)}")
+        import numpy as np
+
+        self.op = op
+        self.value = np.asarray(value, dtype=np.float64)
+        if op == "div" and not np.all(self.value):
+            raise ValueError("ConstantOp: op='div' by a value that holds zeros")
+
+    def extra_repr(self) -> str:
+        return f"{self.op!r}, shape={self.value.shape}"
+
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        self.check_arity(in_shapes)
+        shape, v = tuple(in_shapes[0]), self.value.shape
+        if (
+            len(v) > len(shape)
+            or any(b not in (1, a) for a, b in zip(shape[len(shape) - len(v) :], v))
+            or (len(v) == len(shape) and v and v[0] != 1)
+        ):
+            raise ShapeError(
+                f"layer {self.label}: a constant of shape {v} does not broadcast into {shape} (without a batch axis)"
+            )
+        return shape
+
+    def _stored(self, rank: int) -> Any:
+        v = self.value.reshape((1,) * (rank - self.value.ndim) + self.value.shape)
+        return v.transpose(0, 2, 3, 1) if rank == 4 else v
+
+    def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:
+        stored = self._stored(len(in_shapes[0]))
+        return {"value": ParamSpec(stored.shape, "value", trainable=False, value=stored)}
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return _size(in_shapes[0])
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        xp, x, v = ctx.xp, xs[0], ctx.params["value"]
+        if self.op == "rsub":
+            xp.subtract(v, x, out=y)
+        else:
+            {"add": xp.add, "sub": xp.subtract, "mul": xp.multiply, "div": xp.divide}[self.op](x, v, out=y)
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        dx, xp, v = dxs[0], ctx.xp, ctx.params["value"]
+        if dx is None:
+            return
+        if self.op in ("add", "sub"):
+            if dx is not dy:
+                dx[...] = dy
+        elif self.op == "rsub":
+            xp.negative(dy, out=dx)
+        elif self.op == "mul":
+            xp.multiply(dy, v, out=dx)
+        else:
+            xp.divide(dy, v, out=dx)
 
 
 def _size(shape: Shape) -> int:

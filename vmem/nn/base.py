@@ -58,10 +58,11 @@ class ParamSpec:
     """A trainable parameter (or, with ``trainable=False``, a state buffer such as running statistics)."""
 
     shape: Shape
-    init: str  # "he", "glorot", "zeros", "ones"
+    init: str  # "he", "glorot", "zeros", "ones", or "value" (``value``, a constant the layer holds)
     fan_in: int = 1
     fan_out: int = 1
     trainable: bool = True
+    value: Any = field(default=None, compare=False, repr=False)  # for init="value": the array (physical shape)
 
 
 @dataclass(frozen=True)

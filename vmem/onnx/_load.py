@@ -159,7 +159,11 @@ class _Builder:
             self.owner[source] = node.name
             self.sources[f"{node.name}.{key}"] = source
         self._taken = []
-        for key, value in (params or {}).items():
+        params = dict(params or {})
+        for key, spec in layer.param_specs([t.shape for t in inputs]).items():
+            if spec.init == "value" and params.get(key) is None:  # a constant the layer holds (ConstantOp)
+                params[key] = spec.value
+        for key, value in params.items():
             if value is not None:
                 self.params[f"{node.name}.{key}"] = np.ascontiguousarray(value, dtype=np.float32)
         return _Tensor(node, shape, chw)
@@ -351,22 +355,52 @@ def _same_order(xs: list[_Tensor]) -> tuple[int, int, int] | None:
     return orders.pop()
 
 
-@_converts("Add", 7, 13, 14)
-def _add(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    xs = [b.tensor(ins, i, "operand", chw=True) for i in range(2)]
-    return [b.add(nn.Add(), xs, chw=_same_order(xs))]
+def _arith(op: str, both: Callable[[], nn.Layer] | None) -> Callable[..., list[Any]]:
+    """An element-wise binary op: of two computed tensors (``both``, where vmem has the layer), or of a
+    computed tensor and a constant, either way round (:class:`vmem.nn.ConstantOp`)."""
+    flipped = {"add": "add", "mul": "mul", "sub": "rsub", "div": None}[op]
+
+    def convert(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+        a, c = ins[0], ins[1]
+        if isinstance(a, _Tensor) and isinstance(c, _Tensor):
+            if both is None:
+                raise _Refuse(f"{op} of two computed tensors is not supported yet (one operand must be a constant)")
+            xs = [b.tensor(ins, i, "operand", chw=True) for i in range(2)]
+            return [b.add(both(), xs, chw=_same_order(xs))]
+        kind: str | None = op
+        if isinstance(a, _Tensor):
+            x, value = b.tensor(ins, 0, "operand", chw=True), np.asarray(c)
+        else:
+            x, value, kind = b.tensor(ins, 1, "operand", chw=True), np.asarray(a), flipped
+        if kind is None:
+            raise _Refuse("a constant divided by a computed tensor is not supported yet")
+        if value.dtype.kind != "f":
+            raise _Refuse(f"{op} of a feature map and a {value.dtype} constant")
+        if x.chw is not None and value.size != 1:
+            raise _Refuse("a constant combined with a map flattened in (C, H, W) order (vmem stores it (H, W, C))")
+        if value.size == 1 and (
+            kind in ("add", "sub") and value.item() == 0 or kind in ("mul", "div") and value.item() == 1
+        ):
+            return [x]  # x + 0, x * 1: nothing to do
+        try:
+            layer = nn.ConstantOp(kind, value)
+        except ValueError as exc:
+            raise _Refuse(str(exc)) from None
+        return [b.add(layer, [x], chw=x.chw)]
+
+    return convert
+
+
+_converts("Add", 7, 13, 14)(_arith("add", nn.Add))
+_converts("Sub", 7, 13, 14)(_arith("sub", None))
+_converts("Mul", 7, 13, 14)(_arith("mul", nn.Mul))
+_converts("Div", 7, 13, 14)(_arith("div", None))
 
 
 @_converts("Sum", 6, 8, 13)
 def _sum(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     xs = [b.tensor(ins, i, "operand", chw=True) for i in range(len(ins))]
     return [xs[0] if len(xs) == 1 else b.add(nn.Add(), xs, chw=_same_order(xs))]
-
-
-@_converts("Mul", 7, 13, 14)
-def _mul(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    xs = [b.tensor(ins, i, "operand", chw=True) for i in range(2)]
-    return [b.add(nn.Mul(), xs, chw=_same_order(xs))]
 
 
 @_converts("Concat", 4, 11, 13)

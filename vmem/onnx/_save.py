@@ -185,6 +185,14 @@ def _matmul(w: _Writer, node: Node, layer: nn.MatMul, ins: list[str], name: str)
     return w.emit("MatMul", [ins[0], b], name)
 
 
+def _constant_op(w: _Writer, node: Node, layer: nn.ConstantOp, ins: list[str], name: str) -> str:
+    stored = w.param(layer, "value")
+    value = stored.transpose(0, 3, 1, 2) if stored.ndim == 4 else stored  # back to the logical layout
+    const = w.init(f"{layer.name}.value", value)
+    op = {"add": "Add", "sub": "Sub", "rsub": "Sub", "mul": "Mul", "div": "Div"}[layer.op]
+    return w.emit(op, [const, ins[0]] if layer.op == "rsub" else [ins[0], const], name)
+
+
 def _transpose(w: _Writer, node: Node, layer: nn.Transpose, ins: list[str], name: str) -> str:
     return w.emit("Transpose", ins, name, perm=list(layer.perm))
 
@@ -204,6 +212,7 @@ _WRITERS: dict[type, Callable[..., str]] = {
     nn.Sigmoid: _simple("Sigmoid"),
     nn.Tanh: _simple("Tanh"),
     nn.Mul: _simple("Mul"),
+    nn.ConstantOp: _constant_op,
     nn.Clip: _clip,
     nn.Dropout: _dropout,
     nn.MaxPool2d: _pool,
