@@ -308,3 +308,39 @@ def test_check_passes_in_this_checkout(capsys):
         "cudnn declarations",
         "native CPU kernels",
     }
+
+
+def test_an_onnx_model_plans_and_trains_from_the_command_line(capsys, tmp_path):
+    pytest.importorskip("onnx")
+    import vmem
+    from vmem import nn
+
+    path = tmp_path / "small.onnx"
+    net = vmem.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AvgPool2d(8), nn.Flatten(), nn.Linear(8 * 2 * 2, 10),
+        input_shape=(3, 16, 16), name="small",
+    ).init(seed=0)  # fmt: skip
+    vmem.onnx.save(net, path)
+    code, out, _ = run(capsys, "plan", "--onnx", str(path), "--batch", "8", "--json")
+    assert code == 0 and json.loads(out)["model"] == "small" and len(json.loads(out)["layers"]) == 5
+    code, out, err = run(
+        capsys,
+        "train",
+        "--onnx",
+        str(path),
+        "--epochs",
+        "1",
+        "--batch",
+        "16",
+        "--policy",
+        "baseline",
+        "--memory",
+        "64MiB",
+    )
+    assert code == 0, err
+    assert "val" in out and "acc" in out
+    code, _, err = run(capsys, "plan", "--onnx", str(tmp_path / "missing.onnx"), "--batch", "8")
+    assert code == 1 and "missing.onnx: no such ONNX file" in err and "Traceback" not in err
+    with pytest.raises(SystemExit):
+        main(["plan", "--model", "vgg16", "--onnx", str(path), "--batch", "8"])
+    assert "not allowed with argument" in capsys.readouterr().err

@@ -717,7 +717,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 130
-    except (ValueError, MemoryError, ImportError, VmemError) as exc:  # user errors: one clear line
+    except (ValueError, MemoryError, ImportError, FileNotFoundError, VmemError) as exc:  # user errors: one clear line
         if getattr(args, "json", False):
             print(json.dumps({"command": args.command, "error": str(exc), "type": type(exc).__name__}))
         else:
