@@ -204,3 +204,32 @@ def test_winograd_native_transforms_match_their_numpy_references(shape, pad, mon
         np.testing.assert_allclose(
             native[name], reference[name], rtol=0, atol=1e-5 * np.abs(reference[name]).max(), err_msg=name
         )
+
+
+@pytest.mark.parametrize(
+    "cin, cout, groups, k, s, p", [(6, 6, 6, 3, 1, 1), (4, 8, 4, 3, 2, 1), (6, 4, 2, 3, 1, 1), (8, 8, 2, 1, 1, 0)]
+)
+def test_a_grouped_convolution_is_its_groups_convolved_apart(cin, cout, groups, k, s, p):
+    """Forward, input and filter gradients of a grouped (and depthwise) convolution equal those of each group
+    run as a convolution of its own (the plain algorithms), put together; only the implicit algorithm is offered."""
+    rng = np.random.default_rng(0)
+    shape = (3, cin, 7, 6)
+    layer = nn.Conv2d(cin, cout, k, stride=s, padding=p, groups=groups)
+    assert algorithms(layer, shape) == {pass_: ["implicit"] for pass_ in PASSES}
+    x = rng.standard_normal(physical(shape)).astype(np.float32)
+    w = rng.standard_normal((cout, k, k, cin // groups)).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    dy = rng.standard_normal(physical(layer.output_shape([shape]))).astype(np.float32)
+    y, dx, dw, db = run(layer, shape, "implicit", x, w, b, dy)
+    cg, kg = cin // groups, cout // groups
+    for q in range(groups):
+        one = nn.Conv2d(cg, kg, k, stride=s, padding=p)
+        ins, outs = slice(q * cg, (q + 1) * cg), slice(q * kg, (q + 1) * kg)
+        want = run(
+            one, (3, cg, 7, 6), "im2col", np.ascontiguousarray(x[..., ins]), w[outs], b[outs],
+            np.ascontiguousarray(dy[..., outs]),
+        )  # fmt: skip
+        np.testing.assert_allclose(y[..., outs], want[0], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(dx[..., ins], want[1], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(dw[outs], want[2], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(db[outs], want[3], rtol=1e-4, atol=1e-5)

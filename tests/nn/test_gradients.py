@@ -74,6 +74,20 @@ def test_conv2d_in_tiny_chunks(case, algo, monkeypatch):
     check_layer(nn.Conv2d(cin, cout, k, stride=s, padding=p), [shape], algo=algo)
 
 
+@pytest.mark.parametrize(
+    "cin, cout, groups, k, s, p, shape",
+    [
+        (4, 4, 4, 3, 1, 1, (2, 4, 5, 5)),  # depthwise
+        (4, 8, 4, 3, 2, 1, (2, 4, 6, 5)),  # depthwise, two filters a channel, strided
+        (6, 4, 2, 3, 1, 0, (1, 6, 5, 4)),  # two groups of three channels
+        (6, 6, 3, 1, 1, 0, (2, 6, 3, 3)),  # grouped 1x1 (ResNeXt): not the plain GEMM
+    ],
+)
+def test_grouped_conv2d(cin, cout, groups, k, s, p, shape):
+    layer = nn.Conv2d(cin, cout, k, stride=s, padding=p, groups=groups)
+    assert check_layer(layer, [shape], algo="implicit") == ["x0", "weight", "bias"]
+
+
 def test_conv2d_without_bias():
     assert check_layer(nn.Conv2d(2, 3, 3, padding=1, bias=False), [(2, 2, 4, 4)]) == ["x0", "weight"]
 

@@ -194,17 +194,18 @@ def _rename_input(path):
 
 def test_what_cannot_be_imported_is_refused_by_node_op_and_opset():
     nodes = [
-        helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], group=3, name="depthwise"),
+        helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[0, 0, 1, 1], name="lopsided"),
         helper.make_node("LRN", ["c"], ["l"], size=3, name="norm"),  # downstream of a refused node: not named again
         helper.make_node("Conv", ["x", "w2"], ["d"], kernel_shape=[3, 3], dilations=[2, 2], name="dilated"),
         helper.make_node("Add", ["l", "d"], ["y"]),
     ]
-    model = _model(nodes, {"w": _normal(3, 1, 3, 3), "w2": _normal(3, 3, 3, 3)}, opset=17)
+    model = _model(nodes, {"w": _normal(3, 3, 3, 3), "w2": _normal(3, 3, 3, 3)}, opset=17)
     with pytest.raises(OnnxError) as info:
         vmem.onnx.load(model)
     text = str(info.value)
     assert "2 node(s) cannot be imported" in text and "opset 17" in text
-    assert "node 'depthwise' (Conv v11): group=3" in text and "node 'dilated' (Conv v11): dilations=[2, 2]" in text
+    assert "node 'lopsided' (Conv v11): pads=[0, 0, 1, 1]: asymmetric" in text
+    assert "node 'dilated' (Conv v11): dilations=[2, 2]" in text
     assert "'norm'" not in text and "Ops vmem converts: Add, AveragePool" in text
 
     lrn = _model([helper.make_node("LRN", ["x"], ["y"], size=3, name="lrn")], {})

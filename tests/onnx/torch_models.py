@@ -1,5 +1,6 @@
 """PyTorch definitions of the reference networks, layer for layer as torchvision builds them (ResNet-50,
-VGG-16, MobileNetV2), for the ONNX tests where PyTorch is installed (torchvision is not needed)."""
+VGG-16, MobileNetV2: the same parameters, 25,557,032, 138,357,544 and 3,504,872), for the ONNX tests where
+PyTorch is installed (torchvision is not needed)."""
 
 from __future__ import annotations
 
@@ -79,3 +80,56 @@ class VGG16(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(torch.flatten(self.features(x), 1))
+
+
+class ConvBNReLU(nn.Sequential):
+    def __init__(self, cin: int, cout: int, kernel: int = 3, stride: int = 1, groups: int = 1):
+        super().__init__(
+            nn.Conv2d(cin, cout, kernel, stride, (kernel - 1) // 2, groups=groups, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.ReLU6(inplace=True),
+        )
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, expand: int):
+        super().__init__()
+        hidden = cin * expand
+        self.use_res_connect = stride == 1 and cin == cout
+        layers: list[nn.Module] = [ConvBNReLU(cin, hidden, 1)] if expand != 1 else []
+        layers += [
+            ConvBNReLU(hidden, hidden, 3, stride, groups=hidden),
+            nn.Conv2d(hidden, cout, 1, bias=False),
+            nn.BatchNorm2d(cout),
+        ]
+        self.conv = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv(x) if self.use_res_connect else self.conv(x)
+
+
+class MobileNetV2(nn.Module):
+    def __init__(self, num_classes: int = 1000):
+        super().__init__()
+        settings = [
+            [1, 16, 1, 1],
+            [6, 24, 2, 2],
+            [6, 32, 3, 2],
+            [6, 64, 4, 2],
+            [6, 96, 3, 1],
+            [6, 160, 3, 2],
+            [6, 320, 1, 1],
+        ]
+        features: list[nn.Module] = [ConvBNReLU(3, 32, stride=2)]
+        cin = 32
+        for t, c, n, s in settings:
+            for i in range(n):
+                features.append(InvertedResidual(cin, c, s if i == 0 else 1, t))
+                cin = c
+        features.append(ConvBNReLU(cin, 1280, 1))
+        self.features = nn.Sequential(*features)
+        self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(1280, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.adaptive_avg_pool2d(self.features(x), (1, 1))
+        return self.classifier(torch.flatten(x, 1))

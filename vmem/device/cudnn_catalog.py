@@ -68,10 +68,11 @@ class Geometry:
     pad: tuple[int, int]
     ho: int
     wo: int
+    groups: int = 1
 
     @property
     def direct_flops(self) -> int:
-        return 2 * self.n * self.k * self.ho * self.wo * self.c * self.kh * self.kw
+        return 2 * self.n * self.k * self.ho * self.wo * (self.c // self.groups) * self.kh * self.kw
 
 
 def _fft_size(n: int) -> int:
@@ -95,6 +96,8 @@ UNAVAILABLE = {"maxwell": {"winograd", "winograd_nonfused"}}
 def applies(g: Geometry, algo: str, arch: str | None = None) -> bool:
     if algo in UNAVAILABLE.get(arch or "", ()):
         return False
+    if g.groups > 1:  # grouped and depthwise convolutions: the GEMM-style kernels only, as modelled
+        return algo in ("implicit_gemm", "implicit_precomp_gemm", "algo_0", "algo_1")
     unit = g.stride == (1, 1)
     if algo in ("fft", "fft_tiling"):
         return unit and g.kh > 1 and g.kw > 1 and (g.h + 2 * g.pad[0] <= 256)
@@ -110,7 +113,7 @@ def workspace(g: Geometry, pass_: str, algo: str, itemsize: int = 4) -> int:
     if algo in ("implicit_gemm", "algo_0", "algo_1"):
         return 0
     if algo == "implicit_precomp_gemm":
-        return itemsize * g.kh * g.kw * g.c * 2
+        return itemsize * g.kh * g.kw * (g.c // g.groups) * 2
     if algo == "gemm":  # one image's columns at a time
         return itemsize * g.c * g.kh * g.kw * g.ho * g.wo
     if algo == "algo_3":
@@ -157,7 +160,8 @@ def geometry(op: "OpInfo") -> Geometry:
     n, c, h, w = op.in_shapes[0]
     _, k, ho, wo = op.out_shape
     kh, kw = layer.kernel_size  # type: ignore[attr-defined]
-    return Geometry(n, c, h, w, k, kh, kw, layer.stride, layer.padding, ho, wo)  # type: ignore[attr-defined]
+    groups = getattr(layer, "groups", 1)
+    return Geometry(n, c, h, w, k, kh, kw, layer.stride, layer.padding, ho, wo, groups)  # type: ignore[attr-defined]
 
 
 def with_cudnn_catalog(program: "Program", arch: str | None = None) -> "Program":

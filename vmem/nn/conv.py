@@ -32,10 +32,13 @@ def span(offset: int, pad: int, stride: int, size: int, out_size: int) -> tuple[
 
 
 class Conv2d(Layer):
-    """2-D convolution ``Conv2d(in_channels, out_channels, kernel_size, stride=1, padding=0, bias=True)``.
+    """2-D convolution ``Conv2d(in_channels, out_channels, kernel_size, stride=1, padding=0, bias=True,
+    groups=1)``.
 
     Input (N, C, H, W), output (N, K, Ho, Wo) with Ho = (H + 2p - kh) // s + 1. Backward needs the input.
-    Parameters: ``weight`` (K, kh, kw, C) and ``bias`` (K,).
+    Parameters: ``weight`` (K, kh, kw, C / groups) and ``bias`` (K,). With ``groups`` g, the channels are
+    split into g groups, each output group convolving its input group only (g = C: a depthwise convolution,
+    as MobileNet's).
     """
 
     kind = "conv"
@@ -49,11 +52,17 @@ class Conv2d(Layer):
         stride: int | Sequence[int] = 1,
         padding: int | Sequence[int] = 0,
         bias: bool = True,
+        groups: int = 1,
     ):
         super().__init__()
-        for name, v in (("in_channels", in_channels), ("out_channels", out_channels)):
+        for name, v in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups)):
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"Conv2d: {name}={v!r} must be a positive int")
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(
+                f"Conv2d: groups={groups} must divide in_channels={in_channels} and out_channels={out_channels}"
+            )
+        self.groups = groups
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.kernel_size = _pair(kernel_size, "kernel_size")
@@ -68,7 +77,9 @@ class Conv2d(Layer):
     def extra_repr(self) -> str:
         return (
             f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-            f"stride={self.stride}, padding={self.padding}" + ("" if self.bias else ", bias=False")
+            f"stride={self.stride}, padding={self.padding}"
+            + ("" if self.bias else ", bias=False")
+            + (f", groups={self.groups}" if self.groups > 1 else "")
         )
 
     # -- shapes ------------------------------------------------------------------------------------
@@ -92,9 +103,10 @@ class Conv2d(Layer):
 
     def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:
         kh, kw = self.kernel_size
-        fan_in = self.in_channels * kh * kw
-        fan_out = self.out_channels * kh * kw
-        specs = {"weight": ParamSpec((self.out_channels, kh, kw, self.in_channels), "he", fan_in, fan_out)}
+        per_group = self.in_channels // self.groups
+        fan_in = per_group * kh * kw
+        fan_out = self.out_channels // self.groups * kh * kw
+        specs = {"weight": ParamSpec((self.out_channels, kh, kw, per_group), "he", fan_in, fan_out)}
         if self.bias:
             specs["bias"] = ParamSpec((self.out_channels,), "zeros")
         return specs
@@ -102,7 +114,7 @@ class Conv2d(Layer):
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         n, k, ho, wo = self.output_shape(in_shapes)
         kh, kw = self.kernel_size
-        return 2 * n * k * ho * wo * self.in_channels * kh * kw
+        return 2 * n * k * ho * wo * (self.in_channels // self.groups) * kh * kw
 
     # -- math (the device's convolutions) --------------------------------------------------------
     def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:

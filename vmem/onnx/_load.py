@@ -237,13 +237,12 @@ def _conv(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     if w.ndim != 4:
         raise _Refuse(f"weights of shape {w.shape}: vmem has 2-D convolutions only")
     group = int(attrs.get("group", 1))
-    if group != 1:
-        raise _Refuse(f"group={group}: grouped and depthwise convolutions are not supported yet")
-    k, c, kh, kw = w.shape
-    if c != x.shape[1]:
-        raise _Refuse(f"weights {w.shape} do not match an input of {x.shape[1]} channels")
+    k, cg, kh, kw = w.shape
+    c = cg * group
+    if c != x.shape[1] or k % group:
+        raise _Refuse(f"weights {w.shape} in {group} group(s) do not match an input of {x.shape[1]} channels")
     strides, pads = _window(b, x, _ints(attrs, "kernel_shape", [kh, kw]), attrs)
-    layer = nn.Conv2d(c, k, (kh, kw), stride=tuple(strides), padding=tuple(pads), bias=bias is not None)
+    layer = nn.Conv2d(c, k, (kh, kw), stride=tuple(strides), padding=tuple(pads), bias=bias is not None, groups=group)
     return [b.add(layer, [x], {"weight": w.transpose(0, 2, 3, 1), "bias": bias})]
 
 

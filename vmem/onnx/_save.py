@@ -97,7 +97,16 @@ def _conv(w: _Writer, node: Node, layer: nn.Conv2d, ins: list[str], name: str) -
     if bias is not None:
         names.append(w.init(f"{layer.name}.bias", np.asarray(bias, np.float32)))
     (ph, pw) = layer.padding
-    w.emit("Conv", names, out, kernel_shape=list(layer.kernel_size), strides=list(layer.stride), pads=[ph, pw, ph, pw])
+    attrs: dict[str, Any] = {"group": layer.groups} if layer.groups > 1 else {}
+    w.emit(
+        "Conv",
+        names,
+        out,
+        kernel_shape=list(layer.kernel_size),
+        strides=list(layer.stride),
+        pads=[ph, pw, ph, pw],
+        **attrs,
+    )
     if bn is not None:
         w.names[bn.index] = out
     return out

@@ -23,6 +23,13 @@ __all__ = ["CudnnConv", "GraphConv", "Descs", "search", "agreeing"]
 
 
 def _geometry(layer: Any, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> tuple:
+    if getattr(layer, "groups", 1) > 1:
+        from ...errors import DeviceError
+
+        raise DeviceError(
+            f"layer {layer.label}: grouped and depthwise convolutions (groups={layer.groups}) run on the CPU device "
+            "and plan on simulated GPUs; the CUDA device does not run them yet"
+        )
     n, h, w, c = x_shape
     _, ho, wo, k = y_shape
     return n, c, h, w, k, tuple(layer.kernel_size), tuple(layer.stride), tuple(layer.padding)

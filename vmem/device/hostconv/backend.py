@@ -124,8 +124,15 @@ def _winograd_applies(layer: Any) -> bool:
     return _winograd.applies(layer.kernel_size, layer.stride, layer.padding)
 
 
+def _grouped(layer: Any) -> bool:
+    return getattr(layer, "groups", 1) > 1
+
+
 def algorithms(layer: Any, in_shape: Shape) -> dict[str, list[str]]:
-    """The host algorithms a convolution (a :class:`~vmem.nn.Conv2d`) is offered, per pass."""
+    """The host algorithms a convolution (a :class:`~vmem.nn.Conv2d`) is offered, per pass (a grouped one:
+    the implicit algorithm, each filter offset one batched product over the groups)."""
+    if _grouped(layer):
+        return {p: ["implicit"] for p in PASSES}
     offered = [
         a
         for a in ALGORITHMS
@@ -146,9 +153,18 @@ def _geometry(layer: Any, in_shape: Shape) -> tuple[int, ...]:
 
 
 def _workspace_shapes(layer: Any, in_shape: Shape, pass_: str, algo: str | None) -> list[Shape]:
-    if _is_gemm(layer):
+    if _is_gemm(layer) and not _grouped(layer):
         return []
     n, c, h, w, k, ho, wo = _geometry(layer, in_shape)
+    if _grouped(layer):
+        if algo != "implicit":
+            raise ValueError(f"layer {layer.label}: a grouped convolution runs the implicit algorithm, not {algo!r}")
+        rows = _chunk(n, ho, wo) * ho * wo
+        if pass_ == "forward":
+            return [(rows, c), (rows, k)]
+        if pass_ == "backward_data":
+            return [(rows, k), (rows, c)]
+        return [(rows, c), (rows, k), (k, c // layer.groups)]
     if algo == "winograd":
         return _flat(*_winograd_layout(layer, in_shape, pass_)[1:])
     if algo in (None, "im2col"):
@@ -224,7 +240,9 @@ def forward(layer: Any, ctx: Any, x: np.ndarray, w: np.ndarray, y: np.ndarray, b
     n, h, wd, c = x.shape
     k = layer.out_channels
     y2 = y.reshape(-1, k)
-    if _is_gemm(layer):
+    if _grouped(layer):
+        _grouped_accumulate(layer, ctx, x, y, w, forward=True)
+    elif _is_gemm(layer):
         ctx.ops.matmul(x.reshape(-1, c), w.reshape(k, c).T, out=y2)
     elif ctx.algo == "implicit":
         _implicit_accumulate(layer, ctx, x, y, lambda i, j: w[:, i, j, :].T, forward=True)
@@ -255,7 +273,7 @@ def backward(
     dy2 = dy.reshape(-1, k)
     if db is not None:  # a GEMV with a ones vector: far faster than sum(axis=0)
         np.matmul(_ones(dy2.shape[0], dy2.dtype), dy2, out=db)
-    if _is_gemm(layer):
+    if _is_gemm(layer) and not _grouped(layer):
         ctx.ops.matmul(dy2.T, x.reshape(-1, c), out=dw.reshape(k, c))
         if dx is not None:
             ctx.ops.matmul(dy2, w.reshape(k, c), out=dx.reshape(-1, c))
@@ -267,7 +285,9 @@ def backward(
 
 
 def _backward_filter(layer: Any, ctx: Any, x: np.ndarray, dy: np.ndarray, dw: np.ndarray, algo: str | None) -> None:
-    if _is_gemm(layer):
+    if _grouped(layer):
+        _grouped_backward_filter(layer, ctx, x, dy, dw)
+    elif _is_gemm(layer):
         k, c = layer.out_channels, layer.in_channels
         ctx.ops.matmul(dy.reshape(-1, k).T, x.reshape(-1, c), out=dw.reshape(k, c))
     elif algo == "implicit":
@@ -280,7 +300,9 @@ def _backward_filter(layer: Any, ctx: Any, x: np.ndarray, dy: np.ndarray, dw: np
 
 
 def _backward_data(layer: Any, ctx: Any, dy: np.ndarray, w: np.ndarray, dx: np.ndarray, algo: str | None) -> None:
-    if _is_gemm(layer):
+    if _grouped(layer):
+        _grouped_accumulate(layer, ctx, dy, dx, w, forward=False)
+    elif _is_gemm(layer):
         k, c = layer.out_channels, layer.in_channels
         ctx.ops.matmul(dy.reshape(-1, k), w.reshape(k, c), out=dx.reshape(-1, c))
     elif algo == "implicit":
@@ -479,6 +501,77 @@ def _backward_filter_implicit(layer: Any, ctx: Any, x: np.ndarray, dy: np.ndarra
             d = tdy[:m].reshape(xr.shape[:3] + (k,))
             np.copyto(d, dyb[:, orow, ocol, :])
             np.matmul(d.reshape(m, k).T, a.reshape(m, c), out=tw)
+            dw[:, i, j, :] += tw
+
+
+# grouped --------------------------------------------------------------------------------------------
+# The implicit algorithm over g groups: for each filter offset, the shifted region of a few images (rows of
+# C = g * cg channels) times the offset's filters, one product per group (np.matmul over a group axis),
+# or, for a depthwise convolution (one input and one output channel a group), an element-wise product.
+def _grouped_accumulate(layer: Any, ctx: Any, src: np.ndarray, dst: np.ndarray, w: np.ndarray, forward: bool) -> None:
+    """dst = sum over filter offsets of shifted(src) times the offset's filters, group by group (forward:
+    src x, dst y; backward-data: src dy, dst dx, the map run the other way)."""
+    x_shape, y_shape = (src.shape, dst.shape) if forward else (dst.shape, src.shape)
+    n, h, wd, _ = x_shape
+    _, ho, wo, _ = y_shape
+    g = layer.groups
+    kg, cg = layer.out_channels // g, layer.in_channels // g
+    sin, sout = (cg, kg) if forward else (kg, cg)  # per group: the channels read and written
+    cin, cout = src.shape[3], dst.shape[3]
+    rows = _chunk(n, ho, wo) * ho * wo
+    tin, tout = _carve(ctx.workspace, src.dtype, (rows, cin), (rows, cout))
+    depthwise = kg == 1 and cg == 1
+    dst.fill(0)
+    for b in _chunks(n, ho, wo):
+        sb, db = src[b], dst[b]
+        for i, j, orow, ocol, irow, icol in _regions(layer, h, wd, ho, wo):
+            (sr, sc), (dr, dc) = ((irow, icol), (orow, ocol)) if forward else ((orow, ocol), (irow, icol))
+            region = sb[:, sr, sc, :]
+            m = region.shape[0] * region.shape[1] * region.shape[2]
+            a = tin[:m].reshape(region.shape)
+            np.copyto(a, region)
+            out = tout[:m]
+            wij = w[:, i, j, :]  # (K, cg): group q's filters are rows q*kg .. (q+1)*kg
+            if depthwise:
+                np.multiply(a.reshape(m, cin), wij[:, 0], out=out)
+            else:
+                per = wij.reshape(g, kg, cg)
+                np.matmul(
+                    a.reshape(m, g, sin).transpose(1, 0, 2),
+                    per.transpose(0, 2, 1) if forward else per,
+                    out=out.reshape(m, g, sout).transpose(1, 0, 2),
+                )
+            db[:, dr, dc, :] += out.reshape(region.shape[:3] + (cout,))
+
+
+def _grouped_backward_filter(layer: Any, ctx: Any, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
+    n, h, wd, c = x.shape
+    _, ho, wo, k = dy.shape
+    g = layer.groups
+    kg, cg = k // g, c // g
+    rows = _chunk(n, ho, wo) * ho * wo
+    tin, tdy, tw = _carve(ctx.workspace, x.dtype, (rows, c), (rows, k), (k, cg))
+    depthwise = kg == 1 and cg == 1
+    dw.fill(0)
+    for b in _chunks(n, ho, wo):
+        xb, dyb = x[b], dy[b]
+        for i, j, orow, ocol, irow, icol in _regions(layer, h, wd, ho, wo):
+            xr = xb[:, irow, icol, :]
+            m = xr.shape[0] * xr.shape[1] * xr.shape[2]
+            a = tin[:m].reshape(xr.shape)
+            np.copyto(a, xr)
+            d = tdy[:m].reshape(xr.shape[:3] + (k,))
+            np.copyto(d, dyb[:, orow, ocol, :])
+            if depthwise:  # each channel's filter: the sum over rows of dy * x
+                d2 = d.reshape(m, k)
+                np.multiply(d2, a.reshape(m, c), out=d2)
+                np.matmul(_ones(m, d2.dtype), d2, out=tw.reshape(k))
+            else:
+                np.matmul(
+                    d.reshape(m, g, kg).transpose(1, 2, 0),
+                    a.reshape(m, g, cg).transpose(1, 0, 2),
+                    out=tw.reshape(g, kg, cg),
+                )
             dw[:, i, j, :] += tw
 
 
