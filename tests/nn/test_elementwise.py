@@ -70,3 +70,15 @@ def test_a_constant_op_combines_the_stored_map_with_its_logical_constant(op):
     assert g.num_params() == 0 and net.num_params() == 0
     with pytest.raises(vmem.errors.ShapeError, match="does not broadcast"):
         nn.ConstantOp(op, np.ones((2, 3, 1, 1))).output_shape([x.shape])  # a batch axis of 2
+
+
+def test_erf_without_scipy_is_the_standard_librarys(monkeypatch):
+    import math
+
+    from vmem.nn import ops
+
+    x = np.linspace(-4, 4, 33)
+    want = np.array([math.erf(v) for v in x])
+    np.testing.assert_allclose(ops.HostOps().erf(x, np.empty_like(x)), want, rtol=1e-15, atol=1e-15)
+    monkeypatch.setattr(ops, "_special", lambda xp: None)
+    np.testing.assert_array_equal(ops.HostOps().erf(x, np.empty_like(x)), want)

@@ -109,6 +109,11 @@ def test_transpose(perm, shape):
     check_layer(nn.Transpose(perm), [shape])  # 4-D: permuted through the stored channels-last order
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 7)])
+def test_erf(shape):
+    check_layer(nn.Erf(), [shape])
+
+
 @pytest.mark.parametrize("op", nn.ConstantOp.OPS)
 @pytest.mark.parametrize("shape, value", [((2, 3, 4, 5), (3, 1, 1)), ((3, 7), (7,)), ((2, 3, 4), ())])
 def test_constant_op(op, shape, value):

@@ -183,6 +183,29 @@ def test_arithmetic_with_constants_imports_and_exports(tmp_path, opset):
     _check(_rename_input(tmp_path / "m.onnx"))  # and onnxruntime runs the export with the same outputs
 
 
+def test_gelu_as_exporters_write_it(tmp_path):
+    """0.5 x (1 + erf(x / sqrt 2)) after a linear layer (a transformer's feed-forward): Erf and the
+    arithmetic with constants around it, imported and exported."""
+    nodes = [
+        helper.make_node("Gemm", ["x", "w"], ["h"], transB=1),
+        helper.make_node("Div", ["h", "sqrt2"], ["a"]),
+        helper.make_node("Erf", ["a"], ["e"]),
+        helper.make_node("Add", ["e", "one"], ["b"]),
+        helper.make_node("Mul", ["h", "b"], ["c"]),
+        helper.make_node("Mul", ["c", "half"], ["y"]),
+    ]
+    inits = {
+        "w": _normal(16, 12, scale=1.0),
+        "sqrt2": np.float32(2**0.5),
+        "one": np.float32(1),
+        "half": np.float32(0.5),
+    }
+    net = _check(_model(nodes, inits, shape=(12,)))
+    assert [layer.kind for layer in net.layers] == ["linear", "constop", "erf", "constop", "mul", "constop"]
+    vmem.onnx.save(net, tmp_path / "gelu.onnx")
+    _check(_rename_input(tmp_path / "gelu.onnx"))
+
+
 def _rename_input(path):
     """A model vmem.onnx.save wrote, its input called x as the tests' models' are."""
     model = onnx.load(str(path))

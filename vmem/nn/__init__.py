@@ -1,6 +1,6 @@
 """Layers: math on an array namespace, shapes, costs, and what backward needs (see :mod:`vmem.nn.base`)."""
 
-from .activation import Clip, ConstantOp, Dropout, Mul, ReLU, Sigmoid, Tanh
+from .activation import Clip, ConstantOp, Dropout, Erf, Mul, ReLU, Sigmoid, Tanh
 from .base import PASSES, AuxSpec, Ctx, Layer, ParamSpec, logical, physical
 from .conv import Conv2d
 from .join import Add, Concat
@@ -24,6 +24,7 @@ __all__ = [
     "Clip",
     "Sigmoid",
     "Tanh",
+    "Erf",
     "Mul",
     "ConstantOp",
     "MaxPool2d",

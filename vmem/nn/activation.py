@@ -3,12 +3,13 @@ product of two tensors (Mul), and arithmetic with a constant (ConstantOp)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 from ..errors import ShapeError
 from .base import AuxSpec, Ctx, Layer, ParamSpec, Shape
 
-__all__ = ["ReLU", "Clip", "Sigmoid", "Tanh", "Mul", "ConstantOp", "Dropout"]
+__all__ = ["ReLU", "Clip", "Sigmoid", "Tanh", "Erf", "Mul", "ConstantOp", "Dropout"]
 
 
 class ReLU(Layer):
@@ -98,6 +99,30 @@ class Tanh(Layer):
         dx = dxs[0]
         if dx is not None:
             ctx.xp.multiply(dy, 1 - y * y, out=dx)
+
+
+class Erf(Layer):
+    """y = erf(x) (GELU's exact form, 0.5 x (1 + erf(x / sqrt 2)), as exporters write it). Backward needs the
+    input: dx = dy * 2 / sqrt(pi) * exp(-x^2)."""
+
+    kind = "erf"
+    needs = frozenset({"x"})
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return 10 * _size(in_shapes[0])
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        ctx.ops.erf(xs[0], out=y)
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        dx = dxs[0]
+        if dx is not None:
+            xp, x = ctx.xp, xs[0]  # type: ignore[index]
+            xp.multiply(x, x, out=dx)
+            xp.negative(dx, out=dx)
+            xp.exp(dx, out=dx)
+            dx *= dx.dtype.type(2.0 / math.sqrt(math.pi))
+            dx *= dy
 
 
 class Mul(Layer):

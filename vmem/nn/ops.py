@@ -78,6 +78,18 @@ class ArrayOps:
         for i in range(len(sizes)):
             work(i)
 
+    def erf(self, x: Any, out: Any) -> Any:
+        """The error function, element-wise, into ``out``: SciPy's ``special.erf`` for NumPy arrays where SciPy
+        is installed (``cupyx.scipy.special`` for CuPy's), else the standard library's, value by value (exact,
+        and about a hundred times slower)."""
+        special = _special(self.xp)
+        if special is not None:
+            return special.erf(x, out=out)
+        import math
+
+        out[...] = np.frompyfunc(math.erf, 1, 1)(self.xp.asnumpy(x) if hasattr(self.xp, "asnumpy") else x)
+        return out
+
     def column_sum(self, a: Any, out: Any = None) -> Any:
         """The sum of a 2-D array's rows (``a.sum(axis=0)``) into ``out`` if given: blocks of about
         sqrt(M) rows first, then their partial sums."""
@@ -89,10 +101,23 @@ class ArrayOps:
         return self.xp.sum(partial, axis=0, out=out)
 
 
+def _special(xp: Any) -> Any:
+    """SciPy's ``special`` for ``xp`` (cupyx's for CuPy), or None where it is not installed."""
+    try:
+        if xp is np:
+            import scipy.special as special
+        else:
+            import cupyx.scipy.special as special  # type: ignore[no-redef]
+    except ImportError:
+        return None
+    return special
+
+
 class HostOps(ArrayOps):
     """NumPy arrays, work cut into pieces fixed by the shapes (see :mod:`vmem.nn.lanes`), run in turn."""
 
     host = True
+    xp: Any = np  # (for subclasses that make no ArrayOps of their own: the CPU device's LaneOps)
 
     def __init__(self) -> None:
         super().__init__(np)

@@ -271,6 +271,7 @@ def _elementwise(make: Callable[[], nn.Layer]) -> Callable[..., list[Any]]:
 _converts("Relu", 6, 13, 14)(_elementwise(nn.ReLU))
 _converts("Sigmoid", 6, 13)(_elementwise(nn.Sigmoid))
 _converts("Tanh", 6, 13)(_elementwise(nn.Tanh))
+_converts("Erf", 9, 13)(_elementwise(nn.Erf))
 
 
 @_converts("Clip", 6, 11, 12, 13)

@@ -220,6 +220,7 @@ _WRITERS: dict[type, Callable[..., str]] = {
     nn.ReLU: _simple("Relu"),
     nn.Sigmoid: _simple("Sigmoid"),
     nn.Tanh: _simple("Tanh"),
+    nn.Erf: _simple("Erf"),
     nn.Mul: _simple("Mul"),
     nn.ConstantOp: _constant_op,
     nn.Clip: _clip,
