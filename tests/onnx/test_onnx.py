@@ -206,6 +206,30 @@ def test_gelu_as_exporters_write_it(tmp_path):
     _check(_rename_input(tmp_path / "gelu.onnx"))
 
 
+def test_a_model_of_two_inputs_imports_and_exports(tmp_path):
+    """An image and a per-sample gate on its pooled features: the network's two inputs, in the model's order."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["c"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Mul", ["f", "gate"], ["g"]),
+        helper.make_node("Gemm", ["g", "w2"], ["y"], transB=1),
+    ]
+    rng = np.random.default_rng(0)
+    model = _model(nodes, {"w": _normal(4, 3, 3, 3), "w2": _normal(5, 4)})
+    model.graph.input.append(helper.make_tensor_value_info("gate", TensorProto.FLOAT, ["N", 4]))
+    net = vmem.onnx.load(model)
+    assert [n.name for n in net.inputs] == ["input", "gate"] and net.input_shapes() == [(3, 8, 8), (4,)]
+    x, gate = rng.standard_normal((3, 3, 8, 8)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x, "gate": gate})[0]
+    with vmem.Trainer(net) as trainer:
+        np.testing.assert_allclose(trainer.predict((x, gate)), want, rtol=RTOL, atol=ATOL)
+    vmem.onnx.save(net, tmp_path / "two.onnx")
+    back = ort.InferenceSession(str(tmp_path / "two.onnx"))
+    assert [i.name for i in back.get_inputs()] == ["input", "gate"]
+    np.testing.assert_allclose(back.run(None, {"input": x, "gate": gate})[0], want, rtol=RTOL, atol=ATOL)
+
+
 def _rename_input(path):
     """A model vmem.onnx.save wrote, its input called x as the tests' models' are."""
     model = onnx.load(str(path))

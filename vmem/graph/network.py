@@ -1,7 +1,8 @@
 """Networks: Sequential and Graph builders over a DAG of layers; parameters live on the host.
 
-A :class:`Network` is a DAG of layers with one input and one output. ``net.build(batch)`` infers every
-shape and returns a :class:`~vmem.graph.program.Program`: what policies read. It holds no data.
+A :class:`Network` is a DAG of layers with an input (a :class:`Graph` may add more: token ids and a mask)
+and one output. ``net.build(batch)`` infers every shape and returns a
+:class:`~vmem.graph.program.Program`: what policies read. It holds no data.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class Network:
         self.name = name or type(self).__name__.lower()
         self.input_shape: tuple[int, ...] | None = tuple(input_shape) if input_shape is not None else None
         self._nodes: list[Node] = [Node(self, 0, None, ())]
+        #: the shapes (without the batch axis) of the inputs added after the first (Graph.add_input)
+        self._input_shapes: dict[int, tuple[int, ...]] = {}
         self._output: Node | None = None
         self._names: Counter = Counter()
         self.params: dict[str, np.ndarray] | None = None  # "layer.param" -> host array, after init()
@@ -62,6 +65,18 @@ class Network:
     @property
     def input(self) -> Node:
         return self._nodes[0]
+
+    @property
+    def inputs(self) -> list[Node]:
+        """Every input, the first (``input``) first, then those ``Graph.add_input`` added, in order."""
+        return [self._nodes[0]] + [n for n in self._nodes[1:] if n.layer is None]
+
+    def input_shapes(self, input_shape: Sequence[int] | None = None) -> list[tuple[int, ...]]:
+        """Each input's shape without the batch axis (the first's ``input_shape`` where given)."""
+        first = tuple(input_shape) if input_shape is not None else self.input_shape
+        if first is None:
+            raise ShapeError(f"{self.name}: no input shape; pass input_shape=(C, H, W) for a network built by hand")
+        return [first] + [self._input_shapes[n.index] for n in self.inputs[1:]]
 
     def _add(self, layer: Layer, inputs: Sequence[Node], name: str | None) -> Node:
         if not isinstance(layer, Layer):
@@ -92,7 +107,7 @@ class Network:
     @property
     def layers(self) -> list[Layer]:
         """Layers in execution order."""
-        return [n.layer for n in self._nodes[1:]]  # type: ignore[misc]
+        return [n.layer for n in self._nodes[1:] if n.layer is not None]
 
     def layer(self, name: str) -> Layer:
         for layer in self.layers:
@@ -125,7 +140,10 @@ class Network:
             raise ShapeError(f"{self.name}: no input shape")
         shapes: dict[int, Shape] = {0: (batch,) + tuple(shape)}
         for n in self._nodes[1 : node.index + 1]:
-            shapes[n.index] = tuple(n.layer.output_shape([shapes[i.index] for i in n.inputs]))  # type: ignore[union-attr]
+            if n.layer is None:  # another input
+                shapes[n.index] = (batch,) + self._input_shapes[n.index]
+                continue
+            shapes[n.index] = tuple(n.layer.output_shape([shapes[i.index] for i in n.inputs]))
         return shapes[node.index]
 
     def output_shape(self, batch: int = 1, input_shape: Sequence[int] | None = None) -> Shape:
@@ -225,6 +243,21 @@ class Graph(Network):
         if not inputs:
             raise ValueError(f"{self.name}: {type(layer).__name__} needs at least one input node")
         return self._add(layer, inputs, name)
+
+    def add_input(self, shape: Sequence[int], name: str) -> Node:
+        """Another input of the network, of ``shape`` without the batch axis (a mask beside token ids):
+        ``Trainer.step`` and ``predict`` then take a tuple of arrays, one per input in the order they were
+        added (``g.input`` first)."""
+        if not name or any(n.name == name for n in self._nodes):
+            raise ValueError(f"{self.name}: an input needs a name of its own, not {name!r}")
+        shape = tuple(int(d) for d in shape)
+        if any(d < 1 for d in shape):
+            raise ValueError(f"{self.name}: input {name!r} has shape {shape}; every axis must be at least 1")
+        node = Node(self, len(self._nodes), None, (), name)
+        self._nodes.append(node)
+        self._input_shapes[node.index] = shape
+        self._built.clear()
+        return node
 
     def split(self, node: Node, sections: int, axis: int = 1, name: str | None = None) -> list[Node]:
         """``sections`` equal pieces of ``node`` along ``axis``: one :class:`~vmem.nn.Split` op per piece."""

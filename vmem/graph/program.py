@@ -165,6 +165,18 @@ class Program:
     output: int
     num_classes: int
     precision: Precision = field(default_factory=lambda: Precision.uniform("float32"))
+    #: every input's tensor, ``input`` first (a network of several inputs: token ids and a mask)
+    inputs: tuple[int, ...] = ()
+
+    @property
+    def input_tensors(self) -> tuple[int, ...]:
+        """The inputs' tensors, ``input`` first."""
+        return self.inputs or (self.input,)
+
+    def upload_source(self, tensor: int) -> str:
+        """What an input's Upload step names the batch array it copies: ``"input"`` for the first input,
+        its tensor's name for the others."""
+        return "input" if tensor == self.input else self.tensors[tensor].name
 
     @property
     def param_bytes(self) -> int:
@@ -358,26 +370,34 @@ def build_program(
     live = _live_nodes(net)
     ids = set()  # nodes whose values are integer ids (what an Embedding reads, and what they are cut from)
     for node in reversed(live[1:]):
-        if node.layer.reads_ids or node.index in ids:
+        if node.layer is not None and (node.layer.reads_ids or node.index in ids):
             ids.update(i.index for i in node.inputs)
-    in_dtype = network_dtype if live[0].index in ids else stored_as
-    tensors = [
-        TensorInfo(
-            0,
-            "input",
-            in_shape,
-            _nbytes(in_shape, _dtype(in_dtype).itemsize),
-            None,
-            buffer=0,
-            needs_grad=False,
-            dtype=in_dtype,
+    # every input, the first first (tensor 0), each with the shape the network gives it; unused ones too
+    shapes = [in_shape] + [(batch,) + tuple(shape) for shape in net.input_shapes(input_shape)[1:]]
+    tensors: list[TensorInfo] = []
+    tensor_of: dict[int, int] = {}
+    for node, shape in zip(net.inputs, shapes):
+        in_dtype = network_dtype if node.index in ids else stored_as
+        tid = len(tensors)
+        tensors.append(
+            TensorInfo(
+                tid,
+                node.name if tid else "input",
+                shape,
+                _nbytes(shape, _dtype(in_dtype).itemsize),
+                None,
+                buffer=tid,
+                needs_grad=False,
+                dtype=in_dtype,
+            )
         )
-    ]
-    tensor_of = {0: 0}
+        tensor_of[node.index] = tid
     ops: list[OpInfo] = []
     owner_specs: dict[str, Any] = {}
     for node in live[1:]:
         layer = node.layer
+        if layer is None:  # an input: made above
+            continue
         inputs = [tensor_of[n.index] for n in node.inputs]
         in_shapes = tuple(tensors[i].shape for i in inputs)
         out_shape = tuple(layer.output_shape(in_shapes))
@@ -417,6 +437,7 @@ def build_program(
             tensors=tensors,
             input=0,
             output=output,
+            inputs=tuple(range(len(net.inputs))),
             num_classes=out_shape[-1],
             precision=record,
         )

@@ -79,16 +79,16 @@ class ArrayOps:
             work(i)
 
     def erf(self, x: Any, out: Any) -> Any:
-        """The error function, element-wise, into ``out``: SciPy's ``special.erf`` for NumPy arrays where SciPy
-        is installed (``cupyx.scipy.special`` for CuPy's), else the standard library's, value by value (exact,
-        and about a hundred times slower)."""
-        special = _special(self.xp)
-        if special is not None:
-            return special.erf(x, out=out)
-        import math
+        """The error function, element-wise, into ``out``: ``scipy.special.erf`` of the array module's SciPy
+        (``cupyx.scipy.special`` for CuPy, which the CUDA device's ops name)."""
+        return self.special.erf(x, out=out)
 
-        out[...] = np.frompyfunc(math.erf, 1, 1)(self.xp.asnumpy(x) if hasattr(self.xp, "asnumpy") else x)
-        return out
+    @property
+    def special(self) -> Any:
+        """The array module's ``scipy.special`` (cupyx's for CuPy)."""
+        import importlib
+
+        return importlib.import_module(f"{'cupyx' if self.xp.__name__ == 'cupy' else 'scipy'}.special")
 
     def column_sum(self, a: Any, out: Any = None) -> Any:
         """The sum of a 2-D array's rows (``a.sum(axis=0)``) into ``out`` if given: blocks of about
@@ -101,13 +101,10 @@ class ArrayOps:
         return self.xp.sum(partial, axis=0, out=out)
 
 
-def _special(xp: Any) -> Any:
-    """SciPy's ``special`` for ``xp`` (cupyx's for CuPy), or None where it is not installed."""
+def _scipy_special() -> Any:
+    """``scipy.special``, or None where SciPy is not installed (an optional extra)."""
     try:
-        if xp is np:
-            import scipy.special as special
-        else:
-            import cupyx.scipy.special as special  # type: ignore[no-redef]
+        import scipy.special as special
     except ImportError:
         return None
     return special
@@ -121,6 +118,17 @@ class HostOps(ArrayOps):
 
     def __init__(self) -> None:
         super().__init__(np)
+
+    def erf(self, x: Any, out: Any) -> Any:
+        """SciPy's ``special.erf`` where SciPy is installed, else the standard library's, value by value
+        (exact, and about a hundred times slower)."""
+        special = _scipy_special()
+        if special is not None:
+            return special.erf(x, out=out)
+        import math
+
+        out[...] = np.frompyfunc(math.erf, 1, 1)(x)
+        return out
 
     def matmul(self, a: Any, b: Any, out: Any) -> Any:
         """``np.matmul(a, b, out=out)``; a large product split over the rows of ``out`` (its first axis) into

@@ -184,7 +184,7 @@ class _Builder:
         return name
 
     def _used_names(self) -> set[str]:
-        return {str(layer.name) for layer in self.graph.layers}
+        return {str(layer.name) for layer in self.graph.layers} | {node.name for node in self.graph.inputs}
 
 
 # -- converters ------------------------------------------------------------------------------------
@@ -635,7 +635,8 @@ def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | No
     without the batch axis (``(C, H, W)``), where the model leaves it symbolic (None for a dimension the
     model fixes: ``(None, 64, 64)``); the batch axis is always the network's own. ``name``: the network's name (default the model graph's).
 
-    The model must have one input (an image batch) and one output. Every node becomes a vmem layer (see
+    The model must have one output; its inputs become the network's (``net.inputs``, in the model's
+    order: a Trainer then takes a tuple of arrays), each with a batch axis. Every node becomes a vmem layer (see
     :func:`supported`) or, where all its inputs are constants, a constant evaluated at import. Raises
     :class:`~vmem.errors.OnnxError` naming every node that cannot be imported (its op, op version and the
     model's opset) before building anything; FileNotFoundError for a missing file."""
@@ -652,12 +653,9 @@ def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | No
     graph = proto.graph
     values: dict[str, Any] = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
     inputs = [i for i in graph.input if i.name not in values]
-    if len(inputs) != 1:
-        raise OnnxError(
-            f"{source}: has {len(inputs)} inputs ({', '.join(i.name for i in inputs) or 'none'}); vmem imports "
-            "models with one input (an image batch) so far"
-        )
-    (inp,) = inputs
+    if not inputs:
+        raise OnnxError(f"{source}: has no input that is not a constant; vmem imports models that take a batch")
+    inp = inputs[0]
     shape = _input_shape(onnx, inp, input_shape, source)
     if len(graph.output) != 1:
         raise OnnxError(f"{source}: has {len(graph.output)} outputs; vmem imports models with one output")
@@ -667,6 +665,9 @@ def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | No
     if first and first[0].HasField("dim_value") and first[0].dim_value > 0:
         builder.static_batch = int(first[0].dim_value)
     values[inp.name] = _Tensor(net.input, (1,) + shape)
+    for other in inputs[1:]:  # the network's other inputs, in the model's order (each with a batch axis)
+        other_shape = _input_shape(onnx, other, None, source)
+        values[other.name] = _Tensor(net.add_input(other_shape, _input_name(other.name, net)), (1,) + other_shape)
     refused: list[str] = []
 
     def version(op: str) -> int:
@@ -740,6 +741,17 @@ def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | No
     except CheckpointError as exc:  # an op left unused (a dead branch) or a converter's slip: say so
         raise OnnxError(f"{source}: the imported weights do not match the network built: {exc}") from None
     return net
+
+
+def _input_name(name: str, net: Graph) -> str:
+    """A name for an input of ``net`` from the model's (``attention_mask`` stays so)."""
+    base = re.sub(r"[^0-9A-Za-z_.]+", "_", name).strip("_.") or "input"
+    taken = {node.name for node in net.inputs} | {str(layer.name) for layer in net.layers}
+    out, k = base, 1
+    while out in taken:
+        k += 1
+        out = f"{base}_{k}"
+    return out
 
 
 def _input_shape(onnx: Any, inp: Any, given: Sequence[int] | None, source: str) -> tuple[int, ...]:

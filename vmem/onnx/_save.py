@@ -26,6 +26,7 @@ class _Writer:
         self.nodes: list[Any] = []
         self.inits: dict[str, Any] = {}
         self.names: dict[int, str] = {0: "input"}  # vmem node index -> the ONNX value it computes
+        self.names.update((node.index, node.name) for node in net.inputs[1:])  # other inputs keep their names
         self.params = net.params or {}
         self.folded: dict[int, Node] = {}  # conv node index -> the batch norm folded into it
         if fold:
@@ -34,7 +35,7 @@ class _Writer:
     def _fold_plan(self) -> None:
         readers: dict[int, int] = {}
         for node in _live_nodes(self.net)[1:]:
-            for i in node.inputs:
+            for i in node.inputs:  # (an input has none)
                 readers[i.index] = readers.get(i.index, 0) + 1
         for node in _live_nodes(self.net)[1:]:
             src = node.inputs[0] if node.inputs else None
@@ -242,7 +243,7 @@ _WRITERS: dict[type, Callable[..., str]] = {
 def save(net: Network, path: str | os.PathLike, *, opset: int = 17, fold_batch_norm: bool = False) -> None:
     """Write ``net`` with its weights (``net.params``: after training, :meth:`vmem.Trainer.sync` copies
     them there) as an ONNX model at ``opset`` (13 to 21), its input ``input`` of shape (N, *input_shape)
-    with N symbolic, its output ``output``.
+    with N symbolic (other inputs under their names), its output ``output``.
 
     Batch norm is written as an inference-mode BatchNormalization (its running statistics, and its momentum
     in ONNX's sense), or with ``fold_batch_norm`` folded into the convolution it follows where that
@@ -262,7 +263,8 @@ def save(net: Network, path: str | os.PathLike, *, opset: int = 17, fold_batch_n
     w = _Writer(onnx, net, opset, fold_batch_norm)
     live = _live_nodes(net)
     for node in live[1:]:
-        w.names[node.index] = w.layer(node)
+        if node.layer is not None:  # (another input: named already)
+            w.names[node.index] = w.layer(node)
     last = w.names[live[-1].index] if len(live) > 1 else "input"
     w.emit("Identity", [last], "output")
     helper = onnx.helper
@@ -270,7 +272,10 @@ def save(net: Network, path: str | os.PathLike, *, opset: int = 17, fold_batch_n
     graph = helper.make_graph(
         w.nodes,
         net.name,
-        [helper.make_tensor_value_info("input", onnx.TensorProto.FLOAT, ["N", *net.input_shape])],
+        [
+            helper.make_tensor_value_info(w.names[node.index], onnx.TensorProto.FLOAT, ["N", *shape])
+            for node, shape in zip(net.inputs, net.input_shapes())
+        ],
         [helper.make_tensor_value_info("output", onnx.TensorProto.FLOAT, ["N", *out_shape[1:]])],
         list(w.inits.values()),
     )

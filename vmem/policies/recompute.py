@@ -279,7 +279,7 @@ class Chen(Policy):
             if acc >= budget:
                 chosen.add(b)
                 acc = 0.0
-        return chosen | {program.input}
+        return chosen | set(program.input_tensors)
 
 
 @register

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -100,8 +100,8 @@ class StepReport:
 class _Run:
     """The state of one step: its blocks, its offloads and encodings, the batch, the timeline."""
 
-    def __init__(self, x: np.ndarray, labels: Any, train: bool, rng: Any, step: int, origin: float):
-        self.x, self.labels, self.train, self.rng, self.step = x, labels, train, rng, step
+    def __init__(self, xs: list[np.ndarray], labels: Any, train: bool, rng: Any, step: int, origin: float):
+        self.xs, self.labels, self.train, self.rng, self.step = xs, labels, train, rng, step
         self.blocks: dict[Key, Any] = {}
         self.loss: float | None = None  # read from the pinned staging buffer once the step has run
         self.logits: np.ndarray | None = None
@@ -150,7 +150,10 @@ class Executor(Transfers):
         self.loss = loss
         self.optimizer = optimizer
         self.xp = device.xp
-        self._input_dtype = np.dtype(program.tensors[program.input].dtype)
+        #: each input's (tensor, upload source, what it is stored in), the first first
+        self._inputs = [
+            (t, program.upload_source(t), np.dtype(program.tensors[t].dtype)) for t in program.input_tensors
+        ]
         self._loss_dtype = np.dtype(program.loss_dtype)  # the loss's and its probabilities' (float32 over half logits)
         self._grad_dtype = np.dtype(program.precision.gradients)  # the weights' gradients
         #: each tensor is viewed in what it is stored in (a layer may store its output otherwise)
@@ -197,9 +200,13 @@ class Executor(Transfers):
             if optimizer is not None
             else []
         )
-        # the batch staged in one pinned buffer: the input, then the labels at the next aligned offset
+        # the batch staged in one pinned buffer: each input, then the labels, each at an aligned offset
         a = device.pool.alignment
-        self._labels_at = -(-max(program.tensors[program.input].nbytes, 1) // a) * a
+        self._inputs_at, at = [], 0
+        for t in program.input_tensors:
+            self._inputs_at.append(at)
+            at += -(-max(program.tensors[t].nbytes, 1) // a) * a
+        self._labels_at = at
         self._loss_at = self._labels_at + -(-int(np.prod(program.label_shape)) * 8 // a) * a
         self._staging_bytes = self._loss_at + a  # and the loss, copied there on the compute stream
         self._has_loss = any(type(st) is Loss for st in schedule.steps)
@@ -243,7 +250,7 @@ class Executor(Transfers):
     # -- one step ----------------------------------------------------------------------------------
     def run(
         self,
-        x: np.ndarray,
+        x: np.ndarray | Sequence[np.ndarray],
         labels: np.ndarray | None,
         *,
         train: bool,
@@ -252,7 +259,8 @@ class Executor(Transfers):
         check: bool = False,
         loss_scale: float | None = None,
     ) -> tuple[StepReport, np.ndarray | None]:
-        """Run the schedule on one batch. Returns the report and, for inference, the logits (NCHW order).
+        """Run the schedule on one batch (``x``: its array, or one array per input of a network of several,
+        in the order of ``net.inputs``). Returns the report and, for inference, the logits (NCHW order).
 
         A training step whose loss or gradients are not all finite changes nothing: the update is skipped
         and batch norm's running statistics are put back (``report.skipped``). With ``check``, every op's
@@ -261,13 +269,17 @@ class Executor(Transfers):
         :class:`vmem.optim.GradScaler`) multiplies the loss's gradient; the weights' gradients are divided by
         it before the update, and a step whose scaled gradients overflow is skipped as any non-finite one."""
         dev, pool = self.device, self.device.pool
-        host_x = np.ascontiguousarray(
-            np.asarray(x).transpose(0, 2, 3, 1) if x.ndim == 4 else x, dtype=self._input_dtype
-        )
+        arrays = list(x) if isinstance(x, (tuple, list)) else [x]
+        if len(arrays) != len(self._inputs):
+            raise ValueError(f"{self.program.network}: {len(arrays)} input arrays for {len(self._inputs)} inputs")
+        host_xs = [
+            np.ascontiguousarray(np.asarray(a).transpose(0, 2, 3, 1) if np.ndim(a) == 4 else a, dtype=dtype)
+            for a, (_, _, dtype) in zip(arrays, self._inputs)
+        ]
         # before the step: no pinned allocation inside it (the offloads' buffers, and the batch's staging)
         dev.reserve_pinned(self.schedule.pinned_bytes + self._staging_bytes)
         pool.reset_peak()
-        r = _Run(host_x, labels, train, rng, step, time.perf_counter())
+        r = _Run(host_xs, labels, train, rng, step, time.perf_counter())
         r.check = check
         r.scale = None if loss_scale is None or loss_scale == 1 else float(loss_scale)
         if self._asynchronous:  # spans timed by events: measured from this one
@@ -353,8 +365,10 @@ class Executor(Transfers):
         dev = self.device
         r.staged = dev.pinned.allocate(self._staging_bytes, "other", high=True)
         raw = dev.host_view(r.staged, (r.staged.nbytes,), np.uint8)
-        r.batch = {"input": raw[: r.x.nbytes].view(r.x.dtype).reshape(r.x.shape)}
-        np.copyto(r.batch["input"], r.x)
+        r.batch = {}
+        for x, (_, source, _), at in zip(r.xs, self._inputs, self._inputs_at):
+            r.batch[source] = raw[at : at + x.nbytes].view(x.dtype).reshape(x.shape)
+            np.copyto(r.batch[source], x)
         if r.labels is not None:
             labels = np.asarray(r.labels, dtype=np.int64)
             at = self._labels_at
@@ -369,7 +383,10 @@ class Executor(Transfers):
             r.staged = None
 
     def _upload(self, r: _Run, st: Upload) -> None:
-        dst = self._value(r, self.program.input) if st.source == "input" else self._labels(r)
+        if st.source == "labels":
+            dst = self._labels(r)
+        else:
+            dst = self._value(r, next(t for t, source, _ in self._inputs if source == st.source))
         self.device.copy_to_device(dst, r.batch[st.source], stream=self.device.compute_stream)
 
     def _copy_out(self, r: _Run, st: CopyOut) -> None:

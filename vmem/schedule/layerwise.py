@@ -25,6 +25,7 @@ from .parts import (
     LOSS,
     PROBS,
     allocate,
+    uploads,
     buffer_keys,
     codec_info,
     decode_step,
@@ -65,6 +66,7 @@ class _Layerwise:
 
     def __init__(self, program: Program, plan: "Plan"):
         self.program, self.plan = program, plan
+        self._sources: dict[Key, str] | None = None  # what uploads fill (made on first use)
         ops, tensors = program.ops, program.tensors
         self.needs = needs_grad(program)
         self.value, self.buffers, self.aux = buffer_keys(program)
@@ -140,7 +142,11 @@ class _Layerwise:
         return out_grad is not None and all(program.tensors[t].buffer == b for t in group)
 
     def alloc(self, key: Key) -> None:
-        allocate(self.buffers[key], self.value[self.program.input], self.steps)
+        if self._sources is None:
+            self._sources = uploads(self.program, self.value)
+        allocate(self.buffers[key], self._sources, self.steps)
+        # filled from the batch once: allocated again (an offloaded input, for its prefetch), it is not
+        self._sources.pop(key, None)
 
     def alloc_encoding(self, b: int) -> None:
         self.steps.append(Alloc(self.buffers[self.enc[b]], deferred=self.codecs[b][0].data_dependent))
@@ -157,9 +163,10 @@ class _Layerwise:
 
     def forward(self) -> None:
         program, value = self.program, self.value
-        for key in (LABELS, LOSS, value[program.input]):
+        for key in (LABELS, LOSS, *(value[t] for t in program.input_tensors)):
             self.alloc(key)
-        self.start_offload(self.buf[program.input])  # written by its upload
+        for t in program.input_tensors:
+            self.start_offload(self.buf[t])  # written by its upload
         held: dict[int, list[int]] = {}  # op -> offloaded buffers released after its forward (Plan.release)
         for op in program.ops:
             out = program.tensors[op.output]

@@ -25,6 +25,7 @@ from .parts import (
     LOSS,
     PROBS,
     allocate,
+    uploads,
     buffer_keys,
     codec_info,
     decode_step,
@@ -127,8 +128,9 @@ def _lower_network(program: Program, plan: "Plan", optimizer_slots: tuple[str, .
     temps, adds, temp_buffers = param_temps(program, needs)
     buffers.update(temp_buffers)
     steps: list[Step] = []
+    sources = uploads(program, value)
     for buf in buffers.values():
-        allocate(buf, value[program.input], steps)
+        allocate(buf, sources, steps)
     for i in range(n):
         fwd_ws, _ = op_workspace(program, plan, i)
         steps.append(Forward(i, pass_algos(plan, program, i)[0], ws if fwd_ws else None))
@@ -165,10 +167,12 @@ def lower_inference(program: Program, plan: "Plan", alignment: int = 256) -> Sch
         for i in op.inputs + [op.output]:
             last_use[value[i]] = op.index
     last_use[value[program.output]] = len(ops)  # read by the host after the last op
-    steps: list[Step] = [
-        Alloc(Buffer(value[program.input], max(tensors[program.input].nbytes, 1), "feature_maps")),
-        Upload(value[program.input], "input"),
-    ]
+    steps: list[Step] = []
+    for t in program.input_tensors:
+        steps += [
+            Alloc(Buffer(value[t], max(tensors[t].nbytes, 1), "feature_maps")),
+            Upload(value[t], program.upload_source(t)),
+        ]
     aux = {}
     for op in ops:
         out = tensors[op.output]

@@ -111,13 +111,20 @@ def pass_algos(plan: "Plan", program: Program, i: int) -> tuple[Any, tuple[Any, 
     return per.get("forward"), (per.get("backward_data"), per.get("backward_filter"))
 
 
-def allocate(buffer: Buffer, input_key: Key, steps: list[Step]) -> None:
-    """Allocate ``buffer``; the input's and the labels' buffers are filled from the batch at once."""
+def uploads(program: Program, value: dict[int, Key]) -> dict[Key, str]:
+    """The buffers filled from the batch as they are allocated: each input's (by its upload source, see
+    :meth:`Program.upload_source`) and the labels'."""
+    out = {value[t]: program.upload_source(t) for t in program.input_tensors}
+    out[LABELS] = "labels"
+    return out
+
+
+def allocate(buffer: Buffer, sources: dict[Key, str], steps: list[Step]) -> None:
+    """Allocate ``buffer``; the inputs' and the labels' buffers (``sources``, see :func:`uploads`) are filled
+    from the batch at once."""
     steps.append(Alloc(buffer))
-    if buffer.key == input_key:
-        steps.append(Upload(buffer.key, "input"))
-    elif buffer.key == LABELS:
-        steps.append(Upload(buffer.key, "labels"))
+    if buffer.key in sources:
+        steps.append(Upload(buffer.key, sources[buffer.key]))
 
 
 def codec_info(program: Program, plan: "Plan", offloaded: set[int], encoded: set[int]) -> dict[int, Any]:

@@ -118,7 +118,8 @@ class Free:
 
 @dataclass(frozen=True, slots=True)
 class Upload:
-    """Copy the batch's host data into ``key`` (allocated just before): ``source`` is "input" or "labels"."""
+    """Copy the batch's host data into ``key`` (allocated just before): ``source`` is "labels", "input" (the
+    first input) or another input's name (see :meth:`vmem.graph.Program.upload_source`)."""
 
     key: Key
     source: str

@@ -233,15 +233,42 @@ class Trainer:
                 f"{self.net.name}: this Trainer is closed (its device memory is released); make a new one"
             )
 
-    def _check_input(self, x: np.ndarray, y: np.ndarray | None) -> None:
-        self._check_open()
-        if tuple(x.shape[1:]) != tuple(self.input_shape):  # type: ignore[arg-type]
+    def _arrays(self, x: Any) -> Any:
+        """The batch as the executor takes it: an array, or for a network of several inputs a list of arrays
+        (one per input, in the order of ``net.inputs``), each checked against its input's shape."""
+        shapes = self.net.input_shapes(self.input_shape)
+        names = [node.name for node in self.net.inputs]
+        if len(shapes) == 1:
+            arrays = [np.asarray(x)]
+        elif not isinstance(x, (tuple, list)) or len(x) != len(shapes):
             raise ShapeError(
-                f"{self.net.name}: input batch has shape {tuple(x.shape)}, the network takes "
-                f"(N, {', '.join(map(str, self.input_shape))})"
-            )  # type: ignore[arg-type]
-        if y is not None and len(y) != len(x):
-            raise ShapeError(f"{self.net.name}: {len(x)} inputs but {len(y)} labels")
+                f"{self.net.name}: takes {len(shapes)} inputs ({', '.join(names)}): give a tuple of arrays, one "
+                "per input in that order"
+            )
+        else:
+            arrays = [np.asarray(a) for a in x]
+        for a, shape, name in zip(arrays, shapes, names):
+            if tuple(a.shape[1:]) != tuple(shape):
+                what = "input batch" if len(shapes) == 1 else f"input {name!r}"
+                raise ShapeError(
+                    f"{self.net.name}: {what} has shape {tuple(a.shape)}, the network takes "
+                    f"(N, {', '.join(map(str, shape))})"
+                )
+        if any(len(a) != len(arrays[0]) for a in arrays):
+            raise ShapeError(f"{self.net.name}: its inputs hold {[len(a) for a in arrays]} samples; give each alike")
+        return arrays[0] if len(arrays) == 1 else arrays
+
+    @staticmethod
+    def _count(x: Any) -> int:
+        return len(x[0]) if isinstance(x, list) else len(x)
+
+    def _check_input(self, x: Any, y: np.ndarray | None) -> Any:
+        """``x`` as the executor takes it (see :meth:`_arrays`), checked with its labels ``y``."""
+        self._check_open()
+        x = self._arrays(x)
+        n = self._count(x)
+        if y is not None and len(y) != n:
+            raise ShapeError(f"{self.net.name}: {n} inputs but {len(y)} labels")
         if y is not None and len(y):
             y = np.asarray(y)
             out = self.net.output_shape(1, self.input_shape)
@@ -259,13 +286,14 @@ class Trainer:
                     f"{self.net.name}: labels must be integers from 0 to {classes - 1} (the network has "
                     f"{classes} classes); got {y.dtype} from {y.min()} to {y.max()}"
                 )
+        return x
 
     # -- training ----------------------------------------------------------------------------------
     def step(self, x: np.ndarray, y: np.ndarray) -> StepReport:
-        """One training step on a batch: forward, loss, backward, optimizer update."""
-        x = np.asarray(x)
-        self._check_input(x, y)
-        ex = self._executor(len(x), True)
+        """One training step on a batch: forward, loss, backward, optimizer update. ``x``: the batch, or for a
+        network of several inputs a tuple of arrays, one per input (``net.inputs``' order)."""
+        x = self._check_input(x, y)
+        ex = self._executor(self._count(x), True)
         state = self.rng.bit_generator.state  # to replay the step (its dropout masks) for a diagnosis
         scale = None if self.scaler is None else self.scaler.scale
         report, _ = ex.run(x, np.asarray(y), train=True, rng=self.rng, step=self.steps_done + 1, loss_scale=scale)
@@ -408,19 +436,21 @@ class Trainer:
                 )
         return int(batch_size)
 
-    def predict(self, x: np.ndarray, batch_size: int | None = None) -> np.ndarray:
-        """Logits for ``x`` (evaluation mode: batch-norm running statistics, no dropout), in batches of
+    def predict(self, x: Any, batch_size: int | None = None) -> np.ndarray:
+        """Logits for ``x`` (a tuple of arrays for a network of several inputs; evaluation mode: batch-norm
+        running statistics, no dropout), in batches of
         ``batch_size`` (default: the largest up to 256 that fits beside the training state, see
         :meth:`eval_batch`)."""
-        x = np.asarray(x)
-        self._check_input(x, None)
-        if len(x) == 0:
+        x = self._check_input(x, None)
+        n = self._count(x)
+        if n == 0:
             return np.zeros((0,) + tuple(self.net.output_shape(1, self.input_shape)[1:]), np.float32)
-        batch_size = self._eval_batches(len(x), batch_size)
+        batch_size = self._eval_batches(n, batch_size)
         out = []
-        for start in range(0, len(x), batch_size):
-            xb = x[start : start + batch_size]
-            _, logits = self._executor(len(xb), False).run(xb, None, train=False, rng=self.rng)
+        for start in range(0, n, batch_size):
+            part = slice(start, start + batch_size)
+            xb = [a[part] for a in x] if isinstance(x, list) else x[part]
+            _, logits = self._executor(self._count(xb), False).run(xb, None, train=False, rng=self.rng)
             out.append(logits)
         return np.concatenate(out)
 
