@@ -67,28 +67,22 @@ def _randomize_statistics(module) -> None:
 
 
 @pytest.mark.parametrize("mode", ["kept", "folded", "dynamo"])
-def test_resnet50_imports_with_onnxruntime_outputs(mode):
+@pytest.mark.parametrize(
+    "make, size, params, grouped",
+    [(ResNet50, 96, 25_557_032, 0), (MobileNetV2, 64, 3_504_872, 17)],  # MobileNetV2: depthwise, ReLU6
+    ids=["resnet50", "mobilenet_v2"],
+)
+def test_a_model_imports_with_onnxruntime_outputs(make, size, params, grouped, mode):
     torch.manual_seed(0)
-    module = ResNet50()
+    module = make()
     _randomize_statistics(module)
-    x = torch.randn(2, 3, 96, 96)
+    x = torch.randn(2, 3, size, size)
     net = _same_as_onnxruntime(_export(module, x, mode), x.numpy())
-    if mode == "kept":
-        assert net.num_params() == 25_557_032 == sum(p.numel() for p in module.parameters())
-        assert net.sources["layer1.0.conv1.weight"] == "layer1.0.conv1.weight"
-
-
-@pytest.mark.parametrize("mode", ["kept", "folded", "dynamo"])
-def test_mobilenet_v2_imports_with_onnxruntime_outputs(mode):
-    """Depthwise convolutions (groups = channels), ReLU6 (Clip), inverted residuals."""
-    torch.manual_seed(0)
-    module = MobileNetV2()
-    _randomize_statistics(module)
-    x = torch.randn(2, 3, 64, 64)
-    net = _same_as_onnxruntime(_export(module, x, mode), x.numpy())
-    if mode == "kept":
-        assert net.num_params() == 3_504_872 == sum(p.numel() for p in module.parameters())
-        assert sum(1 for layer in net.layers if getattr(layer, "groups", 1) > 1) == 17
+    if mode == "kept":  # every weight a parameter, named as the module names it
+        assert net.num_params() == params == sum(p.numel() for p in module.parameters())
+        assert sum(1 for layer in net.layers if getattr(layer, "groups", 1) > 1) == grouped
+        first = "conv1.weight" if make is ResNet50 else "features.0.0.weight"
+        assert net.sources[first] == first
 
 
 @pytest.mark.parametrize("opset", [13, 17, 18])
@@ -111,33 +105,8 @@ def test_policies_plan_an_imported_resnet50_as_vmems_own():
         assert a.peak_bytes == pytest.approx(b.peak_bytes, rel=0.01), policy
 
 
-def test_one_sgd_step_of_an_imported_resnet50_equals_pytorchs():
-    """In float64 on both sides: a freshly initialised ResNet-50 in training mode is so ill-conditioned that
-    PyTorch's own float32 gradients differ from its float64 ones by up to 20-30% (at batch 4-8, 64-128
-    pixels), so float32 could not tell a mistake from rounding. Parameters are compared by the names the
-    export kept (``net.sources``), filters moved to vmem's (K, kh, kw, C)."""
-    torch.manual_seed(0)
-    module = ResNet50(num_classes=10)
-    x, y = torch.randn(4, 3, 64, 64), torch.randint(0, 10, (4,))
-    net = vmem.onnx.load(_export(module, x, "kept"))
-    module.double().train()
-    opt = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
-    opt.zero_grad()
-    torch.nn.functional.cross_entropy(module(x.double()), y).backward()
-    opt.step()
-    with vmem.Trainer(net, optimizer=vmem.optim.SGD(lr=0.05, momentum=0.9), dtype="float64") as trainer:
-        trainer.step(x.numpy().astype(np.float64), y.numpy())
-        trainer.sync()
-    _same_weights(net, module)
-
-
-def test_one_sgd_step_of_an_imported_mobilenet_v2_equals_pytorchs():
-    """Depthwise convolutions trained: in float64, as for ResNet-50; dropout off (the two would draw
-    different masks)."""
-    torch.manual_seed(0)
-    module = MobileNetV2(num_classes=10)
-    module.classifier[0].p = 0.0
-    x, y = torch.randn(4, 3, 64, 64), torch.randint(0, 10, (4,))  # batch norm over 16 values at the end
+def _one_sgd_step_matches(module, x, y) -> None:
+    """One SGD step (momentum 0.9) of the imported network equals PyTorch's, both in float64."""
     net = vmem.onnx.load(_export(module, x, "kept"))
     module.double().train()
     opt = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
@@ -159,3 +128,21 @@ def _same_weights(net, module) -> None:
         want = theirs[source]
         want = want.transpose(0, 2, 3, 1) if want.ndim == 4 else want  # vmem's filters are (K, kh, kw, C)
         np.testing.assert_allclose(net.params[key], want, rtol=1e-4, atol=1e-8, err_msg=key)
+
+
+def test_one_sgd_step_of_an_imported_resnet50_equals_pytorchs():
+    """In float64 on both sides: a freshly initialised ResNet-50 in training mode is so ill-conditioned that
+    PyTorch's own float32 gradients differ from its float64 ones by up to 20-30% (at batch 4-8, 64-128
+    pixels), so float32 could not tell a mistake from rounding. Parameters are compared by the names the
+    export kept (``net.sources``)."""
+    torch.manual_seed(0)
+    _one_sgd_step_matches(ResNet50(num_classes=10), torch.randn(4, 3, 64, 64), torch.randint(0, 10, (4,)))
+
+
+def test_one_sgd_step_of_an_imported_mobilenet_v2_equals_pytorchs():
+    """Depthwise convolutions trained; dropout off (the two would draw different masks); batch norm over 16
+    values at the end (4 images of 2x2)."""
+    torch.manual_seed(0)
+    module = MobileNetV2(num_classes=10)
+    module.classifier[0].p = 0.0
+    _one_sgd_step_matches(module, torch.randn(4, 3, 64, 64), torch.randint(0, 10, (4,)))

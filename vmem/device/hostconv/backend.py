@@ -465,6 +465,12 @@ def _implicit_accumulate(layer: Any, ctx: Any, src: np.ndarray, dst: np.ndarray,
 
     Forward: src is x, dst is y, and the input region of each offset maps to its output region;
     backward-data runs the same map the other way (src dy, dst dx)."""
+    _shifted_products(layer, ctx, src, dst, lambda a, i, j, out: np.matmul(a, matrix(i, j), out=out), forward)
+
+
+def _shifted_products(layer: Any, ctx: Any, src: np.ndarray, dst: np.ndarray, product: Any, forward: bool) -> None:
+    """dst = sum over filter offsets (i, j) of ``product(shifted region of src as rows, i, j, out)``: the
+    implicit algorithm's loop, a few images at a time, the region copied into the workspace."""
     x_shape, y_shape = (src.shape, dst.shape) if forward else (dst.shape, src.shape)
     n, h, wd, _ = x_shape
     _, ho, wo, _ = y_shape
@@ -481,15 +487,24 @@ def _implicit_accumulate(layer: Any, ctx: Any, src: np.ndarray, dst: np.ndarray,
             a = tin[:m].reshape(region.shape)
             np.copyto(a, region)
             out = tout[:m]
-            np.matmul(a.reshape(m, cin), matrix(i, j), out=out)
+            product(a.reshape(m, cin), i, j, out)
             db[:, dr, dc, :] += out.reshape(region.shape[:3] + (cout,))
 
 
 def _backward_filter_implicit(layer: Any, ctx: Any, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
+    k, c = dy.shape[3], x.shape[3]
+    _filter_products(layer, ctx, x, dy, dw, (k, c), lambda d, a, tw: np.matmul(d.T, a, out=tw))
+
+
+def _filter_products(
+    layer: Any, ctx: Any, x: np.ndarray, dy: np.ndarray, dw: np.ndarray, per: Shape, product: Any
+) -> None:
+    """dW[:, i, j, :] = sum over a few images at a time of ``product(dy rows, shifted x rows, out)`` for each
+    filter offset (i, j): the implicit algorithm's filter gradient, ``out`` of shape ``per`` in the workspace."""
     n, h, wd, c = x.shape
     _, ho, wo, k = dy.shape
     rows = _chunk(n, ho, wo) * ho * wo
-    tin, tdy, tw = _carve(ctx.workspace, x.dtype, (rows, c), (rows, k), (k, c))
+    tin, tdy, tw = _carve(ctx.workspace, x.dtype, (rows, c), (rows, k), per)
     dw.fill(0)
     for b in _chunks(n, ho, wo):
         xb, dyb = x[b], dy[b]
@@ -500,7 +515,7 @@ def _backward_filter_implicit(layer: Any, ctx: Any, x: np.ndarray, dy: np.ndarra
             np.copyto(a, xr)
             d = tdy[:m].reshape(xr.shape[:3] + (k,))
             np.copyto(d, dyb[:, orow, ocol, :])
-            np.matmul(d.reshape(m, k).T, a.reshape(m, c), out=tw)
+            product(d.reshape(m, k), a.reshape(m, c), tw)
             dw[:, i, j, :] += tw
 
 
@@ -511,68 +526,42 @@ def _backward_filter_implicit(layer: Any, ctx: Any, x: np.ndarray, dy: np.ndarra
 def _grouped_accumulate(layer: Any, ctx: Any, src: np.ndarray, dst: np.ndarray, w: np.ndarray, forward: bool) -> None:
     """dst = sum over filter offsets of shifted(src) times the offset's filters, group by group (forward:
     src x, dst y; backward-data: src dy, dst dx, the map run the other way)."""
-    x_shape, y_shape = (src.shape, dst.shape) if forward else (dst.shape, src.shape)
-    n, h, wd, _ = x_shape
-    _, ho, wo, _ = y_shape
     g = layer.groups
     kg, cg = layer.out_channels // g, layer.in_channels // g
     sin, sout = (cg, kg) if forward else (kg, cg)  # per group: the channels read and written
-    cin, cout = src.shape[3], dst.shape[3]
-    rows = _chunk(n, ho, wo) * ho * wo
-    tin, tout = _carve(ctx.workspace, src.dtype, (rows, cin), (rows, cout))
-    depthwise = kg == 1 and cg == 1
-    dst.fill(0)
-    for b in _chunks(n, ho, wo):
-        sb, db = src[b], dst[b]
-        for i, j, orow, ocol, irow, icol in _regions(layer, h, wd, ho, wo):
-            (sr, sc), (dr, dc) = ((irow, icol), (orow, ocol)) if forward else ((orow, ocol), (irow, icol))
-            region = sb[:, sr, sc, :]
-            m = region.shape[0] * region.shape[1] * region.shape[2]
-            a = tin[:m].reshape(region.shape)
-            np.copyto(a, region)
-            out = tout[:m]
-            wij = w[:, i, j, :]  # (K, cg): group q's filters are rows q*kg .. (q+1)*kg
-            if depthwise:
-                np.multiply(a.reshape(m, cin), wij[:, 0], out=out)
-            else:
-                per = wij.reshape(g, kg, cg)
-                np.matmul(
-                    a.reshape(m, g, sin).transpose(1, 0, 2),
-                    per.transpose(0, 2, 1) if forward else per,
-                    out=out.reshape(m, g, sout).transpose(1, 0, 2),
-                )
-            db[:, dr, dc, :] += out.reshape(region.shape[:3] + (cout,))
+
+    def product(a: np.ndarray, i: int, j: int, out: np.ndarray) -> None:
+        wij = w[:, i, j, :]  # (K, cg): group q's filters are rows q*kg .. (q+1)*kg
+        if kg == 1 and cg == 1:  # depthwise
+            np.multiply(a, wij[:, 0], out=out)
+            return
+        per = wij.reshape(g, kg, cg)
+        m = a.shape[0]
+        np.matmul(
+            a.reshape(m, g, sin).transpose(1, 0, 2),
+            per.transpose(0, 2, 1) if forward else per,
+            out=out.reshape(m, g, sout).transpose(1, 0, 2),
+        )
+
+    _shifted_products(layer, ctx, src, dst, product, forward)
 
 
 def _grouped_backward_filter(layer: Any, ctx: Any, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
-    n, h, wd, c = x.shape
-    _, ho, wo, k = dy.shape
     g = layer.groups
+    k, c = dy.shape[3], x.shape[3]
     kg, cg = k // g, c // g
-    rows = _chunk(n, ho, wo) * ho * wo
-    tin, tdy, tw = _carve(ctx.workspace, x.dtype, (rows, c), (rows, k), (k, cg))
-    depthwise = kg == 1 and cg == 1
-    dw.fill(0)
-    for b in _chunks(n, ho, wo):
-        xb, dyb = x[b], dy[b]
-        for i, j, orow, ocol, irow, icol in _regions(layer, h, wd, ho, wo):
-            xr = xb[:, irow, icol, :]
-            m = xr.shape[0] * xr.shape[1] * xr.shape[2]
-            a = tin[:m].reshape(xr.shape)
-            np.copyto(a, xr)
-            d = tdy[:m].reshape(xr.shape[:3] + (k,))
-            np.copyto(d, dyb[:, orow, ocol, :])
-            if depthwise:  # each channel's filter: the sum over rows of dy * x
-                d2 = d.reshape(m, k)
-                np.multiply(d2, a.reshape(m, c), out=d2)
-                np.matmul(_ones(m, d2.dtype), d2, out=tw.reshape(k))
-            else:
-                np.matmul(
-                    d.reshape(m, g, kg).transpose(1, 2, 0),
-                    a.reshape(m, g, cg).transpose(1, 0, 2),
-                    out=tw.reshape(g, kg, cg),
-                )
-            dw[:, i, j, :] += tw
+
+    def product(d: np.ndarray, a: np.ndarray, tw: np.ndarray) -> None:
+        m = d.shape[0]
+        if kg == 1 and cg == 1:  # depthwise: each channel's filter is the sum over rows of dy * x
+            np.multiply(d, a, out=d)
+            np.matmul(_ones(m, d.dtype), d, out=tw.reshape(k))
+            return
+        np.matmul(
+            d.reshape(m, g, kg).transpose(1, 2, 0), a.reshape(m, g, cg).transpose(1, 0, 2), out=tw.reshape(g, kg, cg)
+        )
+
+    _filter_products(layer, ctx, x, dy, dw, (k, cg), product)
 
 
 # workspace ------------------------------------------------------------------------------------------
