@@ -230,6 +230,79 @@ def test_a_model_of_two_inputs_imports_and_exports(tmp_path):
     np.testing.assert_allclose(back.run(None, {"input": x, "gate": gate})[0], want, rtol=RTOL, atol=ATOL)
 
 
+def test_attention_with_a_padding_mask_imports():
+    """Self-attention as exporters write it: per-head (N, heads, T, d) tensors made by Reshape and Transpose
+    (held as 5-D tensors: vmem's 4-D ones are images), scaled scores, a mask unsqueezed to (N, 1, 1, T) and
+    turned into a bias, Softmax, a layer norm, the first token gathered; a MatMul's bias added after it
+    becomes the Linear's own, trainable."""
+    t, f, heads = 4, 8, 2
+    d = f // heads
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q0"]),
+        helper.make_node("Add", ["q0", "bq"], ["q"]),
+        helper.make_node("MatMul", ["x", "wk"], ["k"]),
+        helper.make_node("MatMul", ["x", "wv"], ["v"]),
+        *[
+            n
+            for name in "qkv"
+            for n in (
+                helper.make_node("Reshape", [name, "split"], [f"{name}4"]),
+                helper.make_node("Transpose", [f"{name}4"], [f"{name}h"], perm=[0, 2, 1, 3]),
+            )
+        ],
+        helper.make_node("Transpose", ["kh"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["qh", "kt"], ["s0"]),
+        helper.make_node("Div", ["s0", "scale"], ["s1"]),
+        helper.make_node("Unsqueeze", ["mask", "axes"], ["m4"]),
+        helper.make_node("Sub", ["one", "m4"], ["m5"]),
+        helper.make_node("Mul", ["m5", "big"], ["bias"]),
+        helper.make_node("Add", ["s1", "bias"], ["s2"]),
+        helper.make_node("Softmax", ["s2"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "vh"], ["c0"]),
+        helper.make_node("Transpose", ["c0"], ["c1"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["c1", "merge"], ["c2"]),
+        helper.make_node("LayerNormalization", ["c2", "gamma", "beta"], ["n"], epsilon=1e-5),
+        helper.make_node("Gather", ["n", "zero"], ["first"], axis=1),
+        helper.make_node("Gemm", ["first", "wo"], ["y"], transB=1),
+    ]
+    inits = {
+        "wq": _normal(f, f, scale=0.5), "bq": _normal(f), "wk": _normal(f, f, scale=0.5), "wv": _normal(f, f),
+        "split": np.array([0, t, heads, d], np.int64), "scale": np.float32(d**0.5),
+        "axes": np.array([1, 2], np.int64), "one": np.float32(1), "big": np.float32(-1e4),
+        "merge": np.array([0, t, f], np.int64), "gamma": _positive(f), "beta": _normal(f),
+        "zero": np.array(0, np.int64), "wo": _normal(3, f),
+    }  # fmt: skip
+    model = _model(nodes, inits, shape=(t, f))
+    model.graph.input.append(helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["N", t]))
+    net = vmem.onnx.load(model)
+    assert net.sources["matmul.bias"] == "bq" and net.num_params() == 3 * f * f + f + 2 * f + 3 * f
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, t, f)).astype(np.float32)
+    mask = np.ones((3, t), np.float32)
+    mask[1, 2:] = 0
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x, "mask": mask})[0]
+    with vmem.Trainer(net) as trainer:
+        np.testing.assert_allclose(trainer.predict((x, mask)), want, rtol=RTOL, atol=ATOL)
+
+
+def test_token_ids_look_up_an_embedding():
+    """An integer input (token ids) through Gather of a table: a vmem Embedding, its table trainable."""
+    nodes = [
+        helper.make_node("Gather", ["table", "x"], ["e"]),
+        helper.make_node("Reshape", ["e", "flat"], ["f"]),
+        helper.make_node("Gemm", ["f", "w"], ["y"], transB=1),
+    ]
+    inits = {"table": _normal(10, 4), "flat": np.array([0, 12], np.int64), "w": _normal(2, 12)}
+    model = _model(nodes, inits, shape=(3,))
+    model.graph.input[0].type.tensor_type.elem_type = TensorProto.INT64
+    net = vmem.onnx.load(model)
+    assert [layer.kind for layer in net.layers] == ["embedding", "reshape", "linear"]
+    ids = np.random.default_rng(0).integers(0, 10, (5, 3))
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": ids})[0]
+    with vmem.Trainer(net) as trainer:
+        np.testing.assert_allclose(trainer.predict(ids), want, rtol=RTOL, atol=ATOL)
+
+
 def _rename_input(path):
     """A model vmem.onnx.save wrote, its input called x as the tests' models' are."""
     model = onnx.load(str(path))
@@ -273,8 +346,9 @@ def test_models_vmem_cannot_take_are_refused_with_the_reason(tmp_path):
         {"w": _normal(4, 4)},
         shape=(4, 1, 1),
     )
-    with pytest.raises(OnnxError, match="'w' is also a parameter of layer 'a': tied weights"):
-        vmem.onnx.load(tied)
+    with pytest.warns(UserWarning, match=r"1 initializer\(s\) are parameters of more than one layer.*'w' \(a,"):
+        untied = vmem.onnx.load(tied)  # merged equal initializers look the same: each layer its own copy
+    assert sorted(untied.params) == ["a.weight", "b.weight"] and untied.sources == {"a.weight": "w"}
     with pytest.raises(FileNotFoundError, match="missing.onnx: no such ONNX file"):
         vmem.onnx.load(tmp_path / "missing.onnx")
     junk = tmp_path / "junk.onnx"

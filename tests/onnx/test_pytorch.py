@@ -18,40 +18,45 @@ torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from .torch_models import VGG16, MobileNetV2, ResNet50  # noqa: E402
+from .torch_models import VGG16, BertLike, MobileNetV2, ResNet50  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
 def _export(module, x, mode: str, opset: int = 17) -> bytes:
-    """``mode``: kept (training-mode batch norm, nothing folded), folded (an eval-mode export) or dynamo."""
+    """``mode``: kept (training-mode batch norm, nothing folded), folded (an eval-mode export) or dynamo.
+    ``x``: the input, or a tuple of them."""
     module.eval()
+    xs = x if isinstance(x, tuple) else (x,)
+    names = [f"x{i}" for i in range(len(xs))]
     f = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if mode == "dynamo":
             pytest.importorskip("onnxscript")
             batch = torch.export.Dim("batch", min=1)
-            torch.onnx.export(module, (x,), f, opset_version=opset, dynamo=True, dynamic_shapes=({0: batch},))
+            shapes = tuple({0: batch} for _ in xs)
+            torch.onnx.export(module, xs, f, opset_version=opset, dynamo=True, dynamic_shapes=shapes)
         else:
             extra = dict(training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False) if mode == "kept" else {}
             torch.onnx.export(
                 module,
-                (x,),
+                xs,
                 f,
                 opset_version=opset,
                 dynamo=False,
-                input_names=["x"],
-                dynamic_axes={"x": {0: "N"}},
+                input_names=names,
+                dynamic_axes={name: {0: "N"} for name in names},
                 **extra,
             )
     return f.getvalue()
 
 
-def _same_as_onnxruntime(data: bytes, x: np.ndarray) -> vmem.Graph:
+def _same_as_onnxruntime(data: bytes, x) -> vmem.Graph:
     net = vmem.onnx.load(data)
     session = ort.InferenceSession(data)
-    want = session.run(None, {session.get_inputs()[0].name: x})[0]
+    xs = x if isinstance(x, tuple) else (x,)
+    want = session.run(None, {i.name: a for i, a in zip(session.get_inputs(), xs)})[0]
     with vmem.Trainer(net, memory="4GiB") as trainer:
         got = trainer.predict(x)
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5)
@@ -105,24 +110,28 @@ def test_policies_plan_an_imported_resnet50_as_vmems_own():
         assert a.peak_bytes == pytest.approx(b.peak_bytes, rel=0.01), policy
 
 
-def _one_sgd_step_matches(module, x, y) -> None:
-    """One SGD step (momentum 0.9) of the imported network equals PyTorch's, both in float64."""
+def _one_sgd_step_matches(module, x, y, constants: tuple[str, ...] = ()) -> None:
+    """One SGD step (momentum 0.9) of the imported network equals PyTorch's, both in float64 (``x`` an input
+    or a tuple; float inputs in float64, integer ones as they are). ``constants``: PyTorch parameters the
+    export turns into constants (vmem imports them as such)."""
     net = vmem.onnx.load(_export(module, x, "kept"))
+    xs = x if isinstance(x, tuple) else (x,)
     module.double().train()
     opt = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
     opt.zero_grad()
-    torch.nn.functional.cross_entropy(module(x.double()), y).backward()
+    torch.nn.functional.cross_entropy(module(*(a.double() if a.is_floating_point() else a for a in xs)), y).backward()
     opt.step()
+    arrays = tuple(a.numpy().astype(np.float64) if a.is_floating_point() else a.numpy() for a in xs)
     with vmem.Trainer(net, optimizer=vmem.optim.SGD(lr=0.05, momentum=0.9), dtype="float64") as trainer:
-        trainer.step(x.numpy().astype(np.float64), y.numpy())
+        trainer.step(arrays if len(arrays) > 1 else arrays[0], y.numpy())
         trainer.sync()
-    _same_weights(net, module)
+    _same_weights(net, module, constants)
 
 
-def _same_weights(net, module) -> None:
+def _same_weights(net, module, constants: tuple[str, ...] = ()) -> None:
     """Every parameter and statistic equal to PyTorch's within 1e-4 relative (1e-8 absolute for those whose
     gradient cancels to nothing: a bias before batch norm), found by the name the export kept."""
-    theirs = {k: v.detach().numpy() for k, v in module.state_dict().items()}
+    theirs = {k: v.detach().numpy() for k, v in module.state_dict().items() if k not in constants}
     assert len(net.sources) == len([k for k in theirs if "num_batches" not in k])  # every weight and statistic
     for key, source in net.sources.items():
         want = theirs[source]
@@ -146,3 +155,51 @@ def test_one_sgd_step_of_an_imported_mobilenet_v2_equals_pytorchs():
     module = MobileNetV2(num_classes=10)
     module.classifier[0].p = 0.0
     _one_sgd_step_matches(module, torch.randn(4, 3, 64, 64), torch.randint(0, 10, (4,)))
+
+
+def _bert(seed: int = 0):
+    """A BertLike whose layer norms are not all ones and zeros (as after training)."""
+    torch.manual_seed(seed)
+    module = BertLike()
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+    return module
+
+
+def _bert_batch(n: int = 3):
+    ids = torch.randint(0, 100, (n, 16))
+    mask = torch.ones(n, 16, dtype=torch.long)
+    mask[1, 9:] = 0  # padding in the second sequence
+    return ids, mask
+
+
+@pytest.mark.parametrize("mode", ["kept", "dynamo"])
+def test_a_bert_like_encoder_imports_with_onnxruntime_outputs(mode):
+    """Two inputs (token ids and a padding mask), embeddings, attention's 4-D (N, heads, T, d) tensors, GELU,
+    layer norms; every linear layer's bias trainable (not a constant added after a MatMul)."""
+    module = _bert()
+    ids, mask = _bert_batch()
+    net = _same_as_onnxruntime(_export(module, (ids, mask), mode), (ids.numpy(), mask.numpy()))
+    assert len(net.inputs) == 2 and any(layer.kind == "erf" for layer in net.layers)
+    if mode == "kept":  # the position table is read at fixed positions: folded into a constant at import
+        assert net.num_params() == sum(p.numel() for p in module.parameters()) - module.positions.weight.numel()
+        assert net.sources["layers.0.query.bias"] == "layers.0.query.bias"
+
+
+def test_one_sgd_step_of_an_imported_bert_like_encoder_equals_pytorchs():
+    _one_sgd_step_matches(_bert(), _bert_batch(4), torch.randint(0, 3, (4,)), constants=("positions.weight",))
+
+
+def test_merged_initializers_keep_their_parameters_names():
+    """At initialisation every layer norm is ones and zeros; the exporter keeps one initializer and makes
+    the others Identity copies named after their own parameters: each imports as that parameter."""
+    torch.manual_seed(0)
+    module = BertLike()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no layer shares a parameter
+        net = vmem.onnx.load(_export(module, _bert_batch(), "kept"))
+    names = [k for k in module.state_dict() if k != "positions.weight"]
+    assert sorted(net.sources.values()) == sorted(names)

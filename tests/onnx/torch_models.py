@@ -133,3 +133,56 @@ class MobileNetV2(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = nn.functional.adaptive_avg_pool2d(self.features(x), (1, 1))
         return self.classifier(torch.flatten(x, 1))
+
+
+class EncoderLayer(nn.Module):
+    """A BERT layer: multi-head self-attention (scaled dot products, a padding mask), then a GELU
+    feed-forward, each with a residual and a layer norm after it."""
+
+    def __init__(self, hidden: int, heads: int, ff: int):
+        super().__init__()
+        self.heads, self.head = heads, hidden // heads
+        self.query, self.key, self.value = (nn.Linear(hidden, hidden) for _ in range(3))
+        self.out = nn.Linear(hidden, hidden)
+        self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.ff1, self.ff2 = nn.Linear(hidden, ff), nn.Linear(ff, hidden)
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        n, t, _ = x.shape
+        return x.reshape(n, t, self.heads, self.head).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.split(self.query(x)), self.split(self.key(x)), self.split(self.value(x))
+        scores = q @ k.transpose(-1, -2) / self.head**0.5 + bias
+        ctx = (scores.softmax(-1) @ v).transpose(1, 2).reshape(x.shape)
+        x = self.norm1(x + self.out(ctx))
+        return self.norm2(x + self.ff2(nn.functional.gelu(self.ff1(x))))
+
+
+class BertLike(nn.Module):
+    """Token and position embeddings, a layer norm, ``layers`` encoder layers, and a classifier on the first
+    token; inputs token ids (N, T) and an attention mask (N, T) of 1 (a token) and 0 (padding)."""
+
+    def __init__(
+        self,
+        vocab: int = 100,
+        hidden: int = 32,
+        heads: int = 4,
+        ff: int = 64,
+        layers: int = 2,
+        length: int = 16,
+        classes: int = 3,
+    ):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(vocab, hidden), nn.Embedding(length, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.layers = nn.ModuleList(EncoderLayer(hidden, heads, ff) for _ in range(layers))
+        self.classifier = nn.Linear(hidden, classes)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        x = self.norm(self.tokens(ids) + self.positions(positions))
+        bias = (1.0 - mask.to(x.dtype))[:, None, None, :] * -10000.0
+        for layer in self.layers:
+            x = layer(x, bias)
+        return self.classifier(x[:, 0])

@@ -23,6 +23,10 @@ MIN_OPSET = 9
 #: The batch axis's stand-in while shapes are computed at import (``Shape`` of a feature map): a prime that
 #: no real dimension is, so that a reshape target keeping the batch axis is recognised as such.
 BATCH = 1_000_003
+#: Ops whose output holds its (first) input's values, rearranged: a weight made so keeps its initializer's
+#: name. (Not Identity: an exporter that merges equal initializers names each copy after its own parameter,
+#: ``bn1.running_mean = Identity(bn1.bias)`` while both are zeros.)
+_SAME_VALUES = ("Transpose", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten")
 #: The most values a constant computed at import may hold (a shape computation, never a feature map).
 _MOST_FOLDED = 1 << 22
 
@@ -51,6 +55,19 @@ class _Tensor:
     #: a 4-D map transposed to (N, H, W, C) (what :func:`vmem.onnx.save` writes before a Flatten), not yet
     #: made: a flatten reads it as vmem's own (H, W, C) order, anything else as an nn.Transpose made then
     nhwc: bool = False
+    #: a 4-D tensor that is not an image (attention's (N, heads, T, d), a mask (N, 1, 1, T)): vmem holds it
+    #: with an axis of length 1 after the batch axis, as a 5-D tensor (it stores 4-D ones as images)
+    lifted: bool = False
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        """The shape as the model sees it (at batch 1)."""
+        return self.shape[:1] + self.shape[2:] if self.lifted else self.shape
+
+    def axis(self, a: int) -> int:
+        """vmem's axis for the model's axis ``a`` of this tensor."""
+        a %= len(self.dims)
+        return a + 1 if self.lifted and a >= 1 else a
 
 
 @dataclass
@@ -101,16 +118,27 @@ class _Builder:
         self._taken: list[tuple[str, str]] = []  # (parameter, initializer) the node's layer takes
         self.sources: dict[str, str] = {}  # "layer.param" -> the initializer it was made from
         self.static_batch = 0  # the batch size the model's input declares, where it declares one
+        self.readers: dict[str, int] = {}  # how many nodes read each value of the model
+        #: a constant computed from one initializer by a transpose, reshape or cast -> that initializer
+        self.origin: dict[str, str] = {}
+        self.untied: list[str] = []  # initializers more than one layer took as a parameter
 
     def start(self, node: Any) -> None:
         """Convert ``node`` next."""
         self.node, self.input_names, self._taken = node, list(node.input), []
 
     # -- inputs of the node being converted --------------------------------------------------------
-    def tensor(self, ins: list[Any], i: int, what: str, *, nhwc: bool = False, chw: bool = False) -> _Tensor:
+    def tensor(
+        self, ins: list[Any], i: int, what: str, *, nhwc: bool = False, chw: bool = False, lifted: bool = False
+    ) -> _Tensor:
         value = ins[i] if i < len(ins) else None
         if not isinstance(value, _Tensor):
             raise _Refuse(f"its {what} (input {i}) must be computed by the network, not a constant")
+        if value.lifted and not lifted:
+            raise _Refuse(
+                f"its {what} is a 4-D tensor that is not an image ({value.dims}): only element-wise ops, "
+                "Transpose, MatMul, Softmax and reshapes take one"
+            )
         if value.nhwc and not nhwc:  # read as the transposed tensor it is: made now
             value = self.add(nn.Transpose((0, 2, 3, 1)), [_Tensor(value.node, value.shape)])
         if value.chw is not None and not chw:
@@ -129,15 +157,16 @@ class _Builder:
         return value
 
     def weight(self, ins: list[Any], i: int, what: str, key: str, *, optional: bool = False) -> np.ndarray | None:
-        """A constant that becomes the layer's parameter ``key``: refused where another layer took it already
-        (tied weights would be trained apart)."""
+        """A constant that becomes the layer's parameter ``key`` (its source: the initializer it is, or was
+        transposed or reshaped from). One that another layer took already is that layer's too in the model:
+        tied, or two equal constants an exporter merged (PyTorch's dynamo exporter merges equal
+        initializers); it is copied, and the two trained apart, with a warning."""
         value = self.const(ins, i, what, optional=optional)
         if value is not None:
-            source = self.input_names[i]
+            source = self.origin.get(self.input_names[i], self.input_names[i])
             if source in self.owner:
-                raise _Refuse(
-                    f"its {what} {source!r} is also a parameter of layer {self.owner[source]!r}: tied weights "
-                    "are not supported"
+                self.untied.append(
+                    f"{source!r} ({self.owner[source]}, {what} of {self.node.name or self.node.op_type})"
                 )
             self._taken.append((key, source))
         return value
@@ -149,6 +178,7 @@ class _Builder:
         inputs: Sequence[_Tensor],
         params: dict[str, np.ndarray | None] | None = None,
         chw: tuple[int, int, int] | None = None,
+        lifted: bool = False,
     ) -> _Tensor:
         try:
             shape = tuple(layer.output_shape([t.shape for t in inputs]))
@@ -156,8 +186,9 @@ class _Builder:
             raise _Refuse(str(exc)) from None
         node = self.graph.add(layer, *(t.node for t in inputs), name=self._name())
         for key, source in self._taken:
-            self.owner[source] = node.name
-            self.sources[f"{node.name}.{key}"] = source
+            self.owner.setdefault(source, node.name)
+            if f"{source}" not in self.sources.values():
+                self.sources[f"{node.name}.{key}"] = source
         self._taken = []
         params = dict(params or {})
         for key, spec in layer.param_specs([t.shape for t in inputs]).items():
@@ -166,7 +197,7 @@ class _Builder:
         for key, value in params.items():
             if value is not None:
                 self.params[f"{node.name}.{key}"] = np.ascontiguousarray(value, dtype=np.float32)
-        return _Tensor(node, shape, chw)
+        return _Tensor(node, shape, chw, lifted=lifted)
 
     def _name(self) -> str:
         """A layer name from the ONNX node's: PyTorch's scope path ``/layer1/layer1.0/conv1/Conv`` gives
@@ -262,8 +293,8 @@ def _batchnorm(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 def _elementwise(make: Callable[[], nn.Layer]) -> Callable[..., list[Any]]:
     def convert(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-        x = b.tensor(ins, 0, "input", chw=True)
-        return [b.add(make(), [x], chw=x.chw)]
+        x = b.tensor(ins, 0, "input", chw=True, lifted=True)
+        return [b.add(make(), [x], chw=x.chw, lifted=x.lifted)]
 
     return convert
 
@@ -348,6 +379,31 @@ def _reduce_mean(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any
     return [pooled if int(attrs.get("keepdims", 1)) else b.add(nn.Flatten(), [pooled])]
 
 
+def _bias_of_linear(b: _Builder, x: _Tensor, value: np.ndarray, at: int) -> _Tensor | None:
+    """``MatMul(x, W) + bias`` as exporters write a linear layer over a sequence: the bias becomes the
+    Linear's own (trainable, not a constant added), where the product feeds nothing else."""
+    layer = x.node.layer
+    product = b.input_names[1 - at] if len(b.input_names) > 1 else ""
+    if (
+        not isinstance(layer, nn.Linear)
+        or layer.bias
+        or x.lifted
+        or b.readers.get(product, 0) != 1
+        or value.reshape(-1).shape != (layer.out_features,)
+        or (value.ndim > 1 and value.shape[-1] != layer.out_features)
+        or any(n.layer is layer for n in b.graph._nodes if n is not x.node)
+    ):
+        return None
+    source = b.input_names[at]
+    if source in b.owner:
+        return None  # a parameter of another layer already: a constant here
+    layer.bias = True
+    b.params[f"{layer.name}.bias"] = np.ascontiguousarray(value.reshape(-1), dtype=np.float32)
+    b.owner[source] = str(layer.name)
+    b.sources[f"{layer.name}.bias"] = source
+    return x
+
+
 def _same_order(xs: list[_Tensor]) -> tuple[int, int, int] | None:
     orders = {x.chw for x in xs}
     if len(orders) > 1:
@@ -365,17 +421,26 @@ def _arith(op: str, both: Callable[[], nn.Layer] | None) -> Callable[..., list[A
         if isinstance(a, _Tensor) and isinstance(c, _Tensor):
             if both is None:
                 raise _Refuse(f"{op} of two computed tensors is not supported yet (one operand must be a constant)")
-            xs = [b.tensor(ins, i, "operand", chw=True) for i in range(2)]
-            return [b.add(both(), xs, chw=_same_order(xs))]
+            xs = [b.tensor(ins, i, "operand", chw=True, lifted=True) for i in range(2)]
+            if len({x.lifted for x in xs}) > 1:
+                raise _Refuse(f"{op} of a 4-D tensor that is not an image and a tensor of another rank")
+            return [b.add(both(), xs, chw=_same_order(xs), lifted=xs[0].lifted)]
         kind: str | None = op
         if isinstance(a, _Tensor):
-            x, value = b.tensor(ins, 0, "operand", chw=True), np.asarray(c)
+            x, value = b.tensor(ins, 0, "operand", chw=True, lifted=True), np.asarray(c)
         else:
-            x, value, kind = b.tensor(ins, 1, "operand", chw=True), np.asarray(a), flipped
+            x, value, kind = b.tensor(ins, 1, "operand", chw=True, lifted=True), np.asarray(a), flipped
+        if x.lifted and value.ndim:  # the constant as the model sees it, then with vmem's extra axis
+            value = value.reshape((1,) * (4 - value.ndim) + value.shape)
+            value = value.reshape(value.shape[:1] + (1,) + value.shape[1:])
         if kind is None:
             raise _Refuse("a constant divided by a computed tensor is not supported yet")
         if value.dtype.kind != "f":
             raise _Refuse(f"{op} of a feature map and a {value.dtype} constant")
+        at = 1 if isinstance(a, _Tensor) else 0  # where the constant is
+        fused = _bias_of_linear(b, x, value, at) if kind == "add" else None
+        if fused is not None:
+            return [fused]
         if x.chw is not None and value.size != 1:
             raise _Refuse("a constant combined with a map flattened in (C, H, W) order (vmem stores it (H, W, C))")
         if value.size == 1 and (
@@ -386,7 +451,7 @@ def _arith(op: str, both: Callable[[], nn.Layer] | None) -> Callable[..., list[A
             layer = nn.ConstantOp(kind, value)
         except ValueError as exc:
             raise _Refuse(str(exc)) from None
-        return [b.add(layer, [x], chw=x.chw)]
+        return [b.add(layer, [x], chw=x.chw, lifted=x.lifted)]
 
     return convert
 
@@ -434,17 +499,17 @@ def _flatten(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 @_converts("Reshape", 5, 13, 14, 19, 21, 23, 24, 25)
 def _reshape(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    x = b.tensor(ins, 0, "data", nhwc=True)
+    x = b.tensor(ins, 0, "data", nhwc=True, lifted=True)
     target = b.const(ins, 1, "shape")
     assert target is not None
     dims = [int(d) for d in target.reshape(-1)]
     if int(attrs.get("allowzero", 0)) and 0 in dims:
         raise _Refuse("allowzero=1 with a 0 in the shape (an empty tensor)")
-    size = int(np.prod(x.shape[1:]))
+    size = int(np.prod(x.dims[1:]))
     # the batch axis kept: copied (0), the batch's stand-in, or the batch size an export without a symbolic
     # batch axis wrote down (the model's own input says it)
     batch_kept = bool(dims) and dims[0] in (0, BATCH, b.static_batch)
-    rest = [x.shape[i] if d == 0 and i < len(x.shape) else d for i, d in enumerate(dims)][1:]
+    rest = [x.dims[i] if d == 0 and i < len(x.dims) else d for i, d in enumerate(dims)][1:]
     if not batch_kept and dims and dims[0] == -1 and -1 not in rest and int(np.prod(rest)) == size:
         batch_kept = True
     if not batch_kept or any(d >= BATCH or d < -1 for d in rest) or rest.count(-1) > 1:
@@ -452,19 +517,52 @@ def _reshape(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     if -1 in rest:
         known = int(np.prod([d for d in rest if d != -1]))
         if known == 0 or size % known:
-            raise _Refuse(f"shape {dims} does not fit {x.shape}")
+            raise _Refuse(f"shape {dims} does not fit {x.dims}")
         rest[rest.index(-1)] = size // known
     if int(np.prod(rest)) != size:
-        raise _Refuse(f"cannot reshape {x.shape} to {[x.shape[0]] + rest}")
+        raise _Refuse(f"cannot reshape {x.dims} to {[x.dims[0]] + rest}")
+    return [_to_dims(b, x, rest)]
+
+
+def _to_dims(b: _Builder, x: _Tensor, rest: Sequence[int]) -> _Tensor:
+    """``x`` reshaped to the model's (N, *rest) (as many values a sample): a flatten, a vmem Reshape, or a
+    4-D tensor that is not an image held lifted (see :attr:`_Tensor.lifted`)."""
+    rest = tuple(int(d) for d in rest)
     if len(rest) == 1:
-        return [_flat(b, x)]
+        return _flat(b, x)
     if x.nhwc or x.chw is not None:
         raise _Refuse("reshapes a flattened or transposed map other than to (N, features)")
-    if tuple(rest) == x.shape[1:]:
-        return [x]
-    if len(x.shape) == 4 or len(rest) == 3:
-        raise _Refuse(f"reshapes {x.shape} to {[x.shape[0]] + rest}: 4-D maps reshape only to (N, features)")
-    return [b.add(nn.Reshape(tuple(rest)), [x])]
+    if rest == x.dims[1:]:
+        return x
+    if len(x.shape) == 4:
+        raise _Refuse(f"reshapes {x.dims} to {(x.dims[0],) + rest}: 4-D maps reshape only to (N, features)")
+    lifted = len(rest) == 3
+    return b.add(nn.Reshape(((1,) + rest) if lifted else rest), [x], lifted=lifted)
+
+
+@_converts("Unsqueeze", 1, 11, 13, 21, 23, 24, 25)
+def _unsqueeze(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    x = b.tensor(ins, 0, "data", lifted=True)
+    given = _ints(attrs, "axes", []) if b.opset < 13 else [int(a) for a in b.const(ins, 1, "axes").reshape(-1)]  # type: ignore[union-attr]
+    rank = len(x.dims) + len(given)
+    axes = sorted(a % rank for a in given)
+    if 0 in axes:
+        raise _Refuse("inserts an axis before the batch axis")
+    dims = list(x.dims)
+    for a in axes:
+        dims.insert(a, 1)
+    return [_to_dims(b, x, dims[1:])]
+
+
+@_converts("Squeeze", 1, 11, 13, 21, 23, 24, 25)
+def _squeeze(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    x = b.tensor(ins, 0, "data", lifted=True)
+    given = _ints(attrs, "axes", []) if b.opset < 13 else list(b.const(ins, 1, "axes", optional=True) or [])  # type: ignore[arg-type]
+    rank = len(x.dims)
+    axes = sorted(int(a) % rank for a in given) or [a for a in range(1, rank) if x.dims[a] == 1]
+    if 0 in axes or any(x.dims[a] != 1 for a in axes):
+        raise _Refuse(f"squeezes axes {axes} of {x.dims}: the batch axis, or an axis longer than 1")
+    return [_to_dims(b, x, [d for a, d in enumerate(x.dims) if a not in axes][1:])]
 
 
 def _linear_weight(x: _Tensor, w: np.ndarray) -> np.ndarray:
@@ -511,18 +609,70 @@ def _matmul(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
             raise _Refuse("reads a flattened map as a sequence")
         layer = nn.Linear(int(w.shape[0]), int(w.shape[1]), bias=False)
         return [b.add(layer, [x], {"weight": _linear_weight(x, w.T)})]
-    a, m = b.tensor(ins, 0, "input A"), b.tensor(ins, 1, "input B")
-    return [b.add(nn.MatMul(), [a, m])]
+    a, m = b.tensor(ins, 0, "input A", lifted=True), b.tensor(ins, 1, "input B", lifted=True)
+    if a.lifted != m.lifted:
+        raise _Refuse(f"multiplies tensors of shapes {a.dims} and {m.dims}")
+    return [b.add(nn.MatMul(), [a, m], lifted=a.lifted)]
+
+
+@_converts("Gather", 1, 11, 13)
+def _gather(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    """Rows of a constant table at computed indices (token ids): an embedding, its table trainable. Or one
+    position of a computed tensor along a non-batch axis (``x[:, 0]``, a classifier's first token)."""
+    if isinstance(ins[0], _Tensor):
+        return [_select(b, ins, attrs)]
+    table = b.weight(ins, 0, "table", "weight")
+    ids = b.tensor(ins, 1, "indices")
+    assert table is not None
+    if int(attrs.get("axis", 0)) != 0 or table.ndim != 2:
+        raise _Refuse(f"gathers axis {attrs.get('axis', 0)} of a {table.ndim}-D constant: vmem's embedding takes rows")
+    return [b.add(nn.Embedding(int(table.shape[0]), int(table.shape[1])), [ids], {"weight": table})]
+
+
+def _select(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> _Tensor:
+    x = b.tensor(ins, 0, "data", lifted=True)
+    index = b.const(ins, 1, "indices")
+    assert index is not None
+    axis = int(attrs.get("axis", 0)) % len(x.dims)
+    if axis == 0 or index.size != 1:
+        raise _Refuse(f"gathers {index.size} positions along axis {axis}: vmem takes one position of a non-batch axis")
+    length = x.dims[axis]
+    at = int(index.reshape(-1)[0]) % length
+    piece = b.add(nn.Split(length, at, x.axis(axis)), [x], lifted=x.lifted)
+    if index.ndim:  # a one-element list of positions: the axis stays
+        return piece
+    return _to_dims(b, piece, [d for a, d in enumerate(piece.dims) if a != axis][1:])
+
+
+@_converts("LayerNormalization", 17)
+def _layer_norm(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    x = b.tensor(ins, 0, "input")
+    scale = b.weight(ins, 1, "scale", "weight")
+    bias = b.weight(ins, 2, "bias", "bias", optional=True)
+    assert scale is not None
+    axis = int(attrs.get("axis", -1)) % len(x.shape)
+    if axis != len(x.shape) - 1 or scale.shape != (x.shape[-1],):
+        raise _Refuse(f"normalises axes {axis}.. of {x.shape}: vmem's LayerNorm normalises the last axis")
+    if int(attrs.get("stash_type", 1)) != 1:
+        raise _Refuse("stash_type other than float32")
+    features = x.shape[-1]
+    layer = nn.LayerNorm(features, eps=_real(attrs.get("epsilon", 1e-5)))
+    return [b.add(layer, [x], {"weight": scale, "bias": np.zeros(features) if bias is None else bias}), *_stats()]
+
+
+def _stats() -> list[Any]:
+    unusable = _Unusable("the mean and inverse deviation LayerNormalization may also give")
+    return [unusable, unusable]
 
 
 @_converts("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25)
 def _identity(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    return [b.tensor(ins, 0, "input", chw=True, nhwc=True)]
+    return [b.tensor(ins, 0, "input", chw=True, nhwc=True, lifted=True)]
 
 
 @_converts("Dropout", 7, 10, 12, 13, 22)
 def _dropout(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    x = b.tensor(ins, 0, "input", chw=True)
+    x = b.tensor(ins, 0, "input", chw=True, lifted=True)
     if b.opset < 12:
         ratio = _real(attrs.get("ratio", 0.5))
     else:
@@ -531,24 +681,28 @@ def _dropout(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     mask = _Unusable("dropout's mask")
     if ratio == 0:
         return [x, mask]
-    return [b.add(nn.Dropout(ratio), [x], chw=x.chw), mask]
+    return [b.add(nn.Dropout(ratio), [x], chw=x.chw, lifted=x.lifted), mask]
 
 
 @_converts("Softmax", 1, 11, 13)
 def _softmax(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    x = b.tensor(ins, 0, "input")
-    rank = len(x.shape)
+    x = b.tensor(ins, 0, "input", lifted=True)
+    rank = len(x.dims)
     default = -1 if b.opset >= 13 else 1
     axis = int(attrs.get("axis", default)) % rank
     if b.opset < 13 and axis != rank - 1:  # before 13 the input was coerced to 2-D at the axis
         raise _Refuse(f"axis={axis} of a rank-{rank} input (opset {b.opset} softmaxes the flattened tail)")
-    return [b.add(nn.Softmax(axis), [x])]
+    return [b.add(nn.Softmax(x.axis(axis)), [x], lifted=x.lifted)]
 
 
 @_converts("Transpose", 1, 13, 21, 23, 24, 25)
 def _transpose(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    x = b.tensor(ins, 0, "input")
-    perm = _ints(attrs, "perm", list(range(len(x.shape)))[::-1])
+    x = b.tensor(ins, 0, "input", lifted=True)
+    perm = _ints(attrs, "perm", list(range(len(x.dims)))[::-1])
+    if x.lifted:
+        if perm[0] != 0:
+            raise _Refuse(f"perm={perm} moves the batch axis: vmem keeps it first")
+        return [b.add(nn.Transpose([0, 1] + [x.axis(a) for a in perm[1:]]), [x], lifted=True)]
     if len(x.shape) == 4 and perm == [0, 2, 3, 1]:
         return [_Tensor(x.node, x.shape, None, True)]  # read only by a flatten, in vmem's own order
     if perm == list(range(len(x.shape))):
@@ -567,7 +721,7 @@ def _cast(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
             f"casts a feature map to {onnx.TensorProto.DataType.Name(to).lower()}: vmem's feature maps are float32 "
             "(or the half precision a Trainer's precision= asks for), not the model's choice"
         )
-    return [b.tensor(ins, 0, "input", chw=True, nhwc=True)]
+    return [b.tensor(ins, 0, "input", chw=True, nhwc=True, lifted=True)]
 
 
 # -- the walk -------------------------------------------------------------------------------------
@@ -607,7 +761,7 @@ def _fold(onnx: Any, node: Any, ins: list[Any], opset: int) -> list[Any]:
 
 
 def _shape_of(x: _Tensor, attrs: dict[str, Any]) -> np.ndarray:
-    shape = (x.shape[0], x.shape[2], x.shape[3], x.shape[1]) if x.nhwc else x.shape
+    shape = (x.shape[0], x.shape[2], x.shape[3], x.shape[1]) if x.nhwc else x.dims
     dims = np.array((BATCH,) + tuple(shape[1:]), np.int64)
     start, end = int(attrs.get("start", 0)), attrs.get("end")
     return dims[start : None if end is None else int(end)]
@@ -652,6 +806,7 @@ def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | No
         )
     graph = proto.graph
     values: dict[str, Any] = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    initializers = set(values)
     inputs = [i for i in graph.input if i.name not in values]
     if not inputs:
         raise OnnxError(f"{source}: has no input that is not a constant; vmem imports models that take a batch")
@@ -661,6 +816,11 @@ def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | No
         raise OnnxError(f"{source}: has {len(graph.output)} outputs; vmem imports models with one output")
     net = Graph(input_shape=shape, name=name or re.sub(r"[^0-9A-Za-z_]+", "_", graph.name or "onnx").strip("_"))
     builder = _Builder(net, opset)
+    for node in graph.node:
+        for used in node.input:
+            builder.readers[used] = builder.readers.get(used, 0) + 1
+    for out in graph.output:
+        builder.readers[out.name] = builder.readers.get(out.name, 0) + 1
     first = inp.type.tensor_type.shape.dim
     if first and first[0].HasField("dim_value") and first[0].dim_value > 0:
         builder.static_batch = int(first[0].dim_value)
@@ -698,6 +858,9 @@ def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | No
                 outs = [_shape_of(ins[0], attrs)]
             elif all(isinstance(v, np.ndarray) or v is None for v in ins):
                 outs = _fold(onnx, node, ins, opset)
+                first = node.input[0] if node.input else ""
+                if node.op_type in _SAME_VALUES and (first in initializers or first in builder.origin):
+                    builder.origin[node.output[0]] = builder.origin.get(first, first)
             else:
                 converter = _CONVERTERS.get(node.op_type)
                 if converter is None:
@@ -729,6 +892,11 @@ def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | No
         out = builder.add(nn.Transpose((0, 2, 3, 1)), [_Tensor(out.node, out.shape)])
     if not isinstance(out, _Tensor) or out.node is net.input:
         raise OnnxError(f"{source}: its output {graph.output[0].name!r} is not computed by any layer")
+    if out.lifted:
+        raise OnnxError(
+            f"{source}: its output is a 4-D tensor that is not an image {out.dims}: vmem holds those 5-D inside a "
+            "network; end the model in a layer that gives another rank"
+        )
     if out.chw is not None:
         raise OnnxError(
             f"{source}: its output is a flattened feature map, which vmem orders (H, W, C); "
@@ -736,6 +904,15 @@ def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | No
         )
     net.output(out.node)
     net.sources = {k: v for k, v in builder.sources.items() if k in builder.params}
+    if builder.untied:
+        import warnings
+
+        warnings.warn(
+            f"{source}: {len(builder.untied)} initializer(s) are parameters of more than one layer, each layer "
+            f"given its own copy (trained apart): {'; '.join(builder.untied[:5])}"
+            + (" ..." if len(builder.untied) > 5 else ""),
+            stacklevel=2,
+        )
     try:
         net.load_state_dict(builder.params, source=source)
     except CheckpointError as exc:  # an op left unused (a dead branch) or a converter's slip: say so
@@ -756,10 +933,10 @@ def _input_name(name: str, net: Graph) -> str:
 
 def _input_shape(onnx: Any, inp: Any, given: Sequence[int] | None, source: str) -> tuple[int, ...]:
     tensor = inp.type.tensor_type
-    if tensor.elem_type and np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).kind != "f":
+    if tensor.elem_type and np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).kind not in "fiu":
         raise OnnxError(
             f"{source}: its input {inp.name!r} holds {onnx.TensorProto.DataType.Name(tensor.elem_type)} "
-            "values; vmem imports models of floating-point inputs (images) so far"
+            "values; vmem takes numbers (integer inputs, token ids, travel as floats: exact up to 2^24)"
         )
     dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
     if given is not None:
