@@ -7,6 +7,7 @@ the imported network equals PyTorch's."""
 from __future__ import annotations
 
 import io
+import tempfile
 import warnings
 
 import numpy as np
@@ -184,6 +185,14 @@ def test_a_bert_like_encoder_imports_with_onnxruntime_outputs(mode):
     ids, mask = _bert_batch()
     net = _same_as_onnxruntime(_export(module, (ids, mask), mode), (ids.numpy(), mask.numpy()))
     assert len(net.inputs) == 2 and any(layer.kind == "erf" for layer in net.layers)
+    with tempfile.TemporaryDirectory() as folder:  # and back: token ids an INT64 input, the same outputs
+        vmem.onnx.save(net, f"{folder}/bert.onnx")
+        session = ort.InferenceSession(f"{folder}/bert.onnx")
+        assert [i.type for i in session.get_inputs()] == ["tensor(int64)", "tensor(float)"]
+        feeds = dict(zip([i.name for i in session.get_inputs()], (ids.numpy(), mask.numpy().astype(np.float32))))
+        with vmem.Trainer(net) as trainer:
+            mine = trainer.predict((ids.numpy(), mask.numpy()))
+        np.testing.assert_allclose(session.run(None, feeds)[0], mine, rtol=1e-3, atol=1e-5)
     if mode == "kept":  # the position table is read at fixed positions: folded into a constant at import
         assert net.num_params() == sum(p.numel() for p in module.parameters()) - module.positions.weight.numel()
         assert net.sources["layers.0.query.bias"] == "layers.0.query.bias"

@@ -27,6 +27,16 @@ class _Writer:
         self.inits: dict[str, Any] = {}
         self.names: dict[int, str] = {0: "input"}  # vmem node index -> the ONNX value it computes
         self.names.update((node.index, node.name) for node in net.inputs[1:])  # other inputs keep their names
+        #: inputs read only by embeddings: token ids, written as INT64 inputs
+        readers: dict[int, list[Any]] = {}
+        for node in _live_nodes(net)[1:]:
+            for i in node.inputs:
+                readers.setdefault(i.index, []).append(node.layer)
+        self.int_inputs = {
+            self.names[node.index]
+            for node in net.inputs
+            if readers.get(node.index) and all(isinstance(r, nn.Embedding) for r in readers[node.index])
+        }
         self.params = net.params or {}
         self.folded: dict[int, Node] = {}  # conv node index -> the batch norm folded into it
         if fold:
@@ -168,11 +178,10 @@ def _flatten(w: _Writer, node: Node, layer: nn.Flatten, ins: list[str], name: st
 
 
 def _linear(w: _Writer, node: Node, layer: nn.Linear, ins: list[str], name: str) -> str:
-    weight = w.init(f"{layer.name}.weight", w.param(layer, "weight"))
     bias = [w.init(f"{layer.name}.bias", w.param(layer, "bias"))] if layer.bias else []
     if len(w.net.shape_of(node.inputs[0])) == 2:
-        return w.emit("Gemm", [ins[0], weight] + bias, name, transB=1)
-    wt = w.init(f"{layer.name}.weight_t", w.param(layer, "weight").T)
+        return w.emit("Gemm", [ins[0], w.init(f"{layer.name}.weight", w.param(layer, "weight"))] + bias, name, transB=1)
+    wt = w.init(f"{layer.name}.weight_t", w.param(layer, "weight").T)  # (in, out), as MatMul reads it
     if not bias:
         return w.emit("MatMul", [ins[0], wt], name)
     return w.emit("Add", [w.emit("MatMul", [ins[0], wt], f"{name}.matmul"), bias[0]], name)
@@ -201,6 +210,21 @@ def _constant_op(w: _Writer, node: Node, layer: nn.ConstantOp, ins: list[str], n
     const = w.init(f"{layer.name}.value", value)
     op = {"add": "Add", "sub": "Sub", "rsub": "Sub", "mul": "Mul", "div": "Div"}[layer.op]
     return w.emit(op, [const, ins[0]] if layer.op == "rsub" else [ins[0], const], name)
+
+
+def _embedding(w: _Writer, node: Node, layer: nn.Embedding, ins: list[str], name: str) -> str:
+    ids = ins[0]
+    if ids not in w.int_inputs:  # ids computed in floating point (exact up to 2^24): made integers
+        ids = w.emit("Cast", [ids], f"{name}.ids", to=w.onnx.TensorProto.INT64)
+    return w.emit("Gather", [w.init(f"{layer.name}.weight", w.param(layer, "weight")), ids], name, axis=0)
+
+
+def _split(w: _Writer, node: Node, layer: nn.Split, ins: list[str], name: str) -> str:
+    shape = w.net.shape_of(node.inputs[0])
+    axis = layer.axis % len(shape)
+    n = shape[axis] // layer.sections
+    bounds = [w.const(f"{name}.{k}", [v]) for k, v in (("starts", layer.index * n), ("ends", (layer.index + 1) * n))]
+    return w.emit("Slice", [ins[0], *bounds, w.const(f"{name}.axes", [axis])], name)
 
 
 def _transpose(w: _Writer, node: Node, layer: nn.Transpose, ins: list[str], name: str) -> str:
@@ -236,6 +260,8 @@ _WRITERS: dict[type, Callable[..., str]] = {
     nn.Softmax: _softmax,
     nn.MatMul: _matmul,
     nn.Transpose: _transpose,
+    nn.Embedding: _embedding,
+    nn.Split: _split,
     nn.LayerNorm: _layernorm,
 }
 
@@ -273,7 +299,11 @@ def save(net: Network, path: str | os.PathLike, *, opset: int = 17, fold_batch_n
         w.nodes,
         net.name,
         [
-            helper.make_tensor_value_info(w.names[node.index], onnx.TensorProto.FLOAT, ["N", *shape])
+            helper.make_tensor_value_info(
+                w.names[node.index],
+                onnx.TensorProto.INT64 if w.names[node.index] in w.int_inputs else onnx.TensorProto.FLOAT,
+                ["N", *shape],
+            )
             for node, shape in zip(net.inputs, net.input_shapes())
         ],
         [helper.make_tensor_value_info("output", onnx.TensorProto.FLOAT, ["N", *out_shape[1:]])],
