@@ -257,6 +257,7 @@ _WRITERS: dict[type, Callable[..., str]] = {
     nn.Flatten: _flatten,
     nn.Linear: _linear,
     nn.Reshape: _reshape,
+    nn.ExpandDims: _reshape,
     nn.Softmax: _softmax,
     nn.MatMul: _matmul,
     nn.Transpose: _transpose,
