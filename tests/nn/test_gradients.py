@@ -141,6 +141,11 @@ def test_pooling(layer, k, s, p, ceil, shape):
     check_layer(layer(k, stride=s, padding=p, ceil_mode=ceil), [shape])
 
 
+@pytest.mark.parametrize("pads", [(0, 1, 1, 0), (2, 0, 1, 3)])
+def test_pad2d(pads):
+    check_layer(nn.Pad2d(pads, value=0.5), [(2, 3, 4, 5)])
+
+
 def test_avgpool_excluding_padding():
     check_layer(nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False), [(2, 2, 5, 5)])
 

@@ -37,8 +37,9 @@ EXCLUDED: dict[str, str] = {
         "the model's output is its input: a vmem network has at least one layer"
     ),
     r"test_(average|max)pool_(1d|3d)_.*": "1-D and 3-D pooling: vmem pools 2-D maps",
-    r"test_(average|max)pool_2d_(same_upper|same_lower)": "asymmetric padding: vmem pads each side alike",
-    r"test_(average|max)pool_2d_pads(_count_include_pad)?": "padding wider than half the window",
+    r"test_averagepool_2d_(same_upper|same_lower|pads)": (
+        "average pooling over asymmetric or wide padding that is not counted (count_include_pad=0)"
+    ),
     r"test_(average|max)pool_2d_dilations": "dilated windows",
     r"test_training_dropout(_default|_zero_ratio)?": (
         "dropout in training mode: a random mask (vmem draws its own); zero_ratio: the output is the input"

@@ -303,6 +303,28 @@ def test_token_ids_look_up_an_embedding():
         np.testing.assert_allclose(trainer.predict(ids), want, rtol=RTOL, atol=ATOL)
 
 
+def test_tensorflow_style_padding_imports_and_exports(tmp_path):
+    """SAME padding with stride 2 (one more row and column after than before), an explicit Pad, a max
+    pooling padded wider than half its window: a Pad2d first, the layer then padding nothing."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER"),
+        helper.make_node("Pad", ["c", "pads", "zero"], ["p"], mode="constant"),
+        helper.make_node("MaxPool", ["p"], ["m"], kernel_shape=[3, 3], pads=[2, 2, 2, 2]),
+        helper.make_node("Flatten", ["m"], ["f"]),
+        helper.make_node("Gemm", ["f", "w2"], ["y"], transB=1),
+    ]
+    inits = {
+        "w": _normal(4, 3, 3, 3),
+        "pads": np.array([0, 0, 1, 0, 0, 0, 0, 2], np.int64),
+        "zero": np.float32(0.5),
+        "w2": _normal(2, 4 * 7 * 8),
+    }
+    net = _check(_model(nodes, inits))
+    assert [layer.kind for layer in net.layers][:4] == ["pad", "conv", "pad", "pad"]
+    vmem.onnx.save(net, tmp_path / "tf.onnx")
+    _check(_rename_input(tmp_path / "tf.onnx"))
+
+
 def _rename_input(path):
     """A model vmem.onnx.save wrote, its input called x as the tests' models' are."""
     model = onnx.load(str(path))
@@ -314,7 +336,7 @@ def _rename_input(path):
 
 def test_what_cannot_be_imported_is_refused_by_node_op_and_opset():
     nodes = [
-        helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[0, 0, 1, 1], name="lopsided"),
+        helper.make_node("AveragePool", ["x"], ["c"], kernel_shape=[3, 3], pads=[0, 0, 1, 1], name="lopsided"),
         helper.make_node("LRN", ["c"], ["l"], size=3, name="norm"),  # downstream of a refused node: not named again
         helper.make_node("Conv", ["x", "w2"], ["d"], kernel_shape=[3, 3], dilations=[2, 2], name="dilated"),
         helper.make_node("Add", ["l", "d"], ["y"]),
@@ -324,7 +346,7 @@ def test_what_cannot_be_imported_is_refused_by_node_op_and_opset():
         vmem.onnx.load(model)
     text = str(info.value)
     assert "2 node(s) cannot be imported" in text and "opset 17" in text
-    assert "node 'lopsided' (Conv v11): pads=[0, 0, 1, 1]: asymmetric" in text
+    assert "node 'lopsided' (AveragePool v11): pads=[0, 0, 1, 1]: asymmetric or wide padding where the" in text
     assert "node 'dilated' (Conv v11): dilations=[2, 2]" in text
     assert "'norm'" not in text and "Ops vmem converts: Add, AveragePool" in text
 

@@ -7,7 +7,7 @@ from .join import Add, Concat
 from .linear import Flatten, Linear
 from .loss import SoftmaxCrossEntropy
 from .norm import BatchNorm2d
-from .pooling import AvgPool2d, MaxPool2d
+from .pooling import AvgPool2d, MaxPool2d, Pad2d
 from .seq import Embedding, ExpandDims, LayerNorm, LengthMask, MatMul, Reshape, Softmax, Split, Transpose
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "ConstantOp",
     "MaxPool2d",
     "AvgPool2d",
+    "Pad2d",
     "BatchNorm2d",
     "Dropout",
     "Flatten",

@@ -16,7 +16,7 @@ from ..errors import ShapeError
 from .base import AuxSpec, Ctx, Layer, Shape, physical
 from .conv import _pair, span as _span
 
-__all__ = ["MaxPool2d", "AvgPool2d"]
+__all__ = ["MaxPool2d", "AvgPool2d", "Pad2d"]
 
 
 def _out_size(size: int, k: int, s: int, p: int, ceil: bool) -> int:
@@ -254,3 +254,44 @@ class AvgPool2d(_Pool2d):
         dx.fill(0)
         for _, orow, ocol, irow, icol in self._offsets(h, w, ho, wo):
             dx[:, irow, icol] += g[:, orow, ocol]
+
+
+class Pad2d(Layer):
+    """``Pad2d(pads, value=0.0)``: a map padded by ``pads`` = (top, left, bottom, right) rows and columns of
+    ``value`` (-inf before a max pooling; any side may differ: TensorFlow's SAME padding). Backward needs
+    nothing: the gradient is the inner part of the output's."""
+
+    kind = "pad"
+
+    def __init__(self, pads: Sequence[int], value: float = 0.0):
+        super().__init__()
+        self.pads = tuple(int(p) for p in pads)
+        if len(self.pads) != 4 or min(self.pads) < 0:
+            raise ValueError(f"Pad2d: pads={pads!r} must be four non-negative ints (top, left, bottom, right)")
+        self.value = float(value)
+
+    def extra_repr(self) -> str:
+        return f"{self.pads}" + (f", value={self.value:g}" if self.value else "")
+
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        self.check_arity(in_shapes)
+        shape = in_shapes[0]
+        self.expect_rank(shape, 4)
+        n, c, h, w = shape
+        t, left, bottom, r = self.pads
+        return (n, c, h + t + bottom, w + left + r)
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return 0
+
+    def _inner(self, shape: Sequence[int]) -> tuple:
+        t, left, bottom, r = self.pads
+        return (slice(None), slice(t, shape[1] - bottom), slice(left, shape[2] - r), slice(None))
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        y.fill(self.value)
+        y[self._inner(y.shape)] = xs[0]
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        if dxs[0] is not None:
+            dxs[0][...] = dy[self._inner(dy.shape)]

@@ -230,8 +230,23 @@ def _ints(attrs: dict[str, Any], key: str, default: Sequence[int]) -> list[int]:
     return [int(v) for v in attrs.get(key, default)]
 
 
+def _padded(
+    b: _Builder, x: _Tensor, kernel: list[int], attrs: dict[str, Any], value: float | None, pool: bool = False
+) -> tuple[_Tensor, list[int], list[int]]:
+    """(input, strides, symmetric pads) of a convolution or pooling window. Padding vmem's layers cannot
+    take (asymmetric, TensorFlow's SAME; wider than half a pooling window) is done first by a Pad2d of
+    ``value`` (0 for a convolution, -inf for a max pooling), the layer then padding nothing."""
+    strides, pads = _window(b, x, kernel, attrs)
+    wide = pool and (pads[0] * 2 > kernel[0] or pads[1] * 2 > kernel[1])
+    if pads[0] == pads[2] and pads[1] == pads[3] and not wide:
+        return x, strides, pads[:2]
+    if value is None:
+        raise _Refuse(f"pads={pads}: asymmetric or wide padding where the padded values are not counted")
+    return b.add(nn.Pad2d((pads[0], pads[1], pads[2], pads[3]), value), [x]), strides, [0, 0]
+
+
 def _window(b: _Builder, x: _Tensor, kernel: list[int], attrs: dict[str, Any]) -> tuple[list[int], list[int]]:
-    """(strides, symmetric pads) of a convolution or pooling window; asymmetric padding refused."""
+    """(strides, pads (top, left, bottom, right)) of a convolution or pooling window."""
     if len(kernel) != 2:
         raise _Refuse(f"a {len(kernel)}-D window: vmem has 2-D convolutions and poolings only")
     strides = _ints(attrs, "strides", [1, 1])
@@ -248,9 +263,7 @@ def _window(b: _Builder, x: _Tensor, kernel: list[int], attrs: dict[str, Any]) -
             total = max(0, (out - 1) * strides[axis] + kernel[axis] - size)
             small, large = total // 2, total - total // 2
             pads[axis], pads[axis + 2] = (small, large) if auto == "SAME_UPPER" else (large, small)
-    if pads[0] != pads[2] or pads[1] != pads[3]:
-        raise _Refuse(f"pads={pads}: asymmetric padding is not supported (vmem pads each side alike)")
-    return strides, pads[:2]
+    return strides, pads
 
 
 def _rank4(x: _Tensor, what: str) -> None:
@@ -272,7 +285,7 @@ def _conv(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     c = cg * group
     if c != x.shape[1] or k % group:
         raise _Refuse(f"weights {w.shape} in {group} group(s) do not match an input of {x.shape[1]} channels")
-    strides, pads = _window(b, x, _ints(attrs, "kernel_shape", [kh, kw]), attrs)
+    x, strides, pads = _padded(b, x, _ints(attrs, "kernel_shape", [kh, kw]), attrs, 0.0)
     layer = nn.Conv2d(c, k, (kh, kw), stride=tuple(strides), padding=tuple(pads), bias=bias is not None, groups=group)
     return [b.add(layer, [x], {"weight": w.transpose(0, 2, 3, 1), "bias": bias})]
 
@@ -326,12 +339,12 @@ def _pool(average: bool) -> Callable[..., list[Any]]:
         x = b.tensor(ins, 0, "input")
         _rank4(x, "input")
         kernel = _ints(attrs, "kernel_shape", [])
-        strides, pads = _window(b, x, kernel, attrs)
+        counted = not average or bool(attrs.get("count_include_pad", 0))
+        fill = (0.0 if average else -np.inf) if counted else None
+        x, strides, pads = _padded(b, x, kernel, attrs, fill, pool=True)
         ceil = bool(attrs.get("ceil_mode", 0))
         if int(attrs.get("storage_order", 0)):
             raise _Refuse("storage_order=1 (column-major indices) is not supported")
-        if pads[0] * 2 > kernel[0] or pads[1] * 2 > kernel[1]:
-            raise _Refuse(f"pads={pads} with kernel {kernel}: vmem pads at most half a window")
         layer: nn.Layer
         if average:
             layer = nn.AvgPool2d(
@@ -360,6 +373,30 @@ def _global(average: bool) -> Callable[..., list[Any]]:
 
 _converts("GlobalAveragePool", 1, 22)(_global(True))
 _converts("GlobalMaxPool", 1, 22)(_global(False))
+
+
+@_converts("Pad", 2, 11, 13, 18, 19, 21, 23, 24, 25)
+def _pad(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    """Constant padding of a map's height and width (TensorFlow's exports pad before a convolution)."""
+    x = b.tensor(ins, 0, "data")
+    _rank4(x, "data")
+    if attrs.get("mode", "constant") != "constant":
+        raise _Refuse(f"mode={attrs.get('mode')!r}: vmem pads with a constant")
+    if b.opset < 11:
+        pads, value = _ints(attrs, "pads", []), _real(attrs.get("value", 0.0))
+    else:
+        pads = [int(p) for p in b.const(ins, 1, "pads").reshape(-1)]  # type: ignore[union-attr]
+        given = b.const(ins, 2, "constant_value", optional=True)
+        value = 0.0 if given is None or given.size == 0 else _real(given.reshape(-1)[0])
+        axes = b.const(ins, 3, "axes", optional=True)
+        if axes is not None:  # pads for the axes named: the others nothing
+            full = [0] * 8
+            for k, a in enumerate(int(a) % 4 for a in axes.reshape(-1)):
+                full[a], full[a + 4] = pads[k], pads[k + len(axes.reshape(-1))]
+            pads = full
+    if len(pads) != 8 or any(pads[a] or pads[a + 4] for a in (0, 1)) or min(pads) < 0:
+        raise _Refuse(f"pads={pads}: vmem pads a map's height and width, by zero or more")
+    return [b.add(nn.Pad2d((pads[2], pads[3], pads[6], pads[7]), value), [x])]
 
 
 @_converts("ReduceMean", 1, 11, 13, 18)

@@ -227,6 +227,13 @@ def _split(w: _Writer, node: Node, layer: nn.Split, ins: list[str], name: str) -
     return w.emit("Slice", [ins[0], *bounds, w.const(f"{name}.axes", [axis])], name)
 
 
+def _pad(w: _Writer, node: Node, layer: nn.Pad2d, ins: list[str], name: str) -> str:
+    t, left, bottom, r = layer.pads
+    pads = w.const(f"{name}.pads", [0, 0, t, left, 0, 0, bottom, r])
+    value = w.const(f"{name}.value", layer.value, np.float32)
+    return w.emit("Pad", [ins[0], pads, value], name, mode="constant")
+
+
 def _transpose(w: _Writer, node: Node, layer: nn.Transpose, ins: list[str], name: str) -> str:
     return w.emit("Transpose", ins, name, perm=list(layer.perm))
 
@@ -261,6 +268,7 @@ _WRITERS: dict[type, Callable[..., str]] = {
     nn.Softmax: _softmax,
     nn.MatMul: _matmul,
     nn.Transpose: _transpose,
+    nn.Pad2d: _pad,
     nn.Embedding: _embedding,
     nn.Split: _split,
     nn.LayerNorm: _layernorm,
