@@ -27,6 +27,14 @@ CASES = [
     (lambda: nn.Flatten(), [(2, 3, 4, 4)]),
     (lambda: nn.Add(), [(2, 3, 4, 4), (2, 3, 4, 4)]),
     (lambda: nn.Concat(), [(2, 3, 4, 4), (2, 5, 4, 4)]),
+    # the layers ONNX import brought (issue 34): ReLU6, GELU's erf, arithmetic with a constant, transposes
+    # (4-D through the stored order, 5-D attention heads), padding
+    (lambda: nn.Clip(0, 6), [(2, 3, 4, 5)]),
+    (lambda: nn.Erf(), [(3, 7)]),
+    (lambda: nn.ConstantOp("div", np.linspace(0.5, 2, 3).reshape(3, 1, 1)), [(2, 3, 4, 5)]),
+    (lambda: nn.Transpose((0, 3, 1, 2)), [(2, 3, 4, 5)]),
+    (lambda: nn.Transpose((0, 1, 3, 2, 4)), [(2, 1, 4, 3, 5)]),
+    (lambda: nn.Pad2d((0, 1, 2, 1), value=-1.0), [(2, 3, 4, 5)]),
 ]
 
 
