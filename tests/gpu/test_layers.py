@@ -35,6 +35,7 @@ CASES = [
     (lambda: nn.Transpose((0, 3, 1, 2)), [(2, 3, 4, 5)]),
     (lambda: nn.Transpose((0, 1, 3, 2, 4)), [(2, 1, 4, 3, 5)]),
     (lambda: nn.Pad2d((0, 1, 2, 1), value=-1.0), [(2, 3, 4, 5)]),
+    (lambda: nn.Sub(), [(2, 3, 4, 5), (2, 3, 4, 5)]),
 ]
 
 

@@ -109,6 +109,14 @@ def test_transpose(perm, shape):
     check_layer(nn.Transpose(perm), [shape])  # 4-D: permuted through the stored channels-last order
 
 
+@pytest.mark.parametrize("layer", [nn.Sub, nn.Div], ids=["sub", "div"])
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 7)])
+def test_sub_and_div(layer, shape):
+    stored = nn.physical(shape)
+    b = np.random.default_rng(1).uniform(0.5, 2.0, stored) * np.where(np.arange(stored[-1]) % 2, 1, -1)
+    assert check_layer(layer(), [shape, shape], inputs={1: b}) == ["x0", "x1"]  # divisors away from zero
+
+
 @pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 7)])
 def test_erf(shape):
     check_layer(nn.Erf(), [shape])

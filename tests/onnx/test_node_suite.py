@@ -26,7 +26,6 @@ from onnx import TensorProto, numpy_helper  # noqa: E402
 
 #: pattern (matched against the whole test name) -> why vmem does not pass it yet
 EXCLUDED: dict[str, str] = {
-    r"test_(sub|sub_example|div|div_example)": "Sub and Div of two computed tensors (no layer for them yet)",
     r"test_concat_(1d_axis_(0|negative_1)|2d_axis_(0|negative_2)|3d_axis_(0|negative_3))": (
         "a concatenation along the batch axis"
     ),

@@ -1,6 +1,6 @@
 """Layers: math on an array namespace, shapes, costs, and what backward needs (see :mod:`vmem.nn.base`)."""
 
-from .activation import Clip, ConstantOp, Dropout, Erf, Mul, ReLU, Sigmoid, Tanh
+from .activation import Clip, ConstantOp, Div, Dropout, Erf, Mul, ReLU, Sigmoid, Sub, Tanh
 from .base import PASSES, AuxSpec, Ctx, Layer, ParamSpec, logical, physical
 from .conv import Conv2d
 from .join import Add, Concat
@@ -26,6 +26,8 @@ __all__ = [
     "Tanh",
     "Erf",
     "Mul",
+    "Sub",
+    "Div",
     "ConstantOp",
     "MaxPool2d",
     "AvgPool2d",

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 from ..errors import ShapeError
 from .base import AuxSpec, Ctx, Layer, ParamSpec, Shape
 
-__all__ = ["ReLU", "Clip", "Sigmoid", "Tanh", "Erf", "Mul", "ConstantOp", "Dropout"]
+__all__ = ["ReLU", "Clip", "Sigmoid", "Tanh", "Erf", "Mul", "Sub", "Div", "ConstantOp", "Dropout"]
 
 
 class ReLU(Layer):
@@ -153,6 +153,43 @@ class Mul(Layer):
             ctx.xp.multiply(dy, b, out=dxs[0])
         if dxs[1] is not None:
             ctx.xp.multiply(dy, a, out=dxs[1])
+
+
+class Sub(Mul):
+    """The element-wise difference of two inputs of the same shape (the first less the second). Backward
+    needs nothing."""
+
+    kind = "sub"
+    needs = frozenset()
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        ctx.xp.subtract(xs[0], xs[1], out=y)
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        if dxs[1] is not None:
+            ctx.xp.negative(dy, out=dxs[1])
+        if dxs[0] is not None and dxs[0] is not dy:
+            dxs[0][...] = dy
+
+
+class Div(Mul):
+    """The element-wise quotient of two inputs of the same shape (the first over the second). Backward
+    needs both inputs."""
+
+    kind = "div"
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        ctx.xp.divide(xs[0], xs[1], out=y)
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        a, b = xs  # type: ignore[misc]
+        if dxs[1] is not None:  # d(a/b)/db = -a / b^2 (before dxs[0], which may be dy itself)
+            ctx.xp.multiply(dy, a, out=dxs[1])
+            dxs[1] /= b
+            dxs[1] /= b
+            ctx.xp.negative(dxs[1], out=dxs[1])
+        if dxs[0] is not None:
+            ctx.xp.divide(dy, b, out=dxs[0])
 
 
 class ConstantOp(Layer):

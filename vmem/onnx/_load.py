@@ -494,9 +494,9 @@ def _arith(op: str, both: Callable[[], nn.Layer] | None) -> Callable[..., list[A
 
 
 _converts("Add", 7, 13, 14)(_arith("add", nn.Add))
-_converts("Sub", 7, 13, 14)(_arith("sub", None))
+_converts("Sub", 7, 13, 14)(_arith("sub", nn.Sub))
 _converts("Mul", 7, 13, 14)(_arith("mul", nn.Mul))
-_converts("Div", 7, 13, 14)(_arith("div", None))
+_converts("Div", 7, 13, 14)(_arith("div", nn.Div))
 
 
 @_converts("Sum", 6, 8, 13)

@@ -254,6 +254,8 @@ _WRITERS: dict[type, Callable[..., str]] = {
     nn.Tanh: _simple("Tanh"),
     nn.Erf: _simple("Erf"),
     nn.Mul: _simple("Mul"),
+    nn.Sub: _simple("Sub"),
+    nn.Div: _simple("Div"),
     nn.ConstantOp: _constant_op,
     nn.Clip: _clip,
     nn.Dropout: _dropout,
