@@ -15,6 +15,7 @@ A Ctx made without ``ops`` gets :class:`HostOps`: layers called on their own run
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from typing import Any, Callable
@@ -101,6 +102,7 @@ class ArrayOps:
         return self.xp.sum(partial, axis=0, out=out)
 
 
+@functools.cache
 def _scipy_special() -> Any:
     """``scipy.special``, or None where SciPy is not installed (an optional extra)."""
     try:

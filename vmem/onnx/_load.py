@@ -207,15 +207,7 @@ class _Builder:
         if parts and re.fullmatch(re.escape(node.op_type) + r"(_\d+)?", parts[-1]):
             parts = parts[:-1]  # the op type (and its count) that ends the path
         kept = [p for p, q in zip(parts, parts[1:] + [""]) if not q.startswith(p + ".")]
-        base = re.sub(r"[^0-9A-Za-z_.]+", "_", ".".join(kept)).strip("_.") or node.op_type.lower()
-        name, k = base, 1
-        while name in self._used_names():
-            k += 1
-            name = f"{base}_{k}"
-        return name
-
-    def _used_names(self) -> set[str]:
-        return {str(layer.name) for layer in self.graph.layers} | {node.name for node in self.graph.inputs}
+        return _unique(".".join(kept), node.op_type.lower(), self.graph)
 
 
 # -- converters ------------------------------------------------------------------------------------
@@ -864,7 +856,7 @@ def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | No
     values[inp.name] = _Tensor(net.input, (1,) + shape)
     for other in inputs[1:]:  # the network's other inputs, in the model's order (each with a batch axis)
         other_shape = _input_shape(onnx, other, None, source)
-        values[other.name] = _Tensor(net.add_input(other_shape, _input_name(other.name, net)), (1,) + other_shape)
+        values[other.name] = _Tensor(net.add_input(other_shape, _unique(other.name, "input", net)), (1,) + other_shape)
     refused: list[str] = []
 
     def version(op: str) -> int:
@@ -957,10 +949,11 @@ def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | No
     return net
 
 
-def _input_name(name: str, net: Graph) -> str:
-    """A name for an input of ``net`` from the model's (``attention_mask`` stays so)."""
-    base = re.sub(r"[^0-9A-Za-z_.]+", "_", name).strip("_.") or "input"
-    taken = {node.name for node in net.inputs} | {str(layer.name) for layer in net.layers}
+def _unique(name: str, fallback: str, net: Graph) -> str:
+    """``name`` made a name of ``net``'s (letters, digits, ``_`` and ``.``; ``fallback`` where nothing is
+    left), ``_2``, ``_3``... added where a layer or an input has it already."""
+    base = re.sub(r"[^0-9A-Za-z_.]+", "_", name).strip("_.") or fallback
+    taken = {str(layer.name) for layer in net.layers} | {node.name for node in net.inputs}
     out, k = base, 1
     while out in taken:
         k += 1

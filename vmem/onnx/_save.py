@@ -27,15 +27,16 @@ class _Writer:
         self.inits: dict[str, Any] = {}
         self.names: dict[int, str] = {0: "input"}  # vmem node index -> the ONNX value it computes
         self.names.update((node.index, node.name) for node in net.inputs[1:])  # other inputs keep their names
-        #: inputs read only by embeddings: token ids, written as INT64 inputs
-        readers: dict[int, list[Any]] = {}
-        for node in _live_nodes(net)[1:]:
+        self.live = _live_nodes(net)
+        self.readers: dict[int, list[Any]] = {}  # vmem node index -> the layers reading it
+        for node in self.live[1:]:
             for i in node.inputs:
-                readers.setdefault(i.index, []).append(node.layer)
+                self.readers.setdefault(i.index, []).append(node.layer)
+        #: inputs read only by embeddings: token ids, written as INT64 inputs
         self.int_inputs = {
             self.names[node.index]
             for node in net.inputs
-            if readers.get(node.index) and all(isinstance(r, nn.Embedding) for r in readers[node.index])
+            if self.readers.get(node.index) and all(isinstance(r, nn.Embedding) for r in self.readers[node.index])
         }
         self.params = net.params or {}
         self.folded: dict[int, Node] = {}  # conv node index -> the batch norm folded into it
@@ -43,17 +44,13 @@ class _Writer:
             self._fold_plan()
 
     def _fold_plan(self) -> None:
-        readers: dict[int, int] = {}
-        for node in _live_nodes(self.net)[1:]:
-            for i in node.inputs:  # (an input has none)
-                readers[i.index] = readers.get(i.index, 0) + 1
-        for node in _live_nodes(self.net)[1:]:
+        for node in self.live[1:]:
             src = node.inputs[0] if node.inputs else None
             if (
                 isinstance(node.layer, nn.BatchNorm2d)
                 and src is not None
                 and isinstance(src.layer, nn.Conv2d)
-                and readers.get(src.index) == 1
+                and len(self.readers.get(src.index, [])) == 1
                 and src.alias is None
                 and sum(1 for n in self.net._nodes[1:] if n.layer is src.layer) == 1
             ):
@@ -298,7 +295,7 @@ def save(net: Network, path: str | os.PathLike, *, opset: int = 17, fold_batch_n
         raise OnnxError(f"{net.name}: no input shape; build it with input_shape=(C, H, W)")
     real = checkpoint.target(path, "an ONNX model", "model.onnx", OnnxError)
     w = _Writer(onnx, net, opset, fold_batch_norm)
-    live = _live_nodes(net)
+    live = w.live
     for node in live[1:]:
         if node.layer is not None:  # (another input: named already)
             w.names[node.index] = w.layer(node)

@@ -154,6 +154,7 @@ class Executor(Transfers):
         self._inputs = [
             (t, program.upload_source(t), np.dtype(program.tensors[t].dtype)) for t in program.input_tensors
         ]
+        self._input_of = {source: t for t, source, _ in self._inputs}  # upload source -> its tensor
         self._loss_dtype = np.dtype(program.loss_dtype)  # the loss's and its probabilities' (float32 over half logits)
         self._grad_dtype = np.dtype(program.precision.gradients)  # the weights' gradients
         #: each tensor is viewed in what it is stored in (a layer may store its output otherwise)
@@ -386,7 +387,7 @@ class Executor(Transfers):
         if st.source == "labels":
             dst = self._labels(r)
         else:
-            dst = self._value(r, next(t for t, source, _ in self._inputs if source == st.source))
+            dst = self._value(r, self._input_of[st.source])
         self.device.copy_to_device(dst, r.batch[st.source], stream=self.device.compute_stream)
 
     def _copy_out(self, r: _Run, st: CopyOut) -> None:

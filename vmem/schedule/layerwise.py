@@ -66,10 +66,10 @@ class _Layerwise:
 
     def __init__(self, program: Program, plan: "Plan"):
         self.program, self.plan = program, plan
-        self._sources: dict[Key, str] | None = None  # what uploads fill (made on first use)
         ops, tensors = program.ops, program.tensors
         self.needs = needs_grad(program)
         self.value, self.buffers, self.aux = buffer_keys(program)
+        self._sources = uploads(program, self.value)  # what is filled from the batch (once: see alloc)
         self.grads = gradients(program, self.needs)
         self.param_temps, self.param_adds, temp_buffers = param_temps(program, self.needs)
         for key, (_, _, nbytes) in self.grads.intervals.items():
@@ -142,8 +142,6 @@ class _Layerwise:
         return out_grad is not None and all(program.tensors[t].buffer == b for t in group)
 
     def alloc(self, key: Key) -> None:
-        if self._sources is None:
-            self._sources = uploads(self.program, self.value)
         allocate(self.buffers[key], self._sources, self.steps)
         # filled from the batch once: allocated again (an offloaded input, for its prefetch), it is not
         self._sources.pop(key, None)
