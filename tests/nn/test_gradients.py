@@ -154,6 +154,12 @@ def test_pad2d(pads):
     check_layer(nn.Pad2d(pads, value=0.5), [(2, 3, 4, 5)])
 
 
+@pytest.mark.parametrize("layer", [nn.MaxPool2d, nn.AvgPool2d])
+@pytest.mark.parametrize("ceil", [False, True])
+def test_dilated_pooling(layer, ceil):
+    check_layer(layer(2, stride=2, padding=1, ceil_mode=ceil, dilation=(2, 3)), [(2, 2, 7, 9)])
+
+
 def test_avgpool_excluding_padding():
     check_layer(nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False), [(2, 2, 5, 5)])
 
@@ -222,7 +228,14 @@ def test_broadcasting_add(shapes):
 
 
 @pytest.mark.parametrize(
-    "layer, shape", [(nn.Reshape((6,)), (2, 3, 2)), (nn.ExpandDims(1), (2, 5)), (nn.ExpandDims(2), (2, 3))]
+    "layer, shape",
+    [
+        (nn.Reshape((6,)), (2, 3, 2)),
+        (nn.ExpandDims(1), (2, 5)),
+        (nn.ExpandDims(2), (2, 3)),
+        (nn.Reshape((1, 3, 4, 5)), (2, 3, 4, 5)),  # a 4-D map (stored channels-last) to a 5-D tensor: a copy
+        (nn.Reshape((2, 5, 3)), (2, 5, 3, 2)),  # and back from a 3-D one
+    ],
 )
 def test_reshapes(layer, shape):
     check_layer(layer, [shape])
@@ -241,9 +254,33 @@ def test_softmax(axis, shape):
     check_layer(nn.Softmax(axis=axis), [shape])
 
 
-@pytest.mark.parametrize("transpose_b, shapes", [(False, [(2, 3, 4), (2, 4, 5)]), (True, [(2, 3, 4), (2, 5, 4)])])
+@pytest.mark.parametrize(
+    "transpose_b, shapes",
+    [
+        (False, [(2, 3, 4), (2, 4, 5)]),
+        (True, [(2, 3, 4), (2, 5, 4)]),
+        (False, [(2, 3, 1, 2, 4), (2, 1, 2, 4, 3)]),  # leading axes broadcast both ways
+        (True, [(2, 1, 1, 2, 4), (2, 2, 3, 5, 4)]),
+    ],
+)
 def test_batched_matmul(transpose_b, shapes):
     assert check_layer(nn.MatMul(transpose_b), shapes) == ["x0", "x1"]
+
+
+def test_identity():
+    check_layer(nn.Identity(), [(2, 3, 4)])
+
+
+@pytest.mark.parametrize("axes, shape", [((1,), (2, 3, 4)), ((-1, 1), (2, 3, 4)), ((2, 4), (2, 3, 2, 4, 2))])
+def test_mean(axes, shape):
+    check_layer(nn.Mean(axes), [shape])
+
+
+@pytest.mark.parametrize(
+    "indices, axis, shape", [([2, 0, 2], 1, (2, 3, 4)), ([1], -1, (2, 3, 2)), ([0, 1], 2, (3, 5, 2))]
+)
+def test_take(indices, axis, shape):
+    check_layer(nn.Take(indices, axis), [shape])  # a position taken twice: its gradient summed
 
 
 def test_linear_over_a_sequence():
@@ -271,7 +308,8 @@ def test_four_dimensional_tensors_are_refused_where_an_axis_would_be_ambiguous()
     from vmem.errors import ShapeError
 
     for layer, shapes in [
-        (nn.ExpandDims(2), [(2, 3, 5)]),
+        (nn.Mean((2,)), [(2, 3, 4, 4)]),
+        (nn.Take([0], 2), [(2, 3, 4, 4)]),
         (nn.Softmax(1), [(2, 3, 4, 4)]),
         (nn.Split(2, 0, axis=2), [(2, 3, 4, 4)]),
         (nn.Concat(axis=2), [(2, 3, 4, 4)] * 2),

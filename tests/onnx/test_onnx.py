@@ -336,7 +336,7 @@ def _rename_input(path):
 
 def test_what_cannot_be_imported_is_refused_by_node_op_and_opset():
     nodes = [
-        helper.make_node("AveragePool", ["x"], ["c"], kernel_shape=[3, 3], pads=[0, 0, 1, 1], name="lopsided"),
+        helper.make_node("MaxPool", ["x"], ["c"], kernel_shape=[3, 3], storage_order=1, name="columns"),
         helper.make_node("LRN", ["c"], ["l"], size=3, name="norm"),  # downstream of a refused node: not named again
         helper.make_node("Conv", ["x", "w2"], ["d"], kernel_shape=[3, 3], dilations=[2, 2], name="dilated"),
         helper.make_node("Add", ["l", "d"], ["y"]),
@@ -346,7 +346,7 @@ def test_what_cannot_be_imported_is_refused_by_node_op_and_opset():
         vmem.onnx.load(model)
     text = str(info.value)
     assert "2 node(s) cannot be imported" in text and "opset 17" in text
-    assert "node 'lopsided' (AveragePool v11): pads=[0, 0, 1, 1]: asymmetric or wide padding where the" in text
+    assert "node 'columns' (MaxPool v12): storage_order=1" in text
     assert "node 'dilated' (Conv v11): dilations=[2, 2]" in text
     assert "'norm'" not in text and "Ops vmem converts: Add, AveragePool" in text
 

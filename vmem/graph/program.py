@@ -338,7 +338,7 @@ def _mark_stash_and_inplace(ops: list[OpInfo], tensors: list[TensorInfo]) -> Non
             tensors[op.output].stashed = True
     for op in ops:
         layer = op.layer
-        if not layer.inplace:
+        if not layer.aliases(op.in_shapes):
             continue
         (src,) = op.inputs
         t_in = tensors[src]

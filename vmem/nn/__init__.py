@@ -8,7 +8,20 @@ from .linear import Flatten, Linear
 from .loss import SoftmaxCrossEntropy
 from .norm import BatchNorm2d
 from .pooling import AvgPool2d, MaxPool2d, Pad2d
-from .seq import Embedding, ExpandDims, LayerNorm, LengthMask, MatMul, Reshape, Softmax, Split, Transpose
+from .seq import (
+    Embedding,
+    ExpandDims,
+    Identity,
+    LayerNorm,
+    LengthMask,
+    MatMul,
+    Mean,
+    Reshape,
+    Softmax,
+    Split,
+    Take,
+    Transpose,
+)
 
 __all__ = [
     "Layer",
@@ -47,4 +60,7 @@ __all__ = [
     "MatMul",
     "LayerNorm",
     "LengthMask",
+    "Identity",
+    "Mean",
+    "Take",
 ]

@@ -130,6 +130,12 @@ class Layer(ABC):
             layout = {4: "(N, C, H, W)", 2: "(N, features)"}.get(rank, f"rank {rank}")
             raise ShapeError(f"layer {self.label}: expects a {layout} {what}, got shape {tuple(shape)}")
 
+    def aliases(self, in_shapes: Sequence[Shape]) -> bool:
+        """Whether the output may be written over the (single) input for these logical input shapes:
+        ``inplace``, unless the layer says otherwise for some shapes (a reshape that changes the stored
+        order of the values copies)."""
+        return self.inplace
+
     # -- parameters and saved state -----------------------------------------------------------------
     def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:
         return {}

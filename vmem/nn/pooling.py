@@ -1,6 +1,7 @@
 """Max and average pooling over channels-last tensors.
 
-Output size follows Torch: floor((H + 2p - k) / s) + 1, or with ``ceil_mode=True`` the ceiling, where a
+Output size follows Torch: floor((H + 2p - e) / s) + 1 for a window spanning e = d (k - 1) + 1 rows (d: the
+dilation), or with ``ceil_mode=True`` the ceiling, where a
 last window that would start beyond the input (right padding excluded) is dropped. Padding never
 contributes to a maximum; for averages it counts in the divisor when ``count_include_pad`` (Torch's
 default). Both are computed as one strided pass per window offset, so overlapping windows (3/2) work.
@@ -20,6 +21,7 @@ __all__ = ["MaxPool2d", "AvgPool2d", "Pad2d"]
 
 
 def _out_size(size: int, k: int, s: int, p: int, ceil: bool) -> int:
+    """Outputs along an axis for a window spanning ``k`` inputs (dilated: ``d * (k - 1) + 1``)."""
     span = size + 2 * p - k
     out = (-(-span // s) if ceil else span // s) + 1
     if ceil and (out - 1) * s >= size + p:
@@ -34,20 +36,35 @@ class _Pool2d(Layer):
         stride: int | Sequence[int] | None = None,
         padding: int | Sequence[int] = 0,
         ceil_mode: bool = False,
+        dilation: int | Sequence[int] = 1,
     ):
         super().__init__()
         self.kernel_size = _pair(kernel_size, "kernel_size")
         self.stride = self.kernel_size if stride is None else _pair(stride, "stride")
         self.padding = _pair(padding, "padding")
+        self.dilation = _pair(dilation, "dilation")
         self.ceil_mode = bool(ceil_mode)
-        if min(self.kernel_size) < 1 or min(self.stride) < 1 or min(self.padding) < 0:
-            raise ValueError(f"{type(self).__name__}: bad geometry kernel={self.kernel_size} stride={self.stride}")
-        if self.padding[0] * 2 > self.kernel_size[0] or self.padding[1] * 2 > self.kernel_size[1]:
-            raise ValueError(f"{type(self).__name__}: padding {self.padding} must be at most half the kernel")
+        if min(self.kernel_size) < 1 or min(self.stride) < 1 or min(self.padding) < 0 or min(self.dilation) < 1:
+            raise ValueError(
+                f"{type(self).__name__}: bad geometry kernel={self.kernel_size} stride={self.stride} "
+                f"padding={self.padding} dilation={self.dilation}"
+            )
+        if any(p * 2 > e for p, e in zip(self.padding, self.extent)):
+            raise ValueError(f"{type(self).__name__}: padding {self.padding} must be at most half the window")
+
+    @property
+    def extent(self) -> tuple[int, int]:
+        """The rows and columns a window spans: the kernel's, dilated."""
+        return (
+            self.dilation[0] * (self.kernel_size[0] - 1) + 1,
+            self.dilation[1] * (self.kernel_size[1] - 1) + 1,
+        )
 
     def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}" + (
-            ", ceil_mode=True" if self.ceil_mode else ""
+        return (
+            f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+            + (f", dilation={self.dilation}" if self.dilation != (1, 1) else "")
+            + (", ceil_mode=True" if self.ceil_mode else "")
         )
 
     def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
@@ -55,7 +72,7 @@ class _Pool2d(Layer):
         shape = in_shapes[0]
         self.expect_rank(shape, 4)
         n, c, h, w = shape
-        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
+        (kh, kw), (sh, sw), (ph, pw) = self.extent, self.stride, self.padding
         ho, wo = _out_size(h, kh, sh, ph, self.ceil_mode), _out_size(w, kw, sw, pw, self.ceil_mode)
         if ho < 1 or wo < 1 or h + 2 * ph < kh or w + 2 * pw < kw:
             raise ShapeError(f"layer {self.label}: a {kh}x{kw} window does not fit input of shape {tuple(shape)}")
@@ -66,15 +83,15 @@ class _Pool2d(Layer):
 
     def _offsets(self, h: int, w: int, ho: int, wo: int) -> Iterator[tuple[int, slice, slice, slice, slice]]:
         """For each window offset: its index, the outputs it reaches, and the matching input slices."""
-        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel_size, self.stride, self.padding, self.dilation
         for i in range(kh):
-            o0, o1 = _span(i, ph, sh, h, ho)
+            o0, o1 = _span(i * dh, ph, sh, h, ho)
             for j in range(kw):
-                p0, p1 = _span(j, pw, sw, w, wo)
+                p0, p1 = _span(j * dw, pw, sw, w, wo)
                 if o0 >= o1 or p0 >= p1:
                     continue
-                rows = slice(o0 * sh + i - ph, (o1 - 1) * sh + i - ph + 1, sh)
-                cols = slice(p0 * sw + j - pw, (p1 - 1) * sw + j - pw + 1, sw)
+                rows = slice(o0 * sh + i * dh - ph, (o1 - 1) * sh + i * dh - ph + 1, sh)
+                cols = slice(p0 * sw + j * dw - pw, (p1 - 1) * sw + j * dw - pw + 1, sw)
                 yield i * kw + j, slice(o0, o1), slice(p0, p1), rows, cols
 
 
@@ -99,8 +116,8 @@ class MaxPool2d(_Pool2d):
 
     kind = "maxpool"
 
-    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False):
-        super().__init__(kernel_size, stride, padding, ceil_mode)
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, dilation=1):
+        super().__init__(kernel_size, stride, padding, ceil_mode, dilation)
         if self.kernel_size[0] * self.kernel_size[1] > 256:
             raise ValueError(f"MaxPool2d: a {self.kernel_size} window has more than 256 positions")
 
@@ -118,7 +135,8 @@ class MaxPool2d(_Pool2d):
     def _tiles(self, h: int, w: int, ho: int, wo: int) -> bool:
         """Windows tile the input exactly (stride = kernel, no padding, no remainder): no overlap, no gap."""
         (kh, kw), (sh, sw) = self.kernel_size, self.stride
-        return (kh, kw) == (sh, sw) and self.padding == (0, 0) and (h, w) == (ho * kh, wo * kw)
+        plain = self.padding == (0, 0) and self.dilation == (1, 1)
+        return (kh, kw) == (sh, sw) and plain and (h, w) == (ho * kh, wo * kw)
 
     def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
         xp, x, packed = ctx.xp, xs[0], ctx.aux["argmax"]
@@ -215,23 +233,20 @@ class AvgPool2d(_Pool2d):
 
     kind = "avgpool"
 
-    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
-        super().__init__(kernel_size, stride, padding, ceil_mode)
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, dilation=1):
+        super().__init__(kernel_size, stride, padding, ceil_mode, dilation)
         self.count_include_pad = bool(count_include_pad)
 
     def _divisor(self, xp: Any, h: int, w: int, ho: int, wo: int, dtype: Any) -> Any:
         """Per-output divisor of shape (ho, wo, 1) (Torch's rule)."""
-        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel_size, self.stride, self.padding, self.dilation
 
-        def counts(size: int, k: int, s: int, p: int, out: int) -> np.ndarray:
-            start = np.arange(out) * s - p
-            if self.count_include_pad:
-                lo, hi = start, np.minimum(start + k, size + p)
-            else:
-                lo, hi = np.maximum(start, 0), np.minimum(start + k, size)
-            return (hi - lo).astype(np.float64)
+        def counts(size: int, k: int, s: int, p: int, d: int, out: int) -> np.ndarray:
+            at = (np.arange(out) * s - p)[:, None] + np.arange(k) * d  # each window's positions
+            lo, hi = (-p, size + p) if self.count_include_pad else (0, size)
+            return ((at >= lo) & (at < hi)).sum(axis=1).astype(np.float64)
 
-        div = np.outer(counts(h, kh, sh, ph, ho), counts(w, kw, sw, pw, wo))[:, :, None]
+        div = np.outer(counts(h, kh, sh, ph, dh, ho), counts(w, kw, sw, pw, dw, wo))[:, :, None]
         return xp.asarray(div, dtype=dtype)
 
     def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:

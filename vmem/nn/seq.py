@@ -23,6 +23,9 @@ __all__ = [
     "MatMul",
     "LayerNorm",
     "LengthMask",
+    "Identity",
+    "Mean",
+    "Take",
 ]
 
 
@@ -126,15 +129,22 @@ class Split(Layer):
         dx[self._slice(dy.ndim, dy.shape[self.axis % dy.ndim])] = dy
 
 
+def _logical(a: Any) -> Any:
+    """A stored array as its logical layout: a 4-D map (stored (N, H, W, C)) as (N, C, H, W), a view."""
+    return a.transpose(0, 3, 1, 2) if a.ndim == 4 else a
+
+
 class Reshape(Layer):
-    """``Reshape(shape)``: the same values with a new shape after the batch axis (neither side 4-D). A pure
-    view: its output shares its input's memory where the graph allows."""
+    """``Reshape(shape)``: the same values, in their logical order, with a new shape after the batch axis. A
+    pure view (its output shares its input's memory where the graph allows), except where a side is 4-D:
+    a 4-D tensor is stored channels-last, so the values are copied into the other order (how a 4-D tensor
+    that is not an image, attention's heads, leaves a network or comes in)."""
 
     kind = "reshape"
     inplace = True
 
     def output_dtype(self, in_dtypes: Sequence[str], dtype: str) -> str:
-        return in_dtypes[0]  # a view: the input's values as they are
+        return in_dtypes[0]  # the input's values as they are
 
     def __init__(self, shape: Sequence[int]):
         super().__init__()
@@ -150,23 +160,31 @@ class Reshape(Layer):
         self.check_arity(in_shapes)
         shape = tuple(in_shapes[0])
         out = (shape[0],) + tuple(self.target(shape))
-        if _size(out) != _size(shape) or 4 in (len(shape), len(out)):
-            raise ShapeError(
-                f"layer {self.label}: cannot reshape {shape} to {out}"
-                + (" (4-D tensors are stored channels-last)" if 4 in (len(shape), len(out)) else "")
-            )
+        if _size(out) != _size(shape) or min(out, default=1) < 1:
+            raise ShapeError(f"layer {self.label}: cannot reshape {shape} to {out}")
         return out
+
+    def aliases(self, in_shapes: Sequence[Shape]) -> bool:
+        shape = tuple(in_shapes[0])
+        return 4 not in (len(shape), len(self.output_shape(in_shapes)))
 
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         return 0
 
     def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
-        if not ctx.xp.may_share_memory(xs[0], y):
-            y[...] = xs[0].reshape(y.shape)
+        x = xs[0]
+        if 4 in (x.ndim, y.ndim):
+            _logical(y)[...] = _logical(x).reshape(_logical(y).shape)
+        elif not ctx.xp.may_share_memory(x, y):
+            y[...] = x.reshape(y.shape)
 
     def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
         dx = dxs[0]
-        if dx is not None and not ctx.xp.may_share_memory(dx, dy):
+        if dx is None:
+            return
+        if 4 in (dx.ndim, dy.ndim):
+            _logical(dx)[...] = _logical(dy).reshape(_logical(dx).shape)
+        elif not ctx.xp.may_share_memory(dx, dy):
             dx[...] = dy.reshape(dx.shape)
 
 
@@ -266,7 +284,9 @@ class Softmax(Layer):
 
 class MatMul(Layer):
     """``MatMul(transpose_b=False)``: the batched product of (..., M, K) and (..., K, N) (or (..., N, K) with
-    ``transpose_b``). Backward needs both inputs."""
+    ``transpose_b``), inputs of one rank (3 or more, not 4) whose leading axes are equal or 1 (broadcast,
+    NumPy's way). Backward needs both inputs; an input's gradient is summed over the axes it was broadcast
+    along."""
 
     kind = "matmul"
     needs = frozenset({"x"})
@@ -282,14 +302,22 @@ class MatMul(Layer):
     def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         self.check_arity(in_shapes)
         a, b = (tuple(s) for s in in_shapes)
-        if len(a) != len(b) or len(a) not in (3, 5) or a[:-2] != b[:-2]:
+        lead = [max(i, j) for i, j in zip(a[:-2], b[:-2])]
+        if (
+            len(a) != len(b)
+            or len(a) < 3
+            or len(a) == 4
+            or a[0] != b[0]
+            or any(i != j and 1 not in (i, j) for i, j in zip(a[:-2], b[:-2]))
+        ):
             raise ShapeError(
-                f"layer {self.label}: cannot multiply batches of matrices {a} and {b} (same leading axes, rank 3)"
+                f"layer {self.label}: cannot multiply batches of matrices {a} and {b} (one rank, 3 or more but not "
+                "4, leading axes equal or 1)"
             )
         k_b, n = (b[-1], b[-2]) if self.transpose_b else (b[-2], b[-1])
         if a[-1] != k_b:
             raise ShapeError(f"layer {self.label}: inner sizes differ: {a} and {b}")
-        return a[:-1] + (n,)
+        return tuple(lead) + (a[-2], n)
 
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         a = in_shapes[0]
@@ -301,15 +329,128 @@ class MatMul(Layer):
     def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
         ctx.ops.matmul(xs[0], self._b(xs[1]), out=y)
 
+    @staticmethod
+    def _into(ctx: Ctx, a: Any, b: Any, out: Any) -> None:
+        """``a @ b`` into ``out``, summed over the leading axes ``out`` has of length 1 (broadcast in forward)."""
+        if a.shape[:-2] == out.shape[:-2] and b.shape[:-2] == out.shape[:-2]:
+            ctx.ops.matmul(a, b, out=out)
+            return
+        full = ctx.xp.matmul(a, b)
+        axes = tuple(i for i, (f, o) in enumerate(zip(full.shape[:-2], out.shape[:-2])) if f != o)
+        ctx.xp.sum(full, axis=axes, keepdims=True, out=out) if axes else ctx.xp.copyto(out, full)
+
     def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
         a, b = xs  # type: ignore[misc]
         if dxs[0] is not None:
-            ctx.ops.matmul(dy, self._b(b).swapaxes(-1, -2), out=dxs[0])
+            self._into(ctx, dy, self._b(b).swapaxes(-1, -2), dxs[0])
         if dxs[1] is not None:
             if self.transpose_b:  # dB = dy^T a
-                ctx.ops.matmul(dy.swapaxes(-1, -2), a, out=dxs[1])
+                self._into(ctx, dy.swapaxes(-1, -2), a, dxs[1])
             else:
-                ctx.ops.matmul(a.swapaxes(-1, -2), dy, out=dxs[1])
+                self._into(ctx, a.swapaxes(-1, -2), dy, dxs[1])
+
+
+class Identity(Layer):
+    """``Identity()``: the input as it is (a model whose output is its input, or a named pass-through). Written
+    over its input where the graph allows, else a copy. Backward needs nothing."""
+
+    kind = "identity"
+    inplace = True
+
+    def output_dtype(self, in_dtypes: Sequence[str], dtype: str) -> str:
+        return in_dtypes[0]
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return 0
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        if not ctx.xp.may_share_memory(xs[0], y):
+            y[...] = xs[0]
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        dx = dxs[0]
+        if dx is not None and not ctx.xp.may_share_memory(dx, dy):
+            dx[...] = dy
+
+
+class Mean(Layer):
+    """``Mean(axes)``: the mean over non-batch ``axes`` of a tensor of rank other than 4, each kept with
+    length 1 (reshape after it to drop them; a map's mean over (H, W) is ``AvgPool2d`` over the whole map).
+    Backward needs nothing: each input's gradient is its mean's, divided by the count."""
+
+    kind = "mean"
+
+    def __init__(self, axes: Sequence[int]):
+        super().__init__()
+        self.axes = tuple(int(a) for a in axes)
+        if not self.axes or len(set(self.axes)) != len(self.axes):
+            raise ValueError(f"Mean: axes={axes!r} must name one or more distinct axes")
+
+    def extra_repr(self) -> str:
+        return f"{self.axes}"
+
+    def _axes(self, rank: int) -> tuple[int, ...]:
+        return tuple(sorted(_axis(self, a, rank) for a in self.axes))
+
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        self.check_arity(in_shapes)
+        shape = tuple(in_shapes[0])
+        axes = self._axes(len(shape))
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return _size(in_shapes[0])
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        ctx.xp.mean(xs[0], axis=self._axes(y.ndim), keepdims=True, out=y)
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        dx = dxs[0]
+        if dx is not None:
+            count = _size([dx.shape[a] for a in self._axes(dx.ndim)])
+            ctx.xp.divide(dy, count, out=dx)  # broadcast over the reduced axes
+
+
+class Take(Layer):
+    """``Take(indices, axis)``: the positions ``indices`` (a list of ints, each in range; repeats allowed) of a
+    non-batch ``axis`` of a tensor of rank other than 4, in that order (ONNX's Gather at constant indices).
+    Backward needs nothing: the gradient is scattered back, summed where a position is taken twice."""
+
+    kind = "take"
+
+    def __init__(self, indices: Sequence[int], axis: int):
+        super().__init__()
+        self.indices = tuple(int(i) for i in indices)
+        self.axis = int(axis)
+        if not self.indices or min(self.indices) < 0:
+            raise ValueError(f"Take: indices={indices!r} must be one or more non-negative ints")
+
+    def extra_repr(self) -> str:
+        return f"{list(self.indices)}, axis={self.axis}"
+
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        self.check_arity(in_shapes)
+        shape = tuple(in_shapes[0])
+        a = _axis(self, self.axis, len(shape))
+        if max(self.indices) >= shape[a]:
+            raise ShapeError(f"layer {self.label}: index {max(self.indices)} is past axis {a} of {shape}")
+        return shape[:a] + (len(self.indices),) + shape[a + 1 :]
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return 0
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        xp = ctx.xp
+        xp.take(xs[0], xp.asarray(self.indices), axis=self.axis % y.ndim, out=y)
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        dx = dxs[0]
+        if dx is None:
+            return
+        xp = ctx.xp
+        dx.fill(0)
+        a = self.axis % dy.ndim
+        xp.add.at(dx, (slice(None),) * a + (xp.asarray(self.indices),), dy)
 
 
 class LayerNorm(Layer):

@@ -45,7 +45,11 @@ class _Refuse(Exception):
 
 @dataclass
 class _Tensor:
-    """A value the network computes: its node in the vmem graph and its logical shape at batch 1."""
+    """A value the network computes: its node in the vmem graph and its shape in vmem at batch 1.
+
+    vmem's axes may hold axes of length 1 the model does not see (``hidden``): vmem's batch axis where the
+    model has none (``lead``: imported with ``batch=False``), and an axis after the batch axis where a
+    tensor of vmem rank 4 is not an image (``lifted``). :attr:`dims` is the shape the model sees."""
 
     node: Node
     shape: tuple[int, ...]
@@ -55,19 +59,32 @@ class _Tensor:
     #: a 4-D map transposed to (N, H, W, C) (what :func:`vmem.onnx.save` writes before a Flatten), not yet
     #: made: a flatten reads it as vmem's own (H, W, C) order, anything else as an nn.Transpose made then
     nhwc: bool = False
-    #: a 4-D tensor that is not an image (attention's (N, heads, T, d), a mask (N, 1, 1, T)): vmem holds it
-    #: with an axis of length 1 after the batch axis, as a 5-D tensor (it stores 4-D ones as images)
+    #: a tensor of vmem rank 4 that is not an image (attention's (N, heads, T, d), a mask (N, 1, 1, T)): vmem
+    #: holds it with an axis of length 1 after the batch axis, as a 5-D tensor (it stores 4-D ones as images)
     lifted: bool = False
+    #: the model has no batch axis (``load(batch=False)``): vmem's axis 0 is its own, of length 1 here
+    lead: bool = False
+
+    @property
+    def hidden(self) -> tuple[int, ...]:
+        """vmem's axes the model does not see."""
+        return tuple(i for i, on in ((0, self.lead), (1, self.lifted)) if on)
 
     @property
     def dims(self) -> tuple[int, ...]:
-        """The shape as the model sees it (at batch 1)."""
-        return self.shape[:1] + self.shape[2:] if self.lifted else self.shape
+        """The shape as the model sees it (at batch 1 where the model has a batch axis)."""
+        hidden = self.hidden
+        return tuple(d for i, d in enumerate(self.shape) if i not in hidden)
+
+    @property
+    def image(self) -> bool:
+        """A 4-D map as vmem stores images (the model's (N, C, H, W))."""
+        return len(self.shape) == 4 and not self.lifted and not self.lead
 
     def axis(self, a: int) -> int:
         """vmem's axis for the model's axis ``a`` of this tensor."""
-        a %= len(self.dims)
-        return a + 1 if self.lifted and a >= 1 else a
+        hidden = self.hidden
+        return [i for i in range(len(self.shape)) if i not in hidden][a % len(self.dims)]
 
 
 @dataclass
@@ -118,6 +135,8 @@ class _Builder:
         self._taken: list[tuple[str, str]] = []  # (parameter, initializer) the node's layer takes
         self.sources: dict[str, str] = {}  # "layer.param" -> the initializer it was made from
         self.static_batch = 0  # the batch size the model's input declares, where it declares one
+        self.lead = False  # the model has no batch axis (load(batch=False))
+        self.outputs: set[str] = set()  # the model's output names
         self.readers: dict[str, int] = {}  # how many nodes read each value of the model
         #: a constant computed from one initializer by a transpose, reshape or cast -> that initializer
         self.origin: dict[str, str] = {}
@@ -128,17 +147,10 @@ class _Builder:
         self.node, self.input_names, self._taken = node, list(node.input), []
 
     # -- inputs of the node being converted --------------------------------------------------------
-    def tensor(
-        self, ins: list[Any], i: int, what: str, *, nhwc: bool = False, chw: bool = False, lifted: bool = False
-    ) -> _Tensor:
+    def tensor(self, ins: list[Any], i: int, what: str, *, nhwc: bool = False, chw: bool = False) -> _Tensor:
         value = ins[i] if i < len(ins) else None
         if not isinstance(value, _Tensor):
             raise _Refuse(f"its {what} (input {i}) must be computed by the network, not a constant")
-        if value.lifted and not lifted:
-            raise _Refuse(
-                f"its {what} is a 4-D tensor that is not an image ({value.dims}): only element-wise ops, "
-                "Transpose, MatMul, Softmax and reshapes take one"
-            )
         if value.nhwc and not nhwc:  # read as the transposed tensor it is: made now
             value = self.add(nn.Transpose((0, 2, 3, 1)), [_Tensor(value.node, value.shape)])
         if value.chw is not None and not chw:
@@ -179,12 +191,13 @@ class _Builder:
         params: dict[str, np.ndarray | None] | None = None,
         chw: tuple[int, int, int] | None = None,
         lifted: bool = False,
+        name: str | None = None,
     ) -> _Tensor:
         try:
             shape = tuple(layer.output_shape([t.shape for t in inputs]))
         except (ShapeError, ValueError) as exc:
             raise _Refuse(str(exc)) from None
-        node = self.graph.add(layer, *(t.node for t in inputs), name=self._name())
+        node = self.graph.add(layer, *(t.node for t in inputs), name=name or self._name())
         for key, source in self._taken:
             self.owner.setdefault(source, node.name)
             if f"{source}" not in self.sources.values():
@@ -197,7 +210,7 @@ class _Builder:
         for key, value in params.items():
             if value is not None:
                 self.params[f"{node.name}.{key}"] = np.ascontiguousarray(value, dtype=np.float32)
-        return _Tensor(node, shape, chw, lifted=lifted)
+        return _Tensor(node, shape, chw, lifted=lifted, lead=self.lead)
 
     def _name(self) -> str:
         """A layer name from the ONNX node's: PyTorch's scope path ``/layer1/layer1.0/conv1/Conv`` gives
@@ -222,51 +235,189 @@ def _ints(attrs: dict[str, Any], key: str, default: Sequence[int]) -> list[int]:
     return [int(v) for v in attrs.get(key, default)]
 
 
-def _padded(
-    b: _Builder, x: _Tensor, kernel: list[int], attrs: dict[str, Any], value: float | None, pool: bool = False
-) -> tuple[_Tensor, list[int], list[int]]:
-    """(input, strides, symmetric pads) of a convolution or pooling window. Padding vmem's layers cannot
-    take (asymmetric, TensorFlow's SAME; wider than half a pooling window) is done first by a Pad2d of
-    ``value`` (0 for a convolution, -inf for a max pooling), the layer then padding nothing."""
-    strides, pads = _window(b, x, kernel, attrs)
-    wide = pool and (pads[0] * 2 > kernel[0] or pads[1] * 2 > kernel[1])
-    if pads[0] == pads[2] and pads[1] == pads[3] and not wide:
-        return x, strides, pads[:2]
-    if value is None:
-        raise _Refuse(f"pads={pads}: asymmetric or wide padding where the padded values are not counted")
-    return b.add(nn.Pad2d((pads[0], pads[1], pads[2], pads[3]), value), [x]), strides, [0, 0]
+# -- layouts ---------------------------------------------------------------------------------------
+def _as_image(b: _Builder, x: _Tensor, what: str) -> _Tensor:
+    """``x`` as vmem's image (N, C, H, W): a lifted 4-D tensor is copied into the image layout."""
+    if x.lead:
+        raise _Refuse(
+            f"its {what} must be an (N, C, H, W) map: a model imported with batch=False has no batch axis, and "
+            "so no images"
+        )
+    if len(x.dims) != 4 or x.nhwc or x.chw is not None:
+        raise _Refuse(f"its {what} has shape {x.dims}: vmem's {what} must be an (N, C, H, W) map")
+    if x.lifted:
+        return b.add(nn.Reshape(x.dims[1:]), [x])
+    return x
 
 
-def _window(b: _Builder, x: _Tensor, kernel: list[int], attrs: dict[str, Any]) -> tuple[list[int], list[int]]:
-    """(strides, pads (top, left, bottom, right)) of a convolution or pooling window."""
-    if len(kernel) != 2:
-        raise _Refuse(f"a {len(kernel)}-D window: vmem has 2-D convolutions and poolings only")
-    strides = _ints(attrs, "strides", [1, 1])
-    if _ints(attrs, "dilations", [1, 1]) != [1, 1]:
-        raise _Refuse(f"dilations={_ints(attrs, 'dilations', [1, 1])}: dilated windows are not supported yet")
+def _as_tensor(b: _Builder, x: _Tensor) -> _Tensor:
+    """``x`` where an op reads its axes as the model's: an image (stored channels-last) held lifted."""
+    if x.image:
+        return b.add(nn.Reshape((1,) + x.shape[1:]), [x], lifted=True)
+    return x
+
+
+def _reshaped(b: _Builder, x: _Tensor, dims: Sequence[int]) -> _Tensor:
+    """``x`` holding the model's shape ``dims`` (as many values; at batch 1 where the model has a batch axis):
+    a flatten of a map, a vmem Reshape (a view, or a copy where a side is 4-D), or ``x`` itself."""
+    dims = tuple(int(d) for d in dims)
+    if dims == x.dims:
+        return x
+    if not x.lead and len(dims) == 2 and x.image:
+        return _flat(b, x)
+    if x.nhwc or x.chw is not None:
+        raise _Refuse("reshapes a flattened or transposed map other than to (N, features)")
+    rest = dims if x.lead else dims[1:]
+    lifted = len(rest) == 3  # vmem rank 4: not an image
+    return b.add(nn.Reshape(((1,) + rest) if lifted else rest), [x], lifted=lifted)
+
+
+def _no_batch_axis(b: _Builder, axes: Sequence[int], what: str) -> None:
+    if not b.lead and 0 in axes:
+        raise _Refuse(
+            f"{what} the batch axis (axis 0), which vmem keeps apart; import a model whose first axis is not a "
+            "batch with vmem.onnx.load(..., batch=False)"
+        )
+
+
+# -- windows ---------------------------------------------------------------------------------------
+def _window(
+    b: _Builder, x: _Tensor, kernel: list[int], attrs: dict[str, Any]
+) -> tuple[list[int], list[int], list[int]]:
+    """(strides, dilations, pads (begins, then ends)) of a convolution or pooling window over the model's
+    spatial axes of ``x``."""
+    n = len(kernel)
+    if n != len(x.dims) - 2 or not 1 <= n <= 3:
+        raise _Refuse(f"a {n}-D window over a tensor of shape {x.dims}")
+    strides = _ints(attrs, "strides", [1] * n)
+    dilations = _ints(attrs, "dilations", [1] * n)
     auto = attrs.get("auto_pad", "NOTSET")
     if auto in ("NOTSET", "VALID"):
-        pads = _ints(attrs, "pads", [0, 0, 0, 0]) if auto == "NOTSET" else [0, 0, 0, 0]
+        pads = _ints(attrs, "pads", [0] * 2 * n) if auto == "NOTSET" else [0] * 2 * n
     else:  # SAME_UPPER / SAME_LOWER: the output is ceil(size / stride)
-        pads = [0, 0, 0, 0]
-        for axis in range(2):
-            size = x.shape[2 + axis]
+        pads = [0] * 2 * n
+        for axis in range(n):
+            size = x.dims[2 + axis]
             out = -(-size // strides[axis])
-            total = max(0, (out - 1) * strides[axis] + kernel[axis] - size)
+            total = max(0, (out - 1) * strides[axis] + dilations[axis] * (kernel[axis] - 1) + 1 - size)
             small, large = total // 2, total - total // 2
-            pads[axis], pads[axis + 2] = (small, large) if auto == "SAME_UPPER" else (large, small)
-    return strides, pads
+            pads[axis], pads[axis + n] = (small, large) if auto == "SAME_UPPER" else (large, small)
+    return strides, dilations, pads
 
 
-def _rank4(x: _Tensor, what: str) -> None:
-    if len(x.shape) != 4:
-        raise _Refuse(f"its {what} has shape {x.shape}: vmem's {what} must be an (N, C, H, W) map")
+def _padded(
+    b: _Builder, x: _Tensor, extent: Sequence[int], pads: list[int], value: float, pool: bool
+) -> tuple[_Tensor, list[int]]:
+    """(input, symmetric pads) of a 2-D window spanning ``extent``: padding vmem's layers cannot take
+    (asymmetric: TensorFlow's SAME; wider than half a pooling window) is done first by a Pad2d of ``value``
+    (0 for a convolution or an average, -inf for a maximum), the layer then padding nothing."""
+    wide = pool and (pads[0] * 2 > extent[0] or pads[1] * 2 > extent[1])
+    if pads[0] == pads[2] and pads[1] == pads[3] and not wide:
+        return x, pads[:2]
+    return b.add(nn.Pad2d((pads[0], pads[1], pads[2], pads[3]), value), [x]), [0, 0]
+
+
+def _pool2d(
+    b: _Builder,
+    x: _Tensor,
+    kernel: list[int],
+    strides: list[int],
+    dilations: list[int],
+    pads: list[int],
+    attrs: dict[str, Any],
+    average: bool,
+) -> _Tensor:
+    """A 2-D pooling of the image ``x``, pads (top, left, bottom, right). An average over padding it does not
+    count (``count_include_pad=0``) that vmem's AvgPool2d cannot take (asymmetric or wide) is the counted
+    average over the padded map, times the constant ratio of the two divisors."""
+    ceil = bool(attrs.get("ceil_mode", 0))
+    counted = bool(attrs.get("count_include_pad", 0))
+    extent = [d * (k - 1) + 1 for k, d in zip(kernel, dilations)]
+    padded, sym = _padded(b, x, extent, pads, 0.0 if average else -np.inf, pool=True)
+    if not average:
+        layer: nn.Layer = nn.MaxPool2d(tuple(kernel), tuple(strides), tuple(sym), ceil, tuple(dilations))
+        return b.add(layer, [padded])
+    uncounted = padded is not x and not counted
+    layer = nn.AvgPool2d(tuple(kernel), tuple(strides), tuple(sym), ceil, counted or uncounted, tuple(dilations))
+    y = b.add(layer, [padded])
+    if not uncounted:
+        return y
+    ratio = np.ones(y.shape[2:])
+    for axis in range(2):
+        size, out = x.shape[2 + axis], y.shape[2 + axis]
+        at = (np.arange(out) * strides[axis] - pads[axis])[:, None] + np.arange(kernel[axis]) * dilations[axis]
+        inside_pads = ((at >= -pads[axis]) & (at < size + pads[axis + 2])).sum(axis=1)
+        inside = ((at >= 0) & (at < size)).sum(axis=1)
+        ratio = ratio * (inside_pads / np.maximum(inside, 1)).reshape((-1, 1) if axis == 0 else (1, -1))
+    return b.add(nn.ConstantOp("mul", ratio[None]), [y])
+
+
+def _pool(average: bool) -> Callable[..., list[Any]]:
+    """MaxPool / AveragePool over 1, 2 or 3 spatial axes: a 1-D pooling is a 2-D one over maps of height 1; a
+    3-D one is two 2-D ones (over (H, W), then over D), exact because both operations separate by axis (a
+    maximum of maxima; sums of sums over counts that multiply)."""
+
+    def convert(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+        x = b.tensor(ins, 0, "input")
+        if x.lead:
+            _as_image(b, x, "input")  # refuses, saying why
+        kernel = _ints(attrs, "kernel_shape", [])
+        strides, dilations, pads = _window(b, x, kernel, attrs)
+        if int(attrs.get("storage_order", 0)):
+            raise _Refuse("storage_order=1 (column-major indices) is not supported")
+        n, (batch, c, *spatial) = len(kernel), x.dims
+        indices = _Unusable("max pooling's indices")
+        if n == 2:
+            return [_pool2d(b, _as_image(b, x, "input"), kernel, strides, dilations, pads, attrs, average), indices]
+        if n == 1:
+            (length,) = spatial
+            img = _reshaped(b, x, (batch, c, 1, length))
+            y = _pool2d(
+                b,
+                _as_image(b, img, "input"),
+                [1] + kernel,
+                [1] + strides,
+                [1] + dilations,
+                [0, pads[0], 0, pads[1]],
+                attrs,
+                average,
+            )
+            return [_reshaped(b, y, (batch, c, y.dims[3])), indices]
+        d, h, w = spatial
+        planes = _as_image(b, _reshaped(b, x, (batch, c * d, h, w)), "input")
+        y = _pool2d(
+            b, planes, kernel[1:], strides[1:], dilations[1:], [pads[1], pads[2], pads[4], pads[5]], attrs, average
+        )
+        ho, wo = y.dims[2:]
+        rows = _as_image(b, _reshaped(b, y, (batch, c, d, ho * wo)), "input")
+        z = _pool2d(
+            b, rows, [kernel[0], 1], [strides[0], 1], [dilations[0], 1], [pads[0], 0, pads[3], 0], attrs, average
+        )
+        return [_reshaped(b, z, (batch, c, z.dims[2], ho, wo)), indices]
+
+    return convert
+
+
+_converts("MaxPool", 8, 10, 11, 12, 22)(_pool(False))
+_converts("AveragePool", 7, 10, 11, 19, 22)(_pool(True))
+
+
+def _global(average: bool) -> Callable[..., list[Any]]:
+    def convert(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+        x = _as_image(b, b.tensor(ins, 0, "input"), "input")
+        window = (x.shape[2], x.shape[3])
+        return [b.add(nn.AvgPool2d(window) if average else nn.MaxPool2d(window), [x])]
+
+    return convert
+
+
+_converts("GlobalAveragePool", 1, 22)(_global(True))
+_converts("GlobalMaxPool", 1, 22)(_global(False))
 
 
 @_converts("Conv", 1, 11, 22)
 def _conv(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    x = b.tensor(ins, 0, "input")
-    _rank4(x, "input")
+    x = _as_image(b, b.tensor(ins, 0, "input"), "input")
     w = b.weight(ins, 1, "weights", "weight")
     bias = b.weight(ins, 2, "bias", "bias", optional=True)
     assert w is not None
@@ -277,15 +428,17 @@ def _conv(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     c = cg * group
     if c != x.shape[1] or k % group:
         raise _Refuse(f"weights {w.shape} in {group} group(s) do not match an input of {x.shape[1]} channels")
-    x, strides, pads = _padded(b, x, _ints(attrs, "kernel_shape", [kh, kw]), attrs, 0.0)
-    layer = nn.Conv2d(c, k, (kh, kw), stride=tuple(strides), padding=tuple(pads), bias=bias is not None, groups=group)
+    strides, dilations, pads = _window(b, x, _ints(attrs, "kernel_shape", [kh, kw]), attrs)
+    if dilations != [1, 1]:
+        raise _Refuse(f"dilations={dilations}: dilated convolutions are not supported yet")
+    x, sym = _padded(b, x, [kh, kw], pads, 0.0, pool=False)
+    layer = nn.Conv2d(c, k, (kh, kw), stride=tuple(strides), padding=tuple(sym), bias=bias is not None, groups=group)
     return [b.add(layer, [x], {"weight": w.transpose(0, 2, 3, 1), "bias": bias})]
 
 
 @_converts("BatchNormalization", 9, 14, 15)
 def _batchnorm(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    x = b.tensor(ins, 0, "input")
-    _rank4(x, "input")
+    x = _as_image(b, b.tensor(ins, 0, "input"), "input")
     scale, shift = b.weight(ins, 1, "scale", "weight"), b.weight(ins, 2, "bias", "bias")
     mean = b.weight(ins, 3, "running mean", "running_mean")
     var = b.weight(ins, 4, "running variance", "running_var")
@@ -298,7 +451,7 @@ def _batchnorm(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 def _elementwise(make: Callable[[], nn.Layer]) -> Callable[..., list[Any]]:
     def convert(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-        x = b.tensor(ins, 0, "input", chw=True, lifted=True)
+        x = b.tensor(ins, 0, "input", chw=True)
         return [b.add(make(), [x], chw=x.chw, lifted=x.lifted)]
 
     return convert
@@ -323,55 +476,13 @@ def _clip(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
         return [x]
     lo = min(lo, hi)  # ONNX: where min > max, every value becomes max
     layer: nn.Layer = nn.ReLU() if lo == 0 and hi == np.inf else nn.Clip(lo, hi)
-    return [b.add(layer, [x], chw=x.chw)]
-
-
-def _pool(average: bool) -> Callable[..., list[Any]]:
-    def convert(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-        x = b.tensor(ins, 0, "input")
-        _rank4(x, "input")
-        kernel = _ints(attrs, "kernel_shape", [])
-        counted = not average or bool(attrs.get("count_include_pad", 0))
-        fill = (0.0 if average else -np.inf) if counted else None
-        x, strides, pads = _padded(b, x, kernel, attrs, fill, pool=True)
-        ceil = bool(attrs.get("ceil_mode", 0))
-        if int(attrs.get("storage_order", 0)):
-            raise _Refuse("storage_order=1 (column-major indices) is not supported")
-        layer: nn.Layer
-        if average:
-            layer = nn.AvgPool2d(
-                tuple(kernel), tuple(strides), tuple(pads), ceil, bool(attrs.get("count_include_pad", 0))
-            )
-        else:
-            layer = nn.MaxPool2d(tuple(kernel), tuple(strides), tuple(pads), ceil)
-        return [b.add(layer, [x]), _Unusable("max pooling's indices")]
-
-    return convert
-
-
-_converts("MaxPool", 8, 10, 11, 12, 22)(_pool(False))
-_converts("AveragePool", 7, 10, 11, 19, 22)(_pool(True))
-
-
-def _global(average: bool) -> Callable[..., list[Any]]:
-    def convert(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-        x = b.tensor(ins, 0, "input")
-        _rank4(x, "input")
-        window = (x.shape[2], x.shape[3])
-        return [b.add(nn.AvgPool2d(window) if average else nn.MaxPool2d(window), [x])]
-
-    return convert
-
-
-_converts("GlobalAveragePool", 1, 22)(_global(True))
-_converts("GlobalMaxPool", 1, 22)(_global(False))
+    return [b.add(layer, [x], chw=x.chw, lifted=x.lifted)]
 
 
 @_converts("Pad", 2, 11, 13, 18, 19, 21, 23, 24, 25)
 def _pad(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     """Constant padding of a map's height and width (TensorFlow's exports pad before a convolution)."""
-    x = b.tensor(ins, 0, "data")
-    _rank4(x, "data")
+    x = _as_image(b, b.tensor(ins, 0, "data"), "data")
     if attrs.get("mode", "constant") != "constant":
         raise _Refuse(f"mode={attrs.get('mode')!r}: vmem pads with a constant")
     if b.opset < 11:
@@ -393,19 +504,28 @@ def _pad(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 @_converts("ReduceMean", 1, 11, 13, 18)
 def _reduce_mean(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    """The mean over a map's height and width (what exporters write for adaptive average pooling to 1x1):
-    a global average pool, flattened where the reduced axes are dropped."""
+    """The mean over axes: over a map's height and width (what exporters write for adaptive average pooling
+    to 1x1) a global average pool; over others a Mean. Reduced axes kept, then dropped by a reshape where
+    ``keepdims=0``."""
     x = b.tensor(ins, 0, "input")
+    rank = len(x.dims)
     if b.opset >= 18:
         given = b.const(ins, 1, "axes", optional=True)
-        axes = list(range(len(x.shape))) if given is None else [int(a) for a in given.reshape(-1)]
+        if (given is None or given.size == 0) and int(attrs.get("noop_with_empty_axes", 0)):
+            return [x]
+        axes = list(range(rank)) if given is None or given.size == 0 else [int(a) for a in given.reshape(-1)]
     else:
-        axes = _ints(attrs, "axes", range(len(x.shape)))
-    axes = sorted(a % len(x.shape) for a in axes)
-    if len(x.shape) != 4 or axes != [2, 3]:
-        raise _Refuse(f"the mean over axes {axes} of {x.shape}: vmem takes the mean over a map's (H, W) only")
-    pooled = b.add(nn.AvgPool2d((x.shape[2], x.shape[3])), [x])
-    return [pooled if int(attrs.get("keepdims", 1)) else b.add(nn.Flatten(), [pooled])]
+        axes = _ints(attrs, "axes", range(rank))
+    axes = sorted({a % rank for a in axes})
+    _no_batch_axis(b, axes, "averages over")
+    if x.image and axes == [2, 3]:
+        y = b.add(nn.AvgPool2d((x.shape[2], x.shape[3])), [x])
+    else:
+        x = _as_tensor(b, x)
+        y = b.add(nn.Mean([x.axis(a) for a in axes]), [x], lifted=x.lifted)
+    if int(attrs.get("keepdims", 1)):
+        return [y]
+    return [_reshaped(b, y, [d for a, d in enumerate(y.dims) if a not in axes])]
 
 
 def _bias_of_linear(b: _Builder, x: _Tensor, value: np.ndarray, at: int) -> _Tensor | None:
@@ -440,6 +560,35 @@ def _same_order(xs: list[_Tensor]) -> tuple[int, int, int] | None:
     return orders.pop()
 
 
+def _alike(b: _Builder, xs: list[_Tensor], what: str) -> list[_Tensor]:
+    """Operands of a join in one layout: of one rank as the model sees them (lower ones given leading axes of
+    length 1, NumPy's broadcast, where the model has no batch axis), images held lifted where another
+    operand is lifted."""
+    rank = max(len(x.dims) for x in xs)
+    if any(len(x.dims) != rank for x in xs):
+        if not b.lead:
+            raise _Refuse(
+                f"{what} tensors of shapes {[x.dims for x in xs]}: broadcasting a lower rank would move the batch axis"
+            )
+        xs = [_reshaped(b, x, (1,) * (rank - len(x.dims)) + x.dims) for x in xs]
+    if any(x.lifted for x in xs):
+        xs = [_as_tensor(b, x) for x in xs]
+    return xs
+
+
+def _constant_for(x: _Tensor, value: np.ndarray) -> np.ndarray:
+    """A constant operand of ``x`` (the model's broadcast) in vmem's layout: axes of length 1 where vmem has
+    axes the model does not see."""
+    if not x.hidden or value.ndim == 0:
+        return value
+    if value.ndim > len(x.dims):
+        raise _Refuse(f"a constant of shape {value.shape} broadcast into a tensor of shape {x.dims}")
+    value = value.reshape((1,) * (len(x.dims) - value.ndim) + value.shape)
+    for axis in x.hidden:
+        value = np.expand_dims(value, axis)
+    return value
+
+
 def _arith(op: str, both: Callable[[], nn.Layer] | None) -> Callable[..., list[Any]]:
     """An element-wise binary op: of two computed tensors (``both``, where vmem has the layer), or of a
     computed tensor and a constant, either way round (:class:`vmem.nn.ConstantOp`)."""
@@ -450,18 +599,13 @@ def _arith(op: str, both: Callable[[], nn.Layer] | None) -> Callable[..., list[A
         if isinstance(a, _Tensor) and isinstance(c, _Tensor):
             if both is None:
                 raise _Refuse(f"{op} of two computed tensors is not supported yet (one operand must be a constant)")
-            xs = [b.tensor(ins, i, "operand", chw=True, lifted=True) for i in range(2)]
-            if len({x.lifted for x in xs}) > 1:
-                raise _Refuse(f"{op} of a 4-D tensor that is not an image and a tensor of another rank")
+            xs = _alike(b, [b.tensor(ins, i, "operand", chw=True) for i in range(2)], op)
             return [b.add(both(), xs, chw=_same_order(xs), lifted=xs[0].lifted)]
         kind: str | None = op
         if isinstance(a, _Tensor):
-            x, value = b.tensor(ins, 0, "operand", chw=True, lifted=True), np.asarray(c)
+            x, value = b.tensor(ins, 0, "operand", chw=True), np.asarray(c)
         else:
-            x, value, kind = b.tensor(ins, 1, "operand", chw=True, lifted=True), np.asarray(a), flipped
-        if x.lifted and value.ndim:  # the constant as the model sees it, then with vmem's extra axis
-            value = value.reshape((1,) * (4 - value.ndim) + value.shape)
-            value = value.reshape(value.shape[:1] + (1,) + value.shape[1:])
+            x, value, kind = b.tensor(ins, 1, "operand", chw=True), np.asarray(a), flipped
         if kind is None:
             raise _Refuse("a constant divided by a computed tensor is not supported yet")
         if value.dtype.kind != "f":
@@ -477,7 +621,7 @@ def _arith(op: str, both: Callable[[], nn.Layer] | None) -> Callable[..., list[A
         ):
             return [x]  # x + 0, x * 1: nothing to do
         try:
-            layer = nn.ConstantOp(kind, value)
+            layer = nn.ConstantOp(kind, _constant_for(x, value))
         except ValueError as exc:
             raise _Refuse(str(exc)) from None
         return [b.add(layer, [x], chw=x.chw, lifted=x.lifted)]
@@ -494,46 +638,75 @@ _converts("Div", 7, 13, 14)(_arith("div", nn.Div))
 @_converts("Sum", 6, 8, 13)
 def _sum(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     xs = [b.tensor(ins, i, "operand", chw=True) for i in range(len(ins))]
-    return [xs[0] if len(xs) == 1 else b.add(nn.Add(), xs, chw=_same_order(xs))]
+    if len(xs) == 1:
+        return [xs[0]]
+    xs = _alike(b, xs, "adds")
+    return [b.add(nn.Add(), xs, chw=_same_order(xs), lifted=xs[0].lifted)]
 
 
 @_converts("Concat", 4, 11, 13)
 def _concat(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     xs = [b.tensor(ins, i, "input") for i in range(len(ins))]
-    axis = int(attrs["axis"])
-    return [xs[0] if len(xs) == 1 else b.add(nn.Concat(axis % len(xs[0].shape)), xs)]
+    if len(xs) == 1:
+        return [xs[0]]
+    rank = len(xs[0].dims)
+    axis = int(attrs["axis"]) % rank
+    _no_batch_axis(b, [axis], "concatenates along")
+    if any(len(x.dims) != rank for x in xs):
+        raise _Refuse(f"concatenates tensors of shapes {[x.dims for x in xs]}")
+    if not (axis == 1 and all(x.image for x in xs)):  # images join on channels; other axes as tensors
+        xs = [_as_tensor(b, x) for x in xs]
+    return [b.add(nn.Concat(xs[0].axis(axis)), xs, lifted=xs[0].lifted)]
 
 
 def _flat(b: _Builder, x: _Tensor) -> _Tensor:
-    """(N, ...) -> (N, features) in ONNX's order: a 4-D map's features come out (H, W, C) in vmem, so the
-    result carries the (C, H, W) a weight reading it is permuted from (none where H = W = 1 or the map was
-    transposed to (N, H, W, C) first: then the orders agree)."""
-    if len(x.shape) == 2:
-        return x
-    if len(x.shape) != 4:
-        return b.add(nn.Reshape((int(np.prod(x.shape[1:])),)), [x])
+    """A map (N, C, H, W) -> (N, features) in ONNX's order: vmem's Flatten (a view) orders the features as
+    it stores them, (H, W, C), so the result carries the (C, H, W) a weight reading it is permuted from (none
+    where H = W = 1 or the map was transposed to (N, H, W, C) first: then the orders agree). The model's
+    output is copied into ONNX's order instead (a Reshape)."""
     c, h, w = x.shape[1:]
+    if not x.nhwc and h * w > 1 and b.node is not None and any(o in b.outputs for o in b.node.output):
+        return b.add(nn.Reshape((c * h * w,)), [x])
     chw = None if x.nhwc or h * w == 1 else (c, h, w)
-    flat = b.add(nn.Flatten(), [x], chw=chw)
-    return flat
+    return b.add(nn.Flatten(), [x], chw=chw)
 
 
 @_converts("Flatten", 9, 11, 13, 21, 23, 24, 25)
 def _flatten(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     x = b.tensor(ins, 0, "input", nhwc=True)
-    if int(attrs.get("axis", 1)) != 1:
-        raise _Refuse(f"axis={attrs['axis']}: vmem flattens everything after the batch axis (axis=1)")
-    return [_flat(b, x)]
+    dims = x.dims
+    axis = int(attrs.get("axis", 1))
+    axis = axis + len(dims) if axis < 0 else axis
+    if not b.lead and axis != 1:
+        raise _Refuse(
+            f"axis={attrs['axis']} merges the batch axis with others (vmem flattens after the batch axis, axis=1); "
+            "import a model whose first axis is not a batch with vmem.onnx.load(..., batch=False)"
+        )
+    return [_reshaped(b, x, (int(np.prod(dims[:axis])), int(np.prod(dims[axis:]))))]
 
 
 @_converts("Reshape", 5, 13, 14, 19, 21, 23, 24, 25)
 def _reshape(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    x = b.tensor(ins, 0, "data", nhwc=True, lifted=True)
+    x = b.tensor(ins, 0, "data", nhwc=True)
     target = b.const(ins, 1, "shape")
     assert target is not None
     dims = [int(d) for d in target.reshape(-1)]
-    if int(attrs.get("allowzero", 0)) and 0 in dims:
+    allowzero = bool(int(attrs.get("allowzero", 0)))
+    if allowzero and 0 in dims:
         raise _Refuse("allowzero=1 with a 0 in the shape (an empty tensor)")
+    if b.lead:  # the model's whole tensor: ONNX's rules as they are
+        size = int(np.prod(x.dims))
+        full = [x.dims[i] if d == 0 and i < len(x.dims) else d for i, d in enumerate(dims)]
+        if full.count(-1) > 1 or min(full, default=1) < -1:
+            raise _Refuse(f"shape {dims} is not a shape")
+        if -1 in full:
+            known = int(np.prod([d for d in full if d != -1]))
+            if known == 0 or size % known:
+                raise _Refuse(f"shape {dims} does not fit {x.dims}")
+            full[full.index(-1)] = size // known
+        if int(np.prod(full)) != size:
+            raise _Refuse(f"cannot reshape {x.dims} to {full}")
+        return [_reshaped(b, x, full)]
     size = int(np.prod(x.dims[1:]))
     # the batch axis kept: copied (0), the batch's stand-in, or the batch size an export without a symbolic
     # batch axis wrote down (the model's own input says it)
@@ -542,7 +715,10 @@ def _reshape(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     if not batch_kept and dims and dims[0] == -1 and -1 not in rest and int(np.prod(rest)) == size:
         batch_kept = True
     if not batch_kept or any(d >= BATCH or d < -1 for d in rest) or rest.count(-1) > 1:
-        raise _Refuse(f"shape {dims}: vmem reshapes keep the batch axis (the shape depends on the batch size)")
+        raise _Refuse(
+            f"shape {dims}: vmem reshapes keep the batch axis (the shape depends on the batch size); import a "
+            "model whose first axis is not a batch with vmem.onnx.load(..., batch=False)"
+        )
     if -1 in rest:
         known = int(np.prod([d for d in rest if d != -1]))
         if known == 0 or size % known:
@@ -550,48 +726,37 @@ def _reshape(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
         rest[rest.index(-1)] = size // known
     if int(np.prod(rest)) != size:
         raise _Refuse(f"cannot reshape {x.dims} to {[x.dims[0]] + rest}")
-    return [_to_dims(b, x, rest)]
-
-
-def _to_dims(b: _Builder, x: _Tensor, rest: Sequence[int]) -> _Tensor:
-    """``x`` reshaped to the model's (N, *rest) (as many values a sample): a flatten, a vmem Reshape, or a
-    4-D tensor that is not an image held lifted (see :attr:`_Tensor.lifted`)."""
-    rest = tuple(int(d) for d in rest)
-    if len(rest) == 1:
-        return _flat(b, x)
-    if x.nhwc or x.chw is not None:
-        raise _Refuse("reshapes a flattened or transposed map other than to (N, features)")
-    if rest == x.dims[1:]:
-        return x
-    if len(x.shape) == 4:
-        raise _Refuse(f"reshapes {x.dims} to {(x.dims[0],) + rest}: 4-D maps reshape only to (N, features)")
-    lifted = len(rest) == 3
-    return b.add(nn.Reshape(((1,) + rest) if lifted else rest), [x], lifted=lifted)
+    return [_reshaped(b, x, [x.dims[0]] + rest)]
 
 
 @_converts("Unsqueeze", 1, 11, 13, 21, 23, 24, 25)
 def _unsqueeze(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    x = b.tensor(ins, 0, "data", lifted=True)
+    x = b.tensor(ins, 0, "data")
     given = _ints(attrs, "axes", []) if b.opset < 13 else [int(a) for a in b.const(ins, 1, "axes").reshape(-1)]  # type: ignore[union-attr]
     rank = len(x.dims) + len(given)
     axes = sorted(a % rank for a in given)
-    if 0 in axes:
-        raise _Refuse("inserts an axis before the batch axis")
+    _no_batch_axis(b, axes, "inserts an axis before")
     dims = list(x.dims)
     for a in axes:
         dims.insert(a, 1)
-    return [_to_dims(b, x, dims[1:])]
+    return [_reshaped(b, x, dims)]
 
 
 @_converts("Squeeze", 1, 11, 13, 21, 23, 24, 25)
 def _squeeze(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    x = b.tensor(ins, 0, "data", lifted=True)
-    given = _ints(attrs, "axes", []) if b.opset < 13 else list(b.const(ins, 1, "axes", optional=True) or [])  # type: ignore[arg-type]
+    x = b.tensor(ins, 0, "data")
+    if b.opset < 13:
+        given = _ints(attrs, "axes", [])
+    else:
+        axes_given = b.const(ins, 1, "axes", optional=True)
+        given = [] if axes_given is None else [int(a) for a in axes_given.reshape(-1)]
     rank = len(x.dims)
-    axes = sorted(int(a) % rank for a in given) or [a for a in range(1, rank) if x.dims[a] == 1]
-    if 0 in axes or any(x.dims[a] != 1 for a in axes):
-        raise _Refuse(f"squeezes axes {axes} of {x.dims}: the batch axis, or an axis longer than 1")
-    return [_to_dims(b, x, [d for a, d in enumerate(x.dims) if a not in axes][1:])]
+    first = 0 if b.lead else 1
+    axes = sorted(int(a) % rank for a in given) or [a for a in range(first, rank) if x.dims[a] == 1]
+    _no_batch_axis(b, axes, "squeezes")
+    if any(x.dims[a] != 1 for a in axes):
+        raise _Refuse(f"squeezes axes {axes} of {x.dims}: an axis longer than 1")
+    return [_reshaped(b, x, [d for a, d in enumerate(x.dims) if a not in axes])]
 
 
 def _linear_weight(x: _Tensor, w: np.ndarray) -> np.ndarray:
@@ -602,28 +767,73 @@ def _linear_weight(x: _Tensor, w: np.ndarray) -> np.ndarray:
     return w.reshape(w.shape[0], c, h, ww).transpose(0, 2, 3, 1).reshape(w.shape[0], -1)
 
 
+def _transposed(b: _Builder, x: _Tensor, perm: Sequence[int]) -> _Tensor:
+    """``x`` with the model's axes in the order ``perm`` (vmem's hidden axes stay where they are)."""
+    perm = [int(p) % len(x.dims) for p in perm]
+    if perm == list(range(len(x.dims))):
+        return x
+    _no_batch_axis(b, [] if perm[0] == 0 else [0], "moves")
+    if x.image:
+        return b.add(nn.Transpose(perm), [x])  # a map, permuted through its stored order
+    at = [x.axis(a) for a in range(len(x.dims))]
+    order = list(range(len(x.shape)))
+    for k, p in enumerate(perm):
+        order[at[k]] = at[p]
+    return b.add(nn.Transpose(order), [x], lifted=x.lifted)
+
+
 @_converts("Gemm", 9, 11, 13)
 def _gemm(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     x = b.tensor(ins, 0, "input A", chw=True)
-    if len(x.shape) != 2:
-        raise _Refuse(f"its input A has shape {x.shape}: Gemm multiplies matrices")
+    if len(x.dims) != 2:
+        raise _Refuse(f"its input A has shape {x.dims}: Gemm multiplies matrices")
     if int(attrs.get("transA", 0)):
-        raise _Refuse("transA=1: the input must be (N, features)")
+        _no_batch_axis(b, [0], "transA=1 moves")
+        x = _transposed(b, x, [1, 0])
     w = b.weight(ins, 1, "weights B", "weight")
-    c = b.weight(ins, 2, "bias C", "bias", optional=True)
+    c = b.const(ins, 2, "bias C", optional=True)
     assert w is not None
     alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
     w = w if int(attrs.get("transB", 0)) else w.T  # (out, in)
     out, inp = w.shape
-    if inp != x.shape[1]:
-        raise _Refuse(f"weights of shape {w.shape} (out, in) do not match an input of {x.shape[1]} features")
-    bias = None
+    if inp != x.dims[1]:
+        raise _Refuse(f"weights of shape {w.shape} (out, in) do not match an input of {x.dims[1]} features")
+    bias, matrix = None, None
     if c is not None and beta != 0:
-        if c.size not in (1, out):
-            raise _Refuse(f"bias C of shape {c.shape}: vmem adds one bias per output feature")
-        bias = np.broadcast_to(c.reshape(-1), (out,)) * beta
+        if c.size in (1, out) and (c.ndim < 2 or c.shape[0] == 1):  # one bias per output feature
+            b.weight(ins, 2, "bias C", "bias")
+            bias = np.broadcast_to(c.reshape(-1), (out,)) * beta
+        elif b.lead:  # a bias per element of the product: a constant added
+            matrix = np.broadcast_to(c, (x.dims[0], out)) * beta
+        else:
+            raise _Refuse(f"bias C of shape {c.shape}: a bias per sample (vmem adds one per output feature)")
     layer = nn.Linear(inp, out, bias=bias is not None)
-    return [b.add(layer, [x], {"weight": _linear_weight(x, w * alpha), "bias": bias})]
+    y = b.add(layer, [x], {"weight": _linear_weight(x, w * alpha), "bias": bias})
+    if matrix is not None:
+        y = b.add(nn.ConstantOp("add", _constant_for(y, matrix)), [y])
+    return [y]
+
+
+def _matrices(b: _Builder, a: _Tensor, m: _Tensor) -> tuple[_Tensor, _Tensor, tuple[int, ...]]:
+    """MatMul's operands as vmem multiplies them (batches of matrices of one rank, the leading axes equal or
+    1), by ONNX's rules: a vector A is a row, a vector B a column, a lower rank given leading axes of length 1
+    (where the model has no batch axis). Also the model's shape of the product."""
+    da, dm = a.dims, m.dims
+    if not b.lead and (len(da) < 3 or len(da) != len(dm)):
+        raise _Refuse(
+            f"multiplies tensors of shapes {da} and {dm}: vmem multiplies batches of matrices of one rank, the "
+            "batch axis first"
+        )
+    ra = (1,) + da if len(da) == 1 else da
+    rm = dm + (1,) if len(dm) == 1 else dm
+    rank = max(len(ra), len(rm))
+    ra, rm = (1,) * (rank - len(ra)) + ra, (1,) * (rank - len(rm)) + rm
+    out = tuple(max(i, j) for i, j in zip(ra[:-2], rm[:-2])) + (ra[-2], rm[-1])
+    if len(da) == 1:
+        out = out[:-2] + out[-1:]
+    if len(dm) == 1:
+        out = out[:-1]
+    return _as_tensor(b, _reshaped(b, a, ra)), _as_tensor(b, _reshaped(b, m, rm)), out
 
 
 @_converts("MatMul", 9, 13)
@@ -632,22 +842,25 @@ def _matmul(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
         x = b.tensor(ins, 0, "input A", chw=True)
         w = b.weight(ins, 1, "weights B", "weight")
         assert w is not None
-        if w.ndim != 2 or len(x.shape) == 4 or x.shape[-1] != w.shape[0]:
-            raise _Refuse(f"multiplies {x.shape} by a constant {w.shape}: vmem's Linear takes a 2-D weight")
-        if x.chw is not None and len(x.shape) != 2:
-            raise _Refuse("reads a flattened map as a sequence")
-        layer = nn.Linear(int(w.shape[0]), int(w.shape[1]), bias=False)
-        return [b.add(layer, [x], {"weight": _linear_weight(x, w.T)})]
-    a, m = b.tensor(ins, 0, "input A", lifted=True), b.tensor(ins, 1, "input B", lifted=True)
-    if a.lifted != m.lifted:
-        raise _Refuse(f"multiplies tensors of shapes {a.dims} and {m.dims}")
-    return [b.add(nn.MatMul(), [a, m], lifted=a.lifted)]
+        if w.ndim not in (1, 2) or x.dims[-1] != w.shape[0] or (x.chw is not None and len(x.dims) != 2):
+            raise _Refuse(f"multiplies {x.dims} by a constant {w.shape}: vmem's Linear takes a 2-D weight")
+        x = _as_tensor(b, x)
+        column = w.ndim == 1
+        w2 = w.reshape(-1, 1) if column else w
+        layer = nn.Linear(int(w2.shape[0]), int(w2.shape[1]), bias=False)
+        y = b.add(layer, [x], {"weight": _linear_weight(x, w2.T)}, lifted=x.lifted)
+        return [_reshaped(b, y, y.dims[:-1]) if column else y]
+    a, m = b.tensor(ins, 0, "input A"), b.tensor(ins, 1, "input B")
+    a, m, out = _matrices(b, a, m)
+    y = b.add(nn.MatMul(), [a, m], lifted=a.lifted)
+    return [_reshaped(b, y, out)]
 
 
 @_converts("Gather", 1, 11, 13)
 def _gather(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    """Rows of a constant table at computed indices (token ids): an embedding, its table trainable. Or one
-    position of a computed tensor along a non-batch axis (``x[:, 0]``, a classifier's first token)."""
+    """Rows of a constant table at computed indices (token ids): an embedding, its table trainable. Or
+    positions of a computed tensor at constant indices along a non-batch axis (``x[:, 0]``, a classifier's
+    first token: a Split; several: a Take)."""
     if isinstance(ins[0], _Tensor):
         return [_select(b, ins, attrs)]
     table = b.weight(ins, 0, "table", "weight")
@@ -659,34 +872,42 @@ def _gather(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 
 def _select(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> _Tensor:
-    x = b.tensor(ins, 0, "data", lifted=True)
+    x = _as_tensor(b, b.tensor(ins, 0, "data"))
     index = b.const(ins, 1, "indices")
     assert index is not None
+    if index.dtype.kind not in "iu":
+        raise _Refuse(f"indices of type {index.dtype}")
     axis = int(attrs.get("axis", 0)) % len(x.dims)
-    if axis == 0 or index.size != 1:
-        raise _Refuse(f"gathers {index.size} positions along axis {axis}: vmem takes one position of a non-batch axis")
+    _no_batch_axis(b, [axis], "gathers along")
     length = x.dims[axis]
-    at = int(index.reshape(-1)[0]) % length
-    piece = b.add(nn.Split(length, at, x.axis(axis)), [x], lifted=x.lifted)
-    if index.ndim:  # a one-element list of positions: the axis stays
-        return piece
-    return _to_dims(b, piece, [d for a, d in enumerate(piece.dims) if a != axis][1:])
+    if index.size == 0 or (index < -length).any() or (index >= length).any():
+        raise _Refuse(f"indices {index.reshape(-1).tolist()} out of range for axis {axis} of {x.dims}")
+    at = [int(i) % length for i in index.reshape(-1)]
+    if len(at) == 1:
+        piece = b.add(nn.Split(length, at[0], x.axis(axis)), [x], lifted=x.lifted)
+    else:
+        piece = b.add(nn.Take(at, x.axis(axis)), [x], lifted=x.lifted)
+    return _reshaped(b, piece, x.dims[:axis] + index.shape + x.dims[axis + 1 :])
 
 
 @_converts("LayerNormalization", 17)
 def _layer_norm(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    x = b.tensor(ins, 0, "input")
+    x = _as_tensor(b, b.tensor(ins, 0, "input"))
     scale = b.weight(ins, 1, "scale", "weight")
     bias = b.weight(ins, 2, "bias", "bias", optional=True)
     assert scale is not None
-    axis = int(attrs.get("axis", -1)) % len(x.shape)
-    if axis != len(x.shape) - 1 or scale.shape != (x.shape[-1],):
-        raise _Refuse(f"normalises axes {axis}.. of {x.shape}: vmem's LayerNorm normalises the last axis")
+    axis = int(attrs.get("axis", -1)) % len(x.dims)
+    if axis != len(x.dims) - 1 or scale.reshape(-1).shape != (x.dims[-1],):
+        raise _Refuse(f"normalises axes {axis}.. of {x.dims}: vmem's LayerNorm normalises the last axis")
     if int(attrs.get("stash_type", 1)) != 1:
         raise _Refuse("stash_type other than float32")
-    features = x.shape[-1]
+    features = x.dims[-1]
     layer = nn.LayerNorm(features, eps=_real(attrs.get("epsilon", 1e-5)))
-    return [b.add(layer, [x], {"weight": scale, "bias": np.zeros(features) if bias is None else bias}), *_stats()]
+    params: dict[str, np.ndarray | None] = {
+        "weight": scale.reshape(-1),
+        "bias": np.zeros(features) if bias is None else bias.reshape(-1),
+    }
+    return [b.add(layer, [x], params, lifted=x.lifted), *_stats()]
 
 
 def _stats() -> list[Any]:
@@ -696,12 +917,12 @@ def _stats() -> list[Any]:
 
 @_converts("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25)
 def _identity(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    return [b.tensor(ins, 0, "input", chw=True, nhwc=True, lifted=True)]
+    return [b.tensor(ins, 0, "input", chw=True, nhwc=True)]
 
 
 @_converts("Dropout", 7, 10, 12, 13, 22)
 def _dropout(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    x = b.tensor(ins, 0, "input", chw=True, lifted=True)
+    x = b.tensor(ins, 0, "input", chw=True)
     if b.opset < 12:
         ratio = _real(attrs.get("ratio", 0.5))
     else:
@@ -715,30 +936,23 @@ def _dropout(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 @_converts("Softmax", 1, 11, 13)
 def _softmax(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    x = b.tensor(ins, 0, "input", lifted=True)
+    x = _as_tensor(b, b.tensor(ins, 0, "input"))
     rank = len(x.dims)
     default = -1 if b.opset >= 13 else 1
     axis = int(attrs.get("axis", default)) % rank
     if b.opset < 13 and axis != rank - 1:  # before 13 the input was coerced to 2-D at the axis
         raise _Refuse(f"axis={axis} of a rank-{rank} input (opset {b.opset} softmaxes the flattened tail)")
+    _no_batch_axis(b, [axis], "softmaxes along")
     return [b.add(nn.Softmax(x.axis(axis)), [x], lifted=x.lifted)]
 
 
 @_converts("Transpose", 1, 13, 21, 23, 24, 25)
 def _transpose(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    x = b.tensor(ins, 0, "input", lifted=True)
+    x = b.tensor(ins, 0, "input")
     perm = _ints(attrs, "perm", list(range(len(x.dims)))[::-1])
-    if x.lifted:
-        if perm[0] != 0:
-            raise _Refuse(f"perm={perm} moves the batch axis: vmem keeps it first")
-        return [b.add(nn.Transpose([0, 1] + [x.axis(a) for a in perm[1:]]), [x], lifted=True)]
-    if len(x.shape) == 4 and perm == [0, 2, 3, 1]:
+    if x.image and perm == [0, 2, 3, 1]:
         return [_Tensor(x.node, x.shape, None, True)]  # read only by a flatten, in vmem's own order
-    if perm == list(range(len(x.shape))):
-        return [x]
-    if perm[0] != 0:
-        raise _Refuse(f"perm={perm} moves the batch axis: vmem keeps it first")
-    return [b.add(nn.Transpose(perm), [x])]
+    return [_transposed(b, x, perm)]
 
 
 @_converts("Cast", 6, 9, 13, 19, 21, 23, 24, 25, 28)
@@ -750,7 +964,7 @@ def _cast(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
             f"casts a feature map to {onnx.TensorProto.DataType.Name(to).lower()}: vmem's feature maps are float32 "
             "(or the half precision a Trainer's precision= asks for), not the model's choice"
         )
-    return [b.tensor(ins, 0, "input", chw=True, nhwc=True, lifted=True)]
+    return [b.tensor(ins, 0, "input", chw=True, nhwc=True)]
 
 
 # -- the walk -------------------------------------------------------------------------------------
@@ -791,7 +1005,7 @@ def _fold(onnx: Any, node: Any, ins: list[Any], opset: int) -> list[Any]:
 
 def _shape_of(x: _Tensor, attrs: dict[str, Any]) -> np.ndarray:
     shape = (x.shape[0], x.shape[2], x.shape[3], x.shape[1]) if x.nhwc else x.dims
-    dims = np.array((BATCH,) + tuple(shape[1:]), np.int64)
+    dims = np.array(shape if x.lead else (BATCH,) + tuple(shape[1:]), np.int64)
     start, end = int(attrs.get("start", 0)), attrs.get("end")
     return dims[start : None if end is None else int(end)]
 
@@ -811,12 +1025,19 @@ def _read(model: Any) -> tuple[Any, str]:
         raise OnnxError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {exc})") from None
 
 
-def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | None = None) -> Graph:
+def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | None = None, batch: bool = True) -> Graph:
     """An ONNX model as a trainable :class:`vmem.Graph` holding its weights (``net.params``).
 
     ``model``: a path, the file's bytes, or an ``onnx.ModelProto``. ``input_shape``: the input's shape
     without the batch axis (``(C, H, W)``), where the model leaves it symbolic (None for a dimension the
-    model fixes: ``(None, 64, 64)``); the batch axis is always the network's own. ``name``: the network's name (default the model graph's).
+    model fixes: ``(None, 64, 64)``); the batch axis is always the network's own. ``name``: the network's
+    name (default the model graph's).
+
+    ``batch``: whether the model's first axis is a batch (every input's, and every tensor it computes from
+    them; the default). ``batch=False``: the model computes on one sample, its axes all its own (ops may
+    concatenate, transpose, reduce along its first axis): vmem adds its batch axis in front of every input
+    and of the output (a Trainer then takes arrays of shape (N, *model input shape)), and ``input_shape`` is
+    the input's whole shape. Such a model has no images: convolutions and poolings are refused.
 
     The model must have one output; its inputs become the network's (``net.inputs``, in the model's
     order: a Trainer then takes a tuple of arrays), each with a batch axis. Every node becomes a vmem layer (see
@@ -840,23 +1061,25 @@ def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | No
     if not inputs:
         raise OnnxError(f"{source}: has no input that is not a constant; vmem imports models that take a batch")
     inp = inputs[0]
-    shape = _input_shape(onnx, inp, input_shape, source)
+    shape = _input_shape(onnx, inp, input_shape, source, batch)
     if len(graph.output) != 1:
         raise OnnxError(f"{source}: has {len(graph.output)} outputs; vmem imports models with one output")
     net = Graph(input_shape=shape, name=name or re.sub(r"[^0-9A-Za-z_]+", "_", graph.name or "onnx").strip("_"))
     builder = _Builder(net, opset)
+    builder.lead = not batch
+    builder.outputs = {o.name for o in graph.output}
     for node in graph.node:
         for used in node.input:
             builder.readers[used] = builder.readers.get(used, 0) + 1
     for out in graph.output:
         builder.readers[out.name] = builder.readers.get(out.name, 0) + 1
     first = inp.type.tensor_type.shape.dim
-    if first and first[0].HasField("dim_value") and first[0].dim_value > 0:
+    if batch and first and first[0].HasField("dim_value") and first[0].dim_value > 0:
         builder.static_batch = int(first[0].dim_value)
-    values[inp.name] = _Tensor(net.input, (1,) + shape)
+    values[inp.name] = _entry(builder, net.input, shape)
     for other in inputs[1:]:  # the network's other inputs, in the model's order (each with a batch axis)
-        other_shape = _input_shape(onnx, other, None, source)
-        values[other.name] = _Tensor(net.add_input(other_shape, _unique(other.name, "input", net)), (1,) + other_shape)
+        other_shape = _input_shape(onnx, other, None, source, batch)
+        values[other.name] = _entry(builder, net.add_input(other_shape, _unique(other.name, "input", net)), other_shape)
     refused: list[str] = []
 
     def version(op: str) -> int:
@@ -916,16 +1139,15 @@ def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | No
             "evaluated at import."
         )
     out = values.get(graph.output[0].name)
-    if isinstance(out, _Tensor) and out.nhwc:  # the model ends in a transposed map: made now
-        builder.start(graph.node[-1])
+    if not isinstance(out, _Tensor):
+        raise OnnxError(f"{source}: its output {graph.output[0].name!r} is not computed from its inputs")
+    builder.start(next((n for n in graph.node if graph.output[0].name in n.output), graph.node[-1]))
+    if out.nhwc:  # the model ends in a transposed map: made now
         out = builder.add(nn.Transpose((0, 2, 3, 1)), [_Tensor(out.node, out.shape)])
-    if not isinstance(out, _Tensor) or out.node is net.input:
-        raise OnnxError(f"{source}: its output {graph.output[0].name!r} is not computed by any layer")
-    if out.lifted:
-        raise OnnxError(
-            f"{source}: its output is a 4-D tensor that is not an image {out.dims}: vmem holds those 5-D inside a "
-            "network; end the model in a layer that gives another rank"
-        )
+    if out.lifted:  # held 5-D inside the network; the output as the model gives it (vmem stores 4-D channels-last)
+        out = builder.add(nn.Reshape(out.shape[2:]), [out])
+    if out.node.layer is None:  # the output is an input: a layer passes it on
+        out = builder.add(nn.Identity(), [out], name=_unique(graph.output[0].name, "output", net))
     if out.chw is not None:
         raise OnnxError(
             f"{source}: its output is a flattened feature map, which vmem orders (H, W, C); "
@@ -961,25 +1183,39 @@ def _unique(name: str, fallback: str, net: Graph) -> str:
     return out
 
 
-def _input_shape(onnx: Any, inp: Any, given: Sequence[int] | None, source: str) -> tuple[int, ...]:
+def _entry(b: _Builder, node: Node, shape: tuple[int, ...]) -> _Tensor:
+    """An input of the network, of vmem shape (N, *shape): where the model has no batch axis and the input is
+    3-D, held lifted (a Reshape), as vmem stores 4-D tensors as images."""
+    x = _Tensor(node, (1,) + shape, lead=b.lead)
+    if b.lead and len(shape) == 3:
+        x = b.add(nn.Reshape((1,) + shape), [x], lifted=True, name=_unique(f"{node.name}.lifted", "input", b.graph))
+    return x
+
+
+def _input_shape(onnx: Any, inp: Any, given: Sequence[int] | None, source: str, batch: bool = True) -> tuple[int, ...]:
     tensor = inp.type.tensor_type
     if tensor.elem_type and np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).kind not in "fiu":
         raise OnnxError(
             f"{source}: its input {inp.name!r} holds {onnx.TensorProto.DataType.Name(tensor.elem_type)} "
             "values; vmem takes numbers (integer inputs, token ids, travel as floats: exact up to 2^24)"
         )
-    dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tensor.shape.dim]
+    own = dims[1:] if batch else dims  # the axes after the batch axis, or all where the model has none
     if given is not None:
         given = tuple(given)
-        if dims and len(dims) != len(given) + 1:
+        if tensor.shape.dim and len(own) != len(given):
             raise OnnxError(f"{source}: input_shape={given} does not match the model's input {dims}")
-        shape = tuple(dims[i + 1] if g is None else int(g) for i, g in enumerate(given))
-        if any(d is None for d in shape) or any(d not in (None, s) for d, s in zip(dims[1:], shape)):
+        shape = tuple(own[i] if g is None else int(g) for i, g in enumerate(given))
+        if any(d is None for d in shape) or any(d not in (None, s) for d, s in zip(own, shape)):
             raise OnnxError(f"{source}: input_shape={given} does not match the model's input {dims}")
         return shape  # type: ignore[return-value]
-    if not dims or any(d is None or d < 1 for d in dims[1:]):
+    if (batch and not dims) or any(d is None for d in own):
         raise OnnxError(
             f"{source}: its input {inp.name!r} has shape {['?' if d is None else d for d in dims]}; give the "
-            "shape after the batch axis, e.g. load(path, input_shape=(3, 224, 224))"
+            + (
+                "shape after the batch axis, e.g. load(path, input_shape=(3, 224, 224))"
+                if batch
+                else "whole shape (batch=False), e.g. load(path, input_shape=(4, 16), batch=False)"
+            )
         )
-    return tuple(int(d or 0) for d in dims[1:])
+    return tuple(int(d or 0) for d in own)
