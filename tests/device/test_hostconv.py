@@ -233,3 +233,29 @@ def test_a_grouped_convolution_is_its_groups_convolved_apart(cin, cout, groups, 
         np.testing.assert_allclose(dx[..., ins], want[1], rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(dw[outs], want[2], rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(db[outs], want[3], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("groups, d, s, p", [(1, 2, 1, 2), (1, (2, 3), 2, 1), (3, 2, 1, 1)])
+def test_a_dilated_convolution_is_the_dense_one_with_zeros_between_its_taps(groups, d, s, p):
+    """Forward and input gradient equal those of a convolution whose (dilated-size) filters hold the taps
+    with zeros between (run by im2col); the filter gradient is that one's at the taps. Only the implicit
+    algorithm is offered."""
+    rng = np.random.default_rng(1)
+    cin, cout, k, shape = 6, 6, 3, (2, 6, 9, 8)
+    layer = nn.Conv2d(cin, cout, k, stride=s, padding=p, groups=groups, dilation=d)
+    assert algorithms(layer, shape) == {pass_: ["implicit"] for pass_ in PASSES}
+    dh, dw_ = layer.dilation
+    eh, ew = layer.extent
+    x = rng.standard_normal(physical(shape)).astype(np.float32)
+    w = rng.standard_normal((cout, k, k, cin // groups)).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    dy = rng.standard_normal(physical(layer.output_shape([shape]))).astype(np.float32)
+    y, dx, dw, db = run(layer, shape, "implicit", x, w, b, dy)
+    dense = np.zeros((cout, eh, ew, cin // groups), np.float32)
+    dense[:, ::dh, ::dw_] = w
+    wide = nn.Conv2d(cin, cout, (eh, ew), stride=s, padding=p, groups=groups)
+    want = run(wide, shape, "implicit" if groups > 1 else "im2col", x, dense, b, dy)
+    np.testing.assert_allclose(y, want[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(dx, want[1], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(dw, want[2][:, ::dh, ::dw_], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(db, want[3], rtol=1e-4, atol=1e-5)

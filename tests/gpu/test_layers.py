@@ -36,6 +36,21 @@ CASES = [
     (lambda: nn.Transpose((0, 1, 3, 2, 4)), [(2, 1, 4, 3, 5)]),
     (lambda: nn.Pad2d((0, 1, 2, 1), value=-1.0), [(2, 3, 4, 5)]),
     (lambda: nn.Sub(), [(2, 3, 4, 5), (2, 3, 4, 5)]),
+    # the layers of the ONNX node tests: dilated pooling, reshapes through the channels-last order, a mean,
+    # positions taken (a scatter-add back), products broadcast along leading axes
+    (lambda: nn.MaxPool2d(2, stride=1, dilation=2), [(2, 3, 7, 7)]),
+    (lambda: nn.AvgPool2d(2, stride=1, padding=1, dilation=(1, 2), count_include_pad=False), [(2, 3, 6, 7)]),
+    (lambda: nn.Reshape((1, 3, 4, 5)), [(2, 3, 4, 5)]),
+    (lambda: nn.Reshape((3, 5, 4)), [(2, 3, 5, 2, 2)]),
+    (lambda: nn.Mean((1, 3)), [(2, 3, 4, 5, 2)]),
+    (lambda: nn.Take([2, 0, 2], axis=2), [(2, 3, 4)]),
+    (lambda: nn.MatMul(), [(2, 3, 1, 4, 5), (2, 1, 2, 5, 3)]),
+    (lambda: nn.Identity(), [(3, 7)]),
+    (lambda: nn.GELU(), [(4, 9)]),
+    # grouped (depthwise: MobileNet's) and dilated convolutions: cuDNN's group count and dilation
+    (lambda: nn.Conv2d(6, 6, 3, padding=1, groups=6), [(2, 6, 9, 9)]),
+    (lambda: nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2), [(2, 4, 9, 8)]),
+    (lambda: nn.Conv2d(4, 5, 3, padding=2, dilation=2), [(2, 4, 9, 9)]),
 ]
 
 

@@ -88,6 +88,12 @@ def test_grouped_conv2d(cin, cout, groups, k, s, p, shape):
     assert check_layer(layer, [shape], algo="implicit") == ["x0", "weight", "bias"]
 
 
+@pytest.mark.parametrize("groups, d, s, p", [(1, 2, 1, 2), (1, (1, 3), 2, 1), (2, 2, 1, 1)])
+def test_dilated_conv2d(groups, d, s, p):
+    layer = nn.Conv2d(4, 4, 3, stride=s, padding=p, groups=groups, dilation=d)
+    assert check_layer(layer, [(2, 4, 8, 9)], algo="implicit") == ["x0", "weight", "bias"]
+
+
 def test_conv2d_without_bias():
     assert check_layer(nn.Conv2d(2, 3, 3, padding=1, bias=False), [(2, 2, 4, 4)]) == ["x0", "weight"]
 
@@ -120,6 +126,11 @@ def test_sub_and_div(layer, shape):
 @pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 7)])
 def test_erf(shape):
     check_layer(nn.Erf(), [shape])
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 7)])
+def test_gelu(shape):
+    check_layer(nn.GELU(), [shape])
 
 
 @pytest.mark.parametrize("op", nn.ConstantOp.OPS)

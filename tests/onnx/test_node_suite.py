@@ -29,8 +29,7 @@ from onnx import TensorProto, numpy_helper  # noqa: E402
 #: pattern (matched against the whole test name) -> why vmem does not pass it yet
 EXCLUDED: dict[str, str] = {
     r"test_training_dropout(_default)?": (
-        "dropout in training mode: the expected output holds the mask of ONNX's random generator (vmem draws its "
-        "own)"
+        "dropout in training mode: the expected output holds the mask of ONNX's random generator (vmem draws its own)"
     ),
     r"test_reshape_allowzero_reordered": "an empty tensor (an axis of length 0)",
 }

@@ -183,17 +183,56 @@ def test_arithmetic_with_constants_imports_and_exports(tmp_path, opset):
     _check(_rename_input(tmp_path / "m.onnx"))  # and onnxruntime runs the export with the same outputs
 
 
-def test_gelu_as_exporters_write_it(tmp_path):
-    """0.5 x (1 + erf(x / sqrt 2)) after a linear layer (a transformer's feed-forward): Erf and the
-    arithmetic with constants around it, imported and exported."""
-    nodes = [
-        helper.make_node("Gemm", ["x", "w"], ["h"], transB=1),
+_GELUS = {  # 0.5 x (1 + erf(x / sqrt 2)) in the orders exporters write it, after a linear layer (h)
+    "scale-last": [
         helper.make_node("Div", ["h", "sqrt2"], ["a"]),
         helper.make_node("Erf", ["a"], ["e"]),
         helper.make_node("Add", ["e", "one"], ["b"]),
         helper.make_node("Mul", ["h", "b"], ["c"]),
         helper.make_node("Mul", ["c", "half"], ["y"]),
-    ]
+    ],
+    "scale-first": [
+        helper.make_node("Mul", ["h", "half"], ["hh"]),
+        helper.make_node("Mul", ["h", "rsqrt2"], ["a"]),
+        helper.make_node("Erf", ["a"], ["e"]),
+        helper.make_node("Add", ["one", "e"], ["b"]),
+        helper.make_node("Mul", ["hh", "b"], ["y"]),
+    ],
+    "scale-on-bracket": [
+        helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.float32(2**0.5))),
+        helper.make_node("Div", ["h", "k"], ["a"]),
+        helper.make_node("Erf", ["a"], ["e"]),
+        helper.make_node("Add", ["e", "one"], ["b"]),
+        helper.make_node("Mul", ["b", "half"], ["c"]),
+        helper.make_node("Mul", ["c", "h"], ["y"]),
+    ],
+    "op": [helper.make_node("Gelu", ["h"], ["y"])],
+}
+
+
+@pytest.mark.parametrize("form", list(_GELUS))
+def test_gelu_as_exporters_write_it_becomes_one_layer(tmp_path, form):
+    """A transformer's feed-forward activation: one nn.GELU (backward reads its input alone, where the ops
+    would stash three buffers), exported as ONNX's Gelu from opset 20 and as the ops before."""
+    nodes = [helper.make_node("Gemm", ["x", "w"], ["h"], transB=1), *_GELUS[form]]
+    inits = {
+        "w": _normal(16, 12, scale=1.0),
+        "sqrt2": np.float32(2**0.5),
+        "rsqrt2": np.float32(2**-0.5),
+        "one": np.float32(1),
+        "half": np.float32(0.5),
+    }
+    net = _check(_model(nodes, inits, shape=(12,), opset=20 if form == "op" else 17))
+    assert [layer.kind for layer in net.layers] == ["linear", "gelu"]
+    for opset in (17, 20):
+        vmem.onnx.save(net, tmp_path / "gelu.onnx", opset=opset)
+        again = _check(_rename_input(tmp_path / "gelu.onnx"))
+        assert [layer.kind for layer in again.layers] == ["linear", "gelu"]
+
+
+def test_a_gelu_whose_parts_are_read_elsewhere_stays_ops():
+    nodes = [helper.make_node("Gemm", ["x", "w"], ["h"], transB=1), *_GELUS["scale-last"][:-1]]
+    nodes += [helper.make_node("Mul", ["c", "half"], ["g"]), helper.make_node("Add", ["g", "e"], ["y"])]
     inits = {
         "w": _normal(16, 12, scale=1.0),
         "sqrt2": np.float32(2**0.5),
@@ -201,9 +240,7 @@ def test_gelu_as_exporters_write_it(tmp_path):
         "half": np.float32(0.5),
     }
     net = _check(_model(nodes, inits, shape=(12,)))
-    assert [layer.kind for layer in net.layers] == ["linear", "constop", "erf", "constop", "mul", "constop"]
-    vmem.onnx.save(net, tmp_path / "gelu.onnx")
-    _check(_rename_input(tmp_path / "gelu.onnx"))
+    assert "gelu" not in [layer.kind for layer in net.layers] and "erf" in [layer.kind for layer in net.layers]
 
 
 def test_a_model_of_two_inputs_imports_and_exports(tmp_path):
@@ -325,6 +362,22 @@ def test_tensorflow_style_padding_imports_and_exports(tmp_path):
     _check(_rename_input(tmp_path / "tf.onnx"))
 
 
+def test_dilated_and_grouped_convolutions_import_and_export(tmp_path):
+    """An atrous convolution (DeepLab's), a grouped one dilated along its width, padded asymmetrically (a
+    Pad2d first)."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], dilations=[2, 2], pads=[2, 2, 2, 2]),
+        helper.make_node("Conv", ["c", "w2"], ["d"], group=2, dilations=[1, 2], pads=[0, 2, 1, 0]),
+        helper.make_node("GlobalAveragePool", ["d"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["y"]),
+    ]
+    net = _check(_model(nodes, {"w": _normal(4, 3, 3, 3), "w2": _normal(6, 2, 3, 2)}))
+    convs = [layer for layer in net.layers if layer.kind == "conv"]
+    assert [(c.dilation, c.groups) for c in convs] == [((2, 2), 1), ((1, 2), 2)]
+    vmem.onnx.save(net, tmp_path / "atrous.onnx")
+    _check(_rename_input(tmp_path / "atrous.onnx"))
+
+
 def _rename_input(path):
     """A model vmem.onnx.save wrote, its input called x as the tests' models' are."""
     model = onnx.load(str(path))
@@ -338,16 +391,16 @@ def test_what_cannot_be_imported_is_refused_by_node_op_and_opset():
     nodes = [
         helper.make_node("MaxPool", ["x"], ["c"], kernel_shape=[3, 3], storage_order=1, name="columns"),
         helper.make_node("LRN", ["c"], ["l"], size=3, name="norm"),  # downstream of a refused node: not named again
-        helper.make_node("Conv", ["x", "w2"], ["d"], kernel_shape=[3, 3], dilations=[2, 2], name="dilated"),
+        helper.make_node("Conv", ["x", "w3"], ["d"], kernel_shape=[3], name="line"),
         helper.make_node("Add", ["l", "d"], ["y"]),
     ]
-    model = _model(nodes, {"w": _normal(3, 3, 3, 3), "w2": _normal(3, 3, 3, 3)}, opset=17)
+    model = _model(nodes, {"w": _normal(3, 3, 3, 3), "w3": _normal(3, 3, 3)}, opset=17)
     with pytest.raises(OnnxError) as info:
         vmem.onnx.load(model)
     text = str(info.value)
     assert "2 node(s) cannot be imported" in text and "opset 17" in text
     assert "node 'columns' (MaxPool v12): storage_order=1" in text
-    assert "node 'dilated' (Conv v11): dilations=[2, 2]" in text
+    assert "node 'line' (Conv v11): weights of shape (3, 3, 3): vmem has 2-D convolutions only" in text
     assert "'norm'" not in text and "Ops vmem converts: Add, AveragePool" in text
 
     lrn = _model([helper.make_node("LRN", ["x"], ["y"], size=3, name="lrn")], {})
@@ -422,6 +475,67 @@ def test_an_exported_network_runs_in_onnxruntime_with_its_outputs(tmp_path, opse
     again = vmem.onnx.load(path)  # and back: the same outputs
     with vmem.Trainer(again) as trainer:
         np.testing.assert_allclose(trainer.predict(x), want, rtol=RTOL, atol=ATOL)
+
+
+def _tensor_ops():
+    """A network of the layers that reshape, take and reduce tensors (and pool with dilated windows)."""
+    g = vmem.Graph(input_shape=(4, 6, 6), name="tensor_ops")
+    p = g.add(nn.MaxPool2d(2, stride=1, dilation=2), g.input)  # (4, 4, 4)
+    q = g.add(nn.AvgPool2d(2, stride=1, dilation=(1, 2), count_include_pad=False), g.input)  # (4, 5, 4)
+    heads = g.add(nn.Reshape((2, 2, 4, 4)), p)  # a map into a 5-D tensor: a copy from channels-last
+    lhs = g.add(nn.Take([1, 0, 1], axis=2), heads)  # (2, 3, 4, 4)
+    rhs = g.add(nn.Mean((2,)), heads)  # (2, 1, 4, 4): broadcast in the product
+    prod = g.add(nn.MatMul(), lhs, rhs)  # (2, 3, 4, 4)
+    back = g.add(nn.Reshape((6, 4, 4)), prod)  # into a 4-D map
+    flat = g.add(nn.Flatten(), g.add(nn.Identity(), back))
+    side = g.add(nn.Reshape((80,)), q)
+    g.add(nn.Concat(axis=1), flat, side)
+    return g.init(seed=5)
+
+
+@pytest.mark.parametrize("opset", [19, 21])
+def test_tensor_ops_export_and_import_with_their_outputs(tmp_path, opset):
+    net = _tensor_ops()
+    path = tmp_path / "ops.onnx"
+    with pytest.raises(OnnxError, match=r"'avgpool1' \(AvgPool2d\): dilated windows need opset 19"):
+        vmem.onnx.save(net, path, opset=18)
+    assert not path.exists()
+    vmem.onnx.save(net, path, opset=opset)
+    x = np.random.default_rng(2).standard_normal((3, 4, 6, 6)).astype(np.float32)
+    with vmem.Trainer(net) as trainer:
+        want = trainer.predict(x)
+    got = ort.InferenceSession(str(path)).run(None, {"input": x})[0]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    with vmem.Trainer(vmem.onnx.load(path)) as trainer:
+        np.testing.assert_allclose(trainer.predict(x), want, rtol=RTOL, atol=ATOL)
+
+
+def test_a_model_without_a_batch_axis_imports_with_batch_false():
+    """Its ops work along its first axis: refused as a batch (saying what to do), imported as one sample."""
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0]),  # (6, 4)
+        helper.make_node("MatMul", ["t", "w"], ["m"]),  # (6, 5)
+        helper.make_node("ReduceMean", ["m"], ["y"], axes=[0], keepdims=0),  # (5,)
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "sample",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 5)).astype(np.float32), "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    with pytest.raises(OnnxError, match=r"moves the batch axis .*batch=False"):
+        vmem.onnx.load(model)
+    net = vmem.onnx.load(model, batch=False)
+    assert net.input_shape == (4, 6) and net.output_shape(3) == (3, 5)
+    assert net.sources == {"matmul.weight": "w"}  # trainable
+    xs = np.random.default_rng(1).standard_normal((3, 4, 6)).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString())
+    want = np.stack([session.run(None, {"x": x})[0] for x in xs])
+    with vmem.Trainer(net) as trainer:
+        np.testing.assert_allclose(trainer.predict(xs), want, rtol=RTOL, atol=ATOL)
 
 
 def test_a_zoo_model_round_trips(tmp_path):

@@ -69,6 +69,7 @@ class Geometry:
     ho: int
     wo: int
     groups: int = 1
+    dilation: tuple[int, int] = (1, 1)
 
     @property
     def direct_flops(self) -> int:
@@ -96,7 +97,7 @@ UNAVAILABLE = {"maxwell": {"winograd", "winograd_nonfused"}}
 def applies(g: Geometry, algo: str, arch: str | None = None) -> bool:
     if algo in UNAVAILABLE.get(arch or "", ()):
         return False
-    if g.groups > 1:  # grouped and depthwise convolutions: the GEMM-style kernels only, as modelled
+    if g.groups > 1 or g.dilation != (1, 1):  # grouped, depthwise, dilated: the GEMM-style kernels only, as modelled
         return algo in ("implicit_gemm", "implicit_precomp_gemm", "algo_0", "algo_1")
     unit = g.stride == (1, 1)
     if algo in ("fft", "fft_tiling"):
@@ -161,7 +162,8 @@ def geometry(op: "OpInfo") -> Geometry:
     _, k, ho, wo = op.out_shape
     kh, kw = layer.kernel_size  # type: ignore[attr-defined]
     groups = getattr(layer, "groups", 1)
-    return Geometry(n, c, h, w, k, kh, kw, layer.stride, layer.padding, ho, wo, groups)  # type: ignore[attr-defined]
+    dilation = tuple(getattr(layer, "dilation", (1, 1)))
+    return Geometry(n, c, h, w, k, kh, kw, layer.stride, layer.padding, ho, wo, groups, dilation)  # type: ignore[attr-defined,arg-type]
 
 
 def with_cudnn_catalog(program: "Program", arch: str | None = None) -> "Program":

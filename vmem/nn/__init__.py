@@ -1,6 +1,6 @@
 """Layers: math on an array namespace, shapes, costs, and what backward needs (see :mod:`vmem.nn.base`)."""
 
-from .activation import Clip, ConstantOp, Div, Dropout, Erf, Mul, ReLU, Sigmoid, Sub, Tanh
+from .activation import GELU, Clip, ConstantOp, Div, Dropout, Erf, Mul, ReLU, Sigmoid, Sub, Tanh
 from .base import PASSES, AuxSpec, Ctx, Layer, ParamSpec, logical, physical
 from .conv import Conv2d
 from .join import Add, Concat
@@ -38,6 +38,7 @@ __all__ = [
     "Sigmoid",
     "Tanh",
     "Erf",
+    "GELU",
     "Mul",
     "Sub",
     "Div",

@@ -125,6 +125,44 @@ class Erf(Layer):
             dx *= dy
 
 
+class GELU(Layer):
+    """y = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), the Gaussian error linear unit (exact form; BERT's, GPT's
+    feed-forward). One layer instead of the five ops exporters write (its input the only buffer backward
+    reads, where the ops would stash three). Backward needs the input: dx = dy (Phi(x) + x phi(x))."""
+
+    kind = "gelu"
+    needs = frozenset({"x"})
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return 14 * _size(in_shapes[0])
+
+    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+        xp, x = ctx.xp, xs[0]
+        xp.multiply(x, y.dtype.type(1 / math.sqrt(2)), out=y)
+        ctx.ops.erf(y, out=y)
+        y += y.dtype.type(1)
+        y *= x
+        y *= y.dtype.type(0.5)
+
+    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+        dx = dxs[0]
+        if dx is None:
+            return
+        xp, x = ctx.xp, xs[0]  # type: ignore[index]
+        one = dx.dtype.type
+        xp.multiply(x, one(1 / math.sqrt(2)), out=dx)
+        ctx.ops.erf(dx, out=dx)
+        dx += one(1)
+        dx *= one(0.5)  # Phi(x)
+        density = xp.multiply(x, x)
+        density *= one(-0.5)
+        xp.exp(density, out=density)
+        density *= x
+        density *= one(1 / math.sqrt(2 * math.pi))  # x phi(x)
+        dx += density
+        dx *= dy
+
+
 class Mul(Layer):
     """The element-wise product of two inputs of the same shape. Backward needs both inputs."""
 

@@ -33,12 +33,13 @@ def span(offset: int, pad: int, stride: int, size: int, out_size: int) -> tuple[
 
 class Conv2d(Layer):
     """2-D convolution ``Conv2d(in_channels, out_channels, kernel_size, stride=1, padding=0, bias=True,
-    groups=1)``.
+    groups=1, dilation=1)``.
 
-    Input (N, C, H, W), output (N, K, Ho, Wo) with Ho = (H + 2p - kh) // s + 1. Backward needs the input.
-    Parameters: ``weight`` (K, kh, kw, C / groups) and ``bias`` (K,). With ``groups`` g, the channels are
-    split into g groups, each output group convolving its input group only (g = C: a depthwise convolution,
-    as MobileNet's).
+    Input (N, C, H, W), output (N, K, Ho, Wo) with Ho = (H + 2p - e) // s + 1, where the kernel spans
+    e = d (kh - 1) + 1 rows (``dilation`` d: the filter's taps d apart, as DeepLab's atrous convolutions).
+    Backward needs the input. Parameters: ``weight`` (K, kh, kw, C / groups) and ``bias`` (K,). With
+    ``groups`` g, the channels are split into g groups, each output group convolving its input group only
+    (g = C: a depthwise convolution, as MobileNet's).
     """
 
     kind = "conv"
@@ -53,6 +54,7 @@ class Conv2d(Layer):
         padding: int | Sequence[int] = 0,
         bias: bool = True,
         groups: int = 1,
+        dilation: int | Sequence[int] = 1,
     ):
         super().__init__()
         for name, v in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups)):
@@ -68,11 +70,19 @@ class Conv2d(Layer):
         self.kernel_size = _pair(kernel_size, "kernel_size")
         self.stride = _pair(stride, "stride")
         self.padding = _pair(padding, "padding")
-        if min(self.kernel_size) < 1 or min(self.stride) < 1 or min(self.padding) < 0:
+        self.dilation = _pair(dilation, "dilation")
+        if min(self.kernel_size) < 1 or min(self.stride) < 1 or min(self.padding) < 0 or min(self.dilation) < 1:
             raise ValueError(
-                f"Conv2d: bad geometry kernel={self.kernel_size} stride={self.stride} padding={self.padding}"
+                f"Conv2d: bad geometry kernel={self.kernel_size} stride={self.stride} padding={self.padding} "
+                f"dilation={self.dilation}"
             )
         self.bias = bias
+
+    @property
+    def extent(self) -> tuple[int, int]:
+        """The rows and columns the kernel spans: its size, dilated."""
+        (kh, kw), (dh, dw) = self.kernel_size, self.dilation
+        return dh * (kh - 1) + 1, dw * (kw - 1) + 1
 
     def extra_repr(self) -> str:
         return (
@@ -80,6 +90,7 @@ class Conv2d(Layer):
             f"stride={self.stride}, padding={self.padding}"
             + ("" if self.bias else ", bias=False")
             + (f", groups={self.groups}" if self.groups > 1 else "")
+            + (f", dilation={self.dilation}" if self.dilation != (1, 1) else "")
         )
 
     # -- shapes ------------------------------------------------------------------------------------
@@ -92,7 +103,7 @@ class Conv2d(Layer):
             raise ShapeError(
                 f"layer {self.label}: expects input of shape (N, {self.in_channels}, H, W), got {tuple(shape)}"
             )
-        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
+        (kh, kw), (sh, sw), (ph, pw) = self.extent, self.stride, self.padding
         ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
         if ho < 1 or wo < 1:
             raise ShapeError(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -136,8 +137,8 @@ class _Builder:
         self.sources: dict[str, str] = {}  # "layer.param" -> the initializer it was made from
         self.static_batch = 0  # the batch size the model's input declares, where it declares one
         self.lead = False  # the model has no batch axis (load(batch=False))
-        self.outputs: set[str] = set()  # the model's output names
-        self.readers: dict[str, int] = {}  # how many nodes read each value of the model
+        self.readers: dict[str, int] = {}  # how many nodes read each value of the model (the output counts)
+        self.reader_ops: dict[str, set[str]] = {}  # the ops reading each value ("" for the model's output)
         #: a constant computed from one initializer by a transpose, reshape or cast -> that initializer
         self.origin: dict[str, str] = {}
         self.untied: list[str] = []  # initializers more than one layer took as a parameter
@@ -429,10 +430,12 @@ def _conv(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     if c != x.shape[1] or k % group:
         raise _Refuse(f"weights {w.shape} in {group} group(s) do not match an input of {x.shape[1]} channels")
     strides, dilations, pads = _window(b, x, _ints(attrs, "kernel_shape", [kh, kw]), attrs)
-    if dilations != [1, 1]:
-        raise _Refuse(f"dilations={dilations}: dilated convolutions are not supported yet")
-    x, sym = _padded(b, x, [kh, kw], pads, 0.0, pool=False)
-    layer = nn.Conv2d(c, k, (kh, kw), stride=tuple(strides), padding=tuple(sym), bias=bias is not None, groups=group)
+    extent = [d * (size - 1) + 1 for d, size in zip(dilations, (kh, kw))]
+    x, sym = _padded(b, x, extent, pads, 0.0, pool=False)
+    layer = nn.Conv2d(
+        c, k, (kh, kw), stride=tuple(strides), padding=tuple(sym), bias=bias is not None, groups=group,
+        dilation=tuple(dilations),
+    )  # fmt: skip
     return [b.add(layer, [x], {"weight": w.transpose(0, 2, 3, 1), "bias": bias})]
 
 
@@ -461,6 +464,14 @@ _converts("Relu", 6, 13, 14)(_elementwise(nn.ReLU))
 _converts("Sigmoid", 6, 13)(_elementwise(nn.Sigmoid))
 _converts("Tanh", 6, 13)(_elementwise(nn.Tanh))
 _converts("Erf", 9, 13)(_elementwise(nn.Erf))
+
+
+@_converts("Gelu", 20)
+def _gelu(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    if attrs.get("approximate", "none") != "none":
+        raise _Refuse(f"approximate={attrs['approximate']!r}: vmem's GELU is the exact (erf) form")
+    x = b.tensor(ins, 0, "input", chw=True)
+    return [b.add(nn.GELU(), [x], chw=x.chw, lifted=x.lifted)]
 
 
 @_converts("Clip", 6, 11, 12, 13)
@@ -660,12 +671,13 @@ def _concat(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 
 def _flat(b: _Builder, x: _Tensor) -> _Tensor:
-    """A map (N, C, H, W) -> (N, features) in ONNX's order: vmem's Flatten (a view) orders the features as
-    it stores them, (H, W, C), so the result carries the (C, H, W) a weight reading it is permuted from (none
-    where H = W = 1 or the map was transposed to (N, H, W, C) first: then the orders agree). The model's
-    output is copied into ONNX's order instead (a Reshape)."""
+    """A map (N, C, H, W) -> (N, features) in ONNX's order. Where only Gemm or MatMul read it (a classifier),
+    vmem's Flatten (a view) orders the features as it stores them, (H, W, C), and the result carries the
+    (C, H, W) the weight reading it is permuted from (none where H = W = 1 or the map was transposed to
+    (N, H, W, C) first: then the orders agree). Otherwise it is copied into ONNX's order (a Reshape)."""
     c, h, w = x.shape[1:]
-    if not x.nhwc and h * w > 1 and b.node is not None and any(o in b.outputs for o in b.node.output):
+    readers = set().union(*(b.reader_ops.get(o, set()) for o in b.node.output)) if b.node is not None else set()
+    if not x.nhwc and h * w > 1 and not readers <= {"Gemm", "MatMul"}:
         return b.add(nn.Reshape((c * h * w,)), [x])
     chw = None if x.nhwc or h * w == 1 else (c, h, w)
     return b.add(nn.Flatten(), [x], chw=chw)
@@ -967,6 +979,88 @@ def _cast(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     return [b.tensor(ins, 0, "input", chw=True, nhwc=True)]
 
 
+# -- GELU, as exporters write it ----------------------------------------------------------------------
+def _gelus(onnx: Any, graph: Any, readers: dict[str, int]) -> tuple[dict[int, str], set[int]]:
+    """GELU written out as ops, ``0.5 x (1 + erf(x / sqrt 2))`` in the orders exporters write it (the scale
+    last, first, or on the bracket; ``x / sqrt 2`` as a Div or a Mul), each op's result read by the next
+    alone: {the last node's index: x's name}, and the indices of the pattern's other nodes (not imported:
+    the last becomes one :class:`vmem.nn.GELU`)."""
+    scalars: dict[str, float] = {}
+    for t in graph.initializer:
+        if int(np.prod(t.dims)) == 1:
+            scalars[t.name] = float(onnx.numpy_helper.to_array(t).reshape(-1)[0])
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name in ("value", "value_float"):
+            value = np.asarray(onnx.helper.get_attribute_value(node.attribute[0]))
+            value = onnx.numpy_helper.to_array(value.item()) if value.dtype == object else value
+            if value.size == 1:
+                scalars[node.output[0]] = float(np.asarray(value).reshape(-1)[0])
+    index = {out: i for i, node in enumerate(graph.node) for out in node.output}
+    nodes = list(graph.node)
+
+    def near(name: str, want: float) -> bool:
+        return name in scalars and abs(scalars[name] - want) <= 1e-4 * abs(want)
+
+    def only(name: str) -> bool:  # read by one node, not the model's output
+        return readers.get(name, 0) == 1
+
+    def made(name: str, op: str) -> int | None:
+        i = index.get(name)
+        return i if i is not None and nodes[i].op_type == op else None
+
+    def other(node: Any, name: str) -> str | None:
+        """The operand of a binary ``node`` beside ``name``."""
+        ins = list(node.input)
+        return ins[1 - ins.index(name)] if len(ins) == 2 and name in ins else None
+
+    def reader(name: str, op: str) -> int | None:
+        hits = [i for i, n in enumerate(nodes) if n.op_type == op and name in n.input]
+        return hits[0] if len(hits) == 1 and only(name) else None
+
+    fused: dict[int, str] = {}
+    skipped: set[int] = set()
+    for e, erf in enumerate(nodes):
+        if erf.op_type != "Erf" or not only(erf.input[0]):
+            continue
+        scaled = index.get(erf.input[0])
+        if scaled is None:
+            continue
+        sn = nodes[scaled]
+        x = None
+        if sn.op_type == "Div" and near(sn.input[1], math.sqrt(2)):
+            x = sn.input[0]
+        elif sn.op_type == "Mul":
+            for k in range(2):
+                if near(sn.input[k], 1 / math.sqrt(2)):
+                    x = sn.input[1 - k]
+        add = reader(erf.output[0], "Add")
+        if x is None or x in scalars or add is None or not near(other(nodes[add], erf.output[0]) or "", 1.0):
+            continue
+        bracket = nodes[add].output[0]
+        m1 = reader(bracket, "Mul")
+        if m1 is None:
+            continue
+        with_it = other(nodes[m1], bracket) or ""
+        half = made(with_it, "Mul")
+        if with_it == x:  # x (1 + erf) then 0.5
+            m2 = reader(nodes[m1].output[0], "Mul")
+            if m2 is None or not near(other(nodes[m2], nodes[m1].output[0]) or "", 0.5):
+                continue
+            last, inner = m2, [scaled, e, add, m1]
+        elif near(with_it, 0.5):  # 0.5 (1 + erf) then x
+            m2 = reader(nodes[m1].output[0], "Mul")
+            if m2 is None or other(nodes[m2], nodes[m1].output[0]) != x:
+                continue
+            last, inner = m2, [scaled, e, add, m1]
+        elif half is not None and only(with_it) and near(other(nodes[half], x) or "", 0.5):  # (0.5 x) (1 + erf)
+            last, inner = m1, [scaled, e, add, half]
+        else:
+            continue
+        fused[last] = x
+        skipped.update(inner)
+    return fused, skipped
+
+
 # -- the walk -------------------------------------------------------------------------------------
 def _attrs(onnx: Any, node: Any) -> dict[str, Any]:
     out = {}
@@ -1067,12 +1161,13 @@ def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | No
     net = Graph(input_shape=shape, name=name or re.sub(r"[^0-9A-Za-z_]+", "_", graph.name or "onnx").strip("_"))
     builder = _Builder(net, opset)
     builder.lead = not batch
-    builder.outputs = {o.name for o in graph.output}
     for node in graph.node:
         for used in node.input:
             builder.readers[used] = builder.readers.get(used, 0) + 1
+            builder.reader_ops.setdefault(used, set()).add(node.op_type)
     for out in graph.output:
         builder.readers[out.name] = builder.readers.get(out.name, 0) + 1
+        builder.reader_ops.setdefault(out.name, set()).add("")
     first = inp.type.tensor_type.shape.dim
     if batch and first and first[0].HasField("dim_value") and first[0].dim_value > 0:
         builder.static_batch = int(first[0].dim_value)
@@ -1088,8 +1183,13 @@ def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | No
         except Exception:  # noqa: BLE001 - an op ONNX's own schemas do not know
             return -1
 
-    for node in graph.node:
+    fused, skipped = _gelus(onnx, graph, builder.readers)
+    for at, node in enumerate(graph.node):
+        if at in skipped:  # a part of a GELU: the pattern's last node makes it
+            continue
         ins = [values.get(n) if n else None for n in node.input]
+        if at in fused:  # GELU's last op: one layer of GELU's input
+            ins = [values.get(fused[at])]
         where = f"node {node.name or node.output[0]!r} ({node.op_type} v{version(node.op_type)})"
         outs: list[Any] = []
         if any(v is _REFUSED for v in ins):  # downstream of a refused node: that node is named already
@@ -1106,7 +1206,10 @@ def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | No
                 raise _Refuse(f"reads {unusable[0]}")
             attrs = _attrs(onnx, node)
             builder.start(node)
-            if node.op_type == "Shape" and isinstance(ins[0], _Tensor):
+            if at in fused:
+                x = builder.tensor(ins, 0, "input (GELU's)", chw=True)
+                outs = [builder.add(nn.GELU(), [x], chw=x.chw, lifted=x.lifted)]
+            elif node.op_type == "Shape" and isinstance(ins[0], _Tensor):
                 outs = [_shape_of(ins[0], attrs)]
             elif all(isinstance(v, np.ndarray) or v is None for v in ins):
                 outs = _fold(onnx, node, ins, opset)

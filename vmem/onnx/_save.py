@@ -16,7 +16,7 @@ from ._load import _onnx
 
 __all__ = ["save"]
 
-#: The opsets :func:`save` writes (LayerNormalization needs 17).
+#: The opsets :func:`save` writes (LayerNormalization needs 17; GELU is one op from 20).
 OPSETS = range(13, 22)
 
 
@@ -106,6 +106,8 @@ def _conv(w: _Writer, node: Node, layer: nn.Conv2d, ins: list[str], name: str) -
         names.append(w.init(f"{layer.name}.bias", np.asarray(bias, np.float32)))
     (ph, pw) = layer.padding
     attrs: dict[str, Any] = {"group": layer.groups} if layer.groups > 1 else {}
+    if layer.dilation != (1, 1):
+        attrs["dilations"] = list(layer.dilation)
     w.emit(
         "Conv",
         names,
@@ -152,6 +154,10 @@ def _pool(w: _Writer, node: Node, layer: Any, ins: list[str], name: str) -> str:
     )
     if layer.ceil_mode:
         attrs["ceil_mode"] = 1
+    if layer.dilation != (1, 1):
+        if isinstance(layer, nn.AvgPool2d) and w.opset < 19:
+            raise OnnxError(f"layer {name!r} (AvgPool2d): dilated windows need opset 19 or later (opset={w.opset})")
+        attrs["dilations"] = list(layer.dilation)
     if isinstance(layer, nn.AvgPool2d):
         attrs["count_include_pad"] = int(layer.count_include_pad)
         return w.emit("AveragePool", ins, name, **attrs)
@@ -235,6 +241,31 @@ def _transpose(w: _Writer, node: Node, layer: nn.Transpose, ins: list[str], name
     return w.emit("Transpose", ins, name, perm=list(layer.perm))
 
 
+def _gelu(w: _Writer, node: Node, layer: nn.GELU, ins: list[str], name: str) -> str:
+    if w.opset >= 20:
+        return w.emit("Gelu", ins, name)
+    x = ins[0]  # 0.5 x (1 + erf(x / sqrt 2)), as PyTorch's exporter writes it before opset 20
+    scaled = w.emit("Div", [x, w.const(f"{name}.sqrt2", np.sqrt(2.0), np.float32)], f"{name}.scaled")
+    bracket = w.emit(
+        "Add", [w.emit("Erf", [scaled], f"{name}.erf"), w.const(f"{name}.one", 1.0, np.float32)], f"{name}.bracket"
+    )
+    product = w.emit("Mul", [x, bracket], f"{name}.product")
+    return w.emit("Mul", [product, w.const(f"{name}.half", 0.5, np.float32)], name)
+
+
+def _mean(w: _Writer, node: Node, layer: nn.Mean, ins: list[str], name: str) -> str:
+    rank = len(w.net.shape_of(node.inputs[0]))
+    axes = sorted(a % rank for a in layer.axes)
+    if w.opset < 18:
+        return w.emit("ReduceMean", ins, name, axes=axes, keepdims=1)
+    return w.emit("ReduceMean", [ins[0], w.const(f"{name}.axes", axes)], name, keepdims=1)
+
+
+def _take(w: _Writer, node: Node, layer: nn.Take, ins: list[str], name: str) -> str:
+    rank = len(w.net.shape_of(node.inputs[0]))
+    return w.emit("Gather", [ins[0], w.const(f"{name}.indices", list(layer.indices))], name, axis=layer.axis % rank)
+
+
 def _layernorm(w: _Writer, node: Node, layer: nn.LayerNorm, ins: list[str], name: str) -> str:
     if w.opset < 17:
         raise OnnxError(f"layer {name!r} (LayerNorm): LayerNormalization needs opset 17 or later (opset={w.opset})")
@@ -271,6 +302,10 @@ _WRITERS: dict[type, Callable[..., str]] = {
     nn.Embedding: _embedding,
     nn.Split: _split,
     nn.LayerNorm: _layernorm,
+    nn.Identity: _simple("Identity"),
+    nn.GELU: _gelu,
+    nn.Mean: _mean,
+    nn.Take: _take,
 }
 
 

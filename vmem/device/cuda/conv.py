@@ -23,16 +23,12 @@ __all__ = ["CudnnConv", "GraphConv", "Descs", "search", "agreeing"]
 
 
 def _geometry(layer: Any, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> tuple:
-    if getattr(layer, "groups", 1) > 1:
-        from ...errors import DeviceError
-
-        raise DeviceError(
-            f"layer {layer.label}: grouped and depthwise convolutions (groups={layer.groups}) run on the CPU device "
-            "and plan on simulated GPUs; the CUDA device does not run them yet"
-        )
+    """(n, c, h, w, k, (kh, kw), stride, padding, groups, dilation) of a convolution on channels-last shapes."""
     n, h, w, c = x_shape
     _, ho, wo, k = y_shape
-    return n, c, h, w, k, tuple(layer.kernel_size), tuple(layer.stride), tuple(layer.padding)
+    groups = int(getattr(layer, "groups", 1))
+    dilation = tuple(getattr(layer, "dilation", (1, 1)))
+    return n, c, h, w, k, tuple(layer.kernel_size), tuple(layer.stride), tuple(layer.padding), groups, dilation
 
 
 class Descs:
@@ -40,11 +36,12 @@ class Descs:
     bench/gpu_conv_probe.py also tries NCHW)."""
 
     def __init__(self, geometry: tuple, layout: int = cudnn.NHWC):
-        n, c, h, w, k, (kh, kw), stride, padding = geometry
+        n, c, h, w, k, (kh, kw), stride, padding, *rest = geometry
+        groups, dilation = rest if rest else (1, (1, 1))
         self.layout = layout
         self.x = cudnn.TensorDesc(n, c, h, w, layout)
-        self.w = cudnn.FilterDesc(k, c, kh, kw, layout)
-        self.conv = cudnn.ConvDesc(padding, stride)
+        self.w = cudnn.FilterDesc(k, c // groups, kh, kw, layout)  # grouped: C / groups channels a filter
+        self.conv = cudnn.ConvDesc(padding, stride, dilation, groups=groups)
         self.y = cudnn.TensorDesc(*cudnn.conv_output_shape(self.x, self.w, self.conv), layout)
         self.bias = cudnn.TensorDesc(1, k, 1, 1, layout)
 

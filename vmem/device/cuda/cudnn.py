@@ -150,7 +150,8 @@ class FilterDesc:
 
 
 class ConvDesc:
-    """A 2-D cross-correlation with FMA math (exact FP32: no TF32) unless ``math`` says otherwise."""
+    """A 2-D cross-correlation with FMA math (exact FP32: no TF32) unless ``math`` says otherwise, in
+    ``groups`` groups (the filter descriptor then holds C / groups input channels)."""
 
     def __init__(
         self,
@@ -159,6 +160,7 @@ class ConvDesc:
         dilation: tuple[int, int] = (1, 1),
         dtype: int = FLOAT,
         math: int = FMA_MATH,
+        groups: int = 1,
     ):
         self.ptr = _make("ConvolutionDescriptor")
         check(
@@ -176,6 +178,8 @@ class ConvDesc:
             ),
         )
         check("cudnnSetConvolutionMathType", lib().cudnnSetConvolutionMathType(self.ptr, math))
+        if groups > 1:
+            check("cudnnSetConvolutionGroupCount", lib().cudnnSetConvolutionGroupCount(self.ptr, groups))
 
 
 def conv_output_shape(x: TensorDesc, w: FilterDesc, conv: ConvDesc) -> tuple[int, int, int, int]:

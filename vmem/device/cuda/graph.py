@@ -205,7 +205,14 @@ class ConvPass:
     def __init__(self, pass_: str, geometry: tuple, layout: int = cudnn.NHWC, alignment: int = 16):
         if pass_ not in _OP:
             raise ValueError(f"unknown convolution pass {pass_!r}; use one of {', '.join(_OP)}")
-        n, c, h, w, k, (kh, kw), stride, padding = geometry
+        n, c, h, w, k, (kh, kw), stride, padding, *rest = geometry
+        if rest and (rest[0] != 1 or tuple(rest[1]) != (1, 1)):
+            from ...errors import DeviceError
+
+            raise DeviceError(
+                f"a grouped or dilated convolution (groups={rest[0]}, dilation={tuple(rest[1])}) runs through "
+                "cuDNN's legacy API (conv_api='legacy', the default), not its graph API"
+            )
         ho = (h + 2 * padding[0] - kh) // stride[0] + 1
         wo = (w + 2 * padding[1] - kw) // stride[1] + 1
         self.pass_ = pass_

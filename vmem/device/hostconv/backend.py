@@ -128,10 +128,17 @@ def _grouped(layer: Any) -> bool:
     return getattr(layer, "groups", 1) > 1
 
 
+def _implicit_only(layer: Any) -> bool:
+    """Grouped and dilated convolutions run the implicit algorithm only (its filter offsets take any
+    spacing and any grouping; im2col and Winograd are written for dense, ungrouped filters)."""
+    return _grouped(layer) or tuple(getattr(layer, "dilation", (1, 1))) != (1, 1)
+
+
 def algorithms(layer: Any, in_shape: Shape) -> dict[str, list[str]]:
     """The host algorithms a convolution (a :class:`~vmem.nn.Conv2d`) is offered, per pass (a grouped one:
-    the implicit algorithm, each filter offset one batched product over the groups)."""
-    if _grouped(layer):
+    the implicit algorithm, each filter offset one batched product over the groups; a dilated one: the
+    implicit algorithm)."""
+    if _implicit_only(layer):
         return {p: ["implicit"] for p in PASSES}
     offered = [
         a
@@ -156,9 +163,11 @@ def _workspace_shapes(layer: Any, in_shape: Shape, pass_: str, algo: str | None)
     if _is_gemm(layer) and not _grouped(layer):
         return []
     n, c, h, w, k, ho, wo = _geometry(layer, in_shape)
+    if _implicit_only(layer) and algo != "implicit":
+        raise ValueError(
+            f"layer {layer.label}: a grouped or dilated convolution runs the implicit algorithm, not {algo!r}"
+        )
     if _grouped(layer):
-        if algo != "implicit":
-            raise ValueError(f"layer {layer.label}: a grouped convolution runs the implicit algorithm, not {algo!r}")
         rows = _chunk(n, ho, wo) * ho * wo
         if pass_ == "forward":
             return [(rows, c), (rows, k)]
@@ -244,7 +253,7 @@ def forward(layer: Any, ctx: Any, x: np.ndarray, w: np.ndarray, y: np.ndarray, b
         _grouped_accumulate(layer, ctx, x, y, w, forward=True)
     elif _is_gemm(layer):
         ctx.ops.matmul(x.reshape(-1, c), w.reshape(k, c).T, out=y2)
-    elif ctx.algo == "implicit":
+    elif ctx.algo == "implicit" or _implicit_only(layer):
         _implicit_accumulate(layer, ctx, x, y, lambda i, j: w[:, i, j, :].T, forward=True)
     elif ctx.algo == "winograd":
         nb, shared, lanes = _winograd_slots(layer, ctx, x.shape, "forward", x.dtype)
@@ -290,7 +299,7 @@ def _backward_filter(layer: Any, ctx: Any, x: np.ndarray, dy: np.ndarray, dw: np
     elif _is_gemm(layer):
         k, c = layer.out_channels, layer.in_channels
         ctx.ops.matmul(dy.reshape(-1, k).T, x.reshape(-1, c), out=dw.reshape(k, c))
-    elif algo == "implicit":
+    elif algo == "implicit" or _implicit_only(layer):
         _backward_filter_implicit(layer, ctx, x, dy, dw)
     elif algo == "winograd":
         nb, shared, lanes = _winograd_slots(layer, ctx, x.shape, "backward_filter", x.dtype)
@@ -305,7 +314,7 @@ def _backward_data(layer: Any, ctx: Any, dy: np.ndarray, w: np.ndarray, dx: np.n
     elif _is_gemm(layer):
         k, c = layer.out_channels, layer.in_channels
         ctx.ops.matmul(dy.reshape(-1, k), w.reshape(k, c), out=dx.reshape(-1, c))
-    elif algo == "implicit":
+    elif algo == "implicit" or _implicit_only(layer):
         _implicit_accumulate(layer, ctx, dy, dx, lambda i, j: w[:, i, j, :], forward=False)
     elif algo == "winograd":
         nb, shared, lanes = _winograd_slots(layer, ctx, dx.shape, "backward_data", dx.dtype)
@@ -447,16 +456,17 @@ def _chunks(n: int, ho: int, wo: int) -> Iterator[slice]:
 def _regions(layer: Any, h: int, w: int, ho: int, wo: int) -> Iterator[tuple[Any, ...]]:
     """For each filter offset: the output rows/cols it touches and the matching input slices."""
     (kh, kw), (sh, sw), (ph, pw) = layer.kernel_size, layer.stride, layer.padding
+    dh, dw = getattr(layer, "dilation", (1, 1))
     for i in range(kh):
-        o0, o1 = _span(i, ph, sh, h, ho)
+        o0, o1 = _span(i * dh, ph, sh, h, ho)
         if o0 >= o1:
             continue
         for j in range(kw):
-            p0, p1 = _span(j, pw, sw, w, wo)
+            p0, p1 = _span(j * dw, pw, sw, w, wo)
             if p0 >= p1:
                 continue
-            rows = slice(o0 * sh + i - ph, (o1 - 1) * sh + i - ph + 1, sh)
-            cols = slice(p0 * sw + j - pw, (p1 - 1) * sw + j - pw + 1, sw)
+            rows = slice(o0 * sh + i * dh - ph, (o1 - 1) * sh + i * dh - ph + 1, sh)
+            cols = slice(p0 * sw + j * dw - pw, (p1 - 1) * sw + j * dw - pw + 1, sw)
             yield i, j, slice(o0, o1), slice(p0, p1), rows, cols
 
 
