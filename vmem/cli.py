@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import re
 import sys
 import time
 from typing import Any, Sequence
@@ -96,14 +98,88 @@ TRAIN_DEFAULTS = {"batch": 32, "epochs": 10, "optimizer": "sgd", "lr": 0.05}
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from . import distributed
     from .training.checkpoint import SaveLock
 
-    # a path that cannot take a checkpoint is refused before any training, and held for the run
-    with SaveLock(args.save) if args.save else contextlib.nullcontext(), _StopBetweenSteps() as stop:
-        return _train(args, stop)
+    if args.nproc > 1 and not distributed.launched():
+        return _launch_ranks(args)
+    group = distributed.init() if distributed.launched() else None
+    if group is not None and group.rank != 0:  # rank 0 speaks for the run
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of this rank's process
+    # a path that cannot take a checkpoint is refused before any training, and held for the run (by the
+    # rank that writes it)
+    lock = SaveLock(args.save) if args.save and (group is None or group.rank == 0) else contextlib.nullcontext()
+    with lock, _StopBetweenSteps() as stop:
+        if group is None:
+            return _train(args, stop, None)
+        return int(distributed.abort_on_error(group, lambda: _train(args, stop, group)))
 
 
-def _train(args: argparse.Namespace, stop: Any) -> int:
+#: Lines of MPICH's launcher (hydra) when a rank fails: replaced by one line of vmem's.
+_HYDRA = re.compile(
+    r"^(=+|=\s.*|YOUR APPLICATION TERMINATED.*|This typically refers to a problem.*|Please see the FAQ.*)$"
+)
+
+
+def _launch_ranks(args: argparse.Namespace) -> int:
+    """``vmem train --nproc N``: the same command on N ranks under MPICH's mpiexec (the ``mpi`` extra's
+    wheel), each rank's core budget its share of the machine's cores; a failed rank reported in one line."""
+    import shutil
+    import signal
+    import subprocess
+
+    from .threads import cores
+
+    here = os.path.dirname(sys.executable)
+    mpiexec = shutil.which("mpiexec", path=here) or shutil.which("mpiexec")
+    if mpiexec is None:
+        raise ImportError("--nproc needs an MPI runtime (mpiexec) and mpi4py: pip install 'vmem[mpi]'")
+    argv, skip = [], False
+    for a in args.argv:
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            argv.append(a)
+    env = dict(os.environ, VMEM_THREADS=str(max(1, cores() // args.nproc)), PYTHONUNBUFFERED="1")
+    cmd = [mpiexec, "-n", str(args.nproc), sys.executable, "-m", "vmem", *argv]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    failed: list[str] = []
+
+    def relay(source: Any, sink: Any) -> None:  # the ranks' lines as they come, the launcher's banner left out
+        for line in source:
+            code = re.search(r"EXIT CODE:\s*(\d+)", line)
+            if code:
+                n = int(code.group(1))
+                name = signal.Signals(n).name if n in (2, 6, 9, 11, 15) else None  # a signal that ended it
+                failed.append(f"exit status {n}" + (f": {name}?" if name else ""))
+            if not _HYDRA.match(line.rstrip("\n")):
+                sink.write(line)
+                sink.flush()
+
+    import threading
+
+    relays = [
+        threading.Thread(target=relay, args=(proc.stdout, sys.stdout), daemon=True),
+        threading.Thread(target=relay, args=(proc.stderr, sys.stderr), daemon=True),
+    ]
+    for t in relays:
+        t.start()
+    for t in relays:
+        t.join()
+    rc = proc.wait()
+    if rc != 0:
+        print(
+            f"vmem train: a rank of {args.nproc} ended ({failed[0] if failed else f'exit status {rc}'}); mpiexec "
+            "stopped the others",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _train(args: argparse.Namespace, stop: Any, group: Any = None) -> int:
     import numpy as np
 
     from . import data, optim
@@ -118,12 +194,16 @@ def _train(args: argparse.Namespace, stop: Any) -> int:
     train, val = data.load(args.dataset, input_shape=net.input_shape, seed=args.seed)
     if train.num_classes != net.output_shape()[-1]:
         net = _rebuild_for_classes(args, train.num_classes, net)
+    ranks = 1 if group is None else group.size
+    if args.batch % ranks:
+        raise ValueError(f"--batch {args.batch} does not split into {ranks} equal shards, one a rank; give a multiple")
+    local = argparse.Namespace(**{**vars(args), "batch": args.batch // ranks})  # what each rank runs
     fraction = _auto_fraction(args.memory, _policy_spec(args))
     memory: Any = args.memory
     needs = None
     raised = False
-    if fraction is not None:  # a budget below what the baseline needs: what vmem is for
-        memory, needs, raised = _auto_memory(args, net, fraction)
+    if fraction is not None:  # a budget below what the baseline needs (at each rank's batch): what vmem is for
+        memory, needs, raised = _auto_memory(local, net, fraction)
     if args.optimizer == "sgd":
         opt = optim.SGD(lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     else:
@@ -137,10 +217,13 @@ def _train(args: argparse.Namespace, stop: Any) -> int:
         optimizer=opt,
         seed=args.seed,
         precision=args.precision,
+        group=group,
     ) as trainer:
         if not args.json:
             print(
-                f"training {net.name} on {args.dataset} ({len(train)} train / {len(val)} val), batch {args.batch}, "
+                f"training {net.name} on {args.dataset} ({len(train)} train / {len(val)} val), batch {args.batch}"
+                + (f" on {ranks} ranks ({local.batch} each)" if ranks > 1 else "")
+                + ", "
                 f"policy {trainer.policy.spec}, device {trainer.device!r}",
                 flush=True,
             )
@@ -151,13 +234,13 @@ def _train(args: argparse.Namespace, stop: Any) -> int:
         schedule = [CosineSchedule()] if args.schedule == "cosine" else []
         saver = Checkpoint(args.save) if args.save else None
         if trainer.profiling:  # measured once per program, device and machine, then kept (vmem.costs.cache)
-            program = trainer.net.build(args.batch, trainer.input_shape, precision=args.precision)
+            program = trainer.net.build(local.batch, trainer.input_shape, precision=args.precision)
             with _Slow(
-                f"profiling {len(program.ops)} layers of {net.name} at batch {args.batch} on "
+                f"profiling {len(program.ops)} layers of {net.name} at batch {local.batch} on "
                 f"{trainer.device.name} (every pass and algorithm; kept for the next run)",
                 quiet=args.json,
             ):
-                trainer.profile(args.batch)
+                trainer.profile(local.batch)
         initial = 0
         if args.resume:
             trainer.load(args.resume)
@@ -190,8 +273,8 @@ def _train(args: argparse.Namespace, stop: Any) -> int:
                 except VmemError as exc:
                     print(f"vmem train: {exc}", file=sys.stderr)
             raise
-        planned = trainer.plans.get(args.batch)
-        costs = trainer.costs.get(args.batch)
+        planned = trainer.plans.get(local.batch)
+        costs = trainer.costs.get(local.batch)
         notes = list(getattr(costs, "notes", []))
     wall = time.perf_counter() - t0
     last = history.last
@@ -556,6 +639,13 @@ def _add_train(sub: Any) -> None:
         help="default digits; reverse: token sequences for nmt_small",
     )
     p.add_argument("--batch", type=_positive_int, help="batch size (default 32; the model's own for nmt_small: 64)")
+    p.add_argument(
+        "--nproc",
+        type=_positive_int,
+        default=1,
+        help="train data-parallel on N processes (MPI; pip install 'vmem[mpi]'): each takes 1/N of every batch, "
+        "gradients summed over them during backward; rank 0 prints and writes checkpoints (default 1)",
+    )
     p.add_argument("--epochs", type=_positive_int, help="epochs (default 10; nmt_small: 3)")
     p.add_argument("--optimizer", choices=("sgd", "adam"), help="default sgd; nmt_small: adam")
     p.add_argument("--lr", type=_positive_float, help="learning rate (default 0.05; nmt_small with adam: 0.01)")
@@ -695,6 +785,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return selfcheck.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = argv
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

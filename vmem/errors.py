@@ -18,6 +18,7 @@ __all__ = [
     "BudgetTooSmall",
     "DeviceError",
     "OnnxError",
+    "DistributedError",
 ]
 
 
@@ -165,3 +166,8 @@ class OnnxError(VmemError, ValueError):
     """An ONNX model that vmem cannot import (an op, attribute or opset it does not support: every such node
     is named, with the supported list), or a network it cannot export (a layer with no ONNX form). Raised
     before anything is built or written."""
+
+
+class DistributedError(VmemError, RuntimeError):
+    """A collective of several processes (:mod:`vmem.distributed`) failed: another rank stopped, hangs, or
+    the transport reported an error. The message names this rank and the collective."""

@@ -26,6 +26,8 @@ from ..nn.base import Ctx, physical
 from ..optim import Optimizer
 from ..schedule import Key, Kind, Schedule
 from ..schedule.steps import (
+    AllReduce,
+    WaitAllReduce,
     Accumulate,
     AccumulateParam,
     Alloc,
@@ -115,6 +117,7 @@ class _Run:
         self.check = False  # look at every op's output for NaN or infinity (a diagnosis, slow)
         self.kept_stats: list[Any] = []  # batch norm's running statistics as they were before the step
         self.first_nonfinite: str | None = None
+        self.reduced: dict[int, Any] = {}  # gradient bucket -> the event its all-reduce ends with
 
 
 class Executor(Transfers):
@@ -127,7 +130,11 @@ class Executor(Transfers):
         params: DeviceParams,
         loss: Any = None,
         optimizer: Optimizer | None = None,
+        group: Any = None,
+        comm_stream: Any = None,
     ):
+        """``group`` (a :class:`vmem.distributed.ProcessGroup`) and ``comm_stream`` (the stream its
+        all-reduces run on) where the schedule all-reduces gradients (data-parallel training)."""
         if not device.holds_data:
             raise DeviceError(f"{device.name} holds no data: it plans (vmem.plan) but cannot run a step")
         refused = sorted(
@@ -149,6 +156,9 @@ class Executor(Transfers):
         self.program = program = schedule.program
         self.loss = loss
         self.optimizer = optimizer
+        self.group, self.comm_stream = group, comm_stream
+        #: each trainable parameter's gradient on the device, by "layer.param" (what an all-reduce sums)
+        self._grads = {k.name: v for k, v in params.views.items() if k.kind is Kind.WEIGHT_GRAD}
         self.xp = device.xp
         #: each input's (tensor, upload source, what it is stored in), the first first
         self._inputs = [
@@ -237,6 +247,8 @@ class Executor(Transfers):
                 Accumulate: self._accumulate,
                 AccumulateParam: self._accumulate_param,
                 Update: self._update,
+                AllReduce: self._allreduce,
+                WaitAllReduce: self._wait_allreduce,
                 Offload: self._offload,
                 Release: self._release,
                 Prefetch: self._prefetch,
@@ -295,6 +307,8 @@ class Executor(Transfers):
                 for st in self.schedule.steps:
                     self._table[type(st)](r, st)
                 dev.synchronize()
+                if self.comm_stream is not None:
+                    self.comm_stream.synchronize()  # a failed collective: raised here
             r.timeline.resolve()
             if self._has_loss:  # the step has run: the loss's copy has landed
                 r.loss = float(r.batch["loss"][0])
@@ -610,6 +624,27 @@ class Executor(Transfers):
                 self.device.ops.each(sizes, update)
 
         self._launch(r, "update", run)
+
+    def _allreduce(self, r: _Run, st: AllReduce) -> None:
+        """Sum the bucket's gradients over the ranks on the communication stream once the compute stream has
+        written them, then divide them by the number of ranks (the whole batch's mean)."""
+        group, comm = self.group, self.comm_stream
+        if group is None or comm is None:
+            raise DeviceError(f"{self.program.network}: the schedule all-reduces gradients; give the executor a group")
+        grads = [self._grads[name] for name in st.params]
+        size = group.size
+
+        def run() -> None:
+            for g in grads:
+                group.allreduce(g)
+                np.divide(g, g.dtype.type(size), out=g)
+
+        comm.wait(self.device.compute_stream.record())
+        self._span(r, comm, f"allreduce{st.bucket}", "comm", self.device.pool.usage(), run)
+        r.reduced[st.bucket] = comm.record()
+
+    def _wait_allreduce(self, r: _Run, st: WaitAllReduce) -> None:
+        self.device.compute_stream.wait(r.reduced.pop(st.bucket))
 
     def _keep_stats(self, r: _Run) -> None:
         """Copies of batch norm's running statistics, made on the compute stream before the forward."""

@@ -33,6 +33,8 @@ from .steps import (
     Release,
     Schedule,
     Step,
+    AllReduce,
+    WaitAllReduce,
     Update,
     Upload,
     WaitPrefetch,
@@ -123,6 +125,8 @@ def durations(schedule: Schedule, costs: Any) -> list[float]:
             Accumulate: lambda st: costs.misc_seconds("acc", program.tensors[st.tensor].nbytes),
             AccumulateParam: lambda st: costs.misc_seconds("acc", st.nbytes),
             Update: update,
+            AllReduce: None,  # on the communication stream (see Replay: not yet priced)
+            WaitAllReduce: None,
             Encode: lambda st: costs.misc_seconds("encode", st.nbytes + st.enc_nbytes),
             Decode: lambda st: costs.misc_seconds("decode", st.nbytes + st.enc_nbytes),
             Alloc: None,
@@ -187,6 +191,8 @@ class _Replay:
                 Accumulate: compute,
                 AccumulateParam: compute,
                 Update: compute,
+                AllReduce: None,  # the collective's time is not modelled yet: a data-parallel step replays as one rank's
+                WaitAllReduce: None,
                 Encode: compute,
                 Decode: compute,
                 Upload: None,

@@ -35,6 +35,8 @@ __all__ = [
     "Accumulate",
     "AccumulateParam",
     "Update",
+    "AllReduce",
+    "WaitAllReduce",
     "Recompute",
     "Offload",
     "Release",
@@ -191,6 +193,24 @@ class Update:
     params: tuple[str, ...] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class AllReduce:
+    """Start summing the gradients of ``params`` (bucket ``bucket``) over the ranks of a data-parallel run, on
+    the communication stream, once the compute stream has written them (then each is divided by the number
+    of ranks: the mean over the whole batch). Inserted by :func:`vmem.schedule.collectives.with_allreduce`."""
+
+    bucket: int
+    params: tuple[str, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class WaitAllReduce:
+    """The compute stream waits for bucket ``bucket``'s :class:`AllReduce` (before the updates)."""
+
+    bucket: int
+
+
 # -- offload and encodings ---------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Offload:
@@ -281,6 +301,8 @@ Step = Union[
     Accumulate,
     AccumulateParam,
     Update,
+    AllReduce,
+    WaitAllReduce,
     Offload,
     Release,
     Prefetch,
@@ -301,6 +323,8 @@ STEPS: tuple[type, ...] = (
     Accumulate,
     AccumulateParam,
     Update,
+    AllReduce,
+    WaitAllReduce,
     Offload,
     Release,
     Prefetch,

@@ -17,8 +17,10 @@ from ..errors import BudgetTooSmall, OutOfDeviceMemory, PlanError
 from ..graph import Network
 from ..planner import PlanResult, floor_policy, plan_program, replay_fitting, smallest_memory
 from ..runtime import DeviceParams, Executor
+from ..schedule.collectives import with_allreduce
 from ..schedule.lower import lower_inference, persistent_buffers
 from ..schedule.pack import place
+from ..streams.cpu import CpuStream
 from ..units import format_bytes
 
 __all__ = ["Session"]
@@ -42,6 +44,7 @@ class Session:
         profiling: bool,
         profile_cache: bool,
         seed: int,
+        group: Any = None,
     ):
         self.net, self.device, self.policy, self.loss, self.optimizer = net, device, policy, loss, optimizer
         self.input_shape, self.dtype, self.profiling, self.profile_cache, self.seed = (
@@ -52,6 +55,9 @@ class Session:
             seed,
         )
         self.precision = precision
+        #: the ranks of a data-parallel run (None: one process), and the stream their all-reduces run on
+        self.group = group
+        self._comm: Any = None
         self.costs: dict[int, Any] = {}
         self.plans: dict[int, PlanResult] = {}
         self._params: DeviceParams | None = None
@@ -106,7 +112,19 @@ class Session:
                     f"evaluation at batch {batch} needs {format_bytes(peak)} beside the "
                     "training state; use a smaller evaluation batch (batch_size=)",
                 )
-        ex = Executor(self.device, schedule, self.device_params(), self.loss, self.optimizer if train else None)
+        if train and self.group is not None:  # gradients summed over the ranks, bucket by bucket, during backward
+            schedule = with_allreduce(schedule)
+            if self._comm is None:
+                self._comm = CpuStream("comm")
+        ex = Executor(
+            self.device,
+            schedule,
+            self.device_params(),
+            self.loss,
+            self.optimizer if train else None,
+            group=self.group if train else None,
+            comm_stream=self._comm if train else None,
+        )
         self._executors[key] = ex
         return ex
 
@@ -281,3 +299,6 @@ class Session:
             self._params.release()
             self._params = None
         self._executors.clear()
+        if self._comm is not None:
+            comm, self._comm = self._comm, None
+            comm.close()

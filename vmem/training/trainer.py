@@ -21,6 +21,7 @@ from ..data import Dataset
 from ..device import device as make_device
 from ..errors import DeviceError, NonFiniteError, ShapeError
 from ..graph import Network
+from ..distributed import shard
 from ..nn.loss import SoftmaxCrossEntropy
 from ..optim import SGD, GradScaler, Optimizer
 from ..planner import PlanResult
@@ -115,6 +116,7 @@ class Trainer:
         profile: bool | None = None,
         nonfinite_limit: int = 5,
         profile_cache: bool = True,
+        group: Any = None,
     ):
         if not isinstance(nonfinite_limit, int) or nonfinite_limit < 1:
             raise ValueError(f"nonfinite_limit={nonfinite_limit!r} must be a positive int")
@@ -153,6 +155,15 @@ class Trainer:
             self.device = make_device(device)
         if not self.device.holds_data:
             raise DeviceError(f"{self.device.name} is a simulated GPU: it plans (vmem.plan) but cannot train")
+        #: the ranks training together (a :class:`vmem.distributed.ProcessGroup`); None: this process alone
+        self.group = group if group is not None and group.size > 1 else None
+        if self.group is not None:
+            if self.device.kind != "cpu":
+                raise DeviceError(
+                    f"data-parallel training (group={group!r}) runs on the CPU device so far, not {self.device.name}"
+                )
+            for value in self.net.params.values():  # every rank starts from rank 0's weights
+                self.group.broadcast(value)
         self.session = Session(
             net,
             self.device,
@@ -166,6 +177,7 @@ class Trainer:
             profiling=pol.needs_profile if profile is None else bool(profile),
             profile_cache=bool(profile_cache),
             seed=seed,
+            group=self.group,
         )
         self._closed = False
 
@@ -360,6 +372,12 @@ class Trainer:
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"fit: batch_size={batch_size!r} must be a positive int")
         batch_size = int(batch_size)
+        ranks, rank = (1, 0) if self.group is None else (self.group.size, self.group.rank)
+        if batch_size % ranks:
+            raise ValueError(
+                f"fit: batch_size={batch_size} does not split into {ranks} equal shards, one a rank; give a "
+                f"multiple of {ranks}"
+            )
         history = History()
         n_batches = train.num_batches(batch_size, drop_last=True)
         if n_batches == 0:
@@ -367,7 +385,7 @@ class Trainer:
         # every batch the run executes is planned before it starts: the training step (refused here if it
         # does not fit), and evaluation at the largest batch that fits beside the training state
         self._check_input(np.asarray(train.x[:1]), np.asarray(train.y[:1]))
-        self._executor(batch_size, True)
+        self._executor(batch_size // ranks, True)
         eval_batch = None
         if val is not None and len(val):
             eval_batch = self._eval_batches(len(val), self.eval_batch(len(val)))
@@ -376,12 +394,15 @@ class Trainer:
                     f"evaluating in batches of {eval_batch}: the largest that fits beside the training state",
                     flush=True,
                 )
+        progress = progress and rank == 0  # one rank speaks for all
         observers = ([ProgressBar(), PrintEpochs()] if progress else []) + [LossWatch()] + list(callbacks)
         for epoch in range(initial_epoch + 1, epochs + 1):
             for cb in observers:
                 cb.on_epoch_start(self, epoch, epochs, n_batches)
             reports: list[StepReport] = []
             for x, y in self._epoch_batches(train, batch_size, shuffle, epoch):
+                if ranks > 1:  # this rank's shard of the batch (every rank draws the same batches)
+                    x, y = x[shard(batch_size, rank, ranks)], y[shard(batch_size, rank, ranks)]
                 reports.append(self.step(x, y))
                 self.epoch_step += 1
                 for cb in observers:
@@ -479,8 +500,19 @@ class Trainer:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write weights, optimizer state, step count, random state, the precision and the loss scaler's
-        state to an .npz file (atomically)."""
+        state to an .npz file (atomically). In a data-parallel run every rank calls it and rank 0 writes
+        (the ranks hold the same state); the others wait until the file is there."""
         self._check_open()
+        if self.group is not None and self.group.rank != 0:
+            self.group.barrier()  # rank 0 is writing
+            return
+        try:
+            self._save(path)
+        finally:
+            if self.group is not None:
+                self.group.barrier()
+
+    def _save(self, path: str | os.PathLike) -> None:
         params = self._device_params()
         self.sync()
         meta = {

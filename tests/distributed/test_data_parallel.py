@@ -1,0 +1,158 @@
+"""Data-parallel training without MPI: the collectives' rank-order sums, the schedule's gradient buckets, and
+ranks that are threads of one process training as one full-batch process does."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import vmem
+from tests.distributed import dp_worker
+from vmem.distributed import LocalGroup, ThreadGroup, init, shard
+from vmem.errors import DistributedError
+from vmem.schedule.collectives import buckets, with_allreduce
+from vmem.schedule.steps import AccumulateParam, AllReduce, Backward, Update, WaitAllReduce
+
+
+def _on_ranks(size: int, fn, timeout: float = 60) -> list:
+    """``fn(group)`` on each of ``size`` thread ranks; their results in rank order (the first error raised)."""
+    results: list = [None] * size
+    errors: list[BaseException] = []
+
+    def run(g: ThreadGroup) -> None:
+        try:
+            results[g.rank] = fn(g)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+            g.close()
+
+    threads = [threading.Thread(target=run, args=(g,)) for g in ThreadGroup.make(size, timeout=timeout)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def test_allreduce_adds_in_rank_order_the_same_bits_on_every_rank():
+    rng = np.random.default_rng(0)
+    values = [rng.standard_normal(1000).astype(np.float32) * 10.0**k for k in range(3)]
+    want = values[0] + values[1] + values[2]  # in rank order (float addition does not associate)
+
+    def rank(g: ThreadGroup) -> np.ndarray:
+        a = values[g.rank].copy()
+        g.allreduce(a)
+        b = np.full(3, float(g.rank))
+        g.broadcast(b, root=2)
+        assert (b == 2).all()
+        assert [int(x[0]) for x in g.allgather(np.array([g.rank * 10]))] == [0, 10, 20]
+        g.barrier()
+        return a
+
+    for got in _on_ranks(3, rank):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_rank_that_leaves_fails_the_others_with_a_clear_error():
+    def rank(g: ThreadGroup) -> None:
+        if g.rank == 1:
+            g.close()
+            return
+        g.allreduce(np.ones(4))
+
+    start = time.monotonic()
+    with pytest.raises(DistributedError, match=r"rank 0 of 2: an all-reduce: another rank stopped"):
+        _on_ranks(2, rank)
+    assert time.monotonic() - start < 5
+
+
+def test_one_process_is_a_local_group():
+    g = init()
+    assert isinstance(g, LocalGroup) and (g.rank, g.size) == (0, 1)
+    assert shard(12, 2, 3) == slice(8, 12)
+    with pytest.raises(ValueError, match="does not split into 5"):
+        shard(12, 0, 5)
+
+
+def _training_schedule(policy: str = "baseline"):
+    from vmem.planner import plan_program
+
+    program = vmem.models.get("resnet_cifar", depth=8).build(2)
+    return plan_program(program, vmem.device("sim:v100-16gb").spec, policy)[1]
+
+
+def test_buckets_follow_backward_and_each_allreduce_comes_after_its_last_gradient():
+    schedule = with_allreduce(_training_schedule(), bucket_bytes=40_000, first_bucket_bytes=5_000)
+    program = schedule.program
+    trainable = {f"{op.name}.{k}" for op, k, s in program.owned_params() if s.trainable}
+    steps = schedule.steps
+    reduces = [(i, st) for i, st in enumerate(steps) if type(st) is AllReduce]
+    assert len(reduces) > 3
+    assert sorted(p for _, st in reduces for p in st.params) == sorted(trainable)  # each once
+    assert [st.bucket for _, st in reduces] == list(range(len(reduces)))
+    assert reduces[0][1].nbytes <= 5_000 or len(reduces[0][1].params) == 1
+    for at, st in reduces:
+        for later in steps[at + 1 :]:  # no gradient of the bucket is written after its all-reduce starts
+            if type(later) is Backward:
+                op = program.ops[later.op]
+                assert not {f"{op.param_owner}.{k}" for k in op.params} & set(st.params)
+            assert not (type(later) is AccumulateParam and later.param in st.params)
+    first_update = next(i for i, st in enumerate(steps) if type(st) is Update)
+    waits = [i for i, st in enumerate(steps) if type(st) is WaitAllReduce]
+    assert len(waits) == len(reduces) and max(waits) < first_update  # every sum is in before any update
+    assert [st.params for st in steps if type(st) is Update] == [st.params for _, st in reduces]
+    assert [b[0] for b in buckets(_training_schedule(), 40_000, 5_000)] == [st.params for _, st in reduces]
+
+
+@pytest.mark.parametrize("policy", ["vdnn-all", "echo"])
+def test_every_policys_schedule_takes_the_buckets(policy):
+    """Offloads, recomputation: the transform reads only backward's writes, whatever else the step does."""
+    schedule = with_allreduce(_training_schedule(policy))
+    reduced = [p for st in schedule.steps if type(st) is AllReduce for p in st.params]
+    trainable = [op for op, _, s in schedule.program.owned_params() if s.trainable]
+    assert len(reduced) == len(set(reduced)) == len(trainable)
+
+
+def test_thread_ranks_train_as_one_full_batch_process():
+    def rank(g: ThreadGroup) -> dict:
+        net = dp_worker.model()
+        with vmem.Trainer(net, group=g) as trainer:
+            dp_worker.train(trainer, g.rank, g.size, 0, 6)
+        return net.params
+
+    first, second = _on_ranks(2, rank)
+    net = dp_worker.model()
+    xs, ys = dp_worker.batches()
+    with vmem.Trainer(net) as trainer:
+        for i in range(6):
+            trainer.step(xs[i], ys[i])
+    for name, value in net.params.items():
+        np.testing.assert_array_equal(first[name], second[name])
+        np.testing.assert_allclose(first[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_fit_splits_each_batch_between_the_ranks_and_rank_0_writes_the_checkpoint(tmp_path, capsys):
+    xs, ys = dp_worker.batches(4)
+    data = vmem.data.Dataset(xs.reshape(-1, 3, 8, 8), ys.reshape(-1), num_classes=5)
+    path = tmp_path / "ckpt.npz"
+
+    def rank(g: ThreadGroup) -> dict:
+        net = dp_worker.model()
+        with vmem.Trainer(net, group=g) as trainer:
+            with pytest.raises(ValueError, match="batch_size=9 does not split into 2 equal shards"):
+                trainer.fit(data, batch_size=9, progress=False)
+            trainer.fit(data, batch_size=8, shuffle=False, progress=g.rank == 0)
+            assert trainer.plans.keys() == {4}  # each rank planned its half
+            trainer.save(path)
+            assert path.is_file()  # every rank returns once rank 0 has written it
+        return net.params
+
+    first, second = _on_ranks(2, rank)
+    for name in first:
+        np.testing.assert_array_equal(first[name], second[name])
+    assert capsys.readouterr().out.count("epoch 1/1") == 1  # rank 0 alone prints

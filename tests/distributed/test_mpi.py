@@ -1,0 +1,156 @@
+"""Data-parallel training over MPI (``mpiexec -n 2``, MPICH's wheel: no system package): two ranks on half
+batches give weights bitwise equal to one process adding the two shards' gradients in rank order, and close to
+full-batch training; a killed rank ends the run within seconds; checkpoints cross world sizes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import vmem
+from tests.distributed import dp_worker
+from vmem.distributed import ThreadGroup
+
+pytest.importorskip("mpi4py")
+MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+if MPIEXEC is None:
+    pytest.skip("no mpiexec (pip install 'vmem[mpi]')", allow_module_level=True)
+ROOT = Path(__file__).resolve().parents[2]
+ENV = dict(os.environ, VMEM_THREADS="1", PYTHONPATH=str(ROOT))
+
+
+def _mpi(n: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    cmd = [MPIEXEC, "-n", str(n), sys.executable, "-m", "tests.distributed.dp_worker", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def _weights(out: Path, rank: int) -> dict[str, np.ndarray]:
+    with np.load(f"{out}.rank{rank}.npz") as f:
+        return dict(f)
+
+
+def _threads(size: int, first: int = 0, last: int = dp_worker.STEPS, resume: str | None = None) -> dict:
+    """The same run as ``size`` ranks that are threads of this process (one process adding the ranks'
+    gradients in rank order)."""
+    out: dict[int, dict] = {}
+    errors: list[BaseException] = []
+
+    def rank(group: ThreadGroup) -> None:
+        try:
+            net = dp_worker.model()
+            with vmem.Trainer(net, group=group) as trainer:
+                if resume:
+                    trainer.load(resume)
+                dp_worker.train(trainer, group.rank, group.size, first, last)
+            out[group.rank] = net.params
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+            group.close()
+
+    threads = [threading.Thread(target=rank, args=(g,)) for g in ThreadGroup.make(size, timeout=60)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return out[0]
+
+
+def _full_batch(first: int = 0, last: int = dp_worker.STEPS, resume: str | None = None, save: str | None = None):
+    net = dp_worker.model()
+    xs, ys = dp_worker.batches()
+    with vmem.Trainer(net) as trainer:
+        if resume:
+            trainer.load(resume)
+        for i in range(first, last):
+            trainer.step(xs[i], ys[i])
+        if save:
+            trainer.save(save)
+    return net.params
+
+
+def test_two_ranks_equal_one_process_adding_their_shards_in_rank_order(tmp_path):
+    run = _mpi(2, str(tmp_path / "w"))
+    assert run.returncode == 0, run.stderr
+    rank0, rank1 = _weights(tmp_path / "w", 0), _weights(tmp_path / "w", 1)
+    reference = _threads(2)
+    full = _full_batch()
+    for name in rank0:
+        np.testing.assert_array_equal(rank0[name], rank1[name], err_msg=name)  # every rank holds the same
+        np.testing.assert_array_equal(rank0[name], reference[name], err_msg=name)  # bitwise
+        np.testing.assert_allclose(rank0[name], full[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_killed_rank_ends_the_run_within_seconds(tmp_path):
+    start = time.monotonic()
+    run = _mpi(2, str(tmp_path / "w"), "--die-at", "3", timeout=60)
+    assert run.returncode != 0 and time.monotonic() - start < 10
+    assert not Path(f"{tmp_path / 'w'}.rank0.npz").exists()  # rank 0 did not go on alone
+
+
+def _descendants(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every process below ``pid``."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            try:
+                cmd = (Path("/proc") / str(child) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            out.append((child, cmd))
+            todo.append(child)
+    return out
+
+
+def test_vmem_train_nproc_reports_a_killed_rank_in_one_line(tmp_path):
+    cmd = [sys.executable, "-m", "vmem", "train", "--nproc", "2", "--dataset", "synthetic", "--epochs", "20"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # rank 0 has started training: every rank is up
+        assert "on 2 ranks" in first, first
+        ranks = [p for p, c in _descendants(proc.pid) if c.split()[0] == sys.executable and "--nproc" not in c]
+        assert len(ranks) == 2, _descendants(proc.pid)
+        os.kill(ranks[-1], signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and time.monotonic() - killed < 10
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == ["vmem train: a rank of 2 ended (exit status 9: SIGKILL?); mpiexec stopped the others"], err
+    assert not any("BAD TERMINATION" in line for line in lines)  # the launcher's banner, replaced
+
+
+def test_a_checkpoint_crosses_world_sizes(tmp_path):
+    """Written by 2 ranks, resumed by 1; written by 1, resumed by 2: both end near 20 full-batch steps."""
+    half = str(tmp_path / "two.npz")
+    assert _mpi(2, str(tmp_path / "a"), "--last", "10", "--save", half).returncode == 0
+    on_one = _full_batch(first=10, resume=half)
+    one = str(tmp_path / "one.npz")
+    _full_batch(last=10, save=one)
+    run = _mpi(2, str(tmp_path / "b"), "--first", "10", "--resume", one)
+    assert run.returncode == 0, run.stderr
+    on_two = _weights(tmp_path / "b", 0)
+    full = _full_batch()
+    for name in full:
+        np.testing.assert_allclose(on_one[name], full[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(on_two[name], full[name], rtol=1e-5, atol=1e-6, err_msg=name)

@@ -1,0 +1,285 @@
+"""Several processes training one network data-parallel: process groups and their collectives.
+
+A :class:`ProcessGroup` is what a :class:`vmem.Trainer` given ``group=`` talks to: its ``rank`` and
+``size``, and the collectives data-parallel training needs (``allreduce`` of gradients, ``broadcast`` of
+the starting weights, ``allgather``, ``barrier``). Three kinds:
+
+- :class:`LocalGroup`: one process (size 1); every collective is the identity.
+- :class:`MPIGroup`: the processes ``mpiexec`` started, through mpi4py (the ``mpi`` extra installs mpi4py
+  and MPICH's runtime as wheels: no system package). ``vmem train --nproc N`` launches it.
+- :class:`ThreadGroup`: ``size`` ranks as threads of one process, each with its own device (tests, and a
+  reference that sums the ranks' gradients in one process).
+
+Sums are reproducible: :meth:`ProcessGroup.allreduce` gathers every rank's values and adds them in rank
+order (``g0 + g1 + ...``), the same on every rank and the same as one process adding the shards' gradients
+in that order, a chunk at a time (at most :data:`CHUNK` values per rank held as scratch). A collective
+that waits longer than ``timeout`` seconds for the other ranks raises :class:`~vmem.errors.DistributedError`
+(a rank that died or hangs never hangs the others); an error on one rank under ``mpiexec`` ends the run
+(:func:`abort_on_error`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import numpy as np
+
+from ..errors import DistributedError
+
+__all__ = [
+    "ProcessGroup",
+    "LocalGroup",
+    "MPIGroup",
+    "ThreadGroup",
+    "init",
+    "shard",
+    "abort_on_error",
+    "launched",
+    "CHUNK",
+    "TIMEOUT",
+]
+
+#: Values a rank gathers per collective call (the scratch is ``size`` times this, per rank).
+CHUNK = 1 << 20
+#: Seconds a collective waits for the other ranks before it gives up (``VMEM_DIST_TIMEOUT``).
+TIMEOUT = float(os.environ.get("VMEM_DIST_TIMEOUT", "300"))
+
+
+@runtime_checkable
+class ProcessGroup(Protocol):
+    """The ranks training one network together (see the module docstring)."""
+
+    rank: int
+    size: int
+    backend: str
+
+    def allreduce(self, array: Any) -> None:
+        """``array`` (any shape, contiguous) replaced, on every rank, by the sum of every rank's, added in
+        rank order."""
+
+    def broadcast(self, array: Any, root: int = 0) -> None:
+        """``array`` replaced by rank ``root``'s on every rank."""
+
+    def allgather(self, array: Any) -> list[Any]:
+        """Every rank's ``array`` (one shape and dtype on every rank), in rank order."""
+
+    def barrier(self) -> None:
+        """Return once every rank has called it."""
+
+    def close(self) -> None:
+        """Release the group's resources (the ranks stay up)."""
+
+
+def _sum_in_order(parts: Any, out: Any) -> None:
+    """``out = parts[0] + parts[1] + ...``, added in that order (the same bits wherever it runs)."""
+    np.copyto(out, parts[0])
+    for p in parts[1:]:
+        out += p
+
+
+class LocalGroup:
+    """One process: rank 0 of 1."""
+
+    rank, size, backend = 0, 1, "local"
+
+    def allreduce(self, array: Any) -> None:
+        return None
+
+    def broadcast(self, array: Any, root: int = 0) -> None:
+        return None
+
+    def allgather(self, array: Any) -> list[Any]:
+        return [np.array(array)]
+
+    def barrier(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return "LocalGroup()"
+
+
+class MPIGroup:
+    """The processes of an MPI job (mpi4py's ``COMM_WORLD``, duplicated), collectives on host (NumPy)
+    arrays. Each collective is started non-blocking and polled, so that a rank that stopped answering is
+    reported after ``timeout`` seconds instead of hanging the others."""
+
+    backend = "mpi"
+
+    def __init__(self, comm: Any = None, timeout: float | None = None):
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            raise ImportError(
+                "vmem.distributed.MPIGroup needs mpi4py and an MPI runtime: pip install 'vmem[mpi]'"
+            ) from None
+        self._mpi = MPI
+        self.comm = (comm or MPI.COMM_WORLD).Dup()
+        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.timeout = TIMEOUT if timeout is None else float(timeout)
+        self._lock = threading.Lock()  # one collective at a time, whichever thread (a stream's) calls it
+
+    def _wait(self, request: Any, what: str) -> None:
+        deadline = time.monotonic() + self.timeout
+        pause = 1e-5
+        while True:
+            try:
+                if request.Test():
+                    return
+            except self._mpi.Exception as exc:
+                raise DistributedError(f"rank {self.rank} of {self.size}: {what} failed: {exc}") from None
+            if time.monotonic() > deadline:
+                raise DistributedError(
+                    f"rank {self.rank} of {self.size}: {what} waited {self.timeout:g} s for the other ranks; a rank "
+                    "stopped or hangs (VMEM_DIST_TIMEOUT sets the wait)"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+
+    def allreduce(self, array: Any) -> None:
+        flat = array.reshape(-1)
+        if self.size == 1 or flat.size == 0:
+            return
+        step = min(CHUNK, flat.size)
+        scratch = np.empty((self.size, step), flat.dtype)
+        with self._lock:
+            for lo in range(0, flat.size, step):
+                piece = flat[lo : lo + step]
+                parts = scratch[:, : piece.size]
+                self._wait(self.comm.Iallgather(np.ascontiguousarray(piece), parts), "an all-reduce")
+                _sum_in_order(parts, piece)
+
+    def broadcast(self, array: Any, root: int = 0) -> None:
+        if self.size == 1:
+            return
+        buf = array if array.flags.c_contiguous else np.ascontiguousarray(array)
+        with self._lock:
+            self._wait(self.comm.Ibcast(buf, root=root), "a broadcast")
+        if buf is not array:
+            array[...] = buf
+
+    def allgather(self, array: Any) -> list[Any]:
+        a = np.ascontiguousarray(array)
+        out = np.empty((self.size,) + a.shape, a.dtype)
+        with self._lock:
+            self._wait(self.comm.Iallgather(a, out), "an all-gather")
+        return list(out)
+
+    def barrier(self) -> None:
+        with self._lock:
+            self._wait(self.comm.Ibarrier(), "a barrier")
+
+    def close(self) -> None:
+        if self.comm is not None:
+            self.comm.Free()
+            self.comm = None
+
+    def __repr__(self) -> str:
+        return f"MPIGroup(rank={self.rank}, size={self.size})"
+
+
+class _Rendezvous:
+    """What the ranks of a :class:`ThreadGroup` share: one slot a rank, a barrier."""
+
+    def __init__(self, size: int, timeout: float):
+        self.size, self.timeout = size, timeout
+        self.slots: list[Any] = [None] * size
+        self.barrier = threading.Barrier(size)
+
+    def meet(self, rank: int, what: str) -> None:
+        try:
+            self.barrier.wait(self.timeout)
+        except threading.BrokenBarrierError:
+            raise DistributedError(
+                f"rank {rank} of {self.size}: {what}: another rank stopped (or waited over {self.timeout:g} s)"
+            ) from None
+
+
+class ThreadGroup:
+    """Rank ``rank`` of ``size`` ranks that are threads of this process (:meth:`make` gives them all).
+    Collectives meet at a barrier and add in rank order, as :class:`MPIGroup` does."""
+
+    backend = "threads"
+
+    def __init__(self, rank: int, rendezvous: _Rendezvous):
+        self.rank, self.size, self._r = rank, rendezvous.size, rendezvous
+
+    @classmethod
+    def make(cls, size: int, timeout: float | None = None) -> list["ThreadGroup"]:
+        """The ``size`` ranks' groups, rank order."""
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"ThreadGroup.make: size={size!r} must be a positive int")
+        r = _Rendezvous(size, TIMEOUT if timeout is None else float(timeout))
+        return [cls(i, r) for i in range(size)]
+
+    def _gather(self, array: Any, what: str) -> list[Any]:
+        self._r.slots[self.rank] = np.array(array)  # this rank's values, copied
+        self._r.meet(self.rank, what)
+        parts = list(self._r.slots)
+        self._r.meet(self.rank, what)  # every rank has read them before any writes its next
+        return parts
+
+    def allreduce(self, array: Any) -> None:
+        if self.size > 1:
+            _sum_in_order(self._gather(array, "an all-reduce"), array)
+
+    def broadcast(self, array: Any, root: int = 0) -> None:
+        if self.size > 1:
+            array[...] = self._gather(array, "a broadcast")[root]
+
+    def allgather(self, array: Any) -> list[Any]:
+        return self._gather(array, "an all-gather")
+
+    def barrier(self) -> None:
+        self._r.meet(self.rank, "a barrier")
+
+    def close(self) -> None:
+        self._r.barrier.abort()  # ranks still waiting learn that this one left
+
+    def __repr__(self) -> str:
+        return f"ThreadGroup(rank={self.rank}, size={self.size})"
+
+
+def launched() -> bool:
+    """Whether this process is one of several an MPI launcher started (``mpiexec -n N``, N > 1)."""
+    for key in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"):
+        value = os.environ.get(key)
+        if value is not None and value.isdigit() and int(value) > 1:
+            return True
+    return False
+
+
+def init(timeout: float | None = None) -> ProcessGroup:
+    """The group this process belongs to: an :class:`MPIGroup` where ``mpiexec`` started several, else a
+    :class:`LocalGroup`."""
+    if launched():
+        return MPIGroup(timeout=timeout)
+    return LocalGroup()
+
+
+def shard(n: int, rank: int, size: int) -> slice:
+    """Rank ``rank``'s rows of a batch of ``n`` (``n`` a multiple of ``size``): the ``rank``-th of ``size``
+    equal, contiguous pieces."""
+    if n % size:
+        raise ValueError(f"a batch of {n} does not split into {size} equal shards")
+    per = n // size
+    return slice(rank * per, (rank + 1) * per)
+
+
+def abort_on_error(group: ProcessGroup, fn: Callable[[], Any]) -> Any:
+    """``fn()``; where it raises on a rank of an MPI job, that rank says so in one line and the job ends (so
+    that the other ranks never wait for it)."""
+    try:
+        return fn()
+    except BaseException as exc:
+        if getattr(group, "backend", "") == "mpi" and group.size > 1:
+            print(f"vmem: rank {group.rank} of {group.size}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            group.comm.Abort(1)  # type: ignore[attr-defined]
+        raise

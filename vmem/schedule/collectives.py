@@ -1,0 +1,96 @@
+"""Data-parallel training's collectives in a Schedule: gradient buckets all-reduced as backward makes them.
+
+:func:`with_allreduce` is a pure transform of a lowered training Schedule (any policy's): the trainable
+parameters are grouped into buckets in the order backward finishes their gradients (the last layer's
+first), each bucket at most ``bucket_bytes`` (the first at most ``first_bucket_bytes``, so that
+communication starts early: PyTorch DDP's 25 MiB and 1 MiB), and an :class:`AllReduce` of each bucket is
+placed right after the step that finishes its last gradient, to run on the communication stream while
+the rest of backward computes. The update waits for every bucket (:class:`WaitAllReduce`; the first update
+decides for all whether the step is finite, so all are summed by then), then updates bucket by bucket.
+A bucket names the gradients themselves: they are summed where they lie, with no second copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .steps import AccumulateParam, AllReduce, Backward, Schedule, Update, WaitAllReduce
+
+__all__ = ["with_allreduce", "buckets", "BUCKET_BYTES", "FIRST_BUCKET_BYTES"]
+
+#: A bucket's most gradient bytes (PyTorch DDP's default), and the first bucket's.
+BUCKET_BYTES = 25 << 20
+FIRST_BUCKET_BYTES = 1 << 20
+
+
+def _finished(schedule: Schedule) -> dict[str, int]:
+    """Each trainable parameter's gradient -> the index of the step after which it is final (its layer's
+    backward, or a shared parameter's last accumulation)."""
+    program = schedule.program
+    trainable = {f"{op.name}.{k}" for op, k, s in program.owned_params() if s.trainable}
+    done: dict[str, int] = {}
+    for i, st in enumerate(schedule.steps):
+        if type(st) is Backward:
+            op = program.ops[st.op]
+            through_temp = schedule.param_acc.get(op.index, {})
+            for k in op.params:
+                name = f"{op.param_owner}.{k}"
+                if name in trainable and k not in through_temp:
+                    done[name] = i
+        elif type(st) is AccumulateParam and st.param in trainable:
+            done[st.param] = i
+    return {name: done[name] for name in sorted(done, key=done.__getitem__)} | {
+        name: len(schedule.steps) for name in trainable - set(done)
+    }
+
+
+def buckets(
+    schedule: Schedule, bucket_bytes: int = BUCKET_BYTES, first_bucket_bytes: int = FIRST_BUCKET_BYTES
+) -> list[tuple[tuple[str, ...], int, int]]:
+    """The gradient buckets of a training step: (parameters, bytes, the index of the step that finishes
+    the last of them), in the order backward finishes them."""
+    program = schedule.program
+    itemsize = program.precision.itemsize("gradients")
+    size = {f"{op.name}.{k}": math.prod(s.shape) * itemsize for op, k, s in program.owned_params() if s.trainable}
+    out: list[tuple[tuple[str, ...], int, int]] = []
+    names: list[str] = []
+    nbytes = last = 0
+    for name, at in _finished(schedule).items():
+        cap = first_bucket_bytes if not out else bucket_bytes
+        if names and nbytes + size[name] > cap:
+            out.append((tuple(names), nbytes, last))
+            names, nbytes = [], 0
+        names.append(name)
+        nbytes += size[name]
+        last = at
+    if names:
+        out.append((tuple(names), nbytes, last))
+    return out
+
+
+def with_allreduce(
+    schedule: Schedule, bucket_bytes: int = BUCKET_BYTES, first_bucket_bytes: int = FIRST_BUCKET_BYTES
+) -> Schedule:
+    """``schedule`` with its gradients all-reduced in buckets (see the module docstring). A schedule that
+    updates nothing (inference) is returned as it is."""
+    if not any(type(st) is Update for st in schedule.steps):
+        return schedule
+    if bucket_bytes < 1 or first_bucket_bytes < 1:
+        raise ValueError(f"bucket sizes must be positive (bucket_bytes={bucket_bytes}, first={first_bucket_bytes})")
+    found = buckets(schedule, bucket_bytes, first_bucket_bytes)
+    after: dict[int, list[AllReduce]] = {}
+    for b, (names, nbytes, at) in enumerate(found):
+        after.setdefault(at, []).append(AllReduce(b, names, nbytes))
+    steps: list = []
+    for i, st in enumerate(schedule.steps):
+        if type(st) is Update:
+            if st.params is not None:
+                raise ValueError("with_allreduce: the schedule updates in buckets already")
+            steps += after.pop(len(schedule.steps), [])  # parameters no backward writes (none, usually)
+            steps += [WaitAllReduce(b) for b in range(len(found))]
+            steps += [Update(names) for names, _, _ in found]
+            continue
+        steps.append(st)
+        steps += after.pop(i, [])
+    return dataclasses.replace(schedule, steps=steps)
