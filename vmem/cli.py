@@ -481,7 +481,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         device = args.device
     try:
         with _Slow(f"planning {net.name} at batch {args.batch} under {policy} on {args.device}", quiet=args.json):
-            result = plan(net, args.batch, device, policy, memory=memory, costs=costs, precision=args.precision)
+            result = plan(
+                net, args.batch, device, policy, memory=memory, costs=costs, precision=args.precision, nproc=args.nproc
+            )
     finally:
         if not isinstance(device, str):
             device.close()
@@ -498,6 +500,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 f"{result.baseline_step_seconds * 1e3:.1f} ms), stalls {result.stall_seconds * 1e3:.1f} ms"
             )
         print(line)
+        if args.nproc > 1 and result.comm_seconds is not None:
+            print(
+                f"data-parallel on {args.nproc} ranks (batch {args.batch} each): gradients all-reduced in "
+                f"{result.comm_seconds * 1e3:.2f} ms a step beside backward, "
+                f"{result.exposed_comm_seconds * 1e3:.2f} ms of it exposed"
+            )
         if result.reason:
             print(result.reason)
     return 0 if result.fits else 1  # a plan that does not fit is a failure, as vdnn-dyn's refusal is
@@ -693,7 +701,14 @@ def _add_plan(sub: Any) -> None:
         simulated=True,
         policy_help="auto where --memory is given on a simulated GPU or with --profile, else baseline",
     )
-    p.add_argument("--batch", type=_positive_int, required=True)
+    p.add_argument("--batch", type=_positive_int, required=True, help="the batch of one rank (with --nproc)")
+    p.add_argument(
+        "--nproc",
+        type=_positive_int,
+        default=1,
+        help="one rank of a data-parallel run of N (each at --batch): the gradients' all-reduce over the "
+        "device's interconnect priced beside backward (default 1)",
+    )
     p.add_argument(
         "--profile",
         action="store_true",

@@ -21,6 +21,7 @@ from .graph import PASSES, Network, Program
 from .policies.base import fit_algorithms
 from .policies.budget import least_memory
 from .policies.plan import Plan
+from .schedule.collectives import with_allreduce
 from .schedule import Schedule
 from .schedule.lower import lower, op_workspace
 from .schedule.replay import Figures, LayerRow, durations, replay
@@ -204,12 +205,16 @@ def plan_program(
     costs: Any = None,
     baseline: bool = False,
     catalog: Any = None,
+    nproc: int = 1,
 ) -> tuple[PlanResult, Schedule]:
     """Decide, lower and replay for a built Program; the plan with its figures, and the Schedule.
 
     ``catalog`` (a Device's ``catalog``) gives the program the device's convolution algorithms. With
     ``baseline=True`` (and a cost model) the figures also carry the step time of ``baseline`` with the
-    fastest algorithms, as an oracle when it does not fit."""
+    fastest algorithms, as an oracle when it does not fit. ``nproc`` > 1: one rank of a data-parallel run
+    of that many (the program at the rank's batch): the gradients all-reduced in buckets during backward
+    (:func:`vmem.schedule.collectives.with_allreduce`), their time over the spec's interconnect in the
+    figures (``comm_seconds``, ``exposed_comm_seconds``)."""
     pol = policies.get(policy)
     program, costs = _cost_setup(program, device, costs, catalog)
 
@@ -246,6 +251,10 @@ def plan_program(
     result, schedule = evaluate(
         program, device, decided, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs
     )
+    if nproc > 1:
+        schedule = with_allreduce(schedule, nproc)
+        ranked = replay_fitting(schedule, device, alignment, costs)
+        result = PlanResult(decided, dataclasses.replace(ranked, layers=result.figures.layers))
     if baseline and costs is not None:
         base = policies.get("baseline:algos=performance").decide(program, device, costs)
         base_result = evaluate(
@@ -348,6 +357,7 @@ def plan(
     optimizer_slots: tuple[str, ...] = ("momentum",),
     memory: int | str | None = None,
     costs: Any = None,
+    nproc: int = 1,
 ) -> PlanResult:
     """Plan one training step of ``net`` at ``batch`` on ``device`` under ``policy``, without running it.
 
@@ -356,7 +366,12 @@ def plan(
     CPU device, pass ``costs`` (a profile, see :meth:`vmem.Trainer.profile`) to predict time.
     ``optimizer_slots`` names the optimizer state per parameter (SGD with momentum: one). ``precision``
     (``"fp32"``, ``"fp16"``, ``"bf16"``) is what feature maps are stored in (:mod:`vmem.precision`).
+    ``nproc``: one rank of a data-parallel run of that many, each at ``batch`` (its share), the gradients'
+    all-reduce over the device's interconnect priced and overlapped with backward (the figures'
+    ``comm_seconds`` and ``exposed_comm_seconds``).
     """
+    if not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc={nproc!r} must be a positive int")
     spec, alignment, catalog = spec_of(device, memory)
     program = net.build(batch, input_shape, dtype, precision)
     result, _ = plan_program(
@@ -368,5 +383,6 @@ def plan(
         costs=costs,
         baseline=True,
         catalog=catalog,
+        nproc=nproc,
     )
     return result

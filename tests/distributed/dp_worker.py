@@ -1,6 +1,6 @@
 """One rank of a data-parallel run for tests/distributed (``mpiexec -n N python -m tests.distributed.dp_worker``):
-a small CNN without batch norm (or with, ``--bn``) trained on its shard of fixed batches; each rank writes its
-weights to ``OUT.rank{r}.npz``."""
+a small CNN without batch norm (or with, ``--bn``, synchronized) trained on its shard of fixed batches; each rank
+writes its weights to ``OUT.rank{r}.npz``."""
 
 from __future__ import annotations
 
@@ -45,11 +45,11 @@ def main() -> None:
     p.add_argument("--die-at", type=int)
     p.add_argument("--resume")
     p.add_argument("--save")
-    p.add_argument("--bn", action="store_true")
+    p.add_argument("--bn", action="store_true", help="the model with batch norm, synchronized over the ranks")
     args = p.parse_args()
     group = init(timeout=20)
     net = model(args.bn)
-    with vmem.Trainer(net, group=group) as trainer:
+    with vmem.Trainer(net, group=group, sync_batch_norm=args.bn) as trainer:
         if args.resume:
             trainer.load(args.resume)
         train(trainer, group.rank, group.size, args.first, args.last, args.die_at)

@@ -38,7 +38,9 @@ def _weights(out: Path, rank: int) -> dict[str, np.ndarray]:
         return dict(f)
 
 
-def _threads(size: int, first: int = 0, last: int = dp_worker.STEPS, resume: str | None = None) -> dict:
+def _threads(
+    size: int, first: int = 0, last: int = dp_worker.STEPS, resume: str | None = None, bn: bool = False
+) -> dict:
     """The same run as ``size`` ranks that are threads of this process (one process adding the ranks'
     gradients in rank order)."""
     out: dict[int, dict] = {}
@@ -46,8 +48,8 @@ def _threads(size: int, first: int = 0, last: int = dp_worker.STEPS, resume: str
 
     def rank(group: ThreadGroup) -> None:
         try:
-            net = dp_worker.model()
-            with vmem.Trainer(net, group=group) as trainer:
+            net = dp_worker.model(bn)
+            with vmem.Trainer(net, group=group, sync_batch_norm=bn) as trainer:
                 if resume:
                     trainer.load(resume)
                 dp_worker.train(trainer, group.rank, group.size, first, last)
@@ -66,8 +68,10 @@ def _threads(size: int, first: int = 0, last: int = dp_worker.STEPS, resume: str
     return out[0]
 
 
-def _full_batch(first: int = 0, last: int = dp_worker.STEPS, resume: str | None = None, save: str | None = None):
-    net = dp_worker.model()
+def _full_batch(
+    first: int = 0, last: int = dp_worker.STEPS, resume: str | None = None, save: str | None = None, bn: bool = False
+):
+    net = dp_worker.model(bn)
     xs, ys = dp_worker.batches()
     with vmem.Trainer(net) as trainer:
         if resume:
@@ -79,12 +83,15 @@ def _full_batch(first: int = 0, last: int = dp_worker.STEPS, resume: str | None 
     return net.params
 
 
-def test_two_ranks_equal_one_process_adding_their_shards_in_rank_order(tmp_path):
-    run = _mpi(2, str(tmp_path / "w"))
+@pytest.mark.parametrize("bn", [False, True], ids=["plain", "sync-bn"])
+def test_two_ranks_equal_one_process_adding_their_shards_in_rank_order(tmp_path, bn):
+    """20 steps; with batch norm synchronized over the ranks (its running statistics too)."""
+    run = _mpi(2, str(tmp_path / "w"), *(["--bn"] if bn else []))
     assert run.returncode == 0, run.stderr
     rank0, rank1 = _weights(tmp_path / "w", 0), _weights(tmp_path / "w", 1)
-    reference = _threads(2)
-    full = _full_batch()
+    reference = _threads(2, bn=bn)
+    full = _full_batch(bn=bn)
+    assert rank0.keys() == full.keys()
     for name in rank0:
         np.testing.assert_array_equal(rank0[name], rank1[name], err_msg=name)  # every rank holds the same
         np.testing.assert_array_equal(rank0[name], reference[name], err_msg=name)  # bitwise

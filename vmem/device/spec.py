@@ -16,7 +16,11 @@ class DeviceSpec:
     bandwidth, ``h2d_gbps``/``d2h_gbps`` achieved pinned copy bandwidth each way, ``launch_us`` the cost of
     one kernel launch, and ``arch`` (the cost model's efficiency table). ``fp16_tflops`` and ``bf16_tflops``:
     peak dense tensor-core throughput in that precision with FP32 accumulation (None: the GPU has no such
-    units, and computes half-precision convolutions at its FP32 rate, as cuDNN's pseudo-half does)."""
+    units, and computes half-precision convolutions at its FP32 rate, as cuDNN's pseudo-half does).
+    ``interconnect`` (``"nvlink"``, ``"pcie"``, ``"ethernet"``; None: the host's shared memory, for processes
+    of one machine) joins the devices of a data-parallel run: ``interconnect_gbps`` its achieved bandwidth
+    per device each way (an all-reduce's bus bandwidth) and ``interconnect_us`` the latency of one step of
+    a ring all-reduce."""
 
     name: str
     kind: str
@@ -30,6 +34,9 @@ class DeviceSpec:
     arch: str | None = None
     fp16_tflops: float | None = None
     bf16_tflops: float | None = None
+    interconnect: str | None = None
+    interconnect_gbps: float | None = None
+    interconnect_us: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -3,7 +3,9 @@
 Figures are vendor peaks (FP32 without tensor cores; FP16 and BF16 dense tensor-core throughput with
 FP32 accumulation, where the GPU has such units; memory bandwidth) and achieved pinned cudaMemcpyAsync
 bandwidth over the host link (about 80% of PCIe peak). Memory sizes are the cards' advertised sizes in
-GiB, except the H200's 141 GB.
+GiB, except the H200's 141 GB. The interconnect between the GPUs of a data-parallel run: NVLink for the SXM
+data-centre cards (the bus bandwidth NCCL's all-reduce achieves, about 80% of the links' peak each way),
+PCIe for the others.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def _gpu(
     arch: str,
     launch_us: float = 5.0,
     half: tuple[float | None, float | None] = (None, None),
+    nvlink: float | None = None,
 ) -> DeviceSpec:
     return DeviceSpec(
         name=name,
@@ -44,6 +47,9 @@ def _gpu(
         arch=arch,
         fp16_tflops=half[0],
         bf16_tflops=half[1],
+        interconnect="nvlink" if nvlink else "pcie",
+        interconnect_gbps=nvlink or link,
+        interconnect_us=3.0 if nvlink else 10.0,
     )
 
 
@@ -53,11 +59,14 @@ SPECS: dict[str, DeviceSpec] = {
         _gpu("titan-x", 12 * GiB, 6.6, 336.5, 12.8, "maxwell"),  # GTX Titan X (Maxwell), PCIe 3 x16
         _gpu("gtx-1080ti", 11 * GiB, 11.3, 484.0, 12.8, "pascal"),
         _gpu("rtx-2080ti", 11 * GiB, 13.4, 616.0, 12.8, "turing", half=(53.8, None)),  # no BF16 units
-        _gpu("v100-16gb", 16 * GiB, 15.7, 900.0, 12.8, "volta", half=(125.0, None)),  # SXM2, host link PCIe 3
-        _gpu("a100-40gb", 40 * GiB, 19.5, 1555.0, 25.0, "ampere", 4.0, (312.0, 312.0)),  # PCIe 4
-        _gpu("a100-80gb", 80 * GiB, 19.5, 2039.0, 25.0, "ampere", 4.0, (312.0, 312.0)),
-        _gpu("h100-sxm", 80 * GiB, 67.0, 3350.0, 50.0, "hopper", 3.0, (989.0, 989.0)),  # PCIe 5
-        _gpu("h200", 141 * 10**9, 67.0, 4800.0, 50.0, "hopper", 3.0, (989.0, 989.0)),
+        # SXM2, host link PCIe 3; NVLink 2 (150 GB/s each way, ~130 achieved as an all-reduce's bus bandwidth)
+        _gpu("v100-16gb", 16 * GiB, 15.7, 900.0, 12.8, "volta", half=(125.0, None), nvlink=130.0),
+        # PCIe 4 to the host; NVLink 3 (300 GB/s each way, ~230 achieved)
+        _gpu("a100-40gb", 40 * GiB, 19.5, 1555.0, 25.0, "ampere", 4.0, (312.0, 312.0), nvlink=230.0),
+        _gpu("a100-80gb", 80 * GiB, 19.5, 2039.0, 25.0, "ampere", 4.0, (312.0, 312.0), nvlink=230.0),
+        # PCIe 5 to the host; NVLink 4 (450 GB/s each way, ~360 achieved)
+        _gpu("h100-sxm", 80 * GiB, 67.0, 3350.0, 50.0, "hopper", 3.0, (989.0, 989.0), nvlink=360.0),
+        _gpu("h200", 141 * 10**9, 67.0, 4800.0, 50.0, "hopper", 3.0, (989.0, 989.0), nvlink=360.0),
     )
 }
 

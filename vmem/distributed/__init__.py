@@ -70,6 +70,11 @@ class ProcessGroup(Protocol):
     def barrier(self) -> None:
         """Return once every rank has called it."""
 
+    def dup(self) -> "ProcessGroup":
+        """The same ranks on a channel of their own: its collectives never match this group's (work on two
+        threads, gradient buckets and batch norm's statistics, cannot cross). Every rank calls it, in the
+        same order."""
+
     def close(self) -> None:
         """Release the group's resources (the ranks stay up)."""
 
@@ -97,6 +102,9 @@ class LocalGroup:
 
     def barrier(self) -> None:
         return None
+
+    def dup(self) -> "LocalGroup":
+        return self
 
     def close(self) -> None:
         return None
@@ -176,6 +184,9 @@ class MPIGroup:
         with self._lock:
             self._wait(self.comm.Ibarrier(), "a barrier")
 
+    def dup(self) -> "MPIGroup":
+        return MPIGroup(self.comm, self.timeout)
+
     def close(self) -> None:
         if self.comm is not None:
             self.comm.Free()
@@ -192,6 +203,14 @@ class _Rendezvous:
         self.size, self.timeout = size, timeout
         self.slots: list[Any] = [None] * size
         self.barrier = threading.Barrier(size)
+        self.lock = threading.Lock()
+        self.channels: list["_Rendezvous"] = []  # the k-th dup of every rank meets at the k-th
+
+    def channel(self, k: int) -> "_Rendezvous":
+        with self.lock:
+            while len(self.channels) <= k:
+                self.channels.append(_Rendezvous(self.size, self.timeout))
+            return self.channels[k]
 
     def meet(self, rank: int, what: str) -> None:
         try:
@@ -210,6 +229,7 @@ class ThreadGroup:
 
     def __init__(self, rank: int, rendezvous: _Rendezvous):
         self.rank, self.size, self._r = rank, rendezvous.size, rendezvous
+        self._dups = 0
 
     @classmethod
     def make(cls, size: int, timeout: float | None = None) -> list["ThreadGroup"]:
@@ -240,8 +260,14 @@ class ThreadGroup:
     def barrier(self) -> None:
         self._r.meet(self.rank, "a barrier")
 
+    def dup(self) -> "ThreadGroup":
+        self._dups += 1
+        return ThreadGroup(self.rank, self._r.channel(self._dups - 1))
+
     def close(self) -> None:
         self._r.barrier.abort()  # ranks still waiting learn that this one left
+        for channel in self._r.channels:
+            channel.barrier.abort()
 
     def __repr__(self) -> str:
         return f"ThreadGroup(rank={self.rank}, size={self.size})"

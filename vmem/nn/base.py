@@ -93,6 +93,10 @@ class Ctx:
     #: a second forward of the same step (to rebuild an output backward reads): reuse the saved state
     #: (dropout's mask), update nothing (batch norm's running statistics), and write the same output
     replay: bool = False
+    #: where the batch is split over several processes (data-parallel training with synchronized batch
+    #: norm): sums an array over them, in place, every process calling it in the same order; None: this
+    #: process holds the whole batch
+    batch_sum: Any = None
 
 
 class Layer(ABC):

@@ -14,7 +14,9 @@ class BatchNorm2d(Layer):
 
     Training normalizes with the batch's mean and biased variance and updates the running statistics
     (running variance with the unbiased estimate, as Torch does); evaluation uses the running
-    statistics. Backward needs the input and the saved batch mean and 1/std (``aux``).
+    statistics. Backward needs the input and the saved batch mean and 1/std (``aux``). Where the batch is
+    split over several processes and ``ctx.batch_sum`` is given (synchronized batch norm), the statistics
+    and backward's sums are the whole batch's: each process's sums added over all.
     Parameters ``weight`` (gamma) and ``bias`` (beta); buffers ``running_mean`` and ``running_var``.
     """
 
@@ -69,10 +71,17 @@ class BatchNorm2d(Layer):
         if ctx.train:
             m = x2.shape[0]
             ctx.ops.column_sum(x2, out=mean)  # the mean and the variance, as NumPy computes them
+            if ctx.batch_sum is not None:  # the whole batch's sums and count, over every process
+                both = xp.concatenate([mean, xp.asarray([m], dtype=mean.dtype)])
+                ctx.batch_sum(both)
+                mean[...], m = both[:c], int(round(float(both[c])))
             mean /= m
             centred = x2 - mean
             centred *= centred
-            var = ctx.ops.column_sum(centred) / m
+            var = ctx.ops.column_sum(centred)
+            if ctx.batch_sum is not None:
+                ctx.batch_sum(var)
+            var /= m
         if ctx.train and not ctx.replay:  # a replay writes the same output and leaves the statistics alone
             rm, rv = p["running_mean"], p["running_var"]
             rm *= 1.0 - self.momentum
@@ -105,9 +114,15 @@ class BatchNorm2d(Layer):
         scale = ctx.params["weight"] * invstd
         if ctx.train:
             m = x2.shape[0]
-            xhat *= dgamma / m
+            sums_g, sums_b = dgamma, dbeta
+            if ctx.batch_sum is not None:  # dx needs the whole batch's sums (the parameters' gradients stay
+                # this process's: they are averaged over the processes with the others)
+                both = xp.concatenate([dgamma, dbeta, xp.asarray([m], dtype=dgamma.dtype)])
+                ctx.batch_sum(both)
+                sums_g, sums_b, m = both[:c], both[c : 2 * c], int(round(float(both[2 * c])))
+            xhat *= sums_g / m
             xp.subtract(dy2, xhat, out=dx2)
-            dx2 -= dbeta / m
+            dx2 -= sums_b / m
             dx2 *= scale
         else:
             xp.multiply(dy2, scale, out=dx2)

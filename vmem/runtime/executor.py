@@ -132,9 +132,12 @@ class Executor(Transfers):
         optimizer: Optimizer | None = None,
         group: Any = None,
         comm_stream: Any = None,
+        batch_group: Any = None,
     ):
         """``group`` (a :class:`vmem.distributed.ProcessGroup`) and ``comm_stream`` (the stream its
-        all-reduces run on) where the schedule all-reduces gradients (data-parallel training)."""
+        all-reduces run on) where the schedule all-reduces gradients (data-parallel training);
+        ``batch_group`` (a channel of the same ranks) where batch norm's statistics are the whole batch's
+        (synchronized batch norm)."""
         if not device.holds_data:
             raise DeviceError(f"{device.name} holds no data: it plans (vmem.plan) but cannot run a step")
         refused = sorted(
@@ -157,6 +160,7 @@ class Executor(Transfers):
         self.loss = loss
         self.optimizer = optimizer
         self.group, self.comm_stream = group, comm_stream
+        self._batch_sum = None if batch_group is None else batch_group.allreduce
         #: each trainable parameter's gradient on the device, by "layer.param" (what an all-reduce sums)
         self._grads = {k.name: v for k, v in params.views.items() if k.kind is Kind.WEIGHT_GRAD}
         self.xp = device.xp
@@ -443,6 +447,7 @@ class Executor(Transfers):
             conv=self.device.conv_backend,
             ops=self.device.ops,
             replay=replay,
+            batch_sum=self._batch_sum if train else None,
         )
 
     # -- ops ---------------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 :func:`with_allreduce` is a pure transform of a lowered training Schedule (any policy's): the trainable
 parameters are grouped into buckets in the order backward finishes their gradients (the last layer's
-first), each bucket at most ``bucket_bytes`` (the first at most ``first_bucket_bytes``, so that
-communication starts early: PyTorch DDP's 25 MiB and 1 MiB), and an :class:`AllReduce` of each bucket is
+first), each bucket at most ``bucket_bytes`` (PyTorch DDP's 25 MiB), the last at most
+``last_bucket_bytes`` (1 MiB: what is summed after backward has ended, so that little is), and an
+:class:`AllReduce` of each bucket is
 placed right after the step that finishes its last gradient, to run on the communication stream while
 the rest of backward computes. The update waits for every bucket (:class:`WaitAllReduce`; the first update
 decides for all whether the step is finite, so all are summed by then), then updates bucket by bucket.
@@ -17,11 +18,11 @@ import math
 
 from .steps import AccumulateParam, AllReduce, Backward, Schedule, Update, WaitAllReduce
 
-__all__ = ["with_allreduce", "buckets", "BUCKET_BYTES", "FIRST_BUCKET_BYTES"]
+__all__ = ["with_allreduce", "buckets", "BUCKET_BYTES", "LAST_BUCKET_BYTES"]
 
-#: A bucket's most gradient bytes (PyTorch DDP's default), and the first bucket's.
+#: A bucket's most gradient bytes (PyTorch DDP's default), and the last bucket's (see :func:`buckets`).
 BUCKET_BYTES = 25 << 20
-FIRST_BUCKET_BYTES = 1 << 20
+LAST_BUCKET_BYTES = 1 << 20
 
 
 def _finished(schedule: Schedule) -> dict[str, int]:
@@ -46,39 +47,48 @@ def _finished(schedule: Schedule) -> dict[str, int]:
 
 
 def buckets(
-    schedule: Schedule, bucket_bytes: int = BUCKET_BYTES, first_bucket_bytes: int = FIRST_BUCKET_BYTES
+    schedule: Schedule, bucket_bytes: int = BUCKET_BYTES, last_bucket_bytes: int = LAST_BUCKET_BYTES
 ) -> list[tuple[tuple[str, ...], int, int]]:
     """The gradient buckets of a training step: (parameters, bytes, the index of the step that finishes
-    the last of them), in the order backward finishes them."""
+    the last of them), in the order backward finishes them. Packed from the end: the last bucket (the
+    first layers', finished when backward ends, its sum the one nothing hides) holds at most
+    ``last_bucket_bytes``, the others at most ``bucket_bytes`` (a parameter larger than that alone)."""
     program = schedule.program
     itemsize = program.precision.itemsize("gradients")
     size = {f"{op.name}.{k}": math.prod(s.shape) * itemsize for op, k, s in program.owned_params() if s.trainable}
-    out: list[tuple[tuple[str, ...], int, int]] = []
+    finished = _finished(schedule)
+    packed: list[list[str]] = []
     names: list[str] = []
-    nbytes = last = 0
-    for name, at in _finished(schedule).items():
-        cap = first_bucket_bytes if not out else bucket_bytes
+    nbytes = 0
+    for name in reversed(finished):
+        cap = last_bucket_bytes if not packed else bucket_bytes
         if names and nbytes + size[name] > cap:
-            out.append((tuple(names), nbytes, last))
+            packed.append(names)
             names, nbytes = [], 0
         names.append(name)
         nbytes += size[name]
-        last = at
     if names:
-        out.append((tuple(names), nbytes, last))
-    return out
+        packed.append(names)
+    return [
+        (tuple(reversed(names)), sum(size[n] for n in names), max(finished[n] for n in names))
+        for names in reversed(packed)
+    ]
 
 
 def with_allreduce(
-    schedule: Schedule, bucket_bytes: int = BUCKET_BYTES, first_bucket_bytes: int = FIRST_BUCKET_BYTES
+    schedule: Schedule,
+    world: int = 2,
+    bucket_bytes: int = BUCKET_BYTES,
+    last_bucket_bytes: int = LAST_BUCKET_BYTES,
 ) -> Schedule:
-    """``schedule`` with its gradients all-reduced in buckets (see the module docstring). A schedule that
-    updates nothing (inference) is returned as it is."""
+    """``schedule`` with its gradients all-reduced in buckets over ``world`` ranks (see the module
+    docstring; the replay prices each all-reduce for that many). A schedule that updates nothing
+    (inference) is returned as it is."""
     if not any(type(st) is Update for st in schedule.steps):
         return schedule
-    if bucket_bytes < 1 or first_bucket_bytes < 1:
-        raise ValueError(f"bucket sizes must be positive (bucket_bytes={bucket_bytes}, first={first_bucket_bytes})")
-    found = buckets(schedule, bucket_bytes, first_bucket_bytes)
+    if bucket_bytes < 1 or last_bucket_bytes < 1:
+        raise ValueError(f"bucket sizes must be positive (bucket_bytes={bucket_bytes}, last={last_bucket_bytes})")
+    found = buckets(schedule, bucket_bytes, last_bucket_bytes)
     after: dict[int, list[AllReduce]] = {}
     for b, (names, nbytes, at) in enumerate(found):
         after.setdefault(at, []).append(AllReduce(b, names, nbytes))
@@ -93,4 +103,4 @@ def with_allreduce(
             continue
         steps.append(st)
         steps += after.pop(i, [])
-    return dataclasses.replace(schedule, steps=steps)
+    return dataclasses.replace(schedule, steps=steps, world=world)

@@ -15,7 +15,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..graph import Program
+from ..costs.collective import allreduce_seconds
 from ..pool import CATEGORIES
+from ..streams.virtual import VirtualStream
 from .steps import (
     Accumulate,
     AccumulateParam,
@@ -80,6 +82,10 @@ class Figures:
     step_seconds: float | None = None
     stall_seconds: float | None = None
     update_seconds: float | None = None  # the optimizer's share of step_seconds
+    #: a data-parallel step (``Schedule.world`` > 1): the gradients' all-reduces' seconds on the
+    #: communication stream, and the part of them compute waited for (not hidden behind backward)
+    comm_seconds: float | None = None
+    exposed_comm_seconds: float | None = None
     baseline_step_seconds: float | None = None  # baseline with the fastest algorithms (the oracle)
     precision: str = "fp32"  # what the feature maps are stored in (vmem.precision)
     layers: tuple[LayerRow, ...] = field(default=(), repr=False)
@@ -125,7 +131,7 @@ def durations(schedule: Schedule, costs: Any) -> list[float]:
             Accumulate: lambda st: costs.misc_seconds("acc", program.tensors[st.tensor].nbytes),
             AccumulateParam: lambda st: costs.misc_seconds("acc", st.nbytes),
             Update: update,
-            AllReduce: None,  # on the communication stream (see Replay: not yet priced)
+            AllReduce: None,  # on the communication stream (priced by the replay)
             WaitAllReduce: None,
             Encode: lambda st: costs.misc_seconds("encode", st.nbytes + st.enc_nbytes),
             Decode: lambda st: costs.misc_seconds("decode", st.nbytes + st.enc_nbytes),
@@ -162,6 +168,10 @@ class _Replay:
         self.schedule, self.costs = schedule, costs
         self.pool = device.pool
         self.compute, self.memory = device.compute_stream, device.memory_stream
+        self.spec = device.spec
+        self.comm = VirtualStream("comm", host=device.compute_stream.host)  # a data-parallel step's all-reduces
+        self.reduced: dict[int, Any] = {}  # bucket -> its all-reduce's end
+        self.comm_busy = self.exposed = 0.0
         if costs is not None and seconds is None:
             seconds = durations(schedule, costs)
         self.seconds = seconds if costs is not None else None
@@ -191,8 +201,8 @@ class _Replay:
                 Accumulate: compute,
                 AccumulateParam: compute,
                 Update: compute,
-                AllReduce: None,  # the collective's time is not modelled yet: a data-parallel step replays as one rank's
-                WaitAllReduce: None,
+                AllReduce: self._allreduce,
+                WaitAllReduce: self._wait_allreduce,
                 Encode: compute,
                 Decode: compute,
                 Upload: None,
@@ -225,6 +235,8 @@ class _Replay:
             offloaded_bytes=self.schedule.offloaded_bytes,
             step_seconds=max(self.compute.clock, self.memory.clock) if timed else None,
             stall_seconds=self.stall if timed else None,
+            comm_seconds=self.comm_busy if timed and self.schedule.world > 1 else None,
+            exposed_comm_seconds=self.exposed if timed and self.schedule.world > 1 else None,
             update_seconds=sum(
                 self.seconds[i]  # type: ignore[index, misc]
                 for i, st in enumerate(self.schedule.steps)
@@ -305,6 +317,23 @@ class _Replay:
         event = self.ready.pop(st.key, None)
         if event is not None:
             self._stalled(self.compute.wait(event))
+
+    def _allreduce(self, index: int, st: AllReduce) -> None:
+        """A bucket's all-reduce on the communication stream, once compute has written its gradients: a ring
+        over the spec's interconnect (:mod:`vmem.costs.collective`)."""
+        if self.seconds is not None:
+            self.comm.wait(self.compute.record())
+            took = allreduce_seconds(self.spec, st.nbytes, self.schedule.world)
+            self.comm.run(took)
+            self.comm_busy += took
+            self.reduced[st.bucket] = self.comm.record()
+
+    def _wait_allreduce(self, index: int, st: WaitAllReduce) -> None:
+        event = self.reduced.pop(st.bucket, None)
+        if event is not None:
+            waited = self.compute.wait(event)
+            self.exposed += waited
+            self._stalled(waited)
 
     def _stalled(self, seconds: float) -> None:
         self.account(seconds)

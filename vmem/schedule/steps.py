@@ -376,6 +376,8 @@ class Schedule:
     #: where the blocks were placed for an arena of a given size (:func:`vmem.schedule.pack.place`), the
     #: sizes ``[lo, hi)`` for which the same placement would be made (None: placed as tightly as it can)
     placed_for: tuple[int, float] | None = None
+    #: the ranks of a data-parallel run whose gradients its AllReduce steps sum (1: one process)
+    world: int = 1
 
     @property
     def offloaded_bytes(self) -> int:

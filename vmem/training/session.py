@@ -45,6 +45,7 @@ class Session:
         profile_cache: bool,
         seed: int,
         group: Any = None,
+        sync_batch_norm: bool = False,
     ):
         self.net, self.device, self.policy, self.loss, self.optimizer = net, device, policy, loss, optimizer
         self.input_shape, self.dtype, self.profiling, self.profile_cache, self.seed = (
@@ -58,6 +59,8 @@ class Session:
         #: the ranks of a data-parallel run (None: one process), and the stream their all-reduces run on
         self.group = group
         self._comm: Any = None
+        #: batch norm's statistics summed over the ranks, on a channel of their own (synchronized batch norm)
+        self._batch_group = group.dup() if group is not None and sync_batch_norm else None
         self.costs: dict[int, Any] = {}
         self.plans: dict[int, PlanResult] = {}
         self._params: DeviceParams | None = None
@@ -113,7 +116,7 @@ class Session:
                     "training state; use a smaller evaluation batch (batch_size=)",
                 )
         if train and self.group is not None:  # gradients summed over the ranks, bucket by bucket, during backward
-            schedule = with_allreduce(schedule)
+            schedule = with_allreduce(schedule, self.group.size)
             if self._comm is None:
                 self._comm = CpuStream("comm")
         ex = Executor(
@@ -124,6 +127,7 @@ class Session:
             self.optimizer if train else None,
             group=self.group if train else None,
             comm_stream=self._comm if train else None,
+            batch_group=self._batch_group if train else None,
         )
         self._executors[key] = ex
         return ex

@@ -89,6 +89,12 @@ class Trainer:
     ``optimizer`` to SGD(lr=0.01, momentum=0.9). ``seed`` seeds the weights (if the network has none yet),
     the shuffling and dropout, so the same seed gives bitwise-identical weights.
 
+    ``group`` (a :class:`vmem.distributed.ProcessGroup` of more than one rank): data-parallel training. Every
+    rank starts from rank 0's weights and trains on its own batches (:meth:`fit` gives each rank its
+    contiguous share of every batch); the gradients are summed over the ranks during backward, in buckets,
+    in rank order, and averaged; rank 0 writes checkpoints. ``sync_batch_norm``: batch norm's statistics are
+    the whole batch's over every rank (else each rank's own).
+
     Profiles (a policy that decides by measured time, ``auto`` or ``vdnn-dyn``) are kept on disk and reused
     by a run with the same program, device and machine (``profile_cache=False``, or
     ``VMEM_PROFILE_CACHE=0``, measures afresh): see :mod:`vmem.costs.cache`.
@@ -117,6 +123,7 @@ class Trainer:
         nonfinite_limit: int = 5,
         profile_cache: bool = True,
         group: Any = None,
+        sync_batch_norm: bool = False,
     ):
         if not isinstance(nonfinite_limit, int) or nonfinite_limit < 1:
             raise ValueError(f"nonfinite_limit={nonfinite_limit!r} must be a positive int")
@@ -178,6 +185,7 @@ class Trainer:
             profile_cache=bool(profile_cache),
             seed=seed,
             group=self.group,
+            sync_batch_norm=bool(sync_batch_norm),
         )
         self._closed = False
 
