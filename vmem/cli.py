@@ -218,6 +218,7 @@ def _train(args: argparse.Namespace, stop: Any, group: Any = None) -> int:
         seed=args.seed,
         precision=args.precision,
         group=group,
+        shard_optimizer=args.shard_optimizer,
     ) as trainer:
         if not args.json:
             print(
@@ -482,7 +483,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         with _Slow(f"planning {net.name} at batch {args.batch} under {policy} on {args.device}", quiet=args.json):
             result = plan(
-                net, args.batch, device, policy, memory=memory, costs=costs, precision=args.precision, nproc=args.nproc
+                net,
+                args.batch,
+                device,
+                policy,
+                memory=memory,
+                costs=costs,
+                precision=args.precision,
+                nproc=args.nproc,
+                shard_optimizer=args.shard_optimizer,
             )
     finally:
         if not isinstance(device, str):
@@ -502,9 +511,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(line)
         if args.nproc > 1 and result.comm_seconds is not None:
             print(
-                f"data-parallel on {args.nproc} ranks (batch {args.batch} each): gradients all-reduced in "
-                f"{result.comm_seconds * 1e3:.2f} ms a step beside backward, "
-                f"{result.exposed_comm_seconds * 1e3:.2f} ms of it exposed"
+                f"data-parallel on {args.nproc} ranks (batch {args.batch} each): communication "
+                f"{result.comm_seconds * 1e3:.2f} ms a step (the gradients' all-reduce beside backward"
+                + (", the updated weights' broadcast after the update" if args.shard_optimizer else "")
+                + f"), {result.exposed_comm_seconds * 1e3:.2f} ms of it exposed"
             )
         if result.reason:
             print(result.reason)
@@ -654,6 +664,11 @@ def _add_train(sub: Any) -> None:
         help="train data-parallel on N processes (MPI; pip install 'vmem[mpi]'): each takes 1/N of every batch, "
         "gradients summed over them during backward; rank 0 prints and writes checkpoints (default 1)",
     )
+    p.add_argument(
+        "--shard-optimizer",
+        action="store_true",
+        help="with --nproc: each rank keeps the optimizer state of 1/N of the parameters (ZeRO stage 1)",
+    )
     p.add_argument("--epochs", type=_positive_int, help="epochs (default 10; nmt_small: 3)")
     p.add_argument("--optimizer", choices=("sgd", "adam"), help="default sgd; nmt_small: adam")
     p.add_argument("--lr", type=_positive_float, help="learning rate (default 0.05; nmt_small with adam: 0.01)")
@@ -708,6 +723,11 @@ def _add_plan(sub: Any) -> None:
         default=1,
         help="one rank of a data-parallel run of N (each at --batch): the gradients' all-reduce over the "
         "device's interconnect priced beside backward (default 1)",
+    )
+    p.add_argument(
+        "--shard-optimizer",
+        action="store_true",
+        help="with --nproc: the optimizer state sharded over the ranks (ZeRO stage 1), the largest share planned",
     )
     p.add_argument(
         "--profile",

@@ -10,6 +10,7 @@ figures are still given (``fits=False``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -21,7 +22,7 @@ from .graph import PASSES, Network, Program
 from .policies.base import fit_algorithms
 from .policies.budget import least_memory
 from .policies.plan import Plan
-from .schedule.collectives import with_allreduce
+from .schedule.collectives import owners, with_allreduce, with_sharded_optimizer
 from .schedule import Schedule
 from .schedule.lower import lower, op_workspace
 from .schedule.replay import Figures, LayerRow, durations, replay
@@ -206,6 +207,7 @@ def plan_program(
     baseline: bool = False,
     catalog: Any = None,
     nproc: int = 1,
+    shard_optimizer: bool = False,
 ) -> tuple[PlanResult, Schedule]:
     """Decide, lower and replay for a built Program; the plan with its figures, and the Schedule.
 
@@ -214,7 +216,9 @@ def plan_program(
     fastest algorithms, as an oracle when it does not fit. ``nproc`` > 1: one rank of a data-parallel run
     of that many (the program at the rank's batch): the gradients all-reduced in buckets during backward
     (:func:`vmem.schedule.collectives.with_allreduce`), their time over the spec's interconnect in the
-    figures (``comm_seconds``, ``exposed_comm_seconds``)."""
+    figures (``comm_seconds``, ``exposed_comm_seconds``); with ``shard_optimizer``, the optimizer's state
+    sharded over the ranks (:func:`vmem.schedule.collectives.with_sharded_optimizer`), planned for the rank
+    that keeps the most of it."""
     pol = policies.get(policy)
     program, costs = _cost_setup(program, device, costs, catalog)
 
@@ -253,6 +257,12 @@ def plan_program(
     )
     if nproc > 1:
         schedule = with_allreduce(schedule, nproc)
+        if shard_optimizer:
+            held = [0] * nproc
+            sizes = {f"{op.name}.{k}": s for op, k, s in program.owned_params() if s.trainable}
+            for name, rank in owners(program, nproc).items():
+                held[rank] += math.prod(sizes[name].shape)
+            schedule = with_sharded_optimizer(schedule, held.index(max(held)))
         ranked = replay_fitting(schedule, device, alignment, costs)
         result = PlanResult(decided, dataclasses.replace(ranked, layers=result.figures.layers))
     if baseline and costs is not None:
@@ -358,6 +368,7 @@ def plan(
     memory: int | str | None = None,
     costs: Any = None,
     nproc: int = 1,
+    shard_optimizer: bool = False,
 ) -> PlanResult:
     """Plan one training step of ``net`` at ``batch`` on ``device`` under ``policy``, without running it.
 
@@ -368,7 +379,8 @@ def plan(
     (``"fp32"``, ``"fp16"``, ``"bf16"``) is what feature maps are stored in (:mod:`vmem.precision`).
     ``nproc``: one rank of a data-parallel run of that many, each at ``batch`` (its share), the gradients'
     all-reduce over the device's interconnect priced and overlapped with backward (the figures'
-    ``comm_seconds`` and ``exposed_comm_seconds``).
+    ``comm_seconds`` and ``exposed_comm_seconds``); ``shard_optimizer``: the optimizer's state sharded over
+    the ranks (ZeRO's stage 1), the rank that keeps the most of it planned.
     """
     if not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc={nproc!r} must be a positive int")
@@ -384,5 +396,6 @@ def plan(
         baseline=True,
         catalog=catalog,
         nproc=nproc,
+        shard_optimizer=shard_optimizer,
     )
     return result

@@ -46,10 +46,11 @@ def main() -> None:
     p.add_argument("--resume")
     p.add_argument("--save")
     p.add_argument("--bn", action="store_true", help="the model with batch norm, synchronized over the ranks")
+    p.add_argument("--shard", action="store_true", help="the optimizer's state sharded over the ranks")
     args = p.parse_args()
     group = init(timeout=20)
     net = model(args.bn)
-    with vmem.Trainer(net, group=group, sync_batch_norm=args.bn) as trainer:
+    with vmem.Trainer(net, group=group, sync_batch_norm=args.bn, shard_optimizer=args.shard) as trainer:
         if args.resume:
             trainer.load(args.resume)
         train(trainer, group.rank, group.size, args.first, args.last, args.die_at)

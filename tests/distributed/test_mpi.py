@@ -83,10 +83,13 @@ def _full_batch(
     return net.params
 
 
-@pytest.mark.parametrize("bn", [False, True], ids=["plain", "sync-bn"])
-def test_two_ranks_equal_one_process_adding_their_shards_in_rank_order(tmp_path, bn):
-    """20 steps; with batch norm synchronized over the ranks (its running statistics too)."""
-    run = _mpi(2, str(tmp_path / "w"), *(["--bn"] if bn else []))
+@pytest.mark.parametrize(
+    "bn, sharded", [(False, False), (True, False), (False, True)], ids=["plain", "sync-bn", "sharded-optimizer"]
+)
+def test_two_ranks_equal_one_process_adding_their_shards_in_rank_order(tmp_path, bn, sharded):
+    """20 steps; with batch norm synchronized over the ranks (its running statistics too); with the
+    optimizer's state sharded over them (the same weights)."""
+    run = _mpi(2, str(tmp_path / "w"), *(["--bn"] if bn else []), *(["--shard"] if sharded else []))
     assert run.returncode == 0, run.stderr
     rank0, rank1 = _weights(tmp_path / "w", 0), _weights(tmp_path / "w", 1)
     reference = _threads(2, bn=bn)
@@ -148,9 +151,10 @@ def test_vmem_train_nproc_reports_a_killed_rank_in_one_line(tmp_path):
 
 
 def test_a_checkpoint_crosses_world_sizes(tmp_path):
-    """Written by 2 ranks, resumed by 1; written by 1, resumed by 2: both end near 20 full-batch steps."""
+    """Written by 2 ranks (the optimizer's state sharded between them), resumed by 1; written by 1, resumed
+    by 2: both end near 20 full-batch steps."""
     half = str(tmp_path / "two.npz")
-    assert _mpi(2, str(tmp_path / "a"), "--last", "10", "--save", half).returncode == 0
+    assert _mpi(2, str(tmp_path / "a"), "--last", "10", "--save", half, "--shard").returncode == 0
     on_one = _full_batch(first=10, resume=half)
     one = str(tmp_path / "one.npz")
     _full_batch(last=10, save=one)

@@ -47,6 +47,7 @@ CASES = [
     (lambda: nn.MatMul(), [(2, 3, 1, 4, 5), (2, 1, 2, 5, 3)]),
     (lambda: nn.Identity(), [(3, 7)]),
     (lambda: nn.GELU(), [(4, 9)]),
+    (lambda: nn.GELU("tanh"), [(4, 9)]),
     # grouped (depthwise: MobileNet's) and dilated convolutions: cuDNN's group count and dilation
     (lambda: nn.Conv2d(6, 6, 3, padding=1, groups=6), [(2, 6, 9, 9)]),
     (lambda: nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2), [(2, 4, 9, 8)]),

@@ -128,9 +128,10 @@ def test_erf(shape):
     check_layer(nn.Erf(), [shape])
 
 
+@pytest.mark.parametrize("approximate", nn.GELU.APPROXIMATIONS)
 @pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 7)])
-def test_gelu(shape):
-    check_layer(nn.GELU(), [shape])
+def test_gelu(shape, approximate):
+    check_layer(nn.GELU(approximate), [shape])
 
 
 @pytest.mark.parametrize("op", nn.ConstantOp.OPS)

@@ -126,23 +126,49 @@ class Erf(Layer):
 
 
 class GELU(Layer):
-    """y = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), the Gaussian error linear unit (exact form; BERT's, GPT's
-    feed-forward). One layer instead of the five ops exporters write (its input the only buffer backward
-    reads, where the ops would stash three). Backward needs the input: dx = dy (Phi(x) + x phi(x))."""
+    """``GELU(approximate="none")``: y = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), the Gaussian error linear unit
+    (BERT's feed-forward), or with ``approximate="tanh"`` 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+    (GPT-2's). One layer instead of the ops exporters write (its input the only buffer backward reads, where
+    the ops would stash three). Backward needs the input."""
 
     kind = "gelu"
     needs = frozenset({"x"})
+    APPROXIMATIONS = ("none", "tanh")
+    _C = math.sqrt(2 / math.pi)
+
+    def __init__(self, approximate: str = "none"):
+        super().__init__()
+        if approximate not in self.APPROXIMATIONS:
+            raise ValueError(f"GELU: approximate={approximate!r} is not one of {', '.join(self.APPROXIMATIONS)}")
+        self.approximate = approximate
+
+    def extra_repr(self) -> str:
+        return "" if self.approximate == "none" else f"approximate={self.approximate!r}"
 
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         return 14 * _size(in_shapes[0])
 
+    def _inner(self, xp: Any, x: Any, out: Any) -> None:
+        """out = sqrt(2 / pi) (x + 0.044715 x^3), the tanh form's argument."""
+        one = out.dtype.type
+        xp.multiply(x, x, out=out)
+        out *= one(0.044715)
+        out += one(1)
+        out *= x
+        out *= one(self._C)
+
     def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
         xp, x = ctx.xp, xs[0]
-        xp.multiply(x, y.dtype.type(1 / math.sqrt(2)), out=y)
-        ctx.ops.erf(y, out=y)
-        y += y.dtype.type(1)
+        one = y.dtype.type
+        if self.approximate == "tanh":
+            self._inner(xp, x, y)
+            xp.tanh(y, out=y)
+        else:
+            xp.multiply(x, one(1 / math.sqrt(2)), out=y)
+            ctx.ops.erf(y, out=y)
+        y += one(1)
         y *= x
-        y *= y.dtype.type(0.5)
+        y *= one(0.5)
 
     def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
         dx = dxs[0]
@@ -150,6 +176,23 @@ class GELU(Layer):
             return
         xp, x = ctx.xp, xs[0]  # type: ignore[index]
         one = dx.dtype.type
+        if self.approximate == "tanh":  # t = tanh(u): dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) u'(x)
+            self._inner(xp, x, dx)
+            xp.tanh(dx, out=dx)  # t
+            slope = xp.multiply(x, x)
+            slope *= one(3 * 0.044715)
+            slope += one(1)
+            slope *= one(self._C)  # u'(x)
+            slope *= x
+            slope *= one(0.5)
+            square = xp.multiply(dx, dx)
+            xp.subtract(one(1), square, out=square)
+            slope *= square  # 0.5 x (1 - t^2) u'(x)
+            dx += one(1)
+            dx *= one(0.5)
+            dx += slope
+            dx *= dy
+            return
         xp.multiply(x, one(1 / math.sqrt(2)), out=dx)
         ctx.ops.erf(dx, out=dx)
         dx += one(1)

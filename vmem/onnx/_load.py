@@ -468,10 +468,11 @@ _converts("Erf", 9, 13)(_elementwise(nn.Erf))
 
 @_converts("Gelu", 20)
 def _gelu(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    if attrs.get("approximate", "none") != "none":
-        raise _Refuse(f"approximate={attrs['approximate']!r}: vmem's GELU is the exact (erf) form")
+    approximate = attrs.get("approximate", "none")
+    if approximate not in nn.GELU.APPROXIMATIONS:
+        raise _Refuse(f"approximate={approximate!r} (vmem's GELU takes {', '.join(nn.GELU.APPROXIMATIONS)})")
     x = b.tensor(ins, 0, "input", chw=True)
-    return [b.add(nn.GELU(), [x], chw=x.chw, lifted=x.lifted)]
+    return [b.add(nn.GELU(approximate), [x], chw=x.chw, lifted=x.lifted)]
 
 
 @_converts("Clip", 6, 11, 12, 13)

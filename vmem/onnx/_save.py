@@ -243,7 +243,9 @@ def _transpose(w: _Writer, node: Node, layer: nn.Transpose, ins: list[str], name
 
 def _gelu(w: _Writer, node: Node, layer: nn.GELU, ins: list[str], name: str) -> str:
     if w.opset >= 20:
-        return w.emit("Gelu", ins, name)
+        return w.emit("Gelu", ins, name, **({"approximate": "tanh"} if layer.approximate == "tanh" else {}))
+    if layer.approximate == "tanh":
+        raise OnnxError(f"layer {name!r} (GELU): the tanh form is one op from opset 20 (opset={w.opset})")
     x = ins[0]  # 0.5 x (1 + erf(x / sqrt 2)), as PyTorch's exporter writes it before opset 20
     scaled = w.emit("Div", [x, w.const(f"{name}.sqrt2", np.sqrt(2.0), np.float32)], f"{name}.scaled")
     bracket = w.emit(

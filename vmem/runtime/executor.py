@@ -27,6 +27,7 @@ from ..optim import Optimizer
 from ..schedule import Key, Kind, Schedule
 from ..schedule.steps import (
     AllReduce,
+    Broadcast,
     WaitAllReduce,
     Accumulate,
     AccumulateParam,
@@ -163,6 +164,7 @@ class Executor(Transfers):
         self._batch_sum = None if batch_group is None else batch_group.allreduce
         #: each trainable parameter's gradient on the device, by "layer.param" (what an all-reduce sums)
         self._grads = {k.name: v for k, v in params.views.items() if k.kind is Kind.WEIGHT_GRAD}
+        self._weights = {k.name: v for k, v in params.views.items() if k.kind is Kind.WEIGHT}
         self.xp = device.xp
         #: each input's (tensor, upload source, what it is stored in), the first first
         self._inputs = [
@@ -188,6 +190,13 @@ class Executor(Transfers):
             for op in ops
         ]
         slots = optimizer.slots if optimizer is not None else ()
+        #: the parameters this process updates: every trainable one, or where the optimizer's state is
+        #: sharded over the ranks, those whose state it keeps
+        updated = [
+            key
+            for key in (f"{op.name}.{k}" for op, k, s in program.owned_params() if s.trainable)
+            if all(Key(Kind.OPT_STATE, key, slot) in params.views for slot in slots)
+        ]
         self._updates = (
             [
                 (
@@ -195,13 +204,13 @@ class Executor(Transfers):
                     params.views[Key(Kind.WEIGHT_GRAD, key)],
                     {slot: params.views[Key(Kind.OPT_STATE, key, slot)] for slot in slots},
                 )
-                for key in (f"{op.name}.{k}" for op, k, s in program.owned_params() if s.trainable)
+                for key in updated
             ]
             if optimizer is not None
             else []
         )
         self._update_sizes = [p.size for p, _, _ in self._updates]
-        index = {key: i for i, key in enumerate(f"{op.name}.{k}" for op, k, s in program.owned_params() if s.trainable)}
+        index = {key: i for i, key in enumerate(updated)}
         #: per Update step's bucket: the indices of its parameters and their sizes (every one for None)
         self._buckets: dict[tuple[str, ...] | None, tuple[list[int], list[int]]] = {}
         for st in schedule.steps:
@@ -253,6 +262,7 @@ class Executor(Transfers):
                 Update: self._update,
                 AllReduce: self._allreduce,
                 WaitAllReduce: self._wait_allreduce,
+                Broadcast: self._broadcast,
                 Offload: self._offload,
                 Release: self._release,
                 Prefetch: self._prefetch,
@@ -648,6 +658,22 @@ class Executor(Transfers):
         self._span(r, comm, f"allreduce{st.bucket}", "comm", self.device.pool.usage(), run)
         r.reduced[st.bucket] = comm.record()
 
+    def _broadcast(self, r: _Run, st: Broadcast) -> None:
+        """Each updated weight from the rank that updated it to the others, on the communication stream once
+        the updates are done (the step ends when it has)."""
+        group, comm = self.group, self.comm_stream
+        if group is None or comm is None:
+            raise DeviceError(f"{self.program.network}: the schedule broadcasts weights; give the executor a group")
+        weights = [(self._weights[name], owner) for name, owner in st.params]
+
+        def run() -> None:
+            for w, owner in weights:
+                group.broadcast(w, root=owner)
+
+        comm.wait(self.device.compute_stream.record())
+        self._span(r, comm, "broadcast", "comm", self.device.pool.usage(), run)
+        self.device.compute_stream.wait(comm.record())
+
     def _wait_allreduce(self, r: _Run, st: WaitAllReduce) -> None:
         self.device.compute_stream.wait(r.reduced.pop(st.bucket))
 
@@ -666,8 +692,8 @@ class Executor(Transfers):
         where the gradients are near float32's largest value: then the step is skipped as well)."""
         xp = self.xp
         ok = True if r.loss_ok is None else r.loss_ok
-        if self._updates:
-            total = sum(g.sum() for _, g, _ in self._updates)
+        if self._updates:  # every gradient (a rank that updates a share decides as all do)
+            total = sum(g.sum() for g in self._grads.values())
             ok = xp.logical_and(ok, xp.isfinite(total))
         return bool(ok)
 

@@ -69,6 +69,10 @@ class DeviceParams:
         """``"layer.param:slot"`` -> a host copy of that optimizer state."""
         return {f"{k.name}:{k.part}": self._host(v) for k, v in self.views.items() if k.kind is Kind.OPT_STATE}
 
+    def optimizer_keys(self) -> set[str]:
+        """The ``"layer.param:slot"`` names of the optimizer state held here."""
+        return {f"{k.name}:{k.part}" for k in self.views if k.kind is Kind.OPT_STATE}
+
     def load_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
         for name, value in state.items():
             param, _, slot = name.rpartition(":")

@@ -15,10 +15,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
-from .steps import AccumulateParam, AllReduce, Backward, Schedule, Update, WaitAllReduce
+from .steps import AccumulateParam, AllReduce, Backward, Broadcast, Buffer, Kind, Schedule, Update, WaitAllReduce
 
-__all__ = ["with_allreduce", "buckets", "BUCKET_BYTES", "LAST_BUCKET_BYTES"]
+if TYPE_CHECKING:
+    from ..graph import Program
+
+__all__ = [
+    "with_allreduce",
+    "with_sharded_optimizer",
+    "buckets",
+    "owners",
+    "sharded_buffers",
+    "BUCKET_BYTES",
+    "LAST_BUCKET_BYTES",
+]
 
 #: A bucket's most gradient bytes (PyTorch DDP's default), and the last bucket's (see :func:`buckets`).
 BUCKET_BYTES = 25 << 20
@@ -104,3 +116,49 @@ def with_allreduce(
         steps.append(st)
         steps += after.pop(i, [])
     return dataclasses.replace(schedule, steps=steps, world=world)
+
+
+def owners(program: "Program", world: int) -> dict[str, int]:
+    """Which rank keeps (and updates) each trainable parameter's optimizer state when it is sharded over
+    ``world`` ranks (ZeRO's stage 1, a parameter at a time): the largest first, each to the rank holding
+    the fewest bytes so far (the lowest on a tie), so that every rank holds about 1/world of it. The same on
+    every rank (it depends on the program alone)."""
+    sizes = {f"{op.name}.{k}": math.prod(s.shape) for op, k, s in program.owned_params() if s.trainable}
+    held = [0] * world
+    out: dict[str, int] = {}
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        rank = min(range(world), key=lambda r: (held[r], r))
+        out[name] = rank
+        held[rank] += sizes[name]
+    return out
+
+
+def sharded_buffers(buffers: list[Buffer], own: dict[str, int], rank: int) -> list[Buffer]:
+    """``buffers`` (a step's persistent ones) without the optimizer state other ranks keep."""
+    return [b for b in buffers if not (b.key.kind is Kind.OPT_STATE and own.get(b.key.name, rank) != rank)]
+
+
+def with_sharded_optimizer(schedule: Schedule, rank: int) -> Schedule:
+    """``schedule`` (gradients all-reduced: :func:`with_allreduce`) as rank ``rank`` runs it with the
+    optimizer's state sharded over the ranks (ZeRO's stage 1): it keeps the state of its own parameters only
+    (:func:`owners`), updates only those, then every rank sends the weights it updated to the others
+    (:class:`Broadcast`), so that all hold the same weights for the next step."""
+    if schedule.world < 2:
+        raise ValueError("with_sharded_optimizer: the schedule sums its gradients over no other rank (with_allreduce)")
+    if not 0 <= rank < schedule.world:
+        raise ValueError(f"with_sharded_optimizer: rank {rank} is not one of {schedule.world}")
+    program = schedule.program
+    own = owners(program, schedule.world)
+    steps: list = []
+    for st in schedule.steps:
+        if type(st) is Update:
+            steps.append(Update(tuple(p for p in (st.params or own) if own[p] == rank)))
+        else:
+            steps.append(st)
+    last = max(i for i, st in enumerate(steps) if type(st) is Update)
+    itemsize = program.precision.itemsize("parameters")
+    order = [(f"{op.name}.{k}", math.prod(s.shape)) for op, k, s in program.owned_params() if s.trainable]
+    sent = Broadcast(tuple((name, own[name]) for name, _ in order), sum(n for _, n in order) * itemsize)
+    steps.insert(last + 1, sent)
+    persistent = sharded_buffers(schedule.persistent, own, rank)
+    return dataclasses.replace(schedule, steps=steps, persistent=persistent, shard_rank=rank)

@@ -37,6 +37,7 @@ from .steps import (
     Step,
     AllReduce,
     WaitAllReduce,
+    Broadcast,
     Update,
     Upload,
     WaitPrefetch,
@@ -133,6 +134,7 @@ def durations(schedule: Schedule, costs: Any) -> list[float]:
             Update: update,
             AllReduce: None,  # on the communication stream (priced by the replay)
             WaitAllReduce: None,
+            Broadcast: None,
             Encode: lambda st: costs.misc_seconds("encode", st.nbytes + st.enc_nbytes),
             Decode: lambda st: costs.misc_seconds("decode", st.nbytes + st.enc_nbytes),
             Alloc: None,
@@ -203,6 +205,7 @@ class _Replay:
                 Update: compute,
                 AllReduce: self._allreduce,
                 WaitAllReduce: self._wait_allreduce,
+                Broadcast: self._broadcast,
                 Encode: compute,
                 Decode: compute,
                 Upload: None,
@@ -327,6 +330,18 @@ class _Replay:
             self.comm.run(took)
             self.comm_busy += took
             self.reduced[st.bucket] = self.comm.record()
+
+    def _broadcast(self, index: int, st: Broadcast) -> None:
+        """The updated weights to every rank (each from its owner): an all-gather's time, a ring moving
+        (N - 1) / N of them; the step ends when it has (the next step's forward reads them)."""
+        if self.seconds is not None:
+            self.comm.wait(self.compute.record())
+            took = allreduce_seconds(self.spec, st.nbytes, self.schedule.world) / 2  # half an all-reduce's ring
+            self.comm.run(took)
+            self.comm_busy += took
+            waited = self.compute.wait(self.comm.record())
+            self.exposed += waited
+            self._stalled(waited)
 
     def _wait_allreduce(self, index: int, st: WaitAllReduce) -> None:
         event = self.reduced.pop(st.bucket, None)

@@ -37,6 +37,7 @@ __all__ = [
     "Update",
     "AllReduce",
     "WaitAllReduce",
+    "Broadcast",
     "Recompute",
     "Offload",
     "Release",
@@ -205,6 +206,17 @@ class AllReduce:
 
 
 @dataclass(frozen=True, slots=True)
+class Broadcast:
+    """After the updates, each rank sends the weights it updated to the others (optimizer state sharded
+    over the ranks, ZeRO's stage 1): ``params`` is (parameter, the rank that owns its optimizer state), in
+    the order every rank sends and receives them; ``nbytes`` their weights' bytes. Runs on the
+    communication stream; the step ends when it has."""
+
+    params: tuple[tuple[str, int], ...]
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class WaitAllReduce:
     """The compute stream waits for bucket ``bucket``'s :class:`AllReduce` (before the updates)."""
 
@@ -303,6 +315,7 @@ Step = Union[
     Update,
     AllReduce,
     WaitAllReduce,
+    Broadcast,
     Offload,
     Release,
     Prefetch,
@@ -325,6 +338,7 @@ STEPS: tuple[type, ...] = (
     Update,
     AllReduce,
     WaitAllReduce,
+    Broadcast,
     Offload,
     Release,
     Prefetch,
@@ -378,6 +392,8 @@ class Schedule:
     placed_for: tuple[int, float] | None = None
     #: the ranks of a data-parallel run whose gradients its AllReduce steps sum (1: one process)
     world: int = 1
+    #: with the optimizer's state sharded over the ranks: the rank whose share this schedule holds
+    shard_rank: int | None = None
 
     @property
     def offloaded_bytes(self) -> int:

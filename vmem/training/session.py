@@ -17,7 +17,7 @@ from ..errors import BudgetTooSmall, OutOfDeviceMemory, PlanError
 from ..graph import Network
 from ..planner import PlanResult, floor_policy, plan_program, replay_fitting, smallest_memory
 from ..runtime import DeviceParams, Executor
-from ..schedule.collectives import with_allreduce
+from ..schedule.collectives import owners, sharded_buffers, with_allreduce, with_sharded_optimizer
 from ..schedule.lower import lower_inference, persistent_buffers
 from ..schedule.pack import place
 from ..streams.cpu import CpuStream
@@ -46,6 +46,7 @@ class Session:
         seed: int,
         group: Any = None,
         sync_batch_norm: bool = False,
+        shard_optimizer: bool = False,
     ):
         self.net, self.device, self.policy, self.loss, self.optimizer = net, device, policy, loss, optimizer
         self.input_shape, self.dtype, self.profiling, self.profile_cache, self.seed = (
@@ -61,6 +62,8 @@ class Session:
         self._comm: Any = None
         #: batch norm's statistics summed over the ranks, on a channel of their own (synchronized batch norm)
         self._batch_group = group.dup() if group is not None and sync_batch_norm else None
+        #: the optimizer's state sharded over the ranks (ZeRO's stage 1): each keeps its parameters' share
+        self.shard_optimizer = bool(shard_optimizer) and group is not None
         self.costs: dict[int, Any] = {}
         self.plans: dict[int, PlanResult] = {}
         self._params: DeviceParams | None = None
@@ -72,11 +75,17 @@ class Session:
         if self._params is None:
             program = self.net.build(1, self.input_shape, self.dtype, self.precision)
             specs = self.net.param_specs(self.input_shape)
-            self._params = DeviceParams(
-                self.device, persistent_buffers(program, self.optimizer.slots), specs, program.precision
-            )
+            self._params = DeviceParams(self.device, self.persistent(program), specs, program.precision)
             self._params.upload(self.net.params)  # type: ignore[arg-type]
         return self._params
+
+    def persistent(self, program: Any) -> list[Any]:
+        """The buffers a run holds throughout: weights, gradients and optimizer state (this rank's share of
+        it where it is sharded)."""
+        buffers = persistent_buffers(program, self.optimizer.slots)
+        if self.shard_optimizer:
+            buffers = sharded_buffers(buffers, owners(program, self.group.size), self.group.rank)
+        return buffers
 
     def plan(self, batch: int) -> PlanResult:
         """The plan of a training step at ``batch`` (figures included), as ``vmem.plan`` gives it."""
@@ -117,6 +126,8 @@ class Session:
                 )
         if train and self.group is not None:  # gradients summed over the ranks, bucket by bucket, during backward
             schedule = with_allreduce(schedule, self.group.size)
+            if self.shard_optimizer:
+                schedule = with_sharded_optimizer(schedule, self.group.rank)
             if self._comm is None:
                 self._comm = CpuStream("comm")
         ex = Executor(
@@ -153,7 +164,7 @@ class Session:
             }
             candidates.append(dataclasses.replace(lean, algos={**lean.algos, **algos}))
         candidates.append(lean)
-        persistent = persistent_buffers(program, self.optimizer.slots)
+        persistent = self.persistent(program)
         needs = []
         for decided in candidates:
             schedule = place(dataclasses.replace(lower_inference(program, decided, alignment), persistent=persistent))

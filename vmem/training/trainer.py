@@ -22,6 +22,7 @@ from ..device import device as make_device
 from ..errors import DeviceError, NonFiniteError, ShapeError
 from ..graph import Network
 from ..distributed import shard
+from ..schedule.collectives import owners
 from ..nn.loss import SoftmaxCrossEntropy
 from ..optim import SGD, GradScaler, Optimizer
 from ..planner import PlanResult
@@ -93,7 +94,9 @@ class Trainer:
     rank starts from rank 0's weights and trains on its own batches (:meth:`fit` gives each rank its
     contiguous share of every batch); the gradients are summed over the ranks during backward, in buckets,
     in rank order, and averaged; rank 0 writes checkpoints. ``sync_batch_norm``: batch norm's statistics are
-    the whole batch's over every rank (else each rank's own).
+    the whole batch's over every rank (else each rank's own). ``shard_optimizer``: each rank keeps the
+    optimizer's state of its share of the parameters only (about 1/N of it; ZeRO's stage 1), updates those,
+    and sends them to the others; checkpoints still hold all of it.
 
     Profiles (a policy that decides by measured time, ``auto`` or ``vdnn-dyn``) are kept on disk and reused
     by a run with the same program, device and machine (``profile_cache=False``, or
@@ -124,6 +127,7 @@ class Trainer:
         profile_cache: bool = True,
         group: Any = None,
         sync_batch_norm: bool = False,
+        shard_optimizer: bool = False,
     ):
         if not isinstance(nonfinite_limit, int) or nonfinite_limit < 1:
             raise ValueError(f"nonfinite_limit={nonfinite_limit!r} must be a positive int")
@@ -186,6 +190,7 @@ class Trainer:
             seed=seed,
             group=self.group,
             sync_batch_norm=bool(sync_batch_norm),
+            shard_optimizer=bool(shard_optimizer),
         )
         self._closed = False
 
@@ -511,17 +516,37 @@ class Trainer:
         state to an .npz file (atomically). In a data-parallel run every rank calls it and rank 0 writes
         (the ranks hold the same state); the others wait until the file is there."""
         self._check_open()
+        state = self._optimizer_state()  # every rank takes part where the state is sharded
         if self.group is not None and self.group.rank != 0:
             self.group.barrier()  # rank 0 is writing
             return
         try:
-            self._save(path)
+            self._save(path, state)
         finally:
             if self.group is not None:
                 self.group.barrier()
 
-    def _save(self, path: str | os.PathLike) -> None:
-        params = self._device_params()
+    def _optimizer_state(self) -> dict[str, np.ndarray]:
+        """The optimizer's whole state on the host: where it is sharded over the ranks, each parameter's from
+        the rank that keeps it (every rank calls this, in step)."""
+        own = self._device_params().optimizer_state()
+        if not self.session.shard_optimizer:
+            return own
+        program = self.net.build(1, self.input_shape, self.dtype, self.precision)
+        keeper = owners(program, self.group.size)  # type: ignore[union-attr]
+        specs = self.net.param_specs(self.input_shape)
+        dtype = np.dtype(program.precision.optimizer_state)
+        state = {}
+        for name, rank in keeper.items():
+            for slot in self.optimizer.slots:
+                key = f"{name}:{slot}"
+                value = own[key] if key in own else np.empty(specs[name].shape, dtype)
+                self.group.broadcast(value, root=rank)  # type: ignore[union-attr]
+                state[key] = value
+        return state
+
+    def _save(self, path: str | os.PathLike, optimizer_state: dict[str, np.ndarray]) -> None:
+        self._device_params()  # made (and the weights uploaded) before they are read back
         self.sync()
         meta = {
             "network": self.net.name,
@@ -537,7 +562,7 @@ class Trainer:
             # the plans the run used (policy, algorithms, what was offloaded, recomputed or encoded)
             "plans": {str(b): p.plan.to_dict() for b, p in self.plans.items()},
         }
-        checkpoint.write(path, self.net.params, params.optimizer_state(), meta)  # type: ignore[arg-type]
+        checkpoint.write(path, self.net.params, optimizer_state, meta)  # type: ignore[arg-type]
 
     def load(self, path: str | os.PathLike) -> None:
         """Restore a checkpoint written by :meth:`save`. Everything is read and checked before anything
@@ -551,7 +576,9 @@ class Trainer:
             device_params = self._device_params()
             self.device.synchronize()
             device_params.upload(self.net.params)  # type: ignore[arg-type]
-            device_params.load_optimizer_state(ckpt.optimizer_state)
+            device_params.load_optimizer_state(
+                {k: v for k, v in ckpt.optimizer_state.items() if k in device_params.optimizer_keys()}
+            )  # where the state is sharded: this rank's share
         except BaseException:
             self.net.params = before
             raise
