@@ -141,6 +141,9 @@ class CoreBudget:
         self._controller: Any = None
         self._modules = 0  # len(sys.modules) when the controller looked
         self.lanes = 1  # lanes the step in progress runs side by side (see limit)
+        self._holders = 0  # limit()s in progress, whichever thread (ranks of a ThreadGroup step at once)
+        self._outer = 1  # the lanes before the first of them
+        self._held = threading.Lock()
         given = os.environ.get("VMEM_THREADS") if env else None
         if fixed is None and given:
             try:
@@ -212,16 +215,22 @@ class CoreBudget:
         threads = self.sample()
         lanes = LANES if threads == LANES else 1
         controller = self._blas()
-        outer = self.lanes
-        try:
+        with self._held:  # steps running at once (threads of one process) share the figure; the last out
+            self._holders += 1  # puts the lanes back as they were before the first
+            if self._holders == 1:
+                self._outer = self.lanes
             self.lanes = lanes
+        try:
             if controller is None:
                 yield threads
             else:
                 with controller.limit(limits=1 if lanes > 1 else threads, user_api="blas"):
                     yield threads
         finally:
-            self.lanes = outer
+            with self._held:
+                self._holders -= 1
+                if self._holders == 0:
+                    self.lanes = self._outer
 
     def _blas(self) -> Any:
         """threadpoolctl's view of the BLAS libraries loaded, looked at again after new imports (a

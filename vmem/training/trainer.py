@@ -169,9 +169,10 @@ class Trainer:
         #: the ranks training together (a :class:`vmem.distributed.ProcessGroup`); None: this process alone
         self.group = group if group is not None and group.size > 1 else None
         if self.group is not None:
-            if self.device.kind != "cpu":
+            if not self.device.ops.host:  # the collectives sum host (NumPy) arrays; NCCL's are not wired yet
                 raise DeviceError(
-                    f"data-parallel training (group={group!r}) runs on the CPU device so far, not {self.device.name}"
+                    f"data-parallel training (group={group!r}) runs on devices whose arrays are the host's (the CPU "
+                    f"device) so far, not {self.device.name}"
                 )
             for value in self.net.params.values():  # every rank starts from rank 0's weights
                 self.group.broadcast(value)
