@@ -103,7 +103,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.nproc > 1 and not distributed.launched():
         return _launch_ranks(args)
-    group = distributed.init() if distributed.launched() else None
+    on_gpu = args.device.startswith("cuda")
+    group = distributed.init(nccl=on_gpu) if distributed.launched() else None
+    if group is not None and args.device == "cuda":  # each rank its own GPU
+        args.device = f"cuda:{group.rank}"
     if group is not None and group.rank != 0:  # rank 0 speaks for the run
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of this rank's process
     # a path that cannot take a checkpoint is refused before any training, and held for the run (by the
@@ -661,8 +664,9 @@ def _add_train(sub: Any) -> None:
         "--nproc",
         type=_positive_int,
         default=1,
-        help="train data-parallel on N processes (MPI; pip install 'vmem[mpi]'): each takes 1/N of every batch, "
-        "gradients summed over them during backward; rank 0 prints and writes checkpoints (default 1)",
+        help="train data-parallel on N processes (MPI; pip install 'vmem[mpi]'; on GPUs, --device cuda: rank r on "
+        "cuda:r, gradients summed by NCCL): each takes 1/N of every batch, gradients summed over them during "
+        "backward; rank 0 prints and writes checkpoints (default 1)",
     )
     p.add_argument(
         "--shard-optimizer",

@@ -245,3 +245,27 @@ def test_fp16_training_on_the_gpu_runs_at_the_planned_peak_and_follows_fp32():
         assert all(np.array_equal(half[k], weights[key][k]) for k in half), key
     for k, w in weights[("fp32", "baseline")].items():
         np.testing.assert_allclose(half[k], w, rtol=0.05, atol=0.02)
+
+
+def test_nccl_runs_a_data_parallel_step_of_one_rank_with_its_allreduce_on_its_own_stream():
+    """NCCL with world size 1 (issue 35): the bucketed all-reduce runs on the communication stream (the
+    timeline's ``comm`` spans, one per bucket), and the weights are the single-process run's bit for bit
+    (a sum over one rank, divided by one)."""
+    from vmem.distributed import NCCLGroup
+
+    ref, _, _ = train(MODELS["resnet_cifar"], "baseline")
+    net = MODELS["resnet_cifar"]()
+    dev = vmem.device("cuda:0", memory="1GiB", pinned_memory="512MiB")
+    group = NCCLGroup()
+    try:
+        with vmem.Trainer(net, device=dev, optimizer=SGD(lr=0.01, momentum=0.9), seed=0, group=group) as trainer:
+            rng = np.random.default_rng(0)
+            for _ in range(5):
+                x = rng.standard_normal((16,) + net.input_shape).astype(np.float32)
+                report = trainer.step(x, rng.integers(0, 10, 16))
+    finally:
+        group.close()
+        dev.close()
+    comm = [s for s in report.timeline.spans if s.stream == "comm"]
+    assert comm and all(s.name.startswith("allreduce") for s in comm)
+    assert all(np.array_equal(ref[k], net.params[k]) for k in ref)

@@ -124,6 +124,11 @@ class Device(Protocol):
         """Bytes moved and seconds spent over the host link in each direction (``"d2h"``, ``"h2d"``)."""
         ...
 
+    def new_stream(self, name: str) -> Stream:
+        """Another stream of the device's kind (the communication stream of a data-parallel run); its
+        owner closes it."""
+        ...
+
     def synchronize(self) -> None:
         """Wait for both streams; re-raise the first error their work raised."""
         ...

@@ -251,6 +251,10 @@ class CpuDevice:
             d: {"bytes": link.bytes, "seconds": link.seconds} for d, link in (("d2h", self._d2h), ("h2d", self._h2d))
         }
 
+    def new_stream(self, name: str) -> CpuStream:
+        """Another worker-thread stream (its owner closes it)."""
+        return CpuStream(name)
+
     # -- lifetime ----------------------------------------------------------------------------------
     def synchronize(self) -> None:
         """Wait for both streams; re-raise the first error their work raised."""

@@ -90,6 +90,10 @@ class SimDevice:
     def link_stats(self) -> dict[str, dict[str, float]]:
         return {d: {"bytes": 0, "seconds": 0.0} for d in ("d2h", "h2d")}
 
+    def new_stream(self, name: str) -> VirtualStream:
+        """Another virtual stream on the device's clock."""
+        return VirtualStream(name, host=self.compute_stream.host)
+
     def synchronize(self) -> None:
         for stream in (self.compute_stream, self.memory_stream):
             stream.synchronize()

@@ -649,10 +649,10 @@ class Executor(Transfers):
         grads = [self._grads[name] for name in st.params]
         size = group.size
 
-        def run() -> None:
+        def run() -> None:  # on the communication stream (NCCL's collectives enqueue on it)
             for g in grads:
                 group.allreduce(g)
-                np.divide(g, g.dtype.type(size), out=g)
+                g /= g.dtype.type(size)
 
         comm.wait(self.device.compute_stream.record())
         self._span(r, comm, f"allreduce{st.bucket}", "comm", self.device.pool.usage(), run)

@@ -20,7 +20,6 @@ from ..runtime import DeviceParams, Executor
 from ..schedule.collectives import owners, sharded_buffers, with_allreduce, with_sharded_optimizer
 from ..schedule.lower import lower_inference, persistent_buffers
 from ..schedule.pack import place
-from ..streams.cpu import CpuStream
 from ..units import format_bytes
 
 __all__ = ["Session"]
@@ -129,7 +128,7 @@ class Session:
             if self.shard_optimizer:
                 schedule = with_sharded_optimizer(schedule, self.group.rank)
             if self._comm is None:
-                self._comm = CpuStream("comm")
+                self._comm = self.device.new_stream("comm")
         ex = Executor(
             self.device,
             schedule,

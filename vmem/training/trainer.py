@@ -21,7 +21,7 @@ from ..data import Dataset
 from ..device import device as make_device
 from ..errors import DeviceError, NonFiniteError, ShapeError
 from ..graph import Network
-from ..distributed import shard
+from ..distributed import LocalGroup, shard
 from ..schedule.collectives import owners
 from ..nn.loss import SoftmaxCrossEntropy
 from ..optim import SGD, GradScaler, Optimizer
@@ -167,12 +167,18 @@ class Trainer:
         if not self.device.holds_data:
             raise DeviceError(f"{self.device.name} is a simulated GPU: it plans (vmem.plan) but cannot train")
         #: the ranks training together (a :class:`vmem.distributed.ProcessGroup`); None: this process alone
-        self.group = group if group is not None and group.size > 1 else None
+        self.group = None if group is None or isinstance(group, LocalGroup) else group
         if self.group is not None:
-            if not self.device.ops.host:  # the collectives sum host (NumPy) arrays; NCCL's are not wired yet
+            on_device = self.group.backend == "nccl"
+            if self.device.ops.host == on_device:  # MPI and threads sum host arrays, NCCL a GPU's
                 raise DeviceError(
-                    f"data-parallel training (group={group!r}) runs on devices whose arrays are the host's (the CPU "
-                    f"device) so far, not {self.device.name}"
+                    f"{group!r} sums "
+                    + (
+                        "a GPU's arrays: train on a CUDA device"
+                        if on_device
+                        else "host arrays: train on the CPU device"
+                    )
+                    + f", not {self.device.name} (NCCLGroup for a CUDA device)"
                 )
             for value in self.net.params.values():  # every rank starts from rank 0's weights
                 self.group.broadcast(value)

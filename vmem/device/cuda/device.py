@@ -242,6 +242,14 @@ class CudaDevice:
         """Bytes enqueued over the host link each way (times come from the timeline's events)."""
         return {d: {"bytes": b, "seconds": 0.0} for d, b in self._moved.items()}
 
+    def new_stream(self, name: str) -> CudaStream:
+        """Another non-blocking CUDA stream (its owner closes it), work on it allocating from the device's
+        pool as the others' does."""
+        stream = CudaStream(name)
+        stream.allocator = self.compute_stream.allocator
+        self._streams[stream.ptr] = stream  # temporaries made while its work runs are freed in its order
+        return stream
+
     # -- lifetime ----------------------------------------------------------------------------------
     def synchronize(self) -> None:
         for stream in (self.compute_stream, self.memory_stream):
