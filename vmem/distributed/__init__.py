@@ -66,8 +66,15 @@ class ProcessGroup(Protocol):
         """``array`` (any shape, contiguous) replaced, on every rank, by the sum of every rank's, added in
         rank order."""
 
+    def allreduce_many(self, arrays: list[Any]) -> None:
+        """:meth:`allreduce` of each of ``arrays`` (a bucket of gradients), in as few calls as the transport
+        needs."""
+
     def broadcast(self, array: Any, root: int = 0) -> None:
         """``array`` replaced by rank ``root``'s on every rank."""
+
+    def broadcast_many(self, arrays: list[tuple[Any, int]]) -> None:
+        """:meth:`broadcast` of each ``(array, root)``, in as few calls as the transport needs."""
 
     def allgather(self, array: Any) -> list[Any]:
         """Every rank's ``array`` (one shape and dtype on every rank), in rank order."""
@@ -91,6 +98,35 @@ def _sum_in_order(parts: Any, out: Any) -> None:
         out += p
 
 
+def _each(group: Any, arrays: list[Any]) -> None:
+    for a in arrays:
+        group.allreduce(a)
+
+
+def _each_from(group: Any, arrays: list[tuple[Any, int]]) -> None:
+    for a, root in arrays:
+        group.broadcast(a, root)
+
+
+def _chunks(flats: list[Any]) -> list[list[Any]]:
+    """``flats`` (1-D views) cut into runs of at most :data:`CHUNK` values, in order (a longer one alone in
+    pieces of CHUNK)."""
+    out: list[list[Any]] = []
+    run: list[Any] = []
+    count = 0
+    for f in flats:
+        for lo in range(0, f.size, CHUNK):
+            piece = f[lo : lo + CHUNK]
+            if run and count + piece.size > CHUNK:
+                out.append(run)
+                run, count = [], 0
+            run.append(piece)
+            count += piece.size
+    if run:
+        out.append(run)
+    return out
+
+
 class LocalGroup:
     """One process: rank 0 of 1."""
 
@@ -100,6 +136,12 @@ class LocalGroup:
         return None
 
     def broadcast(self, array: Any, root: int = 0) -> None:
+        return None
+
+    def allreduce_many(self, arrays: list[Any]) -> None:
+        return None
+
+    def broadcast_many(self, arrays: list[tuple[Any, int]]) -> None:
         return None
 
     def allgather(self, array: Any) -> list[Any]:
@@ -157,26 +199,45 @@ class MPIGroup:
             pause = min(pause * 2, 1e-3)
 
     def allreduce(self, array: Any) -> None:
-        flat = array.reshape(-1)
-        if self.size == 1 or flat.size == 0:
-            return
-        step = min(CHUNK, flat.size)
-        scratch = np.empty((self.size, step), flat.dtype)
-        with self._lock:
-            for lo in range(0, flat.size, step):
-                piece = flat[lo : lo + step]
-                parts = scratch[:, : piece.size]
-                self._wait(self.comm.Iallgather(np.ascontiguousarray(piece), parts), "an all-reduce")
-                _sum_in_order(parts, piece)
+        self.allreduce_many([array])
 
-    def broadcast(self, array: Any, root: int = 0) -> None:
+    def allreduce_many(self, arrays: list[Any]) -> None:
+        """The arrays' values packed a chunk (:data:`CHUNK` values) at a time: one all-gather a chunk, then
+        each rank adds the ranks' values in rank order into the arrays (the same bits as one at a time)."""
         if self.size == 1:
             return
-        buf = array if array.flags.c_contiguous else np.ascontiguousarray(array)
-        with self._lock:
-            self._wait(self.comm.Ibcast(buf, root=root), "a broadcast")
-        if buf is not array:
-            array[...] = buf
+        for dtype in dict.fromkeys(np.dtype(a.dtype) for a in arrays):
+            flats = [a.reshape(-1) for a in arrays if np.dtype(a.dtype) == dtype and a.size]
+            with self._lock:
+                for pieces in _chunks(flats):
+                    count = sum(p.size for p in pieces)
+                    send = np.concatenate(pieces) if len(pieces) > 1 else np.ascontiguousarray(pieces[0])
+                    parts = np.empty((self.size, count), dtype)
+                    self._wait(self.comm.Iallgather(send, parts), "an all-reduce")
+                    at = 0
+                    for p in pieces:
+                        _sum_in_order(parts[:, at : at + p.size], p)
+                        at += p.size
+
+    def broadcast(self, array: Any, root: int = 0) -> None:
+        self.broadcast_many([(array, root)])
+
+    def broadcast_many(self, arrays: list[tuple[Any, int]]) -> None:
+        """A chunk of each root's arrays at a time, packed: one broadcast a chunk."""
+        if self.size == 1:
+            return
+        for root in sorted({r for _, r in arrays}):
+            for dtype in dict.fromkeys(np.dtype(a.dtype) for a, r in arrays if r == root):
+                flats = [a.reshape(-1) for a, r in arrays if r == root and np.dtype(a.dtype) == dtype and a.size]
+                with self._lock:
+                    for pieces in _chunks(flats):
+                        buf = np.concatenate(pieces) if len(pieces) > 1 else np.ascontiguousarray(pieces[0])
+                        self._wait(self.comm.Ibcast(buf, root=root), "a broadcast")
+                        if self.rank != root:
+                            at = 0
+                            for p in pieces:
+                                p[...] = buf[at : at + p.size]
+                                at += p.size
 
     def allgather(self, array: Any) -> list[Any]:
         a = np.ascontiguousarray(array)
@@ -259,6 +320,12 @@ class ThreadGroup:
         if self.size > 1:
             array[...] = self._gather(array, "a broadcast")[root]
 
+    def allreduce_many(self, arrays: list[Any]) -> None:
+        _each(self, arrays)
+
+    def broadcast_many(self, arrays: list[tuple[Any, int]]) -> None:
+        _each_from(self, arrays)
+
     def allgather(self, array: Any) -> list[Any]:
         return self._gather(array, "an all-gather")
 
@@ -335,6 +402,12 @@ class NCCLGroup:
     def broadcast(self, array: Any, root: int = 0) -> None:
         stream = self._cupy.cuda.get_current_stream().ptr
         self._on_device(array, lambda a: self.comm.bcast(a.data.ptr, a.size, self._type(a), root, stream))
+
+    def allreduce_many(self, arrays: list[Any]) -> None:  # each enqueued on the stream: calls are cheap
+        _each(self, arrays)
+
+    def broadcast_many(self, arrays: list[tuple[Any, int]]) -> None:
+        _each_from(self, arrays)
 
     def allgather(self, array: Any) -> list[Any]:
         a = self._cupy.ascontiguousarray(self._cupy.asarray(array))

@@ -650,8 +650,8 @@ class Executor(Transfers):
         size = group.size
 
         def run() -> None:  # on the communication stream (NCCL's collectives enqueue on it)
+            group.allreduce_many(grads)
             for g in grads:
-                group.allreduce(g)
                 g /= g.dtype.type(size)
 
         comm.wait(self.device.compute_stream.record())
@@ -667,8 +667,7 @@ class Executor(Transfers):
         weights = [(self._weights[name], owner) for name, owner in st.params]
 
         def run() -> None:
-            for w, owner in weights:
-                group.broadcast(w, root=owner)
+            group.broadcast_many(weights)
 
         comm.wait(self.device.compute_stream.record())
         self._span(r, comm, "broadcast", "comm", self.device.pool.usage(), run)
