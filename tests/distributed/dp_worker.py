@@ -7,12 +7,13 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import threading
 
 import numpy as np
 
 import vmem
 from vmem import nn
-from vmem.distributed import init, shard
+from vmem.distributed import ThreadGroup, init, shard
 
 BATCH, STEPS = 8, 20
 
@@ -35,6 +36,28 @@ def train(trainer: vmem.Trainer, rank: int, size: int, first: int, last: int, di
             os.kill(os.getpid(), signal.SIGKILL)
         s = shard(BATCH, rank, size)
         trainer.step(xs[i][s], ys[i][s])
+
+
+def on_ranks(size: int, fn, timeout: float = 60) -> list:
+    """``fn(group)`` on each of ``size`` thread ranks; their results in rank order (the first error raised)."""
+    results: list = [None] * size
+    errors: list[BaseException] = []
+
+    def run(g: ThreadGroup) -> None:
+        try:
+            results[g.rank] = fn(g)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+            g.close()
+
+    threads = [threading.Thread(target=run, args=(g,)) for g in ThreadGroup.make(size, timeout=timeout)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
 
 
 def main() -> None:

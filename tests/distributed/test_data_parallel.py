@@ -3,7 +3,6 @@ ranks that are threads of one process training as one full-batch process does.""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -11,32 +10,11 @@ import pytest
 
 import vmem
 from tests.distributed import dp_worker
+from tests.distributed.dp_worker import on_ranks
 from vmem.distributed import LocalGroup, ThreadGroup, init, shard
 from vmem.errors import DistributedError
 from vmem.schedule.collectives import buckets, with_allreduce
 from vmem.schedule.steps import AccumulateParam, AllReduce, Backward, Update, WaitAllReduce
-
-
-def _on_ranks(size: int, fn, timeout: float = 60) -> list:
-    """``fn(group)`` on each of ``size`` thread ranks; their results in rank order (the first error raised)."""
-    results: list = [None] * size
-    errors: list[BaseException] = []
-
-    def run(g: ThreadGroup) -> None:
-        try:
-            results[g.rank] = fn(g)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            errors.append(exc)
-            g.close()
-
-    threads = [threading.Thread(target=run, args=(g,)) for g in ThreadGroup.make(size, timeout=timeout)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
 
 
 def test_allreduce_adds_in_rank_order_the_same_bits_on_every_rank():
@@ -54,7 +32,7 @@ def test_allreduce_adds_in_rank_order_the_same_bits_on_every_rank():
         g.barrier()
         return a
 
-    for got in _on_ranks(3, rank):
+    for got in on_ranks(3, rank):
         np.testing.assert_array_equal(got, want)
 
 
@@ -67,7 +45,7 @@ def test_a_rank_that_leaves_fails_the_others_with_a_clear_error():
 
     start = time.monotonic()
     with pytest.raises(DistributedError, match=r"rank 0 of 2: an all-reduce: another rank stopped"):
-        _on_ranks(2, rank)
+        on_ranks(2, rank)
     assert time.monotonic() - start < 5
 
 
@@ -127,7 +105,7 @@ def test_thread_ranks_train_as_one_full_batch_process(bn):
             dp_worker.train(trainer, g.rank, g.size, 0, 6)
         return net.params
 
-    first, second = _on_ranks(2, rank)
+    first, second = on_ranks(2, rank)
     net = dp_worker.model(bn)
     xs, ys = dp_worker.batches()
     with vmem.Trainer(net) as trainer:
@@ -154,7 +132,7 @@ def test_fit_splits_each_batch_between_the_ranks_and_rank_0_writes_the_checkpoin
             assert path.is_file()  # every rank returns once rank 0 has written it
         return net.params
 
-    first, second = _on_ranks(2, rank)
+    first, second = on_ranks(2, rank)
     for name in first:
         np.testing.assert_array_equal(first[name], second[name])
     assert capsys.readouterr().out.count("epoch 1/1") == 1  # rank 0 alone prints
@@ -167,7 +145,7 @@ def test_unsynchronized_batch_norm_keeps_each_ranks_own_statistics():
             dp_worker.train(trainer, g.rank, g.size, 0, 2)
         return net.params
 
-    first, second = _on_ranks(2, rank)
+    first, second = on_ranks(2, rank)
     assert not np.array_equal(first["batchnorm1.running_mean"], second["batchnorm1.running_mean"])
     np.testing.assert_array_equal(first["conv1.weight"], second["conv1.weight"])  # the weights still agree
 
@@ -217,7 +195,7 @@ def test_a_ranks_device_peak_is_a_single_processs_at_its_batch():
     with vmem.Trainer(dp_worker.model()) as trainer:
         half = dp_worker.BATCH // 2
         alone = max(trainer.step(x[:half], y[:half]).peak_bytes for x, y in zip(xs, ys))
-    assert _on_ranks(2, rank) == [alone, alone]
+    assert on_ranks(2, rank) == [alone, alone]
 
 
 def test_a_sharded_optimizer_trains_as_the_whole_one_and_keeps_half_the_state(tmp_path):
@@ -242,8 +220,8 @@ def test_a_sharded_optimizer_trains_as_the_whole_one_and_keeps_half_the_state(tm
                 t.save(path)
         return net.params, state
 
-    sharded = _on_ranks(2, lambda g: rank(g, True))
-    whole = _on_ranks(2, lambda g: rank(g, False))
+    sharded = on_ranks(2, lambda g: rank(g, True))
+    whole = on_ranks(2, lambda g: rank(g, False))
     for r in range(2):  # each rank as it was (batch norm's statistics are each rank's own)
         for name, value in whole[r][0].items():
             np.testing.assert_array_equal(sharded[r][0][name], value, err_msg=name)

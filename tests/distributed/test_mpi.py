@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -43,29 +42,16 @@ def _threads(
 ) -> dict:
     """The same run as ``size`` ranks that are threads of this process (one process adding the ranks'
     gradients in rank order)."""
-    out: dict[int, dict] = {}
-    errors: list[BaseException] = []
 
-    def rank(group: ThreadGroup) -> None:
-        try:
-            net = dp_worker.model(bn)
-            with vmem.Trainer(net, group=group, sync_batch_norm=bn) as trainer:
-                if resume:
-                    trainer.load(resume)
-                dp_worker.train(trainer, group.rank, group.size, first, last)
-            out[group.rank] = net.params
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            errors.append(exc)
-            group.close()
+    def rank(group: ThreadGroup) -> dict:
+        net = dp_worker.model(bn)
+        with vmem.Trainer(net, group=group, sync_batch_norm=bn) as trainer:
+            if resume:
+                trainer.load(resume)
+            dp_worker.train(trainer, group.rank, group.size, first, last)
+        return net.params
 
-    threads = [threading.Thread(target=rank, args=(g,)) for g in ThreadGroup.make(size, timeout=60)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return out[0]
+    return dp_worker.on_ranks(size, rank)[0]
 
 
 def _full_batch(
