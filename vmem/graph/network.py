@@ -55,6 +55,10 @@ class Network:
         self._input_shapes: dict[int, tuple[int, ...]] = {}
         self._output: Node | None = None
         self._names: Counter = Counter()
+        #: the names of the nodes after the first input, and how many nodes apply each layer (by id): kept as
+        #: nodes are added, so that adding one looks nothing up in the others (an unrolled LSTM has thousands)
+        self._taken: set[str] = set()
+        self._uses: Counter = Counter()
         self.params: dict[str, np.ndarray] | None = None  # "layer.param" -> host array, after init()
         #: where an imported network's parameters came from: "layer.param" -> the initializer's name in the
         #: model (vmem.onnx.load; PyTorch's exports keep the module's names, e.g. "layer1.0.conv1.weight")
@@ -81,7 +85,7 @@ class Network:
     def _add(self, layer: Layer, inputs: Sequence[Node], name: str | None) -> Node:
         if not isinstance(layer, Layer):
             raise TypeError(f"{self.name}: expected a vmem.nn layer, got {type(layer).__name__}")
-        if layer.name is not None and any(n.layer is layer for n in self._nodes[1:]):
+        if layer.name is not None and self._uses[id(layer)]:
             raise ValueError(
                 f"{self.name}: layer {layer.name!r} is already in the network; make a new one, or "
                 "share its parameters with Graph.reuse()"
@@ -92,16 +96,22 @@ class Network:
         if name is None:
             self._names[layer.kind] += 1
             name = f"{layer.kind}{self._names[layer.kind]}"
-            while any(n.name == name for n in self._nodes[1:]):
+            while name in self._taken:
                 self._names[layer.kind] += 1
                 name = f"{layer.kind}{self._names[layer.kind]}"
-        elif any(n.name == name for n in self._nodes[1:]):
+        elif name in self._taken:
             raise ValueError(f"{self.name}: two layers are named {name!r}")
         layer.name = name
-        node = Node(self, len(self._nodes), layer, tuple(inputs))
-        self._nodes.append(node)
+        node = self._append(Node(self, len(self._nodes), layer, tuple(inputs)))
         self._output = node
         self._built.clear()
+        return node
+
+    def _append(self, node: Node) -> Node:
+        self._nodes.append(node)
+        self._taken.add(node.name)
+        if node.layer is not None:
+            self._uses[id(node.layer)] += 1
         return node
 
     @property
@@ -248,13 +258,12 @@ class Graph(Network):
         """Another input of the network, of ``shape`` without the batch axis (a mask beside token ids):
         ``Trainer.step`` and ``predict`` then take a tuple of arrays, one per input in the order they were
         added (``g.input`` first)."""
-        if not name or any(n.name == name for n in self._nodes):
+        if not name or name == self._nodes[0].name or name in self._taken:
             raise ValueError(f"{self.name}: an input needs a name of its own, not {name!r}")
         shape = tuple(int(d) for d in shape)
         if any(d < 1 for d in shape):
             raise ValueError(f"{self.name}: input {name!r} has shape {shape}; every axis must be at least 1")
-        node = Node(self, len(self._nodes), None, (), name)
-        self._nodes.append(node)
+        node = self._append(Node(self, len(self._nodes), None, (), name))
         self._input_shapes[node.index] = shape
         self._built.clear()
         return node
@@ -269,19 +278,17 @@ class Graph(Network):
         """Apply ``layer``, already in the graph, again: the new op shares its parameters (an unrolled
         recurrence: every time step's gradient is summed into one). ``name``: the new op's name (default
         ``"<layer>@<n>"``)."""
-        if not any(n.layer is layer for n in self._nodes[1:]):
+        if not self._uses[id(layer)]:
             raise ValueError(f"{self.name}: reuse() applies a layer already in the graph; add {layer!r} first")
         if not inputs:
             raise ValueError(f"{self.name}: {layer.label} needs at least one input node")
         for node in inputs:
             if not isinstance(node, Node) or node.graph is not self:
                 raise ValueError(f"{self.name}: inputs of {layer.label} must be nodes of this network")
-        uses = sum(1 for n in self._nodes[1:] if n.layer is layer)
-        alias = name or f"{layer.name}@{uses}"
-        if any(n.name == alias for n in self._nodes[1:]):
+        alias = name or f"{layer.name}@{self._uses[id(layer)]}"
+        if alias in self._taken:
             raise ValueError(f"{self.name}: two layers are named {alias!r}")
-        node = Node(self, len(self._nodes), layer, tuple(inputs), alias)
-        self._nodes.append(node)
+        node = self._append(Node(self, len(self._nodes), layer, tuple(inputs), alias))
         self._output = node
         self._built.clear()
         return node
