@@ -38,11 +38,14 @@ class _StopBetweenSteps(Callback):
     """While a run trains (in the main thread), Ctrl-C and SIGTERM stop it between two steps, never inside
     one (a step cut short may have updated some weights and not others, and could not be resumed exactly):
     the first signal is noted and raised after the step that is running (as KeyboardInterrupt, or
-    :class:`Terminated`); a second one raises at once."""
+    :class:`Terminated`); a second one raises at once. On the ranks of a data-parallel run (``group``) the
+    ranks agree after every step whether any was signalled, so that all stop after the same step (and write
+    the same checkpoint) instead of one waiting in a collective for the others."""
 
-    def __init__(self) -> None:
+    def __init__(self, group: Any = None) -> None:
         self.pending: BaseException | None = None
         self._before: dict[int, Any] = {}
+        self.group = group
 
     def _handler(self, signum: int, frame: Any) -> None:
         import signal
@@ -54,6 +57,13 @@ class _StopBetweenSteps(Callback):
         print("\nstopping after this step (again to stop at once)", file=sys.stderr, flush=True)
 
     def on_step(self, trainer: Any, report: Any) -> None:
+        if self.group is not None:
+            import numpy as np
+
+            flags = np.array([0.0 if self.pending is None else 1.0 + isinstance(self.pending, Terminated)])
+            self.group.allreduce(flags)  # every rank's, summed: any rank signalled stops them all
+            if flags[0] and self.pending is None:
+                self.pending = KeyboardInterrupt()
         if self.pending is not None:
             raise self.pending
 
@@ -112,10 +122,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     # a path that cannot take a checkpoint is refused before any training, and held for the run (by the
     # rank that writes it)
     lock = SaveLock(args.save) if args.save and (group is None or group.rank == 0) else contextlib.nullcontext()
-    with lock, _StopBetweenSteps() as stop:
+    with lock, _StopBetweenSteps(group) as stop:
         if group is None:
             return _train(args, stop, None)
-        return int(distributed.abort_on_error(group, lambda: _train(args, stop, group)))
+        try:
+            return int(distributed.abort_on_error(group, lambda: _train(args, stop, group)))
+        except KeyboardInterrupt as exc:  # every rank stopped after the same step; rank 0 says so
+            if group.rank == 0:
+                raise
+            return 143 if isinstance(exc, Terminated) else 130
 
 
 #: Lines of MPICH's launcher (hydra) when a rank fails: replaced by one line of vmem's.
@@ -172,6 +187,8 @@ def _launch_ranks(args: argparse.Namespace) -> int:
     for t in relays:
         t.join()
     rc = proc.wait()
+    if rc in (130, 143) and not failed:  # stopped by a signal, between two steps: rank 0 has said so
+        return rc
     if rc != 0:
         print(
             f"vmem train: a rank of {args.nproc} ended ({failed[0] if failed else f'exit status {rc}'}); mpiexec "

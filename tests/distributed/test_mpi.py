@@ -151,3 +151,25 @@ def test_a_checkpoint_crosses_world_sizes(tmp_path):
     for name in full:
         np.testing.assert_allclose(on_one[name], full[name], rtol=1e-5, atol=1e-6, err_msg=name)
         np.testing.assert_allclose(on_two[name], full[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
+    """Ctrl-C reaching rank 1 alone: the ranks agree after the step, all stop, rank 0 writes the checkpoint
+    (every rank takes part in it), and the run ends within seconds, not at a collective's timeout."""
+    save = tmp_path / "ckpt.npz"
+    cmd = [sys.executable, "-m", "vmem", "train", "--nproc", "2", "--dataset", "synthetic", "--epochs", "20"]
+    cmd += ["--save", str(save)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert "on 2 ranks" in proc.stdout.readline()
+        ranks = [p for p, c in _descendants(proc.pid) if c.split()[0] == sys.executable and "--nproc" not in c]
+        os.kill(max(ranks), signal.SIGINT)  # the later-started rank: rank 1
+        signalled = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert time.monotonic() - signalled < 10, err
+    assert proc.returncode == 130 and save.is_file(), err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1] == f"vmem train: interrupted; the checkpoint is in {save}", err  # rank 0 alone says so

@@ -464,9 +464,12 @@ def shard(n: int, rank: int, size: int) -> slice:
 
 def abort_on_error(group: ProcessGroup, fn: Callable[[], Any]) -> Any:
     """``fn()``; where it raises on a rank of an MPI job, that rank says so in one line and the job ends (so
-    that the other ranks never wait for it)."""
+    that the other ranks never wait for it). A stop the ranks agreed on (KeyboardInterrupt after the same
+    step on every rank) and an exit are left to the caller."""
     try:
         return fn()
+    except (KeyboardInterrupt, SystemExit):
+        raise
     except BaseException as exc:
         if getattr(group, "backend", "") == "mpi" and group.size > 1:
             print(f"vmem: rank {group.rank} of {group.size}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
