@@ -213,8 +213,11 @@ def test_a_sharded_optimizer_trains_as_the_whole_one_and_keeps_half_the_state(tm
     def rank(g: ThreadGroup, shard_it: bool) -> tuple[dict, int]:
         net = model()
         with vmem.Trainer(net, group=g, shard_optimizer=shard_it, optimizer=vmem.optim.Adam(lr=0.01)) as t:
-            for x, y in zip(xs, ys):
-                t.step(x[g.rank * 2 : g.rank * 2 + 2], y[g.rank * 2 : g.rank * 2 + 2])
+            peaks = [
+                t.step(x[g.rank * 2 : g.rank * 2 + 2], y[g.rank * 2 : g.rank * 2 + 2]).peak_bytes
+                for x, y in zip(xs, ys)
+            ]
+            assert max(peaks) == t.plans[2].peak_bytes  # the rank's plan: its share of the state
             state = sum(v.nbytes for k, v in t._device_params().views.items() if k.kind.name == "OPT_STATE")
             if shard_it:
                 t.save(path)

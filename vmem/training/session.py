@@ -112,6 +112,18 @@ class Session:
                 )
             except BudgetTooSmall as exc:  # does not fit under any of the policy's choices: say which batch would
                 raise BudgetTooSmall(f"{str(exc).rstrip('.')}; {self.batch_advice(batch)}", exc.least) from None
+            if self.group is not None:  # gradients summed over the ranks, bucket by bucket, during backward
+                schedule = with_allreduce(schedule, self.group.size)
+                if self.shard_optimizer:
+                    schedule = with_sharded_optimizer(schedule, self.group.rank)
+                # the figures of what this rank runs (its share of the optimizer state; the collective priced)
+                figures = replay_fitting(schedule, self.device.spec, self.device.pool.alignment, costs)
+                plan = PlanResult(
+                    plan.plan,
+                    dataclasses.replace(
+                        figures, layers=plan.figures.layers, baseline_step_seconds=plan.figures.baseline_step_seconds
+                    ),
+                )
             self.plans[batch] = plan
             if check and not plan.fits:
                 raise self.refusal(program, plan)
@@ -123,12 +135,8 @@ class Session:
                     f"evaluation at batch {batch} needs {format_bytes(peak)} beside the "
                     "training state; use a smaller evaluation batch (batch_size=)",
                 )
-        if train and self.group is not None:  # gradients summed over the ranks, bucket by bucket, during backward
-            schedule = with_allreduce(schedule, self.group.size)
-            if self.shard_optimizer:
-                schedule = with_sharded_optimizer(schedule, self.group.rank)
-            if self._comm is None:
-                self._comm = self.device.new_stream("comm")
+        if train and self.group is not None and self._comm is None:
+            self._comm = self.device.new_stream("comm")
         ex = Executor(
             self.device,
             schedule,
