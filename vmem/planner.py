@@ -10,7 +10,6 @@ figures are still given (``fits=False``).
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -22,7 +21,7 @@ from .graph import PASSES, Network, Program
 from .policies.base import fit_algorithms
 from .policies.budget import least_memory
 from .policies.plan import Plan
-from .schedule.collectives import owners, with_allreduce, with_sharded_optimizer
+from .schedule.collectives import largest_share, with_allreduce, with_sharded_optimizer
 from .schedule import Schedule
 from .schedule.lower import lower, op_workspace
 from .schedule.replay import Figures, LayerRow, durations, replay
@@ -256,15 +255,8 @@ def plan_program(
         program, device, decided, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs
     )
     if nproc > 1:
-        schedule = with_allreduce(schedule, nproc)
-        if shard_optimizer:
-            held = [0] * nproc
-            sizes = {f"{op.name}.{k}": s for op, k, s in program.owned_params() if s.trainable}
-            for name, rank in owners(program, nproc).items():
-                held[rank] += math.prod(sizes[name].shape)
-            schedule = with_sharded_optimizer(schedule, held.index(max(held)))
-        ranked = replay_fitting(schedule, device, alignment, costs)
-        result = PlanResult(decided, dataclasses.replace(ranked, layers=result.figures.layers))
+        rank = largest_share(program, nproc) if shard_optimizer else None
+        result, schedule = rank_plan(result, schedule, device, alignment, costs, nproc, rank)
     if baseline and costs is not None:
         base = policies.get("baseline:algos=performance").decide(program, device, costs)
         base_result = evaluate(
@@ -273,6 +265,28 @@ def plan_program(
         figures = dataclasses.replace(result.figures, baseline_step_seconds=base_result.step_seconds)
         result = PlanResult(decided, figures)
     return result, schedule
+
+
+def rank_plan(
+    result: PlanResult,
+    schedule: Schedule,
+    device: DeviceSpec,
+    alignment: int,
+    costs: Any,
+    world: int,
+    shard_rank: int | None = None,
+) -> tuple[PlanResult, Schedule]:
+    """``result`` and ``schedule`` (one process's) as one rank of a data-parallel run of ``world`` runs them:
+    the gradients all-reduced in buckets during backward, with ``shard_rank`` the optimizer's state sharded
+    over the ranks (that rank's share kept), replayed for the rank's figures (the per-layer rows and the
+    baseline's time kept)."""
+    schedule = with_allreduce(schedule, world)
+    if shard_rank is not None:
+        schedule = with_sharded_optimizer(schedule, shard_rank)
+    figures = replay_fitting(schedule, device, alignment, costs)
+    kept = result.figures
+    figures = dataclasses.replace(figures, layers=kept.layers, baseline_step_seconds=kept.baseline_step_seconds)
+    return PlanResult(result.plan, figures), schedule
 
 
 def smallest_memory(

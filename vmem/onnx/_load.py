@@ -708,18 +708,10 @@ def _reshape(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     if allowzero and 0 in dims:
         raise _Refuse("allowzero=1 with a 0 in the shape (an empty tensor)")
     if b.lead:  # the model's whole tensor: ONNX's rules as they are
-        size = int(np.prod(x.dims))
         full = [x.dims[i] if d == 0 and i < len(x.dims) else d for i, d in enumerate(dims)]
         if full.count(-1) > 1 or min(full, default=1) < -1:
             raise _Refuse(f"shape {dims} is not a shape")
-        if -1 in full:
-            known = int(np.prod([d for d in full if d != -1]))
-            if known == 0 or size % known:
-                raise _Refuse(f"shape {dims} does not fit {x.dims}")
-            full[full.index(-1)] = size // known
-        if int(np.prod(full)) != size:
-            raise _Refuse(f"cannot reshape {x.dims} to {full}")
-        return [_reshaped(b, x, full)]
+        return [_reshaped(b, x, _filled(full, int(np.prod(x.dims)), dims, x))]
     size = int(np.prod(x.dims[1:]))
     # the batch axis kept: copied (0), the batch's stand-in, or the batch size an export without a symbolic
     # batch axis wrote down (the model's own input says it)
@@ -732,14 +724,21 @@ def _reshape(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
             f"shape {dims}: vmem reshapes keep the batch axis (the shape depends on the batch size); import a "
             "model whose first axis is not a batch with vmem.onnx.load(..., batch=False)"
         )
-    if -1 in rest:
-        known = int(np.prod([d for d in rest if d != -1]))
+    return [_reshaped(b, x, [x.dims[0]] + _filled(rest, size, dims, x))]
+
+
+def _filled(target: list[int], size: int, dims: list[int], x: _Tensor) -> list[int]:
+    """``target`` (a reshape's, without zeros) with its -1 made what ``size`` values need; refused where
+    they do not fit (``dims``: the shape as the model gives it, for the message)."""
+    target = list(target)
+    if -1 in target:
+        known = int(np.prod([d for d in target if d != -1]))
         if known == 0 or size % known:
             raise _Refuse(f"shape {dims} does not fit {x.dims}")
-        rest[rest.index(-1)] = size // known
-    if int(np.prod(rest)) != size:
-        raise _Refuse(f"cannot reshape {x.dims} to {[x.dims[0]] + rest}")
-    return [_reshaped(b, x, [x.dims[0]] + rest)]
+        target[target.index(-1)] = size // known
+    if int(np.prod(target)) != size:
+        raise _Refuse(f"cannot reshape {x.dims} to {dims}")
+    return target
 
 
 @_converts("Unsqueeze", 1, 11, 13, 21, 23, 24, 25)

@@ -643,9 +643,7 @@ class Executor(Transfers):
     def _allreduce(self, r: _Run, st: AllReduce) -> None:
         """Sum the bucket's gradients over the ranks on the communication stream once the compute stream has
         written them, then divide them by the number of ranks (the whole batch's mean)."""
-        group, comm = self.group, self.comm_stream
-        if group is None or comm is None:
-            raise DeviceError(f"{self.program.network}: the schedule all-reduces gradients; give the executor a group")
+        group, comm = self._collective("all-reduces gradients")
         grads = [self._grads[name] for name in st.params]
         size = group.size
 
@@ -661,9 +659,7 @@ class Executor(Transfers):
     def _broadcast(self, r: _Run, st: Broadcast) -> None:
         """Each updated weight from the rank that updated it to the others, on the communication stream once
         the updates are done (the step ends when it has)."""
-        group, comm = self.group, self.comm_stream
-        if group is None or comm is None:
-            raise DeviceError(f"{self.program.network}: the schedule broadcasts weights; give the executor a group")
+        group, comm = self._collective("broadcasts weights")
         weights = [(self._weights[name], owner) for name, owner in st.params]
 
         def run() -> None:
@@ -672,6 +668,12 @@ class Executor(Transfers):
         comm.wait(self.device.compute_stream.record())
         self._span(r, comm, "broadcast", "comm", self.device.pool.usage(), run)
         self.device.compute_stream.wait(comm.record())
+
+    def _collective(self, what: str) -> tuple[Any, Any]:
+        """The group and the communication stream a collective step runs with."""
+        if self.group is None or self.comm_stream is None:
+            raise DeviceError(f"{self.program.network}: the schedule {what}; give the executor a group")
+        return self.group, self.comm_stream
 
     def _wait_allreduce(self, r: _Run, st: WaitAllReduce) -> None:
         self.device.compute_stream.wait(r.reduced.pop(st.bucket))
@@ -691,7 +693,7 @@ class Executor(Transfers):
         where the gradients are near float32's largest value: then the step is skipped as well)."""
         xp = self.xp
         ok = True if r.loss_ok is None else r.loss_ok
-        if self._updates:  # every gradient (a rank that updates a share decides as all do)
+        if self._grads:  # every gradient (a rank that updates a share, even none, decides as all do)
             total = sum(g.sum() for g in self._grads.values())
             ok = xp.logical_and(ok, xp.isfinite(total))
         return bool(ok)

@@ -27,6 +27,7 @@ __all__ = [
     "with_sharded_optimizer",
     "buckets",
     "owners",
+    "largest_share",
     "sharded_buffers",
     "BUCKET_BYTES",
     "LAST_BUCKET_BYTES",
@@ -118,11 +119,8 @@ def with_allreduce(
     return dataclasses.replace(schedule, steps=steps, world=world)
 
 
-def owners(program: "Program", world: int) -> dict[str, int]:
-    """Which rank keeps (and updates) each trainable parameter's optimizer state when it is sharded over
-    ``world`` ranks (ZeRO's stage 1, a parameter at a time): the largest first, each to the rank holding
-    the fewest bytes so far (the lowest on a tie), so that every rank holds about 1/world of it. The same on
-    every rank (it depends on the program alone)."""
+def _shares(program: "Program", world: int) -> tuple[dict[str, int], list[int]]:
+    """(each trainable parameter's owner, the values each rank keeps state for): see :func:`owners`."""
     sizes = {f"{op.name}.{k}": math.prod(s.shape) for op, k, s in program.owned_params() if s.trainable}
     held = [0] * world
     out: dict[str, int] = {}
@@ -130,7 +128,22 @@ def owners(program: "Program", world: int) -> dict[str, int]:
         rank = min(range(world), key=lambda r: (held[r], r))
         out[name] = rank
         held[rank] += sizes[name]
-    return out
+    return out, held
+
+
+def owners(program: "Program", world: int) -> dict[str, int]:
+    """Which rank keeps (and updates) each trainable parameter's optimizer state when it is sharded over
+    ``world`` ranks (ZeRO's stage 1, a parameter at a time): the largest first, each to the rank holding
+    the fewest bytes so far (the lowest on a tie), so that every rank holds about 1/world of it. The same on
+    every rank (it depends on the program alone)."""
+    return _shares(program, world)[0]
+
+
+def largest_share(program: "Program", world: int) -> int:
+    """The rank that keeps the most optimizer state when it is sharded over ``world`` ranks (what a plan
+    for every rank must fit)."""
+    held = _shares(program, world)[1]
+    return held.index(max(held))
 
 
 def sharded_buffers(buffers: list[Buffer], own: dict[str, int], rank: int) -> list[Buffer]:

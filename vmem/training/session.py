@@ -15,9 +15,9 @@ from typing import Any
 from .. import policies
 from ..errors import BudgetTooSmall, OutOfDeviceMemory, PlanError
 from ..graph import Network
-from ..planner import PlanResult, floor_policy, plan_program, replay_fitting, smallest_memory
+from ..planner import PlanResult, floor_policy, plan_program, rank_plan, replay_fitting, smallest_memory
 from ..runtime import DeviceParams, Executor
-from ..schedule.collectives import owners, sharded_buffers, with_allreduce, with_sharded_optimizer
+from ..schedule.collectives import owners, sharded_buffers
 from ..schedule.lower import lower_inference, persistent_buffers
 from ..schedule.pack import place
 from ..units import format_bytes
@@ -113,16 +113,14 @@ class Session:
             except BudgetTooSmall as exc:  # does not fit under any of the policy's choices: say which batch would
                 raise BudgetTooSmall(f"{str(exc).rstrip('.')}; {self.batch_advice(batch)}", exc.least) from None
             if self.group is not None:  # gradients summed over the ranks, bucket by bucket, during backward
-                schedule = with_allreduce(schedule, self.group.size)
-                if self.shard_optimizer:
-                    schedule = with_sharded_optimizer(schedule, self.group.rank)
-                # the figures of what this rank runs (its share of the optimizer state; the collective priced)
-                figures = replay_fitting(schedule, self.device.spec, self.device.pool.alignment, costs)
-                plan = PlanResult(
-                    plan.plan,
-                    dataclasses.replace(
-                        figures, layers=plan.figures.layers, baseline_step_seconds=plan.figures.baseline_step_seconds
-                    ),
+                plan, schedule = rank_plan(
+                    plan,
+                    schedule,
+                    self.device.spec,
+                    self.device.pool.alignment,
+                    costs,
+                    self.group.size,
+                    self.group.rank if self.shard_optimizer else None,
                 )
             self.plans[batch] = plan
             if check and not plan.fits:

@@ -406,6 +406,7 @@ class Trainer:
         # does not fit), and evaluation at the largest batch that fits beside the training state
         self._check_input(np.asarray(train.x[:1]), np.asarray(train.y[:1]))
         self._executor(batch_size // ranks, True)
+        part = shard(batch_size, rank, ranks)
         eval_batch = None
         if val is not None and len(val):
             eval_batch = self._eval_batches(len(val), self.eval_batch(len(val)))
@@ -422,7 +423,7 @@ class Trainer:
             reports: list[StepReport] = []
             for x, y in self._epoch_batches(train, batch_size, shuffle, epoch):
                 if ranks > 1:  # this rank's shard of the batch (every rank draws the same batches)
-                    x, y = x[shard(batch_size, rank, ranks)], y[shard(batch_size, rank, ranks)]
+                    x, y = x[part], y[part]
                 reports.append(self.step(x, y))
                 self.epoch_step += 1
                 for cb in observers:
@@ -543,13 +544,12 @@ class Trainer:
         keeper = owners(program, self.group.size)  # type: ignore[union-attr]
         specs = self.net.param_specs(self.input_shape)
         dtype = np.dtype(program.precision.optimizer_state)
-        state = {}
-        for name, rank in keeper.items():
-            for slot in self.optimizer.slots:
-                key = f"{name}:{slot}"
-                value = own[key] if key in own else np.empty(specs[name].shape, dtype)
-                self.group.broadcast(value, root=rank)  # type: ignore[union-attr]
-                state[key] = value
+        state = {
+            f"{name}:{slot}": own.get(f"{name}:{slot}", np.empty(specs[name].shape, dtype))
+            for name in keeper
+            for slot in self.optimizer.slots
+        }
+        self.group.broadcast_many([(v, keeper[k.rpartition(":")[0]]) for k, v in state.items()])  # type: ignore[union-attr]
         return state
 
     def _save(self, path: str | os.PathLike, optimizer_state: dict[str, np.ndarray]) -> None:
