@@ -84,10 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         x = rng.standard_normal((batch,) + tuple(net.input_shape)).astype(np.float32)
         y = rng.integers(0, net.output_shape()[-1], batch)
         trials = []
-        for t in range(args.trials):
+        for n in range(args.trials):
             trials.append(_trial(net, batch, budget, x, y, args.steps))
             print(
-                f"  {model} trial {t + 1}/{args.trials}: predicted {trials[-1]['predicted_seconds'] * 1e3:.1f} ms, "
+                f"  {model} trial {n + 1}/{args.trials}: predicted {trials[-1]['predicted_seconds'] * 1e3:.1f} ms, "
                 f"measured {trials[-1]['measured_seconds'] * 1e3:.1f} ms ({trials[-1]['chosen']})",
                 flush=True,
             )
