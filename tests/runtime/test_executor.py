@@ -5,6 +5,7 @@ more), carries a schedule out exactly as on the CPU device (bitwise), and rolls 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -84,6 +85,9 @@ class FakeDevice:
 
     def step_scope(self):
         return threads.BUDGET.limit()  # the same BLAS threads as the CPU device: comparable bit for bit
+
+    def dispatch_scope(self):
+        return contextlib.nullcontext()
 
     def close(self):
         self.closed = True

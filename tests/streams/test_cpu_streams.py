@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import stream_threads
 from vmem.streams import CpuEvent, CpuStream, Event, Stream, elapsed_time
+from vmem.streams.cpu import held
 
 
 @pytest.fixture
@@ -190,3 +191,51 @@ def test_many_host_threads_waiting_on_different_points_all_wake(streams):
     for t in threads:
         t.join(timeout=5)
     assert sorted(woke) == list(range(5))
+
+
+def test_held_streams_start_their_work_when_the_batch_is_in(streams):
+    a, b = streams
+    out = []
+    with held(a, b):
+        a.launch(out.append, "a")
+        b.wait(a.record())
+        b.launch(out.append, "b")
+        time.sleep(0.05)
+        assert out == [] and a.pending == 1  # asleep while the host enqueues
+    b.synchronize()
+    assert out == ["a", "b"]
+    with held(a):  # and they run normally afterwards
+        pass
+    a.launch(out.append, "c")
+    a.synchronize()
+    assert out == ["a", "b", "c"]
+
+
+def test_a_wait_inside_a_held_batch_wakes_the_streams_it_depends_on(streams):
+    """The host waits on b, which waits on a: both held, neither may stay asleep (no deadlock)."""
+    a, b = streams
+    out = []
+    with held(a, b):
+        a.launch(out.append, "a")
+        b.wait(a.record())
+        b.launch(out.append, "b")
+        done = b.record()
+        waiter = threading.Thread(target=done.synchronize)  # another thread's wait wakes them too
+        waiter.start()
+        waiter.join(timeout=10)
+        assert not waiter.is_alive() and out == ["a", "b"]
+        a.launch(out.append, "a2")
+        a.synchronize()  # the host's own wait
+        assert out == ["a", "b", "a2"]
+
+
+def test_a_busy_worker_takes_held_work_without_being_woken(streams):
+    a, _ = streams
+    gate = threading.Event()
+    out = []
+    a.launch(gate.wait)  # the worker is busy, not asleep
+    with held(a):
+        a.launch(out.append, 1)
+        gate.set()
+        a.record().synchronize()
+    assert out == [1]

@@ -138,6 +138,12 @@ class Device(Protocol):
         core budget there (:data:`vmem.threads.BUDGET`); other devices need nothing."""
         ...
 
+    def dispatch_scope(self) -> ContextManager[Any]:
+        """The context the host enqueues one step's work in. On the CPU device, whose stream workers
+        share the interpreter's lock with the host, the workers sleep until the step is enqueued (or a
+        thread waits for their progress); other devices need nothing."""
+        ...
+
     def close(self) -> None:
         """Finish outstanding work; stop every thread the device or its codecs started (idempotent)."""
         ...

@@ -24,6 +24,7 @@ import numpy as np
 from .. import threads
 from ..pool import Block, DevicePool, HostArena, PinnedHostPool, PoolHook
 from ..streams import CpuStream
+from ..streams.cpu import held
 from ..units import format_bytes, parse_bytes
 from .hostconv import HostConv
 from .lanes import LaneOps
@@ -277,6 +278,11 @@ class CpuDevice:
     def step_scope(self) -> Any:
         """Cap BLAS's threads to the cores other processes leave free (the device's :attr:`budget`)."""
         return self.budget.limit()
+
+    def dispatch_scope(self) -> Any:
+        """The host enqueues a step with the streams' workers asleep: they wake when it is in, or when a
+        thread waits for their progress (see :func:`vmem.streams.cpu.held`)."""
+        return held(self.compute_stream, self.memory_stream)
 
     def close(self) -> None:
         """Finish outstanding work, stop the stream threads and, if no other device is open, the codec

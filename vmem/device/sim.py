@@ -101,6 +101,9 @@ class SimDevice:
     def step_scope(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
+    def dispatch_scope(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
     @property
     def closed(self) -> bool:
         return self._closed

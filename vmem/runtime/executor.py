@@ -55,6 +55,7 @@ from .transfers import Transfers
 __all__ = ["Executor", "StepReport"]
 
 _LABELS, _PROBS, _LOSS = Key(Kind.LABELS), Key(Kind.PROBS), Key(Kind.LOSS)
+_BYTE = np.dtype(np.uint8)
 
 
 @dataclass
@@ -248,6 +249,24 @@ class Executor(Transfers):
             if op.staged
             for p in ("forward", "backward")
         }
+        #: each tensor's (physical shape, dtype): what its value's and its gradient's views are
+        self._tensor_views = [(physical(spec.shape), self._dtypes[spec.dtype]) for spec in program.tensors]
+        #: per op, what its Ctx holds that no step changes: the inputs' physical shapes, its saved state's
+        #: (name, key, shape, dtype)
+        self._op_static = [
+            (
+                tuple(physical(s) for s in op.in_shapes),
+                [
+                    (k, schedule.aux[(op.index, k)], tuple(a.shape), self._aux_dtype[(op.index, k)])
+                    for k, a in op.aux.items()
+                ],
+            )
+            for op in ops
+        ]
+        #: views of device blocks, by (offset, block size, shape, dtype): a planned schedule puts each
+        #: buffer at the same place every step, and making an array costs the host more than finding it
+        self._views: dict[tuple, Any] = {}
+        self._views_max = 8 * len(schedule.steps) + 64
         self._table = handlers(
             {
                 Alloc: self._alloc,
@@ -318,8 +337,9 @@ class Executor(Transfers):
             if train and self._stats:
                 self._keep_stats(r)
             with dev.step_scope() as threads:
-                for st in self.schedule.steps:
-                    self._table[type(st)](r, st)
+                with dev.dispatch_scope():
+                    for st in self.schedule.steps:
+                        self._table[type(st)](r, st)
                 dev.synchronize()
                 if self.comm_stream is not None:
                     self.comm_stream.synchronize()  # a failed collective: raised here
@@ -425,15 +445,27 @@ class Executor(Transfers):
 
     # -- views -------------------------------------------------------------------------------------
     def _view(self, r: _Run, key: Key, shape: tuple, dtype: Any) -> Any:
-        return self.device.view(r.blocks[key], shape, dtype)
+        return self._block_view(r.blocks[key], shape, dtype)
+
+    def _block_view(self, block: Any, shape: tuple, dtype: Any) -> Any:
+        """An array of ``shape`` and ``dtype`` over ``block`` (a live block of the device pool), made once
+        per place: the arena never moves, so a view at the same offset of a block of the same size is the
+        same array."""
+        k = (block.offset, block.size, shape, dtype)
+        v = self._views.get(k)
+        if v is None:
+            if len(self._views) >= self._views_max:  # placements that keep changing (best fit): start over
+                self._views.clear()
+            v = self._views[k] = self.device.view(block, shape, dtype)
+        return v
 
     def _value(self, r: _Run, tensor: int) -> Any:
-        t = self.program.tensors[tensor]
-        return self._view(r, self.schedule.value[tensor], physical(t.shape), self._dtypes[t.dtype])
+        shape, dtype = self._tensor_views[tensor]
+        return self._block_view(r.blocks[self.schedule.value[tensor]], shape, dtype)
 
     def _grad(self, r: _Run, tensor: int) -> Any:
-        t = self.program.tensors[tensor]  # a gradient is stored as its tensor is
-        return self._view(r, self.schedule.grad[tensor], physical(t.shape), self._dtypes[t.dtype])
+        shape, dtype = self._tensor_views[tensor]  # a gradient is stored as its tensor is
+        return self._block_view(r.blocks[self.schedule.grad[tensor]], shape, dtype)
 
     def _labels(self, r: _Run) -> Any:
         return self._view(r, _LABELS, self.program.label_shape, np.int64)
@@ -441,9 +473,14 @@ class Executor(Transfers):
     def _ctx(
         self, r: _Run, i: int, train: bool, rng: Any, algo: Any, workspace: Key | None, replay: bool = False
     ) -> Ctx:
-        op = self.program.ops[i]
-        aux = {k: self._view(r, self.schedule.aux[(i, k)], a.shape, self._aux_dtype[(i, k)]) for k, a in op.aux.items()}
-        ws = self._view(r, workspace, (r.blocks[workspace].nbytes,), np.uint8) if workspace is not None else None
+        in_shapes, aux_views = self._op_static[i]
+        blocks = r.blocks
+        aux = {k: self._block_view(blocks[key], shape, dtype) for k, key, shape, dtype in aux_views}
+        if workspace is not None:
+            block = blocks[workspace]
+            ws = self._block_view(block, (block.nbytes,), _BYTE)
+        else:
+            ws = None
         return Ctx(
             xp=self.xp,
             params=self._op_params[i],
@@ -453,7 +490,7 @@ class Executor(Transfers):
             rng=rng,
             workspace=ws,
             algo=algo,
-            in_shapes=tuple(physical(s) for s in op.in_shapes),
+            in_shapes=in_shapes,
             conv=self.device.conv_backend,
             ops=self.device.ops,
             replay=replay,

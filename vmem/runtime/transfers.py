@@ -24,6 +24,8 @@ from ..schedule import Key
 from ..schedule.steps import BnRange, Decode, Encode, Offload, Prefetch, Release, WaitPrefetch
 from .timeline import Span, Timeline
 
+_BYTE = np.dtype(np.uint8)
+
 __all__ = ["Transfers", "timed"]
 
 
@@ -51,11 +53,12 @@ class _Offloaded:
 
 class Transfers:
     """Offload, prefetch, encode and decode steps; the executor supplies ``device``, ``_op_params``,
-    ``_view``, ``_launch``, ``_asynchronous`` and the per-step state ``r``."""
+    ``_view``, ``_block_view``, ``_launch``, ``_asynchronous`` and the per-step state ``r``."""
 
     device: Any
     xp: Any
     _op_params: list[dict[str, Any]]
+    _block_view: Any
     _asynchronous: bool
 
     def _span(self, r: Any, stream: Any, name: str, kind: str, usage: dict[str, int], fn: Any, *args: Any) -> None:
@@ -117,7 +120,7 @@ class Transfers:
         ms.wait(cs.record())
         name = f"offload:{st.key}"
         if st.codec is not None:
-            src = dev.view(block, st.shape, _dtype(st.dtype))
+            src = self._block_view(block, st.shape, _dtype(st.dtype))
             self._span(r, ms, name, "offload", {}, self._send, st, src, off)
         else:
             off.moved = block.nbytes
@@ -129,7 +132,7 @@ class Transfers:
                 {},
                 dev.copy_now,
                 off.host[: block.nbytes],
-                dev.view(block, (block.nbytes,), np.uint8),
+                self._block_view(block, (block.nbytes,), _BYTE),
                 "d2h",
             )
         off.done = ms.record()
@@ -160,9 +163,8 @@ class Transfers:
         ms.wait(cs.record())  # the block's previous users on compute are done
         name = f"prefetch:{st.key}"
         if st.codec is not None:
-            dst = dev.view(
-                block, st.shape, _dtype(st.dtype)
-            )  # off.enc is set by the offload's task: read it when this runs
+            # off.enc is set by the offload's task: read it when this runs
+            dst = self._block_view(block, st.shape, _dtype(st.dtype))
             codec = st.codec
             self._span(r, ms, name, "prefetch", {}, lambda: transfer.receive(dev, codec, off.enc, dst))
         else:
@@ -173,7 +175,7 @@ class Transfers:
                 "prefetch",
                 {},
                 dev.copy_now,
-                dev.view(block, (block.nbytes,), np.uint8),
+                self._block_view(block, (block.nbytes,), _BYTE),
                 off.host[: block.nbytes],
                 "h2d",
             )
@@ -186,7 +188,7 @@ class Transfers:
     # -- encodings kept on the device (Gist) ----------------------------------------------------------
     def _encode(self, r: Any, st: Encode) -> None:
         """Encode a buffer into its encoding's block after its last forward use."""
-        src = self.device.view(r.blocks[st.key], st.shape, _dtype(st.dtype))
+        src = self._block_view(r.blocks[st.key], st.shape, _dtype(st.dtype))
         if st.enc in r.deferred:
             self._encode_at_size(r, st, src)
             return
@@ -223,7 +225,7 @@ class Transfers:
 
     def _decode(self, r: Any, st: Decode) -> None:
         """Decode a buffer back into its (newly allocated) block before the first backward that reads it."""
-        dst = self.device.view(r.blocks[st.key], st.shape, _dtype(st.dtype))
+        dst = self._block_view(r.blocks[st.key], st.shape, _dtype(st.dtype))
         encodings, codec = r.encodings, st.codec
         self._launch(  # type: ignore[attr-defined]
             r,

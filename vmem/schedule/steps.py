@@ -80,7 +80,15 @@ class Key(NamedTuple):
     part: str = ""
 
     def __str__(self) -> str:
-        return ":".join(p for p in (self.kind.value, self.name, self.part) if p)
+        text = _KEY_TEXT.get(self)
+        if text is None:  # made once per key: the executor names a span by its buffer at every step
+            if len(_KEY_TEXT) >= 1 << 16:
+                _KEY_TEXT.clear()
+            text = _KEY_TEXT[self] = ":".join(p for p in (self.kind.value, self.name, self.part) if p)
+        return text
+
+
+_KEY_TEXT: dict[Key, str] = {}
 
 
 @dataclass(frozen=True, slots=True)

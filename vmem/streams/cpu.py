@@ -13,14 +13,15 @@ stream runs normally again.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-__all__ = ["CpuStream", "CpuEvent", "THREAD_PREFIX"]
+__all__ = ["CpuStream", "CpuEvent", "THREAD_PREFIX", "held"]
 
 #: Name prefix of every stream worker thread (tests look for leftovers by it).
 THREAD_PREFIX = "vmem-stream"
@@ -46,6 +47,8 @@ class _State:
         "closed",
         "waiters",
         "wake_at",
+        "idle",
+        "held",
     )
 
     def __init__(self, name: str):
@@ -63,10 +66,20 @@ class _State:
         # not after every item (waking a waiter costs both threads a round of the GIL).
         self.waiters: list[int] = []
         self.wake_at = _NEVER
+        self.idle = False  # the worker waits for work: an enqueue wakes it (else it finds the item itself)
+        self.held = False  # enqueues leave the idle worker asleep (see held())
+
+    def wake(self) -> None:
+        """Wake the idle worker if work waits for it."""
+        with self.lock:
+            if self.idle and self.queue:
+                self.work.notify()
 
     def wait_for(self, seq: int) -> None:
         if self.completed >= seq:
             return
+        if _HELD:  # a held stream's work may be what this waits for, through another stream's wait
+            _wake_held()
         with self.lock:
             if self.completed >= seq:
                 return
@@ -86,6 +99,43 @@ class _State:
             return error
 
 
+#: the states of held streams (see held()); a thread that waits on any stream wakes them all first
+_HELD: set[_State] = set()
+_HELD_LOCK = threading.Lock()
+
+
+def _wake_held() -> None:
+    with _HELD_LOCK:
+        states = list(_HELD)
+    for state in states:
+        state.wake()
+
+
+@contextlib.contextmanager
+def held(*streams: "CpuStream") -> Iterator[None]:
+    """Enqueue a batch of work on ``streams`` without waking their idle workers until the batch is in
+    (the body ends) or some thread waits for a stream's progress, whichever comes first.
+
+    A worker needs the interpreter's lock, which the host holds while it enqueues: woken at the first
+    item, it would wait on the host (and the host on it) at every switch of the lock, and start its
+    first item only after the host's time slice. Held, it starts once the host has let go."""
+    states = [stream._state for stream in streams]
+    with _HELD_LOCK:
+        fresh = [state for state in states if not state.held]
+        for state in fresh:
+            state.held = True
+            _HELD.add(state)
+    try:
+        yield
+    finally:
+        with _HELD_LOCK:
+            for state in fresh:
+                state.held = False
+                _HELD.discard(state)
+        for state in fresh:
+            state.wake()
+
+
 def _worker(state: _State) -> None:
     queue = state.queue
     lock = state.lock
@@ -93,7 +143,9 @@ def _worker(state: _State) -> None:
     try:
         while True:
             while not queue:
+                state.idle = True
                 state.work.wait()
+                state.idle = False
             item = queue.popleft()
             if item is _STOP:
                 return
@@ -205,7 +257,8 @@ class CpuStream:
                 raise RuntimeError(f"stream {self.name!r} is closed")
             state.queue.append(item)
             state.enqueued += 1
-            state.work.notify()
+            if state.idle and not state.held:
+                state.work.notify()
             return state.enqueued
 
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
