@@ -144,3 +144,21 @@ def test_the_live_bytes_the_placement_records_are_the_replays_peak(policy):
         replay_if_fits(schedule, dataclasses.replace(device, memory=figures.peak_bytes * 2)).peak_bytes
         == figures.peak_bytes
     )
+
+
+class HostCosts(Costs):
+    """As Costs, and the host enqueues each step in 0.5 s; each stream item costs 0.25 s besides its work."""
+
+    def host_overheads(self):
+        return 0.5, 0.25
+
+
+def test_the_host_enqueues_the_step_before_the_streams_start_and_each_item_costs_its_stream():
+    figures = replay(schedule("layer"), vmem.device("sim:titan-x", memory="1MiB"), HostCosts())
+    # both streams start at 6 (12 steps enqueued); then as without the host, each of compute's five items
+    # (three forwards, the release's wait, the prefetch's wait) and memory's two copies 0.25 s longer:
+    # fwd 6-7.25; copy 7.25-9.5; fwd 7.25-8.5; release waits until 9.5 (stall 1), 9.75; prefetch 9.75-12;
+    # fwd 9.75-11; wait until 12 (stall 1), 12.25
+    assert figures.step_seconds == pytest.approx(12.25)
+    assert figures.stall_seconds == pytest.approx(2.0)
+    assert figures.peak_bytes == 3 * KiB

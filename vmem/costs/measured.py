@@ -55,6 +55,7 @@ class Profiled:
         elementwise_gbps: float = 10.0,
         copies: dict[int, float] | None = None,
         notes: list[str] | None = None,
+        dispatch: tuple[float, float] = (0.0, 0.0),
     ):
         self.times = times
         self.d2h = d2h_gbps
@@ -64,6 +65,13 @@ class Profiled:
         self.copies = copies or {}  # bytes -> seconds of one copy of that size
         #: what was not measured as asked (an op at a smaller batch, a smaller probe), one line each
         self.notes = list(notes or [])
+        #: the host's part of a step on a device whose streams wait for the host (the CPU device):
+        #: (seconds to enqueue one schedule step, seconds a stream spends on an item besides its work),
+        #: measured by the session (:func:`vmem.training.dispatch.overheads`); (0, 0) until then
+        self.dispatch = (float(dispatch[0]), float(dispatch[1]))
+
+    def host_overheads(self) -> tuple[float, float]:
+        return self.dispatch
 
     def op_seconds(self, op: OpInfo, pass_: str, algo: str | None) -> float:
         key = (op.name, pass_, algo)
@@ -94,6 +102,7 @@ class Profiled:
             "elementwise_gbps": self.elementwise_gbps,
             "copies": [[n, t] for n, t in self.copies.items()],
             "notes": self.notes,
+            "dispatch": list(self.dispatch),
         }
 
     @classmethod
@@ -106,6 +115,7 @@ class Profiled:
             float(data["elementwise_gbps"]),
             {int(n): float(t) for n, t in data["copies"]},
             list(data.get("notes", [])),
+            tuple(data.get("dispatch", (0.0, 0.0))),  # type: ignore[arg-type]
         )
 
 

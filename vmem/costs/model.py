@@ -2,7 +2,7 @@
 
 A cost model answers ``op_seconds(op, pass_, algo)`` (``pass_`` is ``"forward"``, ``"backward_data"``,
 ``"backward_filter"`` for convolutions and ``"forward"``/``"backward"`` for the rest),
-``copy_seconds(nbytes, direction)`` and ``update_seconds(param_bytes)``. The planner replays a schedule
+``copy_seconds(nbytes, direction)``, ``update_seconds(param_bytes)`` and ``host_overheads()``. The planner replays a schedule
 against it on two virtual clocks (compute and memory streams) to predict step time, stalls and the
 time-weighted average memory.
 
@@ -27,6 +27,12 @@ class CostModel(Protocol):
     def copy_seconds(self, nbytes: int, direction: str) -> float: ...
 
     def update_seconds(self, param_bytes: int) -> float: ...
+
+    def host_overheads(self) -> tuple[float, float]:
+        """What the host adds to a step beyond its work: (seconds to enqueue one schedule step, where the
+        streams start only once the step is enqueued; seconds a stream spends on one item besides its
+        work). (0, 0) where the device runs while the host enqueues (a GPU)."""
+        ...
 
     def misc_seconds(self, kind: str, nbytes: int) -> float:
         """The loss (``"loss"``), adding a gradient contribution of ``nbytes`` (``"acc"``), or encoding or

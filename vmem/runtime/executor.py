@@ -78,6 +78,8 @@ class StepReport:
     first_nonfinite: str | None = None
     #: the loss scale the step ran with (fp16 training), None where the loss was not scaled
     loss_scale: float | None = None
+    #: seconds the host took to enqueue the step's schedule (on the CPU device its streams start after it)
+    dispatch_seconds: float = 0.0
 
     @property
     def spans(self) -> list[Span]:
@@ -97,6 +99,7 @@ class StepReport:
                 "skipped",
                 "first_nonfinite",
                 "loss_scale",
+                "dispatch_seconds",
             )
         }
 
@@ -337,9 +340,11 @@ class Executor(Transfers):
             if train and self._stats:
                 self._keep_stats(r)
             with dev.step_scope() as threads:
+                walk = time.perf_counter()
                 with dev.dispatch_scope():
                     for st in self.schedule.steps:
                         self._table[type(st)](r, st)
+                walk = time.perf_counter() - walk
                 dev.synchronize()
                 if self.comm_stream is not None:
                     self.comm_stream.synchronize()  # a failed collective: raised here
@@ -368,6 +373,7 @@ class Executor(Transfers):
             skipped=r.skipped,
             first_nonfinite=r.first_nonfinite,
             loss_scale=r.scale,
+            dispatch_seconds=walk,
         )
         logits = r.logits
         if logits is not None and logits.dtype != self._loss_dtype:  # half logits: given back as the loss read them

@@ -177,6 +177,11 @@ class _Replay:
         if costs is not None and seconds is None:
             seconds = durations(schedule, costs)
         self.seconds = seconds if costs is not None else None
+        overheads = getattr(costs, "host_overheads", None) if costs is not None else None  # optional in a model
+        #: the host's part (see CostModel.host_overheads): enqueueing a step before its streams start,
+        #: and each stream item's own handling
+        host: tuple[float, float] = overheads() if overheads is not None else (0.0, 0.0)
+        self.per_step, self.per_item = host
         self.blocks: dict = {}
         self.ready: dict = {}  # prefetched key -> its copy's event
         self.copied: dict = {}  # offloaded key -> its copy's event
@@ -219,6 +224,10 @@ class _Replay:
         for buf in self.schedule.persistent:
             block = pool.allocate(buf.nbytes, None, buf.category)
             self._changed(buf.category, block.size)
+        if self.seconds is not None and self.per_step:  # the streams start once the host has enqueued the step
+            enqueued = self.per_step * len(self.schedule.steps)
+            self.compute.run(enqueued)
+            self.memory.run(enqueued)
         for index, st in enumerate(self.schedule.steps):
             handler = self.table[type(st)]
             if handler is not None:
@@ -289,14 +298,14 @@ class _Replay:
         if self.seconds is None:
             self.account(_flops_weight(self.schedule.program, st))
             return
-        self.compute.run(self.seconds[index])
+        self.compute.run(self.seconds[index] + self.per_item)
         self.account(self.seconds[index])
 
     def _offload(self, index: int, st: Offload) -> None:
         """The copy starts on the memory stream once compute has written the buffer for the last time."""
         if self.seconds is not None:
             self.memory.wait(self.compute.record())
-            self.memory.run(self.costs.copy_seconds(st.transfer_nbytes, "d2h"))
+            self.memory.run(self.costs.copy_seconds(st.transfer_nbytes, "d2h") + self.per_item)
             self.copied[st.key] = self.memory.record()
 
     def _release(self, index: int, st: Release) -> None:
@@ -307,19 +316,21 @@ class _Replay:
             self.memory.wait(self.compute.record())  # after the readers, as the executor orders it
         elif done is not None:
             self._stalled(self.compute.wait(done))
+            self.compute.run(self.per_item)  # the wait is an item of the compute stream
         self._changed(block.category, -block.size)
         self.pool.free(block, self.memory if st.sync == "event" else self.compute)
 
     def _prefetch(self, index: int, st: Prefetch) -> None:
         if self.seconds is not None:
             self.memory.wait(self.compute.record())
-            self.memory.run(self.costs.copy_seconds(st.transfer_nbytes, "h2d"))
+            self.memory.run(self.costs.copy_seconds(st.transfer_nbytes, "h2d") + self.per_item)
             self.ready[st.key] = self.memory.record()
 
     def _wait(self, index: int, st: WaitPrefetch) -> None:
         event = self.ready.pop(st.key, None)
         if event is not None:
             self._stalled(self.compute.wait(event))
+            self.compute.run(self.per_item)  # the wait is an item of the compute stream
 
     def _allreduce(self, index: int, st: AllReduce) -> None:
         """A bucket's all-reduce on the communication stream, once compute has written its gradients: a ring

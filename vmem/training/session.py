@@ -10,7 +10,7 @@ callbacks, checkpoints.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 from .. import policies
 from ..errors import BudgetTooSmall, OutOfDeviceMemory, PlanError
@@ -64,6 +64,8 @@ class Session:
         #: the optimizer's state sharded over the ranks (ZeRO's stage 1): each keeps its parameters' share
         self.shard_optimizer = bool(shard_optimizer) and group is not None
         self.costs: dict[int, Any] = {}
+        #: measures the host's part of a step for a profile (the trainer's probe: vmem.training.dispatch)
+        self.host_overheads: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0)
         self.plans: dict[int, PlanResult] = {}
         self._params: DeviceParams | None = None
         self._executors: dict[tuple[int, bool], Executor] = {}
@@ -214,13 +216,16 @@ class Session:
             program = self.net.build(batch, self.input_shape, self.dtype, self.precision)
             # on the device, within what its pool has free (never more than the budget); kept on disk, so
             # that the same run repeats (see vmem.costs.cache)
-            self.costs[batch], _ = cache.profile(
+            costs, _ = cache.profile(
                 self.device.catalog(program),
                 copy_gbps=self.device.spec.pcie_gbps,
                 seed=self.seed,
                 device=self.device,
                 cache=self.profile_cache,
             )
+            # the host's part of a step, measured in this process (not kept with the profile on disk)
+            costs.dispatch = self.host_overheads()
+            self.costs[batch] = costs
         return self.costs[batch]
 
     def fits(self, batch: int) -> bool:

@@ -28,7 +28,7 @@ from ..optim import SGD, GradScaler, Optimizer
 from ..planner import PlanResult
 from ..precision import activations_dtype
 from ..runtime import DeviceParams, Executor, StepReport
-from . import checkpoint
+from . import checkpoint, dispatch
 from .callbacks import Callback, LossWatch, PrintEpochs, ProgressBar
 from .session import Session
 
@@ -199,6 +199,8 @@ class Trainer:
             sync_batch_norm=bool(sync_batch_norm),
             shard_optimizer=bool(shard_optimizer),
         )
+        device_ = self.device
+        self.session.host_overheads = lambda: dispatch.overheads(device_, Trainer)
         self._closed = False
 
     # -- the engine (vmem.training.session) ------------------------------------------------------------
