@@ -1,4 +1,5 @@
-"""Timing helpers: the shortest of a few runs, and on a busy machine enough runs to see an undisturbed one."""
+"""Timing helpers: the shortest of a few runs or the median of the undisturbed ones, and on a busy machine
+enough runs to see undisturbed ones."""
 
 from __future__ import annotations
 
@@ -53,3 +54,23 @@ def test_undisturbed_stops_at_most_runs(monkeypatch):
     assert benchmarks.best_seconds(work, 2, undisturbed=True) == pytest.approx(3.0) and work.calls == 8
     work = _Work(monkeypatch, runs)
     assert benchmarks.best_seconds(work, 2, undisturbed=True, most=3) == 8.0 and work.calls == 3
+
+
+def test_typical_seconds_is_the_median_of_undisturbed_runs(monkeypatch):
+    # a preempted run (CPU time well under its wall time) is not counted, however short or long
+    work = _Work(monkeypatch, [1.2, (9.0, 1.0), 1.0, 1.5, 7.0])
+    assert benchmarks.typical_seconds(work, 3) == pytest.approx(1.2) and work.calls == 4
+    # a quiet machine: its rounds, their median (not their least)
+    work = _Work(monkeypatch, [1.3, 1.0, 1.1, 9.0])
+    assert benchmarks.typical_seconds(work, 3) == pytest.approx(1.1) and work.calls == 3
+    # two threads busy (CPU time twice the wall time) are undisturbed too
+    work = _Work(monkeypatch, [(1.0, 2.0), (1.2, 2.4), (1.1, 2.2)])
+    assert benchmarks.typical_seconds(work, 3) == pytest.approx(1.1) and work.calls == 3
+
+
+def test_typical_seconds_takes_the_shortest_runs_when_too_few_ran_undisturbed(monkeypatch):
+    runs = [(10.0 - i, 1.0) for i in range(10)]  # every run preempted
+    work = _Work(monkeypatch, runs)
+    assert benchmarks.typical_seconds(work, 2) == pytest.approx(3.5) and work.calls == 8  # of 3.0 and 4.0
+    work = _Work(monkeypatch, runs)
+    assert benchmarks.typical_seconds(work, 2, most=3) == pytest.approx(8.5) and work.calls == 3

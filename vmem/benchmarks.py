@@ -3,6 +3,7 @@ effective bandwidth of transfers through a codec."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any, Sequence
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from .units import parse_bytes
 
-__all__ = ["bandwidth", "codec_bandwidth", "relu_activations", "best_seconds", "DEFAULT_SIZES"]
+__all__ = ["bandwidth", "codec_bandwidth", "relu_activations", "best_seconds", "typical_seconds", "DEFAULT_SIZES"]
 
 DEFAULT_SIZES = ("64KiB", "256KiB", "1MiB", "4MiB", "16MiB", "64MiB", "256MiB")
 
@@ -93,6 +94,31 @@ def best_seconds(
         if n >= rounds and (clean or not undisturbed):
             break
     return best
+
+
+def typical_seconds(fn: Any, rounds: int, *, most: int | None = None) -> float:
+    """The median of ``rounds`` undisturbed timed calls of ``fn`` (its CPU time over the call covered its
+    wall time: no other process took the core), calling it up to ``most`` times (default 4 x ``rounds``)
+    to see them; where fewer ran undisturbed, the median of the shortest ``rounds`` calls.
+
+    What a call typically takes on this machine as it is, where :func:`best_seconds` gives the least: a
+    step of many calls runs at their typical time, and on a shared machine (a virtual machine's
+    neighbours, memory traffic, clock changes) that can be a tenth or more above their least even when
+    nothing preempted them. For work the host does itself (the CPU device)."""
+    limit = max(rounds, most or 4 * rounds)
+    clean: list[float] = []
+    every: list[float] = []
+    for _ in range(limit):
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        every.append(wall)
+        if wall <= cpu * (1 + _PREEMPTED) + _RESOLUTION:
+            clean.append(wall)
+            if len(clean) >= rounds:
+                break
+    runs = clean if len(clean) >= rounds else sorted(every)[:rounds]
+    return float(statistics.median(runs))
 
 
 def relu_activations(n: int, density: float, seed: int = 0) -> np.ndarray:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..benchmarks import best_seconds
+from ..benchmarks import best_seconds, typical_seconds
 from ..device.hostconv import HostConv
 from ..errors import OutOfDeviceMemory
 from ..graph import OpInfo, Program
@@ -212,8 +212,8 @@ class _Runner:
         return box[0]
 
     def seconds(self, fn: Any, repeats: int) -> float:
-        if not self.streamed:
-            return best_seconds(fn, repeats, undisturbed=True)
+        if not self.streamed:  # a step runs at its ops' typical times, not their least
+            return typical_seconds(fn, repeats)
         stream = self.device.compute_stream
 
         def run() -> None:
@@ -464,10 +464,11 @@ def profile(
     bandwidth, copies) are sized to the room left. ``Profiled.notes`` says what was not measured as asked.
 
     ``copy_gbps``: the host-device link rate if it is throttled; measured if not (a memcpy on the CPU,
-    pinned copies on a GPU). Each measurement is the best of ``repeats`` runs (after a warm-up); on
-    the CPU, of more where those were all preempted by other processes (up to four times as many: see
-    :func:`vmem.benchmarks.best_seconds`), lest a busy machine make the plan weigh an op several times
-    over."""
+    pinned copies on a GPU). On a GPU each measurement is the best of ``repeats`` runs (after a
+    warm-up). On the CPU an op's time is the median of ``repeats`` runs that no other process preempted
+    (up to four times as many calls to see them: :func:`vmem.benchmarks.typical_seconds`): what the op
+    typically takes in a step on this machine, not its least, and never a run that lost its core to
+    another process, lest a busy machine make the plan weigh an op several times over."""
     # under the same thread budget as the steps it predicts
     with BUDGET.limit() if device is None else device.step_scope():
         return _profile(program, copy_gbps, repeats, seed, device)
