@@ -56,6 +56,7 @@ class Profiled:
         copies: dict[int, float] | None = None,
         notes: list[str] | None = None,
         dispatch: tuple[float, float] = (0.0, 0.0),
+        codec_offload: bool = False,
     ):
         self.times = times
         self.d2h = d2h_gbps
@@ -69,6 +70,11 @@ class Profiled:
         #: (seconds to enqueue one schedule step, seconds a stream spends on an item besides its work),
         #: measured by the session (:func:`vmem.training.dispatch.overheads`); (0, 0) until then
         self.dispatch = (float(dispatch[0]), float(dispatch[1]))
+        #: whether offloading through a codec can save time (see vmem.policies.auto.codec_offloads): not
+        #: where the host's cores run the ops (the CPU device: the link is a memory copy on those cores,
+        #: and a codec's kernels would take them too); set by :func:`profile` (a named policy still
+        #: offloads through a codec where asked)
+        self.codec_offload = codec_offload
 
     def host_overheads(self) -> tuple[float, float]:
         return self.dispatch
@@ -103,6 +109,7 @@ class Profiled:
             "copies": [[n, t] for n, t in self.copies.items()],
             "notes": self.notes,
             "dispatch": list(self.dispatch),
+            "codec_offload": self.codec_offload,
         }
 
     @classmethod
@@ -116,6 +123,7 @@ class Profiled:
             {int(n): float(t) for n, t in data["copies"]},
             list(data.get("notes", [])),
             tuple(data.get("dispatch", (0.0, 0.0))),  # type: ignore[arg-type]
+            bool(data.get("codec_offload", False)),
         )
 
 
@@ -513,6 +521,7 @@ def _profile(program: Program, copy_gbps: float | None, repeats: int, seed: int,
         elementwise_gbps=elementwise_gbps,
         copies=copies,
         notes=notes,
+        codec_offload=on.streamed,  # a GPU's codec kernels run beside its copy engine
     )
 
 

@@ -2,7 +2,8 @@
 
 A cost model answers ``op_seconds(op, pass_, algo)`` (``pass_`` is ``"forward"``, ``"backward_data"``,
 ``"backward_filter"`` for convolutions and ``"forward"``/``"backward"`` for the rest),
-``copy_seconds(nbytes, direction)``, ``update_seconds(param_bytes)`` and ``host_overheads()``. The planner replays a schedule
+``copy_seconds(nbytes, direction)``, ``update_seconds(param_bytes)`` and ``host_overheads()``, and says by
+``codec_offload`` whether offloading through a codec can save time (true where it does not say). The planner replays a schedule
 against it on two virtual clocks (compute and memory streams) to predict step time, stalls and the
 time-weighted average memory.
 

@@ -47,6 +47,10 @@ def _bytes(op: OpInfo) -> int:
 class Roofline:
     """The simulator's cost model for a GPU spec sheet."""
 
+    #: offloading through a codec can save time: the link moves the encoded bytes, the codec runs beside
+    #: the copy engine (see vmem.policies.auto.codec_offloads)
+    codec_offload = True
+
     def __init__(self, spec: DeviceSpec):
         if not (spec.fp32_tflops and spec.memory_gbps and spec.h2d_gbps and spec.d2h_gbps):
             raise ValueError(f"device {spec.name!r}: a spec sheet needs fp32_tflops, memory_gbps, h2d_gbps, d2h_gbps")

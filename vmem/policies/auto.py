@@ -178,12 +178,15 @@ class Auto(Policy):
         )
         return f"{self.name}:{','.join(options)}" if options else self.name
 
-    def portfolio(self) -> list[str]:
-        """The named plans auto starts from."""
+    def portfolio(self, costs: Any = None) -> list[str]:
+        """The named plans auto starts from (under ``costs``: offloads through a codec only where they can
+        save time, see :func:`codec_offloads`)."""
         out = list(PORTFOLIO)
         if self.lossy is not None:
             gist = f"gist:dpr={self.lossy}" if self.lossy in codecs.FORMATS else f"gist:codec={self.lossy}"
             out += [f"{gist},algos=performance", f"vdnn-all:algos=performance,sync=event,codec={self.lossy}"]
+        if not codec_offloads(costs):
+            out = [spec for spec in out if not (spec.startswith("vdnn") and "codec=" in spec)]
         return out
 
     def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
@@ -199,7 +202,7 @@ class Auto(Policy):
         tried, floor = 0, None
         replayed: dict[tuple, Any] = {}  # a plan's decisions -> its replay: techniques that decide alike
         choices = any(op.algorithms for op in program.ops)
-        for spec in self.portfolio():
+        for spec in self.portfolio(costs):
             twin = spec.replace("algos=memory", "algos=performance")
             if spec != FLOOR and twin != spec and (not choices or any(s == twin for _, s, _ in fitting)):
                 # no convolution: the same plan as with the fastest algorithms; or those fit, and with
@@ -436,7 +439,7 @@ class Auto(Policy):
                     out.append(_Saving(work, nbytes - enc, name, "encode", {name: Stash.ENCODE}, codec.spec))
             offload = {name: Stash.OFFLOAD}
             out.append(_Saving(info.exposed(b, nbytes), nbytes, name, "offload", offload, None, nbytes))
-            if sparse:
+            if sparse and codec_offloads(costs):
                 zvc = codecs.get("zvc")
                 enc = codecs.stored_nbytes(zvc, shape, plan.density, dtype)
                 work = costs.misc_seconds("encode", nbytes + enc) + costs.misc_seconds("decode", nbytes + enc)
@@ -508,7 +511,7 @@ class Auto(Policy):
             elif decision == Stash.OFFLOAD:
                 copy = costs.copy_seconds(nbytes, "d2h") + costs.copy_seconds(nbytes, "h2d")
                 moves.append(_Move(copy, name, f"kept instead of offloaded ({format_bytes(nbytes)})", _keep(name)))
-                if name not in plan.codecs and nonnegative_sparse(program, b):
+                if name not in plan.codecs and nonnegative_sparse(program, b) and codec_offloads(costs):
                     moves.append(_Move(copy / 2, name, "offloaded through zvc", _offload(program, name, "zvc")))
             elif decision == Stash.ENCODE:
                 work = costs.misc_seconds("encode", 2 * nbytes)
@@ -572,6 +575,14 @@ def _keep(name: str) -> Callable[[Plan], Plan]:
         )
 
     return apply
+
+
+def codec_offloads(costs: Any) -> bool:
+    """Whether offloading through a codec can save time under ``costs`` (its ``codec_offload``, true where
+    it does not say): on a GPU the link moves the encoded bytes while the codec's kernel runs beside the
+    copy engine; on the CPU device the link is a memory copy on the cores the ops use, and encoding costs
+    them more than the bytes it saves."""
+    return bool(getattr(costs, "codec_offload", True))
 
 
 def _offload(program: Program, name: str, codec: str | None) -> Callable[[Plan], Plan]:
