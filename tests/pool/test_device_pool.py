@@ -327,3 +327,15 @@ def test_work_a_hook_enqueues_at_a_free_is_ordered_before_the_free_event():
     assert pool.snapshot()["blocks"][0]["ready"] is False
     s.advance()
     assert pool.snapshot()["blocks"][0]["ready"] is True
+
+
+def test_a_planned_place_over_merged_frees_waits_for_the_later_one():
+    """Two frees side by side on one stream merge into one segment gated by the later event: waiting for it
+    orders the taker after both (the stream ran them in order)."""
+    s, other = _Waiting("s0"), FakeStream("s1")
+    pool = DevicePool(4 * KiB, alignment=1024)
+    a, b = pool.allocate(KiB, stream=other, offset=KiB), pool.allocate(KiB, stream=other, offset=2 * KiB)
+    pool.free(a, stream=other)
+    pool.free(b, stream=other)
+    c = pool.allocate(KiB, stream=s, offset=KiB)
+    assert c.offset == KiB and [(e.stream, e.seq) for e in s.waits] == [(other, 2)] and other.host_waits == 0

@@ -53,7 +53,7 @@ class PoolMachine(RuleBasedStateMachine):
             lo, hi, owner, event = region
             if lo < block.end and block.offset < hi:
                 if owner is not s and not event.query():
-                    waited = s is not None and offset is not None and any(_same(w, event) for w in s.waits)
+                    waited = s is not None and offset is not None and any(_covers(w, event) for w in s.waits)
                     assert waited, f"block {block!r} handed to {s and s.name} before {owner.name}'s event"
                 self.freed.remove(region)
                 if lo < block.offset:
@@ -161,8 +161,10 @@ class _Waiting(FakeStream):
         return super().wait(event)
 
 
-def _same(a, b) -> bool:
-    return a.stream is b.stream and a.seq == b.seq
+def _covers(waited, event) -> bool:
+    """A wait for ``waited`` orders after ``event``: the same stream, as far or further (a merged free
+    segment keeps the later of its frees' events)."""
+    return waited.stream is event.stream and waited.seq >= event.seq
 
 
 def _event_at_free(stream):
