@@ -51,6 +51,11 @@ def _processor() -> str:
     return platform.processor() or "unknown"
 
 
+#: what a kept profile measures; a new number leaves the profiles kept before unread (2: ops at their
+#: typical time, not their fastest; whether offloads through a codec can save time)
+FORMAT = 2
+
+
 def key(program: Program, device: Any, copy_gbps: float | None, repeats: int, seed: int) -> str:
     """A hex digest of everything a profile of ``program`` on ``device`` depends on."""
     from .. import __version__
@@ -77,6 +82,7 @@ def key(program: Program, device: Any, copy_gbps: float | None, repeats: int, se
         "seed": seed,
         "machine": [platform.machine(), _processor(), os.cpu_count()],
         "versions": [__version__, np.__version__],
+        "format": FORMAT,
     }
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
