@@ -111,12 +111,9 @@ class _ArenaPool:
                 if offset % self.alignment:
                     raise ValueError(f"offset={offset}: must be a multiple of the alignment ({self.alignment})")
                 block = fit.take_at(offset, size, owner)
-                if block is None and fit.owners():  # other streams' frees there
-                    if _is_stream(owner):  # the stream waits for them (stream-ordered), not the host
-                        block = fit.take_at(offset, size, owner, order=owner.wait)
-                    else:  # the host waits only for those there
-                        fit.reclaim(wait=True, skip=owner, within=(offset, offset + size))
-                        block = fit.take_at(offset, size, owner)
+                if block is None and fit.owners():  # other streams' frees: the host waits only for those there
+                    fit.reclaim(wait=True, skip=owner, within=(offset, offset + size))
+                    block = fit.take_at(offset, size, owner)
             if block is None:
                 block = fit.take(size, owner, high)
             if block is None and size <= self.capacity - self._in_use:
@@ -349,9 +346,7 @@ class DevicePool(_ArenaPool):
         ``high=True`` carves the block from the high end of the best-fitting free block: a placement
         hint that keeps long-lived small blocks (saved state, labels) out of the way of the large
         short-lived ones, which otherwise fragment around them. ``offset``: place the block exactly there
-        (a planner's packing; it must be free, else the pool falls back to best fit). There, memory
-        another stream freed whose work may still run is taken in stream order: ``stream`` waits for that
-        free's event (the host does not); for the host (``stream=None``) the host waits.
+        (a planner's packing; it must be free, else the pool falls back to best fit).
         Raises :class:`~vmem.errors.OutOfDeviceMemory` if no block fits; the pool is then unchanged.
         """
         return self._allocate(nbytes, stream, category, high, offset)
