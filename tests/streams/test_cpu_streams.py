@@ -193,13 +193,18 @@ def test_many_host_threads_waiting_on_different_points_all_wake(streams):
     assert sorted(woke) == list(range(5))
 
 
+def _a_then_b(a, b, out):
+    """Enqueue: a appends "a"; b, after a's work, appends "b"."""
+    a.launch(out.append, "a")
+    b.wait(a.record())
+    b.launch(out.append, "b")
+
+
 def test_held_streams_start_their_work_when_the_batch_is_in(streams):
     a, b = streams
     out = []
     with held(a, b):
-        a.launch(out.append, "a")
-        b.wait(a.record())
-        b.launch(out.append, "b")
+        _a_then_b(a, b, out)
         time.sleep(0.05)
         assert out == [] and a.pending == 1  # asleep while the host enqueues
     b.synchronize()
@@ -216,9 +221,7 @@ def test_a_wait_inside_a_held_batch_wakes_the_streams_it_depends_on(streams):
     a, b = streams
     out = []
     with held(a, b):
-        a.launch(out.append, "a")
-        b.wait(a.record())
-        b.launch(out.append, "b")
+        _a_then_b(a, b, out)
         done = b.record()
         waiter = threading.Thread(target=done.synchronize)  # another thread's wait wakes them too
         waiter.start()

@@ -50,12 +50,11 @@ from ..schedule.steps import (
 )
 from .params import DeviceParams
 from .timeline import Span, Timeline
-from .transfers import Transfers
+from .transfers import _BYTE, Transfers
 
 __all__ = ["Executor", "StepReport"]
 
 _LABELS, _PROBS, _LOSS = Key(Kind.LABELS), Key(Kind.PROBS), Key(Kind.LOSS)
-_BYTE = np.dtype(np.uint8)
 
 
 @dataclass
