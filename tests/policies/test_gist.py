@@ -29,6 +29,27 @@ def test_lossless_encodings_give_the_baselines_weights_bitwise(model):
             assert 0 < reports[-1].offloaded_bytes < raw
 
 
+def test_encodings_denser_than_planned_go_to_host_memory_and_the_peak_stays_the_plans():
+    """Planned at a density far below the data's, ssdc's encodings do not fit their blocks: the values wait
+    in host memory instead, the weights are still the baseline's bit for bit, every block sits where the
+    plan put it (the peak is the plan's, to the byte), and the trainer says so once."""
+    ref, _, _ = train(MODELS["vgg_cifar"], "baseline")
+    with pytest.warns(RuntimeWarning, match=r"denser than the plan assumes \(0\.01\).*gist:density=") as caught:
+        params, reports, plan = train(MODELS["vgg_cifar"], "gist:density=0.01")
+    assert sum("denser than the plan" in str(w.message) for w in caught) == 1
+    assert all(np.array_equal(ref[k], params[k]) for k in ref)
+    ssdc = {name for name, c in plan.codecs.items() if c == "ssdc"}
+    for report in reports:
+        assert report.peak_bytes == plan.peak_bytes
+        spilled = {key.split(":", 1)[1] for key, _, _ in report.spilled}
+        assert spilled and spilled <= ssdc, (spilled, ssdc)
+        assert all(needed > planned for _, needed, planned in report.spilled)
+    # at the density the data have, nothing is spilled
+    _, reports, plan = train(MODELS["vgg_cifar"], "gist:density=1", steps=2)
+    assert not any(report.spilled for report in reports)
+    assert all(report.peak_bytes == plan.peak_bytes for report in reports)
+
+
 def test_lossy_encodings_stay_close_and_use_less_memory():
     net = MODELS["vgg_cifar"]()
     dev = vmem.device("cpu", memory="64MiB")

@@ -35,6 +35,15 @@ class Encoded:
     def size(self) -> int:
         return math.prod(self.shape)
 
+    @property
+    def stored_nbytes(self) -> int:
+        """Bytes :meth:`store` needs: each array at an aligned offset (at most ``nbytes + STORE_SLACK``)."""
+        offset = end = 0
+        for a in self.arrays.values():
+            end = offset + a.nbytes
+            offset = -(-end // _ALIGN) * _ALIGN
+        return end
+
     def store(self, raw: Any, *, copy: Any = None) -> "Encoded":
         """The same encoding with its arrays moved into ``raw`` (a byte buffer: a pool block, a pinned
         buffer), each at an aligned offset; ``copy(dst, src)`` moves the bytes (default: a plain copy,

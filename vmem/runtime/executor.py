@@ -79,6 +79,10 @@ class StepReport:
     loss_scale: float | None = None
     #: seconds the host took to enqueue the step's schedule (on the CPU device its streams start after it)
     dispatch_seconds: float = 0.0
+    #: encodings of data-dependent size (ssdc, zvc kept on the device) that came out larger than the block
+    #: the plan sized at its density: (buffer, bytes needed, bytes planned); their values were kept in host
+    #: memory for the step instead (slower, the same numbers, and no device memory beyond the plan's)
+    spilled: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def spans(self) -> list[Span]:
@@ -122,6 +126,7 @@ class _Run:
         self.kept_stats: list[Any] = []  # batch norm's running statistics as they were before the step
         self.first_nonfinite: str | None = None
         self.reduced: dict[int, Any] = {}  # gradient bucket -> the event its all-reduce ends with
+        self.spilled: list[tuple[str, int, int]] = []  # encodings kept in host memory (see StepReport.spilled)
 
 
 class Executor(Transfers):
@@ -373,6 +378,7 @@ class Executor(Transfers):
             first_nonfinite=r.first_nonfinite,
             loss_scale=r.scale,
             dispatch_seconds=walk,
+            spilled=tuple(r.spilled),
         )
         logits = r.logits
         if logits is not None and logits.dtype != self._loss_dtype:  # half logits: given back as the loss read them
@@ -401,9 +407,6 @@ class Executor(Transfers):
     # -- memory ------------------------------------------------------------------------------------
     def _alloc(self, r: _Run, st: Alloc) -> None:
         buf = st.buffer
-        if st.deferred:  # allocated by its Encode step, at its actual size
-            self._defer(r, buf, st.offset)
-            return
         r.blocks[buf.key] = self.device.pool.allocate(
             buf.nbytes, self.device.compute_stream, buf.category, high=buf.high, offset=st.offset
         )

@@ -6,8 +6,8 @@ readers' forward runs; Release frees it after the last of them as the step's syn
 stream waits for the copy, or the block is freed on the memory stream). Prefetch copies it back (decoding)
 into a newly allocated block;
 the compute stream waits for that copy before the first backward that reads it. Encodings kept on the
-device (Gist) are made on the compute stream; those whose size depends on the data wait for the data,
-then get a block of their actual size.
+device (Gist) are made on the compute stream into the blocks the plan placed; one whose size depends on
+the data and exceeds its block (data denser than the plan assumed) is kept in host memory instead.
 """
 
 from __future__ import annotations
@@ -51,6 +51,15 @@ class _Offloaded:
         self.moved = 0
 
 
+class _Spilled:
+    """A buffer whose encoding did not fit its planned block: its raw bytes, in (pageable) host memory."""
+
+    __slots__ = ("host", "needed")
+
+    def __init__(self, host: np.ndarray, needed: int):
+        self.host, self.needed = host, needed
+
+
 class Transfers:
     """Offload, prefetch, encode and decode steps; the executor supplies ``device``, ``_op_params``,
     ``_view``, ``_block_view``, ``_launch``, ``_asynchronous`` and the per-step state ``r``."""
@@ -76,7 +85,7 @@ class Transfers:
         r.offloaded = {}  # key -> _Offloaded, until its wait
         r.sent = []  # every offload of the step
         r.encodings = {}  # encoded buffer's key -> its Encoded (arrays in its block)
-        r.deferred = {}  # encoded buffer's key -> (planned offset, planned bytes), allocated at its size
+        r.spilled.clear()  # (buffer, bytes its encoding needed, bytes planned): encodings kept in host memory
 
     def _moved(self, r: Any) -> int:
         return sum(off.moved for off in r.sent)
@@ -85,9 +94,6 @@ class Transfers:
         for off in r.offloaded.values():
             if off.back is None:  # still only on the host (a prefetched buffer's host copy is already returned)
                 self.device.pinned.free(off.host_block, off.done)
-
-    def _defer(self, r: Any, buffer: Any, offset: int | None) -> None:
-        r.deferred[buffer.key] = (offset, buffer.nbytes)
 
     def _stall(self, r: Any, name: str, event: Any) -> None:
         """The compute stream waits for a memory-stream event; the wait is recorded as a stall. On an
@@ -187,51 +193,50 @@ class Transfers:
 
     # -- encodings kept on the device (Gist) ----------------------------------------------------------
     def _encode(self, r: Any, st: Encode) -> None:
-        """Encode a buffer into its encoding's block after its last forward use."""
+        """Encode a buffer into its encoding's block after its last forward use. An encoding whose size
+        depends on the data (ssdc, zvc) and comes out larger than the block the plan sized at its density is
+        not stored there: the buffer's bytes go to host memory instead (spilled) and come back at its
+        Decode, so the device never holds more than the plan, at the places the plan chose."""
         src = self._block_view(r.blocks[st.key], st.shape, _dtype(st.dtype))
-        if st.enc in r.deferred:
-            self._encode_at_size(r, st, src)
-            return
         raw = self._view(r, st.enc, (r.blocks[st.enc].nbytes,), np.uint8)  # type: ignore[attr-defined]
         encodings, codec, bn = r.encodings, st.codec, st.range
+        if not codec.data_dependent:
 
-        def run() -> None:
-            encodings[st.enc] = codecs.encode_channels_last(codec, src, *(self._range(bn) or ())).store(raw)
+            def run() -> None:
+                encodings[st.enc] = codecs.encode_channels_last(codec, src, *(self._range(bn) or ())).store(raw)
 
-        self._launch(r, f"encode:{st.key}", run)  # type: ignore[attr-defined]
+            self._launch(r, f"encode:{st.key}", run)  # type: ignore[attr-defined]
+            return
+        dev, spilled = self.device, r.spilled
+        flat = self._block_view(r.blocks[st.key], (st.nbytes,), _BYTE)  # type: ignore[attr-defined]
 
-    def _encode_at_size(self, r: Any, st: Encode, src: Any) -> None:
-        """An encoding whose size depends on the data: the host waits for the data, then allocates a block
-        of the encoding's actual size, at the planned place when it is no larger than planned."""
-        pool, cs = self.device.pool, self.device.compute_stream
-        cs.synchronize()
-        start = time.perf_counter()
-        made: dict[str, Any] = {}
-        cs.launch(lambda: made.update(enc=codecs.encode_channels_last(st.codec, src)))  # in the stream's order
-        cs.synchronize()
-        enc = made["enc"]
-        nbytes = enc.nbytes + codecs.STORE_SLACK
-        offset, planned = r.deferred.pop(st.enc)
-        block = pool.allocate(nbytes, cs, "encoded", offset=offset if nbytes <= planned else None)
-        r.blocks[st.enc] = block
-        raw = self._view(r, st.enc, (block.nbytes,), np.uint8)  # type: ignore[attr-defined]
-        encodings = r.encodings
-        cs.launch(lambda: encodings.__setitem__(st.enc, enc.store(raw)))
-        cs.synchronize()
-        usage = pool.usage()
-        r.timeline.record(
-            Span(f"encode:{st.key}", "compute", "compute", start, time.perf_counter(), sum(usage.values()), usage)
-        )
+        def run_sized() -> None:
+            enc = codecs.encode_channels_last(codec, src, *(self._range(bn) or ()))
+            if enc.stored_nbytes <= raw.nbytes:
+                encodings[st.enc] = enc.store(raw)
+                return
+            host = np.empty(st.nbytes, np.uint8)  # rare, and not pinned: no pinned allocation inside a step
+            dev.copy_now(host, flat, "d2h")
+            encodings[st.enc] = _Spilled(host, enc.stored_nbytes)
+            spilled.append((str(st.key), enc.stored_nbytes, raw.nbytes))
+
+        self._launch(r, f"encode:{st.key}", run_sized)  # type: ignore[attr-defined]
 
     def _decode(self, r: Any, st: Decode) -> None:
-        """Decode a buffer back into its (newly allocated) block before the first backward that reads it."""
+        """Decode a buffer back into its (newly allocated) block before the first backward that reads it
+        (a spilled one: copied back from host memory)."""
         dst = self._block_view(r.blocks[st.key], st.shape, _dtype(st.dtype))
-        encodings, codec = r.encodings, st.codec
-        self._launch(  # type: ignore[attr-defined]
-            r,
-            f"decode:{st.key}",
-            lambda: codecs.decode_channels_last(codec, encodings.pop(st.enc), dst),
-        )
+        flat = self._block_view(r.blocks[st.key], (st.nbytes,), _BYTE)  # type: ignore[attr-defined]
+        encodings, codec, dev = r.encodings, st.codec, self.device
+
+        def run() -> None:
+            enc = encodings.pop(st.enc)
+            if type(enc) is _Spilled:
+                dev.copy_now(flat, enc.host, "h2d")
+            else:
+                codecs.decode_channels_last(codec, enc, dst)
+
+        self._launch(r, f"decode:{st.key}", run)  # type: ignore[attr-defined]
 
     def _relu_on_bits(self, r: Any, name: str, enc: Key, dy: Any, dx: Any) -> None:
         encodings = r.encodings

@@ -147,7 +147,7 @@ class _Layerwise:
         self._sources.pop(key, None)
 
     def alloc_encoding(self, b: int) -> None:
-        self.steps.append(Alloc(self.buffers[self.enc[b]], deferred=self.codecs[b][0].data_dependent))
+        self.steps.append(Alloc(self.buffers[self.enc[b]]))
 
     def around_workspace(self, i: int, pass_: str, step: Step) -> None:
         ws = self.workspace.get((i, pass_))

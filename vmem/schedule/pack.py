@@ -298,7 +298,7 @@ def place(schedule: Schedule, strategy: str = "auto", capacity: int | None = Non
     steps, k = schedule.steps, 0
     for index, st in enumerate(steps):
         if type(st) is Alloc:
-            steps[index] = Alloc(st.buffer, offsets[k], st.deferred)  # (replace() is slow on the hot path)
+            steps[index] = Alloc(st.buffer, offsets[k])  # (replace() is slow on the hot path)
             k += 1
     schedule.live_bytes = base + live
     schedule.placed_for = None if capacity is None else valid

@@ -114,12 +114,11 @@ class BnRange(NamedTuple):
 # -- memory ----------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Alloc:
-    """Allocate ``buffer`` at its planned ``offset``. ``deferred``: an encoding whose size depends on the
-    data; its Encode step allocates it at its actual size (at ``offset`` when it fits)."""
+    """Allocate ``buffer`` at its planned ``offset`` (None: the pool's best fit). An encoding whose size
+    depends on the data is allocated at its planned size too (see :class:`Encode`)."""
 
     buffer: Buffer
     offset: int | None = None
-    deferred: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +276,9 @@ class WaitPrefetch:
 
 @dataclass(frozen=True, slots=True)
 class Encode:
-    """Encode ``key`` into ``enc`` on the compute stream (after its last forward use)."""
+    """Encode ``key`` into ``enc`` on the compute stream (after its last forward use). ``enc``'s block is
+    sized at the plan's density where the encoding's size depends on the data; an encoding that comes out
+    larger is not stored there: the value's bytes are kept in host memory until its Decode (spilled)."""
 
     key: Key
     enc: Key

@@ -202,6 +202,7 @@ class Trainer:
         device_ = self.device
         self.session.host_overheads = lambda: dispatch.overheads(device_, Trainer)
         self._closed = False
+        self._spill_told: set[int] = set()  # batch sizes whose plan has been told to spill
 
     # -- the engine (vmem.training.session) ------------------------------------------------------------
     @property
@@ -331,6 +332,8 @@ class Trainer:
         state = self.rng.bit_generator.state  # to replay the step (its dropout masks) for a diagnosis
         scale = None if self.scaler is None else self.scaler.scale
         report, _ = ex.run(x, np.asarray(y), train=True, rng=self.rng, step=self.steps_done + 1, loss_scale=scale)
+        if report.spilled:
+            self._tell_spilled(ex, report)
         if self.scaler is not None:
             self.scaler.update(report.skipped)
             if report.skipped and np.isfinite(report.loss) and self.scaler.scale >= 1:
@@ -349,6 +352,29 @@ class Trainer:
         if self.skipped_in_a_row >= self.nonfinite_limit:
             raise self._nonfinite(ex, x, y, state)
         return report
+
+    def _tell_spilled(self, ex: Executor, report: StepReport) -> None:
+        """Warn (once per batch size) that encodings came out larger than planned and went to host memory."""
+        batch = ex.schedule.program.batch
+        if batch in self._spill_told:
+            return
+        self._spill_told.add(batch)
+        key, needed, planned = report.spilled[0]
+        more = f" (and {len(report.spilled) - 1} more)" if len(report.spilled) > 1 else ""
+        density = getattr(self.plans.get(batch), "density", None)
+        warnings.warn(
+            f"{self.net.name}: step {self.steps_done + 1}: the encoding of {key} needs {needed} bytes, its planned "
+            f"block holds {planned}{more}: the data are denser than the plan assumes"
+            + (f" ({density:g})" if density is not None else "")
+            + "; their values are kept in host memory instead (the same numbers, slower)"
+            + (
+                f"; plan with a higher density ({self.policy.name}:density=...) to keep them encoded on the device"
+                if hasattr(self.policy, "density")
+                else ""
+            ),
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def _nonfinite(self, ex: Executor, x: np.ndarray, y: Any, state: dict) -> NonFiniteError:
         """The error that stops training, naming the first op whose output is not finite (the last bad
