@@ -274,13 +274,39 @@ def test_a_planned_place_spans_the_streams_own_frees_and_everyones_without_waiti
     assert offsets(pool) == [(0, 4 * KiB, "free")]
 
 
-def test_a_planned_place_waits_only_for_the_frees_it_covers():
-    s, mem = FakeStream("compute"), FakeStream("memory")
+class _Waiting(FakeStream):
+    """A stream that remembers the events it was made to wait for."""
+
+    def __init__(self, name):
+        super().__init__(name)
+        self.waits = []
+
+    def wait(self, event):
+        self.waits.append(event)
+        return super().wait(event)
+
+
+def test_a_planned_place_taken_by_a_stream_waits_there_for_the_frees_it_covers():
+    s, mem = _Waiting("compute"), FakeStream("memory")
     pool = DevicePool(4 * KiB, alignment=1024)
     blocks = [pool.allocate(KiB, stream=s, offset=i * KiB) for i in range(4)]
     for b in blocks[::2]:  # freed on the memory stream (after a copy): pending, in stream order
         pool.free(b, stream=mem)
     c = pool.allocate(KiB, stream=s, offset=0)  # needs only the first free's event, not the second's
+    # the stream waits for it (its later work runs after the copy); the host does not, nothing completes
+    assert c.offset == 0 and mem.host_waits == 0 and mem.completed == 0
+    assert [(e.stream, e.seq) for e in s.waits] == [(mem, 1)]
+    free = [b for b in pool.snapshot()["blocks"] if b["state"] == "free"]
+    assert [(b["offset"], b["stream"], b["ready"]) for b in free] == [(2 * KiB, "memory", False)]
+
+
+def test_a_planned_place_for_the_host_waits_on_the_host_for_the_frees_it_covers():
+    s, mem = FakeStream("compute"), FakeStream("memory")
+    pool = DevicePool(4 * KiB, alignment=1024)
+    blocks = [pool.allocate(KiB, stream=s, offset=i * KiB) for i in range(4)]
+    for b in blocks[::2]:
+        pool.free(b, stream=mem)
+    c = pool.allocate(KiB, stream=None, offset=0)
     assert c.offset == 0 and mem.host_waits == 1 and mem.completed == 1
     free = [b for b in pool.snapshot()["blocks"] if b["state"] == "free"]
     assert [(b["offset"], b["stream"], b["ready"]) for b in free] == [(2 * KiB, "memory", False)]
@@ -301,3 +327,15 @@ def test_work_a_hook_enqueues_at_a_free_is_ordered_before_the_free_event():
     assert pool.snapshot()["blocks"][0]["ready"] is False
     s.advance()
     assert pool.snapshot()["blocks"][0]["ready"] is True
+
+
+def test_a_planned_place_over_merged_frees_waits_for_the_later_one():
+    """Two frees side by side on one stream merge into one segment gated by the later event: waiting for it
+    orders the taker after both (the stream ran them in order)."""
+    s, other = _Waiting("s0"), FakeStream("s1")
+    pool = DevicePool(4 * KiB, alignment=1024)
+    a, b = pool.allocate(KiB, stream=other, offset=KiB), pool.allocate(KiB, stream=other, offset=2 * KiB)
+    pool.free(a, stream=other)
+    pool.free(b, stream=other)
+    c = pool.allocate(KiB, stream=s, offset=KiB)
+    assert c.offset == KiB and [(e.stream, e.seq) for e in s.waits] == [(other, 2)] and other.host_waits == 0

@@ -18,7 +18,7 @@ class PoolMachine(RuleBasedStateMachine):
     @initialize(alignment=st.sampled_from([1, 64, 256, 512]))
     def make(self, alignment):
         self.pool = DevicePool(CAPACITY, alignment=alignment)
-        self.streams = [FakeStream(f"s{i}") for i in range(3)]
+        self.streams = [_Waiting(f"s{i}") for i in range(3)]
         self.live = []  # handles we own
         # regions freed on a stream and not yet handed out again: [lo, hi, stream, event]
         self.freed = []
@@ -47,12 +47,14 @@ class PoolMachine(RuleBasedStateMachine):
             return
         assert block.size >= max(nbytes, 1) and block.size % self.pool.alignment == 0
         assert block.offset % self.pool.alignment == 0
-        # never handed to another stream before the event recorded at its free completed
+        # never handed to another stream before the event recorded at its free completed, unless that stream
+        # was made to wait for it (a planned place: stream-ordered)
         for region in list(self.freed):
             lo, hi, owner, event = region
             if lo < block.end and block.offset < hi:
-                if owner is not s:
-                    assert event.query(), f"block {block!r} handed to {s and s.name} before {owner.name}'s event"
+                if owner is not s and not event.query():
+                    waited = s is not None and offset is not None and any(_covers(w, event) for w in s.waits)
+                    assert waited, f"block {block!r} handed to {s and s.name} before {owner.name}'s event"
                 self.freed.remove(region)
                 if lo < block.offset:
                     self.freed.append([lo, block.offset, owner, event])
@@ -145,6 +147,24 @@ class PoolMachine(RuleBasedStateMachine):
             }
         ]
         assert self.pool.stats().in_use == 0
+
+
+class _Waiting(FakeStream):
+    """A stream that remembers the events it was made to wait for."""
+
+    def __init__(self, name):
+        super().__init__(name)
+        self.waits = []
+
+    def wait(self, event):
+        self.waits.append(event)
+        return super().wait(event)
+
+
+def _covers(waited, event) -> bool:
+    """A wait for ``waited`` orders after ``event``: the same stream, as far or further (a merged free
+    segment keeps the later of its frees' events)."""
+    return waited.stream is event.stream and waited.seq >= event.seq
 
 
 def _event_at_free(stream):

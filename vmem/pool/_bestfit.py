@@ -155,10 +155,13 @@ class BestFit:
         insort(best_list, (seg.size, seg.offset))
         return block
 
-    def take_at(self, offset: int, size: int, owner: Any = None) -> Block | None:
+    def take_at(self, offset: int, size: int, owner: Any = None, order: Any = None) -> Block | None:
         """Carve exactly ``[offset, offset + size)`` if free segments usable by ``owner`` (owned by nobody or
         by ``owner``) cover it, one or several side by side; the parts of the first and last outside the
-        range stay free with their owner and event."""
+        range stay free with their owner and event.
+
+        ``order`` (a stream's ``wait``): segments other streams freed are usable too, each after
+        ``order(event)`` of its pending free, so that the taker's later work runs after that free's."""
         end = offset + size
         first = None
         for c in self._free.values():  # a plain loop: few free segments, and this runs for every planned block
@@ -167,13 +170,18 @@ class BestFit:
                 break
         run: list[Block] = []
         seg = first
-        while seg is not None and seg.state == FREE and (seg.owner is None or seg.owner is owner):
+        while seg is not None and seg.state == FREE and (seg.owner is None or seg.owner is owner or order is not None):
             run.append(seg)
             if seg.end >= end:
                 break
             seg = seg.next
         else:
             return None
+        if order is not None:
+            for part in run:
+                if part.owner is not None and part.owner is not owner and part.event is not None:
+                    if not part.event.query():
+                        order(part.event)
         last = run[-1]
         for part in run:
             self._unlist(part)

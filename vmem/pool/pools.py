@@ -18,9 +18,15 @@ Stream ordering lives here and nowhere else. ``DevicePool.allocate(n, stream=T)`
 Blocks of ``T`` itself are never handed back in step 2: whether their events have completed depends on
 timing, and ``T`` can use them anyway.
 
+A planned place (``offset=``, a planner's packing) comes first: taken at once where it is free for
+``T``; where it covers memory another stream freed, ``T`` is made to wait for those frees' events (the
+host does not wait: ``T``'s later work runs after the other stream's), or, for the host (no stream), the
+host waits for them. This does not depend on timing, so the executor's blocks land where the plan's
+replay put them.
+
 So a block freed on one stream is never handed to another stream before the event recorded at its
-free has completed. The pinned pool follows the same chain, with the event of the copy that used a
-buffer in place of a stream.
+free has completed, or before that stream has been made to wait for it. The pinned pool follows the
+same chain, with the event of the copy that used a buffer in place of a stream.
 """
 
 from __future__ import annotations
@@ -111,9 +117,12 @@ class _ArenaPool:
                 if offset % self.alignment:
                     raise ValueError(f"offset={offset}: must be a multiple of the alignment ({self.alignment})")
                 block = fit.take_at(offset, size, owner)
-                if block is None and fit.owners():  # other streams' frees: the host waits only for those there
-                    fit.reclaim(wait=True, skip=owner, within=(offset, offset + size))
-                    block = fit.take_at(offset, size, owner)
+                if block is None and fit.owners():  # other streams' frees there
+                    if _is_stream(owner):  # the stream waits for them (stream-ordered), not the host
+                        block = fit.take_at(offset, size, owner, order=owner.wait)
+                    else:  # the host waits only for those there
+                        fit.reclaim(wait=True, skip=owner, within=(offset, offset + size))
+                        block = fit.take_at(offset, size, owner)
             if block is None:
                 block = fit.take(size, owner, high)
             if block is None and size <= self.capacity - self._in_use:
@@ -346,7 +355,9 @@ class DevicePool(_ArenaPool):
         ``high=True`` carves the block from the high end of the best-fitting free block: a placement
         hint that keeps long-lived small blocks (saved state, labels) out of the way of the large
         short-lived ones, which otherwise fragment around them. ``offset``: place the block exactly there
-        (a planner's packing; it must be free, else the pool falls back to best fit).
+        (a planner's packing; it must be free, else the pool falls back to best fit). There, memory
+        another stream freed whose work may still run is taken in stream order: ``stream`` waits for that
+        free's event (the host does not); for the host (``stream=None``) the host waits.
         Raises :class:`~vmem.errors.OutOfDeviceMemory` if no block fits; the pool is then unchanged.
         """
         return self._allocate(nbytes, stream, category, high, offset)

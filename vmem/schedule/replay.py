@@ -277,12 +277,13 @@ class _Replay:
 
     def _alloc(self, index: int, st: Alloc) -> None:
         buf = st.buffer
+        clock = self.compute.clock
         block = self.blocks[buf.key] = self.pool.allocate(
             buf.nbytes, self.compute, buf.category, high=buf.high, offset=st.offset
         )
         self._changed(buf.category, block.size)
-        if self.seconds is not None:  # the pool may have waited on the host for a copy still running
-            self._stalled(self.compute.catch_up())
+        if self.seconds is not None:  # the pool may have made compute (or the host) wait for a copy still running
+            self._stalled(self.compute.clock - clock + self.compute.catch_up())
 
     def _free(self, index: int, st: Free) -> None:
         block = self.blocks.pop(st.key)
