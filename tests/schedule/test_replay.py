@@ -162,3 +162,19 @@ def test_the_host_enqueues_the_step_before_the_streams_start_and_each_item_costs
     assert figures.step_seconds == pytest.approx(12.25)
     assert figures.stall_seconds == pytest.approx(2.0)
     assert figures.peak_bytes == 3 * KiB
+
+
+class SharedCores(HostCosts):
+    """As HostCosts, and each copy the memory stream runs takes 0.5 s from the compute stream."""
+
+    def host_overheads(self):
+        return 0.5, 0.25, 0.5
+
+
+def test_each_copy_takes_its_share_from_the_compute_stream_where_the_streams_share_the_cores():
+    figures = replay(schedule("layer"), vmem.device("sim:titan-x", memory="1MiB"), SharedCores())
+    # as above, with compute 0.5 s later after the offload (fwd 7.75-9) and after the prefetch: the release
+    # waits for the copy until 9.5 (stall 0.5), 9.75; prefetch 9.75-12, compute 10.25; fwd 10.25-11.5; wait
+    # until 12 (stall 0.5), 12.25
+    assert figures.step_seconds == pytest.approx(12.25)
+    assert figures.stall_seconds == pytest.approx(1.0)

@@ -28,8 +28,10 @@ from ..nn.base import Ctx, physical
 from ..nn.ops import HostOps
 from ..precision import dtype as _dtype
 from ..threads import BUDGET
+from .model import host_costs
 
 __all__ = ["Profiled", "profile"]
+
 
 _log = logging.getLogger("vmem.profile")  # one line per op at INFO: what a long profile is doing
 #: The most workspace cuDNN's search (``Find*Ex``, the fallback where its heuristics fail) is given: it
@@ -55,7 +57,7 @@ class Profiled:
         elementwise_gbps: float = 10.0,
         copies: dict[int, float] | None = None,
         notes: list[str] | None = None,
-        dispatch: tuple[float, float] = (0.0, 0.0),
+        dispatch: tuple[float, ...] = (0.0, 0.0, 0.0),
         codec_offload: bool = False,
     ):
         self.times = times
@@ -67,16 +69,17 @@ class Profiled:
         #: what was not measured as asked (an op at a smaller batch, a smaller probe), one line each
         self.notes = list(notes or [])
         #: the host's part of a step on a device whose streams wait for the host (the CPU device):
-        #: (seconds to enqueue one schedule step, seconds a stream spends on an item besides its work),
-        #: measured by the session (:func:`vmem.training.dispatch.overheads`); (0, 0) until then
-        self.dispatch = (float(dispatch[0]), float(dispatch[1]))
+        #: (seconds to enqueue one schedule step, seconds a stream spends on an item besides its work,
+        #: seconds the compute stream loses to each copy the memory stream runs), measured by the session
+        #: (:func:`vmem.training.dispatch.overheads`); zeros until then
+        self.dispatch = host_costs(dispatch)
         #: whether offloading through a codec can save time (see vmem.policies.auto.codec_offloads): not
         #: where the host's cores run the ops (the CPU device: the link is a memory copy on those cores,
         #: and a codec's kernels would take them too); set by :func:`profile` (a named policy still
         #: offloads through a codec where asked)
         self.codec_offload = codec_offload
 
-    def host_overheads(self) -> tuple[float, float]:
+    def host_overheads(self) -> tuple[float, float, float]:
         return self.dispatch
 
     def op_seconds(self, op: OpInfo, pass_: str, algo: str | None) -> float:
@@ -122,7 +125,7 @@ class Profiled:
             float(data["elementwise_gbps"]),
             {int(n): float(t) for n, t in data["copies"]},
             list(data.get("notes", [])),
-            tuple(data.get("dispatch", (0.0, 0.0))),  # type: ignore[arg-type]
+            tuple(data.get("dispatch", (0.0, 0.0, 0.0))),
             bool(data.get("codec_offload", False)),
         )
 

@@ -15,11 +15,19 @@ their published Titan X times (bench/reproduce_vdnn.py prints the comparison).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..graph import OpInfo
 
-__all__ = ["CostModel"]
+__all__ = ["CostModel", "host_costs"]
+
+
+def host_costs(parts: Any) -> tuple[float, float, float]:
+    """A cost model's ``host_overheads()`` as three floats (a model may give the first two alone)."""
+    values = [float(v) for v in parts]
+    if len(values) not in (2, 3):
+        raise ValueError(f"host overheads: {len(values)} figures; want (per step, per item[, per copy])")
+    return values[0], values[1], values[2] if len(values) == 3 else 0.0
 
 
 class CostModel(Protocol):
@@ -29,10 +37,12 @@ class CostModel(Protocol):
 
     def update_seconds(self, param_bytes: int) -> float: ...
 
-    def host_overheads(self) -> tuple[float, float]:
+    def host_overheads(self) -> tuple[float, float, float]:
         """What the host adds to a step beyond its work: (seconds to enqueue one schedule step, where the
         streams start only once the step is enqueued; seconds a stream spends on one item besides its
-        work). (0, 0) where the device runs while the host enqueues (a GPU)."""
+        work; seconds the compute stream loses to each copy the memory stream runs, where the streams
+        share the host's cores and interpreter). Zeros where the device runs while the host enqueues (a
+        GPU). A model may give the first two alone."""
         ...
 
     def misc_seconds(self, kind: str, nbytes: int) -> float:

@@ -115,9 +115,9 @@ class Roofline:
     def update_seconds(self, param_bytes: int) -> float:
         return self.launch + 5 * param_bytes / (self.bw * ELEMENTWISE_EFFICIENCY)
 
-    def host_overheads(self) -> tuple[float, float]:
+    def host_overheads(self) -> tuple[float, float, float]:
         """None beyond the launch in each op's time: a GPU runs while the host enqueues."""
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
 
     def misc_seconds(self, kind: str, nbytes: int) -> float:
         if kind == "loss":

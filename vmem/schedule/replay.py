@@ -16,6 +16,7 @@ from typing import Any
 
 from ..graph import Program
 from ..costs.collective import allreduce_seconds
+from ..costs.model import host_costs
 from ..pool import CATEGORIES
 from ..streams.virtual import VirtualStream
 from .steps import (
@@ -180,8 +181,9 @@ class _Replay:
         overheads = getattr(costs, "host_overheads", None) if costs is not None else None  # optional in a model
         #: the host's part (see CostModel.host_overheads): enqueueing a step before its streams start,
         #: and each stream item's own handling
-        host: tuple[float, float] = overheads() if overheads is not None else (0.0, 0.0)
-        self.per_step, self.per_item = host
+        #: and what each copy on the memory stream takes from the compute stream (the CPU device's streams
+        #: share its cores and the interpreter's lock)
+        self.per_step, self.per_item, self.per_copy = host_costs(overheads()) if overheads is not None else (0.0, 0.0, 0.0)
         self.blocks: dict = {}
         self.ready: dict = {}  # prefetched key -> its copy's event
         self.copied: dict = {}  # offloaded key -> its copy's event
@@ -308,6 +310,8 @@ class _Replay:
             self.memory.wait(self.compute.record())
             self.memory.run(self.costs.copy_seconds(st.transfer_nbytes, "d2h") + self.per_item)
             self.copied[st.key] = self.memory.record()
+            if self.per_copy:
+                self.compute.run(self.per_copy)
 
     def _release(self, index: int, st: Release) -> None:
         """Freed after its copy: by compute (sync=layer, which waits for it) or by the memory stream."""
@@ -326,6 +330,8 @@ class _Replay:
             self.memory.wait(self.compute.record())
             self.memory.run(self.costs.copy_seconds(st.transfer_nbytes, "h2d") + self.per_item)
             self.ready[st.key] = self.memory.record()
+            if self.per_copy:
+                self.compute.run(self.per_copy)
 
     def _wait(self, index: int, st: WaitPrefetch) -> None:
         event = self.ready.pop(st.key, None)

@@ -6,8 +6,12 @@ streams start once it is in: see ``Device.dispatch_scope``) and each stream item
 from the queue, timing it). Both are per step of the schedule and per item, whatever the layer's size, so
 they are measured on a small network: a few convolutions under ``vdnn-all`` (every kind of step the
 executor enqueues: allocations, ops, offloads, prefetches and their waits), on the device itself, once per
-process and device. :func:`overheads` gives them; the session puts them in its profile
-(``Profiled.dispatch``), and the replay adds them (see ``CostModel.host_overheads``).
+process and device. A third part is what each copy on the memory stream costs the compute stream: the
+streams' workers share the host's cores and the interpreter's lock, so an op slows while a copy runs
+beside it and waits for the lock after it; it is the time the offloading steps take beyond the same
+network's layer-wise steps (the same ops, no copies), per copy. :func:`overheads` gives the three; the
+session puts them in its profile (``Profiled.dispatch``), and the replay adds them (see
+``CostModel.host_overheads``).
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ _log = logging.getLogger("vmem.profile")
 _MEASURED: dict[str, tuple[float, float]] = {}
 _LOCK = threading.Lock()
 #: steps of the small network measured (after as many to warm up); their medians are taken
-STEPS = 9
+STEPS = 15
+#: turns of the two plans (see _measure)
+ROUNDS = 2
 
 
 def _network() -> Any:
@@ -50,13 +56,14 @@ def _network() -> Any:
     )
 
 
-def overheads(device: Any, trainer: Any) -> tuple[float, float]:
+def overheads(device: Any, trainer: Any) -> tuple[float, float, float]:
     """(seconds the host takes to enqueue one schedule step, seconds a stream takes per item besides its
-    work) on ``device``, from a small network's steps there under ``trainer`` (the Trainer class; its
-    blocks are given back after); (0, 0) where the device runs while the host enqueues (an asynchronous
-    one: a GPU) or the probe cannot run."""
+    work, seconds the compute stream loses to each copy the memory stream runs) on ``device``, from a
+    small network's steps there under ``trainer`` (the Trainer class; its blocks are given back after);
+    zeros where the device runs while the host enqueues (an asynchronous one: a GPU) or the probe cannot
+    run."""
     if device.asynchronous or not device.holds_data:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     with _LOCK:
         kept = _MEASURED.get(device.name)
         if kept is None:
@@ -64,21 +71,51 @@ def overheads(device: Any, trainer: Any) -> tuple[float, float]:
     return kept
 
 
-def _measure(device: Any, Trainer: Any) -> tuple[float, float]:
+def _measure(device: Any, Trainer: Any) -> tuple[float, float, float]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 2, 8, 8)).astype(np.float32)
     y = rng.integers(0, 4, 4)
+    runs: dict[str, tuple[list[Any], Any]] = {OFFLOADING: ([], None), "layerwise": ([], None)}
     try:
-        with Trainer(_network(), device=device, policy="vdnn-all", profile=False, seed=0) as trainer:
-            reports = [trainer.step(x, y) for _ in range(2 * STEPS)][STEPS:]
-            steps = len(trainer.session.executor(4, True).schedule.steps)
+        for _ in range(ROUNDS):  # in turns, so that neither runs only while the process is cold
+            for policy in ("layerwise", OFFLOADING):
+                with Trainer(_network(), device=device, policy=policy, profile=False, seed=0) as trainer:
+                    runs[policy][0].extend([trainer.step(x, y) for _ in range(2 * STEPS)][STEPS:])
+                    runs[policy] = (runs[policy][0], trainer.session.executor(4, True).schedule.steps)
     except VmemError as exc:  # too little room left on the device, say: the prediction counts ops alone
         _log.info("dispatch probe: not run (%s); the host's part of a step is not predicted", exc)
-        return 0.0, 0.0
-    per_step = float(np.median([r.dispatch_seconds for r in reports])) / steps
+        return 0.0, 0.0, 0.0
+    reports, steps = runs[OFFLOADING]
+    per_step = float(np.median([r.dispatch_seconds for r in reports])) / len(steps)
     per_item = float(np.median([_gaps(r) for r in reports]))
-    _log.info("dispatch probe: %.1f us per schedule step, %.1f us per stream item", per_step * 1e6, per_item * 1e6)
-    return per_step, per_item
+    # the same ops without the copies: what the offloading steps take beyond them, after the enqueueing
+    # and each item's own handling, is what the copies cost the compute stream
+    plain = runs["layerwise"][0]
+    extra = _streams_seconds(reports) - _streams_seconds(plain)
+    extra -= per_item * (_compute_items(reports[0]) - _compute_items(plain[0]))
+    copies = sum(1 for st in steps if type(st).__name__ in ("Offload", "Prefetch"))
+    per_copy = max(0.0, extra) / copies if copies else 0.0
+    _log.info(
+        "dispatch probe: %.1f us per schedule step, %.1f us per stream item, %.1f us of compute per copy",
+        per_step * 1e6,
+        per_item * 1e6,
+        per_copy * 1e6,
+    )
+    return per_step, per_item, per_copy
+
+
+#: the probe's offloading plan: every map copied out and back, released on the memory stream (as the
+#: plans that overlap copies with compute do)
+OFFLOADING = "vdnn-all:sync=event"
+
+
+def _streams_seconds(reports: list[Any]) -> float:
+    """The median step's seconds after the host enqueued it (the streams' part)."""
+    return float(np.median([r.seconds - r.dispatch_seconds for r in reports]))
+
+
+def _compute_items(report: Any) -> int:
+    return sum(1 for s in report.spans if s.stream == "compute")
 
 
 def _gaps(report: Any) -> float:

@@ -65,7 +65,7 @@ class Session:
         self.shard_optimizer = bool(shard_optimizer) and group is not None
         self.costs: dict[int, Any] = {}
         #: measures the host's part of a step for a profile (the trainer's probe: vmem.training.dispatch)
-        self.host_overheads: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0)
+        self.host_overheads: Callable[[], tuple[float, float, float]] = lambda: (0.0, 0.0, 0.0)
         self.plans: dict[int, PlanResult] = {}
         self._params: DeviceParams | None = None
         self._executors: dict[tuple[int, bool], Executor] = {}
