@@ -6,4 +6,16 @@ from __future__ import annotations
 from vmem.streams import VirtualEvent as FakeEvent
 from vmem.streams import VirtualStream as FakeStream
 
-__all__ = ["FakeEvent", "FakeStream"]
+__all__ = ["FakeEvent", "FakeStream", "WaitingStream"]
+
+
+class WaitingStream(FakeStream):
+    """A stand-in stream that remembers the events it was made to wait for."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.waits: list[FakeEvent] = []
+
+    def wait(self, event: FakeEvent) -> float:
+        self.waits.append(event)
+        return super().wait(event)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fakes import FakeStream
+from tests.fakes import FakeStream, WaitingStream
 from vmem.errors import OutOfDeviceMemory
 from vmem.pool import CATEGORIES, DevicePool, HostArena, PoolHook
 
@@ -274,20 +274,8 @@ def test_a_planned_place_spans_the_streams_own_frees_and_everyones_without_waiti
     assert offsets(pool) == [(0, 4 * KiB, "free")]
 
 
-class _Waiting(FakeStream):
-    """A stream that remembers the events it was made to wait for."""
-
-    def __init__(self, name):
-        super().__init__(name)
-        self.waits = []
-
-    def wait(self, event):
-        self.waits.append(event)
-        return super().wait(event)
-
-
 def test_a_planned_place_taken_by_a_stream_waits_there_for_the_frees_it_covers():
-    s, mem = _Waiting("compute"), FakeStream("memory")
+    s, mem = WaitingStream("compute"), FakeStream("memory")
     pool = DevicePool(4 * KiB, alignment=1024)
     blocks = [pool.allocate(KiB, stream=s, offset=i * KiB) for i in range(4)]
     for b in blocks[::2]:  # freed on the memory stream (after a copy): pending, in stream order
@@ -332,7 +320,7 @@ def test_work_a_hook_enqueues_at_a_free_is_ordered_before_the_free_event():
 def test_a_planned_place_over_merged_frees_waits_for_the_later_one():
     """Two frees side by side on one stream merge into one segment gated by the later event: waiting for it
     orders the taker after both (the stream ran them in order)."""
-    s, other = _Waiting("s0"), FakeStream("s1")
+    s, other = WaitingStream("s0"), FakeStream("s1")
     pool = DevicePool(4 * KiB, alignment=1024)
     a, b = pool.allocate(KiB, stream=other, offset=KiB), pool.allocate(KiB, stream=other, offset=2 * KiB)
     pool.free(a, stream=other)

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from tests.fakes import FakeEvent, FakeStream
+from tests.fakes import FakeEvent, WaitingStream
 from vmem.errors import OutOfDeviceMemory
 from vmem.pool import CATEGORIES, DevicePool
 
@@ -18,7 +18,7 @@ class PoolMachine(RuleBasedStateMachine):
     @initialize(alignment=st.sampled_from([1, 64, 256, 512]))
     def make(self, alignment):
         self.pool = DevicePool(CAPACITY, alignment=alignment)
-        self.streams = [_Waiting(f"s{i}") for i in range(3)]
+        self.streams = [WaitingStream(f"s{i}") for i in range(3)]
         self.live = []  # handles we own
         # regions freed on a stream and not yet handed out again: [lo, hi, stream, event]
         self.freed = []
@@ -147,18 +147,6 @@ class PoolMachine(RuleBasedStateMachine):
             }
         ]
         assert self.pool.stats().in_use == 0
-
-
-class _Waiting(FakeStream):
-    """A stream that remembers the events it was made to wait for."""
-
-    def __init__(self, name):
-        super().__init__(name)
-        self.waits = []
-
-    def wait(self, event):
-        self.waits.append(event)
-        return super().wait(event)
 
 
 def _covers(waited, event) -> bool:

@@ -179,11 +179,11 @@ class _Replay:
             seconds = durations(schedule, costs)
         self.seconds = seconds if costs is not None else None
         overheads = getattr(costs, "host_overheads", None) if costs is not None else None  # optional in a model
-        #: the host's part (see CostModel.host_overheads): enqueueing a step before its streams start,
-        #: and each stream item's own handling
-        #: and what each copy on the memory stream takes from the compute stream (the CPU device's streams
-        #: share its cores and the interpreter's lock)
-        self.per_step, self.per_item, self.per_copy = host_costs(overheads()) if overheads is not None else (0.0, 0.0, 0.0)
+        #: the host's part (see CostModel.host_overheads): enqueueing a step before its streams start, each
+        #: stream item's own handling, and what each copy on the memory stream takes from the compute
+        #: stream (the CPU device's streams share its cores and the interpreter's lock)
+        host = host_costs(overheads()) if overheads is not None else (0.0, 0.0, 0.0)
+        self.per_step, self.per_item, self.per_copy = host
         self.blocks: dict = {}
         self.ready: dict = {}  # prefetched key -> its copy's event
         self.copied: dict = {}  # offloaded key -> its copy's event
