@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -53,6 +54,20 @@ def test_train_says_what_the_budget_saves_and_what_auto_chose(capsys):
     lines = [line for line in out.splitlines() if not line.startswith("profile: ")]  # then what the profile says
     assert "x the" in lines[-3 if "offloaded" in out else -2] and lines[-1].startswith("auto: ")
     assert " buffers" in lines[-1] and "starting plans fit" in lines[-1]
+
+
+def test_a_warning_while_a_command_runs_is_one_line_of_its_own():
+    """Planned for data far sparser than they are, gist's encodings wait in host memory: the trainer warns,
+    and the command prints it as one line of its own, not as a source location."""
+    argv = ["train", "--epochs", "1", "--model", "digits_cnn", "--policy", "gist:density=0.01", "--json"]
+    done = subprocess.run([sys.executable, "-m", "vmem", *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith("vmem train: warning: digits_cnn: step 1: the encoding of "), done.stderr
+    assert len(done.stderr.splitlines()) == 1 and ".py:" not in done.stderr
+    before = warnings.formatwarning
+    with cli._warnings_as_lines("plan"):
+        assert warnings.formatwarning("x", RuntimeWarning, "f.py", 1) == "vmem plan: warning: x\n"
+    assert warnings.formatwarning is before  # put back after the command
 
 
 def test_a_named_policy_keeps_the_fixed_default_memory(capsys):

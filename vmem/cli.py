@@ -9,6 +9,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from typing import Any, Sequence
 
 from .errors import VmemError
@@ -833,6 +834,22 @@ def _version() -> str:
     return __version__
 
 
+@contextlib.contextmanager
+def _warnings_as_lines(command: str) -> Any:
+    """Warnings printed while a command runs read as one line of the command's (``vmem train: warning:
+    ...``), not as a source file's line and location."""
+    before = warnings.formatwarning
+
+    def line(message: Any, category: Any, filename: str, lineno: int, text: str | None = None) -> str:
+        return f"vmem {command}: warning: {message}\n"
+
+    warnings.formatwarning = line
+    try:
+        yield
+    finally:
+        warnings.formatwarning = before
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["check"]:
@@ -846,7 +863,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return args.func(args)
+        with _warnings_as_lines(args.command):
+            return args.func(args)
     except BrokenPipeError:  # e.g. `vmem models | head`
         sys.stderr.close()
         return 0
