@@ -236,7 +236,7 @@ def test_on_a_small_graph_auto_equals_an_exhaustive_search_over_every_buffers_ch
         result, _ = evaluate(program, spec, plan, costs=costs)
         if result.fits and (best is None or result.step_seconds < best):
             best = result.step_seconds
-    assert tried == 2 * 5**4 and best is not None
+    assert tried == 2 * 5**3 * 3 and best is not None  # the input: kept or offloaded; the max-pool: not sparse
     assert auto.fits and auto.step_seconds == pytest.approx(best, rel=1e-12)
     assert auto.plan.chosen == EXHAUSTIVE
     monkeypatch.setattr(Auto, "EXHAUSTIVE", 0)  # the descent alone finds it too

@@ -32,22 +32,12 @@ def readers(program: Program) -> dict[int, dict[str, tuple[int, ...]]]:
 
 
 def nonnegative_sparse(program: Program, b: int) -> bool:
-    """Whether buffer ``b`` holds ReLU outputs (or max-pools of ReLU outputs): sparse and nonnegative, what
-    Gist's SSDC and binarization encode."""
-    seen = set()
-    chains = program.buffer_writers
-    while b not in seen:
-        seen.add(b)
-        ops = [program.ops[i] for i in chains.get(b, ()) if program.ops[i].kind != "flatten"]
-        if not ops:
-            return False
-        last = ops[-1]  # the value that stays in the buffer
-        if last.kind == "relu":
-            return True
-        if last.kind != "maxpool":
-            return False
-        b = program.tensors[last.inputs[0]].buffer
-    return False
+    """Whether buffer ``b`` holds ReLU outputs: sparse (about half zeros, fewer after batch norm's zero mean
+    only by chance) and nonnegative, what Gist's SSDC encodes. Not a max-pool of them: nonnegative but
+    dense, a window's maximum being zero only where all its values are (a 2x2 window of half zeros: one in
+    sixteen; measured on vgg_cifar trained on digits, its SSDC came out larger than the plan's 0.6)."""
+    ops = [program.ops[i] for i in program.buffer_writers.get(b, ()) if program.ops[i].kind != "flatten"]
+    return bool(ops) and ops[-1].kind == "relu"  # the last writer: the value that stays in the buffer
 
 
 def prefetch_points(

@@ -59,7 +59,9 @@ class Plan:
     algos: dict[str, dict[str, str]] = field(default_factory=dict)  # op -> pass -> algorithm
     stash: dict[str, str] = field(default_factory=dict)  # stashed buffer (owner) -> a Stash (a string is taken)
     codecs: dict[str, str] = field(default_factory=dict)  # offloaded or encoded buffer -> codec spec
-    density: float = 0.5  # expected fraction of nonzeros, to size data-dependent encodings when planning
+    #: fraction of nonzeros data-dependent encodings are sized for (gist's plans: 0.6, a margin above the
+    #: half a ReLU after batch norm keeps)
+    density: float = 0.5
     # fixed-point buffers whose per-channel range comes from a batch norm: buffer -> {"batchnorm": op name,
     # "relu": whether a ReLU follows it, "sigmas": half-width in standard deviations} (see policies.ranges)
     ranges: dict[str, dict[str, Any]] = field(default_factory=dict)
