@@ -32,7 +32,6 @@ from .model import host_costs
 
 __all__ = ["Profiled", "profile"]
 
-
 _log = logging.getLogger("vmem.profile")  # one line per op at INFO: what a long profile is doing
 #: The most workspace cuDNN's search (``Find*Ex``, the fallback where its heuristics fail) is given: it
 #: runs every algorithm that fits, and some need gigabytes on a large batch, for seconds each.

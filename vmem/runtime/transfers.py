@@ -54,10 +54,10 @@ class _Offloaded:
 class _Spilled:
     """A buffer whose encoding did not fit its planned block: its raw bytes, in (pageable) host memory."""
 
-    __slots__ = ("host", "needed")
+    __slots__ = ("host",)
 
-    def __init__(self, host: np.ndarray, needed: int):
-        self.host, self.needed = host, needed
+    def __init__(self, host: np.ndarray):
+        self.host = host
 
 
 class Transfers:
@@ -85,7 +85,6 @@ class Transfers:
         r.offloaded = {}  # key -> _Offloaded, until its wait
         r.sent = []  # every offload of the step
         r.encodings = {}  # encoded buffer's key -> its Encoded (arrays in its block)
-        r.spilled.clear()  # (buffer, bytes its encoding needed, bytes planned): encodings kept in host memory
 
     def _moved(self, r: Any) -> int:
         return sum(off.moved for off in r.sent)
@@ -199,28 +198,20 @@ class Transfers:
         Decode, so the device never holds more than the plan, at the places the plan chose."""
         src = self._block_view(r.blocks[st.key], st.shape, _dtype(st.dtype))
         raw = self._view(r, st.enc, (r.blocks[st.enc].nbytes,), np.uint8)  # type: ignore[attr-defined]
-        encodings, codec, bn = r.encodings, st.codec, st.range
-        if not codec.data_dependent:
-
-            def run() -> None:
-                encodings[st.enc] = codecs.encode_channels_last(codec, src, *(self._range(bn) or ())).store(raw)
-
-            self._launch(r, f"encode:{st.key}", run)  # type: ignore[attr-defined]
-            return
-        dev, spilled = self.device, r.spilled
         flat = self._block_view(r.blocks[st.key], (st.nbytes,), _BYTE)  # type: ignore[attr-defined]
+        encodings, codec, bn, dev, spilled = r.encodings, st.codec, st.range, self.device, r.spilled
 
-        def run_sized() -> None:
+        def run() -> None:
             enc = codecs.encode_channels_last(codec, src, *(self._range(bn) or ()))
-            if enc.stored_nbytes <= raw.nbytes:
+            if enc.stored_nbytes <= raw.nbytes:  # always, where the size does not depend on the data
                 encodings[st.enc] = enc.store(raw)
                 return
             host = np.empty(st.nbytes, np.uint8)  # rare, and not pinned: no pinned allocation inside a step
             dev.copy_now(host, flat, "d2h")
-            encodings[st.enc] = _Spilled(host, enc.stored_nbytes)
+            encodings[st.enc] = _Spilled(host)
             spilled.append((str(st.key), enc.stored_nbytes, raw.nbytes))
 
-        self._launch(r, f"encode:{st.key}", run_sized)  # type: ignore[attr-defined]
+        self._launch(r, f"encode:{st.key}", run)  # type: ignore[attr-defined]
 
     def _decode(self, r: Any, st: Decode) -> None:
         """Decode a buffer back into its (newly allocated) block before the first backward that reads it

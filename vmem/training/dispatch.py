@@ -23,16 +23,20 @@ from typing import Any
 import numpy as np
 
 from ..errors import VmemError
+from ..schedule.steps import Offload, Prefetch
 
 __all__ = ["overheads"]
 
 _log = logging.getLogger("vmem.profile")
-_MEASURED: dict[str, tuple[float, float]] = {}
+_MEASURED: dict[str, tuple[float, float, float]] = {}
 _LOCK = threading.Lock()
 #: steps of the small network measured (after as many to warm up); their medians are taken
 STEPS = 15
 #: turns of the two plans (see _measure)
 ROUNDS = 2
+#: the probe's offloading plan: every map copied out and back, released on the memory stream (as the
+#: plans that overlap copies with compute do)
+OFFLOADING = "vdnn-all:sync=event"
 
 
 def _network() -> Any:
@@ -75,25 +79,27 @@ def _measure(device: Any, Trainer: Any) -> tuple[float, float, float]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 2, 8, 8)).astype(np.float32)
     y = rng.integers(0, 4, 4)
-    runs: dict[str, tuple[list[Any], Any]] = {OFFLOADING: ([], None), "layerwise": ([], None)}
+    runs: dict[str, list[Any]] = {"layerwise": [], OFFLOADING: []}  # the reports of each plan's steps
+    steps: list[Any] = []  # the offloading plan's schedule
     try:
         for _ in range(ROUNDS):  # in turns, so that neither runs only while the process is cold
-            for policy in ("layerwise", OFFLOADING):
+            for policy, reports in runs.items():
                 with Trainer(_network(), device=device, policy=policy, profile=False, seed=0) as trainer:
-                    runs[policy][0].extend([trainer.step(x, y) for _ in range(2 * STEPS)][STEPS:])
-                    runs[policy] = (runs[policy][0], trainer.session.executor(4, True).schedule.steps)
+                    reports.extend([trainer.step(x, y) for _ in range(2 * STEPS)][STEPS:])
+                    if policy == OFFLOADING:
+                        steps = trainer.session.executor(4, True).schedule.steps
     except VmemError as exc:  # too little room left on the device, say: the prediction counts ops alone
         _log.info("dispatch probe: not run (%s); the host's part of a step is not predicted", exc)
         return 0.0, 0.0, 0.0
-    reports, steps = runs[OFFLOADING]
+    reports = runs[OFFLOADING]
     per_step = float(np.median([r.dispatch_seconds for r in reports])) / len(steps)
     per_item = float(np.median([_gaps(r) for r in reports]))
     # the same ops without the copies: what the offloading steps take beyond them, after the enqueueing
     # and each item's own handling, is what the copies cost the compute stream
-    plain = runs["layerwise"][0]
+    plain = runs["layerwise"]
     extra = _streams_seconds(reports) - _streams_seconds(plain)
     extra -= per_item * (_compute_items(reports[0]) - _compute_items(plain[0]))
-    copies = sum(1 for st in steps if type(st).__name__ in ("Offload", "Prefetch"))
+    copies = sum(1 for st in steps if type(st) in (Offload, Prefetch))
     per_copy = max(0.0, extra) / copies if copies else 0.0
     _log.info(
         "dispatch probe: %.1f us per schedule step, %.1f us per stream item, %.1f us of compute per copy",
@@ -102,11 +108,6 @@ def _measure(device: Any, Trainer: Any) -> tuple[float, float, float]:
         per_copy * 1e6,
     )
     return per_step, per_item, per_copy
-
-
-#: the probe's offloading plan: every map copied out and back, released on the memory stream (as the
-#: plans that overlap copies with compute do)
-OFFLOADING = "vdnn-all:sync=event"
 
 
 def _streams_seconds(reports: list[Any]) -> float:
