@@ -6,14 +6,13 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import sys
 import time
 import warnings
 from typing import Any, Sequence
 
 from .errors import VmemError
-from .training.callbacks import Callback
+from .training.callbacks import StopOnSignal, Terminated
 from .cli_args import (
     check_dataset as _check_dataset,
     model as _model,
@@ -28,60 +27,6 @@ from .cli_tools import cmd_bench, cmd_trace
 from .units import format_bytes
 
 __all__ = ["main"]
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (what batch schedulers send before they kill a job), handled as Ctrl-C is: the run saves
-    what it has and exits with 143."""
-
-
-class _StopBetweenSteps(Callback):
-    """While a run trains (in the main thread), Ctrl-C and SIGTERM stop it between two steps, never inside
-    one (a step cut short may have updated some weights and not others, and could not be resumed exactly):
-    the first signal is noted and raised after the step that is running (as KeyboardInterrupt, or
-    :class:`Terminated`); a second one raises at once. On the ranks of a data-parallel run (``group``) the
-    ranks agree after every step whether any was signalled, so that all stop after the same step (and write
-    the same checkpoint) instead of one waiting in a collective for the others."""
-
-    def __init__(self, group: Any = None) -> None:
-        self.pending: BaseException | None = None
-        self._before: dict[int, Any] = {}
-        self.group = group
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        import signal
-
-        stop = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
-        if self.pending is not None:
-            raise stop
-        self.pending = stop
-        print("\nstopping after this step (again to stop at once)", file=sys.stderr, flush=True)
-
-    def on_step(self, trainer: Any, report: Any) -> None:
-        if self.group is not None:
-            import numpy as np
-
-            flags = np.array([0.0 if self.pending is None else 1.0 + isinstance(self.pending, Terminated)])
-            self.group.allreduce(flags)  # every rank's, summed: any rank signalled stops them all
-            if flags[0] and self.pending is None:
-                self.pending = KeyboardInterrupt()
-        if self.pending is not None:
-            raise self.pending
-
-    def __enter__(self) -> "_StopBetweenSteps":
-        import signal
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._before[sig] = signal.signal(sig, self._handler)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        import signal
-
-        for sig, before in self._before.items():  # a signal noted after the last step: the run is done
-            signal.signal(sig, before)
 
 
 #: ``vmem train --memory auto``: the device budget as a fraction of the baseline policy's peak
@@ -123,36 +68,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     # a path that cannot take a checkpoint is refused before any training, and held for the run (by the
     # rank that writes it)
     lock = SaveLock(args.save) if args.save and (group is None or group.rank == 0) else contextlib.nullcontext()
-    with lock, _StopBetweenSteps(group) as stop:
+    with lock, StopOnSignal(group) as stop:
         if group is None:
             return _train(args, stop, None)
         try:
             return int(distributed.abort_on_error(group, lambda: _train(args, stop, group)))
-        except KeyboardInterrupt as exc:  # every rank stopped after the same step; rank 0 says so
-            if group.rank == 0:
+        except KeyboardInterrupt as exc:
+            code = 143 if isinstance(exc, Terminated) else 130
+            if not stop.agreed and group.size > 1:  # stopped outside training: the others may wait for this rank
+                if group.rank == 0:
+                    print(f"vmem train: {_stopped(exc, args)}", file=sys.stderr, flush=True)
+                group.comm.Abort(code)
+            if group.rank == 0:  # every rank stopped after the same step; rank 0 says so
                 raise
-            return 143 if isinstance(exc, Terminated) else 130
-
-
-#: Lines of MPICH's launcher (hydra) when a rank fails: replaced by one line of vmem's.
-_HYDRA = re.compile(
-    r"^(=+|=\s.*|YOUR APPLICATION TERMINATED.*|This typically refers to a problem.*|Please see the FAQ.*)$"
-)
+            return code
 
 
 def _launch_ranks(args: argparse.Namespace) -> int:
-    """``vmem train --nproc N``: the same command on N ranks under MPICH's mpiexec (the ``mpi`` extra's
-    wheel), each rank's core budget its share of the machine's cores; a failed rank reported in one line."""
-    import shutil
-    import signal
-    import subprocess
-
+    """``vmem train --nproc N``: the same command on N ranks (see :mod:`vmem.distributed.launch`)."""
+    from .distributed import launch
     from .threads import cores
 
-    here = os.path.dirname(sys.executable)
-    mpiexec = shutil.which("mpiexec", path=here) or shutil.which("mpiexec")
-    if mpiexec is None:
-        raise ImportError("--nproc needs an MPI runtime (mpiexec) and mpi4py: pip install 'vmem[mpi]'")
     argv, skip = [], False
     for a in args.argv:
         if skip:
@@ -161,43 +97,7 @@ def _launch_ranks(args: argparse.Namespace) -> int:
             skip = True
         elif not a.startswith("--nproc="):
             argv.append(a)
-    env = dict(os.environ, VMEM_THREADS=str(max(1, cores() // args.nproc)), PYTHONUNBUFFERED="1")
-    cmd = [mpiexec, "-n", str(args.nproc), sys.executable, "-m", "vmem", *argv]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    failed: list[str] = []
-
-    def relay(source: Any, sink: Any) -> None:  # the ranks' lines as they come, the launcher's banner left out
-        for line in source:
-            code = re.search(r"EXIT CODE:\s*(\d+)", line)
-            if code:
-                n = int(code.group(1))
-                name = signal.Signals(n).name if n in (2, 6, 9, 11, 15) else None  # a signal that ended it
-                failed.append(f"exit status {n}" + (f": {name}?" if name else ""))
-            if not _HYDRA.match(line.rstrip("\n")):
-                sink.write(line)
-                sink.flush()
-
-    import threading
-
-    relays = [
-        threading.Thread(target=relay, args=(proc.stdout, sys.stdout), daemon=True),
-        threading.Thread(target=relay, args=(proc.stderr, sys.stderr), daemon=True),
-    ]
-    for t in relays:
-        t.start()
-    for t in relays:
-        t.join()
-    rc = proc.wait()
-    if rc in (130, 143) and not failed:  # stopped by a signal, between two steps: rank 0 has said so
-        return rc
-    if rc != 0:
-        print(
-            f"vmem train: a rank of {args.nproc} ended ({failed[0] if failed else f'exit status {rc}'}); mpiexec "
-            "stopped the others",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    return launch.launch(argv, args.nproc, max(1, cores() // args.nproc))
 
 
 def _train(args: argparse.Namespace, stop: Any, group: Any = None) -> int:
@@ -289,9 +189,12 @@ def _train(args: argparse.Namespace, stop: Any, group: Any = None) -> int:
                 initial_epoch=initial,
             )
         except KeyboardInterrupt:
-            if args.save:  # what the interrupted epoch did so far, on top of the last whole epoch
+            # what the interrupted epoch did so far, on top of the last whole epoch; nothing where a second
+            # signal cut a step short (its update may be partial: the last checkpoint stays)
+            if args.save and not stop.cut:
                 try:
                     trainer.save(args.save)
+                    args.saved = True
                 except VmemError as exc:
                     print(f"vmem train: {exc}", file=sys.stderr)
             raise
@@ -850,6 +753,42 @@ def _warnings_as_lines(command: str) -> Any:
         warnings.formatwarning = before
 
 
+@contextlib.contextmanager
+def _signals_raise() -> Any:
+    """Ctrl-C and SIGTERM raise at once while a command runs (KeyboardInterrupt, :class:`Terminated`), so
+    that its ``with`` blocks close devices and remove temporaries on the way out (Python's own SIGTERM
+    ends the process without them). Only in the main thread, where handlers can be set."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_(signum: int, frame: Any) -> None:
+        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+    before = {sig: signal.signal(sig, raise_) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _stopped(exc: BaseException, args: argparse.Namespace) -> str:
+    """The one line a command stopped by a signal ends with: which signal, and what was saved."""
+    what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+    save = getattr(args, "save", None)
+    if not save:
+        return what
+    if args.saved:
+        return f"{what}; what was trained so far is saved in {save}"
+    if os.path.isfile(save):
+        return f"{what}; the last checkpoint in {save} is kept"
+    return f"{what} before anything was trained; nothing saved"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["check"]:
@@ -862,26 +801,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    args.saved = False
     try:
-        with _warnings_as_lines(args.command):
+        with _warnings_as_lines(args.command), _signals_raise():
             return args.func(args)
     except BrokenPipeError:  # e.g. `vmem models | head`
         sys.stderr.close()
         return 0
-    except Terminated:
-        print(
-            f"vmem {args.command}: terminated (SIGTERM)"
-            + (f"; the checkpoint is in {args.save}" if getattr(args, "save", None) else ""),
-            file=sys.stderr,
-        )
-        return 143
-    except KeyboardInterrupt:  # the devices are closed by the context managers on the way out
-        print(
-            f"vmem {args.command}: interrupted"
-            + (f"; the checkpoint is in {args.save}" if getattr(args, "save", None) else ""),
-            file=sys.stderr,
-        )
-        return 130
+    except KeyboardInterrupt as exc:  # the devices are closed by the context managers on the way out
+        with _signals_raise():  # a signal while saying so still ends the command at once
+            print(f"vmem {args.command}: {_stopped(exc, args)}", file=sys.stderr, flush=True)
+        return 143 if isinstance(exc, Terminated) else 130
     except (ValueError, MemoryError, ImportError, FileNotFoundError, VmemError) as exc:  # user errors: one clear line
         if getattr(args, "json", False):
             print(json.dumps({"command": args.command, "error": str(exc), "type": type(exc).__name__}))

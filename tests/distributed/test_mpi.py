@@ -94,6 +94,46 @@ def test_a_killed_rank_ends_the_run_within_seconds(tmp_path):
     assert not Path(f"{tmp_path / 'w'}.rank0.npz").exists()  # rank 0 did not go on alone
 
 
+def _shm() -> set[str]:
+    """MPICH's shared-memory files in /dev/shm."""
+    return {p.name for p in Path("/dev/shm").glob("mpich*")} if Path("/dev/shm").is_dir() else set()
+
+
+def _alive(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still in the process table (zombies included)."""
+    return [p for p in pids if Path(f"/proc/{p}").exists()]
+
+
+def test_sigterm_to_the_launcher_stops_every_rank_after_the_same_step(tmp_path):
+    """SIGTERM to `vmem train --nproc 2` (what `timeout` and batch schedulers send): forwarded to the ranks,
+    which stop after the same step; rank 0 saves and says so in one line; exit 143; no rank, proxy or
+    shared-memory file is left."""
+    save = tmp_path / "ckpt.npz"
+    shm_before = _shm()
+    cmd = [sys.executable, "-m", "vmem", "train", "--nproc", "2", "--dataset", "synthetic", "--epochs", "20"]
+    cmd += ["--save", str(save)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert "on 2 ranks" in proc.stdout.readline()
+        while not proc.stdout.readline().startswith("epoch 1/"):  # training: a signal now waits for the step
+            pass
+        job = [p for p, _ in _descendants(proc.pid)]
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert time.monotonic() - signalled < 10, err
+    assert proc.returncode == 143 and save.is_file(), err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1] == f"vmem train: terminated (SIGTERM); what was trained so far is saved in {save}", err
+    assert sum("stopping after this step" in line for line in lines) == 1, err  # one line for the ranks
+    time.sleep(0.5)
+    assert not _alive(job), [(p, c) for p, c in _descendants(1) if p in job]
+    assert _shm() <= shm_before, _shm() - shm_before
+
+
 def _descendants(pid: int) -> list[tuple[int, str]]:
     """(pid, command line) of every process below ``pid``."""
     children: dict[int, list[int]] = {}
@@ -117,6 +157,7 @@ def _descendants(pid: int) -> list[tuple[int, str]]:
 
 
 def test_vmem_train_nproc_reports_a_killed_rank_in_one_line(tmp_path):
+    shm_before = _shm()
     cmd = [sys.executable, "-m", "vmem", "train", "--nproc", "2", "--dataset", "synthetic", "--epochs", "20"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -131,6 +172,7 @@ def test_vmem_train_nproc_reports_a_killed_rank_in_one_line(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 1 and time.monotonic() - killed < 10
+    assert not _alive(ranks) and _shm() <= shm_before, _shm() - shm_before  # nothing left behind
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines == ["vmem train: a rank of 2 ended (exit status 9: SIGKILL?); mpiexec stopped the others"], err
     assert not any("BAD TERMINATION" in line for line in lines)  # the launcher's banner, replaced
@@ -163,6 +205,8 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
     try:
         assert proc.stdout is not None
         assert "on 2 ranks" in proc.stdout.readline()
+        while not proc.stdout.readline().startswith("epoch 1/"):  # training: a signal now waits for the step
+            pass
         ranks = [p for p, c in _descendants(proc.pid) if c.split()[0] == sys.executable and "--nproc" not in c]
         os.kill(max(ranks), signal.SIGINT)  # the later-started rank: rank 1
         signalled = time.monotonic()
@@ -172,4 +216,4 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
     assert time.monotonic() - signalled < 10, err
     assert proc.returncode == 130 and save.is_file(), err
     lines = [line for line in err.splitlines() if line.strip()]
-    assert lines[-1] == f"vmem train: interrupted; the checkpoint is in {save}", err  # rank 0 alone says so
+    assert lines[-1] == f"vmem train: interrupted; what was trained so far is saved in {save}", err  # rank 0 alone

@@ -180,6 +180,9 @@ class MPIGroup:
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.timeout = TIMEOUT if timeout is None else float(timeout)
         self._lock = threading.Lock()  # one collective at a time, whichever thread (a stream's) calls it
+        from .launch import note_shared_memory
+
+        note_shared_memory()  # for `vmem train --nproc`'s launcher to remove, however the job ends
 
     def _wait(self, request: Any, what: str) -> None:
         deadline = time.monotonic() + self.timeout

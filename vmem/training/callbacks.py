@@ -16,13 +16,25 @@ if TYPE_CHECKING:
     from ..runtime import StepReport
     from .trainer import EpochStats, History, Trainer
 
-__all__ = ["Callback", "ProgressBar", "PrintEpochs", "Checkpoint", "CosineSchedule", "LossWatch"]
+__all__ = [
+    "Callback",
+    "ProgressBar",
+    "PrintEpochs",
+    "Checkpoint",
+    "CosineSchedule",
+    "LossWatch",
+    "StopOnSignal",
+    "Terminated",
+]
 
 
 class Callback:
     """Hooks of :meth:`vmem.Trainer.fit`; each does nothing unless overridden."""
 
     def on_epoch_start(self, trainer: "Trainer", epoch: int, epochs: int, batches: int) -> None:
+        pass
+
+    def on_step_start(self, trainer: "Trainer") -> None:
         pass
 
     def on_step(self, trainer: "Trainer", report: "StepReport") -> None:
@@ -154,3 +166,89 @@ class LossWatch(Callback):
     def _warn(self, what: str) -> None:
         self.warned = True
         warnings.warn(f"{what}: training is diverging; lower the learning rate", RuntimeWarning, stacklevel=3)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what batch schedulers and ``timeout`` send before they kill a job), handled as Ctrl-C is:
+    the run saves what it has and the command exits with 143 (130 for Ctrl-C)."""
+
+
+class StopOnSignal(Callback):
+    """Ctrl-C (SIGINT) and SIGTERM stop whatever runs within about a second, and a training step in flight
+    after it finishes (a step cut short may have updated some weights and not others, and could not be
+    resumed exactly).
+
+    Used as a context manager (in the main thread; elsewhere it does nothing) that installs the handlers,
+    and as a callback of :meth:`vmem.Trainer.fit`, which tells it when a step starts and ends. Outside a
+    step (profiling, planning, loading data, evaluating, checking) a signal raises at once, as
+    :class:`KeyboardInterrupt` or :class:`Terminated`. Inside one, the first signal is noted (one line on
+    stderr) and raised when the step ends; a second raises at once and sets :attr:`cut` (the weights are
+    then half-updated: save nothing).
+
+    On the ranks of a data-parallel run (``group``), a rank that stopped alone would leave the others
+    waiting in a collective, so from the first epoch to the end of ``fit`` every signal is held to the end
+    of the step, and the ranks agree after every step whether any was signalled: all stop after the same
+    step (and rank 0 writes the checkpoint the others would)."""
+
+    def __init__(self, group: Any = None) -> None:
+        self.pending: KeyboardInterrupt | None = None
+        #: a second signal stopped a step midway (its update may be partial)
+        self.cut = False
+        #: the stop was raised after a step, on every rank alike (not by one rank alone, outside training)
+        self.agreed = False
+        self.group = group
+        self._in_step = False
+        self._training = False
+        self._before: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        import signal
+
+        stop = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+        holding = self._in_step or (self.group is not None and self._training)
+        if holding and self.pending is None:
+            self.pending = stop
+            if self.group is None or self.group.rank == 0:  # one rank speaks for all
+                print("\nstopping after this step (again to stop at once)", file=sys.stderr, flush=True)
+            return
+        if self._in_step:
+            self.cut = True
+        raise stop
+
+    def on_epoch_start(self, trainer: "Trainer", epoch: int, epochs: int, batches: int) -> None:
+        self._training, self._in_step = True, False
+
+    def on_step_start(self, trainer: "Trainer") -> None:
+        self._in_step = True
+
+    def on_step(self, trainer: "Trainer", report: "StepReport") -> None:
+        self._in_step = False
+        if self.group is not None:
+            import numpy as np
+
+            flags = np.array([0.0 if self.pending is None else 1.0 + isinstance(self.pending, Terminated)])
+            self.group.allreduce(flags)  # every rank's, summed: any rank signalled stops them all
+            if flags[0] and self.pending is None:
+                self.pending = Terminated() if flags[0] >= 2 else KeyboardInterrupt()
+        if self.pending is not None:
+            self.agreed = True
+            raise self.pending
+
+    def on_fit_end(self, trainer: "Trainer", history: "History") -> None:
+        self._training = False
+
+    def __enter__(self) -> "StopOnSignal":
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._before[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        for sig, before in self._before.items():
+            signal.signal(sig, before)
+        self._before.clear()

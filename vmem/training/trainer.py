@@ -452,6 +452,8 @@ class Trainer:
             for x, y in self._epoch_batches(train, batch_size, shuffle, epoch):
                 if ranks > 1:  # this rank's shard of the batch (every rank draws the same batches)
                     x, y = x[part], y[part]
+                for cb in observers:
+                    cb.on_step_start(self)
                 reports.append(self.step(x, y))
                 self.epoch_step += 1
                 for cb in observers:
