@@ -162,7 +162,10 @@ def _train(args: argparse.Namespace, stop: Any, group: Any = None) -> int:
                 f"{trainer.device.name} (every pass and algorithm; kept for the next run)",
                 quiet=args.json,
             ):
+                t0 = time.perf_counter()
                 trainer.profile(local.batch)
+            if not args.json:
+                print(_profile_line(trainer.session.kept.get(local.batch, False), time.perf_counter() - t0), flush=True)
         initial = 0
         if args.resume:
             trainer.load(args.resume)
@@ -226,6 +229,7 @@ def _train(args: argparse.Namespace, stop: Any, group: Any = None) -> int:
         "chosen": planned.chosen if planned is not None else None,
         "reason": planned.reason if planned else None,
         "profile_notes": notes,
+        "profile_kept": trainer.session.kept.get(local.batch) if trainer.profiling else None,
         "save_failed": saver.failed if saver else None,
     }
     if args.json:
@@ -254,6 +258,18 @@ def _train(args: argparse.Namespace, stop: Any, group: Any = None) -> int:
         print(f"vmem train: the last save failed: {saver.failed}", file=sys.stderr)
         return 1
     return 0
+
+
+def _profile_line(kept: bool, seconds: float) -> str:
+    """Whether the run's profile came from the cache or was measured (and kept) now."""
+    from .costs import cache
+
+    where = cache.printable(str(cache.folder()))
+    if not cache.enabled():
+        return f"profile: measured in {seconds:.1f} s (VMEM_PROFILE_CACHE=0: not kept)"
+    if kept:
+        return f"profile: the one kept in {where} (VMEM_PROFILE_CACHE=0 measures afresh)"
+    return f"profile: measured in {seconds:.1f} s and kept in {where} for the next run"
 
 
 #: Seconds after which a command that is still working says so on stderr.
@@ -393,7 +409,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         notes = costs.notes
         say(
             (
-                f"the profile kept in {cache.folder()} (VMEM_PROFILE_CACHE=0 measures afresh)"
+                f"the profile kept in {cache.printable(str(cache.folder()))} (VMEM_PROFILE_CACHE=0 measures afresh)"
                 if kept
                 else f"profiled in {time.perf_counter() - t0:.1f} s"
             )

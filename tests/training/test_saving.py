@@ -94,7 +94,7 @@ def test_a_full_disk_is_one_line_and_the_old_file_stays(trainer, tmp_path, monke
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(np, "savez", full)
+    monkeypatch.setattr(np.lib.format, "write_array", full)
     with pytest.raises(CheckpointError) as info:
         trainer.save(path)
     assert "No space left on device" in str(info.value) and "\n" not in str(info.value)

@@ -101,9 +101,12 @@ class Profiled:
         return self.times.get((kind, "forward", None), 0.0)
 
     def to_dict(self) -> dict[str, Any]:
-        """Everything measured, as plain data (:meth:`from_dict` reads it back)."""
+        """Everything measured, as plain data (:func:`vmem.costs.cache.parse` reads it back, checked)."""
         return {
-            "times": [[op, pass_, algo, t] for (op, pass_, algo), t in self.times.items()],
+            # an algorithm not offered (infinite time) as null: the file stays standard JSON
+            "times": [
+                [op, pass_, algo, None if t == float("inf") else t] for (op, pass_, algo), t in self.times.items()
+            ],
             "d2h_gbps": self.d2h,
             "h2d_gbps": self.h2d,
             "update": self.update,
@@ -113,20 +116,6 @@ class Profiled:
             "dispatch": list(self.dispatch),
             "codec_offload": self.codec_offload,
         }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Profiled":
-        return cls(
-            {(op, pass_, algo): float(t) for op, pass_, algo, t in data["times"]},
-            float(data["d2h_gbps"]),
-            float(data["h2d_gbps"]),
-            float(data["update"]),
-            float(data["elementwise_gbps"]),
-            {int(n): float(t) for n, t in data["copies"]},
-            list(data.get("notes", [])),
-            tuple(data.get("dispatch", (0.0, 0.0, 0.0))),
-            bool(data.get("codec_offload", False)),
-        )
 
 
 class _Runner:

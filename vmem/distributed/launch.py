@@ -55,7 +55,7 @@ def note_shared_memory() -> None:
 
 def _remove_shared_memory(listing: str) -> list[str]:
     """Remove the regular files under ``/dev/shm`` the ranks noted in ``listing`` that are still there."""
-    removed = []
+    removed: list[str] = []
     try:
         with open(listing) as f:
             paths = {line.strip() for line in f}

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 
-__all__ = ["write", "read", "target", "SaveLock", "SavedState", "FORMAT", "VERSION"]
+__all__ = ["write", "read", "check", "target", "SaveLock", "SavedState", "FORMAT", "VERSION"]
 
 FORMAT = "vmem-checkpoint"
 VERSION = 1
@@ -52,6 +52,8 @@ def target(
     the file in the message."""
     given = Path(path)
     real = Path(os.path.realpath(given))  # follows links, also dangling ones (then the link's target is made)
+    if real.is_symlink():  # realpath stops at a link it cannot resolve: a loop
+        raise error(f"{given}: is a symbolic link that leads back to itself; {what} is written only to a regular file")
     shown = str(given) + (f" (a link to {real})" if given.is_symlink() else "")
     if real.exists():
         mode = os.stat(real).st_mode
@@ -137,8 +139,60 @@ def write(
                 )
     arrays = {f"param/{k}": v for k, v in params.items()}
     arrays.update({f"opt/{k}": v for k, v in optimizer_state.items()})
-    arrays["meta"] = np.array(json.dumps({"format": FORMAT, "version": VERSION, **meta}))
-    replace(real, path, lambda f: np.savez(f, **arrays))
+    arrays["meta"] = np.array(json.dumps({"format": FORMAT, "version": VERSION, **meta}, sort_keys=True))
+    replace(real, path, lambda f: _savez(f, arrays))
+
+
+#: The time stamp of every member of a checkpoint's archive (zip's earliest), so that the same state always
+#: gives the same bytes (``np.savez`` stamps the time of writing).
+_EPOCH = (1980, 1, 1, 0, 0, 0)
+#: The longest .npy header read (numpy's own default limit).
+_MAX_HEADER = 10000
+
+
+def _savez(f: BinaryIO, arrays: dict[str, np.ndarray]) -> None:
+    """``arrays`` as an .npz (one .npy member each, stored uncompressed, in the given order) whose bytes
+    depend on the arrays alone."""
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, a in arrays.items():
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=_EPOCH)
+            info.external_attr = 0o644 << 16
+            with archive.open(info, "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(a), allow_pickle=False)
+
+
+def _loadz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The arrays of an .npz, each header checked before anything is allocated: a plain dtype (no Python
+    objects), and as many bytes as the member holds (a header that claims more is refused, not allocated).
+    ValueError (or zipfile's, OSError) naming the entry otherwise."""
+    out: dict[str, np.ndarray] = {}
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+            with archive.open(info) as member:
+                try:
+                    version = np.lib.format.read_magic(member)
+                    if version == (1, 0):
+                        shape, fortran, dtype = np.lib.format.read_array_header_1_0(member, max_header_size=_MAX_HEADER)
+                    elif version in ((2, 0), (3, 0)):
+                        shape, fortran, dtype = np.lib.format.read_array_header_2_0(member, max_header_size=_MAX_HEADER)
+                    else:
+                        raise ValueError(f"npy format {version}")
+                except ValueError as exc:
+                    raise ValueError(f"entry {name!r}: not an array ({exc})") from None
+                if dtype.hasobject or dtype.kind not in "biufU":
+                    raise ValueError(f"entry {name!r}: dtype {dtype}, not numbers or text")
+                count = int(np.prod(shape, dtype=object))
+                nbytes = count * dtype.itemsize
+                held = info.file_size - member.tell()
+                if nbytes != held:
+                    raise ValueError(f"entry {name!r}: its header says {nbytes} bytes of data, the file holds {held}")
+                data = member.read(nbytes)
+                if len(data) != nbytes:
+                    raise ValueError(f"entry {name!r}: cut short")
+                a = np.frombuffer(data, dtype=dtype, count=count)
+                out[name] = a.reshape(shape, order="F" if fortran else "C").copy()
+    return out
 
 
 def replace(
@@ -214,17 +268,14 @@ class SaveLock:
 
 
 def _load(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    _check_readable(path)
     try:
-        archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
-        raise CheckpointError(f"{path}: cannot read the checkpoint ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise CheckpointError(f"{path}: not a vmem checkpoint (a single array, not an .npz archive)")
-    try:
-        with archive as f:
-            data = {k: f[k] for k in f.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
-        raise CheckpointError(f"{path}: cannot read the checkpoint ({type(exc).__name__}: {exc})") from exc
+        data = _loadz(path)
+    except zipfile.BadZipFile:
+        raise CheckpointError(f"{path}: not a vmem checkpoint (not an .npz archive)") from None
+    except (OSError, ValueError, EOFError, KeyError, zipfile.LargeZipFile, NotImplementedError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+        raise CheckpointError(f"{path}: cannot read the checkpoint ({why})") from None
     try:
         meta = json.loads(str(data.pop("meta")))
     except (KeyError, ValueError) as exc:
@@ -232,6 +283,29 @@ def _load(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise CheckpointError(f"{path}: not a vmem checkpoint of version {VERSION}")
     return data, meta
+
+
+def _check_readable(path: str | os.PathLike) -> None:
+    """A checkpoint to read exists and is a regular, readable file (a FIFO is never opened)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: cannot read the checkpoint (no such file)") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read the checkpoint ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(f"{path}: cannot read the checkpoint (not a regular file: a checkpoint is an .npz file)")
+    if not os.access(path, os.R_OK):
+        raise CheckpointError(f"{path}: cannot read the checkpoint (permission denied)")
+
+
+def check(path: str | os.PathLike, network: str) -> dict[str, Any]:
+    """The metadata of the checkpoint at ``path`` (its settings under ``"settings"``), checked to be a
+    readable vmem checkpoint of ``network``: what ``vmem train --resume`` checks before any work."""
+    _, meta = _load(path)
+    if meta.get("network") != network:
+        raise CheckpointError(f"{path}: the checkpoint is of network {meta.get('network')!r}, not {network!r}")
+    return meta
 
 
 def _check_arrays(path: str | os.PathLike, kind: str, arrays: dict[str, np.ndarray]) -> None:

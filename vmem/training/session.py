@@ -64,6 +64,8 @@ class Session:
         #: the optimizer's state sharded over the ranks (ZeRO's stage 1): each keeps its parameters' share
         self.shard_optimizer = bool(shard_optimizer) and group is not None
         self.costs: dict[int, Any] = {}
+        #: whether each batch's profile came from the cache on disk (else measured in this process)
+        self.kept: dict[int, bool] = {}
         #: measures the host's part of a step for a profile (the trainer's probe: vmem.training.dispatch)
         self.host_overheads: Callable[[], tuple[float, float, float]] = lambda: (0.0, 0.0, 0.0)
         self.plans: dict[int, PlanResult] = {}
@@ -216,15 +218,16 @@ class Session:
             program = self.net.build(batch, self.input_shape, self.dtype, self.precision)
             # on the device, within what its pool has free (never more than the budget); kept on disk, so
             # that the same run repeats (see vmem.costs.cache)
-            costs, _ = cache.profile(
+            # the host's part of a step measured with it and kept with it (a kept profile's is used)
+            costs, kept = cache.profile(
                 self.device.catalog(program),
                 copy_gbps=self.device.spec.pcie_gbps,
                 seed=self.seed,
                 device=self.device,
                 cache=self.profile_cache,
+                host_overheads=self.host_overheads,
             )
-            # the host's part of a step, measured in this process (not kept with the profile on disk)
-            costs.dispatch = self.host_overheads()
+            self.kept[batch] = kept
             self.costs[batch] = costs
         return self.costs[batch]
 
