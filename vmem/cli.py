@@ -58,6 +58,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .training.checkpoint import SaveLock
 
     if args.nproc > 1 and not distributed.launched():
+        _preflight(args, args.nproc)  # every cheap check before a rank is launched
         return _launch_ranks(args)
     on_gpu = args.device.startswith("cuda")
     group = distributed.init(nccl=on_gpu) if distributed.launched() else None
@@ -100,11 +101,13 @@ def _launch_ranks(args: argparse.Namespace) -> int:
     return launch.launch(argv, args.nproc, max(1, cores() // args.nproc))
 
 
-def _train(args: argparse.Namespace, stop: Any, group: Any = None) -> int:
-    import numpy as np
-
-    from . import data, optim
-    from .training import Trainer
+def _preflight(args: argparse.Namespace, ranks: int) -> tuple[Any, Any, Any, dict[str, Any] | None]:
+    """What ``vmem train`` can check in a moment, before it profiles, plans or launches ranks: the model,
+    options and their defaults, the dataset against the batch, the ranks against the batch and the cores,
+    ``--memory`` against the device, the ``--resume`` checkpoint against the network and the run. (the
+    network, the training and validation sets, the checkpoint's metadata or None)."""
+    from . import data
+    from .threads import cores
 
     net = _model(args)
     _check_dataset(args, net)
@@ -112,12 +115,123 @@ def _train(args: argparse.Namespace, stop: Any, group: Any = None) -> int:
     for key, value in {**TRAIN_DEFAULTS, **getattr(net, "train_defaults", {})}.items():
         if getattr(args, key) is None:  # options left out: the model's own defaults, else the generic ones
             setattr(args, key, value)
+    if ranks > 1 and args.batch % ranks:
+        raise ValueError(
+            f"--batch {args.batch} does not split into {ranks} equal shards, one a rank; give a multiple of {ranks}"
+        )
+    if ranks > 1 and not distributed_launched() and ranks > cores():
+        raise ValueError(f"--nproc {ranks}: this machine has {cores()} cores for its ranks; give at most {cores()}")
+    _check_memory(args)
     train, val = data.load(args.dataset, input_shape=net.input_shape, seed=args.seed)
+    if args.batch > len(train):
+        raise ValueError(
+            f"--batch {args.batch} is more than the {len(train)} training samples of {args.dataset}; give at most "
+            f"{len(train)}"
+        )
     if train.num_classes != net.output_shape()[-1]:
         net = _rebuild_for_classes(args, train.num_classes, net)
+    resumed = _check_resume(args, net) if args.resume else None
+    return net, train, val, resumed
+
+
+def distributed_launched() -> bool:
+    from . import distributed
+
+    return distributed.launched()
+
+
+def _check_memory(args: argparse.Namespace, device: str | None = None) -> None:
+    """``--memory`` (a size) within what the device has: a simulated GPU's capacity (unless
+    ``--oversubscribe``: a what-if card), the CPU device's host memory."""
+    from .units import parse_bytes
+
+    name = device or args.device
+    if args.memory is None or args.memory == "auto" or str(args.memory).startswith("auto:"):
+        return
+    wanted = parse_bytes(args.memory, name="--memory")
+    if name.startswith("sim:"):
+        from .device import specs as gpu_specs
+
+        capacity = gpu_specs.get(name[4:]).memory
+        if wanted > capacity and not getattr(args, "oversubscribe", False):
+            raise ValueError(
+                f"--memory {args.memory} is more than {name}'s {format_bytes(capacity)}; give at most that, or "
+                "--oversubscribe to plan a card with that much memory"
+            )
+        if wanted > _MOST_MEMORY:
+            raise ValueError(f"--memory {args.memory}: more than the {format_bytes(_MOST_MEMORY)} a plan can take")
+    elif name in ("cpu", "cpu:0"):
+        ram = _host_memory()
+        if ram is not None and wanted > ram:
+            raise ValueError(
+                f"--memory {args.memory} is more than this machine's {format_bytes(ram)} of memory (the CPU device's "
+                "arena is host memory); give less"
+            )
+
+
+#: The most memory a plan of an oversubscribed simulated GPU takes (the planner's own bound).
+_MOST_MEMORY = 1 << 60
+
+
+def _host_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_resume(args: argparse.Namespace, net: Any) -> dict[str, Any]:
+    """The ``--resume`` checkpoint's metadata, checked before any work: a readable vmem checkpoint of this
+    network that has epochs left to train; every setting of this run that differs from its run named in
+    one line; a different batch midway through an epoch refused unless ``--resume-anyway``."""
+    from .costs.cache import printable
+    from .training import checkpoint
+
+    meta = checkpoint.check(args.resume, net.name)
+    done = meta.get("epochs_done", 0)
+    if isinstance(done, int) and done >= args.epochs:
+        raise ValueError(
+            f"--resume {args.resume}: it has trained {done} epochs already; ask for more with --epochs (now "
+            f"{args.epochs})"
+        )
+    kept = checkpoint.settings(meta)
+    now = {
+        "precision": args.precision,
+        "batch": args.batch,
+        "seed": args.seed,
+        "lr": args.lr,
+        "policy": _policy_spec(args),
+    }
+    differ = [k for k in now if k in kept and kept[k] != now[k]]
+    if kept.get("precision") is None and meta.get("precision", "fp32") != args.precision:
+        kept["precision"] = meta.get("precision", "fp32")
+        differ.insert(0, "precision")
+    if not differ:
+        return meta
+    what = ", ".join(f"{printable(str(k))} {printable(str(kept[k]))}" for k in differ)
+    this = ", ".join(f"{k} {now[k]}" for k in differ)
+    if "batch" in differ and meta.get("epoch_step", 0) and not args.resume_anyway:
+        raise ValueError(
+            f"--resume {args.resume}: it stopped midway through an epoch at batch {kept['batch']}; this run's batch "
+            f"{args.batch} would draw other batches for the rest of it. Give --batch {kept['batch']}, or "
+            "--resume-anyway"
+        )
+    print(
+        f"vmem train: warning: --resume {args.resume} was trained with {what}; this run: {this}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return meta
+
+
+def _train(args: argparse.Namespace, stop: Any, group: Any = None) -> int:
+    import numpy as np
+
+    from . import optim
+    from .training import Trainer
+
     ranks = 1 if group is None else group.size
-    if args.batch % ranks:
-        raise ValueError(f"--batch {args.batch} does not split into {ranks} equal shards, one a rank; give a multiple")
+    net, train, val, _ = _preflight(args, ranks)
     local = argparse.Namespace(**{**vars(args), "batch": args.batch // ranks})  # what each rank runs
     fraction = _auto_fraction(args.memory, _policy_spec(args))
     memory: Any = args.memory
@@ -170,11 +284,6 @@ def _train(args: argparse.Namespace, stop: Any, group: Any = None) -> int:
         if args.resume:
             trainer.load(args.resume)
             initial = trainer.epochs_done
-            if initial >= args.epochs:
-                raise ValueError(
-                    f"--resume {args.resume}: it has trained {initial} epochs already; ask for more "
-                    f"with --epochs (now {args.epochs})"
-                )
             if not args.json:
                 print(
                     f"resuming {args.resume}: {initial} epochs and {trainer.epoch_step} steps of the next done "
@@ -366,6 +475,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .planner import plan
 
     net = _model(args)
+    _check_memory(args)
     simulated = args.device.startswith("sim:")
     if args.policy is None and args.memory is not None and not simulated and not args.profile:
         args.policy = "baseline"  # auto would profile the device first: only when asked (--profile)
@@ -639,6 +749,12 @@ def _add_train(sub: Any) -> None:
         help="go on from a checkpoint of the same command (its epochs and "
         "steps, weights, optimizer state and random state): ends with the weights of a run never stopped",
     )
+    p.add_argument(
+        "--resume-anyway",
+        action="store_true",
+        help="with --resume: go on even with another batch midway through an epoch (other settings that "
+        "differ from the checkpoint's are named and allowed)",
+    )
     p.set_defaults(func=cmd_train)
 
 
@@ -669,6 +785,11 @@ def _add_plan(sub: Any) -> None:
         "--shard-optimizer",
         action="store_true",
         help="with --nproc: the optimizer state sharded over the ranks (ZeRO stage 1), the largest share planned",
+    )
+    p.add_argument(
+        "--oversubscribe",
+        action="store_true",
+        help="allow --memory above a simulated GPU's capacity (plan a what-if card with that much memory)",
     )
     p.add_argument(
         "--profile",

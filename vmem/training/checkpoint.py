@@ -9,7 +9,7 @@ import os
 import secrets
 import stat
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
@@ -40,6 +40,8 @@ class SavedState:
     #: scaler's state (:meth:`vmem.optim.GradScaler.state_dict`)
     precision: str = "fp32"
     scaler: dict | None = None
+    #: the run's settings (seed, precision, policy, lr, batch: :attr:`vmem.Trainer.settings`); {} if none
+    settings: dict = field(default_factory=dict)
 
 
 def target(
@@ -384,4 +386,16 @@ def read(path: str | os.PathLike, network: str, optimizer: Any, specs: dict[str,
             raise CheckpointError(
                 f"{path}: entry 'meta.scaler' is {scaler!r}, expected the loss scaler's scale and growth_tracker"
             )
-    return SavedState(params, opt_state, steps, rng, position[0], position[1], epoch_rng, precision, scaler)
+    return SavedState(
+        params, opt_state, steps, rng, position[0], position[1], epoch_rng, precision, scaler, settings(meta)
+    )
+
+
+def settings(meta: dict[str, Any]) -> dict[str, Any]:
+    """The run settings a checkpoint's metadata keeps: names to numbers, text or None (anything else in
+    that entry is left out)."""
+    kept = meta.get("settings")
+    if not isinstance(kept, dict):
+        return {}
+    plain = (str, int, float, bool, type(None))
+    return {k: v for k, v in kept.items() if isinstance(k, str) and isinstance(v, plain)}

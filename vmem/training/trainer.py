@@ -203,6 +203,16 @@ class Trainer:
         self.session.host_overheads = lambda: dispatch.overheads(device_, Trainer)
         self._closed = False
         self._spill_told: set[int] = set()  # batch sizes whose plan has been told to spill
+        #: the run's settings, kept in its checkpoints (``batch``: the last ``fit``'s), so that a resumed run
+        #: can say where it differs (see :attr:`resumed_settings`)
+        self.settings: dict[str, Any] = {
+            "seed": seed,
+            "precision": precision,
+            "policy": pol.spec,
+            "lr": getattr(self.optimizer, "lr", None),
+        }
+        #: the settings of the checkpoint :meth:`load` read last (empty for one that kept none)
+        self.resumed_settings: dict[str, Any] = {}
 
     # -- the engine (vmem.training.session) ------------------------------------------------------------
     @property
@@ -427,6 +437,7 @@ class Trainer:
                 f"multiple of {ranks}"
             )
         history = History()
+        self.settings["batch"] = batch_size
         n_batches = train.num_batches(batch_size, drop_last=True)
         if n_batches == 0:
             raise ValueError(f"fit: {len(train)} samples make no full batch of {batch_size}")
@@ -596,8 +607,13 @@ class Trainer:
             "epoch_rng": self._epoch_rng,
             "precision": self.precision,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            # the plans the run used (policy, algorithms, what was offloaded, recomputed or encoded)
-            "plans": {str(b): p.plan.to_dict() for b, p in self.plans.items()},
+            "settings": self.settings,
+            # the plans the run used (policy, algorithms, what was offloaded, recomputed or encoded), without
+            # their measured text (reasons with predicted times), so that the same run writes the same bytes
+            "plans": {
+                str(b): {k: v for k, v in p.plan.to_dict().items() if k not in ("reason", "notes")}
+                for b, p in self.plans.items()
+            },
         }
         checkpoint.write(path, self.net.params, optimizer_state, meta)  # type: ignore[arg-type]
 
@@ -622,6 +638,7 @@ class Trainer:
         self.steps_done = int(ckpt.steps)
         self.rng = ckpt.rng
         self.epochs_done, self.epoch_step, self._epoch_rng = ckpt.epochs_done, ckpt.epoch_step, ckpt.epoch_rng
+        self.resumed_settings = dict(ckpt.settings)
         if self.scaler is not None and ckpt.scaler is not None:  # fp16 goes on at the scale it had reached
             self.scaler.load_state_dict(ckpt.scaler)
 
