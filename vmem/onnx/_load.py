@@ -7,7 +7,6 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -16,6 +15,7 @@ from .. import nn
 from ..errors import CheckpointError, OnnxError, ShapeError
 from ..graph import Graph
 from ..graph.network import Node
+from . import _data
 
 __all__ = ["load", "supported", "MIN_OPSET"]
 
@@ -1104,22 +1104,14 @@ def _shape_of(x: _Tensor, attrs: dict[str, Any]) -> np.ndarray:
     return dims[start : None if end is None else int(end)]
 
 
-def _read(model: Any) -> tuple[Any, str]:
-    onnx = _onnx()
-    if isinstance(model, onnx.ModelProto):
-        return model, model.graph.name or "onnx model"
-    if isinstance(model, (bytes, bytearray)):
-        return onnx.load_from_string(bytes(model)), "onnx model"
-    path = Path(os.fspath(model))
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such ONNX file" if not path.exists() else f"{path}: not a file")
-    try:
-        return onnx.load(str(path)), str(path)
-    except Exception as exc:  # noqa: BLE001 - a truncated or foreign file: say which
-        raise OnnxError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {exc})") from None
-
-
-def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | None = None, batch: bool = True) -> Graph:
+def load(
+    model: Any,
+    *,
+    input_shape: Sequence[int] | None = None,
+    name: str | None = None,
+    batch: bool = True,
+    base_dir: str | os.PathLike | None = None,
+) -> Graph:
     """An ONNX model as a trainable :class:`vmem.Graph` holding its weights (``net.params``).
 
     ``model``: a path, the file's bytes, or an ``onnx.ModelProto``. ``input_shape``: the input's shape
@@ -1137,19 +1129,29 @@ def load(model: Any, *, input_shape: Sequence[int] | None = None, name: str | No
     order: a Trainer then takes a tuple of arrays), each with a batch axis. Every node becomes a vmem layer (see
     :func:`supported`) or, where all its inputs are constants, a constant evaluated at import. Raises
     :class:`~vmem.errors.OnnxError` naming every node that cannot be imported (its op, op version and the
-    model's opset) before building anything; FileNotFoundError for a missing file."""
+    model's opset) before building anything; FileNotFoundError for a missing file.
+
+    External data (weights kept in files beside the model) is read only from the model's own folder, or for
+    a model given as bytes or a ModelProto only from ``base_dir`` (none is read where it is not given):
+    each file resolved, confined to that folder and a regular file (see :mod:`vmem.onnx._data`)."""
     onnx = _onnx()
-    proto, source = _read(model)
+    proto, source = _data.read(onnx, model, base_dir)
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None:
         raise OnnxError(f"{source}: imports no version of the default ONNX domain")
+    newest = int(onnx.defs.onnx_opset_version())
+    if opset > newest:
+        raise OnnxError(
+            f"{source}: opset {opset} is newer than any vmem knows (the newest its ONNX package knows is "
+            f"{newest}); export it at opset {newest} or older"
+        )
     if opset < MIN_OPSET:
         raise OnnxError(
             f"{source}: opset {opset} is older than vmem imports (opset {MIN_OPSET} or later); convert it with "
             "onnx.version_converter.convert_version(model, 13)"
         )
     graph = proto.graph
-    values: dict[str, Any] = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    values: dict[str, Any] = _data.arrays(onnx, proto, source)
     initializers = set(values)
     inputs = [i for i in graph.input if i.name not in values]
     if not inputs:
