@@ -48,3 +48,32 @@ def test_a_kept_profile_is_reused_and_can_be_turned_off(monkeypatch):
         monkeypatch.setenv("VMEM_PROFILE_CACHE", "0")
         _, kept_off = cache.profile(dev.catalog(program), device=dev, copy_gbps=4.0)
         assert not kept_off
+
+
+def test_concurrent_first_runs_and_later_ones_write_one_checkpoint(tmp_path):
+    """Two first runs started together (both profile: the first complete profile kept wins, the other
+    uses it) and three later runs: five checkpoints with one sha256, as a user checking reproducibility
+    with a hash would see them."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, VMEM_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(root), VMEM_THREADS="1")
+    env.pop("VMEM_PROFILE_CACHE", None)
+
+    def start(i: int) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "vmem", "train", "--model", "digits_cnn", "--epochs", "1"]
+        cmd += ["--save", str(tmp_path / f"run{i}.npz"), "--json"]
+        return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    together = [start(0), start(1)]
+    outputs = [p.communicate(timeout=300) for p in together]
+    for i in (2, 3, 4):
+        outputs.append(start(i).communicate(timeout=300))
+    kept = [json.loads(out)["profile_kept"] for out, _ in outputs]
+    assert kept[2:] == [True, True, True], outputs
+    digests = {hashlib.sha256((tmp_path / f"run{i}.npz").read_bytes()).hexdigest() for i in range(5)}
+    assert len(digests) == 1, [err for _, err in outputs]

@@ -113,12 +113,26 @@ def key(program: Program, device: Any, copy_gbps: float | None, repeats: int, se
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def _finite(value: Any, what: str, positive: bool = False) -> float:
+#: The longest time a kept profile may give one op, copy or update (far beyond any measurement; sums of
+#: such figures stay finite).
+MAX_SECONDS = 1e6
+#: The range of bandwidths (GB/s) a kept profile may give.
+GBPS = (1e-6, 1e6)
+
+
+def _finite(value: Any, what: str, positive: bool = False, most: float = MAX_SECONDS) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{what}: {type(value).__name__}, not a number")
     number = float(value)
-    if not math.isfinite(number) or number < 0 or (positive and number == 0):
-        raise ValueError(f"{what}: {number!r}, not a {'positive' if positive else 'non-negative'} finite number")
+    if not math.isfinite(number) or number < 0 or (positive and number == 0) or number > most:
+        raise ValueError(f"{what}: {number!r}, not a {'positive' if positive else 'non-negative'} number up to {most:g}")
+    return number
+
+
+def _gbps(value: Any, what: str) -> float:
+    number = _finite(value, what, positive=True, most=GBPS[1])
+    if number < GBPS[0]:
+        raise ValueError(f"{what}: {number!r} GB/s, below {GBPS[0]:g}")
     return number
 
 
@@ -154,11 +168,17 @@ def parse(data: Any) -> Profiled:
             _text(algo, f"times[{i}] algorithm", 100)
         # null: an algorithm the profile found unusable (not offered), as infinitely slow
         times[key_ + (algo,)] = math.inf if seconds is None else _finite(seconds, f"times[{i}] seconds")
+    usable: dict[tuple[str, str], bool] = {}
+    for (op, pass_, _), seconds in times.items():
+        usable[(op, pass_)] = usable.get((op, pass_), False) or seconds != math.inf
+    unusable = [f"{op} {pass_}" for (op, pass_), ok in usable.items() if not ok]
+    if unusable:
+        raise ValueError(f"times: no usable algorithm for {unusable[0]}")
     copies: dict[int, float] = {}
     for i, row in enumerate(data["copies"]):
         if not isinstance(row, list) or len(row) != 2 or isinstance(row[0], bool) or not isinstance(row[0], int):
             raise ValueError(f"copies[{i}]: not [bytes, seconds]")
-        if row[0] <= 0:
+        if not 0 < row[0] <= 1 << 60:
             raise ValueError(f"copies[{i}]: {row[0]} bytes")
         copies[row[0]] = _finite(row[1], f"copies[{i}] seconds")
     notes = data.get("notes", [])
@@ -172,13 +192,13 @@ def parse(data: Any) -> Profiled:
         raise ValueError("codec_offload: not true or false")
     return Profiled(
         times,
-        _finite(data["d2h_gbps"], "d2h_gbps", positive=True),
-        _finite(data["h2d_gbps"], "h2d_gbps", positive=True),
+        _gbps(data["d2h_gbps"], "d2h_gbps"),
+        _gbps(data["h2d_gbps"], "h2d_gbps"),
         _finite(data["update"], "update"),
-        _finite(data["elementwise_gbps"], "elementwise_gbps", positive=True),
+        _gbps(data["elementwise_gbps"], "elementwise_gbps"),
         copies,
         [printable(_text(n, f"notes[{i}]")) for i, n in enumerate(notes)],
-        tuple(_finite(v, f"dispatch[{i}]") for i, v in enumerate(dispatch)),
+        tuple(_finite(v, f"dispatch[{i}]", most=1.0) for i, v in enumerate(dispatch)),
         codec_offload,
     )
 
