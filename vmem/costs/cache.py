@@ -125,7 +125,9 @@ def _finite(value: Any, what: str, positive: bool = False, most: float = MAX_SEC
         raise ValueError(f"{what}: {type(value).__name__}, not a number")
     number = float(value)
     if not math.isfinite(number) or number < 0 or (positive and number == 0) or number > most:
-        raise ValueError(f"{what}: {number!r}, not a {'positive' if positive else 'non-negative'} number up to {most:g}")
+        raise ValueError(
+            f"{what}: {number!r}, not a {'positive' if positive else 'non-negative'} number up to {most:g}"
+        )
     return number
 
 
