@@ -84,3 +84,61 @@ def test_labels_are_checked_against_the_classes(labels):
         with pytest.raises(ValueError, match="labels must be integers from 0 to 9"):
             trainer.step(np.zeros((4,) + net.input_shape, np.float32), np.array(labels))
         assert trainer.steps_done == 0
+
+
+def test_autos_explanation_counts_no_more_fitting_plans_than_it_tried():
+    """It said "15 of 11 starting plans fit": plans alike were counted once as tried, each time as fitting."""
+    import re
+
+    net = vmem.models.get("vgg_cifar")
+    for memory in ("120MiB", "200MiB", "400MiB", "2GiB"):
+        reason = vmem.plan(net, 64, device="sim:titan-x", memory=memory, policy="auto").reason
+        fit, tried = map(int, re.match(r"auto: (\d+) of (\d+) starting plans fit", reason).groups())
+        assert 1 <= fit <= tried, reason
+
+
+def test_a_plan_that_does_not_fit_never_says_it_fits(capsys):
+    argv = ["plan", "--model", "vgg_cifar", "--batch", "128", "--device", "sim:titan-x", "--memory", "20MiB"]
+    code, out, _ = run(capsys, *argv, "--policy", "vdnn-all")
+    assert code == 1 and "fits: NO" in out and "it fits" not in out
+    assert "the least-workspace algorithms (no faster ones fit)" in out
+
+
+def test_a_loss_that_rises_from_the_first_step_warns_of_divergence():
+    """--lr 1e6 ended at 10% accuracy and loss 1.2e6 without a word: its first epoch was never compared."""
+    from vmem.training import LossWatch
+
+    watch = LossWatch()
+
+    class Trainer:
+        steps_done = 1
+
+    class Report:
+        loss = 2.3
+
+    class Epoch:
+        epoch, train_loss = 1, 1.2e6
+
+    watch.on_step(Trainer(), Report())
+    with pytest.warns(
+        RuntimeWarning, match=r"rose to 1\.2e\+06 in epoch 1 \(the first step's: 2\.3\): training is diverging"
+    ):
+        watch.on_epoch_end(Trainer(), Epoch(), 1)
+    quiet = LossWatch()
+    quiet.on_step(Trainer(), Report())
+    Epoch.train_loss = 0.9  # an ordinary first epoch: below its first step's loss
+    quiet.on_epoch_end(Trainer(), Epoch(), 1)
+    assert not quiet.warned
+
+
+def test_a_trainer_on_a_closed_device_is_refused_at_once():
+    dev = vmem.device("cpu", memory="16MiB")
+    dev.close()
+    with pytest.raises(vmem.errors.DeviceError, match="cpu.* is closed"):
+        vmem.Trainer(vmem.models.get("digits_cnn"), device=dev, policy="baseline")
+
+
+def test_bench_bandwidth_keeps_stdout_for_its_table(capsys):
+    code, out, err = run(capsys, "bench", "bandwidth", "--sizes", "64KiB,128KiB", "--rounds", "1")
+    assert code == 0 and "MiB done" in err and "MiB done" not in out
+    assert out.splitlines()[0].startswith("host-device copy bandwidth") and len(out.splitlines()) == 4

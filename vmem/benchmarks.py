@@ -4,6 +4,7 @@ effective bandwidth of transfers through a codec."""
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from typing import Any, Sequence
 
@@ -59,7 +60,7 @@ def bandwidth(
                     row[f"{direction}_{label}_gbps"] = best
             rows.append(row)
             if progress:
-                print(f"  {n / 2**20:9.3f} MiB done", flush=True)
+                print(f"  {n / 2**20:9.3f} MiB done", file=sys.stderr, flush=True)  # the table is stdout's
         finally:
             device.pool.free(block)
             pinned_pool.free(host_block)
@@ -199,7 +200,7 @@ def codec_bandwidth(
                     }
                 )
             if progress:
-                print(f"  {n / 2**20:9.3f} MiB done", flush=True)
+                print(f"  {n / 2**20:9.3f} MiB done", file=sys.stderr, flush=True)  # the table is stdout's
         finally:
             device.pool.free(block)
             pinned_pool.free(host_block)

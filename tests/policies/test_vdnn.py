@@ -127,8 +127,23 @@ def test_timeline_chrome_trace_and_plot(tmp_path):
     assert tids == {1, 2}
     assert any(e["ph"] == "C" for e in trace["traceEvents"])
     png = tmp_path / "memory.png"
-    timeline.plot(png)
+    import matplotlib.figure
+
+    drawn = []
+    real = matplotlib.figure.Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        drawn.append([t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()])
+        return real(fig, *args, **kwargs)
+
+    matplotlib.figure.Figure.savefig = keep
+    try:
+        timeline.plot(png, title="a title of the caller's")
+    finally:
+        matplotlib.figure.Figure.savefig = real
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (legend,) = drawn  # the copy bars say what they are whatever the title
+    assert sum(t.startswith("offload: ") for t in legend) == 1 and sum(t.startswith("prefetch: ") for t in legend) == 1
 
 
 def test_no_leaks_over_200_steps_and_no_threads_after_close():

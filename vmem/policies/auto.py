@@ -257,7 +257,8 @@ class Auto(Policy):
             plan, notes, moves_kept, best = self._improve(program, device, costs, oracle, best, info)
         seconds = best.step_seconds
         reason = (
-            f"auto: {len(fitting)} of {tried} starting plans fit in {format_bytes(device.memory)}; the fastest, "
+            f"auto: {len({id(r) for _, _, r in fitting})} of {tried} starting plans fit in "
+            f"{format_bytes(device.memory)}; the fastest, "
             f"{start_spec} ({start_seconds * 1e3:.2f} ms predicted), "
             + (
                 f"improved by {moves_kept} move(s) to {seconds * 1e3:.2f} ms"

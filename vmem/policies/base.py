@@ -197,7 +197,7 @@ def fit_algorithms(policy: "Policy", program: Program, device: DeviceSpec, costs
     fitted = downgrade(program, plan, device, costs, oracle)
     if fitted is None:
         return dataclasses.replace(
-            plan, algos=lean, reason=f"{plan.reason}; it fits with no faster algorithms (least workspace)".lstrip("; ")
+            plan, algos=lean, reason=f"{plan.reason}; the least-workspace algorithms (no faster ones fit)".lstrip("; ")
         )
     if fitted.plan.algos == plan.algos:
         return plan

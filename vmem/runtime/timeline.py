@@ -154,7 +154,8 @@ class Timeline:
             json.dump(self.chrome_trace(), f)
 
     def plot(self, path: str | os.PathLike, title: str = "") -> None:
-        """Device memory per category over the step, stacked, as a PNG (needs matplotlib)."""
+        """Device memory per category over the step, stacked, as a PNG (needs matplotlib); the copies as bars
+        along the time axis (offloads red, prefetches green), named in the legend."""
         try:
             import matplotlib
 
@@ -167,6 +168,10 @@ class Timeline:
         times = [t * 1e3 for t, _ in samples]
         fig, ax = plt.subplots(figsize=(9, 4.5))
         ax.stackplot(times, [[u.get(c, 0) / 2**20 for _, u in samples] for c in cats], labels=cats, step="post")
+        labels = {  # each kind of copy named once in the legend
+            "offload": "offload: a copy to pinned host memory (memory stream)",
+            "prefetch": "prefetch: a copy back to the device (memory stream)",
+        }
         for s in self.spans:
             if s.kind in ("offload", "prefetch"):
                 ax.axvspan(
@@ -177,6 +182,7 @@ class Timeline:
                     color="tab:red" if s.kind == "offload" else "tab:green",
                     alpha=0.6,
                     lw=0,
+                    label=labels.pop(s.kind, None),
                 )
         ax.set_xlabel("time in step (ms)")
         ax.set_ylabel("device memory (MiB)")

@@ -144,22 +144,28 @@ class CosineSchedule(Callback):
 
 
 class LossWatch(Callback):
-    """Warn once when the training loss becomes non-finite or an epoch's loss jumps above ``jump`` times
-    the best so far (after the first epoch): the learning rate is likely too high."""
+    """Warn once when the training loss becomes non-finite, or an epoch's mean loss is above ``jump`` times
+    the least seen so far: the best earlier epoch's, or in the first epoch its first step's (a learning
+    rate so high that training diverges from the start never has a good epoch to compare with)."""
 
     def __init__(self, jump: float = 3.0):
         self.jump = jump
         self.best = math.inf
+        self.first: float | None = None
         self.warned = False
 
     def on_step(self, trainer: "Trainer", report: "StepReport") -> None:
+        if self.first is None and math.isfinite(report.loss):
+            self.first = report.loss
         if not self.warned and not math.isfinite(report.loss):
             self._warn(f"the training loss became {report.loss} at step {trainer.steps_done}")
 
     def on_epoch_end(self, trainer: "Trainer", stats: "EpochStats", epochs: int) -> None:
         loss = stats.train_loss
-        if not self.warned and stats.epoch > 1 and math.isfinite(loss) and loss > self.jump * self.best:
-            self._warn(f"the training loss jumped to {loss:.4g} in epoch {stats.epoch} (best so far {self.best:.4g})")
+        least = min(self.best, math.inf if self.first is None else self.first)
+        if not self.warned and math.isfinite(loss) and math.isfinite(least) and loss > self.jump * max(least, 1e-12):
+            since = "the best epoch's" if self.best == least else "the first step's"
+            self._warn(f"the training loss rose to {loss:.4g} in epoch {stats.epoch} ({since}: {least:.4g})")
         if math.isfinite(loss):
             self.best = min(self.best, loss)
 
