@@ -58,6 +58,10 @@ def test_the_onnx_example_runs_as_written(tmp_path):
     done = subprocess.run([sys.executable, "-c", example], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.match(r"\d+ \[\('conv1\.weight', 'conv1\.weight'\)", done.stdout), done.stdout
+    chosen = done.stdout.splitlines()[1]  # what auto chose: a policy spec (it printed None without policy="auto")
+    import vmem.policies
+
+    assert chosen != "None" and vmem.policies.get(chosen).spec.split(":")[0] in vmem.policies.names(), done.stdout
     import numpy as np
 
     import vmem
