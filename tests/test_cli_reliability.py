@@ -142,3 +142,70 @@ def test_bench_bandwidth_keeps_stdout_for_its_table(capsys):
     code, out, err = run(capsys, "bench", "bandwidth", "--sizes", "64KiB,128KiB", "--rounds", "1")
     assert code == 0 and "MiB done" in err and "MiB done" not in out
     assert out.splitlines()[0].startswith("host-device copy bandwidth") and len(out.splitlines()) == 4
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (("train", "--batch", "100000"), "--batch 100000 is more than the 1438 training samples of digits"),
+        (("train", "--batch", "100000000"), "--batch 100000000 is more than the 1438 training samples"),
+        (("train", "--nproc", "3"), "--batch 32 does not split into 3 equal shards"),
+        (("train", "--nproc", "64"), "--batch 32 does not split into 64 equal shards"),
+        (("train", "--memory", "1TB"), "--memory 1TB is more than this machine's"),
+        (("train", "--memory", "18446744073709551616B"), "is more than this machine's"),
+        (
+            ("plan", "--model", "vgg16", "--batch", "32", "--device", "sim:titan-x", "--memory", "1TB"),
+            "--memory 1TB is more than sim:titan-x's 12.00 GiB; give at most that, or --oversubscribe",
+        ),
+        (
+            (
+                "plan",
+                "--model",
+                "vgg16",
+                "--batch",
+                "32",
+                "--device",
+                "sim:titan-x",
+                "--memory",
+                "18446744073709551616B",
+                "--oversubscribe",
+            ),
+            "more than the 1.00 EiB a plan can take",
+        ),
+    ],
+)
+def test_cheap_checks_come_before_any_work(capsys, monkeypatch, argv, says):
+    """Refused in constant time (batch 10^8 took 230 s), before profiling, planning or launching a rank."""
+    import time
+
+    from vmem import planner
+    from vmem.distributed import launch
+    from vmem.training import Trainer
+
+    for where, name in ((Trainer, "profile"), (Trainer, "__init__"), (planner, "plan"), (launch, "launch")):
+        monkeypatch.setattr(where, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} ran before the checks"))
+    t0 = time.monotonic()
+    code, out, err = run(capsys, *argv)
+    assert code == 1 and says in err and err.count("\n") == 1, err
+    assert time.monotonic() - t0 < 10
+
+
+def test_nproc_beyond_the_cores_is_refused_before_launching(capsys, monkeypatch):
+    from vmem.distributed import launch
+
+    monkeypatch.setattr(launch, "launch", lambda *a, **k: pytest.fail("launched"))
+    monkeypatch.setattr("vmem.threads.cores", lambda: 2)
+    code, _, err = run(capsys, "train", "--nproc", "4", "--batch", "32")
+    assert code == 1 and "--nproc 4: this machine has 2 cores for its ranks; give at most 2" in err
+
+
+def test_a_kept_profile_is_said_to_be_used(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("VMEM_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("VMEM_PROFILE_CACHE", raising=False)
+    lines = []
+    for _ in range(2):
+        code, out, _ = run(capsys, "train", "--model", "digits_cnn", "--epochs", "1")
+        assert code == 0
+        lines += [line for line in out.splitlines() if line.startswith("profile: ") and "kept" in line]
+    assert lines[0].startswith("profile: measured in ") and lines[0].endswith("for the next run")
+    assert lines[1] == f"profile: the one kept in {tmp_path / 'profiles'} (VMEM_PROFILE_CACHE=0 measures afresh)"
