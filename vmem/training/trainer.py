@@ -164,7 +164,7 @@ class Trainer:
             if memory is not None:
                 raise ValueError("memory= applies only when the device is given by name")
             self.device = make_device(device)
-        if getattr(self.device, "closed", False):
+        if self.device.closed:
             raise DeviceError(f"{self.device.name} is closed (its memory is released): give a device that is open")
         if not self.device.holds_data:
             raise DeviceError(f"{self.device.name} is a simulated GPU: it plans (vmem.plan) but cannot train")
