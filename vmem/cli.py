@@ -196,6 +196,7 @@ def _check_resume(args: argparse.Namespace, net: Any) -> dict[str, Any]:
         )
     kept = checkpoint.settings(meta)
     now = {
+        "math": args.math or kept.get("math"),  # the device's default where not asked for
         "precision": args.precision,
         "batch": args.batch,
         "seed": args.seed,
@@ -244,17 +245,24 @@ def _train(args: argparse.Namespace, stop: Any, group: Any = None) -> int:
     else:
         opt = optim.Adam(lr=args.lr, weight_decay=args.weight_decay)
     t0 = time.perf_counter()
-    with Trainer(
-        net,
-        device=args.device,
-        memory=memory,
-        policy=_policy_spec(args),
-        optimizer=opt,
-        seed=args.seed,
-        precision=args.precision,
-        group=group,
-        shard_optimizer=args.shard_optimizer,
-    ) as trainer:
+    # a math mode asked for: the device opened here with it (and closed after the Trainer)
+    opened = (
+        contextlib.nullcontext(args.device) if args.math is None else _open_device(args.device, memory, math=args.math)
+    )
+    with (
+        opened as device,
+        Trainer(
+            net,
+            device=device,
+            memory=memory if args.math is None else None,
+            policy=_policy_spec(args),
+            optimizer=opt,
+            seed=args.seed,
+            precision=args.precision,
+            group=group,
+            shard_optimizer=args.shard_optimizer,
+        ) as trainer,
+    ):
         if not args.json:
             print(
                 f"training {net.name} on {args.dataset} ({len(train)} train / {len(val)} val), batch {args.batch}"
@@ -415,11 +423,11 @@ class _Slow:
             print(f"done in {time.perf_counter() - self.t0:.1f} s", file=sys.stderr, flush=True)
 
 
-def _open_device(name: str, memory: Any = None) -> Any:
-    """The device ``name`` with ``memory`` (its default capacity where None)."""
+def _open_device(name: str, memory: Any = None, **options: Any) -> Any:
+    """The device ``name`` with ``memory`` (its default capacity where None) and ``options``."""
     from .device import device as make_device
 
-    return make_device(name, **({"memory": memory} if memory is not None else {}))
+    return make_device(name, **({"memory": memory} if memory is not None else {}), **options)
 
 
 #: The arena of a CUDA device opened only to read its catalog and spec: planning needs no GPU memory.
@@ -485,7 +493,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     raised = False
     # a CUDA device planned on without a profile is opened once, with a tiny arena, for the budget and the plan
     planning = (
-        _open_device(args.device, _PLANNING_ARENA) if args.device.startswith("cuda") and not args.profile else None
+        _open_device(args.device, _PLANNING_ARENA, **({"math": args.math} if args.math else {}))
+        if args.device.startswith("cuda") and not args.profile
+        else None
     )
     if fraction is not None:
         memory, needs, raised = _auto_memory(args, net, fraction, planning)
@@ -501,13 +511,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
             planning = None
         args.profile = True
     if simulated:
-        device: Any = args.device
+        device: Any = args.device if args.math is None else _open_device(args.device, math=args.math)
         if args.profile:
             say(f"--profile: {args.device} is simulated; its times come from the roofline model")
     elif args.profile:  # measure on the device itself, within the budget the plan is for
         from .costs import cache
 
-        device = _open_device(args.device, memory)
+        device = _open_device(args.device, memory, **({"math": args.math} if args.math else {}))
         memory = device.pool.capacity
         program = device.catalog(net.build(args.batch, precision=args.precision))
         say(
@@ -685,6 +695,12 @@ def _common(
         default="fp32",
         help="what feature maps are stored in (default fp32); fp16 and bf16 keep weights, their gradients and "
         "the optimizer's state in fp32 and fp16 scales its loss (bf16 needs ml_dtypes: vmem[bf16])",
+    )
+    p.add_argument(
+        "--math",
+        choices=("tf32", "exact"),
+        help="how FP32 convolutions compute on a GPU: tf32 (the CUDA device's default, as PyTorch's) or exact "
+        "(FMA; the CPU device computes exact only)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 

@@ -43,6 +43,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"memory": args.memory} if args.memory else {}
     if args.pcie_gbps:
         options["pcie_gbps"] = args.pcie_gbps
+    if args.math:
+        options["math"] = args.math
     dev = make_device(args.device, **options)
     try:
         with Trainer(

@@ -251,6 +251,7 @@ def plan_program(
         return None if figures is None else PlanResult(candidate, figures)
 
     decided = fit_algorithms(pol, program, device, costs, oracle, pol.decide(program, device, costs, oracle))
+    decided = dataclasses.replace(decided, math=device.math)  # the device's FP32 math, recorded with the plan
     result, schedule = evaluate(
         program, device, decided, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs
     )

@@ -30,6 +30,6 @@ def cuda():
     """A CUDA device with a 512 MiB arena, closed after the test."""
     import vmem
 
-    dev = vmem.device("cuda:0", memory="512MiB", pinned_memory="256MiB")
+    dev = vmem.device("cuda:0", math="exact", memory="512MiB", pinned_memory="256MiB")
     yield dev
     dev.close()

@@ -122,7 +122,9 @@ def test_every_cudnn_algorithm_against_float64(api, case):
             "convolution (a profile leaves it out: GraphConv.find; the graph API is opt-in)"
         )
 
-    with vmem.device("cuda:0", memory="512MiB", conv_api=api.split("+")[0], nchw=api.endswith("+nchw")) as cuda:
+    with vmem.device(
+        "cuda:0", math="exact", memory="512MiB", conv_api=api.split("+")[0], nchw=api.endswith("+nchw")
+    ) as cuda:
         _every_algorithm_against_float64(cuda, case)
 
 

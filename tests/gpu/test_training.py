@@ -32,7 +32,7 @@ LOSSLESS = [
 
 def train(make, policy, steps=5, batch=16, **device):
     net = make()
-    dev = vmem.device("cuda:0", memory="1GiB", pinned_memory="512MiB", **device)
+    dev = vmem.device("cuda:0", math="exact", memory="1GiB", pinned_memory="512MiB", **device)
     reports = []
     try:
         with vmem.Trainer(net, device=dev, policy=policy, optimizer=SGD(lr=0.01, momentum=0.9), seed=0) as trainer:
@@ -88,7 +88,7 @@ def test_nothing_leaks_over_200_steps():
     from vmem.device.cuda import nvml
 
     net = vmem.models.get("vgg_cifar", image_size=16)
-    dev = vmem.device("cuda:0", memory="512MiB", pinned_memory="256MiB")
+    dev = vmem.device("cuda:0", math="exact", memory="512MiB", pinned_memory="256MiB")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((16,) + net.input_shape).astype(np.float32)
     y = rng.integers(0, 10, 16)
@@ -109,7 +109,7 @@ def test_nothing_leaks_over_200_steps():
 
 def test_a_failed_step_leaves_the_pool_as_it_was():
     net = vmem.models.get("vgg_cifar", image_size=16)
-    dev = vmem.device("cuda:0", memory="256MiB")
+    dev = vmem.device("cuda:0", math="exact", memory="256MiB")
     try:
         with vmem.Trainer(net, device=dev, policy="vdnn-all", seed=0) as trainer:
             x, y = np.zeros((8, 3, 16, 16), np.float32), np.zeros(8, int)
@@ -134,7 +134,7 @@ def test_a_plan_that_does_not_fit_is_refused_before_anything_changes():
     from vmem.errors import OutOfDeviceMemory
 
     net = vmem.models.get("vgg_cifar")
-    dev = vmem.device("cuda:0", memory="64MiB")
+    dev = vmem.device("cuda:0", math="exact", memory="64MiB")
     try:
         with vmem.Trainer(net, device=dev, policy="baseline", seed=0) as trainer:
             before = dev.pool.snapshot()
@@ -147,7 +147,7 @@ def test_a_plan_that_does_not_fit_is_refused_before_anything_changes():
 
 def test_temporaries_can_be_routed_through_the_pool():
     net = vmem.models.get("vgg_cifar", image_size=16)
-    dev = vmem.device("cuda:0", memory="256MiB", temporaries="pool")
+    dev = vmem.device("cuda:0", math="exact", memory="256MiB", temporaries="pool")
     try:
         with vmem.Trainer(net, device=dev, seed=0) as trainer:
             report = trainer.step(np.zeros((8, 3, 16, 16), np.float32), np.zeros(8, int))
@@ -163,7 +163,7 @@ def test_nvml_readings_are_sampled_into_the_step_timeline():
     if not nvml.available():
         pytest.skip("NVML is not available")
     net = vmem.models.get("vgg_cifar", image_size=16)
-    dev = vmem.device("cuda:0", memory="256MiB")
+    dev = vmem.device("cuda:0", math="exact", memory="256MiB")
     try:
         deadline = time.monotonic() + 5  # NVML is read on a thread of its own: its first reading
         while not dev.readings() and time.monotonic() < deadline:
@@ -214,7 +214,7 @@ def test_a_tensor_stored_in_fp16_runs_on_the_gpu_at_the_planned_peak(policy):
     rounding (tests/graph/test_precision.py does the same on the CPU device)."""
     from tests.graph.test_precision import step_half_and_full
 
-    step_half_and_full(policy, lambda: vmem.device("cuda:0", memory="64MiB", pinned_memory="16MiB"))
+    step_half_and_full(policy, lambda: vmem.device("cuda:0", math="exact", memory="64MiB", pinned_memory="16MiB"))
 
 
 def test_fp16_training_on_the_gpu_runs_at_the_planned_peak_and_follows_fp32():
@@ -226,7 +226,7 @@ def test_fp16_training_on_the_gpu_runs_at_the_planned_peak_and_follows_fp32():
     weights = {}
     for precision, policy in [("fp32", "baseline"), ("fp16", "baseline"), ("fp16", "vdnn-all"), ("fp16", "gist")]:
         net = vmem.models.get("resnet_cifar", depth=8)
-        dev = vmem.device("cuda:0", memory="1GiB", pinned_memory="512MiB")
+        dev = vmem.device("cuda:0", math="exact", memory="1GiB", pinned_memory="512MiB")
         try:
             with vmem.Trainer(net, device=dev, policy=policy, precision=precision, seed=0) as t:
                 for _ in range(3):
@@ -252,7 +252,7 @@ def test_nccl_runs_a_data_parallel_step_of_one_rank_with_its_allreduce_on_its_ow
 
     ref, _, _ = train(MODELS["resnet_cifar"], "baseline")
     net = MODELS["resnet_cifar"]()
-    dev = vmem.device("cuda:0", memory="1GiB", pinned_memory="512MiB")
+    dev = vmem.device("cuda:0", math="exact", memory="1GiB", pinned_memory="512MiB")
     group = NCCLGroup()
     try:
         with vmem.Trainer(net, device=dev, optimizer=SGD(lr=0.01, momentum=0.9), seed=0, group=group) as trainer:

@@ -104,7 +104,7 @@ def _with_meta(saved, tmp_path, **changes):
 
 def test_resume_names_every_setting_that_differs(saved, tmp_path, capsys):
     settings = dict(checkpoint.check(saved, "digits_cnn")["settings"])
-    assert settings == {"seed": 0, "precision": "fp32", "policy": "auto", "lr": 0.05, "batch": 32}
+    assert settings == {"seed": 0, "precision": "fp32", "policy": "auto", "lr": 0.05, "batch": 32, "math": "exact"}
     code = main(
         [
             "train",

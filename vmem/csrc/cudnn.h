@@ -45,6 +45,15 @@ cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t convD
                                               int v, int dilation_h, int dilation_w, cudnnConvolutionMode_t mode,
                                               cudnnDataType_t computeType);
 cudnnStatus_t cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t convDesc, cudnnMathType_t mathType);
+cudnnStatus_t cudnnGetTensor4dDescriptor(const cudnnTensorDescriptor_t tensorDesc, cudnnDataType_t *dataType, int *n,
+                                         int *c, int *h, int *w, int *nStride, int *cStride, int *hStride,
+                                         int *wStride);
+cudnnStatus_t cudnnGetFilter4dDescriptor(const cudnnFilterDescriptor_t filterDesc, cudnnDataType_t *dataType,
+                                         cudnnTensorFormat_t *format, int *k, int *c, int *h, int *w);
+cudnnStatus_t cudnnGetConvolution2dDescriptor(const cudnnConvolutionDescriptor_t convDesc, int *pad_h, int *pad_w,
+                                              int *u, int *v, int *dilation_h, int *dilation_w,
+                                              cudnnConvolutionMode_t *mode, cudnnDataType_t *computeType);
+cudnnStatus_t cudnnGetConvolutionMathType(cudnnConvolutionDescriptor_t convDesc, cudnnMathType_t *mathType);
 cudnnStatus_t cudnnSetConvolutionGroupCount(cudnnConvolutionDescriptor_t convDesc, int groupCount);
 cudnnStatus_t cudnnGetConvolution2dForwardOutputDim(const cudnnConvolutionDescriptor_t convDesc,
                                                     const cudnnTensorDescriptor_t inputTensorDesc,

@@ -60,14 +60,14 @@ def device(name: Any = "cpu", **options: Any) -> Any:
             return CpuDevice(**options)
         except TypeError as exc:  # an unknown keyword: name it and list the valid ones
             raise DeviceError(
-                f"device 'cpu': {exc}; options are memory, pcie_gbps, poison, pinned_memory, alignment"
+                f"device 'cpu': {exc}; options are memory, pcie_gbps, poison, pinned_memory, alignment, math"
             ) from None
     kind, _, rest = name.partition(":")
     if kind == "sim":
         try:
             return SimDevice(rest, **options)
         except TypeError as exc:
-            raise DeviceError(f"device {name!r}: {exc}; options are memory, alignment") from None
+            raise DeviceError(f"device {name!r}: {exc}; options are memory, alignment, math") from None
         except ValueError as exc:
             raise DeviceError(f"device {name!r}: {exc}") from None
     if kind == "cuda":

@@ -29,7 +29,7 @@ from ..units import format_bytes, parse_bytes
 from .hostconv import HostConv
 from .lanes import LaneOps
 from .staging import cpu_catalog
-from .spec import DeviceSpec
+from .spec import DeviceSpec, check_math
 
 __all__ = ["CpuDevice"]
 
@@ -113,7 +113,9 @@ class CpuDevice:
         pinned_memory: int | str | None = None,
         alignment: int = 256,
         budget: threads.CoreBudget | None = None,
+        math: str = "exact",
     ):
+        check_math("cpu", math, ("exact",))
         capacity = parse_bytes(memory, name="memory")
         if pcie_gbps is not None and not (isinstance(pcie_gbps, (int, float)) and pcie_gbps > 0):
             raise ValueError(f"pcie_gbps={pcie_gbps!r}: must be a positive number of GB/s, or None")

@@ -18,7 +18,7 @@ from ..pool import DevicePool
 from ..streams import HostClock, VirtualStream
 from ..units import format_bytes, parse_bytes
 from . import specs
-from .spec import DeviceSpec
+from .spec import DeviceSpec, check_math
 
 __all__ = ["SimDevice"]
 
@@ -33,10 +33,14 @@ class SimDevice:
     ops = None  # holds no data: runs no layer
     asynchronous = False
 
-    def __init__(self, gpu: str | DeviceSpec, *, memory: int | str | None = None, alignment: int = 256):
+    def __init__(
+        self, gpu: str | DeviceSpec, *, memory: int | str | None = None, alignment: int = 256, math: str | None = None
+    ):
         spec = gpu if isinstance(gpu, DeviceSpec) else specs.get(gpu)
         if memory is not None:
             spec = replace(spec, memory=parse_bytes(memory, name="memory"))
+        if math is not None:  # recorded in its plans (the roofline prices FP32 alike either way)
+            spec = replace(spec, math=check_math(f"sim:{spec.name}", math))
         self.spec = spec
         self.name = f"sim:{spec.name}" if spec.kind == "sim" else spec.name
         self.pool = DevicePool(spec.memory, alignment, None, name=self.name)

@@ -75,6 +75,9 @@ class Plan:
     chosen: str | None = None  # for a policy that chooses among others (vdnn-dyn): the one it chose
     step: int | None = None  # ... and the step of its procedure that chose it
     notes: dict[str, str] = field(default_factory=dict)  # buffer -> why the policy decided as it did (echo)
+    #: how the device computes FP32 convolutions ("tf32" or "exact": ``DeviceSpec.math``), as the planner
+    #: recorded it (a policy leaves it to the planner)
+    math: str = "exact"
 
     def __post_init__(self) -> None:
         """Decisions given as strings become :class:`Stash` and :class:`Allocation` members; an unknown one

@@ -363,6 +363,7 @@ class Executor(Transfers):
             self._roll_back(r)
             raise
         timeline = r.timeline
+        timeline.marks["math"] = dev.spec.math  # how FP32 convolutions computed (tf32 or exact)
         if r.scale is not None:
             timeline.marks.update(loss_scale=float(r.scale), skipped=bool(r.skipped))
         report = StepReport(

@@ -212,6 +212,7 @@ class Trainer:
             "precision": precision,
             "policy": pol.spec,
             "lr": getattr(self.optimizer, "lr", None),
+            "math": self.device.spec.math,
         }
         #: the settings of the checkpoint :meth:`load` read last (empty for one that kept none)
         self.resumed_settings: dict[str, Any] = {}

@@ -46,6 +46,6 @@ def open_device(name: str, index: str, **options: Any) -> Any:
         return CudaDevice(i, **options)
     except TypeError as exc:
         raise DeviceError(
-            f"device {name!r}: {exc}; options are memory, reserve, pinned_memory, poison, alignment, "
+            f"device {name!r}: {exc}; options are memory, reserve, pinned_memory, poison, alignment, math, "
             "deterministic, temporaries, conv_api, nchw"
         ) from None

@@ -3,9 +3,9 @@
 The interface is small (``catalog``, ``forward``, ``backward``, ``heuristic``, ``find``), with two
 implementations: :class:`CudnnConv`, cuDNN's legacy API and its algorithms, and :class:`GraphConv`, its
 graph API and its engines (``conv_api="graph"``). Tensors are stored channels last (NHWC) and filters
-KRSC, as on the CPU; math is exact FP32 (FMA, no TF32). cuDNN's legacy FP32 algorithms for channels last
-are implicit GEMM only; with the device's ``nchw=True`` each algorithm is also offered on NCHW copies made
-in its workspace (``nchw.winograd_nonfused``), so that plans still account for every byte. Descriptors
+KRSC, as on the CPU; FP32 math as the device's ``math`` says (TF32 by default, FMA where exact). cuDNN's
+legacy FP32 algorithms for channels last are implicit GEMM only; with the device's ``nchw=True`` each
+algorithm is also offered on NCHW copies made in its workspace (``nchw.winograd_nonfused``), so that plans still account for every byte. Descriptors
 are made once per layer geometry and layout; one handle per stream.
 """
 
@@ -33,17 +33,19 @@ def _geometry(layer: Any, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) ->
 
 class Descs:
     """The descriptors of one convolution geometry (see ``_geometry``), stored ``layout`` (vmem's is NHWC;
-    bench/gpu_conv_probe.py also tries NCHW)."""
+    bench/gpu_conv_probe.py also tries NCHW), its data in ``dtype`` on a device whose FP32 math is ``math``
+    (the types and math mode: :func:`cudnn.conv_types`)."""
 
-    def __init__(self, geometry: tuple, layout: int = cudnn.NHWC):
+    def __init__(self, geometry: tuple, layout: int = cudnn.NHWC, dtype: str = "float32", math: str = "exact"):
         n, c, h, w, k, (kh, kw), stride, padding, *rest = geometry
         groups, dilation = rest if rest else (1, (1, 1))
+        data, compute, math_type = cudnn.conv_types(dtype, math)
         self.layout = layout
-        self.x = cudnn.TensorDesc(n, c, h, w, layout)
-        self.w = cudnn.FilterDesc(k, c // groups, kh, kw, layout)  # grouped: C / groups channels a filter
-        self.conv = cudnn.ConvDesc(padding, stride, dilation, groups=groups)
-        self.y = cudnn.TensorDesc(*cudnn.conv_output_shape(self.x, self.w, self.conv), layout)
-        self.bias = cudnn.TensorDesc(1, k, 1, 1, layout)
+        self.x = cudnn.TensorDesc(n, c, h, w, layout, data)
+        self.w = cudnn.FilterDesc(k, c // groups, kh, kw, layout, data)  # grouped: C / groups channels a filter
+        self.conv = cudnn.ConvDesc(padding, stride, dilation, dtype=compute, math=math_type, groups=groups)
+        self.y = cudnn.TensorDesc(*cudnn.conv_output_shape(self.x, self.w, self.conv), layout, data)
+        self.bias = cudnn.TensorDesc(1, k, 1, 1, layout, data)
 
 
 class CudnnConv:
@@ -75,9 +77,14 @@ class CudnnConv:
     def descs(self, layer: Any, x_shape: tuple[int, ...], y_shape: tuple[int, ...], layout: int = cudnn.NHWC) -> Descs:
         key = (_geometry(layer, x_shape, y_shape), layout)
         d = self._descs.get(key)
-        if d is None:
-            d = self._descs[key] = Descs(key[0], layout)
+        if d is None:  # FP32 data (half precision computes through FP32 staging on this path)
+            d = self._descs[key] = Descs(key[0], layout, "float32", self.math)
         return d
+
+    @property
+    def math(self) -> str:
+        """How FP32 convolutions compute: the device's ``spec.math`` (exact where it says none)."""
+        return str(getattr(getattr(self.device, "spec", None), "math", "exact"))
 
     @property
     def nchw(self) -> bool:

@@ -34,12 +34,40 @@ __all__ = [
     "NCHW",
     "NHWC",
     "FMA_MATH",
+    "TENSOR_OP_MATH",
+    "DEFAULT_MATH",
+    "HALF",
+    "BFLOAT16",
+    "DATA_TYPES",
+    "conv_types",
+    "describe",
 ]
 
-FLOAT, DOUBLE, HALF = 0, 1, 2
+FLOAT, DOUBLE, HALF, BFLOAT16 = 0, 1, 2, 9
 NCHW, NHWC = 0, 1
 CROSS_CORRELATION = 1
-DEFAULT_MATH, FMA_MATH = 0, 3
+DEFAULT_MATH, TENSOR_OP_MATH, FMA_MATH = 0, 1, 3
+#: cuDNN's data type of each storage dtype vmem hands it
+DATA_TYPES = {"float32": FLOAT, "float64": DOUBLE, "float16": HALF, "bfloat16": BFLOAT16}
+
+
+def conv_types(dtype: str, math: str) -> tuple[int, int, int]:
+    """(data type, compute type, math type) of a convolution on ``dtype`` data on a device whose FP32 math is
+    ``math`` (``DeviceSpec.math``): FP32 exact with FMA math (no TF32), FP32 "tf32" with cuDNN's default
+    math (tensor cores round the inputs to TF32 on Ampere and later, as PyTorch's default does); fp16 and
+    bf16 as pseudo-half (the data in half, the compute type FLOAT, tensor-op math), whatever ``math`` is."""
+    if dtype not in DATA_TYPES:
+        raise ValueError(f"cuDNN convolutions of {dtype}: vmem hands cuDNN {', '.join(DATA_TYPES)}")
+    if math not in ("tf32", "exact"):
+        raise ValueError(f"math={math!r}; use 'tf32' or 'exact'")
+    data = DATA_TYPES[dtype]
+    if data in (HALF, BFLOAT16):
+        return data, FLOAT, TENSOR_OP_MATH
+    if data == DOUBLE:
+        return data, DOUBLE, FMA_MATH
+    return data, FLOAT, DEFAULT_MATH if math == "tf32" else FMA_MATH
+
+
 SUCCESS, NOT_INITIALIZED, BAD_PARAM, NOT_SUPPORTED = 0, 1001, 2000, 3000
 
 #: Algorithm names by pass, in enum order (the index is cuDNN's enum value).
@@ -150,8 +178,9 @@ class FilterDesc:
 
 
 class ConvDesc:
-    """A 2-D cross-correlation with FMA math (exact FP32: no TF32) unless ``math`` says otherwise, in
-    ``groups`` groups (the filter descriptor then holds C / groups input channels)."""
+    """A 2-D cross-correlation computing in ``dtype`` (the compute type) with FMA math (exact FP32: no TF32)
+    unless ``math`` says otherwise (see :func:`conv_types`), in ``groups`` groups (the filter descriptor then
+    holds C / groups input channels)."""
 
     def __init__(
         self,
@@ -180,6 +209,28 @@ class ConvDesc:
         check("cudnnSetConvolutionMathType", lib().cudnnSetConvolutionMathType(self.ptr, math))
         if groups > 1:
             check("cudnnSetConvolutionGroupCount", lib().cudnnSetConvolutionGroupCount(self.ptr, groups))
+
+
+def describe(x: TensorDesc, w: FilterDesc, conv: ConvDesc) -> dict[str, int]:
+    """What cuDNN holds in the descriptors, read back (works without a GPU): the data types of the tensor
+    and the filter, the convolution's compute type and math type."""
+    f, lib_ = ffi(), lib()
+    ints = [f.new("int *") for _ in range(8)]
+    x_type = f.new("cudnnDataType_t *")
+    check("cudnnGetTensor4dDescriptor", lib_.cudnnGetTensor4dDescriptor(x.ptr, x_type, *ints[:4], *ints[4:8]))
+    w_type, w_format = f.new("cudnnDataType_t *"), f.new("cudnnTensorFormat_t *")
+    check("cudnnGetFilter4dDescriptor", lib_.cudnnGetFilter4dDescriptor(w.ptr, w_type, w_format, *ints[:4]))
+    mode, compute = f.new("cudnnConvolutionMode_t *"), f.new("cudnnDataType_t *")
+    check("cudnnGetConvolution2dDescriptor", lib_.cudnnGetConvolution2dDescriptor(conv.ptr, *ints[:6], mode, compute))
+    math = f.new("cudnnMathType_t *")
+    check("cudnnGetConvolutionMathType", lib_.cudnnGetConvolutionMathType(conv.ptr, math))
+    return {
+        "x_type": int(x_type[0]),
+        "w_type": int(w_type[0]),
+        "w_format": int(w_format[0]),
+        "compute_type": int(compute[0]),
+        "math_type": int(math[0]),
+    }
 
 
 def conv_output_shape(x: TensorDesc, w: FilterDesc, conv: ConvDesc) -> tuple[int, int, int, int]:

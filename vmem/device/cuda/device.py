@@ -26,7 +26,7 @@ from ...errors import DeviceError
 from ...nn.ops import ArrayOps
 from ...pool import Block, DevicePool, PinnedHostPool, PoolHook
 from ...units import format_bytes, parse_bytes
-from ..spec import DeviceSpec
+from ..spec import DeviceSpec, check_math
 from .memory import DeviceArena, PinnedArena, PoolAllocator
 from .streams import CudaStream
 
@@ -55,7 +55,9 @@ class CudaDevice:
     atomics-based algorithms out of the catalog, so that lossless policies stay bitwise. ``conv_api``:
     convolutions through cuDNN's legacy API (its algorithms) or its graph API (its engines). ``nchw=True``
     also offers each legacy algorithm on NCHW copies of the channels-last tensors (``nchw.<algo>``: cuDNN
-    has more, and faster, FP32 algorithms for NCHW; the copies are part of the algorithm's workspace)."""
+    has more, and faster, FP32 algorithms for NCHW; the copies are part of the algorithm's workspace).
+    ``math``: how FP32 convolutions compute, ``"tf32"`` (the default, as PyTorch's) or ``"exact"`` (FMA; see
+    :data:`vmem.device.spec.MATH_MODES`)."""
 
     kind = "cuda"
     holds_data = True
@@ -76,8 +78,10 @@ class CudaDevice:
         temporaries: str = "reserve",
         conv_api: str = "legacy",
         nchw: bool = False,
+        math: str = "tf32",
     ):
-        if conv_api not in ("legacy", "graph"):  # before any memory is taken
+        check_math(f"cuda:{index}", math)  # before any memory is taken
+        if conv_api not in ("legacy", "graph"):
             raise DeviceError(
                 f"cuda:{index}: conv_api={conv_api!r}; use 'legacy' (cuDNN's algorithms) or 'graph' "
                 "(cuDNN's graph API and its engines)"
@@ -110,7 +114,7 @@ class CudaDevice:
         self.poison = bool(poison)
         self.deterministic = bool(deterministic)
         self.pool = DevicePool(capacity, alignment, DeviceArena, name=f"{self.name} device")
-        self.spec = DeviceSpec(name=self.name, kind="cuda", memory=self.pool.capacity, arch=self.arch)
+        self.spec = DeviceSpec(name=self.name, kind="cuda", memory=self.pool.capacity, arch=self.arch, math=math)
         self.compute_stream = CudaStream("compute")
         self.memory_stream = CudaStream("memory")
         if self.poison:
