@@ -152,14 +152,19 @@ def task_vmem_step(
     profile_cache: str | None = None,
     conv_api: str = "legacy",
     nchw: bool = False,
+    precision: str = "fp32",
+    math: str = "exact",
+    spans: bool = False,
 ) -> dict:
-    """Median step seconds of vmem on VGG-16 (after two warm-up steps) and what the plan chose. With
+    """Median step seconds of vmem on VGG-16 (after two warm-up steps) and what the plan chose, its feature
+    maps in ``precision`` on a device whose FP32 math is ``math`` (``spans``: every span of the last step
+    too, as [stream, name, kind, start ms, ms]). With
     ``profile``, the plan uses measured costs: those in ``profile_cache`` if it exists, else a profile
     made here (and saved there). The profile runs each layer on its own with its buffers in the arena: in
     a tight budget at a large batch they may not fit (``profile=False`` plans from the device's
     specification and cuDNN's catalog)."""
     net = vmem.models.get("vgg16")
-    dev = vmem.device("cuda:0", conv_api=conv_api, nchw=nchw, **({"memory": memory} if memory else {}))
+    dev = vmem.device("cuda:0", conv_api=conv_api, nchw=nchw, math=math, **({"memory": memory} if memory else {}))
     say(repr(dev))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)
@@ -167,7 +172,13 @@ def task_vmem_step(
     cache = Path(profile_cache) if profile and profile_cache else None
     try:
         with vmem.Trainer(
-            net, device=dev, policy=policy, profile=profile, seed=0, optimizer=vmem.optim.SGD(lr=0.01, momentum=0.9)
+            net,
+            device=dev,
+            policy=policy,
+            profile=profile,
+            seed=0,
+            precision=precision,
+            optimizer=vmem.optim.SGD(lr=0.01, momentum=0.9),
         ) as trainer:
             t0 = time.perf_counter()
             if cache is not None and cache.exists():
@@ -202,6 +213,9 @@ def task_vmem_step(
                 "profiled": profile,
                 "by_kind": kinds,
                 "algos": plan.plan.algos,
+                "precision": precision,
+                "math": math,
+                **({"spans": every_span(reports[-1])} if spans else {}),
             }
     finally:
         dev.close()
@@ -226,6 +240,15 @@ def breakdown(report) -> tuple[dict[str, float], list[tuple[str, float]]]:
     return kinds, sorted(ops, key=lambda kv: -kv[1])
 
 
+def every_span(report) -> list[list]:
+    """Every span of a step as [stream, name, kind, start ms from the step's first span, ms]."""
+    first = min((span.start for span in report.spans), default=0.0)
+    return [
+        [span.stream, span.name, span.kind, round((span.start - first) * 1e3, 4), round(span.seconds * 1e3, 4)]
+        for span in sorted(report.spans, key=lambda sp: sp.start)
+    ]
+
+
 def torch_vgg16(torch, inplace: bool = True):
     """VGG-16 in PyTorch; ``inplace=False`` for checkpointing, which re-runs segments whose ReLU would
     otherwise overwrite a tensor autograd saved."""
@@ -248,16 +271,24 @@ def torch_vgg16(torch, inplace: bool = True):
     return nn.Sequential(*layers)
 
 
-def torch_setup():
+#: PyTorch in the settings its users train in (``--sections torch_settings``): its defaults (TF32 allowed
+#: for cuDNN's convolutions, matmuls exact), automatic mixed precision in bf16 with channels-last tensors,
+#: and TF32 off on both (the exact FP32 the earlier runs compared).
+TORCH_SETTINGS = ("defaults", "amp_bf16", "tf32_off")
+
+
+def torch_setup(setting: str = "tf32_off"):
     import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False  # PyTorch allows TF32 in cuDNN by default
+    torch.backends.cuda.matmul.allow_tf32 = False  # PyTorch's default for matmuls
+    torch.backends.cudnn.allow_tf32 = setting != "tf32_off"  # PyTorch allows TF32 in cuDNN by default
     torch.backends.cudnn.benchmark = True  # PyTorch's own algorithm search, as vmem profiles its own
     return torch
 
 
-def torch_step(torch, model, opt, batch: int, mode: str = "plain", channels_last: bool = False) -> float:
+def torch_step(
+    torch, model, opt, batch: int, mode: str = "plain", channels_last: bool = False, autocast: str | None = None
+) -> float:
     """One step of PyTorch eager, the batch uploaded from pinned host memory inside the timed step (as a
     DataLoader with pin_memory gives it, and as vmem uploads its batch)."""
     x_host = torch.randn(batch, 3, 224, 224).pin_memory()
@@ -275,6 +306,10 @@ def torch_step(torch, model, opt, batch: int, mode: str = "plain", channels_last
         from torch.utils.checkpoint import checkpoint_sequential
 
         loss = torch.nn.functional.cross_entropy(checkpoint_sequential(model, 6, x, use_reentrant=False), y)
+    elif autocast:  # automatic mixed precision: the convolutions and matmuls in half, the loss in FP32
+        with torch.autocast("cuda", dtype=getattr(torch, autocast)):
+            logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.float(), y)
     else:
         loss = torch.nn.functional.cross_entropy(model(x), y)
     loss.backward()
@@ -283,21 +318,23 @@ def torch_step(torch, model, opt, batch: int, mode: str = "plain", channels_last
     return time.perf_counter() - t0
 
 
-def task_torch_step(batch: int, steps: int, layout: str = "nchw") -> dict:
-    """PyTorch eager's median step in ``layout``: ``nchw`` (its default) or ``channels_last`` (vmem's), each
-    in a child of its own (cuDNN's search in channels last alone can take minutes)."""
-    torch = torch_setup()
+def task_torch_step(batch: int, steps: int, layout: str = "nchw", setting: str = "tf32_off") -> dict:
+    """PyTorch eager's median step in ``layout``: ``nchw`` (its default) or ``channels_last`` (vmem's), in
+    ``setting`` (:data:`TORCH_SETTINGS`; ``amp_bf16`` is channels last whatever ``layout`` says, as its
+    users run it), each in a child of its own (cuDNN's search in channels last alone can take minutes)."""
+    torch = torch_setup(setting)
     torch.manual_seed(0)
     model = torch_vgg16(torch).cuda()
-    last = layout == "channels_last"
+    last = layout == "channels_last" or setting == "amp_bf16"
     if last:
         model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    autocast = "bfloat16" if setting == "amp_bf16" else None
     for _ in range(2):
-        torch_step(torch, model, opt, batch, channels_last=last)
-    times = [torch_step(torch, model, opt, batch, channels_last=last) for _ in range(steps)]
-    say(f"pytorch eager {layout}: steps {', '.join(f'{t * 1e3:.1f}' for t in times)} ms")
-    return {"version": torch.__version__, "median": float(np.median(times)), "times": times}
+        torch_step(torch, model, opt, batch, channels_last=last, autocast=autocast)
+    times = [torch_step(torch, model, opt, batch, channels_last=last, autocast=autocast) for _ in range(steps)]
+    say(f"pytorch eager {layout} ({setting}): steps {', '.join(f'{t * 1e3:.1f}' for t in times)} ms")
+    return {"version": torch.__version__, "median": float(np.median(times)), "times": times, "setting": setting}
 
 
 def largest(fits, lo: int, hi: int) -> int:
@@ -317,13 +354,16 @@ def largest(fits, lo: int, hi: int) -> int:
     return good
 
 
-def task_vmem_largest(budget: str) -> dict:
-    """The largest VGG-16 batch each policy's plan fits in ``budget`` (plans only: nothing runs)."""
+def task_vmem_largest(
+    budget: str, precision: str = "fp32", policies: tuple = ("baseline", "vdnn-conv", "vdnn-all")
+) -> dict:
+    """The largest VGG-16 batch each policy's plan fits in ``budget`` with feature maps in ``precision``
+    (plans only: nothing runs)."""
     net = vmem.models.get("vgg16")
     with vmem.device("cuda:0", memory=budget) as dev:
         return {
-            policy: largest(lambda b: vmem.plan(net, b, dev, policy).fits, 1, 4096)
-            for policy in ("baseline", "vdnn-conv", "vdnn-all")
+            policy: largest(lambda b: vmem.plan(net, b, dev, policy, precision=precision).fits, 1, 4096)
+            for policy in policies
         }
 
 
@@ -458,6 +498,123 @@ def section_step_time(args, out):
             out["verdicts"].append(
                 verdict(f"{policy.split(':')[0]} / vmem baseline", times[policy] / base, target, at_least=False)
             )
+
+
+# -- the GPU check's sections (tests/gpu/run.sh check): the settings users train in ----------------------
+def section_torch_settings(args, out):
+    """PyTorch eager on VGG-16 in :data:`TORCH_SETTINGS`, each in a process of its own."""
+    rows, times = [], out.setdefault("settings", {})
+    for setting in TORCH_SETTINGS:
+        try:
+            t = isolated("torch_step", args.child_timeout, batch=args.batch, steps=args.steps, setting=setting)
+        except ChildFailed as exc:
+            _failed(out, f"pytorch {setting}", exc)
+            continue
+        times[f"pytorch {setting}"] = t["median"]
+        rows.append((f"pytorch {t['version']} {setting}", f"{t['median'] * 1e3:.1f}"))
+    print(f"\nVGG-16, batch {args.batch}: PyTorch eager (cudnn.benchmark), median step of {args.steps}")
+    print(table(("run", "step ms"), rows))
+
+
+#: vmem's runs beside each PyTorch setting: (label, precision, math, the PyTorch setting, the target ratio)
+VMEM_SETTINGS = (
+    ("vmem bf16", "bf16", "tf32", "amp_bf16", 1.10),
+    ("vmem tf32", "fp32", "tf32", "defaults", 1.10),
+    ("vmem exact", "fp32", "exact", "tf32_off", 1.30),
+)
+
+
+def _vmem_setting(args, out, label: str, precision: str, math: str, spans: bool = False) -> None:
+    times = out.setdefault("settings", {})
+    cache = Path(args.profile_cache) / f"profile-b{args.batch}-{precision}-{math}.pkl"
+    try:
+        r = isolated(
+            "vmem_step",
+            args.child_timeout,
+            policy="baseline:algos=performance",
+            batch=args.batch,
+            steps=args.steps,
+            memory=args.memory,
+            profile=True,
+            profile_cache=str(cache),
+            conv_api=args.conv_api,
+            nchw=args.nchw,
+            precision=precision,
+            math=math,
+            spans=spans,
+        )
+    except ChildFailed as exc:
+        _failed(out, label, exc)
+        return
+    times[label] = r["median"]
+    out.setdefault("setting_runs", {})[label] = r
+    print(f"{label}: {r['median'] * 1e3:.1f} ms a step (plan {r['chosen']}, peak {format_bytes(r['peak_bytes'])})")
+
+
+def _setting_verdicts(out) -> None:
+    times = out.get("settings", {})
+    for label, _, _, setting, target in VMEM_SETTINGS:
+        key = f"pytorch {setting}"
+        if label in times and key in times and not any(v["name"].startswith(label) for v in out["verdicts"]):
+            out["verdicts"].append(
+                verdict(f"{label} / PyTorch {setting}", times[label] / times[key], target, at_least=False)
+            )
+
+
+def section_vmem_settings(args, out):
+    """vmem baseline (the fastest algorithms, from a profile) in bf16 and in FP32 with TF32."""
+    for label, precision, math, _, _ in VMEM_SETTINGS[:2]:
+        _vmem_setting(args, out, label, precision, math)
+    _setting_verdicts(out)
+
+
+def section_vmem_exact(args, out):
+    """vmem baseline in exact FP32 (FMA), every span of its last step kept in the JSON."""
+    label, precision, math, _, _ = VMEM_SETTINGS[2]
+    _vmem_setting(args, out, label, precision, math, spans=True)
+    _setting_verdicts(out)
+
+
+def section_budget_check(args, out):
+    """The largest VGG-16 batch in ``--budget`` with feature maps in bf16 and in FP32: planned first (plans
+    only, quick), then one step measured at the planned batch of the best policy."""
+    results = out.setdefault("budget_check", {})
+    for precision in ("bf16", "fp32"):
+        try:
+            planned = isolated(
+                "vmem_largest",
+                args.child_timeout,
+                budget=args.budget,
+                precision=precision,
+                policies=["baseline", "vdnn-all"],
+            )
+        except ChildFailed as exc:
+            _failed(out, f"vmem largest batches {precision}", exc)
+            continue
+        best = max(planned, key=planned.get)
+        entry = results[precision] = {"planned": planned, "policy": best, "batch": planned[best]}
+        if not planned[best]:
+            continue
+        try:
+            r = isolated(
+                "vmem_step",
+                args.child_timeout,
+                policy=best,
+                batch=planned[best],
+                steps=1,
+                memory=args.budget,
+                profile=False,
+                precision=precision,
+                math="tf32",
+            )
+            entry["measured_step_seconds"] = r["median"]
+            entry["measured_peak_bytes"] = r["peak_bytes"]
+        except ChildFailed as exc:
+            _failed(out, f"budget step {precision}", exc)
+            entry["measured"] = "failed"
+        print(
+            f"{precision}: {best} plans batch {planned[best]} in {args.budget}; measured: {entry.get('measured_step_seconds', 'failed')}"
+        )
 
 
 def section_variants(args, out):
@@ -669,6 +826,12 @@ def main() -> int:
         help="print every thread's stack when a section has run this long, and again each time "
         "as long again (default 120; 0: never)",
     )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="without a GPU: run every section's code path (each run fails where it asks for the GPU, "
+        "and the JSON says so); exit 0 if that is all that failed",
+    )
     parser.add_argument("--child", choices=sorted(TASKS), help=argparse.SUPPRESS)
     parser.add_argument("--child-args", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -682,7 +845,7 @@ def main() -> int:
     from vmem.device.cuda import nvml, unavailable
 
     reason = unavailable()
-    if reason:
+    if reason and not args.dry_run:
         print(f"bench/gpu.py: {reason}", file=sys.stderr)
         return 2
     out: dict = {
@@ -713,11 +876,27 @@ def main() -> int:
         if args.json_out:  # after each section: a run cut short keeps what it measured
             Path(args.json_out).write_text(json.dumps(out, indent=2, default=str))
     say("done")
+    if args.dry_run and reason:  # every failure should be the GPU's absence
+        other = {k: v for k, v in out["errors"].items() if not _no_gpu(v)}
+        print(f"dry run: {len(names)} sections ran; {len(out['errors']) - len(other)} runs failed for want of a GPU")
+        for k, v in other.items():
+            print(f"dry run: {k} failed otherwise: {v}")
+        return 1 if other else 0
     return 1 if out["errors"] else 0
+
+
+def _no_gpu(error: str) -> bool:
+    """Whether an error says there is no GPU (or no CuPy) to run on."""
+    text = error.lower()
+    return any(w in text for w in ("cupy", "cuda", "gpu", "nvml", "driver", "torch"))
 
 
 # the training runs first (each in a process of its own), then what runs here
 SECTIONS = {
+    "torch_settings": section_torch_settings,
+    "vmem_settings": section_vmem_settings,
+    "vmem_exact": section_vmem_exact,
+    "budget_check": section_budget_check,
     "step_time": section_step_time,
     "budget": section_budget,
     "variants": section_variants,

@@ -4,6 +4,7 @@ minutes with the machine's start."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -16,7 +17,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 #: What one command on the GPU machine may take, less a margin for copying the tree and the logs.
 COMMAND_S = 600 - 30
-#: What a whole GPU run may take (25 minutes), less a machine's start.
+#: What the GPU check may take (7 minutes), its sections' kill grace (10 s each of three) included.
+CHECK_S = 7 * 60
+#: What a whole run of the longer stages may take (25 minutes), less a machine's start.
 RUN_S = 25 * 60 - 120
 
 
@@ -34,7 +37,7 @@ def _limits() -> dict[str, int]:
 
 def test_the_documented_commands_cover_every_stage_once():
     stages = [s for command in _commands() for s in command]
-    assert len(_commands()) == 3
+    assert _commands()[0] == ["check"] and len(_commands()) == 4
     assert sorted(stages) == sorted(_limits())
 
 
@@ -51,9 +54,17 @@ def test_each_command_fits_its_limit_in_a_dry_run(command, tmp_path):
     assert [line.split(":")[0] for line in lines] == command
     assert all(": exit 0 in" in line for line in lines), lines
     limits = _limits()
+    if command == ["check"]:  # its sections: 3 of them, each killed at most 10 s after its share
+        assert limits["check"] + 3 * 10 + overhead <= CHECK_S, overhead
+        check = json.loads((tmp_path / "check.json").read_text())
+        assert [s["section"] for s in check["sections"]] == ["preflight", "smoke", "bench"]
+        assert check["dry_run"] and all(s["exit"] == 0 for s in check["sections"])
+        assert sum(s["limit"] for s in check["sections"]) == limits["check"]
+        bench = json.loads((tmp_path / "check-bench.json").read_text())  # every section's path ran
+        assert {"pytorch amp_bf16", "vmem bf16", "vmem exact", "vmem largest batches fp32"} <= set(bench["errors"])
     assert sum(limits[s] for s in command) + overhead <= COMMAND_S, (command, overhead)
 
 
 def test_the_whole_run_fits_25_minutes():
     limits = _limits()
-    assert sum(limits[s] for command in _commands() for s in command) <= RUN_S - 3 * 30
+    assert sum(limits[s] for command in _commands()[1:] for s in command) <= RUN_S - 3 * 30

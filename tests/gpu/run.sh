@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# The GPU run, in stages, on a machine with an NVIDIA GPU, CuPy 14 and cuDNN 9 and no network (see
-# tests/gpu/README.md for the three commands that make up a whole run, each well inside 10 minutes):
+# The GPU run, on a machine with an NVIDIA GPU, CuPy 14 and cuDNN 9 and no network (see tests/gpu/README.md):
 #
-#     bash tests/gpu/run.sh STAGE [STAGE ...]     # logs and results under $OUT (else gpu-out)
+#     bash tests/gpu/run.sh check                 # the GPU check: one command, at most 7 minutes
+#     bash tests/gpu/run.sh STAGE [STAGE ...]     # the longer stages, for a longer lease
 #
-# Stages and their limits (seconds; VMEM_GPU_<STAGE>_S overrides, e.g. VMEM_GPU_SUITE_A_S=300):
+# Logs and results go under $OUT (else gpu-out). Stages and their limits (seconds; VMEM_GPU_<STAGE>_S
+# overrides, e.g. VMEM_GPU_SUITE_A_S=300):
+#   check         375  in this order, check.json rewritten after each section: build and preflight; a smoke
+#                      of the suite (protocol, layers, half-precision training, first commands); PyTorch in
+#                      three settings (defaults, AMP bf16 channels-last, TF32 off); vmem bf16 and TF32 steps;
+#                      vmem exact FP32 with every span; the 8 GiB batch in bf16 and FP32 (planned, then a
+#                      step measured at the planned batch)
 #   preflight      40  driver, versions, one NVML reading and the first kernel compile timed, vmem check
 #   suite-a       200  pytest: the Device protocol, kernels and layers on cuda:0, and tests/device
 #   suite-b       240  pytest: training on cuda:0 and a user's first commands (CLI, fit, save/load, the wheel)
@@ -23,8 +29,8 @@ if [ $# -eq 0 ]; then
     sed -n '2,/^$/p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
-declare -A LIMIT=([preflight]=40 [suite-a]=200 [suite-b]=240 [bench-cheap]=90 [bench-step]=330 [bench-budget]=260
-                  [bench-variants]=90)
+declare -A LIMIT=([check]=375 [preflight]=40 [suite-a]=200 [suite-b]=240 [bench-cheap]=90 [bench-step]=330
+                  [bench-budget]=260 [bench-variants]=90)
 for stage in "$@"; do
     [ -n "${LIMIT[$stage]:-}" ] || { echo "run.sh: unknown stage '$stage'; stages: ${!LIMIT[*]}" >&2; exit 2; }
 done
@@ -46,6 +52,44 @@ bench() {  # limit log json sections [extra args]
         2>&1 | tee "$out/$log"
     return "${PIPESTATUS[0]}"
 }
+preflight_run() {  # limit
+    { nvidia-smi 2>&1 || echo "nvidia-smi: not here"; $py -m pip list 2>/dev/null \
+        | grep -iE "^(cupy|nvidia-cudnn|nvidia-ml|torch |numpy|cffi|pycparser|pytest|hypothesis)"; } > "$out/env.log"
+    $py setup.py -q build_ext --inplace > "$out/build.log" 2>&1 || echo "native CPU kernels not built: see build.log"
+    timeout -s INT -k 10 "$1" $py tests/gpu/preflight.py --json-out "$out/preflight.json" 2>&1 | tee "$out/preflight.log"
+    return "${PIPESTATUS[0]}"
+}
+check_sections=""
+check_note() {  # name rc seconds limit: check.json rewritten with every section so far
+    check_sections+="${check_sections:+,}{\"section\": \"$1\", \"exit\": $2, \"seconds\": $3, \"limit\": $4}"
+    printf '{"stage": "check", "dry_run": %s, "sections": [%s]}\n' \
+        "$([ "${VMEM_GPU_DRY_RUN:-0}" = 1 ] && echo true || echo false)" "$check_sections" > "$out/check.json"
+}
+check_run() {  # limit: the GPU check's sections in order, each under its share of the limit
+    local limit=$1 rc=0 r t share
+    local -a names=(preflight smoke bench) shares=(35 95 0)  # of 375 s; the bench takes the rest
+    for i in 0 1 2; do
+        share=$(( shares[i] * limit / 375 ))
+        [ "$i" -eq 2 ] && share=$(( limit - shares[0] * limit / 375 - shares[1] * limit / 375 ))
+        t=$SECONDS
+        echo "-- check: ${names[i]} (at most $share s)"
+        case ${names[i]} in
+            preflight) preflight_run "$share"; r=$? ;;
+            smoke)
+                pytest_run "$share" check-smoke.log tests/gpu/test_protocol.py tests/gpu/test_layers.py \
+                    tests/gpu/test_training.py tests/gpu/test_first_commands.py \
+                    -k "test_protocol or test_layers or test_first_commands or half or bf16 or fp16"; r=$?
+                [ "$r" -eq 5 ] && r=0 ;;  # nothing collected (no GPU: every test skips)
+            bench)
+                local dry=""; [ "${VMEM_GPU_DRY_RUN:-0}" = 1 ] && dry="--dry-run"
+                bench "$share" check-bench.log check-bench.json torch_settings,vmem_settings,vmem_exact,budget_check \
+                    --child-timeout 110 $dry; r=$? ;;
+        esac
+        check_note "${names[i]}" "$r" "$(( SECONDS - t ))" "$share"
+        [ "$r" -eq 0 ] || rc=1
+    done
+    return $rc
+}
 status=0
 summary=""
 for stage in "$@"; do
@@ -53,13 +97,10 @@ for stage in "$@"; do
     t0=$SECONDS
     echo "== $stage (limit ${limit} s) =="
     case $stage in
+        check)
+            check_run "$limit"; rc=$? ;;
         preflight)
-            { nvidia-smi 2>&1 || echo "nvidia-smi: not here"; $py -m pip list 2>/dev/null \
-                | grep -iE "^(cupy|nvidia-cudnn|nvidia-ml|torch |numpy|cffi|pycparser|pytest|hypothesis)"; } > "$out/env.log"
-            $py setup.py -q build_ext --inplace > "$out/build.log" 2>&1 || echo "native CPU kernels not built: see build.log"
-            timeout -s INT -k 10 "$limit" $py tests/gpu/preflight.py --json-out "$out/preflight.json" 2>&1 \
-                | tee "$out/preflight.log"
-            rc=${PIPESTATUS[0]} ;;
+            preflight_run "$limit"; rc=$? ;;
         suite-a)
             pytest_run "$limit" suite-a.log tests/gpu/test_protocol.py tests/gpu/test_kernels.py tests/gpu/test_layers.py \
                 tests/device; rc=$? ;;
