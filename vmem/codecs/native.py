@@ -41,6 +41,10 @@ __all__ = [
     "fixed_decode",
     "patch2_encode",
     "patch2_decode",
+    "bias_relu",
+    "relu_backward",
+    "maxpool_forward",
+    "maxpool_backward",
 ]
 
 try:
@@ -302,4 +306,65 @@ def patch2_decode(codes: np.ndarray, lo: np.ndarray, scale: np.ndarray, out: np.
         w,
         c,
         cols=c,
+    )
+
+
+# -- the layers' element-wise kernels: in place, in fp32, fp16 and bf16 -----------------------------------
+def _suffix(a: Any) -> str:
+    """The kernels' name for ``a``'s dtype: f32, f16 or bf16 (half-precision arrays go as their bits)."""
+    name = np.dtype(a.dtype).name
+    if name in ("float32", "float16", "bfloat16"):
+        return {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[name]
+    raise TypeError(f"the layers' kernels take float32, float16 or bfloat16 arrays, not {name}")
+
+
+def _bits(a: Any) -> Any:
+    return a if np.dtype(a.dtype) == np.float32 else a.view(np.uint16)
+
+
+def bias_relu(y: Any, b: Any, on: Backend = CPU) -> None:
+    """``y = max(y + b, 0)`` in place over a channels-last ``y`` (..., C) with an FP32 bias of C values."""
+    c = y.shape[-1]
+    rows = y.size // c if c else 0
+    on.launch(f"bias_relu_{_suffix(y)}", rows, _bits(y), b, _i64(rows), _i64(c), cols=c)
+
+
+def relu_backward(y: Any, dy: Any, dx: Any, on: Backend = CPU) -> None:
+    """``dx = dy * (y > 0)``; ``dx`` may be ``dy`` (in place on the shared gradient buffer)."""
+    on.launch(f"relu_backward_{_suffix(dy)}", dx.size, _bits(y), _bits(dy), _bits(dx), _i64(dx.size))
+
+
+def _pool_args(x_shape: tuple, y_shape: tuple, kernel: tuple, stride: tuple) -> tuple:
+    n, h, w, c = x_shape
+    _, ho, wo, _ = y_shape
+    return (
+        _i64(n),
+        _i64(h),
+        _i64(w),
+        _i64(c),
+        _i64(ho),
+        _i64(wo),
+        int(kernel[0]),
+        int(kernel[1]),
+        int(stride[0]),
+        int(stride[1]),
+    )
+
+
+def maxpool_forward(x: Any, y: Any, arg: Any, kernel: tuple, stride: tuple, on: Backend = CPU) -> None:
+    """Max pooling of a channels-last ``x`` (N, H, W, C) into ``y`` and the window position of each maximum
+    into ``arg`` (uint8, ``y``'s shape), in one pass; no padding."""
+    on.launch(
+        f"maxpool_forward_{_suffix(x)}", y.size, _bits(x), _bits(y), arg, *_pool_args(x.shape, y.shape, kernel, stride)
+    )
+
+
+def maxpool_backward(dy: Any, arg: Any, dx: Any, kernel: tuple, stride: tuple, on: Backend = CPU) -> None:
+    """``dx`` (N, H, W, C) from ``dy`` and the argmax map, in one pass, for windows that do not overlap."""
+    if any(int(s) < int(k) for s, k in zip(stride, kernel)):
+        raise ValueError(f"maxpool_backward: windows {tuple(kernel)} overlap at stride {tuple(stride)}")
+    kind = "f32" if np.dtype(dy.dtype) == np.float32 else "16"
+    _suffix(dy)
+    on.launch(
+        f"maxpool_backward_{kind}", dx.size, _bits(dy), arg, _bits(dx), *_pool_args(dx.shape, dy.shape, kernel, stride)
     )

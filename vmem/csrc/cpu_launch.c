@@ -71,3 +71,26 @@ LAUNCHER2_WHOLE(patch2_encode, c, patch2_whole(vmem_row, h, w),
 LAUNCHER2(patch2_decode, c, P(const uint32_t* restrict codes, const float* restrict lo, const float* restrict scale,
                               float* restrict x, int64_t n, int64_t h, int64_t w, int64_t c),
           codes, lo, scale, x, n, h, w, c)
+
+/* the layers' kernels (in place: no restrict between the arrays a launch reads and writes) */
+LAUNCHER2(bias_relu_f32, c, P(float* y, const float* b, int64_t rows, int64_t c), y, b, rows, c)
+LAUNCHER2(bias_relu_f16, c, P(uint16_t* y, const float* b, int64_t rows, int64_t c), y, b, rows, c)
+LAUNCHER2(bias_relu_bf16, c, P(uint16_t* y, const float* b, int64_t rows, int64_t c), y, b, rows, c)
+LAUNCHER(relu_backward_f32, P(const float* y, const float* dy, float* dx, int64_t n), y, dy, dx, n)
+LAUNCHER(relu_backward_f16, P(const uint16_t* y, const uint16_t* dy, uint16_t* dx, int64_t n), y, dy, dx, n)
+LAUNCHER(relu_backward_bf16, P(const uint16_t* y, const uint16_t* dy, uint16_t* dx, int64_t n), y, dy, dx, n)
+LAUNCHER(maxpool_forward_f32, P(const float* x, float* y, uint8_t* arg, int64_t n, int64_t h, int64_t w, int64_t c,
+                                int64_t ho, int64_t wo, int kh, int kw, int sh, int sw),
+         x, y, arg, n, h, w, c, ho, wo, kh, kw, sh, sw)
+LAUNCHER(maxpool_forward_f16, P(const uint16_t* x, uint16_t* y, uint8_t* arg, int64_t n, int64_t h, int64_t w,
+                                int64_t c, int64_t ho, int64_t wo, int kh, int kw, int sh, int sw),
+         x, y, arg, n, h, w, c, ho, wo, kh, kw, sh, sw)
+LAUNCHER(maxpool_forward_bf16, P(const uint16_t* x, uint16_t* y, uint8_t* arg, int64_t n, int64_t h, int64_t w,
+                                 int64_t c, int64_t ho, int64_t wo, int kh, int kw, int sh, int sw),
+         x, y, arg, n, h, w, c, ho, wo, kh, kw, sh, sw)
+LAUNCHER(maxpool_backward_f32, P(const float* dy, const uint8_t* arg, float* dx, int64_t n, int64_t h, int64_t w,
+                                 int64_t c, int64_t ho, int64_t wo, int kh, int kw, int sh, int sw),
+         dy, arg, dx, n, h, w, c, ho, wo, kh, kw, sh, sw)
+LAUNCHER(maxpool_backward_16, P(const uint16_t* dy, const uint8_t* arg, uint16_t* dx, int64_t n, int64_t h,
+                                int64_t w, int64_t c, int64_t ho, int64_t wo, int kh, int kw, int sh, int sw),
+         dy, arg, dx, n, h, w, c, ho, wo, kh, kw, sh, sw)

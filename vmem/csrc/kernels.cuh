@@ -446,3 +446,136 @@ VMEM_KERNEL void patch2_decode(VMEM_TID2_ARG const uint32_t* __restrict__ codes,
     uint32_t q = (codes[k] >> (2 * (4 * (y % 4) + col % 4))) & 3u;
     x[pix * c + ch] = VMEM_FADD(lo[k], VMEM_FMUL((float)(int32_t)q, scale[k]));  /* int: AVX2 converts it */
 }
+
+/* ==== Layers' element-wise kernels, in place, in fp32, fp16 and bf16 =====================================
+ * Half-precision values travel as their bits (uint16_t) and compute in FP32: vmem_h2f/vmem_f2h convert as
+ * NumPy's float16 casts do (round half to even, subnormals kept, NaN payloads kept), vmem_bf2f/vmem_f2bf as
+ * ml_dtypes' bfloat16 (round half to even, subnormals kept, NaN made the quiet NaN of its sign). The same
+ * bit operations run on both devices, so the bytes are the same. ReLU is NumPy's maximum(v, 0): NaN passes,
+ * -0 becomes +0; its backward dy * (y > 0) keeps the product's sign and NaN. */
+__device__ float vmem_h2f(uint16_t h) {
+    uint32_t sign = ((uint32_t)h & 0x8000u) << 16, exp = h & 0x7c00u, sig = h & 0x03ffu;
+    if (exp == 0x7c00u) return VMEM_BITSF(sign + 0x7f800000u + (sig << 13));  /* inf or NaN */
+    if (exp != 0) return VMEM_BITSF(sign + (((uint32_t)(h & 0x7fffu) + 0x1c000u) << 13));
+    if (sig == 0) return VMEM_BITSF(sign);
+    int shift = 0;  /* a subnormal half is a normal float */
+    sig <<= 1;
+    while ((sig & 0x0400u) == 0) { sig <<= 1; ++shift; }
+    return VMEM_BITSF(sign + ((uint32_t)(127 - 15 - shift) << 23) + ((sig & 0x03ffu) << 13));
+}
+
+__device__ uint16_t vmem_f2h(float v) {
+    uint32_t f = VMEM_FBITS(v), exp = f & 0x7f800000u, sig;
+    uint16_t sign = (uint16_t)((f & 0x80000000u) >> 16);
+    if (exp >= 0x47800000u) {  /* too large: infinity; or infinity or NaN already */
+        sig = f & 0x007fffffu;
+        if (exp == 0x7f800000u && sig != 0) {
+            uint16_t nan = (uint16_t)(0x7c00u + (sig >> 13));
+            return (uint16_t)(sign + (nan == 0x7c00u ? nan + 1 : nan));
+        }
+        return (uint16_t)(sign + 0x7c00u);
+    }
+    if (exp <= 0x38000000u) {  /* a subnormal half, or zero */
+        if (exp < 0x33000000u) return sign;
+        uint32_t e = exp >> 23;
+        sig = 0x00800000u + (f & 0x007fffffu);
+        sig >>= (113 - e);
+        if (((sig & 0x00003fffu) != 0x00001000u) || (f & 0x000007ffu)) sig += 0x00001000u;
+        return (uint16_t)(sign + (sig >> 13));
+    }
+    sig = f & 0x007fffffu;
+    if ((sig & 0x00003fffu) != 0x00001000u) sig += 0x00001000u;  /* round half to even */
+    return (uint16_t)(sign + (uint16_t)((exp - 0x38000000u) >> 13) + (uint16_t)(sig >> 13));
+}
+
+__device__ float vmem_bf2f(uint16_t b) { return VMEM_BITSF((uint32_t)b << 16); }
+
+__device__ uint16_t vmem_f2bf(float v) {
+    uint32_t f = VMEM_FBITS(v);
+    if ((f & 0x7fffffffu) > 0x7f800000u) return (f & 0x80000000u) ? 0xffc0u : 0x7fc0u;  /* NaN */
+    return (uint16_t)((f + 0x7fffu + ((f >> 16) & 1u)) >> 16);
+}
+
+__device__ float vmem_relu(float v) { return (v > 0.0f || v != v) ? v : 0.0f; }
+
+/* Bias + ReLU over a convolution's channels-last output, in place: y = max(y + b[channel], 0), on a grid
+ * of rows = N * H * W pixels by cols = C channels; b in FP32 (the master weights' type). */
+VMEM_KERNEL void bias_relu_f32(VMEM_TID2_ARG float* y, const float* __restrict__ b, int64_t rows, int64_t c) {
+    int64_t r = VMEM_ROW(c), ch = VMEM_COL(c);
+    if (r >= rows) return;
+    y[r * c + ch] = vmem_relu(VMEM_FADD(y[r * c + ch], b[ch]));
+}
+VMEM_KERNEL void bias_relu_f16(VMEM_TID2_ARG uint16_t* y, const float* __restrict__ b, int64_t rows, int64_t c) {
+    int64_t r = VMEM_ROW(c), ch = VMEM_COL(c);
+    if (r >= rows) return;
+    y[r * c + ch] = vmem_f2h(vmem_relu(VMEM_FADD(vmem_h2f(y[r * c + ch]), b[ch])));
+}
+VMEM_KERNEL void bias_relu_bf16(VMEM_TID2_ARG uint16_t* y, const float* __restrict__ b, int64_t rows, int64_t c) {
+    int64_t r = VMEM_ROW(c), ch = VMEM_COL(c);
+    if (r >= rows) return;
+    y[r * c + ch] = vmem_f2bf(vmem_relu(VMEM_FADD(vmem_bf2f(y[r * c + ch]), b[ch])));
+}
+
+/* ReLU's backward from its output, in place on the gradient (dx may be dy): dx = dy * (y > 0). */
+VMEM_KERNEL void relu_backward_f32(VMEM_TID_ARG const float* y, const float* dy, float* dx, int64_t n) {
+    int64_t j = VMEM_TID;
+    if (j >= n) return;
+    dx[j] = VMEM_FMUL(dy[j], (float)(y[j] > 0.0f));
+}
+VMEM_KERNEL void relu_backward_f16(VMEM_TID_ARG const uint16_t* y, const uint16_t* dy, uint16_t* dx, int64_t n) {
+    int64_t j = VMEM_TID;
+    if (j >= n) return;
+    dx[j] = vmem_f2h(VMEM_FMUL(vmem_h2f(dy[j]), (float)(vmem_h2f(y[j]) > 0.0f)));
+}
+VMEM_KERNEL void relu_backward_bf16(VMEM_TID_ARG const uint16_t* y, const uint16_t* dy, uint16_t* dx, int64_t n) {
+    int64_t j = VMEM_TID;
+    if (j >= n) return;
+    dx[j] = vmem_f2bf(VMEM_FMUL(vmem_bf2f(dy[j]), (float)(vmem_bf2f(y[j]) > 0.0f)));
+}
+
+/* Max pooling over channels-last maps without padding, windows kh x kw at stride sh x sw: one thread per
+ * output value writes the maximum and its window position (row-major, the first of equal maxima; a NaN is
+ * the maximum, as in NumPy's argmax) in one pass. The backward runs one thread per input value, for windows
+ * that do not overlap (stride at least the window): dx is dy where the value was its window's maximum, else
+ * +0, written in one pass (no zeroing launch, no atomics). */
+#define VMEM_MAXPOOL_FWD(NAME, T, LOAD)                                                                      \
+    VMEM_KERNEL void NAME(VMEM_TID_ARG const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ arg, \
+                          int64_t n, int64_t h, int64_t w, int64_t c, int64_t ho, int64_t wo, int kh, int kw,  \
+                          int sh, int sw) {                                                                  \
+        int64_t o = VMEM_TID;                                                                                \
+        if (o >= n * ho * wo * c) return;                                                                    \
+        int64_t ch = o % c, ow = (o / c) % wo, oh = (o / (c * wo)) % ho, img = o / (c * wo * ho);            \
+        const T* base = x + ((img * h + oh * sh) * w + ow * sw) * c + ch;                                    \
+        T best = base[0];                                                                                    \
+        float bv = LOAD(best);                                                                               \
+        int at = 0;                                                                                          \
+        for (int i = 0; i < kh; ++i)                                                                         \
+            for (int j = 0; j < kw; ++j) {                                                                   \
+                T t = base[(i * w + j) * c];                                                                 \
+                float v = LOAD(t);                                                                           \
+                if (v > bv || (v != v && bv == bv)) { best = t; bv = v; at = i * kw + j; }                   \
+            }                                                                                                \
+        y[o] = best;                                                                                         \
+        arg[o] = (uint8_t)at;                                                                                \
+    }
+#define VMEM_MAXPOOL_BWD(NAME, T, ZERO)                                                                      \
+    VMEM_KERNEL void NAME(VMEM_TID_ARG const T* __restrict__ dy, const uint8_t* __restrict__ arg,            \
+                          T* __restrict__ dx, int64_t n, int64_t h, int64_t w, int64_t c, int64_t ho,          \
+                          int64_t wo, int kh, int kw, int sh, int sw) {                                      \
+        int64_t j = VMEM_TID;                                                                                \
+        if (j >= n * h * w * c) return;                                                                      \
+        int64_t ch = j % c, col = (j / c) % w, row = (j / (c * w)) % h, img = j / (c * w * h);               \
+        int64_t oh = row / sh, ow = col / sw, di = row - oh * sh, dj = col - ow * sw;                        \
+        T out = ZERO;                                                                                        \
+        if (oh < ho && ow < wo && di < kh && dj < kw) {                                                      \
+            int64_t o = ((img * ho + oh) * wo + ow) * c + ch;                                                \
+            if (arg[o] == di * kw + dj) out = dy[o];                                                         \
+        }                                                                                                    \
+        dx[j] = out;                                                                                         \
+    }
+__device__ float vmem_load_f32(float v) { return v; }
+VMEM_MAXPOOL_FWD(maxpool_forward_f32, float, vmem_load_f32)
+VMEM_MAXPOOL_FWD(maxpool_forward_f16, uint16_t, vmem_h2f)
+VMEM_MAXPOOL_FWD(maxpool_forward_bf16, uint16_t, vmem_bf2f)
+VMEM_MAXPOOL_BWD(maxpool_backward_f32, float, 0.0f)
+VMEM_MAXPOOL_BWD(maxpool_backward_16, uint16_t, (uint16_t)0)

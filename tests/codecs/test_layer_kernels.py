@@ -1,0 +1,139 @@
+"""The layers' in-place kernels (vmem/csrc/kernels.cuh: bias + ReLU, ReLU's backward, max pooling with its
+argmax in one pass and its backward in one pass), built for the CPU, equal their NumPy references bit for bit
+in fp32, fp16 and bf16, the same buffer in and out. (The CUDA build of the same source compiles for sm_80 and
+sm_90: tests/codecs/test_native.py.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vmem.codecs import native
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+pytestmark = pytest.mark.skipif(not native.available(), reason="the native kernels are not built")
+DTYPES = [np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
+IDS = ["fp32", "fp16", "bf16"]
+
+
+def _bits(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a).tobytes()
+
+
+def _specials(dtype) -> np.ndarray:
+    """Values whose handling differs between careless implementations: signed zeros, infinities, NaN with
+    and without payloads, the smallest and largest of the type, subnormals."""
+    info = ml_dtypes.finfo(dtype) if dtype == DTYPES[2] else np.finfo(dtype)
+    values = [
+        0.0,
+        -0.0,
+        np.inf,
+        -np.inf,
+        np.nan,
+        -np.nan,
+        float(info.max),
+        -float(info.max),
+        float(info.tiny),
+        -float(info.tiny),
+        float(info.smallest_subnormal),
+        -float(info.smallest_subnormal),
+        1.0,
+        -1.0,
+    ]
+    out = np.array(values, np.float32).astype(dtype)
+    payload = np.array([0x7F800001, 0xFFC00123, 0x7FA00000], np.uint32).view(np.float32)  # NaNs with payloads
+    return np.concatenate([out, payload.astype(dtype) if dtype != DTYPES[0] else payload])
+
+
+def _data(dtype, shape, seed=0) -> np.ndarray:
+    x = (np.random.default_rng(seed).standard_normal(shape) * 3).astype(np.float32).astype(dtype)
+    flat = x.reshape(-1)
+    s = _specials(dtype)
+    flat[: s.size] = s
+    return x
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_bias_relu_in_place(dtype):
+    y = _data(dtype, (3, 5, 7, 33))
+    b = (np.random.default_rng(1).standard_normal(33) * 2).astype(np.float32)
+    b[:4] = [np.nan, -0.0, 1e38, -1e-42]
+    want = np.maximum(y.astype(np.float32) + b, 0).astype(dtype)
+    native.bias_relu(y, b)  # y is written in place
+    assert _bits(y) == _bits(want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES[1:], ids=IDS[1:])
+def test_half_rounding_as_numpy_and_ml_dtypes_round(dtype):
+    """Every conversion from FP32 the half kernels make: y = 0, so the result is the bias rounded (ties to
+    even, subnormals, overflow to infinity, NaN payloads), over FP32 values around each half value."""
+    halves = np.arange(0, 0x7F80 if dtype == DTYPES[2] else 0x7C00, 7, dtype=np.uint16).view(dtype)
+    base = halves.astype(np.float32).view(np.uint32)
+    around = np.concatenate([base, base + 1, base - 1, base + 0x1000, base + 0x8000, base + 0x7FFF, base + 0x2000])
+    b = around.view(np.float32)
+    b = np.concatenate([b, np.array([65520.0, 65519.99, 3.4e38, np.inf], np.float32), _specials(np.float32)[4:6]])
+    b = b[np.isnan(b) | (b >= 0)]  # ReLU keeps these as they are
+    y = np.zeros((1, b.size), dtype)
+    native.bias_relu(y, b)
+    assert _bits(y) == _bits(b.astype(dtype).reshape(1, -1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_relu_backward_in_place_on_the_gradient(dtype):
+    y = _data(dtype, (4, 6, 6, 16), seed=2)
+    dy = _data(dtype, (4, 6, 6, 16), seed=3)
+    dy.reshape(-1)[-5:] = np.array([np.nan, -0.0, 0.0, -1e-30, np.inf], np.float32).astype(dtype)
+    want = (dy.astype(np.float32) * (y.astype(np.float32) > 0)).astype(dtype)
+    if dtype == DTYPES[0]:
+        assert _bits(want) == _bits(np.multiply(dy, y > 0))  # what vmem.nn.ReLU computes
+    native.relu_backward(y, dy, dy)  # dx is dy
+    assert _bits(dy) == _bits(want)
+
+
+def _pool_reference(x: np.ndarray, kernel, stride):
+    n, h, w, c = x.shape
+    (kh, kw), (sh, sw) = kernel, stride
+    ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
+    windows = np.stack(
+        [x[:, i : i + sh * (ho - 1) + 1 : sh, j : j + sw * (wo - 1) + 1 : sw, :] for i in range(kh) for j in range(kw)],
+        axis=-1,
+    )
+    arg = np.argmax(windows.astype(np.float32), axis=-1)  # the first maximum; a NaN is the maximum
+    y = np.take_along_axis(windows, arg[..., None], axis=-1)[..., 0]
+    return y, arg.astype(np.uint8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize(
+    "kernel, stride, hw", [((2, 2), (2, 2), (8, 10)), ((3, 3), (3, 3), (7, 11)), ((2, 3), (3, 3), (9, 9))]
+)
+def test_max_pooling_forward_and_backward_in_one_pass(dtype, kernel, stride, hw):
+    x = _data(dtype, (2, *hw, 24), seed=4)
+    x[0, 0, 0, :4] = x[0, 0, 1, :4] = np.float32(5).astype(dtype)  # a tie: the first position wins
+    y_want, arg_want = _pool_reference(x, kernel, stride)
+    y = np.empty(y_want.shape, dtype)
+    arg = np.empty(y_want.shape, np.uint8)
+    native.maxpool_forward(x, y, arg, kernel, stride)
+    assert _bits(y) == _bits(y_want) and np.array_equal(arg, arg_want)
+    dy = _data(dtype, y.shape, seed=5)
+    dx_want = np.zeros(x.shape, dtype)
+    n, ho, wo, c = y.shape
+    i, j = arg_want // kernel[1], arg_want % kernel[1]
+    nn, oh, ow, cc = np.indices(y.shape)
+    dx_want[nn, oh * stride[0] + i, ow * stride[1] + j, cc] = dy
+    dx = np.full(x.shape, np.nan, dtype)  # every value written: none is left from before
+    native.maxpool_backward(dy, arg, dx, kernel, stride)
+    assert _bits(dx) == _bits(dx_want)
+
+
+def test_overlapping_windows_are_refused_for_the_one_pass_backward():
+    with pytest.raises(ValueError, match="overlap"):
+        native.maxpool_backward(
+            np.zeros((1, 2, 2, 1), np.float32),
+            np.zeros((1, 2, 2, 1), np.uint8),
+            np.zeros((1, 5, 5, 1), np.float32),
+            (3, 3),
+            (2, 2),
+        )
+    with pytest.raises(TypeError, match="float64"):
+        native.relu_backward(np.zeros(3), np.zeros(3), np.zeros(3))
