@@ -30,6 +30,12 @@ class Optimizer(ABC):
     def update(self, xp: Any, param: Any, grad: Any, state: dict[str, Any], step: int) -> None:
         """Update ``param`` from ``grad``; ``step`` counts updates from 1."""
 
+    def fused(self, step: int) -> tuple[str, tuple[Any, ...]] | None:
+        """The fused kernel of this update (vmem/csrc/kernels.cuh) and its scalars at ``step``, rounded to
+        FP32 as NumPy rounds them beside float32 arrays; None where there is none (the update then runs as
+        :meth:`update`, and the executor reads the step's finite flag on the host)."""
+        return None
+
     def config(self) -> dict[str, Any]:
         """Hyperparameters, stored in checkpoints."""
         return {"type": type(self).__name__, **{k: v for k, v in vars(self).items() if not k.startswith("_")}}
@@ -68,6 +74,16 @@ class SGD(Optimizer):
                 grad = buf
         param -= self.lr * grad
 
+    def fused(self, step: int) -> tuple[str, tuple[Any, ...]]:
+        f32 = np.float32
+        return "sgd_update", (
+            f32(self.lr),
+            f32(self.momentum),
+            f32(self.weight_decay),
+            np.int32(self.nesterov),
+            np.int32(step == 1),
+        )
+
 
 class Adam(Optimizer):
     """``Adam(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0)`` with bias correction (L2 decay)."""
@@ -98,6 +114,20 @@ class Adam(Optimizer):
         denom = xp.sqrt(v / (1 - b2**step))
         denom += self.eps
         param -= step_size * (m / denom)
+
+    def fused(self, step: int) -> tuple[str, tuple[Any, ...]]:
+        b1, b2 = self.betas
+        f32 = np.float32
+        return "adam_update", (
+            f32(self.lr / (1 - b1**step)),
+            f32(b1),
+            f32(1 - b1),
+            f32(b2),
+            f32(1 - b2),
+            f32(1 - b2**step),
+            f32(self.eps),
+            f32(self.weight_decay),
+        )
 
 
 class GradScaler:
@@ -165,6 +195,12 @@ class GradScaler:
         self._scale = np.float32(state["scale"])
         self.growth_tracker = int(state["growth_tracker"])
         self.skipped = int(state.get("skipped", 0))
+
+    def fused(self, step: int) -> tuple[str, tuple[Any, ...]] | None:
+        """The fused kernel of this update (vmem/csrc/kernels.cuh) and its scalars at ``step``, rounded to
+        FP32 as NumPy rounds them beside float32 arrays; None where there is none (the update then runs as
+        :meth:`update`, and the executor reads the step's finite flag on the host)."""
+        return None
 
     def config(self) -> dict[str, Any]:
         """Hyperparameters, stored in checkpoints."""

@@ -94,7 +94,7 @@ def test_the_mode_is_in_the_timeline_and_the_checkpoint(tmp_path):
     with vmem.Trainer(net, policy="baseline", memory="16MiB", seed=0) as trainer:
         x = np.random.default_rng(0).standard_normal((4,) + net.input_shape).astype(np.float32)
         report = trainer.step(x, np.arange(4) % 10)
-        assert report.timeline.marks["math"] == "exact"
+        assert report.timeline.math == "exact" and report.timeline.chrome_trace()["otherData"] == {"math": "exact"}
         assert trainer.settings["math"] == "exact"
         trainer.save(tmp_path / "c.npz")
     from vmem.training import checkpoint

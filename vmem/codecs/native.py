@@ -45,6 +45,7 @@ __all__ = [
     "relu_backward",
     "maxpool_forward",
     "maxpool_backward",
+    "optimizer_update",
 ]
 
 try:
@@ -87,6 +88,7 @@ _TYPES = {
     np.dtype(np.uint16): "uint16_t *",
     np.dtype(np.uint8): "uint8_t *",
     np.dtype(np.int64): "int64_t *",
+    np.dtype(np.bool_): "uint8_t *",
 }
 
 
@@ -368,3 +370,17 @@ def maxpool_backward(dy: Any, arg: Any, dx: Any, kernel: tuple, stride: tuple, o
     on.launch(
         f"maxpool_backward_{kind}", dx.size, _bits(dy), arg, _bits(dx), *_pool_args(dx.shape, dy.shape, kernel, stride)
     )
+
+
+_NO_SLOT = np.zeros(1, np.float32)  # the momentum buffer of SGD without momentum: never read or written
+
+
+def optimizer_update(
+    kernel: str, param: Any, grad: Any, slots: list[Any], ok: Any, scalars: tuple, on: Backend = CPU
+) -> None:
+    """One fused optimizer update (``kernel``: ``sgd_update`` or ``adam_update``, with the scalars of
+    :meth:`vmem.optim.Optimizer.fused`) of float32 ``param`` in place, its gradient and its state arrays
+    ``slots``, where the device flag ``ok`` (a bool array of one value) is true."""
+    if kernel == "sgd_update" and not slots:
+        slots = [on.xp.asarray(_NO_SLOT)]
+    on.launch(kernel, param.size, param, grad, *slots, ok, _i64(param.size), *scalars)

@@ -33,6 +33,7 @@ typedef unsigned long long uint64_t;
 #define VMEM_FADD(a, b) __fadd_rn((a), (b))
 #define VMEM_FDIV(a, b) __fdiv_rn((a), (b))
 #define VMEM_RINT(a) rintf(a)
+#define VMEM_FSQRT(a) __fsqrt_rn(a)
 #define VMEM_UNROLL _Pragma("unroll")
 #define VMEM_FBITS(v) __float_as_uint(v)
 #define VMEM_BITSF(b) __uint_as_float(b)
@@ -579,3 +580,41 @@ VMEM_MAXPOOL_FWD(maxpool_forward_f16, uint16_t, vmem_h2f)
 VMEM_MAXPOOL_FWD(maxpool_forward_bf16, uint16_t, vmem_bf2f)
 VMEM_MAXPOOL_BWD(maxpool_backward_f32, float, 0.0f)
 VMEM_MAXPOOL_BWD(maxpool_backward_16, uint16_t, (uint16_t)0)
+
+
+/* ==== The optimizer's update, fused: one pass over a parameter, its gradient and its state ================
+ * Each product and sum rounded as the NumPy update of vmem.optim rounds it (the scalars given in FP32, as
+ * NumPy casts Python floats beside float32 arrays), so the weights are the same bytes. ``ok`` is the step's
+ * device flag (nonzero: the loss and every gradient are finite): where it is 0 nothing is written, and the
+ * host never had to read it to decide. The gradient is written where the NumPy update writes it (weight
+ * decay, Nesterov), as later steps may read it. */
+VMEM_KERNEL void sgd_update(VMEM_TID_ARG float* __restrict__ p, float* __restrict__ g, float* __restrict__ buf,
+                            const uint8_t* __restrict__ ok, int64_t n, float lr, float momentum, float decay,
+                            int nesterov, int first) {
+    int64_t j = VMEM_TID;
+    if (j >= n || !ok[0]) return;
+    float gj = g[j];
+    if (decay != 0.0f) g[j] = gj = VMEM_FADD(gj, VMEM_FMUL(decay, p[j]));
+    if (momentum != 0.0f) {
+        float b = first ? gj : VMEM_FADD(VMEM_FMUL(momentum, buf[j]), gj);
+        buf[j] = b;
+        if (nesterov) g[j] = gj = VMEM_FADD(gj, VMEM_FMUL(momentum, b));
+        else gj = b;
+    }
+    p[j] = VMEM_FADD(p[j], -VMEM_FMUL(lr, gj));
+}
+
+VMEM_KERNEL void adam_update(VMEM_TID_ARG float* __restrict__ p, float* __restrict__ g, float* __restrict__ m,
+                             float* __restrict__ v, const uint8_t* __restrict__ ok, int64_t n, float step_size,
+                             float b1, float c1, float b2, float c2, float bias2, float eps, float decay) {
+    int64_t j = VMEM_TID;
+    if (j >= n || !ok[0]) return;
+    float gj = g[j];
+    if (decay != 0.0f) g[j] = gj = VMEM_FADD(gj, VMEM_FMUL(decay, p[j]));
+    float mj = VMEM_FADD(VMEM_FMUL(b1, m[j]), VMEM_FMUL(c1, gj));
+    float vj = VMEM_FADD(VMEM_FMUL(b2, v[j]), VMEM_FMUL(VMEM_FMUL(c2, gj), gj));
+    m[j] = mj;
+    v[j] = vj;
+    float denom = VMEM_FADD(VMEM_FSQRT(VMEM_FDIV(vj, bias2)), eps);
+    p[j] = VMEM_FADD(p[j], -VMEM_FMUL(step_size, VMEM_FDIV(mj, denom)));
+}

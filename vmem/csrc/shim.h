@@ -25,6 +25,7 @@
 #define VMEM_FDIV(a, b) ((a) / (b))
 #define VMEM_UNROLL _Pragma("GCC unroll 4")
 #define VMEM_RINT(a) rintf(a) /* round half to even in the default rounding mode, as numpy.rint */
+#define VMEM_FSQRT(a) sqrtf(a)  /* correctly rounded (IEEE), as NumPy's float32 sqrt */
 
 static inline uint32_t vmem_fbits(float v) { uint32_t b; memcpy(&b, &v, 4); return b; }
 static inline float vmem_bitsf(uint32_t b) { float v; memcpy(&v, &b, 4); return v; }

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..device.staging import copy_nbytes, staged
+from ..codecs import native
 from ..errors import DeviceError
 from ..nn.base import Ctx, physical
 from ..optim import Optimizer
@@ -119,8 +120,10 @@ class _Run:
         self.staged: Any = None  # the pinned buffer holding the batch for the step's uploads
         self.batch: dict[str, np.ndarray] = {}
         self.loss_ok: Any = None  # the loss is finite (a device scalar, set by the loss step)
-        self.skipped = False  # set by the update step when the loss or a gradient is not finite
-        self.finite: bool | None = None  # decided by the step's first update, for every bucket
+        self.skipped = False  # read from ``ok`` once the step has run: the loss or a gradient was not finite
+        #: the step's finite flag, a bool array of one value on the device, made by its first update for
+        #: every bucket: the fused updates read it there (the host never waits for it inside the step)
+        self.ok: Any = None
         self.scale: float | None = None  # the loss scale (fp16 training), None: not scaled
         self.check = False  # look at every op's output for NaN or infinity (a diagnosis, slow)
         self.kept_stats: list[Any] = []  # batch norm's running statistics as they were before the step
@@ -353,6 +356,8 @@ class Executor(Transfers):
                 if self.comm_stream is not None:
                     self.comm_stream.synchronize()  # a failed collective: raised here
             r.timeline.resolve()
+            if r.ok is not None:  # the step has run: its finite flag is read once, after it
+                r.skipped = not bool(r.ok)
             if self._has_loss:  # the step has run: the loss's copy has landed
                 r.loss = float(r.batch["loss"][0])
             self._unstage(r)
@@ -363,7 +368,7 @@ class Executor(Transfers):
             self._roll_back(r)
             raise
         timeline = r.timeline
-        timeline.marks["math"] = dev.spec.math  # how FP32 convolutions computed (tf32 or exact)
+        timeline.math = dev.spec.math  # how FP32 convolutions computed (tf32 or exact)
         if r.scale is not None:
             timeline.marks.update(loss_scale=float(r.scale), skipped=bool(r.skipped))
         report = StepReport(
@@ -643,7 +648,7 @@ class Executor(Transfers):
         narrow = dlogits.dtype != probs.dtype
 
         def run() -> None:  # the value stays on the device; its copy lands in pinned memory, read after the step
-            value[0] = loss.forward(xp, logits, labels, probs)
+            value[...] = loss.forward(xp, logits, labels, probs)  # a device copy: no host read
             r.loss_ok = xp.isfinite(value[0])  # a device scalar: the update looks at it
             grad = probs if narrow else dlogits
             loss.backward(xp, probs, labels, grad)
@@ -661,30 +666,47 @@ class Executor(Transfers):
     def _update(self, r: _Run, st: Update) -> None:
         opt, xp, step = self.optimizer, self.xp, r.step
         bucket, sizes = self._buckets[st.params]
+        fused = self._fused(step)
 
         def update(j: int) -> None:  # each parameter is updated on its own: on the CPU, any lane may take it
             param, grad, state = self._updates[bucket[j]]
-            opt.update(xp, param, grad, state, step)  # type: ignore[union-attr]
+            if fused is not None:  # one pass, and only where the device flag says the step is finite
+                kernel, scalars, on = fused
+                native.optimizer_update(kernel, param, grad, [state[s] for s in opt.slots], r.ok, scalars, on)  # type: ignore[union-attr]
+            else:
+                opt.update(xp, param, grad, state, step)  # type: ignore[union-attr]
 
         inverse = None if r.scale is None else np.float32(1.0 / r.scale)  # as PyTorch's: 1/scale in float32
 
-        def unscale(j: int) -> None:  # the gradient back to the loss's own scale
+        def unscale(j: int) -> None:  # the gradient back to the loss's own scale (scratch where not finite)
             grad = self._updates[bucket[j]][1]
             grad *= inverse
 
         def run() -> None:
-            if r.finite is None:  # the step's first bucket decides for every one
-                r.finite = self._finite(r)
-                if not r.finite:  # skip the step: nothing changes
-                    r.skipped = True
-                    for view, kept in zip(self._stats, r.kept_stats):
-                        view[...] = kept
-            if r.finite:
-                if r.scale is not None:
-                    self.device.ops.each(sizes, unscale)
-                self.device.ops.each(sizes, update)
+            if r.ok is None:  # the step's first bucket decides for every one, on the device
+                r.ok = self._finite(r)
+                skip = xp.logical_not(r.ok)
+                for view, kept in zip(self._stats, r.kept_stats):  # a skipped step changes nothing
+                    xp.copyto(view, kept, where=skip)
+            if fused is None and not bool(r.ok):  # an update without a fused kernel: the host decides
+                return
+            if r.scale is not None:
+                self.device.ops.each(sizes, unscale)
+            self.device.ops.each(sizes, update)
 
         self._launch(r, "update", run)
+
+    def _fused(self, step: int) -> tuple[str, tuple, Any] | None:
+        """(kernel, scalars, backend) of the optimizer's fused update of float32 parameters on this device's
+        arrays, or None (no kernel for this optimizer, no native build, or parameters in another type)."""
+        if not self._updates or self.optimizer is None:
+            return None
+        made = self.optimizer.fused(step)
+        param = self._updates[0][0]
+        on = native.backend(param)
+        if made is None or on is None or any(p.dtype != np.float32 for p, _, _ in self._updates):
+            return None
+        return made[0], made[1], on
 
     def _allreduce(self, r: _Run, st: AllReduce) -> None:
         """Sum the bucket's gradients over the ranks on the communication stream once the compute stream has
@@ -733,16 +755,17 @@ class Executor(Transfers):
 
         self.device.compute_stream.launch(keep)
 
-    def _finite(self, r: _Run) -> bool:
-        """Whether the loss and every weight gradient are finite (on a GPU: the step's one wait of the host
-        for the device, before its update). A sum is NaN or infinite if any term is (it may also overflow
-        where the gradients are near float32's largest value: then the step is skipped as well)."""
+    def _finite(self, r: _Run) -> Any:
+        """The step's finite flag on the device (a bool array of one value): whether the loss and every
+        weight gradient are finite, computed without the host reading anything. A sum is NaN or infinite if
+        any term is (it may also overflow where the gradients are near float32's largest value: then the
+        step is skipped as well)."""
         xp = self.xp
-        ok = True if r.loss_ok is None else r.loss_ok
+        ok = xp.ones(1, bool) if r.loss_ok is None else xp.reshape(r.loss_ok, (1,))
         if self._grads:  # every gradient (a rank that updates a share, even none, decides as all do)
             total = sum(g.sum() for g in self._grads.values())
             ok = xp.logical_and(ok, xp.isfinite(total))
-        return bool(ok)
+        return ok
 
 
 def _cast_into(dst: Any, src: Any) -> Any:

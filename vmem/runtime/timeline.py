@@ -43,6 +43,9 @@ class Timeline:
     #: facts of the step as a whole, written into the trace at its end: under fp16, ``loss_scale`` and
     #: ``skipped`` (the gradients overflowed: nothing was updated)
     marks: dict[str, Any] = field(default_factory=dict)
+    #: how the device computed FP32 convolutions ("tf32" or "exact"; ``DeviceSpec.math``), in the trace's
+    #: metadata (``otherData``)
+    math: str | None = None
 
     #: spans timed by events (an asynchronous device), read by :meth:`resolve` once their work has run
     waiting: list[tuple] = field(default_factory=list, repr=False)
@@ -147,7 +150,10 @@ class Timeline:
                     "args": {k: v / 2**20 for k, v in usage.items()},
                 }
             )
-        return {"traceEvents": events, "displayTimeUnit": "ms"}
+        trace: dict[str, Any] = {"traceEvents": events, "displayTimeUnit": "ms"}
+        if self.math is not None:
+            trace["otherData"] = {"math": self.math}
+        return trace
 
     def write_chrome_trace(self, path: str | os.PathLike) -> None:
         with open(path, "w") as f:
