@@ -42,6 +42,7 @@ __all__ = [
     "patch2_encode",
     "patch2_decode",
     "bias_relu",
+    "relu",
     "relu_backward",
     "maxpool_forward",
     "maxpool_backward",
@@ -329,6 +330,11 @@ def bias_relu(y: Any, b: Any, on: Backend = CPU) -> None:
     c = y.shape[-1]
     rows = y.size // c if c else 0
     on.launch(f"bias_relu_{_suffix(y)}", rows, _bits(y), b, _i64(rows), _i64(c), cols=c)
+
+
+def relu(x: Any, y: Any, on: Backend = CPU) -> None:
+    """``y = max(x, 0)`` (NaN passes, -0 becomes +0); ``y`` may be ``x``."""
+    on.launch(f"relu_{_suffix(y)}", y.size, _bits(x), _bits(y), _i64(y.size))
 
 
 def relu_backward(y: Any, dy: Any, dx: Any, on: Backend = CPU) -> None:

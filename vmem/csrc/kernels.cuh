@@ -517,6 +517,20 @@ VMEM_KERNEL void bias_relu_bf16(VMEM_TID2_ARG uint16_t* y, const float* __restri
     y[r * c + ch] = vmem_f2bf(vmem_relu(VMEM_FADD(vmem_bf2f(y[r * c + ch]), b[ch])));
 }
 
+/* ReLU, y = max(x, 0); y may be x (in place). */
+VMEM_KERNEL void relu_f32(VMEM_TID_ARG const float* x, float* y, int64_t n) {
+    int64_t j = VMEM_TID;
+    if (j < n) y[j] = vmem_relu(x[j]);
+}
+VMEM_KERNEL void relu_f16(VMEM_TID_ARG const uint16_t* x, uint16_t* y, int64_t n) {
+    int64_t j = VMEM_TID;  /* a half is kept as it is or made +0: no rounding */
+    if (j < n) y[j] = (vmem_h2f(x[j]) > 0.0f || (x[j] & 0x7fffu) > 0x7c00u) ? x[j] : (uint16_t)0;
+}
+VMEM_KERNEL void relu_bf16(VMEM_TID_ARG const uint16_t* x, uint16_t* y, int64_t n) {
+    int64_t j = VMEM_TID;
+    if (j < n) y[j] = (vmem_bf2f(x[j]) > 0.0f || (x[j] & 0x7fffu) > 0x7f80u) ? x[j] : (uint16_t)0;
+}
+
 /* ReLU's backward from its output, in place on the gradient (dx may be dy): dx = dy * (y > 0). */
 VMEM_KERNEL void relu_backward_f32(VMEM_TID_ARG const float* y, const float* dy, float* dx, int64_t n) {
     int64_t j = VMEM_TID;

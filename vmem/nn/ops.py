@@ -79,6 +79,15 @@ class ArrayOps:
         for i in range(len(sizes)):
             work(i)
 
+    def relu(self, x: Any, y: Any) -> None:
+        """``y = max(x, 0)`` (NaN passes, -0 becomes +0); ``y`` may be ``x``: the same array, never two views
+        of one buffer (an array module may copy an input that overlaps its output)."""
+        self.xp.maximum(x, 0, out=y)
+
+    def relu_backward(self, y: Any, dy: Any, dx: Any) -> None:
+        """``dx = dy * (y > 0)``; ``dx`` may be ``dy`` (in place on the shared gradient buffer)."""
+        self.xp.multiply(dy, y > 0, out=dx)
+
     def erf(self, x: Any, out: Any) -> Any:
         """The error function, element-wise, into ``out``: ``scipy.special.erf`` of the array module's SciPy
         (``cupyx.scipy.special`` for CuPy, which the CUDA device's ops name)."""
@@ -165,6 +174,12 @@ class HostOps(ArrayOps):
                 work(i)
 
         self.run(share, len(shares))
+
+    def relu(self, x: Any, y: Any) -> None:
+        self.rows(y.shape[0], lambda r: self.xp.maximum(x[r], 0, out=y[r]), y.size)
+
+    def relu_backward(self, y: Any, dy: Any, dx: Any) -> None:
+        self.rows(dy.shape[0], lambda r: self.xp.multiply(dy[r], y[r] > 0, out=dx[r]), dy.size)
 
     def column_sum(self, a: Any, out: Any = None) -> Any:
         """NumPy's own ``sum(axis=0)``."""

@@ -23,7 +23,7 @@ import numpy as np
 
 from ... import threads
 from ...errors import DeviceError
-from ...nn.ops import ArrayOps
+from ..kernel_ops import KernelOps
 from ...pool import Block, DevicePool, PinnedHostPool, PoolHook
 from ...units import format_bytes, parse_bytes
 from ..spec import DeviceSpec, check_math
@@ -110,7 +110,8 @@ class CudaDevice:
             )
         self.name = f"cuda:{index}"
         self.xp = cupy
-        self.ops = ArrayOps(cupy)  # one call per operation; column sums in blocks of rows
+        # one call per operation (ReLU through vmem's kernels, in place); column sums in blocks of rows
+        self.ops = KernelOps(cupy)
         self.poison = bool(poison)
         self.deterministic = bool(deterministic)
         self.pool = DevicePool(capacity, alignment, DeviceArena, name=f"{self.name} device")

@@ -1,0 +1,47 @@
+"""The layers' array work on a device whose array module is not NumPy (a GPU's CuPy), with vmem's own
+kernels where an array-module call would copy: ReLU forward and backward run in one pass of
+vmem/csrc/kernels.cuh, in place on the same buffer (CuPy copies an input that overlaps its output, and its
+backward makes a mask temporary), in fp32, fp16 and bf16; anything else as :class:`~vmem.nn.ops.ArrayOps`.
+
+On the CPU the same class runs the kernels' CPU build (``KernelOps(numpy)``), which is how the tests hold
+it to the NumPy path bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..codecs import native
+from ..nn.ops import ArrayOps
+
+__all__ = ["KernelOps"]
+
+_KERNEL_TYPES = ("float32", "float16", "bfloat16")
+
+
+def _backend(*arrays: Any) -> Any:
+    """The kernels' backend of ``arrays`` where each is contiguous, of one size and of a type they take."""
+    first = arrays[-1]
+    if any(np.dtype(a.dtype).name not in _KERNEL_TYPES or a.dtype != first.dtype for a in arrays):
+        return None
+    if any(a.size != first.size or not a.flags.c_contiguous for a in arrays):
+        return None
+    return native.backend(first)
+
+
+class KernelOps(ArrayOps):
+    """:class:`~vmem.nn.ops.ArrayOps` with ReLU through vmem's kernels (see the module docstring)."""
+
+    def relu(self, x: Any, y: Any) -> None:
+        on = _backend(x, y)
+        if on is None:
+            return super().relu(x, y)
+        native.relu(x, y, on)
+
+    def relu_backward(self, y: Any, dy: Any, dx: Any) -> None:
+        on = _backend(y, dy, dx)
+        if on is None:
+            return super().relu_backward(y, dy, dx)
+        native.relu_backward(y, dy, dx, on)
