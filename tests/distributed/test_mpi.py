@@ -104,20 +104,32 @@ def _alive(pids: list[int]) -> list[int]:
     return [p for p in pids if Path(f"/proc/{p}").exists()]
 
 
+def _training_job(tmp_path: Path, save: Path) -> subprocess.Popen:
+    """`vmem train --nproc 2 --save SAVE`, returned once its first epoch has ended: it is training, and a
+    signal now waits for the step in flight."""
+    cmd = [sys.executable, "-m", "vmem", "train", "--nproc", "2", "--dataset", "synthetic", "--epochs", "20"]
+    cmd += ["--save", str(save)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    if "on 2 ranks" not in first:
+        proc.kill()
+        raise AssertionError(first + proc.communicate()[1])
+    for line in proc.stdout:
+        if line.startswith("epoch 1/"):
+            return proc
+    proc.kill()
+    raise AssertionError("the job ended before its first epoch did: " + proc.communicate()[1])
+
+
 def test_sigterm_to_the_launcher_stops_every_rank_after_the_same_step(tmp_path):
     """SIGTERM to `vmem train --nproc 2` (what `timeout` and batch schedulers send): forwarded to the ranks,
     which stop after the same step; rank 0 saves and says so in one line; exit 143; no rank, proxy or
     shared-memory file is left."""
     save = tmp_path / "ckpt.npz"
     shm_before = _shm()
-    cmd = [sys.executable, "-m", "vmem", "train", "--nproc", "2", "--dataset", "synthetic", "--epochs", "20"]
-    cmd += ["--save", str(save)]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _training_job(tmp_path, save)
     try:
-        assert proc.stdout is not None
-        assert "on 2 ranks" in proc.stdout.readline()
-        while not proc.stdout.readline().startswith("epoch 1/"):  # training: a signal now waits for the step
-            pass
         job = [p for p, _ in _descendants(proc.pid)]
         proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
@@ -199,14 +211,8 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
     """Ctrl-C reaching rank 1 alone: the ranks agree after the step, all stop, rank 0 writes the checkpoint
     (every rank takes part in it), and the run ends within seconds, not at a collective's timeout."""
     save = tmp_path / "ckpt.npz"
-    cmd = [sys.executable, "-m", "vmem", "train", "--nproc", "2", "--dataset", "synthetic", "--epochs", "20"]
-    cmd += ["--save", str(save)]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _training_job(tmp_path, save)
     try:
-        assert proc.stdout is not None
-        assert "on 2 ranks" in proc.stdout.readline()
-        while not proc.stdout.readline().startswith("epoch 1/"):  # training: a signal now waits for the step
-            pass
         ranks = [p for p, c in _descendants(proc.pid) if c.split()[0] == sys.executable and "--nproc" not in c]
         os.kill(max(ranks), signal.SIGINT)  # the later-started rank: rank 1
         signalled = time.monotonic()

@@ -1,6 +1,7 @@
-"""The same command with the same seed gives the same weights: profiles are kept on disk (keyed by program,
-device and machine) and reused, so a profile-driven policy chooses the same algorithms every time; the
-checkpoint records the plan the run used."""
+"""The same command with the same seed gives the same weights, and the same checkpoint bytes: profiles are
+kept on disk (keyed by program, device and machine) and reused, so a profile-driven policy chooses the same
+algorithms every time (the first complete profile kept wins where two runs measured at once); the checkpoint
+records the plan the run used."""
 
 from __future__ import annotations
 
@@ -9,30 +10,12 @@ import json
 import numpy as np
 
 import vmem
-from vmem.cli import main
 from vmem.costs import cache
 
 
 def _arrays(path):
     with np.load(path, allow_pickle=False) as f:
         return {k: f[k] for k in f.files}
-
-
-def test_three_runs_of_one_command_give_identical_checkpoints(tmp_path, capsys):
-    paths = []
-    for i in range(3):
-        path = tmp_path / f"run{i}.npz"
-        assert main(["train", "--epochs", "2", "--save", str(path), "--json"]) == 0
-        capsys.readouterr()
-        paths.append(path)
-    first = _arrays(paths[0])
-    for other in paths[1:]:
-        arrays = _arrays(other)
-        assert set(arrays) == set(first)
-        assert all(np.array_equal(first[k], arrays[k]) for k in first)
-    meta = json.loads(str(first["meta"]))
-    plan = meta["plans"]["32"]
-    assert plan["policy"].startswith("auto") and plan["algos"]
 
 
 def test_a_kept_profile_is_reused_and_can_be_turned_off(monkeypatch):
@@ -77,3 +60,6 @@ def test_concurrent_first_runs_and_later_ones_write_one_checkpoint(tmp_path):
     assert kept[2:] == [True, True, True], outputs
     digests = {hashlib.sha256((tmp_path / f"run{i}.npz").read_bytes()).hexdigest() for i in range(5)}
     assert len(digests) == 1, [err for _, err in outputs]
+    with np.load(tmp_path / "run0.npz", allow_pickle=False) as f:  # the checkpoint records the plan used
+        plan = json.loads(str(f["meta"]))["plans"]["32"]
+    assert plan["policy"].startswith("auto") and plan["algos"] and "reason" not in plan
