@@ -209,3 +209,32 @@ def test_a_kept_profile_is_said_to_be_used(capsys, tmp_path, monkeypatch):
         lines += [line for line in out.splitlines() if line.startswith("profile: ") and "kept" in line]
     assert lines[0].startswith("profile: measured in ") and lines[0].endswith("for the next run")
     assert lines[1] == f"profile: the one kept in {tmp_path / 'profiles'} (VMEM_PROFILE_CACHE=0 measures afresh)"
+
+
+def test_the_largest_batch_is_searched_by_plans_alone(capsys):
+    """`vmem plan --largest-batch` (and vmem.largest_batch): VGG-16 in 8 GiB of a simulated H100 plans
+    164 under vdnn-all and 177 under auto (the batches issue 51 measured with vmem.plan); each answer
+    fits and the next batch does not."""
+    net = vmem.models.get("vgg16")
+    for policy, want in (("vdnn-all", 164), ("auto", 177)):
+        code, out, _ = run(
+            capsys,
+            "plan",
+            "--model",
+            "vgg16",
+            "--device",
+            "sim:h100-sxm",
+            "--memory",
+            "8GiB",
+            "--largest-batch",
+            "--policy",
+            policy,
+            "--json",
+        )
+        result = json.loads(out)
+        assert code == 0 and result["largest_batch"] == want, result
+        assert (want, True) in map(tuple, result["tries"]) and (want + 1, False) in map(tuple, result["tries"])
+    assert vmem.largest_batch(net, "sim:h100-sxm", memory="8GiB", policy="vdnn-all", most=100) == 100
+    assert vmem.largest_batch(net, "sim:h100-sxm", memory="64MiB", policy="vdnn-all") == 0
+    code, _, err = run(capsys, "plan", "--model", "vgg16", "--device", "sim:h100-sxm")
+    assert code == 1 and "--batch is required" in err

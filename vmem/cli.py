@@ -484,6 +484,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     net = _model(args)
     _check_memory(args)
+    if args.largest_batch:
+        return _largest_batch(args, net)
+    if args.batch is None:
+        raise ValueError("--batch is required (or --largest-batch: the largest batch that fits)")
     simulated = args.device.startswith("sim:")
     if args.policy is None and args.memory is not None and not simulated and not args.profile:
         args.policy = "baseline"  # auto would profile the device first: only when asked (--profile)
@@ -579,6 +583,57 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if result.reason:
             print(result.reason)
     return 0 if result.fits else 1  # a plan that does not fit is a failure, as vdnn-dyn's refusal is
+
+
+def _largest_batch(args: argparse.Namespace, net: Any) -> int:
+    """``vmem plan --largest-batch``: the largest batch ``--policy`` (auto by default) plans to fit."""
+    from .planner import largest_batch
+
+    if args.memory is not None and str(args.memory).startswith("auto"):
+        raise ValueError("--largest-batch takes --memory as a size (e.g. 8GiB), not auto")
+    policy = args.policy or "auto"
+    if args.algos:
+        policy = _policy_spec(args)
+    device: Any = args.device
+    if args.device.startswith("cuda"):  # its catalog and spec, without taking its memory
+        device = _open_device(args.device, _PLANNING_ARENA, **({"math": args.math} if args.math else {}))
+    tries: list[tuple[int, bool]] = []
+    try:
+        with _Slow(f"searching the largest batch of {net.name} under {policy} on {args.device}", quiet=args.json):
+            found = largest_batch(
+                net,
+                device,
+                memory=args.memory,
+                policy=policy,
+                precision=args.precision,
+                most=args.batch or 1 << 16,
+                progress=lambda b, ok: tries.append((b, ok)),
+            )
+    finally:
+        if not isinstance(device, str):
+            device.close()
+    memory = args.memory or "the device's memory"
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "model": net.name,
+                    "device": args.device,
+                    "policy": policy,
+                    "memory": args.memory,
+                    "precision": args.precision,
+                    "largest_batch": found,
+                    "tries": tries,
+                },
+                indent=2,
+            )
+        )
+    else:
+        print(
+            f"largest batch of {net.name} under {policy} in {memory} on {args.device} ({args.precision}): {found}"
+            + ("" if found else " (not even batch 1 fits)")
+        )
+    return 0 if found else 1
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -789,7 +844,16 @@ def _add_plan(sub: Any) -> None:
         simulated=True,
         policy_help="auto where --memory is given on a simulated GPU or with --profile, else baseline",
     )
-    p.add_argument("--batch", type=_positive_int, required=True, help="the batch of one rank (with --nproc)")
+    p.add_argument(
+        "--batch",
+        type=_positive_int,
+        help="the batch of one rank (with --nproc); required, except with --largest-batch (then the most tried)",
+    )
+    p.add_argument(
+        "--largest-batch",
+        action="store_true",
+        help="print the largest batch the policy plans to fit in --memory (plans only: nothing runs)",
+    )
     p.add_argument(
         "--nproc",
         type=_positive_int,

@@ -29,6 +29,7 @@ from .units import format_bytes
 
 __all__ = [
     "plan",
+    "largest_batch",
     "plan_program",
     "evaluate",
     "replay_fitting",
@@ -414,3 +415,54 @@ def plan(
         shard_optimizer=shard_optimizer,
     )
     return result
+
+
+def largest_batch(
+    net: Network,
+    device: Any = "cpu",
+    *,
+    memory: int | str | None = None,
+    policy: Any = "auto",
+    precision: str = "fp32",
+    input_shape: Sequence[int] | None = None,
+    dtype: str = "float32",
+    optimizer_slots: tuple[str, ...] = ("momentum",),
+    most: int = 1 << 16,
+    progress: Any = None,
+) -> int:
+    """The largest batch (up to ``most``) whose training step ``policy`` plans to fit ``device`` (its
+    capacity ``memory`` where given), with feature maps in ``precision``: 0 where not even batch 1 fits.
+    Found by doubling from 1 and then bisecting, one plan a try (a plan that fits at a batch is assumed to
+    fit at every smaller one). ``progress(batch, fits)`` is called after each try."""
+    if isinstance(most, bool) or not isinstance(most, int) or most < 1:
+        raise ValueError(f"largest_batch: most={most!r} must be a positive int")
+    spec, alignment, catalog = spec_of(device, memory)
+
+    def fits(batch: int) -> bool:
+        program = net.build(batch, input_shape, dtype, precision)
+        try:
+            result, _ = plan_program(
+                program, spec, policy, alignment=alignment, optimizer_slots=optimizer_slots, catalog=catalog
+            )
+            ok = bool(result.fits)
+        except PlanError:  # the policy refuses: nothing it can choose fits
+            ok = False
+        if progress is not None:
+            progress(batch, ok)
+        return ok
+
+    if not fits(1):
+        return 0
+    good, bad = 1, None
+    while bad is None and good < most:
+        trial = min(good * 2, most)
+        if fits(trial):
+            good = trial
+        else:
+            bad = trial
+    if bad is None:
+        return good
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return good
