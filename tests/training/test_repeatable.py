@@ -52,10 +52,10 @@ def test_concurrent_first_runs_and_later_ones_write_one_checkpoint(tmp_path):
         cmd += ["--save", str(tmp_path / f"run{i}.npz"), "--json"]
         return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    together = [start(0), start(1)]
-    outputs = [p.communicate(timeout=300) for p in together]
-    for i in (2, 3, 4):
-        outputs.append(start(i).communicate(timeout=300))
+    firsts = [start(0), start(1)]  # both find no profile kept: both measure
+    outputs = [p.communicate(timeout=300) for p in firsts]
+    laters = [start(i) for i in (2, 3, 4)]  # started once a profile is kept: each uses it
+    outputs += [p.communicate(timeout=300) for p in laters]
     kept = [json.loads(out)["profile_kept"] for out, _ in outputs]
     assert kept[2:] == [True, True, True], outputs
     digests = {hashlib.sha256((tmp_path / f"run{i}.npz").read_bytes()).hexdigest() for i in range(5)}
