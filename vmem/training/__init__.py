@@ -1,6 +1,15 @@
 """Training: the loop (:class:`Trainer`), its observers (callbacks) and checkpoints."""
 
-from .callbacks import Callback, Checkpoint, CosineSchedule, LossWatch, PrintEpochs, ProgressBar
+from .callbacks import (
+    Callback,
+    Checkpoint,
+    CosineSchedule,
+    LossWatch,
+    PrintEpochs,
+    ProgressBar,
+    StopOnSignal,
+    Terminated,
+)
 from .trainer import EpochStats, History, Trainer
 
 __all__ = [
@@ -13,4 +22,6 @@ __all__ = [
     "Checkpoint",
     "CosineSchedule",
     "LossWatch",
+    "StopOnSignal",
+    "Terminated",
 ]
