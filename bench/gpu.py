@@ -50,6 +50,7 @@ from _report import machine, table, verdict
 
 import vmem
 from vmem import format_bytes, parse_bytes
+from vmem.policies.budget import largest_fitting
 
 GiB = 1 << 30
 
@@ -337,23 +338,6 @@ def task_torch_step(batch: int, steps: int, layout: str = "nchw", setting: str =
     return {"version": torch.__version__, "median": float(np.median(times)), "times": times, "setting": setting}
 
 
-def largest(fits, lo: int, hi: int) -> int:
-    """The largest batch in [lo, hi) for which ``fits(batch)`` holds (doubling, then bisection)."""
-    if not fits(lo):
-        return 0
-    good, bad = lo, None
-    while bad is None and good * 2 < hi:
-        if fits(good * 2):
-            good *= 2
-        else:
-            bad = good * 2
-    bad = bad or hi
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        good, bad = (mid, bad) if fits(mid) else (good, mid)
-    return good
-
-
 def task_vmem_largest(
     budget: str, precision: str = "fp32", policies: tuple = ("baseline", "vdnn-conv", "vdnn-all")
 ) -> dict:
@@ -362,8 +346,7 @@ def task_vmem_largest(
     net = vmem.models.get("vgg16")
     with vmem.device("cuda:0", memory=budget) as dev:
         return {
-            policy: largest(lambda b: vmem.plan(net, b, dev, policy, precision=precision).fits, 1, 4096)
-            for policy in policies
+            policy: vmem.largest_batch(net, dev, policy=policy, precision=precision, most=4095) for policy in policies
         }
 
 
@@ -386,7 +369,7 @@ def task_torch_largest(mode: str, budget: str) -> dict:
             opt.zero_grad(set_to_none=True)
             torch.cuda.empty_cache()
 
-    return {"largest": largest(fits, 1, 4096)}
+    return {"largest": largest_fitting(fits, 4095)}
 
 
 TASKS = {

@@ -24,7 +24,7 @@ from .cli_args import (
     rebuild_for_classes as _rebuild_for_classes,
 )
 from .cli_tools import cmd_bench, cmd_trace
-from .units import format_bytes
+from .units import format_bytes, printable
 
 __all__ = ["main"]
 
@@ -101,12 +101,12 @@ def _launch_ranks(args: argparse.Namespace) -> int:
     return launch.launch(argv, args.nproc, max(1, cores() // args.nproc))
 
 
-def _preflight(args: argparse.Namespace, ranks: int) -> tuple[Any, Any, Any, dict[str, Any] | None]:
+def _preflight(args: argparse.Namespace, ranks: int) -> tuple[Any, Any, Any]:
     """What ``vmem train`` can check in a moment, before it profiles, plans or launches ranks: the model,
     options and their defaults, the dataset against the batch, the ranks against the batch and the cores,
     ``--memory`` against the device, the ``--resume`` checkpoint against the network and the run. (the
-    network, the training and validation sets, the checkpoint's metadata or None)."""
-    from . import data
+    network, the training and validation sets)."""
+    from . import data, distributed
     from .threads import cores
 
     net = _model(args)
@@ -119,7 +119,7 @@ def _preflight(args: argparse.Namespace, ranks: int) -> tuple[Any, Any, Any, dic
         raise ValueError(
             f"--batch {args.batch} does not split into {ranks} equal shards, one a rank; give a multiple of {ranks}"
         )
-    if ranks > 1 and not distributed_launched() and ranks > cores():
+    if ranks > 1 and not distributed.launched() and ranks > cores():
         raise ValueError(f"--nproc {ranks}: this machine has {cores()} cores for its ranks; give at most {cores()}")
     _check_memory(args)
     train, val = data.load(args.dataset, input_shape=net.input_shape, seed=args.seed)
@@ -130,22 +130,17 @@ def _preflight(args: argparse.Namespace, ranks: int) -> tuple[Any, Any, Any, dic
         )
     if train.num_classes != net.output_shape()[-1]:
         net = _rebuild_for_classes(args, train.num_classes, net)
-    resumed = _check_resume(args, net) if args.resume else None
-    return net, train, val, resumed
+    if args.resume:
+        _check_resume(args, net)
+    return net, train, val
 
 
-def distributed_launched() -> bool:
-    from . import distributed
-
-    return distributed.launched()
-
-
-def _check_memory(args: argparse.Namespace, device: str | None = None) -> None:
+def _check_memory(args: argparse.Namespace) -> None:
     """``--memory`` (a size) within what the device has: a simulated GPU's capacity (unless
     ``--oversubscribe``: a what-if card), the CPU device's host memory."""
     from .units import parse_bytes
 
-    name = device or args.device
+    name = args.device
     if args.memory is None or args.memory == "auto" or str(args.memory).startswith("auto:"):
         return
     wanted = parse_bytes(args.memory, name="--memory")
@@ -180,11 +175,10 @@ def _host_memory() -> int | None:
         return None
 
 
-def _check_resume(args: argparse.Namespace, net: Any) -> dict[str, Any]:
-    """The ``--resume`` checkpoint's metadata, checked before any work: a readable vmem checkpoint of this
+def _check_resume(args: argparse.Namespace, net: Any) -> None:
+    """The ``--resume`` checkpoint, checked before any work: a readable vmem checkpoint of this
     network that has epochs left to train; every setting of this run that differs from its run named in
     one line; a different batch midway through an epoch refused unless ``--resume-anyway``."""
-    from .costs.cache import printable
     from .training import checkpoint
 
     meta = checkpoint.check(args.resume, net.name)
@@ -208,7 +202,7 @@ def _check_resume(args: argparse.Namespace, net: Any) -> dict[str, Any]:
         kept["precision"] = meta.get("precision", "fp32")
         differ.insert(0, "precision")
     if not differ:
-        return meta
+        return
     what = ", ".join(f"{printable(str(k))} {printable(str(kept[k]))}" for k in differ)
     this = ", ".join(f"{k} {now[k]}" for k in differ)
     if "batch" in differ and meta.get("epoch_step", 0) and not args.resume_anyway:
@@ -222,7 +216,6 @@ def _check_resume(args: argparse.Namespace, net: Any) -> dict[str, Any]:
         file=sys.stderr,
         flush=True,
     )
-    return meta
 
 
 def _train(args: argparse.Namespace, stop: Any, group: Any = None) -> int:
@@ -232,7 +225,7 @@ def _train(args: argparse.Namespace, stop: Any, group: Any = None) -> int:
     from .training import Trainer
 
     ranks = 1 if group is None else group.size
-    net, train, val, _ = _preflight(args, ranks)
+    net, train, val = _preflight(args, ranks)
     local = argparse.Namespace(**{**vars(args), "batch": args.batch // ranks})  # what each rank runs
     fraction = _auto_fraction(args.memory, _policy_spec(args))
     memory: Any = args.memory
@@ -247,7 +240,7 @@ def _train(args: argparse.Namespace, stop: Any, group: Any = None) -> int:
     t0 = time.perf_counter()
     # a math mode asked for: the device opened here with it (and closed after the Trainer)
     opened = (
-        contextlib.nullcontext(args.device) if args.math is None else _open_device(args.device, memory, math=args.math)
+        contextlib.nullcontext(args.device) if args.math is None else _open_device(args.device, memory, **_math(args))
     )
     with (
         opened as device,
@@ -284,10 +277,11 @@ def _train(args: argparse.Namespace, stop: Any, group: Any = None) -> int:
                 f"{trainer.device.name} (every pass and algorithm; kept for the next run)",
                 quiet=args.json,
             ):
-                t0 = time.perf_counter()
+                profiled_at = time.perf_counter()
                 trainer.profile(local.batch)
             if not args.json:
-                print(_profile_line(trainer.session.kept.get(local.batch, False), time.perf_counter() - t0), flush=True)
+                kept = trainer.session.kept.get(local.batch, False)
+                print(_profile_line(kept, time.perf_counter() - profiled_at), flush=True)
         initial = 0
         if args.resume:
             trainer.load(args.resume)
@@ -381,7 +375,7 @@ def _profile_line(kept: bool, seconds: float) -> str:
     """Whether the run's profile came from the cache or was measured (and kept) now."""
     from .costs import cache
 
-    where = cache.printable(str(cache.folder()))
+    where = printable(str(cache.folder()))
     if not cache.enabled():
         return f"profile: measured in {seconds:.1f} s (VMEM_PROFILE_CACHE=0: not kept)"
     if kept:
@@ -421,6 +415,11 @@ class _Slow:
             self._timer.join()
         if self.said and exc[0] is None:
             print(f"done in {time.perf_counter() - self.t0:.1f} s", file=sys.stderr, flush=True)
+
+
+def _math(args: argparse.Namespace) -> dict[str, str]:
+    """The device option ``--math`` asks for (none where it is left to the device's default)."""
+    return {"math": args.math} if args.math else {}
 
 
 def _open_device(name: str, memory: Any = None, **options: Any) -> Any:
@@ -497,7 +496,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     raised = False
     # a CUDA device planned on without a profile is opened once, with a tiny arena, for the budget and the plan
     planning = (
-        _open_device(args.device, _PLANNING_ARENA, **({"math": args.math} if args.math else {}))
+        _open_device(args.device, _PLANNING_ARENA, **_math(args))
         if args.device.startswith("cuda") and not args.profile
         else None
     )
@@ -515,13 +514,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
             planning = None
         args.profile = True
     if simulated:
-        device: Any = args.device if args.math is None else _open_device(args.device, math=args.math)
+        device: Any = args.device if args.math is None else _open_device(args.device, **_math(args))
         if args.profile:
             say(f"--profile: {args.device} is simulated; its times come from the roofline model")
     elif args.profile:  # measure on the device itself, within the budget the plan is for
         from .costs import cache
 
-        device = _open_device(args.device, memory, **({"math": args.math} if args.math else {}))
+        device = _open_device(args.device, memory, **_math(args))
         memory = device.pool.capacity
         program = device.catalog(net.build(args.batch, precision=args.precision))
         say(
@@ -533,7 +532,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         notes = costs.notes
         say(
             (
-                f"the profile kept in {cache.printable(str(cache.folder()))} (VMEM_PROFILE_CACHE=0 measures afresh)"
+                f"the profile kept in {printable(str(cache.folder()))} (VMEM_PROFILE_CACHE=0 measures afresh)"
                 if kept
                 else f"profiled in {time.perf_counter() - t0:.1f} s"
             )
@@ -596,7 +595,7 @@ def _largest_batch(args: argparse.Namespace, net: Any) -> int:
         policy = _policy_spec(args)
     device: Any = args.device
     if args.device.startswith("cuda"):  # its catalog and spec, without taking its memory
-        device = _open_device(args.device, _PLANNING_ARENA, **({"math": args.math} if args.math else {}))
+        device = _open_device(args.device, _PLANNING_ARENA, **_math(args))
     tries: list[tuple[int, bool]] = []
     try:
         with _Slow(f"searching the largest batch of {net.name} under {policy} on {args.device}", quiet=args.json):
@@ -970,29 +969,6 @@ def _warnings_as_lines(command: str) -> Any:
         warnings.formatwarning = before
 
 
-@contextlib.contextmanager
-def _signals_raise() -> Any:
-    """Ctrl-C and SIGTERM raise at once while a command runs (KeyboardInterrupt, :class:`Terminated`), so
-    that its ``with`` blocks close devices and remove temporaries on the way out (Python's own SIGTERM
-    ends the process without them). Only in the main thread, where handlers can be set."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def raise_(signum: int, frame: Any) -> None:
-        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
-
-    before = {sig: signal.signal(sig, raise_) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
-
-
 def _stopped(exc: BaseException, args: argparse.Namespace) -> str:
     """The one line a command stopped by a signal ends with: which signal, and what was saved."""
     what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
@@ -1020,13 +996,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     args.saved = False
     try:
-        with _warnings_as_lines(args.command), _signals_raise():
+        # Ctrl-C and SIGTERM raise at once (no training step is in flight outside a fit), so that the
+        # command's ``with`` blocks close devices and remove temporaries (Python's SIGTERM would not)
+        with _warnings_as_lines(args.command), StopOnSignal():
             return args.func(args)
     except BrokenPipeError:  # e.g. `vmem models | head`
         sys.stderr.close()
         return 0
     except KeyboardInterrupt as exc:  # the devices are closed by the context managers on the way out
-        with _signals_raise():  # a signal while saying so still ends the command at once
+        with StopOnSignal():  # a signal while saying so still ends the command at once
             print(f"vmem {args.command}: {_stopped(exc, args)}", file=sys.stderr, flush=True)
         return 143 if isinstance(exc, Terminated) else 130
     except (ValueError, MemoryError, ImportError, FileNotFoundError, VmemError) as exc:  # user errors: one clear line

@@ -19,7 +19,7 @@ from .device.spec import DeviceSpec
 from .errors import OutOfDeviceMemory, PlanError
 from .graph import PASSES, Network, Program
 from .policies.base import fit_algorithms
-from .policies.budget import least_memory
+from .policies.budget import largest_fitting, least_memory
 from .policies.plan import Plan
 from .schedule.collectives import largest_share, with_allreduce, with_sharded_optimizer
 from .schedule import Schedule
@@ -451,18 +451,4 @@ def largest_batch(
             progress(batch, ok)
         return ok
 
-    if not fits(1):
-        return 0
-    good, bad = 1, None
-    while bad is None and good < most:
-        trial = min(good * 2, most)
-        if fits(trial):
-            good = trial
-        else:
-            bad = trial
-    if bad is None:
-        return good
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        good, bad = (mid, bad) if fits(mid) else (good, mid)
-    return good
+    return largest_fitting(fits, most)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["parse_bytes", "format_bytes", "UNITS"]
+__all__ = ["parse_bytes", "format_bytes", "printable", "UNITS"]
 
 #: The units :func:`parse_bytes` accepts, with their size in bytes.
 UNITS = {
@@ -61,3 +61,9 @@ def format_bytes(nbytes: int | float) -> str:
             return f"{sign}{value:.0f} B" if unit == "B" else f"{sign}{value:.2f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable (terminal escapes, control characters)
+    written as Python would escape it, so that what a file says never drives the terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

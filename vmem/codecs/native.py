@@ -371,8 +371,7 @@ def maxpool_backward(dy: Any, arg: Any, dx: Any, kernel: tuple, stride: tuple, o
     """``dx`` (N, H, W, C) from ``dy`` and the argmax map, in one pass, for windows that do not overlap."""
     if any(int(s) < int(k) for s, k in zip(stride, kernel)):
         raise ValueError(f"maxpool_backward: windows {tuple(kernel)} overlap at stride {tuple(stride)}")
-    kind = "f32" if np.dtype(dy.dtype) == np.float32 else "16"
-    _suffix(dy)
+    kind = "f32" if _suffix(dy) == "f32" else "16"  # half values move as their bits: one kernel for both
     on.launch(
         f"maxpool_backward_{kind}", dx.size, _bits(dy), arg, _bits(dx), *_pool_args(dx.shape, dy.shape, kernel, stride)
     )

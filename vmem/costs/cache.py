@@ -38,6 +38,7 @@ import numpy as np
 
 from ..graph import Program
 from .measured import Profiled
+from ..units import printable
 from .model import host_costs
 
 __all__ = ["folder", "key", "load", "store", "enabled", "parse", "CacheWarning"]
@@ -144,15 +145,9 @@ def _text(value: Any, what: str, limit: int = MAX_NOTE) -> str:
     return value
 
 
-def printable(text: str) -> str:
-    """``text`` with every character that is not printable (terminal escapes, control characters)
-    written as Python would escape it, so that what a file says never drives the terminal."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def parse(data: Any) -> Profiled:
     """The profile ``data`` holds (a kept file's JSON), checked against the schema; ValueError naming the
-    first field that breaks it. Notes come back printable (see :func:`printable`)."""
+    first field that breaks it. Notes come back printable (see :func:`vmem.units.printable`)."""
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     for name in ("times", "d2h_gbps", "h2d_gbps", "update", "elementwise_gbps", "copies"):

@@ -1,10 +1,31 @@
-"""The smallest budget a plan fits in: a search over capacities, pure (the caller says what fits)."""
+"""The smallest budget a plan fits in, and the largest batch: searches, pure (the caller says what fits)."""
 
 from __future__ import annotations
 
 from typing import Callable
 
-__all__ = ["least_memory"]
+__all__ = ["least_memory", "largest_fitting"]
+
+
+def largest_fitting(fits: Callable[[int], bool], most: int, unfit: int | None = None) -> int:
+    """The largest ``n`` in 1..``most`` for which ``fits(n)`` holds (fitting at ``n`` is taken to mean
+    fitting at every smaller one): 0 where ``fits(1)`` does not. Doubles from 1 until a try does not fit,
+    then bisects; ``unfit``, a value known not to fit (at most ``most + 1``), starts the bisection at once."""
+    if most < 1 or (unfit is not None and unfit <= 1) or not fits(1):
+        return 0
+    good, bad = 1, unfit if unfit is not None and unfit <= most + 1 else None
+    while bad is None and good < most:
+        trial = min(good * 2, most)
+        if fits(trial):
+            good = trial
+        else:
+            bad = trial
+    if bad is None:
+        return good
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return good
 
 
 def least_memory(

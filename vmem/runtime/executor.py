@@ -221,6 +221,13 @@ class Executor(Transfers):
             else []
         )
         self._update_sizes = [p.size for p, _, _ in self._updates]
+        #: where the optimizer's fused kernel runs (float32 parameters on a device the kernels are built for;
+        #: None: the optimizer's own update, the finite flag read on the host)
+        self._fused_on = (
+            native.backend(self._updates[0][0])
+            if self._updates and all(p.dtype == np.float32 for p, _, _ in self._updates)
+            else None
+        )
         index = {key: i for i, key in enumerate(updated)}
         #: per Update step's bucket: the indices of its parameters and their sizes (every one for None)
         self._buckets: dict[tuple[str, ...] | None, tuple[list[int], list[int]]] = {}
@@ -697,16 +704,12 @@ class Executor(Transfers):
         self._launch(r, "update", run)
 
     def _fused(self, step: int) -> tuple[str, tuple, Any] | None:
-        """(kernel, scalars, backend) of the optimizer's fused update of float32 parameters on this device's
-        arrays, or None (no kernel for this optimizer, no native build, or parameters in another type)."""
-        if not self._updates or self.optimizer is None:
+        """(kernel, scalars, backend) of the optimizer's fused update at ``step``, or None (no kernel for
+        this optimizer, none built for this device, or parameters not in float32)."""
+        if self._fused_on is None or self.optimizer is None:
             return None
         made = self.optimizer.fused(step)
-        param = self._updates[0][0]
-        on = native.backend(param)
-        if made is None or on is None or any(p.dtype != np.float32 for p, _, _ in self._updates):
-            return None
-        return made[0], made[1], on
+        return None if made is None else (made[0], made[1], self._fused_on)
 
     def _allreduce(self, r: _Run, st: AllReduce) -> None:
         """Sum the bucket's gradients over the ranks on the communication stream once the compute stream has

@@ -9,7 +9,7 @@ import os
 import secrets
 import stat
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
@@ -40,8 +40,6 @@ class SavedState:
     #: scaler's state (:meth:`vmem.optim.GradScaler.state_dict`)
     precision: str = "fp32"
     scaler: dict | None = None
-    #: the run's settings (seed, precision, policy, lr, batch: :attr:`vmem.Trainer.settings`); {} if none
-    settings: dict = field(default_factory=dict)
 
 
 def target(
@@ -386,9 +384,7 @@ def read(path: str | os.PathLike, network: str, optimizer: Any, specs: dict[str,
             raise CheckpointError(
                 f"{path}: entry 'meta.scaler' is {scaler!r}, expected the loss scaler's scale and growth_tracker"
             )
-    return SavedState(
-        params, opt_state, steps, rng, position[0], position[1], epoch_rng, precision, scaler, settings(meta)
-    )
+    return SavedState(params, opt_state, steps, rng, position[0], position[1], epoch_rng, precision, scaler)
 
 
 def settings(meta: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from .. import policies
 from ..errors import BudgetTooSmall, OutOfDeviceMemory, PlanError
 from ..graph import Network
+from ..policies.budget import largest_fitting
 from ..planner import PlanResult, floor_policy, plan_program, rank_plan, replay_fitting, smallest_memory
 from ..runtime import DeviceParams, Executor
 from ..schedule.collectives import owners, sharded_buffers
@@ -251,13 +252,7 @@ class Session:
     def largest_batch(self, batch: int) -> int | None:
         """The largest batch below ``batch`` that this trainer's policy trains in the device's memory (by
         bisection; None where not even batch 1 does)."""
-        if batch <= 1 or not self.fits(1):
-            return None
-        lo, hi = 1, batch  # lo fits, hi does not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if self.fits(mid) else (lo, mid)
-        return lo
+        return largest_fitting(self.fits, batch - 1, unfit=batch) or None
 
     def batch_advice(self, batch: int) -> str:
         largest = self.largest_batch(batch)

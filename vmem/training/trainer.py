@@ -206,7 +206,7 @@ class Trainer:
         self._closed = False
         self._spill_told: set[int] = set()  # batch sizes whose plan has been told to spill
         #: the run's settings, kept in its checkpoints (``batch``: the last ``fit``'s), so that a resumed run
-        #: can say where it differs (see :attr:`resumed_settings`)
+        #: can say where it differs (``vmem.training.checkpoint.settings`` reads them back)
         self.settings: dict[str, Any] = {
             "seed": seed,
             "precision": precision,
@@ -214,8 +214,6 @@ class Trainer:
             "lr": getattr(self.optimizer, "lr", None),
             "math": self.device.spec.math,
         }
-        #: the settings of the checkpoint :meth:`load` read last (empty for one that kept none)
-        self.resumed_settings: dict[str, Any] = {}
 
     # -- the engine (vmem.training.session) ------------------------------------------------------------
     @property
@@ -641,7 +639,6 @@ class Trainer:
         self.steps_done = int(ckpt.steps)
         self.rng = ckpt.rng
         self.epochs_done, self.epoch_step, self._epoch_rng = ckpt.epochs_done, ckpt.epoch_step, ckpt.epoch_rng
-        self.resumed_settings = dict(ckpt.settings)
         if self.scaler is not None and ckpt.scaler is not None:  # fp16 goes on at the scale it had reached
             self.scaler.load_state_dict(ckpt.scaler)
 

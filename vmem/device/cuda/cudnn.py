@@ -16,6 +16,7 @@ from typing import Any
 
 from ..._resources import source_file
 from ...errors import DeviceError
+from ..spec import check_math
 
 __all__ = [
     "lib",
@@ -58,8 +59,7 @@ def conv_types(dtype: str, math: str) -> tuple[int, int, int]:
     bf16 as pseudo-half (the data in half, the compute type FLOAT, tensor-op math), whatever ``math`` is."""
     if dtype not in DATA_TYPES:
         raise ValueError(f"cuDNN convolutions of {dtype}: vmem hands cuDNN {', '.join(DATA_TYPES)}")
-    if math not in ("tf32", "exact"):
-        raise ValueError(f"math={math!r}; use 'tf32' or 'exact'")
+    check_math("a cuDNN convolution", math)
     data = DATA_TYPES[dtype]
     if data in (HALF, BFLOAT16):
         return data, FLOAT, TENSOR_OP_MATH
