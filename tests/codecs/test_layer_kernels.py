@@ -103,30 +103,50 @@ def _pool_reference(x: np.ndarray, kernel, stride):
     return y, arg.astype(np.uint8)
 
 
+def _packed(codes):
+    """4-bit codes two to a byte, the even one low (as MaxPool2d keeps its argmax map)."""
+    flat = codes.reshape(-1)
+    out = np.zeros(-(-flat.size // 2), np.uint8)
+    out[:] = flat[0::2]
+    out[: flat[1::2].size] |= flat[1::2] << 4
+    return out
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("packed", [False, True], ids=["bytes", "nibbles"])
 @pytest.mark.parametrize(
-    "kernel, stride, hw", [((2, 2), (2, 2), (8, 10)), ((3, 3), (3, 3), (7, 11)), ((2, 3), (3, 3), (9, 9))]
+    "kernel, stride, shape",
+    [((2, 2), (2, 2), (2, 8, 10, 24)), ((3, 3), (3, 3), (2, 7, 11, 24)), ((2, 3), (3, 3), (1, 9, 9, 5))],
 )
-def test_max_pooling_forward_and_backward_in_one_pass(dtype, kernel, stride, hw):
-    x = _data(dtype, (2, *hw, 24), seed=4)
+def test_max_pooling_forward_and_backward_in_one_pass(dtype, packed, kernel, stride, shape):
+    x = _data(dtype, shape, seed=4)
     x[0, 0, 0, :4] = x[0, 0, 1, :4] = np.float32(5).astype(dtype)  # a tie: the first position wins
     y_want, arg_want = _pool_reference(x, kernel, stride)
     y = np.empty(y_want.shape, dtype)
-    arg = np.empty(y_want.shape, np.uint8)
-    native.maxpool_forward(x, y, arg, kernel, stride)
-    assert _bits(y) == _bits(y_want) and np.array_equal(arg, arg_want)
+    arg = np.empty(-(-y.size // 2) if packed else y_want.shape, np.uint8)  # an odd count in the last case
+    native.maxpool_forward(x, y, arg, kernel, stride, packed=packed)
+    assert _bits(y) == _bits(y_want)
+    assert np.array_equal(arg, _packed(arg_want) if packed else arg_want)
     dy = _data(dtype, y.shape, seed=5)
     dx_want = np.zeros(x.shape, dtype)
-    n, ho, wo, c = y.shape
     i, j = arg_want // kernel[1], arg_want % kernel[1]
     nn, oh, ow, cc = np.indices(y.shape)
     dx_want[nn, oh * stride[0] + i, ow * stride[1] + j, cc] = dy
     dx = np.full(x.shape, np.nan, dtype)  # every value written: none is left from before
-    native.maxpool_backward(dy, arg, dx, kernel, stride)
+    native.maxpool_backward(dy, arg, dx, kernel, stride, packed=packed)
     assert _bits(dx) == _bits(dx_want)
 
 
 def test_overlapping_windows_are_refused_for_the_one_pass_backward():
+    with pytest.raises(ValueError, match="leave"):  # a window past the input (ceil mode) is not the kernel's
+        native.maxpool_forward(
+            np.zeros((1, 5, 5, 1), np.float32), np.zeros((1, 3, 3, 1), np.float32), np.zeros(9, np.uint8), (2, 2), (2, 2)
+        )
+    with pytest.raises(ValueError, match="4 bits"):
+        native.maxpool_forward(
+            np.zeros((1, 5, 5, 1), np.float32), np.zeros((1, 1, 1, 1), np.float32), np.zeros(1, np.uint8), (5, 5), (5, 5),
+            packed=True,
+        )
     with pytest.raises(ValueError, match="overlap"):
         native.maxpool_backward(
             np.zeros((1, 2, 2, 1), np.float32),

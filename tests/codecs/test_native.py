@@ -1,5 +1,5 @@
 """The CPU build of the CUDA kernels equals the NumPy references byte for byte; the kernels compile for
-sm_80 and sm_90 where nvcc is installed (no GPU needed)."""
+sm_80 and sm_90 with nvcc or NVRTC, whichever is installed (no GPU needed)."""
 
 from __future__ import annotations
 
@@ -103,16 +103,33 @@ def test_relu_backward_on_binarized_output_equals_dense_backward_bytes(x):
     assert dy.tobytes() == want.tobytes()
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def _nvrtc_cubin(arch):
+    """The kernels compiled by CuPy's NVRTC for ``arch``, or None where NVRTC is not usable here."""
+    try:
+        from vmem.device.cuda import kernels
+
+        return kernels.compile_cubin(arch)
+    except Exception as exc:  # CuPy or NVRTC's library missing; a compile error is raised with its log
+        if "could not compile" in str(exc):
+            raise
+        return None
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_kernels_compile_for_the_gpu(tmp_path, arch):
-    src = tmp_path / "kernels.cu"
-    src.write_text((NATIVE / "kernels.cuh").read_text())
-    out = subprocess.run(
-        ["nvcc", "-cubin", f"-arch={arch}", "-o", str(tmp_path / "k.cubin"), str(src)], capture_output=True, text=True
-    )
-    assert out.returncode == 0, out.stderr
-    assert (tmp_path / "k.cubin").stat().st_size > 0
+    """nvcc where it is installed, else NVRTC: skipped only where neither is."""
+    if shutil.which("nvcc") is not None:
+        src = tmp_path / "kernels.cu"
+        src.write_text((NATIVE / "kernels.cuh").read_text())
+        cmd = ["nvcc", "-cubin", f"-arch={arch}", "-o", str(tmp_path / "k.cubin"), str(src)]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        cubin = (tmp_path / "k.cubin").read_bytes()
+    else:
+        cubin = _nvrtc_cubin(arch)
+        if cubin is None:
+            pytest.skip("neither nvcc nor NVRTC is installed")
+    assert cubin[:4] == b"\x7fELF" and len(cubin) > 10_000
 
 
 def test_the_kernels_split_over_threads_give_the_same_bytes(monkeypatch):

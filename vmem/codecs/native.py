@@ -359,22 +359,33 @@ def _pool_args(x_shape: tuple, y_shape: tuple, kernel: tuple, stride: tuple) -> 
     )
 
 
-def maxpool_forward(x: Any, y: Any, arg: Any, kernel: tuple, stride: tuple, on: Backend = CPU) -> None:
+def maxpool_forward(
+    x: Any, y: Any, arg: Any, kernel: tuple, stride: tuple, on: Backend = CPU, packed: bool = False
+) -> None:
     """Max pooling of a channels-last ``x`` (N, H, W, C) into ``y`` and the window position of each maximum
-    into ``arg`` (uint8, ``y``'s shape), in one pass; no padding."""
-    on.launch(
-        f"maxpool_forward_{_suffix(x)}", y.size, _bits(x), _bits(y), arg, *_pool_args(x.shape, y.shape, kernel, stride)
-    )
+    into ``arg`` (uint8: ``y``'s shape, or with ``packed`` 4 bits per output, two to a byte, the even one
+    low), in one pass; no padding, every window inside ``x``."""
+    n, h, w, _ = x.shape
+    _, ho, wo, _ = y.shape
+    if (ho - 1) * int(stride[0]) + int(kernel[0]) > h or (wo - 1) * int(stride[1]) + int(kernel[1]) > w:
+        raise ValueError(f"maxpool_forward: windows {tuple(kernel)} at stride {tuple(stride)} leave {x.shape}")
+    if packed and kernel[0] * kernel[1] > 16:
+        raise ValueError(f"maxpool_forward: a {tuple(kernel)} window's positions do not fit 4 bits")
+    threads = -(-y.size // 2) if packed else y.size
+    args = _pool_args(x.shape, y.shape, kernel, stride)
+    on.launch(f"maxpool_forward_{_suffix(x)}", threads, _bits(x), _bits(y), arg, *args, int(packed))
 
 
-def maxpool_backward(dy: Any, arg: Any, dx: Any, kernel: tuple, stride: tuple, on: Backend = CPU) -> None:
-    """``dx`` (N, H, W, C) from ``dy`` and the argmax map, in one pass, for windows that do not overlap."""
+def maxpool_backward(
+    dy: Any, arg: Any, dx: Any, kernel: tuple, stride: tuple, on: Backend = CPU, packed: bool = False
+) -> None:
+    """``dx`` (N, H, W, C) from ``dy`` and the argmax map (as :func:`maxpool_forward` wrote it), in one
+    pass, for windows that do not overlap."""
     if any(int(s) < int(k) for s, k in zip(stride, kernel)):
         raise ValueError(f"maxpool_backward: windows {tuple(kernel)} overlap at stride {tuple(stride)}")
     kind = "f32" if _suffix(dy) == "f32" else "16"  # half values move as their bits: one kernel for both
-    on.launch(
-        f"maxpool_backward_{kind}", dx.size, _bits(dy), arg, _bits(dx), *_pool_args(dx.shape, dy.shape, kernel, stride)
-    )
+    args = _pool_args(dx.shape, dy.shape, kernel, stride)
+    on.launch(f"maxpool_backward_{kind}", dx.size, _bits(dy), arg, _bits(dx), *args, int(packed))
 
 
 _NO_SLOT = np.zeros(1, np.float32)  # the momentum buffer of SGD without momentum: never read or written

@@ -83,20 +83,20 @@ LAUNCHER(relu_backward_f32, P(const float* y, const float* dy, float* dx, int64_
 LAUNCHER(relu_backward_f16, P(const uint16_t* y, const uint16_t* dy, uint16_t* dx, int64_t n), y, dy, dx, n)
 LAUNCHER(relu_backward_bf16, P(const uint16_t* y, const uint16_t* dy, uint16_t* dx, int64_t n), y, dy, dx, n)
 LAUNCHER(maxpool_forward_f32, P(const float* x, float* y, uint8_t* arg, int64_t n, int64_t h, int64_t w, int64_t c,
-                                int64_t ho, int64_t wo, int kh, int kw, int sh, int sw),
-         x, y, arg, n, h, w, c, ho, wo, kh, kw, sh, sw)
+                                int64_t ho, int64_t wo, int kh, int kw, int sh, int sw, int packed),
+         x, y, arg, n, h, w, c, ho, wo, kh, kw, sh, sw, packed)
 LAUNCHER(maxpool_forward_f16, P(const uint16_t* x, uint16_t* y, uint8_t* arg, int64_t n, int64_t h, int64_t w,
-                                int64_t c, int64_t ho, int64_t wo, int kh, int kw, int sh, int sw),
-         x, y, arg, n, h, w, c, ho, wo, kh, kw, sh, sw)
+                                int64_t c, int64_t ho, int64_t wo, int kh, int kw, int sh, int sw, int packed),
+         x, y, arg, n, h, w, c, ho, wo, kh, kw, sh, sw, packed)
 LAUNCHER(maxpool_forward_bf16, P(const uint16_t* x, uint16_t* y, uint8_t* arg, int64_t n, int64_t h, int64_t w,
-                                 int64_t c, int64_t ho, int64_t wo, int kh, int kw, int sh, int sw),
-         x, y, arg, n, h, w, c, ho, wo, kh, kw, sh, sw)
+                                 int64_t c, int64_t ho, int64_t wo, int kh, int kw, int sh, int sw, int packed),
+         x, y, arg, n, h, w, c, ho, wo, kh, kw, sh, sw, packed)
 LAUNCHER(maxpool_backward_f32, P(const float* dy, const uint8_t* arg, float* dx, int64_t n, int64_t h, int64_t w,
-                                 int64_t c, int64_t ho, int64_t wo, int kh, int kw, int sh, int sw),
-         dy, arg, dx, n, h, w, c, ho, wo, kh, kw, sh, sw)
+                                 int64_t c, int64_t ho, int64_t wo, int kh, int kw, int sh, int sw, int packed),
+         dy, arg, dx, n, h, w, c, ho, wo, kh, kw, sh, sw, packed)
 LAUNCHER(maxpool_backward_16, P(const uint16_t* dy, const uint8_t* arg, uint16_t* dx, int64_t n, int64_t h,
-                                int64_t w, int64_t c, int64_t ho, int64_t wo, int kh, int kw, int sh, int sw),
-         dy, arg, dx, n, h, w, c, ho, wo, kh, kw, sh, sw)
+                                int64_t w, int64_t c, int64_t ho, int64_t wo, int kh, int kw, int sh, int sw, int packed),
+         dy, arg, dx, n, h, w, c, ho, wo, kh, kw, sh, sw, packed)
 LAUNCHER(sgd_update, P(float* p, float* g, float* buf, const uint8_t* ok, int64_t n, float lr, float momentum,
                        float decay, int nesterov, int first), p, g, buf, ok, n, lr, momentum, decay, nesterov, first)
 LAUNCHER(adam_update, P(float* p, float* g, float* m, float* v, const uint8_t* ok, int64_t n, float step_size,

@@ -548,17 +548,16 @@ VMEM_KERNEL void relu_backward_bf16(VMEM_TID_ARG const uint16_t* y, const uint16
     dx[j] = vmem_f2bf(VMEM_FMUL(vmem_bf2f(dy[j]), (float)(vmem_bf2f(y[j]) > 0.0f)));
 }
 
-/* Max pooling over channels-last maps without padding, windows kh x kw at stride sh x sw: one thread per
- * output value writes the maximum and its window position (row-major, the first of equal maxima; a NaN is
- * the maximum, as in NumPy's argmax) in one pass. The backward runs one thread per input value, for windows
- * that do not overlap (stride at least the window): dx is dy where the value was its window's maximum, else
- * +0, written in one pass (no zeroing launch, no atomics). */
+/* Max pooling over channels-last maps without padding, windows kh x kw at stride sh x sw, every window inside
+ * the input: the maximum and its window position (row-major, the first of equal maxima; a NaN is the maximum,
+ * as in NumPy's argmax) written in one pass. With `packed` the positions are 4 bits each, two outputs to a byte
+ * in the output's memory order (the even one in the low nibble, as vmem's MaxPool2d keeps them for windows of
+ * up to 16 positions): one thread per byte. Else one byte and one thread per output. The backward runs one
+ * thread per input value, for windows that do not overlap (stride at least the window): dx is dy where the
+ * value was its window's maximum, else +0, written in one pass (no zeroing launch, no atomics). */
 #define VMEM_MAXPOOL_FWD(NAME, T, LOAD)                                                                      \
-    VMEM_KERNEL void NAME(VMEM_TID_ARG const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ arg, \
-                          int64_t n, int64_t h, int64_t w, int64_t c, int64_t ho, int64_t wo, int kh, int kw,  \
-                          int sh, int sw) {                                                                  \
-        int64_t o = VMEM_TID;                                                                                \
-        if (o >= n * ho * wo * c) return;                                                                    \
+    __device__ int NAME##_one(const T* __restrict__ x, T* __restrict__ y, int64_t o, int64_t h, int64_t w,     \
+                              int64_t c, int64_t ho, int64_t wo, int kh, int kw, int sh, int sw) {           \
         int64_t ch = o % c, ow = (o / c) % wo, oh = (o / (c * wo)) % ho, img = o / (c * wo * ho);            \
         const T* base = x + ((img * h + oh * sh) * w + ow * sw) * c + ch;                                    \
         T best = base[0];                                                                                    \
@@ -571,12 +570,25 @@ VMEM_KERNEL void relu_backward_bf16(VMEM_TID_ARG const uint16_t* y, const uint16
                 if (v > bv || (v != v && bv == bv)) { best = t; bv = v; at = i * kw + j; }                   \
             }                                                                                                \
         y[o] = best;                                                                                         \
-        arg[o] = (uint8_t)at;                                                                                \
+        return at;                                                                                           \
+    }                                                                                                        \
+    VMEM_KERNEL void NAME(VMEM_TID_ARG const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ arg, \
+                          int64_t n, int64_t h, int64_t w, int64_t c, int64_t ho, int64_t wo, int kh, int kw,  \
+                          int sh, int sw, int packed) {                                                      \
+        int64_t t = VMEM_TID, total = n * ho * wo * c;                                                       \
+        if (!packed) {                                                                                       \
+            if (t < total) arg[t] = (uint8_t)NAME##_one(x, y, t, h, w, c, ho, wo, kh, kw, sh, sw);           \
+            return;                                                                                          \
+        }                                                                                                    \
+        if (2 * t >= total) return;                                                                          \
+        int lo = NAME##_one(x, y, 2 * t, h, w, c, ho, wo, kh, kw, sh, sw);                                   \
+        int hi = 2 * t + 1 < total ? NAME##_one(x, y, 2 * t + 1, h, w, c, ho, wo, kh, kw, sh, sw) : 0;        \
+        arg[t] = (uint8_t)(lo | (hi << 4));                                                                  \
     }
 #define VMEM_MAXPOOL_BWD(NAME, T, ZERO)                                                                      \
     VMEM_KERNEL void NAME(VMEM_TID_ARG const T* __restrict__ dy, const uint8_t* __restrict__ arg,            \
                           T* __restrict__ dx, int64_t n, int64_t h, int64_t w, int64_t c, int64_t ho,          \
-                          int64_t wo, int kh, int kw, int sh, int sw) {                                      \
+                          int64_t wo, int kh, int kw, int sh, int sw, int packed) {                          \
         int64_t j = VMEM_TID;                                                                                \
         if (j >= n * h * w * c) return;                                                                      \
         int64_t ch = j % c, col = (j / c) % w, row = (j / (c * w)) % h, img = j / (c * w * h);               \
@@ -584,7 +596,8 @@ VMEM_KERNEL void relu_backward_bf16(VMEM_TID_ARG const uint16_t* y, const uint16
         T out = ZERO;                                                                                        \
         if (oh < ho && ow < wo && di < kh && dj < kw) {                                                      \
             int64_t o = ((img * ho + oh) * wo + ow) * c + ch;                                                \
-            if (arg[o] == di * kw + dj) out = dy[o];                                                         \
+            int at = packed ? (arg[o >> 1] >> ((o & 1) << 2)) & 15 : arg[o];                                 \
+            if (at == di * kw + dj) out = dy[o];                                                             \
         }                                                                                                    \
         dx[j] = out;                                                                                         \
     }

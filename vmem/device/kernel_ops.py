@@ -1,7 +1,9 @@
 """The layers' array work on a device whose array module is not NumPy (a GPU's CuPy), with vmem's own
-kernels where an array-module call would copy: ReLU forward and backward run in one pass of
-vmem/csrc/kernels.cuh, in place on the same buffer (CuPy copies an input that overlaps its output, and its
-backward makes a mask temporary), in fp32, fp16 and bf16; anything else as :class:`~vmem.nn.ops.ArrayOps`.
+kernels where an array-module call would copy or take many passes: ReLU forward and backward run in one pass
+of vmem/csrc/kernels.cuh, in place on the same buffer (CuPy copies an input that overlaps its output, and its
+backward makes a mask temporary); max pooling writes the maximum and its packed window position in one pass
+and scatters the gradient in one (the array-module way is about a dozen kernels); in fp32, fp16 and bf16;
+anything else as :class:`~vmem.nn.ops.ArrayOps`.
 
 On the CPU the same class runs the kernels' CPU build (``KernelOps(numpy)``), which is how the tests hold
 it to the NumPy path bit for bit.
@@ -32,7 +34,8 @@ def _backend(*arrays: Any) -> Any:
 
 
 class KernelOps(ArrayOps):
-    """:class:`~vmem.nn.ops.ArrayOps` with ReLU through vmem's kernels (see the module docstring)."""
+    """:class:`~vmem.nn.ops.ArrayOps` with ReLU and max pooling through vmem's kernels (see the module
+    docstring)."""
 
     def relu(self, x: Any, y: Any) -> None:
         on = _backend(x, y)
@@ -45,3 +48,18 @@ class KernelOps(ArrayOps):
         if on is None:
             return super().relu_backward(y, dy, dx)
         native.relu_backward(y, dy, dx, on)
+
+    def maxpool_forward(self, x: Any, y: Any, arg: Any, kernel: tuple, stride: tuple, packed: bool) -> bool:
+        on = _backend(x) if y.dtype == x.dtype and y.flags.c_contiguous and arg.flags.c_contiguous else None
+        if on is None:
+            return False
+        native.maxpool_forward(x, y, arg, kernel, stride, on, packed=packed)
+        return True
+
+    def maxpool_backward(self, dy: Any, arg: Any, dx: Any, kernel: tuple, stride: tuple, packed: bool) -> bool:
+        ok = dx.dtype == dy.dtype and dy.flags.c_contiguous and arg.flags.c_contiguous
+        on = _backend(dx) if ok else None
+        if on is None:
+            return False
+        native.maxpool_backward(dy, arg, dx, kernel, stride, on, packed=packed)
+        return True

@@ -88,6 +88,17 @@ class ArrayOps:
         """``dx = dy * (y > 0)``; ``dx`` may be ``dy`` (in place on the shared gradient buffer)."""
         self.xp.multiply(dy, y > 0, out=dx)
 
+    def maxpool_forward(self, x: Any, y: Any, arg: Any, kernel: tuple, stride: tuple, packed: bool) -> bool:
+        """Max pooling of channels-last ``x`` into ``y`` and each maximum's window position into ``arg`` (4
+        bits each, two to a byte, with ``packed``) in one pass, for windows without padding or dilation that
+        do not overlap; False where these ops have no such pass (the layer then pools its own way)."""
+        return False
+
+    def maxpool_backward(self, dy: Any, arg: Any, dx: Any, kernel: tuple, stride: tuple, packed: bool) -> bool:
+        """``dx`` from ``dy`` and the argmax map :meth:`maxpool_forward` wrote, in one pass; False where these
+        ops have no such pass."""
+        return False
+
     def erf(self, x: Any, out: Any) -> Any:
         """The error function, element-wise, into ``out``: ``scipy.special.erf`` of the array module's SciPy
         (``cupyx.scipy.special`` for CuPy, which the CUDA device's ops name)."""

@@ -138,8 +138,20 @@ class MaxPool2d(_Pool2d):
         plain = self.padding == (0, 0) and self.dilation == (1, 1)
         return (kh, kw) == (sh, sw) and plain and (h, w) == (ho * kh, wo * kw)
 
+    def _one_pass(self, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> bool:
+        """Whether the device's ops may pool in one pass (:meth:`~vmem.nn.ops.ArrayOps.maxpool_forward`): no
+        padding or dilation, windows that do not overlap, every window inside the input."""
+        (kh, kw), (sh, sw) = self.kernel_size, self.stride
+        _, h, w, _ = x_shape
+        _, ho, wo, _ = y_shape
+        plain = self.padding == (0, 0) and self.dilation == (1, 1) and sh >= kh and sw >= kw
+        return plain and (ho - 1) * sh + kh <= h and (wo - 1) * sw + kw <= w
+
     def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
         xp, x, packed = ctx.xp, xs[0], ctx.aux["argmax"]
+        if self._one_pass(x.shape, y.shape):
+            if ctx.ops.maxpool_forward(x, y, packed, self.kernel_size, self.stride, self.nibbles):
+                return
 
         def images(r: slice) -> None:
             if not self.nibbles:
@@ -201,6 +213,9 @@ class MaxPool2d(_Pool2d):
         if dx is None:
             return
         xp, packed = ctx.xp, ctx.aux["argmax"]
+        if self._one_pass(dx.shape, dy.shape):
+            if ctx.ops.maxpool_backward(dy, packed, dx, self.kernel_size, self.stride, self.nibbles):
+                return
 
         def images(r: slice) -> None:
             if self.nibbles:
@@ -217,9 +232,10 @@ class MaxPool2d(_Pool2d):
         _, ho, wo, _ = dy.shape
         eq = xp.empty(dy.shape, dtype=bool)
         if self._tiles(h, w, ho, wo):  # every input position belongs to exactly one window: assign
+            dx.fill(0)  # +0 where the value was not its window's maximum (whatever dy's sign), as the kernels
             for idx, orow, ocol, irow, icol in self._offsets(h, w, ho, wo):
                 xp.equal(am, idx, out=eq)
-                xp.multiply(dy, eq, out=dx[:, irow, icol])
+                xp.copyto(dx[:, irow, icol], dy, where=eq)
             return
         dx.fill(0)
         for idx, orow, ocol, irow, icol in self._offsets(h, w, ho, wo):
