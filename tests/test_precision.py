@@ -192,3 +192,51 @@ def test_the_timeline_marks_the_loss_scale_and_a_skipped_step():
     marks = [e for e in trace["traceEvents"] if e["ph"] == "i"]
     assert [m["args"] for m in marks] == [{"loss_scale": 65536.0, "skipped": False}]
     assert marks[0]["name"] == "step: loss_scale 65536, skipped False"
+
+
+def _native_cpu(memory):
+    """The CPU device computing half-precision maps as the CUDA device does (the kinds of
+    ``staging.CUDA_NATIVE`` as they are stored, through the GPU's layer ops built for the CPU) except its
+    convolutions, which only cuDNN computes in half: the host's stay staged."""
+    from vmem.device.cpu import CpuDevice
+    from vmem.device.hostconv import with_host_catalog
+    from vmem.device.kernel_ops import KernelOps
+    from vmem.device.lanes import LaneOps
+    from vmem.device.staging import CUDA_NATIVE, with_float32_compute
+
+    class NativeOps(KernelOps, LaneOps):  # the kernels' ReLU and max pooling; the rest as the CPU's lanes
+        pass
+
+    class NativeCpu(CpuDevice):
+        def catalog(self, program):
+            return with_float32_compute(program, with_host_catalog, CUDA_NATIVE - {"conv"})
+
+    dev = NativeCpu(memory, poison=True)
+    dev.ops = NativeOps(dev.budget)
+    return dev
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("policy", ["baseline", "vdnn-all"])
+def test_maps_computed_as_stored_give_the_staged_ways_weights_bit_for_bit(precision, policy):
+    """The executor's way for ops a device computes over half storage without float32 copies (the CUDA
+    device's ReLU, max pooling and copies), run on the CPU: the weights of the all-staged CPU device, bit for
+    bit (ReLU and max pooling select; their half results equal the float32 ones rounded once), in a plan
+    whose native ops have no staging copies."""
+    x, y = _digits(16)
+    weights, staged = {}, {}
+    for native in (False, True):
+        net = vmem.models.get("digits_cnn")
+        dev = _native_cpu("32MiB") if native else vmem.device("cpu", memory="32MiB", poison=True)
+        with vmem.Trainer(net, device=dev, policy=policy, seed=0, precision=precision) as t:
+            for _ in range(3):
+                report = t.step(x, y)
+                assert np.isfinite(report.loss) and report.peak_bytes == t.plans[16].peak_bytes
+        program = dev.catalog(net.build(16, precision=precision))
+        staged[native] = {op.kind for op in program.ops if op.staged}
+        dev.close()
+        weights[native] = {k: v.copy() for k, v in net.params.items()}
+    assert staged[False] == {"conv", "relu", "maxpool", "flatten", "linear"}
+    assert staged[True] == {"conv", "linear"}
+    for k, w in weights[False].items():
+        assert weights[True][k].tobytes() == w.tobytes(), k

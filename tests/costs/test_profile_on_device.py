@@ -42,7 +42,7 @@ class _FoundConv:
     def catalog(self, program):
         return program
 
-    def heuristic(self, layer, pass_, x_shape, y_shape):
+    def heuristic(self, layer, pass_, x_shape, y_shape, dtype="float32"):
         return []  # no ranking of its own: a profile times every algorithm through find
 
     def find(self, layer, pass_, x, w, y, ws):
@@ -96,7 +96,7 @@ class _RankedConv(_FoundConv):
 
     ranked_top = 1  # only the best of its ranking is timed
 
-    def heuristic(self, layer, pass_, x_shape, y_shape):
+    def heuristic(self, layer, pass_, x_shape, y_shape, dtype="float32"):
         self.calls.append(("heuristic", pass_))
         return sorted(self.times[pass_], key=self.times[pass_].get)
 

@@ -321,8 +321,8 @@ def test_graph_backend_refuses_a_workspace_too_small_by_name(monkeypatch):
 
     conv = _graph_conv(monkeypatch, ranked=[(2,)])
     layer = vmem.nn.Conv2d(4, 8, 3, padding=1)
-    arr = SimpleNamespace(data=SimpleNamespace(ptr=1), shape=(2, 6, 6, 4))
-    out = SimpleNamespace(data=SimpleNamespace(ptr=2), shape=(2, 6, 6, 8))
+    arr = SimpleNamespace(data=SimpleNamespace(ptr=1), shape=(2, 6, 6, 4), dtype=np.float32)
+    out = SimpleNamespace(data=SimpleNamespace(ptr=2), shape=(2, 6, 6, 8), dtype=np.float32)
     small = SimpleNamespace(data=SimpleNamespace(ptr=3), nbytes=100)
     with pytest.raises(ValueError, match="layer .*forward engine e2 needs 2000 bytes"):
         conv.forward(layer, SimpleNamespace(algo="e2", workspace=small), arr, arr, out)
@@ -364,7 +364,7 @@ def test_nchw_algorithms_run_on_transposed_copies(monkeypatch, pass_):
     x = rng.standard_normal((2, 4, 6, 3)).astype(np.float32)  # NHWC
     w = rng.standard_normal((5, 3, 3, 3)).astype(np.float32)  # KRSC
     y = rng.standard_normal((2, 4, 6, 5)).astype(np.float32)
-    staged = _staging_bytes(x.shape, w.shape, y.shape)
+    staged = _staging_bytes(4, x.shape, w.shape, y.shape)
     ws = np.zeros(staged + 1000, np.uint8)
     ctx = SimpleNamespace(algo="nchw.implicit_gemm" if pass_ == "forward" else "nchw.algo_1", workspace=ws)
     before = {"x": x.copy(), "w": w.copy(), "y": y.copy()}
@@ -405,7 +405,7 @@ def test_nchw_algorithms_need_room_for_their_copies_and_are_ranked_beside_channe
     with pytest.raises(ValueError, match=r"layer .*forward nchw.winograd needs at least \d+ bytes"):
         conv.forward(layer, SimpleNamespace(algo="nchw.winograd", workspace=np.zeros(64, np.uint8)), x, w, y)
     monkeypatch.setattr(
-        conv, "_ranked", lambda layer, pass_, xs, ys, layout: ["a", "b", "c"] if layout == cudnn.NHWC else ["p", "q"]
+        conv, "_ranked", lambda layer, pass_, xs, ys, layout, dtype: ["a", "b", "c"] if layout == cudnn.NHWC else ["p", "q"]
     )
     assert conv.heuristic(layer, "forward", x.shape, y.shape) == ["a", "nchw.p", "b", "nchw.q", "c"]
     assert conv.ranked_top == 6
@@ -428,7 +428,7 @@ def test_the_catalog_offers_nchw_variants_with_their_copies_in_the_workspace(mon
         vmem.nn.Conv2d(3, 4, 3, padding=1), vmem.nn.Flatten(), vmem.nn.Linear(4 * 36, 2), input_shape=(3, 6, 6)
     )
     op = next(o for o in conv.catalog(net.build(2)).ops if o.kind == "conv")
-    staged = _staging_bytes((2, 6, 6, 3), (4, 3, 3, 3), (2, 6, 6, 4))
+    staged = _staging_bytes(4, (2, 6, 6, 3), (4, 3, 3, 3), (2, 6, 6, 4))
     assert op.workspace["forward"] == {
         "implicit_gemm": 100,
         "nchw.implicit_gemm": staged + 200,
@@ -473,3 +473,118 @@ def test_the_cudnn_backends_are_convolution_backends():
         ]
         assert not missing, (cls.__name__, missing)
     assert ConvBackend.__doc__  # the protocol both implement (vmem.device.base)
+
+
+def _half_conv(monkeypatch, layer, x, y):
+    """The legacy backend on a stand-in device with cuDNN's calls faked on NumPy arrays (no GPU): each pass
+    writes a known result and records the dtypes and workspace it was handed; the bias's reduction sums dy."""
+    from types import SimpleNamespace
+
+    from vmem.device.cuda import cudnn
+    from vmem.device.cuda.conv import CudnnConv
+
+    conv = CudnnConv(SimpleNamespace(nchw=False, deterministic=True))
+    conv.descs(layer, x.shape, y.shape, cudnn.NHWC, np.dtype(x.dtype).name)  # made before cuDNN is faked
+    monkeypatch.setattr(CudnnConv, "_ptr", staticmethod(lambda a: a))
+    monkeypatch.setattr(conv, "_handle", lambda: 0)
+    seen = {}
+
+    def call(pass_, d, algo, x, w, y, ws, ws_size):
+        seen[pass_] = (x.dtype, w.copy(), y.dtype, ws_size)
+        out = {"forward": y, "backward_filter": w, "backward_data": x}[pass_]
+        out[...] = (np.arange(out.size).reshape(out.shape) % 7 - 3) / 4
+
+    def bias(handle, one, y_desc, dy, zero, b_desc, db):
+        assert db.dtype == dy.dtype  # cuDNN reduces into the maps' type
+        db[...] = dy.reshape(-1, dy.shape[-1]).astype(np.float32).sum(0)
+        return cudnn.SUCCESS
+
+    monkeypatch.setattr(conv, "_call", call)
+    monkeypatch.setattr(cudnn, "lib", lambda: SimpleNamespace(cudnnConvolutionBackwardBias=bias))
+    return conv, seen
+
+
+def _known(shape):
+    return (np.arange(int(np.prod(shape))).reshape(shape) % 7 - 3) / 4
+
+
+@needs_cudnn
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+def test_half_convolutions_read_half_weights_and_widen_their_gradients(monkeypatch, half):
+    """fp16/bf16 maps go to cuDNN as stored: the FP32 weights through a half copy at the start of the
+    workspace (cuDNN given the rest), the weight and bias gradients written in half there, then widened
+    into their FP32 buffers."""
+    from types import SimpleNamespace
+
+    from vmem.device.cuda.conv import _weight_copy_bytes
+    from vmem.precision import dtype
+
+    h = dtype(half)
+    layer = vmem.nn.Conv2d(3, 5, 3, padding=1)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 4, 6, 3)).astype(h)
+    w = rng.standard_normal((5, 3, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    y = np.zeros((2, 4, 6, 5), h)
+    conv, seen = _half_conv(monkeypatch, layer, x, y)
+    forward_copies = _weight_copy_bytes("forward", h, w.shape, 5)
+    assert forward_copies == 512  # 135 half values, aligned to 256 bytes
+    ws = np.zeros(forward_copies + 1000, np.uint8)
+    conv.forward(layer, SimpleNamespace(algo="implicit_gemm", workspace=ws), x, w, y, b)
+    x_type, w_seen, y_type, ws_size = seen["forward"]
+    assert (x_type, w_seen.dtype, y_type, ws_size) == (h, h, h, 1000)
+    assert w_seen.tobytes() == w.astype(h).tobytes()
+    want = _known(y.shape).astype(h).astype(np.float32) + b
+    assert y.tobytes() == want.astype(h).tobytes()  # the bias added in place, rounded once
+
+    dy = rng.standard_normal(y.shape).astype(h)
+    dx = np.zeros_like(x)
+    dw, db = np.full(w.shape, np.nan, np.float32), np.full(5, np.nan, np.float32)
+    backward_copies = _weight_copy_bytes("backward_filter", h, w.shape, 5)
+    assert backward_copies == 2 * 512 + 256
+    ws = np.zeros(backward_copies + 800, np.uint8)
+    conv.backward(layer, SimpleNamespace(algo=("algo_1", "algo_0"), workspace=ws), dy, x, w, dx, dw, db)
+    assert seen["backward_filter"][3] == seen["backward_data"][3] == 800
+    assert seen["backward_data"][1].tobytes() == w.astype(h).tobytes()
+    assert dw.tobytes() == _known(w.shape).astype(h).astype(np.float32).tobytes()
+    assert db.tobytes() == dy.reshape(-1, 5).astype(np.float32).sum(0).astype(h).astype(np.float32).tobytes()
+    with pytest.raises(ValueError, match="cannot hold its copies"):
+        conv.forward(layer, SimpleNamespace(algo=None, workspace=np.zeros(100, np.uint8)), x, w, y, b)
+
+
+@needs_cudnn
+@pytest.mark.parametrize("precision, data", [("fp16", 2), ("bf16", 9)])
+def test_the_cuda_catalog_computes_half_convolutions_as_stored_with_their_copies_counted(monkeypatch, precision, data):
+    """Over half storage the CUDA device's catalog leaves convolutions, ReLU, max pooling and copies
+    unstaged, sizes each convolution's workspace for half descriptors (HALF or BFLOAT16 data, FLOAT compute,
+    tensor-op math) plus its weights' half copies, and stages the linear layer (FP32 compute)."""
+    from types import SimpleNamespace
+
+    from vmem.device.cuda import cudnn
+    from vmem.device.cuda.conv import CudnnConv
+    from vmem.device.staging import CUDA_NATIVE, with_float32_compute
+
+    pytest.importorskip("ml_dtypes")
+    conv = CudnnConv(SimpleNamespace(nchw=False, deterministic=True, spec=SimpleNamespace(math="exact")))
+    types_seen = set()
+
+    def workspace(d, pass_, algo):
+        types_seen.add(tuple(cudnn.describe(d.x, d.w, d.conv)[k] for k in ("x_type", "compute_type", "math_type")))
+        return 100
+
+    monkeypatch.setattr(conv, "workspace", workspace)
+    net = vmem.Sequential(
+        vmem.nn.Conv2d(3, 4, 3, padding=1),
+        vmem.nn.ReLU(),
+        vmem.nn.MaxPool2d(2),
+        vmem.nn.Flatten(),
+        vmem.nn.Linear(4 * 9, 2),
+        input_shape=(3, 6, 6),
+    )
+    program = with_float32_compute(net.build(2, precision=precision), conv.catalog, CUDA_NATIVE)
+    by_kind = {op.kind: op for op in program.ops}
+    assert {k for k, op in by_kind.items() if op.staged} == {"linear"}
+    assert types_seen == {(data, cudnn.FLOAT, cudnn.TENSOR_OP_MATH)}
+    ws = by_kind["conv"].workspace
+    assert set(ws["forward"].values()) == {100 + 256}  # 108 half weights, aligned
+    assert set(ws["backward_data"].values()) == set(ws["backward_filter"].values()) == {100 + 2 * 256 + 256}

@@ -217,14 +217,17 @@ def test_a_tensor_stored_in_fp16_runs_on_the_gpu_at_the_planned_peak(policy):
     step_half_and_full(policy, lambda: vmem.device("cuda:0", math="exact", memory="64MiB", pinned_memory="16MiB"))
 
 
-def test_fp16_training_on_the_gpu_runs_at_the_planned_peak_and_follows_fp32():
-    """Mixed precision on cuda:0: feature maps in fp16, each op computed in float32 over staging copies;
-    every step at its planned peak (gist's ssdc blocks too: an encoding larger than its block waits in host
-    memory), lossless policies bitwise equal to the fp16 baseline, the weights close to the fp32 run's."""
+def test_half_precision_training_on_the_gpu_runs_at_the_planned_peak_and_follows_fp32():
+    """Mixed precision on cuda:0: feature maps in fp16 or bf16; convolutions (cuDNN's pseudo-half, the
+    weights read through half copies), ReLU, pooling and sums computed as stored, batch norm, the linear
+    layer and the loss in float32 over staging copies; every step at its planned peak (gist's ssdc blocks
+    too: an encoding larger than its block waits in host memory), lossless policies bitwise equal to the
+    fp16 baseline, the weights and losses close to the fp32 run's."""
     x = np.random.default_rng(0).standard_normal((16, 3, 32, 32)).astype(np.float32)
     y = np.random.default_rng(1).integers(0, 10, 16)
-    weights = {}
-    for precision, policy in [("fp32", "baseline"), ("fp16", "baseline"), ("fp16", "vdnn-all"), ("fp16", "gist")]:
+    weights, losses = {}, {}
+    runs = [("fp32", "baseline"), ("fp16", "baseline"), ("fp16", "vdnn-all"), ("fp16", "gist"), ("bf16", "baseline")]
+    for precision, policy in runs:
         net = vmem.models.get("resnet_cifar", depth=8)
         dev = vmem.device("cuda:0", math="exact", memory="1GiB", pinned_memory="512MiB")
         try:
@@ -236,12 +239,15 @@ def test_fp16_training_on_the_gpu_runs_at_the_planned_peak_and_follows_fp32():
                     assert report.peak_bytes == planned
         finally:
             dev.close()
-        weights[(precision, policy)] = net.params
+        weights[(precision, policy)], losses[(precision, policy)] = net.params, report.loss
     half = weights[("fp16", "baseline")]
     for key in (("fp16", "vdnn-all"), ("fp16", "gist")):
         assert all(np.array_equal(half[k], weights[key][k]) for k in half), key
-    for k, w in weights[("fp32", "baseline")].items():
-        np.testing.assert_allclose(half[k], w, rtol=0.05, atol=0.02)
+    full = weights[("fp32", "baseline")]
+    for precision, tol in (("fp16", 0.05), ("bf16", 0.1)):
+        assert abs(losses[(precision, "baseline")] - losses[("fp32", "baseline")]) < tol, precision
+        for k, w in full.items():
+            np.testing.assert_allclose(weights[(precision, "baseline")][k], w, rtol=tol, atol=tol / 2, err_msg=k)
 
 
 def test_nccl_runs_a_data_parallel_step_of_one_rank_with_its_allreduce_on_its_own_stream():

@@ -226,9 +226,11 @@ class _Runner:
             return first
         return min(first, best_seconds(run, repeats - 1))
 
-    def rank(self, pass_: str, layer: Any, x_shape: Any, y_shape: Any) -> list[str]:
-        """cuDNN's heuristic ranking of one pass's algorithms (on the compute stream's handle)."""
-        return self.call(lambda: self.conv.heuristic(layer, pass_, tuple(x_shape), tuple(y_shape)))
+    def rank(self, pass_: str, layer: Any, x: Any, y_shape: Any) -> list[str]:
+        """cuDNN's heuristic ranking of one pass's algorithms on maps like ``x`` (on the compute stream's
+        handle)."""
+        dtype = np.dtype(x.dtype).name
+        return self.call(lambda: self.conv.heuristic(layer, pass_, tuple(x.shape), tuple(y_shape), dtype))
 
     def find(self, pass_: str, layer: Any, x: Any, w: Any, y: Any, ws: Any) -> dict[str, float]:
         """cuDNN's own timing of every algorithm of one pass of a convolution (``Find*Ex``), in seconds,
@@ -386,7 +388,7 @@ def _profile_conv_ranked(
     not offered: some run for seconds on a large batch (cuDNN's own search, which runs them all, takes
     minutes on VGG-16 at batch 64)."""
     layer = op.layer
-    orders = {pass_: on.rank(pass_, layer, xs[0].shape, y.shape) for pass_ in algos}
+    orders = {pass_: on.rank(pass_, layer, xs[0], y.shape) for pass_ in algos}
     if not any(orders.values()):
         raise _NoRanking
     ranked = {}

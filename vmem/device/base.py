@@ -39,8 +39,11 @@ class ConvBackend(Protocol):
         """The bias's gradient ``db`` if given, the filters' ``dw``, and ``dx`` unless it is None."""
         ...
 
-    def heuristic(self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> list[str]:
-        """The pass's algorithms ranked best first without running them; empty where the backend has no
+    def heuristic(
+        self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...], dtype: str = "float32"
+    ) -> list[str]:
+        """The pass's algorithms on maps stored in ``dtype`` ranked best first without running them; empty
+        where the backend has no
         ranking of its own (a profile then times them all through :meth:`find`)."""
         ...
 

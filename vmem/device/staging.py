@@ -1,8 +1,12 @@
-"""Float32 compute over low-precision storage (the CPU device under ``fp16``/``bf16``): each op reads
-its half-precision tensors through float32 copies and rounds each output once back into its own dtype,
-as tensor cores accumulate in float32 and round once. The copies live at the end of the op's workspace,
-so that the plan, the replay and the pool count them (:func:`with_float32_compute`); the executor carves
-them there in :func:`staged` order."""
+"""Float32 compute over low-precision storage (``fp16``/``bf16``): an op the device does not compute in
+half precision itself reads its half-precision tensors through float32 copies and rounds each output once
+back into its own dtype, as tensor cores accumulate in float32 and round once. The copies live at the end of
+the op's workspace, so that the plan, the replay and the pool count them (:func:`with_float32_compute`); the
+executor carves them there in :func:`staged` order.
+
+The CPU device stages every such op. The CUDA device computes the kinds in :data:`CUDA_NATIVE` as they are
+stored (cuDNN's convolutions in pseudo-half, vmem's kernels, copies) and stages the rest (batch norm, the
+linear layers, the loss: the float32 parts of mixed precision)."""
 
 from __future__ import annotations
 
@@ -15,10 +19,16 @@ from ..graph.program import OpInfo, Program
 from ..nn.base import physical
 from ..precision import is_low
 
-__all__ = ["COMPUTE", "copy_nbytes", "cpu_catalog", "staged", "staging_bytes", "with_float32_compute"]
+__all__ = ["COMPUTE", "CUDA_NATIVE", "copy_nbytes", "cpu_catalog", "staged", "staging_bytes", "with_float32_compute"]
 
 COMPUTE = "float32"
 _ALIGN = 64
+#: The op kinds the CUDA device computes over fp16/bf16 storage without float32 copies: convolutions (cuDNN,
+#: data in half, compute type FLOAT, tensor-op math), ReLU and max pooling (vmem's kernels: selections, exact),
+#: sums of two maps and the copies (flatten, concat, pad, identity). Half-precision addition through FP32 rounds
+#: as addition in half does (FP32 carries more than twice the digits plus two), so only the convolutions'
+#: results differ from the staged way's (their weights are read in half, as under PyTorch's autocast).
+CUDA_NATIVE = frozenset({"conv", "relu", "maxpool", "add", "flatten", "concat", "pad", "identity"})
 
 
 def staged(program: Program, op: OpInfo, pass_: str) -> list[tuple[str, int, tuple[int, ...]]]:
@@ -50,15 +60,20 @@ def staging_bytes(program: Program, op: OpInfo, pass_: str) -> int:
     return sum(copy_nbytes(shape) for _, _, shape in staged(program, op, pass_))
 
 
-def with_float32_compute(program: Program, catalog: Any = None) -> Program:
-    """``program`` computed in float32 wherever an op stores a tensor in a narrower float: those ops
-    marked (``OpInfo.compute``), their algorithms' workspace from ``catalog`` (a function of the program,
-    sized for float32) and every pass's workspace grown by its staging copies."""
+def with_float32_compute(program: Program, catalog: Any = None, native: frozenset[str] = frozenset()) -> Program:
+    """``program`` computed in float32 wherever an op stores a tensor in a narrower float, except ops of the
+    kinds in ``native`` whose inputs and output share one dtype (the device computes them as they are
+    stored): those ops marked
+    (``OpInfo.compute``), their algorithms' workspace from ``catalog`` (a function of the program, sized for
+    the dtype each op computes in) and every pass's workspace grown by its staging copies."""
     if not any(_dtypes_low(op) for op in program.ops):
         return catalog(program) if catalog is not None else program
-    marked = dataclasses.replace(
-        program, ops=[dataclasses.replace(op, compute=COMPUTE) if _dtypes_low(op) else op for op in program.ops]
-    )
+
+    def mark(op: OpInfo) -> OpInfo:
+        as_stored = op.kind in native and len({*op.in_dtypes, op.out_dtype}) == 1  # one dtype in and out
+        return dataclasses.replace(op, compute=COMPUTE) if _dtypes_low(op) and not as_stored else op
+
+    marked = dataclasses.replace(program, ops=[mark(op) for op in program.ops])
     if catalog is not None:
         marked = catalog(marked)
     ops = []

@@ -3,7 +3,11 @@
 The interface is small (``catalog``, ``forward``, ``backward``, ``heuristic``, ``find``), with two
 implementations: :class:`CudnnConv`, cuDNN's legacy API and its algorithms, and :class:`GraphConv`, its
 graph API and its engines (``conv_api="graph"``). Tensors are stored channels last (NHWC) and filters
-KRSC, as on the CPU; FP32 math as the device's ``math`` says (TF32 by default, FMA where exact). cuDNN's
+KRSC, as on the CPU; FP32 math as the device's ``math`` says (TF32 by default, FMA where exact). fp16 and bf16
+maps are handed to cuDNN as they are stored (pseudo-half: compute type FLOAT, tensor-op math; legacy API
+only), the FP32 weights read through a half copy made at the start of the pass's workspace and the weight
+and bias gradients written through half copies there, then widened into their FP32 buffers (as PyTorch's
+autocast casts weights for a convolution). cuDNN's
 legacy FP32 algorithms for channels last are implicit GEMM only; with the device's ``nchw=True`` each
 algorithm is also offered on NCHW copies made in its workspace (``nchw.winograd_nonfused``), so that plans still account for every byte. Descriptors
 are made once per layer geometry and layout; one handle per stream.
@@ -74,11 +78,20 @@ class CudnnConv:
             h = self._handles[ptr] = cudnn.Handle(ptr)
         return h.ptr
 
-    def descs(self, layer: Any, x_shape: tuple[int, ...], y_shape: tuple[int, ...], layout: int = cudnn.NHWC) -> Descs:
-        key = (_geometry(layer, x_shape, y_shape), layout)
+    def descs(
+        self,
+        layer: Any,
+        x_shape: tuple[int, ...],
+        y_shape: tuple[int, ...],
+        layout: int = cudnn.NHWC,
+        dtype: str = "float32",
+    ) -> Descs:
+        """The descriptors of ``layer``'s convolution on maps of these channels-last shapes stored in ``dtype``
+        (made once per geometry, layout and dtype)."""
+        key = (_geometry(layer, x_shape, y_shape), layout, dtype)
         d = self._descs.get(key)
-        if d is None:  # FP32 data (half precision computes through FP32 staging on this path)
-            d = self._descs[key] = Descs(key[0], layout, "float32", self.math)
+        if d is None:
+            d = self._descs[key] = Descs(key[0], layout, dtype, self.math)
         return d
 
     @property
@@ -125,19 +138,27 @@ class CudnnConv:
         for op in program.ops:
             if op.kind == "conv":
                 x_shape, y_shape = physical(op.in_shapes[0]), physical(op.out_shape)
-                d = self.descs(op.layer, x_shape, y_shape)
+                dtype = op.dtype.name  # what the op computes in: its storage dtype unless staged to FP32
+                d = self.descs(op.layer, x_shape, y_shape, cudnn.NHWC, dtype)
                 algos: dict[str, list[str]] = {}
                 ws: dict[str, dict[str, int]] = {}
+                w_shape = op.params["weight"].shape
+                bias = op.params["bias"].shape[0] if "bias" in op.params else 0
                 if self.nchw:  # the same algorithms on NCHW copies, which the workspace holds too
-                    d_nchw = self.descs(op.layer, x_shape, y_shape, cudnn.NCHW)
-                    staged = _staging_bytes(x_shape, op.params["weight"].shape, y_shape)
+                    d_nchw = self.descs(op.layer, x_shape, y_shape, cudnn.NCHW, dtype)
+                    staged = _staging_bytes(op.dtype.itemsize, x_shape, w_shape, y_shape)
                 for pass_, names in cudnn.ALGOS.items():
                     skip = cudnn.NONDETERMINISTIC.get(pass_, set()) if self.device.deterministic else set()
-                    sizes = {a: self.workspace(d, pass_, a) for a in names if a not in skip}
+                    copies = _weight_copy_bytes(pass_, op.dtype, w_shape, bias)
+                    sizes = {
+                        a: None if (n := self.workspace(d, pass_, a)) is None else copies + n
+                        for a in names
+                        if a not in skip
+                    }
                     if self.nchw:
                         for a in names:
                             size = None if a in skip else self.workspace(d_nchw, pass_, a)
-                            sizes[NCHW + a] = None if size is None else staged + size
+                            sizes[NCHW + a] = None if size is None else copies + staged + size
                     ws[pass_] = {a: s for a, s in sizes.items() if s is not None}
                     algos[pass_] = list(ws[pass_])
                 op = dataclasses.replace(op, algorithms=algos, workspace=ws)
@@ -149,13 +170,19 @@ class CudnnConv:
     def _ptr(a: Any) -> Any:
         return cudnn.ffi().cast("void *", a.data.ptr) if a is not None else cudnn.ffi().NULL
 
-    def _ws(self, ctx: Any) -> tuple[Any, int]:
-        ws = ctx.workspace
-        return (self._ptr(ws), int(ws.nbytes)) if ws is not None else (cudnn.ffi().NULL, 0)
+    @staticmethod
+    def _ws(ws: Any) -> tuple[Any, int]:
+        return (CudnnConv._ptr(ws), int(ws.nbytes)) if ws is not None and ws.nbytes else (cudnn.ffi().NULL, 0)
 
     def forward(self, layer: Any, ctx: Any, x: Any, w: Any, y: Any, b: Any = None) -> None:
-        """``y = conv(x, w)``, then the bias ``b`` added where given."""
-        self._pass(layer, "forward", ctx.algo, ctx, x, w, y)
+        """``y = conv(x, w)``, then the bias ``b`` added where given. Half-precision maps read FP32 weights
+        through a half copy at the start of the workspace."""
+        ws = ctx.workspace
+        if x.dtype != w.dtype:
+            (wh,), ws = _carve(ws, x.dtype, w.shape)
+            wh[...] = w
+            w = wh
+        self._pass(layer, "forward", ctx.algo, ws, x, w, y)
         if b is not None:
             y2 = y.reshape(-1, y.shape[-1])
             y2 += b
@@ -163,9 +190,17 @@ class CudnnConv:
     def backward(self, layer: Any, ctx: Any, dy: Any, x: Any, w: Any, dx: Any, dw: Any, db: Any = None) -> None:
         """The bias's gradient ``db`` if given (cuDNN's own reduction of ``dy``: a generic column sum over
         N*H*W rows is many times slower), backward-filter, then backward-data if ``dx`` is wanted (one
-        after the other in one workspace)."""
+        after the other in one workspace). Half-precision maps: the weights read through a half copy, the
+        gradients written through half copies, then widened into ``dw`` and ``db`` (FP32)."""
+        ws, wide = ctx.workspace, None
+        if dy.dtype != dw.dtype:
+            (wh, dwh, dbh), ws = _carve(ws, dy.dtype, w.shape, dw.shape, db.shape if db is not None else (0,))
+            if dx is not None:
+                wh[...] = w
+            wide, w = (dw, dwh, db, dbh), wh
+            dw, db = dwh, (dbh if db is not None else None)
         if db is not None:
-            d = self.descs(layer, x.shape, dy.shape)
+            d = self.descs(layer, x.shape, dy.shape, cudnn.NHWC, np.dtype(dy.dtype).name)
             cudnn.check(
                 "cudnnConvolutionBackwardBias",
                 cudnn.lib().cudnnConvolutionBackwardBias(
@@ -173,45 +208,42 @@ class CudnnConv:
                 ),
             )
         data_algo, filter_algo = ctx.algo if isinstance(ctx.algo, tuple) else (ctx.algo, ctx.algo)
-        self._pass(layer, "backward_filter", filter_algo, ctx, x, dw, dy)
+        self._pass(layer, "backward_filter", filter_algo, ws, x, dw, dy)
         if dx is not None:
-            self._pass(layer, "backward_data", data_algo, ctx, dx, w, dy)
+            self._pass(layer, "backward_data", data_algo, ws, dx, w, dy)
+        if wide is not None:
+            dw32, dwh, db32, dbh = wide
+            dw32[...] = dwh
+            if db32 is not None:
+                db32[...] = dbh
 
     #: The algorithm a pass runs when none is named.
     _DEFAULT = {"forward": "implicit_gemm", "backward_data": "algo_1", "backward_filter": "algo_1"}
 
-    def _pass(self, layer: Any, pass_: str, algo: str | None, ctx: Any, x: Any, w: Any, y: Any) -> None:
-        """One pass on channels-last arrays, by role: ``x`` the image (dx for backward-data), ``w`` the filters
-        (dw for backward-filter), ``y`` the response (dy for the backward passes). An ``nchw.`` algorithm
-        runs on NCHW copies at the start of the workspace (filters KCRS), its result copied back."""
+    def _pass(self, layer: Any, pass_: str, algo: str | None, ws: Any, x: Any, w: Any, y: Any) -> None:
+        """One pass on channels-last arrays of one dtype, by role: ``x`` the image (dx for backward-data),
+        ``w`` the filters (dw for backward-filter), ``y`` the response (dy for the backward passes); ``ws``
+        the pass's workspace (a uint8 array, or None). An ``nchw.`` algorithm runs on NCHW copies at the
+        start of the workspace (filters KCRS), its result copied back."""
         algo = algo or self._DEFAULT[pass_]
+        dtype = np.dtype(x.dtype)
         if not algo.startswith(NCHW):
-            self._call(pass_, self.descs(layer, x.shape, y.shape), algo, x, w, y, *self._ws(ctx))
+            self._call(pass_, self.descs(layer, x.shape, y.shape, cudnn.NHWC, dtype.name), algo, x, w, y, *self._ws(ws))
             return
-        ws = ctx.workspace
-        staged = _staging_bytes(x.shape, w.shape, y.shape)
+        staged = _staging_bytes(dtype.itemsize, x.shape, w.shape, y.shape)
         if ws is None or ws.nbytes < staged:
             raise ValueError(
                 f"layer {layer.label}: {pass_} {algo} needs at least {staged} bytes of workspace for "
                 f"its NCHW copies, given {0 if ws is None else ws.nbytes}"
             )
-        xt, wt, yt = _carve_nchw(ws, x.shape, w.shape, y.shape)
+        (xt, wt, yt), rest = _carve(ws, dtype, *(_nchw_shape(s) for s in (x.shape, w.shape, y.shape)))
         copies = {"x": (x, xt), "w": (w, wt), "y": (y, yt)}
         reads, writes = {"forward": ("xw", "y"), "backward_filter": ("xy", "w"), "backward_data": ("wy", "x")}[pass_]
         for role in reads:
             src, dst = copies[role]
             dst[...] = src.transpose(0, 3, 1, 2)  # NHWC -> NCHW (filters KRSC -> KCRS)
-        rest = ws[staged:]
-        self._call(
-            pass_,
-            self.descs(layer, x.shape, y.shape, cudnn.NCHW),
-            algo[len(NCHW) :],
-            xt,
-            wt,
-            yt,
-            self._ptr(rest) if rest.nbytes else cudnn.ffi().NULL,
-            int(rest.nbytes),
-        )
+        d = self.descs(layer, x.shape, y.shape, cudnn.NCHW, dtype.name)
+        self._call(pass_, d, algo[len(NCHW) :], xt, wt, yt, *self._ws(rest))
         out, result = copies[writes]
         out[...] = result.transpose(0, 2, 3, 1)  # back to NHWC (KRSC)
 
@@ -276,22 +308,24 @@ class CudnnConv:
                 ),
             )
 
-    def heuristic(self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> list[str]:
-        """cuDNN's ranking of ``pass_``'s algorithms for this geometry, best first, without running them
-        (``Get*Algorithm_v7``); only those it reports as supported. With NCHW variants, the two layouts'
+    def heuristic(
+        self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...], dtype: str = "float32"
+    ) -> list[str]:
+        """cuDNN's ranking of ``pass_``'s algorithms for this geometry and dtype, best first, without running
+        them (``Get*Algorithm_v7``); only those it reports as supported. With NCHW variants, the two layouts'
         rankings alternate, channels last first."""
-        ranked = self._ranked(layer, pass_, x_shape, y_shape, cudnn.NHWC)
+        ranked = self._ranked(layer, pass_, x_shape, y_shape, cudnn.NHWC, dtype)
         if not self.nchw:
             return ranked
-        other = [NCHW + a for a in self._ranked(layer, pass_, x_shape, y_shape, cudnn.NCHW)]
+        other = [NCHW + a for a in self._ranked(layer, pass_, x_shape, y_shape, cudnn.NCHW, dtype)]
         merged = [a for pair in zip(ranked, other) for a in pair]
         return merged + ranked[len(other) :] + other[len(ranked) :]
 
     def _ranked(
-        self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...], layout: int
+        self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...], layout: int, dtype: str
     ) -> list[str]:
         lib, f = cudnn.lib(), cudnn.ffi()
-        d = self.descs(layer, x_shape, y_shape, layout)
+        d = self.descs(layer, x_shape, y_shape, layout, dtype)
         n = len(cudnn.ALGOS[pass_])
         returned = f.new("int *")
         h = self._handle()
@@ -316,11 +350,16 @@ class CudnnConv:
 
     def find(self, layer: Any, pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
         """cuDNN's own measurement (``Find*Ex``) of every algorithm of ``pass_`` on these buffers: (name,
-        seconds, workspace bytes), fastest first; ``y`` is dy for the backward passes."""
-        found = search(self._handle(), pass_, self.descs(layer, x.shape, y.shape), x, w, y, ws)
+        seconds, workspace bytes), fastest first; ``y`` is dy for the backward passes. FP32 weights beside
+        half maps are searched on a half copy (the workspace each pass's copies take is the catalog's)."""
+        dtype = np.dtype(x.dtype)
+        if w.dtype != dtype:
+            w = w.astype(dtype)  # a few MB outside the arena, while profiling only
+        found = search(self._handle(), pass_, self.descs(layer, x.shape, y.shape, cudnn.NHWC, dtype.name), x, w, y, ws)
         if self.nchw:  # timed on the same bytes read as NCHW: cuDNN's time, without the copies
-            staged = _staging_bytes(x.shape, w.shape, y.shape)
-            nchw = search(self._handle(), pass_, self.descs(layer, x.shape, y.shape, cudnn.NCHW), x, w, y, ws)
+            staged = _staging_bytes(dtype.itemsize, x.shape, w.shape, y.shape)
+            d = self.descs(layer, x.shape, y.shape, cudnn.NCHW, dtype.name)
+            nchw = search(self._handle(), pass_, d, x, w, y, ws)
             found = sorted(found + [(NCHW + a, t, m + staged) for a, t, m in nchw], key=lambda r: r[1])
         return found
 
@@ -335,24 +374,40 @@ def _nchw_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     return (n, c, h, w)
 
 
-def _aligned_bytes(shape: tuple[int, ...]) -> int:
-    """Bytes of an FP32 array of ``shape``, rounded up to the staging alignment."""
-    return -(-4 * math.prod(shape) // _ALIGN) * _ALIGN
+def _aligned_bytes(shape: tuple[int, ...], itemsize: int = 4) -> int:
+    """Bytes of an array of ``shape`` with ``itemsize``-byte values, rounded up to the staging alignment."""
+    return -(-itemsize * math.prod(shape) // _ALIGN) * _ALIGN
 
 
-def _staging_bytes(*shapes: tuple[int, ...]) -> int:
-    """Workspace bytes of the NCHW copies of FP32 tensors of (channels-last) ``shapes``, each aligned."""
-    return sum(_aligned_bytes(s) for s in shapes)
+def _staging_bytes(itemsize: int, *shapes: tuple[int, ...]) -> int:
+    """Workspace bytes of the NCHW copies of tensors of (channels-last) ``shapes``, each aligned."""
+    return sum(_aligned_bytes(s, itemsize) for s in shapes)
 
 
-def _carve_nchw(ws: Any, *shapes: tuple[int, ...]) -> list[Any]:
-    """NCHW FP32 arrays at the start of the workspace ``ws`` (a uint8 array), one per shape, in order."""
+def _weight_copy_bytes(pass_: str, dtype: Any, w_shape: tuple[int, ...], bias: int) -> int:
+    """Workspace bytes of the half copies a pass over ``dtype`` maps makes of FP32 weights (none for FP32):
+    the weights forward; the weights, their gradient and the bias's gradient backward (both backward
+    passes run in one workspace)."""
+    itemsize = np.dtype(dtype).itemsize
+    if itemsize >= 4:
+        return 0
+    w = _aligned_bytes(w_shape, itemsize)
+    return w if pass_ == "forward" else 2 * w + _aligned_bytes((bias,), itemsize)
+
+
+def _carve(ws: Any, dtype: Any, *shapes: tuple[int, ...]) -> tuple[list[Any], Any]:
+    """Arrays of ``dtype`` at the start of the workspace ``ws`` (a uint8 array), one per shape in order, each
+    aligned; and the rest of the workspace after them (None if nothing is left)."""
+    dtype = np.dtype(dtype)
     out, offset = [], 0
     for shape in shapes:
-        t = _nchw_shape(shape)
-        out.append(ws[offset : offset + 4 * math.prod(t)].view(np.float32).reshape(t))
-        offset += _aligned_bytes(t)
-    return out
+        n = dtype.itemsize * math.prod(shape)
+        if ws is None or offset + n > ws.nbytes:
+            raise ValueError(f"a workspace of {0 if ws is None else ws.nbytes} bytes cannot hold its copies {shapes}")
+        out.append(ws[offset : offset + n].view(dtype).reshape(shape))
+        offset += _aligned_bytes(shape, dtype.itemsize)
+    rest = ws[offset:] if ws is not None and offset < ws.nbytes else None
+    return out, rest
 
 
 def search(handle: Any, pass_: str, d: Descs, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
@@ -460,11 +515,11 @@ class GraphConv(CudnnConv):
             ops.append(op)
         return dataclasses.replace(program, ops=ops)
 
-    def _pass(self, layer: Any, pass_: str, algo: str | None, ctx: Any, x: Any, w: Any, y: Any) -> None:
-        """One pass through its plan (the first in cuDNN's ranking if none is named); roles as in the parent."""
+    def _pass(self, layer: Any, pass_: str, algo: str | None, ws: Any, x: Any, w: Any, y: Any) -> None:
+        """One pass through its plan (the first in cuDNN's ranking if none is named); roles as in the parent.
+        FP32 only: the device stages half-precision convolutions when it runs the graph API."""
         plans = self.plans(layer, pass_, x.shape, y.shape)
         plan = plans[algo] if algo else next(iter(plans.values()))
-        ws = ctx.workspace
         if plan.workspace and (ws is None or ws.nbytes < plan.workspace):
             raise ValueError(
                 f"layer {layer.label}: {pass_} engine {algo} needs {plan.workspace} bytes of workspace, "
@@ -472,7 +527,9 @@ class GraphConv(CudnnConv):
             )
         plan.execute(x.data.ptr, w.data.ptr, y.data.ptr, ws.data.ptr if ws is not None else 0)
 
-    def heuristic(self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> list[str]:
+    def heuristic(
+        self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...], dtype: str = "float32"
+    ) -> list[str]:
         return list(self.plans(layer, pass_, x_shape, y_shape))
 
     def find(self, layer: Any, pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:

@@ -68,7 +68,9 @@ class HostConv:
         (backward_data, backward_filter)), one after the other in the same workspace."""
         backward(layer, ctx, dy, x, w, dx, dw, db)
 
-    def heuristic(self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> list[str]:
+    def heuristic(
+        self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...], dtype: str = "float32"
+    ) -> list[str]:
         """The algorithms offered for the pass, in the catalog's order (fastest first as a rule); a profile
         times them all (:attr:`ranked_top`)."""
         n, h, w, c = x_shape
