@@ -156,15 +156,17 @@ def task_vmem_step(
     precision: str = "fp32",
     math: str = "exact",
     spans: bool = False,
+    model: str = "vgg16",
 ) -> dict:
-    """Median step seconds of vmem on VGG-16 (after two warm-up steps) and what the plan chose, its feature
+    """Median step seconds of vmem on ``model`` (VGG-16 unless named; after two warm-up steps) and what the
+    plan chose, its feature
     maps in ``precision`` on a device whose FP32 math is ``math`` (``spans``: every span of the last step
     too, as [stream, name, kind, start ms, ms]). With
     ``profile``, the plan uses measured costs: those in ``profile_cache`` if it exists, else a profile
     made here (and saved there). The profile runs each layer on its own with its buffers in the arena: in
     a tight budget at a large batch they may not fit (``profile=False`` plans from the device's
     specification and cuDNN's catalog)."""
-    net = vmem.models.get("vgg16")
+    net = vmem.models.get(model)
     dev = vmem.device("cuda:0", conv_api=conv_api, nchw=nchw, math=math, **({"memory": memory} if memory else {}))
     say(repr(dev))
     rng = np.random.default_rng(0)
@@ -272,6 +274,40 @@ def torch_vgg16(torch, inplace: bool = True):
     return nn.Sequential(*layers)
 
 
+def torch_resnet50(torch):
+    """ResNet-50 in PyTorch as vmem's zoo builds it (torchvision's layout: the stride on the 3x3 convolution
+    of a bottleneck, a projection where the shape changes)."""
+    nn = torch.nn
+
+    def conv_bn(cin, cout, k, stride=1, relu=True):
+        layers = [nn.Conv2d(cin, cout, k, stride, k // 2, bias=False), nn.BatchNorm2d(cout)]
+        return nn.Sequential(*layers, *([nn.ReLU(inplace=True)] if relu else []))
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, planes, stride):
+            super().__init__()
+            cout = planes * 4
+            self.body = nn.Sequential(
+                conv_bn(cin, planes, 1), conv_bn(planes, planes, 3, stride), conv_bn(planes, cout, 1, relu=False)
+            )
+            self.short = None if stride == 1 and cin == cout else conv_bn(cin, cout, 1, stride, relu=False)
+
+        def forward(self, x):
+            return torch.relu(self.body(x) + (x if self.short is None else self.short(x)))
+
+    layers, c = [conv_bn(3, 64, 7, 2), nn.MaxPool2d(3, 2, 1)], 64
+    for stage, (planes, n) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3))):
+        for i in range(n):
+            layers.append(Bottleneck(c, planes, 2 if (i == 0 and stage > 0) else 1))
+            c = planes * 4
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, 1000)]
+    return nn.Sequential(*layers)
+
+
+#: the PyTorch models the bench compares, by vmem's zoo name
+TORCH_MODELS = {"vgg16": torch_vgg16, "resnet50": torch_resnet50}
+
+
 #: PyTorch in the settings its users train in (``--sections torch_settings``): its defaults (TF32 allowed
 #: for cuDNN's convolutions, matmuls exact), automatic mixed precision in bf16 with channels-last tensors,
 #: and TF32 off on both (the exact FP32 the earlier runs compared).
@@ -319,13 +355,15 @@ def torch_step(
     return time.perf_counter() - t0
 
 
-def task_torch_step(batch: int, steps: int, layout: str = "nchw", setting: str = "tf32_off") -> dict:
+def task_torch_step(
+    batch: int, steps: int, layout: str = "nchw", setting: str = "tf32_off", model: str = "vgg16"
+) -> dict:
     """PyTorch eager's median step in ``layout``: ``nchw`` (its default) or ``channels_last`` (vmem's), in
     ``setting`` (:data:`TORCH_SETTINGS`; ``amp_bf16`` is channels last whatever ``layout`` says, as its
     users run it), each in a child of its own (cuDNN's search in channels last alone can take minutes)."""
     torch = torch_setup(setting)
     torch.manual_seed(0)
-    model = torch_vgg16(torch).cuda()
+    model = TORCH_MODELS[model](torch).cuda()
     last = layout == "channels_last" or setting == "amp_bf16"
     if last:
         model = model.to(memory_format=torch.channels_last)
@@ -558,6 +596,78 @@ def section_vmem_exact(args, out):
     _setting_verdicts(out)
 
 
+def section_half_memory(args, out):
+    """vmem bf16 under ``auto`` in half the memory its bf16 baseline peaked at (the ``vmem_settings``
+    run's peak), against that baseline's step (target at most 1.15x)."""
+    base = out.get("setting_runs", {}).get("vmem bf16")
+    if not base:  # nothing to halve: vmem_settings did not run, or its bf16 run failed (and says why)
+        out.setdefault("skipped", {})["half_memory"] = "no vmem bf16 baseline run (section vmem_settings) to halve"
+        print("half_memory: skipped, no vmem bf16 baseline run (section vmem_settings) to halve")
+        return
+    half = f"{base['peak_bytes'] // 2}B"
+    cache = Path(args.profile_cache) / f"profile-b{args.batch}-bf16-tf32.pkl"  # the baseline's profile
+    try:
+        r = isolated(
+            "vmem_step",
+            args.child_timeout,
+            policy="auto",
+            batch=args.batch,
+            steps=args.steps,
+            memory=half,
+            profile=True,
+            profile_cache=str(cache),
+            precision="bf16",
+            math="tf32",
+        )
+    except ChildFailed as exc:
+        _failed(out, "vmem bf16 in half the memory", exc)
+        return
+    out.setdefault("settings", {})["vmem bf16 auto half memory"] = r["median"]
+    out.setdefault("setting_runs", {})["vmem bf16 auto half memory"] = r
+    ratio = r["median"] / base["median"]
+    out["verdicts"].append(
+        verdict("vmem bf16 auto in half the memory / vmem bf16 baseline", ratio, 1.15, at_least=False)
+    )
+    print(
+        f"auto in {format_bytes(base['peak_bytes'] // 2)} (bf16): {r['median'] * 1e3:.1f} ms, {ratio:.2f}x the baseline"
+    )
+
+
+def section_resnet50(args, out):
+    """ResNet-50 at ``--resnet-batch`` (128): PyTorch AMP bf16 channels last against vmem bf16 (target at
+    most 1.15x)."""
+    times = out.setdefault("settings", {})
+    batch = args.resnet_batch
+    try:
+        t = isolated(
+            "torch_step", args.child_timeout, batch=batch, steps=args.steps, setting="amp_bf16", model="resnet50"
+        )
+        times["pytorch amp_bf16 resnet50"] = t["median"]
+        r = isolated(
+            "vmem_step",
+            args.child_timeout,
+            policy="baseline:algos=performance",
+            batch=batch,
+            steps=args.steps,
+            memory=args.memory,
+            profile=True,
+            profile_cache=str(Path(args.profile_cache) / f"profile-resnet50-b{batch}-bf16-tf32.pkl"),
+            precision="bf16",
+            math="tf32",
+            model="resnet50",
+        )
+    except ChildFailed as exc:
+        _failed(out, "resnet50", exc)
+        return
+    times["vmem bf16 resnet50"] = r["median"]
+    out.setdefault("setting_runs", {})["vmem bf16 resnet50"] = r
+    ratio = r["median"] / t["median"]
+    out["verdicts"].append(verdict(f"ResNet-50 b{batch}: vmem bf16 / PyTorch AMP bf16", ratio, 1.15, at_least=False))
+    print(
+        f"ResNet-50, batch {batch}: PyTorch AMP bf16 {t['median'] * 1e3:.1f} ms, vmem bf16 {r['median'] * 1e3:.1f} ms"
+    )
+
+
 def section_budget_check(args, out):
     """The largest VGG-16 batch in ``--budget`` with feature maps in bf16 and in FP32: planned first (plans
     only, quick), then one step measured at the planned batch of the best policy."""
@@ -772,6 +882,7 @@ def main() -> int:
         "and the rest of the GPU is left to CuPy's temporaries and cuDNN)",
     )
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--resnet-batch", type=int, default=128, help="ResNet-50's batch (section resnet50)")
     parser.add_argument("--quick", action="store_true", help="skip the batch search (the longest section)")
     parser.add_argument("--json-out", help="write the results as JSON to this file (after each section)")
     parser.add_argument("--sections", help="comma-separated sections to run, in order, of: " + ", ".join(SECTIONS))
@@ -822,8 +933,8 @@ def main() -> int:
         return child_main(args.child, json.loads(args.child_args), args.stall_dump)
     # stopped from outside (a time limit's SIGTERM): unwind, so that a run in progress is stopped too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    if args.batch < 1 or args.steps < 1 or args.child_timeout <= 10:
-        parser.error("--batch and --steps must be at least 1, --child-timeout more than 10")
+    if args.batch < 1 or args.steps < 1 or args.resnet_batch < 1 or args.child_timeout <= 10:
+        parser.error("--batch, --resnet-batch and --steps must be at least 1, --child-timeout more than 10")
     args.profile_cache = args.profile_cache or tempfile.mkdtemp(prefix="vmem-bench-")
     from vmem.device.cuda import nvml, unavailable
 
@@ -880,6 +991,8 @@ SECTIONS = {
     "vmem_settings": section_vmem_settings,
     "vmem_exact": section_vmem_exact,
     "budget_check": section_budget_check,
+    "half_memory": section_half_memory,
+    "resnet50": section_resnet50,
     "step_time": section_step_time,
     "budget": section_budget,
     "variants": section_variants,

@@ -140,11 +140,19 @@ def test_max_pooling_forward_and_backward_in_one_pass(dtype, packed, kernel, str
 def test_overlapping_windows_are_refused_for_the_one_pass_backward():
     with pytest.raises(ValueError, match="leave"):  # a window past the input (ceil mode) is not the kernel's
         native.maxpool_forward(
-            np.zeros((1, 5, 5, 1), np.float32), np.zeros((1, 3, 3, 1), np.float32), np.zeros(9, np.uint8), (2, 2), (2, 2)
+            np.zeros((1, 5, 5, 1), np.float32),
+            np.zeros((1, 3, 3, 1), np.float32),
+            np.zeros(9, np.uint8),
+            (2, 2),
+            (2, 2),
         )
     with pytest.raises(ValueError, match="4 bits"):
         native.maxpool_forward(
-            np.zeros((1, 5, 5, 1), np.float32), np.zeros((1, 1, 1, 1), np.float32), np.zeros(1, np.uint8), (5, 5), (5, 5),
+            np.zeros((1, 5, 5, 1), np.float32),
+            np.zeros((1, 1, 1, 1), np.float32),
+            np.zeros(1, np.uint8),
+            (5, 5),
+            (5, 5),
             packed=True,
         )
     with pytest.raises(ValueError, match="overlap"):

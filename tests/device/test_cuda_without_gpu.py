@@ -405,7 +405,9 @@ def test_nchw_algorithms_need_room_for_their_copies_and_are_ranked_beside_channe
     with pytest.raises(ValueError, match=r"layer .*forward nchw.winograd needs at least \d+ bytes"):
         conv.forward(layer, SimpleNamespace(algo="nchw.winograd", workspace=np.zeros(64, np.uint8)), x, w, y)
     monkeypatch.setattr(
-        conv, "_ranked", lambda layer, pass_, xs, ys, layout, dtype: ["a", "b", "c"] if layout == cudnn.NHWC else ["p", "q"]
+        conv,
+        "_ranked",
+        lambda layer, pass_, xs, ys, layout, dtype: ["a", "b", "c"] if layout == cudnn.NHWC else ["p", "q"],
     )
     assert conv.heuristic(layer, "forward", x.shape, y.shape) == ["a", "nchw.p", "b", "nchw.q", "c"]
     assert conv.ranked_top == 6

@@ -113,4 +113,6 @@ def test_the_kernels_pool_in_one_pass_where_the_geometry_allows(monkeypatch):
         assert layer._one_pass(x.shape, (1, y_shape[2], y_shape[3], 2)) is one_pass
     assert ops.maxpool_forward(x, np.zeros((1, 2, 2, 2), np.float32), np.zeros(4, np.uint8), (2, 2), (2, 2), True)
     assert calls == ["forward"]
-    assert not ops.maxpool_forward(x.astype(np.float64), np.zeros((1, 2, 2, 2)), np.zeros(4, np.uint8), (2, 2), (2, 2), True)
+    assert not ops.maxpool_forward(
+        x.astype(np.float64), np.zeros((1, 2, 2, 2)), np.zeros(4, np.uint8), (2, 2), (2, 2), True
+    )

@@ -10,7 +10,7 @@
 #                      of the suite (protocol, layers, half-precision training, first commands); PyTorch in
 #                      three settings (defaults, AMP bf16 channels-last, TF32 off); vmem bf16 and TF32 steps;
 #                      vmem exact FP32 with every span; the 8 GiB batch in bf16 and FP32 (planned, then a
-#                      step measured at the planned batch)
+#                      step measured at the planned batch); vmem bf16 under auto in half its baseline's peak
 #   preflight      40  driver, versions, one NVML reading and the first kernel compile timed, vmem check
 #   suite-a       200  pytest: the Device protocol, kernels and layers on cuda:0, and tests/device
 #   suite-b       240  pytest: training on cuda:0 and a user's first commands (CLI, fit, save/load, the wheel)
@@ -18,6 +18,7 @@
 #   bench-step    330  bench/gpu.py step_time (vmem per policy and PyTorch, VGG-16 at batch 64)
 #   bench-budget  260  bench/gpu.py budget (the largest VGG-16 batch in 8 GiB)
 #   bench-variants 90 bench/gpu.py variants, then bench/gpu_conv_probe.py --layouts
+#   bench-resnet  240  bench/gpu.py resnet50 (ResNet-50 at batch 128, vmem bf16 against PyTorch AMP bf16)
 # Each stage runs under `timeout -s INT` (pytest and the bench print their summary and keep their JSON when
 # the limit is hit), killed 10 s later if it has not stopped. The first stage also installs the carried
 # wheels (.whl/) and builds the native CPU kernels in place. CuPy's kernel cache and the bench's profiles
@@ -30,7 +31,7 @@ if [ $# -eq 0 ]; then
     exit 2
 fi
 declare -A LIMIT=([check]=360 [preflight]=40 [suite-a]=200 [suite-b]=240 [bench-cheap]=90 [bench-step]=330
-                  [bench-budget]=260 [bench-variants]=90)
+                  [bench-budget]=260 [bench-variants]=90 [bench-resnet]=240)
 for stage in "$@"; do
     [ -n "${LIMIT[$stage]:-}" ] || { echo "run.sh: unknown stage '$stage'; stages: ${!LIMIT[*]}" >&2; exit 2; }
 done
@@ -82,7 +83,7 @@ check_run() {  # limit: the GPU check's sections in order, each under its share 
                 [ "$r" -eq 5 ] && r=0 ;;  # nothing collected (no GPU: every test skips)
             bench)
                 local dry=""; [ "${VMEM_GPU_DRY_RUN:-0}" = 1 ] && dry="--dry-run"
-                bench "$share" check-bench.log check-bench.json torch_settings,vmem_settings,vmem_exact,budget_check \
+                bench "$share" check-bench.log check-bench.json torch_settings,vmem_settings,vmem_exact,budget_check,half_memory \
                     --child-timeout 110 $dry; r=$? ;;
         esac
         check_note "${names[i]}" "$r" "$(( SECONDS - t ))" "$share"
@@ -112,6 +113,8 @@ for stage in "$@"; do
             bench "$limit" bench-step.log bench-step.json step_time; rc=$? ;;
         bench-budget)
             bench "$limit" bench-budget.log bench-budget.json budget; rc=$? ;;
+        bench-resnet)
+            bench "$limit" bench-resnet.log bench-resnet.json resnet50 --child-timeout 200; rc=$? ;;
         bench-variants)
             bench "$(( limit * 3 / 5 ))" bench-variants.log bench-variants.json variants; rc=$?
             probe=$(( limit * 2 / 5 ))
