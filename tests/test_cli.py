@@ -42,7 +42,10 @@ def test_train_with_its_defaults_reaches_95_percent_in_half_the_baselines_memory
     assert result["model"] == "digits_vgg" and result["dataset"] == "digits" and result["policy"] == "auto"
     assert result["val_accuracy"] >= 0.95
     needs = result["baseline_peak_bytes"]
-    assert result["memory"] >= needs * cli.AUTO_FRACTION and result["memory"] - needs * cli.AUTO_FRACTION < 1024
+    assert (
+        result["memory"] >= needs * cli.options.AUTO_FRACTION
+        and result["memory"] - needs * cli.options.AUTO_FRACTION < 1024
+    )
     assert 0 < result["average_bytes"] <= result["peak_bytes"] <= 0.6 * needs
     assert result["chosen"] and result["reason"].startswith("auto: ")
 
@@ -65,7 +68,7 @@ def test_a_warning_while_a_command_runs_is_one_line_of_its_own():
     assert done.stderr.startswith("vmem train: warning: digits_cnn: step 1: the encoding of "), done.stderr
     assert len(done.stderr.splitlines()) == 1 and ".py:" not in done.stderr
     before = warnings.formatwarning
-    with cli._warnings_as_lines("plan"):
+    with cli.progress.warnings_as_lines("plan"):
         assert warnings.formatwarning("x", RuntimeWarning, "f.py", 1) == "vmem plan: warning: x\n"
     assert warnings.formatwarning is before  # put back after the command
 
@@ -170,7 +173,7 @@ def test_a_slow_plan_says_what_it_is_doing_and_how_long_it_took(capsys, monkeypa
 
     from vmem import cli
 
-    monkeypatch.setattr(cli, "SLOW_AFTER", 0.0)
+    monkeypatch.setattr(cli.progress, "SLOW_AFTER", 0.0)
     code, out, err = run(
         capsys, "plan", "--model", "vgg16", "--batch", "64", "--device", "sim:titan-x", "--policy", "vdnn-dyn"
     )

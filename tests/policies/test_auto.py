@@ -154,7 +154,7 @@ def test_a_budget_nothing_fits_is_refused_with_the_least_memory(resnet):
 def test_auto_is_the_default_wherever_a_budget_is_given():
     import argparse
 
-    from vmem.cli_args import policy_spec
+    from vmem.cli.options import policy_spec
 
     assert policy_spec(argparse.Namespace(policy=None, memory="64MiB", algos=None)) == "auto"
     assert policy_spec(argparse.Namespace(policy=None, memory=None, algos="memory")) == "baseline:algos=memory"

@@ -1,0 +1,283 @@
+"""``vmem plan``: a step planned (or the largest batch searched) without running it; ``--memory auto``'s
+budget, which ``vmem train`` shares."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from typing import Any
+
+from ..units import format_bytes, printable
+from .options import (
+    auto_fraction,
+    check_memory,
+    common,
+    math_option,
+    model,
+    open_device,
+    policy_spec,
+    positive_int,
+)
+from .progress import Slow
+
+__all__ = ["cmd_plan", "auto_memory", "budget_line", "add_parser"]
+
+
+#: The arena of a CUDA device opened only to read its catalog and spec: planning needs no GPU memory.
+PLANNING_ARENA = 1 << 20
+
+
+def auto_memory(args: argparse.Namespace, net: Any, fraction: float, device: Any = None) -> tuple[int, int, bool]:
+    """``--memory auto:FRACTION``: (the budget, the baseline's peak, whether the budget had to be raised).
+
+    The budget is that fraction of the baseline policy's peak (with the least-workspace algorithms: the
+    least it needs), rounded up to KiB, with the device's own
+    algorithms (on a GPU, cuDNN's: the device is opened with a tiny arena to read them); never below the
+    smallest budget the run's policy trains in, where it is raised to that. ``device``: one already open
+    for planning (else it is opened here)."""
+    from ..planner import UNBOUNDED, plan, smallest_memory, spec_of
+
+    policy = policy_spec(args)
+    if device is not None:
+        opened = contextlib.nullcontext(device)
+    elif args.device.startswith("cuda"):
+        opened = open_device(args.device, PLANNING_ARENA)
+    else:
+        opened = contextlib.nullcontext(args.device)
+    with opened as planning:
+        needs = plan(
+            net, args.batch, device=planning, policy="baseline:algos=memory", memory=UNBOUNDED, precision=args.precision
+        ).peak_bytes
+        spec, alignment, catalog = spec_of(planning)
+        floor = smallest_memory(
+            net.build(args.batch, precision=args.precision), spec, policy, alignment=alignment, catalog=catalog
+        )
+    memory = -(-int(needs * fraction) // 1024) * 1024
+    if floor is not None and memory < floor:
+        return floor, needs, True
+    return memory, needs, False
+
+
+def budget_line(memory: int, needs: int, fraction: float, raised: bool, args: argparse.Namespace) -> str:
+    if raised:
+        return (
+            f"device memory {format_bytes(memory)}: the smallest budget {policy_spec(args)} trains in at batch "
+            f"{args.batch}, above the {fraction:.0%} of the {format_bytes(needs)} the baseline policy needs that "
+            f"--memory auto:{fraction:g} asks for"
+        )
+    return (
+        f"device memory {format_bytes(memory)}: {fraction:.0%} of the {format_bytes(needs)} the baseline policy "
+        f"needs (--memory auto:{fraction:g})"
+    )
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .. import policies
+    from ..planner import plan
+
+    net = model(args)
+    check_memory(args)
+    if args.largest_batch:
+        return _largest_batch(args, net)
+    if args.batch is None:
+        raise ValueError("--batch is required (or --largest-batch: the largest batch that fits)")
+    simulated = args.device.startswith("sim:")
+    if args.policy is None and args.memory is not None and not simulated and not args.profile:
+        args.policy = "baseline"  # auto would profile the device first: only when asked (--profile)
+    fraction = auto_fraction(args.memory, "") if args.memory is not None else None
+    memory: Any = args.memory
+    needs = None
+    raised = False
+    # a CUDA device planned on without a profile is opened once, with a tiny arena, for the budget and the plan
+    planning = (
+        open_device(args.device, PLANNING_ARENA, **math_option(args))
+        if args.device.startswith("cuda") and not args.profile
+        else None
+    )
+    if fraction is not None:
+        memory, needs, raised = auto_memory(args, net, fraction, planning)
+    costs, notes = None, []
+    policy = policy_spec(args)
+    say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
+    if needs is not None:
+        say(budget_line(memory, needs, fraction, raised, args))
+    if not simulated and not args.profile and policies.get(policy).needs_profile:
+        say(f"{policy} decides by measured time: profiling first (as --profile does)")
+        if planning is not None:
+            planning.close()
+            planning = None
+        args.profile = True
+    if simulated:
+        device: Any = args.device if args.math is None else open_device(args.device, **math_option(args))
+        if args.profile:
+            say(f"--profile: {args.device} is simulated; its times come from the roofline model")
+    elif args.profile:  # measure on the device itself, within the budget the plan is for
+        from ..costs import cache
+
+        device = open_device(args.device, memory, **math_option(args))
+        memory = device.pool.capacity
+        program = device.catalog(net.build(args.batch, precision=args.precision))
+        say(
+            f"profiling {len(program.ops)} layers of {net.name} at batch {args.batch} on {device.name} (every pass "
+            f"and algorithm, in its {format_bytes(device.pool.capacity)})..."
+        )
+        t0 = time.perf_counter()
+        costs, kept = cache.profile(program, copy_gbps=device.spec.pcie_gbps, device=device)
+        notes = costs.notes
+        say(
+            (
+                f"the profile kept in {printable(str(cache.folder()))} (VMEM_PROFILE_CACHE=0 measures afresh)"
+                if kept
+                else f"profiled in {time.perf_counter() - t0:.1f} s"
+            )
+            + "".join(f"\n  {n}" for n in notes)
+        )
+    elif planning is not None:  # its algorithms and spec, without taking its memory
+        device = planning
+        memory = memory if memory is not None else device.free_capacity
+    else:
+        device = args.device
+    try:
+        with Slow(f"planning {net.name} at batch {args.batch} under {policy} on {args.device}", quiet=args.json):
+            result = plan(
+                net,
+                args.batch,
+                device,
+                policy,
+                memory=memory,
+                costs=costs,
+                precision=args.precision,
+                nproc=args.nproc,
+                shard_optimizer=args.shard_optimizer,
+            )
+    finally:
+        if not isinstance(device, str):
+            device.close()
+    out = result.to_dict()
+    out.update(model=net.name, memory=memory, baseline_peak_bytes=needs, profile_notes=notes)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(result.table())
+        line = f"fits: {'yes' if result.fits else 'NO'}; offloaded {format_bytes(result.offloaded_bytes)} a step"
+        if result.step_seconds is not None:
+            line += (
+                f"; predicted step {result.step_seconds * 1e3:.1f} ms (baseline with the fastest algorithms: "
+                f"{result.baseline_step_seconds * 1e3:.1f} ms), stalls {result.stall_seconds * 1e3:.1f} ms"
+            )
+        print(line)
+        if args.nproc > 1 and result.comm_seconds is not None:
+            print(
+                f"data-parallel on {args.nproc} ranks (batch {args.batch} each): communication "
+                f"{result.comm_seconds * 1e3:.2f} ms a step (the gradients' all-reduce beside backward"
+                + (", the updated weights' broadcast after the update" if args.shard_optimizer else "")
+                + f"), {result.exposed_comm_seconds * 1e3:.2f} ms of it exposed"
+            )
+        if result.reason:
+            print(result.reason)
+    return 0 if result.fits else 1  # a plan that does not fit is a failure, as vdnn-dyn's refusal is
+
+
+def _largest_batch(args: argparse.Namespace, net: Any) -> int:
+    """``vmem plan --largest-batch``: the largest batch ``--policy`` (auto by default) plans to fit."""
+    from ..planner import largest_batch
+
+    if args.memory is not None and str(args.memory).startswith("auto"):
+        raise ValueError("--largest-batch takes --memory as a size (e.g. 8GiB), not auto")
+    policy = args.policy or "auto"
+    if args.algos:
+        policy = policy_spec(args)
+    device: Any = args.device
+    if args.device.startswith("cuda"):  # its catalog and spec, without taking its memory
+        device = open_device(args.device, PLANNING_ARENA, **math_option(args))
+    tries: list[tuple[int, bool]] = []
+    try:
+        with Slow(f"searching the largest batch of {net.name} under {policy} on {args.device}", quiet=args.json):
+            found = largest_batch(
+                net,
+                device,
+                memory=args.memory,
+                policy=policy,
+                precision=args.precision,
+                most=args.batch or 1 << 16,
+                progress=lambda b, ok: tries.append((b, ok)),
+            )
+    finally:
+        if not isinstance(device, str):
+            device.close()
+    memory = args.memory or "the device's memory"
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "model": net.name,
+                    "device": args.device,
+                    "policy": policy,
+                    "memory": args.memory,
+                    "precision": args.precision,
+                    "largest_batch": found,
+                    "tries": tries,
+                },
+                indent=2,
+            )
+        )
+    else:
+        print(
+            f"largest batch of {net.name} under {policy} in {memory} on {args.device} ({args.precision}): {found}"
+            + ("" if found else " (not even batch 1 fits)")
+        )
+    return 0 if found else 1
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="plan a training step without running it",
+        description="Replay one step's allocations under a policy and print the plan. Exits 1 if "
+        "the plan does not fit the device's memory.",
+    )
+    common(
+        p,
+        None,
+        memory_help="device memory, e.g. 256MiB or 12GB, or auto[:FRACTION]: that fraction of what "
+        "the baseline policy needs on this device (default: the device's capacity; the CPU's 1GiB)",
+        simulated=True,
+        policy_help="auto where --memory is given on a simulated GPU or with --profile, else baseline",
+    )
+    p.add_argument(
+        "--batch",
+        type=positive_int,
+        help="the batch of one rank (with --nproc); required, except with --largest-batch (then the most tried)",
+    )
+    p.add_argument(
+        "--largest-batch",
+        action="store_true",
+        help="print the largest batch the policy plans to fit in --memory (plans only: nothing runs)",
+    )
+    p.add_argument(
+        "--nproc",
+        type=positive_int,
+        default=1,
+        help="one rank of a data-parallel run of N (each at --batch): the gradients' all-reduce over the "
+        "device's interconnect priced beside backward (default 1)",
+    )
+    p.add_argument(
+        "--shard-optimizer",
+        action="store_true",
+        help="with --nproc: the optimizer state sharded over the ranks (ZeRO stage 1), the largest share planned",
+    )
+    p.add_argument(
+        "--oversubscribe",
+        action="store_true",
+        help="allow --memory above a simulated GPU's capacity (plan a what-if card with that much memory)",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="on a real device (cpu, cuda:N): measure every layer there first, within --memory, so that "
+        "the plan predicts time (auto and vdnn-dyn need it: they profile without it too)",
+    )
+    p.set_defaults(func=cmd_plan)
