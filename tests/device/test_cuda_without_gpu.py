@@ -241,7 +241,7 @@ def _graph_conv(monkeypatch, ranked, every=(), deterministic=True):
     from types import SimpleNamespace
 
     from vmem.device.cuda import cudnn, graph
-    from vmem.device.cuda.conv import GraphConv
+    from vmem.device.cuda.graph_conv import GraphConv
 
     monkeypatch.setattr(graph, "ConvPass", _fake_pass(ranked, every))
     monkeypatch.setattr(graph, "ExecutionPlan", _FakePlan)
@@ -456,7 +456,7 @@ def test_a_compute_capability_that_is_not_one_is_refused():
 
 
 def test_graph_engines_whose_result_disagrees_are_left_out_of_a_profile():
-    from vmem.device.cuda.conv import agreeing
+    from vmem.device.cuda.graph_conv import agreeing
 
     assert agreeing({}) == set()
     assert agreeing({"e1": 5.0}) == {"e1"}
@@ -467,7 +467,8 @@ def test_graph_engines_whose_result_disagrees_are_left_out_of_a_profile():
 
 def test_the_cudnn_backends_are_convolution_backends():
     from vmem.device.base import ConvBackend
-    from vmem.device.cuda.conv import CudnnConv, GraphConv
+    from vmem.device.cuda.conv import CudnnConv
+    from vmem.device.cuda.graph_conv import GraphConv
 
     for cls in (CudnnConv, GraphConv):
         missing = [

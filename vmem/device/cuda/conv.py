@@ -1,16 +1,16 @@
 """Convolutions through cuDNN for the CUDA device: the backend Conv2d hands its passes to on a GPU.
 
-The interface is small (``catalog``, ``forward``, ``backward``, ``heuristic``, ``find``), with two
-implementations: :class:`CudnnConv`, cuDNN's legacy API and its algorithms, and :class:`GraphConv`, its
-graph API and its engines (``conv_api="graph"``). Tensors are stored channels last (NHWC) and filters
-KRSC, as on the CPU; FP32 math as the device's ``math`` says (TF32 by default, FMA where exact). fp16 and bf16
-maps are handed to cuDNN as they are stored (pseudo-half: compute type FLOAT, tensor-op math; legacy API
-only), the FP32 weights read through a half copy made at the start of the pass's workspace and the weight
-and bias gradients written through half copies there, then widened into their FP32 buffers (as PyTorch's
-autocast casts weights for a convolution). cuDNN's
-legacy FP32 algorithms for channels last are implicit GEMM only; with the device's ``nchw=True`` each
-algorithm is also offered on NCHW copies made in its workspace (``nchw.winograd_nonfused``), so that plans still account for every byte. Descriptors
-are made once per layer geometry and layout; one handle per stream.
+The interface is small (``catalog``, ``forward``, ``backward``, ``heuristic``, ``find``), with two implementations:
+:class:`CudnnConv` here, cuDNN's legacy API and its algorithms, and :class:`~vmem.device.cuda.graph_conv.GraphConv`,
+its graph API and its engines (``conv_api="graph"``). Tensors are stored channels last (NHWC) and filters KRSC, as
+on the CPU; FP32 math as the device's ``math`` says (TF32 by default, FMA where exact). fp16 and bf16 maps are
+handed to cuDNN as they are stored (pseudo-half: compute type FLOAT, tensor-op math; legacy API only), the FP32
+weights read through a half copy made at the start of the pass's workspace and the weight and bias gradients written
+through half copies there, then widened into their FP32 buffers (as PyTorch's autocast casts weights for a
+convolution). cuDNN's legacy FP32 algorithms for channels last are implicit GEMM only; with the device's
+``nchw=True`` each algorithm is also offered on NCHW copies made in its workspace (``nchw.winograd_nonfused``), so
+that plans still account for every byte. Descriptors are made once per layer geometry and layout; one handle per
+stream.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 
 from . import cudnn
 
-__all__ = ["CudnnConv", "GraphConv", "Descs", "search", "agreeing"]
+__all__ = ["CudnnConv", "Descs", "search"]
 
 
 def _geometry(layer: Any, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> tuple:
@@ -437,123 +437,3 @@ def search(handle: Any, pass_: str, d: Descs, x: Any, w: Any, y: Any, ws: Any) -
     cudnn.check(f"cudnnFind({pass_})", status)
     names = cudnn.ALGOS[pass_]
     return [(names[p.algo], p.time / 1e3, int(p.memory)) for p in perf[0 : returned[0]] if p.status == cudnn.SUCCESS]
-
-
-class GraphConv(CudnnConv):
-    """The same backend through cuDNN's graph API (:mod:`.graph`), chosen by
-    ``vmem.device("cuda:0", conv_api="graph")``. A pass's algorithms are the exact-FP32 engine
-    configurations cuDNN's heuristics rank for it (the non-deterministic ones left out on a deterministic
-    device, those compiled at run time left out: seconds each), the first :attr:`TOP` that build an
-    execution plan (if none does, every engine cuDNN has, with its default knobs), named by engine (``e12``; ``e12.1`` for the same engine's next knob choice) in cuDNN's
-    order. Plans are built once per geometry, pass and handle (one handle per stream), and run on the
-    handle they were built with: the stream whose work is running."""
-
-    #: Engine configurations offered per pass.
-    TOP = 6
-
-    def __init__(self, device: Any):
-        super().__init__(device)
-        self._plans: dict[tuple, dict[str, Any]] = {}
-
-    def plans(self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> dict[str, Any]:
-        """The pass's plans by name, in cuDNN's ranking, for the current stream's handle (made on first use:
-        a plan runs on the handle it was built with)."""
-        from . import graph
-
-        handle = self._handle()
-        key = (_geometry(layer, x_shape, y_shape), pass_, int(cudnn.ffi().cast("uintptr_t", handle)))
-        found = self._plans.get(key)
-        if found is not None:
-            return found
-        conv = graph.ConvPass(pass_, key[0])
-        found = self._build(handle, conv.heuristics(handle), conv)
-        if not found:  # none of the ranked ones runs here: every engine cuDNN has, with its default knobs
-            found = self._build(handle, conv.engines(handle), conv)
-        self._plans[key] = found
-        return found
-
-    def _build(self, handle: Any, configs: list[Any], owner: Any) -> dict[str, Any]:
-        from . import graph
-
-        found: dict[str, Any] = {}
-        for cfg in configs:
-            if (self.device.deterministic and not cfg.deterministic) or "runtime_compilation" in cfg.behavior:
-                continue
-            try:
-                plan = graph.ExecutionPlan(handle, cfg, owner)  # the plan keeps its operation graph alive
-            except cudnn.CudnnError:
-                continue
-            name, i = f"e{cfg.index}", 0
-            while name in found:
-                i += 1
-                name = f"e{cfg.index}.{i}"
-            found[name] = plan
-            if len(found) >= self.TOP:
-                break
-        return found
-
-    def catalog(self, program: Any) -> Any:
-        from ...nn.base import physical
-
-        ops = []
-        for op in program.ops:
-            if op.kind == "conv":
-                x_shape, y_shape = physical(op.in_shapes[0]), physical(op.out_shape)
-                with self.device.compute_stream.stream:  # the plans the steps run (on the compute stream)
-                    ws = {
-                        p: {name: plan.workspace for name, plan in self.plans(op.layer, p, x_shape, y_shape).items()}
-                        for p in cudnn.ALGOS
-                    }
-                missing = [p for p, names in ws.items() if not names]
-                if missing:
-                    raise cudnn.CudnnError(
-                        f"{op.name}: cuDNN's graph API",
-                        cudnn.NOT_SUPPORTED,
-                        f"no exact FP32 engine builds a plan for {', '.join(missing)}",
-                    )
-                op = dataclasses.replace(op, algorithms={p: list(names) for p, names in ws.items()}, workspace=ws)
-            ops.append(op)
-        return dataclasses.replace(program, ops=ops)
-
-    def _pass(self, layer: Any, pass_: str, algo: str | None, ws: Any, x: Any, w: Any, y: Any) -> None:
-        """One pass through its plan (the first in cuDNN's ranking if none is named); roles as in the parent.
-        FP32 only: the device stages half-precision convolutions when it runs the graph API."""
-        plans = self.plans(layer, pass_, x.shape, y.shape)
-        plan = plans[algo] if algo else next(iter(plans.values()))
-        if plan.workspace and (ws is None or ws.nbytes < plan.workspace):
-            raise ValueError(
-                f"layer {layer.label}: {pass_} engine {algo} needs {plan.workspace} bytes of workspace, "
-                f"given {0 if ws is None else ws.nbytes}"
-            )
-        plan.execute(x.data.ptr, w.data.ptr, y.data.ptr, ws.data.ptr if ws is not None else 0)
-
-    def heuristic(
-        self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...], dtype: str = "float32"
-    ) -> list[str]:
-        return list(self.plans(layer, pass_, x_shape, y_shape))
-
-    def find(self, layer: Any, pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
-        """Each plan of the pass timed by events on the current stream (after a warm-up run). A plan whose
-        result's norm is off the others' median by over 1% is left out: on an H100 with cuDNN 9.19 one
-        backward-data engine wrote zeros for a 5x5 convolution, and a profile must never choose it."""
-        import cupy
-
-        written = {"forward": y, "backward_data": x, "backward_filter": w}[pass_]
-        out, norms = [], {}
-        for name, plan in self.plans(layer, pass_, x.shape, y.shape).items():
-            if plan.workspace and (ws is None or ws.nbytes < plan.workspace):
-                continue
-            seconds = plan.seconds(x.data.ptr, w.data.ptr, y.data.ptr, ws.data.ptr if ws is not None else 0)
-            flat = written.reshape(-1)
-            norms[name] = math.sqrt(float(cupy.vdot(flat, flat).get()))
-            out.append((name, seconds, plan.workspace))
-        keep = agreeing(norms)
-        return sorted((r for r in out if r[0] in keep), key=lambda r: r[1])
-
-
-def agreeing(norms: dict[str, float], tolerance: float = 0.01) -> set[str]:
-    """The names whose norm is within ``tolerance`` (relative) of the median norm: engines that agree."""
-    if not norms:
-        return set()
-    median = sorted(norms.values())[len(norms) // 2]  # the upper median: of two that differ, the larger
-    return {k for k, v in norms.items() if abs(v - median) <= tolerance * max(median, 1e-30)}

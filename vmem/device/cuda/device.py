@@ -145,9 +145,10 @@ class CudaDevice:
     @property
     def conv_backend(self) -> Any:
         """cuDNN convolutions on this device (made on first use): the legacy API's algorithms, or with
-        ``conv_api="graph"`` the engines of cuDNN's graph API (:class:`~.conv.GraphConv`)."""
+        ``conv_api="graph"`` the engines of cuDNN's graph API (:class:`~.graph_conv.GraphConv`)."""
         if self._conv is None:
-            from .conv import CudnnConv, GraphConv
+            from .conv import CudnnConv
+            from .graph_conv import GraphConv
 
             self._conv = (GraphConv if self.conv_api == "graph" else CudnnConv)(self)
         return self._conv
