@@ -9,7 +9,7 @@ weights read through a half copy made at the start of the pass's workspace and t
 through half copies there, then widened into their FP32 buffers (as PyTorch's autocast casts weights for a
 convolution). cuDNN's legacy FP32 algorithms for channels last are implicit GEMM only; with the device's
 ``nchw=True`` each algorithm is also offered on NCHW copies made in its workspace (``nchw.winograd_nonfused``), so
-that plans still account for every byte. Descriptors are made once per layer geometry and layout; one handle per
+that plans still account for every byte. Descriptors are made once per layer geometry, layout and dtype; one handle per
 stream.
 """
 
