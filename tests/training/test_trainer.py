@@ -256,3 +256,18 @@ def test_inputs_are_checked():
             trainer.step(np.zeros((2, 3, 8, 8), np.float32), np.zeros(2, int))
         with pytest.raises(ValueError, match="unknown policy 'vdnn'"):
             vmem.Trainer(net, policy="vdnn")
+
+
+def test_num_parameters_counts_trainable_values_not_state():
+    """Conv and linear weights and biases, batch norm's scale and shift; not its running statistics."""
+    net = vmem.Sequential(
+        vmem.nn.Conv2d(3, 8, 3, padding=1),
+        vmem.nn.BatchNorm2d(8),
+        vmem.nn.ReLU(),
+        vmem.nn.Flatten(),
+        vmem.nn.Linear(8 * 4 * 4, 5),
+        input_shape=(3, 4, 4),
+    )
+    want = (3 * 9 * 8 + 8) + (8 + 8) + (128 * 5 + 5)
+    with vmem.Trainer(net, device="cpu", memory="16MiB", policy="baseline") as t:
+        assert t.num_parameters() == net.num_parameters() == want

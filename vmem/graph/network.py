@@ -166,7 +166,11 @@ class Network:
         return {f"{op.name}.{k}": s for op, k, s in p.owned_params()}
 
     def num_params(self, input_shape: Sequence[int] | None = None) -> int:
+        """How many trainable values the network has (its state buffers, such as batch norm's running
+        statistics, not counted)."""
         return sum(int(np.prod(s.shape)) for s in self.param_specs(input_shape).values() if s.trainable)
+
+    num_parameters = num_params
 
     # -- parameters --------------------------------------------------------------------------------
     def init(self, seed: int = 0, dtype: str = "float32", input_shape: Sequence[int] | None = None) -> "Network":

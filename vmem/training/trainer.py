@@ -273,6 +273,11 @@ class Trainer:
         bisection; None where not even batch 1 does)."""
         return self.session.largest_batch(batch)
 
+    def num_parameters(self) -> int:
+        """How many trainable values the network has (a count of values, not bytes; batch norm's running
+        statistics are state, not parameters)."""
+        return self.net.num_params(self.input_shape)
+
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError(
