@@ -55,7 +55,7 @@ def _rank_run(batch: int, steps: int, shard_it: bool, out: str) -> None:
                 times.append(report.seconds)
                 peaks.append(report.peak_bytes)
                 comm.append(sum(s.end - s.start for s in report.timeline.spans if s.stream == "comm"))
-        state = sum(v.nbytes for k, v in t._device_params().views.items() if k.kind.name == "OPT_STATE")
+        state = sum(v.nbytes for k, v in t.session.device_params().views.items() if k.kind.name == "OPT_STATE")
     result = {"step": float(np.median(times)), "peak": max(peaks), "state": state, "comm": float(np.median(comm))}
     gathered = group.allgather(np.array([result["step"], result["peak"], result["state"], result["comm"]]))
     if group.rank == 0:

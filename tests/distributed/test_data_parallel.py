@@ -218,7 +218,7 @@ def test_a_sharded_optimizer_trains_as_the_whole_one_and_keeps_half_the_state(tm
                 for x, y in zip(xs, ys)
             ]
             assert max(peaks) == t.plans[2].peak_bytes  # the rank's plan: its share of the state
-            state = sum(v.nbytes for k, v in t._device_params().views.items() if k.kind.name == "OPT_STATE")
+            state = sum(v.nbytes for k, v in t.session.device_params().views.items() if k.kind.name == "OPT_STATE")
             if shard_it:
                 t.save(path)
         return net.params, state

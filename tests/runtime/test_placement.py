@@ -42,7 +42,7 @@ def test_every_block_of_a_step_is_where_the_replay_put_it(policy):
     y = rng.integers(0, 10, batch)
     with vmem.device("cpu", memory=needs + 4096) as dev:  # a tight budget: the planned places matter
         with vmem.Trainer(net, device=dev, policy=policy, seed=0) as trainer:
-            schedule = trainer._executor(batch, True).schedule
+            schedule = trainer.session.executor(batch, True).schedule
             sim = SimDevice(dev.spec, alignment=dev.pool.alignment)
             planned = Placements()
             sim.pool.add_hook(planned)

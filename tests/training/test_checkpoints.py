@@ -28,7 +28,7 @@ def state(trainer):
     trainer.sync()
     return (
         {k: v.copy() for k, v in trainer.net.params.items()},
-        trainer._device_params().optimizer_state(),
+        trainer.session.device_params().optimizer_state(),
         trainer.steps_done,
         json.dumps(trainer.rng.bit_generator.state),
     )

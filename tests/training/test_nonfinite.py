@@ -26,7 +26,7 @@ def _net():
 
 def _state(trainer):
     trainer.sync()
-    params = trainer._device_params()
+    params = trainer.session.device_params()
     return ({k: v.copy() for k, v in trainer.net.params.items()}, params.optimizer_state())
 
 

@@ -207,7 +207,7 @@ def test_errors_in_layers_surface_and_the_pool_recovers():
     )
     dev = vmem.device("cpu", memory="16MiB")
     with vmem.Trainer(net, device=dev, seed=0) as trainer:
-        in_use = dev.pool.stats().in_use if trainer._params else None
+        in_use = dev.pool.stats().in_use if trainer.session._params else None
         with pytest.raises(FloatingPointError, match="broken layer"):
             trainer.step(*batch(net.input_shape, 4))
         dev.pool.reclaim(wait=True)

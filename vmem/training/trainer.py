@@ -19,17 +19,18 @@ import numpy as np
 from .. import policies
 from ..data import Dataset
 from ..device import device as make_device
-from ..errors import DeviceError, NonFiniteError, ShapeError
+from ..distributed import data_parallel
+from ..errors import DeviceError, ShapeError
 from ..graph import Network
-from ..distributed import LocalGroup, shard
-from ..schedule.collectives import owners
 from ..nn.loss import SoftmaxCrossEntropy
 from ..optim import SGD, GradScaler, Optimizer
 from ..planner import PlanResult
 from ..precision import activations_dtype
-from ..runtime import DeviceParams, Executor, StepReport
+from ..runtime import StepReport
 from . import checkpoint, dispatch
 from .callbacks import Callback, LossWatch, PrintEpochs, ProgressBar
+from .diagnose import nonfinite_error, spill_warning
+from .inputs import batch_arrays, check_labels, count, loss_and_accuracy
 from .session import Session
 
 __all__ = ["Trainer", "History", "EpochStats"]
@@ -169,21 +170,7 @@ class Trainer:
         if not self.device.holds_data:
             raise DeviceError(f"{self.device.name} is a simulated GPU: it plans (vmem.plan) but cannot train")
         #: the ranks training together (a :class:`vmem.distributed.ProcessGroup`); None: this process alone
-        self.group = None if group is None or isinstance(group, LocalGroup) else group
-        if self.group is not None:
-            on_device = self.group.backend == "nccl"
-            if self.device.ops.host == on_device:  # MPI and threads sum host arrays, NCCL a GPU's
-                raise DeviceError(
-                    f"{group!r} sums "
-                    + (
-                        "a GPU's arrays: train on a CUDA device"
-                        if on_device
-                        else "host arrays: train on the CPU device"
-                    )
-                    + f", not {self.device.name} (NCCLGroup for a CUDA device)"
-                )
-            for value in self.net.params.values():  # every rank starts from rank 0's weights
-                self.group.broadcast(value)
+        self.group = data_parallel.training_group(group, self.device, self.net.params)
         self.session = Session(
             net,
             self.device,
@@ -241,16 +228,6 @@ class Trainer:
         """The profiles made so far, by batch."""
         return self.session.costs
 
-    @property
-    def _params(self) -> DeviceParams | None:
-        return self.session._params
-
-    def _device_params(self) -> DeviceParams:
-        return self.session.device_params()
-
-    def _executor(self, batch: int, train: bool, check: bool = True) -> Executor:
-        return self.session.executor(batch, train, check)
-
     def plan(self, batch: int) -> PlanResult:
         """The plan of a training step at ``batch`` (figures included), as ``vmem.plan`` gives it."""
         self._check_open()
@@ -284,59 +261,13 @@ class Trainer:
                 f"{self.net.name}: this Trainer is closed (its device memory is released); make a new one"
             )
 
-    def _arrays(self, x: Any) -> Any:
-        """The batch as the executor takes it: an array, or for a network of several inputs a list of arrays
-        (one per input, in the order of ``net.inputs``), each checked against its input's shape."""
-        shapes = self.net.input_shapes(self.input_shape)
-        names = [node.name for node in self.net.inputs]
-        if len(shapes) == 1:
-            arrays = [np.asarray(x)]
-        elif not isinstance(x, (tuple, list)) or len(x) != len(shapes):
-            raise ShapeError(
-                f"{self.net.name}: takes {len(shapes)} inputs ({', '.join(names)}): give a tuple of arrays, one "
-                "per input in that order"
-            )
-        else:
-            arrays = [np.asarray(a) for a in x]
-        for a, shape, name in zip(arrays, shapes, names):
-            if tuple(a.shape[1:]) != tuple(shape):
-                what = "input batch" if len(shapes) == 1 else f"input {name!r}"
-                raise ShapeError(
-                    f"{self.net.name}: {what} has shape {tuple(a.shape)}, the network takes "
-                    f"(N, {', '.join(map(str, shape))})"
-                )
-        if any(len(a) != len(arrays[0]) for a in arrays):
-            raise ShapeError(f"{self.net.name}: its inputs hold {[len(a) for a in arrays]} samples; give each alike")
-        return arrays[0] if len(arrays) == 1 else arrays
-
-    @staticmethod
-    def _count(x: Any) -> int:
-        return len(x[0]) if isinstance(x, list) else len(x)
-
     def _check_input(self, x: Any, y: np.ndarray | None) -> Any:
-        """``x`` as the executor takes it (see :meth:`_arrays`), checked with its labels ``y``."""
+        """``x`` as the executor takes it (:func:`~vmem.training.inputs.batch_arrays`), checked with its
+        labels ``y``."""
         self._check_open()
-        x = self._arrays(x)
-        n = self._count(x)
-        if y is not None and len(y) != n:
-            raise ShapeError(f"{self.net.name}: {n} inputs but {len(y)} labels")
-        if y is not None and len(y):
-            y = np.asarray(y)
-            out = self.net.output_shape(1, self.input_shape)
-            if hasattr(self.loss, "check"):  # the output is one the loss takes (logits, for cross-entropy)
-                self.loss.check(out)
-            classes = out[-1]
-            if tuple(y.shape[1:]) != tuple(out[1:-1]):
-                raise ShapeError(
-                    f"{self.net.name}: labels have shape {tuple(y.shape)}, the network predicts "
-                    f"(N, {', '.join(map(str, out[1:-1] + (classes,)))}): one label per "
-                    + ("token" if len(out) > 2 else "sample")
-                )
-            if y.dtype.kind not in "iu" or y.min() < 0 or y.max() >= classes:
-                raise ValueError(
-                    f"{self.net.name}: labels must be integers from 0 to {classes - 1} (the network has "
-                    f"{classes} classes); got {y.dtype} from {y.min()} to {y.max()}"
-                )
+        x = batch_arrays(self.net, self.input_shape, x)
+        if y is not None:
+            check_labels(self.net, self.input_shape, self.loss, y, count(x))
         return x
 
     # -- training ----------------------------------------------------------------------------------
@@ -344,12 +275,12 @@ class Trainer:
         """One training step on a batch: forward, loss, backward, optimizer update. ``x``: the batch, or for a
         network of several inputs a tuple of arrays, one per input (``net.inputs``' order)."""
         x = self._check_input(x, y)
-        ex = self._executor(self._count(x), True)
+        ex = self.session.executor(count(x), True)
         state = self.rng.bit_generator.state  # to replay the step (its dropout masks) for a diagnosis
         scale = None if self.scaler is None else self.scaler.scale
         report, _ = ex.run(x, np.asarray(y), train=True, rng=self.rng, step=self.steps_done + 1, loss_scale=scale)
         if report.spilled:
-            self._tell_spilled(ex, report)
+            self._tell_spilled(ex.schedule.program.batch, report)
         if self.scaler is not None:
             self.scaler.update(report.skipped)
             if report.skipped and np.isfinite(report.loss) and self.scaler.scale >= 1:
@@ -365,49 +296,20 @@ class Trainer:
             RuntimeWarning,
             stacklevel=2,
         )
-        if self.skipped_in_a_row >= self.nonfinite_limit:
-            raise self._nonfinite(ex, x, y, state)
+        if self.skipped_in_a_row >= self.nonfinite_limit:  # the last bad batch run again, every output looked at
+            rng = np.random.default_rng()
+            rng.bit_generator.state = state
+            again, _ = ex.run(x, np.asarray(y), train=True, rng=rng, step=self.steps_done + 1, check=True)
+            raise nonfinite_error(self.net.name, self.skipped_in_a_row, self.steps_done, again.first_nonfinite)
         return report
 
-    def _tell_spilled(self, ex: Executor, report: StepReport) -> None:
+    def _tell_spilled(self, batch: int, report: StepReport) -> None:
         """Warn (once per batch size) that encodings came out larger than planned and went to host memory."""
-        batch = ex.schedule.program.batch
-        if batch in self._spill_told:
-            return
-        self._spill_told.add(batch)
-        key, needed, planned = report.spilled[0]
-        more = f" (and {len(report.spilled) - 1} more)" if len(report.spilled) > 1 else ""
-        density = getattr(self.plans.get(batch), "density", None)
-        warnings.warn(
-            f"{self.net.name}: step {self.steps_done + 1}: the encoding of {key} needs {needed} bytes, its planned "
-            f"block holds {planned}{more}: the data are denser than the plan assumes"
-            + (f" ({density:g})" if density is not None else "")
-            + "; their values are kept in host memory instead (the same numbers, slower)"
-            + (
-                f"; plan with a higher density ({self.policy.name}:density=...) to keep them encoded on the device"
-                if hasattr(self.policy, "density")
-                else ""
-            ),
-            RuntimeWarning,
-            stacklevel=3,
-        )
-
-    def _nonfinite(self, ex: Executor, x: np.ndarray, y: Any, state: dict) -> NonFiniteError:
-        """The error that stops training, naming the first op whose output is not finite (the last bad
-        batch run again with every output looked at; it changes nothing either)."""
-        rng = np.random.default_rng()
-        rng.bit_generator.state = state
-        report, _ = ex.run(x, np.asarray(y), train=True, rng=rng, step=self.steps_done + 1, check=True)
-        where = (
-            f"the first output that is not finite: {report.first_nonfinite}"
-            if report.first_nonfinite
-            else "every op's output was finite when the batch was run again: the loss itself is not"
-        )
-        return NonFiniteError(
-            f"{self.net.name}: {self.skipped_in_a_row} steps in a row had a loss or gradients "
-            f"that were not finite (after step {self.steps_done}); {where}; lower the learning "
-            "rate or look at the data"
-        )
+        if batch not in self._spill_told:
+            self._spill_told.add(batch)
+            density = getattr(self.plans.get(batch), "density", None)
+            text = spill_warning(self.net.name, self.steps_done + 1, report.spilled, density, self.policy)
+            warnings.warn(text, RuntimeWarning, stacklevel=3)
 
     def fit(
         self,
@@ -436,12 +338,8 @@ class Trainer:
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"fit: batch_size={batch_size!r} must be a positive int")
         batch_size = int(batch_size)
+        part = data_parallel.batch_share(self.group, batch_size)  # this rank's rows of every batch
         ranks, rank = (1, 0) if self.group is None else (self.group.size, self.group.rank)
-        if batch_size % ranks:
-            raise ValueError(
-                f"fit: batch_size={batch_size} does not split into {ranks} equal shards, one a rank; give a "
-                f"multiple of {ranks}"
-            )
         history = History()
         self.settings["batch"] = batch_size
         n_batches = train.num_batches(batch_size, drop_last=True)
@@ -450,8 +348,7 @@ class Trainer:
         # every batch the run executes is planned before it starts: the training step (refused here if it
         # does not fit), and evaluation at the largest batch that fits beside the training state
         self._check_input(np.asarray(train.x[:1]), np.asarray(train.y[:1]))
-        self._executor(batch_size // ranks, True)
-        part = shard(batch_size, rank, ranks)
+        self.session.executor(batch_size // ranks, True)
         eval_batch = None
         if val is not None and len(val):
             eval_batch = self._eval_batches(len(val), self.eval_batch(len(val)))
@@ -467,7 +364,7 @@ class Trainer:
                 cb.on_epoch_start(self, epoch, epochs, n_batches)
             reports: list[StepReport] = []
             for x, y in self._epoch_batches(train, batch_size, shuffle, epoch):
-                if ranks > 1:  # this rank's shard of the batch (every rank draws the same batches)
+                if part is not None:  # this rank's shard of the batch (every rank draws the same batches)
                     x, y = x[part], y[part]
                 for cb in observers:
                     cb.on_step_start(self)
@@ -531,7 +428,7 @@ class Trainer:
         ``batch_size`` (default: the largest up to 256 that fits beside the training state, see
         :meth:`eval_batch`)."""
         x = self._check_input(x, None)
-        n = self._count(x)
+        n = count(x)
         if n == 0:
             return np.zeros((0,) + tuple(self.net.output_shape(1, self.input_shape)[1:]), np.float32)
         batch_size = self._eval_batches(n, batch_size)
@@ -539,7 +436,7 @@ class Trainer:
         for start in range(0, n, batch_size):
             part = slice(start, start + batch_size)
             xb = [a[part] for a in x] if isinstance(x, list) else x[part]
-            _, logits = self._executor(self._count(xb), False).run(xb, None, train=False, rng=self.rng)
+            _, logits = self.session.executor(count(xb), False).run(xb, None, train=False, rng=self.rng)
             out.append(logits)
         return np.concatenate(out)
 
@@ -548,16 +445,8 @@ class Trainer:
         if len(data) == 0:
             raise ValueError(f"{self.net.name}: evaluate: the dataset is empty")
         self._check_input(np.asarray(data.x), np.asarray(data.y))
-        logits = self.predict(data.x, batch_size).astype(np.float64)
-        logits = logits.reshape(-1, logits.shape[-1])  # sequences: one prediction per token
-        labels = np.asarray(data.y).reshape(-1)
-        ignore = getattr(self.loss, "ignore", None)
-        keep = np.ones(len(labels), bool) if ignore is None else labels != ignore
-        logits -= logits.max(axis=1, keepdims=True)
-        logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
-        loss = float(-logp[np.arange(len(labels)), labels][keep].mean())
-        accuracy = float((logits.argmax(axis=1) == labels)[keep].mean())
-        return {"loss": loss, "accuracy": accuracy}
+        logits = self.predict(data.x, batch_size)
+        return loss_and_accuracy(logits, np.asarray(data.y), getattr(self.loss, "ignore", None))
 
     # -- state ---------------------------------------------------------------------------------------
     def sync(self) -> None:
@@ -572,35 +461,20 @@ class Trainer:
         (the ranks hold the same state); the others wait until the file is there."""
         self._check_open()
         state = self._optimizer_state()  # every rank takes part where the state is sharded
-        if self.group is not None and self.group.rank != 0:
-            self.group.barrier()  # rank 0 is writing
-            return
-        try:
-            self._save(path, state)
-        finally:
-            if self.group is not None:
-                self.group.barrier()
+        data_parallel.written_by_rank_0(self.group, lambda: self._save(path, state))
 
     def _optimizer_state(self) -> dict[str, np.ndarray]:
-        """The optimizer's whole state on the host: where it is sharded over the ranks, each parameter's from
-        the rank that keeps it (every rank calls this, in step)."""
-        own = self._device_params().optimizer_state()
-        if not self.session.shard_optimizer:
+        """The optimizer's whole state on the host (every rank calls this, in step: where the state is sharded
+        over the ranks, each parameter's comes from the rank that keeps it)."""
+        own = self.session.device_params().optimizer_state()
+        if not self.session.shard_optimizer or self.group is None:
             return own
         program = self.net.build(1, self.input_shape, self.dtype, self.precision)
-        keeper = owners(program, self.group.size)  # type: ignore[union-attr]
         specs = self.net.param_specs(self.input_shape)
-        dtype = np.dtype(program.precision.optimizer_state)
-        state = {
-            f"{name}:{slot}": own.get(f"{name}:{slot}", np.empty(specs[name].shape, dtype))
-            for name in keeper
-            for slot in self.optimizer.slots
-        }
-        self.group.broadcast_many([(v, keeper[k.rpartition(":")[0]]) for k, v in state.items()])  # type: ignore[union-attr]
-        return state
+        return data_parallel.gathered_optimizer_state(self.group, own, program, specs, self.optimizer.slots)
 
     def _save(self, path: str | os.PathLike, optimizer_state: dict[str, np.ndarray]) -> None:
-        self._device_params()  # made (and the weights uploaded) before they are read back
+        self.session.device_params()  # made (and the weights uploaded) before they are read back
         self.sync()
         meta = {
             "network": self.net.name,
@@ -632,7 +506,7 @@ class Trainer:
         before = self.net.params
         self.net.load_state_dict(ckpt.params, source=str(path))  # checks names, shapes, dtypes; raises first
         try:
-            device_params = self._device_params()
+            device_params = self.session.device_params()
             self.device.synchronize()
             device_params.upload(self.net.params)  # type: ignore[arg-type]
             device_params.load_optimizer_state(
