@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+import numpy as np
+
 from .. import policies
 from ..errors import BudgetTooSmall, OutOfDeviceMemory, PlanError
 from ..graph import Network
@@ -209,6 +211,23 @@ class Session:
                     "one sample at a time; give the device more memory",
                 )
             batch = max(1, batch // 2)
+
+    def eval_batches(self, n: int, batch_size: int | None) -> int:
+        """The evaluation batch for ``n`` samples (``batch_size`` checked, or the largest that fits), with the
+        last partial batch planned too: nothing runs out of memory midway."""
+        if batch_size is None:
+            batch_size = self.eval_batch(n)
+        elif isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r} must be a positive int")
+        for b in {min(int(batch_size), n), n % int(batch_size)} - {0}:
+            schedule, peak = self.inference_plan(b)
+            if schedule is None:
+                raise self.eval_refusal(
+                    peak,
+                    f"evaluation at batch {b} does not fit beside the training state; "
+                    f"leave batch_size out (the largest that fits: {self.eval_batch(n)})",
+                )
+        return int(batch_size)
 
     def profile(self, batch: int) -> Any:
         """Measured costs of a training step at ``batch`` on this device (see :mod:`vmem.costs.measured`); made

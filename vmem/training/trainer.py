@@ -27,7 +27,7 @@ from ..optim import SGD, GradScaler, Optimizer
 from ..planner import PlanResult
 from ..precision import activations_dtype
 from ..runtime import StepReport
-from . import checkpoint, dispatch
+from . import dispatch, state
 from .callbacks import Callback, LossWatch, PrintEpochs, ProgressBar
 from .diagnose import nonfinite_error, spill_warning
 from .inputs import batch_arrays, check_labels, count, loss_and_accuracy
@@ -80,6 +80,38 @@ class History:
 
     def to_dict(self) -> list[dict[str, Any]]:
         return [asdict(e) for e in self.epochs]
+
+
+def _training_device(device: Any, memory: int | str | None) -> Any:
+    """The device a Trainer trains on: ``device`` opened with ``memory`` where it is a name, else as given
+    (``memory=`` then refused); a closed device and a simulated GPU are refused."""
+    if isinstance(device, str):
+        dev = make_device(device, **({"memory": memory} if memory is not None else {}))
+    elif memory is not None:
+        raise ValueError("memory= applies only when the device is given by name")
+    else:
+        dev = make_device(device)
+    if dev.closed:
+        raise DeviceError(f"{dev.name} is closed (its memory is released): give a device that is open")
+    if not dev.holds_data:
+        raise DeviceError(f"{dev.name} is a simulated GPU: it plans (vmem.plan) but cannot train")
+    return dev
+
+
+def _fit_arguments(epochs: Any, initial_epoch: Any, batch_size: Any) -> int:
+    """``fit``'s counts checked (a clear error naming the one that is wrong); the batch size as an int."""
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"fit: epochs={epochs!r} must be a positive int")
+    if isinstance(initial_epoch, bool) or not isinstance(initial_epoch, int) or not 0 <= initial_epoch < epochs:
+        raise ValueError(f"fit: initial_epoch={initial_epoch!r} must be an int from 0 to epochs - 1 ({epochs - 1})")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"fit: batch_size={batch_size!r} must be a positive int")
+    return int(batch_size)
+
+
+def _of_session(name: str, doc: str) -> Any:
+    """A read-only attribute of the Trainer that is its session's ``name``."""
+    return property(lambda self: getattr(self.session, name), doc=doc)
 
 
 class Trainer:
@@ -137,7 +169,7 @@ class Trainer:
         #: checkpoint needs to resume midway through an epoch)
         self.epochs_done = 0
         self.epoch_step = 0
-        self._epoch_rng: dict | None = None
+        self.epoch_rng: dict | None = None
         self.skipped_in_a_row = 0
         self.net = net
         self.input_shape = tuple(input_shape) if input_shape is not None else net.input_shape
@@ -159,16 +191,7 @@ class Trainer:
         if net.params is None:
             net.init(seed, dtype, self.input_shape)
         self._own_device = isinstance(device, str)
-        if self._own_device:
-            self.device = make_device(device, **({"memory": memory} if memory is not None else {}))
-        else:
-            if memory is not None:
-                raise ValueError("memory= applies only when the device is given by name")
-            self.device = make_device(device)
-        if self.device.closed:
-            raise DeviceError(f"{self.device.name} is closed (its memory is released): give a device that is open")
-        if not self.device.holds_data:
-            raise DeviceError(f"{self.device.name} is a simulated GPU: it plans (vmem.plan) but cannot train")
+        self.device = _training_device(device, memory)
         #: the ranks training together (a :class:`vmem.distributed.ProcessGroup`); None: this process alone
         self.group = data_parallel.training_group(group, self.device, self.net.params)
         self.session = Session(
@@ -202,31 +225,12 @@ class Trainer:
             "math": self.device.spec.math,
         }
 
-    # -- the engine (vmem.training.session) ------------------------------------------------------------
-    @property
-    def plans(self) -> dict[int, PlanResult]:
-        """The plan of each training batch size this trainer has run (or planned), by batch."""
-        return self.session.plans
-
-    @property
-    def policy(self) -> Any:
-        """The memory policy (a Policy) this trainer plans with."""
-        return self.session.policy
-
-    @property
-    def profiling(self) -> bool:
-        """Whether plans are made with a profile of this device (measured costs)."""
-        return self.session.profiling
-
-    @property
-    def profile_cache(self) -> bool:
-        """Whether profiles are kept on disk and reused (see :mod:`vmem.costs.cache`)."""
-        return self.session.profile_cache
-
-    @property
-    def costs(self) -> dict[int, Any]:
-        """The profiles made so far, by batch."""
-        return self.session.costs
+    # -- the engine (vmem.training.session), read through ---------------------------------------------
+    plans = _of_session("plans", "The plan of each training batch size this trainer has run (or planned), by batch.")
+    policy = _of_session("policy", "The memory policy (a Policy) this trainer plans with.")
+    profiling = _of_session("profiling", "Whether plans are made with a profile of this device (measured costs).")
+    profile_cache = _of_session("profile_cache", "Whether profiles are kept on disk and reused (vmem.costs.cache).")
+    costs = _of_session("costs", "The profiles made so far, by batch.")
 
     def plan(self, batch: int) -> PlanResult:
         """The plan of a training step at ``batch`` (figures included), as ``vmem.plan`` gives it."""
@@ -276,11 +280,15 @@ class Trainer:
         network of several inputs a tuple of arrays, one per input (``net.inputs``' order)."""
         x = self._check_input(x, y)
         ex = self.session.executor(count(x), True)
-        state = self.rng.bit_generator.state  # to replay the step (its dropout masks) for a diagnosis
+        drawn = self.rng.bit_generator.state  # to replay the step (its dropout masks) for a diagnosis
         scale = None if self.scaler is None else self.scaler.scale
         report, _ = ex.run(x, np.asarray(y), train=True, rng=self.rng, step=self.steps_done + 1, loss_scale=scale)
-        if report.spilled:
-            self._tell_spilled(ex.schedule.program.batch, report)
+        batch = ex.schedule.program.batch
+        if report.spilled and batch not in self._spill_told:  # once per batch size
+            self._spill_told.add(batch)
+            density = getattr(self.plans.get(batch), "density", None)
+            text = spill_warning(self.net.name, self.steps_done + 1, report.spilled, density, self.policy)
+            warnings.warn(text, RuntimeWarning, stacklevel=2)
         if self.scaler is not None:
             self.scaler.update(report.skipped)
             if report.skipped and np.isfinite(report.loss) and self.scaler.scale >= 1:
@@ -298,18 +306,10 @@ class Trainer:
         )
         if self.skipped_in_a_row >= self.nonfinite_limit:  # the last bad batch run again, every output looked at
             rng = np.random.default_rng()
-            rng.bit_generator.state = state
+            rng.bit_generator.state = drawn
             again, _ = ex.run(x, np.asarray(y), train=True, rng=rng, step=self.steps_done + 1, check=True)
             raise nonfinite_error(self.net.name, self.skipped_in_a_row, self.steps_done, again.first_nonfinite)
         return report
-
-    def _tell_spilled(self, batch: int, report: StepReport) -> None:
-        """Warn (once per batch size) that encodings came out larger than planned and went to host memory."""
-        if batch not in self._spill_told:
-            self._spill_told.add(batch)
-            density = getattr(self.plans.get(batch), "density", None)
-            text = spill_warning(self.net.name, self.steps_done + 1, report.spilled, density, self.policy)
-            warnings.warn(text, RuntimeWarning, stacklevel=3)
 
     def fit(
         self,
@@ -331,13 +331,7 @@ class Trainer:
         with the same batches and random draws, so the resumed run ends with bitwise the weights of the run
         that was never stopped. ``progress`` shows a bar and prints a line per epoch; ``callbacks`` observe
         the loop (see :mod:`vmem.training.callbacks`, e.g. ``Checkpoint(path)``)."""
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-            raise ValueError(f"fit: epochs={epochs!r} must be a positive int")
-        if isinstance(initial_epoch, bool) or not isinstance(initial_epoch, int) or not 0 <= initial_epoch < epochs:
-            raise ValueError(f"fit: initial_epoch={initial_epoch!r} must be an int from 0 to epochs - 1 ({epochs - 1})")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ValueError(f"fit: batch_size={batch_size!r} must be a positive int")
-        batch_size = int(batch_size)
+        batch_size = _fit_arguments(epochs, initial_epoch, batch_size)
         part = data_parallel.batch_share(self.group, batch_size)  # this rank's rows of every batch
         ranks, rank = (1, 0) if self.group is None else (self.group.size, self.group.rank)
         history = History()
@@ -351,7 +345,7 @@ class Trainer:
         self.session.executor(batch_size // ranks, True)
         eval_batch = None
         if val is not None and len(val):
-            eval_batch = self._eval_batches(len(val), self.eval_batch(len(val)))
+            eval_batch = self.session.eval_batches(len(val), self.eval_batch(len(val)))
             if progress and eval_batch < min(256, len(val)):
                 print(
                     f"evaluating in batches of {eval_batch}: the largest that fits beside the training state",
@@ -373,7 +367,7 @@ class Trainer:
                 for cb in observers:
                     cb.on_step(self, reports[-1])
             stats = EpochStats.of(epoch, reports)
-            self.epochs_done, self.epoch_step, self._epoch_rng = epoch, 0, None
+            self.epochs_done, self.epoch_step, self.epoch_rng = epoch, 0, None
             if eval_batch is not None:
                 result = self.evaluate(val, batch_size=eval_batch)
                 stats.val_loss, stats.val_accuracy = result["loss"], result["accuracy"]
@@ -390,37 +384,20 @@ class Trainer:
         (kept, with the batches done, for a checkpoint written midway); resuming midway draws the same
         permutation and goes on after the batches done, from the generator's state at the save."""
         n = len(train)
-        resuming = epoch == self.epochs_done + 1 and self.epoch_step > 0 and self._epoch_rng is not None
+        resuming = epoch == self.epochs_done + 1 and self.epoch_step > 0 and self.epoch_rng is not None
         if resuming:
             now = self.rng.bit_generator.state
-            self.rng.bit_generator.state = self._epoch_rng
+            self.rng.bit_generator.state = self.epoch_rng
             order = self.rng.permutation(n) if shuffle else np.arange(n)
             self.rng.bit_generator.state = now
             first = self.epoch_step
         else:
-            self._epoch_rng = self.rng.bit_generator.state
+            self.epoch_rng = self.rng.bit_generator.state
             order = self.rng.permutation(n) if shuffle else np.arange(n)
             self.epoch_step = first = 0
         for k in range(first, n // batch_size):
             idx = order[k * batch_size : (k + 1) * batch_size]
             yield train.x[idx], train.y[idx]
-
-    def _eval_batches(self, n: int, batch_size: int | None) -> int:
-        """The evaluation batch for ``n`` samples (checked, or the largest that fits), with the last partial
-        batch planned too: nothing runs out of memory midway."""
-        if batch_size is None:
-            batch_size = self.eval_batch(n)
-        elif isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ValueError(f"batch_size={batch_size!r} must be a positive int")
-        for b in {min(int(batch_size), n), n % int(batch_size)} - {0}:
-            schedule, peak = self.session.inference_plan(b)
-            if schedule is None:
-                raise self.session.eval_refusal(
-                    peak,
-                    f"evaluation at batch {b} does not fit beside the training state; "
-                    f"leave batch_size out (the largest that fits: {self.eval_batch(n)})",
-                )
-        return int(batch_size)
 
     def predict(self, x: Any, batch_size: int | None = None) -> np.ndarray:
         """Logits for ``x`` (a tuple of arrays for a network of several inputs; evaluation mode: batch-norm
@@ -431,7 +408,7 @@ class Trainer:
         n = count(x)
         if n == 0:
             return np.zeros((0,) + tuple(self.net.output_shape(1, self.input_shape)[1:]), np.float32)
-        batch_size = self._eval_batches(n, batch_size)
+        batch_size = self.session.eval_batches(n, batch_size)
         out = []
         for start in range(0, n, batch_size):
             part = slice(start, start + batch_size)
@@ -460,66 +437,14 @@ class Trainer:
         state to an .npz file (atomically). In a data-parallel run every rank calls it and rank 0 writes
         (the ranks hold the same state); the others wait until the file is there."""
         self._check_open()
-        state = self._optimizer_state()  # every rank takes part where the state is sharded
-        data_parallel.written_by_rank_0(self.group, lambda: self._save(path, state))
-
-    def _optimizer_state(self) -> dict[str, np.ndarray]:
-        """The optimizer's whole state on the host (every rank calls this, in step: where the state is sharded
-        over the ranks, each parameter's comes from the rank that keeps it)."""
-        own = self.session.device_params().optimizer_state()
-        if not self.session.shard_optimizer or self.group is None:
-            return own
-        program = self.net.build(1, self.input_shape, self.dtype, self.precision)
-        specs = self.net.param_specs(self.input_shape)
-        return data_parallel.gathered_optimizer_state(self.group, own, program, specs, self.optimizer.slots)
-
-    def _save(self, path: str | os.PathLike, optimizer_state: dict[str, np.ndarray]) -> None:
-        self.session.device_params()  # made (and the weights uploaded) before they are read back
-        self.sync()
-        meta = {
-            "network": self.net.name,
-            "optimizer": self.optimizer.config(),
-            "steps": self.steps_done,
-            "rng": self.rng.bit_generator.state,
-            "dtype": self.dtype,
-            "epochs_done": self.epochs_done,
-            "epoch_step": self.epoch_step,
-            "epoch_rng": self._epoch_rng,
-            "precision": self.precision,
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "settings": self.settings,
-            # the plans the run used (policy, algorithms, what was offloaded, recomputed or encoded), without
-            # their measured text (reasons with predicted times), so that the same run writes the same bytes
-            "plans": {
-                str(b): {k: v for k, v in p.plan.to_dict().items() if k not in ("reason", "notes")}
-                for b, p in self.plans.items()
-            },
-        }
-        checkpoint.write(path, self.net.params, optimizer_state, meta)  # type: ignore[arg-type]
+        state.save(self, path)
 
     def load(self, path: str | os.PathLike) -> None:
         """Restore a checkpoint written by :meth:`save`. Everything is read and checked before anything
         changes: a truncated or mismatched file raises CheckpointError and leaves the trainer and the
         network untouched."""
         self._check_open()
-        ckpt = checkpoint.read(path, self.net.name, self.optimizer, self.net.param_specs(self.input_shape))
-        before = self.net.params
-        self.net.load_state_dict(ckpt.params, source=str(path))  # checks names, shapes, dtypes; raises first
-        try:
-            device_params = self.session.device_params()
-            self.device.synchronize()
-            device_params.upload(self.net.params)  # type: ignore[arg-type]
-            device_params.load_optimizer_state(
-                {k: v for k, v in ckpt.optimizer_state.items() if k in device_params.optimizer_keys()}
-            )  # where the state is sharded: this rank's share
-        except BaseException:
-            self.net.params = before
-            raise
-        self.steps_done = int(ckpt.steps)
-        self.rng = ckpt.rng
-        self.epochs_done, self.epoch_step, self._epoch_rng = ckpt.epochs_done, ckpt.epoch_step, ckpt.epoch_rng
-        if self.scaler is not None and ckpt.scaler is not None:  # fp16 goes on at the scale it had reached
-            self.scaler.load_state_dict(ckpt.scaler)
+        state.load(self, path)
 
     # -- lifetime ----------------------------------------------------------------------------------
     def close(self) -> None:
