@@ -1,0 +1,257 @@
+"""The ``auto`` policy: its options, the named plans it starts from, and how its stages (the portfolio, the
+exhaustive search, the descents, the improvement) combine into one plan (see :mod:`vmem.policies.auto`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ... import codecs
+from ...device.spec import DeviceSpec
+from ...errors import BudgetTooSmall, PlanError
+from ...graph import Program
+from ...units import format_bytes
+from ..base import Policy, get, option, register
+from ..budget import least_memory
+from ..plan import Allocation, Plan
+from . import descent, exhaustive, improve
+from .estimates import _Info, _Saving, _summary, codec_offloads, savings
+
+__all__ = ["Auto", "FLOOR", "PORTFOLIO", "NAMED", "LOSSY", "SOLVERS", "FAST", "DESCENT", "ILP_DESCENT", "EXHAUSTIVE"]
+
+#: The named techniques auto starts from (lossless), each tried as it is: the floor (every map offloaded,
+#: the leanest algorithms) first, since vdnn-dyn needs it to fit.
+FLOOR = "vdnn-all:algos=memory,sync=layer"
+PORTFOLIO = (
+    FLOOR,
+    "layerwise:algos=performance",
+    "vdnn-conv:algos=performance,sync=event",
+    "vdnn-conv:algos=performance,sync=layer",
+    "vdnn-all:algos=performance,sync=event",
+    "vdnn-all:algos=performance,sync=layer",
+    "vdnn-conv:algos=performance,sync=event,codec=zvc",
+    "vdnn-all:algos=performance,sync=event,codec=zvc",
+    "vdnn-dyn:keep=none",
+    "gist:algos=performance",
+    "echo:algos=performance",
+    "mirror:algos=performance",
+    "chen:algos=performance",
+    "gist:algos=memory",
+    "echo:algos=memory",
+    "chen:algos=memory",
+)
+#: the named policies auto is measured against (bench/auto.py, its tests): the portfolio's, vdnn-dyn as it is
+NAMED = tuple(s.replace(":keep=none", "") for s in PORTFOLIO)
+LOSSY = ("fp16", "fp10", "fp8", "fixed8", "fixed4", "patch2")
+#: how the descent picks each round's savings: by least seconds per byte, or by an integer program
+SOLVERS = ("greedy", "ilp")
+#: the start made by the descent: the fastest plan, made to fit by the cheapest savings per byte
+FAST = "layerwise:algos=performance"
+DESCENT = f"{FAST}, descended"
+ILP_DESCENT = f"{FAST}, descended by integer programs"
+EXHAUSTIVE = f"{FAST}, every choice tried"
+
+
+@register
+@dataclass(frozen=True)
+class Auto(Policy):
+    """``auto[:lossy=fp8|...,trials=64,solver=greedy|ilp,time_limit=10]``: the fastest plan that fits, over
+    every technique (see the module docstring). Its ``algos`` option is not used: it chooses algorithms."""
+
+    name = "auto"
+    needs_profile = True
+    chooses_algos = True
+    lossy: str | None = option(None)
+    trials: int | None = option(None)
+    solver: str = option("greedy")
+    time_limit: float = option(10.0)
+    #: the most ops on which the portfolio runs vdnn-dyn's search
+    DYN_OPS: ClassVar[int] = 2000
+    #: the least fraction of the step a move must save to be kept (less is within the cost model's error)
+    GAIN: ClassVar[float] = 1e-4
+    #: the default improvement stage's replays: at most MAX_TRIALS, about REPLAY_OPS ops replayed in all
+    MAX_TRIALS: ClassVar[int] = 128
+    REPLAY_OPS: ClassVar[int] = 25_000
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.solver not in SOLVERS:
+            raise ValueError(f"policy 'auto': solver={self.solver!r}; use one of {', '.join(SOLVERS)}")
+        if isinstance(self.time_limit, bool) or not isinstance(self.time_limit, (int, float)) or self.time_limit <= 0:
+            raise ValueError(f"policy 'auto': time_limit={self.time_limit!r} must be a positive number of seconds")
+        if self.lossy is not None and self.lossy not in LOSSY:
+            raise ValueError(f"policy 'auto': lossy={self.lossy!r}; use one of {', '.join(LOSSY)}")
+        if self.trials is not None and (
+            isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 0
+        ):
+            raise ValueError(f"policy 'auto': trials={self.trials!r} must be a count (0: no improvement stage)")
+
+    def trial_budget(self, program: Program) -> int:
+        """Replays the improvement stage may spend: ``trials``, or by default :attr:`MAX_TRIALS`, fewer on
+        large graphs (each replay walks every op): at least 4, about :attr:`REPLAY_OPS` op-replays in all."""
+        if self.trials is not None:
+            return self.trials
+        return max(4, min(self.MAX_TRIALS, self.REPLAY_OPS // max(len(program.ops), 1)))
+
+    @property
+    def spec(self) -> str:
+        options = (
+            ([f"lossy={self.lossy}"] if self.lossy is not None else [])
+            + ([f"trials={self.trials}"] if self.trials is not None else [])
+            + ([f"solver={self.solver}"] if self.solver != "greedy" else [])
+            + ([f"time_limit={self.time_limit:g}"] if self.time_limit != 10.0 else [])
+        )
+        return f"{self.name}:{','.join(options)}" if options else self.name
+
+    def portfolio(self, costs: Any = None) -> list[str]:
+        """The named plans auto starts from (under ``costs``: offloads through a codec only where they can
+        save time, see :func:`codec_offloads`)."""
+        out = list(PORTFOLIO)
+        if self.lossy is not None:
+            gist = f"gist:dpr={self.lossy}" if self.lossy in codecs.FORMATS else f"gist:codec={self.lossy}"
+            out += [f"{gist},algos=performance", f"vdnn-all:algos=performance,sync=event,codec={self.lossy}"]
+        if not codec_offloads(costs):
+            out = [spec for spec in out if not (spec.startswith("vdnn") and "codec=" in spec)]
+        return out
+
+    def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
+        if oracle is None:
+            raise PlanError("auto decides by replaying candidate plans: use vmem.plan or a Trainer")
+        if costs is None:
+            raise PlanError(
+                "auto ranks plans by predicted step time: plan on a simulated GPU, or give costs= (a profile of "
+                "the device, as a Trainer makes)"
+            )
+
+        fitting: list[tuple[float, str, Any]] = []
+        tried, floor = 0, None
+        replayed: dict[tuple, Any] = {}  # a plan's decisions -> its replay: techniques that decide alike
+        choices = any(op.algorithms for op in program.ops)
+        for spec in self.portfolio(costs):
+            twin = spec.replace("algos=memory", "algos=performance")
+            if spec != FLOOR and twin != spec and (not choices or any(s == twin for _, s, _ in fitting)):
+                # no convolution: the same plan as with the fastest algorithms; or those fit, and with
+                # nothing offloaded (the memory variants after the floor: gist, echo, chen) the leanest
+                # algorithms cannot make the step faster
+                continue
+            if spec.startswith("vdnn-dyn") and (
+                not any(s == FLOOR for _, s, _ in fitting) or len(program.ops) > self.DYN_OPS
+            ):  # it needs its floor (vdnn-all, leanest algorithms) to fit; on a large graph its search
+                continue  # (dozens of replays) costs more than the descent, which mixes what it chooses
+            try:
+                plan = get(spec).decide(program, device, costs, oracle)
+            except BudgetTooSmall as exc:
+                floor = floor or exc
+                continue
+            except PlanError:
+                continue
+            key = plan.decisions()
+            if key not in replayed:  # on a network without convolutions vdnn-conv is layer-wise, and so on
+                replayed[key] = oracle(plan)
+                tried += 1
+            result = replayed[key]
+            if result.fits and result.step_seconds is not None:
+                fitting.append((result.step_seconds, spec, result))
+        fast = get(FAST).decide(program, device, costs)  # where the exhaustive search and the descents start
+        info = _Info(program, costs, fast)
+        exact = exhaustive.search(self, program, device, oracle, fast, info)
+        if exact is not None:
+            tried += 1
+            fitting.append((exact.step_seconds, EXHAUSTIVE, exact))
+        gaps: list[float] = []
+        for solver in ("greedy", "ilp") if self.solver == "ilp" else ("greedy",):
+            for share in self.LINK_SHARES:
+                descended = descent.descend(self, program, device, oracle, fast, info, share, gaps, solver)
+                tried += 1
+                if descended is None:
+                    break  # where the copies may take the most time it did not fit: with less, neither
+                fitting.append((descended.step_seconds, DESCENT if solver == "greedy" else ILP_DESCENT, descended))
+        if not fitting:
+            if floor is not None:
+                raise floor
+            self._refuse(program, device, costs, oracle)
+            raise PlanError(
+                f"{program.network} at batch {program.batch} fits in {format_bytes(device.memory)} under none of "
+                f"auto's techniques ({', '.join(self.portfolio())}); use a larger memory budget"
+                + (" or a smaller batch." if program.batch > 1 else ".")
+            )
+        fitting.sort(key=lambda f: f[0])
+        start_seconds, start_spec, best = fitting[0]
+        plan, notes, moves_kept = best.plan, {}, 0
+        if self.trial_budget(program) and plan.allocation == Allocation.LAYER:
+            plan, notes, moves_kept, best = improve.improve(self, program, device, costs, oracle, best, info)
+        seconds = best.step_seconds
+        reason = (
+            f"auto: {len({id(r) for _, _, r in fitting})} of {tried} starting plans fit in "
+            f"{format_bytes(device.memory)}; the fastest, "
+            f"{start_spec} ({start_seconds * 1e3:.2f} ms predicted), "
+            + (
+                f"improved by {moves_kept} move(s) to {seconds * 1e3:.2f} ms"
+                if moves_kept
+                else "could not be improved by the moves tried"
+            )
+            + (
+                f"; {len(gaps)} descent rounds solved by HiGHS (the largest gap {max(gaps):.2%}), the fastest "
+                f"such descent {_best(fitting, ILP_DESCENT)}, the greedy one {_best(fitting, DESCENT)}"
+                if gaps
+                else ""
+            )
+            + f"; {_summary(plan)}."
+            + ("" if start_spec in (DESCENT, ILP_DESCENT, EXHAUSTIVE) else f" {start_spec}: {plan.reason}")
+        )
+        return dataclasses.replace(
+            plan, policy=self.spec, reason=reason, chosen=start_spec, notes={**plan.notes, **notes}
+        )
+
+    #: the refusal's least budget is found to this fraction of the leanest plan's peak
+    LEAST_TOLERANCE: ClassVar[float] = 1e-3
+
+    def _refuse(self, program: Program, device: DeviceSpec, costs: Any, oracle: Any) -> None:
+        """Raise BudgetTooSmall with the least budget the leanest plan (every feature map offloaded, the
+        leanest algorithms) fits in: to the byte, or on a graph of more than ``DYN_OPS`` ops (each try
+        replays the whole step) to :attr:`LEAST_TOLERANCE`."""
+        lean = get(FLOOR).decide(program, device, costs)
+        result = oracle(lean)
+        if result.fits:
+            return
+        tolerance = self.LEAST_TOLERANCE if len(program.ops) > self.DYN_OPS else 0.0
+        least = least_memory(  # the oracle lowers the plan once; each capacity tried is one replay
+            lambda memory: oracle(lean, memory, unfit=False) is not None, result.peak_bytes, tolerance=tolerance
+        )
+        least = least if least is not None else 4 * result.peak_bytes
+        raise BudgetTooSmall(
+            f"{program.network} at batch {program.batch} fits in {format_bytes(device.memory)} under none of auto's "
+            f"plans; the leanest ({FLOOR}: every feature map offloaded, memory-optimal algorithms) needs at least "
+            f"{format_bytes(least)} ({least} bytes{f', to {tolerance:.1%}' if tolerance else ''}). Use a larger "
+            "memory budget" + (" or a smaller batch." if program.batch > 1 else "."),
+            least,
+        )
+
+    # -- exact, on small graphs ------------------------------------------------------------------------
+    #: the most plans the exhaustive search replays (a graph with more combinations is not searched so)
+    EXHAUSTIVE: ClassVar[int] = 2048
+
+    def choices(self, program: Program, costs: Any, plan: Plan, info: "_Info | None" = None) -> dict[str, list]:
+        """Per stashed buffer, every way the descent and the exhaustive search may store it: kept (None)
+        and each :class:`_Saving` that applies (``info``: the program read under ``plan``'s algorithms)."""
+        info = info or _Info(program, costs, plan)
+        out: dict[str, list[_Saving | None]] = {program.tensors[b].name: [None] for b in program.stashed_buffers()}
+        for saving in savings(program, plan, info, None, live_only=False):
+            out[saving.name].append(saving)
+        return out
+
+    # -- the descent -----------------------------------------------------------------------------------
+    #: rounds of the descent (each one replay), and the margin each round aims below the budget
+    DESCENT_ROUNDS: ClassVar[int] = 24
+    MARGIN: ClassVar[float] = 0.02
+
+    #: the descents' shares of the time before the peak the copies out may fill (0: no offloads): where the
+    #: forward allocates where an offloaded buffer was before its copy ends, it waits for it
+    LINK_SHARES: ClassVar[tuple[float, ...]] = (1.0, 0.5, 0.25, 0.0)
+
+
+def _best(fitting: list[tuple[float, str, Any]], start: str) -> str:
+    """The least predicted step among the fitting starts named ``start``, in ms ("none fits" if none)."""
+    seconds = [t for t, s, _ in fitting if s == start]
+    return f"{min(seconds) * 1e3:.2f} ms" if seconds else "none fits"
