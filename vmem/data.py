@@ -56,7 +56,7 @@ class Dataset:
     def split(self, val_fraction: float, seed: int = 0) -> tuple["Dataset", "Dataset"]:
         """A seeded, stratified split into (train, val)."""
         rng = np.random.default_rng(seed)
-        val_idx = []
+        val_idx: list[np.ndarray] = []
         strata = self.y if self.y.ndim == 1 else np.zeros(len(self), np.int64)  # sequences: no strata
         for c in range(self.num_classes):
             idx = np.flatnonzero(strata == c)
@@ -162,6 +162,9 @@ def load(
     if name == "synthetic":
         return synthetic(n=n, input_shape=input_shape or (3, 32, 32), seed=seed)
     if name == "reverse":
-        (length,) = input_shape or (16,)
+        shape = tuple(input_shape or (16,))
+        if len(shape) != 1:
+            raise ValueError(f"dataset 'reverse': token sequences take a one-number input shape (length,), not {shape}")
+        length = int(shape[0])
         return reverse(seq_len=length // 2, seed=seed)
     raise ValueError(f"unknown dataset {name!r}; use 'digits', 'synthetic' or 'reverse'")

@@ -15,10 +15,11 @@ __all__ = ["cmd_models", "cmd_devices"]
 def cmd_models(args: argparse.Namespace) -> int:
     from .. import models
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     with Slow(f"building the {len(models.names())} models of the zoo to count their parameters", quiet=args.json):
         for name in models.names():
             net = models.get(name)
+            assert net.input_shape is not None  # every zoo model has one
             rows.append(
                 {
                     "name": name,

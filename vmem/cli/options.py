@@ -111,7 +111,7 @@ def model(args: argparse.Namespace):
         from .. import onnx
 
         size = getattr(args, "image_size", None)
-        return onnx.load(args.onnx, input_shape=(None, size, size) if size else None)
+        return onnx.load(args.onnx, input_shape=(None, size, size) if size else None)  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
     if getattr(args, "image_size", None):
         kwargs["image_size"] = args.image_size

@@ -102,7 +102,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     costs, notes = None, []
     policy = policy_spec(args)
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
-    if needs is not None:
+    if needs is not None and fraction is not None:
         say(budget_line(memory, needs, fraction, raised, args))
     if not simulated and not args.profile and policies.get(policy).needs_profile:
         say(f"{policy} decides by measured time: profiling first (as --profile does)")

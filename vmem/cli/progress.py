@@ -85,7 +85,7 @@ def warnings_as_lines(command: str) -> Any:
     def line(message: Any, category: Any, filename: str, lineno: int, text: str | None = None) -> str:
         return f"vmem {command}: warning: {message}\n"
 
-    warnings.formatwarning = line
+    warnings.formatwarning = line  # type: ignore[assignment]  # the same call, one line
     try:
         yield
     finally:

@@ -65,7 +65,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             if not stop.agreed and group.size > 1:  # stopped outside training: the others may wait for this rank
                 if group.rank == 0:
                     print(f"vmem train: {stopped(exc, args)}", file=sys.stderr, flush=True)
-                group.comm.Abort(code)
+                group.comm.Abort(code)  # type: ignore[attr-defined]  # an MPIGroup (or NCCL over one)
             if group.rank == 0:  # every rank stopped after the same step; rank 0 says so
                 raise
             return code
@@ -179,6 +179,7 @@ def _train(args: argparse.Namespace, stop: Any, group: Any = None) -> int:
     raised = False
     if fraction is not None:  # a budget below what the baseline needs (at each rank's batch): what vmem is for
         memory, needs, raised = auto_memory(local, net, fraction)
+    opt: optim.Optimizer
     if args.optimizer == "sgd":
         opt = optim.SGD(lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     else:
@@ -212,7 +213,7 @@ def _train(args: argparse.Namespace, stop: Any, group: Any = None) -> int:
                 f"policy {trainer.policy.spec}, device {trainer.device!r}",
                 flush=True,
             )
-            if needs is not None:
+            if needs is not None and fraction is not None:
                 print(budget_line(memory, needs, fraction, raised, args), flush=True)
         from ..training import Checkpoint, CosineSchedule
 

@@ -115,6 +115,7 @@ def receive(device: Any, codec: Codec, sent: Pieces, dst: Any) -> None:
     inline = bool(device.asynchronous)  # a GPU enqueues its copies: nothing to overlap on a thread
     pending = _submit(inline, fetch, parts[0], staged(parts[0])) if parts else None
     for i, (lo, hi) in enumerate(ranges):
+        assert pending is not None  # a range a part: one is in flight for each
         part = pending.result()
         pending = _submit(inline, fetch, parts[i + 1], staged(parts[i + 1])) if i + 1 < len(parts) else None
         if sent.whole:

@@ -432,7 +432,7 @@ def _profile_conv_found(
         usable = {a: found[pass_][a] for a in names if a in found[pass_]}
         if not usable:
             raise RuntimeError(f"cuDNN found none of {names} for {pass_}")
-        best[pass_] = min(usable, key=usable.get)
+        best[pass_] = min(usable, key=lambda a: usable[a])
         for a in names:
             times[(op.name, pass_, a)] = usable.get(a, float("inf"))
 
@@ -589,7 +589,7 @@ def _estimate(
         times[(op.name, "forward", a)] / op.flops
         for op in program.ops
         if op.flops and op not in ops
-        for a in (op.algorithms.get("forward") or [None])
+        for a in (op.algorithms.get("forward") or [None])  # type: ignore[list-item]  # None: no algorithm
         if (op.name, "forward", a) in times and np.isfinite(times[(op.name, "forward", a)])
     ]
     per_flop = float(np.median(rates)) if rates else 1e-10
@@ -647,9 +647,12 @@ def _loss_seconds(program: Program, rng: np.random.Generator, dtype: np.dtype, r
     labels = on.array(rng.integers(0, logits.shape[1], logits.shape[0]).astype(np.int64))
     probs, dlogits = on.empty(logits.shape, np.dtype(program.loss_dtype)), on.empty(logits.shape, dtype)
     loss, xp = SoftmaxCrossEntropy(), on.xp
-    return on.seconds(
-        lambda: (loss.forward(xp, logits, labels, probs), loss.backward(xp, probs, labels, dlogits)), repeats
-    )
+
+    def both() -> None:
+        loss.forward(xp, logits, labels, probs)
+        loss.backward(xp, probs, labels, dlogits)
+
+    return on.seconds(both, repeats)
 
 
 def _copy_gbps(on: _Runner, repeats: int) -> float:

@@ -8,7 +8,8 @@ and one output. ``net.build(batch)`` infers every shape and returns a
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Sequence
+from types import MappingProxyType
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -46,6 +47,12 @@ class Network:
 
     Subclasses build the DAG: :class:`Sequential` from a list, :class:`Graph` with ``add``.
     """
+
+    #: the loss the network trains with unless a Trainer is given one (None: softmax cross-entropy)
+    loss: Any = None
+    #: ``vmem train``'s defaults for this network where they differ from the generic ones (batch, epochs,
+    #: optimizer, lr); a model that has its own sets them on its instance
+    train_defaults: Mapping[str, Any] = MappingProxyType({})
 
     def __init__(self, input_shape: Sequence[int] | None = None, name: str | None = None):
         self.name = name or type(self).__name__.lower()

@@ -277,8 +277,8 @@ class Program:
 
 def _live_nodes(net: "Network") -> list[Any]:
     """The nodes that lead to the output, in construction order (which is execution order)."""
-    live = set()
-    stack = [net._output]
+    live: set[int] = set()
+    stack = [net._output] if net._output is not None else []
     while stack:
         node = stack.pop()
         if node.index in live:
@@ -368,7 +368,7 @@ def build_program(
     stored_as = record.activations
     network_dtype = str(np.dtype(dtype))
     live = _live_nodes(net)
-    ids = set()  # nodes whose values are integer ids (what an Embedding reads, and what they are cut from)
+    ids: set[int] = set()  # nodes whose values are integer ids (what an Embedding reads, and what they are cut from)
     for node in reversed(live[1:]):
         if node.layer is not None and (node.layer.reads_ids or node.index in ids):
             ids.update(i.index for i in node.inputs)

@@ -105,7 +105,8 @@ def vgg(
     to each of the five groups (vDNN's very deep VGG-116/216/316/416 add 20/40/60/80 to VGG-16)."""
     cfg = list(VGG_CONFIGS[config])
     if extra:
-        out, width = [], None
+        out: list = []
+        width = None
         for item in cfg:
             if item == "M":
                 out += [width] * extra + ["M"]

@@ -171,7 +171,7 @@ def transformer(
     """A transformer encoder stack (post-norm) over (N, T) token ids predicting a token per position (a
     masked-language-model head): embeddings plus a learned position table, then ``layers`` blocks of
     multi-head self-attention and a ReLU feed-forward network, each with a residual and LayerNorm."""
-    for key, v in (
+    for key, value in (
         ("layers", layers),
         ("seq_len", seq_len),
         ("dim", dim),
@@ -179,8 +179,8 @@ def transformer(
         ("ffn", ffn),
         ("vocab", vocab),
     ):
-        if not isinstance(v, int) or v <= 0:
-            raise ValueError(f"transformer: {key}={v!r} must be a positive int")
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"transformer: {key}={value!r} must be a positive int")
     if dim % heads:
         raise ValueError(f"transformer: dim={dim} does not split into {heads} heads")
     T = seq_len

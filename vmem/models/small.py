@@ -44,11 +44,12 @@ def digits_vgg(
     the memory its baseline needs."""
     trunk: list = []
     c = channels
-    for out in [width] * depth + ["pool"] + [2 * width] * 2:
-        if out == "pool":
+    plan: list[int | str] = [*[width] * depth, "pool", *[2 * width] * 2]
+    for out in plan:
+        if not isinstance(out, int):
             trunk.append(MaxPool2d(2))
             continue
-        trunk += [Conv2d(c, out, 3, padding=1)] + ([BatchNorm2d(out)] if batchnorm else []) + [ReLU()]
+        trunk += [Conv2d(c, out, 3, padding=1), *([BatchNorm2d(out)] if batchnorm else []), ReLU()]
         c = out
     trunk.append(MaxPool2d(2))
     feats = flat(trace_shape(trunk, (channels, image_size, image_size)))

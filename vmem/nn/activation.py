@@ -52,6 +52,7 @@ class Clip(Layer):
 
     def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
         if dxs[0] is not None:
+            assert y is not None  # Clip's backward reads its output (needs = {"y"})
             xp, dx = ctx.xp, dxs[0]
             lo, hi = self.lo, self.hi
             ctx.ops.rows(dy.shape[0], lambda r: xp.multiply(dy[r], (y[r] > lo) & (y[r] < hi), out=dx[r]), dy.size)
@@ -77,6 +78,7 @@ class Sigmoid(Layer):
     def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
         dx = dxs[0]
         if dx is not None:  # dx may share dy's memory (in place): read dy before writing dx
+            assert y is not None  # needs = {"y"}
             ctx.xp.multiply(dy, y * (1 - y), out=dx)
 
 
@@ -96,6 +98,7 @@ class Tanh(Layer):
     def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
         dx = dxs[0]
         if dx is not None:
+            assert y is not None  # needs = {"y"}
             ctx.xp.multiply(dy, 1 - y * y, out=dx)
 
 

@@ -379,8 +379,8 @@ def read(path: str | os.PathLike, network: str, optimizer: Any, specs: dict[str,
     if scaler is not None:
         fields = scaler if isinstance(scaler, dict) else {}
         scale, tracker = fields.get("scale"), fields.get("growth_tracker")
-        scale_ok = type(scale) in (int, float) and bool(np.isfinite(scale)) and scale > 0
-        if not scale_ok or type(tracker) is not int or tracker < 0:
+        scale_ok = isinstance(scale, (int, float)) and type(scale) is not bool and np.isfinite(scale) and scale > 0
+        if not scale_ok or not isinstance(tracker, int) or type(tracker) is bool or tracker < 0:
             raise CheckpointError(
                 f"{path}: entry 'meta.scaler' is {scaler!r}, expected the loss scaler's scale and growth_tracker"
             )

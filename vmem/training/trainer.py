@@ -172,9 +172,10 @@ class Trainer:
         self.epoch_rng: dict | None = None
         self.skipped_in_a_row = 0
         self.net = net
-        self.input_shape = tuple(input_shape) if input_shape is not None else net.input_shape
-        if self.input_shape is None:
+        shape = tuple(input_shape) if input_shape is not None else net.input_shape
+        if shape is None:
             raise ShapeError(f"{net.name}: no input shape; pass input_shape=(C, H, W)")
+        self.input_shape: tuple[int, ...] = shape
         self.dtype = dtype
         activations_dtype(precision)  # a clear error for a precision there is not (or bf16 without ml_dtypes)
         self.precision = precision
@@ -193,7 +194,7 @@ class Trainer:
         self._own_device = isinstance(device, str)
         self.device = _training_device(device, memory)
         #: the ranks training together (a :class:`vmem.distributed.ProcessGroup`); None: this process alone
-        self.group = data_parallel.training_group(group, self.device, self.net.params)
+        self.group = data_parallel.training_group(group, self.device, net.params or {})
         self.session = Session(
             net,
             self.device,
@@ -368,7 +369,7 @@ class Trainer:
                     cb.on_step(self, reports[-1])
             stats = EpochStats.of(epoch, reports)
             self.epochs_done, self.epoch_step, self.epoch_rng = epoch, 0, None
-            if eval_batch is not None:
+            if val is not None and eval_batch is not None:
                 result = self.evaluate(val, batch_size=eval_batch)
                 stats.val_loss, stats.val_accuracy = result["loss"], result["accuracy"]
             history.epochs.append(stats)
@@ -387,12 +388,12 @@ class Trainer:
         resuming = epoch == self.epochs_done + 1 and self.epoch_step > 0 and self.epoch_rng is not None
         if resuming:
             now = self.rng.bit_generator.state
-            self.rng.bit_generator.state = self.epoch_rng
+            self.rng.bit_generator.state = self.epoch_rng  # type: ignore[assignment]  # not None: resuming
             order = self.rng.permutation(n) if shuffle else np.arange(n)
             self.rng.bit_generator.state = now
             first = self.epoch_step
         else:
-            self.epoch_rng = self.rng.bit_generator.state
+            self.epoch_rng = dict(self.rng.bit_generator.state)
             order = self.rng.permutation(n) if shuffle else np.arange(n)
             self.epoch_step = first = 0
         for k in range(first, n // batch_size):
@@ -414,6 +415,7 @@ class Trainer:
             part = slice(start, start + batch_size)
             xb = [a[part] for a in x] if isinstance(x, list) else x[part]
             _, logits = self.session.executor(count(xb), False).run(xb, None, train=False, rng=self.rng)
+            assert logits is not None  # an evaluation pass copies its output out
             out.append(logits)
         return np.concatenate(out)
 
