@@ -70,7 +70,7 @@ class Profiled:
         #: the host's part of a step on a device whose streams wait for the host (the CPU device):
         #: (seconds to enqueue one schedule step, seconds a stream spends on an item besides its work,
         #: seconds the compute stream loses to each copy the memory stream runs), measured by the session
-        #: (:func:`vmem.training.dispatch.overheads`); zeros until then
+        #: (:func:`vmem.engine.dispatch.overheads`); zeros until then
         self.dispatch = host_costs(dispatch)
         #: whether offloading through a codec can save time (see vmem.policies.auto.codec_offloads): not
         #: where the host's cores run the ops (the CPU device: the link is a memory copy on those cores,

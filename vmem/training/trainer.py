@@ -27,11 +27,11 @@ from ..optim import SGD, GradScaler, Optimizer
 from ..planner import PlanResult
 from ..precision import activations_dtype
 from ..runtime import StepReport
-from . import dispatch, state
+from ..engine import Session, dispatch
+from . import state
 from .callbacks import Callback, LossWatch, PrintEpochs, ProgressBar
 from .diagnose import nonfinite_error, spill_warning
 from .inputs import batch_arrays, check_labels, count, loss_and_accuracy
-from .session import Session
 
 __all__ = ["Trainer", "History", "EpochStats"]
 
@@ -226,7 +226,7 @@ class Trainer:
             "math": self.device.spec.math,
         }
 
-    # -- the engine (vmem.training.session), read through ---------------------------------------------
+    # -- the engine (vmem.engine.Session), read through ---------------------------------------------
     plans = _of_session("plans", "The plan of each training batch size this trainer has run (or planned), by batch.")
     policy = _of_session("policy", "The memory policy (a Policy) this trainer plans with.")
     profiling = _of_session("profiling", "Whether plans are made with a profile of this device (measured costs).")

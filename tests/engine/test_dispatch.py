@@ -1,11 +1,11 @@
-"""The host's part of a step on the CPU device, measured by a small network's steps (vmem.training.dispatch)."""
+"""The host's part of a step on the CPU device, measured by a small network's steps (vmem.engine.dispatch)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 import vmem
-from vmem.training import dispatch
+from vmem.engine import dispatch
 
 
 def test_the_probe_measures_the_host_on_the_cpu_device_and_gives_its_blocks_back():
