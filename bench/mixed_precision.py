@@ -33,7 +33,7 @@ import numpy as np
 from _report import emit, table, verdict
 
 import vmem
-from vmem.report import paper_accounting
+from vmem.planning.report import paper_accounting
 from vmem.spec import with_options
 
 SEED_POLICY = "gist:codec=patch2,binarize=false,ssdc=false"

@@ -26,7 +26,7 @@ import dataclasses
 import vmem
 from vmem import format_bytes, policies
 from vmem.device.sim import SimDevice
-from vmem.planner import _cost_setup
+from vmem.planning import _cost_setup
 from vmem.schedule.lower import lower
 from vmem.schedule.pack import GREEDY_LIMIT, _greedy, lifetimes, place
 from vmem.schedule.replay import replay

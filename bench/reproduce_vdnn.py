@@ -32,7 +32,7 @@ from _report import emit, table, verdict
 
 import vmem
 from vmem.errors import PlanError
-from vmem.report import paper_accounting
+from vmem.planning.report import paper_accounting
 
 PUBLISHED = {"alexnet": (128, 0.081), "overfeat": (128, 0.268), "vgg_a": (64, 0.529), "googlenet": (128, 0.470)}
 CONFIGS = [(m, b) for m in ("alexnet", "overfeat", "googlenet", "vgg16") for b in (64, 128, 256)] + [

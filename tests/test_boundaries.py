@@ -104,7 +104,7 @@ RULES = [
         (
             "vmem.policies",
             "vmem.schedule",
-            "vmem.planner",
+            "vmem.planning",
             "vmem.pool",
             "vmem.streams",
             "vmem.device",
@@ -136,7 +136,11 @@ RULES = [
         ),
         "the pool and streams know nothing of networks",
     ),
-    (("vmem.runtime",), ("vmem.policies", "vmem.planner", "vmem.training"), "the executor only carries a schedule out"),
+    (
+        ("vmem.runtime",),
+        ("vmem.policies", "vmem.planning", "vmem.training"),
+        "the executor only carries a schedule out",
+    ),
     (
         ("vmem.schedule.steps", "vmem.schedule.pack", "vmem.schedule.replay"),
         ("vmem.policies",),

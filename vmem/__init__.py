@@ -15,7 +15,7 @@ CPU device (the default), on simulated GPUs for planning, and on CUDA through Cu
 from . import data, errors, models, nn, optim, policies, pool, streams
 from . import device
 from .graph import Graph, Network, Program, Sequential
-from .planner import largest_batch, plan
+from .planning import largest_batch, plan
 from .training import Trainer
 from .units import format_bytes, parse_bytes
 

@@ -67,7 +67,7 @@ def test_a_device_catalog_with_its_own_algorithm_names_plans():
     the roofline weighs them by direct FLOPs and the catalog's workspace, and the plan picks among them."""
     import dataclasses
 
-    from vmem.planner import plan_program
+    from vmem.planning import plan_program
 
     def engines(program):
         ops = []

@@ -58,7 +58,7 @@ def test_one_process_is_a_local_group():
 
 
 def _training_schedule(policy: str = "baseline"):
-    from vmem.planner import plan_program
+    from vmem.planning import plan_program
 
     program = vmem.models.get("resnet_cifar", depth=8).build(2)
     return plan_program(program, vmem.device("sim:v100-16gb").spec, policy)[1]

@@ -44,7 +44,7 @@ def test_a_layer_stores_its_output_in_its_own_dtype_and_a_reshape_keeps_it():
 
 @pytest.mark.parametrize("policy", ["baseline", "layerwise", "vdnn-all"])
 def test_the_lowering_allocates_the_fp16_buffer_and_its_gradient_at_fp16_size(policy):
-    from vmem.planner import plan_program
+    from vmem.planning import plan_program
     from vmem.device.specs import get as get_spec
 
     program = _net().build(8)

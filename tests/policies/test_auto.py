@@ -190,14 +190,14 @@ def test_on_a_small_graph_auto_equals_an_exhaustive_search_over_every_buffers_ch
 
     from vmem.costs import Roofline, with_cudnn_catalog
     from vmem.graph.analysis import nonnegative_sparse, prefetch_points
-    from vmem.planner import evaluate, spec_of
+    from vmem.planning import Target, evaluate
     from vmem.schedule.gradients import needs_grad
     from vmem.schedule.recompute import backward_uses, decisions
 
     net, batch = _small_net(), 256
     memory = int(vmem.plan(net, batch, SIM, "layerwise:algos=memory", memory="1TiB").peak_bytes * 0.8)
     auto = vmem.plan(net, batch, SIM, "auto", memory=memory)
-    spec = dataclasses.replace(spec_of(SIM)[0], memory=memory)
+    spec = dataclasses.replace(Target.of(SIM).spec, memory=memory)
     program = with_cudnn_catalog(net.build(batch), spec.arch)
     costs = Roofline(spec)
     base = vmem.policies.get("layerwise:algos=performance").decide(program, spec, costs)

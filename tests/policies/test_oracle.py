@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import vmem
-from vmem.planner import UNBOUNDED, evaluate
+from vmem.planning import UNBOUNDED, evaluate
 
 SIM = "sim:v100-16gb"
 

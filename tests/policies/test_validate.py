@@ -1,4 +1,4 @@
-"""vmem.planner.validate: what is wrong with a plan, reported, never raised."""
+"""vmem.planning.validate: what is wrong with a plan, reported, never raised."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 import vmem
 from vmem import policies
 from vmem.device.specs import get as get_spec
-from vmem.planner import Problem, validate
+from vmem.planning import Problem, validate
 
 
 def _setup():

@@ -131,7 +131,7 @@ def test_durations_are_per_step_and_zero_for_memory_steps():
 def test_the_live_bytes_the_placement_records_are_the_replays_peak(policy):
     """A schedule's ``live_bytes`` (from its blocks' lifetimes) is the pool's peak in the replay: a plan
     whose live bytes exceed a device's memory fits it under no placement, with no replay needed."""
-    from vmem.planner import UNBOUNDED, replay_if_fits
+    from vmem.planning import UNBOUNDED, replay_if_fits
     from vmem.schedule.lower import lower
 
     device = vmem.device("sim:v100-16gb").spec

@@ -38,7 +38,7 @@ def auto_memory(args: argparse.Namespace, net: Any, fraction: float, device: Any
     algorithms (on a GPU, cuDNN's: the device is opened with a tiny arena to read them); never below the
     smallest budget the run's policy trains in, where it is raised to that. ``device``: one already open
     for planning (else it is opened here)."""
-    from ..planner import UNBOUNDED, plan, smallest_memory, spec_of
+    from ..planning import fraction_budget
 
     policy = policy_spec(args)
     if device is not None:
@@ -48,17 +48,7 @@ def auto_memory(args: argparse.Namespace, net: Any, fraction: float, device: Any
     else:
         opened = contextlib.nullcontext(args.device)
     with opened as planning:
-        needs = plan(
-            net, args.batch, device=planning, policy="baseline:algos=memory", memory=UNBOUNDED, precision=args.precision
-        ).peak_bytes
-        spec, alignment, catalog = spec_of(planning)
-        floor = smallest_memory(
-            net.build(args.batch, precision=args.precision), spec, policy, alignment=alignment, catalog=catalog
-        )
-    memory = -(-int(needs * fraction) // 1024) * 1024
-    if floor is not None and memory < floor:
-        return floor, needs, True
-    return memory, needs, False
+        return fraction_budget(net, args.batch, planning, policy, fraction, precision=args.precision)
 
 
 def budget_line(memory: int, needs: int, fraction: float, raised: bool, args: argparse.Namespace) -> str:
@@ -76,7 +66,7 @@ def budget_line(memory: int, needs: int, fraction: float, raised: bool, args: ar
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from .. import policies
-    from ..planner import plan
+    from ..planning import plan
 
     net = model(args)
     check_memory(args)
@@ -183,7 +173,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _largest_batch(args: argparse.Namespace, net: Any) -> int:
     """``vmem plan --largest-batch``: the largest batch ``--policy`` (auto by default) plans to fit."""
-    from ..planner import largest_batch
+    from ..planning import largest_batch
 
     if args.memory is not None and str(args.memory).startswith("auto"):
         raise ValueError("--largest-batch takes --memory as a size (e.g. 8GiB), not auto")

@@ -22,7 +22,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
     from .. import data, optim
     from ..device import device as make_device
-    from ..report import layer_table
+    from ..planning import layer_table
     from ..training import Trainer
 
     from .options import check_dataset as _check_dataset

@@ -9,20 +9,18 @@ callbacks, checkpoints.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable
 
 import numpy as np
 
-from .. import policies
 from ..errors import BudgetTooSmall, OutOfDeviceMemory, PlanError
 from ..graph import Network
+from ..planning import PlanResult, Target, advice, floor_policy, plan_program, rank_plan
+from ..planning.inference import inference_plan
 from ..policies.budget import largest_fitting
-from ..planner import PlanResult, floor_policy, plan_program, rank_plan, replay_fitting, smallest_memory
 from ..runtime import DeviceParams, Executor
 from ..schedule.collectives import owners, sharded_buffers
-from ..schedule.lower import lower_inference, persistent_buffers
-from ..schedule.pack import place
+from ..schedule.lower import persistent_buffers
 from ..units import format_bytes
 
 __all__ = ["Session"]
@@ -51,6 +49,8 @@ class Session:
         shard_optimizer: bool = False,
     ):
         self.net, self.device, self.policy, self.loss, self.optimizer = net, device, policy, loss, optimizer
+        #: what every plan of this session is made for (the device's spec, alignment and catalog), read once
+        self.target = Target.of(device)
         self.input_shape, self.dtype, self.profiling, self.profile_cache, self.seed = (
             input_shape,
             dtype,
@@ -109,10 +109,8 @@ class Session:
             try:
                 plan, schedule = plan_program(
                     program,
-                    self.device.spec,
+                    self.target,
                     self.policy,
-                    alignment=self.device.pool.alignment,
-                    catalog=self.device.catalog,
                     optimizer_slots=self.optimizer.slots,
                     costs=costs,
                     baseline=costs is not None,
@@ -123,8 +121,8 @@ class Session:
                 plan, schedule = rank_plan(
                     plan,
                     schedule,
-                    self.device.spec,
-                    self.device.pool.alignment,
+                    self.target.spec,
+                    self.target.alignment,
                     costs,
                     self.group.size,
                     self.group.rank if self.shard_optimizer else None,
@@ -156,44 +154,19 @@ class Session:
         return ex
 
     def inference_plan(self, batch: int) -> tuple[Any, int]:
-        """An evaluation pass at ``batch``, planned beside the training state (weights, gradients, optimizer
-        state at the bottom of the arena, as they are during the run) and packed offline: (its schedule, its
-        peak), or (None, the least peak it needs) where it does not fit. Its convolutions run the training
-        plan's forward algorithms where they fit, else those with the least workspace."""
-        if batch in self._inference:
-            return self._inference[batch]
-        program = self.device.catalog(self.net.build(batch, self.input_shape, self.dtype, self.precision))
-        spec, alignment = self.device.spec, self.device.pool.alignment
-        lean = policies.get("baseline:algos=memory").decide(program, spec)
-        candidates = []
-        trained = next(iter(self.plans.values()), None)
-        if trained is not None:
-            offered = {op.name: op.algorithms.get("forward", []) for op in program.ops}
-            algos = {
-                name: {**passes, "forward": trained.plan.algos[name]["forward"]}
-                for name, passes in lean.algos.items()
-                if trained.plan.algos.get(name, {}).get("forward") in offered.get(name, [])
-            }
-            candidates.append(dataclasses.replace(lean, algos={**lean.algos, **algos}))
-        candidates.append(lean)
-        persistent = self.persistent(program)
-        needs = []
-        for decided in candidates:
-            schedule = place(dataclasses.replace(lower_inference(program, decided, alignment), persistent=persistent))
-            figures = replay_fitting(schedule, spec, alignment)
-            if figures.fits:
-                self._inference[batch] = (schedule, figures.peak_bytes)
-                return self._inference[batch]
-            needs.append(figures.peak_bytes)
-        self._inference[batch] = (None, min(needs))
+        """An evaluation pass at ``batch`` beside the training state (:func:`vmem.planning.inference.inference_plan`):
+        (its schedule, its peak), or (None, the least peak it needs) where it does not fit; made once a batch."""
+        if batch not in self._inference:
+            program = self.net.build(batch, self.input_shape, self.dtype, self.precision)
+            trained = next(iter(self.plans.values()), None)
+            self._inference[batch] = inference_plan(
+                program, self.target, self.persistent(program), trained.plan if trained is not None else None
+            )
         return self._inference[batch]
 
     def eval_refusal(self, peak: int, remedy: str) -> OutOfDeviceMemory:
         """Evaluation does not fit beside the training state (said before anything runs)."""
-        stats = self.device.pool.stats()
-        return OutOfDeviceMemory(
-            peak, self.device.pool.capacity, stats.in_use, stats.largest_free, stats.fragmentation, {}, remedy=remedy
-        )
+        return advice.out_of_memory(self.device.pool, peak, {}, remedy)
 
     def eval_batch(self, n: int | None = None, limit: int = 256) -> int:
         """The largest evaluation batch, up to ``limit`` (and ``n``, the number of samples), whose pass fits
@@ -257,12 +230,7 @@ class Session:
         program = self.net.build(batch, self.input_shape, self.dtype, self.precision)
         try:
             result, _ = plan_program(
-                program,
-                self.device.spec,
-                floor_policy(self.policy),
-                alignment=self.device.pool.alignment,
-                catalog=self.device.catalog,
-                optimizer_slots=self.optimizer.slots,
+                program, self.target, floor_policy(self.policy), optimizer_slots=self.optimizer.slots
             )
         except PlanError:
             return False
@@ -274,57 +242,19 @@ class Session:
         return largest_fitting(self.fits, batch - 1, unfit=batch) or None
 
     def batch_advice(self, batch: int) -> str:
-        largest = self.largest_batch(batch)
-        capacity = format_bytes(self.device.pool.capacity)
-        if largest is None:
-            return f"not even batch 1 fits in {capacity}: give the device more memory"
-        return f"the largest batch that fits in {capacity} is {largest}"
+        """What to do where ``batch`` does not fit: the largest batch that does (:func:`vmem.planning.advice.batch_advice`)."""
+        return advice.batch_advice(self.largest_batch(batch), self.device.pool.capacity)
 
     def refusal(self, program: Any, plan: PlanResult) -> OutOfDeviceMemory:
-        least = smallest_memory(
+        """The error for a plan that does not fit (:func:`vmem.planning.advice.refusal`)."""
+        return advice.refusal(
             program,
-            self.device.spec,
+            plan,
+            self.target,
             self.policy,
-            alignment=self.device.pool.alignment,
-            optimizer_slots=self.optimizer.slots,
-            catalog=self.device.catalog,
-        )
-        fitting = []
-        for name in policies.names():
-            if name == self.policy.name:
-                continue
-            try:
-                other, _ = plan_program(
-                    program,
-                    self.device.spec,
-                    name,
-                    alignment=self.device.pool.alignment,
-                    catalog=self.device.catalog,
-                    optimizer_slots=self.optimizer.slots,
-                )
-            except PlanError:
-                continue
-            if other.fits:
-                fitting.append(f"{name} (peak {format_bytes(other.peak_bytes)})")
-        needs = (
-            f"at least {format_bytes(least)} ({least} bytes, the smallest budget it fits in)"
-            if least
-            else format_bytes(plan.peak_bytes)
-        )
-        remedy = (
-            f"policy {plan.policy} needs {needs} at batch {plan.batch}; "
-            + (f"these policies fit: {', '.join(fitting)}; " if fitting else "")
-            + self.batch_advice(plan.batch)
-        )
-        stats = self.device.pool.stats()
-        return OutOfDeviceMemory(
-            plan.peak_bytes,
-            self.device.pool.capacity,
-            stats.in_use,
-            stats.largest_free,
-            stats.fragmentation,
-            {k: int(v["peak"]) for k, v in plan.by_category.items()},
-            remedy=remedy,
+            self.optimizer.slots,
+            self.device.pool,
+            self.batch_advice(plan.batch),
         )
 
     # -- lifetime ----------------------------------------------------------------------------------

@@ -158,7 +158,7 @@ class VdnnDyn(Policy):
     @staticmethod
     def _least_memory(floor: Plan, peak: int, oracle: Any) -> int:
         """The smallest capacity, to the pool's alignment (256 bytes), at which ``floor`` fits: its peak
-        plus what packing its blocks costs (see :func:`vmem.planner.least_memory`)."""
+        plus what packing its blocks costs (see :func:`vmem.planning.least_memory`)."""
         from .budget import least_memory
 
         least = least_memory(lambda memory: oracle(floor, memory=memory).fits, peak, 256)

@@ -11,7 +11,7 @@ released after last use).
 
 What a plan costs (peak and average bytes, bytes offloaded, step time, stalls, per-layer rows) is not
 part of it: :func:`vmem.plan` lowers the plan to a schedule and replays it, and returns the plan with
-those figures (:class:`vmem.planner.PlanResult`).
+those figures (:class:`vmem.planning.PlanResult`).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from ..errors import DeviceError, ShapeError
 from ..graph import Network
 from ..nn.loss import SoftmaxCrossEntropy
 from ..optim import SGD, GradScaler, Optimizer
-from ..planner import PlanResult
+from ..planning import PlanResult
 from ..precision import activations_dtype
 from ..runtime import StepReport
 from ..engine import Session, dispatch

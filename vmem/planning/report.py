@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .runtime.timeline import Timeline
-from .units import format_bytes
+from ..runtime.timeline import Timeline
+from ..units import format_bytes
 
 __all__ = ["layer_table"]
 
 
 def layer_table(plan: Any, timeline: Timeline | None = None) -> str:
-    """Per layer of a planned step (a :class:`vmem.planner.PlanResult`): output shape, algorithms, stash
+    """Per layer of a planned step (a :class:`vmem.planning.PlanResult`): output shape, algorithms, stash
     decision, bytes, and (with a timeline) forward and backward milliseconds measured on the compute
     stream."""
     times: dict[str, float] = {}

@@ -1,0 +1,143 @@
+"""``vmem.plan``: decide with a policy, lower to a schedule, and replay it on a simulated device (see
+:mod:`.result`); for one rank of a data-parallel run, the gradients' all-reduce and the sharded optimizer
+state added to the schedule."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from .. import policies
+from ..device.spec import DeviceSpec
+from ..graph import Network, Program
+from ..policies.base import fit_algorithms
+from ..schedule import Schedule
+from ..schedule.collectives import largest_share, with_allreduce, with_sharded_optimizer
+from .oracle import Oracle
+from .result import PlanResult, evaluate, replay_fitting
+from .target import Target
+
+__all__ = ["plan", "plan_program", "rank_plan", "floor_policy"]
+
+
+def floor_policy(policy: Any) -> Any:
+    """The policy whose plan is the least ``policy`` can need: itself (with ``algos=fit``, its
+    least-workspace algorithms), or for ``vdnn-dyn`` and ``auto`` (which choose among others) vdnn-all with
+    memory-optimal algorithms (for ``auto`` a bound: a plan that recomputes may need less)."""
+    pol = policies.get(policy)
+    if pol.name in ("vdnn-dyn", "auto"):
+        return policies.get("vdnn-all:algos=memory")
+    return policies.get(pol, algos="memory") if pol.algos == "fit" else pol
+
+
+def plan_program(
+    program: Program,
+    device: DeviceSpec | Target,
+    policy: Any,
+    *,
+    alignment: int = 256,
+    optimizer_slots: tuple[str, ...] = ("momentum",),
+    costs: Any = None,
+    baseline: bool = False,
+    catalog: Any = None,
+    nproc: int = 1,
+    shard_optimizer: bool = False,
+) -> tuple[PlanResult, Schedule]:
+    """Decide, lower and replay for a built Program; the plan with its figures, and the Schedule.
+
+    ``device``: a :class:`~vmem.planning.target.Target` (the Session's, made once), or a DeviceSpec with its
+    pool's ``alignment`` and its ``catalog`` (a Device's ``catalog``, which gives the program the device's
+    convolution algorithms). With ``baseline=True`` (and a cost model) the figures also carry the step time
+    of ``baseline`` with the fastest algorithms, as an oracle when it does not fit. ``nproc`` > 1: one rank
+    of a data-parallel run of that many (the program at the rank's batch): the gradients all-reduced in
+    buckets during backward (:func:`vmem.schedule.collectives.with_allreduce`), their time over the spec's
+    interconnect in the figures (``comm_seconds``, ``exposed_comm_seconds``); with ``shard_optimizer``, the
+    optimizer's state sharded over the ranks (:func:`vmem.schedule.collectives.with_sharded_optimizer`),
+    planned for the rank that keeps the most of it."""
+    target = device if isinstance(device, Target) else Target(device, alignment, catalog)
+    pol = policies.get(policy)
+    spec, alignment = target.spec, target.alignment
+    program, costs = target.view(program), target.costs(costs)
+    oracle = Oracle(program, spec, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs)
+    decided = fit_algorithms(pol, program, spec, costs, oracle, pol.decide(program, spec, costs, oracle))
+    decided = dataclasses.replace(decided, math=spec.math)  # the device's FP32 math, recorded with the plan
+    result, schedule = evaluate(
+        program, spec, decided, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs
+    )
+    if nproc > 1:
+        rank = largest_share(program, nproc) if shard_optimizer else None
+        result, schedule = rank_plan(result, schedule, spec, alignment, costs, nproc, rank)
+    if baseline and costs is not None:
+        base = policies.get("baseline:algos=performance").decide(program, spec, costs)
+        base_result = evaluate(
+            program, spec, base, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs, rows=False
+        )[0]
+        figures = dataclasses.replace(result.figures, baseline_step_seconds=base_result.step_seconds)
+        result = PlanResult(decided, figures)
+    return result, schedule
+
+
+def rank_plan(
+    result: PlanResult,
+    schedule: Schedule,
+    device: DeviceSpec,
+    alignment: int,
+    costs: Any,
+    world: int,
+    shard_rank: int | None = None,
+) -> tuple[PlanResult, Schedule]:
+    """``result`` and ``schedule`` (one process's) as one rank of a data-parallel run of ``world`` runs them:
+    the gradients all-reduced in buckets during backward, with ``shard_rank`` the optimizer's state sharded
+    over the ranks (that rank's share kept), replayed for the rank's figures (the per-layer rows and the
+    baseline's time kept)."""
+    schedule = with_allreduce(schedule, world)
+    if shard_rank is not None:
+        schedule = with_sharded_optimizer(schedule, shard_rank)
+    figures = replay_fitting(schedule, device, alignment, costs)
+    kept = result.figures
+    figures = dataclasses.replace(figures, layers=kept.layers, baseline_step_seconds=kept.baseline_step_seconds)
+    return PlanResult(result.plan, figures), schedule
+
+
+def plan(
+    net: Network,
+    batch: int,
+    device: Any = "cpu",
+    policy: Any = "baseline",
+    *,
+    input_shape: Sequence[int] | None = None,
+    dtype: str = "float32",
+    precision: str = "fp32",
+    optimizer_slots: tuple[str, ...] = ("momentum",),
+    memory: int | str | None = None,
+    costs: Any = None,
+    nproc: int = 1,
+    shard_optimizer: bool = False,
+) -> PlanResult:
+    """Plan one training step of ``net`` at ``batch`` on ``device`` under ``policy``, without running it.
+
+    ``device`` is a Device, a DeviceSpec or a name (``"cpu"``, ``"sim:titan-x"``; ``memory=`` overrides
+    its capacity). On a simulated GPU the plan predicts step time with the roofline cost model; on the
+    CPU device, pass ``costs`` (a profile, see :meth:`vmem.Trainer.profile`) to predict time.
+    ``optimizer_slots`` names the optimizer state per parameter (SGD with momentum: one). ``precision``
+    (``"fp32"``, ``"fp16"``, ``"bf16"``) is what feature maps are stored in (:mod:`vmem.precision`).
+    ``nproc``: one rank of a data-parallel run of that many, each at ``batch`` (its share), the gradients'
+    all-reduce over the device's interconnect priced and overlapped with backward (the figures'
+    ``comm_seconds`` and ``exposed_comm_seconds``); ``shard_optimizer``: the optimizer's state sharded over
+    the ranks (ZeRO's stage 1), the rank that keeps the most of it planned.
+    """
+    if not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc={nproc!r} must be a positive int")
+    target = Target.of(device, memory)
+    program = net.build(batch, input_shape, dtype, precision)
+    result, _ = plan_program(
+        program,
+        target,
+        policy,
+        optimizer_slots=optimizer_slots,
+        costs=costs,
+        baseline=True,
+        nproc=nproc,
+        shard_optimizer=shard_optimizer,
+    )
+    return result
