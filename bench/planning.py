@@ -26,7 +26,7 @@ import dataclasses
 import vmem
 from vmem import format_bytes, policies
 from vmem.device.sim import SimDevice
-from vmem.planning import _cost_setup
+from vmem.planning import Target
 from vmem.schedule.lower import lower
 from vmem.schedule.pack import GREEDY_LIMIT, _greedy, lifetimes, place
 from vmem.schedule.replay import replay
@@ -72,7 +72,8 @@ def old_place(schedule) -> None:
 def peaks(net, batch: int, policy: str) -> tuple[int, int, int]:
     """(blocks, peak with the old packing, peak with the new)."""
     spec = dataclasses.replace(vmem.device("sim:titan-x").spec, memory=1 << 50)
-    program, costs = _cost_setup(net.build(batch), spec, None)
+    target = Target(spec)
+    program, costs = target.view(net.build(batch)), target.costs()
     decided = policies.get(policy).decide(program, spec, costs, None)
     schedule = lower(program, decided)
     out = [len(lifetimes(schedule.steps, schedule.alignment))]

@@ -178,11 +178,11 @@ def test_cheap_checks_come_before_any_work(capsys, monkeypatch, argv, says):
     """Refused in constant time (batch 10^8 took 230 s), before profiling, planning or launching a rank."""
     import time
 
-    from vmem import planner
+    from vmem import planning
     from vmem.distributed import launch
     from vmem.training import Trainer
 
-    for where, name in ((Trainer, "profile"), (Trainer, "__init__"), (planner, "plan"), (launch, "launch")):
+    for where, name in ((Trainer, "profile"), (Trainer, "__init__"), (planning, "plan"), (launch, "launch")):
         monkeypatch.setattr(where, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} ran before the checks"))
     t0 = time.monotonic()
     code, out, err = run(capsys, *argv)
