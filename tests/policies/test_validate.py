@@ -38,3 +38,18 @@ def test_a_plan_that_does_not_fit_says_its_peak_and_the_capacity():
     problems = validate(program, plan, small)
     assert problems == [Problem("does not fit", problems[0].message)]
     assert "1.00 MiB" in problems[0].message
+
+
+def test_policies_say_whether_they_are_made_for_a_budget_and_what_their_least_plan_is():
+    """Traits, not tests of names: vdnn-dyn and auto want a budget (``vmem train`` gives them half the
+    baseline's by default) and choose among others, so their least plan is vdnn-all's with the leanest
+    algorithms; every other policy's least plan is its own."""
+    from vmem.planning import floor_policy
+
+    for name in vmem.policies.names():
+        pol = vmem.policies.get(name)
+        chooses = name in ("vdnn-dyn", "auto")
+        assert pol.needs_budget is chooses and (pol.floor is not None) is chooses, name
+        floor = floor_policy(name)
+        want = vmem.policies.get("vdnn-all:algos=memory") if chooses else vmem.policies.get(name, algos="memory")
+        assert floor.spec == want.spec, name

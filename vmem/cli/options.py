@@ -146,9 +146,12 @@ AUTO_FRACTION = 0.5
 
 
 def auto_fraction(memory: str | None, policy: str) -> float | None:
-    """The fraction of the baseline's peak ``--memory`` asks for (None: a size, or the 1GiB default)."""
+    """The fraction of the baseline's peak ``--memory`` asks for (None: a size, or the 1GiB default; left out,
+    :data:`AUTO_FRACTION` for a policy made for a budget, ``Policy.needs_budget``)."""
     if memory is None:
-        return AUTO_FRACTION if policy.split(":")[0] in ("auto", "vdnn-dyn") else None
+        from .. import policies
+
+        return AUTO_FRACTION if policy and policies.get(policy).needs_budget else None
     if memory != "auto" and not memory.startswith("auto:"):
         return None
     text = memory.partition(":")[2] or str(AUTO_FRACTION)

@@ -21,12 +21,12 @@ __all__ = ["plan", "plan_program", "rank_plan", "floor_policy"]
 
 
 def floor_policy(policy: Any) -> Any:
-    """The policy whose plan is the least ``policy`` can need: itself (with ``algos=fit``, its
-    least-workspace algorithms), or for ``vdnn-dyn`` and ``auto`` (which choose among others) vdnn-all with
-    memory-optimal algorithms (for ``auto`` a bound: a plan that recomputes may need less)."""
+    """The policy whose plan is the least ``policy`` can need: its ``floor`` where it chooses among others
+    (``vdnn-dyn`` and ``auto``: vdnn-all with memory-optimal algorithms, for ``auto`` a bound), else itself
+    (with ``algos=fit``, its least-workspace algorithms)."""
     pol = policies.get(policy)
-    if pol.name in ("vdnn-dyn", "auto"):
-        return policies.get("vdnn-all:algos=memory")
+    if pol.floor is not None:
+        return policies.get(pol.floor)
     return policies.get(pol, algos="memory") if pol.algos == "fit" else pol
 
 

@@ -69,6 +69,12 @@ class Policy(ABC):
     needs_profile: ClassVar[bool] = False
     #: whether the policy chooses its convolution algorithms itself (its ``algos`` option is not used)
     chooses_algos: ClassVar[bool] = False
+    #: whether the policy is made for a budget below what the baseline needs (``vmem train`` then gives it one
+    #: by default: ``--memory auto``)
+    needs_budget: ClassVar[bool] = False
+    #: where the policy chooses among others: the spec of the one whose plan is the least it can need (its
+    #: smallest budget, a refusal's remedy); None: itself
+    floor: ClassVar[str | None] = None
     algos: str = "fit"
 
     def __post_init__(self) -> None:

@@ -63,6 +63,8 @@ class VdnnDyn(Policy):
 
     name = "vdnn-dyn"
     needs_profile = True
+    needs_budget = True
+    floor = "vdnn-all:algos=memory"  # every map offloaded, the leanest algorithms: the least of its choices
     chooses_algos = True
     sync: str = "auto"
     max_trials: int = 200

@@ -62,6 +62,8 @@ class Auto(Policy):
     name = "auto"
     needs_profile = True
     chooses_algos = True
+    needs_budget = True
+    floor = "vdnn-all:algos=memory"  # a bound: a plan that recomputes may need less
     lossy: str | None = option(None)
     trials: int | None = option(None)
     solver: str = option("greedy")
