@@ -191,8 +191,8 @@ def test_on_a_small_graph_auto_equals_an_exhaustive_search_over_every_buffers_ch
     from vmem.costs import Roofline, with_cudnn_catalog
     from vmem.graph.analysis import nonnegative_sparse, prefetch_points
     from vmem.planning import Target, evaluate
-    from vmem.schedule.gradients import needs_grad
-    from vmem.schedule.recompute import backward_uses, decisions
+    from vmem.graph.analysis import needs_grad
+    from vmem.graph.backward import backward_uses, decisions
 
     net, batch = _small_net(), 256
     memory = int(vmem.plan(net, batch, SIM, "layerwise:algos=memory", memory="1TiB").peak_bytes * 0.8)

@@ -96,7 +96,7 @@ def test_recompute_composes_with_offload_and_encodings():
     """One plan that recomputes, offloads (prefetched before the rebuild that reads it) and encodes
     losslessly: still bitwise equal to baseline, and the executor's peak is the plan's."""
     from vmem.policies.vdnn import prefetch_points
-    from vmem.schedule.recompute import backward_uses, decisions
+    from vmem.graph.backward import backward_uses, decisions
     from vmem.schedule.gradients import needs_grad
 
     make = bn_dropout_net

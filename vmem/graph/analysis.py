@@ -11,7 +11,7 @@ from typing import Any
 
 from .program import Program
 
-__all__ = ["writers", "readers", "nonnegative_sparse", "prefetch_points", "RecomputeGraph"]
+__all__ = ["writers", "readers", "nonnegative_sparse", "prefetch_points", "RecomputeGraph", "needs_grad"]
 
 
 def writers(program: Program) -> dict[int, tuple[int, ...]]:
@@ -45,7 +45,7 @@ def prefetch_points(
 ) -> dict[str, list[str]]:
     """For each op (by name), the offloaded buffers to prefetch when its backward starts (vDNN's rule).
     ``reads``: op -> buffers used at its backward, where rebuilds read more than the backward itself
-    (see :func:`vmem.schedule.recompute.backward_uses`); default: what each backward reads."""
+    (see :func:`vmem.graph.backward.backward_uses`); default: what each backward reads."""
     ops, tensors = program.ops, program.tensors
     reads = reads or {}
     needs = {
@@ -127,3 +127,16 @@ class RecomputeGraph:
             else:
                 kept.append(s)
         return tuple(frontier), tuple(temps), tuple(kept)
+
+
+def needs_grad(program: Program) -> list[bool]:
+    """Per tensor: whether its gradient is computed (it leads to a trainable parameter)."""
+    return list(program.derived("needs_grad", lambda: _needs_grad(program)))
+
+
+def _needs_grad(program: Program) -> list[bool]:
+    needs = [False] * len(program.tensors)
+    for op in program.ops:
+        has_params = any(s.trainable for s in op.params.values())
+        needs[op.output] = has_params or any(needs[i] for i in op.inputs)
+    return needs

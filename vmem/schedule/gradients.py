@@ -13,22 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph import Program
+from ..graph.analysis import needs_grad
 from .steps import Accumulate, AccumulateParam, Buffer, Key, Kind
 
-__all__ = ["needs_grad", "Gradients", "gradients", "param_temps"]
-
-
-def needs_grad(program: Program) -> list[bool]:
-    """Per tensor: whether its gradient is computed (it leads to a trainable parameter)."""
-    return list(program.derived("needs_grad", lambda: _needs_grad(program)))
-
-
-def _needs_grad(program: Program) -> list[bool]:
-    needs = [False] * len(program.tensors)
-    for op in program.ops:
-        has_params = any(s.trainable for s in op.params.values())
-        needs[op.output] = has_params or any(needs[i] for i in op.inputs)
-    return needs
+__all__ = ["needs_grad", "Gradients", "gradients", "param_temps"]  # needs_grad: vmem.graph.analysis's
 
 
 @dataclass

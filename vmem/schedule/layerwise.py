@@ -37,7 +37,7 @@ from .parts import (
     pinned_bytes,
     prefetch_step,
 )
-from .recompute import Rebuild, backward_uses, check_sources, decisions
+from ..graph.backward import Rebuild, backward_uses, check_sources, decisions
 from .steps import (
     Alloc,
     Backward,

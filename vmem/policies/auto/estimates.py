@@ -13,8 +13,8 @@ from typing import Any, Callable, Sequence
 from ... import codecs
 from ...graph import Program
 from ...graph.analysis import RecomputeGraph, nonnegative_sparse, prefetch_points
-from ...schedule.gradients import needs_grad
-from ...schedule.recompute import backward_uses, decisions
+from ...graph.analysis import needs_grad
+from ...graph.backward import backward_uses, decisions
 from ..plan import Plan, Stash
 from ..recompute import cheap_ops
 

@@ -1,5 +1,5 @@
 """Which buffers the backward pass rebuilds, when, and from what: the walk the layer-wise lowering and the
-policies share.
+policies share (an analysis of a Program under a plan's stash decisions: it knows nothing of schedules).
 
 A plan marks a buffer ``"recompute"``: it is freed after its last forward use and rebuilt during backward,
 just before the first backward that reads it (or the first rebuild that needs it as a source), by running
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..errors import PlanError
-from ..graph import Program
-from ..graph.analysis import writers
+from .program import Program
+from .analysis import writers
 
 __all__ = ["Rebuild", "Uses", "decisions", "backward_uses", "check_sources"]
 
