@@ -545,17 +545,28 @@ VMEM_SETTINGS = (
 )
 
 
-def _vmem_setting(args, out, label: str, precision: str, math: str, spans: bool = False) -> None:
-    times = out.setdefault("settings", {})
+def _vmem_setting(
+    args,
+    out,
+    label: str,
+    precision: str,
+    math: str,
+    spans: bool = False,
+    policy: str = "baseline:algos=performance",
+    memory: str | None = None,
+) -> dict | None:
+    """One vmem run of VGG-16 at ``--batch`` (``policy`` in ``memory``, by default the fastest baseline in
+    ``--memory``), its profile kept per precision and math for the runs after it; its result, or None where
+    it failed (the error kept under ``label``)."""
     cache = Path(args.profile_cache) / f"profile-b{args.batch}-{precision}-{math}.pkl"
     try:
         r = isolated(
             "vmem_step",
             args.child_timeout,
-            policy="baseline:algos=performance",
+            policy=policy,
             batch=args.batch,
             steps=args.steps,
-            memory=args.memory,
+            memory=memory or args.memory,
             profile=True,
             profile_cache=str(cache),
             conv_api=args.conv_api,
@@ -566,10 +577,11 @@ def _vmem_setting(args, out, label: str, precision: str, math: str, spans: bool 
         )
     except ChildFailed as exc:
         _failed(out, label, exc)
-        return
-    times[label] = r["median"]
+        return None
+    out.setdefault("settings", {})[label] = r["median"]
     out.setdefault("setting_runs", {})[label] = r
     print(f"{label}: {r['median'] * 1e3:.1f} ms a step (plan {r['chosen']}, peak {format_bytes(r['peak_bytes'])})")
+    return r
 
 
 def _setting_verdicts(out) -> None:
@@ -604,33 +616,15 @@ def section_half_memory(args, out):
         out.setdefault("skipped", {})["half_memory"] = "no vmem bf16 baseline run (section vmem_settings) to halve"
         print("half_memory: skipped, no vmem bf16 baseline run (section vmem_settings) to halve")
         return
-    half = f"{base['peak_bytes'] // 2}B"
-    cache = Path(args.profile_cache) / f"profile-b{args.batch}-bf16-tf32.pkl"  # the baseline's profile
-    try:
-        r = isolated(
-            "vmem_step",
-            args.child_timeout,
-            policy="auto",
-            batch=args.batch,
-            steps=args.steps,
-            memory=half,
-            profile=True,
-            profile_cache=str(cache),
-            precision="bf16",
-            math="tf32",
-        )
-    except ChildFailed as exc:
-        _failed(out, "vmem bf16 in half the memory", exc)
+    half = base["peak_bytes"] // 2
+    r = _vmem_setting(args, out, "vmem bf16 auto half memory", "bf16", "tf32", policy="auto", memory=f"{half}B")
+    if r is None:
         return
-    out.setdefault("settings", {})["vmem bf16 auto half memory"] = r["median"]
-    out.setdefault("setting_runs", {})["vmem bf16 auto half memory"] = r
     ratio = r["median"] / base["median"]
     out["verdicts"].append(
         verdict("vmem bf16 auto in half the memory / vmem bf16 baseline", ratio, 1.15, at_least=False)
     )
-    print(
-        f"auto in {format_bytes(base['peak_bytes'] // 2)} (bf16): {r['median'] * 1e3:.1f} ms, {ratio:.2f}x the baseline"
-    )
+    print(f"auto in {format_bytes(half)} (bf16): {r['median'] * 1e3:.1f} ms, {ratio:.2f}x the baseline")
 
 
 def section_resnet50(args, out):
