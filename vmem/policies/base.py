@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from ..device.spec import DeviceSpec
 from ..spec import parse_spec
 from ..graph import Program
-from .plan import Plan
+from .plan import Allocation, Plan
 
 __all__ = ["Policy", "parse_spec", "register", "get", "names", "option", "downgrade", "fit_algorithms"]
 
@@ -98,6 +98,29 @@ class Policy(ABC):
         ``costs`` (a :class:`vmem.costs.CostModel`, or None) ranks algorithms by time; ``oracle(plan)``,
         supplied by the planner, replays a candidate plan and returns its figures (a PlanResult: ``.fits``,
         ``.peak_bytes``, ...; only policies that search, such as vdnn-dyn, use it)."""
+
+    def new_plan(
+        self,
+        program: Program,
+        device: DeviceSpec,
+        costs: Any = None,
+        *,
+        allocation: str = Allocation.LAYER,
+        **decided: Any,
+    ) -> Plan:
+        """A plan of this policy for ``program`` on ``device``: the header every policy's plan has (the policy,
+        network, batch, device and capacity, ``allocation``, the algorithms :meth:`choose_algos` picks under
+        ``costs``), with the policy's own ``decided`` fields (``stash``, ``reason``, ...)."""
+        return Plan(
+            policy=self.spec,
+            network=program.network,
+            batch=program.batch,
+            device=device.name,
+            capacity=device.memory,
+            allocation=allocation,
+            algos=self.choose_algos(program, costs, capacity=device.memory),
+            **decided,
+        )
 
     def choose_algos(
         self, program: Program, costs: Any = None, algos: str | None = None, capacity: int | None = None

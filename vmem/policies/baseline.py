@@ -24,14 +24,11 @@ class Baseline(Policy):
     name = "baseline"
 
     def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
-        return Plan(
-            policy=self.spec,
-            network=program.network,
-            batch=program.batch,
-            device=device.name,
-            capacity=device.memory,
+        return self.new_plan(
+            program,
+            device,
+            costs,
             allocation=Allocation.NETWORK,
-            algos=self.choose_algos(program, costs, capacity=device.memory),
             stash={t.name: Stash.KEEP for t in program.tensors if t.stashed},
             reason="network-wide allocation: every feature map is kept for the whole iteration",
         )

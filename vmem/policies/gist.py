@@ -32,7 +32,7 @@ from ..device.spec import DeviceSpec
 from ..graph import Program
 from ..graph.analysis import nonnegative_sparse
 from .base import Policy, option, register
-from .plan import Allocation, Plan, Stash
+from .plan import Plan, Stash
 from .ranges import batchnorm_ranges, check_sigmas
 from .vdnn import check_density
 
@@ -101,14 +101,10 @@ class Gist(Policy):
         for spec in chosen.values():
             counts[spec] = counts.get(spec, 0) + 1
         summary = ", ".join(f"{n} {spec}" for spec, n in sorted(counts.items())) or "nothing"
-        return Plan(
-            policy=self.spec,
-            network=program.network,
-            batch=program.batch,
-            device=device.name,
-            capacity=device.memory,
-            allocation=Allocation.LAYER,
-            algos=self.choose_algos(program, costs, capacity=device.memory),
+        return self.new_plan(
+            program,
+            device,
+            costs,
             stash=stash,
             codecs=chosen,
             density=self.density,

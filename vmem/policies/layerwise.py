@@ -13,7 +13,7 @@ from typing import Any
 from ..device.spec import DeviceSpec
 from ..graph import Program
 from .base import Policy, register
-from .plan import Allocation, Plan, Stash
+from .plan import Plan, Stash
 
 __all__ = ["Layerwise"]
 
@@ -27,14 +27,10 @@ class Layerwise(Policy):
 
     def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
         stashed = program.stashed_buffers()
-        return Plan(
-            policy=self.spec,
-            network=program.network,
-            batch=program.batch,
-            device=device.name,
-            capacity=device.memory,
-            allocation=Allocation.LAYER,
-            algos=self.choose_algos(program, costs, capacity=device.memory),
+        return self.new_plan(
+            program,
+            device,
+            costs,
             stash={program.tensors[b].name: Stash.KEEP for b in sorted(stashed)},
             reason=f"layer-wise allocation; nothing offloaded ({len(stashed)} stashed buffers kept)",
         )

@@ -31,7 +31,7 @@ from ..device.spec import DeviceSpec
 from ..graph import Program
 from ..graph.analysis import RecomputeGraph
 from .base import Policy, register
-from .plan import Allocation, Plan, Stash
+from .plan import Plan, Stash
 
 __all__ = ["Mirror", "Chen", "Echo", "CHEAP_FLOPS", "cheap_ops"]
 
@@ -177,14 +177,10 @@ def _plan(
     notes: dict[str, str] | None = None,
 ) -> Plan:
     names = {b: program.tensors[b].name for b in decided}
-    return Plan(
-        policy=policy.spec,
-        network=program.network,
-        batch=program.batch,
-        device=device.name,
-        capacity=device.memory,
-        allocation=Allocation.LAYER,
-        algos=policy.choose_algos(program, costs, capacity=device.memory),
+    return policy.new_plan(
+        program,
+        device,
+        costs,
         stash={names[b]: d for b, d in sorted(decided.items())},
         reason=reason,
         notes=notes or {},

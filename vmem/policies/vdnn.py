@@ -31,7 +31,7 @@ from ..device.spec import DeviceSpec
 from ..graph import Program
 from ..graph.analysis import prefetch_points
 from .base import Policy, option, register
-from .plan import Allocation, Plan, Stash
+from .plan import Plan, Stash
 from .ranges import batchnorm_ranges, check_sigmas
 
 __all__ = ["VdnnAll", "VdnnConv", "prefetch_points", "offload_codec", "check_density"]
@@ -88,14 +88,10 @@ class _Vdnn(Policy):
             if self.codec
             else {}
         )
-        return Plan(
-            policy=self.spec,
-            network=program.network,
-            batch=program.batch,
-            device=device.name,
-            capacity=device.memory,
-            allocation=Allocation.LAYER,
-            algos=self.choose_algos(program, costs, capacity=device.memory),
+        return self.new_plan(
+            program,
+            device,
+            costs,
             stash={program.tensors[b].name: (Stash.OFFLOAD if b in offloaded else Stash.KEEP) for b in sorted(stashed)},
             prefetch=prefetch_points(program, offloaded),
             sync=self.sync,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, NamedTuple, Union
+from typing import TYPE_CHECKING, Any, NamedTuple, Union, get_args
 
 if TYPE_CHECKING:
     from ..codecs import Codec
@@ -333,29 +333,9 @@ Step = Union[
     Decode,
     CopyOut,
 ]
-#: Every step kind: a consumer's handler table must cover all of them.
-STEPS: tuple[type, ...] = (
-    Alloc,
-    Free,
-    Upload,
-    Forward,
-    Recompute,
-    Loss,
-    Backward,
-    Accumulate,
-    AccumulateParam,
-    Update,
-    AllReduce,
-    WaitAllReduce,
-    Broadcast,
-    Offload,
-    Release,
-    Prefetch,
-    WaitPrefetch,
-    Encode,
-    Decode,
-    CopyOut,
-)
+#: Every step kind (the members of :data:`Step`, listed once there): a consumer's handler table must cover all
+#: of them.
+STEPS: tuple[type, ...] = get_args(Step)
 #: Steps that release a buffer (its block is free after them).
 RELEASES: tuple[type, ...] = (Free, Release)
 
