@@ -12,7 +12,7 @@ from .. import nn
 from ..errors import OnnxError
 from ..graph.network import Network, Node
 from ..graph.program import _live_nodes
-from ._load import _onnx
+from ._builder import _onnx
 
 __all__ = ["save"]
 
