@@ -14,6 +14,7 @@ from tests.runtime.test_executor import FakeDevice
 from vmem.codecs import native
 from vmem.optim import SGD, Adam, Optimizer
 from vmem.runtime import DeviceParams, Executor
+from vmem.runtime.update import Updates
 from vmem.schedule.lower import lower
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the native kernels are not built")
@@ -125,7 +126,7 @@ def test_the_fused_update_gives_the_weights_of_the_per_parameter_update(monkeypa
     for make in (lambda: SGD(lr=0.05, momentum=0.9, weight_decay=1e-4, nesterov=True), lambda: Adam(weight_decay=0.01)):
         _, fused_reports, fused = _steps(make(), nan_at=2)
         with monkeypatch.context() as m:
-            m.setattr(Executor, "_fused", lambda self, step: None)  # the optimizer's own NumPy update
+            m.setattr(Updates, "fused", lambda self, step: None)  # the optimizer's own NumPy update
             _, plain_reports, plain = _steps(make(), nan_at=2)
         assert [r.skipped for r in fused_reports] == [r.skipped for r in plain_reports] == [False, True, False]
         assert fused.keys() == plain.keys()

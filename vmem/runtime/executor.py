@@ -6,7 +6,10 @@ stream (so reuse is stream-ordered); every op is enqueued on the compute stream 
 Each op records its start and end time on the stream and the pool's usage while it ran: that is the
 step's timeline, from which the time-weighted average usage is computed. Steps are dispatched on their
 type through one table (:func:`vmem.schedule.steps.handlers` checks it covers every kind); offloads,
-prefetches and encodings are in :mod:`.transfers`.
+prefetches and encodings are in :mod:`.transfers`, the optimizer's side of a step in :mod:`.update`, float32
+compute over half storage in :mod:`.staged`, the report in :mod:`.report`. What stays here is one job, a
+handler for each of the twenty step kinds and the step around them, which is why the module runs past 500
+lines.
 
 If anything fails during a step (an out-of-memory error, an error in a layer), every block the step
 allocated is returned, so the pool is exactly as it was before the step.
@@ -15,13 +18,11 @@ allocated is returned, so the pool is exactly as it was before the step.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
 from ..device.staging import copy_nbytes, staged
-from ..codecs import native
 from ..errors import DeviceError
 from ..nn.base import Ctx, physical
 from ..optim import Optimizer
@@ -50,62 +51,15 @@ from ..schedule.steps import (
     handlers,
 )
 from .params import DeviceParams
-from .timeline import Span, Timeline
+from .update import Updates
+from .report import StepReport
+from .staged import staged_backward, staged_forward
+from .timeline import Timeline
 from .transfers import _BYTE, Transfers
 
 __all__ = ["Executor", "StepReport"]
 
 _LABELS, _PROBS, _LOSS = Key(Kind.LABELS), Key(Kind.PROBS), Key(Kind.LOSS)
-
-
-@dataclass
-class StepReport:
-    """What one training step did and used. Bytes are the device pool's (with fragmentation)."""
-
-    loss: float
-    seconds: float
-    peak_bytes: int
-    average_bytes: float
-    offloaded_bytes: int = 0
-    stall_seconds: float = 0.0
-    timeline: Timeline = field(default_factory=Timeline, repr=False)
-    #: host threads the step's BLAS calls could use (the CPU device's core budget); None elsewhere
-    threads: int | None = None
-    #: the loss or a gradient was NaN or infinite: the step changed nothing (weights, optimizer state,
-    #: batch-norm statistics)
-    skipped: bool = False
-    #: with ``check=True``: the first op (by name, with the pass) whose output was not finite, else None
-    first_nonfinite: str | None = None
-    #: the loss scale the step ran with (fp16 training), None where the loss was not scaled
-    loss_scale: float | None = None
-    #: seconds the host took to enqueue the step's schedule (on the CPU device its streams start after it)
-    dispatch_seconds: float = 0.0
-    #: encodings of data-dependent size (ssdc, zvc kept on the device) that came out larger than the block
-    #: the plan sized at its density: (buffer, bytes needed, bytes planned); their values were kept in host
-    #: memory for the step instead (slower, the same numbers, and no device memory beyond the plan's)
-    spilled: tuple[tuple[str, int, int], ...] = ()
-
-    @property
-    def spans(self) -> list[Span]:
-        return self.timeline.spans
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            k: getattr(self, k)
-            for k in (
-                "loss",
-                "seconds",
-                "peak_bytes",
-                "average_bytes",
-                "offloaded_bytes",
-                "stall_seconds",
-                "threads",
-                "skipped",
-                "first_nonfinite",
-                "loss_scale",
-                "dispatch_seconds",
-            )
-        }
 
 
 class _Run:
@@ -200,48 +154,9 @@ class Executor(Transfers):
             }
             for op in ops
         ]
-        slots = optimizer.slots if optimizer is not None else ()
-        #: the parameters this process updates: every trainable one, or where the optimizer's state is
-        #: sharded over the ranks, those whose state it keeps
-        updated = [
-            key
-            for key in (f"{op.name}.{k}" for op, k, s in program.owned_params() if s.trainable)
-            if all(Key(Kind.OPT_STATE, key, slot) in params.views for slot in slots)
-        ]
-        self._updates = (
-            [
-                (
-                    params.views[Key(Kind.WEIGHT, key)],
-                    params.views[Key(Kind.WEIGHT_GRAD, key)],
-                    {slot: params.views[Key(Kind.OPT_STATE, key, slot)] for slot in slots},
-                )
-                for key in updated
-            ]
-            if optimizer is not None
-            else []
-        )
-        self._update_sizes = [p.size for p, _, _ in self._updates]
-        #: where the optimizer's fused kernel runs (float32 parameters on a device the kernels are built for;
-        #: None: the optimizer's own update, the finite flag read on the host)
-        self._fused_on = (
-            native.backend(self._updates[0][0])
-            if self._updates and all(p.dtype == np.float32 for p, _, _ in self._updates)
-            else None
-        )
-        index = {key: i for i, key in enumerate(updated)}
-        #: per Update step's bucket: the indices of its parameters and their sizes (every one for None)
-        self._buckets: dict[tuple[str, ...] | None, tuple[list[int], list[int]]] = {}
-        for st in schedule.steps:
-            if type(st) is Update:
-                ids = list(range(len(self._updates))) if st.params is None else [index[k] for k in st.params]
-                self._buckets[st.params] = (ids, [self._update_sizes[i] for i in ids])
-        # state a forward changes besides the weights (batch norm's running statistics): kept aside at the
-        # start of a step, put back if the step turns out not finite
-        self._stats = (
-            [params.views[Key(Kind.WEIGHT, f"{op.name}.{k}")] for op, k, s in program.owned_params() if not s.trainable]
-            if optimizer is not None
-            else []
-        )
+        #: the optimizer's side of the step: the parameters this process updates, the finite check, batch
+        #: norm's statistics kept aside (see :class:`~vmem.runtime.update.Updates`)
+        self._updates = Updates(device, schedule, params, optimizer)
         # the batch staged in one pinned buffer: each input, then the labels, each at an aligned offset
         a = device.pool.alignment
         self._inputs_at, at = [], 0
@@ -351,8 +266,8 @@ class Executor(Transfers):
         self._begin_transfers(r)
         try:
             self._stage(r)
-            if train and self._stats:
-                self._keep_stats(r)
+            if train and self._updates.stats:  # batch norm's statistics, put back if the step is skipped
+                self.device.compute_stream.launch(self._updates.keep(r))
             with dev.step_scope() as threads:
                 walk = time.perf_counter()
                 with dev.dispatch_scope():
@@ -526,7 +441,11 @@ class Executor(Transfers):
         ctx = self._ctx(r, st.op, r.train or replay, r.rng, st.algo, st.workspace, replay=replay)
         xs = [self._value(r, t) for t in op.inputs]
         y = self._value(r, op.output)
-        fn = op.layer.forward if not op.staged else self._staged_forward(r, st.op, ctx)
+        fn = (
+            op.layer.forward
+            if not op.staged
+            else staged_forward(op.layer.forward, self._stage_items[(st.op, "forward")], ctx)
+        )
         self._launch(
             r,
             f"{op.name}.recompute" if replay else op.name,
@@ -562,59 +481,14 @@ class Executor(Transfers):
                 dxs.append(self._view(r, sched.acc[(st.op, j)], physical(tensor.shape), self._dtypes[tensor.dtype]))
             else:
                 dxs.append(self._grad(r, t))
-        fn = op.layer.backward if not op.staged else self._staged_backward(r, st.op, ctx)
+        fn = (
+            op.layer.backward
+            if not op.staged
+            else staged_backward(op.layer.backward, self._stage_items[(st.op, "backward")], ctx)
+        )
         self._launch(r, f"{op.name}.backward", fn, ctx, dy, xs, y, dxs)
         if r.check:
             self._check(r, f"{op.name} (backward)", [d for d in dxs if d is not None] + list(ctx.grads.values()))
-
-    # -- float32 compute over low-precision storage (vmem.device.staging) ----------------------------
-    def _copies(self, r: _Run, i: int, pass_: str, ctx: Ctx) -> dict[tuple[str, int], Any]:
-        """The pass's float32 copies, carved from the end of its workspace (the layer keeps the start)."""
-        items = self._stage_items[(i, pass_)]
-        ws = ctx.workspace
-        total = sum(n for *_, n in items)
-        base = ws.nbytes - total
-        ctx.workspace = ws[:base] if base else None
-        copies, at = {}, base
-        for role, j, shape, n in items:
-            copies[(role, j)] = ws[at : at + int(np.prod(shape)) * 4].view(np.float32).reshape(shape)
-            at += n
-        return copies
-
-    def _staged_forward(self, r: _Run, i: int, ctx: Ctx) -> Any:
-        """The layer's forward on float32 copies of its low-precision inputs, its output rounded once back."""
-        copies = self._copies(r, i, "forward", ctx)
-        forward = self.program.ops[i].layer.forward
-
-        def run(ctx: Ctx, xs: list[Any], y: Any) -> None:
-            xs32 = [_cast_into(copies[("x", j)], x) if ("x", j) in copies else x for j, x in enumerate(xs)]
-            y32 = copies.get(("y", -1), y)
-            forward(ctx, xs32, y32)
-            if y32 is not y:
-                with np.errstate(over="ignore"):  # past fp16's range is inf, as IEEE storage is
-                    y[...] = y32  # one rounding (to nearest even) per output
-
-        return run
-
-    def _staged_backward(self, r: _Run, i: int, ctx: Ctx) -> Any:
-        """The layer's backward on float32 copies of what it reads, each input gradient rounded once back."""
-        copies = self._copies(r, i, "backward", ctx)
-        backward = self.program.ops[i].layer.backward
-
-        def run(ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any, dxs: list[Any]) -> None:
-            dy32 = _cast_into(copies[("dy", -1)], dy) if ("dy", -1) in copies else dy
-            if xs is not None:
-                xs = [_cast_into(copies[("x", j)], x) if ("x", j) in copies else x for j, x in enumerate(xs)]
-            if y is not None and ("y", -1) in copies:
-                y = _cast_into(copies[("y", -1)], y)
-            dxs32 = [copies[("dx", j)] if d is not None and ("dx", j) in copies else d for j, d in enumerate(dxs)]
-            backward(ctx, dy32, xs, y, dxs32)
-            for d, d32 in zip(dxs, dxs32):
-                if d is not None and d32 is not d:
-                    with np.errstate(over="ignore"):
-                        d[...] = d32
-
-        return run
 
     def _check(self, r: _Run, name: str, arrays: list[Any]) -> None:
         """Record ``name`` as the step's first non-finite output if any of ``arrays`` is not finite, once
@@ -671,45 +545,7 @@ class Executor(Transfers):
         self._launch(r, "loss", run)
 
     def _update(self, r: _Run, st: Update) -> None:
-        opt, xp, step = self.optimizer, self.xp, r.step
-        bucket, sizes = self._buckets[st.params]
-        fused = self._fused(step)
-
-        def update(j: int) -> None:  # each parameter is updated on its own: on the CPU, any lane may take it
-            param, grad, state = self._updates[bucket[j]]
-            if fused is not None:  # one pass, and only where the device flag says the step is finite
-                kernel, scalars, on = fused
-                native.optimizer_update(kernel, param, grad, [state[s] for s in opt.slots], r.ok, scalars, on)  # type: ignore[union-attr]
-            else:
-                opt.update(xp, param, grad, state, step)  # type: ignore[union-attr]
-
-        inverse = None if r.scale is None else np.float32(1.0 / r.scale)  # as PyTorch's: 1/scale in float32
-
-        def unscale(j: int) -> None:  # the gradient back to the loss's own scale (scratch where not finite)
-            grad = self._updates[bucket[j]][1]
-            grad *= inverse
-
-        def run() -> None:
-            if r.ok is None:  # the step's first bucket decides for every one, on the device
-                r.ok = self._finite(r)
-                skip = xp.logical_not(r.ok)
-                for view, kept in zip(self._stats, r.kept_stats):  # a skipped step changes nothing
-                    xp.copyto(view, kept, where=skip)
-            if fused is None and not bool(r.ok):  # an update without a fused kernel: the host decides
-                return
-            if r.scale is not None:
-                self.device.ops.each(sizes, unscale)
-            self.device.ops.each(sizes, update)
-
-        self._launch(r, "update", run)
-
-    def _fused(self, step: int) -> tuple[str, tuple, Any] | None:
-        """(kernel, scalars, backend) of the optimizer's fused update at ``step``, or None (no kernel for
-        this optimizer, none built for this device, or parameters not in float32)."""
-        if self._fused_on is None or self.optimizer is None:
-            return None
-        made = self.optimizer.fused(step)
-        return None if made is None else (made[0], made[1], self._fused_on)
+        self._launch(r, "update", self._updates.work(r, st))
 
     def _allreduce(self, r: _Run, st: AllReduce) -> None:
         """Sum the bucket's gradients over the ranks on the communication stream once the compute stream has
@@ -748,30 +584,3 @@ class Executor(Transfers):
 
     def _wait_allreduce(self, r: _Run, st: WaitAllReduce) -> None:
         self.device.compute_stream.wait(r.reduced.pop(st.bucket))
-
-    def _keep_stats(self, r: _Run) -> None:
-        """Copies of batch norm's running statistics, made on the compute stream before the forward."""
-        xp, stats = self.xp, self._stats
-
-        def keep() -> None:
-            r.kept_stats = [xp.array(v) for v in stats]
-
-        self.device.compute_stream.launch(keep)
-
-    def _finite(self, r: _Run) -> Any:
-        """The step's finite flag on the device (a bool array of one value): whether the loss and every
-        weight gradient are finite, computed without the host reading anything. A sum is NaN or infinite if
-        any term is (it may also overflow where the gradients are near float32's largest value: then the
-        step is skipped as well)."""
-        xp = self.xp
-        ok = xp.ones(1, bool) if r.loss_ok is None else xp.reshape(r.loss_ok, (1,))
-        if self._grads:  # every gradient (a rank that updates a share, even none, decides as all do)
-            total = sum(g.sum() for g in self._grads.values())
-            ok = xp.logical_and(ok, xp.isfinite(total))
-        return ok
-
-
-def _cast_into(dst: Any, src: Any) -> Any:
-    """``src`` widened into ``dst`` (exact: every fp16 and bf16 value is a float32); ``dst``."""
-    dst[...] = src
-    return dst

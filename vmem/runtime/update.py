@@ -1,0 +1,137 @@
+"""The optimizer's side of a step, as the executor carries it out: the parameters this process updates, their
+update (one fused kernel per parameter where the device has it, reading the step's finite flag on the device;
+else the optimizer's own NumPy/CuPy update, the host deciding), the loss scale undone first, and batch norm's
+running statistics kept aside before the forward and put back where the step is skipped."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ..codecs import native
+from ..optim import Optimizer
+from ..schedule import Key, Kind, Schedule
+from ..schedule.steps import Update
+from .params import DeviceParams
+
+__all__ = ["Updates"]
+
+
+class Updates:
+    """What a schedule's Update steps touch on ``device`` (see the module docstring): every trainable
+    parameter with its gradient and optimizer state, or where the state is sharded over the ranks, those
+    whose state this process keeps; grouped per Update step's bucket."""
+
+    def __init__(self, device: Any, schedule: Schedule, params: DeviceParams, optimizer: Optimizer | None):
+        self.device, self.optimizer, self.xp = device, optimizer, device.xp
+        program = schedule.program
+        slots = optimizer.slots if optimizer is not None else ()
+        updated = [
+            key
+            for key in (f"{op.name}.{k}" for op, k, s in program.owned_params() if s.trainable)
+            if all(Key(Kind.OPT_STATE, key, slot) in params.views for slot in slots)
+        ]
+        #: (weight, gradient, optimizer state by slot) of each parameter this process updates
+        self.params: list[tuple[Any, Any, dict[str, Any]]] = (
+            [
+                (
+                    params.views[Key(Kind.WEIGHT, key)],
+                    params.views[Key(Kind.WEIGHT_GRAD, key)],
+                    {slot: params.views[Key(Kind.OPT_STATE, key, slot)] for slot in slots},
+                )
+                for key in updated
+            ]
+            if optimizer is not None
+            else []
+        )
+        sizes = [p.size for p, _, _ in self.params]
+        #: where the optimizer's fused kernel runs (float32 parameters on a device the kernels are built for;
+        #: None: the optimizer's own update, the finite flag read on the host)
+        self.fused_on = (
+            native.backend(self.params[0][0])
+            if self.params and all(p.dtype == np.float32 for p, _, _ in self.params)
+            else None
+        )
+        index = {key: i for i, key in enumerate(updated)}
+        #: per Update step's bucket: the indices of its parameters and their sizes (every one for None)
+        self.buckets: dict[tuple[str, ...] | None, tuple[list[int], list[int]]] = {}
+        for st in schedule.steps:
+            if type(st) is Update:
+                ids = list(range(len(self.params))) if st.params is None else [index[k] for k in st.params]
+                self.buckets[st.params] = (ids, [sizes[i] for i in ids])
+        #: state a forward changes besides the weights (batch norm's running statistics): kept aside at the
+        #: start of a step, put back if the step turns out not finite
+        self.stats = (
+            [params.views[Key(Kind.WEIGHT, f"{op.name}.{k}")] for op, k, s in program.owned_params() if not s.trainable]
+            if optimizer is not None
+            else []
+        )
+        #: every weight gradient (what the finite check sums)
+        self.grads = [v for k, v in params.views.items() if k.kind is Kind.WEIGHT_GRAD]
+
+    def keep(self, r: Any) -> Callable[[], None]:
+        """The work that copies batch norm's running statistics aside into ``r.kept_stats`` (on the compute
+        stream, before the forward)."""
+        xp, stats = self.xp, self.stats
+
+        def keep() -> None:
+            r.kept_stats = [xp.array(v) for v in stats]
+
+        return keep
+
+    def work(self, r: Any, st: Update) -> Callable[[], None]:
+        """The work of Update step ``st`` of run ``r``: the step's finite flag made by its first bucket (on the
+        device; a skipped step puts batch norm's statistics back), the loss scale undone, each parameter of the
+        bucket updated."""
+        opt, xp, step = self.optimizer, self.xp, r.step
+        bucket, sizes = self.buckets[st.params]
+        fused = self.fused(step)
+
+        def update(j: int) -> None:  # each parameter is updated on its own: on the CPU, any lane may take it
+            param, grad, state = self.params[bucket[j]]
+            if fused is not None:  # one pass, and only where the device flag says the step is finite
+                kernel, scalars, on = fused
+                native.optimizer_update(kernel, param, grad, [state[s] for s in opt.slots], r.ok, scalars, on)  # type: ignore[union-attr]
+            else:
+                opt.update(xp, param, grad, state, step)  # type: ignore[union-attr]
+
+        inverse = None if r.scale is None else np.float32(1.0 / r.scale)  # as PyTorch's: 1/scale in float32
+
+        def unscale(j: int) -> None:  # the gradient back to the loss's own scale (scratch where not finite)
+            grad = self.params[bucket[j]][1]
+            grad *= inverse
+
+        def run() -> None:
+            if r.ok is None:  # the step's first bucket decides for every one, on the device
+                r.ok = self.finite(r)
+                skip = xp.logical_not(r.ok)
+                for view, kept in zip(self.stats, r.kept_stats):  # a skipped step changes nothing
+                    xp.copyto(view, kept, where=skip)
+            if fused is None and not bool(r.ok):  # an update without a fused kernel: the host decides
+                return
+            if r.scale is not None:
+                self.device.ops.each(sizes, unscale)
+            self.device.ops.each(sizes, update)
+
+        return run
+
+    def fused(self, step: int) -> tuple[str, tuple, Any] | None:
+        """(kernel, scalars, backend) of the optimizer's fused update at ``step``, or None (no kernel for
+        this optimizer, none built for this device, or parameters not in float32)."""
+        if self.fused_on is None or self.optimizer is None:
+            return None
+        made = self.optimizer.fused(step)
+        return None if made is None else (made[0], made[1], self.fused_on)
+
+    def finite(self, r: Any) -> Any:
+        """The step's finite flag on the device (a bool array of one value): whether the loss and every
+        weight gradient are finite, computed without the host reading anything. A sum is NaN or infinite if
+        any term is (it may also overflow where the gradients are near float32's largest value: then the
+        step is skipped as well)."""
+        xp = self.xp
+        ok = xp.ones(1, bool) if r.loss_ok is None else xp.reshape(r.loss_ok, (1,))
+        if self.grads:  # every gradient (a rank that updates a share, even none, decides as all do)
+            total = sum(g.sum() for g in self.grads)
+            ok = xp.logical_and(ok, xp.isfinite(total))
+        return ok
