@@ -8,16 +8,13 @@ from .linear import Flatten, Linear
 from .loss import SoftmaxCrossEntropy
 from .norm import BatchNorm2d
 from .pooling import AvgPool2d, MaxPool2d, Pad2d
+from .attention import LayerNorm, MatMul, Mean, Softmax
 from .seq import (
     Embedding,
     ExpandDims,
     Identity,
-    LayerNorm,
     LengthMask,
-    MatMul,
-    Mean,
     Reshape,
-    Softmax,
     Split,
     Take,
     Transpose,
