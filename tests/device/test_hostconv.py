@@ -8,7 +8,7 @@ import pytest
 
 from vmem import nn
 from vmem.nn import Ctx, physical
-from vmem.device.hostconv import ALGORITHMS, HostConv, algorithms, backend as conv, winograd, workspace_bytes
+from vmem.device.hostconv import ALGORITHMS, HostConv, algorithms, catalog, winograd, workspace_bytes
 from vmem.nn import lanes
 from vmem.nn.base import PASSES
 
@@ -38,9 +38,9 @@ def chunking(request, monkeypatch):
         monkeypatch.setattr(lanes, "_SPLIT_MIN", 1)
         monkeypatch.setattr(winograd, "_CHUNK_VALUES", 1 << 30)
     if request.param == "chunked":
-        monkeypatch.setattr(conv, "_COL_VALUES", 64)
-        monkeypatch.setattr(conv, "_COL_MIN_ROWS", 1)
-        monkeypatch.setattr(conv, "_IMPLICIT_ROWS", 1)
+        monkeypatch.setattr(catalog, "_COL_VALUES", 64)
+        monkeypatch.setattr(catalog, "_COL_MIN_ROWS", 1)
+        monkeypatch.setattr(catalog, "_IMPLICIT_ROWS", 1)
         monkeypatch.setattr(winograd, "_CHUNK_VALUES", 1)
         monkeypatch.setattr(winograd, "_CHUNK_MIN_TILES", 1)
     return request.param

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from vmem import nn, threads
-from vmem.device.hostconv import HostConv, backend as conv, workspace_bytes
+from vmem.device.hostconv import HostConv, backend as conv, catalog, workspace_bytes
 from vmem.device.lanes import LaneOps
 from vmem.nn import Ctx, PASSES, lanes, physical
 from vmem.nn.ops import ArrayOps
@@ -63,8 +63,8 @@ def _conv_step(layer, shape, x, w, b, dy):
     "k, s, p, shape", [(3, 1, 1, (8, 16, 12, 12)), (5, 2, 2, (6, 8, 15, 13)), (1, 1, 0, (64, 64, 16, 16))]
 )
 def test_convolution_same_bits_side_by_side_or_in_turn(k, s, p, shape, budget, monkeypatch):
-    monkeypatch.setattr(conv, "_COL_VALUES", 64)
-    monkeypatch.setattr(conv, "_COL_MIN_ROWS", 1)
+    monkeypatch.setattr(catalog, "_COL_VALUES", 64)
+    monkeypatch.setattr(catalog, "_COL_MIN_ROWS", 1)
     rng = np.random.default_rng(2)
     layer = nn.Conv2d(shape[1], 24 if k > 1 else 128, k, stride=s, padding=p)
     x = rng.standard_normal(physical(shape)).astype(np.float32)

@@ -65,11 +65,11 @@ def test_conv2d_winograd(case, algo, monkeypatch):
 @pytest.mark.parametrize("algo", ["im2col", "implicit"])
 @pytest.mark.parametrize("case", CONV_CASES[:3], ids=lambda c: f"k{c[2]}s{c[3]}p{c[4]}")
 def test_conv2d_in_tiny_chunks(case, algo, monkeypatch):
-    from vmem.device.hostconv import backend as conv
+    from vmem.device.hostconv import catalog
 
-    monkeypatch.setattr(conv, "_COL_VALUES", 8)
-    monkeypatch.setattr(conv, "_COL_MIN_ROWS", 1)
-    monkeypatch.setattr(conv, "_IMPLICIT_ROWS", 1)
+    monkeypatch.setattr(catalog, "_COL_VALUES", 8)
+    monkeypatch.setattr(catalog, "_COL_MIN_ROWS", 1)
+    monkeypatch.setattr(catalog, "_IMPLICIT_ROWS", 1)
     cin, cout, k, s, p, shape = case
     check_layer(nn.Conv2d(cin, cout, k, stride=s, padding=p), [shape], algo=algo)
 
