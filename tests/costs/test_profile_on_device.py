@@ -206,9 +206,9 @@ class _CappedFind(_FoundConv):
 
 
 def test_cudnns_search_gets_a_capped_workspace(monkeypatch):
-    from vmem.costs import measured
+    from vmem.costs import timing
 
-    monkeypatch.setattr(measured, "FIND_WORKSPACE", 4096)
+    monkeypatch.setattr(timing, "FIND_WORKSPACE", 4096)
     _, fake, _ = _profile_with(_CappedFind, monkeypatch)
     sizes = [n for kind, n in fake.calls if kind == "workspace"]
     assert sizes and max(sizes) == 4096  # the layers ask for more: given the cap

@@ -1,0 +1,378 @@
+"""Timing one op of a Program on a real device, as a profile does: each pass and algorithm run on random data of
+the op's shapes (on the CPU on the calling thread; on a device, on its compute stream, with the op's buffers in
+its pool), convolutions through the backend's ranking or its own search, and the loss."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from ..benchmarks import best_seconds, typical_seconds
+from ..device.hostconv import HostConv
+from ..errors import OutOfDeviceMemory
+from ..graph import OpInfo, Program
+from ..nn.base import Ctx, physical
+from ..nn.ops import HostOps
+from ..precision import dtype as _dtype
+
+__all__ = ["FIND_WORKSPACE"]
+
+_log = logging.getLogger("vmem.profile")  # one line per op at INFO: what a long profile is doing
+#: The most workspace cuDNN's search (``Find*Ex``, the fallback where its heuristics fail) is given: it
+#: runs every algorithm that fits, and some need gigabytes on a large batch, for seconds each.
+FIND_WORKSPACE = 1 << 30
+#: A device run at least this long is measured once: its time hardly varies, and the slowest of cuDNN's
+#: algorithms on a large batch run for seconds.
+_LONG = 0.02
+
+
+class _Runner:
+    """Where profiled work runs and where its arrays live.
+
+    Without a device: on the calling thread, on host arrays (``vmem.costs.profile(program)``). With one,
+    every array is a block of the device's pool, so that the profile never takes more memory than the
+    budget the plan is for (an op whose buffers do not fit is measured at a smaller batch: see
+    :func:`_profile_fitting`); ``release`` returns the blocks after each op. On an asynchronous device (a
+    GPU) the work runs on its compute stream, timed across a synchronize; on the CPU device, on the calling
+    thread (its streams are idle while it profiles), timed as on the host."""
+
+    def __init__(self, device: Any = None):
+        self.device = device
+        self.xp = np if device is None else device.xp
+        self.conv = HostConv() if device is None else device.conv_backend
+        self.ops = HostOps() if device is None else device.ops
+        self.streamed = device is not None and bool(device.asynchronous)
+        self.alignment = 0 if device is None else device.pool.alignment
+        self.notes: list[str] = []  # what was not measured as asked (see Profiled.notes)
+        self._blocks: list[Any] = []
+        self._gen: Any = None  # the device's generator (made on first use)
+        if device is not None:
+            device.synchronize()
+
+    def empty(self, shape: Any, dtype: Any) -> Any:
+        """An array of ``shape``; on a device, in its pool (OutOfDeviceMemory where it does not fit)."""
+        if self.device is None:
+            return np.empty(shape, dtype)
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        block = self.device.pool.allocate(max(nbytes, 1), None, "other")
+        self._blocks.append(block)
+        return self.device.view(block, shape, dtype)
+
+    def array(self, host: np.ndarray) -> Any:
+        if self.device is None:
+            return host
+        out = self.empty(host.shape, host.dtype)
+        if not self.streamed:
+            out[...] = host
+            return out
+        # in the compute stream's order; from pageable memory, so nothing goes through CuPy's pinned pool
+        self.device.copy_to_device(out, np.ascontiguousarray(host), self.device.compute_stream)
+        return out
+
+    def normal(
+        self, rng: np.random.Generator, shape: Any, dtype: np.dtype, scale: float = 1.0, shift: float = 0.0
+    ) -> Any:
+        """Random values of ``shape`` (standard normal, scaled and shifted): drawn by ``rng`` on the host;
+        on a GPU, drawn there into the pool (the feature maps of a large batch are gigabytes, which a
+        host generator would take a minute to draw), seeded from ``rng``."""
+        if not self.streamed:
+            values = (rng.standard_normal(shape) * scale + shift).astype(dtype)
+            return values if self.device is None else self.array(values)
+        out, xp = self.empty(shape, dtype), self.xp
+        if self._gen is None:
+            seed = int(rng.integers(1 << 31))
+            self._gen = self.call(lambda: xp.random.default_rng(seed))  # its state made on the compute stream
+
+        def draw() -> None:
+            self._gen.standard_normal(dtype=out.dtype, out=out)
+            if scale != 1.0 or shift != 0.0:
+                xp.multiply(out, out.dtype.type(scale), out=out)
+                xp.add(out, out.dtype.type(shift), out=out)
+
+        self.device.compute_stream.launch(draw)
+        return out
+
+    def room(self) -> int:
+        """Bytes one more array (a workspace, a probe) may take now (unlimited without a device)."""
+        if self.device is None:
+            return 1 << 62
+        stats = self.device.pool.stats()
+        margin = min(1 << 20, self.device.pool.capacity // 16) if self.streamed else 0
+        return max(0, stats.largest_free - margin)
+
+    def release(self) -> None:
+        if self.device is not None:
+            self.device.synchronize()
+            for block in self._blocks:
+                self.device.pool.free(block)
+            self.device.release_cached()  # CuPy's cached temporaries, outside the arena
+        self._blocks.clear()
+
+    def call(self, fn: Any) -> Any:
+        """``fn()`` where the timed runs go (on a GPU, on its compute stream, never the legacy default
+        stream), waited for; its result. As a warm-up: first calls load kernels and fill caches."""
+        if not self.streamed:
+            return fn()
+        box: list[Any] = []
+        self.device.compute_stream.launch(lambda: box.append(fn()))
+        self.device.compute_stream.synchronize()
+        return box[0]
+
+    def seconds(self, fn: Any, repeats: int) -> float:
+        if not self.streamed:  # a step runs at its ops' typical times, not their least
+            return typical_seconds(fn, repeats)
+        stream = self.device.compute_stream
+
+        def run() -> None:
+            stream.launch(fn)
+            stream.synchronize()
+
+        t0 = time.perf_counter()
+        run()
+        first = time.perf_counter() - t0
+        if first >= _LONG or repeats <= 1:
+            return first
+        return min(first, best_seconds(run, repeats - 1))
+
+    def rank(self, pass_: str, layer: Any, x: Any, y_shape: Any) -> list[str]:
+        """cuDNN's heuristic ranking of one pass's algorithms on maps like ``x`` (on the compute stream's
+        handle)."""
+        dtype = np.dtype(x.dtype).name
+        return self.call(lambda: self.conv.heuristic(layer, pass_, tuple(x.shape), tuple(y_shape), dtype))
+
+    def find(self, pass_: str, layer: Any, x: Any, w: Any, y: Any, ws: Any) -> dict[str, float]:
+        """cuDNN's own timing of every algorithm of one pass of a convolution (``Find*Ex``), in seconds,
+        given at most :data:`FIND_WORKSPACE` of workspace (an algorithm that needs more is not timed)."""
+        if ws is not None and ws.nbytes > FIND_WORKSPACE:
+            ws = ws[:FIND_WORKSPACE]
+        return {name: t for name, t, _ in self.call(lambda: self.conv.find(layer, pass_, x, w, y, ws))}
+
+
+def _profile_op(
+    op: OpInfo,
+    rng: np.random.Generator,
+    dtype: np.dtype,
+    repeats: int,
+    times: dict[tuple[str, str, str | None], float],
+    on: _Runner,
+) -> None:
+    """Time every pass and algorithm of one op on random data of its shapes into ``times``."""
+    layer = op.layer
+    # an op the device computes in another dtype than it stores (staged) is timed in that dtype, without the casts
+    xs = [on.normal(rng, physical(s), op.dtype if op.staged else _dtype(d)) for s, d in zip(op.in_shapes, op.in_dtypes)]
+    y = on.empty(physical(op.out_shape), op.dtype if op.staged else _dtype(op.out_dtype))
+    dy = on.normal(rng, y.shape, y.dtype)
+    params = {k: on.normal(rng, s.shape, dtype, 0.1, 1.0 if k == "running_var" else 0.0) for k, s in op.params.items()}
+    grads = {k: on.empty(s.shape, dtype) for k, s in op.params.items() if s.trainable}
+    aux = {k: on.array(np.zeros(a.shape, dtype if a.dtype == "float" else a.dtype)) for k, a in op.aux.items()}
+    dxs = [on.empty(x.shape, x.dtype) for x in xs]
+    algos = dict(op.algorithms or {})
+    room = on.room()  # algorithms whose workspace does not fit cannot run here: never the fastest
+    for pass_, names in list(algos.items()):
+        for a in names:
+            if op.workspace[pass_][a] > room:
+                times[(op.name, pass_, a)] = float("inf")
+        algos[pass_] = [a for a in names if op.workspace[pass_][a] <= room] or names[:1]
+    ws_bytes = max([op.workspace[p][a] for p, names in algos.items() for a in names] + [0])
+    ws = on.empty(ws_bytes, np.uint8) if ws_bytes else None
+
+    def ctx(algo: Any) -> Ctx:
+        return Ctx(
+            xp=on.xp,
+            params=params,
+            grads=grads,
+            aux=aux,
+            train=True,
+            rng=np.random.default_rng(0),
+            workspace=ws,
+            algo=algo,
+            in_shapes=tuple(physical(s) for s in op.in_shapes),
+            conv=on.conv,
+            ops=on.ops,
+        )
+
+    needs_x = xs if op.reads_input else None
+    if op.kind == "conv":
+        if on.conv is not None:
+            for method, strategy in (("heuristic", _profile_conv_ranked), ("find", _profile_conv_found)):
+                try:
+                    strategy(op, algos, ctx, xs, y, dy, dxs, needs_x, times, on, repeats, ws)
+                    return
+                except _NoRanking:  # the backend ranks nothing itself: its search
+                    continue
+                except Exception as exc:  # noqa: BLE001 - the next strategy, then each algorithm in turn
+                    _log.warning("%s: profiling by the backend's %s failed (%s)", op.name, method, exc)
+        _time_conv(op, algos, ctx, xs, y, dy, dxs, needs_x, times, on, repeats)
+        return
+    on.call(lambda: layer.forward(ctx(None), xs, y))
+    times[(op.name, "forward", None)] = on.seconds(lambda: layer.forward(ctx(None), xs, y), repeats)
+    y_read = y if op.reads_output else None
+
+    def backward() -> None:
+        layer.backward(ctx(None), dy, needs_x, y_read, dxs)
+
+    on.call(backward)
+    times[(op.name, "backward", None)] = on.seconds(backward, repeats)
+
+
+def _time_conv(
+    op: OpInfo,
+    algos: dict[str, list[str]],
+    ctx: Any,
+    xs: list[Any],
+    y: Any,
+    dy: Any,
+    dxs: list[Any],
+    needs_x: Any,
+    times: dict[tuple[str, str, str | None], float],
+    on: _Runner,
+    repeats: int,
+) -> None:
+    """Time each of ``algos`` of each pass of a convolution as the layer runs it (after a warm-up run):
+    backward-filter alone, backward-data as both passes (with the fastest filter algorithm) less that.
+    An algorithm that fails is skipped (never offered: its time is infinite) and named in the profile's
+    notes; a pass none of whose algorithms runs raises."""
+    layer = op.layer
+    y_read = y if op.reads_output else None
+
+    def timed(pass_: str, algo: str, fn: Any) -> float:
+        try:
+            on.call(fn)
+            seconds = on.seconds(fn, repeats)
+        except OutOfDeviceMemory:
+            raise  # the op's buffers: measured at a smaller batch instead
+        except Exception as exc:  # noqa: BLE001 - this algorithm does not run here: skip it, say so
+            on.notes.append(
+                f"{op.name}: {pass_} algorithm {algo} failed and is not offered "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+            )
+            _log.warning("%s", on.notes[-1])
+            seconds = float("inf")
+        times[(op.name, pass_, algo)] = seconds
+        return seconds
+
+    def usable(pass_: str) -> list[str]:
+        ok = [a for a in algos[pass_] if np.isfinite(times[(op.name, pass_, a)])]
+        if not ok:
+            raise RuntimeError(f"{op.name}: none of the {pass_} algorithms {algos[pass_]} ran")
+        return ok
+
+    for a in algos["forward"]:
+        timed("forward", a, lambda a=a: layer.forward(ctx(a), xs, y))
+    usable("forward")
+    data0 = algos["backward_data"][0]
+    for fa in algos["backward_filter"]:
+        timed("backward_filter", fa, lambda fa=fa: layer.backward(ctx((data0, fa)), dy, needs_x, y_read, [None]))
+    best_filter = min(usable("backward_filter"), key=lambda a: times[(op.name, "backward_filter", a)])
+    base_filter = times[(op.name, "backward_filter", best_filter)]
+    for da in algos["backward_data"]:
+        both = timed(
+            "backward_data", da, lambda da=da: layer.backward(ctx((da, best_filter)), dy, needs_x, y_read, dxs)
+        )
+        times[(op.name, "backward_data", da)] = max(0.0, both - base_filter) if np.isfinite(both) else both
+    usable("backward_data")
+
+
+class _NoRanking(Exception):
+    """The backend's heuristic ranks nothing: its search (``find``) times the algorithms instead."""
+
+
+def _profile_conv_ranked(
+    op: OpInfo,
+    algos: dict[str, list[str]],
+    ctx: Any,
+    xs: list[Any],
+    y: Any,
+    dy: Any,
+    dxs: list[Any],
+    needs_x: Any,
+    times: dict[tuple[str, str, str | None], float],
+    on: _Runner,
+    repeats: int,
+    ws: Any,
+) -> None:
+    """A convolution on a device with cuDNN: the backend's ``ranked_top`` algorithms of each pass by cuDNN's
+    heuristics (``Get*Algorithm_v7``, which runs nothing), each timed as the layer runs it. The others are
+    not offered: some run for seconds on a large batch (cuDNN's own search, which runs them all, takes
+    minutes on VGG-16 at batch 64)."""
+    layer = op.layer
+    orders = {pass_: on.rank(pass_, layer, xs[0], y.shape) for pass_ in algos}
+    if not any(orders.values()):
+        raise _NoRanking
+    ranked = {}
+    top = on.conv.ranked_top
+    for pass_, names in algos.items():
+        order = orders[pass_]
+        ranked[pass_] = [a for a in order if a in names][:top] or names[:1]
+        for a in names:
+            times[(op.name, pass_, a)] = float("inf")  # not offered unless timed below
+    _log.info("%s: timing %s", op.name, ranked)
+    _time_conv(op, ranked, ctx, xs, y, dy, dxs, needs_x, times, on, repeats)
+
+
+def _profile_conv_found(
+    op: OpInfo,
+    algos: dict[str, list[str]],
+    ctx: Any,
+    xs: list[Any],
+    y: Any,
+    dy: Any,
+    dxs: list[Any],
+    needs_x: Any,
+    times: dict[tuple[str, str, str | None], float],
+    on: _Runner,
+    repeats: int,
+    ws: Any,
+) -> None:
+    """A convolution on a device with cuDNN: each pass's algorithms timed by cuDNN's search (one call per
+    pass, as frameworks do), then the fastest timed as the layer runs it (bias included); the others
+    are given cuDNN's time plus the same overhead, so that the plan weighs them alike."""
+    layer = op.layer
+    y_read = y if op.reads_output else None
+    w, dw = ctx(None).params["weight"], ctx(None).grads["weight"]
+    found = {
+        "forward": on.find("forward", layer, xs[0], w, y, ws),
+        "backward_filter": on.find("backward_filter", layer, xs[0], dw, dy, ws),
+        "backward_data": on.find("backward_data", layer, dxs[0], w, dy, ws),
+    }
+    best: dict[str, str] = {}
+    for pass_, names in algos.items():
+        usable = {a: found[pass_][a] for a in names if a in found[pass_]}
+        if not usable:
+            raise RuntimeError(f"cuDNN found none of {names} for {pass_}")
+        best[pass_] = min(usable, key=lambda a: usable[a])
+        for a in names:
+            times[(op.name, pass_, a)] = usable.get(a, float("inf"))
+
+    def measured(pass_: str, seconds: float) -> None:  # the fastest as the layer runs it; the rest alike
+        extra = seconds - times[(op.name, pass_, best[pass_])]
+        for a in algos[pass_]:
+            times[(op.name, pass_, a)] = max(0.0, times[(op.name, pass_, a)] + extra)
+
+    fwd = best["forward"]
+    on.call(lambda: layer.forward(ctx(fwd), xs, y))
+    measured("forward", on.seconds(lambda: layer.forward(ctx(fwd), xs, y), repeats))
+    pair = (best["backward_data"], best["backward_filter"])
+    on.call(lambda: layer.backward(ctx(pair), dy, needs_x, y_read, [None]))
+    filter_seconds = on.seconds(lambda: layer.backward(ctx(pair), dy, needs_x, y_read, [None]), repeats)
+    measured("backward_filter", filter_seconds)
+    both = on.seconds(lambda: layer.backward(ctx(pair), dy, needs_x, y_read, dxs), repeats)
+    measured("backward_data", max(0.0, both - filter_seconds))
+
+
+def _loss_seconds(program: Program, rng: np.random.Generator, dtype: np.dtype, repeats: int, on: _Runner) -> float:
+    from ..nn.loss import SoftmaxCrossEntropy
+
+    logits = on.normal(rng, program.tensors[program.output].shape, dtype)
+    labels = on.array(rng.integers(0, logits.shape[1], logits.shape[0]).astype(np.int64))
+    probs, dlogits = on.empty(logits.shape, np.dtype(program.loss_dtype)), on.empty(logits.shape, dtype)
+    loss, xp = SoftmaxCrossEntropy(), on.xp
+
+    def both() -> None:
+        loss.forward(xp, logits, labels, probs)
+        loss.backward(xp, probs, labels, dlogits)
+
+    return on.seconds(both, repeats)
