@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from ..errors import VmemError
-from ..schedule.steps import Offload, Prefetch
 
 __all__ = ["overheads"]
 
@@ -80,26 +79,26 @@ def _measure(device: Any, Trainer: Any) -> tuple[float, float, float]:
     x = rng.standard_normal((4, 2, 8, 8)).astype(np.float32)
     y = rng.integers(0, 4, 4)
     runs: dict[str, list[Any]] = {"layerwise": [], OFFLOADING: []}  # the reports of each plan's steps
-    steps: list[Any] = []  # the offloading plan's schedule
+    schedule: Any = None  # the offloading plan's schedule
     try:
         for _ in range(ROUNDS):  # in turns, so that neither runs only while the process is cold
             for policy, reports in runs.items():
                 with Trainer(_network(), device=device, policy=policy, profile=False, seed=0) as trainer:
                     reports.extend([trainer.step(x, y) for _ in range(2 * STEPS)][STEPS:])
                     if policy == OFFLOADING:
-                        steps = trainer.session.executor(4, True).schedule.steps
+                        schedule = trainer.session.executor(4, True).schedule
     except VmemError as exc:  # too little room left on the device, say: the prediction counts ops alone
         _log.info("dispatch probe: not run (%s); the host's part of a step is not predicted", exc)
         return 0.0, 0.0, 0.0
     reports = runs[OFFLOADING]
-    per_step = float(np.median([r.dispatch_seconds for r in reports])) / len(steps)
+    per_step = float(np.median([r.dispatch_seconds for r in reports])) / len(schedule.steps)
     per_item = float(np.median([_gaps(r) for r in reports]))
     # the same ops without the copies: what the offloading steps take beyond them, after the enqueueing
     # and each item's own handling, is what the copies cost the compute stream
     plain = runs["layerwise"]
     extra = _streams_seconds(reports) - _streams_seconds(plain)
     extra -= per_item * (_compute_items(reports[0]) - _compute_items(plain[0]))
-    copies = sum(1 for st in steps if type(st) in (Offload, Prefetch))
+    copies = schedule.copies
     per_copy = max(0.0, extra) / copies if copies else 0.0
     _log.info(
         "dispatch probe: %.1f us per schedule step, %.1f us per stream item, %.1f us of compute per copy",

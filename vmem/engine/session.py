@@ -16,11 +16,9 @@ import numpy as np
 from ..errors import BudgetTooSmall, OutOfDeviceMemory, PlanError
 from ..graph import Network
 from ..planning import PlanResult, Target, advice, floor_policy, plan_program, rank_plan
-from ..planning.inference import inference_plan
+from ..planning.inference import inference_plan, persistent
 from ..policies.budget import largest_fitting
 from ..runtime import DeviceParams, Executor
-from ..schedule.collectives import owners, sharded_buffers
-from ..schedule.lower import persistent_buffers
 from ..units import format_bytes
 
 __all__ = ["Session"]
@@ -88,10 +86,8 @@ class Session:
     def persistent(self, program: Any) -> list[Any]:
         """The buffers a run holds throughout: weights, gradients and optimizer state (this rank's share of
         it where it is sharded)."""
-        buffers = persistent_buffers(program, self.optimizer.slots)
-        if self.shard_optimizer:
-            buffers = sharded_buffers(buffers, owners(program, self.group.size), self.group.rank)
-        return buffers
+        shard = (self.group.size, self.group.rank) if self.shard_optimizer else None
+        return persistent(program, self.optimizer.slots, shard)
 
     def plan(self, batch: int) -> PlanResult:
         """The plan of a training step at ``batch`` (figures included), as ``vmem.plan`` gives it."""

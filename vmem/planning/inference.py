@@ -1,4 +1,4 @@
-"""Evaluation passes planned beside a run's training state."""
+"""What a run holds throughout (its persistent buffers) and the evaluation passes planned beside it."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from typing import Any
 from .. import policies
 from ..graph import Program
 from ..policies.plan import Plan
-from ..schedule.lower import lower_inference
+from ..schedule.collectives import owners, sharded_buffers
+from ..schedule.lower import lower_inference, persistent_buffers
 from ..schedule.pack import place
 from .result import replay_fitting
 from .target import Target
 
-__all__ = ["inference_plan"]
+__all__ = ["inference_plan", "persistent"]
 
 
 def inference_plan(program: Program, target: Target, persistent: list[Any], trained: Plan | None) -> tuple[Any, int]:
@@ -43,3 +44,13 @@ def inference_plan(program: Program, target: Target, persistent: list[Any], trai
             return schedule, figures.peak_bytes
         needs.append(figures.peak_bytes)
     return None, min(needs)
+
+
+def persistent(program: Program, optimizer_slots: tuple[str, ...], shard: tuple[int, int] | None = None) -> list[Any]:
+    """The buffers a run holds throughout: weights, gradients and the optimizer's state (with ``shard``, (the
+    number of ranks, this rank), only this rank's share of the state: ZeRO's stage 1)."""
+    buffers = persistent_buffers(program, optimizer_slots)
+    if shard is not None:
+        size, rank = shard
+        buffers = sharded_buffers(buffers, owners(program, size), rank)
+    return buffers

@@ -388,3 +388,8 @@ class Schedule:
     def offloaded_bytes(self) -> int:
         """Bytes the step's offloads are expected to move to the host."""
         return sum(st.transfer_nbytes for st in self.steps if type(st) is Offload)
+
+    @property
+    def copies(self) -> int:
+        """The host-device copies the step makes: its offloads and prefetches."""
+        return sum(1 for st in self.steps if type(st) in (Offload, Prefetch))
