@@ -55,7 +55,7 @@ from .update import Updates
 from .report import StepReport
 from .staged import staged_backward, staged_forward
 from .timeline import Timeline
-from .transfers import _BYTE, Transfers
+from .transfers import _BYTE, Transfers, span
 
 __all__ = ["Executor", "StepReport"]
 
@@ -86,7 +86,7 @@ class _Run:
         self.spilled: list[tuple[str, int, int]] = []  # encodings kept in host memory (see StepReport.spilled)
 
 
-class Executor(Transfers):
+class Executor:
     """Runs one Schedule (training or inference) on a device."""
 
     def __init__(
@@ -199,6 +199,8 @@ class Executor(Transfers):
         #: buffer at the same place every step, and making an array costs the host more than finding it
         self._views: dict[tuple, Any] = {}
         self._views_max = 8 * len(schedule.steps) + 64
+        #: the offloads, prefetches and encodings (what the step's Offload ... Decode steps are handed to)
+        self._transfers = Transfers(device, self._op_params, self._block_view, self._view, self._launch)
         self._table = handlers(
             {
                 Alloc: self._alloc,
@@ -214,12 +216,12 @@ class Executor(Transfers):
                 AllReduce: self._allreduce,
                 WaitAllReduce: self._wait_allreduce,
                 Broadcast: self._broadcast,
-                Offload: self._offload,
-                Release: self._release,
-                Prefetch: self._prefetch,
-                WaitPrefetch: self._wait_prefetch,
-                Encode: self._encode,
-                Decode: self._decode,
+                Offload: self._transfers.offload,
+                Release: self._transfers.release,
+                Prefetch: self._transfers.prefetch,
+                WaitPrefetch: self._transfers.wait_prefetch,
+                Encode: self._transfers.encode,
+                Decode: self._transfers.decode,
                 CopyOut: self._copy_out,
             },
             "executor",
@@ -263,7 +265,7 @@ class Executor(Transfers):
         if self._asynchronous:  # spans timed by events: measured from this one
             r.timeline.start(dev.compute_stream.record(timing=True))
         r.timeline.sample(r.timeline.origin, dev.readings())
-        self._begin_transfers(r)
+        self._transfers.begin(r)
         try:
             self._stage(r)
             if train and self._updates.stats:  # batch norm's statistics, put back if the step is skipped
@@ -284,7 +286,7 @@ class Executor(Transfers):
                 r.loss = float(r.batch["loss"][0])
             self._unstage(r)
             r.timeline.sample(time.perf_counter(), dev.readings())
-            moved = self._moved(r)
+            moved = self._transfers.moved(r)
             pool.reclaim()  # every event has completed: coalesce, so each step starts as the plan's replay does
         except BaseException:
             self._roll_back(r)
@@ -320,7 +322,7 @@ class Executor(Transfers):
         cs = self.device.compute_stream
         for block in r.blocks.values():
             self.device.pool.free(block, cs)
-        self._release_transfers(r)
+        self._transfers.release_all(r)
         try:
             self.device.synchronize()
         except BaseException:
@@ -330,7 +332,7 @@ class Executor(Transfers):
     # -- streams -----------------------------------------------------------------------------------
     def _launch(self, r: _Run, name: str, fn: Any, *args: Any, kind: str = "compute") -> None:
         """Enqueue ``fn`` on the compute stream as a timed span."""
-        self._span(r, self.device.compute_stream, name, kind, self.device.pool.usage(), fn, *args)
+        span(self._asynchronous, r, self.device.compute_stream, name, kind, self.device.pool.usage(), fn, *args)
 
     # -- memory ------------------------------------------------------------------------------------
     def _alloc(self, r: _Run, st: Alloc) -> None:
@@ -468,7 +470,7 @@ class Executor(Transfers):
         dy = self._grad(r, op.output)
         if st.on_bits is not None:  # ReLU's backward on the bits of its binarized output (Gist)
             if sched.needs_grad[op.inputs[0]]:
-                self._relu_on_bits(r, f"{op.name}.backward", st.on_bits, dy, self._grad(r, op.inputs[0]))
+                self._transfers.relu_on_bits(r, f"{op.name}.backward", st.on_bits, dy, self._grad(r, op.inputs[0]))
             return
         xs = [self._value(r, t) for t in op.inputs] if op.reads_input else None
         y = self._value(r, op.output) if op.reads_output else None
@@ -560,7 +562,7 @@ class Executor(Transfers):
                 g /= g.dtype.type(size)
 
         comm.wait(self.device.compute_stream.record())
-        self._span(r, comm, f"allreduce{st.bucket}", "comm", self.device.pool.usage(), run)
+        span(self._asynchronous, r, comm, f"allreduce{st.bucket}", "comm", self.device.pool.usage(), run)
         r.reduced[st.bucket] = comm.record()
 
     def _broadcast(self, r: _Run, st: Broadcast) -> None:
@@ -573,7 +575,7 @@ class Executor(Transfers):
             group.broadcast_many(weights)
 
         comm.wait(self.device.compute_stream.record())
-        self._span(r, comm, "broadcast", "comm", self.device.pool.usage(), run)
+        span(self._asynchronous, r, comm, "broadcast", "comm", self.device.pool.usage(), run)
         self.device.compute_stream.wait(comm.record())
 
     def _collective(self, what: str) -> tuple[Any, Any]:

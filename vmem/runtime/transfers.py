@@ -1,4 +1,5 @@
-"""The executor's offloads, prefetches and encodings (a mixin of :class:`~vmem.runtime.executor.Executor`).
+"""The executor's offloads, prefetches and encodings (:class:`Transfers`, an object the
+:class:`~vmem.runtime.executor.Executor` holds and hands those steps to).
 
 Offload copies a buffer to pinned host memory on the memory stream once compute has written it for the
 last time (through its codec if the step names one: only the encoded bytes cross the bus), while its
@@ -13,7 +14,7 @@ the data and exceeds its block (data denser than the plan assumed) is kept in ho
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from .timeline import Span, Timeline
 
 _BYTE = np.dtype(np.uint8)
 
-__all__ = ["Transfers", "timed"]
+__all__ = ["Transfers", "timed", "span"]
 
 
 def timed(timeline: Timeline, name: str, stream: str, kind: str, usage: dict[str, int], fn: Any, *args: Any) -> None:
@@ -60,36 +61,53 @@ class _Spilled:
         self.host = host
 
 
-class Transfers:
-    """Offload, prefetch, encode and decode steps; the executor supplies ``device``, ``_op_params``,
-    ``_view``, ``_block_view``, ``_launch``, ``_asynchronous`` and the per-step state ``r``."""
+def span(
+    asynchronous: bool, r: Any, stream: Any, name: str, kind: str, usage: dict[str, int], fn: Any, *args: Any
+) -> None:
+    """Enqueue ``fn`` on ``stream`` as a span of the step's timeline (``r.timeline``). Where work runs on its
+    stream's own host thread (the CPU device), the host's clock times it there; where it runs after
+    ``launch`` returns (``asynchronous``: a GPU), timing events before and after it do, read when the step
+    has ended."""
+    if asynchronous:
+        start = stream.record(timing=True)
+        stream.launch(fn, *args)
+        r.timeline.pending(name, stream.name, kind, usage, start, stream.record(timing=True))
+    else:
+        stream.launch(timed, r.timeline, name, stream.name, kind, usage, fn, *args)
 
-    device: Any
-    xp: Any
-    _op_params: list[dict[str, Any]]
-    _block_view: Any
-    _asynchronous: bool
+
+class Transfers:
+    """Offload, prefetch, encode and decode steps on ``device``, for an executor that gives it what it reads:
+    the ops' parameters (``op_params``, for a fixed-point codec's batch-norm range), how it views a block
+    (``block_view(block, shape, dtype)``) and a buffer of the step (``view(r, key, shape, dtype)``), and how it
+    runs work on the compute stream as a span (``launch(r, name, fn, *args, kind=)``); ``r`` is the step's
+    state."""
+
+    def __init__(
+        self,
+        device: Any,
+        op_params: list[dict[str, Any]],
+        block_view: Callable[[Any, tuple, Any], Any],
+        view: Callable[[Any, Key, tuple, Any], Any],
+        launch: Callable[..., None],
+    ):
+        self.device, self.xp = device, device.xp
+        self.op_params, self.block_view, self.view, self.launch = op_params, block_view, view, launch
+        #: work runs after launch returns (a GPU): spans are timed by events, streams wait on the device
+        self.asynchronous = bool(device.asynchronous)
 
     def _span(self, r: Any, stream: Any, name: str, kind: str, usage: dict[str, int], fn: Any, *args: Any) -> None:
-        """Enqueue ``fn`` on ``stream`` as a span of the step's timeline. Where work runs on its stream's own
-        host thread (the CPU device), the host's clock times it there; where it runs after ``launch``
-        returns (a GPU), timing events before and after it do, read when the step has ended."""
-        if self._asynchronous:
-            start = stream.record(timing=True)
-            stream.launch(fn, *args)
-            r.timeline.pending(name, stream.name, kind, usage, start, stream.record(timing=True))
-        else:
-            stream.launch(timed, r.timeline, name, stream.name, kind, usage, fn, *args)
+        span(self.asynchronous, r, stream, name, kind, usage, fn, *args)
 
-    def _begin_transfers(self, r: Any) -> None:
+    def begin(self, r: Any) -> None:
         r.offloaded = {}  # key -> _Offloaded, until its wait
         r.sent = []  # every offload of the step
         r.encodings = {}  # encoded buffer's key -> its Encoded (arrays in its block)
 
-    def _moved(self, r: Any) -> int:
+    def moved(self, r: Any) -> int:
         return sum(off.moved for off in r.sent)
 
-    def _release_transfers(self, r: Any) -> None:
+    def release_all(self, r: Any) -> None:
         for off in r.offloaded.values():
             if off.back is None:  # still only on the host (a prefetched buffer's host copy is already returned)
                 self.device.pinned.free(off.host_block, off.done)
@@ -98,25 +116,25 @@ class Transfers:
         """The compute stream waits for a memory-stream event; the wait is recorded as a stall. On an
         asynchronous device (a GPU) the stream waits, not the host, and timing events measure the wait."""
         cs = self.device.compute_stream
-        if self._asynchronous:
+        if self.asynchronous:
             start = cs.record(timing=True)
             cs.wait(event)
             r.timeline.pending(name, cs.name, "wait", self.device.pool.usage(), start, cs.record(timing=True))
             return
-        self._launch(r, name, event.synchronize, kind="wait")  # type: ignore[attr-defined]
+        self.launch(r, name, event.synchronize, kind="wait")
 
     def _range(self, bn: BnRange | None) -> tuple[Any, Any] | None:
         """Per-channel (lo, hi) of a fixed-point buffer that follows a batch norm: beta +- sigmas * |gamma|,
         clamped at 0 after a ReLU (read when the encoding runs: after the forward, before the update)."""
         if bn is None:
             return None
-        xp, p = self.xp, self._op_params[bn.op]
+        xp, p = self.xp, self.op_params[bn.op]
         half = xp.abs(p["weight"]) * p["weight"].dtype.type(bn.sigmas)
         lo, hi = p["bias"] - half, p["bias"] + half
         return (xp.maximum(lo, 0), xp.maximum(hi, 0)) if bn.relu else (lo, hi)
 
     # -- offload -----------------------------------------------------------------------------------
-    def _offload(self, r: Any, st: Offload) -> None:
+    def offload(self, r: Any, st: Offload) -> None:
         dev = self.device
         cs, ms = dev.compute_stream, dev.memory_stream
         block = r.blocks[st.key]  # stays allocated (read-only) until its Release
@@ -125,7 +143,7 @@ class Transfers:
         ms.wait(cs.record())
         name = f"offload:{st.key}"
         if st.codec is not None:
-            src = self._block_view(block, st.shape, _dtype(st.dtype))
+            src = self.block_view(block, st.shape, _dtype(st.dtype))
             self._span(r, ms, name, "offload", {}, self._send, st, src, off)
         else:
             off.moved = block.nbytes
@@ -137,14 +155,14 @@ class Transfers:
                 {},
                 dev.copy_now,
                 off.host[: block.nbytes],
-                self._block_view(block, (block.nbytes,), _BYTE),
+                self.block_view(block, (block.nbytes,), _BYTE),
                 "d2h",
             )
         off.done = ms.record()
         r.offloaded[st.key] = off
         r.sent.append(off)
 
-    def _release(self, r: Any, st: Release) -> None:
+    def release(self, r: Any, st: Release) -> None:
         dev = self.device
         block = r.blocks.pop(st.key)
         if st.sync == "event":
@@ -160,7 +178,7 @@ class Transfers:
         off.enc = transfer.send(self.device, st.codec, src, off.host, self._range(st.range))
         off.moved = off.enc.nbytes
 
-    def _prefetch(self, r: Any, st: Prefetch) -> None:
+    def prefetch(self, r: Any, st: Prefetch) -> None:
         dev = self.device
         cs, ms = dev.compute_stream, dev.memory_stream
         off = r.offloaded[st.key]
@@ -169,7 +187,7 @@ class Transfers:
         name = f"prefetch:{st.key}"
         if st.codec is not None:
             # off.enc is set by the offload's task: read it when this runs
-            dst = self._block_view(block, st.shape, _dtype(st.dtype))
+            dst = self.block_view(block, st.shape, _dtype(st.dtype))
             codec = st.codec
             self._span(r, ms, name, "prefetch", {}, lambda: transfer.receive(dev, codec, off.enc, dst))
         else:
@@ -180,25 +198,25 @@ class Transfers:
                 "prefetch",
                 {},
                 dev.copy_now,
-                self._block_view(block, (block.nbytes,), _BYTE),
+                self.block_view(block, (block.nbytes,), _BYTE),
                 off.host[: block.nbytes],
                 "h2d",
             )
         off.back = ms.record()
         dev.pinned.free(off.host_block, off.back)
 
-    def _wait_prefetch(self, r: Any, st: WaitPrefetch) -> None:
+    def wait_prefetch(self, r: Any, st: WaitPrefetch) -> None:
         self._stall(r, f"wait:{st.key}", r.offloaded.pop(st.key).back)  # back on the device for good
 
     # -- encodings kept on the device (Gist) ----------------------------------------------------------
-    def _encode(self, r: Any, st: Encode) -> None:
+    def encode(self, r: Any, st: Encode) -> None:
         """Encode a buffer into its encoding's block after its last forward use. An encoding whose size
         depends on the data (ssdc, zvc) and comes out larger than the block the plan sized at its density is
         not stored there: the buffer's bytes go to host memory instead (spilled) and come back at its
         Decode, so the device never holds more than the plan, at the places the plan chose."""
-        src = self._block_view(r.blocks[st.key], st.shape, _dtype(st.dtype))
-        raw = self._view(r, st.enc, (r.blocks[st.enc].nbytes,), np.uint8)  # type: ignore[attr-defined]
-        flat = self._block_view(r.blocks[st.key], (st.nbytes,), _BYTE)  # type: ignore[attr-defined]
+        src = self.block_view(r.blocks[st.key], st.shape, _dtype(st.dtype))
+        raw = self.view(r, st.enc, (r.blocks[st.enc].nbytes,), np.uint8)
+        flat = self.block_view(r.blocks[st.key], (st.nbytes,), _BYTE)
         encodings, codec, bn, dev, spilled = r.encodings, st.codec, st.range, self.device, r.spilled
 
         def run() -> None:
@@ -211,13 +229,13 @@ class Transfers:
             encodings[st.enc] = _Spilled(host)
             spilled.append((str(st.key), enc.stored_nbytes, raw.nbytes))
 
-        self._launch(r, f"encode:{st.key}", run)  # type: ignore[attr-defined]
+        self.launch(r, f"encode:{st.key}", run)
 
-    def _decode(self, r: Any, st: Decode) -> None:
+    def decode(self, r: Any, st: Decode) -> None:
         """Decode a buffer back into its (newly allocated) block before the first backward that reads it
         (a spilled one: copied back from host memory)."""
-        dst = self._block_view(r.blocks[st.key], st.shape, _dtype(st.dtype))
-        flat = self._block_view(r.blocks[st.key], (st.nbytes,), _BYTE)  # type: ignore[attr-defined]
+        dst = self.block_view(r.blocks[st.key], st.shape, _dtype(st.dtype))
+        flat = self.block_view(r.blocks[st.key], (st.nbytes,), _BYTE)
         encodings, codec, dev = r.encodings, st.codec, self.device
 
         def run() -> None:
@@ -227,8 +245,8 @@ class Transfers:
             else:
                 codecs.decode_channels_last(codec, enc, dst)
 
-        self._launch(r, f"decode:{st.key}", run)  # type: ignore[attr-defined]
+        self.launch(r, f"decode:{st.key}", run)
 
-    def _relu_on_bits(self, r: Any, name: str, enc: Key, dy: Any, dx: Any) -> None:
+    def relu_on_bits(self, r: Any, name: str, enc: Key, dy: Any, dx: Any) -> None:
         encodings = r.encodings
-        self._launch(r, name, lambda: codecs.Binarize.relu_backward(encodings[enc], dy, dx))  # type: ignore[attr-defined]
+        self.launch(r, name, lambda: codecs.Binarize.relu_backward(encodings[enc], dy, dx))
