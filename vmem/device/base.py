@@ -9,11 +9,15 @@ one suite over every device.
 
 from __future__ import annotations
 
-from typing import Any, ContextManager, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ContextManager, Protocol, runtime_checkable
 
 from ..pool import Block, DevicePool, PinnedHostPool
 from ..streams import Stream
 from .spec import DeviceSpec
+
+if TYPE_CHECKING:
+    from ..nn.base import Ctx
+    from ..nn.conv import Conv2d
 
 __all__ = ["Device", "DeviceSpec", "ConvBackend"]
 
@@ -31,23 +35,23 @@ class ConvBackend(Protocol):
         """``program`` whose convolutions offer this backend's algorithms, with their exact workspace bytes."""
         ...
 
-    def forward(self, layer: Any, ctx: Any, x: Any, w: Any, y: Any, b: Any = None) -> None:
+    def forward(self, layer: "Conv2d", ctx: "Ctx", x: Any, w: Any, y: Any, b: Any = None) -> None:
         """``y = conv(x, w)``, plus the bias ``b`` where given."""
         ...
 
-    def backward(self, layer: Any, ctx: Any, dy: Any, x: Any, w: Any, dx: Any, dw: Any, db: Any = None) -> None:
+    def backward(self, layer: "Conv2d", ctx: "Ctx", dy: Any, x: Any, w: Any, dx: Any, dw: Any, db: Any = None) -> None:
         """The bias's gradient ``db`` if given, the filters' ``dw``, and ``dx`` unless it is None."""
         ...
 
     def heuristic(
-        self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...], dtype: str = "float32"
+        self, layer: "Conv2d", pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...], dtype: str = "float32"
     ) -> list[str]:
         """The pass's algorithms on maps stored in ``dtype`` ranked best first without running them; empty
         where the backend has no
         ranking of its own (a profile then times them all through :meth:`find`)."""
         ...
 
-    def find(self, layer: Any, pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
+    def find(self, layer: "Conv2d", pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
         """Every algorithm of the pass timed on these buffers: (name, seconds, workspace bytes), fastest first."""
         ...
 

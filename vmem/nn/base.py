@@ -84,7 +84,8 @@ class Ctx:
     train: bool = True
     rng: Any = None
     workspace: Any = None  # a uint8 array, at least the pass's workspace (the op's catalog) long, or None
-    algo: str | None = None  # convolution algorithm for this pass
+    #: the convolution algorithm of this pass; a backward's (backward-data, backward-filter) pair
+    algo: str | tuple[str, str] | None = None
     in_shapes: tuple[Shape, ...] = ()  # physical shapes of the inputs
     conv: Any = None  # the device's convolution backend (the host's on the CPU, cuDNN's on CUDA): Conv2d's passes
     #: how the device runs array work: products, work over rows, column sums (:mod:`vmem.nn.ops`);

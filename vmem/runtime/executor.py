@@ -84,6 +84,11 @@ class _Run:
         self.first_nonfinite: str | None = None
         self.reduced: dict[int, Any] = {}  # gradient bucket -> the event its all-reduce ends with
         self.spilled: list[tuple[str, int, int]] = []  # encodings kept in host memory (see StepReport.spilled)
+        #: the transfers' state (:class:`~vmem.runtime.transfers.Transfers` fills it): buffers offloaded until
+        #: their wait, every offload of the step, encodings kept on the device by buffer key
+        self.offloaded: dict[Key, Any] = {}
+        self.sent: list[Any] = []
+        self.encodings: dict[Key, Any] = {}
 
 
 class Executor:

@@ -14,7 +14,7 @@ the data and exceeds its block (data denser than the plan assumed) is kept in ho
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from ..codecs import transfer
 from ..schedule import Key
 from ..schedule.steps import BnRange, Decode, Encode, Offload, Prefetch, Release, WaitPrefetch
 from .timeline import Span, Timeline
+
+if TYPE_CHECKING:
+    from .executor import _Run
 
 _BYTE = np.dtype(np.uint8)
 
@@ -62,7 +65,7 @@ class _Spilled:
 
 
 def span(
-    asynchronous: bool, r: Any, stream: Any, name: str, kind: str, usage: dict[str, int], fn: Any, *args: Any
+    asynchronous: bool, r: "_Run", stream: Any, name: str, kind: str, usage: dict[str, int], fn: Any, *args: Any
 ) -> None:
     """Enqueue ``fn`` on ``stream`` as a span of the step's timeline (``r.timeline``). Where work runs on its
     stream's own host thread (the CPU device), the host's clock times it there; where it runs after
@@ -96,23 +99,23 @@ class Transfers:
         #: work runs after launch returns (a GPU): spans are timed by events, streams wait on the device
         self.asynchronous = bool(device.asynchronous)
 
-    def _span(self, r: Any, stream: Any, name: str, kind: str, usage: dict[str, int], fn: Any, *args: Any) -> None:
+    def _span(self, r: "_Run", stream: Any, name: str, kind: str, usage: dict[str, int], fn: Any, *args: Any) -> None:
         span(self.asynchronous, r, stream, name, kind, usage, fn, *args)
 
-    def begin(self, r: Any) -> None:
+    def begin(self, r: "_Run") -> None:
         r.offloaded = {}  # key -> _Offloaded, until its wait
         r.sent = []  # every offload of the step
         r.encodings = {}  # encoded buffer's key -> its Encoded (arrays in its block)
 
-    def moved(self, r: Any) -> int:
+    def moved(self, r: "_Run") -> int:
         return sum(off.moved for off in r.sent)
 
-    def release_all(self, r: Any) -> None:
+    def release_all(self, r: "_Run") -> None:
         for off in r.offloaded.values():
             if off.back is None:  # still only on the host (a prefetched buffer's host copy is already returned)
                 self.device.pinned.free(off.host_block, off.done)
 
-    def _stall(self, r: Any, name: str, event: Any) -> None:
+    def _stall(self, r: "_Run", name: str, event: Any) -> None:
         """The compute stream waits for a memory-stream event; the wait is recorded as a stall. On an
         asynchronous device (a GPU) the stream waits, not the host, and timing events measure the wait."""
         cs = self.device.compute_stream
@@ -134,7 +137,7 @@ class Transfers:
         return (xp.maximum(lo, 0), xp.maximum(hi, 0)) if bn.relu else (lo, hi)
 
     # -- offload -----------------------------------------------------------------------------------
-    def offload(self, r: Any, st: Offload) -> None:
+    def offload(self, r: "_Run", st: Offload) -> None:
         dev = self.device
         cs, ms = dev.compute_stream, dev.memory_stream
         block = r.blocks[st.key]  # stays allocated (read-only) until its Release
@@ -162,7 +165,7 @@ class Transfers:
         r.offloaded[st.key] = off
         r.sent.append(off)
 
-    def release(self, r: Any, st: Release) -> None:
+    def release(self, r: "_Run", st: Release) -> None:
         dev = self.device
         block = r.blocks.pop(st.key)
         if st.sync == "event":
@@ -178,7 +181,7 @@ class Transfers:
         off.enc = transfer.send(self.device, st.codec, src, off.host, self._range(st.range))
         off.moved = off.enc.nbytes
 
-    def prefetch(self, r: Any, st: Prefetch) -> None:
+    def prefetch(self, r: "_Run", st: Prefetch) -> None:
         dev = self.device
         cs, ms = dev.compute_stream, dev.memory_stream
         off = r.offloaded[st.key]
@@ -205,11 +208,11 @@ class Transfers:
         off.back = ms.record()
         dev.pinned.free(off.host_block, off.back)
 
-    def wait_prefetch(self, r: Any, st: WaitPrefetch) -> None:
+    def wait_prefetch(self, r: "_Run", st: WaitPrefetch) -> None:
         self._stall(r, f"wait:{st.key}", r.offloaded.pop(st.key).back)  # back on the device for good
 
     # -- encodings kept on the device (Gist) ----------------------------------------------------------
-    def encode(self, r: Any, st: Encode) -> None:
+    def encode(self, r: "_Run", st: Encode) -> None:
         """Encode a buffer into its encoding's block after its last forward use. An encoding whose size
         depends on the data (ssdc, zvc) and comes out larger than the block the plan sized at its density is
         not stored there: the buffer's bytes go to host memory instead (spilled) and come back at its
@@ -231,7 +234,7 @@ class Transfers:
 
         self.launch(r, f"encode:{st.key}", run)
 
-    def decode(self, r: Any, st: Decode) -> None:
+    def decode(self, r: "_Run", st: Decode) -> None:
         """Decode a buffer back into its (newly allocated) block before the first backward that reads it
         (a spilled one: copied back from host memory)."""
         dst = self.block_view(r.blocks[st.key], st.shape, _dtype(st.dtype))
@@ -247,6 +250,6 @@ class Transfers:
 
         self.launch(r, f"decode:{st.key}", run)
 
-    def relu_on_bits(self, r: Any, name: str, enc: Key, dy: Any, dx: Any) -> None:
+    def relu_on_bits(self, r: "_Run", name: str, enc: Key, dy: Any, dx: Any) -> None:
         encodings = r.encodings
         self.launch(r, name, lambda: codecs.Binarize.relu_backward(encodings[enc], dy, dx))

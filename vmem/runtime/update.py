@@ -5,7 +5,7 @@ running statistics kept aside before the forward and put back where the step is 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -14,6 +14,9 @@ from ..optim import Optimizer
 from ..schedule import Key, Kind, Schedule
 from ..schedule.steps import Update
 from .params import DeviceParams
+
+if TYPE_CHECKING:
+    from .executor import _Run
 
 __all__ = ["Updates"]
 
@@ -70,7 +73,7 @@ class Updates:
         #: every weight gradient (what the finite check sums)
         self.grads = [v for k, v in params.views.items() if k.kind is Kind.WEIGHT_GRAD]
 
-    def keep(self, r: Any) -> Callable[[], None]:
+    def keep(self, r: "_Run") -> Callable[[], None]:
         """The work that copies batch norm's running statistics aside into ``r.kept_stats`` (on the compute
         stream, before the forward)."""
         xp, stats = self.xp, self.stats
@@ -80,7 +83,7 @@ class Updates:
 
         return keep
 
-    def work(self, r: Any, st: Update) -> Callable[[], None]:
+    def work(self, r: "_Run", st: Update) -> Callable[[], None]:
         """The work of Update step ``st`` of run ``r``: the step's finite flag made by its first bucket (on the
         device; a skipped step puts batch norm's statistics back), the loss scale undone, each parameter of the
         bucket updated."""
@@ -124,7 +127,7 @@ class Updates:
         made = self.optimizer.fused(step)
         return None if made is None else (made[0], made[1], self.fused_on)
 
-    def finite(self, r: Any) -> Any:
+    def finite(self, r: "_Run") -> Any:
         """The step's finite flag on the device (a bool array of one value): whether the loss and every
         weight gradient are finite, computed without the host reading anything. A sum is NaN or infinite if
         any term is (it may also overflow where the gradients are near float32's largest value: then the

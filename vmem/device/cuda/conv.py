@@ -17,16 +17,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import cudnn
 
+if TYPE_CHECKING:
+    from ...nn.base import Ctx
+    from ...nn.conv import Conv2d
+
 __all__ = ["CudnnConv", "Descs", "search"]
 
 
-def _geometry(layer: Any, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> tuple:
+def _geometry(layer: "Conv2d", x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> tuple:
     """(n, c, h, w, k, (kh, kw), stride, padding, groups, dilation) of a convolution on channels-last shapes."""
     n, h, w, c = x_shape
     _, ho, wo, k = y_shape
@@ -80,7 +84,7 @@ class CudnnConv:
 
     def descs(
         self,
-        layer: Any,
+        layer: "Conv2d",
         x_shape: tuple[int, ...],
         y_shape: tuple[int, ...],
         layout: int = cudnn.NHWC,
@@ -174,7 +178,7 @@ class CudnnConv:
     def _ws(ws: Any) -> tuple[Any, int]:
         return (CudnnConv._ptr(ws), int(ws.nbytes)) if ws is not None and ws.nbytes else (cudnn.ffi().NULL, 0)
 
-    def forward(self, layer: Any, ctx: Any, x: Any, w: Any, y: Any, b: Any = None) -> None:
+    def forward(self, layer: "Conv2d", ctx: "Ctx", x: Any, w: Any, y: Any, b: Any = None) -> None:
         """``y = conv(x, w)``, then the bias ``b`` added where given. Half-precision maps read FP32 weights
         through a half copy at the start of the workspace."""
         ws = ctx.workspace
@@ -182,12 +186,13 @@ class CudnnConv:
             (wh,), ws = _carve(ws, x.dtype, w.shape)
             wh[...] = w
             w = wh
-        self._pass(layer, "forward", ctx.algo, ws, x, w, y)
+        algo = ctx.algo[0] if isinstance(ctx.algo, tuple) else ctx.algo  # a forward's algorithm is one name
+        self._pass(layer, "forward", algo, ws, x, w, y)
         if b is not None:
             y2 = y.reshape(-1, y.shape[-1])
             y2 += b
 
-    def backward(self, layer: Any, ctx: Any, dy: Any, x: Any, w: Any, dx: Any, dw: Any, db: Any = None) -> None:
+    def backward(self, layer: "Conv2d", ctx: "Ctx", dy: Any, x: Any, w: Any, dx: Any, dw: Any, db: Any = None) -> None:
         """The bias's gradient ``db`` if given (cuDNN's own reduction of ``dy``: a generic column sum over
         N*H*W rows is many times slower), backward-filter, then backward-data if ``dx`` is wanted (one
         after the other in one workspace). Half-precision maps: the weights read through a half copy, the
@@ -220,7 +225,7 @@ class CudnnConv:
     #: The algorithm a pass runs when none is named.
     _DEFAULT = {"forward": "implicit_gemm", "backward_data": "algo_1", "backward_filter": "algo_1"}
 
-    def _pass(self, layer: Any, pass_: str, algo: str | None, ws: Any, x: Any, w: Any, y: Any) -> None:
+    def _pass(self, layer: "Conv2d", pass_: str, algo: str | None, ws: Any, x: Any, w: Any, y: Any) -> None:
         """One pass on channels-last arrays of one dtype, by role: ``x`` the image (dx for backward-data),
         ``w`` the filters (dw for backward-filter), ``y`` the response (dy for the backward passes); ``ws``
         the pass's workspace (a uint8 array, or None). An ``nchw.`` algorithm runs on NCHW copies at the
@@ -309,7 +314,7 @@ class CudnnConv:
             )
 
     def heuristic(
-        self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...], dtype: str = "float32"
+        self, layer: "Conv2d", pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...], dtype: str = "float32"
     ) -> list[str]:
         """cuDNN's ranking of ``pass_``'s algorithms for this geometry and dtype, best first, without running
         them (``Get*Algorithm_v7``); only those it reports as supported. With NCHW variants, the two layouts'
@@ -322,7 +327,7 @@ class CudnnConv:
         return merged + ranked[len(other) :] + other[len(ranked) :]
 
     def _ranked(
-        self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...], layout: int, dtype: str
+        self, layer: "Conv2d", pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...], layout: int, dtype: str
     ) -> list[str]:
         lib, f = cudnn.lib(), cudnn.ffi()
         d = self.descs(layer, x_shape, y_shape, layout, dtype)
@@ -348,7 +353,7 @@ class CudnnConv:
         names = cudnn.ALGOS[pass_]
         return [names[p.algo] for p in perf[0 : returned[0]] if p.status == cudnn.SUCCESS]
 
-    def find(self, layer: Any, pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
+    def find(self, layer: "Conv2d", pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
         """cuDNN's own measurement (``Find*Ex``) of every algorithm of ``pass_`` on these buffers: (name,
         seconds, workspace bytes), fastest first; ``y`` is dy for the backward passes. FP32 weights beside
         half maps are searched on a half copy (the workspace each pass's copies take is the catalog's)."""

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import cudnn
 from .conv import CudnnConv, _geometry
+
+if TYPE_CHECKING:
+    from ...nn.conv import Conv2d
 
 __all__ = ["GraphConv", "agreeing"]
 
@@ -30,7 +33,7 @@ class GraphConv(CudnnConv):
         super().__init__(device)
         self._plans: dict[tuple, dict[str, Any]] = {}
 
-    def plans(self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> dict[str, Any]:
+    def plans(self, layer: "Conv2d", pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> dict[str, Any]:
         """The pass's plans by name, in cuDNN's ranking, for the current stream's handle (made on first use:
         a plan runs on the handle it was built with)."""
         from . import graph
@@ -90,7 +93,7 @@ class GraphConv(CudnnConv):
             ops.append(op)
         return dataclasses.replace(program, ops=ops)
 
-    def _pass(self, layer: Any, pass_: str, algo: str | None, ws: Any, x: Any, w: Any, y: Any) -> None:
+    def _pass(self, layer: "Conv2d", pass_: str, algo: str | None, ws: Any, x: Any, w: Any, y: Any) -> None:
         """One pass through its plan (the first in cuDNN's ranking if none is named); roles as in the parent.
         FP32 only: the device stages half-precision convolutions when it runs the graph API."""
         plans = self.plans(layer, pass_, x.shape, y.shape)
@@ -103,11 +106,11 @@ class GraphConv(CudnnConv):
         plan.execute(x.data.ptr, w.data.ptr, y.data.ptr, ws.data.ptr if ws is not None else 0)
 
     def heuristic(
-        self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...], dtype: str = "float32"
+        self, layer: "Conv2d", pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...], dtype: str = "float32"
     ) -> list[str]:
         return list(self.plans(layer, pass_, x_shape, y_shape))
 
-    def find(self, layer: Any, pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
+    def find(self, layer: "Conv2d", pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
         """Each plan of the pass timed by events on the current stream (after a warm-up run). A plan whose
         result's norm is off the others' median by over 1% is left out: on an H100 with cuDNN 9.19 one
         backward-data engine wrote zeros for a 5x5 convolution, and a profile must never choose it."""

@@ -32,8 +32,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ...nn.base import Shape
-from ...nn.conv import span as _span
+from ...nn.base import Ctx, Shape
+from ...nn.conv import Conv2d, span as _span
 from . import winograd as _winograd
 from .arrays import _gather, _image_chunks, _ones
 from .catalog import (
@@ -66,29 +66,27 @@ class HostConv:
         """``program`` whose convolutions offer the host's algorithms (:func:`with_host_catalog`)."""
         return with_host_catalog(program)
 
-    def forward(self, layer: Any, ctx: Any, x: Any, w: Any, y: Any, b: Any = None) -> None:
+    def forward(self, layer: Conv2d, ctx: Ctx, x: Any, w: Any, y: Any, b: Any = None) -> None:
         """``y = conv(x, w) + b`` (no bias where ``b`` is None) with ``ctx.algo``."""
         forward(layer, ctx, x, w, y, b)
 
-    def backward(self, layer: Any, ctx: Any, dy: Any, x: Any, w: Any, dx: Any, dw: Any, db: Any = None) -> None:
+    def backward(self, layer: Conv2d, ctx: Ctx, dy: Any, x: Any, w: Any, dx: Any, dw: Any, db: Any = None) -> None:
         """``db`` where given, ``dw``, then ``dx`` unless it is None, with ``ctx.algo`` (one name or a pair
         (backward_data, backward_filter)), one after the other in the same workspace."""
         backward(layer, ctx, dy, x, w, dx, dw, db)
 
     def heuristic(
-        self, layer: Any, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...], dtype: str = "float32"
+        self, layer: Conv2d, pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...], dtype: str = "float32"
     ) -> list[str]:
         """The algorithms offered for the pass, in the catalog's order (fastest first as a rule); a profile
         times them all (:attr:`ranked_top`)."""
         n, h, w, c = x_shape
         return algorithms(layer, (n, c, h, w))[pass_]
 
-    def find(self, layer: Any, pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
+    def find(self, layer: Conv2d, pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
         """Each algorithm of the pass run once on these buffers (as cuDNN's search: ``x`` the input or its
         gradient, ``w`` the filters or their gradient, ``y`` the output or its gradient) and timed;
         (name, seconds, workspace bytes), fastest first. One whose workspace exceeds ``ws`` is left out."""
-        from types import SimpleNamespace
-
         from ...nn.ops import HostOps
 
         n, h, wd, c = x.shape
@@ -99,7 +97,7 @@ class HostConv:
             need = workspace_bytes(layer, in_shape, pass_, algo, x.dtype.itemsize)
             if need > room:
                 continue
-            ctx = SimpleNamespace(algo=algo if pass_ == "forward" else (algo, algo), workspace=ws, ops=HostOps())
+            ctx = Ctx(xp=np, algo=algo if pass_ == "forward" else (algo, algo), workspace=ws, ops=HostOps())
             start = time.perf_counter()
             if pass_ == "forward":
                 forward(layer, ctx, x, w, y, None)
@@ -111,7 +109,7 @@ class HostConv:
         return sorted(found, key=lambda f: f[1])
 
 
-def forward(layer: Any, ctx: Any, x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None) -> None:
+def forward(layer: Conv2d, ctx: Ctx, x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None) -> None:
     """``y = conv(x, w) + bias`` with ``ctx.algo``; tensors channels last, filters KRSC."""
     n, h, wd, c = x.shape
     k = layer.out_channels
@@ -134,8 +132,8 @@ def forward(layer: Any, ctx: Any, x: np.ndarray, w: np.ndarray, y: np.ndarray, b
 
 
 def backward(
-    layer: Any,
-    ctx: Any,
+    layer: Conv2d,
+    ctx: Ctx,
     dy: np.ndarray,
     x: np.ndarray,
     w: np.ndarray,
@@ -160,7 +158,7 @@ def backward(
         _backward_data(layer, ctx, dy, w, dx, algo_data)
 
 
-def _backward_filter(layer: Any, ctx: Any, x: np.ndarray, dy: np.ndarray, dw: np.ndarray, algo: str | None) -> None:
+def _backward_filter(layer: Conv2d, ctx: Ctx, x: np.ndarray, dy: np.ndarray, dw: np.ndarray, algo: str | None) -> None:
     if _grouped(layer):
         _grouped_backward_filter(layer, ctx, x, dy, dw)
     elif _is_gemm(layer):
@@ -175,7 +173,7 @@ def _backward_filter(layer: Any, ctx: Any, x: np.ndarray, dy: np.ndarray, dw: np
         _backward_filter_im2col(layer, ctx, x, dy, dw)
 
 
-def _backward_data(layer: Any, ctx: Any, dy: np.ndarray, w: np.ndarray, dx: np.ndarray, algo: str | None) -> None:
+def _backward_data(layer: Conv2d, ctx: Ctx, dy: np.ndarray, w: np.ndarray, dx: np.ndarray, algo: str | None) -> None:
     if _grouped(layer):
         _grouped_accumulate(layer, ctx, dy, dx, w, forward=False)
     elif _is_gemm(layer):
@@ -200,7 +198,7 @@ def _backward_data(layer: Any, ctx: Any, dy: np.ndarray, w: np.ndarray, dx: np.n
 # i % lanes, each lane summing its own partial filter gradient, so that the sums are added in an order
 # fixed by the shapes. Either way the results do not depend on how the lanes run.
 def _im2col_slots(
-    layer: Any, ctx: Any, x_shape: Shape, pass_: str, dtype: Any
+    layer: Conv2d, ctx: Ctx, x_shape: Shape, pass_: str, dtype: Any
 ) -> tuple[list[slice], dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
     """An im2col pass's chunks (slices of the batch) and its workspace carved into named slots."""
     n, h, w, c = x_shape
@@ -209,7 +207,7 @@ def _im2col_slots(
 
 
 def _winograd_slots(
-    layer: Any, ctx: Any, x_shape: Shape, pass_: str, dtype: Any
+    layer: Conv2d, ctx: Ctx, x_shape: Shape, pass_: str, dtype: Any
 ) -> tuple[int, dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
     """A Winograd pass's images per chunk and its workspace carved into named (flat) slots."""
     n, h, w, c = x_shape
@@ -217,7 +215,9 @@ def _winograd_slots(
     return nb, *_carve_slots(ctx, dtype, shared, lanes)
 
 
-def _forward_im2col(layer: Any, ctx: Any, x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None) -> None:
+def _forward_im2col(
+    layer: Conv2d, ctx: Ctx, x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None
+) -> None:
     chunks, _, lanes = _im2col_slots(layer, ctx, x.shape, "forward", x.dtype)
     k = layer.out_channels
     wmat = w.reshape(k, -1).T
@@ -235,7 +235,7 @@ def _forward_im2col(layer: Any, ctx: Any, x: np.ndarray, w: np.ndarray, y: np.nd
     ctx.ops.pull(piece, len(chunks), len(lanes))
 
 
-def _backward_filter_im2col(layer: Any, ctx: Any, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
+def _backward_filter_im2col(layer: Conv2d, ctx: Ctx, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
     chunks, _, lanes = _im2col_slots(layer, ctx, x.shape, "backward_filter", x.dtype)
     k = layer.out_channels
     dw2 = dw.reshape(k, -1)
@@ -258,7 +258,7 @@ def _backward_filter_im2col(layer: Any, ctx: Any, x: np.ndarray, dy: np.ndarray,
         dw2 += slots["acc"]
 
 
-def _backward_data_transposed(layer: Any, ctx: Any, dy: np.ndarray, w: np.ndarray, dx: np.ndarray) -> None:
+def _backward_data_transposed(layer: Conv2d, ctx: Ctx, dy: np.ndarray, w: np.ndarray, dx: np.ndarray) -> None:
     n, h, wd, c = dx.shape
     chunks, shared, lanes = _im2col_slots(layer, ctx, dx.shape, "backward_data", dx.dtype)
     (kh, kw), (ph, pw) = layer.kernel_size, layer.padding
@@ -275,7 +275,7 @@ def _backward_data_transposed(layer: Any, ctx: Any, dy: np.ndarray, w: np.ndarra
     ctx.ops.pull(piece, len(chunks), len(lanes))
 
 
-def _backward_data_col2im(layer: Any, ctx: Any, dy: np.ndarray, w: np.ndarray, dx: np.ndarray) -> None:
+def _backward_data_col2im(layer: Conv2d, ctx: Ctx, dy: np.ndarray, w: np.ndarray, dx: np.ndarray) -> None:
     """Strided convolutions: columns of d(input) from a GEMM, scattered back window by window."""
     n, h, wd, c = dx.shape
     _, ho, wo, k = dy.shape
@@ -307,7 +307,7 @@ def _chunks(n: int, ho: int, wo: int) -> Iterator[slice]:
         yield slice(lo, min(lo + step, n))
 
 
-def _regions(layer: Any, h: int, w: int, ho: int, wo: int) -> Iterator[tuple[Any, ...]]:
+def _regions(layer: Conv2d, h: int, w: int, ho: int, wo: int) -> Iterator[tuple[Any, ...]]:
     """For each filter offset: the output rows/cols it touches and the matching input slices."""
     (kh, kw), (sh, sw), (ph, pw) = layer.kernel_size, layer.stride, layer.padding
     dh, dw = getattr(layer, "dilation", (1, 1))
@@ -324,7 +324,7 @@ def _regions(layer: Any, h: int, w: int, ho: int, wo: int) -> Iterator[tuple[Any
             yield i, j, slice(o0, o1), slice(p0, p1), rows, cols
 
 
-def _implicit_accumulate(layer: Any, ctx: Any, src: np.ndarray, dst: np.ndarray, matrix: Any, forward: bool) -> None:
+def _implicit_accumulate(layer: Conv2d, ctx: Ctx, src: np.ndarray, dst: np.ndarray, matrix: Any, forward: bool) -> None:
     """dst = sum over filter offsets of shifted(src) @ matrix(offset), a few images at a time.
 
     Forward: src is x, dst is y, and the input region of each offset maps to its output region;
@@ -332,7 +332,7 @@ def _implicit_accumulate(layer: Any, ctx: Any, src: np.ndarray, dst: np.ndarray,
     _shifted_products(layer, ctx, src, dst, lambda a, i, j, out: np.matmul(a, matrix(i, j), out=out), forward)
 
 
-def _shifted_products(layer: Any, ctx: Any, src: np.ndarray, dst: np.ndarray, product: Any, forward: bool) -> None:
+def _shifted_products(layer: Conv2d, ctx: Ctx, src: np.ndarray, dst: np.ndarray, product: Any, forward: bool) -> None:
     """dst = sum over filter offsets (i, j) of ``product(shifted region of src as rows, i, j, out)``: the
     implicit algorithm's loop, a few images at a time, the region copied into the workspace."""
     x_shape, y_shape = (src.shape, dst.shape) if forward else (dst.shape, src.shape)
@@ -355,13 +355,13 @@ def _shifted_products(layer: Any, ctx: Any, src: np.ndarray, dst: np.ndarray, pr
             db[:, dr, dc, :] += out.reshape(region.shape[:3] + (cout,))
 
 
-def _backward_filter_implicit(layer: Any, ctx: Any, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
+def _backward_filter_implicit(layer: Conv2d, ctx: Ctx, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
     k, c = dy.shape[3], x.shape[3]
     _filter_products(layer, ctx, x, dy, dw, (k, c), lambda d, a, tw: np.matmul(d.T, a, out=tw))
 
 
 def _filter_products(
-    layer: Any, ctx: Any, x: np.ndarray, dy: np.ndarray, dw: np.ndarray, per: Shape, product: Any
+    layer: Conv2d, ctx: Ctx, x: np.ndarray, dy: np.ndarray, dw: np.ndarray, per: Shape, product: Any
 ) -> None:
     """dW[:, i, j, :] = sum over a few images at a time of ``product(dy rows, shifted x rows, out)`` for each
     filter offset (i, j): the implicit algorithm's filter gradient, ``out`` of shape ``per`` in the workspace."""
@@ -387,7 +387,9 @@ def _filter_products(
 # The implicit algorithm over g groups: for each filter offset, the shifted region of a few images (rows of
 # C = g * cg channels) times the offset's filters, one product per group (np.matmul over a group axis),
 # or, for a depthwise convolution (one input and one output channel a group), an element-wise product.
-def _grouped_accumulate(layer: Any, ctx: Any, src: np.ndarray, dst: np.ndarray, w: np.ndarray, forward: bool) -> None:
+def _grouped_accumulate(
+    layer: Conv2d, ctx: Ctx, src: np.ndarray, dst: np.ndarray, w: np.ndarray, forward: bool
+) -> None:
     """dst = sum over filter offsets of shifted(src) times the offset's filters, group by group (forward:
     src x, dst y; backward-data: src dy, dst dx, the map run the other way)."""
     g = layer.groups
@@ -410,7 +412,7 @@ def _grouped_accumulate(layer: Any, ctx: Any, src: np.ndarray, dst: np.ndarray, 
     _shifted_products(layer, ctx, src, dst, product, forward)
 
 
-def _grouped_backward_filter(layer: Any, ctx: Any, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
+def _grouped_backward_filter(layer: Conv2d, ctx: Ctx, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
     g = layer.groups
     k, c = dy.shape[3], x.shape[3]
     kg, cg = k // g, c // g
@@ -444,7 +446,7 @@ def _carve(ws: np.ndarray | None, dtype: Any, *shapes: Shape) -> list[np.ndarray
 
 
 def _carve_slots(
-    ctx: Any, dtype: Any, shared: dict[str, Shape], lanes: list[dict[str, Shape]]
+    ctx: Ctx, dtype: Any, shared: dict[str, Shape], lanes: list[dict[str, Shape]]
 ) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
     """A layout's slots carved from the pass's workspace, in :func:`_flat`'s order: (shared, each lane's)."""
     arrays = iter(_carve(ctx.workspace, dtype, *_flat(shared, lanes)))

@@ -11,6 +11,7 @@ import numpy as np
 
 from ...nn import lanes as _lanes
 from ...nn.base import PASSES, Shape
+from ...nn.conv import Conv2d
 from . import winograd as _winograd
 
 __all__ = ["ALGORITHMS", "algorithms", "workspace_bytes", "with_host_catalog"]
@@ -37,25 +38,25 @@ def with_host_catalog(program: Any) -> Any:
 
 
 # -- the catalog --------------------------------------------------------------------------------------
-def _is_gemm(layer: Any) -> bool:
+def _is_gemm(layer: Conv2d) -> bool:
     return layer.kernel_size == (1, 1) and layer.stride == (1, 1) and layer.padding == (0, 0)
 
 
-def _winograd_applies(layer: Any) -> bool:
+def _winograd_applies(layer: Conv2d) -> bool:
     return _winograd.applies(layer.kernel_size, layer.stride, layer.padding)
 
 
-def _grouped(layer: Any) -> bool:
+def _grouped(layer: Conv2d) -> bool:
     return getattr(layer, "groups", 1) > 1
 
 
-def _implicit_only(layer: Any) -> bool:
+def _implicit_only(layer: Conv2d) -> bool:
     """Grouped and dilated convolutions run the implicit algorithm only (its filter offsets take any
     spacing and any grouping; im2col and Winograd are written for dense, ungrouped filters)."""
     return _grouped(layer) or tuple(getattr(layer, "dilation", (1, 1))) != (1, 1)
 
 
-def algorithms(layer: Any, in_shape: Shape) -> dict[str, list[str]]:
+def algorithms(layer: Conv2d, in_shape: Shape) -> dict[str, list[str]]:
     """The host algorithms a convolution (a :class:`~vmem.nn.Conv2d`) is offered, per pass (a grouped one:
     the implicit algorithm, each filter offset one batched product over the groups; a dilated one: the
     implicit algorithm)."""
@@ -69,18 +70,18 @@ def algorithms(layer: Any, in_shape: Shape) -> dict[str, list[str]]:
     return {p: list(offered) for p in PASSES}
 
 
-def workspace_bytes(layer: Any, in_shape: Shape, pass_: str, algo: str | None, itemsize: int) -> int:
+def workspace_bytes(layer: Conv2d, in_shape: Shape, pass_: str, algo: str | None, itemsize: int) -> int:
     """Scratch bytes a pass of ``layer`` on a logical (NCHW) input of ``in_shape`` needs with ``algo``."""
     return _ws_bytes(itemsize, *_workspace_shapes(layer, in_shape, pass_, algo))
 
 
-def _geometry(layer: Any, in_shape: Shape) -> tuple[int, ...]:
+def _geometry(layer: Conv2d, in_shape: Shape) -> tuple[int, ...]:
     n, c, h, w = in_shape
     _, k, ho, wo = layer.output_shape([in_shape])
     return n, c, h, w, k, ho, wo
 
 
-def _workspace_shapes(layer: Any, in_shape: Shape, pass_: str, algo: str | None) -> list[Shape]:
+def _workspace_shapes(layer: Conv2d, in_shape: Shape, pass_: str, algo: str | None) -> list[Shape]:
     if _is_gemm(layer) and not _grouped(layer):
         return []
     n, c, h, w, k, ho, wo = _geometry(layer, in_shape)
@@ -109,7 +110,7 @@ def _workspace_shapes(layer: Any, in_shape: Shape, pass_: str, algo: str | None)
     raise ValueError(f"layer {layer.label}: unknown convolution algorithm {algo!r}; use one of {ALGORITHMS}")
 
 
-def _im2col_layout(layer: Any, in_shape: Shape, pass_: str) -> tuple[int, dict[str, Shape], list[dict[str, Shape]]]:
+def _im2col_layout(layer: Conv2d, in_shape: Shape, pass_: str) -> tuple[int, dict[str, Shape], list[dict[str, Shape]]]:
     """An im2col pass's chunking and workspace: (images per chunk, shared slots, each lane's slots).
 
     Each lane has a padded copy of its chunk's images (``pad``, where the convolution pads) and the
@@ -146,7 +147,9 @@ def _im2col_layout(layer: Any, in_shape: Shape, pass_: str) -> tuple[int, dict[s
     return nb, shared, lanes
 
 
-def _winograd_layout(layer: Any, in_shape: Shape, pass_: str) -> tuple[int, dict[str, Shape], list[dict[str, Shape]]]:
+def _winograd_layout(
+    layer: Conv2d, in_shape: Shape, pass_: str
+) -> tuple[int, dict[str, Shape], list[dict[str, Shape]]]:
     """A Winograd pass's chunking and workspace slots (see :func:`vmem.device.hostconv.winograd.layout`)."""
     if not _winograd_applies(layer):
         raise ValueError(
@@ -167,7 +170,7 @@ def _winograd_layout(layer: Any, in_shape: Shape, pass_: str) -> tuple[int, dict
 # -- the passes ---------------------------------------------------------------------------------------
 
 
-def _transposed_ok(layer: Any) -> bool:
+def _transposed_ok(layer: Conv2d) -> bool:
     """Backward-data as a forward convolution of dy with flipped filters: stride 1, padding < kernel."""
     (kh, kw), (ph, pw) = layer.kernel_size, layer.padding
     return layer.stride == (1, 1) and ph < kh and pw < kw
