@@ -4,7 +4,7 @@ replay as a plan's own, made cheap where the answer cannot change."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..device.spec import DeviceSpec
 from ..graph import Program
@@ -12,6 +12,9 @@ from ..policies.plan import Plan
 from ..schedule import Schedule
 from ..schedule.lower import lower
 from .result import PlanResult, replay_fitting, replay_if_fits
+
+if TYPE_CHECKING:
+    from ..costs.model import CostModel
 
 __all__ = ["Oracle"]
 
@@ -33,7 +36,7 @@ class Oracle:
         *,
         alignment: int = 256,
         optimizer_slots: tuple[str, ...] = ("momentum",),
-        costs: Any = None,
+        costs: "CostModel | None" = None,
     ):
         self.program, self.device, self.alignment = program, device, alignment
         self.optimizer_slots, self.costs = optimizer_slots, costs

@@ -5,7 +5,7 @@ state added to the schedule."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from .. import policies
 from ..device.spec import DeviceSpec
@@ -16,6 +16,9 @@ from ..schedule.collectives import largest_share, with_allreduce, with_sharded_o
 from .oracle import Oracle
 from .result import PlanResult, evaluate, replay_fitting
 from .target import Target
+
+if TYPE_CHECKING:
+    from ..costs.model import CostModel
 
 __all__ = ["plan", "plan_program", "rank_plan", "floor_policy"]
 
@@ -37,7 +40,7 @@ def plan_program(
     *,
     alignment: int = 256,
     optimizer_slots: tuple[str, ...] = ("momentum",),
-    costs: Any = None,
+    costs: "CostModel | None" = None,
     baseline: bool = False,
     catalog: Any = None,
     nproc: int = 1,
@@ -82,7 +85,7 @@ def rank_plan(
     schedule: Schedule,
     device: DeviceSpec,
     alignment: int,
-    costs: Any,
+    costs: "CostModel | None",
     world: int,
     shard_rank: int | None = None,
 ) -> tuple[PlanResult, Schedule]:
@@ -110,7 +113,7 @@ def plan(
     precision: str = "fp32",
     optimizer_slots: tuple[str, ...] = ("momentum",),
     memory: int | str | None = None,
-    costs: Any = None,
+    costs: "CostModel | None" = None,
     nproc: int = 1,
     shard_optimizer: bool = False,
 ) -> PlanResult:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..device.sim import SimDevice
 from ..device.spec import DeviceSpec
@@ -18,6 +18,9 @@ from ..schedule import Schedule
 from ..schedule.lower import lower, op_workspace
 from ..schedule.replay import Figures, LayerRow, durations, replay
 from ..units import format_bytes
+
+if TYPE_CHECKING:
+    from ..costs.model import CostModel
 
 __all__ = ["UNBOUNDED", "PlanResult", "evaluate", "replay_if_fits", "replay_fitting", "Problem", "validate"]
 
@@ -61,7 +64,7 @@ def evaluate(
     *,
     alignment: int = 256,
     optimizer_slots: tuple[str, ...] = ("momentum",),
-    costs: Any = None,
+    costs: "CostModel | None" = None,
     packing: str = "auto",
     rows: bool = True,
 ) -> tuple[PlanResult, Schedule]:
@@ -77,7 +80,7 @@ def evaluate(
 
 
 def replay_if_fits(
-    schedule: Schedule, device: DeviceSpec, alignment: int = 256, costs: Any = None, seconds: Any = None
+    schedule: Schedule, device: DeviceSpec, alignment: int = 256, costs: "CostModel | None" = None, seconds: Any = None
 ) -> Figures | None:
     """The figures of ``schedule`` replayed on a simulated ``device``, or None where it does not fit (the
     replay stops where the pool overflows). ``seconds``: the steps' :func:`~vmem.schedule.replay.durations`
@@ -90,7 +93,9 @@ def replay_if_fits(
         return None
 
 
-def replay_fitting(schedule: Schedule, device: DeviceSpec, alignment: int = 256, costs: Any = None) -> Figures:
+def replay_fitting(
+    schedule: Schedule, device: DeviceSpec, alignment: int = 256, costs: "CostModel | None" = None
+) -> Figures:
     """The figures of ``schedule`` replayed on a simulated ``device``; one that does not fit is replayed
     again without a capacity, so that its figures are still given (``fits=False``)."""
     seconds = durations(schedule, costs) if costs is not None else None  # the same for both replays

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..device.spec import DeviceSpec
 from ..graph import Program
+
+if TYPE_CHECKING:
+    from ..costs.model import CostModel
 
 __all__ = ["Target"]
 
@@ -61,7 +64,7 @@ class Target:
             return with_cudnn_catalog(program, self.spec.arch)
         return program
 
-    def costs(self, costs: Any = None) -> Any:
+    def costs(self, costs: "CostModel | None" = None) -> Any:
         """The cost model plans are priced with: ``costs`` where given (a profile), else on a simulated GPU
         the roofline of its spec (none elsewhere: plans then give memory, not time)."""
         if costs is not None or self.spec.kind != "sim":

@@ -11,12 +11,15 @@ import dataclasses
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..device.spec import DeviceSpec
 from ..spec import parse_spec
 from ..graph import Program
 from .plan import Allocation, Plan
+
+if TYPE_CHECKING:
+    from ..costs.model import CostModel
 
 __all__ = ["Policy", "parse_spec", "register", "get", "names", "option", "downgrade", "fit_algorithms"]
 
@@ -92,7 +95,9 @@ class Policy(ABC):
         return f"{self.name}:{options}" if options else self.name
 
     @abstractmethod
-    def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
+    def decide(
+        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+    ) -> Plan:
         """Return the Plan for ``program`` on ``device`` (pure: no pool, no stream, no data).
 
         ``costs`` (a :class:`vmem.costs.CostModel`, or None) ranks algorithms by time; ``oracle(plan)``,
@@ -103,7 +108,7 @@ class Policy(ABC):
         self,
         program: Program,
         device: DeviceSpec,
-        costs: Any = None,
+        costs: "CostModel | None" = None,
         *,
         allocation: str = Allocation.LAYER,
         **decided: Any,
@@ -123,7 +128,7 @@ class Policy(ABC):
         )
 
     def choose_algos(
-        self, program: Program, costs: Any = None, algos: str | None = None, capacity: int | None = None
+        self, program: Program, costs: "CostModel | None" = None, algos: str | None = None, capacity: int | None = None
     ) -> dict[str, dict[str, str]]:
         """Per op with a choice of algorithms: the one per pass that ``algos`` (default: this policy's)
         asks for. ``memory``: least workspace (ties: the faster). ``performance`` (and ``fit``, which the
@@ -160,7 +165,9 @@ def layer_bytes(program: Program, op: Any) -> int:
     return ins + program.tensors[op.output].nbytes + weights
 
 
-def downgrade(program: Program, plan: Plan, device: DeviceSpec, costs: Any, oracle: Any, max_trials: int = 200) -> Any:
+def downgrade(
+    program: Program, plan: Plan, device: DeviceSpec, costs: "CostModel | None", oracle: Any, max_trials: int = 200
+) -> Any:
     """vDNN-dyn's greedy pass over ``plan``'s algorithms: while its replay does not fit, the pass with the
     most workspace among the layers that overflow (during whose pass the pool holds more than the
     budget, less room for fragmentation; where none has a leaner algorithm left, among all layers) takes
@@ -213,7 +220,9 @@ def downgrade(program: Program, plan: Plan, device: DeviceSpec, costs: Any, orac
     return result if result.fits else None
 
 
-def fit_algorithms(policy: "Policy", program: Program, device: DeviceSpec, costs: Any, oracle: Any, plan: Plan) -> Plan:
+def fit_algorithms(
+    policy: "Policy", program: Program, device: DeviceSpec, costs: "CostModel | None", oracle: Any, plan: Plan
+) -> Plan:
     """``plan`` (made by ``policy`` with the fastest algorithms) with the fastest algorithms that fit the
     device, where ``policy.algos`` is ``"fit"``: as it is where it fits (or without an ``oracle`` to
     replay it); else downgraded pass by pass (:func:`downgrade`); else, where nothing fits, with the

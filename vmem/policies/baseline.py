@@ -8,12 +8,15 @@ All of it is allocated up front, so the peak and the average usage are equal.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..device.spec import DeviceSpec
 from ..graph import Program
 from .base import Policy, register
 from .plan import Allocation, Plan, Stash
+
+if TYPE_CHECKING:
+    from ..costs.model import CostModel
 
 
 @register
@@ -23,7 +26,9 @@ class Baseline(Policy):
 
     name = "baseline"
 
-    def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
+    def decide(
+        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+    ) -> Plan:
         return self.new_plan(
             program,
             device,

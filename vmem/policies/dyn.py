@@ -35,7 +35,7 @@ The plan records the step that chose it (``plan.step``), the configuration (``pl
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..device.spec import DeviceSpec
 from ..errors import BudgetTooSmall, PlanError
@@ -46,6 +46,9 @@ from .base import Policy, downgrade, get, option, register
 from .plan import Plan, Stash
 from ..graph.analysis import prefetch_points
 from .vdnn import SYNC_MODES
+
+if TYPE_CHECKING:
+    from ..costs.model import CostModel
 
 __all__ = ["VdnnDyn"]
 
@@ -102,7 +105,9 @@ class VdnnDyn(Policy):
         )
         return f"{self.name}:{','.join(options)}"
 
-    def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
+    def decide(
+        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+    ) -> Plan:
         if oracle is None:
             raise PlanError("vdnn-dyn decides by replaying candidate plans: use vmem.plan or a Trainer")
 
@@ -167,10 +172,10 @@ class VdnnDyn(Policy):
         return least if least is not None else 4 * peak
 
     # -- step 4 ------------------------------------------------------------------------------------
-    def _fastest(self, program: Program, costs: Any) -> dict[str, dict[str, str]]:
+    def _fastest(self, program: Program, costs: "CostModel | None") -> dict[str, dict[str, str]]:
         return self.choose_algos(program, costs, algos="performance")
 
-    def _greedy(self, program: Program, device: DeviceSpec, costs: Any, oracle: Any, name: str) -> Any:
+    def _greedy(self, program: Program, device: DeviceSpec, costs: "CostModel | None", oracle: Any, name: str) -> Any:
         """Downgrade the overflowing layers' passes, one at a time, until the plan fits; the fitting
         candidate's figures (a PlanResult), or None (:func:`vmem.policies.base.downgrade`)."""
         base = get(f"{name}:sync={self.procedure_sync}", algos="performance").decide(program, device, costs)

@@ -25,7 +25,7 @@ values wait in host memory until backward (see :class:`~vmem.schedule.steps.Enco
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import codecs
 from ..device.spec import DeviceSpec
@@ -35,6 +35,9 @@ from .base import Policy, option, register
 from .plan import Plan, Stash
 from .ranges import batchnorm_ranges, check_sigmas
 from .vdnn import check_density
+
+if TYPE_CHECKING:
+    from ..costs.model import CostModel
 
 __all__ = ["Gist"]
 
@@ -80,7 +83,9 @@ class Gist(Policy):
             return codecs.get("dpr", format=self.dpr)
         return codecs.get(str(self.codec)) if self.codec is not None else None
 
-    def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
+    def decide(
+        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+    ) -> Plan:
         tensors = program.tensors
         lossy = self._value_codec()
         stash: dict[str, str] = {}

@@ -8,12 +8,15 @@ offload) and the memory baseline that recomputation is measured against.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..device.spec import DeviceSpec
 from ..graph import Program
 from .base import Policy, register
 from .plan import Plan, Stash
+
+if TYPE_CHECKING:
+    from ..costs.model import CostModel
 
 __all__ = ["Layerwise"]
 
@@ -25,7 +28,9 @@ class Layerwise(Policy):
 
     name = "layerwise"
 
-    def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
+    def decide(
+        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+    ) -> Plan:
         stashed = program.stashed_buffers()
         return self.new_plan(
             program,

@@ -25,13 +25,16 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..device.spec import DeviceSpec
 from ..graph import Program
 from ..graph.analysis import RecomputeGraph
 from .base import Policy, register
 from .plan import Plan, Stash
+
+if TYPE_CHECKING:
+    from ..costs.model import CostModel
 
 __all__ = ["Mirror", "Chen", "Echo", "CHEAP_FLOPS", "cheap_ops"]
 
@@ -171,7 +174,7 @@ def _plan(
     policy: "Policy",
     program: Program,
     device: DeviceSpec,
-    costs: Any,
+    costs: "CostModel | None",
     decided: dict[int, str],
     reason: str,
     notes: dict[str, str] | None = None,
@@ -212,7 +215,9 @@ class Mirror(Policy):
                     + (" other than 1" if key == "step" else "")
                 )
 
-    def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
+    def decide(
+        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+    ) -> Plan:
         g = _Graph(program)
         mirrorable = {b for b in g.cheap if not any(program.ops[i].kind in MIRROR_KEEPS for i in g.chains[b])}
         # MXNet counts the candidates in forward order and keeps every step-th one
@@ -237,7 +242,9 @@ class Chen(Policy):
         if not isinstance(self.segments, int) or self.segments < 0:
             raise ValueError(f"policy 'chen': segments={self.segments!r} must be a non-negative int")
 
-    def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
+    def decide(
+        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+    ) -> Plan:
         g = _Graph(program)
         checkpoints = self.checkpoints(program, g)
         decided = g.close({b for b in g.stashed if b not in checkpoints}, lambda s: s not in checkpoints)
@@ -285,7 +292,9 @@ class Echo(Policy):
 
     name = "echo"
 
-    def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
+    def decide(
+        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+    ) -> Plan:
         g = _Graph(program)
         cache: dict[int, Any] = {}
         if oracle is None:
@@ -310,7 +319,9 @@ class Echo(Policy):
             plan, reason=f"{plan.reason}; rebuild chains at most {depth} deep (replayed peak by depth: {peaks} bytes)"
         )
 
-    def _at_depth(self, g: _Graph, device: DeviceSpec, costs: Any, depth: int, cache: dict[int, Any]) -> Plan:
+    def _at_depth(
+        self, g: _Graph, device: DeviceSpec, costs: "CostModel | None", depth: int, cache: dict[int, Any]
+    ) -> Plan:
         """Echo's Algorithm 1 with rebuild chains at most ``depth`` stashed buffers deep."""
         notes: dict[str, str] = {}
 

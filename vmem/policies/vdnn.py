@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..device.spec import DeviceSpec
 from ..graph import Program
@@ -33,6 +33,9 @@ from ..graph.analysis import prefetch_points
 from .base import Policy, option, register
 from .plan import Plan, Stash
 from .ranges import batchnorm_ranges, check_sigmas
+
+if TYPE_CHECKING:
+    from ..costs.model import CostModel
 
 __all__ = ["VdnnAll", "VdnnConv", "prefetch_points", "offload_codec", "check_density"]
 
@@ -80,7 +83,9 @@ class _Vdnn(Policy):
     def offloads(self, program: Program) -> set[int]:
         """Buffers (owner tensor ids) this policy offloads when they are stashed."""
 
-    def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
+    def decide(
+        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+    ) -> Plan:
         stashed = program.stashed_buffers()
         offloaded = self.offloads(program) & stashed
         chosen = (

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..graph import Program
 from ..costs.collective import allreduce_seconds
-from ..costs.model import host_costs
+from ..costs.model import CostModel, host_costs
 from ..pool import CATEGORIES
 from ..streams.virtual import VirtualStream
 from .steps import (
@@ -103,7 +103,7 @@ class Figures:
         return out
 
 
-def durations(schedule: Schedule, costs: Any) -> list[float]:
+def durations(schedule: Schedule, costs: CostModel) -> list[float]:
     """Predicted seconds of each step of the schedule under ``costs`` (0 for steps that are not compute)."""
     program = schedule.program
     # an update reads and writes the master weights of its bucket
@@ -167,7 +167,9 @@ _PHASE = {Forward: "forward", Backward: "backward", Recompute: "recompute"}
 class _Replay:
     """One replay of a schedule on a simulated device; ``run`` returns its Figures (without layer rows)."""
 
-    def __init__(self, schedule: Schedule, device: Any, costs: Any = None, seconds: list[float] | None = None):
+    def __init__(
+        self, schedule: Schedule, device: Any, costs: "CostModel | None" = None, seconds: list[float] | None = None
+    ):
         self.schedule, self.costs = schedule, costs
         self.pool = device.pool
         self.compute, self.memory = device.compute_stream, device.memory_stream
@@ -306,7 +308,7 @@ class _Replay:
 
     def _offload(self, index: int, st: Offload) -> None:
         """The copy starts on the memory stream once compute has written the buffer for the last time."""
-        if self.seconds is not None:
+        if self.seconds is not None and self.costs is not None:  # timed (the durations come from costs)
             self.memory.wait(self.compute.record())
             self.memory.run(self.costs.copy_seconds(st.transfer_nbytes, "d2h") + self.per_item)
             self.copied[st.key] = self.memory.record()
@@ -326,7 +328,7 @@ class _Replay:
         self.pool.free(block, self.memory if st.sync == "event" else self.compute)
 
     def _prefetch(self, index: int, st: Prefetch) -> None:
-        if self.seconds is not None:
+        if self.seconds is not None and self.costs is not None:  # timed (the durations come from costs)
             self.memory.wait(self.compute.record())
             self.memory.run(self.costs.copy_seconds(st.transfer_nbytes, "h2d") + self.per_item)
             self.ready[st.key] = self.memory.record()
@@ -373,7 +375,9 @@ class _Replay:
         self.stall += seconds
 
 
-def replay(schedule: Schedule, device: Any, costs: Any = None, seconds: list[float] | None = None) -> Figures:
+def replay(
+    schedule: Schedule, device: Any, costs: "CostModel | None" = None, seconds: list[float] | None = None
+) -> Figures:
     """Replay ``schedule`` on ``device`` (a simulated device: a pool without data, virtual streams); raises
     OutOfDeviceMemory if its capacity is exceeded. With ``costs`` the figures include predicted time
     (``seconds``: each step's :func:`durations` under them, where already known)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ... import codecs
 from ...graph import Program
@@ -17,6 +17,9 @@ from ...graph.analysis import needs_grad
 from ...graph.backward import backward_uses, decisions
 from ..plan import Plan, Stash
 from ..recompute import cheap_ops
+
+if TYPE_CHECKING:
+    from ...costs.model import CostModel
 
 __all__ = ["codec_offloads", "savings"]
 
@@ -69,7 +72,7 @@ def _reads(program: Program, plan: Plan) -> dict[int, list[int]]:
     return {u.op: [s for r in u.rebuilds for s in r.sources] + list(u.reads) for u in walk}
 
 
-def codec_offloads(costs: Any) -> bool:
+def codec_offloads(costs: "CostModel | None") -> bool:
     """Whether offloading through a codec can save time under ``costs`` (its ``codec_offload``, true where
     it does not say): on a GPU the link moves the encoded bytes while the codec's kernel runs beside the
     copy engine; on the CPU device the link is a memory copy on the cores the ops use, and encoding costs
@@ -126,7 +129,7 @@ class _Info:
     (writers, sources, what is stashed and cheap, where backward first reads each buffer), op positions,
     where forward last reads each buffer, per-op seconds, and the windows an offload's copies can hide in."""
 
-    def __init__(self, program: Program, costs: Any, plan: Plan):
+    def __init__(self, program: Program, costs: "CostModel", plan: Plan):
         self.program, self.costs = program, costs
         self.graph = RecomputeGraph(program, cheap_ops(program))
         ops = program.ops
@@ -138,15 +141,15 @@ class _Info:
                 self.last_forward[program.tensors[t].buffer] = op.index
         algos = plan.algos
         self.forward = [costs.op_seconds(op, "forward", algos.get(op.name, {}).get("forward")) for op in ops]
-        self.backward = []
+        self.backward: list[float] = []
         for op in ops:
             per = algos.get(op.name, {})
             if op.kind == "conv":
-                t = costs.op_seconds(op, "backward_filter", per.get("backward_filter"))
-                t += costs.op_seconds(op, "backward_data", per.get("backward_data"))
+                seconds = costs.op_seconds(op, "backward_filter", per.get("backward_filter"))
+                seconds += costs.op_seconds(op, "backward_data", per.get("backward_data"))
             else:
-                t = costs.op_seconds(op, "backward", None)
-            self.backward.append(t)
+                seconds = costs.op_seconds(op, "backward", None)
+            self.backward.append(seconds)
         self.after = [0.0] * (len(ops) + 1)  # forward seconds from op i on
         for i in range(len(ops) - 1, -1, -1):
             self.after[i] = self.after[i + 1] + self.forward[i]

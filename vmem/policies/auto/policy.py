@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ... import codecs
 from ...device.spec import DeviceSpec
@@ -17,6 +17,9 @@ from ..budget import least_memory
 from ..plan import Allocation, Plan
 from . import descent, exhaustive, improve
 from .estimates import _Info, _Saving, _summary, codec_offloads, savings
+
+if TYPE_CHECKING:
+    from ...costs.model import CostModel
 
 __all__ = ["Auto", "FLOOR", "PORTFOLIO", "NAMED", "LOSSY", "SOLVERS", "FAST", "DESCENT", "ILP_DESCENT", "EXHAUSTIVE"]
 
@@ -106,7 +109,7 @@ class Auto(Policy):
         )
         return f"{self.name}:{','.join(options)}" if options else self.name
 
-    def portfolio(self, costs: Any = None) -> list[str]:
+    def portfolio(self, costs: "CostModel | None" = None) -> list[str]:
         """The named plans auto starts from (under ``costs``: offloads through a codec only where they can
         save time, see :func:`codec_offloads`)."""
         out = list(PORTFOLIO)
@@ -117,7 +120,9 @@ class Auto(Policy):
             out = [spec for spec in out if not (spec.startswith("vdnn") and "codec=" in spec)]
         return out
 
-    def decide(self, program: Program, device: DeviceSpec, costs: Any = None, oracle: Any = None) -> Plan:
+    def decide(
+        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+    ) -> Plan:
         if oracle is None:
             raise PlanError("auto decides by replaying candidate plans: use vmem.plan or a Trainer")
         if costs is None:
@@ -209,7 +214,7 @@ class Auto(Policy):
     #: the refusal's least budget is found to this fraction of the leanest plan's peak
     LEAST_TOLERANCE: ClassVar[float] = 1e-3
 
-    def _refuse(self, program: Program, device: DeviceSpec, costs: Any, oracle: Any) -> None:
+    def _refuse(self, program: Program, device: DeviceSpec, costs: "CostModel | None", oracle: Any) -> None:
         """Raise BudgetTooSmall with the least budget the leanest plan (every feature map offloaded, the
         leanest algorithms) fits in: to the byte, or on a graph of more than ``DYN_OPS`` ops (each try
         replays the whole step) to :attr:`LEAST_TOLERANCE`."""
@@ -234,7 +239,7 @@ class Auto(Policy):
     #: the most plans the exhaustive search replays (a graph with more combinations is not searched so)
     EXHAUSTIVE: ClassVar[int] = 2048
 
-    def choices(self, program: Program, costs: Any, plan: Plan, info: "_Info | None" = None) -> dict[str, list]:
+    def choices(self, program: Program, costs: "CostModel", plan: Plan, info: "_Info | None" = None) -> dict[str, list]:
         """Per stashed buffer, every way the descent and the exhaustive search may store it: kept (None)
         and each :class:`_Saving` that applies (``info``: the program read under ``plan``'s algorithms)."""
         info = info or _Info(program, costs, plan)
