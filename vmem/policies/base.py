@@ -11,7 +11,7 @@ import dataclasses
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ..device.spec import DeviceSpec
 from ..spec import parse_spec
@@ -61,6 +61,17 @@ def get(spec: "str | Policy", **overrides: Any) -> "Policy":
     return cls(**options)
 
 
+class Oracle(Protocol):
+    """What a policy that searches asks about a candidate plan (the planner's
+    :class:`vmem.planning.Oracle`): ``candidate`` lowered and replayed at ``memory`` (the device's where not
+    given); its figures (``.fits``, ``.peak_bytes``, ``.step_seconds``, ...), or with ``unfit=False`` None
+    where it does not fit."""
+
+    def __call__(
+        self, candidate: Plan, memory: int | None = None, packing: str = "auto", unfit: bool = True
+    ) -> Any: ...
+
+
 @dataclass(frozen=True)
 class Policy(ABC):
     """Base of every policy. ``algos``: convolution algorithms, ``"fit"`` (the default: the fastest with
@@ -96,7 +107,7 @@ class Policy(ABC):
 
     @abstractmethod
     def decide(
-        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: "Oracle | None" = None
     ) -> Plan:
         """Return the Plan for ``program`` on ``device`` (pure: no pool, no stream, no data).
 
@@ -166,7 +177,7 @@ def layer_bytes(program: Program, op: Any) -> int:
 
 
 def downgrade(
-    program: Program, plan: Plan, device: DeviceSpec, costs: "CostModel | None", oracle: Any, max_trials: int = 200
+    program: Program, plan: Plan, device: DeviceSpec, costs: "CostModel | None", oracle: "Oracle", max_trials: int = 200
 ) -> Any:
     """vDNN-dyn's greedy pass over ``plan``'s algorithms: while its replay does not fit, the pass with the
     most workspace among the layers that overflow (during whose pass the pool holds more than the
@@ -221,7 +232,7 @@ def downgrade(
 
 
 def fit_algorithms(
-    policy: "Policy", program: Program, device: DeviceSpec, costs: "CostModel | None", oracle: Any, plan: Plan
+    policy: "Policy", program: Program, device: DeviceSpec, costs: "CostModel | None", oracle: "Oracle", plan: Plan
 ) -> Plan:
     """``plan`` (made by ``policy`` with the fastest algorithms) with the fastest algorithms that fit the
     device, where ``policy.algos`` is ``"fit"``: as it is where it fits (or without an ``oracle`` to

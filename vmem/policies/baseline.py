@@ -8,7 +8,7 @@ All of it is allocated up front, so the peak and the average usage are equal.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..device.spec import DeviceSpec
 from ..graph import Program
@@ -16,6 +16,7 @@ from .base import Policy, register
 from .plan import Allocation, Plan, Stash
 
 if TYPE_CHECKING:
+    from .base import Oracle
     from ..costs.model import CostModel
 
 
@@ -27,7 +28,7 @@ class Baseline(Policy):
     name = "baseline"
 
     def decide(
-        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: "Oracle | None" = None
     ) -> Plan:
         return self.new_plan(
             program,

@@ -48,6 +48,7 @@ from ..graph.analysis import prefetch_points
 from .vdnn import SYNC_MODES
 
 if TYPE_CHECKING:
+    from .base import Oracle
     from ..costs.model import CostModel
 
 __all__ = ["VdnnDyn"]
@@ -106,7 +107,7 @@ class VdnnDyn(Policy):
         return f"{self.name}:{','.join(options)}"
 
     def decide(
-        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: "Oracle | None" = None
     ) -> Plan:
         if oracle is None:
             raise PlanError("vdnn-dyn decides by replaying candidate plans: use vmem.plan or a Trainer")
@@ -163,7 +164,7 @@ class VdnnDyn(Policy):
         return self._chose(program, floor, 5, f"only vdnn-all with memory-optimal algorithms fits in {budget}", oracle)
 
     @staticmethod
-    def _least_memory(floor: Plan, peak: int, oracle: Any) -> int:
+    def _least_memory(floor: Plan, peak: int, oracle: "Oracle") -> int:
         """The smallest capacity, to the pool's alignment (256 bytes), at which ``floor`` fits: its peak
         plus what packing its blocks costs (see :func:`vmem.planning.least_memory`)."""
         from .budget import least_memory
@@ -175,13 +176,15 @@ class VdnnDyn(Policy):
     def _fastest(self, program: Program, costs: "CostModel | None") -> dict[str, dict[str, str]]:
         return self.choose_algos(program, costs, algos="performance")
 
-    def _greedy(self, program: Program, device: DeviceSpec, costs: "CostModel | None", oracle: Any, name: str) -> Any:
+    def _greedy(
+        self, program: Program, device: DeviceSpec, costs: "CostModel | None", oracle: "Oracle", name: str
+    ) -> Any:
         """Downgrade the overflowing layers' passes, one at a time, until the plan fits; the fitting
         candidate's figures (a PlanResult), or None (:func:`vmem.policies.base.downgrade`)."""
         base = get(f"{name}:sync={self.procedure_sync}", algos="performance").decide(program, device, costs)
         return downgrade(program, base, device, costs, oracle, self.max_trials)
 
-    def _keep_resident(self, program: Program, candidate: Any, oracle: Any) -> tuple[Any, str]:
+    def _keep_resident(self, program: Program, candidate: Any, oracle: "Oracle") -> tuple[Any, str]:
         """``candidate`` with the offloaded buffers kept on the device where that fits and is faster (see the
         module docstring), and a clause for the reason ("" if none is kept)."""
         start = candidate
@@ -223,7 +226,7 @@ class VdnnDyn(Policy):
             f"{candidate.step_seconds:.3f} s instead of {start.step_seconds:.3f} s"
         )
 
-    def _chose(self, program: Program, candidate: Any, step: int, reason: str, oracle: Any = None) -> Plan:
+    def _chose(self, program: Program, candidate: Any, step: int, reason: str, oracle: "Oracle | None" = None) -> Plan:
         if (
             oracle is not None
             and self.sync == "auto"

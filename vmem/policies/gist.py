@@ -37,6 +37,7 @@ from .ranges import batchnorm_ranges, check_sigmas
 from .vdnn import check_density
 
 if TYPE_CHECKING:
+    from .base import Oracle
     from ..costs.model import CostModel
 
 __all__ = ["Gist"]
@@ -84,7 +85,7 @@ class Gist(Policy):
         return codecs.get(str(self.codec)) if self.codec is not None else None
 
     def decide(
-        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: "Oracle | None" = None
     ) -> Plan:
         tensors = program.tensors
         lossy = self._value_codec()

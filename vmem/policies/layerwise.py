@@ -8,7 +8,7 @@ offload) and the memory baseline that recomputation is measured against.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..device.spec import DeviceSpec
 from ..graph import Program
@@ -16,6 +16,7 @@ from .base import Policy, register
 from .plan import Plan, Stash
 
 if TYPE_CHECKING:
+    from .base import Oracle
     from ..costs.model import CostModel
 
 __all__ = ["Layerwise"]
@@ -29,7 +30,7 @@ class Layerwise(Policy):
     name = "layerwise"
 
     def decide(
-        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: "Oracle | None" = None
     ) -> Plan:
         stashed = program.stashed_buffers()
         return self.new_plan(

@@ -34,6 +34,7 @@ from .base import Policy, register
 from .plan import Plan, Stash
 
 if TYPE_CHECKING:
+    from .base import Oracle
     from ..costs.model import CostModel
 
 __all__ = ["Mirror", "Chen", "Echo", "CHEAP_FLOPS", "cheap_ops"]
@@ -216,7 +217,7 @@ class Mirror(Policy):
                 )
 
     def decide(
-        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: "Oracle | None" = None
     ) -> Plan:
         g = _Graph(program)
         mirrorable = {b for b in g.cheap if not any(program.ops[i].kind in MIRROR_KEEPS for i in g.chains[b])}
@@ -243,7 +244,7 @@ class Chen(Policy):
             raise ValueError(f"policy 'chen': segments={self.segments!r} must be a non-negative int")
 
     def decide(
-        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: "Oracle | None" = None
     ) -> Plan:
         g = _Graph(program)
         checkpoints = self.checkpoints(program, g)
@@ -293,7 +294,7 @@ class Echo(Policy):
     name = "echo"
 
     def decide(
-        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: "Oracle | None" = None
     ) -> Plan:
         g = _Graph(program)
         cache: dict[int, Any] = {}

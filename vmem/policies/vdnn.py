@@ -35,6 +35,7 @@ from .plan import Plan, Stash
 from .ranges import batchnorm_ranges, check_sigmas
 
 if TYPE_CHECKING:
+    from .base import Oracle
     from ..costs.model import CostModel
 
 __all__ = ["VdnnAll", "VdnnConv", "prefetch_points", "offload_codec", "check_density"]
@@ -84,7 +85,7 @@ class _Vdnn(Policy):
         """Buffers (owner tensor ids) this policy offloads when they are stashed."""
 
     def decide(
-        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: "Oracle | None" = None
     ) -> Plan:
         stashed = program.stashed_buffers()
         offloaded = self.offloads(program) & stashed

@@ -12,6 +12,7 @@ from ..plan import Allocation, Plan
 from .estimates import _applied, _Info, _Link, _refreshed, _Saving, savings
 
 if TYPE_CHECKING:
+    from ..base import Oracle
     from .policy import Auto
 
 __all__ = ["descend"]
@@ -21,7 +22,7 @@ def descend(
     auto: "Auto",
     program: Program,
     device: DeviceSpec,
-    oracle: Any,
+    oracle: "Oracle",
     plan: Plan,
     info: _Info,
     share: float,

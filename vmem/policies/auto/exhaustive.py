@@ -13,12 +13,13 @@ from ..plan import Allocation, Plan
 from .estimates import _applied, _Info, _refreshed
 
 if TYPE_CHECKING:
+    from ..base import Oracle
     from .policy import Auto
 
 __all__ = ["search"]
 
 
-def search(auto: "Auto", program: Program, device: DeviceSpec, oracle: Any, plan: Plan, info: _Info) -> Any:
+def search(auto: "Auto", program: Program, device: DeviceSpec, oracle: "Oracle", plan: Plan, info: _Info) -> Any:
     """Where the buffers' choices from ``plan`` (layer-wise, fastest algorithms) make at most
     :attr:`EXHAUSTIVE` plans: the fastest of them that fits, every one replayed (None if none fits, or
     there are more)."""

@@ -17,6 +17,7 @@ from ..plan import Plan, Stash
 from .estimates import _Info, _Move, _offloaded, _reads, codec_offloads
 
 if TYPE_CHECKING:
+    from ..base import Oracle
     from ...costs.model import CostModel
     from .policy import Auto
 
@@ -25,7 +26,7 @@ __all__ = ["improve", "moves"]
 
 # -- the improvement stage -----------------------------------------------------------------------
 def improve(
-    auto: "Auto", program: Program, device: DeviceSpec, costs: "CostModel", oracle: Any, best: Any, info: _Info
+    auto: "Auto", program: Program, device: DeviceSpec, costs: "CostModel", oracle: "Oracle", best: Any, info: _Info
 ) -> tuple:
     """Try the moves in order of estimated gain, keeping those after which the plan still fits and is
     faster. A try that does not fit is not replayed again for its figures; the oracle places a try's

@@ -19,6 +19,7 @@ from . import descent, exhaustive, improve
 from .estimates import _Info, _Saving, _summary, codec_offloads, savings
 
 if TYPE_CHECKING:
+    from ..base import Oracle
     from ...costs.model import CostModel
 
 __all__ = ["Auto", "FLOOR", "PORTFOLIO", "NAMED", "LOSSY", "SOLVERS", "FAST", "DESCENT", "ILP_DESCENT", "EXHAUSTIVE"]
@@ -121,7 +122,7 @@ class Auto(Policy):
         return out
 
     def decide(
-        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+        self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: "Oracle | None" = None
     ) -> Plan:
         if oracle is None:
             raise PlanError("auto decides by replaying candidate plans: use vmem.plan or a Trainer")
@@ -214,7 +215,7 @@ class Auto(Policy):
     #: the refusal's least budget is found to this fraction of the leanest plan's peak
     LEAST_TOLERANCE: ClassVar[float] = 1e-3
 
-    def _refuse(self, program: Program, device: DeviceSpec, costs: "CostModel | None", oracle: Any) -> None:
+    def _refuse(self, program: Program, device: DeviceSpec, costs: "CostModel | None", oracle: "Oracle") -> None:
         """Raise BudgetTooSmall with the least budget the leanest plan (every feature map offloaded, the
         leanest algorithms) fits in: to the byte, or on a graph of more than ``DYN_OPS`` ops (each try
         replays the whole step) to :attr:`LEAST_TOLERANCE`."""
