@@ -554,17 +554,20 @@ def _vmem_setting(
     spans: bool = False,
     policy: str = "baseline:algos=performance",
     memory: str | None = None,
+    model: str = "vgg16",
+    batch: int | None = None,
 ) -> dict | None:
-    """One vmem run of VGG-16 at ``--batch`` (``policy`` in ``memory``, by default the fastest baseline in
-    ``--memory``), its profile kept per precision and math for the runs after it; its result, or None where
-    it failed (the error kept under ``label``)."""
-    cache = Path(args.profile_cache) / f"profile-b{args.batch}-{precision}-{math}.pkl"
+    """One vmem run of ``model`` at ``batch`` (VGG-16 at ``--batch`` unless named; ``policy`` in ``memory``,
+    by default the fastest baseline in ``--memory``), its profile kept per model, batch, precision and math
+    for the runs after it; its result, or None where it failed (the error kept under ``label``)."""
+    batch = args.batch if batch is None else batch
+    cache = Path(args.profile_cache) / f"profile-{model}-b{batch}-{precision}-{math}.pkl"
     try:
         r = isolated(
             "vmem_step",
             args.child_timeout,
             policy=policy,
-            batch=args.batch,
+            batch=batch,
             steps=args.steps,
             memory=memory or args.memory,
             profile=True,
@@ -574,6 +577,7 @@ def _vmem_setting(
             precision=precision,
             math=math,
             spans=spans,
+            model=model,
         )
     except ChildFailed as exc:
         _failed(out, label, exc)
@@ -630,31 +634,18 @@ def section_half_memory(args, out):
 def section_resnet50(args, out):
     """ResNet-50 at ``--resnet-batch`` (128): PyTorch AMP bf16 channels last against vmem bf16 (target at
     most 1.15x)."""
-    times = out.setdefault("settings", {})
     batch = args.resnet_batch
     try:
         t = isolated(
             "torch_step", args.child_timeout, batch=batch, steps=args.steps, setting="amp_bf16", model="resnet50"
         )
-        times["pytorch amp_bf16 resnet50"] = t["median"]
-        r = isolated(
-            "vmem_step",
-            args.child_timeout,
-            policy="baseline:algos=performance",
-            batch=batch,
-            steps=args.steps,
-            memory=args.memory,
-            profile=True,
-            profile_cache=str(Path(args.profile_cache) / f"profile-resnet50-b{batch}-bf16-tf32.pkl"),
-            precision="bf16",
-            math="tf32",
-            model="resnet50",
-        )
-    except ChildFailed as exc:
-        _failed(out, "resnet50", exc)
+        out.setdefault("settings", {})["pytorch amp_bf16 resnet50"] = t["median"]
+    except ChildFailed as exc:  # vmem's run still goes: its figures stand alone
+        _failed(out, "pytorch amp_bf16 resnet50", exc)
+        t = None
+    r = _vmem_setting(args, out, "vmem bf16 resnet50", "bf16", "tf32", model="resnet50", batch=batch)
+    if r is None or t is None:
         return
-    times["vmem bf16 resnet50"] = r["median"]
-    out.setdefault("setting_runs", {})["vmem bf16 resnet50"] = r
     ratio = r["median"] / t["median"]
     out["verdicts"].append(verdict(f"ResNet-50 b{batch}: vmem bf16 / PyTorch AMP bf16", ratio, 1.15, at_least=False))
     print(
