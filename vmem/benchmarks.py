@@ -6,11 +6,16 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Sequence, TYPE_CHECKING
 
 import numpy as np
 
 from .units import parse_bytes
+
+if TYPE_CHECKING:
+    from ._typing import Array
+    from .codecs.base import Codec
+    from .device.base import Device
 
 __all__ = ["bandwidth", "codec_bandwidth", "relu_activations", "best_seconds", "typical_seconds", "DEFAULT_SIZES"]
 
@@ -18,7 +23,7 @@ DEFAULT_SIZES = ("64KiB", "256KiB", "1MiB", "4MiB", "16MiB", "64MiB", "256MiB")
 
 
 def bandwidth(
-    device: Any,
+    device: Device,
     sizes: Sequence[int | str] = DEFAULT_SIZES,
     *,
     rounds: int = 3,
@@ -131,8 +136,8 @@ def relu_activations(n: int, density: float, seed: int = 0) -> np.ndarray:
 
 
 def codec_bandwidth(
-    device: Any,
-    codec: Any,
+    device: Device,
+    codec: Codec,
     sizes: Sequence[int | str] = ("4MiB", "16MiB", "64MiB"),
     densities: Sequence[float] = (0.1, 0.3, 0.5, 0.7, 0.9),
     *,
@@ -172,7 +177,7 @@ def codec_bandwidth(
             raw_h2d = best(lambda: device.copy_now(dev.view(np.uint8), host[: count * 4], "h2d"))
             xp = device.xp
 
-            def fill(v: Any) -> None:  # on the memory stream, in order with the transfers
+            def fill(v: Array) -> None:  # on the memory stream, in order with the transfers
                 dev[...] = v
 
             for density in densities:

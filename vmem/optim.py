@@ -9,9 +9,13 @@ stream, after backward, and may overwrite the gradient.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ._typing import Array
+    from ._typing import Xp
 
 __all__ = ["Optimizer", "SGD", "Adam", "GradScaler"]
 
@@ -27,7 +31,7 @@ class Optimizer(ABC):
         self.lr = float(lr)
 
     @abstractmethod
-    def update(self, xp: Any, param: Any, grad: Any, state: dict[str, Any], step: int) -> None:
+    def update(self, xp: Xp, param: Array, grad: Array, state: dict[str, Any], step: int) -> None:
         """Update ``param`` from ``grad``; ``step`` counts updates from 1."""
 
     def fused(self, step: int) -> tuple[str, tuple[Any, ...]] | None:
@@ -58,7 +62,7 @@ class SGD(Optimizer):
         self.nesterov = bool(nesterov)
         self.slots = ("momentum",) if momentum else ()
 
-    def update(self, xp: Any, param: Any, grad: Any, state: dict[str, Any], step: int) -> None:
+    def update(self, xp: Xp, param: Array, grad: Array, state: dict[str, Any], step: int) -> None:
         if self.weight_decay:
             grad += self.weight_decay * param
         if self.momentum:
@@ -101,7 +105,7 @@ class Adam(Optimizer):
         self.eps = float(eps)
         self.weight_decay = float(weight_decay)
 
-    def update(self, xp: Any, param: Any, grad: Any, state: dict[str, Any], step: int) -> None:
+    def update(self, xp: Xp, param: Array, grad: Array, state: dict[str, Any], step: int) -> None:
         b1, b2 = self.betas
         if self.weight_decay:
             grad += self.weight_decay * param

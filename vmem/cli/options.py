@@ -7,9 +7,12 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from ..units import format_bytes
+
+if TYPE_CHECKING:
+    from ..graph.network import Network
 
 __all__ = [
     "positive_int",
@@ -88,7 +91,7 @@ def policy_spec(args: argparse.Namespace) -> str:
 SEQUENCES = ("reverse",)
 
 
-def check_dataset(args: argparse.Namespace, net: Any) -> None:
+def check_dataset(args: argparse.Namespace, net: Network) -> None:
     """A dataset the model can take: images for a model of images, token sequences for a sequence model."""
     takes_tokens = len(tuple(net.input_shape or ())) == 1
     gives_tokens = args.dataset in SEQUENCES
@@ -120,7 +123,7 @@ def model(args: argparse.Namespace):
     return models.get(args.model, **kwargs)
 
 
-def rebuild_for_classes(args: argparse.Namespace, num_classes: int, net: Any = None):
+def rebuild_for_classes(args: argparse.Namespace, num_classes: int, net: Network | None = None):
     """The model again with ``num_classes`` outputs (the dataset's); an imported model as it is, where its
     outputs can take the dataset's labels."""
     from .. import models

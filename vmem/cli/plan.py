@@ -8,7 +8,7 @@ import contextlib
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..units import format_bytes, printable
 from .options import (
@@ -23,6 +23,11 @@ from .options import (
 )
 from .progress import Slow
 
+if TYPE_CHECKING:
+    from ..device.cuda.device import CudaDevice
+    from ..device.base import Device
+    from ..graph.network import Network
+
 __all__ = ["cmd_plan", "auto_memory", "budget_line", "add_parser"]
 
 
@@ -30,7 +35,9 @@ __all__ = ["cmd_plan", "auto_memory", "budget_line", "add_parser"]
 PLANNING_ARENA = 1 << 20
 
 
-def auto_memory(args: argparse.Namespace, net: Any, fraction: float, device: Any = None) -> tuple[int, int, bool]:
+def auto_memory(
+    args: argparse.Namespace, net: Network, fraction: float, device: Device | None = None
+) -> tuple[int, int, bool]:
     """``--memory auto:FRACTION``: (the budget, the baseline's peak, whether the budget had to be raised).
 
     The budget is that fraction of the baseline policy's peak (with the least-workspace algorithms: the
@@ -101,7 +108,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             planning = None
         args.profile = True
     if simulated:
-        device: Any = args.device if args.math is None else open_device(args.device, **math_option(args))
+        device: Device = args.device if args.math is None else open_device(args.device, **math_option(args))
         if args.profile:
             say(f"--profile: {args.device} is simulated; its times come from the roofline model")
     elif args.profile:  # measure on the device itself, within the budget the plan is for
@@ -127,7 +134,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
     elif planning is not None:  # its algorithms and spec, without taking its memory
         device = planning
-        memory = memory if memory is not None else device.free_capacity
+        memory = memory if memory is not None else cast("CudaDevice", device).free_capacity
     else:
         device = args.device
     try:
@@ -171,7 +178,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0 if result.fits else 1  # a plan that does not fit is a failure, as vdnn-dyn's refusal is
 
 
-def _largest_batch(args: argparse.Namespace, net: Any) -> int:
+def _largest_batch(args: argparse.Namespace, net: Network) -> int:
     """``vmem plan --largest-batch``: the largest batch ``--policy`` (auto by default) plans to fit."""
     from ..planning import largest_batch
 
@@ -180,7 +187,7 @@ def _largest_batch(args: argparse.Namespace, net: Any) -> int:
     policy = args.policy or "auto"
     if args.algos:
         policy = policy_spec(args)
-    device: Any = args.device
+    device: Device = args.device
     if args.device.startswith("cuda"):  # its catalog and spec, without taking its memory
         device = open_device(args.device, PLANNING_ARENA, **math_option(args))
     tries: list[tuple[int, bool]] = []

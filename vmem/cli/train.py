@@ -8,7 +8,7 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from ..errors import VmemError
 from ..training.callbacks import StopOnSignal, Terminated
@@ -31,6 +31,10 @@ from .options import (
 )
 from .plan import auto_memory, budget_line
 from .progress import Slow, profile_line, stopped
+
+if TYPE_CHECKING:
+    from ..graph.network import Network
+    from ..distributed.group import ProcessGroup
 
 __all__ = ["TRAIN_DEFAULTS", "cmd_train", "add_parser"]
 
@@ -121,7 +125,7 @@ def _preflight(args: argparse.Namespace, ranks: int) -> tuple[Any, Any, Any]:
     return net, train, val
 
 
-def _check_resume(args: argparse.Namespace, net: Any) -> None:
+def _check_resume(args: argparse.Namespace, net: Network) -> None:
     """The ``--resume`` checkpoint, checked before any work: a readable vmem checkpoint of this
     network that has epochs left to train; every setting of this run that differs from its run named in
     one line; a different batch midway through an epoch refused unless ``--resume-anyway``."""
@@ -164,7 +168,7 @@ def _check_resume(args: argparse.Namespace, net: Any) -> None:
     )
 
 
-def _train(args: argparse.Namespace, stop: Any, group: Any = None) -> int:
+def _train(args: argparse.Namespace, stop: Any, group: ProcessGroup | None = None) -> int:
     import numpy as np
 
     from .. import optim

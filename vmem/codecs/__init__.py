@@ -9,13 +9,16 @@ vmem/csrc/ where it is installed; every codec also has its NumPy reference (``re
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from ..spec import parse_spec
 from .base import STORE_SLACK, Codec, Encoded, stored_nbytes
 from .floats import DPR, FORMATS, quantize
 from .quant import Fixed, Patch2
 from .sparse import SSDC, ZVC, Binarize
+
+if TYPE_CHECKING:
+    from .._typing import Array
 
 __all__ = [
     "get",
@@ -48,12 +51,12 @@ ALIASES = {
 }
 
 
-def encode_channels_last(codec: Codec, x: Any, lo: Any = None, hi: Any = None) -> Encoded:
+def encode_channels_last(codec: Codec, x: Array, lo: Array | None = None, hi: Array | None = None) -> Encoded:
     """Encode a tensor stored channels last (see :meth:`Codec.encode_stored`)."""
     return codec.encode_stored(x, lo, hi)
 
 
-def decode_channels_last(codec: Codec, enc: Encoded, out: Any) -> None:
+def decode_channels_last(codec: Codec, enc: Encoded, out: Array) -> None:
     """Decode into ``out``, stored channels last (see :meth:`Codec.decode_stored`)."""
     codec.decode_stored(enc, out)
 

@@ -6,9 +6,13 @@ import math
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .._typing import Array
+    from numpy.typing import DTypeLike
 
 __all__ = ["Codec", "Encoded", "stored_nbytes", "STORE_SLACK", "array_module", "shape_of", "is_half"]
 
@@ -84,15 +88,15 @@ class Codec(ABC):
     gpu: ClassVar[bool] = False
 
     @abstractmethod
-    def encode(self, x: Any) -> Encoded:
+    def encode(self, x: Array) -> Encoded:
         """Encode ``x`` (NumPy; CuPy where the kernels run on the GPU)."""
 
     @abstractmethod
-    def decode(self, enc: Encoded, out: Any = None) -> Any:
+    def decode(self, enc: Encoded, out: Array | None = None) -> Any:
         """Decode into ``out`` (or a new array) of ``enc``'s shape and dtype."""
 
     @abstractmethod
-    def encoded_nbytes(self, shape: tuple[int, ...], dtype: Any = "float32", density: float | None = None) -> int:
+    def encoded_nbytes(self, shape: tuple[int, ...], dtype: DTypeLike = "float32", density: float | None = None) -> int:
         """Encoded size, exact when it does not depend on the data, else from ``density`` (fraction of
         nonzeros; default 0.5)."""
 
@@ -100,14 +104,14 @@ class Codec(ABC):
         """Whether this codec can encode a tensor of ``shape`` (logical NCHW)."""
         return True
 
-    def encode_stored(self, x: Any, lo: Any = None, hi: Any = None) -> Encoded:
+    def encode_stored(self, x: Array, lo: Array | None = None, hi: Array | None = None) -> Encoded:
         """Encode a tensor as the devices store feature maps: channels last, (N, H, W, C) or (N, F).
         ``lo``/``hi``: per-channel range, for ranged codecs only."""
         if lo is not None or hi is not None:
             raise ValueError(f"codec {self.spec!r}: takes no per-channel range (only ranged codecs do)")
         return self.encode(x)
 
-    def decode_stored(self, enc: Encoded, out: Any) -> None:
+    def decode_stored(self, enc: Encoded, out: Array) -> None:
         """Decode into ``out``, stored as :meth:`encode_stored` read it."""
         self.decode(enc, out)
 
@@ -119,26 +123,28 @@ class Codec(ABC):
         return f"{type(self).__name__}({self.spec!r})"
 
 
-def stored_nbytes(codec: Codec, shape: tuple[int, ...], density: float | None = None, dtype: Any = "float32") -> int:
+def stored_nbytes(
+    codec: Codec, shape: tuple[int, ...], density: float | None = None, dtype: DTypeLike = "float32"
+) -> int:
     """Bytes of a buffer that holds ``codec``'s encoding of a tensor of ``shape`` (logical NCHW) and
     ``dtype`` with :meth:`Encoded.store`: the encoded size at ``density`` plus room for alignment."""
     return codec.encoded_nbytes(tuple(shape), dtype, density) + STORE_SLACK
 
 
-def array_module(x: Any) -> Any:
+def array_module(x: Array) -> Any:
     """NumPy, or CuPy for a CuPy array (never imported here: only a CUDA device makes CuPy arrays)."""
     if type(x).__module__.split(".")[0] == "cupy":
         return sys.modules["cupy"]
     return np
 
 
-def shape_of(x: Any) -> tuple[int, ...]:
+def shape_of(x: Array) -> tuple[int, ...]:
     """``x``'s shape (an array's own, never through ``np.shape``, which CuPy arrays do not take)."""
     shape = getattr(x, "shape", None)
     return tuple(shape) if shape is not None else tuple(np.shape(x))
 
 
-def is_half(dtype: Any) -> bool:
+def is_half(dtype: DTypeLike) -> bool:
     """Whether ``dtype`` is a 16-bit float (float16, or ``ml_dtypes.bfloat16``): what mixed precision stores."""
     if isinstance(dtype, str) and dtype == "bfloat16":  # named before ml_dtypes is imported
         return True
@@ -146,7 +152,7 @@ def is_half(dtype: Any) -> bool:
     return d.itemsize == 2 and (d.kind == "f" or d.name == "bfloat16")
 
 
-def flat(x: Any) -> Any:
+def flat(x: Array) -> Any:
     xp = array_module(x)
     x = xp.asarray(x)
     if x.dtype.kind != "f" and not is_half(x.dtype):
@@ -154,17 +160,17 @@ def flat(x: Any) -> Any:
     return xp.ascontiguousarray(x).reshape(-1)
 
 
-def kernel_dtype(dtype: Any) -> bool:
+def kernel_dtype(dtype: DTypeLike) -> bool:
     """Whether the float32 kernels serve ``dtype``: float32, or a 16-bit float they read widened (exact)."""
     return dtype == np.float32 or is_half(dtype)
 
 
-def widened(v: Any) -> Any:
+def widened(v: Array) -> Any:
     """A 16-bit float array as float32 (exact), for the float32 kernels; a float32 array as it is."""
     return v if v.dtype == np.float32 else v.astype(np.float32)
 
 
-def narrowed_into(out: Any, fn: Any) -> None:
+def narrowed_into(out: Array, fn: Any) -> None:
     """Run ``fn(dst)``, a float32 kernel writing ``dst``, into ``out``: directly where ``out`` is float32,
     else through a float32 copy rounded into ``out`` (exact where the values came from ``out``'s dtype)."""
     if out.dtype == np.float32:
@@ -180,7 +186,7 @@ def bits_of(x: np.ndarray) -> np.ndarray:
     return x.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[x.dtype.itemsize])
 
 
-def output(enc: Encoded, out: Any) -> Any:
+def output(enc: Encoded, out: Array) -> Any:
     if out is None:
         return np.empty(enc.shape, enc.dtype)
     if tuple(out.shape) != tuple(enc.shape) or out.dtype != enc.dtype:

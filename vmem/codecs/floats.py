@@ -11,12 +11,15 @@ normal range: at most 2^-(mantissa bits + 1).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import native
 from .base import Codec, Encoded, kernel_dtype, flat, narrowed_into, output, shape_of, widened
+
+if TYPE_CHECKING:
+    from .._typing import Array
 
 __all__ = ["DPR", "FORMATS", "quantize"]
 
@@ -58,7 +61,7 @@ def _decode(codes: np.ndarray, ebits: int, mbits: int) -> np.ndarray:
     return ((sign << np.uint32(31)) | (exp32 << np.uint32(23)) | mant).view(np.float32)
 
 
-def quantize(x: Any, fmt: str) -> np.ndarray:
+def quantize(x: Array, fmt: str) -> np.ndarray:
     """Round ``x`` through format ``fmt`` and back (the values DPR's decode gives), as float32."""
     ebits, mbits = FORMATS[fmt]
     return _decode(_encode(flat(x), ebits, mbits), ebits, mbits).reshape(np.shape(x))
@@ -86,7 +89,7 @@ class DPR(Codec):
         """Largest relative error of a value in the format's normal range."""
         return 2.0 ** -(self.mbits + 1)
 
-    def encode(self, x: Any, *, reference: bool = False) -> Encoded:
+    def encode(self, x: Array, *, reference: bool = False) -> Encoded:
         v = flat(x)
         if (
             not reference and kernel_dtype(v.dtype) and (on := native.backend(v)) is not None
@@ -104,7 +107,7 @@ class DPR(Codec):
             packed = t[0] | (t[1] << np.uint32(10)) | (t[2] << np.uint32(20))
         return Encoded(self.spec, shape_of(x), v.dtype, {"codes": packed})
 
-    def decode(self, enc: Encoded, out: Any = None, *, reference: bool = False) -> np.ndarray:
+    def decode(self, enc: Encoded, out: Array | None = None, *, reference: bool = False) -> np.ndarray:
         res = output(enc, out)
         r = res.reshape(-1)
         packed = enc.arrays["codes"]

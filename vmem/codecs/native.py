@@ -15,12 +15,17 @@ from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
-from typing import Any, Callable
+from typing import Any, Callable, TYPE_CHECKING
 
 import numpy as np
 
 from ..threads import BUDGET, KERNELS
 from .base import array_module
+
+if TYPE_CHECKING:
+    from .._typing import Array
+    from numpy.typing import DTypeLike
+    from .._typing import Xp
 
 __all__ = [
     "available",
@@ -114,14 +119,14 @@ class Backend(ABC):
     ``split_full`` (whether fp10's whole words take their own kernel, which vectorizes on the CPU)."""
 
     name = "backend"
-    xp: Any = np
+    xp: Xp = np
     split_full = False
 
     @abstractmethod
     def launch(self, kernel: str, threads: int, *args: Any, first: int = 0, cols: int = 1) -> None:
         """Run ``kernel`` over ``threads`` rows of ``cols`` threads, from row ``first``."""
 
-    def scan(self, count: Any, dtype: Any) -> Any:
+    def scan(self, count: Any, dtype: DTypeLike) -> Any:
         xp = self.xp
         offset = xp.zeros(count.size + 1, dtype)
         xp.cumsum(count, dtype=dtype, out=offset[1:])
@@ -147,7 +152,7 @@ def register_gpu(factory: Callable[[Any], Backend]) -> None:
     _gpu = factory
 
 
-def backend(x: Any) -> Backend | None:
+def backend(x: Array) -> Backend | None:
     """The backend of ``x``'s array: the CPU build for NumPy arrays (None if it is not built), the GPU
     build for CuPy arrays (None if no CUDA device registered one)."""
     if isinstance(x, np.ndarray):
@@ -165,21 +170,21 @@ def _groups(n: int, size: int) -> int:
     return -(-n // size)
 
 
-def binarize_encode(v: Any, on: Backend = CPU) -> Any:
+def binarize_encode(v: Array, on: Backend = CPU) -> Any:
     bits = on.xp.empty(_groups(v.size, 8), np.uint8)
     on.launch("binarize_encode", bits.size, v, bits, _i64(v.size))
     return bits
 
 
-def binarize_decode(bits: Any, out: Any, on: Backend = CPU) -> None:
+def binarize_decode(bits: Array, out: Array, on: Backend = CPU) -> None:
     on.launch("binarize_decode", out.size, bits, out, _i64(out.size))
 
 
-def binarize_relu_backward(bits: Any, dy: Any, dx: Any, on: Backend = CPU) -> None:
+def binarize_relu_backward(bits: Array, dy: Array, dx: Array, on: Backend = CPU) -> None:
     on.launch("binarize_relu_backward", dx.size, bits, dy, dx, _i64(dx.size))
 
 
-def zvc_encode(v: Any, on: Backend = CPU) -> tuple[Any, Any]:
+def zvc_encode(v: Array, on: Backend = CPU) -> tuple[Any, Any]:
     """Three launches: mask and count per 32 values; an exclusive scan; pack. (The size of the result
     is read back between them: on a GPU that waits for the stream.)"""
     xp = on.xp
@@ -194,7 +199,7 @@ def zvc_encode(v: Any, on: Backend = CPU) -> tuple[Any, Any]:
     return mask, values.view(np.float32)
 
 
-def zvc_decode(mask: Any, values: Any, out: Any, on: Backend = CPU) -> None:
+def zvc_decode(mask: Array, values: Array, out: Array, on: Backend = CPU) -> None:
     xp = on.xp
     count = xp.empty(mask.size, np.uint32)
     on.launch("zvc_count", mask.size, mask, count, _i64(mask.size))
@@ -203,7 +208,7 @@ def zvc_decode(mask: Any, values: Any, out: Any, on: Backend = CPU) -> None:
     on.launch("zvc_unpack", mask.size, mask, offset, vals, out.view(np.uint32), _i64(out.size))
 
 
-def ssdc_encode(v: Any, row: int, on: Backend = CPU) -> tuple[Any, Any, Any]:
+def ssdc_encode(v: Array, row: int, on: Backend = CPU) -> tuple[Any, Any, Any]:
     xp = on.xp
     rows = _groups(v.size, row)
     bits = v.view(np.uint32)
@@ -217,14 +222,14 @@ def ssdc_encode(v: Any, row: int, on: Backend = CPU) -> tuple[Any, Any, Any]:
     return row_ptr, cols, values.view(np.float32)
 
 
-def ssdc_decode(row_ptr: Any, cols: Any, values: Any, out: Any, on: Backend = CPU) -> None:
+def ssdc_decode(row_ptr: Array, cols: Array, values: Array, out: Array, on: Backend = CPU) -> None:
     xp = on.xp
     c = xp.ascontiguousarray(cols)
     vals = xp.ascontiguousarray(values).view(np.uint32)
     on.launch("ssdc_unpack", row_ptr.size - 1, row_ptr, c, vals, out.view(np.uint32), _i64(out.size))
 
 
-def dpr_encode(v: Any, fmt: str, on: Backend = CPU) -> Any:
+def dpr_encode(v: Array, fmt: str, on: Backend = CPU) -> Any:
     xp = on.xp
     bits = v.view(np.uint32)
     n = _i64(v.size)
@@ -245,7 +250,7 @@ def dpr_encode(v: Any, fmt: str, on: Backend = CPU) -> Any:
     return codes
 
 
-def dpr_decode(codes: Any, fmt: str, out: Any, on: Backend = CPU) -> None:
+def dpr_decode(codes: Array, fmt: str, out: Array, on: Backend = CPU) -> None:
     c = on.xp.ascontiguousarray(codes)
     bits = out.view(np.uint32)
     n = _i64(out.size)
@@ -325,19 +330,19 @@ def _bits(a: Any) -> Any:
     return a if np.dtype(a.dtype) == np.float32 else a.view(np.uint16)
 
 
-def bias_relu(y: Any, b: Any, on: Backend = CPU) -> None:
+def bias_relu(y: Array, b: Any, on: Backend = CPU) -> None:
     """``y = max(y + b, 0)`` in place over a channels-last ``y`` (..., C) with an FP32 bias of C values."""
     c = y.shape[-1]
     rows = y.size // c if c else 0
     on.launch(f"bias_relu_{_suffix(y)}", rows, _bits(y), b, _i64(rows), _i64(c), cols=c)
 
 
-def relu(x: Any, y: Any, on: Backend = CPU) -> None:
+def relu(x: Array, y: Array, on: Backend = CPU) -> None:
     """``y = max(x, 0)`` (NaN passes, -0 becomes +0); ``y`` may be ``x``."""
     on.launch(f"relu_{_suffix(y)}", y.size, _bits(x), _bits(y), _i64(y.size))
 
 
-def relu_backward(y: Any, dy: Any, dx: Any, on: Backend = CPU) -> None:
+def relu_backward(y: Array, dy: Array, dx: Array, on: Backend = CPU) -> None:
     """``dx = dy * (y > 0)``; ``dx`` may be ``dy`` (in place on the shared gradient buffer)."""
     on.launch(f"relu_backward_{_suffix(dy)}", dx.size, _bits(y), _bits(dy), _bits(dx), _i64(dx.size))
 
@@ -360,7 +365,7 @@ def _pool_args(x_shape: tuple, y_shape: tuple, kernel: tuple, stride: tuple) -> 
 
 
 def maxpool_forward(
-    x: Any, y: Any, arg: Any, kernel: tuple, stride: tuple, on: Backend = CPU, packed: bool = False
+    x: Array, y: Array, arg: Any, kernel: tuple, stride: tuple, on: Backend = CPU, packed: bool = False
 ) -> None:
     """Max pooling of a channels-last ``x`` (N, H, W, C) into ``y`` and the window position of each maximum
     into ``arg`` (uint8: ``y``'s shape, or with ``packed`` 4 bits per output, two to a byte, the even one
@@ -377,7 +382,7 @@ def maxpool_forward(
 
 
 def maxpool_backward(
-    dy: Any, arg: Any, dx: Any, kernel: tuple, stride: tuple, on: Backend = CPU, packed: bool = False
+    dy: Array, arg: Any, dx: Array, kernel: tuple, stride: tuple, on: Backend = CPU, packed: bool = False
 ) -> None:
     """``dx`` (N, H, W, C) from ``dy`` and the argmax map (as :func:`maxpool_forward` wrote it), in one
     pass, for windows that do not overlap."""
@@ -392,7 +397,7 @@ _NO_SLOT = np.zeros(1, np.float32)  # the momentum buffer of SGD without momentu
 
 
 def optimizer_update(
-    kernel: str, param: Any, grad: Any, slots: list[Any], ok: Any, scalars: tuple, on: Backend = CPU
+    kernel: str, param: Array, grad: Array, slots: list[Any], ok: Any, scalars: tuple, on: Backend = CPU
 ) -> None:
     """One fused optimizer update (``kernel``: ``sgd_update`` or ``adam_update``, with the scalars of
     :meth:`vmem.optim.Optimizer.fused`) of float32 ``param`` in place, its gradient and its state arrays

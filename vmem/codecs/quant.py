@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import numpy as np
 
 from . import native
 from .base import Codec, Encoded, array_module, is_half, kernel_dtype, narrowed_into, output, widened
+
+if TYPE_CHECKING:
+    from .._typing import Array
 
 __all__ = ["Fixed", "Patch2"]
 
@@ -82,7 +85,9 @@ class Fixed(Codec):
     def spec(self) -> str:
         return f"fixed:bits={self.bits}"
 
-    def encode(self, x: Any, lo: Any = None, hi: Any = None, *, axis: int = 1, reference: bool = False) -> Encoded:
+    def encode(
+        self, x: Array, lo: Array | None = None, hi: Array | None = None, *, axis: int = 1, reference: bool = False
+    ) -> Encoded:
         """Quantize ``x`` per channel of ``axis`` (1 for NCHW, -1 for channels last) between ``lo`` and
         ``hi`` (per channel; default: each channel's finite range)."""
         a = np.asarray(x)
@@ -106,7 +111,7 @@ class Fixed(Codec):
             codes = _pack(q.reshape(-1), self.bits)
         return Encoded(self.spec, a.shape, a.dtype, {"codes": codes, "lo": lo, "scale": scale}, meta)
 
-    def decode(self, enc: Encoded, out: Any = None, *, reference: bool = False) -> np.ndarray:
+    def decode(self, enc: Encoded, out: Array | None = None, *, reference: bool = False) -> np.ndarray:
         res = output(enc, out)
         axis = enc.meta.get("axis", 1)
         lo, scale = enc.arrays["lo"], enc.arrays["scale"]
@@ -121,7 +126,7 @@ class Fixed(Codec):
         res[...] = lo.reshape(shape) + q * scale.reshape(shape)
         return res
 
-    def encode_stored(self, x: Any, lo: Any = None, hi: Any = None) -> Encoded:
+    def encode_stored(self, x: Array, lo: Array | None = None, hi: Array | None = None) -> Encoded:
         return self.encode(x, lo, hi, axis=-1)
 
     def encoded_nbytes(self, shape, dtype="float32", density=None) -> int:
@@ -160,7 +165,7 @@ class Patch2(Codec):
     streams = False  # 4x4 spatial patches: the whole tensor at once
     P = 4
 
-    def encode(self, x: Any, *, channels_last: bool = False, reference: bool = False) -> Encoded:
+    def encode(self, x: Array, *, channels_last: bool = False, reference: bool = False) -> Encoded:
         a = x if array_module(x) is not np else np.asarray(x)
         if a.ndim != 4:
             raise ValueError(f"patch2: needs an (N, C, H, W) tensor, got shape {a.shape}")
@@ -193,7 +198,7 @@ class Patch2(Codec):
         return codes.reshape(-1), lo.reshape(-1), scale.reshape(-1)
 
     def decode(
-        self, enc: Encoded, out: Any = None, *, channels_last: bool = False, reference: bool = False
+        self, enc: Encoded, out: Array | None = None, *, channels_last: bool = False, reference: bool = False
     ) -> np.ndarray:
         n, c, h, w = enc.shape
         if out is None:
@@ -224,12 +229,12 @@ class Patch2(Codec):
     def applies(self, shape: tuple[int, ...]) -> bool:
         return len(shape) == 4
 
-    def encode_stored(self, x: Any, lo: Any = None, hi: Any = None) -> Encoded:
+    def encode_stored(self, x: Array, lo: Array | None = None, hi: Array | None = None) -> Encoded:
         if lo is not None or hi is not None:
             raise ValueError(f"codec {self.spec!r}: takes no per-channel range")
         return self.encode(x, channels_last=True)
 
-    def decode_stored(self, enc: Encoded, out: Any) -> None:
+    def decode_stored(self, enc: Encoded, out: Array) -> None:
         self.decode(enc, out, channels_last=True)
 
     def encoded_nbytes(self, shape, dtype="float32", density=None) -> int:
@@ -238,7 +243,7 @@ class Patch2(Codec):
         return patches * (8 if is_half(dtype) else 12)  # the codes' word, then lo and hi (or lo and scale)
 
 
-def _seed_encode(nhwc: Any) -> tuple[Any, Any, Any]:
+def _seed_encode(nhwc: Array) -> tuple[Any, Any, Any]:
     """The seed's 2-bit patches of a 16-bit (N, H, W, C) tensor: codes, lo and hi per (patch, channel).
 
     As its GPU kernel computes (in float32): lo and hi are the patch's minimum and maximum (NaN ignored,
@@ -266,7 +271,7 @@ def _seed_encode(nhwc: Any) -> tuple[Any, Any, Any]:
     return codes.reshape(-1), lo.astype(nhwc.dtype).reshape(-1), hi.astype(nhwc.dtype).reshape(-1)
 
 
-def _seed_decode(codes: Any, lo: Any, hi: Any, nhwc: Any) -> None:
+def _seed_decode(codes: Array, lo: Array, hi: Array, nhwc: Array) -> None:
     """Decode the seed's patches into ``nhwc`` (N, H, W, C) of their 16-bit dtype: the four levels lo,
     hi / 3 + lo * 2 / 3, hi * 2 / 3 + lo / 3, hi (computed in float32, rounded once to the dtype)."""
     xp = array_module(codes)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import native
 from .base import Codec, Encoded, is_half, kernel_dtype, bits_of, flat, narrowed_into, output, shape_of, widened
+
+if TYPE_CHECKING:
+    from .._typing import Array
 
 __all__ = ["ZVC", "SSDC", "Binarize"]
 
@@ -36,7 +39,7 @@ class ZVC(Codec):
     data_dependent = True
     gpu = True
 
-    def encode(self, x: Any, *, reference: bool = False) -> Encoded:
+    def encode(self, x: Array, *, reference: bool = False) -> Encoded:
         v = flat(x)
         if (
             not reference and kernel_dtype(v.dtype) and (on := native.backend(v)) is not None
@@ -48,7 +51,7 @@ class ZVC(Codec):
             mask, values = _mask_words(nonzero), v[nonzero]
         return Encoded(self.name, shape_of(x), v.dtype, {"mask": mask, "values": values})
 
-    def decode(self, enc: Encoded, out: Any = None, *, reference: bool = False) -> np.ndarray:
+    def decode(self, enc: Encoded, out: Array | None = None, *, reference: bool = False) -> np.ndarray:
         res = output(enc, out)
         r = res.reshape(-1)
         if not reference and kernel_dtype(r.dtype) and r.flags.c_contiguous and (on := native.backend(r)) is not None:
@@ -73,7 +76,7 @@ class SSDC(Codec):
     gpu = True
     ROW = 256
 
-    def encode(self, x: Any, *, reference: bool = False) -> Encoded:
+    def encode(self, x: Array, *, reference: bool = False) -> Encoded:
         v = flat(x)
         if not reference and kernel_dtype(v.dtype) and (on := native.backend(v)) is not None:
             row_ptr, cols, values = native.ssdc_encode(widened(v), self.ROW, on)
@@ -93,7 +96,7 @@ class SSDC(Codec):
             {"row_ptr": row_ptr, "cols": (where % self.ROW).astype(np.uint8), "values": v[where]},
         )
 
-    def decode(self, enc: Encoded, out: Any = None, *, reference: bool = False) -> np.ndarray:
+    def decode(self, enc: Encoded, out: Array | None = None, *, reference: bool = False) -> np.ndarray:
         res = output(enc, out)
         r = res.reshape(-1)
         a = enc.arrays
@@ -123,7 +126,7 @@ class Binarize(Codec):
     sign_only = True
     gpu = True
 
-    def encode(self, x: Any, *, reference: bool = False) -> Encoded:
+    def encode(self, x: Array, *, reference: bool = False) -> Encoded:
         v = flat(x)
         if not reference and kernel_dtype(v.dtype) and (on := native.backend(v)) is not None:
             bits = native.binarize_encode(widened(v), on)
@@ -131,7 +134,7 @@ class Binarize(Codec):
             bits = np.packbits(v > 0, bitorder="little")
         return Encoded(self.name, shape_of(x), v.dtype, {"bits": bits})
 
-    def decode(self, enc: Encoded, out: Any = None, *, reference: bool = False) -> np.ndarray:
+    def decode(self, enc: Encoded, out: Array | None = None, *, reference: bool = False) -> np.ndarray:
         res = output(enc, out)
         r = res.reshape(-1)
         if not reference and kernel_dtype(r.dtype) and r.flags.c_contiguous and (on := native.backend(r)) is not None:
@@ -144,7 +147,7 @@ class Binarize(Codec):
         return -(-math.prod(shape) // 8)
 
     @staticmethod
-    def relu_backward(enc: Encoded, dy: Any, dx: Any, *, reference: bool = False) -> None:
+    def relu_backward(enc: Encoded, dy: Array, dx: Array, *, reference: bool = False) -> None:
         """ReLU's backward on the encoded output (Gist): ``dx = dy * mask``, the same bytes as
         ``dy * (y > 0)`` on the dense output, without decoding it. ``dx`` may be ``dy``."""
         bits = enc.arrays["bits"]

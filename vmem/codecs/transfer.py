@@ -11,12 +11,17 @@ the device's memory stream, in the task that moves the data, so they add no sync
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import numpy as np
 
 from ..threads import LINK
 from .base import STORE_SLACK, Codec, Encoded, array_module
+
+if TYPE_CHECKING:
+    from .._typing import Array
+    from numpy.typing import DTypeLike
+    from ..device.base import Device
 
 __all__ = ["send", "receive", "host_nbytes", "Pieces"]
 
@@ -36,7 +41,7 @@ class Pieces:
         return sum(p.nbytes for p in self.parts)
 
 
-def host_nbytes(codec: Codec, shape: tuple[int, ...], dtype: Any = "float32") -> int:
+def host_nbytes(codec: Codec, shape: tuple[int, ...], dtype: DTypeLike = "float32") -> int:
     """Pinned bytes that hold any encoding of a tensor of ``shape`` (logical NCHW) and ``dtype`` sent in
     pieces: the worst case (every value nonzero) plus room for each piece's alignment and headers."""
     from .base import stored_nbytes
@@ -62,7 +67,7 @@ def _submit(inline: bool, fn: Any, *args: Any) -> Future:
     return done
 
 
-def send(device: Any, codec: Codec, src: Any, host: np.ndarray, ranges: tuple[Any, Any] | None = None) -> Pieces:
+def send(device: Device, codec: Codec, src: Array, host: np.ndarray, ranges: tuple[Any, Any] | None = None) -> Pieces:
     """Encode ``src`` (stored channels last) and copy the encoding into ``host`` (pinned bytes) over the
     link, piece by piece, encoding the next piece while the previous one crosses. ``ranges``: per-channel
     ``(lo, hi)`` for ``fixed``. ``.nbytes`` of the result is what crossed the link."""
@@ -85,7 +90,12 @@ def send(device: Any, codec: Codec, src: Any, host: np.ndarray, ranges: tuple[An
             )
             for k, a in enc.arrays.items()
         ]
-        pending = _submit(inline, lambda ps=pairs: [device.copy_now(d, s, "d2h") for d, s in ps])
+
+        def copy(ps: list[tuple[Array, Array]] = pairs) -> None:
+            for d, s in ps:
+                device.copy_now(d, s, "d2h")
+
+        pending = _submit(inline, copy)
         parts.append(stored)
         offset += enc.nbytes + STORE_SLACK
     if pending is not None:
@@ -93,7 +103,7 @@ def send(device: Any, codec: Codec, src: Any, host: np.ndarray, ranges: tuple[An
     return Pieces(parts, tuple(src.shape), whole)
 
 
-def receive(device: Any, codec: Codec, sent: Pieces, dst: Any) -> None:
+def receive(device: Device, codec: Codec, sent: Pieces, dst: Array) -> None:
     """Copy an encoding back over the link and decode it into ``dst`` (stored channels last), decoding
     each piece while the next one crosses. The staging arrays are made here, on the caller's thread (on
     a GPU: through the device's allocator, which only the stream's own thread routes to its pool)."""

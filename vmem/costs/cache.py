@@ -32,7 +32,7 @@ import secrets
 import stat
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from ..graph import Program
 from .measured import Profiled
 from ..units import printable
 from .model import host_costs
+
+if TYPE_CHECKING:
+    from ..device.base import Device
 
 __all__ = ["folder", "key", "load", "store", "enabled", "parse", "CacheWarning"]
 
@@ -83,7 +86,7 @@ def _processor() -> str:
 FORMAT = 3
 
 
-def key(program: Program, device: Any, copy_gbps: float | None, repeats: int, seed: int) -> str:
+def key(program: Program, device: Device, copy_gbps: float | None, repeats: int, seed: int) -> str:
     """A hex digest of everything a profile of ``program`` on ``device`` depends on."""
     from .. import __version__
 
@@ -103,7 +106,7 @@ def key(program: Program, device: Any, copy_gbps: float | None, repeats: int, se
     what = {
         "program": [program.network, program.batch, dataclasses.asdict(program.precision), ops],
         # the spec (name, capacity, link, architecture) and the repr (options such as poison, the GPU's name)
-        "device": None if device is None else [device.spec.to_dict(), repr(device)],
+        "device": [device.spec.to_dict(), repr(device)],
         "copy_gbps": copy_gbps,
         "repeats": repeats,
         "seed": seed,
@@ -307,12 +310,12 @@ def store(digest: str, profiled: Profiled) -> Profiled:
 def profile(
     program: Program,
     *,
-    device: Any = None,
+    device: Device,
     copy_gbps: float | None = None,
     repeats: int = 3,
     seed: int = 0,
     cache: bool = True,
-    host_overheads: Any = None,
+    host_overheads: Callable[[], tuple[float, float, float]] | None = None,
 ) -> tuple[Profiled, bool]:
     """:func:`vmem.costs.profile`, kept: (the profile, whether it came from the cache). With ``cache``
     False (or ``VMEM_PROFILE_CACHE=0``) it measures and keeps nothing. ``host_overheads``: a function

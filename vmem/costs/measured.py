@@ -16,16 +16,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import numpy as np
 
 from ..benchmarks import best_seconds
 from ..errors import OutOfDeviceMemory
 from ..graph import OpInfo, Program
-from ..threads import BUDGET
 from .model import host_costs
 from .timing import _Runner, _profile_op, _loss_seconds
+
+if TYPE_CHECKING:
+    from ..device.base import Device
 
 __all__ = ["Profiled", "profile"]
 
@@ -110,13 +112,12 @@ class Profiled:
 
 
 def profile(
-    program: Program, *, copy_gbps: float | None = None, repeats: int = 3, seed: int = 0, device: Any = None
+    program: Program, *, device: Device, copy_gbps: float | None = None, repeats: int = 3, seed: int = 0
 ) -> Profiled:
-    """Measured costs of one training step of ``program``: on this machine's CPU (host arrays), or on
-    ``device`` (the CPU device or a CUDA one: every array in its pool, its convolution backend, on a GPU its
+    """Measured costs of one training step of ``program`` on ``device`` (the CPU device or a CUDA one: every array in its pool, its convolution backend, on a GPU its
     compute stream; the program should carry the device's catalog, ``device.catalog(program)``).
 
-    On a device the profile never takes more memory than the device's pool has free: an op whose buffers
+    The profile never takes more memory than the device's pool has free: an op whose buffers
     do not fit at the program's batch is measured at the largest smaller batch that fits and its times
     scaled up; one that fits at no batch is estimated from the others' time per FLOP; probes (element-wise
     bandwidth, copies) are sized to the room left. ``Profiled.notes`` says what was not measured as asked.
@@ -128,11 +129,11 @@ def profile(
     typically takes in a step on this machine, not its least, and never a run that lost its core to
     another process, lest a busy machine make the plan weigh an op several times over."""
     # under the same thread budget as the steps it predicts
-    with BUDGET.limit() if device is None else device.step_scope():
+    with device.step_scope():
         return _profile(program, copy_gbps, repeats, seed, device)
 
 
-def _profile(program: Program, copy_gbps: float | None, repeats: int, seed: int, device: Any) -> Profiled:
+def _profile(program: Program, copy_gbps: float | None, repeats: int, seed: int, device: Device) -> Profiled:
     rng = np.random.default_rng(seed)
     dtype = np.dtype(program.precision.parameters)  # the layers' weights; each op's data in its own dtypes
     on = _Runner(device)

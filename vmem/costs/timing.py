@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ..benchmarks import best_seconds, typical_seconds
-from ..device.hostconv import HostConv
 from ..errors import OutOfDeviceMemory
 from ..graph import OpInfo, Program
 from ..nn.base import Ctx, physical
-from ..nn.ops import HostOps
 from ..precision import dtype as _dtype
+
+if TYPE_CHECKING:
+    from .._typing import Array
+    from numpy.typing import DTypeLike
+    from ..device.base import ConvBackend, Device
+    from ..nn.conv import Conv2d
+    from ..pool._bestfit import Block
 
 __all__ = ["FIND_WORKSPACE"]
 
@@ -32,38 +37,32 @@ _LONG = 0.02
 class _Runner:
     """Where profiled work runs and where its arrays live.
 
-    Without a device: on the calling thread, on host arrays (``vmem.costs.profile(program)``). With one,
-    every array is a block of the device's pool, so that the profile never takes more memory than the
+    Every array is a block of the device's pool, so that the profile never takes more memory than the
     budget the plan is for (an op whose buffers do not fit is measured at a smaller batch: see
     :func:`_profile_fitting`); ``release`` returns the blocks after each op. On an asynchronous device (a
     GPU) the work runs on its compute stream, timed across a synchronize; on the CPU device, on the calling
     thread (its streams are idle while it profiles), timed as on the host."""
 
-    def __init__(self, device: Any = None):
+    def __init__(self, device: Device):
         self.device = device
-        self.xp = np if device is None else device.xp
-        self.conv = HostConv() if device is None else device.conv_backend
-        self.ops = HostOps() if device is None else device.ops
-        self.streamed = device is not None and bool(device.asynchronous)
-        self.alignment = 0 if device is None else device.pool.alignment
+        self.xp = device.xp
+        self.conv = device.conv_backend
+        self.ops = device.ops
+        self.streamed = bool(device.asynchronous)
+        self.alignment = device.pool.alignment
         self.notes: list[str] = []  # what was not measured as asked (see Profiled.notes)
-        self._blocks: list[Any] = []
+        self._blocks: list[Block] = []
         self._gen: Any = None  # the device's generator (made on first use)
-        if device is not None:
-            device.synchronize()
+        device.synchronize()
 
-    def empty(self, shape: Any, dtype: Any) -> Any:
+    def empty(self, shape: Any, dtype: DTypeLike) -> Any:
         """An array of ``shape``; on a device, in its pool (OutOfDeviceMemory where it does not fit)."""
-        if self.device is None:
-            return np.empty(shape, dtype)
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         block = self.device.pool.allocate(max(nbytes, 1), None, "other")
         self._blocks.append(block)
         return self.device.view(block, shape, dtype)
 
     def array(self, host: np.ndarray) -> Any:
-        if self.device is None:
-            return host
         out = self.empty(host.shape, host.dtype)
         if not self.streamed:
             out[...] = host
@@ -80,7 +79,7 @@ class _Runner:
         host generator would take a minute to draw), seeded from ``rng``."""
         if not self.streamed:
             values = (rng.standard_normal(shape) * scale + shift).astype(dtype)
-            return values if self.device is None else self.array(values)
+            return self.array(values)
         out, xp = self.empty(shape, dtype), self.xp
         if self._gen is None:
             seed = int(rng.integers(1 << 31))
@@ -96,19 +95,16 @@ class _Runner:
         return out
 
     def room(self) -> int:
-        """Bytes one more array (a workspace, a probe) may take now (unlimited without a device)."""
-        if self.device is None:
-            return 1 << 62
+        """Bytes one more array (a workspace, a probe) may take now."""
         stats = self.device.pool.stats()
         margin = min(1 << 20, self.device.pool.capacity // 16) if self.streamed else 0
         return max(0, stats.largest_free - margin)
 
     def release(self) -> None:
-        if self.device is not None:
-            self.device.synchronize()
-            for block in self._blocks:
-                self.device.pool.free(block)
-            self.device.release_cached()  # CuPy's cached temporaries, outside the arena
+        self.device.synchronize()
+        for block in self._blocks:
+            self.device.pool.free(block)
+        self.device.release_cached()  # CuPy's cached temporaries, outside the arena
         self._blocks.clear()
 
     def call(self, fn: Any) -> Any:
@@ -137,18 +133,24 @@ class _Runner:
             return first
         return min(first, best_seconds(run, repeats - 1))
 
-    def rank(self, pass_: str, layer: Any, x: Any, y_shape: Any) -> list[str]:
+    @property
+    def backend(self) -> ConvBackend:
+        """The device's convolutions (every device profiled runs them)."""
+        assert self.conv is not None, f"{self.device.name} runs no convolutions"
+        return self.conv
+
+    def rank(self, pass_: str, layer: Conv2d, x: Array, y_shape: Any) -> list[str]:
         """cuDNN's heuristic ranking of one pass's algorithms on maps like ``x`` (on the compute stream's
         handle)."""
         dtype = np.dtype(x.dtype).name
-        return self.call(lambda: self.conv.heuristic(layer, pass_, tuple(x.shape), tuple(y_shape), dtype))
+        return self.call(lambda: self.backend.heuristic(layer, pass_, tuple(x.shape), tuple(y_shape), dtype))
 
-    def find(self, pass_: str, layer: Any, x: Any, w: Any, y: Any, ws: Any) -> dict[str, float]:
+    def find(self, pass_: str, layer: Conv2d, x: Array, w: Array, y: Array, ws: Array) -> dict[str, float]:
         """cuDNN's own timing of every algorithm of one pass of a convolution (``Find*Ex``), in seconds,
         given at most :data:`FIND_WORKSPACE` of workspace (an algorithm that needs more is not timed)."""
         if ws is not None and ws.nbytes > FIND_WORKSPACE:
             ws = ws[:FIND_WORKSPACE]
-        return {name: t for name, t, _ in self.call(lambda: self.conv.find(layer, pass_, x, w, y, ws))}
+        return {name: t for name, t, _ in self.call(lambda: self.backend.find(layer, pass_, x, w, y, ws))}
 
 
 def _profile_op(
@@ -222,10 +224,10 @@ def _time_conv(
     op: OpInfo,
     algos: dict[str, list[str]],
     ctx: Any,
-    xs: list[Any],
-    y: Any,
-    dy: Any,
-    dxs: list[Any],
+    xs: list[Array],
+    y: Array,
+    dy: Array,
+    dxs: list[Array],
     needs_x: Any,
     times: dict[tuple[str, str, str | None], float],
     on: _Runner,
@@ -284,26 +286,26 @@ def _profile_conv_ranked(
     op: OpInfo,
     algos: dict[str, list[str]],
     ctx: Any,
-    xs: list[Any],
-    y: Any,
-    dy: Any,
-    dxs: list[Any],
+    xs: list[Array],
+    y: Array,
+    dy: Array,
+    dxs: list[Array],
     needs_x: Any,
     times: dict[tuple[str, str, str | None], float],
     on: _Runner,
     repeats: int,
-    ws: Any,
+    ws: Array,
 ) -> None:
     """A convolution on a device with cuDNN: the backend's ``ranked_top`` algorithms of each pass by cuDNN's
     heuristics (``Get*Algorithm_v7``, which runs nothing), each timed as the layer runs it. The others are
     not offered: some run for seconds on a large batch (cuDNN's own search, which runs them all, takes
     minutes on VGG-16 at batch 64)."""
-    layer = op.layer
+    layer = cast("Conv2d", op.layer)
     orders = {pass_: on.rank(pass_, layer, xs[0], y.shape) for pass_ in algos}
     if not any(orders.values()):
         raise _NoRanking
     ranked = {}
-    top = on.conv.ranked_top
+    top = on.backend.ranked_top
     for pass_, names in algos.items():
         order = orders[pass_]
         ranked[pass_] = [a for a in order if a in names][:top] or names[:1]
@@ -317,20 +319,20 @@ def _profile_conv_found(
     op: OpInfo,
     algos: dict[str, list[str]],
     ctx: Any,
-    xs: list[Any],
-    y: Any,
-    dy: Any,
-    dxs: list[Any],
+    xs: list[Array],
+    y: Array,
+    dy: Array,
+    dxs: list[Array],
     needs_x: Any,
     times: dict[tuple[str, str, str | None], float],
     on: _Runner,
     repeats: int,
-    ws: Any,
+    ws: Array,
 ) -> None:
     """A convolution on a device with cuDNN: each pass's algorithms timed by cuDNN's search (one call per
     pass, as frameworks do), then the fastest timed as the layer runs it (bias included); the others
     are given cuDNN's time plus the same overhead, so that the plan weighs them alike."""
-    layer = op.layer
+    layer = cast("Conv2d", op.layer)
     y_read = y if op.reads_output else None
     w, dw = ctx(None).params["weight"], ctx(None).grads["weight"]
     found = {

@@ -16,6 +16,11 @@ from ..streams import Stream
 from .spec import DeviceSpec
 
 if TYPE_CHECKING:
+    from .._typing import Array
+    from ..codecs.base import Codec
+    from numpy.typing import DTypeLike
+    from ..graph.program import Program
+    from .._typing import Xp
     from ..nn.base import Ctx
     from ..nn.conv import Conv2d
 
@@ -31,15 +36,17 @@ class ConvBackend(Protocol):
     #: how many of :meth:`heuristic`'s algorithms per pass a profile times
     ranked_top: int
 
-    def catalog(self, program: Any) -> Any:
+    def catalog(self, program: Program) -> Any:
         """``program`` whose convolutions offer this backend's algorithms, with their exact workspace bytes."""
         ...
 
-    def forward(self, layer: "Conv2d", ctx: "Ctx", x: Any, w: Any, y: Any, b: Any = None) -> None:
+    def forward(self, layer: "Conv2d", ctx: "Ctx", x: Array, w: Array, y: Array, b: Any = None) -> None:
         """``y = conv(x, w)``, plus the bias ``b`` where given."""
         ...
 
-    def backward(self, layer: "Conv2d", ctx: "Ctx", dy: Any, x: Any, w: Any, dx: Any, dw: Any, db: Any = None) -> None:
+    def backward(
+        self, layer: "Conv2d", ctx: "Ctx", dy: Array, x: Array, w: Array, dx: Array, dw: Array, db: Array | None = None
+    ) -> None:
         """The bias's gradient ``db`` if given, the filters' ``dw``, and ``dx`` unless it is None."""
         ...
 
@@ -51,7 +58,9 @@ class ConvBackend(Protocol):
         ranking of its own (a profile then times them all through :meth:`find`)."""
         ...
 
-    def find(self, layer: "Conv2d", pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
+    def find(
+        self, layer: "Conv2d", pass_: str, x: Array, w: Array, y: Array, ws: Array
+    ) -> list[tuple[str, float, int]]:
         """Every algorithm of the pass timed on these buffers: (name, seconds, workspace bytes), fastest first."""
         ...
 
@@ -72,7 +81,7 @@ class Device(Protocol):
     name: str
     kind: str  # "cpu" | "sim" | "cuda"
     spec: DeviceSpec
-    xp: Any  # the array module (numpy, cupy), None where the device holds no data
+    xp: Xp  # the array module (numpy, cupy), None where the device holds no data
     holds_data: bool
     pool: DevicePool
     compute_stream: Stream
@@ -89,7 +98,7 @@ class Device(Protocol):
     @property
     def closed(self) -> bool: ...
 
-    def catalog(self, program: Any) -> Any:
+    def catalog(self, program: Program) -> Any:
         """``program`` with the convolution algorithms this device offers and their workspace sizes."""
         ...
 
@@ -98,23 +107,23 @@ class Device(Protocol):
         step's returned buffers coalesced."""
         ...
 
-    def view(self, block: Block, shape: Any, dtype: Any) -> Any:
+    def view(self, block: Block, shape: Any, dtype: DTypeLike) -> Any:
         """An array over a device block."""
         ...
 
-    def host_view(self, block: Block, shape: Any, dtype: Any) -> Any:
+    def host_view(self, block: Block, shape: Any, dtype: DTypeLike) -> Any:
         """A host array over a pinned block."""
         ...
 
-    def copy_to_host(self, dst: Any, src: Any, stream: Stream | None = None) -> None: ...
+    def copy_to_host(self, dst: Array, src: Array, stream: Stream | None = None) -> None: ...
 
-    def copy_to_device(self, dst: Any, src: Any, stream: Stream | None = None) -> None: ...
+    def copy_to_device(self, dst: Array, src: Array, stream: Stream | None = None) -> None: ...
 
-    def copy_now(self, dst: Any, src: Any, direction: str) -> None:
+    def copy_now(self, dst: Array, src: Array, direction: str) -> None:
         """Copy at once on the calling thread (``"d2h"`` or ``"h2d"``), for work running on a stream."""
         ...
 
-    def runs_codec(self, codec: Any) -> bool:
+    def runs_codec(self, codec: Codec) -> bool:
         """Whether this device's kernels can run ``codec`` (a :class:`~vmem.codecs.Codec`)."""
         ...
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +30,12 @@ from .hostconv import HostConv
 from .lanes import LaneOps
 from .staging import cpu_catalog
 from .spec import DeviceSpec, check_math
+
+if TYPE_CHECKING:
+    from ..codecs.base import Codec
+    from numpy.typing import DTypeLike
+    from ..graph.program import Program
+    from ..streams.base import Stream
 
 __all__ = ["CpuDevice"]
 
@@ -44,7 +50,7 @@ class _Poison(PoolHook):
     def __init__(self, arena: HostArena):
         self.arena = arena
 
-    def on_free(self, block: Block, stream: Any) -> None:
+    def on_free(self, block: Block, stream: Stream | None) -> None:
         if stream is None:
             self.arena.fill(block.offset, block.size, POISON_BYTE)
         else:
@@ -148,7 +154,7 @@ class CpuDevice:
         threads.hold()  # the codec helpers' threads stop when the last device closes (or is dropped)
         self._release_threads = weakref.finalize(self, threads.release)
 
-    def catalog(self, program: Any) -> Any:
+    def catalog(self, program: Program) -> Any:
         """``program`` whose convolutions offer the host's algorithms (:mod:`vmem.device.hostconv`), each op
         computed in float32 over low-precision storage (:mod:`vmem.device.staging`)."""
         return cpu_catalog(program)
@@ -163,11 +169,11 @@ class CpuDevice:
                     self._pinned = PinnedHostPool(self._pinned_capacity, self.pool.alignment, name="cpu pinned")
         return self._pinned
 
-    def view(self, block: Block, shape: Any, dtype: Any) -> np.ndarray:
+    def view(self, block: Block, shape: Any, dtype: DTypeLike) -> np.ndarray:
         """A NumPy array over a device block."""
         return self.pool.view(block, shape, dtype)
 
-    def host_view(self, block: Block, shape: Any, dtype: Any) -> np.ndarray:
+    def host_view(self, block: Block, shape: Any, dtype: DTypeLike) -> np.ndarray:
         """A NumPy array over a pinned host block."""
         return self.pinned.view(block, shape, dtype)
 
@@ -270,7 +276,7 @@ class CpuDevice:
         if errors:
             raise errors[0]
 
-    def runs_codec(self, codec: Any) -> bool:
+    def runs_codec(self, codec: Codec) -> bool:
         """Every codec runs on the CPU (its C kernels, or its NumPy reference)."""
         return True
 

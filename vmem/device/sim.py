@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import replace
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from ..errors import DeviceError
 from ..pool import DevicePool
@@ -19,6 +19,14 @@ from ..streams import HostClock, VirtualStream
 from ..units import format_bytes, parse_bytes
 from . import specs
 from .spec import DeviceSpec, check_math
+
+if TYPE_CHECKING:
+    from .._typing import Array
+    from ..pool._bestfit import Block
+    from ..codecs.base import Codec
+    from numpy.typing import DTypeLike
+    from ..graph.program import Program
+    from ..streams.base import Stream
 
 __all__ = ["SimDevice"]
 
@@ -49,13 +57,13 @@ class SimDevice:
         self.memory_stream = VirtualStream("memory", host=host)
         self._closed = False
 
-    def catalog(self, program: Any) -> Any:
+    def catalog(self, program: Program) -> Any:
         """``program`` with cuDNN's algorithms as the simulator models them for this GPU's architecture."""
         from .cudnn_catalog import with_cudnn_catalog
 
         return with_cudnn_catalog(program, self.spec.arch)
 
-    def runs_codec(self, codec: Any) -> bool:
+    def runs_codec(self, codec: Codec) -> bool:
         """A simulated GPU plans the codecs a GPU runs."""
         return bool(codec.gpu)
 
@@ -73,19 +81,19 @@ class SimDevice:
     def reserve_pinned(self, nbytes: int) -> Any:
         raise DeviceError(f"{self.name} is simulated: it has no pinned host memory")
 
-    def view(self, block: Any, shape: Any, dtype: Any) -> Any:
+    def view(self, block: Block, shape: Any, dtype: DTypeLike) -> Any:
         raise self._no_data("view")
 
-    def host_view(self, block: Any, shape: Any, dtype: Any) -> Any:
+    def host_view(self, block: Block, shape: Any, dtype: DTypeLike) -> Any:
         raise self._no_data("host_view")
 
-    def copy_to_host(self, dst: Any, src: Any, stream: Any = None) -> None:
+    def copy_to_host(self, dst: Array, src: Array, stream: Stream | None = None) -> None:
         raise self._no_data("copy_to_host")
 
-    def copy_to_device(self, dst: Any, src: Any, stream: Any = None) -> None:
+    def copy_to_device(self, dst: Array, src: Array, stream: Stream | None = None) -> None:
         raise self._no_data("copy_to_device")
 
-    def copy_now(self, dst: Any, src: Any, direction: str) -> None:
+    def copy_now(self, dst: Array, src: Array, direction: str) -> None:
         raise self._no_data("copy_now")
 
     def readings(self) -> dict[str, Any]:

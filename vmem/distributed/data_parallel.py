@@ -4,7 +4,7 @@ ranks that keep its shares (ZeRO stage 1), checkpoints written by rank 0 while t
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TYPE_CHECKING
 
 import numpy as np
 
@@ -12,10 +12,14 @@ from ..errors import DeviceError
 from ..schedule.collectives import owners
 from .group import LocalGroup, ProcessGroup, shard
 
+if TYPE_CHECKING:
+    from ..device.base import Device
+    from ..graph.program import Program
+
 __all__ = ["training_group", "batch_share", "gathered_optimizer_state", "written_by_rank_0"]
 
 
-def training_group(group: Any, device: Any, params: dict[str, np.ndarray]) -> ProcessGroup | None:
+def training_group(group: ProcessGroup | None, device: Device, params: dict[str, np.ndarray]) -> ProcessGroup | None:
     """The ranks a Trainer on ``device`` trains with (None for one process), every rank's ``params`` made rank
     0's. MPI and threads sum host arrays, NCCL a GPU's: a group that does not sum the device's arrays is
     refused."""
@@ -48,7 +52,7 @@ def batch_share(group: ProcessGroup | None, batch_size: int) -> slice | None:
 def gathered_optimizer_state(
     group: ProcessGroup,
     own: dict[str, np.ndarray],
-    program: Any,
+    program: Program,
     specs: dict[str, Any],
     slots: Sequence[str],
 ) -> dict[str, np.ndarray]:

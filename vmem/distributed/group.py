@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, TYPE_CHECKING, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .._typing import Array
 
 
 __all__ = ["ProcessGroup", "LocalGroup", "shard", "abort_on_error", "launched", "CHUNK", "TIMEOUT"]
@@ -29,21 +32,21 @@ class ProcessGroup(Protocol):
     size: int
     backend: str
 
-    def allreduce(self, array: Any) -> None:
+    def allreduce(self, array: Array) -> None:
         """``array`` (any shape, contiguous) replaced, on every rank, by the sum of every rank's, added in
         rank order."""
 
-    def allreduce_many(self, arrays: list[Any]) -> None:
+    def allreduce_many(self, arrays: list[Array]) -> None:
         """:meth:`allreduce` of each of ``arrays`` (a bucket of gradients), in as few calls as the transport
         needs."""
 
-    def broadcast(self, array: Any, root: int = 0) -> None:
+    def broadcast(self, array: Array, root: int = 0) -> None:
         """``array`` replaced by rank ``root``'s on every rank."""
 
     def broadcast_many(self, arrays: list[tuple[Any, int]]) -> None:
         """:meth:`broadcast` of each ``(array, root)``, in as few calls as the transport needs."""
 
-    def allgather(self, array: Any) -> list[Any]:
+    def allgather(self, array: Array) -> list[Any]:
         """Every rank's ``array`` (one shape and dtype on every rank), in rank order."""
 
     def barrier(self) -> None:
@@ -58,19 +61,19 @@ class ProcessGroup(Protocol):
         """Release the group's resources (the ranks stay up)."""
 
 
-def _sum_in_order(parts: Any, out: Any) -> None:
+def _sum_in_order(parts: Any, out: Array) -> None:
     """``out = parts[0] + parts[1] + ...``, added in that order (the same bits wherever it runs)."""
     np.copyto(out, parts[0])
     for p in parts[1:]:
         out += p
 
 
-def _each(group: Any, arrays: list[Any]) -> None:
+def _each(group: ProcessGroup, arrays: list[Array]) -> None:
     for a in arrays:
         group.allreduce(a)
 
 
-def _each_from(group: Any, arrays: list[tuple[Any, int]]) -> None:
+def _each_from(group: ProcessGroup, arrays: list[tuple[Any, int]]) -> None:
     for a, root in arrays:
         group.broadcast(a, root)
 
@@ -99,19 +102,19 @@ class LocalGroup:
 
     rank, size, backend = 0, 1, "local"
 
-    def allreduce(self, array: Any) -> None:
+    def allreduce(self, array: Array) -> None:
         return None
 
-    def broadcast(self, array: Any, root: int = 0) -> None:
+    def broadcast(self, array: Array, root: int = 0) -> None:
         return None
 
-    def allreduce_many(self, arrays: list[Any]) -> None:
+    def allreduce_many(self, arrays: list[Array]) -> None:
         return None
 
     def broadcast_many(self, arrays: list[tuple[Any, int]]) -> None:
         return None
 
-    def allgather(self, array: Any) -> list[Any]:
+    def allgather(self, array: Array) -> list[Any]:
         return [np.array(array)]
 
     def barrier(self) -> None:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import DistributedError
 from .group import TIMEOUT, _chunks, _sum_in_order
+
+if TYPE_CHECKING:
+    from .._typing import Array
 
 __all__ = ["MPIGroup"]
 
@@ -55,10 +58,10 @@ class MPIGroup:
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)
 
-    def allreduce(self, array: Any) -> None:
+    def allreduce(self, array: Array) -> None:
         self.allreduce_many([array])
 
-    def allreduce_many(self, arrays: list[Any]) -> None:
+    def allreduce_many(self, arrays: list[Array]) -> None:
         """The arrays' values packed a chunk (:data:`CHUNK` values) at a time: one all-gather a chunk, then
         each rank adds the ranks' values in rank order into the arrays (the same bits as one at a time)."""
         if self.size == 1:
@@ -76,7 +79,7 @@ class MPIGroup:
                         _sum_in_order(parts[:, at : at + p.size], p)
                         at += p.size
 
-    def broadcast(self, array: Any, root: int = 0) -> None:
+    def broadcast(self, array: Array, root: int = 0) -> None:
         self.broadcast_many([(array, root)])
 
     def broadcast_many(self, arrays: list[tuple[Any, int]]) -> None:
@@ -96,7 +99,7 @@ class MPIGroup:
                                 p[...] = buf[at : at + p.size]
                                 at += p.size
 
-    def allgather(self, array: Any) -> list[Any]:
+    def allgather(self, array: Array) -> list[Any]:
         a = np.ascontiguousarray(array)
         out = np.empty((self.size,) + a.shape, a.dtype)
         with self._lock:

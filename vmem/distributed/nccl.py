@@ -11,6 +11,7 @@ from ..errors import DistributedError
 from .group import _each, _each_from
 
 if TYPE_CHECKING:
+    from .._typing import Array
     from .mpi import MPIGroup
 
 __all__ = ["NCCLGroup"]
@@ -47,13 +48,13 @@ class NCCLGroup:
             np.dtype(np.uint8): nccl.NCCL_UINT8,
         }
 
-    def _type(self, array: Any) -> Any:
+    def _type(self, array: Array) -> Any:
         kind = self._types.get(np.dtype(array.dtype))
         if kind is None:
             raise DistributedError(f"rank {self.rank}: NCCL takes no {array.dtype} arrays")
         return kind
 
-    def _on_device(self, array: Any, fn: Callable[[Any], None]) -> None:
+    def _on_device(self, array: Array, fn: Callable[[Any], None]) -> None:
         """``fn`` on ``array``, copied through the device where it is a host array."""
         if isinstance(array, np.ndarray):
             dev = self._cupy.asarray(array)
@@ -62,7 +63,7 @@ class NCCLGroup:
         else:
             fn(array)
 
-    def allreduce(self, array: Any) -> None:
+    def allreduce(self, array: Array) -> None:
         stream = self._cupy.cuda.get_current_stream().ptr
 
         def run(a: Any) -> None:
@@ -70,17 +71,17 @@ class NCCLGroup:
 
         self._on_device(array, run)
 
-    def broadcast(self, array: Any, root: int = 0) -> None:
+    def broadcast(self, array: Array, root: int = 0) -> None:
         stream = self._cupy.cuda.get_current_stream().ptr
         self._on_device(array, lambda a: self.comm.bcast(a.data.ptr, a.size, self._type(a), root, stream))
 
-    def allreduce_many(self, arrays: list[Any]) -> None:  # each enqueued on the stream: calls are cheap
+    def allreduce_many(self, arrays: list[Array]) -> None:  # each enqueued on the stream: calls are cheap
         _each(self, arrays)
 
     def broadcast_many(self, arrays: list[tuple[Any, int]]) -> None:
         _each_from(self, arrays)
 
-    def allgather(self, array: Any) -> list[Any]:
+    def allgather(self, array: Array) -> list[Any]:
         a = self._cupy.ascontiguousarray(self._cupy.asarray(array))
         out = self._cupy.empty((self.size,) + a.shape, a.dtype)
         stream = self._cupy.cuda.get_current_stream().ptr

@@ -4,12 +4,15 @@ ranks' gradients in one process."""
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import DistributedError
 from .group import TIMEOUT, _each, _each_from, _sum_in_order
+
+if TYPE_CHECKING:
+    from .._typing import Array
 
 __all__ = ["ThreadGroup"]
 
@@ -57,28 +60,28 @@ class ThreadGroup:
         r = _Rendezvous(size, TIMEOUT if timeout is None else float(timeout))
         return [cls(i, r) for i in range(size)]
 
-    def _gather(self, array: Any, what: str) -> list[Any]:
+    def _gather(self, array: Array, what: str) -> list[Any]:
         self._r.slots[self.rank] = np.array(array)  # this rank's values, copied
         self._r.meet(self.rank, what)
         parts = list(self._r.slots)
         self._r.meet(self.rank, what)  # every rank has read them before any writes its next
         return parts
 
-    def allreduce(self, array: Any) -> None:
+    def allreduce(self, array: Array) -> None:
         if self.size > 1:
             _sum_in_order(self._gather(array, "an all-reduce"), array)
 
-    def broadcast(self, array: Any, root: int = 0) -> None:
+    def broadcast(self, array: Array, root: int = 0) -> None:
         if self.size > 1:
             array[...] = self._gather(array, "a broadcast")[root]
 
-    def allreduce_many(self, arrays: list[Any]) -> None:
+    def allreduce_many(self, arrays: list[Array]) -> None:
         _each(self, arrays)
 
     def broadcast_many(self, arrays: list[tuple[Any, int]]) -> None:
         _each_from(self, arrays)
 
-    def allgather(self, array: Any) -> list[Any]:
+    def allgather(self, array: Array) -> list[Any]:
         return self._gather(array, "an all-gather")
 
     def barrier(self) -> None:

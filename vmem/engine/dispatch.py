@@ -16,6 +16,13 @@ session puts them in its profile (``Profiled.dispatch``), and the replay adds th
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..device.base import Device
+    from ..schedule.steps import Schedule
+    from ..training.trainer import Trainer
+
 import logging
 import threading
 from typing import Any
@@ -59,7 +66,7 @@ def _network() -> Any:
     )
 
 
-def overheads(device: Any, trainer: Any) -> tuple[float, float, float]:
+def overheads(device: Device, trainer: type[Trainer]) -> tuple[float, float, float]:
     """(seconds the host takes to enqueue one schedule step, seconds a stream takes per item besides its
     work, seconds the compute stream loses to each copy the memory stream runs) on ``device``, from a
     small network's steps there under ``trainer`` (the Trainer class; its blocks are given back after);
@@ -74,12 +81,12 @@ def overheads(device: Any, trainer: Any) -> tuple[float, float, float]:
     return kept
 
 
-def _measure(device: Any, Trainer: Any) -> tuple[float, float, float]:
+def _measure(device: Device, Trainer: Any) -> tuple[float, float, float]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 2, 8, 8)).astype(np.float32)
     y = rng.integers(0, 4, 4)
     runs: dict[str, list[Any]] = {"layerwise": [], OFFLOADING: []}  # the reports of each plan's steps
-    schedule: Any = None  # the offloading plan's schedule
+    schedule: Schedule | None = None  # the offloading plan's schedule
     try:
         for _ in range(ROUNDS):  # in turns, so that neither runs only while the process is cold
             for policy, reports in runs.items():
@@ -91,6 +98,7 @@ def _measure(device: Any, Trainer: Any) -> tuple[float, float, float]:
         _log.info("dispatch probe: not run (%s); the host's part of a step is not predicted", exc)
         return 0.0, 0.0, 0.0
     reports = runs[OFFLOADING]
+    assert schedule is not None
     per_step = float(np.median([r.dispatch_seconds for r in reports])) / len(schedule.steps)
     per_item = float(np.median([_gaps(r) for r in reports]))
     # the same ops without the copies: what the offloading steps take beyond them, after the enqueueing

@@ -9,7 +9,7 @@ callbacks, checkpoints.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, TYPE_CHECKING
 
 import numpy as np
 
@@ -21,6 +21,13 @@ from ..policies.budget import largest_fitting
 from ..runtime import DeviceParams, Executor
 from ..units import format_bytes
 
+if TYPE_CHECKING:
+    from ..device.base import Device
+    from ..optim import Optimizer
+    from ..policies.base import Policy
+    from ..distributed.group import ProcessGroup
+    from ..graph.program import Program
+
 __all__ = ["Session"]
 
 
@@ -31,10 +38,10 @@ class Session:
     def __init__(
         self,
         net: Network,
-        device: Any,
-        policy: Any,
+        device: Device,
+        policy: Policy,
         loss: Any,
-        optimizer: Any,
+        optimizer: Optimizer,
         *,
         input_shape: tuple[int, ...],
         dtype: str,
@@ -42,7 +49,7 @@ class Session:
         profiling: bool,
         profile_cache: bool,
         seed: int,
-        group: Any = None,
+        group: ProcessGroup | None = None,
         sync_batch_norm: bool = False,
         shard_optimizer: bool = False,
     ):
@@ -83,10 +90,10 @@ class Session:
             self._params.upload(self.net.params)  # type: ignore[arg-type]
         return self._params
 
-    def persistent(self, program: Any) -> list[Any]:
+    def persistent(self, program: Program) -> list[Any]:
         """The buffers a run holds throughout: weights, gradients and optimizer state (this rank's share of
         it where it is sharded)."""
-        shard = (self.group.size, self.group.rank) if self.shard_optimizer else None
+        shard = (self.group.size, self.group.rank) if self.shard_optimizer and self.group is not None else None
         return persistent(program, self.optimizer.slots, shard)
 
     def plan(self, batch: int) -> PlanResult:
@@ -241,7 +248,7 @@ class Session:
         """What to do where ``batch`` does not fit: the largest batch that does (:func:`vmem.planning.advice.batch_advice`)."""
         return advice.batch_advice(self.largest_batch(batch), self.device.pool.capacity)
 
-    def refusal(self, program: Any, plan: PlanResult) -> OutOfDeviceMemory:
+    def refusal(self, program: Program, plan: PlanResult) -> OutOfDeviceMemory:
         """The error for a plan that does not fit (:func:`vmem.planning.advice.refusal`)."""
         return advice.refusal(
             program,

@@ -4,10 +4,14 @@ product of two tensors (Mul), and arithmetic with a constant (ConstantOp)."""
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Sequence, TYPE_CHECKING
 
 from ..errors import ShapeError
 from .base import AuxSpec, Ctx, Layer, ParamSpec, Shape
+
+if TYPE_CHECKING:
+    from .._typing import Array
+    from .._typing import Xp
 
 __all__ = ["ReLU", "Clip", "Sigmoid", "Tanh", "Erf", "Mul", "Sub", "Div", "ConstantOp", "Dropout"]
 
@@ -19,10 +23,10 @@ class ReLU(Layer):
     needs = frozenset({"mask"})
     inplace = True
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         ctx.ops.relu(xs[0], y)  # in place where y is x: the device's ops never copy an overlapping input
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         if dxs[0] is not None:
             ctx.ops.relu_backward(y, dy, dxs[0])
 
@@ -46,11 +50,11 @@ class Clip(Layer):
     def extra_repr(self) -> str:
         return f"{self.lo:g}, {self.hi:g}"
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         x, xp = xs[0], ctx.xp
         ctx.ops.rows(y.shape[0], lambda r: xp.clip(x[r], self.lo, self.hi, out=y[r]), y.size)
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         if dxs[0] is not None:
             assert y is not None  # Clip's backward reads its output (needs = {"y"})
             xp, dx = ctx.xp, dxs[0]
@@ -68,14 +72,14 @@ class Sigmoid(Layer):
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         return 4 * _size(in_shapes[0])
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         xp = ctx.xp
         xp.negative(xs[0], out=y)
         xp.exp(y, out=y)
         y += 1
         xp.reciprocal(y, out=y)
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         dx = dxs[0]
         if dx is not None:  # dx may share dy's memory (in place): read dy before writing dx
             assert y is not None  # needs = {"y"}
@@ -92,10 +96,10 @@ class Tanh(Layer):
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         return 4 * _size(in_shapes[0])
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         ctx.xp.tanh(xs[0], out=y)
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         dx = dxs[0]
         if dx is not None:
             assert y is not None  # needs = {"y"}
@@ -112,10 +116,10 @@ class Erf(Layer):
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         return 10 * _size(in_shapes[0])
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         ctx.ops.erf(xs[0], out=y)
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         dx = dxs[0]
         if dx is not None:
             xp, x = ctx.xp, xs[0]  # type: ignore[index]
@@ -149,7 +153,7 @@ class GELU(Layer):
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         return 14 * _size(in_shapes[0])
 
-    def _inner(self, xp: Any, x: Any, out: Any) -> None:
+    def _inner(self, xp: Xp, x: Array, out: Array) -> None:
         """out = sqrt(2 / pi) (x + 0.044715 x^3), the tanh form's argument."""
         one = out.dtype.type
         xp.multiply(x, x, out=out)
@@ -158,7 +162,7 @@ class GELU(Layer):
         out *= x
         out *= one(self._C)
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         xp, x = ctx.xp, xs[0]
         one = y.dtype.type
         if self.approximate == "tanh":
@@ -171,7 +175,7 @@ class GELU(Layer):
         y *= x
         y *= one(0.5)
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         dx = dxs[0]
         if dx is None:
             return
@@ -226,10 +230,10 @@ class Mul(Layer):
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         return _size(in_shapes[0])
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         ctx.xp.multiply(xs[0], xs[1], out=y)
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         a, b = xs  # type: ignore[misc]
         if dxs[0] is not None:
             ctx.xp.multiply(dy, b, out=dxs[0])
@@ -244,10 +248,10 @@ class Sub(Mul):
     kind = "sub"
     needs = frozenset()
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         ctx.xp.subtract(xs[0], xs[1], out=y)
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         if dxs[1] is not None:
             ctx.xp.negative(dy, out=dxs[1])
         if dxs[0] is not None and dxs[0] is not dy:
@@ -260,10 +264,10 @@ class Div(Mul):
 
     kind = "div"
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         ctx.xp.divide(xs[0], xs[1], out=y)
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         a, b = xs  # type: ignore[misc]
         if dxs[1] is not None:  # d(a/b)/db = -a / b^2 (before dxs[0], which may be dy itself)
             ctx.xp.multiply(dy, a, out=dxs[1])
@@ -324,14 +328,14 @@ class ConstantOp(Layer):
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         return _size(in_shapes[0])
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         xp, x, v = ctx.xp, xs[0], ctx.params["value"]
         if self.op == "rsub":
             xp.subtract(v, x, out=y)
         else:
             {"add": xp.add, "sub": xp.subtract, "mul": xp.multiply, "div": xp.divide}[self.op](x, v, out=y)
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         dx, xp, v = dxs[0], ctx.xp, ctx.params["value"]
         if dx is None:
             return
@@ -378,7 +382,7 @@ class Dropout(Layer):
         n = _size(shape)
         return ctx.xp.unpackbits(ctx.aux["mask"])[:n].reshape(shape).view(bool)
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         xp, x = ctx.xp, xs[0]
         if not ctx.train or self.p == 0.0:
             if not xp.may_share_memory(x, y):
@@ -392,7 +396,7 @@ class Dropout(Layer):
         xp.multiply(x, keep, out=y)
         y *= 1.0 / (1.0 - self.p)
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         dx = dxs[0]
         if dx is None:
             return

@@ -4,11 +4,14 @@ any rank, 4-D image tensors refused where an ``axis`` is taken)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, TYPE_CHECKING
 
 from ..errors import ShapeError
 from .base import AuxSpec, Ctx, Layer, ParamSpec, Shape
 from .seq import _axis, _size
+
+if TYPE_CHECKING:
+    from .._typing import Array
 
 __all__ = ["Softmax", "MatMul", "Mean", "LayerNorm"]
 
@@ -31,13 +34,13 @@ class Softmax(Layer):
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         return 5 * _size(in_shapes[0])
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         xp, a = ctx.xp, self.axis
         xp.subtract(xs[0], xs[0].max(axis=a, keepdims=True), out=y)
         xp.exp(y, out=y)
         y /= y.sum(axis=a, keepdims=True)
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         dx = dxs[0]
         if dx is not None:
             s = (dy * y).sum(axis=self.axis, keepdims=True)
@@ -88,11 +91,11 @@ class MatMul(Layer):
     def _b(self, b: Any) -> Any:
         return b.swapaxes(-1, -2) if self.transpose_b else b
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         ctx.ops.matmul(xs[0], self._b(xs[1]), out=y)
 
     @staticmethod
-    def _into(ctx: Ctx, a: Any, b: Any, out: Any) -> None:
+    def _into(ctx: Ctx, a: Any, b: Any, out: Array) -> None:
         """``a @ b`` into ``out``, summed over the leading axes ``out`` has of length 1 (broadcast in forward)."""
         if a.shape[:-2] == out.shape[:-2] and b.shape[:-2] == out.shape[:-2]:
             ctx.ops.matmul(a, b, out=out)
@@ -101,7 +104,7 @@ class MatMul(Layer):
         axes = tuple(i for i, (f, o) in enumerate(zip(full.shape[:-2], out.shape[:-2])) if f != o)
         ctx.xp.sum(full, axis=axes, keepdims=True, out=out) if axes else ctx.xp.copyto(out, full)
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         a, b = xs  # type: ignore[misc]
         if dxs[0] is not None:
             self._into(ctx, dy, self._b(b).swapaxes(-1, -2), dxs[0])
@@ -140,10 +143,10 @@ class Mean(Layer):
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         return _size(in_shapes[0])
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         ctx.xp.mean(xs[0], axis=self._axes(y.ndim), keepdims=True, out=y)
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         dx = dxs[0]
         if dx is not None:
             count = _size([dx.shape[a] for a in self._axes(dx.ndim)])
@@ -183,7 +186,7 @@ class LayerNorm(Layer):
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         return 8 * _size(in_shapes[0])
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         xp, f = ctx.xp, self.features
         x2, y2 = xs[0].reshape(-1, f), y.reshape(-1, f)
         mean, invstd = ctx.aux["mean"], ctx.aux["invstd"]
@@ -194,7 +197,7 @@ class LayerNorm(Layer):
         y2 *= ctx.params["weight"]
         y2 += ctx.params["bias"]
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         xp, f = ctx.xp, self.features
         x2, dy2 = xs[0].reshape(-1, f), dy.reshape(-1, f)  # type: ignore[index]
         mean, invstd = ctx.aux["mean"][:, None], ctx.aux["invstd"][:, None]

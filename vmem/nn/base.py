@@ -22,12 +22,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Sequence, TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import ShapeError
 from .ops import HostOps
+
+if TYPE_CHECKING:
+    from .._typing import Array
+    from .._typing import Xp
 
 __all__ = ["Layer", "Ctx", "Shape", "physical", "logical", "ParamSpec", "AuxSpec", "PASSES"]
 
@@ -77,13 +81,13 @@ class AuxSpec:
 class Ctx:
     """Everything one forward or backward call may touch, handed in by the executor."""
 
-    xp: Any
+    xp: Xp
     params: dict[str, Any] = field(default_factory=dict)
     grads: dict[str, Any] = field(default_factory=dict)
     aux: dict[str, Any] = field(default_factory=dict)
     train: bool = True
     rng: Any = None
-    workspace: Any = None  # a uint8 array, at least the pass's workspace (the op's catalog) long, or None
+    workspace: Array | None = None  # a uint8 array, at least the pass's workspace (the op's catalog) long, or None
     #: the convolution algorithm of this pass; a backward's (backward-data, backward-filter) pair
     algo: str | tuple[str, str] | None = None
     in_shapes: tuple[Shape, ...] = ()  # physical shapes of the inputs
@@ -155,11 +159,11 @@ class Layer(ABC):
 
     # -- math ------------------------------------------------------------------------------------
     @abstractmethod
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         """Compute the output into ``y`` (physical layout) from inputs ``xs``."""
 
     @abstractmethod
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         """Write input gradients into the non-None entries of ``dxs`` and parameter gradients into
         ``ctx.grads``. ``xs``/``y`` are given only if declared in ``needs``. ``dxs[i]`` may be ``dy``
         itself when the executor runs the layer's backward in place."""

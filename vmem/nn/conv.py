@@ -6,10 +6,13 @@ the program's catalog (what the planner chose).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, TYPE_CHECKING
 
 from ..errors import ShapeError
 from .base import Ctx, Layer, ParamSpec, Shape
+
+if TYPE_CHECKING:
+    from .._typing import Array
 
 __all__ = ["Conv2d"]
 
@@ -128,10 +131,10 @@ class Conv2d(Layer):
         return 2 * n * k * ho * wo * (self.in_channels // self.groups) * kh * kw
 
     # -- math (the device's convolutions) --------------------------------------------------------
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         self._backend(ctx).forward(self, ctx, xs[0], ctx.params["weight"], y, ctx.params["bias"] if self.bias else None)
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         """``ctx.algo`` is one algorithm for both passes or a pair (backward_data, backward_filter); the
         bias's gradient, then the filters', then the input's (where wanted), in one workspace."""
         x = xs[0]  # type: ignore[index]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence, TYPE_CHECKING
 
 from ..errors import ShapeError
 from .base import Ctx, Layer, Shape
+
+if TYPE_CHECKING:
+    from .._typing import Array
 
 __all__ = ["Add", "Concat"]
 
@@ -33,13 +36,13 @@ class Add(Layer):
             n *= d
         return n * (len(in_shapes) - 1)
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         xp = ctx.xp
         xp.add(xs[0], xs[1], out=y)
         for x in xs[2:]:
             y += x
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         for dx in dxs:
             if dx is None or dx is dy:
                 continue
@@ -86,7 +89,7 @@ class Concat(Layer):
     def _stored_axis(self, ndim: int) -> int:
         return ndim - 1 if ndim == 4 else self.axis % ndim  # channels are stored last
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         a = self._stored_axis(y.ndim)
         start = 0
         for x in xs:
@@ -94,7 +97,7 @@ class Concat(Layer):
             y[(slice(None),) * a + (slice(start, stop),)] = x
             start = stop
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         a = self._stored_axis(dy.ndim)
         start = 0
         for dx, shape in zip(dxs, ctx.in_shapes):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence, TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import ShapeError
 from .base import Ctx, Layer, ParamSpec, Shape
+
+if TYPE_CHECKING:
+    from .._typing import Array
 
 __all__ = ["Linear", "Flatten"]
 
@@ -51,12 +54,12 @@ class Linear(Layer):
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         return 2 * int(np.prod(in_shapes[0][:-1])) * self.in_features * self.out_features
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         ctx.ops.matmul(xs[0], ctx.params["weight"].T, out=y)
         if self.bias:
             y += ctx.params["bias"]
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         x = xs[0]  # type: ignore[index]
         if dy.ndim > 2:
             dy, x = dy.reshape(-1, self.out_features), x.reshape(-1, self.in_features)
@@ -89,12 +92,12 @@ class Flatten(Layer):
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         return 0
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         x = xs[0]
         if not ctx.xp.may_share_memory(x, y):
             y[...] = x.reshape(y.shape)
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         dx = dxs[0]
         if dx is not None and not ctx.xp.may_share_memory(dx, dy):
             dx[...] = dy.reshape(dx.shape)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from ..errors import ShapeError
 from .base import Shape
+
+if TYPE_CHECKING:
+    from .._typing import Array
+    from .._typing import Xp
 
 __all__ = ["SoftmaxCrossEntropy"]
 
@@ -34,13 +38,13 @@ class SoftmaxCrossEntropy:
                 "train with a loss that takes this output"
             )
 
-    def _flat(self, xp: Any, probs: Any, labels: Any) -> tuple[Any, Any, Any]:
+    def _flat(self, xp: Xp, probs: Array, labels: Array) -> tuple[Any, Any, Any]:
         p2 = probs.reshape(-1, probs.shape[-1])
         l1 = labels.reshape(-1)
         keep = None if self.ignore is None else (l1 != self.ignore)
         return p2, l1, keep
 
-    def forward(self, xp: Any, logits: Any, labels: Any, probs: Any) -> Any:
+    def forward(self, xp: Xp, logits: Array, labels: Array, probs: Array) -> Any:
         if probs is not logits:
             probs[...] = logits  # read into the loss's dtype (float32 over half-precision logits)
         probs -= probs.max(axis=-1, keepdims=True)
@@ -52,7 +56,7 @@ class SoftmaxCrossEntropy:
             return nll.mean()
         return (nll * keep).sum() / max(int(keep.sum()), 1)
 
-    def backward(self, xp: Any, probs: Any, labels: Any, dlogits: Any) -> None:
+    def backward(self, xp: Xp, probs: Array, labels: Array, dlogits: Array) -> None:
         p2, l1, keep = self._flat(xp, probs, labels)
         d2 = dlogits.reshape(-1, dlogits.shape[-1])
         if dlogits is not probs:  # the gradient may be written over the probabilities

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence, TYPE_CHECKING
 
 from .base import AuxSpec, Ctx, Layer, ParamSpec, Shape
+
+if TYPE_CHECKING:
+    from .._typing import Array
 
 __all__ = ["BatchNorm2d"]
 
@@ -63,7 +66,7 @@ class BatchNorm2d(Layer):
         n, c, h, w = in_shapes[0]
         return 4 * n * c * h * w
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         xp, p, aux = ctx.xp, ctx.params, ctx.aux
         c = self.num_features
         x2 = xs[0].reshape(-1, c)
@@ -97,7 +100,7 @@ class BatchNorm2d(Layer):
         y2 *= invstd * p["weight"]
         y2 += p["bias"]
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         xp, aux = ctx.xp, ctx.aux
         c = self.num_features
         x2 = xs[0].reshape(-1, c)  # type: ignore[index]

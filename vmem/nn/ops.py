@@ -18,11 +18,15 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, TYPE_CHECKING
 
 import numpy as np
 
 from .lanes import LANES, deal, lanes_for, rows_worth_cutting, split
+
+if TYPE_CHECKING:
+    from .._typing import Array
+    from .._typing import Xp
 
 __all__ = ["ArrayOps", "HostOps"]
 
@@ -33,7 +37,7 @@ class ArrayOps:
     #: Whether the arrays are host (NumPy) arrays whose work is cut into pieces by shape.
     host = False
 
-    def __init__(self, xp: Any):
+    def __init__(self, xp: Xp):
         self.xp = xp
 
     def run(self, work: Callable[[int], None], lanes: int = LANES) -> None:
@@ -65,7 +69,7 @@ class ArrayOps:
 
         self.run(lane, max(1, min(lanes, pieces)))  # in turn, lane 0 takes every piece before lane 1 looks
 
-    def matmul(self, a: Any, b: Any, out: Any) -> Any:
+    def matmul(self, a: Any, b: Any, out: Array) -> Any:
         """``xp.matmul(a, b, out=out)``."""
         return self.xp.matmul(a, b, out=out)
 
@@ -79,27 +83,27 @@ class ArrayOps:
         for i in range(len(sizes)):
             work(i)
 
-    def relu(self, x: Any, y: Any) -> None:
+    def relu(self, x: Array, y: Array) -> None:
         """``y = max(x, 0)`` (NaN passes, -0 becomes +0); ``y`` may be ``x``: the same array, never two views
         of one buffer (an array module may copy an input that overlaps its output)."""
         self.xp.maximum(x, 0, out=y)
 
-    def relu_backward(self, y: Any, dy: Any, dx: Any) -> None:
+    def relu_backward(self, y: Array, dy: Array, dx: Array) -> None:
         """``dx = dy * (y > 0)``; ``dx`` may be ``dy`` (in place on the shared gradient buffer)."""
         self.xp.multiply(dy, y > 0, out=dx)
 
-    def maxpool_forward(self, x: Any, y: Any, arg: Any, kernel: tuple, stride: tuple, packed: bool) -> bool:
+    def maxpool_forward(self, x: Array, y: Array, arg: Any, kernel: tuple, stride: tuple, packed: bool) -> bool:
         """Max pooling of channels-last ``x`` into ``y`` and each maximum's window position into ``arg`` (4
         bits each, two to a byte, with ``packed``) in one pass, for windows without padding or dilation that
         do not overlap; False where these ops have no such pass (the layer then pools its own way)."""
         return False
 
-    def maxpool_backward(self, dy: Any, arg: Any, dx: Any, kernel: tuple, stride: tuple, packed: bool) -> bool:
+    def maxpool_backward(self, dy: Array, arg: Any, dx: Array, kernel: tuple, stride: tuple, packed: bool) -> bool:
         """``dx`` from ``dy`` and the argmax map :meth:`maxpool_forward` wrote, in one pass; False where these
         ops have no such pass."""
         return False
 
-    def erf(self, x: Any, out: Any) -> Any:
+    def erf(self, x: Array, out: Array) -> Any:
         """The error function, element-wise, into ``out``: ``scipy.special.erf`` of the array module's SciPy
         (``cupyx.scipy.special`` for CuPy, which the CUDA device's ops name)."""
         return self.special.erf(x, out=out)
@@ -111,7 +115,7 @@ class ArrayOps:
 
         return importlib.import_module(f"{'cupyx' if self.xp.__name__ == 'cupy' else 'scipy'}.special")
 
-    def column_sum(self, a: Any, out: Any = None) -> Any:
+    def column_sum(self, a: Any, out: Array | None = None) -> Any:
         """The sum of a 2-D array's rows (``a.sum(axis=0)``) into ``out`` if given: blocks of about
         sqrt(M) rows first, then their partial sums."""
         m = a.shape[0]
@@ -136,12 +140,12 @@ class HostOps(ArrayOps):
     """NumPy arrays, work cut into pieces fixed by the shapes (see :mod:`vmem.nn.lanes`), run in turn."""
 
     host = True
-    xp: Any = np  # (for subclasses that make no ArrayOps of their own: the CPU device's LaneOps)
+    xp: Xp = np  # (for subclasses that make no ArrayOps of their own: the CPU device's LaneOps)
 
     def __init__(self) -> None:
         super().__init__(np)
 
-    def erf(self, x: Any, out: Any) -> Any:
+    def erf(self, x: Array, out: Array) -> Any:
         """SciPy's ``special.erf`` where SciPy is installed, else the standard library's, value by value
         (exact, and about a hundred times slower)."""
         special = _scipy_special()
@@ -152,7 +156,7 @@ class HostOps(ArrayOps):
         out[...] = np.frompyfunc(math.erf, 1, 1)(x)
         return out
 
-    def matmul(self, a: Any, b: Any, out: Any) -> Any:
+    def matmul(self, a: Any, b: Any, out: Array) -> Any:
         """``np.matmul(a, b, out=out)``; a large product split over the rows of ``out`` (its first axis) into
         one piece per lane, whether or not the lanes run at once."""
         if a.ndim != out.ndim or out.shape[0] < LANES or lanes_for(out.size * a.shape[-1]) < LANES:
@@ -186,13 +190,13 @@ class HostOps(ArrayOps):
 
         self.run(share, len(shares))
 
-    def relu(self, x: Any, y: Any) -> None:
+    def relu(self, x: Array, y: Array) -> None:
         self.rows(y.shape[0], lambda r: self.xp.maximum(x[r], 0, out=y[r]), y.size)
 
-    def relu_backward(self, y: Any, dy: Any, dx: Any) -> None:
+    def relu_backward(self, y: Array, dy: Array, dx: Array) -> None:
         self.rows(dy.shape[0], lambda r: self.xp.multiply(dy[r], y[r] > 0, out=dx[r]), dy.size)
 
-    def column_sum(self, a: Any, out: Any = None) -> Any:
+    def column_sum(self, a: Any, out: Array | None = None) -> Any:
         """NumPy's own ``sum(axis=0)``."""
         return np.sum(a, axis=0, out=out)
 

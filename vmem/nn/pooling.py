@@ -9,13 +9,18 @@ default). Both are computed as one strided pass per window offset, so overlappin
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import ShapeError
 from .base import AuxSpec, Ctx, Layer, Shape, physical
 from .conv import _pair, span as _span
+
+if TYPE_CHECKING:
+    from .._typing import Array
+    from numpy.typing import DTypeLike
+    from .._typing import Xp
 
 __all__ = ["MaxPool2d", "AvgPool2d", "Pad2d"]
 
@@ -95,7 +100,7 @@ class _Pool2d(Layer):
                 yield i * kw + j, slice(o0, o1), slice(p0, p1), rows, cols
 
 
-def _pack_nibbles(xp: Any, codes: Any, packed: Any) -> None:
+def _pack_nibbles(xp: Xp, codes: Array, packed: Array) -> None:
     """Pack 4-bit ``codes`` (uint8, any shape) two to a byte, in memory order, low nibble first."""
     flat = codes.reshape(-1)
     xp.copyto(packed, flat[0::2])
@@ -103,7 +108,7 @@ def _pack_nibbles(xp: Any, codes: Any, packed: Any) -> None:
     packed[: odd.size] |= odd << 4
 
 
-def _unpack_nibbles(xp: Any, packed: Any, codes: Any) -> None:
+def _unpack_nibbles(xp: Xp, packed: Array, codes: Array) -> None:
     flat = codes.reshape(-1)
     xp.bitwise_and(packed, 15, out=flat[0::2])
     xp.right_shift(packed[: flat.size // 2], 4, out=flat[1::2])
@@ -147,7 +152,7 @@ class MaxPool2d(_Pool2d):
         plain = self.padding == (0, 0) and self.dilation == (1, 1) and sh >= kh and sw >= kw
         return plain and (ho - 1) * sh + kh <= h and (wo - 1) * sw + kw <= w
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         xp, x, packed = ctx.xp, xs[0], ctx.aux["argmax"]
         if self._one_pass(x.shape, y.shape):
             if ctx.ops.maxpool_forward(x, y, packed, self.kernel_size, self.stride, self.nibbles):
@@ -163,17 +168,17 @@ class MaxPool2d(_Pool2d):
 
         ctx.ops.rows(y.shape[0], images, self._work(y, x.size))
 
-    def _work(self, y: Any, size: int) -> int:
+    def _work(self, y: Array, size: int) -> int:
         """The work to cut between images: ``size``, or none where images share bytes of packed codes."""
         return size if not self.nibbles or (y.size // y.shape[0]) % 2 == 0 else 0
 
     @staticmethod
-    def _packed_rows(y: Any, r: slice) -> slice:
+    def _packed_rows(y: Array, r: slice) -> slice:
         """The bytes of the packed argmax map that hold the codes of images ``r``."""
         per = y.size // y.shape[0]
         return slice(r.start * per // 2, -(-r.stop * per // 2))
 
-    def _forward(self, xp: Any, x: Any, y: Any, am: Any) -> None:
+    def _forward(self, xp: Xp, x: Array, y: Array, am: Array) -> None:
         _, h, w, _ = x.shape
         _, ho, wo, _ = y.shape
         if self.kernel_size == (2, 2) and self._tiles(h, w, ho, wo):
@@ -193,7 +198,7 @@ class MaxPool2d(_Pool2d):
             xp.copyto(am[:, orow, ocol], idx, where=e)
 
     @staticmethod
-    def _forward_2x2(xp: Any, x: Any, y: Any, am: Any) -> None:
+    def _forward_2x2(xp: Xp, x: Array, y: Array, am: Array) -> None:
         """The common 2x2/2 case: a reduction for the maximum, pairwise comparisons for its position."""
         n, ho, wo, c = y.shape
         x6 = x.reshape(n, ho, 2, wo, 2, c)
@@ -208,7 +213,7 @@ class MaxPool2d(_Pool2d):
         am *= in_second
         am += first
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         dx = dxs[0]
         if dx is None:
             return
@@ -227,7 +232,7 @@ class MaxPool2d(_Pool2d):
 
         ctx.ops.rows(dy.shape[0], images, self._work(dy, dx.size))
 
-    def _backward(self, xp: Any, dy: Any, am: Any, dx: Any) -> None:
+    def _backward(self, xp: Xp, dy: Array, am: Array, dx: Array) -> None:
         _, h, w, _ = dx.shape
         _, ho, wo, _ = dy.shape
         eq = xp.empty(dy.shape, dtype=bool)
@@ -253,7 +258,7 @@ class AvgPool2d(_Pool2d):
         super().__init__(kernel_size, stride, padding, ceil_mode, dilation)
         self.count_include_pad = bool(count_include_pad)
 
-    def _divisor(self, xp: Any, h: int, w: int, ho: int, wo: int, dtype: Any) -> Any:
+    def _divisor(self, xp: Xp, h: int, w: int, ho: int, wo: int, dtype: DTypeLike) -> Any:
         """Per-output divisor of shape (ho, wo, 1) (Torch's rule)."""
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel_size, self.stride, self.padding, self.dilation
 
@@ -265,7 +270,7 @@ class AvgPool2d(_Pool2d):
         div = np.outer(counts(h, kh, sh, ph, dh, ho), counts(w, kw, sw, pw, dw, wo))[:, :, None]
         return xp.asarray(div, dtype=dtype)
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         xp, x = ctx.xp, xs[0]
         _, h, w, _ = x.shape
         _, ho, wo, _ = y.shape
@@ -274,7 +279,7 @@ class AvgPool2d(_Pool2d):
             y[:, orow, ocol] += x[:, irow, icol]
         y /= self._divisor(xp, h, w, ho, wo, y.dtype)
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         dx = dxs[0]
         if dx is None:
             return
@@ -319,10 +324,10 @@ class Pad2d(Layer):
         t, left, bottom, r = self.pads
         return (slice(None), slice(t, shape[1] - bottom), slice(left, shape[2] - r), slice(None))
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         y.fill(self.value)
         y[self._inner(y.shape)] = xs[0]
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         if dxs[0] is not None:
             dxs[0][...] = dy[self._inner(dy.shape)]

@@ -9,10 +9,13 @@ Tensors may have any rank; only 4-D image tensors are stored channels-last, so t
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, TYPE_CHECKING
 
 from ..errors import ShapeError
 from .base import Ctx, Layer, ParamSpec, Shape
+
+if TYPE_CHECKING:
+    from .._typing import Array
 
 __all__ = [
     "Embedding",
@@ -73,11 +76,11 @@ class Embedding(Layer):
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         return _size(in_shapes[0]) * self.dim
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         ids = xs[0].astype(int)
         ctx.xp.take(ctx.params["weight"], ids, axis=0, out=y)
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         xp, grad = ctx.xp, ctx.grads["weight"]
         grad.fill(0)
         ids = xs[0].astype(int).ravel()  # type: ignore[index]
@@ -114,11 +117,11 @@ class Split(Layer):
         a = self.axis % rank
         return (slice(None),) * a + (slice(self.index * n, (self.index + 1) * n),)
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         a = self.axis % y.ndim
         y[...] = xs[0][self._slice(y.ndim, y.shape[a])]
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         dx = dxs[0]
         if dx is None:
             return
@@ -168,14 +171,14 @@ class Reshape(Layer):
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         return 0
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         x = xs[0]
         if 4 in (x.ndim, y.ndim):
             _logical(y)[...] = _logical(x).reshape(_logical(y).shape)
         elif not ctx.xp.may_share_memory(x, y):
             y[...] = x.reshape(y.shape)
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         dx = dxs[0]
         if dx is None:
             return
@@ -238,10 +241,10 @@ class Transpose(Layer):
         to_stored, to_logical = (0, 3, 1, 2), (0, 2, 3, 1)  # logical axis -> stored axis, and back
         return tuple(to_stored[self.perm[to_logical[j]]] for j in range(4))
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         y[...] = xs[0].transpose(self.stored())
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         dx = dxs[0]
         if dx is not None:
             order = self.stored()
@@ -261,11 +264,11 @@ class Identity(Layer):
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         return 0
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         if not ctx.xp.may_share_memory(xs[0], y):
             y[...] = xs[0]
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         dx = dxs[0]
         if dx is not None and not ctx.xp.may_share_memory(dx, dy):
             dx[...] = dy
@@ -299,11 +302,11 @@ class Take(Layer):
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         return 0
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         xp = ctx.xp
         xp.take(xs[0], xp.asarray(self.indices), axis=self.axis % y.ndim, out=y)
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         dx = dxs[0]
         if dx is None:
             return
@@ -334,11 +337,11 @@ class LengthMask(Layer):
             )
         return tuple(in_shapes[0])
 
-    def forward(self, ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         ctx.xp.copyto(y, xs[0])
         y[xs[1] == self.pad] = self.value
 
-    def backward(self, ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any | None, dxs: list[Any | None]) -> None:
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         if dxs[0] is not None:
             ctx.xp.multiply(dy, xs[1] != self.pad, out=dxs[0])  # type: ignore[index]
         if dxs[1] is not None:

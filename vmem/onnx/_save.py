@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, Callable, TYPE_CHECKING
 
 import numpy as np
 
@@ -13,6 +13,9 @@ from ..errors import OnnxError
 from ..graph.network import Network, Node
 from ..graph.program import _live_nodes
 from ._builder import _onnx
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
 
 __all__ = ["save"]
 
@@ -68,7 +71,7 @@ class _Writer:
             )
         return name
 
-    def const(self, name: str, value: Any, dtype: Any = np.int64) -> str:
+    def const(self, name: str, value: Any, dtype: DTypeLike = np.int64) -> str:
         return self.init(name, np.asarray(value, dtype))
 
     def emit(self, op: str, inputs: list[str], output: str, **attrs: Any) -> str:
@@ -147,7 +150,7 @@ def _dropout(w: _Writer, node: Node, layer: nn.Dropout, ins: list[str], name: st
     return w.emit("Dropout", [ins[0], w.const(f"{name}.ratio", layer.p, np.float32)], name)
 
 
-def _pool(w: _Writer, node: Node, layer: Any, ins: list[str], name: str) -> str:
+def _pool(w: _Writer, node: Node, layer: nn.MaxPool2d | nn.AvgPool2d, ins: list[str], name: str) -> str:
     (ph, pw) = layer.padding
     attrs: dict[str, Any] = dict(
         kernel_shape=list(layer.kernel_size), strides=list(layer.stride), pads=[ph, pw, ph, pw]

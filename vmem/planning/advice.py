@@ -3,7 +3,7 @@ trains in, the policies that fit, the largest batch that does)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from .. import policies
 from ..errors import OutOfDeviceMemory, PlanError
@@ -13,6 +13,9 @@ from .budget import smallest_memory
 from .plan import plan_program
 from .result import PlanResult
 from .target import Target
+
+if TYPE_CHECKING:
+    from ..policies.base import Policy
 
 __all__ = ["batch_advice", "refusal", "out_of_memory"]
 
@@ -37,7 +40,7 @@ def refusal(
     program: Program,
     plan: PlanResult,
     target: Target,
-    policy: Any,
+    policy: Policy,
     optimizer_slots: tuple[str, ...],
     pool: Any,
     batch_remedy: str,

@@ -4,16 +4,20 @@ device."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Sequence, TYPE_CHECKING
 
 from ..device.spec import DeviceSpec
 from ..errors import PlanError
 from ..graph import Network, Program
 from ..policies.budget import largest_fitting, least_memory
-from ..policies.plan import Plan
+from .oracle import Oracle
 from .plan import floor_policy, plan, plan_program
-from .result import UNBOUNDED, PlanResult, evaluate, replay_if_fits
+from .result import UNBOUNDED, evaluate, replay_if_fits
 from .target import Target
+
+if TYPE_CHECKING:
+    from ..device.base import Device
+    from ..policies.base import Policy
 
 __all__ = ["smallest_memory", "largest_batch", "fraction_budget"]
 
@@ -21,7 +25,7 @@ __all__ = ["smallest_memory", "largest_batch", "fraction_budget"]
 def smallest_memory(
     program: Program,
     device: DeviceSpec | Target,
-    policy: Any,
+    policy: Policy | str,
     *,
     alignment: int = 256,
     optimizer_slots: tuple[str, ...] = ("momentum",),
@@ -36,10 +40,7 @@ def smallest_memory(
     unbounded = dataclasses.replace(device, memory=UNBOUNDED)
     program = target.view(program)
 
-    def oracle(candidate: Plan, memory: int | None = None) -> PlanResult:
-        spec = unbounded if memory is None else dataclasses.replace(device, memory=memory)
-        return evaluate(program, spec, candidate, alignment=alignment, optimizer_slots=optimizer_slots, rows=False)[0]
-
+    oracle = Oracle(program, unbounded, alignment=alignment, optimizer_slots=optimizer_slots)
     decided = pol.decide(program, unbounded, None, oracle)
     # lowered once: the same schedule at every capacity, replayed at each
     result, schedule = evaluate(
@@ -55,10 +56,10 @@ def smallest_memory(
 
 def largest_batch(
     net: Network,
-    device: Any = "cpu",
+    device: Device | DeviceSpec | Target | str = "cpu",
     *,
     memory: int | str | None = None,
-    policy: Any = "auto",
+    policy: Policy | str = "auto",
     precision: str = "fp32",
     input_shape: Sequence[int] | None = None,
     dtype: str = "float32",
@@ -89,7 +90,13 @@ def largest_batch(
 
 
 def fraction_budget(
-    net: Network, batch: int, device: Any, policy: Any, fraction: float, *, precision: str = "fp32"
+    net: Network,
+    batch: int,
+    device: Device | DeviceSpec | Target | str,
+    policy: Policy | str,
+    fraction: float,
+    *,
+    precision: str = "fp32",
 ) -> tuple[int, int, bool]:
     """A budget of ``fraction`` of what the baseline policy needs to train ``net`` at ``batch`` on ``device``
     (with its least-workspace algorithms: the least it needs), rounded up to KiB; never below the smallest

@@ -18,12 +18,14 @@ from .result import PlanResult, evaluate, replay_fitting
 from .target import Target
 
 if TYPE_CHECKING:
+    from ..device.base import Device
+    from ..policies.base import Policy
     from ..costs.model import CostModel
 
 __all__ = ["plan", "plan_program", "rank_plan", "floor_policy"]
 
 
-def floor_policy(policy: Any) -> Any:
+def floor_policy(policy: Policy | str) -> Policy:
     """The policy whose plan is the least ``policy`` can need: its ``floor`` where it chooses among others
     (``vdnn-dyn`` and ``auto``: vdnn-all with memory-optimal algorithms, for ``auto`` a bound), else itself
     (with ``algos=fit``, its least-workspace algorithms)."""
@@ -36,7 +38,7 @@ def floor_policy(policy: Any) -> Any:
 def plan_program(
     program: Program,
     device: DeviceSpec | Target,
-    policy: Any,
+    policy: Policy | str,
     *,
     alignment: int = 256,
     optimizer_slots: tuple[str, ...] = ("momentum",),
@@ -105,8 +107,8 @@ def rank_plan(
 def plan(
     net: Network,
     batch: int,
-    device: Any = "cpu",
-    policy: Any = "baseline",
+    device: Device | DeviceSpec | Target | str = "cpu",
+    policy: Policy | str = "baseline",
     *,
     input_shape: Sequence[int] | None = None,
     dtype: str = "float32",

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from ..runtime.timeline import Timeline
 from ..units import format_bytes
 
+if TYPE_CHECKING:
+    from .result import PlanResult
+    from ..graph.program import Program
+
 __all__ = ["layer_table"]
 
 
-def layer_table(plan: Any, timeline: Timeline | None = None) -> str:
+def layer_table(plan: PlanResult, timeline: Timeline | None = None) -> str:
     """Per layer of a planned step (a :class:`vmem.planning.PlanResult`): output shape, algorithms, stash
     decision, bytes, and (with a timeline) forward and backward milliseconds measured on the compute
     stream."""
@@ -63,12 +67,12 @@ def layer_table(plan: Any, timeline: Timeline | None = None) -> str:
     return "\n".join(lines)
 
 
-def _precision(plan: Any) -> str:
+def _precision(plan: PlanResult) -> str:
     precision = getattr(plan, "precision", "fp32")
     return "" if precision == "fp32" else f" in {precision}"
 
 
-def paper_accounting(program: Any, result: Any) -> dict[str, int]:
+def paper_accounting(program: Program, result: PlanResult) -> dict[str, int]:
     """vDNN's accounting of a planned step (Rhu et al., 2016), a view of the same plan for comparing with
     the paper's figures: the weights, every feature map (in-place layers share theirs), one dX and one dY
     sized to the largest feature map, and one workspace sized to the largest need under the plan's

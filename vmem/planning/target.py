@@ -10,6 +10,7 @@ from ..device.spec import DeviceSpec
 from ..graph import Program
 
 if TYPE_CHECKING:
+    from ..device.base import Device
     from ..costs.model import CostModel
 
 __all__ = ["Target"]
@@ -28,7 +29,7 @@ class Target:
     catalog: Callable[[Program], Program] | None = None
 
     @classmethod
-    def of(cls, device: Any, memory: int | str | None = None) -> "Target":
+    def of(cls, device: Device | DeviceSpec | Target | str, memory: int | str | None = None) -> "Target":
         """The target of a Device, a DeviceSpec, a Target or a device name (``"cpu"``, ``"sim:titan-x"``),
         its capacity ``memory`` where given (a size or a string such as ``"8GiB"``)."""
         from ..device import device as make_device

@@ -21,7 +21,11 @@ free space is fully coalesced.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from typing import Any, Iterator
+from typing import Any, Iterator, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..streams.base import Event
+    from ..streams.base import Stream
 
 __all__ = ["Block", "BestFit", "ALLOCATED", "FREE", "RELEASED"]
 
@@ -45,10 +49,10 @@ class Block:
         self.size = size
         self.nbytes = size
         self.category: str | None = None
-        self.stream: Any = None
+        self.stream: Stream | None = None
         self.state = FREE
         self.owner: Any = None
-        self.event: Any = None
+        self.event: Event | None = None
         self.prev: Block | None = None
         self.next: Block | None = None
 
@@ -220,7 +224,7 @@ class BestFit:
             lst = self._lists[seg.owner] = []
         insort(lst, (seg.size, seg.offset))
 
-    def give(self, block: Block, owner: Any = None, event: Any = None) -> None:
+    def give(self, block: Block, owner: Any = None, event: Event | None = None) -> None:
         """Return an allocated ``block`` to the free space, owned by ``owner`` until ``event`` completes.
 
         The handle ``block`` becomes ``"released"``; a new free segment takes its place (or its

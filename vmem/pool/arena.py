@@ -7,9 +7,12 @@ device supplies a cudaMalloc'd slab and cudaHostAlloc'd pinned memory; the simul
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
 
 __all__ = ["Arena", "HostArena"]
 
@@ -19,7 +22,7 @@ class Arena(Protocol):
 
     capacity: int
 
-    def view(self, offset: int, shape: tuple[int, ...], dtype: Any) -> Any: ...
+    def view(self, offset: int, shape: tuple[int, ...], dtype: DTypeLike) -> Any: ...
 
 
 class HostArena:
@@ -40,7 +43,7 @@ class HostArena:
         if prefault:
             self.buffer.fill(0)
 
-    def view(self, offset: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    def view(self, offset: int, shape: tuple[int, ...], dtype: DTypeLike) -> np.ndarray:
         return np.ndarray(shape, dtype=dtype, buffer=self.buffer, offset=offset)
 
     def fill(self, offset: int, nbytes: int, byte: int) -> None:

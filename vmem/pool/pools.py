@@ -33,13 +33,18 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..errors import MemoryExhausted, OutOfDeviceMemory, OutOfPinnedMemory
 from ..units import format_bytes, parse_bytes
 from ._bestfit import ALLOCATED, RELEASED, BestFit, Block
 from .arena import HostArena
 from .stats import CATEGORIES, BlockInfo, CategoryStats, PoolStats, Snapshot
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
+    from ..streams.base import Event
+    from ..streams.base import Stream
 
 __all__ = ["DevicePool", "PinnedHostPool", "PoolHook", "Block"]
 
@@ -55,14 +60,14 @@ class PoolHook:
     def on_allocate(self, block: Block) -> None:
         pass
 
-    def on_free(self, block: Block, stream: Any) -> None:
+    def on_free(self, block: Block, stream: Stream | None) -> None:
         pass
 
     def on_failure(self, nbytes: int, category: str, error: MemoryExhausted) -> None:
         pass
 
 
-def _stream_name(stream: Any) -> str | None:
+def _stream_name(stream: Stream | None) -> str | None:
     return None if stream is None else getattr(stream, "name", repr(stream))
 
 
@@ -156,7 +161,9 @@ class _ArenaPool:
                 hook.on_allocate(block)
             return block
 
-    def _release(self, block: Block, stream: Any, owner: Any, event: Any) -> None:
+    def _release(
+        self, block: Block, stream: Stream | None, owner: object, event: Event | Callable[[], Event] | None
+    ) -> None:
         """Return ``block``; ``event`` is an event or a callable making one, called after the hooks ran
         (so that work a hook enqueues on ``stream``, such as poisoning, is ordered before the event)."""
         if not isinstance(block, Block):
@@ -304,7 +311,7 @@ class _ArenaPool:
         self._hooks.remove(hook)
 
     # -- arrays ------------------------------------------------------------------------------------
-    def view(self, block: Block, shape: Iterable[int] | int, dtype: Any) -> Any:
+    def view(self, block: Block, shape: Iterable[int] | int, dtype: DTypeLike) -> Any:
         """An array of ``shape`` and ``dtype`` over ``block``'s memory in the arena."""
         import numpy as np
 
@@ -348,7 +355,13 @@ class DevicePool(_ArenaPool):
         super().__init__(capacity, alignment, upstream, name)
 
     def allocate(
-        self, nbytes: int, stream: Any = None, category: str = "other", *, high: bool = False, offset: int | None = None
+        self,
+        nbytes: int,
+        stream: Stream | None = None,
+        category: str = "other",
+        *,
+        high: bool = False,
+        offset: int | None = None,
     ) -> Block:
         """Allocate ``nbytes`` for work on ``stream`` (None: the host) and account it to ``category``.
 
@@ -362,7 +375,7 @@ class DevicePool(_ArenaPool):
         """
         return self._allocate(nbytes, stream, category, high, offset)
 
-    def free(self, block: Block, stream: Any = None) -> None:
+    def free(self, block: Block, stream: Stream | None = None) -> None:
         """Return ``block``; ``stream`` is the stream whose enqueued work last uses it.
 
         With ``stream=None`` the block's allocation stream is assumed. On that stream the block can be
@@ -431,7 +444,7 @@ class PinnedHostPool(_ArenaPool):
                 {c: s.in_use for c, s in stats.by_category.items()},
             )
 
-    def free(self, block: Block, event: Any = None) -> None:
+    def free(self, block: Block, event: Event | None = None) -> None:
         """Return ``block`` once ``event`` (the event after its last copy) completes; now if None."""
         if event is not None and event.query():
             event = None

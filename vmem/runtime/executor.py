@@ -18,7 +18,7 @@ allocated is returned, so the pool is exactly as it was before the step.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Sequence, TYPE_CHECKING
 
 import numpy as np
 
@@ -57,6 +57,13 @@ from .staged import staged_backward, staged_forward
 from .timeline import Timeline
 from .transfers import _BYTE, Transfers, span
 
+if TYPE_CHECKING:
+    from .._typing import Array
+    from ..pool._bestfit import Block
+    from numpy.typing import DTypeLike
+    from ..device.base import Device
+    from ..distributed.group import ProcessGroup
+
 __all__ = ["Executor", "StepReport"]
 
 _LABELS, _PROBS, _LOSS = Key(Kind.LABELS), Key(Kind.PROBS), Key(Kind.LOSS)
@@ -65,7 +72,7 @@ _LABELS, _PROBS, _LOSS = Key(Kind.LABELS), Key(Kind.PROBS), Key(Kind.LOSS)
 class _Run:
     """The state of one step: its blocks, its offloads and encodings, the batch, the timeline."""
 
-    def __init__(self, xs: list[np.ndarray], labels: Any, train: bool, rng: Any, step: int, origin: float):
+    def __init__(self, xs: list[np.ndarray], labels: Array, train: bool, rng: Any, step: int, origin: float):
         self.xs, self.labels, self.train, self.rng, self.step = xs, labels, train, rng, step
         self.blocks: dict[Key, Any] = {}
         self.loss: float | None = None  # read from the pinned staging buffer once the step has run
@@ -96,12 +103,12 @@ class Executor:
 
     def __init__(
         self,
-        device: Any,
+        device: Device,
         schedule: Schedule,
         params: DeviceParams,
         loss: Any = None,
         optimizer: Optimizer | None = None,
-        group: Any = None,
+        group: ProcessGroup | None = None,
         comm_stream: Any = None,
         batch_group: Any = None,
     ):
@@ -355,7 +362,7 @@ class Executor:
         which the CPU device keeps): a layer-wise schedule allocates the labels just before the loss, and
         the host would wait there for the whole forward, then enqueue the backward while it runs."""
         dev = self.device
-        r.staged = dev.pinned.allocate(self._staging_bytes, "other", high=True)
+        r.staged = self._transfers.pinned.allocate(self._staging_bytes, "other", high=True)
         raw = dev.host_view(r.staged, (r.staged.nbytes,), np.uint8)
         r.batch = {}
         for x, (_, source, _), at in zip(r.xs, self._inputs, self._inputs_at):
@@ -371,7 +378,7 @@ class Executor:
 
     def _unstage(self, r: _Run) -> None:
         if r.staged is not None:
-            self.device.pinned.free(r.staged)
+            self._transfers.pinned.free(r.staged)
             r.staged = None
 
     def _upload(self, r: _Run, st: Upload) -> None:
@@ -387,10 +394,10 @@ class Executor:
         self.device.copy_to_host(r.logits, self._value(r, st.tensor), stream=self.device.compute_stream)
 
     # -- views -------------------------------------------------------------------------------------
-    def _view(self, r: _Run, key: Key, shape: tuple, dtype: Any) -> Any:
+    def _view(self, r: _Run, key: Key, shape: tuple, dtype: DTypeLike) -> Any:
         return self._block_view(r.blocks[key], shape, dtype)
 
-    def _block_view(self, block: Any, shape: tuple, dtype: Any) -> Any:
+    def _block_view(self, block: Block, shape: tuple, dtype: DTypeLike) -> Any:
         """An array of ``shape`` and ``dtype`` over ``block`` (a live block of the device pool), made once
         per place: the arena never moves, so a view at the same offset of a block of the same size is the
         same array."""
@@ -479,7 +486,7 @@ class Executor:
             return
         xs = [self._value(r, t) for t in op.inputs] if op.reads_input else None
         y = self._value(r, op.output) if op.reads_output else None
-        dxs: list[Any] = []
+        dxs: list[Array] = []
         for j, t in enumerate(op.inputs):
             if not sched.needs_grad[t]:
                 dxs.append(None)
@@ -497,7 +504,7 @@ class Executor:
         if r.check:
             self._check(r, f"{op.name} (backward)", [d for d in dxs if d is not None] + list(ctx.grads.values()))
 
-    def _check(self, r: _Run, name: str, arrays: list[Any]) -> None:
+    def _check(self, r: _Run, name: str, arrays: list[Array]) -> None:
         """Record ``name`` as the step's first non-finite output if any of ``arrays`` is not finite, once
         the work before it has run (a diagnosis: on a GPU the host waits here)."""
         xp = self.xp

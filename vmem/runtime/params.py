@@ -8,12 +8,15 @@ compute stream does not wait for."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import numpy as np
 
 from ..graph.program import Precision
 from ..schedule import Buffer, Key, Kind
+
+if TYPE_CHECKING:
+    from ..device.base import Device
 
 __all__ = ["DeviceParams"]
 
@@ -23,7 +26,7 @@ class DeviceParams:
     uploaded from and downloaded to host arrays named ``"layer.param"``. ``precision``: what weights,
     their gradients and the optimizer's state are stored in (a Precision, or one dtype for all)."""
 
-    def __init__(self, device: Any, buffers: list[Buffer], specs: dict[str, Any], precision: Any):
+    def __init__(self, device: Device, buffers: list[Buffer], specs: dict[str, Any], precision: Any):
         self.device = device
         self.precision = Precision.uniform(precision) if isinstance(precision, str) else precision
         role = {Kind.WEIGHT: "parameters", Kind.WEIGHT_GRAD: "gradients", Kind.OPT_STATE: "optimizer_state"}

@@ -3,11 +3,14 @@ op's layer called on float32 copies carved from the end of its workspace, each o
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, TYPE_CHECKING
 
 import numpy as np
 
 from ..nn.base import Ctx
+
+if TYPE_CHECKING:
+    from .._typing import Array
 
 __all__ = ["staged_forward", "staged_backward"]
 
@@ -18,6 +21,7 @@ Items = list[tuple[str, int, tuple[int, ...], int]]
 def _copies(items: Items, ctx: Ctx) -> dict[tuple[str, int], Any]:
     """The pass's float32 copies, carved from the end of its workspace (the layer keeps the start)."""
     ws = ctx.workspace
+    assert ws is not None, "a staged pass's workspace holds its copies"
     total = sum(n for *_, n in items)
     base = ws.nbytes - total
     ctx.workspace = ws[:base] if base else None
@@ -32,7 +36,7 @@ def staged_forward(forward: Callable[..., None], items: Items, ctx: Ctx) -> Call
     """The layer's ``forward`` on float32 copies of its low-precision inputs, its output rounded once back."""
     copies = _copies(items, ctx)
 
-    def run(ctx: Ctx, xs: list[Any], y: Any) -> None:
+    def run(ctx: Ctx, xs: list[Array], y: Array) -> None:
         xs32 = [_cast_into(copies[("x", j)], x) if ("x", j) in copies else x for j, x in enumerate(xs)]
         y32 = copies.get(("y", -1), y)
         forward(ctx, xs32, y32)
@@ -47,7 +51,7 @@ def staged_backward(backward: Callable[..., None], items: Items, ctx: Ctx) -> Ca
     """The layer's ``backward`` on float32 copies of what it reads, each input gradient rounded once back."""
     copies = _copies(items, ctx)
 
-    def run(ctx: Ctx, dy: Any, xs: list[Any] | None, y: Any, dxs: list[Any]) -> None:
+    def run(ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array, dxs: list[Array]) -> None:
         dy32 = _cast_into(copies[("dy", -1)], dy) if ("dy", -1) in copies else dy
         if xs is not None:
             xs = [_cast_into(copies[("x", j)], x) if ("x", j) in copies else x for j, x in enumerate(xs)]
@@ -63,7 +67,7 @@ def staged_backward(backward: Callable[..., None], items: Items, ctx: Ctx) -> Ca
     return run
 
 
-def _cast_into(dst: Any, src: Any) -> Any:
+def _cast_into(dst: Array, src: Array) -> Any:
     """``src`` widened into ``dst`` (exact: every fp16 and bf16 value is a float32); ``dst``."""
     dst[...] = src
     return dst

@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..streams.base import Event
 
 __all__ = ["Span", "Timeline"]
 
@@ -54,7 +57,7 @@ class Timeline:
     def record(self, span: Span) -> None:
         self.spans.append(span)  # list.append is atomic: streams record from their own threads
 
-    def start(self, event: Any) -> None:
+    def start(self, event: Event) -> None:
         """Events measure the spans of this step from ``event``, recorded when the step began."""
         self.started = event
 

@@ -26,6 +26,14 @@ from ..schedule.steps import BnRange, Decode, Encode, Offload, Prefetch, Release
 from .timeline import Span, Timeline
 
 if TYPE_CHECKING:
+    from .._typing import Array
+    from ..device.base import Device
+    from ..codecs.base import Encoded
+    from ..streams.base import Event
+    from ..streams.base import Stream
+    from ..codecs.transfer import Pieces
+    from ..pool._bestfit import Block
+    from ..pool.pools import PinnedHostPool
     from .executor import _Run
 
 _BYTE = np.dtype(np.uint8)
@@ -46,12 +54,12 @@ class _Offloaded:
 
     __slots__ = ("host_block", "host", "done", "back", "enc", "moved")
 
-    def __init__(self, host_block: Any, host: Any):
+    def __init__(self, host_block: Block, host: np.ndarray):
         self.host_block = host_block
         self.host = host
         self.done: Any = None  # event after the device-to-host copy
         self.back: Any = None  # event after the host-to-device copy
-        self.enc: Any = None
+        self.enc: Encoded | Pieces | None = None
         self.moved = 0
 
 
@@ -65,7 +73,7 @@ class _Spilled:
 
 
 def span(
-    asynchronous: bool, r: "_Run", stream: Any, name: str, kind: str, usage: dict[str, int], fn: Any, *args: Any
+    asynchronous: bool, r: "_Run", stream: Stream, name: str, kind: str, usage: dict[str, int], fn: Any, *args: Any
 ) -> None:
     """Enqueue ``fn`` on ``stream`` as a span of the step's timeline (``r.timeline``). Where work runs on its
     stream's own host thread (the CPU device), the host's clock times it there; where it runs after
@@ -88,7 +96,7 @@ class Transfers:
 
     def __init__(
         self,
-        device: Any,
+        device: Device,
         op_params: list[dict[str, Any]],
         block_view: Callable[[Any, tuple, Any], Any],
         view: Callable[[Any, Key, tuple, Any], Any],
@@ -99,7 +107,15 @@ class Transfers:
         #: work runs after launch returns (a GPU): spans are timed by events, streams wait on the device
         self.asynchronous = bool(device.asynchronous)
 
-    def _span(self, r: "_Run", stream: Any, name: str, kind: str, usage: dict[str, int], fn: Any, *args: Any) -> None:
+    @property
+    def pinned(self) -> PinnedHostPool:
+        """The device's pinned host pool (a device that runs steps has one)."""
+        assert self.device.pinned is not None, f"{self.device.name} has no pinned host memory"
+        return self.device.pinned
+
+    def _span(
+        self, r: "_Run", stream: Stream, name: str, kind: str, usage: dict[str, int], fn: Any, *args: Any
+    ) -> None:
         span(self.asynchronous, r, stream, name, kind, usage, fn, *args)
 
     def begin(self, r: "_Run") -> None:
@@ -113,9 +129,9 @@ class Transfers:
     def release_all(self, r: "_Run") -> None:
         for off in r.offloaded.values():
             if off.back is None:  # still only on the host (a prefetched buffer's host copy is already returned)
-                self.device.pinned.free(off.host_block, off.done)
+                self.pinned.free(off.host_block, off.done)
 
-    def _stall(self, r: "_Run", name: str, event: Any) -> None:
+    def _stall(self, r: "_Run", name: str, event: Event) -> None:
         """The compute stream waits for a memory-stream event; the wait is recorded as a stall. On an
         asynchronous device (a GPU) the stream waits, not the host, and timing events measure the wait."""
         cs = self.device.compute_stream
@@ -141,7 +157,7 @@ class Transfers:
         dev = self.device
         cs, ms = dev.compute_stream, dev.memory_stream
         block = r.blocks[st.key]  # stays allocated (read-only) until its Release
-        host_block = dev.pinned.allocate(st.host_nbytes, "feature_maps")
+        host_block = self.pinned.allocate(st.host_nbytes, "feature_maps")
         off = _Offloaded(host_block, dev.host_view(host_block, (host_block.nbytes,), np.uint8))
         ms.wait(cs.record())
         name = f"offload:{st.key}"
@@ -176,7 +192,7 @@ class Transfers:
             self._stall(r, f"sync:{st.key}", r.offloaded[st.key].done)
             dev.pool.free(block, dev.compute_stream)
 
-    def _send(self, st: Offload, src: Any, off: _Offloaded) -> None:
+    def _send(self, st: Offload, src: Array, off: _Offloaded) -> None:
         assert st.codec is not None  # an offload through a codec
         off.enc = transfer.send(self.device, st.codec, src, off.host, self._range(st.range))
         off.moved = off.enc.nbytes
@@ -206,7 +222,7 @@ class Transfers:
                 "h2d",
             )
         off.back = ms.record()
-        dev.pinned.free(off.host_block, off.back)
+        self.pinned.free(off.host_block, off.back)
 
     def wait_prefetch(self, r: "_Run", st: WaitPrefetch) -> None:
         self._stall(r, f"wait:{st.key}", r.offloaded.pop(st.key).back)  # back on the device for good
@@ -250,6 +266,6 @@ class Transfers:
 
         self.launch(r, f"decode:{st.key}", run)
 
-    def relu_on_bits(self, r: "_Run", name: str, enc: Key, dy: Any, dx: Any) -> None:
+    def relu_on_bits(self, r: "_Run", name: str, enc: Key, dy: Array, dx: Array) -> None:
         encodings = r.encodings
         self.launch(r, name, lambda: codecs.Binarize.relu_backward(encodings[enc], dy, dx))

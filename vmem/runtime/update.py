@@ -16,6 +16,7 @@ from ..schedule.steps import Update
 from .params import DeviceParams
 
 if TYPE_CHECKING:
+    from ..device.base import Device
     from .executor import _Run
 
 __all__ = ["Updates"]
@@ -26,7 +27,7 @@ class Updates:
     parameter with its gradient and optimizer state, or where the state is sharded over the ranks, those
     whose state this process keeps; grouped per Update step's bucket."""
 
-    def __init__(self, device: Any, schedule: Schedule, params: DeviceParams, optimizer: Optimizer | None):
+    def __init__(self, device: Device, schedule: Schedule, params: DeviceParams, optimizer: Optimizer | None):
         self.device, self.optimizer, self.xp = device, optimizer, device.xp
         program = schedule.program
         slots = optimizer.slots if optimizer is not None else ()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from ..graph import Program
 from ..costs.collective import allreduce_seconds
@@ -44,6 +44,9 @@ from .steps import (
     WaitPrefetch,
     handlers,
 )
+
+if TYPE_CHECKING:
+    from ..device.sim import SimDevice
 
 __all__ = ["Figures", "LayerRow", "replay", "durations"]
 
@@ -168,7 +171,11 @@ class _Replay:
     """One replay of a schedule on a simulated device; ``run`` returns its Figures (without layer rows)."""
 
     def __init__(
-        self, schedule: Schedule, device: Any, costs: "CostModel | None" = None, seconds: list[float] | None = None
+        self,
+        schedule: Schedule,
+        device: SimDevice,
+        costs: "CostModel | None" = None,
+        seconds: list[float] | None = None,
     ):
         self.schedule, self.costs = schedule, costs
         self.pool = device.pool
@@ -376,7 +383,7 @@ class _Replay:
 
 
 def replay(
-    schedule: Schedule, device: Any, costs: "CostModel | None" = None, seconds: list[float] | None = None
+    schedule: Schedule, device: SimDevice, costs: "CostModel | None" = None, seconds: list[float] | None = None
 ) -> Figures:
     """Replay ``schedule`` on ``device`` (a simulated device: a pool without data, virtual streams); raises
     OutOfDeviceMemory if its capacity is exceeded. With ``costs`` the figures include predicted time

@@ -28,8 +28,9 @@ class Event(Protocol):
         """Block the host until the event completes; re-raise an error of the work before it."""
         ...
 
-    def elapsed_time(self, end: "Event") -> float:
-        """Seconds between this event and ``end``; both must be timing events and completed."""
+    def elapsed_time(self, end: Any) -> float:
+        """Seconds between this event and ``end`` (an event of the same device: hence Any); both must be
+        timing events and completed."""
         ...
 
 
@@ -48,11 +49,13 @@ class Stream(Protocol):
         """Enqueue ``fn(*args, **kwargs)``; it runs after everything enqueued before it."""
         ...
 
-    def record(self, event: Event | None = None, *, timing: bool = False) -> Event:
+    # an event parameter is this device's own kind of Event (a stream waits only on its device's events): Any
+
+    def record(self, event: Any = None, *, timing: bool = False) -> Event:
         """Record ``event`` (or a new one) at the current end of this stream and return it."""
         ...
 
-    def wait(self, event: Event) -> None:
+    def wait(self, event: Any) -> object:
         """Make work enqueued on this stream from now on wait until ``event`` completes."""
         ...
 

@@ -17,7 +17,10 @@ its work is complete as soon as it is enqueued (a synchronous stand-in for tests
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..streams.base import Event
 
 __all__ = ["VirtualStream", "VirtualEvent", "HostClock"]
 
@@ -99,7 +102,7 @@ class VirtualStream:
         self.clock += max(0.0, seconds)
         return self.clock
 
-    def record(self, event: Any = None, *, timing: bool = False) -> VirtualEvent:
+    def record(self, event: Event | None = None, *, timing: bool = False) -> VirtualEvent:
         self.catch_up()
         self.enqueued += 1
         if self.execute:

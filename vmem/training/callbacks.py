@@ -13,6 +13,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..distributed.group import ProcessGroup
     from ..runtime import StepReport
     from .trainer import EpochStats, History, Trainer
 
@@ -196,7 +197,7 @@ class StopOnSignal(Callback):
     of the step, and the ranks agree after every step whether any was signalled: all stop after the same
     step (and rank 0 writes the checkpoint the others would)."""
 
-    def __init__(self, group: Any = None) -> None:
+    def __init__(self, group: ProcessGroup | None = None) -> None:
         self.pending: KeyboardInterrupt | None = None
         #: a second signal stopped a step midway (its update may be partial)
         self.cut = False

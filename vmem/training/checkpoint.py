@@ -11,11 +11,14 @@ import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import CheckpointError
+
+if TYPE_CHECKING:
+    from ..optim import Optimizer
 
 __all__ = ["write", "read", "check", "target", "SaveLock", "SavedState", "FORMAT", "VERSION"]
 
@@ -324,7 +327,7 @@ def _steps(path: str | os.PathLike, meta: dict[str, Any]) -> int:
     return steps
 
 
-def read(path: str | os.PathLike, network: str, optimizer: Any, specs: dict[str, Any]) -> SavedState:
+def read(path: str | os.PathLike, network: str, optimizer: Optimizer, specs: dict[str, Any]) -> SavedState:
     """Read ``path`` and check every entry against the network's name and parameter ``specs`` and the
     optimizer: keys, shapes, dtypes, finiteness, the step count, the random state. Raises CheckpointError
     naming the file and the entry; the parameters' names and shapes are checked again by the network."""

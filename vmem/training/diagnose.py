@@ -3,14 +3,17 @@ memory), and the error that stops training after steps whose loss or gradients w
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from ..errors import NonFiniteError
+
+if TYPE_CHECKING:
+    from ..policies.base import Policy
 
 __all__ = ["spill_warning", "nonfinite_error"]
 
 
-def spill_warning(net_name: str, step: int, spilled: Any, density: float | None, policy: Any) -> str:
+def spill_warning(net_name: str, step: int, spilled: Any, density: float | None, policy: Policy) -> str:
     """The warning for a step (number ``step``) whose encodings ``spilled`` ((key, needed, planned) each) came
     out larger than their planned blocks under ``policy``, which planned them at ``density`` (or None)."""
     key, needed, planned = spilled[0]

@@ -4,17 +4,20 @@ outputs of an evaluation (mean loss and accuracy)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import ShapeError
 from ..graph import Network
 
+if TYPE_CHECKING:
+    from .._typing import Array
+
 __all__ = ["batch_arrays", "count", "check_labels", "loss_and_accuracy"]
 
 
-def batch_arrays(net: Network, input_shape: Sequence[int], x: Any) -> Any:
+def batch_arrays(net: Network, input_shape: Sequence[int], x: Array) -> Any:
     """The batch as the executor takes it: an array, or for a network of several inputs a list of arrays
     (one per input, in the order of ``net.inputs``), each checked against its input's shape."""
     shapes = net.input_shapes(input_shape)
@@ -39,12 +42,12 @@ def batch_arrays(net: Network, input_shape: Sequence[int], x: Any) -> Any:
     return arrays[0] if len(arrays) == 1 else arrays
 
 
-def count(x: Any) -> int:
+def count(x: Array) -> int:
     """Samples in a batch as :func:`batch_arrays` gives it."""
     return len(x[0]) if isinstance(x, list) else len(x)
 
 
-def check_labels(net: Network, input_shape: Sequence[int], loss: Any, y: Any, n: int) -> None:
+def check_labels(net: Network, input_shape: Sequence[int], loss: Any, y: Array, n: int) -> None:
     """``y`` holds ``n`` labels the network's output and ``loss`` take: integer classes in range, one a
     sample (or a token, for a network predicting sequences)."""
     if len(y) != n:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Sequence, TYPE_CHECKING
 
 import numpy as np
 
@@ -32,6 +32,12 @@ from . import state
 from .callbacks import Callback, LossWatch, PrintEpochs, ProgressBar
 from .diagnose import nonfinite_error, spill_warning
 from .inputs import batch_arrays, check_labels, count, loss_and_accuracy
+
+if TYPE_CHECKING:
+    from .._typing import Array
+    from ..device.base import Device
+    from ..policies.base import Policy
+    from ..distributed.group import ProcessGroup
 
 __all__ = ["Trainer", "History", "EpochStats"]
 
@@ -82,7 +88,7 @@ class History:
         return [asdict(e) for e in self.epochs]
 
 
-def _training_device(device: Any, memory: int | str | None) -> Any:
+def _training_device(device: Device | str, memory: int | str | None) -> Any:
     """The device a Trainer trains on: ``device`` opened with ``memory`` where it is a name, else as given
     (``memory=`` then refused); a closed device and a simulated GPU are refused."""
     if isinstance(device, str):
@@ -144,8 +150,8 @@ class Trainer:
     def __init__(
         self,
         net: Network,
-        device: Any = "cpu",
-        policy: Any = None,
+        device: Device | str = "cpu",
+        policy: Policy | str | None = None,
         loss: Any = None,
         optimizer: Optimizer | None = None,
         seed: int = 0,
@@ -158,7 +164,7 @@ class Trainer:
         profile: bool | None = None,
         nonfinite_limit: int = 5,
         profile_cache: bool = True,
-        group: Any = None,
+        group: ProcessGroup | None = None,
         sync_batch_norm: bool = False,
         shard_optimizer: bool = False,
     ):
@@ -266,7 +272,7 @@ class Trainer:
                 f"{self.net.name}: this Trainer is closed (its device memory is released); make a new one"
             )
 
-    def _check_input(self, x: Any, y: np.ndarray | None) -> Any:
+    def _check_input(self, x: Array, y: np.ndarray | None) -> Any:
         """``x`` as the executor takes it (:func:`~vmem.training.inputs.batch_arrays`), checked with its
         labels ``y``."""
         self._check_open()
@@ -400,7 +406,7 @@ class Trainer:
             idx = order[k * batch_size : (k + 1) * batch_size]
             yield train.x[idx], train.y[idx]
 
-    def predict(self, x: Any, batch_size: int | None = None) -> np.ndarray:
+    def predict(self, x: Array, batch_size: int | None = None) -> np.ndarray:
         """Logits for ``x`` (a tuple of arrays for a network of several inputs; evaluation mode: batch-norm
         running statistics, no dropout), in batches of
         ``batch_size`` (default: the largest up to 256 that fits beside the training state, see

@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from . import cudnn
 
 if TYPE_CHECKING:
+    from ..._typing import GpuArray
+    from numpy.typing import DTypeLike
+    from .device import CudaDevice
+    from ...graph.program import Program
     from ...nn.base import Ctx
     from ...nn.conv import Conv2d
 
@@ -59,7 +63,7 @@ class Descs:
 class CudnnConv:
     """cuDNN's convolutions on one CUDA device (see the module docstring)."""
 
-    def __init__(self, device: Any):
+    def __init__(self, device: CudaDevice):
         self.device = device
         self._descs: dict[tuple, Descs] = {}
         self._handles: dict[int, cudnn.Handle] = {}
@@ -133,7 +137,7 @@ class CudnnConv:
             )
         return int(size[0]) if status == cudnn.SUCCESS else None
 
-    def catalog(self, program: Any) -> Any:
+    def catalog(self, program: Program) -> Any:
         """``program`` whose convolutions offer the cuDNN algorithms this GPU supports for them (without the
         non-deterministic ones on a deterministic device), with their exact workspace sizes."""
         from ...nn.base import physical
@@ -143,13 +147,14 @@ class CudnnConv:
             if op.kind == "conv":
                 x_shape, y_shape = physical(op.in_shapes[0]), physical(op.out_shape)
                 dtype = op.dtype.name  # what the op computes in: its storage dtype unless staged to FP32
-                d = self.descs(op.layer, x_shape, y_shape, cudnn.NHWC, dtype)
+                layer = cast("Conv2d", op.layer)
+                d = self.descs(layer, x_shape, y_shape, cudnn.NHWC, dtype)
                 algos: dict[str, list[str]] = {}
-                ws: dict[str, dict[str, int]] = {}
+                ws: dict[str, dict[str | None, int]] = {}
                 w_shape = op.params["weight"].shape
                 bias = op.params["bias"].shape[0] if "bias" in op.params else 0
                 if self.nchw:  # the same algorithms on NCHW copies, which the workspace holds too
-                    d_nchw = self.descs(op.layer, x_shape, y_shape, cudnn.NCHW, dtype)
+                    d_nchw = self.descs(layer, x_shape, y_shape, cudnn.NCHW, dtype)
                     staged = _staging_bytes(op.dtype.itemsize, x_shape, w_shape, y_shape)
                 for pass_, names in cudnn.ALGOS.items():
                     skip = cudnn.NONDETERMINISTIC.get(pass_, set()) if self.device.deterministic else set()
@@ -163,8 +168,9 @@ class CudnnConv:
                         for a in names:
                             size = None if a in skip else self.workspace(d_nchw, pass_, a)
                             sizes[NCHW + a] = None if size is None else copies + staged + size
-                    ws[pass_] = {a: s for a, s in sizes.items() if s is not None}
-                    algos[pass_] = list(ws[pass_])
+                    fits = {a: s for a, s in sizes.items() if s is not None}
+                    ws[pass_] = {a: s for a, s in fits.items()}
+                    algos[pass_] = list(fits)
                 op = dataclasses.replace(op, algorithms=algos, workspace=ws)
             ops.append(op)
         return dataclasses.replace(program, ops=ops)
@@ -175,10 +181,10 @@ class CudnnConv:
         return cudnn.ffi().cast("void *", a.data.ptr) if a is not None else cudnn.ffi().NULL
 
     @staticmethod
-    def _ws(ws: Any) -> tuple[Any, int]:
+    def _ws(ws: GpuArray) -> tuple[Any, int]:
         return (CudnnConv._ptr(ws), int(ws.nbytes)) if ws is not None and ws.nbytes else (cudnn.ffi().NULL, 0)
 
-    def forward(self, layer: "Conv2d", ctx: "Ctx", x: Any, w: Any, y: Any, b: Any = None) -> None:
+    def forward(self, layer: "Conv2d", ctx: "Ctx", x: GpuArray, w: GpuArray, y: GpuArray, b: Any = None) -> None:
         """``y = conv(x, w)``, then the bias ``b`` added where given. Half-precision maps read FP32 weights
         through a half copy at the start of the workspace."""
         ws = ctx.workspace
@@ -192,7 +198,17 @@ class CudnnConv:
             y2 = y.reshape(-1, y.shape[-1])
             y2 += b
 
-    def backward(self, layer: "Conv2d", ctx: "Ctx", dy: Any, x: Any, w: Any, dx: Any, dw: Any, db: Any = None) -> None:
+    def backward(
+        self,
+        layer: "Conv2d",
+        ctx: "Ctx",
+        dy: GpuArray,
+        x: GpuArray,
+        w: GpuArray,
+        dx: GpuArray,
+        dw: GpuArray,
+        db: GpuArray | None = None,
+    ) -> None:
         """The bias's gradient ``db`` if given (cuDNN's own reduction of ``dy``: a generic column sum over
         N*H*W rows is many times slower), backward-filter, then backward-data if ``dx`` is wanted (one
         after the other in one workspace). Half-precision maps: the weights read through a half copy, the
@@ -225,7 +241,9 @@ class CudnnConv:
     #: The algorithm a pass runs when none is named.
     _DEFAULT = {"forward": "implicit_gemm", "backward_data": "algo_1", "backward_filter": "algo_1"}
 
-    def _pass(self, layer: "Conv2d", pass_: str, algo: str | None, ws: Any, x: Any, w: Any, y: Any) -> None:
+    def _pass(
+        self, layer: "Conv2d", pass_: str, algo: str | None, ws: GpuArray, x: GpuArray, w: GpuArray, y: GpuArray
+    ) -> None:
         """One pass on channels-last arrays of one dtype, by role: ``x`` the image (dx for backward-data),
         ``w`` the filters (dw for backward-filter), ``y`` the response (dy for the backward passes); ``ws``
         the pass's workspace (a uint8 array, or None). An ``nchw.`` algorithm runs on NCHW copies at the
@@ -252,7 +270,9 @@ class CudnnConv:
         out, result = copies[writes]
         out[...] = result.transpose(0, 2, 3, 1)  # back to NHWC (KRSC)
 
-    def _call(self, pass_: str, d: Descs, algo: str, x: Any, w: Any, y: Any, ws: Any, ws_size: int) -> None:
+    def _call(
+        self, pass_: str, d: Descs, algo: str, x: GpuArray, w: GpuArray, y: GpuArray, ws: GpuArray, ws_size: int
+    ) -> None:
         lib, h, ptr = cudnn.lib(), self._handle(), self._ptr
         index = cudnn.ALGOS[pass_].index(algo)
         if pass_ == "forward":
@@ -353,7 +373,9 @@ class CudnnConv:
         names = cudnn.ALGOS[pass_]
         return [names[p.algo] for p in perf[0 : returned[0]] if p.status == cudnn.SUCCESS]
 
-    def find(self, layer: "Conv2d", pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
+    def find(
+        self, layer: "Conv2d", pass_: str, x: GpuArray, w: GpuArray, y: GpuArray, ws: GpuArray
+    ) -> list[tuple[str, float, int]]:
         """cuDNN's own measurement (``Find*Ex``) of every algorithm of ``pass_`` on these buffers: (name,
         seconds, workspace bytes), fastest first; ``y`` is dy for the backward passes. FP32 weights beside
         half maps are searched on a half copy (the workspace each pass's copies take is the catalog's)."""
@@ -389,7 +411,7 @@ def _staging_bytes(itemsize: int, *shapes: tuple[int, ...]) -> int:
     return sum(_aligned_bytes(s, itemsize) for s in shapes)
 
 
-def _weight_copy_bytes(pass_: str, dtype: Any, w_shape: tuple[int, ...], bias: int) -> int:
+def _weight_copy_bytes(pass_: str, dtype: DTypeLike, w_shape: tuple[int, ...], bias: int) -> int:
     """Workspace bytes of the half copies a pass over ``dtype`` maps makes of FP32 weights (none for FP32):
     the weights forward; the weights, their gradient and the bias's gradient backward (both backward
     passes run in one workspace)."""
@@ -400,7 +422,7 @@ def _weight_copy_bytes(pass_: str, dtype: Any, w_shape: tuple[int, ...], bias: i
     return w if pass_ == "forward" else 2 * w + _aligned_bytes((bias,), itemsize)
 
 
-def _carve(ws: Any, dtype: Any, *shapes: tuple[int, ...]) -> tuple[list[Any], Any]:
+def _carve(ws: GpuArray, dtype: DTypeLike, *shapes: tuple[int, ...]) -> tuple[list[Any], Any]:
     """Arrays of ``dtype`` at the start of the workspace ``ws`` (a uint8 array), one per shape in order, each
     aligned; and the rest of the workspace after them (None if nothing is left)."""
     dtype = np.dtype(dtype)
@@ -415,7 +437,9 @@ def _carve(ws: Any, dtype: Any, *shapes: tuple[int, ...]) -> tuple[list[Any], An
     return out, rest
 
 
-def search(handle: Any, pass_: str, d: Descs, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
+def search(
+    handle: Any, pass_: str, d: Descs, x: GpuArray, w: GpuArray, y: GpuArray, ws: GpuArray
+) -> list[tuple[str, float, int]]:
     """``Find*Ex`` of ``pass_`` with descriptors ``d`` on the arrays ``x``, ``w``, ``y`` (dx, dw, dy where
     the pass writes them) and the workspace ``ws`` (or None): (name, seconds, workspace bytes) of each
     algorithm that ran, fastest first."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -29,6 +29,13 @@ from ...units import format_bytes, parse_bytes
 from ..spec import DeviceSpec, check_math
 from .memory import DeviceArena, PinnedArena, PoolAllocator
 from .streams import CudaStream
+
+if TYPE_CHECKING:
+    from ..._typing import GpuArray
+    from ...codecs.base import Codec
+    from numpy.typing import DTypeLike
+    from ...graph.program import Program
+    from ...streams.base import Stream
 
 __all__ = ["CudaDevice"]
 
@@ -46,8 +53,8 @@ class _Poison(PoolHook):
         self.arena = arena
         self.default = default
 
-    def on_free(self, block: Block, stream: Any) -> None:
-        self.arena.fill(block.offset, block.size, POISON_BYTE, (stream or self.default).stream)
+    def on_free(self, block: Block, stream: Stream | None) -> None:
+        self.arena.fill(block.offset, block.size, POISON_BYTE, cast(CudaStream, stream or self.default).stream)
 
 
 class CudaDevice:
@@ -160,7 +167,7 @@ class CudaDevice:
 
         return backend_for_device(self.index).module
 
-    def catalog(self, program: Any) -> Any:
+    def catalog(self, program: Program) -> Any:
         """``program`` with cuDNN's convolution algorithms on this GPU and their exact workspace sizes. Over
         fp16/bf16 storage the kinds in :data:`~vmem.device.staging.CUDA_NATIVE` compute as they are stored
         (convolutions in cuDNN's pseudo-half, their weights' half copies in their workspace; with
@@ -192,10 +199,10 @@ class CudaDevice:
         self._pinned_capacity = max(nbytes, self._pinned_capacity if self._pinned_fixed else 0)
         return self.pinned
 
-    def view(self, block: Block, shape: Any, dtype: Any) -> Any:
+    def view(self, block: Block, shape: Any, dtype: DTypeLike) -> Any:
         return self.pool.view(block, shape, dtype)
 
-    def host_view(self, block: Block, shape: Any, dtype: Any) -> np.ndarray:
+    def host_view(self, block: Block, shape: Any, dtype: DTypeLike) -> np.ndarray:
         return self.pinned.view(block, shape, dtype)
 
     def is_pinned(self, array: np.ndarray) -> bool:
@@ -206,13 +213,13 @@ class CudaDevice:
         return lo <= start and start + array.nbytes <= lo + self._pinned.capacity
 
     # -- copies ------------------------------------------------------------------------------------
-    def copy_to_host(self, dst: np.ndarray, src: Any, stream: Any = None) -> None:
-        self._copy(dst, src, stream or self.memory_stream, "d2h")
+    def copy_to_host(self, dst: np.ndarray, src: GpuArray, stream: Stream | None = None) -> None:
+        self._copy(dst, src, cast(CudaStream, stream or self.memory_stream), "d2h")
 
-    def copy_to_device(self, dst: Any, src: np.ndarray, stream: Any = None) -> None:
-        self._copy(dst, src, stream or self.memory_stream, "h2d")
+    def copy_to_device(self, dst: GpuArray, src: np.ndarray, stream: Stream | None = None) -> None:
+        self._copy(dst, src, cast(CudaStream, stream or self.memory_stream), "h2d")
 
-    def _copy(self, dst: Any, src: Any, stream: CudaStream, direction: str) -> None:
+    def _copy(self, dst: GpuArray, src: GpuArray, stream: CudaStream, direction: str) -> None:
         host = dst if direction == "d2h" else src
         if dst.nbytes != src.nbytes or not (dst.flags.c_contiguous and src.flags.c_contiguous):
             raise ValueError(
@@ -223,13 +230,13 @@ class CudaDevice:
         if not self.is_pinned(host):  # pageable: staged by the driver; the host waits, as on the CPU device
             stream.synchronize()
 
-    def copy_now(self, dst: Any, src: Any, direction: str) -> None:
+    def copy_now(self, dst: GpuArray, src: GpuArray, direction: str) -> None:
         """Copy on the current stream (inside work launched on a stream: that stream)."""
         import cupy
 
         self._memcpy(dst, src, direction, cupy.cuda.get_current_stream().ptr)
 
-    def _memcpy(self, dst: Any, src: Any, direction: str, stream_ptr: int) -> None:
+    def _memcpy(self, dst: GpuArray, src: GpuArray, direction: str, stream_ptr: int) -> None:
         import cupy
 
         if direction == "d2h":
@@ -265,7 +272,7 @@ class CudaDevice:
         for stream in (self.compute_stream, self.memory_stream):
             stream.synchronize()
 
-    def runs_codec(self, codec: Any) -> bool:
+    def runs_codec(self, codec: Codec) -> bool:
         """The codecs whose kernels have a GPU build (zvc, ssdc, binarize, dpr)."""
         return bool(codec.gpu)
 

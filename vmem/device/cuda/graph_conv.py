@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from . import cudnn
 from .conv import CudnnConv, _geometry
 
 if TYPE_CHECKING:
+    from ..._typing import GpuArray
+    from .device import CudaDevice
+    from ...graph.program import Program
     from ...nn.conv import Conv2d
 
 __all__ = ["GraphConv", "agreeing"]
@@ -29,7 +32,7 @@ class GraphConv(CudnnConv):
     #: Engine configurations offered per pass.
     TOP = 6
 
-    def __init__(self, device: Any):
+    def __init__(self, device: CudaDevice):
         super().__init__(device)
         self._plans: dict[tuple, dict[str, Any]] = {}
 
@@ -70,7 +73,7 @@ class GraphConv(CudnnConv):
                 break
         return found
 
-    def catalog(self, program: Any) -> Any:
+    def catalog(self, program: Program) -> Any:
         from ...nn.base import physical
 
         ops = []
@@ -78,8 +81,9 @@ class GraphConv(CudnnConv):
             if op.kind == "conv":
                 x_shape, y_shape = physical(op.in_shapes[0]), physical(op.out_shape)
                 with self.device.compute_stream.stream:  # the plans the steps run (on the compute stream)
-                    ws = {
-                        p: {name: plan.workspace for name, plan in self.plans(op.layer, p, x_shape, y_shape).items()}
+                    layer = cast("Conv2d", op.layer)
+                    ws: dict[str, dict[str | None, int]] = {
+                        p: {name: plan.workspace for name, plan in self.plans(layer, p, x_shape, y_shape).items()}
                         for p in cudnn.ALGOS
                     }
                 missing = [p for p, names in ws.items() if not names]
@@ -89,11 +93,15 @@ class GraphConv(CudnnConv):
                         cudnn.NOT_SUPPORTED,
                         f"no exact FP32 engine builds a plan for {', '.join(missing)}",
                     )
-                op = dataclasses.replace(op, algorithms={p: list(names) for p, names in ws.items()}, workspace=ws)
+                op = dataclasses.replace(
+                    op, algorithms={p: [n for n in names if n is not None] for p, names in ws.items()}, workspace=ws
+                )
             ops.append(op)
         return dataclasses.replace(program, ops=ops)
 
-    def _pass(self, layer: "Conv2d", pass_: str, algo: str | None, ws: Any, x: Any, w: Any, y: Any) -> None:
+    def _pass(
+        self, layer: "Conv2d", pass_: str, algo: str | None, ws: GpuArray, x: GpuArray, w: GpuArray, y: GpuArray
+    ) -> None:
         """One pass through its plan (the first in cuDNN's ranking if none is named); roles as in the parent.
         FP32 only: the device stages half-precision convolutions when it runs the graph API."""
         plans = self.plans(layer, pass_, x.shape, y.shape)
@@ -110,7 +118,9 @@ class GraphConv(CudnnConv):
     ) -> list[str]:
         return list(self.plans(layer, pass_, x_shape, y_shape))
 
-    def find(self, layer: "Conv2d", pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
+    def find(
+        self, layer: "Conv2d", pass_: str, x: GpuArray, w: GpuArray, y: GpuArray, ws: GpuArray
+    ) -> list[tuple[str, float, int]]:
         """Each plan of the pass timed by events on the current stream (after a warm-up run). A plan whose
         result's norm is off the others' median by over 1% is left out: on an H100 with cuDNN 9.19 one
         backward-data engine wrote zeros for a 5x5 convolution, and a profile must never choose it."""

@@ -11,11 +11,15 @@ GPU, so the options the device uses are checked on any machine with the NVRTC wh
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from ..._resources import CSRC, source_file
 from ...codecs.native import Backend
 from ...errors import DeviceError
+
+if TYPE_CHECKING:
+    from ..._typing import GpuArray
+    from ...streams.base import Stream
 
 __all__ = ["OPTIONS", "SOURCE", "arch_of", "compile_cubin", "Module", "GpuBackend", "backend_for_device", "backend_of"]
 
@@ -72,7 +76,7 @@ class Module:
             fn = self._functions[name] = self._module.get_function(name)
         return fn
 
-    def launch(self, name: str, threads: int, *args: Any, stream: Any = None) -> None:
+    def launch(self, name: str, threads: int, *args: Any, stream: Stream | None = None) -> None:
         if threads <= 0:
             return
         blocks = -(-threads // self.BLOCK)
@@ -120,6 +124,6 @@ def arch_of(capability: Any) -> str:
     return f"sm_{int(text)}"
 
 
-def backend_of(x: Any) -> GpuBackend:
+def backend_of(x: GpuArray) -> GpuBackend:
     """The backend of the GPU a CuPy array lives on (what the CUDA device registers with the codecs)."""
     return backend_for_device(int(x.device.id))

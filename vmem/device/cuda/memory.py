@@ -11,9 +11,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import cupy
+
+    from numpy.typing import DTypeLike
 
 __all__ = ["DeviceArena", "PinnedArena", "PoolAllocator"]
 
@@ -29,7 +34,7 @@ class DeviceArena:
         self.base = cupy.cuda.MemoryPointer(self.memory, 0)
         self.ptr = int(self.base.ptr)
 
-    def view(self, offset: int, shape: Any, dtype: Any) -> Any:
+    def view(self, offset: int, shape: Any, dtype: DTypeLike) -> Any:
         import cupy
 
         if self.base is None:
@@ -41,7 +46,7 @@ class DeviceArena:
         closed device's next user may take the GPU's free memory again)."""
         self.memory = self.base = None
 
-    def fill(self, offset: int, nbytes: int, byte: int, stream: Any = None) -> None:
+    def fill(self, offset: int, nbytes: int, byte: int, stream: cupy.cuda.Stream | None = None) -> None:
         """Set ``nbytes`` bytes at ``offset`` to ``byte`` on ``stream`` (poisoning freed blocks)."""
         import cupy
 
@@ -63,7 +68,7 @@ class PinnedArena:
         self.ptr = int(self.memory.ptr)
         self.buffer = np.frombuffer(cupy.cuda.PinnedMemoryPointer(self.memory, 0), np.uint8, capacity)
 
-    def view(self, offset: int, shape: Any, dtype: Any) -> np.ndarray:
+    def view(self, offset: int, shape: Any, dtype: DTypeLike) -> np.ndarray:
         return np.ndarray(shape, dtype=dtype, buffer=self.buffer, offset=offset)
 
     def __repr__(self) -> str:

@@ -9,7 +9,10 @@ the legacy default stream.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import cupy
 
 __all__ = ["CudaStream", "CudaEvent"]
 
@@ -17,7 +20,7 @@ __all__ = ["CudaStream", "CudaEvent"]
 class CudaEvent:
     """A ``cupy.cuda.Event``; ``timing`` events measure time between them."""
 
-    def __init__(self, event: Any, timing: bool):
+    def __init__(self, event: cupy.cuda.Event, timing: bool):
         self.event = event
         self.timing = timing
 
@@ -58,7 +61,7 @@ class CudaStream:
             with cupy.cuda.using_allocator(self.allocator.malloc):
                 fn(*args, **kwargs)
 
-    def record(self, event: Any = None, *, timing: bool = False) -> CudaEvent:
+    def record(self, event: CudaEvent | None = None, *, timing: bool = False) -> CudaEvent:
         import cupy
 
         ev = event if event is not None else CudaEvent(cupy.cuda.Event(disable_timing=not timing), timing)

@@ -3,10 +3,13 @@ into columns, padding borders."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
 
 
 def _image_chunks(n: int, per_chunk: int):
@@ -20,7 +23,7 @@ def _image_chunks(n: int, per_chunk: int):
 _ONES: dict[tuple[int, Any], np.ndarray] = {}
 
 
-def _ones(n: int, dtype: Any) -> np.ndarray:
+def _ones(n: int, dtype: DTypeLike) -> np.ndarray:
     """A read-only vector of ones (the last few sizes are kept: they recur every step)."""
     key = (n, np.dtype(dtype))
     ones = _ONES.get(key)

@@ -28,7 +28,7 @@ CPU device's run them side by side on its core budget.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, TYPE_CHECKING
 
 import numpy as np
 
@@ -52,6 +52,11 @@ from .catalog import (
     _ALIGN,
 )
 
+if TYPE_CHECKING:
+    from ..._typing import Array
+    from numpy.typing import DTypeLike
+    from ...graph.program import Program
+
 __all__ = ["ALGORITHMS", "HostConv", "algorithms", "workspace_bytes", "with_host_catalog"]
 
 
@@ -62,15 +67,17 @@ class HostConv:
     #: a profile times every algorithm the catalog offers (there are at most three)
     ranked_top = len(ALGORITHMS)
 
-    def catalog(self, program: Any) -> Any:
+    def catalog(self, program: Program) -> Any:
         """``program`` whose convolutions offer the host's algorithms (:func:`with_host_catalog`)."""
         return with_host_catalog(program)
 
-    def forward(self, layer: Conv2d, ctx: Ctx, x: Any, w: Any, y: Any, b: Any = None) -> None:
+    def forward(self, layer: Conv2d, ctx: Ctx, x: Array, w: Array, y: Array, b: Any = None) -> None:
         """``y = conv(x, w) + b`` (no bias where ``b`` is None) with ``ctx.algo``."""
         forward(layer, ctx, x, w, y, b)
 
-    def backward(self, layer: Conv2d, ctx: Ctx, dy: Any, x: Any, w: Any, dx: Any, dw: Any, db: Any = None) -> None:
+    def backward(
+        self, layer: Conv2d, ctx: Ctx, dy: Array, x: Array, w: Array, dx: Array, dw: Array, db: Array | None = None
+    ) -> None:
         """``db`` where given, ``dw``, then ``dx`` unless it is None, with ``ctx.algo`` (one name or a pair
         (backward_data, backward_filter)), one after the other in the same workspace."""
         backward(layer, ctx, dy, x, w, dx, dw, db)
@@ -83,7 +90,7 @@ class HostConv:
         n, h, w, c = x_shape
         return algorithms(layer, (n, c, h, w))[pass_]
 
-    def find(self, layer: Conv2d, pass_: str, x: Any, w: Any, y: Any, ws: Any) -> list[tuple[str, float, int]]:
+    def find(self, layer: Conv2d, pass_: str, x: Array, w: Array, y: Array, ws: Array) -> list[tuple[str, float, int]]:
         """Each algorithm of the pass run once on these buffers (as cuDNN's search: ``x`` the input or its
         gradient, ``w`` the filters or their gradient, ``y`` the output or its gradient) and timed;
         (name, seconds, workspace bytes), fastest first. One whose workspace exceeds ``ws`` is left out."""
@@ -198,7 +205,7 @@ def _backward_data(layer: Conv2d, ctx: Ctx, dy: np.ndarray, w: np.ndarray, dx: n
 # i % lanes, each lane summing its own partial filter gradient, so that the sums are added in an order
 # fixed by the shapes. Either way the results do not depend on how the lanes run.
 def _im2col_slots(
-    layer: Conv2d, ctx: Ctx, x_shape: Shape, pass_: str, dtype: Any
+    layer: Conv2d, ctx: Ctx, x_shape: Shape, pass_: str, dtype: DTypeLike
 ) -> tuple[list[slice], dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
     """An im2col pass's chunks (slices of the batch) and its workspace carved into named slots."""
     n, h, w, c = x_shape
@@ -207,7 +214,7 @@ def _im2col_slots(
 
 
 def _winograd_slots(
-    layer: Conv2d, ctx: Ctx, x_shape: Shape, pass_: str, dtype: Any
+    layer: Conv2d, ctx: Ctx, x_shape: Shape, pass_: str, dtype: DTypeLike
 ) -> tuple[int, dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
     """A Winograd pass's images per chunk and its workspace carved into named (flat) slots."""
     n, h, w, c = x_shape
@@ -431,7 +438,7 @@ def _grouped_backward_filter(layer: Conv2d, ctx: Ctx, x: np.ndarray, dy: np.ndar
 
 
 # workspace ------------------------------------------------------------------------------------------
-def _carve(ws: np.ndarray | None, dtype: Any, *shapes: Shape) -> list[np.ndarray]:
+def _carve(ws: np.ndarray | None, dtype: DTypeLike, *shapes: Shape) -> list[np.ndarray]:
     """Split a uint8 workspace into arrays of ``shapes`` (each start aligned to 64 bytes)."""
     out, offset = [], 0
     itemsize = np.dtype(dtype).itemsize
@@ -446,7 +453,7 @@ def _carve(ws: np.ndarray | None, dtype: Any, *shapes: Shape) -> list[np.ndarray
 
 
 def _carve_slots(
-    ctx: Ctx, dtype: Any, shared: dict[str, Shape], lanes: list[dict[str, Shape]]
+    ctx: Ctx, dtype: DTypeLike, shared: dict[str, Shape], lanes: list[dict[str, Shape]]
 ) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
     """A layout's slots carved from the pass's workspace, in :func:`_flat`'s order: (shared, each lane's)."""
     arrays = iter(_carve(ctx.workspace, dtype, *_flat(shared, lanes)))

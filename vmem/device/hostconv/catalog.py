@@ -4,7 +4,7 @@ a convolution, and the workspace each needs per pass, laid out as :mod:`.backend
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -13,6 +13,9 @@ from ...nn import lanes as _lanes
 from ...nn.base import PASSES, Shape
 from ...nn.conv import Conv2d
 from . import winograd as _winograd
+
+if TYPE_CHECKING:
+    from ...graph.program import Program
 
 __all__ = ["ALGORITHMS", "algorithms", "workspace_bytes", "with_host_catalog"]
 
@@ -24,14 +27,17 @@ _COL_VALUES = 1 << 20  # values per im2col chunk (4 MiB in float32): stays in ca
 _COL_MIN_ROWS = 2048  # ... but no fewer rows than this, so that each GEMM stays efficient
 
 
-def with_host_catalog(program: Any) -> Any:
+def with_host_catalog(program: Program) -> Any:
     """A copy of ``program`` whose convolutions offer the host's algorithms and their exact workspace."""
     ops = []
     for op in program.ops:
         if op.kind == "conv":
             in_shape = op.in_shapes[0]
-            algos = algorithms(op.layer, in_shape)
-            ws = {p: {a: workspace_bytes(op.layer, in_shape, p, a, op.itemsize) for a in algos[p]} for p in algos}
+            layer = cast(Conv2d, op.layer)
+            algos = algorithms(layer, in_shape)
+            ws: dict[str, dict[str | None, int]] = {
+                p: {a: workspace_bytes(layer, in_shape, p, a, op.itemsize) for a in algos[p]} for p in algos
+            }
             op = dataclasses.replace(op, algorithms=algos, workspace=ws)
         ops.append(op)
     return dataclasses.replace(program, ops=ops)
