@@ -151,6 +151,11 @@ RULES = [
         "schedules are read without the policies",
     ),
     (("vmem.device.spec",), ("vmem.pool", "vmem.streams"), "DeviceSpec is plain data"),
+    (
+        ("vmem.graph",),
+        ("vmem.device", "vmem.pool", "vmem.streams", "vmem.runtime"),
+        "the program is device-neutral: a device's catalog gives its convolutions their algorithms",
+    ),
 ]
 
 
@@ -248,3 +253,37 @@ def test_the_upper_floors_reach_the_middle_only_through_the_library(module, forb
     names = [m for m in MODULES if m == module or m.startswith(module + ".")]
     own = {m: sorted(d for d in direct_imports(m, deep=True) if any(d.startswith(f) for f in forbidden)) for m in names}
     assert not {m: d for m, d in own.items() if d}
+
+
+#: What the CLI's translators may import of vmem: the floors a user meets and the leaf modules every floor uses
+CLI_MAY_IMPORT = (
+    "vmem.cli",
+    "vmem.training",
+    "vmem.planning",
+    "vmem.distributed",
+    "vmem.models",
+    "vmem.device",
+    "vmem.data",
+    "vmem.errors",
+    "vmem.units",
+    "vmem.threads",
+    "vmem.optim",
+    "vmem.onnx",  # a model from a file (--onnx)
+    "vmem.codecs",  # the encodings by name (--codec)
+    "vmem.benchmarks",  # vmem bench's library
+    "vmem.selfcheck",  # vmem check's
+)
+
+
+def test_the_cli_imports_only_the_floors_a_user_meets():
+    """Each command parses, calls one library function and prints: it imports the training loop, planning,
+    the process groups, the zoo, devices and data (and the leaf modules), never the policies, the costs or
+    the middle directly."""
+    names = [m for m in MODULES if m == "vmem.cli" or m.startswith("vmem.cli.")]
+    bad = {
+        m: sorted(
+            d for d in direct_imports(m, deep=True) if not any(d == a or d.startswith(a + ".") for a in CLI_MAY_IMPORT)
+        )
+        for m in names
+    }
+    assert not {m: d for m, d in bad.items() if d}

@@ -9,11 +9,11 @@ it: the ``numpy`` or ``cupy`` module.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Sequence, Union
 
 import numpy as np
 
-__all__ = ["Array", "GpuArray", "Xp"]
+__all__ = ["Array", "GpuArray", "ShapeLike", "Xp"]
 
 if TYPE_CHECKING:
     import cupy
@@ -29,3 +29,6 @@ if TYPE_CHECKING:
     GpuArray = cupy.ndarray
 else:
     GpuArray = np.ndarray
+
+#: a shape as NumPy takes one: a length, or lengths
+ShapeLike = Union[int, Sequence[int]]

@@ -137,7 +137,7 @@ def relu_activations(n: int, density: float, seed: int = 0) -> np.ndarray:
 
 def codec_bandwidth(
     device: Device,
-    codec: Codec,
+    codec: Codec | str,
     sizes: Sequence[int | str] = ("4MiB", "16MiB", "64MiB"),
     densities: Sequence[float] = (0.1, 0.3, 0.5, 0.7, 0.9),
     *,

@@ -36,7 +36,8 @@ def test_it_is_a_device_with_a_spec_and_a_pool_of_its_capacity(dev):
     assert dev.kind in ("cpu", "sim", "cuda") and dev.name
     assert dev.pool.capacity == dev.spec.memory == 32 * MiB
     assert dev.spec.kind == dev.kind
-    assert isinstance(dev.holds_data, bool) and (dev.xp is None) == (not dev.holds_data)
+    assert isinstance(dev.holds_data, bool) and dev.holds_data == (dev.kind != "sim")
+    assert dev.xp is not None  # a simulated device, which holds no data, names NumPy (shapes and dtypes)
     assert not dev.closed
 
 

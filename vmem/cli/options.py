@@ -12,6 +12,7 @@ from typing import Any, TYPE_CHECKING
 from ..units import format_bytes
 
 if TYPE_CHECKING:
+    from ..device.base import Device
     from ..graph.network import Network
 
 __all__ = [
@@ -152,9 +153,9 @@ def auto_fraction(memory: str | None, policy: str) -> float | None:
     """The fraction of the baseline's peak ``--memory`` asks for (None: a size, or the 1GiB default; left out,
     :data:`AUTO_FRACTION` for a policy made for a budget, ``Policy.needs_budget``)."""
     if memory is None:
-        from .. import policies
+        from ..planning import needs_budget
 
-        return AUTO_FRACTION if policy and policies.get(policy).needs_budget else None
+        return AUTO_FRACTION if policy and needs_budget(policy) else None
     if memory != "auto" and not memory.startswith("auto:"):
         return None
     text = memory.partition(":")[2] or str(AUTO_FRACTION)
@@ -233,7 +234,7 @@ def math_option(args: argparse.Namespace) -> dict[str, str]:
     return {"math": args.math} if args.math else {}
 
 
-def open_device(name: str, memory: Any = None, **options: Any) -> Any:
+def open_device(name: str, memory: Any = None, **options: Any) -> Device:
     """The device ``name`` with ``memory`` (its default capacity where None) and ``options``."""
     from ..device import device as make_device
 

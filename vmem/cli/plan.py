@@ -48,6 +48,7 @@ def auto_memory(
     from ..planning import fraction_budget
 
     policy = policy_spec(args)
+    opened: contextlib.AbstractContextManager[Device | str]
     if device is not None:
         opened = contextlib.nullcontext(device)
     elif args.device.startswith("cuda"):
@@ -72,8 +73,7 @@ def budget_line(memory: int, needs: int, fraction: float, raised: bool, args: ar
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .. import policies
-    from ..planning import plan
+    from ..planning import plan, profiles
 
     net = model(args)
     check_memory(args)
@@ -101,7 +101,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
     if needs is not None and fraction is not None:
         say(budget_line(memory, needs, fraction, raised, args))
-    if not simulated and not args.profile and policies.get(policy).needs_profile:
+    if not simulated and not args.profile and profiles.needs_profile(policy):
         say(f"{policy} decides by measured time: profiling first (as --profile does)")
         if planning is not None:
             planning.close()
@@ -112,21 +112,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if args.profile:
             say(f"--profile: {args.device} is simulated; its times come from the roofline model")
     elif args.profile:  # measure on the device itself, within the budget the plan is for
-        from ..costs import cache
-
         device = open_device(args.device, memory, **math_option(args))
         memory = device.pool.capacity
-        program = device.catalog(net.build(args.batch, precision=args.precision))
         say(
-            f"profiling {len(program.ops)} layers of {net.name} at batch {args.batch} on {device.name} (every pass "
+            f"profiling {len(net.build(args.batch, precision=args.precision).ops)} layers of {net.name} at batch {args.batch} on {device.name} (every pass "
             f"and algorithm, in its {format_bytes(device.pool.capacity)})..."
         )
         t0 = time.perf_counter()
-        costs, kept = cache.profile(program, copy_gbps=device.spec.pcie_gbps, device=device)
+        costs, kept = profiles.measure(net, args.batch, device, precision=args.precision)
         notes = costs.notes
         say(
             (
-                f"the profile kept in {printable(str(cache.folder()))} (VMEM_PROFILE_CACHE=0 measures afresh)"
+                f"the profile kept in {printable(str(profiles.cache_folder()))} (VMEM_PROFILE_CACHE=0 measures afresh)"
                 if kept
                 else f"profiled in {time.perf_counter() - t0:.1f} s"
             )

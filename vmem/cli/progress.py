@@ -43,7 +43,7 @@ class Slow:
     def __enter__(self) -> "Slow":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer.join()
@@ -53,10 +53,10 @@ class Slow:
 
 def profile_line(kept: bool, seconds: float) -> str:
     """Whether the run's profile came from the cache or was measured (and kept) now."""
-    from ..costs import cache
+    from ..planning import profiles
 
-    where = printable(str(cache.folder()))
-    if not cache.enabled():
+    where = printable(str(profiles.cache_folder()))
+    if not profiles.cache_enabled():
         return f"profile: measured in {seconds:.1f} s (VMEM_PROFILE_CACHE=0: not kept)"
     if kept:
         return f"profile: the one kept in {where} (VMEM_PROFILE_CACHE=0 measures afresh)"

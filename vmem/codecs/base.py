@@ -11,6 +11,7 @@ from typing import Any, ClassVar, TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
+    from .._typing import Xp
     from .._typing import Array
     from numpy.typing import DTypeLike
 
@@ -92,7 +93,7 @@ class Codec(ABC):
         """Encode ``x`` (NumPy; CuPy where the kernels run on the GPU)."""
 
     @abstractmethod
-    def decode(self, enc: Encoded, out: Array | None = None) -> Any:
+    def decode(self, enc: Encoded, out: Array | None = None) -> Array:
         """Decode into ``out`` (or a new array) of ``enc``'s shape and dtype."""
 
     @abstractmethod
@@ -131,7 +132,7 @@ def stored_nbytes(
     return codec.encoded_nbytes(tuple(shape), dtype, density) + STORE_SLACK
 
 
-def array_module(x: Array) -> Any:
+def array_module(x: Array) -> Xp:
     """NumPy, or CuPy for a CuPy array (never imported here: only a CUDA device makes CuPy arrays)."""
     if type(x).__module__.split(".")[0] == "cupy":
         return sys.modules["cupy"]
@@ -152,7 +153,7 @@ def is_half(dtype: DTypeLike) -> bool:
     return d.itemsize == 2 and (d.kind == "f" or d.name == "bfloat16")
 
 
-def flat(x: Array) -> Any:
+def flat(x: Array) -> Array:
     xp = array_module(x)
     x = xp.asarray(x)
     if x.dtype.kind != "f" and not is_half(x.dtype):
@@ -165,7 +166,7 @@ def kernel_dtype(dtype: DTypeLike) -> bool:
     return dtype == np.float32 or is_half(dtype)
 
 
-def widened(v: Array) -> Any:
+def widened(v: Array) -> Array:
     """A 16-bit float array as float32 (exact), for the float32 kernels; a float32 array as it is."""
     return v if v.dtype == np.float32 else v.astype(np.float32)
 
@@ -186,7 +187,7 @@ def bits_of(x: np.ndarray) -> np.ndarray:
     return x.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[x.dtype.itemsize])
 
 
-def output(enc: Encoded, out: Array) -> Any:
+def output(enc: Encoded, out: Array) -> Array:
     if out is None:
         return np.empty(enc.shape, enc.dtype)
     if tuple(out.shape) != tuple(enc.shape) or out.dtype != enc.dtype:

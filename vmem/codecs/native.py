@@ -126,7 +126,7 @@ class Backend(ABC):
     def launch(self, kernel: str, threads: int, *args: Any, first: int = 0, cols: int = 1) -> None:
         """Run ``kernel`` over ``threads`` rows of ``cols`` threads, from row ``first``."""
 
-    def scan(self, count: Any, dtype: DTypeLike) -> Any:
+    def scan(self, count: Any, dtype: DTypeLike) -> Array:
         xp = self.xp
         offset = xp.zeros(count.size + 1, dtype)
         xp.cumsum(count, dtype=dtype, out=offset[1:])
@@ -170,7 +170,7 @@ def _groups(n: int, size: int) -> int:
     return -(-n // size)
 
 
-def binarize_encode(v: Array, on: Backend = CPU) -> Any:
+def binarize_encode(v: Array, on: Backend = CPU) -> Array:
     bits = on.xp.empty(_groups(v.size, 8), np.uint8)
     on.launch("binarize_encode", bits.size, v, bits, _i64(v.size))
     return bits
@@ -229,7 +229,7 @@ def ssdc_decode(row_ptr: Array, cols: Array, values: Array, out: Array, on: Back
     on.launch("ssdc_unpack", row_ptr.size - 1, row_ptr, c, vals, out.view(np.uint32), _i64(out.size))
 
 
-def dpr_encode(v: Array, fmt: str, on: Backend = CPU) -> Any:
+def dpr_encode(v: Array, fmt: str, on: Backend = CPU) -> Array:
     xp = on.xp
     bits = v.view(np.uint32)
     n = _i64(v.size)
@@ -318,7 +318,7 @@ def patch2_decode(codes: np.ndarray, lo: np.ndarray, scale: np.ndarray, out: np.
 
 
 # -- the layers' element-wise kernels: in place, in fp32, fp16 and bf16 -----------------------------------
-def _suffix(a: Any) -> str:
+def _suffix(a: Array) -> str:
     """The kernels' name for ``a``'s dtype: f32, f16 or bf16 (half-precision arrays go as their bits)."""
     name = np.dtype(a.dtype).name
     if name in ("float32", "float16", "bfloat16"):
@@ -326,11 +326,11 @@ def _suffix(a: Any) -> str:
     raise TypeError(f"the layers' kernels take float32, float16 or bfloat16 arrays, not {name}")
 
 
-def _bits(a: Any) -> Any:
+def _bits(a: Array) -> Array:
     return a if np.dtype(a.dtype) == np.float32 else a.view(np.uint16)
 
 
-def bias_relu(y: Array, b: Any, on: Backend = CPU) -> None:
+def bias_relu(y: Array, b: Array, on: Backend = CPU) -> None:
     """``y = max(y + b, 0)`` in place over a channels-last ``y`` (..., C) with an FP32 bias of C values."""
     c = y.shape[-1]
     rows = y.size // c if c else 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -221,7 +221,7 @@ def _at_batch(program: Program, op: OpInfo, b: int, on: _Runner) -> OpInfo:
     workspace for that batch (the device's catalog where it has one)."""
     batch = program.batch
 
-    def scaled(shape: Any) -> Any:
+    def scaled(shape: Sequence[int]) -> tuple[int, ...]:
         shape = tuple(shape)
         return (b,) + shape[1:] if shape and shape[0] == batch else shape
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Sequence, cast
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from ..nn.base import Ctx, physical
 from ..precision import dtype as _dtype
 
 if TYPE_CHECKING:
-    from .._typing import Array
+    from .._typing import Array, ShapeLike
     from numpy.typing import DTypeLike
     from ..device.base import ConvBackend, Device
     from ..nn.conv import Conv2d
@@ -55,14 +55,14 @@ class _Runner:
         self._gen: Any = None  # the device's generator (made on first use)
         device.synchronize()
 
-    def empty(self, shape: Any, dtype: DTypeLike) -> Any:
+    def empty(self, shape: ShapeLike, dtype: DTypeLike) -> Array:
         """An array of ``shape``; on a device, in its pool (OutOfDeviceMemory where it does not fit)."""
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         block = self.device.pool.allocate(max(nbytes, 1), None, "other")
         self._blocks.append(block)
         return self.device.view(block, shape, dtype)
 
-    def array(self, host: np.ndarray) -> Any:
+    def array(self, host: np.ndarray) -> Array:
         out = self.empty(host.shape, host.dtype)
         if not self.streamed:
             out[...] = host
@@ -72,7 +72,7 @@ class _Runner:
         return out
 
     def normal(
-        self, rng: np.random.Generator, shape: Any, dtype: np.dtype, scale: float = 1.0, shift: float = 0.0
+        self, rng: np.random.Generator, shape: ShapeLike, dtype: np.dtype, scale: float = 1.0, shift: float = 0.0
     ) -> Any:
         """Random values of ``shape`` (standard normal, scaled and shifted): drawn by ``rng`` on the host;
         on a GPU, drawn there into the pool (the feature maps of a large batch are gigabytes, which a
@@ -139,7 +139,7 @@ class _Runner:
         assert self.conv is not None, f"{self.device.name} runs no convolutions"
         return self.conv
 
-    def rank(self, pass_: str, layer: Conv2d, x: Array, y_shape: Any) -> list[str]:
+    def rank(self, pass_: str, layer: Conv2d, x: Array, y_shape: Sequence[int]) -> list[str]:
         """cuDNN's heuristic ranking of one pass's algorithms on maps like ``x`` (on the compute stream's
         handle)."""
         dtype = np.dtype(x.dtype).name

@@ -10,10 +10,13 @@ from __future__ import annotations
 import importlib
 import sys
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DeviceError
 from .spec import DeviceSpec
+
+if TYPE_CHECKING:
+    from .base import Device
 
 __all__ = ["device", "names", "Device", "DeviceSpec", "CpuDevice", "SimDevice", "specs"]
 
@@ -40,7 +43,7 @@ def names() -> list[str]:
     return ["cpu"] + [f"sim:{n}" for n in specs.names()]
 
 
-def device(name: Any = "cpu", **options: Any) -> Any:
+def device(name: Any = "cpu", **options: Any) -> Device:
     """Create a device by name: ``vmem.device("cpu", memory="512MiB", pcie_gbps=None, poison=False)``.
 
     A :class:`Device` passed in is returned as it is (options are then not allowed).
@@ -81,7 +84,7 @@ class _CallableModule(types.ModuleType):
     """``vmem.device`` is both this package and the factory: ``vmem.device("cpu")`` calls :func:`device`,
     ``vmem.device.specs`` is the spec-sheet module."""
 
-    def __call__(self, name: Any = "cpu", **options: Any) -> Any:
+    def __call__(self, name: Any = "cpu", **options: Any) -> Device:
         return device(name, **options)
 
 

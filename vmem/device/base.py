@@ -16,13 +16,14 @@ from ..streams import Stream
 from .spec import DeviceSpec
 
 if TYPE_CHECKING:
-    from .._typing import Array
+    from .._typing import Array, ShapeLike
     from ..codecs.base import Codec
     from numpy.typing import DTypeLike
     from ..graph.program import Program
     from .._typing import Xp
     from ..nn.base import Ctx
     from ..nn.conv import Conv2d
+    from ..nn.ops import ArrayOps
 
 __all__ = ["Device", "DeviceSpec", "ConvBackend"]
 
@@ -36,11 +37,11 @@ class ConvBackend(Protocol):
     #: how many of :meth:`heuristic`'s algorithms per pass a profile times
     ranked_top: int
 
-    def catalog(self, program: Program) -> Any:
+    def catalog(self, program: Program) -> Program:
         """``program`` whose convolutions offer this backend's algorithms, with their exact workspace bytes."""
         ...
 
-    def forward(self, layer: "Conv2d", ctx: "Ctx", x: Array, w: Array, y: Array, b: Any = None) -> None:
+    def forward(self, layer: "Conv2d", ctx: "Ctx", x: Array, w: Array, y: Array, b: Array = None) -> None:
         """``y = conv(x, w)``, plus the bias ``b`` where given."""
         ...
 
@@ -81,14 +82,31 @@ class Device(Protocol):
     name: str
     kind: str  # "cpu" | "sim" | "cuda"
     spec: DeviceSpec
-    xp: Xp  # the array module (numpy, cupy), None where the device holds no data
     holds_data: bool
     pool: DevicePool
-    compute_stream: Stream
-    memory_stream: Stream
-    conv_backend: ConvBackend | None  # the device's convolutions (host's, cuDNN's); None: it runs none (simulated)
-    ops: Any  # how the layers' array work runs here (vmem.nn.ops: products, work over rows, column sums)
     asynchronous: bool  # work runs after launch returns (a GPU): spans timed by events, streams wait on the device
+
+    @property
+    def xp(self) -> Xp:
+        """The array module (numpy, cupy; a simulated device, which holds no data, names NumPy)."""
+        ...
+
+    @property
+    def ops(self) -> ArrayOps | None:
+        """How the layers' array work runs here (:mod:`vmem.nn.ops`: products, work over rows, column sums);
+        None on a device that runs nothing (simulated)."""
+        ...
+
+    @property
+    def compute_stream(self) -> Stream: ...
+
+    @property
+    def memory_stream(self) -> Stream: ...
+
+    @property
+    def conv_backend(self) -> ConvBackend | None:
+        """The device's convolutions (host's, cuDNN's); None: it runs none (simulated)."""
+        ...
 
     @property
     def pinned(self) -> PinnedHostPool | None:
@@ -98,7 +116,7 @@ class Device(Protocol):
     @property
     def closed(self) -> bool: ...
 
-    def catalog(self, program: Program) -> Any:
+    def catalog(self, program: Program) -> Program:
         """``program`` with the convolution algorithms this device offers and their workspace sizes."""
         ...
 
@@ -107,11 +125,11 @@ class Device(Protocol):
         step's returned buffers coalesced."""
         ...
 
-    def view(self, block: Block, shape: Any, dtype: DTypeLike) -> Any:
+    def view(self, block: Block, shape: ShapeLike, dtype: DTypeLike) -> Array:
         """An array over a device block."""
         ...
 
-    def host_view(self, block: Block, shape: Any, dtype: DTypeLike) -> Any:
+    def host_view(self, block: Block, shape: ShapeLike, dtype: DTypeLike) -> Array:
         """A host array over a pinned block."""
         ...
 
@@ -166,4 +184,4 @@ class Device(Protocol):
 
     def __enter__(self) -> "Device": ...
 
-    def __exit__(self, *exc: Any) -> None: ...
+    def __exit__(self, *exc: object) -> None: ...

@@ -32,6 +32,7 @@ from .staging import cpu_catalog
 from .spec import DeviceSpec, check_math
 
 if TYPE_CHECKING:
+    from .._typing import ShapeLike
     from ..codecs.base import Codec
     from numpy.typing import DTypeLike
     from ..graph.program import Program
@@ -154,7 +155,7 @@ class CpuDevice:
         threads.hold()  # the codec helpers' threads stop when the last device closes (or is dropped)
         self._release_threads = weakref.finalize(self, threads.release)
 
-    def catalog(self, program: Program) -> Any:
+    def catalog(self, program: Program) -> Program:
         """``program`` whose convolutions offer the host's algorithms (:mod:`vmem.device.hostconv`), each op
         computed in float32 over low-precision storage (:mod:`vmem.device.staging`)."""
         return cpu_catalog(program)
@@ -169,11 +170,11 @@ class CpuDevice:
                     self._pinned = PinnedHostPool(self._pinned_capacity, self.pool.alignment, name="cpu pinned")
         return self._pinned
 
-    def view(self, block: Block, shape: Any, dtype: DTypeLike) -> np.ndarray:
+    def view(self, block: Block, shape: ShapeLike, dtype: DTypeLike) -> np.ndarray:
         """A NumPy array over a device block."""
         return self.pool.view(block, shape, dtype)
 
-    def host_view(self, block: Block, shape: Any, dtype: DTypeLike) -> np.ndarray:
+    def host_view(self, block: Block, shape: ShapeLike, dtype: DTypeLike) -> np.ndarray:
         """A NumPy array over a pinned host block."""
         return self.pinned.view(block, shape, dtype)
 
@@ -188,7 +189,7 @@ class CpuDevice:
         return _within(array, self.pool.arena.buffer)
 
     # -- copies ------------------------------------------------------------------------------------
-    def copy_to_host(self, dst: np.ndarray, src: np.ndarray, stream: CpuStream | None = None) -> None:
+    def copy_to_host(self, dst: np.ndarray, src: np.ndarray, stream: Stream | None = None) -> None:
         """Enqueue a device-to-host copy of ``src`` (a device view) into ``dst`` on ``stream``.
 
         ``stream`` defaults to the memory stream. If ``dst`` is not pinned the copy is staged and the host
@@ -196,7 +197,7 @@ class CpuDevice:
         """
         self._copy(self._d2h, "d2h", dst, src, stream, host=dst, device=src)
 
-    def copy_to_device(self, dst: np.ndarray, src: np.ndarray, stream: CpuStream | None = None) -> None:
+    def copy_to_device(self, dst: np.ndarray, src: np.ndarray, stream: Stream | None = None) -> None:
         """Enqueue a host-to-device copy of ``src`` into ``dst`` (a device view) on ``stream``."""
         self._copy(self._h2d, "h2d", dst, src, stream, host=src, device=dst)
 
@@ -206,7 +207,7 @@ class CpuDevice:
         direction: str,
         dst: np.ndarray,
         src: np.ndarray,
-        stream: CpuStream | None,
+        stream: Stream | None,
         *,
         host: np.ndarray,
         device: np.ndarray,
@@ -315,7 +316,7 @@ class CpuDevice:
     def __enter__(self) -> "CpuDevice":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -13,6 +13,8 @@ import contextlib
 from dataclasses import replace
 from typing import Any, TYPE_CHECKING
 
+import numpy as np
+
 from ..errors import DeviceError
 from ..pool import DevicePool
 from ..streams import HostClock, VirtualStream
@@ -21,7 +23,7 @@ from . import specs
 from .spec import DeviceSpec, check_math
 
 if TYPE_CHECKING:
-    from .._typing import Array
+    from .._typing import Array, ShapeLike
     from ..pool._bestfit import Block
     from ..codecs.base import Codec
     from numpy.typing import DTypeLike
@@ -35,7 +37,7 @@ class SimDevice:
     """A simulated GPU (``sim:<name>``, or any :class:`DeviceSpec`); ``memory=`` overrides the capacity."""
 
     kind = "sim"
-    xp = None
+    xp = np  # shapes and dtypes only: it holds no data
     holds_data = False
     conv_backend = None
     ops = None  # holds no data: runs no layer
@@ -57,7 +59,7 @@ class SimDevice:
         self.memory_stream = VirtualStream("memory", host=host)
         self._closed = False
 
-    def catalog(self, program: Program) -> Any:
+    def catalog(self, program: Program) -> Program:
         """``program`` with cuDNN's algorithms as the simulator models them for this GPU's architecture."""
         from .cudnn_catalog import with_cudnn_catalog
 
@@ -81,10 +83,10 @@ class SimDevice:
     def reserve_pinned(self, nbytes: int) -> Any:
         raise DeviceError(f"{self.name} is simulated: it has no pinned host memory")
 
-    def view(self, block: Block, shape: Any, dtype: DTypeLike) -> Any:
+    def view(self, block: Block, shape: ShapeLike, dtype: DTypeLike) -> Array:
         raise self._no_data("view")
 
-    def host_view(self, block: Block, shape: Any, dtype: DTypeLike) -> Any:
+    def host_view(self, block: Block, shape: ShapeLike, dtype: DTypeLike) -> Array:
         raise self._no_data("host_view")
 
     def copy_to_host(self, dst: Array, src: Array, stream: Stream | None = None) -> None:
@@ -126,7 +128,7 @@ class SimDevice:
     def __enter__(self) -> "SimDevice":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -26,7 +26,7 @@ def training_group(group: ProcessGroup | None, device: Device, params: dict[str,
     if group is None or isinstance(group, LocalGroup):
         return None
     on_device = group.backend == "nccl"
-    if device.ops.host == on_device:
+    if device.ops is not None and device.ops.host == on_device:
         raise DeviceError(
             f"{group!r} sums "
             + ("a GPU's arrays: train on a CUDA device" if on_device else "host arrays: train on the CPU device")

@@ -11,7 +11,7 @@ from ..errors import DistributedError
 from .group import _each, _each_from
 
 if TYPE_CHECKING:
-    from .._typing import Array
+    from .._typing import Array, GpuArray
     from .mpi import MPIGroup
 
 __all__ = ["NCCLGroup"]
@@ -66,7 +66,7 @@ class NCCLGroup:
     def allreduce(self, array: Array) -> None:
         stream = self._cupy.cuda.get_current_stream().ptr
 
-        def run(a: Any) -> None:
+        def run(a: GpuArray) -> None:
             self.comm.allReduce(a.data.ptr, a.data.ptr, a.size, self._type(a), self._nccl.NCCL_SUM, stream)
 
         self._on_device(array, run)

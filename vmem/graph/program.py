@@ -2,8 +2,8 @@
 
 ``build_program`` infers every shape and returns the ops in execution order and every tensor with its size,
 producer, consumers (reference counts), the memory it shares (in-place layers), and whether backward
-needs it. Its convolutions offer the host's algorithms (:mod:`vmem.device.hostconv`, the CPU device's
-catalog); another device's ``catalog(program)`` replaces them with its own.
+needs it. Its convolutions offer no algorithms until a device's catalog gives them its own
+(``device.catalog(program)``; :class:`vmem.planning.Target` applies the target's).
 
 In-place rule: a layer declared ``inplace`` (ReLU, Dropout, Flatten) writes its output over its input
 when that input is not the network's input, has no other consumer, and its producer's backward does
@@ -426,19 +426,15 @@ def build_program(
         tensor_of[node.index] = tid
     output = tensor_of[net._output.index]  # of any shape: what a loss takes is the loss's to check
     _mark_stash_and_inplace(ops, tensors)
-    from ..device.hostconv import with_host_catalog  # the host's algorithms: a device's catalog replaces them
-
-    return with_host_catalog(
-        Program(
-            network=net.name,
-            batch=batch,
-            dtype=str(np.dtype(dtype)),
-            ops=ops,
-            tensors=tensors,
-            input=0,
-            output=output,
-            inputs=tuple(range(len(net.inputs))),
-            num_classes=out_shape[-1],
-            precision=record,
-        )
+    return Program(
+        network=net.name,
+        batch=batch,
+        dtype=str(np.dtype(dtype)),
+        ops=ops,
+        tensors=tensors,
+        input=0,
+        output=output,
+        inputs=tuple(range(len(net.inputs))),
+        num_classes=out_shape[-1],
+        precision=record,
     )

@@ -317,7 +317,7 @@ class ConstantOp(Layer):
             )
         return shape
 
-    def _stored(self, rank: int) -> Any:
+    def _stored(self, rank: int) -> Array:
         v = self.value.reshape((1,) * (rank - self.value.ndim) + self.value.shape)
         return v.transpose(0, 2, 3, 1) if rank == 4 else v
 
@@ -377,7 +377,7 @@ class Dropout(Layer):
     def aux_specs(self, in_shapes: Sequence[Shape]) -> dict[str, AuxSpec]:
         return {"mask": AuxSpec((-(-_size(in_shapes[0]) // 8),), "uint8")}
 
-    def _keep(self, ctx: Ctx, shape: tuple) -> Any:
+    def _keep(self, ctx: Ctx, shape: tuple) -> Array:
         """The saved mask as booleans of ``shape``."""
         n = _size(shape)
         return ctx.xp.unpackbits(ctx.aux["mask"])[:n].reshape(shape).view(bool)

@@ -4,7 +4,7 @@ any rank, 4-D image tensors refused where an ``axis`` is taken)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence, TYPE_CHECKING
+from typing import Sequence, TYPE_CHECKING
 
 from ..errors import ShapeError
 from .base import AuxSpec, Ctx, Layer, ParamSpec, Shape
@@ -88,14 +88,14 @@ class MatMul(Layer):
         a = in_shapes[0]
         return 2 * _size(self.output_shape(in_shapes)) * a[-1]
 
-    def _b(self, b: Any) -> Any:
+    def _b(self, b: Array) -> Array:
         return b.swapaxes(-1, -2) if self.transpose_b else b
 
     def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         ctx.ops.matmul(xs[0], self._b(xs[1]), out=y)
 
     @staticmethod
-    def _into(ctx: Ctx, a: Any, b: Any, out: Array) -> None:
+    def _into(ctx: Ctx, a: Array, b: Array, out: Array) -> None:
         """``a @ b`` into ``out``, summed over the leading axes ``out`` has of length 1 (broadcast in forward)."""
         if a.shape[:-2] == out.shape[:-2] and b.shape[:-2] == out.shape[:-2]:
             ctx.ops.matmul(a, b, out=out)

@@ -69,7 +69,7 @@ class ArrayOps:
 
         self.run(lane, max(1, min(lanes, pieces)))  # in turn, lane 0 takes every piece before lane 1 looks
 
-    def matmul(self, a: Any, b: Any, out: Array) -> Any:
+    def matmul(self, a: Array, b: Array, out: Array) -> Array:
         """``xp.matmul(a, b, out=out)``."""
         return self.xp.matmul(a, b, out=out)
 
@@ -103,7 +103,7 @@ class ArrayOps:
         ops have no such pass."""
         return False
 
-    def erf(self, x: Array, out: Array) -> Any:
+    def erf(self, x: Array, out: Array) -> Array:
         """The error function, element-wise, into ``out``: ``scipy.special.erf`` of the array module's SciPy
         (``cupyx.scipy.special`` for CuPy, which the CUDA device's ops name)."""
         return self.special.erf(x, out=out)
@@ -115,7 +115,7 @@ class ArrayOps:
 
         return importlib.import_module(f"{'cupyx' if self.xp.__name__ == 'cupy' else 'scipy'}.special")
 
-    def column_sum(self, a: Any, out: Array | None = None) -> Any:
+    def column_sum(self, a: Array, out: Array | None = None) -> Array:
         """The sum of a 2-D array's rows (``a.sum(axis=0)``) into ``out`` if given: blocks of about
         sqrt(M) rows first, then their partial sums."""
         m = a.shape[0]
@@ -145,7 +145,7 @@ class HostOps(ArrayOps):
     def __init__(self) -> None:
         super().__init__(np)
 
-    def erf(self, x: Array, out: Array) -> Any:
+    def erf(self, x: Array, out: Array) -> Array:
         """SciPy's ``special.erf`` where SciPy is installed, else the standard library's, value by value
         (exact, and about a hundred times slower)."""
         special = _scipy_special()
@@ -156,7 +156,7 @@ class HostOps(ArrayOps):
         out[...] = np.frompyfunc(math.erf, 1, 1)(x)
         return out
 
-    def matmul(self, a: Any, b: Any, out: Array) -> Any:
+    def matmul(self, a: Array, b: Array, out: Array) -> Array:
         """``np.matmul(a, b, out=out)``; a large product split over the rows of ``out`` (its first axis) into
         one piece per lane, whether or not the lanes run at once."""
         if a.ndim != out.ndim or out.shape[0] < LANES or lanes_for(out.size * a.shape[-1]) < LANES:
@@ -196,7 +196,7 @@ class HostOps(ArrayOps):
     def relu_backward(self, y: Array, dy: Array, dx: Array) -> None:
         self.rows(dy.shape[0], lambda r: self.xp.multiply(dy[r], y[r] > 0, out=dx[r]), dy.size)
 
-    def column_sum(self, a: Any, out: Array | None = None) -> Any:
+    def column_sum(self, a: Array, out: Array | None = None) -> Array:
         """NumPy's own ``sum(axis=0)``."""
         return np.sum(a, axis=0, out=out)
 

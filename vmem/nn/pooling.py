@@ -9,7 +9,7 @@ default). Both are computed as one strided pass per window offset, so overlappin
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence, TYPE_CHECKING
+from typing import Iterator, Sequence, TYPE_CHECKING
 
 import numpy as np
 
@@ -258,7 +258,7 @@ class AvgPool2d(_Pool2d):
         super().__init__(kernel_size, stride, padding, ceil_mode, dilation)
         self.count_include_pad = bool(count_include_pad)
 
-    def _divisor(self, xp: Xp, h: int, w: int, ho: int, wo: int, dtype: DTypeLike) -> Any:
+    def _divisor(self, xp: Xp, h: int, w: int, ho: int, wo: int, dtype: DTypeLike) -> Array:
         """Per-output divisor of shape (ho, wo, 1) (Torch's rule)."""
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel_size, self.stride, self.padding, self.dilation
 

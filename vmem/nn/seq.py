@@ -9,7 +9,7 @@ Tensors may have any rank; only 4-D image tensors are stored channels-last, so t
 
 from __future__ import annotations
 
-from typing import Any, Sequence, TYPE_CHECKING
+from typing import Sequence, TYPE_CHECKING
 
 from ..errors import ShapeError
 from .base import Ctx, Layer, ParamSpec, Shape
@@ -129,7 +129,7 @@ class Split(Layer):
         dx[self._slice(dy.ndim, dy.shape[self.axis % dy.ndim])] = dy
 
 
-def _logical(a: Any) -> Any:
+def _logical(a: Array) -> Array:
     """A stored array as its logical layout: a 4-D map (stored (N, H, W, C)) as (N, C, H, W), a view."""
     return a.transpose(0, 3, 1, 2) if a.ndim == 4 else a
 

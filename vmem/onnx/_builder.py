@@ -4,6 +4,11 @@ share."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -30,7 +35,7 @@ _SAME_VALUES = ("Transpose", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten
 _MOST_FOLDED = 1 << 22
 
 
-def _onnx() -> Any:
+def _onnx() -> ModuleType:
     try:
         import onnx
     except ImportError:

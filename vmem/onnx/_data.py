@@ -15,6 +15,11 @@ Every failure is an :class:`~vmem.errors.OnnxError` naming the model (its path, 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
 import os
 import stat
 from pathlib import Path
@@ -30,7 +35,7 @@ __all__ = ["read", "arrays", "array"]
 MAX_MODEL_BYTES = 2 << 30
 
 
-def read(onnx: Any, model: Any, base_dir: str | os.PathLike | None = None) -> tuple[Any, str]:
+def read(onnx: ModuleType, model: Any, base_dir: str | os.PathLike | None = None) -> tuple[Any, str]:
     """(the ModelProto with every tensor's values in it, the name errors give the model). ``base_dir``:
     the folder external data may be read from (a path model's own folder where None; for bytes and a
     ModelProto, no folder: external data is refused)."""
@@ -80,7 +85,7 @@ def _read_model_file(path: Path) -> bytes:
         raise OnnxError(f"{path}: cannot read it ({exc.strerror or exc})") from None
 
 
-def _parse(onnx: Any, data: bytes, source: str) -> Any:
+def _parse(onnx: ModuleType, data: bytes, source: str) -> Any:
     if not data:
         raise OnnxError(f"{source}: not a readable ONNX model (no bytes)")
     proto = onnx.ModelProto()
@@ -103,7 +108,7 @@ def _tensors(proto: Any) -> Iterator[Any]:
             yield from attr.tensors
 
 
-def _load_external(onnx: Any, tensor: Any, folder: Path | None, source: str) -> None:
+def _load_external(onnx: ModuleType, tensor: Any, folder: Path | None, source: str) -> None:
     """Read ``tensor``'s external values into it, from ``folder`` only (see the module docstring)."""
     entries = {e.key: e.value for e in tensor.external_data}
     where = f"{source}: initializer {tensor.name!r}"
@@ -154,7 +159,7 @@ def _load_external(onnx: Any, tensor: Any, folder: Path | None, source: str) -> 
     del tensor.external_data[:]
 
 
-def _nbytes(onnx: Any, tensor: Any, where: str) -> int:
+def _nbytes(onnx: ModuleType, tensor: Any, where: str) -> int:
     """The bytes ``tensor``'s shape and type take as raw data."""
     try:
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
@@ -179,7 +184,7 @@ def _count(tensor: Any) -> int:
 _FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data")
 
 
-def array(onnx: Any, tensor: Any, source: str, what: str = "initializer") -> np.ndarray:
+def array(onnx: ModuleType, tensor: Any, source: str, what: str = "initializer") -> np.ndarray:
     """``tensor``'s values as an array, its stored values checked against its shape first."""
     where = f"{source}: {what} {tensor.name!r}" if tensor.name else f"{source}: {what.rstrip(':')}"
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
@@ -204,6 +209,6 @@ def array(onnx: Any, tensor: Any, source: str, what: str = "initializer") -> np.
         raise OnnxError(f"{where}: cannot be read ({exc})") from None
 
 
-def arrays(onnx: Any, proto: Any, source: str) -> dict[str, np.ndarray]:
+def arrays(onnx: ModuleType, proto: Any, source: str) -> dict[str, np.ndarray]:
     """The model's initializers by name, each checked (see :func:`array`)."""
     return {t.name: array(onnx, t, source) for t in proto.graph.initializer}

@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
 import math
 import os
 import re
@@ -37,7 +42,7 @@ __all__ = ["load", "supported", "MIN_OPSET"]
 
 
 # -- GELU, as exporters write it ----------------------------------------------------------------------
-def _gelus(onnx: Any, graph: Any, readers: dict[str, int]) -> tuple[dict[int, str], set[int]]:
+def _gelus(onnx: ModuleType, graph: Any, readers: dict[str, int]) -> tuple[dict[int, str], set[int]]:
     """GELU written out as ops, ``0.5 x (1 + erf(x / sqrt 2))`` in the orders exporters write it (the scale
     last, first, or on the bracket; ``x / sqrt 2`` as a Div or a Mul), each op's result read by the next
     alone: {the last node's index: x's name}, and the indices of the pattern's other nodes (not imported:
@@ -119,7 +124,7 @@ def _gelus(onnx: Any, graph: Any, readers: dict[str, int]) -> tuple[dict[int, st
 
 
 # -- the walk -------------------------------------------------------------------------------------
-def _attrs(onnx: Any, node: Any) -> dict[str, Any]:
+def _attrs(onnx: ModuleType, node: Any) -> dict[str, Any]:
     out = {}
     for a in node.attribute:
         v = onnx.helper.get_attribute_value(a)
@@ -127,7 +132,7 @@ def _attrs(onnx: Any, node: Any) -> dict[str, Any]:
     return out
 
 
-def _fold(onnx: Any, node: Any, ins: list[Any], opset: int) -> list[Any]:
+def _fold(onnx: ModuleType, node: Any, ins: list[Any], opset: int) -> list[Any]:
     """Outputs of a node whose inputs are all constants, by ONNX's reference implementation."""
     from onnx.reference import ReferenceEvaluator
 
@@ -342,7 +347,9 @@ def _entry(b: _Builder, node: Node, shape: tuple[int, ...]) -> _Tensor:
     return x
 
 
-def _input_shape(onnx: Any, inp: Any, given: Sequence[int] | None, source: str, batch: bool = True) -> tuple[int, ...]:
+def _input_shape(
+    onnx: ModuleType, inp: Any, given: Sequence[int] | None, source: str, batch: bool = True
+) -> tuple[int, ...]:
     tensor = inp.type.tensor_type
     if tensor.elem_type and np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).kind not in "fiu":
         raise OnnxError(

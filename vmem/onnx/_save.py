@@ -15,6 +15,7 @@ from ..graph.program import _live_nodes
 from ._builder import _onnx
 
 if TYPE_CHECKING:
+    from types import ModuleType
     from numpy.typing import DTypeLike
 
 __all__ = ["save"]
@@ -24,7 +25,7 @@ OPSETS = range(13, 22)
 
 
 class _Writer:
-    def __init__(self, onnx: Any, net: Network, opset: int, fold: bool):
+    def __init__(self, onnx: ModuleType, net: Network, opset: int, fold: bool):
         self.onnx, self.net, self.opset = onnx, net, opset
         self.nodes: list[Any] = []
         self.inits: dict[str, Any] = {}

@@ -9,16 +9,17 @@ budgets (:mod:`.budget`: the smallest memory a policy trains in, the largest bat
 """
 
 from ..policies.budget import least_memory
-from . import advice
+from . import advice, profiles
 from .budget import fraction_budget, largest_batch, smallest_memory
 from .oracle import Oracle
-from .plan import floor_policy, plan, plan_program, rank_plan
+from .plan import floor_policy, needs_budget, plan, plan_program, rank_plan
 from .report import layer_table, paper_accounting
 from .result import UNBOUNDED, PlanResult, Problem, evaluate, replay_fitting, replay_if_fits, validate
 from .target import Target
 
 __all__ = [
     "advice",
+    "profiles",
     "plan",
     "largest_batch",
     "plan_program",
@@ -27,6 +28,7 @@ __all__ = [
     "replay_fitting",
     "replay_if_fits",
     "floor_policy",
+    "needs_budget",
     "least_memory",
     "smallest_memory",
     "fraction_budget",

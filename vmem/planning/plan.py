@@ -22,7 +22,13 @@ if TYPE_CHECKING:
     from ..policies.base import Policy
     from ..costs.model import CostModel
 
-__all__ = ["plan", "plan_program", "rank_plan", "floor_policy"]
+__all__ = ["plan", "plan_program", "rank_plan", "floor_policy", "needs_budget"]
+
+
+def needs_budget(policy: Policy | str) -> bool:
+    """Whether ``policy`` is made for a budget (it trades time for memory only as far as a capacity asks:
+    ``auto``, ``vdnn-dyn``), so that a run without ``memory`` gives it one (``--memory auto``)."""
+    return bool(policies.get(policy).needs_budget)
 
 
 def floor_policy(policy: Policy | str) -> Policy:

@@ -51,7 +51,7 @@ class Block:
         self.category: str | None = None
         self.stream: Stream | None = None
         self.state = FREE
-        self.owner: Any = None
+        self.owner: object = None
         self.event: Event | None = None
         self.prev: Block | None = None
         self.next: Block | None = None
@@ -107,7 +107,7 @@ class BestFit:
         return list(events.values())
 
     # -- allocation --------------------------------------------------------------------------------
-    def take(self, size: int, owner: Any = None, high: bool = False) -> Block | None:
+    def take(self, size: int, owner: object = None, high: bool = False) -> Block | None:
         """Carve ``size`` bytes from the best-fitting free segment usable by ``owner``, or return None.
 
         Usable: segments owned by nobody, and, when ``owner`` is not None, segments owned by ``owner``.
@@ -159,7 +159,7 @@ class BestFit:
         insort(best_list, (seg.size, seg.offset))
         return block
 
-    def take_at(self, offset: int, size: int, owner: Any = None, order: Any = None) -> Block | None:
+    def take_at(self, offset: int, size: int, owner: object = None, order: Any = None) -> Block | None:
         """Carve exactly ``[offset, offset + size)`` if free segments usable by ``owner`` (owned by nobody or
         by ``owner``) cover it, one or several side by side; the parts of the first and last outside the
         range stay free with their owner and event.
@@ -224,7 +224,7 @@ class BestFit:
             lst = self._lists[seg.owner] = []
         insort(lst, (seg.size, seg.offset))
 
-    def give(self, block: Block, owner: Any = None, event: Event | None = None) -> None:
+    def give(self, block: Block, owner: object = None, event: Event | None = None) -> None:
         """Return an allocated ``block`` to the free space, owned by ``owner`` until ``event`` completes.
 
         The handle ``block`` becomes ``"released"``; a new free segment takes its place (or its
@@ -244,7 +244,7 @@ class BestFit:
         seg.event = event
         self._insert_merged(seg)
 
-    def absorb(self, owner: Any) -> bool:
+    def absorb(self, owner: object) -> bool:
         """Merge free segments anyone may use into adjacent free segments of ``owner``.
 
         Always safe (it only narrows who may use that memory until ``owner``'s event completes) and

@@ -7,11 +7,12 @@ device supplies a cudaMalloc'd slab and cudaHostAlloc'd pinned memory; the simul
 
 from __future__ import annotations
 
-from typing import Any, Protocol, TYPE_CHECKING
+from typing import Protocol, TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from .._typing import Array
     from numpy.typing import DTypeLike
 
 __all__ = ["Arena", "HostArena"]
@@ -22,7 +23,7 @@ class Arena(Protocol):
 
     capacity: int
 
-    def view(self, offset: int, shape: tuple[int, ...], dtype: DTypeLike) -> Any: ...
+    def view(self, offset: int, shape: tuple[int, ...], dtype: DTypeLike) -> Array: ...
 
 
 class HostArena:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeGuard
 
 from ..errors import MemoryExhausted, OutOfDeviceMemory, OutOfPinnedMemory
 from ..units import format_bytes, parse_bytes
@@ -42,6 +42,7 @@ from .arena import HostArena
 from .stats import CATEGORIES, BlockInfo, CategoryStats, PoolStats, Snapshot
 
 if TYPE_CHECKING:
+    from .._typing import Array
     from numpy.typing import DTypeLike
     from ..streams.base import Event
     from ..streams.base import Stream
@@ -104,7 +105,9 @@ class _ArenaPool:
         self._cat: dict[str, list[int]] = {c: [0, 0, 0] for c in CATEGORIES}
 
     # -- allocation --------------------------------------------------------------------------------
-    def _allocate(self, nbytes: int, owner: Any, category: str, high: bool = False, offset: int | None = None) -> Block:
+    def _allocate(
+        self, nbytes: int, owner: Stream | None, category: str, high: bool = False, offset: int | None = None
+    ) -> Block:
         if type(nbytes) is not int:
             if not hasattr(nbytes, "__index__") or isinstance(nbytes, bool):
                 raise TypeError(f"nbytes must be an integer, not {type(nbytes).__name__}")
@@ -311,7 +314,7 @@ class _ArenaPool:
         self._hooks.remove(hook)
 
     # -- arrays ------------------------------------------------------------------------------------
-    def view(self, block: Block, shape: Iterable[int] | int, dtype: DTypeLike) -> Any:
+    def view(self, block: Block, shape: Iterable[int] | int, dtype: DTypeLike) -> Array:
         """An array of ``shape`` and ``dtype`` over ``block``'s memory in the arena."""
         import numpy as np
 
@@ -335,7 +338,7 @@ class _ArenaPool:
         )
 
 
-def _is_stream(owner: Any) -> bool:
+def _is_stream(owner: object) -> TypeGuard[Stream]:
     return owner is not None and hasattr(owner, "record") and hasattr(owner, "launch")
 
 

@@ -394,10 +394,10 @@ class Executor:
         self.device.copy_to_host(r.logits, self._value(r, st.tensor), stream=self.device.compute_stream)
 
     # -- views -------------------------------------------------------------------------------------
-    def _view(self, r: _Run, key: Key, shape: tuple, dtype: DTypeLike) -> Any:
+    def _view(self, r: _Run, key: Key, shape: tuple, dtype: DTypeLike) -> Array:
         return self._block_view(r.blocks[key], shape, dtype)
 
-    def _block_view(self, block: Block, shape: tuple, dtype: DTypeLike) -> Any:
+    def _block_view(self, block: Block, shape: tuple, dtype: DTypeLike) -> Array:
         """An array of ``shape`` and ``dtype`` over ``block`` (a live block of the device pool), made once
         per place: the arena never moves, so a view at the same offset of a block of the same size is the
         same array."""
@@ -409,15 +409,15 @@ class Executor:
             v = self._views[k] = self.device.view(block, shape, dtype)
         return v
 
-    def _value(self, r: _Run, tensor: int) -> Any:
+    def _value(self, r: _Run, tensor: int) -> Array:
         shape, dtype = self._tensor_views[tensor]
         return self._block_view(r.blocks[self.schedule.value[tensor]], shape, dtype)
 
-    def _grad(self, r: _Run, tensor: int) -> Any:
+    def _grad(self, r: _Run, tensor: int) -> Array:
         shape, dtype = self._tensor_views[tensor]  # a gradient is stored as its tensor is
         return self._block_view(r.blocks[self.schedule.grad[tensor]], shape, dtype)
 
-    def _labels(self, r: _Run) -> Any:
+    def _labels(self, r: _Run) -> Array:
         return self._view(r, _LABELS, self.program.label_shape, np.int64)
 
     def _ctx(

@@ -67,7 +67,7 @@ def staged_backward(backward: Callable[..., None], items: Items, ctx: Ctx) -> Ca
     return run
 
 
-def _cast_into(dst: Array, src: Array) -> Any:
+def _cast_into(dst: Array, src: Array) -> Array:
     """``src`` widened into ``dst`` (exact: every fp16 and bf16 value is a float32); ``dst``."""
     dst[...] = src
     return dst

@@ -16,6 +16,7 @@ from ..schedule.steps import Update
 from .params import DeviceParams
 
 if TYPE_CHECKING:
+    from .._typing import Array
     from ..device.base import Device
     from .executor import _Run
 
@@ -114,9 +115,11 @@ class Updates:
                     xp.copyto(view, kept, where=skip)
             if fused is None and not bool(r.ok):  # an update without a fused kernel: the host decides
                 return
+            ops = self.device.ops
+            assert ops is not None  # a device that runs steps runs their array work
             if r.scale is not None:
-                self.device.ops.each(sizes, unscale)
-            self.device.ops.each(sizes, update)
+                ops.each(sizes, unscale)
+            ops.each(sizes, update)
 
         return run
 
@@ -128,7 +131,7 @@ class Updates:
         made = self.optimizer.fused(step)
         return None if made is None else (made[0], made[1], self.fused_on)
 
-    def finite(self, r: "_Run") -> Any:
+    def finite(self, r: "_Run") -> Array:
         """The step's finite flag on the device (a bool array of one value): whether the loss and every
         weight gradient are finite, computed without the host reading anything. A sum is NaN or infinite if
         any term is (it may also overflow where the gradients are near float32's largest value: then the

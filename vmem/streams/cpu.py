@@ -325,7 +325,7 @@ class CpuStream:
     def __enter__(self) -> "CpuStream":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

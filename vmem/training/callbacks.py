@@ -253,7 +253,7 @@ class StopOnSignal(Callback):
                 self._before[sig] = signal.signal(sig, self._handler)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         import signal
 
         for sig, before in self._before.items():

@@ -266,7 +266,7 @@ class SaveLock:
     def __enter__(self) -> "SaveLock":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 

@@ -88,7 +88,7 @@ class History:
         return [asdict(e) for e in self.epochs]
 
 
-def _training_device(device: Device | str, memory: int | str | None) -> Any:
+def _training_device(device: Device | str, memory: int | str | None) -> Device:
     """The device a Trainer trains on: ``device`` opened with ``memory`` where it is a name, else as given
     (``memory=`` then refused); a closed device and a simulated GPU are refused."""
     if isinstance(device, str):
@@ -470,5 +470,5 @@ class Trainer:
     def __enter__(self) -> "Trainer":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -3,6 +3,11 @@ is asked for; :func:`unavailable` says in one line why one cannot be had."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ...device.base import Device
+
 from typing import Any
 
 from ...errors import DeviceError
@@ -26,7 +31,7 @@ def unavailable() -> str | None:
     return None if count > 0 else f"no CUDA GPU is available (the driver reports none); {EXTRA} on a machine with one"
 
 
-def open_device(name: str, index: str, **options: Any) -> Any:
+def open_device(name: str, index: str, **options: Any) -> Device:
     """``cuda:<index>`` with ``options`` (see :class:`~vmem.device.cuda.device.CudaDevice`)."""
     try:
         i = int(index or 0)

@@ -24,6 +24,7 @@ import numpy as np
 from . import cudnn
 
 if TYPE_CHECKING:
+    from ..._typing import Array
     from ..._typing import GpuArray
     from numpy.typing import DTypeLike
     from .device import CudaDevice
@@ -137,7 +138,7 @@ class CudnnConv:
             )
         return int(size[0]) if status == cudnn.SUCCESS else None
 
-    def catalog(self, program: Program) -> Any:
+    def catalog(self, program: Program) -> Program:
         """``program`` whose convolutions offer the cuDNN algorithms this GPU supports for them (without the
         non-deterministic ones on a deterministic device), with their exact workspace sizes."""
         from ...nn.base import physical
@@ -177,14 +178,14 @@ class CudnnConv:
 
     # -- the passes ------------------------------------------------------------------------------------
     @staticmethod
-    def _ptr(a: Any) -> Any:
+    def _ptr(a: GpuArray | None) -> Any:
         return cudnn.ffi().cast("void *", a.data.ptr) if a is not None else cudnn.ffi().NULL
 
     @staticmethod
     def _ws(ws: GpuArray) -> tuple[Any, int]:
         return (CudnnConv._ptr(ws), int(ws.nbytes)) if ws is not None and ws.nbytes else (cudnn.ffi().NULL, 0)
 
-    def forward(self, layer: "Conv2d", ctx: "Ctx", x: GpuArray, w: GpuArray, y: GpuArray, b: Any = None) -> None:
+    def forward(self, layer: "Conv2d", ctx: "Ctx", x: GpuArray, w: GpuArray, y: GpuArray, b: Array = None) -> None:
         """``y = conv(x, w)``, then the bias ``b`` added where given. Half-precision maps read FP32 weights
         through a half copy at the start of the workspace."""
         ws = ctx.workspace

@@ -31,6 +31,7 @@ from .memory import DeviceArena, PinnedArena, PoolAllocator
 from .streams import CudaStream
 
 if TYPE_CHECKING:
+    from ..._typing import Array, ShapeLike
     from ..._typing import GpuArray
     from ...codecs.base import Codec
     from numpy.typing import DTypeLike
@@ -167,7 +168,7 @@ class CudaDevice:
 
         return backend_for_device(self.index).module
 
-    def catalog(self, program: Program) -> Any:
+    def catalog(self, program: Program) -> Program:
         """``program`` with cuDNN's convolution algorithms on this GPU and their exact workspace sizes. Over
         fp16/bf16 storage the kinds in :data:`~vmem.device.staging.CUDA_NATIVE` compute as they are stored
         (convolutions in cuDNN's pseudo-half, their weights' half copies in their workspace; with
@@ -199,10 +200,10 @@ class CudaDevice:
         self._pinned_capacity = max(nbytes, self._pinned_capacity if self._pinned_fixed else 0)
         return self.pinned
 
-    def view(self, block: Block, shape: Any, dtype: DTypeLike) -> Any:
+    def view(self, block: Block, shape: ShapeLike, dtype: DTypeLike) -> Array:
         return self.pool.view(block, shape, dtype)
 
-    def host_view(self, block: Block, shape: Any, dtype: DTypeLike) -> np.ndarray:
+    def host_view(self, block: Block, shape: ShapeLike, dtype: DTypeLike) -> np.ndarray:
         return self.pinned.view(block, shape, dtype)
 
     def is_pinned(self, array: np.ndarray) -> bool:
@@ -314,7 +315,7 @@ class CudaDevice:
     def __enter__(self) -> "CudaDevice":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -73,7 +73,7 @@ class GraphConv(CudnnConv):
                 break
         return found
 
-    def catalog(self, program: Program) -> Any:
+    def catalog(self, program: Program) -> Program:
         from ...nn.base import physical
 
         ops = []

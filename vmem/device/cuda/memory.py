@@ -16,6 +16,7 @@ from typing import Any, TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
+    from ..._typing import Array, ShapeLike
     import cupy
 
     from numpy.typing import DTypeLike
@@ -34,7 +35,7 @@ class DeviceArena:
         self.base = cupy.cuda.MemoryPointer(self.memory, 0)
         self.ptr = int(self.base.ptr)
 
-    def view(self, offset: int, shape: Any, dtype: DTypeLike) -> Any:
+    def view(self, offset: int, shape: ShapeLike, dtype: DTypeLike) -> Array:
         import cupy
 
         if self.base is None:
@@ -68,7 +69,7 @@ class PinnedArena:
         self.ptr = int(self.memory.ptr)
         self.buffer = np.frombuffer(cupy.cuda.PinnedMemoryPointer(self.memory, 0), np.uint8, capacity)
 
-    def view(self, offset: int, shape: Any, dtype: DTypeLike) -> np.ndarray:
+    def view(self, offset: int, shape: ShapeLike, dtype: DTypeLike) -> np.ndarray:
         return np.ndarray(shape, dtype=dtype, buffer=self.buffer, offset=offset)
 
     def __repr__(self) -> str:

@@ -67,11 +67,11 @@ class HostConv:
     #: a profile times every algorithm the catalog offers (there are at most three)
     ranked_top = len(ALGORITHMS)
 
-    def catalog(self, program: Program) -> Any:
+    def catalog(self, program: Program) -> Program:
         """``program`` whose convolutions offer the host's algorithms (:func:`with_host_catalog`)."""
         return with_host_catalog(program)
 
-    def forward(self, layer: Conv2d, ctx: Ctx, x: Array, w: Array, y: Array, b: Any = None) -> None:
+    def forward(self, layer: Conv2d, ctx: Ctx, x: Array, w: Array, y: Array, b: Array = None) -> None:
         """``y = conv(x, w) + b`` (no bias where ``b`` is None) with ``ctx.algo``."""
         forward(layer, ctx, x, w, y, b)
 

@@ -4,7 +4,7 @@ a convolution, and the workspace each needs per pass, laid out as :mod:`.backend
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -27,7 +27,7 @@ _COL_VALUES = 1 << 20  # values per im2col chunk (4 MiB in float32): stays in ca
 _COL_MIN_ROWS = 2048  # ... but no fewer rows than this, so that each GEMM stays efficient
 
 
-def with_host_catalog(program: Program) -> Any:
+def with_host_catalog(program: Program) -> Program:
     """A copy of ``program`` whose convolutions offer the host's algorithms and their exact workspace."""
     ops = []
     for op in program.ops:
