@@ -18,6 +18,12 @@ from .graph import Graph, Network, Program, Sequential
 from .planning import largest_batch, plan
 from .training import Trainer
 from .units import format_bytes, parse_bytes
+from .device.hostconv import with_host_catalog as _host_catalog
+from .graph.program import set_default_catalog as _set_default_catalog
+
+# a program as built offers the host's convolution algorithms (the CPU device's catalog): wired here, where
+# every package is imported, so that the program (vmem.graph) imports no device
+_set_default_catalog(_host_catalog)
 
 __version__ = "0.1.0"
 

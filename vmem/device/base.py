@@ -46,9 +46,18 @@ class ConvBackend(Protocol):
         ...
 
     def backward(
-        self, layer: "Conv2d", ctx: "Ctx", dy: Array, x: Array, w: Array, dx: Array, dw: Array, db: Array | None = None
+        self,
+        layer: "Conv2d",
+        ctx: "Ctx",
+        dy: Array,
+        x: Array | None,
+        w: Array,
+        dx: Array | None,
+        dw: Array | None,
+        db: Array | None = None,
     ) -> None:
-        """The bias's gradient ``db`` if given, the filters' ``dw``, and ``dx`` unless it is None."""
+        """The bias's gradient ``db`` if given, the filters' ``dw`` unless it is None (``x`` is then
+        given), and ``dx`` unless it is None (a split backward runs the two halves as two calls)."""
         ...
 
     def heuristic(

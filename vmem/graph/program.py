@@ -2,8 +2,9 @@
 
 ``build_program`` infers every shape and returns the ops in execution order and every tensor with its size,
 producer, consumers (reference counts), the memory it shares (in-place layers), and whether backward
-needs it. Its convolutions offer no algorithms until a device's catalog gives them its own
-(``device.catalog(program)``; :class:`vmem.planning.Target` applies the target's).
+needs it. Its convolutions offer the default catalog's algorithms (the host's, which :mod:`vmem.device`
+registers with :func:`set_default_catalog` when it is imported: the program itself knows no device);
+another device's ``catalog(program)`` replaces them with its own.
 
 In-place rule: a layer declared ``inplace`` (ReLU, Dropout, Flatten) writes its output over its input
 when that input is not the network's input, has no other consumer, and its producer's backward does
@@ -16,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -27,7 +28,7 @@ from ..nn.base import PASSES, AuxSpec, Layer, ParamSpec, Shape
 if TYPE_CHECKING:
     from .network import Network
 
-__all__ = ["Program", "TensorInfo", "OpInfo", "Precision", "build_program", "PASSES"]
+__all__ = ["Program", "TensorInfo", "OpInfo", "Precision", "build_program", "set_default_catalog", "PASSES"]
 
 
 def _nbytes(shape: Shape, itemsize: int) -> int:
@@ -426,7 +427,7 @@ def build_program(
         tensor_of[node.index] = tid
     output = tensor_of[net._output.index]  # of any shape: what a loss takes is the loss's to check
     _mark_stash_and_inplace(ops, tensors)
-    return Program(
+    program = Program(
         network=net.name,
         batch=batch,
         dtype=str(np.dtype(dtype)),
@@ -438,3 +439,16 @@ def build_program(
         num_classes=out_shape[-1],
         precision=record,
     )
+    return _default_catalog(program) if _default_catalog is not None else program
+
+
+#: What a program as built offers its convolutions (set by vmem.device: the host's catalog)
+_default_catalog: Callable[[Program], Program] | None = None
+
+
+def set_default_catalog(catalog: Callable[[Program], Program] | None) -> None:
+    """Make ``catalog`` (a device's ``catalog``: a program with its convolutions' algorithms and their
+    workspace) what every program is built with; None: programs offer no algorithms until a device's
+    catalog is applied."""
+    global _default_catalog
+    _default_catalog = catalog

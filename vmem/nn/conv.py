@@ -136,10 +136,13 @@ class Conv2d(Layer):
 
     def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         """``ctx.algo`` is one algorithm for both passes or a pair (backward_data, backward_filter); the
-        bias's gradient, then the filters', then the input's (where wanted), in one workspace."""
-        x = xs[0]  # type: ignore[index]
-        db = ctx.grads["bias"] if self.bias else None
-        self._backend(ctx).backward(self, ctx, dy, x, ctx.params["weight"], dxs[0], ctx.grads["weight"], db)
+        bias's gradient, then the filters', then the input's (where wanted), in one workspace. Without
+        gradients in ``ctx.grads`` only the input's (the second half of a split backward: ``xs`` may then
+        be None); with ``dxs[0]`` None, only the weights'."""
+        x = xs[0] if xs is not None else None
+        dw = ctx.grads.get("weight")
+        db = ctx.grads.get("bias") if self.bias else None
+        self._backend(ctx).backward(self, ctx, dy, x, ctx.params["weight"], dxs[0], dw, db)
 
     def _backend(self, ctx: Ctx) -> Any:
         if ctx.conv is None:

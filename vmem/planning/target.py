@@ -21,7 +21,7 @@ class Target:
     """The device a plan is made for: its ``spec`` (the capacity a plan must fit), the pool's ``alignment``
     and its convolution ``catalog`` (a Device's ``catalog``: the program as the device sees it, its
     algorithms and their workspace; None for a bare DeviceSpec: a simulated GPU's cuDNN as the simulator
-    models it, the host's elsewhere). Made once (:meth:`of`) and handed to every plan, so that the
+    models it, no algorithms elsewhere). Made once (:meth:`of`) and handed to every plan, so that the
     catalog is applied in one place (:meth:`view`)."""
 
     spec: DeviceSpec
@@ -55,17 +55,15 @@ class Target:
         return dataclasses.replace(self, spec=dataclasses.replace(self.spec, memory=int(memory)))
 
     def view(self, program: Program) -> Program:
-        """``program`` as the device sees it: its convolution catalog (``catalog``; without one, on a simulated
-        GPU cuDNN's as the simulator models it for the spec's architecture, elsewhere the host's)."""
+        """``program`` as the device sees it: its convolution catalog (``catalog``; on a simulated GPU without
+        one, cuDNN's as the simulator models it for the spec's architecture)."""
         if self.catalog is not None:
             return self.catalog(program)
         if self.spec.kind == "sim":
             from ..costs import with_cudnn_catalog
 
             return with_cudnn_catalog(program, self.spec.arch)
-        from ..device.hostconv import with_host_catalog
-
-        return with_host_catalog(program)
+        return program
 
     def costs(self, costs: "CostModel | None" = None) -> Any:
         """The cost model plans are priced with: ``costs`` where given (a profile), else on a simulated GPU

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from ..device.spec import DeviceSpec
 from ..spec import parse_spec
 from ..graph import Program
+from ..graph.analysis import needs_grad
 from .plan import Allocation, Plan
 
 if TYPE_CHECKING:
@@ -61,6 +62,13 @@ def get(spec: "str | Policy", **overrides: Any) -> "Policy":
     return cls(**options)
 
 
+def split_convolutions(program: Program) -> tuple[str, ...]:
+    """The convolutions whose backward a split (``Plan.split``) can run as two steps: those whose input needs
+    a gradient (the lowering frees the input between them only where nothing later reads it)."""
+    needs = needs_grad(program)
+    return tuple(op.name for op in program.ops if op.kind == "conv" and needs[op.inputs[0]])
+
+
 class Oracle(Protocol):
     """What a policy that searches asks about a candidate plan (the planner's
     :class:`vmem.planning.Oracle`): ``candidate`` lowered and replayed at ``memory`` (the device's where not
@@ -76,7 +84,10 @@ class Oracle(Protocol):
 class Policy(ABC):
     """Base of every policy. ``algos``: convolution algorithms, ``"fit"`` (the default: the fastest with
     which the plan fits the device, see :func:`fit_algorithms`), ``"memory"`` (least workspace) or
-    ``"performance"`` (fastest)."""
+    ``"performance"`` (fastest). ``split``: ``"on"`` runs each convolution's backward as two steps,
+    backward-filter then backward-data, the input freed between them where nothing later reads it
+    (``Plan.split``: lossless, and free on cuDNN, whose passes are separate calls already); ``"off"`` (the
+    named policies' default: the papers' one backward step)."""
 
     name: ClassVar[str] = "policy"
     #: whether the policy decides by measured time, so a Trainer profiles the device before planning
@@ -90,10 +101,15 @@ class Policy(ABC):
     #: smallest budget, a refusal's remedy); None: itself
     floor: ClassVar[str | None] = None
     algos: str = "fit"
+    split: str = option("off")
 
     def __post_init__(self) -> None:
         if self.algos not in ALGOS:
             raise ValueError(f"policy {self.name!r}: algos={self.algos!r}; use one of {', '.join(ALGOS)}")
+        if isinstance(self.split, bool):  # a spec string's on/off reads as a bool
+            object.__setattr__(self, "split", "on" if self.split else "off")
+        if self.split not in ("on", "off"):
+            raise ValueError(f"policy {self.name!r}: split={self.split!r}; use on or off")
 
     @property
     def spec(self) -> str:
@@ -135,6 +151,7 @@ class Policy(ABC):
             capacity=device.memory,
             allocation=allocation,
             algos=self.choose_algos(program, costs, capacity=device.memory),
+            split=split_convolutions(program) if self.split == "on" else (),
             **decided,
         )
 

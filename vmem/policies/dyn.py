@@ -114,7 +114,7 @@ class VdnnDyn(Policy):
 
         def candidate(name: str, algos: str) -> Any:
             spec = name if name in ("baseline", "layerwise") else f"{name}:sync={self.procedure_sync}"
-            return oracle(get(spec, algos=algos).decide(program, device, costs))
+            return oracle(get(spec, algos=algos, split=self.split).decide(program, device, costs))
 
         budget = format_bytes(device.memory)
         floor = candidate("vdnn-all", "memory")
@@ -181,7 +181,9 @@ class VdnnDyn(Policy):
     ) -> Any:
         """Downgrade the overflowing layers' passes, one at a time, until the plan fits; the fitting
         candidate's figures (a PlanResult), or None (:func:`vmem.policies.base.downgrade`)."""
-        base = get(f"{name}:sync={self.procedure_sync}", algos="performance").decide(program, device, costs)
+        base = get(f"{name}:sync={self.procedure_sync}", algos="performance", split=self.split).decide(
+            program, device, costs
+        )
         return downgrade(program, base, device, costs, oracle, self.max_trials)
 
     def _keep_resident(self, program: Program, candidate: Any, oracle: "Oracle") -> tuple[Any, str]:

@@ -78,6 +78,9 @@ class Plan:
     #: how the device computes FP32 convolutions ("tf32" or "exact": ``DeviceSpec.math``), as the planner
     #: recorded it (a policy leaves it to the planner)
     math: str = "exact"
+    #: convolutions whose backward runs as two steps, backward-filter then backward-data, their input freed
+    #: between (where nothing later reads it): the layer's peak max(x + dy, dy + dx) instead of x + dy + dx
+    split: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Decisions given as strings become :class:`Stash` and :class:`Allocation` members; an unknown one
@@ -125,6 +128,7 @@ class Plan:
             frozen(self.prefetch),
             frozen(self.release),
             self.sync if offloads else None,
+            tuple(sorted(self.split)),
         )
 
     def to_dict(self) -> dict[str, Any]:

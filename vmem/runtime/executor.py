@@ -484,11 +484,15 @@ class Executor:
             if sched.needs_grad[op.inputs[0]]:
                 self._transfers.relu_on_bits(r, f"{op.name}.backward", st.on_bits, dy, self._grad(r, op.inputs[0]))
             return
-        xs = [self._value(r, t) for t in op.inputs] if op.reads_input else None
+        # a split convolution (Backward.part): the weights' gradients from x and dy, then x's from dy and w
+        filter_only, data_only = st.part == "filter", st.part == "data"
+        if data_only:
+            ctx.grads = {}
+        xs = [self._value(r, t) for t in op.inputs] if op.reads_input and not data_only else None
         y = self._value(r, op.output) if op.reads_output else None
         dxs: list[Array] = []
         for j, t in enumerate(op.inputs):
-            if not sched.needs_grad[t]:
+            if filter_only or not sched.needs_grad[t]:
                 dxs.append(None)
             elif (st.op, j) in sched.acc:
                 tensor = self.program.tensors[t]
@@ -500,7 +504,8 @@ class Executor:
             if not op.staged
             else staged_backward(op.layer.backward, self._stage_items[(st.op, "backward")], ctx)
         )
-        self._launch(r, f"{op.name}.backward", fn, ctx, dy, xs, y, dxs)
+        name = f"{op.name}.backward" if st.part == "all" else f"{op.name}.backward_{st.part}"
+        self._launch(r, name, fn, ctx, dy, xs, y, dxs)
         if r.check:
             self._check(r, f"{op.name} (backward)", [d for d in dxs if d is not None] + list(ctx.grads.values()))
 

@@ -32,6 +32,7 @@ from .parts import (
     encode_step,
     offload_step,
     op_workspace,
+    split_workspace,
     pass_algos,
     persistent_buffers,
     pinned_bytes,
@@ -95,9 +96,20 @@ class _Layerwise:
                 self.last_use[b] = (pos, -1)
         self.buf, self.last_forward, self.last_writer = program.derived("layerwise", lambda: _positions(program))
         self.released = self._released()
+        #: convolutions whose backward runs as two steps (Plan.split): those whose input needs a gradient
+        #: (else there is no second step) and that compute as stored (a staged op's copies span its backward)
+        self.split = {
+            op.index
+            for op in ops
+            if op.name in plan.split and op.kind == "conv" and not op.staged and self.needs[op.inputs[0]]
+        }
         self.workspace: dict[tuple[int, str], Key] = {}
         for i in range(len(ops)):
-            for pass_, nbytes in zip(("fwd", "bwd"), op_workspace(program, plan, i)):
+            sizes = dict(zip(("fwd", "bwd"), op_workspace(program, plan, i)))
+            if i in self.split:  # each part its own pass's workspace
+                del sizes["bwd"]
+                sizes.update(zip(("filter", "data"), split_workspace(program, plan, i)))
+            for pass_, nbytes in sizes.items():
                 if nbytes:
                     key = self.workspace[(i, pass_)] = Key(Kind.WORKSPACE, ops[i].name, pass_)
                     self.buffers[key] = Buffer(key, nbytes, "workspace")
@@ -230,21 +242,33 @@ class _Layerwise:
             for k, rebuild in enumerate(uses.rebuilds):
                 self.rebuild(rebuild, prefetched, ready, (pos, k))
             self.bring_back(op, uses.reads, prefetched, ready)
-            for key in starts.get(n - i, []):
-                self.alloc(key)
-            temps = list(self.param_temps.get(i, {}).values())
-            for key in temps:
-                self.alloc(key)
-            self.around_workspace(i, "bwd", self.backward_step(i))
-            self.steps += self.param_adds.get(i, []) + [Free(key) for key in temps]
-            self.steps += self.grads.acc_steps.get(i, [])
-            self.steps += [Free(key) for key in ends.get(n - i, [])]
-            self.steps += [Free(self.aux[(i, k)]) for k in op.aux]
-            self.steps += [
+            read_last = [
                 Free(self.enc[b] if b in self.binarized else value[b])
                 for b in uses.reads
                 if self.last_use[b] == (pos, -1)
             ]
+            split = i in self.split
+            if not split:
+                for key in starts.get(n - i, []):
+                    self.alloc(key)
+            temps = list(self.param_temps.get(i, {}).values())
+            for key in temps:
+                self.alloc(key)
+            if split:  # the weights' gradients, the input freed, then its gradient: x + dy, then dy + dx
+                self.around_workspace(i, "filter", self.backward_step(i, "filter"))
+                self.steps += self.param_adds.get(i, []) + [Free(key) for key in temps]
+                self.steps += read_last
+                for key in starts.get(n - i, []):
+                    self.alloc(key)
+                self.around_workspace(i, "data", self.backward_step(i, "data"))
+            else:
+                self.around_workspace(i, "bwd", self.backward_step(i))
+                self.steps += self.param_adds.get(i, []) + [Free(key) for key in temps]
+            self.steps += self.grads.acc_steps.get(i, [])
+            self.steps += [Free(key) for key in ends.get(n - i, [])]
+            self.steps += [Free(self.aux[(i, k)]) for k in op.aux]
+            if not split:
+                self.steps += read_last
         # saved state of layers whose backward does not run
         self.steps += [Free(self.aux[(i, k)]) for i in range(n) if not self.needs[ops[i].output] for k in ops[i].aux]
         self.steps += [Free(key) for key in self.still_allocated() if key != LOSS]  # held but never read back
@@ -295,11 +319,12 @@ class _Layerwise:
             self.around_workspace(j, "fwd", Recompute(j, pass_algos(self.plan, program, j)[0], ws))
         self.steps += [Free(value[s]) for s in rebuild.sources if self.last_use[s] == at]
 
-    def backward_step(self, i: int) -> Backward:
+    def backward_step(self, i: int, part: str = "all") -> Backward:
         op = self.program.ops[i]
         out = self.buf[op.output]
         on_bits = self.enc[out] if op.reads_output and out in self.binarized else None
-        return Backward(i, pass_algos(self.plan, self.program, i)[1], self.workspace.get((i, "bwd")), on_bits)
+        ws = self.workspace.get((i, "bwd" if part == "all" else part))
+        return Backward(i, pass_algos(self.plan, self.program, i)[1], ws, on_bits, part)
 
 
 def _positions(program: Program) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:

@@ -25,6 +25,7 @@ __all__ = [
     "LOSS",
     "persistent_buffers",
     "op_workspace",
+    "split_workspace",
     "buffer_keys",
     "pass_algos",
     "allocate",
@@ -73,6 +74,17 @@ def op_workspace(program: Program, plan: "Plan", op_index: int) -> tuple[int, in
         op.workspace["backward_filter"].get(algos.get("backward_filter"), 0),
     )
     return fwd, bwd
+
+
+def split_workspace(program: Program, plan: "Plan", op_index: int) -> tuple[int, int]:
+    """(backward-filter, backward-data) workspace bytes of a convolution under the plan's algorithms: what
+    each step of a split backward (``Plan.split``) holds."""
+    op = program.ops[op_index]
+    algos = plan.algos.get(op.name, {}) if op.algorithms else {}
+    return (
+        op.workspace["backward_filter"].get(algos.get("backward_filter"), 0),
+        op.workspace["backward_data"].get(algos.get("backward_data"), 0),
+    )
 
 
 def buffer_keys(program: Program) -> tuple[dict[int, Key], dict[Key, Buffer], dict[tuple[int, str], Key]]:

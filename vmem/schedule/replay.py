@@ -122,8 +122,8 @@ def durations(schedule: Schedule, costs: CostModel) -> list[float]:
         if op.kind != "conv":
             return costs.op_seconds(op, "backward", None)
         data_algo, filter_algo = st.algos or (None, None)
-        t = costs.op_seconds(op, "backward_filter", filter_algo)
-        if schedule.needs_grad[op.inputs[0]]:
+        t = costs.op_seconds(op, "backward_filter", filter_algo) if st.part != "data" else 0.0
+        if schedule.needs_grad[op.inputs[0]] and st.part != "filter":
             t += costs.op_seconds(op, "backward_data", data_algo)
         return t
 
@@ -159,8 +159,8 @@ def _flops_weight(program: Program, st: Step) -> float:
     """Without a cost model: forward by FLOPs, backward twice that, other compute steps 1."""
     if type(st) is Forward or type(st) is Recompute:
         return max(program.ops[st.op].flops, 1)
-    if type(st) is Backward:
-        return 2 * max(program.ops[st.op].flops, 1)
+    if type(st) is Backward:  # each half of a split backward: the forward's FLOPs
+        return (2 if st.part == "all" else 1) * max(program.ops[st.op].flops, 1)
     return 1
 
 

@@ -166,12 +166,16 @@ class Loss:
 @dataclass(frozen=True, slots=True)
 class Backward:
     """The backward of ``op``. ``algos``: (backward-data, backward-filter) for convolutions. ``on_bits``: the
-    binarized encoding of the op's output, which its backward (ReLU's) reads instead of the values."""
+    binarized encoding of the op's output, which its backward (ReLU's) reads instead of the values.
+    ``part``: ``"all"``; or, for a convolution whose backward is split (``Plan.split``), ``"filter"`` (the
+    weight and bias gradients, from the input and the output's gradient) then ``"data"`` (the input's
+    gradient, from the output's gradient and the weights), so that the input can be freed between them."""
 
     op: int
     algos: tuple[str | None, str | None] | None = None
     workspace: Key | None = None
     on_bits: Key | None = None
+    part: str = "all"
 
 
 @dataclass(frozen=True, slots=True)

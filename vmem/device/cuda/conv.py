@@ -204,24 +204,28 @@ class CudnnConv:
         layer: "Conv2d",
         ctx: "Ctx",
         dy: GpuArray,
-        x: GpuArray,
+        x: GpuArray | None,
         w: GpuArray,
-        dx: GpuArray,
-        dw: GpuArray,
+        dx: GpuArray | None,
+        dw: GpuArray | None,
         db: GpuArray | None = None,
     ) -> None:
         """The bias's gradient ``db`` if given (cuDNN's own reduction of ``dy``: a generic column sum over
-        N*H*W rows is many times slower), backward-filter, then backward-data if ``dx`` is wanted (one
-        after the other in one workspace). Half-precision maps: the weights read through a half copy, the
-        gradients written through half copies, then widened into ``dw`` and ``db`` (FP32)."""
+        N*H*W rows is many times slower), backward-filter if ``dw`` is wanted, then backward-data if ``dx``
+        is (one after the other in one workspace; a split backward makes them two calls). Half-precision
+        maps: the weights read through a half copy, the gradients written through half copies, then
+        widened into ``dw`` and ``db`` (FP32); the copies are carved alike in either call."""
         ws, wide = ctx.workspace, None
-        if dy.dtype != dw.dtype:
-            (wh, dwh, dbh), ws = _carve(ws, dy.dtype, w.shape, dw.shape, db.shape if db is not None else (0,))
+        if dy.dtype != w.dtype:
+            (wh, dwh, dbh), ws = _carve(ws, dy.dtype, w.shape, w.shape, db.shape if db is not None else (0,))
             if dx is not None:
                 wh[...] = w
-            wide, w = (dw, dwh, db, dbh), wh
-            dw, db = dwh, (dbh if db is not None else None)
+            if dw is not None:
+                wide = (dw, dwh, db, dbh)
+                dw, db = dwh, (dbh if db is not None else None)
+            w = wh
         if db is not None:
+            assert x is not None
             d = self.descs(layer, x.shape, dy.shape, cudnn.NHWC, np.dtype(dy.dtype).name)
             cudnn.check(
                 "cudnnConvolutionBackwardBias",
@@ -230,7 +234,9 @@ class CudnnConv:
                 ),
             )
         data_algo, filter_algo = ctx.algo if isinstance(ctx.algo, tuple) else (ctx.algo, ctx.algo)
-        self._pass(layer, "backward_filter", filter_algo, ws, x, dw, dy)
+        if dw is not None:
+            assert x is not None, f"layer {layer.label}: the filters' gradient reads the input"
+            self._pass(layer, "backward_filter", filter_algo, ws, x, dw, dy)
         if dx is not None:
             self._pass(layer, "backward_data", data_algo, ws, dx, w, dy)
         if wide is not None:

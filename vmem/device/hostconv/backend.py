@@ -76,9 +76,17 @@ class HostConv:
         forward(layer, ctx, x, w, y, b)
 
     def backward(
-        self, layer: Conv2d, ctx: Ctx, dy: Array, x: Array, w: Array, dx: Array, dw: Array, db: Array | None = None
+        self,
+        layer: Conv2d,
+        ctx: Ctx,
+        dy: Array,
+        x: Array | None,
+        w: Array,
+        dx: Array | None,
+        dw: Array | None,
+        db: Array | None = None,
     ) -> None:
-        """``db`` where given, ``dw``, then ``dx`` unless it is None, with ``ctx.algo`` (one name or a pair
+        """``db`` where given, ``dw`` unless it is None, then ``dx`` unless it is None, with ``ctx.algo`` (one name or a pair
         (backward_data, backward_filter)), one after the other in the same workspace."""
         backward(layer, ctx, dy, x, w, dx, dw, db)
 
@@ -142,25 +150,29 @@ def backward(
     layer: Conv2d,
     ctx: Ctx,
     dy: np.ndarray,
-    x: np.ndarray,
+    x: np.ndarray | None,
     w: np.ndarray,
     dx: np.ndarray | None,
-    dw: np.ndarray,
+    dw: np.ndarray | None,
     db: np.ndarray | None,
 ) -> None:
-    """``db`` (where given), ``dw``, then ``dx`` (unless None) with ``ctx.algo``: one name for both passes
+    """``db`` (where given), ``dw`` (unless None: ``x`` is then given), then ``dx`` (unless None) with ``ctx.algo``: one name for both passes
     or a pair (backward_data, backward_filter)."""
     k, c = layer.out_channels, layer.in_channels
     dy2 = dy.reshape(-1, k)
     if db is not None:  # a GEMV with a ones vector: far faster than sum(axis=0)
         np.matmul(_ones(dy2.shape[0], dy2.dtype), dy2, out=db)
     if _is_gemm(layer) and not _grouped(layer):
-        ctx.ops.matmul(dy2.T, x.reshape(-1, c), out=dw.reshape(k, c))
+        if dw is not None:
+            assert x is not None, f"layer {layer.label}: the filters' gradient reads the input"
+            ctx.ops.matmul(dy2.T, x.reshape(-1, c), out=dw.reshape(k, c))
         if dx is not None:
             ctx.ops.matmul(dy2, w.reshape(k, c), out=dx.reshape(-1, c))
         return
     algo_data, algo_filter = ctx.algo if isinstance(ctx.algo, tuple) else (ctx.algo, ctx.algo)
-    _backward_filter(layer, ctx, x, dy, dw, algo_filter)
+    if dw is not None:
+        assert x is not None, f"layer {layer.label}: the filters' gradient reads the input"
+        _backward_filter(layer, ctx, x, dy, dw, algo_filter)
     if dx is not None:
         _backward_data(layer, ctx, dy, w, dx, algo_data)
 

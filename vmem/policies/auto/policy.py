@@ -60,14 +60,17 @@ EXHAUSTIVE = f"{FAST}, every choice tried"
 @register
 @dataclass(frozen=True)
 class Auto(Policy):
-    """``auto[:lossy=fp8|...,trials=64,solver=greedy|ilp,time_limit=10]``: the fastest plan that fits, over
+    """``auto[:lossy=fp8|...,trials=64,solver=greedy|ilp,time_limit=10,split=on|off]``: the fastest plan that fits, over
     every technique (see the module docstring). Its ``algos`` option is not used: it chooses algorithms."""
 
     name = "auto"
     needs_profile = True
     chooses_algos = True
     needs_budget = True
-    floor = "vdnn-all:algos=memory"  # a bound: a plan that recomputes may need less
+    floor = "vdnn-all:algos=memory,split=on"  # a bound: a plan that recomputes may need less
+    #: every plan auto starts from runs its convolutions' backward split (see Policy): never more memory,
+    #: the same results, one more step a convolution
+    split: str = option("on")
     lossy: str | None = option(None)
     trials: int | None = option(None)
     solver: str = option("greedy")
@@ -107,6 +110,7 @@ class Auto(Policy):
             + ([f"trials={self.trials}"] if self.trials is not None else [])
             + ([f"solver={self.solver}"] if self.solver != "greedy" else [])
             + ([f"time_limit={self.time_limit:g}"] if self.time_limit != 10.0 else [])
+            + ([f"split={self.split}"] if self.split != "on" else [])
         )
         return f"{self.name}:{','.join(options)}" if options else self.name
 
@@ -148,7 +152,7 @@ class Auto(Policy):
             ):  # it needs its floor (vdnn-all, leanest algorithms) to fit; on a large graph its search
                 continue  # (dozens of replays) costs more than the descent, which mixes what it chooses
             try:
-                plan = get(spec).decide(program, device, costs, oracle)
+                plan = get(spec, split=self.split).decide(program, device, costs, oracle)
             except BudgetTooSmall as exc:
                 floor = floor or exc
                 continue
@@ -161,7 +165,9 @@ class Auto(Policy):
             result = replayed[key]
             if result.fits and result.step_seconds is not None:
                 fitting.append((result.step_seconds, spec, result))
-        fast = get(FAST).decide(program, device, costs)  # where the exhaustive search and the descents start
+        fast = get(FAST, split=self.split).decide(
+            program, device, costs
+        )  # where the exhaustive search and the descents start
         info = _Info(program, costs, fast)
         exact = exhaustive.search(self, program, device, oracle, fast, info)
         if exact is not None:
@@ -219,7 +225,7 @@ class Auto(Policy):
         """Raise BudgetTooSmall with the least budget the leanest plan (every feature map offloaded, the
         leanest algorithms) fits in: to the byte, or on a graph of more than ``DYN_OPS`` ops (each try
         replays the whole step) to :attr:`LEAST_TOLERANCE`."""
-        lean = get(FLOOR).decide(program, device, costs)
+        lean = get(FLOOR, split=self.split).decide(program, device, costs)
         result = oracle(lean)
         if result.fits:
             return
