@@ -96,14 +96,14 @@ def prefetch_after(program: Program, points: dict[str, list[str]], needs: list[b
     order = [op.index for op in reversed(ops) if needs[op.output]]  # the backward walk
     first_reader: dict[int, int] = {}  # buffer -> the op whose backward reads it first
     for m in order:
-        for b in program.backward_reads(ops[m]):
-            first_reader.setdefault(b, m)
+        for buffer in program.backward_reads(ops[m]):
+            first_reader.setdefault(buffer, m)
     by_tensor = {t.name: t.id for t in tensors}
     out: dict[str, list[str]] = {}
     for name, buffers in points.items():
-        for b in buffers:
-            reader = first_reader.get(by_tensor[b])
-            out.setdefault(name if reader is None else ops[reader].name, []).append(b)
+        for tensor in buffers:
+            reader = first_reader.get(by_tensor[tensor])
+            out.setdefault(name if reader is None else ops[reader].name, []).append(tensor)
     return out
 
 
