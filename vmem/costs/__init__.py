@@ -6,7 +6,7 @@ schedule against it on the compute and memory streams' virtual clocks (:mod:`vme
 """
 
 from .measured import Profiled, profile
-from .model import CostModel
+from .model import AtBatch, CostModel
 from .roofline import Roofline, geometry, with_cudnn_catalog
 
-__all__ = ["CostModel", "Roofline", "Profiled", "profile", "geometry", "with_cudnn_catalog"]
+__all__ = ["CostModel", "AtBatch", "Roofline", "Profiled", "profile", "geometry", "with_cudnn_catalog"]

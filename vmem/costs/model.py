@@ -50,3 +50,29 @@ class CostModel(Protocol):
         decoding a feature map (``"encode"``, ``"decode"``; ``nbytes``: the map's bytes plus its encoding's,
         what the kernel reads and writes)."""
         ...
+
+
+class AtBatch:
+    """``costs``, a cost model measured for a network at one batch, read for the same network at ``ratio``
+    times that batch (a micro-batch: :mod:`vmem.planning.microbatch`): each op's and the loss's time scaled
+    by the ratio (to first order a layer's work is linear in its batch), copies, gradient additions,
+    encodings (by their bytes), the update and the host's overheads as they are."""
+
+    def __init__(self, costs: CostModel, ratio: float):
+        self.costs, self.ratio = costs, float(ratio)
+
+    def op_seconds(self, op: OpInfo, pass_: str, algo: str | None) -> float:
+        return self.costs.op_seconds(op, pass_, algo) * self.ratio
+
+    def copy_seconds(self, nbytes: int, direction: str) -> float:
+        return self.costs.copy_seconds(nbytes, direction)
+
+    def update_seconds(self, param_bytes: int) -> float:
+        return self.costs.update_seconds(param_bytes)
+
+    def host_overheads(self) -> tuple[float, float, float]:
+        return host_costs(self.costs.host_overheads())
+
+    def misc_seconds(self, kind: str, nbytes: int) -> float:
+        seconds = self.costs.misc_seconds(kind, nbytes)
+        return seconds * self.ratio if kind == "loss" else seconds

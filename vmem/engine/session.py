@@ -18,7 +18,10 @@ from ..graph import Network
 from ..planning import PlanResult, Target, advice, floor_policy, plan_program, rank_plan
 from ..planning.inference import inference_plan, persistent
 from ..policies.budget import largest_fitting
+from ..costs import AtBatch
+from ..planning.microbatch import microbatches, plan_microbatched
 from ..runtime import DeviceParams, Executor
+from ..runtime.micro import MicroBatched
 from ..units import format_bytes
 
 if TYPE_CHECKING:
@@ -78,7 +81,7 @@ class Session:
         self.host_overheads: Callable[[], tuple[float, float, float]] = lambda: (0.0, 0.0, 0.0)
         self.plans: dict[int, PlanResult] = {}
         self._params: DeviceParams | None = None
-        self._executors: dict[tuple[int, bool], Executor] = {}
+        self._executors: dict[tuple[int, bool], Executor | MicroBatched] = {}
         self._inference: dict[int, tuple[Any, int]] = {}  # evaluation batch -> (schedule or None, peak)
 
     # -- parameters ------------------------------------------------------------------------------
@@ -101,7 +104,7 @@ class Session:
         self.executor(batch, True, check=False)
         return self.plans[batch]
 
-    def executor(self, batch: int, train: bool, check: bool = True) -> Executor:
+    def executor(self, batch: int, train: bool, check: bool = True) -> Executor | MicroBatched:
         key = (batch, train)
         ex = self._executors.get(key)
         if ex is not None:
@@ -119,7 +122,14 @@ class Session:
                     baseline=costs is not None,
                 )
             except BudgetTooSmall as exc:  # does not fit under any of the policy's choices: say which batch would
+                micro = self._microbatched(batch, costs)
+                if micro is not None:
+                    return micro
                 raise BudgetTooSmall(f"{str(exc).rstrip('.')}; {self.batch_advice(batch)}", exc.least) from None
+            if not plan.fits:
+                micro = self._microbatched(batch, costs)
+                if micro is not None:
+                    return micro
             if self.group is not None:  # gradients summed over the ranks, bucket by bucket, during backward
                 plan, schedule = rank_plan(
                     plan,
@@ -155,6 +165,31 @@ class Session:
         )
         self._executors[key] = ex
         return ex
+
+    def _microbatched(self, batch: int, costs: Any) -> MicroBatched | None:
+        """The training step at ``batch`` as micro-batches, where the policy lets it run so and this process
+        trains alone (:mod:`vmem.planning.microbatch`); None where it does not."""
+        if self.group is not None or not microbatches(self.policy):
+            return None
+        micro = plan_microbatched(
+            lambda n: self.net.build(n, self.input_shape, self.dtype, self.precision),
+            batch,
+            self.target,
+            self.policy,
+            optimizer_slots=self.optimizer.slots,
+            costs=None if costs is None else (lambda n: AtBatch(costs, n / batch)),
+        )
+        if micro is None:
+            return None
+        made = {
+            (p.accumulate, p.update): Executor(self.device, p.schedule, self.device_params(), self.loss, self.optimizer)
+            for p in micro.parts
+        }
+        parts = [micro.part_of(i) for i in range(len(micro.sizes))]
+        runner = MicroBatched(micro.sizes, [made[(p.accumulate, p.update)] for p in parts])
+        self.plans[batch] = micro.result
+        self._executors[(batch, True)] = runner
+        return runner
 
     def inference_plan(self, batch: int) -> tuple[Any, int]:
         """An evaluation pass at ``batch`` beside the training state (:func:`vmem.planning.inference.inference_plan`):

@@ -37,8 +37,10 @@ class Oracle:
         alignment: int = 256,
         optimizer_slots: tuple[str, ...] = ("momentum",),
         costs: "CostModel | None" = None,
+        accumulate: bool = False,
     ):
         self.program, self.device, self.alignment = program, device, alignment
+        self.accumulate = accumulate  # the candidates as micro-batches after the first (their gradients added)
         self.optimizer_slots, self.costs = optimizer_slots, costs
         #: the plan last lowered (kept, so that its id is not reused), its packing and its schedule
         self._last: tuple[Plan, str, Schedule] | None = None
@@ -57,7 +59,15 @@ class Oracle:
         ):
             schedule = last[2]
         else:  # not the plan last lowered, or not placed as it would be for this capacity
-            schedule = lower(self.program, candidate, self.optimizer_slots, self.alignment, packing, spec.memory)
+            schedule = lower(
+                self.program,
+                candidate,
+                self.optimizer_slots,
+                self.alignment,
+                packing,
+                spec.memory,
+                accumulate=self.accumulate,
+            )
             self._last = (candidate, packing, schedule)
         if unfit:
             return PlanResult(candidate, replay_fitting(schedule, spec, self.alignment, self.costs))

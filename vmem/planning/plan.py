@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from .. import policies
 from ..device.spec import DeviceSpec
 from ..graph import Network, Program
+from ..errors import BudgetTooSmall
 from ..policies.base import fit_algorithms
 from ..schedule import Schedule
 from ..schedule.collectives import largest_share, with_allreduce, with_sharded_optimizer
@@ -53,6 +54,8 @@ def plan_program(
     catalog: Any = None,
     nproc: int = 1,
     shard_optimizer: bool = False,
+    accumulate: bool = False,
+    update: bool = True,
 ) -> tuple[PlanResult, Schedule]:
     """Decide, lower and replay for a built Program; the plan with its figures, and the Schedule.
 
@@ -69,11 +72,20 @@ def plan_program(
     pol = policies.get(policy)
     spec, alignment = target.spec, target.alignment
     program, costs = target.view(program), target.costs(costs)
-    oracle = Oracle(program, spec, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs)
+    oracle = Oracle(
+        program, spec, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs, accumulate=accumulate
+    )
     decided = fit_algorithms(pol, program, spec, costs, oracle, pol.decide(program, spec, costs, oracle))
     decided = dataclasses.replace(decided, math=spec.math)  # the device's FP32 math, recorded with the plan
     result, schedule = evaluate(
-        program, spec, decided, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs
+        program,
+        spec,
+        decided,
+        alignment=alignment,
+        optimizer_slots=optimizer_slots,
+        costs=costs,
+        accumulate=accumulate,
+        update=update,
     )
     if nproc > 1:
         rank = largest_share(program, nproc) if shard_optimizer else None
@@ -132,6 +144,8 @@ def plan(
     CPU device, pass ``costs`` (a profile, see :meth:`vmem.Trainer.profile`) to predict time.
     ``optimizer_slots`` names the optimizer state per parameter (SGD with momentum: one). ``precision``
     (``"fp32"``, ``"fp16"``, ``"bf16"``) is what feature maps are stored in (:mod:`vmem.precision`).
+    A batch that fits under none of the policy's plans runs as micro-batches where the policy lets it
+    (``microbatch=on``, auto's default; :mod:`vmem.planning.microbatch`): ``plan.microbatch`` says how many.
     ``nproc``: one rank of a data-parallel run of that many, each at ``batch`` (its share), the gradients'
     all-reduce over the device's interconnect priced and overlapped with backward (the figures'
     ``comm_seconds`` and ``exposed_comm_seconds``); ``shard_optimizer``: the optimizer's state sharded over
@@ -141,14 +155,35 @@ def plan(
         raise ValueError(f"nproc={nproc!r} must be a positive int")
     target = Target.of(device, memory)
     program = net.build(batch, input_shape, dtype, precision)
-    result, _ = plan_program(
-        program,
-        target,
-        policy,
-        optimizer_slots=optimizer_slots,
-        costs=costs,
-        baseline=True,
-        nproc=nproc,
-        shard_optimizer=shard_optimizer,
-    )
+    refused: BudgetTooSmall | None = None
+    try:
+        result, _ = plan_program(
+            program,
+            target,
+            policy,
+            optimizer_slots=optimizer_slots,
+            costs=costs,
+            baseline=True,
+            nproc=nproc,
+            shard_optimizer=shard_optimizer,
+        )
+    except BudgetTooSmall as exc:  # nothing the policy chooses fits the whole batch
+        refused = exc
+    if (refused is not None or not result.fits) and nproc == 1:
+        from ..costs import AtBatch
+        from .microbatch import microbatches, plan_microbatched
+
+        if microbatches(policy):  # as micro-batches of the batch, one after the other (Plan.microbatch)
+            micro = plan_microbatched(
+                lambda n: net.build(n, input_shape, dtype, precision),
+                batch,
+                target,
+                policy,
+                optimizer_slots=optimizer_slots,
+                costs=None if costs is None else (lambda n: AtBatch(costs, n / batch)),
+            )
+            if micro is not None:
+                return micro.result
+    if refused is not None:
+        raise refused
     return result

@@ -67,12 +67,15 @@ def evaluate(
     costs: "CostModel | None" = None,
     packing: str = "auto",
     rows: bool = True,
+    accumulate: bool = False,
+    update: bool = True,
 ) -> tuple[PlanResult, Schedule]:
     """Lower a decided plan and replay it (``program`` as the device sees it); its figures and schedule.
     ``packing``: how the blocks are placed in the arena (:func:`vmem.schedule.pack.pack`; ``"sweep"`` is
     faster and never packs tighter than ``"auto"``: a plan that fits with it fits). ``rows=False`` leaves
-    the figures' per-layer rows out (a planner weighing candidates reads only the totals)."""
-    schedule = lower(program, decided, optimizer_slots, alignment, packing)
+    the figures' per-layer rows out (a planner weighing candidates reads only the totals). ``accumulate``,
+    ``update``: a micro-batch's step (:func:`vmem.schedule.lower.lower`)."""
+    schedule = lower(program, decided, optimizer_slots, alignment, packing, accumulate=accumulate, update=update)
     figures = replay_fitting(schedule, device, alignment, costs)
     if rows:
         figures = dataclasses.replace(figures, layers=_layer_rows(program, decided))

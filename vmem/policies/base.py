@@ -87,7 +87,10 @@ class Policy(ABC):
     ``"performance"`` (fastest). ``split``: ``"on"`` runs each convolution's backward as two steps,
     backward-filter then backward-data, the input freed between them where nothing later reads it
     (``Plan.split``: lossless, and free on cuDNN, whose passes are separate calls already); ``"off"`` (the
-    named policies' default: the papers' one backward step)."""
+    named policies' default: the papers' one backward step). ``microbatch``: ``"on"`` lets the planner run a
+    step that does not fit as micro-batches of the batch, one after the other, their weight gradients
+    added (only for networks whose every layer treats each sample on its own: no batch norm); ``"off"``
+    (the named policies' default)."""
 
     name: ClassVar[str] = "policy"
     #: whether the policy decides by measured time, so a Trainer profiles the device before planning
@@ -102,14 +105,17 @@ class Policy(ABC):
     floor: ClassVar[str | None] = None
     algos: str = "fit"
     split: str = option("off")
+    microbatch: str = option("off")
 
     def __post_init__(self) -> None:
         if self.algos not in ALGOS:
             raise ValueError(f"policy {self.name!r}: algos={self.algos!r}; use one of {', '.join(ALGOS)}")
-        if isinstance(self.split, bool):  # a spec string's on/off reads as a bool
-            object.__setattr__(self, "split", "on" if self.split else "off")
-        if self.split not in ("on", "off"):
-            raise ValueError(f"policy {self.name!r}: split={self.split!r}; use on or off")
+        for switch in ("split", "microbatch"):
+            value = getattr(self, switch)
+            if isinstance(value, bool):  # a spec string's on/off reads as a bool
+                object.__setattr__(self, switch, "on" if value else "off")
+            if getattr(self, switch) not in ("on", "off"):
+                raise ValueError(f"policy {self.name!r}: {switch}={value!r}; use on or off")
 
     @property
     def spec(self) -> str:

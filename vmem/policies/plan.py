@@ -81,6 +81,9 @@ class Plan:
     #: convolutions whose backward runs as two steps, backward-filter then backward-data, their input freed
     #: between (where nothing later reads it): the layer's peak max(x + dy, dy + dx) instead of x + dy + dx
     split: tuple[str, ...] = ()
+    #: the step runs as this many micro-batches of the batch, one after the other (the plan's decisions are
+    #: each micro-batch's; :mod:`vmem.planning.microbatch`); 1: the whole batch at once
+    microbatch: int = 1
 
     def __post_init__(self) -> None:
         """Decisions given as strings become :class:`Stash` and :class:`Allocation` members; an unknown one
@@ -129,6 +132,7 @@ class Plan:
             frozen(self.release),
             self.sync if offloads else None,
             tuple(sorted(self.split)),
+            self.microbatch,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -86,6 +86,8 @@ class _Run:
         #: every bucket: the fused updates read it there (the host never waits for it inside the step)
         self.ok: Any = None
         self.scale: float | None = None  # the loss scale (fp16 training), None: not scaled
+        #: a micro-batch's share of its step's loss (its samples over the step's), None: the whole step
+        self.share: float | None = None
         self.check = False  # look at every op's output for NaN or infinity (a diagnosis, slow)
         self.kept_stats: list[Any] = []  # batch norm's running statistics as they were before the step
         self.first_nonfinite: str | None = None
@@ -250,6 +252,7 @@ class Executor:
         step: int = 0,
         check: bool = False,
         loss_scale: float | None = None,
+        share: float | None = None,
     ) -> tuple[StepReport, np.ndarray | None]:
         """Run the schedule on one batch (``x``: its array, or one array per input of a network of several,
         in the order of ``net.inputs``). Returns the report and, for inference, the logits (NCHW order).
@@ -259,7 +262,9 @@ class Executor:
         output is looked at as the step runs, and ``report.first_nonfinite`` names the first that is not
         finite (a diagnosis: each look waits for the op). ``loss_scale`` (fp16 training, see
         :class:`vmem.optim.GradScaler`) multiplies the loss's gradient; the weights' gradients are divided by
-        it before the update, and a step whose scaled gradients overflow is skipped as any non-finite one."""
+        it before the update, and a step whose scaled gradients overflow is skipped as any non-finite one.
+        ``share``: this batch is a micro-batch of a step (:class:`vmem.runtime.MicroBatched`), its loss's
+        gradient weighed by its share of the step's samples."""
         dev, pool = self.device, self.device.pool
         arrays = list(x) if isinstance(x, (tuple, list)) else [x]
         if len(arrays) != len(self._inputs):
@@ -274,6 +279,7 @@ class Executor:
         r = _Run(host_xs, labels, train, rng, step, time.perf_counter())
         r.check = check
         r.scale = None if loss_scale is None or loss_scale == 1 else float(loss_scale)
+        r.share = None if share is None or share == 1 else float(share)
         if self._asynchronous:  # spans timed by events: measured from this one
             r.timeline.start(dev.compute_stream.record(timing=True))
         r.timeline.sample(r.timeline.origin, dev.readings())
@@ -543,6 +549,7 @@ class Executor:
         loss, xp, host = self.loss, self.xp, r.batch["loss"]
         copy = self.device.copy_now if self._asynchronous else None
         scale = r.scale
+        factor = None if scale is None and r.share is None else (scale or 1.0) * (r.share or 1.0)
         # half logits (mixed precision): the gradient is made and scaled in float32 over the
         # probabilities, then rounded once into d(logits), so that scaling comes before any underflow
         narrow = dlogits.dtype != probs.dtype
@@ -552,8 +559,8 @@ class Executor:
             r.loss_ok = xp.isfinite(value[0])  # a device scalar: the update looks at it
             grad = probs if narrow else dlogits
             loss.backward(xp, probs, labels, grad)
-            if scale is not None:
-                xp.multiply(grad, grad.dtype.type(scale), out=grad)
+            if factor is not None:
+                xp.multiply(grad, grad.dtype.type(factor), out=grad)
             if narrow:
                 dlogits[...] = probs
             if copy is not None:

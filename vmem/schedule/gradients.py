@@ -79,17 +79,18 @@ def _gradients(program: Program, needs: list[bool]) -> Gradients:
 
 
 def param_temps(
-    program: Program, needs: list[bool]
+    program: Program, needs: list[bool], every: bool = False
 ) -> tuple[dict[int, dict[str, Key]], dict[int, list[AccumulateParam]], dict[Key, Buffer]]:
     """Shared parameters: the first backward (in backward order) that uses one writes its gradient; every
-    later one writes into a temporary (one per parameter, reused) that is then added to it. Returns
+    later one writes into a temporary (one per parameter, reused) that is then added to it. With ``every``
+    (a micro-batch after the first: the gradients so far are kept), every backward adds. Returns
     op -> parameter -> temporary, op -> the additions after its backward, and the temporaries' buffers
-    (made once per Program and ``needs``, shared: not to be changed)."""
-    return program.derived(("param_temps", tuple(needs)), lambda: _param_temps(program, needs))
+    (made once per Program, ``needs`` and ``every``, shared: not to be changed)."""
+    return program.derived(("param_temps", tuple(needs), every), lambda: _param_temps(program, needs, every))
 
 
 def _param_temps(
-    program: Program, needs: list[bool]
+    program: Program, needs: list[bool], every: bool
 ) -> tuple[dict[int, dict[str, Key]], dict[int, list[AccumulateParam]], dict[Key, Buffer]]:
     users: dict[str, list[int]] = {}
     for op in program.ops:
@@ -99,7 +100,7 @@ def _param_temps(
     adds: dict[int, list[AccumulateParam]] = {}
     buffers: dict[Key, Buffer] = {}
     for owner, ops in users.items():
-        for i in sorted(ops)[:-1]:
+        for i in sorted(ops) if every else sorted(ops)[:-1]:
             for k, spec in program.ops[i].params.items():
                 if not spec.trainable:
                     continue

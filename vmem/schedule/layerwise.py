@@ -69,14 +69,14 @@ _BITS = _codecs.get("binarize")
 class _Layerwise:
     """The state of one layer-wise lowering; ``forward``, ``loss`` and ``backward`` append the steps."""
 
-    def __init__(self, program: Program, plan: "Plan"):
-        self.program, self.plan = program, plan
+    def __init__(self, program: Program, plan: "Plan", accumulate: bool = False, update: bool = True):
+        self.program, self.plan, self.update = program, plan, update
         ops, tensors = program.ops, program.tensors
         self.needs = needs_grad(program)
         self.value, self.buffers, self.aux = buffer_keys(program)
         self._sources = uploads(program, self.value)  # what is filled from the batch (once: see alloc)
         self.grads = gradients(program, self.needs)
-        self.param_temps, self.param_adds, temp_buffers = param_temps(program, self.needs)
+        self.param_temps, self.param_adds, temp_buffers = param_temps(program, self.needs, accumulate)
         for key, (_, _, nbytes) in self.grads.intervals.items():
             self.buffers[key] = Buffer(key, max(nbytes, 1), "gradient_maps")
         self.buffers.update(temp_buffers)
@@ -285,7 +285,7 @@ class _Layerwise:
         # saved state of layers whose backward does not run
         self.steps += [Free(self.aux[(i, k)]) for i in range(n) if not self.needs[ops[i].output] for k in ops[i].aux]
         self.steps += [Free(key) for key in self.still_allocated() if key != LOSS]  # held but never read back
-        self.steps += [Update(), Free(LOSS)]
+        self.steps += ([Update()] if self.update else []) + [Free(LOSS)]
 
     def _signs(self) -> dict[int, tuple[Key, int, int]]:
         """Inputs of split convolutions that later backwards read only for their sign (a ReLU's output, read
@@ -388,8 +388,15 @@ def _positions(program: Program) -> tuple[dict[int, int], dict[int, int], dict[i
     return buf, last_forward, last_writer
 
 
-def lower_layerwise(program: Program, plan: "Plan", optimizer_slots: tuple[str, ...], alignment: int) -> Schedule:
-    lowering = _Layerwise(program, plan)
+def lower_layerwise(
+    program: Program,
+    plan: "Plan",
+    optimizer_slots: tuple[str, ...],
+    alignment: int,
+    accumulate: bool = False,
+    update: bool = True,
+) -> Schedule:
+    lowering = _Layerwise(program, plan, accumulate, update)
     lowering.forward()
     lowering.loss()
     lowering.backward()

@@ -82,13 +82,18 @@ def lower(
     alignment: int = 256,
     packing: str = "auto",
     capacity: int | None = None,
+    *,
+    accumulate: bool = False,
+    update: bool = True,
 ) -> Schedule:
     """The training step of ``plan``, every allocation placed in the arena (:func:`.pack.place`, with the
-    ``packing`` strategy, for an arena of ``capacity`` bytes where given)."""
+    ``packing`` strategy, for an arena of ``capacity`` bytes where given). A micro-batch of a step
+    (``Plan.microbatch``): ``accumulate`` adds every weight gradient to what earlier micro-batches left (each
+    through a temporary, as a shared parameter's), and without ``update`` the optimizer does not run."""
     if plan.allocation == "network":
-        schedule = _lower_network(program, plan, optimizer_slots, alignment)
+        schedule = _lower_network(program, plan, optimizer_slots, alignment, accumulate, update)
     elif plan.allocation == "layer":
-        schedule = lower_layerwise(program, plan, optimizer_slots, alignment)
+        schedule = lower_layerwise(program, plan, optimizer_slots, alignment, accumulate, update)
     else:
         raise ValueError(f"plan {plan.policy!r}: unknown allocation {plan.allocation!r}")
     return place(schedule, packing, capacity)
@@ -112,7 +117,14 @@ def _share_slots(grads: Gradients) -> tuple[dict[Key, Key], list[Buffer]]:
     ]
 
 
-def _lower_network(program: Program, plan: "Plan", optimizer_slots: tuple[str, ...], alignment: int) -> Schedule:
+def _lower_network(
+    program: Program,
+    plan: "Plan",
+    optimizer_slots: tuple[str, ...],
+    alignment: int,
+    accumulate: bool = False,
+    update: bool = True,
+) -> Schedule:
     """Everything allocated up front and freed at the end; gradients share slots, one workspace for all."""
     ops, tensors = program.ops, program.tensors
     n = len(ops)
@@ -125,7 +137,7 @@ def _lower_network(program: Program, plan: "Plan", optimizer_slots: tuple[str, .
     grads = gradients(program, needs)
     slot_of, slot_buffers = _share_slots(grads)
     buffers.update((b.key, b) for b in slot_buffers)
-    temps, adds, temp_buffers = param_temps(program, needs)
+    temps, adds, temp_buffers = param_temps(program, needs, accumulate)
     buffers.update(temp_buffers)
     steps: list[Step] = []
     sources = uploads(program, value)
@@ -141,7 +153,8 @@ def _lower_network(program: Program, plan: "Plan", optimizer_slots: tuple[str, .
         steps.append(Backward(i, pass_algos(plan, program, i)[1], ws if bwd_ws else None))
         steps += [Accumulate(a.tensor, slot_of[a.temp]) for a in grads.acc_steps.get(i, [])]
         steps += adds.get(i, [])
-    steps.append(Update())
+    if update:
+        steps.append(Update())
     steps += [Free(key) for key in reversed(list(buffers))]
     return Schedule(
         program=program,

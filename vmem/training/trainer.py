@@ -290,7 +290,7 @@ class Trainer:
         drawn = self.rng.bit_generator.state  # to replay the step (its dropout masks) for a diagnosis
         scale = None if self.scaler is None else self.scaler.scale
         report, _ = ex.run(x, np.asarray(y), train=True, rng=self.rng, step=self.steps_done + 1, loss_scale=scale)
-        batch = ex.schedule.program.batch
+        batch = count(x)
         if report.spilled and batch not in self._spill_told:  # once per batch size
             self._spill_told.add(batch)
             density = getattr(self.plans.get(batch), "density", None)

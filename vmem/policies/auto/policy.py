@@ -62,7 +62,7 @@ EXHAUSTIVE = f"{FAST}, every choice tried"
 @register
 @dataclass(frozen=True)
 class Auto(Policy):
-    """``auto[:lossy=fp8|...,trials=64,solver=greedy|ilp,time_limit=10,split=on|off]``: the fastest plan that fits, over
+    """``auto[:lossy=fp8|...,trials=64,solver=greedy|ilp,time_limit=10,split=on|off,microbatch=on|off]``: the fastest plan that fits, over
     every technique (see the module docstring). Its ``algos`` option is not used: it chooses algorithms."""
 
     name = "auto"
@@ -73,6 +73,8 @@ class Auto(Policy):
     #: every plan auto starts from runs its convolutions' backward split (see Policy): never more memory,
     #: the same results, one more step a convolution
     split: str = option("on")
+    #: a batch that fits under none of its plans runs as micro-batches (see Policy)
+    microbatch: str = option("on")
     lossy: str | None = option(None)
     trials: int | None = option(None)
     solver: str = option("greedy")
@@ -113,6 +115,7 @@ class Auto(Policy):
             + ([f"solver={self.solver}"] if self.solver != "greedy" else [])
             + ([f"time_limit={self.time_limit:g}"] if self.time_limit != 10.0 else [])
             + ([f"split={self.split}"] if self.split != "on" else [])
+            + ([f"microbatch={self.microbatch}"] if self.microbatch != "on" else [])
         )
         return f"{self.name}:{','.join(options)}" if options else self.name
 

@@ -1,0 +1,238 @@
+"""Micro-batches: a training step that fits under none of a policy's plans, run as slices of its batch.
+
+Where every layer treats each sample on its own (convolutions, activations, pooling, linear layers, sums:
+no batch norm), a step over ``batch`` samples is the sum of steps over slices of them, each one's loss
+gradient weighed by its share of the samples. The step then runs as ``k`` micro-batches one after the
+other: the first writes the weight gradients, each later one adds to them (each gradient made in a
+temporary, as a shared parameter's), and the last runs the optimizer. The device holds one micro-batch's
+feature maps at a time (and the policy's plan decides for that micro-batch, offloads included), so the
+batch is bounded by host memory and time rather than by a layer's working set.
+
+The planner (:func:`plan_microbatched`) takes the largest micro-batch at which every micro-batch of the
+step fits (bisection: fewer micro-batches are faster), plans each size under the policy, and replays the
+three kinds of micro-batch the step runs (the first, the middle ones, the last) for its figures: the peak
+is the largest of theirs, the step time the sum of every micro-batch's, the optimizer counted once.
+Results equal the whole batch's within float rounding (the gradients are summed in a fixed order, the
+micro-batches' in turn); dropout draws its masks per micro-batch (the same distribution, other draws).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from ..errors import PlanError
+from ..graph import Program
+from ..schedule import Schedule
+from .plan import plan_program
+from .result import PlanResult, evaluate
+from .target import Target
+
+if TYPE_CHECKING:
+    from ..costs.model import CostModel
+    from ..policies.base import Policy
+
+__all__ = ["PER_SAMPLE", "per_sample", "slice_sizes", "MicroPlan", "Part", "plan_microbatched", "microbatches"]
+
+#: Layer kinds that compute each sample on its own (a micro-batch's results are the batch's rows)
+PER_SAMPLE = frozenset(
+    {
+        "conv",
+        "relu",
+        "maxpool",
+        "avgpool",
+        "linear",
+        "flatten",
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "concat",
+        "pad",
+        "identity",
+        "dropout",
+        "gelu",
+        "sigmoid",
+        "tanh",
+        "clip",
+        "erf",
+    }
+)
+
+
+def per_sample(program: Program) -> bool:
+    """Whether every op of ``program`` computes each sample on its own (so that it can run as micro-batches)."""
+    return all(op.kind in PER_SAMPLE for op in program.ops)
+
+
+def microbatches(policy: "Policy | str") -> bool:
+    """Whether ``policy`` lets a step that does not fit run as micro-batches (its ``microbatch`` option)."""
+    from .. import policies
+
+    return policies.get(policy).microbatch == "on"
+
+
+def slice_sizes(batch: int, size: int) -> tuple[int, ...]:
+    """The micro-batches of a step of ``batch`` samples at most ``size`` each, in order: equal ones, then
+    the rest."""
+    if not 1 <= size <= batch:
+        raise ValueError(f"micro-batch size {size} for a batch of {batch}")
+    whole, rest = divmod(batch, size)
+    return (size,) * whole + ((rest,) if rest else ())
+
+
+@dataclass(frozen=True)
+class Part:
+    """One kind of micro-batch a step runs: its ``size``, how many of it (``count``), whether it adds its
+    weight gradients to the earlier ones' (``accumulate``) and runs the optimizer (``update``), its
+    ``program`` and its placed ``schedule``, and its plan's figures (``result``)."""
+
+    size: int
+    count: int
+    accumulate: bool
+    update: bool
+    program: Program
+    schedule: Schedule
+    result: PlanResult
+
+
+@dataclass(frozen=True)
+class MicroPlan:
+    """A step of ``batch`` samples as micro-batches of ``sizes`` (in order): the kinds of micro-batch it
+    runs (``parts``: the first, the middle ones, the last) and the step's figures (``result``)."""
+
+    batch: int
+    sizes: tuple[int, ...]
+    parts: tuple[Part, ...]
+    result: PlanResult
+
+    def part_of(self, index: int) -> Part:
+        """The kind of micro-batch ``index`` (0-based) is."""
+        last = len(self.sizes) - 1
+        kinds = {(p.accumulate, p.update): p for p in self.parts}
+        if index == 0:
+            return kinds[(False, last == 0)]
+        return kinds[(True, index == last)]
+
+
+def _combined(batch: int, sizes: tuple[int, ...], parts: list[Part]) -> PlanResult:
+    """The step's figures from its micro-batches': the largest peak (and per category), the sums of time
+    and offloaded bytes, the time-weighted average."""
+    figures = [p.result.figures for p in parts]
+    timed = all(f.step_seconds is not None for f in figures)
+    weights = [p.count * (f.step_seconds if timed else 1.0) for p, f in zip(parts, figures)]  # type: ignore[operator]
+    total = sum(weights) or 1.0
+
+    def summed(name: str) -> float | None:
+        values = [getattr(f, name) for f in figures]
+        return None if any(v is None for v in values) else sum(p.count * v for p, v in zip(parts, values))
+
+    categories = {
+        c: {
+            "peak": max(f.by_category.get(c, {}).get("peak", 0) for f in figures),
+            "average": sum(w * f.by_category.get(c, {}).get("average", 0.0) for w, f in zip(weights, figures)) / total,
+        }
+        for f0 in figures
+        for c in f0.by_category
+    }
+    peak_part = max(parts, key=lambda p: p.result.peak_bytes)
+    middle = next((p for p in parts if p.accumulate and not p.update), parts[-1])
+    combined = dataclasses.replace(
+        middle.result.figures,
+        peak_bytes=peak_part.result.peak_bytes,
+        peak_at=peak_part.result.figures.peak_at,
+        layer_peaks=peak_part.result.figures.layer_peaks,
+        average_bytes=sum(w * f.average_bytes for w, f in zip(weights, figures)) / total,
+        by_category=categories,
+        offloaded_bytes=int(sum(p.count * f.offloaded_bytes for p, f in zip(parts, figures))),
+        fits=all(f.fits for f in figures),
+        step_seconds=summed("step_seconds"),
+        stall_seconds=summed("stall_seconds"),
+        update_seconds=next((f.update_seconds for p, f in zip(parts, figures) if p.update), None),
+        baseline_step_seconds=None,
+    )
+    plan = dataclasses.replace(middle.result.plan, batch=batch, microbatch=len(sizes))
+    plan = dataclasses.replace(
+        plan,
+        reason=f"{plan.reason.rstrip('.')}; as {len(sizes)} micro-batches of {sizes[0]} (of {batch}), one after the other.",
+    )
+    return PlanResult(plan, combined)
+
+
+def _attempt(
+    build: Callable[[int], Program],
+    batch: int,
+    size: int,
+    target: Target,
+    policy: "Policy | str",
+    optimizer_slots: tuple[str, ...],
+    costs: Callable[[int], "CostModel | None"],
+) -> MicroPlan | None:
+    """The step as micro-batches of at most ``size``, each kind planned and replayed; None where one does
+    not fit (or the policy refuses one)."""
+    sizes = slice_sizes(batch, size)
+    last = len(sizes) - 1
+    kinds: dict[tuple[int, bool, bool], int] = {}  # (size, accumulate, update) -> count
+    for i, s in enumerate(sizes):
+        key = (s, i > 0, i == last)
+        kinds[key] = kinds.get(key, 0) + 1
+    programs: dict[int, Program] = {}
+    decided: dict[int, PlanResult] = {}
+    parts = []
+    for (s, accumulate, update), count in kinds.items():
+        if s not in decided:  # the policy decides once a size, for a micro-batch that adds (the leanest)
+            try:
+                result, placed = plan_program(
+                    build(s), target, policy, optimizer_slots=optimizer_slots, costs=costs(s), accumulate=True
+                )
+            except PlanError:
+                return None
+            if not result.fits:
+                return None
+            decided[s], programs[s] = result, placed.program  # the program as the device sees it
+        result, schedule = evaluate(
+            programs[s],
+            target.spec,
+            decided[s].plan,
+            alignment=target.alignment,
+            optimizer_slots=optimizer_slots,
+            costs=target.costs(costs(s)),
+            accumulate=accumulate,
+            update=update,
+        )
+        if not result.fits:
+            return None
+        parts.append(Part(s, count, accumulate, update, programs[s], schedule, result))
+    return MicroPlan(batch, sizes, tuple(parts), _combined(batch, sizes, parts))
+
+
+def plan_microbatched(
+    build: Callable[[int], Program],
+    batch: int,
+    target: Target,
+    policy: "Policy | str",
+    *,
+    optimizer_slots: tuple[str, ...] = ("momentum",),
+    costs: Callable[[int], "CostModel | None"] | None = None,
+) -> MicroPlan | None:
+    """A step of ``batch`` samples as the fewest micro-batches that fit ``target`` under ``policy``
+    (``build(n)``: the program at ``n`` samples; ``costs(n)``: its cost model, where one is measured), or
+    None where not even micro-batches of one sample fit, or the network is not per-sample
+    (:func:`per_sample`). Bisects the micro-batch size (a size that fits is taken to mean every smaller
+    one does)."""
+    if batch < 2 or not per_sample(build(1)):
+        return None
+    costs_of = costs or (lambda n: None)
+    best = _attempt(build, batch, 1, target, policy, optimizer_slots, costs_of)
+    if best is None:
+        return None
+    lo, hi = 1, batch  # fits at lo; the whole batch is taken not to (the caller tried it)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        found = _attempt(build, batch, mid, target, policy, optimizer_slots, costs_of)
+        if found is not None:
+            lo, best = mid, found
+        else:
+            hi = mid
+    return best
