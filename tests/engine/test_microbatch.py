@@ -81,3 +81,13 @@ def test_the_planner_takes_the_largest_micro_batch_that_fits():
     assert "micro-batches" in result.plan.reason
     with pytest.raises(vmem.errors.BudgetTooSmall):
         vmem.plan(net, 512, device, "auto:microbatch=off", memory="8GiB")
+
+
+def test_split_convolutions_add_their_weight_gradients_in_later_micro_batches():
+    """A split backward's filter half writes into the temporary a later micro-batch adds from; its data half
+    makes no weight gradient."""
+    whole, _, big = _train("vdnn-all:algos=memory,split=on", "256MiB")
+    budget = int(big.peak_bytes * 0.7)
+    split, reports, plan = _train("vdnn-all:algos=memory,split=on,microbatch=on", f"{budget}B")
+    assert plan.microbatch >= 2 and all(r.peak_bytes == plan.peak_bytes for r in reports)
+    assert all(np.abs(split[k] - whole[k]).max() <= TOLERANCE * (np.abs(whole[k]).max() or 1.0) for k in whole)

@@ -70,7 +70,9 @@ def largest_batch(
     """The largest batch (up to ``most``) whose training step ``policy`` plans to fit ``device`` (its
     capacity ``memory`` where given), with feature maps in ``precision``: 0 where not even batch 1 fits.
     Found by doubling from 1 and then bisecting, one plan a try (a plan that fits at a batch is assumed to
-    fit at every smaller one). ``progress(batch, fits)`` is called after each try."""
+    fit at every smaller one). ``progress(batch, fits)`` is called after each try. The whole step's batch:
+    a policy that runs micro-batches (``microbatch=on``, auto's default) trains any larger batch as
+    micro-batches of at most this many (:mod:`vmem.planning.microbatch`)."""
     if isinstance(most, bool) or not isinstance(most, int) or most < 1:
         raise ValueError(f"largest_batch: most={most!r} must be a positive int")
     target = Target.of(device, memory)

@@ -482,8 +482,8 @@ class Executor:
         op = self.program.ops[st.op]
         sched = self.schedule
         ctx = self._ctx(r, st.op, True, None, st.algos, st.workspace)
-        temps = sched.param_acc.get(st.op)
-        if temps:  # a shared parameter used again: its contribution goes to a temporary
+        temps = sched.param_acc.get(st.op) if st.part != "data" else None  # data: no weight gradient
+        if temps:  # a shared parameter used again (or a micro-batch's): its contribution goes to a temporary
             ctx.grads = {k: self._view(r, key, ctx.grads[k].shape, self._grad_dtype) for k, key in temps.items()}
         dy = self._grad(r, op.output)
         if st.on_bits is not None:  # ReLU's backward on the bits of its binarized output (Gist)

@@ -241,7 +241,8 @@ class Auto(Policy):
         least = least if least is not None else 4 * result.peak_bytes
         raise BudgetTooSmall(
             f"{program.network} at batch {program.batch} fits in {format_bytes(device.memory)} under none of auto's "
-            f"plans; the leanest ({FLOOR}: every feature map offloaded, memory-optimal algorithms) needs at least "
+            f"plans; the leanest ({FLOOR}: every feature map offloaded but the ReLUs' signs, memory-optimal "
+            "algorithms) needs at least "
             f"{format_bytes(least)} ({least} bytes{f', to {tolerance:.1%}' if tolerance else ''}). Use a larger "
             "memory budget" + (" or a smaller batch." if program.batch > 1 else "."),
             least,
