@@ -329,3 +329,26 @@ def test_four_dimensional_tensors_are_refused_where_an_axis_would_be_ambiguous()
     ]:
         with pytest.raises(ShapeError, match="4"):
             layer.output_shape(shapes)
+
+
+@pytest.mark.parametrize("size", [1, 3, 4, 5])
+def test_local_response_norm(size):
+    """AlexNet's LRN (ONNX's window: (size - 1) // 2 channels before, the rest after), even sizes too."""
+    check_layer(nn.LocalResponseNorm(size, alpha=0.3, beta=0.75, k=2.0), [(2, 6, 3, 4)])
+
+
+def test_local_response_norm_is_onnx_s_formula():
+    """Against ONNX's definition, written out channel by channel (NCHW)."""
+    from vmem.nn import Ctx, physical
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 7, 3, 3))
+    size, alpha, beta, k = 4, 0.5, 0.75, 1.5
+    want = np.empty_like(x)
+    for c in range(7):
+        lo, hi = max(0, c - (size - 1) // 2), min(6, c + size // 2)
+        want[:, c] = x[:, c] / (k + alpha / size * (x[:, lo : hi + 1] ** 2).sum(axis=1)) ** beta
+    layer = nn.LocalResponseNorm(size, alpha=alpha, beta=beta, k=k)
+    y = np.empty(physical(x.shape))
+    layer.forward(Ctx(xp=np), [np.ascontiguousarray(x.transpose(0, 2, 3, 1))], y)
+    assert np.allclose(y.transpose(0, 3, 1, 2), want, rtol=1e-12, atol=0)

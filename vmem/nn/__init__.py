@@ -6,7 +6,7 @@ from .conv import Conv2d
 from .join import Add, Concat
 from .linear import Flatten, Linear
 from .loss import SoftmaxCrossEntropy
-from .norm import BatchNorm2d
+from .norm import BatchNorm2d, LocalResponseNorm
 from .pooling import AvgPool2d, MaxPool2d, Pad2d
 from .attention import LayerNorm, MatMul, Mean, Softmax
 from .seq import (
@@ -44,6 +44,7 @@ __all__ = [
     "AvgPool2d",
     "Pad2d",
     "BatchNorm2d",
+    "LocalResponseNorm",
     "Dropout",
     "Flatten",
     "Add",

@@ -1,4 +1,4 @@
-"""Batch normalization over the channels of (N, C, H, W) tensors."""
+"""Normalization over the channels of (N, C, H, W) tensors: batch norm, and local response norm (AlexNet)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Sequence, TYPE_CHECKING
 from .base import AuxSpec, Ctx, Layer, ParamSpec, Shape
 
 if TYPE_CHECKING:
-    from .._typing import Array
+    from .._typing import Array, Xp
 
-__all__ = ["BatchNorm2d"]
+__all__ = ["BatchNorm2d", "LocalResponseNorm"]
 
 
 class BatchNorm2d(Layer):
@@ -129,3 +129,64 @@ class BatchNorm2d(Layer):
             dx2 *= scale
         else:
             xp.multiply(dy2, scale, out=dx2)
+
+
+class LocalResponseNorm(Layer):
+    """``LocalResponseNorm(size, alpha=1e-4, beta=0.75, k=1.0)`` (AlexNet's, ONNX's LRN, PyTorch's
+    ``nn.LocalResponseNorm`` for odd sizes): over (N, C, H, W), ``y = x / (k + alpha / size * S) ** beta``, ``S`` the sum of
+    the squares of ``x`` over the ``size`` channels around each one (``(size - 1) // 2`` before, the rest
+    after; fewer at the edges). Each sample on its own. Backward needs the input (the sums are made again)::
+
+        dx = dy * s**-beta - 2 * alpha * beta / size * x * T(dy * x * s**(-beta - 1))
+
+    ``s`` the denominator's base and ``T`` the same window sum with its sides swapped (the transpose)."""
+
+    kind = "lrn"
+    needs = frozenset({"x"})
+
+    def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0):
+        super().__init__()
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+            raise ValueError(f"LocalResponseNorm: size={size!r} must be a positive int")
+        self.size, self.alpha, self.beta, self.k = size, float(alpha), float(beta), float(k)
+
+    def extra_repr(self) -> str:
+        return f"{self.size}, alpha={self.alpha:g}, beta={self.beta:g}, k={self.k:g}"
+
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        self.check_arity(in_shapes)
+        self.expect_rank(in_shapes[0], 4)
+        return tuple(in_shapes[0])
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        n = 1
+        for d in in_shapes[0]:
+            n *= d
+        return (self.size + 6) * n
+
+    def _window(self, xp: Xp, a: Array, before: int, after: int) -> Array:
+        """Per channel (the last axis, channels-last), the sum of ``a`` over ``before`` channels before it,
+        itself and ``after`` after it (zeros past the edges)."""
+        c = a.shape[-1]
+        pad = [(0, 0)] * (a.ndim - 1) + [(before + 1, after)]
+        cum = xp.cumsum(xp.pad(a, pad), axis=-1)
+        return cum[..., before + 1 + after :][..., :c] - cum[..., :c]
+
+    def _base(self, xp: Xp, x: Array) -> Array:
+        before = (self.size - 1) // 2
+        return self.k + (self.alpha / self.size) * self._window(xp, x * x, before, self.size - 1 - before)
+
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
+        xp, x = ctx.xp, xs[0]
+        y[...] = x * self._base(xp, x) ** -self.beta
+
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
+        dx = dxs[0]
+        if dx is None:
+            return
+        assert xs is not None  # needs = {"x"}
+        xp, x = ctx.xp, xs[0]
+        s = self._base(xp, x)
+        before = (self.size - 1) // 2
+        inner = self._window(xp, dy * x * s ** (-self.beta - 1), self.size - 1 - before, before)
+        dx[...] = dy * s**-self.beta - (2 * self.alpha * self.beta / self.size) * x * inner

@@ -31,8 +31,10 @@ BATCH = 1_000_003
 #: name. (Not Identity: an exporter that merges equal initializers names each copy after its own parameter,
 #: ``bn1.running_mean = Identity(bn1.bias)`` while both are zeros.)
 _SAME_VALUES = ("Transpose", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten")
-#: The most values a constant computed at import may hold (a shape computation, never a feature map).
-_MOST_FOLDED = 1 << 22
+#: The most bytes a constant computed at import may hold: a shape computation, or a weight a model computes
+#: rather than stores (the onnx package's light models fill their fully connected weights so: VGG-19's fc6 is
+#: 411 MB); never a feature map, whose size would depend on the batch (refused apart).
+_MOST_FOLDED = 1 << 30
 
 
 def _onnx() -> ModuleType:

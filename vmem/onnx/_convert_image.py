@@ -195,6 +195,20 @@ def _batchnorm(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     return [y, stats, stats]
 
 
+@_converts("LRN", 1, 13)
+def _lrn(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    x = _as_image(b, b.tensor(ins, 0, "input"), "input")
+    if "size" not in attrs:
+        raise _Refuse("has no size (a required attribute)")
+    layer = nn.LocalResponseNorm(
+        int(attrs["size"]),
+        alpha=_real(attrs.get("alpha", 1e-4)),
+        beta=_real(attrs.get("beta", 0.75)),
+        k=_real(attrs.get("bias", 1.0)),
+    )
+    return [b.add(layer, [x])]
+
+
 def _elementwise(make: Callable[[], nn.Layer]) -> Callable[..., list[Any]]:
     def convert(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
         x = b.tensor(ins, 0, "input", chw=True)

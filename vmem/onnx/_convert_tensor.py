@@ -424,7 +424,9 @@ def _softmax(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     rank = len(x.dims)
     default = -1 if b.opset >= 13 else 1
     axis = int(attrs.get("axis", default)) % rank
-    if b.opset < 13 and axis != rank - 1:  # before 13 the input was coerced to 2-D at the axis
+    tail = x.dims[axis + 1 :]
+    if b.opset < 13 and any(d != 1 for d in tail):  # before 13 the input was coerced to 2-D at the axis
+        # (a tail of ones, as SqueezeNet's (N, 1000, 1, 1): the same softmax, along the axis)
         raise _Refuse(f"axis={axis} of a rank-{rank} input (opset {b.opset} softmaxes the flattened tail)")
     _no_batch_axis(b, [axis], "softmaxes along")
     return [b.add(nn.Softmax(x.axis(axis)), [x], lifted=x.lifted)]

@@ -20,6 +20,7 @@ from ..errors import CheckpointError, OnnxError
 from ..graph import Graph
 from ..graph.network import Node
 from . import _data
+from ..units import format_bytes
 
 from . import _convert_image, _convert_tensor  # noqa: F401  (they register the converters)
 from ._builder import (
@@ -139,6 +140,8 @@ def _fold(onnx: ModuleType, node: Any, ins: list[Any], opset: int) -> list[Any]:
     if node.op_type in ("ConstantOfShape", "Expand", "Tile", "Range", "RandomNormalLike", "RandomUniformLike"):
         if any(isinstance(v, np.ndarray) and v.dtype.kind in "iu" and (v >= BATCH).any() for v in ins):
             raise _Refuse("makes a constant whose size depends on the batch size")
+    if node.op_type == "ConstantOfShape" and ins and isinstance(ins[0], np.ndarray):  # sized before it is made
+        _check_folded(int(np.prod(ins[0], dtype=np.float64)) * 4)
     helper = onnx.helper
     names = [n for n in node.input if n]
     graph = helper.make_graph(
@@ -154,9 +157,17 @@ def _fold(onnx: ModuleType, node: Any, ins: list[Any], opset: int) -> list[Any]:
     except Exception as exc:  # noqa: BLE001 - the reference implementation's own complaint, named
         raise _Refuse(f"could not be evaluated at import ({type(exc).__name__}: {exc})") from None
     out = [np.asarray(v) for v in outs]
-    if any(v.size > _MOST_FOLDED for v in out):
-        raise _Refuse("computes a constant of more than 4M values at import")
+    for v in out:
+        _check_folded(v.nbytes)
     return out
+
+
+def _check_folded(nbytes: int) -> None:
+    if nbytes > _MOST_FOLDED:
+        raise _Refuse(
+            f"computes a constant of {format_bytes(nbytes)} at import (at most {format_bytes(_MOST_FOLDED)}: "
+            "a shape computation or a computed weight, never a feature map)"
+        )
 
 
 def _shape_of(x: _Tensor, attrs: dict[str, Any]) -> np.ndarray:
