@@ -200,6 +200,10 @@ class Auto(Policy):
         plan, notes, moves_kept = best.plan, {}, 0
         if self.trial_budget(program) and plan.allocation == Allocation.LAYER:
             plan, notes, moves_kept, best = improve.improve(self, program, device, costs, oracle, best, info)
+        if plan.split:  # each split costs a step (a launch): kept only where the plan needs it to fit
+            whole = oracle(dataclasses.replace(plan, split=()), unfit=False)
+            if whole is not None and whole.step_seconds is not None and whole.step_seconds <= best.step_seconds:
+                plan, best = whole.plan, whole
         seconds = best.step_seconds
         reason = (
             f"auto: {len({id(r) for _, _, r in fitting})} of {tried} starting plans fit in "
