@@ -91,3 +91,16 @@ def test_split_convolutions_add_their_weight_gradients_in_later_micro_batches():
     split, reports, plan = _train("vdnn-all:algos=memory,split=on,microbatch=on", f"{budget}B")
     assert plan.microbatch >= 2 and all(r.peak_bytes == plan.peak_bytes for r in reports)
     assert all(np.abs(split[k] - whole[k]).max() <= TOLERANCE * (np.abs(whole[k]).max() or 1.0) for k in whole)
+
+
+def test_vmem_plan_says_how_many_micro_batches(capsys):
+    import json
+
+    from vmem.cli import main
+
+    code = main(
+        ["plan", "--model", "vgg16", "--batch", "512", "--device", "sim:h100-sxm", "--memory", "8GiB", "--json"]
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["fits"] and out["microbatch"] == 2 and out["baseline_step_seconds"] > 0
+    assert out["step_seconds"] > out["baseline_step_seconds"]  # two micro-batches, each through the link

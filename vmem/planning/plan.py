@@ -91,13 +91,22 @@ def plan_program(
         rank = largest_share(program, nproc) if shard_optimizer else None
         result, schedule = rank_plan(result, schedule, spec, alignment, costs, nproc, rank)
     if baseline and costs is not None:
-        base = policies.get("baseline:algos=performance").decide(program, spec, costs)
-        base_result = evaluate(
-            program, spec, base, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs, rows=False
-        )[0]
-        figures = dataclasses.replace(result.figures, baseline_step_seconds=base_result.step_seconds)
+        figures = dataclasses.replace(
+            result.figures, baseline_step_seconds=baseline_seconds(program, spec, alignment, optimizer_slots, costs)
+        )
         result = PlanResult(decided, figures)
     return result, schedule
+
+
+def baseline_seconds(
+    program: Program, spec: DeviceSpec, alignment: int, optimizer_slots: tuple[str, ...], costs: "CostModel"
+) -> float | None:
+    """The step time of ``baseline`` with the fastest algorithms (``program`` as the device sees it): the
+    oracle a plan's time is read against, fitting or not."""
+    base = policies.get("baseline:algos=performance").decide(program, spec, costs)
+    return evaluate(program, spec, base, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs, rows=False)[
+        0
+    ].step_seconds
 
 
 def rank_plan(
@@ -183,7 +192,13 @@ def plan(
                 costs=None if costs is None else (lambda n: AtBatch(costs, n / batch)),
             )
             if micro is not None:
-                return micro.result
+                scale = target.costs(costs)
+                base = None
+                if scale is not None:  # the whole batch's baseline, as a plan that fits carries it
+                    viewed = target.view(program)
+                    base = baseline_seconds(viewed, target.spec, target.alignment, optimizer_slots, scale)
+                figures = dataclasses.replace(micro.result.figures, baseline_step_seconds=base)
+                return PlanResult(micro.result.plan, figures)
     if refused is not None:
         raise refused
     return result
