@@ -12,7 +12,8 @@ from ..policies.budget import least_memory
 from . import advice, profiles
 from .budget import fraction_budget, largest_batch, smallest_memory
 from .oracle import Oracle
-from .plan import floor_policy, needs_budget, plan, plan_program, rank_plan
+from .network import plan
+from .plan import floor_policy, needs_budget, plan_program, rank_plan
 from .report import layer_table, paper_accounting
 from .result import UNBOUNDED, PlanResult, Problem, evaluate, replay_fitting, replay_if_fits, validate
 from .target import Target

@@ -11,7 +11,8 @@ from ..errors import PlanError
 from ..graph import Network, Program
 from ..policies.budget import largest_fitting, least_memory
 from .oracle import Oracle
-from .plan import floor_policy, plan, plan_program
+from .network import plan
+from .plan import floor_policy, plan_program
 from .result import UNBOUNDED, evaluate, replay_if_fits
 from .target import Target
 

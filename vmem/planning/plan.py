@@ -5,12 +5,11 @@ state added to the schedule."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .. import policies
 from ..device.spec import DeviceSpec
-from ..graph import Network, Program
-from ..errors import BudgetTooSmall
+from ..graph import Program
 from ..policies.base import fit_algorithms
 from ..schedule import Schedule
 from ..schedule.collectives import largest_share, with_allreduce, with_sharded_optimizer
@@ -19,11 +18,10 @@ from .result import PlanResult, evaluate, replay_fitting
 from .target import Target
 
 if TYPE_CHECKING:
-    from ..device.base import Device
     from ..policies.base import Policy
     from ..costs.model import CostModel
 
-__all__ = ["plan", "plan_program", "rank_plan", "floor_policy", "needs_budget"]
+__all__ = ["plan_program", "rank_plan", "floor_policy", "needs_budget", "baseline_seconds"]
 
 
 def needs_budget(policy: Policy | str) -> bool:
@@ -129,76 +127,3 @@ def rank_plan(
     kept = result.figures
     figures = dataclasses.replace(figures, layers=kept.layers, baseline_step_seconds=kept.baseline_step_seconds)
     return PlanResult(result.plan, figures), schedule
-
-
-def plan(
-    net: Network,
-    batch: int,
-    device: Device | DeviceSpec | Target | str = "cpu",
-    policy: Policy | str = "baseline",
-    *,
-    input_shape: Sequence[int] | None = None,
-    dtype: str = "float32",
-    precision: str = "fp32",
-    optimizer_slots: tuple[str, ...] = ("momentum",),
-    memory: int | str | None = None,
-    costs: "CostModel | None" = None,
-    nproc: int = 1,
-    shard_optimizer: bool = False,
-) -> PlanResult:
-    """Plan one training step of ``net`` at ``batch`` on ``device`` under ``policy``, without running it.
-
-    ``device`` is a Device, a DeviceSpec or a name (``"cpu"``, ``"sim:titan-x"``; ``memory=`` overrides
-    its capacity). On a simulated GPU the plan predicts step time with the roofline cost model; on the
-    CPU device, pass ``costs`` (a profile, see :meth:`vmem.Trainer.profile`) to predict time.
-    ``optimizer_slots`` names the optimizer state per parameter (SGD with momentum: one). ``precision``
-    (``"fp32"``, ``"fp16"``, ``"bf16"``) is what feature maps are stored in (:mod:`vmem.precision`).
-    A batch that fits under none of the policy's plans runs as micro-batches where the policy lets it
-    (``microbatch=on``, auto's default; :mod:`vmem.planning.microbatch`): ``plan.microbatch`` says how many.
-    ``nproc``: one rank of a data-parallel run of that many, each at ``batch`` (its share), the gradients'
-    all-reduce over the device's interconnect priced and overlapped with backward (the figures'
-    ``comm_seconds`` and ``exposed_comm_seconds``); ``shard_optimizer``: the optimizer's state sharded over
-    the ranks (ZeRO's stage 1), the rank that keeps the most of it planned.
-    """
-    if not isinstance(nproc, int) or nproc < 1:
-        raise ValueError(f"nproc={nproc!r} must be a positive int")
-    target = Target.of(device, memory)
-    program = net.build(batch, input_shape, dtype, precision)
-    refused: BudgetTooSmall | None = None
-    try:
-        result, _ = plan_program(
-            program,
-            target,
-            policy,
-            optimizer_slots=optimizer_slots,
-            costs=costs,
-            baseline=True,
-            nproc=nproc,
-            shard_optimizer=shard_optimizer,
-        )
-    except BudgetTooSmall as exc:  # nothing the policy chooses fits the whole batch
-        refused = exc
-    if (refused is not None or not result.fits) and nproc == 1:
-        from ..costs import AtBatch
-        from .microbatch import microbatches, plan_microbatched
-
-        if microbatches(policy):  # as micro-batches of the batch, one after the other (Plan.microbatch)
-            micro = plan_microbatched(
-                lambda n: net.build(n, input_shape, dtype, precision),
-                batch,
-                target,
-                policy,
-                optimizer_slots=optimizer_slots,
-                costs=None if costs is None else (lambda n: AtBatch(costs, n / batch)),
-            )
-            if micro is not None:
-                scale = target.costs(costs)
-                base = None
-                if scale is not None:  # the whole batch's baseline, as a plan that fits carries it
-                    viewed = target.view(program)
-                    base = baseline_seconds(viewed, target.spec, target.alignment, optimizer_slots, scale)
-                figures = dataclasses.replace(micro.result.figures, baseline_step_seconds=base)
-                return PlanResult(micro.result.plan, figures)
-    if refused is not None:
-        raise refused
-    return result
