@@ -171,12 +171,10 @@ class Trainer:
         if not isinstance(nonfinite_limit, int) or nonfinite_limit < 1:
             raise ValueError(f"nonfinite_limit={nonfinite_limit!r} must be a positive int")
         self.nonfinite_limit = nonfinite_limit
-        #: epochs finished, batches done in the current one, and the generator's state at its start (what a
-        #: checkpoint needs to resume midway through an epoch)
-        self.epochs_done = 0
-        self.epoch_step = 0
+        #: epochs finished, batches done in the current one and the generator's state at its start (what a
+        #: checkpoint needs to resume midway through an epoch); non-finite steps in a row
+        self.epochs_done, self.epoch_step, self.skipped_in_a_row = 0, 0, 0
         self.epoch_rng: dict | None = None
-        self.skipped_in_a_row = 0
         self.net = net
         shape = tuple(input_shape) if input_shape is not None else net.input_shape
         if shape is None:
@@ -192,9 +190,7 @@ class Trainer:
         pol = policies.get(policy if policy is not None else ("auto" if memory is not None else "baseline"))
         self.loss = loss if loss is not None else (getattr(net, "loss", None) or SoftmaxCrossEntropy())
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01, momentum=0.9)
-        self.seed = seed
-        self.rng = np.random.default_rng(seed)
-        self.steps_done = 0
+        self.seed, self.rng, self.steps_done = seed, np.random.default_rng(seed), 0
         if net.params is None:
             net.init(seed, dtype, self.input_shape)
         self._own_device = isinstance(device, str)
