@@ -74,15 +74,6 @@ def test_a_micro_batched_step_trains_as_the_whole_batch_does_in_less_memory():
         assert np.abs(split[k] - whole[k]).max() <= TOLERANCE * scale, k
 
 
-def test_the_planner_takes_the_largest_micro_batch_that_fits():
-    net, device = vmem.models.get("vgg16"), "sim:h100-sxm"
-    result = vmem.plan(net, 512, device, "auto", memory="8GiB")
-    assert result.fits and result.plan.microbatch == 2  # 265 + 247: the largest whole batch is 265
-    assert "micro-batches" in result.plan.reason
-    with pytest.raises(vmem.errors.BudgetTooSmall):
-        vmem.plan(net, 512, device, "auto:microbatch=off", memory="8GiB")
-
-
 def test_split_convolutions_add_their_weight_gradients_in_later_micro_batches():
     """A split backward's filter half writes into the temporary a later micro-batch adds from; its data half
     makes no weight gradient."""

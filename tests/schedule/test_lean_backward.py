@@ -180,11 +180,3 @@ def test_prefetch_after_issues_each_copy_at_its_first_readers_backward():
     readers = {op.name: {program.tensors[b].name for b in program.backward_reads(op)} for op in program.ops}
     assert all(set(bs) <= readers[op] for op, bs in after.prefetch.items())
     assert any(not set(bs) <= readers[op] for op, bs in ahead.prefetch.items())  # vDNN's look-ahead
-
-
-def test_vgg16_trains_259_samples_in_8_gib_of_a_simulated_h100_under_auto():
-    """Issue 51's line: 2.8x PyTorch's plain 92 (its floor: every map offloaded but the ReLUs' signs, each
-    prefetch at its reader, the convolutions' backward split)."""
-    net = vmem.models.get("vgg16")
-    assert vmem.plan(net, 259, "sim:h100-sxm", "auto", memory="8GiB").fits
-    assert not vmem.plan(net, 259, "sim:h100-sxm", "vdnn-all:algos=memory", memory="8GiB").fits
