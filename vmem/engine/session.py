@@ -18,8 +18,7 @@ from ..graph import Network
 from ..planning import PlanResult, Target, advice, floor_policy, plan_program, rank_plan
 from ..planning.inference import inference_plan, persistent
 from ..policies.budget import largest_fitting
-from ..costs import AtBatch
-from ..planning.microbatch import microbatches, plan_microbatched
+from ..planning.microbatch import plan_microbatched
 from ..runtime import DeviceParams, Executor
 from ..runtime.micro import MicroBatched
 from ..units import format_bytes
@@ -169,7 +168,7 @@ class Session:
     def _microbatched(self, batch: int, costs: Any) -> MicroBatched | None:
         """The training step at ``batch`` as micro-batches, where the policy lets it run so and this process
         trains alone (:mod:`vmem.planning.microbatch`); None where it does not."""
-        if self.group is not None or not microbatches(self.policy):
+        if self.group is not None:
             return None
         micro = plan_microbatched(
             lambda n: self.net.build(n, self.input_shape, self.dtype, self.precision),
@@ -177,7 +176,7 @@ class Session:
             self.target,
             self.policy,
             optimizer_slots=self.optimizer.slots,
-            costs=None if costs is None else (lambda n: AtBatch(costs, n / batch)),
+            costs=costs,
         )
         if micro is None:
             return None

@@ -133,8 +133,7 @@ def _combined(batch: int, sizes: tuple[int, ...], parts: list[Part]) -> PlanResu
             "peak": max(f.by_category.get(c, {}).get("peak", 0) for f in figures),
             "average": sum(w * f.by_category.get(c, {}).get("average", 0.0) for w, f in zip(weights, figures)) / total,
         }
-        for f0 in figures
-        for c in f0.by_category
+        for c in dict.fromkeys(c for f in figures for c in f.by_category)
     }
     peak_part = max(parts, key=lambda p: p.result.peak_bytes)
     middle = next((p for p in parts if p.accumulate and not p.update), parts[-1])
@@ -214,16 +213,21 @@ def plan_microbatched(
     policy: "Policy | str",
     *,
     optimizer_slots: tuple[str, ...] = ("momentum",),
-    costs: Callable[[int], "CostModel | None"] | None = None,
+    costs: "CostModel | None" = None,
 ) -> MicroPlan | None:
     """A step of ``batch`` samples as the fewest micro-batches that fit ``target`` under ``policy``
-    (``build(n)``: the program at ``n`` samples; ``costs(n)``: its cost model, where one is measured), or
-    None where not even micro-batches of one sample fit, or the network is not per-sample
-    (:func:`per_sample`). Bisects the micro-batch size (a size that fits is taken to mean every smaller
-    one does)."""
-    if batch < 2 or not per_sample(build(1)):
+    (``build(n)``: the program at ``n`` samples; ``costs``: the whole batch's measured cost model, read
+    for each micro-batch by :class:`vmem.costs.AtBatch`; without one, the target's), or None where the
+    policy does not run micro-batches (:func:`microbatches`), the network is not per-sample
+    (:func:`per_sample`) or not even micro-batches of one sample fit. Bisects the micro-batch size (a size
+    that fits is taken to mean every smaller one does)."""
+    if batch < 2 or not microbatches(policy) or not per_sample(build(1)):
         return None
-    costs_of = costs or (lambda n: None)
+    from ..costs import AtBatch
+
+    def costs_of(n: int) -> "CostModel | None":
+        return None if costs is None else AtBatch(costs, n / batch)
+
     best = _attempt(build, batch, 1, target, policy, optimizer_slots, costs_of)
     if best is None:
         return None

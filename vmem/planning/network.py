@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Sequence
 from ..device.spec import DeviceSpec
 from ..errors import BudgetTooSmall
 from ..graph import Network
-from .microbatch import microbatches, plan_microbatched
+from .microbatch import plan_microbatched
 from .plan import baseline_seconds, plan_program
 from .result import PlanResult
 from .target import Target
@@ -71,25 +71,23 @@ def plan(
     except BudgetTooSmall as exc:  # nothing the policy chooses fits the whole batch
         refused = exc
     if (refused is not None or not result.fits) and nproc == 1:
-        from ..costs import AtBatch
-
-        if microbatches(policy):  # as micro-batches of the batch, one after the other (Plan.microbatch)
-            micro = plan_microbatched(
-                lambda n: net.build(n, input_shape, dtype, precision),
-                batch,
-                target,
-                policy,
-                optimizer_slots=optimizer_slots,
-                costs=None if costs is None else (lambda n: AtBatch(costs, n / batch)),
-            )
-            if micro is not None:
-                scale = target.costs(costs)
-                base = None
-                if scale is not None:  # the whole batch's baseline, as a plan that fits carries it
-                    viewed = target.view(program)
-                    base = baseline_seconds(viewed, target.spec, target.alignment, optimizer_slots, scale)
-                figures = dataclasses.replace(micro.result.figures, baseline_step_seconds=base)
-                return PlanResult(micro.result.plan, figures)
+        # as micro-batches of the batch, one after the other (Plan.microbatch), where the policy lets it
+        micro = plan_microbatched(
+            lambda n: net.build(n, input_shape, dtype, precision),
+            batch,
+            target,
+            policy,
+            optimizer_slots=optimizer_slots,
+            costs=costs,
+        )
+        if micro is not None:
+            timed = target.costs(costs)
+            base = None
+            if timed is not None:  # the whole batch's baseline, as a plan that fits carries it
+                viewed = target.view(program)
+                base = baseline_seconds(viewed, target.spec, target.alignment, optimizer_slots, timed)
+            figures = dataclasses.replace(micro.result.figures, baseline_step_seconds=base)
+            return PlanResult(micro.result.plan, figures)
     if refused is not None:
         raise refused
     return result

@@ -294,7 +294,7 @@ class _Layerwise:
         values are freed there, as if the convolution were their last reader."""
         program, ops = self.program, self.program.ops
         out: dict[int, tuple[Key, int, int]] = {}
-        positions = {uses.op: pos for pos, uses in enumerate(self.walk)}
+        positions = self.walk_pos
         for i in sorted(self.split, key=lambda i: positions.get(i, -1)):
             if i not in positions:
                 continue
