@@ -9,18 +9,20 @@ import pytest
 
 import vmem
 from vmem import nn
-from vmem.planning.microbatch import per_sample, slice_sizes
+from vmem.planning.microbatch import per_sample, slice_sizes, splittable, sums_passes
 
 #: a micro-batched step's weights against the whole batch's after 5 steps (FP32): the gradients are summed
 #: micro-batch by micro-batch, each loss gradient weighed by its share, so only rounding differs
 TOLERANCE = 1e-5
 
 
-def _net() -> vmem.Sequential:
+def _net(norm: bool = False) -> vmem.Sequential:
     return vmem.Sequential(
         nn.Conv2d(3, 16, 3, padding=1),
+        *([nn.BatchNorm2d(16)] if norm else []),
         nn.ReLU(),
         nn.Conv2d(16, 16, 3, padding=1),
+        *([nn.BatchNorm2d(16)] if norm else []),
         nn.ReLU(),
         nn.MaxPool2d(2),
         nn.Conv2d(16, 32, 3, padding=1),
@@ -38,14 +40,23 @@ def _batches(n: int, steps: int = 5):
     return [(rng.standard_normal((n, 3, 16, 16)).astype(np.float32), rng.integers(0, 10, n)) for _ in range(steps)]
 
 
-def _train(policy: str, memory: str, batch: int = 48):
-    net = _net()
+def _train(policy: str, memory: str, batch: int = 48, norm: bool = False):
+    net = _net(norm)
     reports = []
     with vmem.Trainer(net, device="cpu", memory=memory, policy=policy, seed=0) as trainer:
         for x, y in _batches(batch):
             reports.append(trainer.step(x, y))
         plan = trainer.plans[batch]
     return net.params, reports, plan
+
+
+def _close(split: dict, whole: dict) -> None:
+    """Each parameter within TOLERANCE of its layer's largest weight (a bias before a batch norm has no
+    gradient but rounding: it is compared at its layer's scale)."""
+    for k in whole:
+        layer = k.rsplit(".", 1)[0]
+        scale = max(np.abs(whole[j]).max() for j in whole if j.rsplit(".", 1)[0] == layer) or 1.0
+        assert np.abs(split[k] - whole[k]).max() <= TOLERANCE * scale, k
 
 
 def test_slices_are_equal_then_the_rest():
@@ -56,7 +67,9 @@ def test_slices_are_equal_then_the_rest():
 
 def test_only_networks_that_treat_each_sample_alone_are_micro_batched():
     assert per_sample(_net().build(2))
-    assert not per_sample(vmem.models.get("resnet18", num_classes=10, image_size=32).build(2))  # batch norm
+    resnet = vmem.models.get("resnet18", num_classes=10, image_size=32).build(2)
+    assert not per_sample(resnet) and splittable(resnet)  # batch norm: its sums over the whole batch
+    assert len(sums_passes(resnet)) == 3 * sum(op.kind == "batchnorm" for op in resnet.ops)
 
 
 def test_a_micro_batched_step_trains_as_the_whole_batch_does_in_less_memory():
@@ -69,9 +82,21 @@ def test_a_micro_batched_step_trains_as_the_whole_batch_does_in_less_memory():
     assert plan.microbatch >= 2 and plan.fits and plan.peak_bytes <= budget
     assert all(r.peak_bytes == plan.peak_bytes for r in reports)  # measured as planned, every step
     assert all(np.isfinite(r.loss) and not r.skipped for r in reports)
-    for k in whole:
-        scale = np.abs(whole[k]).max() or 1.0
-        assert np.abs(split[k] - whole[k]).max() <= TOLERANCE * scale, k
+    _close(split, whole)
+
+
+def test_batch_norm_keeps_the_whole_batchs_statistics_over_micro_batches():
+    """Statistics passes find each batch norm's sums over the whole batch first: the weights and the running
+    statistics after 5 steps equal the whole batch's within rounding."""
+    whole, _, big = _train("vdnn-all:algos=memory", "256MiB", norm=True)
+    budget = int(big.peak_bytes * 0.7)
+    split, reports, plan = _train("vdnn-all:algos=memory,microbatch=on", f"{budget}B", norm=True)
+    assert plan.microbatch >= 2 and plan.fits and "statistics passes" in plan.reason
+    assert all(r.peak_bytes <= plan.peak_bytes for r in reports) and reports[-1].peak_bytes == plan.peak_bytes
+    assert {k for k in whole if "running" in k} == {
+        f"{b}.running_{s}" for b in ("batchnorm1", "batchnorm2") for s in ("mean", "var")
+    }
+    _close(split, whole)
 
 
 def test_split_convolutions_add_their_weight_gradients_in_later_micro_batches():
@@ -81,7 +106,7 @@ def test_split_convolutions_add_their_weight_gradients_in_later_micro_batches():
     budget = int(big.peak_bytes * 0.7)
     split, reports, plan = _train("vdnn-all:algos=memory,split=on,microbatch=on", f"{budget}B")
     assert plan.microbatch >= 2 and all(r.peak_bytes == plan.peak_bytes for r in reports)
-    assert all(np.abs(split[k] - whole[k]).max() <= TOLERANCE * (np.abs(whole[k]).max() or 1.0) for k in whole)
+    _close(split, whole)
 
 
 def test_vmem_plan_says_how_many_micro_batches(capsys):

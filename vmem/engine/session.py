@@ -20,7 +20,7 @@ from ..planning.inference import inference_plan, persistent
 from ..policies.budget import largest_fitting
 from ..planning.microbatch import plan_microbatched
 from ..runtime import DeviceParams, Executor
-from ..runtime.micro import MicroBatched
+from ..runtime.micro import MicroBatched, Sums
 from ..units import format_bytes
 
 if TYPE_CHECKING:
@@ -180,12 +180,15 @@ class Session:
         )
         if micro is None:
             return None
+        sums = Sums() if micro.passes else None  # batch norm's whole-batch sums, found before each step
         made = {
-            (p.accumulate, p.update): Executor(self.device, p.schedule, self.device_params(), self.loss, self.optimizer)
+            (p.accumulate, p.update): Executor(
+                self.device, p.schedule, self.device_params(), self.loss, self.optimizer, batch_group=sums
+            )
             for p in micro.parts
         }
         parts = [micro.part_of(i) for i in range(len(micro.sizes))]
-        runner = MicroBatched(micro.sizes, [made[(p.accumulate, p.update)] for p in parts])
+        runner = MicroBatched(micro.sizes, [made[(p.accumulate, p.update)] for p in parts], sums)
         self.plans[batch] = micro.result
         self._executors[(batch, True)] = runner
         return runner

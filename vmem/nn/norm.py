@@ -71,7 +71,7 @@ class BatchNorm2d(Layer):
         c = self.num_features
         x2 = xs[0].reshape(-1, c)
         mean, invstd = aux["mean"], aux["invstd"]
-        if ctx.train:
+        if ctx.train and not ctx.replay:
             m = x2.shape[0]
             ctx.ops.column_sum(x2, out=mean)  # the mean and the variance, as NumPy computes them
             if ctx.batch_sum is not None:  # the whole batch's sums and count, over every process
@@ -85,16 +85,16 @@ class BatchNorm2d(Layer):
             if ctx.batch_sum is not None:
                 ctx.batch_sum(var)
             var /= m
-        if ctx.train and not ctx.replay:  # a replay writes the same output and leaves the statistics alone
             rm, rv = p["running_mean"], p["running_var"]
             rm *= 1.0 - self.momentum
             rm += self.momentum * mean
             rv *= 1.0 - self.momentum
             rv += (self.momentum * m / max(m - 1, 1)) * var
+            invstd[...] = 1.0 / xp.sqrt(var + self.eps)
         elif not ctx.train:
             mean[...] = p["running_mean"]
-            var = p["running_var"]
-        invstd[...] = 1.0 / xp.sqrt(var + self.eps)
+            invstd[...] = 1.0 / xp.sqrt(p["running_var"] + self.eps)
+        # a replay (ctx.replay) writes the same output from the statistics it saved: nothing is summed again
         y2 = y.reshape(-1, c)
         xp.subtract(x2, mean, out=y2)
         y2 *= invstd * p["weight"]

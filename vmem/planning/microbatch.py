@@ -1,8 +1,12 @@
 """Micro-batches: a training step that fits under none of a policy's plans, run as slices of its batch.
 
-Where every layer treats each sample on its own (convolutions, activations, pooling, linear layers, sums:
-no batch norm), a step over ``batch`` samples is the sum of steps over slices of them, each one's loss
-gradient weighed by its share of the samples. The step then runs as ``k`` micro-batches one after the
+Where every layer treats each sample on its own (convolutions, activations, pooling, linear layers, sums),
+a step over ``batch`` samples is the sum of steps over slices of them, each one's loss gradient weighed by
+its share of the samples. Batch norm keeps the whole batch's statistics: its samples meet only in sums over
+the batch (the forward's mean and variance, the backward's two sums), which statistics passes over the
+micro-batches find before the step, one sum at a time (:func:`sums_passes` prices them; the runtime's
+:class:`vmem.runtime.micro.Sums` makes them); the step then normalizes each micro-batch with the whole
+batch's statistics. The step then runs as ``k`` micro-batches one after the
 other: the first writes the weight gradients, each later one adds to them (each gradient made in a
 temporary, as a shared parameter's), and the last runs the optimizer. The device holds one micro-batch's
 feature maps at a time (and the policy's plan decides for that micro-batch, offloads included), so the
@@ -33,7 +37,18 @@ if TYPE_CHECKING:
     from ..costs.model import CostModel
     from ..policies.base import Policy
 
-__all__ = ["PER_SAMPLE", "per_sample", "slice_sizes", "MicroPlan", "Part", "plan_microbatched", "microbatches"]
+__all__ = [
+    "PER_SAMPLE",
+    "SUMMED",
+    "per_sample",
+    "splittable",
+    "sums_passes",
+    "slice_sizes",
+    "MicroPlan",
+    "Part",
+    "plan_microbatched",
+    "microbatches",
+]
 
 #: Layer kinds that compute each sample on its own (a micro-batch's results are the batch's rows)
 PER_SAMPLE = frozenset(
@@ -61,9 +76,38 @@ PER_SAMPLE = frozenset(
 )
 
 
+#: Layer kinds whose samples meet only in sums over the batch (batch norm's statistics and its backward's
+#: two sums): micro-batches find the whole batch's sums in statistics passes first (:class:`vmem.runtime.micro.Sums`)
+SUMMED = frozenset({"batchnorm"})
+
+
 def per_sample(program: Program) -> bool:
-    """Whether every op of ``program`` computes each sample on its own (so that it can run as micro-batches)."""
+    """Whether every op of ``program`` computes each sample on its own."""
     return all(op.kind in PER_SAMPLE for op in program.ops)
+
+
+def splittable(program: Program) -> bool:
+    """Whether ``program`` can run as micro-batches: every op per sample (:data:`PER_SAMPLE`) or meeting the
+    others only in sums over the batch (:data:`SUMMED`)."""
+    return all(op.kind in PER_SAMPLE or op.kind in SUMMED for op in program.ops)
+
+
+def sums_passes(program: Program) -> tuple[float, ...]:
+    """The statistics passes a micro-batched step of ``program`` runs before the step, one for each whole-
+    batch sum (each batch norm's two in the forward, one in the backward where its input has a gradient),
+    each as the share of a step it runs (the forward up to the batch norm, or the whole forward and the
+    backward down to it; counted in floating-point operations, a backward as twice its forward)."""
+    ops = program.ops
+    forward = [float(op.flops) for op in ops]
+    whole = 3.0 * (sum(forward) or 1.0)
+    out: list[float] = []
+    for op in ops:
+        if op.kind in SUMMED:
+            upto = sum(forward[: op.index + 1])
+            out += [upto / whole, upto / whole]
+            if program.tensors[op.inputs[0]].needs_grad:
+                out.append((sum(forward) + 2.0 * sum(forward[op.index :])) / whole)
+    return tuple(out)
 
 
 def microbatches(policy: "Policy | str") -> bool:
@@ -106,6 +150,8 @@ class MicroPlan:
     sizes: tuple[int, ...]
     parts: tuple[Part, ...]
     result: PlanResult
+    #: the statistics passes run before each step (batch norm's whole-batch sums), as shares of a step
+    passes: tuple[float, ...] = ()
 
     def part_of(self, index: int) -> Part:
         """The kind of micro-batch ``index`` (0-based) is."""
@@ -116,9 +162,10 @@ class MicroPlan:
         return kinds[(True, index == last)]
 
 
-def _combined(batch: int, sizes: tuple[int, ...], parts: list[Part]) -> PlanResult:
+def _combined(batch: int, sizes: tuple[int, ...], parts: list[Part], passes: tuple[float, ...] = ()) -> PlanResult:
     """The step's figures from its micro-batches': the largest peak (and per category), the sums of time
-    and offloaded bytes, the time-weighted average."""
+    and offloaded bytes, the time-weighted average; the statistics ``passes`` add their shares of the
+    micro-batches' time (they stop early: their peak is within the step's)."""
     figures = [p.result.figures for p in parts]
     timed = all(f.step_seconds is not None for f in figures)
     weights = [p.count * (f.step_seconds if timed else 1.0) for p, f in zip(parts, figures)]  # type: ignore[operator]
@@ -126,7 +173,11 @@ def _combined(batch: int, sizes: tuple[int, ...], parts: list[Part]) -> PlanResu
 
     def summed(name: str) -> float | None:
         values = [getattr(f, name) for f in figures]
-        return None if any(v is None for v in values) else sum(p.count * v for p, v in zip(parts, values))
+        return (
+            None
+            if any(v is None for v in values)
+            else sum(p.count * v for p, v in zip(parts, values)) * (1.0 + sum(passes))
+        )
 
     categories = {
         c: {
@@ -154,7 +205,8 @@ def _combined(batch: int, sizes: tuple[int, ...], parts: list[Part]) -> PlanResu
     plan = dataclasses.replace(middle.result.plan, batch=batch, microbatch=len(sizes))
     plan = dataclasses.replace(
         plan,
-        reason=f"{plan.reason.rstrip('.')}; as {len(sizes)} micro-batches of {sizes[0]} (of {batch}), one after the other.",
+        reason=f"{plan.reason.rstrip('.')}; as {len(sizes)} micro-batches of {sizes[0]} (of {batch}), one after the other"
+        + (f", after {len(passes)} statistics passes for batch norm's whole-batch sums." if passes else "."),
     )
     return PlanResult(plan, combined)
 
@@ -203,7 +255,8 @@ def _attempt(
         if not result.fits:
             return None
         parts.append(Part(s, count, accumulate, update, programs[s], schedule, result))
-    return MicroPlan(batch, sizes, tuple(parts), _combined(batch, sizes, parts))
+    passes = sums_passes(programs[sizes[0]])
+    return MicroPlan(batch, sizes, tuple(parts), _combined(batch, sizes, parts, passes), passes)
 
 
 def plan_microbatched(
@@ -218,10 +271,10 @@ def plan_microbatched(
     """A step of ``batch`` samples as the fewest micro-batches that fit ``target`` under ``policy``
     (``build(n)``: the program at ``n`` samples; ``costs``: the whole batch's measured cost model, read
     for each micro-batch by :class:`vmem.costs.AtBatch`; without one, the target's), or None where the
-    policy does not run micro-batches (:func:`microbatches`), the network is not per-sample
-    (:func:`per_sample`) or not even micro-batches of one sample fit. Bisects the micro-batch size (a size
+    policy does not run micro-batches (:func:`microbatches`), the network cannot be split
+    (:func:`splittable`) or not even micro-batches of one sample fit. Bisects the micro-batch size (a size
     that fits is taken to mean every smaller one does)."""
-    if batch < 2 or not microbatches(policy) or not per_sample(build(1)):
+    if batch < 2 or not microbatches(policy) or not splittable(build(1)):
         return None
     from ..costs import AtBatch
 

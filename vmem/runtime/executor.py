@@ -242,6 +242,12 @@ class Executor:
         )
 
     # -- one step ----------------------------------------------------------------------------------
+    @property
+    def running_stats(self) -> list[Array]:
+        """What a training forward changes besides the weights (batch norm's running statistics): their views
+        on the device (none where the executor has no optimizer)."""
+        return self._updates.stats
+
     def run(
         self,
         x: np.ndarray | Sequence[np.ndarray],

@@ -2,17 +2,61 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+import copy
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
+from .._typing import Array
 from .report import StepReport
 from .timeline import Timeline
 
 if TYPE_CHECKING:
     from .executor import Executor
 
-__all__ = ["MicroBatched"]
+__all__ = ["MicroBatched", "Sums"]
+
+
+class _Stop(Exception):
+    """A statistics pass's micro-batch has given its share of the sum being made: it stops there."""
+
+
+class Sums:
+    """Batch norm's whole-batch sums for a step run as micro-batches: what each micro-batch's executor is
+    given as its ``batch_group`` (the channel a synchronized batch norm sums over). A batch norm asks for
+    three sums (its input's, the squares of its centred input, and backward's pair) and each depends on
+    those before it; the step finds them one at a time. In each statistics pass every micro-batch runs until
+    the first sum not yet known (:meth:`allreduce` adds its share and stops it); once every sum is known, the
+    pass is the step itself: each sum is answered with the whole batch's, so each micro-batch normalizes as
+    the whole batch does, and batch norm's backward uses the whole batch's sums."""
+
+    def __init__(self) -> None:
+        self.known: list[Array] = []
+        self.pending: Array | None = None
+        self.calls = 0
+
+    def begin(self) -> None:
+        """A micro-batch's run begins: its sums are asked for from the first."""
+        self.calls = 0
+
+    def allreduce(self, array: Array) -> None:
+        i, self.calls = self.calls, self.calls + 1
+        if i < len(self.known):
+            array[...] = self.known[i]
+            return
+        if self.pending is None:
+            self.pending = array.copy()
+        else:
+            self.pending += array
+        raise _Stop
+
+    def end_pass(self) -> bool:
+        """The pass has run: whether it made a sum (False: every sum was known, the pass was the step)."""
+        if self.pending is None:
+            return False
+        self.known.append(self.pending)
+        self.pending = None
+        return True
 
 
 class MicroBatched:
@@ -21,15 +65,23 @@ class MicroBatched:
     updates the weights; one executor may run several). Each micro-batch's loss gradient is weighed by its
     share of the step's samples (of its labels that count, where the loss ignores some), so that the
     gradients sum to the whole batch's. Runs as :meth:`Executor.run` does and reports the step as one:
-    its loss the shares' weighed sum, its time and bytes moved the sums, its peak the largest."""
+    its loss the shares' weighed sum, its time and bytes moved the sums, its peak the largest.
 
-    def __init__(self, sizes: Sequence[int], executors: Sequence[Executor]):
+    With batch norm (``sums``: the :class:`Sums` its executors were made with), statistics passes come
+    first, one for each sum the step needs (:class:`Sums`); each micro-batch draws its random numbers
+    (dropout's masks) from its own generator, the same in every pass, and batch norm's running statistics
+    are updated once, by the first micro-batch of the step (the whole batch's mean and variance)."""
+
+    def __init__(self, sizes: Sequence[int], executors: Sequence[Executor], sums: Sums | None = None):
         if len(sizes) != len(executors) or len(sizes) < 2:
             raise ValueError(f"micro-batches: {len(sizes)} sizes for {len(executors)} executors (two or more)")
         self.sizes, self.executors = tuple(sizes), tuple(executors)
         self.batch = sum(self.sizes)
+        self.sums = sums
         #: the last micro-batch's schedule (the one that updates), for what reads a step's schedule
         self.schedule = self.executors[-1].schedule
+        #: statistics passes the last step ran before it (0 without batch norm)
+        self.passes = 0
 
     def _counts(self, labels: np.ndarray) -> list[int]:
         """Per micro-batch, the labels its loss averages over."""
@@ -60,23 +112,81 @@ class MicroBatched:
             raise ValueError(f"micro-batches of {self.sizes} take a batch of {self.batch} samples")
         counts = self._counts(np.asarray(labels))
         total = max(sum(counts), 1)
-        reports: list[StepReport] = []
-        start = 0
-        for size, count, ex in zip(self.sizes, counts, self.executors):
-            part = [a[start : start + size] for a in arrays]
-            report, _ = ex.run(
+        bounds = np.cumsum((0,) + self.sizes)
+
+        def one(i: int, generator: np.random.Generator) -> StepReport:
+            lo, hi = bounds[i], bounds[i + 1]
+            part = [a[lo:hi] for a in arrays]
+            report, _ = self.executors[i].run(
                 part if several else part[0],
-                labels[start : start + size],
+                labels[lo:hi],
                 train=True,
-                rng=rng,
+                rng=generator,
                 step=step,
                 check=check,
                 loss_scale=loss_scale,
-                share=count / total,
+                share=counts[i] / total,
             )
-            reports.append(report)
-            start += size
+            return report
+
+        if self.sums is None:
+            reports = [one(i, rng) for i in range(len(self.sizes))]
+        else:
+            reports = self._with_sums(one, rng)
         return _combined(reports, [c / total for c in counts]), None
+
+    def _with_sums(
+        self, one: Callable[[int, np.random.Generator], StepReport], rng: np.random.Generator
+    ) -> list[StepReport]:
+        """The step with batch norm: statistics passes until every sum is known, then the step (whose first
+        micro-batch alone keeps its update of the running statistics)."""
+        sums = self.sums
+        assert sums is not None
+        # drawn from the step's generator (so a resumed run draws as the uninterrupted one did)
+        generators = [np.random.default_rng(int(s)) for s in rng.integers(0, 2**63, size=len(self.sizes))]
+        stats = self.executors[0].running_stats
+        xp = self.executors[0].xp
+        before = [xp.array(v) for v in stats]
+        sums.known, sums.pending, self.passes = [], None, 0
+        while True:
+            stopped = []
+            for i in range(len(self.sizes)):
+                sums.begin()
+                try:
+                    report = one(i, copy.deepcopy(generators[i]))
+                except _Stop:
+                    stopped.append(i)
+                    _put(stats, before)
+                    continue
+                if stopped:  # every micro-batch asks for the same sums in the same order
+                    raise RuntimeError(f"micro-batch {i} needed no sum that micro-batch 0 did")
+                return [report, *self._rest(one, generators, stats, before)]
+            sums.end_pass()
+            self.passes += 1
+
+    def _rest(
+        self, one: Callable[[int, np.random.Generator], StepReport], generators: list, stats: list, before: list
+    ) -> list[StepReport]:
+        """The step's micro-batches after the first, once every sum is known: the running statistics stay
+        as the first left them (the whole batch's update), or as before the step where it is skipped."""
+        xp = self.executors[0].xp
+        updated = [xp.array(v) for v in stats]
+        reports = []
+        for i in range(1, len(self.sizes)):
+            self.sums.begin()  # type: ignore[union-attr]
+            try:
+                reports.append(one(i, copy.deepcopy(generators[i])))
+            except _Stop:
+                raise RuntimeError(f"micro-batch {i} needed a sum that micro-batch 0 did not") from None
+            _put(stats, updated)
+        if reports[-1].skipped:
+            _put(stats, before)
+        return reports
+
+
+def _put(views: list[Array], values: list[Array]) -> None:
+    for view, value in zip(views, values):
+        view[...] = value
 
 
 def _combined(reports: list[StepReport], shares: list[float]) -> StepReport:
