@@ -124,6 +124,75 @@ def _gelus(onnx: ModuleType, graph: Any, readers: dict[str, int]) -> tuple[dict[
     return fused, skipped
 
 
+# -- layer norm, as exporters write it before opset 17 --------------------------------------------------
+def _layer_norms(onnx: ModuleType, graph: Any, readers: dict[str, int]) -> tuple[dict[int, tuple[str, ...]], set[int]]:
+    """Layer norm over the last axis written out as ops (PyTorch's exports before opset 17's
+    LayerNormalization): ``m = ReduceMean(x)``, ``d = x - m``, ``v = ReduceMean(d ** 2)``,
+    ``y = d / Sqrt(v + eps)``, then ``y * weight + bias``, each over the last axis with its dimensions kept
+    and each intermediate read only by the pattern. Returns {the last node's index: (x, eps's name, the
+    weight's name, the bias's name)} and the indices of the pattern's other nodes (the last becomes one
+    LayerNormalization)."""
+    nodes = list(graph.node)
+    index = {out: i for i, node in enumerate(nodes) for out in node.output}
+    consts: dict[str, np.ndarray] = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    for node in nodes:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            consts[node.output[0]] = onnx.numpy_helper.to_array(node.attribute[0].t)
+
+    def made(name: str, op: str) -> Any:
+        i = index.get(name)
+        return nodes[i] if i is not None and nodes[i].op_type == op else None
+
+    def last_axis(node: Any) -> bool:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        axes = list(attrs.get("axes", []))
+        if len(node.input) > 1 and node.input[1]:
+            axes = [int(a) for a in consts.get(node.input[1], np.array([0])).reshape(-1)]
+        return axes == [-1] and int(attrs.get("keepdims", 1)) == 1
+
+    def reader(name: str) -> Any:
+        hits = [i for i, n in enumerate(nodes) if name in n.input]
+        return hits[0] if len(hits) == 1 and readers.get(name, 0) == 1 else None
+
+    fused: dict[int, tuple[str, ...]] = {}
+    skipped: set[int] = set()
+    for at, div in enumerate(nodes):
+        if div.op_type != "Div" or len(div.input) != 2:
+            continue
+        sub, sqrt = made(div.input[0], "Sub"), made(div.input[1], "Sqrt")
+        mean = made(sub.input[1], "ReduceMean") if sub is not None else None
+        if sqrt is None or mean is None or mean.input[0] != sub.input[0] or not last_axis(mean):
+            continue
+        add = made(sqrt.input[0], "Add")
+        var = made(add.input[0], "ReduceMean") if add is not None else None
+        power = made(var.input[0], "Pow") if var is not None else None
+        if power is None or power.input[0] != div.input[0] or not last_axis(var):
+            continue
+        two, eps = consts.get(power.input[1]), add.input[1]
+        if two is None or two.size != 1 or float(two.reshape(-1)[0]) != 2.0 or eps not in consts:
+            continue
+        mul_at = reader(div.output[0])
+        bias_at = reader(nodes[mul_at].output[0]) if mul_at is not None else None
+        if mul_at is None or bias_at is None or nodes[mul_at].op_type != "Mul" or nodes[bias_at].op_type != "Add":
+            continue
+        weight = [n for n in nodes[mul_at].input if n != div.output[0]]
+        bias = [n for n in nodes[bias_at].input if n != nodes[mul_at].output[0]]
+        inner = [index[o] for o in (mean.output[0], sub.output[0], power.output[0], var.output[0], add.output[0])]
+        inner += [index[sqrt.output[0]], at, mul_at]
+        private = (mean.output[0], power.output[0], var.output[0], add.output[0], sqrt.output[0], div.output[0])
+        if (
+            len(weight) != 1
+            or len(bias) != 1
+            or any(readers.get(o, 0) != 1 for o in private)
+            or readers.get(sub.output[0], 0) != 2
+            or readers.get(nodes[mul_at].output[0], 0) != 1
+        ):
+            continue
+        fused[bias_at] = (sub.input[0], eps, weight[0], bias[0])
+        skipped.update(inner)
+    return fused, skipped
+
+
 # -- the walk -------------------------------------------------------------------------------------
 def _attrs(onnx: ModuleType, node: Any) -> dict[str, Any]:
     out = {}
@@ -137,6 +206,10 @@ def _fold(onnx: ModuleType, node: Any, ins: list[Any], opset: int) -> list[Any]:
     """Outputs of a node whose inputs are all constants, by ONNX's reference implementation."""
     from onnx.reference import ReferenceEvaluator
 
+    if node.op_type == "Expand" and len(ins) == 2 and isinstance(ins[1], np.ndarray) and (ins[1] >= BATCH).any():
+        # a constant broadcast along the batch axis (positions expanded to the batch's ids): kept with that
+        # axis of length 1, which every layer reading it broadcasts
+        ins = [ins[0], np.where(ins[1] >= BATCH, 1, ins[1])]
     if node.op_type in ("ConstantOfShape", "Expand", "Tile", "Range", "RandomNormalLike", "RandomUniformLike"):
         if any(isinstance(v, np.ndarray) and v.dtype.kind in "iu" and (v >= BATCH).any() for v in ins):
             raise _Refuse("makes a constant whose size depends on the batch size")
@@ -259,12 +332,16 @@ def load(
             return -1
 
     fused, skipped = _gelus(onnx, graph, builder.readers)
+    norms, inside = _layer_norms(onnx, graph, builder.readers)
+    skipped |= inside
     for at, node in enumerate(graph.node):
-        if at in skipped:  # a part of a GELU: the pattern's last node makes it
+        if at in skipped:  # a part of a GELU or a layer norm: the pattern's last node makes it
             continue
         ins = [values.get(n) if n else None for n in node.input]
         if at in fused:  # GELU's last op: one layer of GELU's input
             ins = [values.get(fused[at])]
+        if at in norms:  # a layer norm's last op: x, eps, the weight and the bias
+            ins = [values.get(n) for n in norms[at]]
         where = f"node {node.name or node.output[0]!r} ({node.op_type} v{version(node.op_type)})"
         outs: list[Any] = []
         if any(v is _REFUSED for v in ins):  # downstream of a refused node: that node is named already
@@ -284,6 +361,12 @@ def load(
             if at in fused:
                 x = builder.tensor(ins, 0, "input (GELU's)", chw=True)
                 outs = [builder.add(nn.GELU(), [x], chw=x.chw, lifted=x.lifted)]
+            elif at in norms:  # as the LayerNormalization it is written out from
+                x_name, eps, weight, bias = norms[at]
+                builder.input_names = [x_name, weight, bias]
+                epsilon = float(np.asarray(builder.const(ins, 1, "epsilon")).reshape(-1)[0])
+                layer_norm = _CONVERTERS["LayerNormalization"].fn
+                outs = layer_norm(builder, [ins[0], ins[2], ins[3]], {"axis": -1, "epsilon": epsilon})[:1]
             elif node.op_type == "Shape" and isinstance(ins[0], _Tensor):
                 outs = [_shape_of(ins[0], attrs)]
             elif all(isinstance(v, np.ndarray) or v is None for v in ins):
