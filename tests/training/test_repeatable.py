@@ -35,8 +35,8 @@ def test_a_kept_profile_is_reused_and_can_be_turned_off(monkeypatch):
 
 def test_concurrent_first_runs_and_later_ones_write_one_checkpoint(tmp_path):
     """Two first runs started together (both profile: the first complete profile kept wins, the other
-    uses it) and three later runs: five checkpoints with one sha256, as a user checking reproducibility
-    with a hash would see them."""
+    uses it) and a later run: three checkpoints with one sha256, as a user checking reproducibility with a
+    hash would see them."""
     import hashlib
     import os
     import subprocess
@@ -54,11 +54,11 @@ def test_concurrent_first_runs_and_later_ones_write_one_checkpoint(tmp_path):
 
     firsts = [start(0), start(1)]  # both find no profile kept: both measure
     outputs = [p.communicate(timeout=300) for p in firsts]
-    laters = [start(i) for i in (2, 3, 4)]  # started once a profile is kept: each uses it
-    outputs += [p.communicate(timeout=300) for p in laters]
+    later = start(2)  # started once a profile is kept: it uses it
+    outputs.append(later.communicate(timeout=300))
     kept = [json.loads(out)["profile_kept"] for out, _ in outputs]
-    assert kept[2:] == [True, True, True], outputs
-    digests = {hashlib.sha256((tmp_path / f"run{i}.npz").read_bytes()).hexdigest() for i in range(5)}
+    assert kept[2] is True, outputs
+    digests = {hashlib.sha256((tmp_path / f"run{i}.npz").read_bytes()).hexdigest() for i in range(3)}
     assert len(digests) == 1, [err for _, err in outputs]
     with np.load(tmp_path / "run0.npz", allow_pickle=False) as f:  # the checkpoint records the plan used
         plan = json.loads(str(f["meta"]))["plans"]["32"]

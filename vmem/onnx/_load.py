@@ -166,7 +166,7 @@ def _layer_norms(onnx: ModuleType, graph: Any, readers: dict[str, int]) -> tuple
         add = made(sqrt.input[0], "Add")
         var = made(add.input[0], "ReduceMean") if add is not None else None
         power = made(var.input[0], "Pow") if var is not None else None
-        if power is None or power.input[0] != div.input[0] or not last_axis(var):
+        if add is None or var is None or power is None or power.input[0] != div.input[0] or not last_axis(var):
             continue
         two, eps = consts.get(power.input[1]), add.input[1]
         if two is None or two.size != 1 or float(two.reshape(-1)[0]) != 2.0 or eps not in consts:
