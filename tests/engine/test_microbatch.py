@@ -120,3 +120,28 @@ def test_vmem_plan_says_how_many_micro_batches(capsys):
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["fits"] and out["microbatch"] == 2 and out["baseline_step_seconds"] > 0
     assert out["step_seconds"] > out["baseline_step_seconds"]  # two micro-batches, each through the link
+
+
+def test_an_imported_bert_trains_as_micro_batches_as_the_whole_batch_does():
+    """Embeddings, layer norms, attention's batched products and softmax, GELU: each per sample, so a
+    transformer micro-batches too (a BERT exported by PyTorch, from the ONNX corpus)."""
+    from pathlib import Path
+
+    pytest.importorskip("onnx")
+    path = Path(__file__).resolve().parents[1] / "onnx" / "corpus" / "bert_opset17.onnx"
+    rng = np.random.default_rng(0)
+    ids, types = rng.integers(0, 20, (256, 6)), np.repeat([[0, 0, 0, 1, 1, 1]], 256, axis=0)
+    mask = np.ones((256, 6), np.int64)
+    mask[::3, 4:] = 0  # every third sequence padded
+
+    def train(policy: str, memory: str):
+        net = vmem.onnx.load(path)
+        with vmem.Trainer(net, device="cpu", memory=memory, policy=policy, seed=0) as trainer:
+            reports = [trainer.step((ids, types, mask), rng_labels) for rng_labels in labels]
+            return net.params, reports, trainer.plans[256]
+
+    labels = [np.random.default_rng(s).integers(0, 3, 256) for s in range(5)]
+    whole, _, big = train("layerwise", "256MiB")
+    split, reports, plan = train("layerwise:microbatch=on", f"{int(big.peak_bytes * 0.7)}B")
+    assert plan.microbatch >= 2 and all(r.peak_bytes == plan.peak_bytes for r in reports)
+    _close(split, whole)

@@ -141,6 +141,14 @@ def test_constant_op(op, shape, value):
     assert check_layer(nn.ConstantOp(op, np.full(value, 0.7)), [shape]) == ["x0"]
 
 
+@pytest.mark.parametrize("shape, value", [((2, 6, 4), (6, 4)), ((2, 3, 4, 5), (3, 1, 1)), ((3, 7), (1, 7))])
+def test_a_trainable_constant_is_a_parameter(shape, value):
+    """A learned position table added to a sequence: its gradient is the output's summed over the batch."""
+    assert check_layer(nn.ConstantOp("add", np.full(value, 0.7), trainable=True), [shape]) == ["x0", "value"]
+    with pytest.raises(ValueError, match="only 'add'"):
+        nn.ConstantOp("mul", 2.0, trainable=True)
+
+
 @pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 7)])
 def test_clip(shape):
     check_layer(nn.Clip(-0.5, 0.7), [shape])  # ReLU6's shape: both bounds crossed by the standard normal input

@@ -279,30 +279,35 @@ class Div(Mul):
 
 
 class ConstantOp(Layer):
-    """``ConstantOp(op, value)``: the input combined element-wise with a constant: ``add`` (x + value), ``sub``
-    (x - value), ``rsub`` (value - x), ``mul`` (x * value) or ``div`` (x / value). ``value`` (logical
-    layout, any float array) broadcasts into the input's shape, NumPy's way, and holds no batch axis (or one of
-    length 1): a scalar, a per-channel (C, 1, 1) or per-feature bias, a scale. It is a buffer of the layer
-    (a parameter ``value`` that is not trained), stored as the input is (channels last for a 4-D map). In place
-    where the graph allows; backward needs nothing but the constant."""
+    """``ConstantOp(op, value, trainable=False)``: the input combined element-wise with a constant: ``add``
+    (x + value), ``sub`` (x - value), ``rsub`` (value - x), ``mul`` (x * value) or ``div`` (x / value).
+    ``value`` (logical layout, any float array) broadcasts into the input's shape, NumPy's way, and holds no
+    batch axis (or one of length 1): a scalar, a per-channel (C, 1, 1) or per-feature bias, a scale. It is a
+    buffer of the layer (a parameter ``value`` that is not trained), stored as the input is (channels last
+    for a 4-D map); with ``trainable`` (``add`` only: a learned position table added to a sequence) it is
+    trained, its gradient the output's summed over the axes it broadcasts along. In place where the graph
+    allows; backward needs nothing but the constant."""
 
     kind = "constop"
     inplace = True
     OPS = ("add", "sub", "rsub", "mul", "div")
 
-    def __init__(self, op: str, value: Any):
+    def __init__(self, op: str, value: Any, trainable: bool = False):
         super().__init__()
         if op not in self.OPS:
             raise ValueError(f"ConstantOp: op={op!r} is not one of {', '.join(self.OPS)}")
+        if trainable and op != "add":
+            raise ValueError(f"ConstantOp: trainable=True with op={op!r} (only 'add' trains its value)")
         import numpy as np
 
         self.op = op
         self.value = np.asarray(value, dtype=np.float64)
+        self.trainable = bool(trainable)
         if op == "div" and not np.all(self.value):
             raise ValueError("ConstantOp: op='div' by a value that holds zeros")
 
     def extra_repr(self) -> str:
-        return f"{self.op!r}, shape={self.value.shape}"
+        return f"{self.op!r}, shape={self.value.shape}" + (", trainable=True" if self.trainable else "")
 
     def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         self.check_arity(in_shapes)
@@ -323,7 +328,7 @@ class ConstantOp(Layer):
 
     def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:
         stored = self._stored(len(in_shapes[0]))
-        return {"value": ParamSpec(stored.shape, "value", trainable=False, value=stored)}
+        return {"value": ParamSpec(stored.shape, "value", trainable=self.trainable, value=stored)}
 
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         return _size(in_shapes[0])
@@ -337,6 +342,10 @@ class ConstantOp(Layer):
 
     def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         dx, xp, v = dxs[0], ctx.xp, ctx.params["value"]
+        if self.trainable:  # before dx, which may be written over dy
+            grad = ctx.grads["value"]
+            axes = tuple(i for i, (a, b) in enumerate(zip(dy.shape, grad.shape)) if b == 1 and a != 1)
+            grad[...] = xp.sum(dy, axis=axes, keepdims=True) if axes else dy
         if dx is None:
             return
         if self.op in ("add", "sub"):

@@ -147,6 +147,8 @@ class _Builder:
         #: a constant computed from one initializer by a transpose, reshape or cast -> that initializer
         self.origin: dict[str, str] = {}
         self.untied: list[str] = []  # initializers more than one layer took as a parameter
+        #: a constant gathered from a table's rows at fixed positions -> (the table, the positions, its rows)
+        self.gathered: dict[str, tuple[str, np.ndarray, int]] = {}
 
     def start(self, node: Any) -> None:
         """Convert ``node`` next."""

@@ -86,6 +86,20 @@ def _constant_for(x: _Tensor, value: np.ndarray) -> np.ndarray:
     return value
 
 
+def _position_table(b: _Builder, at: int) -> tuple[str, bool] | None:
+    """Where the constant added (input ``at``) is the first rows of a table, in order (a learned position
+    embedding read at positions 0..T-1): (the table, whether it is the whole table). Added as a trainable
+    constant, the table trains as the model trains it (rows past T get no gradient in either)."""
+    gathered = b.gathered.get(b.input_names[at])
+    if gathered is None:
+        return None
+    source, positions, rows = gathered
+    flat = positions.reshape(-1)
+    if positions.dtype.kind not in "iu" or not np.array_equal(flat, np.arange(flat.size)) or source in b.owner:
+        return None
+    return source, flat.size == rows
+
+
 def _arith(op: str, both: Callable[[], nn.Layer] | None) -> Callable[..., list[Any]]:
     """An element-wise binary op: of two computed tensors (``both``, where vmem has the layer), or of a
     computed tensor and a constant, either way round (:class:`vmem.nn.ConstantOp`)."""
@@ -117,11 +131,17 @@ def _arith(op: str, both: Callable[[], nn.Layer] | None) -> Callable[..., list[A
             kind in ("add", "sub") and value.item() == 0 or kind in ("mul", "div") and value.item() == 1
         ):
             return [x]  # x + 0, x * 1: nothing to do
+        table = _position_table(b, at) if kind == "add" else None
         try:
-            layer = nn.ConstantOp(kind, _constant_for(x, value))
+            layer = nn.ConstantOp(kind, _constant_for(x, value), trainable=table is not None)
         except ValueError as exc:
             raise _Refuse(str(exc)) from None
-        return [b.add(layer, [x], chw=x.chw, lifted=x.lifted)]
+        if table is not None and table[1]:  # the whole table: the parameter it is (net.sources)
+            b._taken.append(("value", table[0]))
+        out = b.add(layer, [x], chw=x.chw, lifted=x.lifted)
+        if table is not None:
+            b.owner.setdefault(table[0], str(out.node.name))
+        return [out]
 
     return convert
 

@@ -374,6 +374,18 @@ def load(
                 first = node.input[0] if node.input else ""
                 if node.op_type in _SAME_VALUES and (first in initializers or first in builder.origin):
                     builder.origin[node.output[0]] = builder.origin.get(first, first)
+                if (
+                    node.op_type == "Gather"
+                    and (first in initializers or first in builder.origin)
+                    and int(attrs.get("axis", 0)) == 0
+                    and isinstance(ins[0], np.ndarray)
+                    and ins[0].ndim == 2
+                ):  # rows of a table at fixed positions (a position embedding): may become trainable
+                    builder.gathered[node.output[0]] = (
+                        builder.origin.get(first, first),
+                        np.asarray(ins[1]),
+                        len(ins[0]),
+                    )
             else:
                 converter = _CONVERTERS.get(node.op_type)
                 if converter is None:

@@ -72,6 +72,19 @@ PER_SAMPLE = frozenset(
         "tanh",
         "clip",
         "erf",
+        # over axes after the batch axis (vmem's layers refuse the batch axis by name)
+        "constop",
+        "embedding",
+        "layernorm",
+        "lrn",
+        "matmul",
+        "mean",
+        "reshape",
+        "softmax",
+        "split",
+        "take",
+        "transpose",
+        "lengthmask",
     }
 )
 
