@@ -182,6 +182,7 @@ def batch_norm(batch: int = 64, steps: int = 2, depth: int = 8) -> dict:
     )
     print(table(["plan", "budget", "micro-batches", "peak as planned, within", "loss vs baseline", "step s"], rows))
     slower = min(split["step_seconds"]) / min(runs["auto, whole"]["step_seconds"])
+    print(f"as micro-batches a step takes {slower:.1f}x auto's whole-batch step (its statistics passes included)")
     return {"runs": runs, "statistics_passes": passes, "slower": slower, "baseline_losses": reference["losses"]}
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
@@ -131,9 +133,12 @@ class MicroBatched:
 
         if self.sums is None:
             reports = [one(i, rng) for i in range(len(self.sizes))]
-        else:
-            reports = self._with_sums(one, rng)
-        return _combined(reports, [c / total for c in counts]), None
+            return _combined(reports, [c / total for c in counts]), None
+        started = time.perf_counter()
+        reports = self._with_sums(one, rng)
+        report = _combined(reports, [c / total for c in counts])
+        # the step's time counts its statistics passes (its timeline holds the step's own micro-batches)
+        return dataclasses.replace(report, seconds=time.perf_counter() - started), None
 
     def _with_sums(
         self, one: Callable[[int, np.random.Generator], StepReport], rng: np.random.Generator
