@@ -42,7 +42,8 @@ export CUPY_CACHE_DIR=$cache/cupy
 per_test=$($py -c "import pytest_timeout" 2>/dev/null && echo "--timeout 120")
 pytest_run() {  # limit log paths...
     local limit=$1 log=$2; shift 2
-    timeout -s INT -k 10 "$limit" $py -m pytest -q -rfE --tb=short -p no:cacheprovider --durations=15 $per_test "$@" \
+    # -o addopts: in this process, one test at a time on the one GPU (the suite's default runs workers)
+    timeout -s INT -k 10 "$limit" $py -m pytest -q -o addopts= -rfE --tb=short -p no:cacheprovider --durations=15 $per_test "$@" \
         2>&1 | tee "$out/$log"
     return "${PIPESTATUS[0]}"
 }
