@@ -71,6 +71,30 @@ def simulated(device: str = "sim:h100-sxm", memory: str = "8GiB") -> dict:
     return out
 
 
+def _batches(batch: int, steps: int) -> list:
+    rng = np.random.default_rng(0)
+    return [
+        (rng.standard_normal((batch, 3, 32, 32)).astype(np.float32), rng.integers(0, 10, batch)) for _ in range(steps)
+    ]
+
+
+def _train(make, data: list, batch: int, policy: str, memory: int) -> dict:
+    """Steps of ``make()`` on the CPU device under ``policy`` in ``memory``: what the plan and the steps say."""
+    with vmem.Trainer(make(), device="cpu", memory=memory, policy=policy, seed=0) as tr:
+        reports = [tr.step(x, y) for x, y in data]
+        plan = tr.plans[batch]
+    return {
+        "policy": policy,
+        "memory": memory,
+        "microbatches": plan.microbatch,
+        "planned_peak": plan.peak_bytes,
+        "measured_peaks": [r.peak_bytes for r in reports],
+        "losses": [r.loss for r in reports],
+        "step_seconds": [r.seconds for r in reports],
+        "reason": plan.reason,
+    }
+
+
 def cpu(batch: int = 256, steps: int = 2) -> dict:
     net = vmem.models.get("vgg_cifar")
     target = Target.of("cpu")
@@ -88,23 +112,10 @@ def cpu(batch: int = 256, steps: int = 2) -> dict:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if micro_fits(mid) else (mid, hi)
     micro = hi
-    rng = np.random.default_rng(0)
-    data = [
-        (rng.standard_normal((batch, 3, 32, 32)).astype(np.float32), rng.integers(0, 10, batch)) for _ in range(steps)
-    ]
+    data = _batches(batch, steps)
 
     def train(policy: str, memory: int) -> dict:
-        with vmem.Trainer(vmem.models.get("vgg_cifar"), device="cpu", memory=memory, policy=policy, seed=0) as tr:
-            reports = [tr.step(x, y) for x, y in data]
-            plan = tr.plans[batch]
-        return {
-            "policy": policy,
-            "memory": memory,
-            "microbatches": plan.microbatch,
-            "planned_peak": plan.peak_bytes,
-            "measured_peaks": [r.peak_bytes for r in reports],
-            "losses": [r.loss for r in reports],
-        }
+        return _train(lambda: vmem.models.get("vgg_cifar"), data, batch, policy, memory)
 
     reference = train("baseline", int(peak * 1.25))
     runs = {"auto:microbatch=off": train("auto:microbatch=off", whole), "auto": train("auto", micro)}
@@ -137,26 +148,10 @@ def batch_norm(batch: int = 64, steps: int = 2, depth: int = 8) -> dict:
     net = vmem.models.get("resnet_cifar", depth=depth)
     target = Target.of("cpu")
     whole = smallest_memory(net.build(batch), target, "auto")
-    rng = np.random.default_rng(0)
-    data = [
-        (rng.standard_normal((batch, 3, 32, 32)).astype(np.float32), rng.integers(0, 10, batch)) for _ in range(steps)
-    ]
+    data = _batches(batch, steps)
 
     def train(policy: str, memory: int) -> dict:
-        model = vmem.models.get("resnet_cifar", depth=depth)
-        with vmem.Trainer(model, device="cpu", memory=memory, policy=policy, seed=0) as tr:
-            reports = [tr.step(x, y) for x, y in data]
-            plan = tr.plans[batch]
-        return {
-            "policy": policy,
-            "memory": memory,
-            "microbatches": plan.microbatch,
-            "planned_peak": plan.peak_bytes,
-            "measured_peaks": [r.peak_bytes for r in reports],
-            "losses": [r.loss for r in reports],
-            "step_seconds": [r.seconds for r in reports],
-            "reason": plan.reason,
-        }
+        return _train(lambda: vmem.models.get("resnet_cifar", depth=depth), data, batch, policy, memory)
 
     reference = train("baseline", 1 << 32)
     runs = {"auto, whole": train("auto:microbatch=off", whole), "auto, half of that": train("auto", whole // 2)}
