@@ -6,7 +6,7 @@
 #
 # Logs and results go under $OUT (else gpu-out). Stages and their limits (seconds; VMEM_GPU_<STAGE>_S
 # overrides, e.g. VMEM_GPU_SUITE_A_S=300):
-#   check         360  in this order, check.json rewritten after each section: build and preflight; a smoke
+#   check         345  in this order, check.json rewritten after each section: build and preflight; a smoke
 #                      of the suite (protocol, layers, half-precision training, first commands); PyTorch in
 #                      three settings (defaults, AMP bf16 channels-last, TF32 off); vmem bf16 and TF32 steps;
 #                      vmem exact FP32 with every span; the 8 GiB batch in bf16 and FP32 (planned, then a
@@ -30,7 +30,7 @@ if [ $# -eq 0 ]; then
     sed -n '2,/^$/p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
-declare -A LIMIT=([check]=360 [preflight]=40 [suite-a]=200 [suite-b]=240 [bench-cheap]=90 [bench-step]=330
+declare -A LIMIT=([check]=345 [preflight]=40 [suite-a]=200 [suite-b]=240 [bench-cheap]=90 [bench-step]=330
                   [bench-budget]=260 [bench-variants]=90 [bench-resnet]=240)
 for stage in "$@"; do
     [ -n "${LIMIT[$stage]:-}" ] || { echo "run.sh: unknown stage '$stage'; stages: ${!LIMIT[*]}" >&2; exit 2; }
@@ -69,10 +69,10 @@ check_note() {  # name rc seconds limit: check.json rewritten with every section
 }
 check_run() {  # limit: the GPU check's sections in order, each under its share of the limit
     local limit=$1 rc=0 r t share
-    local -a names=(preflight smoke bench) shares=(33 91 0)  # of 360 s; the bench takes the rest
+    local -a names=(preflight smoke bench) shares=(33 91 0)  # of 345 s; the bench takes the rest
     for i in 0 1 2; do
-        share=$(( shares[i] * limit / 360 ))
-        [ "$i" -eq 2 ] && share=$(( limit - shares[0] * limit / 360 - shares[1] * limit / 360 ))
+        share=$(( shares[i] * limit / 345 ))
+        [ "$i" -eq 2 ] && share=$(( limit - shares[0] * limit / 345 - shares[1] * limit / 345 ))
         t=$SECONDS
         echo "-- check: ${names[i]} (at most $share s)"
         case ${names[i]} in
