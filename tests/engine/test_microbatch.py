@@ -93,6 +93,7 @@ def test_batch_norm_keeps_the_whole_batchs_statistics_over_micro_batches():
     split, reports, plan = _train("vdnn-all:algos=memory,microbatch=on", f"{budget}B", norm=True)
     assert plan.microbatch >= 2 and plan.fits and "statistics passes" in plan.reason
     assert all(r.peak_bytes <= plan.peak_bytes for r in reports) and reports[-1].peak_bytes == plan.peak_bytes
+    assert all(r.seconds > 0 and np.isfinite(r.loss) for r in reports)
     assert {k for k in whole if "running" in k} == {
         f"{b}.running_{s}" for b in ("batchnorm1", "batchnorm2") for s in ("mean", "var")
     }
@@ -145,3 +146,20 @@ def test_an_imported_bert_trains_as_micro_batches_as_the_whole_batch_does():
     split, reports, plan = train("layerwise:microbatch=on", f"{int(big.peak_bytes * 0.7)}B")
     assert plan.microbatch >= 2 and all(r.peak_bytes == plan.peak_bytes for r in reports)
     _close(split, whole)
+
+
+def test_statistics_passes_leave_the_pool_and_pinned_memory_as_they_found_them():
+    """Each statistics pass stops its micro-batches midway (their blocks and pinned buffers given back): after
+    a step the device holds what it held before it."""
+    _, _, big = _train("vdnn-all:algos=memory", "256MiB", batch=24, norm=True)
+    net = _net(norm=True)
+    (x, y), later = _batches(24, 2)
+    with vmem.Trainer(
+        net, device="cpu", memory=f"{int(big.peak_bytes * 0.7)}B", policy="vdnn-all:algos=memory,microbatch=on", seed=0
+    ) as trainer:
+        trainer.step(x, y)
+        dev = trainer.device
+        held = (dev.pool.stats().in_use, dev.pinned.stats().in_use)
+        report = trainer.step(*later)
+        assert trainer.plans[24].microbatch >= 2 and np.isfinite(report.loss)
+        assert (dev.pool.stats().in_use, dev.pinned.stats().in_use) == held
