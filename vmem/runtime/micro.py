@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -52,13 +52,10 @@ class Sums:
             self.pending += array
         raise _Stop
 
-    def end_pass(self) -> bool:
-        """The pass has run: whether it made a sum (False: every sum was known, the pass was the step)."""
-        if self.pending is None:
-            return False
+    def end_pass(self) -> None:
+        """A statistics pass has run: the sum it made is known."""
         self.known.append(self.pending)
         self.pending = None
-        return True
 
 
 class MicroBatched:
@@ -82,8 +79,6 @@ class MicroBatched:
         self.sums = sums
         #: the last micro-batch's schedule (the one that updates), for what reads a step's schedule
         self.schedule = self.executors[-1].schedule
-        #: statistics passes the last step ran before it (0 without batch norm)
-        self.passes = 0
 
     def _counts(self, labels: np.ndarray) -> list[int]:
         """Per micro-batch, the labels its loss averages over."""
@@ -150,9 +145,8 @@ class MicroBatched:
         # drawn from the step's generator (so a resumed run draws as the uninterrupted one did)
         generators = [np.random.default_rng(int(s)) for s in rng.integers(0, 2**63, size=len(self.sizes))]
         stats = self.executors[0].running_stats
-        xp = self.executors[0].xp
-        before = [xp.array(v) for v in stats]
-        sums.known, sums.pending, self.passes = [], None, 0
+        before = _kept(self.executors[0].xp, stats)
+        sums.known, sums.pending = [], None
         while True:
             stopped = []
             for i in range(len(self.sizes)):
@@ -167,15 +161,13 @@ class MicroBatched:
                     raise RuntimeError(f"micro-batch {i} needed no sum that micro-batch 0 did")
                 return [report, *self._rest(one, generators, stats, before)]
             sums.end_pass()
-            self.passes += 1
 
     def _rest(
         self, one: Callable[[int, np.random.Generator], StepReport], generators: list, stats: list, before: list
     ) -> list[StepReport]:
         """The step's micro-batches after the first, once every sum is known: the running statistics stay
         as the first left them (the whole batch's update), or as before the step where it is skipped."""
-        xp = self.executors[0].xp
-        updated = [xp.array(v) for v in stats]
+        updated = _kept(self.executors[0].xp, stats)
         reports = []
         for i in range(1, len(self.sizes)):
             self.sums.begin()  # type: ignore[union-attr]
@@ -187,6 +179,11 @@ class MicroBatched:
         if reports[-1].skipped:
             _put(stats, before)
         return reports
+
+
+def _kept(xp: Any, views: list[Array]) -> list[Array]:
+    """Copies of ``views`` (batch norm's running statistics, kept aside)."""
+    return [xp.array(v) for v in views]
 
 
 def _put(views: list[Array], values: list[Array]) -> None:
