@@ -5,7 +5,7 @@ Simulated H100 (``sim:h100-sxm``), VGG-16 at 224x224, 8 GiB: the largest whole b
 (bisection on the exact plan: ``vmem.largest_batch``), FP32 and bf16, and auto's plan of batch 512 (as
 micro-batches where the whole batch does not fit). Auto's floor keeps the ReLUs' signs as bits, prefetches
 each map at its reader and splits each convolution's backward (filter, then data), so a layer holds two maps
-where it held three.
+where it held three; the sign bits a split would hold beside dy + dx wait on the host (``signs=host``).
 
 CPU device, vgg_cifar at batch 256: the smallest budget auto plans to fit without micro-batches (its floor,
 replayed through the pool at each capacity) and with them, as fractions of the baseline's planned peak; then
@@ -36,8 +36,9 @@ import vmem
 from vmem import format_bytes
 from vmem.planning import Target, largest_batch, plan_program, smallest_memory
 from vmem.planning.microbatch import plan_microbatched, sums_passes
+from vmem.policies import auto
 
-FLOOR = "vdnn-all:algos=memory,sync=layer,relu=bits,prefetch=after,split=on"  # auto's, split as auto runs it
+FLOOR = f"{auto.FLOOR},split=on"  # auto's leanest plan, split as auto runs it
 
 
 def simulated(device: str = "sim:h100-sxm", memory: str = "8GiB") -> dict:

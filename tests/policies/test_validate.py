@@ -53,7 +53,7 @@ def test_policies_say_whether_they_are_made_for_a_budget_and_what_their_least_pl
         floor = floor_policy(name)
         leanest = {
             "vdnn-dyn": "vdnn-all:algos=memory",
-            "auto": "vdnn-all:algos=memory,relu=bits,prefetch=after,split=on",
+            "auto": "vdnn-all:algos=memory,relu=bits,prefetch=after,signs=host,split=on",
         }
         want = vmem.policies.get(leanest[name]) if chooses else vmem.policies.get(name, algos="memory")
         assert floor.spec == want.spec, name

@@ -146,6 +146,53 @@ def test_a_split_keeps_the_sign_of_its_input_for_the_relu_that_reads_it_later():
     assert any(type(st) is S.Free and st.key == relu.on_bits for st in steps[d:])
 
 
+def test_signs_on_the_host_are_made_in_the_forward_and_come_back_after_the_split():
+    """``signs=host``: relu1's bits are made once relu1 has written its output, sent to the host and their
+    block released, all in the forward; they come back after conv2's backward-data, so that conv2's backward
+    holds x + dy, then dy + dx, and never the bits beside them."""
+    program = vmem.device("cpu", memory="64MiB").catalog(_relu_net().build(4))
+    plan = vmem.policies.get("vdnn-all:relu=bits,prefetch=after,split=on,signs=host").decide(program, SPEC)
+    conv2 = next(op for op in program.ops if op.name == "conv2")
+    relu1 = next(op for op in program.ops if op.name == "relu1")
+    x = program.tensors[program.tensors[conv2.inputs[0]].buffer]  # relu1 writes over conv1's output
+    assert plan.signs == (x.name,)
+    schedule = lower(program, plan)
+    steps = schedule.steps
+    loss = next(i for i, st in enumerate(steps) if type(st) is S.Loss)
+    relu = next(i for i, st in enumerate(steps) if type(st) is S.Backward and st.op == relu1.index)
+    sign = steps[relu].on_bits
+    assert sign is not None and sign.part == "sign"
+    made = next(i for i, st in enumerate(steps) if type(st) is S.Encode and st.enc == sign)
+    sent = next(i for i, st in enumerate(steps) if type(st) is S.Offload and st.key == sign)
+    released = next(i for i, st in enumerate(steps) if type(st) is S.Release and st.key == sign)
+    back = next(i for i, st in enumerate(steps) if type(st) is S.Prefetch and st.key == sign)
+    waited = next(i for i, st in enumerate(steps) if type(st) is S.WaitPrefetch and st.key == sign)
+    data = next(
+        i for i, st in enumerate(steps) if type(st) is S.Backward and st.op == conv2.index and st.part == "data"
+    )
+    conv2_forward = next(i for i, st in enumerate(steps) if type(st) is S.Forward and st.op == conv2.index)
+    assert made < sent < released < conv2_forward < loss < data < back < waited < relu
+    allocs = [i for i, st in enumerate(steps) if type(st) is S.Alloc and st.buffer.key == sign]
+    frees = [i for i, st in enumerate(steps) if type(st) is S.Free and st.key == sign]
+    assert allocs == [made - 1, back - 1] and len(frees) == 1 and frees[0] > relu
+    # no Encode of conv2's input at the split: its values are just freed
+    assert not any(type(st) is S.Encode and st.enc == sign for st in steps[loss:])
+
+
+def test_auto_sends_signs_to_the_host_only_where_it_needs_to():
+    """The bits' copies cost time: a budget with room keeps them on the device, VGG-16's largest batch in
+    8 GiB (the simulator's) needs them on the host."""
+    roomy = vmem.plan(_relu_net(), 4, "sim:titan-x", "auto", memory="1GiB")
+    assert roomy.fits and roomy.plan.signs == ()
+    net = vmem.models.get("vgg16")
+    tight = vmem.plan(net, 269, "sim:h100-sxm", "auto:microbatch=off", memory="8GiB")
+    assert tight.fits and "conv1" in tight.plan.signs
+    device = vmem.plan(
+        net, 269, "sim:h100-sxm", "vdnn-all:algos=memory,relu=bits,prefetch=after,split=on", memory="8GiB"
+    )
+    assert not device.fits
+
+
 @pytest.mark.parametrize("make", [_net, _relu_net])
 def test_lean_plans_give_the_baselines_weights_bit_for_bit(make):
     x, y = _batch()
@@ -155,9 +202,17 @@ def test_lean_plans_give_the_baselines_weights_bit_for_bit(make):
         "vdnn-all:relu=bits",
         "vdnn-all:prefetch=after",
         "vdnn-all:relu=bits,prefetch=after,split=on",
+        "vdnn-all:relu=bits,prefetch=after,split=on,signs=host",
         "vdnn-conv:relu=bits,prefetch=after,split=on,sync=event",
+        "vdnn-conv:relu=bits,prefetch=after,split=on,sync=event,signs=host",
     )
     assert all_equal(weights_under(make, policies, x, y))
+
+
+def test_signs_on_the_host_in_bf16_give_the_baselines_weights_bit_for_bit():
+    x, y = _batch()
+    policies = ("baseline", "vdnn-all:relu=bits,prefetch=after,split=on,signs=host")
+    assert all_equal(weights_under(_relu_net, policies, x, y, precision="bf16"))
 
 
 def test_relu_bits_keep_on_the_device_the_sign_of_what_only_a_relu_reads():

@@ -71,6 +71,16 @@ class Encoded:
             offset = -(-end // _ALIGN) * _ALIGN
         return Encoded(self.codec, self.shape, self.dtype, arrays, dict(self.meta))
 
+    def at(self, raw: Any) -> "Encoded":
+        """The same encoding read from ``raw``, a byte buffer that holds (or will hold, once a copy lands)
+        the bytes :meth:`store` wrote: each array viewed at the offset ``store`` gave it, nothing copied."""
+        arrays, offset = {}, 0
+        for key, a in self.arrays.items():
+            end = offset + a.nbytes
+            arrays[key] = raw[offset:end].view(a.dtype).reshape(a.shape)
+            offset = -(-end // _ALIGN) * _ALIGN
+        return Encoded(self.codec, self.shape, self.dtype, arrays, dict(self.meta))
+
 
 class Codec(ABC):
     """Base of every codec. ``lossless``: decode(encode(x)) is bitwise x (``binarize`` is exact for what

@@ -76,7 +76,17 @@ def evaluate(
     the figures' per-layer rows out (a planner weighing candidates reads only the totals). ``accumulate``,
     ``update``: a micro-batch's step (:func:`vmem.schedule.lower.lower`)."""
     schedule = lower(program, decided, optimizer_slots, alignment, packing, accumulate=accumulate, update=update)
-    figures = replay_fitting(schedule, device, alignment, costs)
+    figures = replay_if_fits(schedule, device, alignment, costs)
+    if figures is None and schedule.live_bytes is not None and schedule.live_bytes <= device.memory:
+        # packed as tightly as it packs for any capacity, it does not fit this one; placed for this one (the
+        # packer then tries more placements: :func:`vmem.schedule.pack.pack`), it may
+        placed = lower(
+            program, decided, optimizer_slots, alignment, packing, device.memory, accumulate=accumulate, update=update
+        )
+        figures = replay_if_fits(placed, device, alignment, costs)
+        schedule = placed if figures is not None else schedule
+    if figures is None:
+        figures = replay_fitting(schedule, device, alignment, costs)
     if rows:
         figures = dataclasses.replace(figures, layers=_layer_rows(program, decided))
     return PlanResult(decided, figures), schedule

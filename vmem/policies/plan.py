@@ -81,6 +81,11 @@ class Plan:
     #: convolutions whose backward runs as two steps, backward-filter then backward-data, their input freed
     #: between (where nothing later reads it): the layer's peak max(x + dy, dy + dx) instead of x + dy + dx
     split: tuple[str, ...] = ()
+    #: inputs of split convolutions whose sign bits (made at the split for a later ReLU's backward) go to
+    #: pinned host memory from the split until that backward instead of staying on the device: the bits are
+    #: off the device while the convolution's backward-data holds dy + dx (named buffers the lowering makes
+    #: no bits for are ignored)
+    signs: tuple[str, ...] = ()
     #: the step runs as this many micro-batches of the batch, one after the other (the plan's decisions are
     #: each micro-batch's; :mod:`vmem.planning.microbatch`); 1: the whole batch at once
     microbatch: int = 1
@@ -120,7 +125,7 @@ class Plan:
                 )
             )
 
-        offloads = Stash.OFFLOAD in self.stash.values()
+        offloads = Stash.OFFLOAD in self.stash.values() or bool(self.signs)
         return (
             self.allocation,
             frozen(self.algos),
@@ -132,6 +137,7 @@ class Plan:
             frozen(self.release),
             self.sync if offloads else None,
             tuple(sorted(self.split)),
+            tuple(sorted(self.signs)),
             self.microbatch,
         )
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ..device.spec import DeviceSpec
 from ..graph import Program
 from ..graph.analysis import needs_grad, prefetch_after, prefetch_points
-from .base import Policy, option, register
+from .base import Policy, option, register, split_convolutions
 from .plan import Plan, Stash
 from .ranges import batchnorm_ranges, check_sigmas
 
@@ -66,6 +66,7 @@ def check_density(policy: str, density: float) -> None:
 
 RELU_MODES = ("values", "bits")
 PREFETCH_MODES = ("ahead", "after")
+SIGN_MODES = ("device", "host")
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,10 @@ class _Vdnn(Policy):
     #: ``"after"``: a lookahead prefetch is issued after the backward of the layer that would issue it (where
     #: that layer does not read it), not before; ``"ahead"``: the paper's
     prefetch: str = option("ahead")
+    #: ``"host"``: the sign bits a split convolution (``split=on``) makes of its input for a later ReLU's
+    #: backward wait in pinned host memory until that backward (``Plan.signs``), off the device while the
+    #: convolution's backward-data holds dy + dx; ``"device"``: kept on the device
+    signs: str = option("device")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -91,6 +96,8 @@ class _Vdnn(Policy):
             raise ValueError(
                 f"policy {self.name!r}: prefetch={self.prefetch!r}; use one of {', '.join(PREFETCH_MODES)}"
             )
+        if self.signs not in SIGN_MODES:
+            raise ValueError(f"policy {self.name!r}: signs={self.signs!r}; use one of {', '.join(SIGN_MODES)}")
         if self.codec is not None:
             offload_codec(self.name, self.codec)
         check_density(self.name, self.density)
@@ -119,10 +126,14 @@ class _Vdnn(Policy):
         def stash(b: int) -> Stash:
             return Stash.ENCODE if b in bits else Stash.OFFLOAD if b in offloaded else Stash.KEEP
 
+        split = set(split_convolutions(program)) if self.split == "on" and self.signs == "host" else set()
+        inputs = {program.tensors[op.inputs[0]].buffer for op in program.ops if op.name in split}
+        signs = tuple(sorted(program.tensors[b].name for b in inputs))
         return self.new_plan(
             program,
             device,
             costs,
+            signs=signs,
             stash={program.tensors[b].name: stash(b) for b in sorted(stashed)},
             prefetch=points,
             sync=self.sync,

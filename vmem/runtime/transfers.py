@@ -21,7 +21,7 @@ import numpy as np
 from .. import codecs
 from ..precision import dtype as _dtype
 from ..codecs import transfer
-from ..schedule import Key
+from ..schedule import Key, Kind
 from ..schedule.steps import BnRange, Decode, Encode, Offload, Prefetch, Release, WaitPrefetch
 from .timeline import Span, Timeline
 
@@ -210,17 +210,15 @@ class Transfers:
             codec = st.codec
             self._span(r, ms, name, "prefetch", {}, lambda: transfer.receive(dev, codec, off.enc, dst))
         else:
-            self._span(
-                r,
-                ms,
-                name,
-                "prefetch",
-                {},
-                dev.copy_now,
-                self.block_view(block, (block.nbytes,), _BYTE),
-                off.host[: block.nbytes],
-                "h2d",
-            )
+            raw = self.block_view(block, (block.nbytes,), _BYTE)
+            encodings, key = r.encodings, st.key
+
+            def copy() -> None:
+                dev.copy_now(raw, off.host[: block.nbytes], "h2d")
+                if key.kind is Kind.ENCODED:  # an encoding sent whole (a sign's bits): read from its new block
+                    encodings[key] = encodings[key].at(raw)
+
+            self._span(r, ms, name, "prefetch", {}, copy)
         off.back = ms.record()
         self.pinned.free(off.host_block, off.back)
 

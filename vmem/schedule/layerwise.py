@@ -15,7 +15,7 @@ stream waits for the copy there, with ``sync="event"`` the block is freed once t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import codecs as _codecs
 from ..errors import PlanError
@@ -49,6 +49,8 @@ from .steps import (
     Key,
     Kind,
     Loss,
+    Offload,
+    Prefetch,
     Recompute,
     Release,
     Schedule,
@@ -64,6 +66,19 @@ __all__ = ["lower_layerwise"]
 
 #: the encoding a split convolution's input keeps for a later ReLU's backward (Gist's binarize: its sign)
 _BITS = _codecs.get("binarize")
+
+
+class _Sign(NamedTuple):
+    """The sign bits of a split convolution's input that a later ReLU's backward reads: their key, the walk
+    positions of the split (where they are made) and of their first and last readers, and whether they wait
+    on the host in between (``Plan.signs``)."""
+
+    key: Key
+    split: int
+    first: int
+    last: int
+    host: bool
+    nbytes: int
 
 
 class _Layerwise:
@@ -194,6 +209,8 @@ class _Layerwise:
             self.around_workspace(op.index, "fwd", Forward(op.index, pass_algos(self.plan, program, op.index)[0], ws))
             if self.last_writer[self.buf[op.output]] == op.index:
                 self.start_offload(self.buf[op.output])
+                if self.buf[op.output] in self.signs and self.signs[self.buf[op.output]].host:
+                    self.make_sign(self.buf[op.output])
             for b in held.pop(op.index, []):
                 self.steps.append(Release(value[b], self.plan.sync or "layer"))
             for b in dict.fromkeys(self.buf[t] for t in op.inputs):
@@ -248,6 +265,10 @@ class _Layerwise:
             for k, rebuild in enumerate(uses.rebuilds):
                 self.rebuild(rebuild, prefetched, ready, (pos, k))
             self.bring_back(op, uses.reads, prefetched, ready)
+            for sign in self.signs.values():
+                if sign.host and sign.first == pos:  # bits sent to the host at the split: back for their reader
+                    self.steps += [Alloc(self.buffers[sign.key]), Prefetch(sign.key, sign.nbytes, (sign.nbytes,))]
+                    self.steps.append(WaitPrefetch(sign.key))
             read_last = [
                 Free(self.enc[b] if b in self.binarized else value[b])
                 for b in uses.reads
@@ -264,11 +285,8 @@ class _Layerwise:
                 self.around_workspace(i, "filter", self.backward_step(i, "filter"))
                 self.steps += self.param_adds.get(i, []) + [Free(key) for key in temps]
                 for b in uses.reads:
-                    if b in self.signs and self.signs[b][1] == pos:  # a ReLU reads its sign later: kept as bits
-                        sign = self.signs[b][0]
-                        self.alloc(sign)
-                        info = (_BITS, self.buffers[sign].nbytes, True, None)
-                        self.steps.append(encode_step(program, b, value[b], sign, info))
+                    if b in self.signs and self.signs[b].split == pos and not self.signs[b].host:
+                        self.make_sign(b)  # a ReLU reads its sign later: as bits
                 self.steps += read_last
                 for key in starts.get(n - i, []):
                     self.alloc(key)
@@ -281,19 +299,21 @@ class _Layerwise:
             self.steps += [Free(self.aux[(i, k)]) for k in op.aux]
             if not split:
                 self.steps += read_last
-            self.steps += [Free(sign) for b, (sign, _, last) in self.signs.items() if last == pos]
+            self.steps += [Free(sign.key) for sign in self.signs.values() if sign.last == pos]
         # saved state of layers whose backward does not run
         self.steps += [Free(self.aux[(i, k)]) for i in range(n) if not self.needs[ops[i].output] for k in ops[i].aux]
         self.steps += [Free(key) for key in self.still_allocated() if key != LOSS]  # held but never read back
         self.steps += ([Update()] if self.update else []) + [Free(LOSS)]
 
-    def _signs(self) -> dict[int, tuple[Key, int, int]]:
+    def _signs(self) -> dict[int, _Sign]:
         """Inputs of split convolutions that later backwards read only for their sign (a ReLU's output, read
-        again by the ReLU's own backward): per buffer, (the key of its bits, the walk position of the split,
-        that of the last sign reader). Their bits are encoded once the filters' gradient is made, so that the
-        values are freed there, as if the convolution were their last reader."""
+        again by the ReLU's own backward): per buffer, its bits' key and where they are made and read. Their
+        bits are encoded once the filters' gradient is made, so that the values are freed there, as if the
+        convolution were their last reader; those the plan names (``Plan.signs``) go to the host until their
+        first reader."""
         program, ops = self.program, self.program.ops
-        out: dict[int, tuple[Key, int, int]] = {}
+        out: dict[int, _Sign] = {}
+        host = set(self.plan.signs)
         positions = self.walk_pos
         for i in sorted(self.split, key=lambda i: positions.get(i, -1)):
             if i not in positions:
@@ -314,9 +334,24 @@ class _Layerwise:
                 key = Key(Kind.ENCODED, program.tensors[x].name, "sign")
                 t = program.tensors[x]
                 self.buffers[key] = Buffer(key, _codecs.stored_nbytes(_BITS, t.shape, 0.5, t.dtype), "encoded")
-                out[x] = (key, pos, later[-1])
+                out[x] = _Sign(key, pos, later[0], later[-1], t.name in host, self.buffers[key].nbytes)
                 self.last_use[x] = (pos, -1)
         return out
+
+    def make_sign(self, b: int) -> None:
+        """The sign bits of a split convolution's input ``b``: made at the split, between its two steps
+        (the values are freed next), or, where they wait on the host, in the forward, once the values are
+        written for the last time (made at the split, they would be a third map beside x and dy), sent to the
+        host and their block released once the copy is done."""
+        sign = self.signs[b]
+        self.alloc(sign.key)
+        info = (_BITS, sign.nbytes, True, None)
+        self.steps.append(encode_step(self.program, b, self.value[b], sign.key, info))
+        if sign.host:
+            self.steps += [
+                Offload(sign.key, sign.nbytes, sign.nbytes, (sign.nbytes,)),
+                Release(sign.key, self.plan.sync or "layer"),
+            ]
 
     def still_allocated(self) -> list[Key]:
         live: dict[Key, None] = {}
@@ -367,8 +402,8 @@ class _Layerwise:
         op = self.program.ops[i]
         out = self.buf[op.output]
         on_bits = self.enc[out] if op.reads_output and out in self.binarized else None
-        if op.reads_output and out in self.signs and self.walk_pos[i] > self.signs[out][1]:
-            on_bits = self.signs[out][0]  # its values were freed after a split convolution read them
+        if op.reads_output and out in self.signs and self.walk_pos[i] > self.signs[out].split:
+            on_bits = self.signs[out].key  # its values were freed after a split convolution read them
         ws = self.workspace.get((i, "bwd" if part == "all" else part))
         return Backward(i, pass_algos(self.plan, self.program, i)[1], ws, on_bits, part)
 

@@ -27,7 +27,7 @@ __all__ = ["Auto", "FLOOR", "PORTFOLIO", "NAMED", "LOSSY", "SOLVERS", "FAST", "D
 #: The named techniques auto starts from (lossless), each tried as it is: the floor (every map offloaded but
 #: those only a ReLU's backward reads, kept as bits; the leanest algorithms; each prefetch one layer ahead of
 #: its reader) first, since vdnn-dyn needs it to fit.
-FLOOR = "vdnn-all:algos=memory,sync=layer,relu=bits,prefetch=after"
+FLOOR = "vdnn-all:algos=memory,sync=layer,relu=bits,prefetch=after,signs=host"
 PORTFOLIO = (
     FLOOR,
     "layerwise:algos=performance",
@@ -69,7 +69,7 @@ class Auto(Policy):
     needs_profile = True
     chooses_algos = True
     needs_budget = True
-    floor = "vdnn-all:algos=memory,relu=bits,prefetch=after,split=on"  # a bound: recomputing may need less
+    floor = "vdnn-all:algos=memory,relu=bits,prefetch=after,signs=host,split=on"  # a bound: recomputing may need less
     #: every plan auto starts from runs its convolutions' backward split (see Policy): never more memory,
     #: the same results, one more step a convolution
     split: str = option("on")
@@ -204,6 +204,10 @@ class Auto(Policy):
             whole = oracle(dataclasses.replace(plan, split=()), unfit=False)
             if whole is not None and whole.step_seconds is not None and whole.step_seconds <= best.step_seconds:
                 plan, best = whole.plan, whole
+        if plan.signs:  # bits on the host cost a copy each way: kept only where the plan needs them to fit
+            kept = oracle(dataclasses.replace(plan, signs=()), unfit=False)
+            if kept is not None and kept.step_seconds is not None and kept.step_seconds <= best.step_seconds:
+                plan, best = kept.plan, kept
         seconds = best.step_seconds
         reason = (
             f"auto: {len({id(r) for _, _, r in fitting})} of {tried} starting plans fit in "
