@@ -70,25 +70,38 @@ class _Tensor:
     lifted: bool = False
     #: the model has no batch axis (``load(batch=False)``): vmem's axis 0 is its own, of length 1 here
     lead: bool = False
+    #: the model moved or merged the batch axis (:mod:`vmem.onnx._views`): for each of the model's axes, the
+    #: vmem axes it is made of, in the model's row-major order; None for a plain tensor
+    view: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def hidden(self) -> tuple[int, ...]:
         """vmem's axes the model does not see."""
+        if self.view is not None:
+            named = {a for g in self.view for a in g}
+            return tuple(i for i in range(len(self.shape)) if i not in named)
         return tuple(i for i, on in ((0, self.lead), (1, self.lifted)) if on)
 
     @property
     def dims(self) -> tuple[int, ...]:
         """The shape as the model sees it (at batch 1 where the model has a batch axis)."""
+        if self.view is not None:
+            return tuple(int(np.prod([self.shape[a] for a in g], dtype=np.int64)) for g in self.view)
         hidden = self.hidden
         return tuple(d for i, d in enumerate(self.shape) if i not in hidden)
 
     @property
     def image(self) -> bool:
         """A 4-D map as vmem stores images (the model's (N, C, H, W))."""
-        return len(self.shape) == 4 and not self.lifted and not self.lead
+        return len(self.shape) == 4 and not self.lifted and not self.lead and self.view is None
 
     def axis(self, a: int) -> int:
         """vmem's axis for the model's axis ``a`` of this tensor."""
+        if self.view is not None:
+            g = self.view[a % len(self.view)]
+            if len(g) != 1:
+                raise _Refuse(f"reads axis {a} of a tensor whose axis {a} merges several (a reshape's)")
+            return g[0]
         hidden = self.hidden
         return [i for i in range(len(self.shape)) if i not in hidden][a % len(self.dims)]
 
@@ -131,9 +144,12 @@ def supported() -> dict[str, tuple[int, ...]]:
 class _Builder:
     """The vmem graph under construction and the weights it takes from the model."""
 
-    def __init__(self, graph: Graph, opset: int):
+    def __init__(self, graph: Graph, opset: int, plain: Callable[["_Builder", "_Tensor", str], "_Tensor"]):
         self.graph = graph
         self.opset = opset
+        #: a viewed value made plain for a converter that reads the batch axis first, or refused
+        #: (:func:`vmem.onnx._views.plain`: views are a layer above the builder)
+        self.plain = plain
         self.params: dict[str, np.ndarray] = {}
         self.owner: dict[str, str] = {}  # initializer name -> the layer whose parameter it became
         self.node: Any = None  # the ONNX node being converted
@@ -155,10 +171,17 @@ class _Builder:
         self.node, self.input_names, self._taken = node, list(node.input), []
 
     # -- inputs of the node being converted --------------------------------------------------------
-    def tensor(self, ins: list[Any], i: int, what: str, *, nhwc: bool = False, chw: bool = False) -> _Tensor:
+    def tensor(
+        self, ins: list[Any], i: int, what: str, *, nhwc: bool = False, chw: bool = False, view: bool = False
+    ) -> _Tensor:
+        """Input ``i``, a computed tensor, as the converter reads it: a viewed one (the model moved its batch
+        axis) only where the converter takes views (``view``), else made plain, or refused where the batch
+        is not the model's first axis."""
         value = ins[i] if i < len(ins) else None
         if not isinstance(value, _Tensor):
             raise _Refuse(f"its {what} (input {i}) must be computed by the network, not a constant")
+        if value.view is not None and not view:
+            value = self.plain(self, value, what)
         if value.nhwc and not nhwc:  # read as the transposed tensor it is: made now
             value = self.add(nn.Transpose((0, 2, 3, 1)), [_Tensor(value.node, value.shape)])
         if value.chw is not None and not chw:
@@ -212,13 +235,18 @@ class _Builder:
                 self.sources[f"{node.name}.{key}"] = source
         self._taken = []
         params = dict(params or {})
+        exact = set()
         for key, spec in layer.param_specs([t.shape for t in inputs]).items():
             if spec.init == "value" and params.get(key) is None:  # a constant the layer holds (ConstantOp)
                 params[key] = spec.value
+                exact.add(key)  # as the layer holds it (float64: a scale made from the model's shapes)
         for key, value in params.items():
             if value is not None:
-                self.params[f"{node.name}.{key}"] = np.ascontiguousarray(value, dtype=np.float32)
-        return _Tensor(node, shape, chw, lifted=lifted, lead=self.lead)
+                dtype = np.float64 if key in exact else np.float32
+                self.params[f"{node.name}.{key}"] = np.ascontiguousarray(value, dtype=dtype)
+        # a layer that keeps its one input's shape (an activation) keeps its view of the batch axis
+        view = inputs[0].view if len(inputs) == 1 and shape == inputs[0].shape else None
+        return _Tensor(node, shape, chw, lifted=lifted, lead=self.lead, view=view)
 
     def _name(self) -> str:
         """A layer name from the ONNX node's: PyTorch's scope path ``/layer1/layer1.0/conv1/Conv`` gives

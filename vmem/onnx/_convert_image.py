@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import nn
 
+from . import _views
 from ._builder import (
     _Refuse,
     _Tensor,
@@ -211,7 +212,7 @@ def _lrn(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 def _elementwise(make: Callable[[], nn.Layer]) -> Callable[..., list[Any]]:
     def convert(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-        x = b.tensor(ins, 0, "input", chw=True)
+        x = b.tensor(ins, 0, "input", chw=True, view=True)
         return [b.add(make(), [x], chw=x.chw, lifted=x.lifted)]
 
     return convert
@@ -228,13 +229,13 @@ def _gelu(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     approximate = attrs.get("approximate", "none")
     if approximate not in nn.GELU.APPROXIMATIONS:
         raise _Refuse(f"approximate={approximate!r} (vmem's GELU takes {', '.join(nn.GELU.APPROXIMATIONS)})")
-    x = b.tensor(ins, 0, "input", chw=True)
+    x = b.tensor(ins, 0, "input", chw=True, view=True)
     return [b.add(nn.GELU(approximate), [x], chw=x.chw, lifted=x.lifted)]
 
 
 @_converts("Clip", 6, 11, 12, 13)
 def _clip(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    x = b.tensor(ins, 0, "input", chw=True)
+    x = b.tensor(ins, 0, "input", chw=True, view=True)
     if b.opset < 11:
         lo, hi = _real(attrs.get("min", -np.inf)), _real(attrs.get("max", np.inf))
     else:
@@ -276,7 +277,7 @@ def _reduce_mean(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any
     """The mean over axes: over a map's height and width (what exporters write for adaptive average pooling
     to 1x1) a global average pool; over others a Mean. Reduced axes kept, then dropped by a reshape where
     ``keepdims=0``."""
-    x = b.tensor(ins, 0, "input")
+    x = b.tensor(ins, 0, "input", view=True)
     rank = len(x.dims)
     if b.opset >= 18:
         given = b.const(ins, 1, "axes", optional=True)
@@ -286,6 +287,13 @@ def _reduce_mean(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any
     else:
         axes = _ints(attrs, "axes", range(rank))
     axes = sorted({a % rank for a in axes})
+    if x.view is not None:  # along axes of a tensor whose batch axis moved: each one vmem axis
+        raw, groups = _views.groups_of(b, x)
+        y = _views.run(b, nn.Mean([_views.single(raw, groups, a, "averages over") for a in axes]), [raw], groups)
+        if int(attrs.get("keepdims", 1)):
+            return [y]
+        kept = tuple(g for a, g in enumerate(groups) if a not in axes)
+        return [_views.viewed(_Tensor(y.node, y.shape), kept)]
     _no_batch_axis(b, axes, "averages over")
     if x.image and axes == [2, 3]:
         y = b.add(nn.AvgPool2d((x.shape[2], x.shape[3])), [x])

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from types import ModuleType
 
-import math
 import os
 import re
 from typing import Any, Sequence
@@ -19,15 +18,14 @@ from .. import nn
 from ..errors import CheckpointError, OnnxError
 from ..graph import Graph
 from ..graph.network import Node
-from . import _data
-from ..units import format_bytes
+from . import _data, _views
 
-from . import _convert_image, _convert_tensor  # noqa: F401  (they register the converters)
+from . import _convert_arith, _convert_image, _convert_shape, _convert_tensor  # noqa: F401  (they register the converters)
+from ._fold import _fold, _shape_of
+from ._fusions import _Pattern, _gelus, _layer_norms
 from ._builder import (
     MIN_OPSET,
-    BATCH,
     _SAME_VALUES,
-    _MOST_FOLDED,
     _onnx,
     _Refuse,
     _Tensor,
@@ -42,152 +40,6 @@ from ._builder import (
 __all__ = ["load", "supported", "MIN_OPSET"]
 
 
-# -- ops exporters write out, fused back into one layer -----------------------------------------------------
-class _Pattern:
-    """The model's graph as the fusions read it: its nodes, which node makes each value, how many read it, and
-    its small constants (at most 16 values: scales, epsilons, axes), each made into an array once."""
-
-    def __init__(self, onnx: ModuleType, graph: Any, readers: dict[str, int]):
-        self.nodes, self.readers = list(graph.node), readers
-        self.index = {out: i for i, node in enumerate(self.nodes) for out in node.output}
-        self.consts: dict[str, np.ndarray] = {}
-        for t in graph.initializer:
-            if int(np.prod(t.dims)) <= 16:
-                self.consts[t.name] = onnx.numpy_helper.to_array(t)
-        for node in self.nodes:
-            if node.op_type == "Constant" and node.attribute:
-                v = onnx.helper.get_attribute_value(node.attribute[0])
-                v = onnx.numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else np.asarray(v)
-                if v.size <= 16 and v.dtype.kind in "fiu":
-                    self.consts[node.output[0]] = v
-
-    def near(self, name: str, want: float) -> bool:
-        """Whether ``name`` is a constant of one value within 1e-4 of ``want``."""
-        v = self.consts.get(name)
-        return v is not None and v.size == 1 and abs(float(v.reshape(-1)[0]) - want) <= 1e-4 * abs(want)
-
-    def only(self, name: str) -> bool:
-        """Read by one node (and not the model's output)."""
-        return self.readers.get(name, 0) == 1
-
-    def made(self, name: str, op: str) -> int | None:
-        """The index of the ``op`` node that makes ``name``, if an ``op`` makes it."""
-        i = self.index.get(name)
-        return i if i is not None and self.nodes[i].op_type == op else None
-
-    def reader(self, name: str, op: str | None = None) -> int | None:
-        """The index of the one node (an ``op``, where given) that reads ``name``, where nothing else does."""
-        hits = [i for i, n in enumerate(self.nodes) if (op is None or n.op_type == op) and name in n.input]
-        return hits[0] if len(hits) == 1 and self.only(name) else None
-
-
-def _other(node: Any, name: str) -> str | None:
-    """The operand of a binary ``node`` beside ``name``."""
-    ins = list(node.input)
-    return ins[1 - ins.index(name)] if len(ins) == 2 and name in ins else None
-
-
-def _gelus(g: _Pattern) -> tuple[dict[int, str], set[int]]:
-    """GELU written out as ops, ``0.5 x (1 + erf(x / sqrt 2))`` in the orders exporters write it (the scale
-    last, first, or on the bracket; ``x / sqrt 2`` as a Div or a Mul), each op's result read by the next
-    alone: {the last node's index: x's name}, and the indices of the pattern's other nodes (not imported:
-    the last becomes one :class:`vmem.nn.GELU`)."""
-    nodes, near, reader = g.nodes, g.near, g.reader
-    fused: dict[int, str] = {}
-    skipped: set[int] = set()
-    for e, erf in enumerate(nodes):
-        if erf.op_type != "Erf" or not g.only(erf.input[0]):
-            continue
-        scaled = g.index.get(erf.input[0])
-        if scaled is None:
-            continue
-        sn = nodes[scaled]
-        x = None
-        if sn.op_type == "Div" and near(sn.input[1], math.sqrt(2)):
-            x = sn.input[0]
-        elif sn.op_type == "Mul":
-            for k in range(2):
-                if near(sn.input[k], 1 / math.sqrt(2)):
-                    x = sn.input[1 - k]
-        add = reader(erf.output[0], "Add")
-        if x is None or x in g.consts or add is None or not near(_other(nodes[add], erf.output[0]) or "", 1.0):
-            continue
-        bracket = nodes[add].output[0]
-        m1 = reader(bracket, "Mul")
-        if m1 is None:
-            continue
-        with_it = _other(nodes[m1], bracket) or ""
-        half = g.made(with_it, "Mul")
-        if with_it == x:  # x (1 + erf) then 0.5
-            m2 = reader(nodes[m1].output[0], "Mul")
-            if m2 is None or not near(_other(nodes[m2], nodes[m1].output[0]) or "", 0.5):
-                continue
-            last, inner = m2, [scaled, e, add, m1]
-        elif near(with_it, 0.5):  # 0.5 (1 + erf) then x
-            m2 = reader(nodes[m1].output[0], "Mul")
-            if m2 is None or _other(nodes[m2], nodes[m1].output[0]) != x:
-                continue
-            last, inner = m2, [scaled, e, add, m1]
-        elif half is not None and g.only(with_it) and near(_other(nodes[half], x) or "", 0.5):  # (0.5 x) (1 + erf)
-            last, inner = m1, [scaled, e, add, half]
-        else:
-            continue
-        fused[last] = x
-        skipped.update(inner)
-    return fused, skipped
-
-
-def _layer_norms(onnx: ModuleType, g: _Pattern) -> tuple[dict[int, tuple[str, ...]], set[int]]:
-    """Layer norm over the last axis written out as ops (PyTorch's exports before opset 17's
-    LayerNormalization): ``m = ReduceMean(x)``, ``d = x - m``, ``v = ReduceMean(d ** 2)``,
-    ``y = d / Sqrt(v + eps)``, then ``y * weight + bias``, each over the last axis with its dimensions kept
-    and each intermediate read only by the pattern. Returns {the last node's index: (x, eps's name, the
-    weight's name, the bias's name)} and the indices of the pattern's other nodes (the last becomes one
-    LayerNormalization)."""
-    nodes, consts = g.nodes, g.consts
-
-    def made(name: str, op: str) -> Any:
-        i = g.made(name, op)
-        return None if i is None else nodes[i]
-
-    def last_axis(node: Any) -> bool:
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        axes = list(attrs.get("axes", []))
-        if len(node.input) > 1 and node.input[1]:
-            axes = [int(a) for a in consts.get(node.input[1], np.array([0])).reshape(-1)]
-        return axes == [-1] and int(attrs.get("keepdims", 1)) == 1
-
-    fused: dict[int, tuple[str, ...]] = {}
-    skipped: set[int] = set()
-    for at, div in enumerate(nodes):
-        if div.op_type != "Div" or len(div.input) != 2:
-            continue
-        sub, sqrt = made(div.input[0], "Sub"), made(div.input[1], "Sqrt")
-        mean = made(sub.input[1], "ReduceMean") if sub is not None else None
-        if sqrt is None or mean is None or mean.input[0] != sub.input[0] or not last_axis(mean):
-            continue
-        add = made(sqrt.input[0], "Add")
-        var = made(add.input[0], "ReduceMean") if add is not None else None
-        power = made(var.input[0], "Pow") if var is not None else None
-        if add is None or var is None or power is None or power.input[0] != div.input[0] or not last_axis(var):
-            continue
-        eps = add.input[1]
-        if not g.near(power.input[1], 2.0) or eps not in consts:
-            continue
-        mul_at = g.reader(div.output[0], "Mul")
-        bias_at = g.reader(nodes[mul_at].output[0], "Add") if mul_at is not None else None
-        if mul_at is None or bias_at is None:
-            continue
-        weight, bias = _other(nodes[mul_at], div.output[0]), _other(nodes[bias_at], nodes[mul_at].output[0])
-        private = (mean.output[0], power.output[0], var.output[0], add.output[0], sqrt.output[0], div.output[0])
-        if weight is None or bias is None or not all(g.only(o) for o in private) or g.readers.get(sub.output[0]) != 2:
-            continue
-        fused[bias_at] = (sub.input[0], eps, weight, bias)
-        skipped.update(g.index[o] for o in (mean.output[0], sub.output[0], power.output[0], var.output[0]))
-        skipped.update((g.index[add.output[0]], g.index[sqrt.output[0]], at, mul_at))
-    return fused, skipped
-
-
 # -- the walk -------------------------------------------------------------------------------------
 def _attrs(onnx: ModuleType, node: Any) -> dict[str, Any]:
     out = {}
@@ -195,54 +47,6 @@ def _attrs(onnx: ModuleType, node: Any) -> dict[str, Any]:
         v = onnx.helper.get_attribute_value(a)
         out[a.name] = v.decode() if isinstance(v, bytes) else v
     return out
-
-
-def _fold(onnx: ModuleType, node: Any, ins: list[Any], opset: int) -> list[Any]:
-    """Outputs of a node whose inputs are all constants, by ONNX's reference implementation."""
-    from onnx.reference import ReferenceEvaluator
-
-    if node.op_type == "Expand" and len(ins) == 2 and isinstance(ins[1], np.ndarray) and (ins[1] >= BATCH).any():
-        # a constant broadcast along the batch axis (positions expanded to the batch's ids): kept with that
-        # axis of length 1, which every layer reading it broadcasts
-        ins = [ins[0], np.where(ins[1] >= BATCH, 1, ins[1])]
-    if node.op_type in ("ConstantOfShape", "Expand", "Tile", "Range", "RandomNormalLike", "RandomUniformLike"):
-        if any(isinstance(v, np.ndarray) and v.dtype.kind in "iu" and (v >= BATCH).any() for v in ins):
-            raise _Refuse("makes a constant whose size depends on the batch size")
-    if node.op_type == "ConstantOfShape" and ins and isinstance(ins[0], np.ndarray):  # sized before it is made
-        _check_folded(int(np.prod(ins[0], dtype=np.float64)) * 4)
-    helper = onnx.helper
-    names = [n for n in node.input if n]
-    graph = helper.make_graph(
-        [node],
-        "fold",
-        [helper.make_value_info(n, onnx.TypeProto()) for n in names],
-        [helper.make_value_info(n, onnx.TypeProto()) for n in node.output],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    feeds = {n: v for n, v in zip(node.input, ins) if n}
-    try:
-        outs = ReferenceEvaluator(model).run(None, feeds)
-    except Exception as exc:  # noqa: BLE001 - the reference implementation's own complaint, named
-        raise _Refuse(f"could not be evaluated at import ({type(exc).__name__}: {exc})") from None
-    out = [np.asarray(v) for v in outs]
-    for v in out:
-        _check_folded(v.nbytes)
-    return out
-
-
-def _check_folded(nbytes: int) -> None:
-    if nbytes > _MOST_FOLDED:
-        raise _Refuse(
-            f"computes a constant of {format_bytes(nbytes)} at import (at most {format_bytes(_MOST_FOLDED)}: "
-            "a shape computation or a computed weight, never a feature map)"
-        )
-
-
-def _shape_of(x: _Tensor, attrs: dict[str, Any]) -> np.ndarray:
-    shape = (x.shape[0], x.shape[2], x.shape[3], x.shape[1]) if x.nhwc else x.dims
-    dims = np.array(shape if x.lead else (BATCH,) + tuple(shape[1:]), np.int64)
-    start, end = int(attrs.get("start", 0)), attrs.get("end")
-    return dims[start : None if end is None else int(end)]
 
 
 def load(
@@ -302,7 +106,7 @@ def load(
     if len(graph.output) != 1:
         raise OnnxError(f"{source}: has {len(graph.output)} outputs; vmem imports models with one output")
     net = Graph(input_shape=shape, name=name or re.sub(r"[^0-9A-Za-z_]+", "_", graph.name or "onnx").strip("_"))
-    builder = _Builder(net, opset)
+    builder = _Builder(net, opset, _views.plain)
     builder.lead = not batch
     for node in graph.node:
         for used in node.input:
@@ -355,7 +159,7 @@ def load(
             attrs = _attrs(onnx, node)
             builder.start(node)
             if at in fused:
-                x = builder.tensor(ins, 0, "input (GELU's)", chw=True)
+                x = builder.tensor(ins, 0, "input (GELU's)", chw=True, view=True)
                 outs = [builder.add(nn.GELU(), [x], chw=x.chw, lifted=x.lifted)]
             elif at in norms:  # as the LayerNormalization it is written out from
                 x_name, eps, weight, bias = norms[at]
@@ -411,6 +215,16 @@ def load(
     if not isinstance(out, _Tensor):
         raise OnnxError(f"{source}: its output {graph.output[0].name!r} is not computed from its inputs")
     builder.start(next((n for n in graph.node if graph.output[0].name in n.output), graph.node[-1]))
+    if out.view is not None:  # the batch axis moved: where the model gives it first, the output as it is
+        try:
+            out = builder.tensor([out], 0, "output")
+        except _Refuse:
+            last = builder.node
+            raise OnnxError(
+                f"{source} (opset {opset}): 1 node(s) cannot be imported:\n  node {last.name or last.output[0]!r} "
+                f"({last.op_type} v{version(last.op_type)}): gives the network's output with {_views.where(out)} "
+                "(vmem's outputs keep the batch axis first)"
+            ) from None
     if out.nhwc:  # the model ends in a transposed map: made now
         out = builder.add(nn.Transpose((0, 2, 3, 1)), [_Tensor(out.node, out.shape)])
     if out.lifted:  # held 5-D inside the network; the output as the model gives it (vmem stores 4-D channels-last)

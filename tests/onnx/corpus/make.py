@@ -257,6 +257,11 @@ def make(name: str, n: int = 3) -> None:
             if isinstance(m, nn.LayerNorm):
                 m.weight.uniform_(0.5, 1.5)
                 m.bias.uniform_(-0.5, 0.5)
+        # every parameter its own values, as after training: a stack's layers are copies of one layer when
+        # made, and the exporter merges equal initializers (the importer then unties them, with a warning)
+        noise = torch.Generator().manual_seed(3)
+        for p in module.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=noise, dtype=p.dtype))
     xs = batch(n, torch.Generator().manual_seed(1))
     initial = {k: v.detach().numpy().copy() for k, v in module.state_dict().items()}
     arrays: dict[str, np.ndarray] = {}

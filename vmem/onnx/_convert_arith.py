@@ -1,0 +1,192 @@
+"""The ONNX importer's converters for element-wise arithmetic: of two computed tensors, or of one and a
+constant folded into the layer it feeds (a linear layer's bias, a position table, a scale), and sums."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import nn
+
+from . import _views
+from ._builder import (
+    _Refuse,
+    _Tensor,
+    _converts,
+    _Builder,
+    _as_tensor,
+    _reshaped,
+)
+
+
+def _bias_of_linear(b: _Builder, x: _Tensor, value: np.ndarray, at: int) -> _Tensor | None:
+    """``MatMul(x, W) + bias`` as exporters write a linear layer over a sequence: the bias becomes the
+    Linear's own (trainable, not a constant added), where the product feeds nothing else."""
+    layer = x.node.layer
+    product = b.input_names[1 - at] if len(b.input_names) > 1 else ""
+    if (
+        not isinstance(layer, nn.Linear)
+        or layer.bias
+        or x.lifted
+        or b.readers.get(product, 0) != 1
+        or value.reshape(-1).shape != (layer.out_features,)
+        or (value.ndim > 1 and value.shape[-1] != layer.out_features)
+        or any(n.layer is layer for n in b.graph._nodes if n is not x.node)
+    ):
+        return None
+    source = b.input_names[at]
+    if source in b.owner:
+        return None  # a parameter of another layer already: a constant here
+    layer.bias = True
+    b.params[f"{layer.name}.bias"] = np.ascontiguousarray(value.reshape(-1), dtype=np.float32)
+    b.owner[source] = str(layer.name)
+    b.sources[f"{layer.name}.bias"] = source
+    return x
+
+
+def _same_order(xs: list[_Tensor]) -> tuple[int, int, int] | None:
+    orders = {x.chw for x in xs}
+    if len(orders) > 1:
+        raise _Refuse("its inputs are maps flattened in different orders")
+    return orders.pop()
+
+
+def _alike(b: _Builder, xs: list[_Tensor], what: str) -> list[_Tensor]:
+    """Operands of a join in one layout: of one rank as the model sees them (lower ones given leading axes of
+    length 1, NumPy's broadcast, where the model has no batch axis), images held lifted where another
+    operand is lifted."""
+    rank = max(len(x.dims) for x in xs)
+    if any(len(x.dims) != rank for x in xs):
+        if not b.lead:
+            raise _Refuse(
+                f"{what} tensors of shapes {[x.dims for x in xs]}: broadcasting a lower rank would move the batch axis"
+            )
+        xs = [_reshaped(b, x, (1,) * (rank - len(x.dims)) + x.dims) for x in xs]
+    if any(x.lifted for x in xs):
+        xs = [_as_tensor(b, x) for x in xs]
+    return xs
+
+
+def _constant_for(x: _Tensor, value: np.ndarray) -> np.ndarray:
+    """A constant operand of ``x`` (the model's broadcast) in vmem's layout: axes of length 1 where vmem has
+    axes the model does not see."""
+    if not x.hidden or value.ndim == 0:
+        return value
+    if value.ndim > len(x.dims):
+        raise _Refuse(f"a constant of shape {value.shape} broadcast into a tensor of shape {x.dims}")
+    value = value.reshape((1,) * (len(x.dims) - value.ndim) + value.shape)
+    for axis in x.hidden:
+        value = np.expand_dims(value, axis)
+    return value
+
+
+def _position_table(b: _Builder, at: int) -> tuple[str, bool] | None:
+    """Where the constant added (input ``at``) is the first rows of a table, in order (a learned position
+    embedding read at positions 0..T-1): (the table, whether it is the whole table). Added as a trainable
+    constant, the table trains as the model trains it (rows past T get no gradient in either)."""
+    gathered = b.gathered.get(b.input_names[at])
+    if gathered is None:
+        return None
+    source, positions, rows = gathered
+    flat = positions.reshape(-1)
+    if positions.dtype.kind not in "iu" or not np.array_equal(flat, np.arange(flat.size)) or source in b.owner:
+        return None
+    return source, flat.size == rows
+
+
+def _arith(op: str, both: Callable[[], nn.Layer] | None) -> Callable[..., list[Any]]:
+    """An element-wise binary op: of two computed tensors (``both``, where vmem has the layer), or of a
+    computed tensor and a constant, either way round (:class:`vmem.nn.ConstantOp`)."""
+    flipped = {"add": "add", "mul": "mul", "sub": "rsub", "div": None}[op]
+
+    def convert(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+        a, c = ins[0], ins[1]
+        if isinstance(a, _Tensor) and isinstance(c, _Tensor):
+            if both is None:
+                raise _Refuse(f"{op} of two computed tensors is not supported yet (one operand must be a constant)")
+            xs = [b.tensor(ins, i, "operand", chw=True, view=True) for i in range(2)]
+            if any(x.view is not None for x in xs):
+                return [_views_join(b, both(), xs, op)]
+            xs = _alike(b, xs, op)
+            return [b.add(both(), xs, chw=_same_order(xs), lifted=xs[0].lifted)]
+        kind: str | None = op
+        if isinstance(a, _Tensor):
+            x, value = b.tensor(ins, 0, "operand", chw=True, view=True), np.asarray(c)
+        else:
+            x, value, kind = b.tensor(ins, 1, "operand", chw=True, view=True), np.asarray(a), flipped
+        if kind is None:
+            raise _Refuse("a constant divided by a computed tensor is not supported yet")
+        if value.dtype.kind != "f":
+            raise _Refuse(f"{op} of a feature map and a {value.dtype} constant")
+        at = 1 if isinstance(a, _Tensor) else 0  # where the constant is
+        fused = _bias_of_linear(b, x, value, at) if kind == "add" else None
+        if fused is not None:
+            return [fused]
+        if x.chw is not None and value.size != 1:
+            raise _Refuse("a constant combined with a map flattened in (C, H, W) order (vmem stores it (H, W, C))")
+        if value.size == 1 and (
+            kind in ("add", "sub") and value.item() == 0 or kind in ("mul", "div") and value.item() == 1
+        ):
+            return [x]  # x + 0, x * 1: nothing to do
+        if x.view is not None:
+            return [_views_constant(b, x, kind, value)]
+        table = _position_table(b, at) if kind == "add" else None
+        try:
+            layer = nn.ConstantOp(kind, _constant_for(x, value), trainable=table is not None)
+        except ValueError as exc:
+            raise _Refuse(str(exc)) from None
+        if table is not None and table[1]:  # the whole table: the parameter it is (net.sources)
+            b._taken.append(("value", table[0]))
+        out = b.add(layer, [x], chw=x.chw, lifted=x.lifted)
+        if table is not None:
+            b.owner.setdefault(table[0], str(out.node.name))
+        return [out]
+
+    return convert
+
+
+def _views_join(b: _Builder, layer: nn.Layer, xs: list[_Tensor], op: str) -> _Tensor:
+    """An element-wise op of two computed tensors, one of them seen through a view: both arranged in the
+    model's order, where they are then alike."""
+    (x, gx), (y, gy) = (_views.arrange(b, *_views.groups_of(b, t)) for t in xs)
+    if gx != gy or x.shape != y.shape:
+        raise _Refuse(f"{op} of tensors of shapes {xs[0].dims} and {xs[1].dims} laid out apart (the batch axis moved)")
+    return _views.run(b, layer, [x, y], gx)
+
+
+def _views_constant(b: _Builder, x: _Tensor, kind: str, value: np.ndarray) -> _Tensor:
+    """A viewed tensor combined with a constant, the constant laid out as the vmem tensor is."""
+    raw, groups = _views.groups_of(b, x)
+    laid = _views.constant(raw, groups, value)
+    if laid is None:  # it varies along an axis that merges several: arranged, each is one
+        raw, groups = _views.arrange(b, raw, groups)
+        laid = _views.constant(raw, groups, value)
+    if laid is None:
+        raise _Refuse(f"a constant of shape {value.shape} varies along the batch axis of {x.dims}")
+    try:
+        layer = nn.ConstantOp(kind, laid)
+    except ValueError as exc:
+        raise _Refuse(str(exc)) from None
+    return _views.run(b, layer, [raw], groups)
+
+
+_converts("Add", 7, 13, 14)(_arith("add", nn.Add))
+
+
+_converts("Sub", 7, 13, 14)(_arith("sub", nn.Sub))
+
+
+_converts("Mul", 7, 13, 14)(_arith("mul", nn.Mul))
+
+
+_converts("Div", 7, 13, 14)(_arith("div", nn.Div))
+
+
+@_converts("Sum", 6, 8, 13)
+def _sum(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    xs = [b.tensor(ins, i, "operand", chw=True) for i in range(len(ins))]
+    if len(xs) == 1:
+        return [xs[0]]
+    xs = _alike(b, xs, "adds")
+    return [b.add(nn.Add(), xs, chw=_same_order(xs), lifted=xs[0].lifted)]

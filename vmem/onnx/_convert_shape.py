@@ -1,0 +1,255 @@
+"""The ONNX importer's converters that move values about: joins, reshapes (flatten, squeeze, unsqueeze),
+transposes, gathers and takes along an axis, and the identities (Identity, Dropout, Cast)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import nn
+
+from . import _views
+from ._builder import (
+    BATCH,
+    _onnx,
+    _Refuse,
+    _Tensor,
+    _Unusable,
+    _converts,
+    _Builder,
+    _real,
+    _ints,
+    _as_tensor,
+    _reshaped,
+    _no_batch_axis,
+)
+
+
+@_converts("Concat", 4, 11, 13)
+def _concat(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    xs = [b.tensor(ins, i, "input") for i in range(len(ins))]
+    if len(xs) == 1:
+        return [xs[0]]
+    rank = len(xs[0].dims)
+    axis = int(attrs["axis"]) % rank
+    _no_batch_axis(b, [axis], "concatenates along")
+    if any(len(x.dims) != rank for x in xs):
+        raise _Refuse(f"concatenates tensors of shapes {[x.dims for x in xs]}")
+    if not (axis == 1 and all(x.image for x in xs)):  # images join on channels; other axes as tensors
+        xs = [_as_tensor(b, x) for x in xs]
+    return [b.add(nn.Concat(xs[0].axis(axis)), xs, lifted=xs[0].lifted)]
+
+
+@_converts("Flatten", 9, 11, 13, 21, 23, 24, 25)
+def _flatten(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    x = b.tensor(ins, 0, "input", nhwc=True)
+    dims = x.dims
+    axis = int(attrs.get("axis", 1))
+    axis = axis + len(dims) if axis < 0 else axis
+    if not b.lead and axis != 1:
+        raise _Refuse(
+            f"axis={attrs['axis']} merges the batch axis with others (vmem flattens after the batch axis, axis=1); "
+            "import a model whose first axis is not a batch with vmem.onnx.load(..., batch=False)"
+        )
+    return [_reshaped(b, x, (int(np.prod(dims[:axis])), int(np.prod(dims[axis:]))))]
+
+
+@_converts("Reshape", 5, 13, 14, 19, 21, 23, 24, 25)
+def _reshape(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    x = b.tensor(ins, 0, "data", nhwc=True, view=True)
+    target = b.const(ins, 1, "shape")
+    assert target is not None
+    dims = [int(d) for d in target.reshape(-1)]
+    allowzero = bool(int(attrs.get("allowzero", 0)))
+    if allowzero and 0 in dims:
+        raise _Refuse("allowzero=1 with a 0 in the shape (an empty tensor)")
+    if x.view is not None:
+        return [_views.reshape(b, *_views.groups_of(b, x), dims)]
+    if b.lead:  # the model's whole tensor: ONNX's rules as they are
+        full = [x.dims[i] if d == 0 and i < len(x.dims) else d for i, d in enumerate(dims)]
+        if full.count(-1) > 1 or min(full, default=1) < -1:
+            raise _Refuse(f"shape {dims} is not a shape")
+        return [_reshaped(b, x, _filled(full, int(np.prod(x.dims)), dims, x))]
+    size = int(np.prod(x.dims[1:]))
+    # the batch axis kept: copied (0), the batch's stand-in, or the batch size an export without a symbolic
+    # batch axis wrote down (the model's own input says it)
+    batch_kept = bool(dims) and dims[0] in (0, BATCH, b.static_batch)
+    rest = [x.dims[i] if d == 0 and i < len(x.dims) else d for i, d in enumerate(dims)][1:]
+    if not batch_kept and dims and dims[0] == -1 and -1 not in rest and int(np.prod(rest)) == size:
+        batch_kept = True
+    if (not batch_kept or any(d >= BATCH for d in rest)) and not x.nhwc and x.chw is None:
+        return [_views.reshape(b, *_views.groups_of(b, x), dims)]  # the batch moved, or merged with others
+    if not batch_kept or any(d >= BATCH or d < -1 for d in rest) or rest.count(-1) > 1:
+        raise _Refuse(
+            f"shape {dims}: vmem reshapes keep the batch axis (the shape depends on the batch size); import a "
+            "model whose first axis is not a batch with vmem.onnx.load(..., batch=False)"
+        )
+    return [_reshaped(b, x, [x.dims[0]] + _filled(rest, size, dims, x))]
+
+
+def _filled(target: list[int], size: int, dims: list[int], x: _Tensor) -> list[int]:
+    """``target`` (a reshape's, without zeros) with its -1 made what ``size`` values need; refused where
+    they do not fit (``dims``: the shape as the model gives it, for the message)."""
+    target = list(target)
+    if -1 in target:
+        known = int(np.prod([d for d in target if d != -1]))
+        if known == 0 or size % known:
+            raise _Refuse(f"shape {dims} does not fit {x.dims}")
+        target[target.index(-1)] = size // known
+    if int(np.prod(target)) != size:
+        raise _Refuse(f"cannot reshape {x.dims} to {dims}")
+    return target
+
+
+@_converts("Unsqueeze", 1, 11, 13, 21, 23, 24, 25)
+def _unsqueeze(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    x = b.tensor(ins, 0, "data", view=True)
+    given = _ints(attrs, "axes", []) if b.opset < 13 else [int(a) for a in b.const(ins, 1, "axes").reshape(-1)]  # type: ignore[union-attr]
+    rank = len(x.dims) + len(given)
+    axes = sorted(a % rank for a in given)
+    if x.view is not None or (0 in axes and not b.lead):  # the batch axis moves one on
+        raw, groups = _views.groups_of(b, x)
+        shape = _views.model_shape(raw, groups)
+        for a in axes:
+            shape.insert(a, 1)
+        return [_views.reshape(b, raw, groups, shape)]
+    _no_batch_axis(b, axes, "inserts an axis before")
+    dims = list(x.dims)
+    for a in axes:
+        dims.insert(a, 1)
+    return [_reshaped(b, x, dims)]
+
+
+@_converts("Squeeze", 1, 11, 13, 21, 23, 24, 25)
+def _squeeze(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    x = b.tensor(ins, 0, "data", view=True)
+    if b.opset < 13:
+        given = _ints(attrs, "axes", [])
+    else:
+        axes_given = b.const(ins, 1, "axes", optional=True)
+        given = [] if axes_given is None else [int(a) for a in axes_given.reshape(-1)]
+    rank = len(x.dims)
+    if x.view is not None:
+        shape = _views.model_shape(x)
+        axes = sorted(int(a) % rank for a in given) or [a for a in range(rank) if shape[a] == 1]
+        if any(shape[a] != 1 for a in axes):
+            raise _Refuse(f"squeezes axes {axes} of {x.dims}: an axis longer than 1")
+        return [_views.reshape(b, *_views.groups_of(b, x), [d for a, d in enumerate(shape) if a not in axes])]
+    first = 0 if b.lead else 1
+    axes = sorted(int(a) % rank for a in given) or [a for a in range(first, rank) if x.dims[a] == 1]
+    _no_batch_axis(b, axes, "squeezes")
+    if any(x.dims[a] != 1 for a in axes):
+        raise _Refuse(f"squeezes axes {axes} of {x.dims}: an axis longer than 1")
+    return [_reshaped(b, x, [d for a, d in enumerate(x.dims) if a not in axes])]
+
+
+def _transposed(b: _Builder, x: _Tensor, perm: Sequence[int]) -> _Tensor:
+    """``x`` with the model's axes in the order ``perm`` (vmem's hidden axes stay where they are)."""
+    perm = [int(p) % len(x.dims) for p in perm]
+    if perm == list(range(len(x.dims))):
+        return x
+    _no_batch_axis(b, [] if perm[0] == 0 else [0], "moves")
+    if x.image:
+        return b.add(nn.Transpose(perm), [x])  # a map, permuted through its stored order
+    at = [x.axis(a) for a in range(len(x.dims))]
+    order = list(range(len(x.shape)))
+    for k, p in enumerate(perm):
+        order[at[k]] = at[p]
+    return b.add(nn.Transpose(order), [x], lifted=x.lifted)
+
+
+@_converts("Gather", 1, 11, 13)
+def _gather(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    """Rows of a constant table at computed indices (token ids): an embedding, its table trainable. Or
+    positions of a computed tensor at constant indices along a non-batch axis (``x[:, 0]``, a classifier's
+    first token: a Split; several: a Take)."""
+    if isinstance(ins[0], _Tensor):
+        return [_select(b, ins, attrs)]
+    table = b.weight(ins, 0, "table", "weight")
+    ids = b.tensor(ins, 1, "indices", view=True)
+    assert table is not None
+    if int(attrs.get("axis", 0)) != 0 or table.ndim != 2:
+        raise _Refuse(f"gathers axis {attrs.get('axis', 0)} of a {table.ndim}-D constant: vmem's embedding takes rows")
+    layer = nn.Embedding(int(table.shape[0]), int(table.shape[1]))
+    if ids.view is not None:  # the vectors on a new last axis
+        return [_views.run(b, layer, [ids], ids.view + ((len(ids.shape),),), {"weight": table})]
+    return [b.add(layer, [ids], {"weight": table})]
+
+
+def _select(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> _Tensor:
+    x = b.tensor(ins, 0, "data", view=True)
+    x = x if x.view is not None else _as_tensor(b, x)
+    index = b.const(ins, 1, "indices")
+    assert index is not None
+    if index.dtype.kind not in "iu":
+        raise _Refuse(f"indices of type {index.dtype}")
+    axis = int(attrs.get("axis", 0)) % len(x.dims)
+    if x.view is not None:
+        return _select_view(b, x, index, axis)
+    _no_batch_axis(b, [axis], "gathers along")
+    length = x.dims[axis]
+    if index.size == 0 or (index < -length).any() or (index >= length).any():
+        raise _Refuse(f"indices {index.reshape(-1).tolist()} out of range for axis {axis} of {x.dims}")
+    at = [int(i) % length for i in index.reshape(-1)]
+    if len(at) == 1:
+        piece = b.add(nn.Split(length, at[0], x.axis(axis)), [x], lifted=x.lifted)
+    else:
+        piece = b.add(nn.Take(at, x.axis(axis)), [x], lifted=x.lifted)
+    return _reshaped(b, piece, x.dims[:axis] + index.shape + x.dims[axis + 1 :])
+
+
+def _select_view(b: _Builder, x: _Tensor, index: np.ndarray, axis: int) -> _Tensor:
+    """Positions of a viewed tensor along one of its axes (one vmem axis, not the batch's)."""
+    raw, groups = _views.groups_of(b, x)
+    at_axis = _views.single(raw, groups, axis, "gathers along")
+    length = raw.shape[at_axis]
+    if index.ndim > 1 or index.size == 0 or (index < -length).any() or (index >= length).any():
+        raise _Refuse(f"indices {index.reshape(-1).tolist()} for axis {axis} of {x.dims}")
+    at = [int(i) % length for i in index.reshape(-1)]
+    if index.ndim == 0:  # the axis dropped: vmem keeps it, of length 1, unnamed
+        return _views.run(b, nn.Split(length, at[0], at_axis), [raw], groups[:axis] + groups[axis + 1 :])
+    return _views.run(b, nn.Take(at, at_axis), [raw], groups)
+
+
+@_converts("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25)
+def _identity(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    return [b.tensor(ins, 0, "input", chw=True, nhwc=True, view=True)]
+
+
+@_converts("Dropout", 7, 10, 12, 13, 22)
+def _dropout(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    x = b.tensor(ins, 0, "input", chw=True, view=True)
+    if b.opset < 12:
+        ratio = _real(attrs.get("ratio", 0.5))
+    else:
+        given = b.const(ins, 1, "ratio", optional=True)
+        ratio = 0.5 if given is None else _real(given)
+    mask = _Unusable("dropout's mask")
+    if ratio == 0:
+        return [x, mask]
+    return [b.add(nn.Dropout(ratio), [x], chw=x.chw, lifted=x.lifted), mask]
+
+
+@_converts("Transpose", 1, 13, 21, 23, 24, 25)
+def _transpose(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    x = b.tensor(ins, 0, "input", view=True)
+    perm = _ints(attrs, "perm", list(range(len(x.dims)))[::-1])
+    if x.view is not None or (not b.lead and perm[0] % len(x.dims) != 0 and not x.nhwc and x.chw is None):
+        raw, groups = _views.groups_of(b, x)  # the batch axis moved: a new view, nothing copied
+        return [_views.viewed(raw, tuple(groups[int(p) % len(groups)] for p in perm))]
+    if x.image and perm == [0, 2, 3, 1]:
+        return [_Tensor(x.node, x.shape, None, True)]  # read only by a flatten, in vmem's own order
+    return [_transposed(b, x, perm)]
+
+
+@_converts("Cast", 6, 9, 13, 19, 21, 23, 24, 25, 28)
+def _cast(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    onnx = _onnx()
+    to = int(attrs["to"])
+    if to != onnx.TensorProto.FLOAT:
+        raise _Refuse(
+            f"casts a feature map to {onnx.TensorProto.DataType.Name(to).lower()}: vmem's feature maps are float32 "
+            "(or the half precision a Trainer's precision= asks for), not the model's choice"
+        )
+    return [b.tensor(ins, 0, "input", chw=True, nhwc=True, view=True)]
