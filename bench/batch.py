@@ -38,7 +38,7 @@ from vmem.planning import Target, largest_batch, plan_program, smallest_memory
 from vmem.planning.microbatch import plan_microbatched, sums_passes
 from vmem.policies import auto
 
-FLOOR = f"{auto.FLOOR},split=on"  # auto's leanest plan, split as auto runs it
+FLOOR = f"{auto.LEANEST},split=on"  # auto's leanest plan, split as auto runs it
 
 
 def simulated(device: str = "sim:h100-sxm", memory: str = "8GiB") -> dict:

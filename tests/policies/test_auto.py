@@ -146,9 +146,9 @@ def test_a_budget_nothing_fits_is_refused_with_the_least_memory(resnet):
         vmem.plan(net, 128, SIM, f"{AUTO},microbatch=off", memory=int(peak * 0.05))
     least = info.value.least
     assert least > peak * 0.05 and "under none of auto's plans" in str(info.value)
-    from vmem.policies.auto import FLOOR
+    from vmem.policies.auto import LEANEST
 
-    lean = f"{FLOOR},split=on"  # auto's leanest plan fits in what the refusal names, not less
+    lean = f"{LEANEST},split=on"  # auto's leanest plan fits in what the refusal names, not less
     assert vmem.plan(net, 128, SIM, lean, memory=least).fits
     assert not vmem.plan(net, 128, SIM, lean, memory=least - 256).fits
 

@@ -40,15 +40,18 @@ Lossless by default (the plan trains bitwise like ``baseline``). ``lossy=`` admi
 (``fp16``, ``fp10``, ``fp8``, ``fixed8``, ``fixed4``, ``patch2``): Gist with it, and offloads through it.
 The plan's ``chosen`` names the start, its ``reason`` summarises (what it keeps, offloads, encodes and
 recomputes, counted), and ``notes`` says per buffer or pass what each accepted move changed and what it
-saved. Where nothing fits it raises BudgetTooSmall with the leanest plan's least budget.
+saved. Where nothing of that fits, the floor with the sign bits a split convolution keeps for a later
+ReLU sent to the host (``LEANEST``: its copies cost time, so it is the last resort); where that does not fit
+either, BudgetTooSmall with its least budget.
 """
 
 from .estimates import codec_offloads
-from .policy import DESCENT, EXHAUSTIVE, FAST, FLOOR, ILP_DESCENT, LOSSY, NAMED, PORTFOLIO, SOLVERS, Auto
+from .policy import DESCENT, EXHAUSTIVE, FAST, FLOOR, ILP_DESCENT, LEANEST, LOSSY, NAMED, PORTFOLIO, SOLVERS, Auto
 
 __all__ = [
     "Auto",
     "FLOOR",
+    "LEANEST",
     "PORTFOLIO",
     "NAMED",
     "LOSSY",

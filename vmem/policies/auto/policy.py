@@ -22,12 +22,27 @@ if TYPE_CHECKING:
     from ..base import Oracle
     from ...costs.model import CostModel
 
-__all__ = ["Auto", "FLOOR", "PORTFOLIO", "NAMED", "LOSSY", "SOLVERS", "FAST", "DESCENT", "ILP_DESCENT", "EXHAUSTIVE"]
+__all__ = [
+    "Auto",
+    "FLOOR",
+    "LEANEST",
+    "PORTFOLIO",
+    "NAMED",
+    "LOSSY",
+    "SOLVERS",
+    "FAST",
+    "DESCENT",
+    "ILP_DESCENT",
+    "EXHAUSTIVE",
+]
 
 #: The named techniques auto starts from (lossless), each tried as it is: the floor (every map offloaded but
 #: those only a ReLU's backward reads, kept as bits; the leanest algorithms; each prefetch one layer ahead of
 #: its reader) first, since vdnn-dyn needs it to fit.
-FLOOR = "vdnn-all:algos=memory,sync=layer,relu=bits,prefetch=after,signs=host"
+FLOOR = "vdnn-all:algos=memory,sync=layer,relu=bits,prefetch=after"
+#: The last resort, tried where nothing else fits: the floor with the sign bits a split convolution keeps for a
+#: later ReLU sent to the host (their copies cost time, so no other plan is made from it).
+LEANEST = f"{FLOOR},signs=host"
 PORTFOLIO = (
     FLOOR,
     "layerwise:algos=performance",
@@ -186,6 +201,12 @@ class Auto(Policy):
                 if descended is None:
                     break  # where the copies may take the most time it did not fit: with less, neither
                 fitting.append((descended.step_seconds, DESCENT if solver == "greedy" else ILP_DESCENT, descended))
+        if not fitting:  # the last resort: the floor with its signs on the host
+            lean = get(LEANEST, split=self.split).decide(program, device, costs)
+            result = oracle(lean)
+            tried += 1
+            if result.fits and result.step_seconds is not None:
+                fitting.append((result.step_seconds, LEANEST, result))
         if not fitting:
             if floor is not None:
                 raise floor
@@ -238,7 +259,7 @@ class Auto(Policy):
         """Raise BudgetTooSmall with the least budget the leanest plan (every feature map offloaded, the
         leanest algorithms) fits in: to the byte, or on a graph of more than ``DYN_OPS`` ops (each try
         replays the whole step) to :attr:`LEAST_TOLERANCE`."""
-        lean = get(FLOOR, split=self.split).decide(program, device, costs)
+        lean = get(LEANEST, split=self.split).decide(program, device, costs)
         result = oracle(lean)
         if result.fits:
             return
@@ -249,7 +270,7 @@ class Auto(Policy):
         least = least if least is not None else 4 * result.peak_bytes
         raise BudgetTooSmall(
             f"{program.network} at batch {program.batch} fits in {format_bytes(device.memory)} under none of auto's "
-            f"plans; the leanest ({FLOOR}: every feature map offloaded but the ReLUs' signs, memory-optimal "
+            f"plans; the leanest ({LEANEST}: every feature map offloaded but the ReLUs' signs, memory-optimal "
             "algorithms) needs at least "
             f"{format_bytes(least)} ({least} bytes{f', to {tolerance:.1%}' if tolerance else ''}). Use a larger "
             "memory budget" + (" or a smaller batch." if program.batch > 1 else "."),
