@@ -360,3 +360,36 @@ def test_local_response_norm_is_onnx_s_formula():
     y = np.empty(physical(x.shape))
     layer.forward(Ctx(xp=np), [np.ascontiguousarray(x.transpose(0, 2, 3, 1))], y)
     assert np.allclose(y.transpose(0, 3, 1, 2), want, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("cmp", nn.Select.CMPS)
+def test_select_gives_its_constants_and_no_gradient(cmp):
+    """Finite differences of a piecewise-constant output are zero (away from the threshold): nothing flows."""
+    layer = nn.Select(cmp, 0.25, -1e4, np.arange(4.0))
+    assert check_layer(layer, [(2, 3, 4)], inputs={0: np.linspace(-2, 2, 24).reshape(2, 3, 4) + 0.01}) == ["x0"]
+    x = np.array([[0.0, 0.25, 1.0, -1.0]])
+    y = np.empty_like(x)
+    nn.Select(cmp, 0.25, -np.inf, np.arange(4.0)).forward(_ctx(), [x], y)
+    holds = {">": x > 0.25, "<": x < 0.25, ">=": x >= 0.25, "<=": x <= 0.25, "==": x == 0.25, "!=": x != 0.25}[cmp]
+    np.testing.assert_array_equal(y, np.where(holds, -np.inf, np.arange(4.0)))
+
+
+def _ctx():
+    from vmem.nn import Ctx
+
+    return Ctx(xp=np, params={}, grads={}, aux={}, train=False)
+
+
+@pytest.mark.parametrize("shape, to", [((2, 1, 4), (3, 4)), ((2, 3, 1, 5, 1), (3, 2, 5, 4)), ((3, 1), (5,))])
+def test_expand(shape, to):
+    assert check_layer(nn.Expand(to), [shape]) == ["x0"]
+
+
+@pytest.mark.parametrize("if_true, if_false", [(None, -0.5), (0.5, None)])
+def test_select_passes_the_gradient_where_it_chooses_the_input(if_true, if_false):
+    """A bound written out (``Where(x < lo, lo, x)``): the gradient flows where x is chosen, nowhere else."""
+    layer = nn.Select("<", 0.1, if_true, if_false)
+    assert layer.needs == frozenset({"x"})
+    assert check_layer(layer, [(2, 3, 4)], inputs={0: np.linspace(-2, 2, 24).reshape(2, 3, 4) + 0.01}) == ["x0"]
+    with pytest.raises(ValueError, match="at most one"):
+        nn.Select("<", 0.0, None, None)

@@ -29,6 +29,9 @@ IMPORTS = {
         "encoder_bf_pre_gelu",
         "encoder_bf_pre_relu",
         "encoder_tf_post_relu",
+        "mha",
+        "mha_weights",
+        "sdpa",
     )
     for opset in (14, 17)
 }
@@ -38,9 +41,6 @@ CONSTANTS: dict[str, set[str]] = {}
 WHY = {
     "decoder": "imports and trains as PyTorch does; the cross-attention's packed projection is sliced into two "
     "weights, which net.sources cannot name as parts of one parameter",
-    "mha": "masks: Greater, Where",
-    "mha_weights": "masks: Greater, Where",
-    "sdpa": "Split of a computed tensor; masks",
     "lstm": "recurrent layers: ConstantOfShape of the batch (initial states), the exported LSTM op",
     "gru": "recurrent layers: ConstantOfShape of the batch (initial states), the exported GRU op",
 }

@@ -9,6 +9,7 @@ from .loss import SoftmaxCrossEntropy
 from .norm import BatchNorm2d, LocalResponseNorm
 from .pooling import AvgPool2d, MaxPool2d, Pad2d
 from .attention import LayerNorm, MatMul, Mean, Softmax
+from .select import Expand, Select
 from .seq import (
     Embedding,
     ExpandDims,
@@ -40,6 +41,8 @@ __all__ = [
     "Sub",
     "Div",
     "ConstantOp",
+    "Select",
+    "Expand",
     "MaxPool2d",
     "AvgPool2d",
     "Pad2d",

@@ -106,6 +106,20 @@ class _Tensor:
         return [i for i in range(len(self.shape)) if i not in hidden][a % len(self.dims)]
 
 
+@dataclass(frozen=True)
+class _Mask:
+    """A comparison of a computed tensor with a constant (``x > 0.5``: a padding mask), not yet made: a Where
+    that reads it becomes one :class:`vmem.nn.Select`; any other reader takes it as 0.0 and 1.0."""
+
+    x: _Tensor
+    cmp: str
+    threshold: float
+
+    def negated(self) -> "_Mask":
+        flip = {">": "<=", "<": ">=", ">=": "<", "<=": ">", "==": "!=", "!=": "=="}
+        return _Mask(self.x, flip[self.cmp], self.threshold)
+
+
 @dataclass
 class _Unusable:
     """An output no vmem layer gives (batch norm's running statistics, max pooling's indices)."""
@@ -178,6 +192,9 @@ class _Builder:
         axis) only where the converter takes views (``view``), else made plain, or refused where the batch
         is not the model's first axis."""
         value = ins[i] if i < len(ins) else None
+        if isinstance(value, _Mask):  # a comparison read as numbers: 1.0 where it holds, else 0.0
+            x = value.x
+            value = self.add(nn.Select(value.cmp, value.threshold, 1.0, 0.0), [x], chw=x.chw, lifted=x.lifted)
         if not isinstance(value, _Tensor):
             raise _Refuse(f"its {what} (input {i}) must be computed by the network, not a constant")
         if value.view is not None and not view:

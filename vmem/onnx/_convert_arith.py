@@ -129,7 +129,7 @@ def _arith(op: str, both: Callable[[], nn.Layer] | None) -> Callable[..., list[A
             kind in ("add", "sub") and value.item() == 0 or kind in ("mul", "div") and value.item() == 1
         ):
             return [x]  # x + 0, x * 1: nothing to do
-        if x.view is not None:
+        if x.view is not None or _grows(x, value):
             return [_views_constant(b, x, kind, value)]
         table = _position_table(b, at) if kind == "add" else None
         try:
@@ -155,9 +155,25 @@ def _views_join(b: _Builder, layer: nn.Layer, xs: list[_Tensor], op: str) -> _Te
     return _views.run(b, layer, [x, y], gx)
 
 
+def _grows(x: _Tensor, value: np.ndarray) -> bool:
+    """Whether a constant combined with ``x`` broadcasts it to a larger shape (a causal mask added to a
+    padding mask of one row)."""
+    dims = x.dims
+    shape = value.shape[value.ndim - len(dims) :] if value.ndim >= len(dims) else value.shape
+    return any(v > d for v, d in zip(reversed(shape), reversed(dims)))
+
+
 def _views_constant(b: _Builder, x: _Tensor, kind: str, value: np.ndarray) -> _Tensor:
-    """A viewed tensor combined with a constant, the constant laid out as the vmem tensor is."""
+    """A tensor combined with a constant, the constant laid out as the vmem tensor is (the tensor first
+    repeated along the axes of length 1 the constant broadcasts it along)."""
     raw, groups = _views.groups_of(b, x)
+    if _grows(x, value):
+        from ._convert_mask import expanded
+
+        dims = list(x.dims)
+        shape = [1] * (len(dims) - value.ndim) + list(value.shape)
+        grown = expanded(b, raw, groups, [max(d, v) for d, v in zip(dims, shape)])
+        raw, groups = _views.groups_of(b, grown)
     laid = _views.constant(raw, groups, value)
     if laid is None:  # it varies along an axis that merges several: arranged, each is one
         raw, groups = _views.arrange(b, raw, groups)

@@ -272,21 +272,44 @@ def _pad(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     return [b.add(nn.Pad2d((pads[2], pads[3], pads[6], pads[7]), value), [x])]
 
 
+@_converts("ReduceSum", 1, 11, 13)
+def _reduce_sum(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    """The sum over axes: their mean (:func:`_reduce_mean`) times how many values each sums."""
+    x = b.tensor(ins, 0, "input", view=True)
+    axes = _reduced_axes(b, ins, attrs, len(x.dims), b.opset >= 13)
+    if axes is None:
+        return [x]
+    count = float(np.prod([x.dims[a] for a in axes]))
+    means = _reduce_mean(b, [x, *ins[1:]], attrs, axes_input=b.opset >= 13)
+    if count == 1:
+        return means
+    y = b.tensor(means, 0, "mean", view=True)
+    return [b.add(nn.ConstantOp("mul", count), [y], lifted=y.lifted)]
+
+
+def _reduced_axes(b: _Builder, ins: list[Any], attrs: dict[str, Any], rank: int, axes_input: bool) -> list[int] | None:
+    """The axes a reduction reduces, sorted (every axis where none are named); None where it is a no-op."""
+    if axes_input:
+        given = b.const(ins, 1, "axes", optional=True)
+        if (given is None or given.size == 0) and int(attrs.get("noop_with_empty_axes", 0)):
+            return None
+        axes = list(range(rank)) if given is None or given.size == 0 else [int(a) for a in given.reshape(-1)]
+    else:
+        axes = _ints(attrs, "axes", range(rank))
+    return sorted({a % rank for a in axes})
+
+
 @_converts("ReduceMean", 1, 11, 13, 18)
-def _reduce_mean(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _reduce_mean(b: _Builder, ins: list[Any], attrs: dict[str, Any], axes_input: bool | None = None) -> list[Any]:
     """The mean over axes: over a map's height and width (what exporters write for adaptive average pooling
     to 1x1) a global average pool; over others a Mean. Reduced axes kept, then dropped by a reshape where
     ``keepdims=0``."""
     x = b.tensor(ins, 0, "input", view=True)
     rank = len(x.dims)
-    if b.opset >= 18:
-        given = b.const(ins, 1, "axes", optional=True)
-        if (given is None or given.size == 0) and int(attrs.get("noop_with_empty_axes", 0)):
-            return [x]
-        axes = list(range(rank)) if given is None or given.size == 0 else [int(a) for a in given.reshape(-1)]
-    else:
-        axes = _ints(attrs, "axes", range(rank))
-    axes = sorted({a % rank for a in axes})
+    found = _reduced_axes(b, ins, attrs, rank, b.opset >= 18 if axes_input is None else axes_input)
+    if found is None:
+        return [x]
+    axes = found
     if x.view is not None:  # along axes of a tensor whose batch axis moved: each one vmem axis
         raw, groups = _views.groups_of(b, x)
         y = _views.run(b, nn.Mean([_views.single(raw, groups, a, "averages over") for a in axes]), [raw], groups)

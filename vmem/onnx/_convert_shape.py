@@ -14,6 +14,7 @@ from ._builder import (
     BATCH,
     _onnx,
     _Refuse,
+    _Mask,
     _Tensor,
     _Unusable,
     _converts,
@@ -247,9 +248,39 @@ def _transpose(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 def _cast(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     onnx = _onnx()
     to = int(attrs["to"])
+    if isinstance(ins[0], _Mask) and to == onnx.TensorProto.BOOL:  # a comparison, as it is
+        return [ins[0]]
     if to != onnx.TensorProto.FLOAT:
         raise _Refuse(
             f"casts a feature map to {onnx.TensorProto.DataType.Name(to).lower()}: vmem's feature maps are float32 "
             "(or the half precision a Trainer's precision= asks for), not the model's choice"
         )
     return [b.tensor(ins, 0, "input", chw=True, nhwc=True, view=True)]
+
+
+@_converts("Split", 2, 11, 13, 18)
+def _split(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    """Pieces of a computed tensor along an axis that does not hold the batch: equal ones each a Split,
+    others a Take of their positions."""
+    x = b.tensor(ins, 0, "input", view=True)
+    raw, groups = _views.groups_of(b, x)
+    axis = int(attrs.get("axis", 0)) % len(groups)
+    at = _views.single(raw, groups, axis, "splits along")
+    length = raw.shape[at]
+    given = b.const(ins, 1, "split", optional=True) if b.opset >= 13 else None
+    sizes = [int(s) for s in given.reshape(-1)] if given is not None else _ints(attrs, "split", [])
+    if not sizes:
+        count = int(attrs.get("num_outputs", len(b.node.output)))
+        piece = -(-length // count)
+        sizes = [min(piece, length - k * piece) for k in range(count)]
+    if sum(sizes) != length or min(sizes) < 1:
+        raise _Refuse(f"splits an axis of {length} into {sizes}")
+    out, start = [], 0
+    for k, size in enumerate(sizes):
+        if all(s == size for s in sizes):
+            layer: nn.Layer = nn.Split(len(sizes), k, at)
+        else:
+            layer = nn.Take(list(range(start, start + size)), at)
+        out.append(_views.run(b, layer, [raw], groups))
+        start += size
+    return out

@@ -26,6 +26,9 @@ def _fold(onnx: ModuleType, node: Any, ins: list[Any], opset: int) -> list[Any]:
         # a constant broadcast along the batch axis (positions expanded to the batch's ids): kept with that
         # axis of length 1, which every layer reading it broadcasts
         ins = [ins[0], np.where(ins[1] >= BATCH, 1, ins[1])]
+    if node.op_type == "ConstantOfShape" and ins and isinstance(ins[0], np.ndarray) and (ins[0] == BATCH).any():
+        # a fill of the batch's size is the same for every sample: made with that axis of length 1
+        ins = [np.where(ins[0] == BATCH, 1, ins[0]), *ins[1:]]
     if node.op_type in ("ConstantOfShape", "Expand", "Tile", "Range", "RandomNormalLike", "RandomUniformLike"):
         if any(isinstance(v, np.ndarray) and v.dtype.kind in "iu" and (v >= BATCH).any() for v in ins):
             raise _Refuse("makes a constant whose size depends on the batch size")

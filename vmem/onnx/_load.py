@@ -20,7 +20,7 @@ from ..graph import Graph
 from ..graph.network import Node
 from . import _data, _views
 
-from . import _convert_arith, _convert_image, _convert_shape, _convert_tensor  # noqa: F401  (they register the converters)
+from . import _convert_arith, _convert_image, _convert_mask, _convert_shape, _convert_tensor  # noqa: F401  (register)
 from ._fold import _fold, _shape_of
 from ._fusions import _Pattern, _gelus, _layer_norms
 from ._builder import (
@@ -28,6 +28,7 @@ from ._builder import (
     _SAME_VALUES,
     _onnx,
     _Refuse,
+    _Mask,
     _Tensor,
     _Unusable,
     _REFUSED,
@@ -167,8 +168,8 @@ def load(
                 epsilon = float(np.asarray(builder.const(ins, 1, "epsilon")).reshape(-1)[0])
                 layer_norm = _CONVERTERS["LayerNormalization"].fn
                 outs = layer_norm(builder, [ins[0], ins[2], ins[3]], {"axis": -1, "epsilon": epsilon})[:1]
-            elif node.op_type == "Shape" and isinstance(ins[0], _Tensor):
-                outs = [_shape_of(ins[0], attrs)]
+            elif node.op_type == "Shape" and isinstance(ins[0], (_Tensor, _Mask)):
+                outs = [_shape_of(ins[0].x if isinstance(ins[0], _Mask) else ins[0], attrs)]
             elif all(isinstance(v, np.ndarray) or v is None for v in ins):
                 outs = _fold(onnx, node, ins, opset)
                 first = node.input[0] if node.input else ""

@@ -280,6 +280,22 @@ def _layernorm(w: _Writer, node: Node, layer: nn.LayerNorm, ins: list[str], name
     return w.emit("LayerNormalization", names, name, axis=-1, epsilon=layer.eps)
 
 
+def _select(w: _Writer, node: Node, layer: nn.Select, ins: list[str], name: str) -> str:
+    op = {">": "Greater", "<": "Less", ">=": "GreaterOrEqual", "<=": "LessOrEqual", "==": "Equal", "!=": "Equal"}
+    threshold = w.const(f"{name}.threshold", layer.threshold, np.float32)
+    test = w.emit(op[layer.cmp], [ins[0], threshold], f"{name}.test")
+    if layer.cmp == "!=":
+        test = w.emit("Not", [test], f"{name}.not")
+    values = [
+        w.const(f"{name}.{k}", v, np.float32) for k, v in (("if_true", layer.if_true), ("if_false", layer.if_false))
+    ]
+    return w.emit("Where", [test, *values], name)
+
+
+def _expand(w: _Writer, node: Node, layer: nn.Expand, ins: list[str], name: str) -> str:
+    return w.emit("Expand", [ins[0], w.const(f"{name}.shape", [1, *layer.shape])], name)
+
+
 _WRITERS: dict[type, Callable[..., str]] = {
     nn.Conv2d: _conv,
     nn.BatchNorm2d: _batchnorm,
@@ -312,6 +328,8 @@ _WRITERS: dict[type, Callable[..., str]] = {
     nn.GELU: _gelu,
     nn.Mean: _mean,
     nn.Take: _take,
+    nn.Select: _select,
+    nn.Expand: _expand,
 }
 
 

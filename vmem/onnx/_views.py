@@ -82,6 +82,11 @@ def where(x: _Tensor) -> str:
     )
 
 
+def shown(shape: Sequence[int]) -> str:
+    """A model's shape for a message: the batch's stand-in written N."""
+    return "(" + ", ".join(f"N*{d // BATCH}" if d > BATCH else "N" if d == BATCH else str(d) for d in shape) + ")"
+
+
 def model_shape(x: _Tensor, groups: Groups | None = None) -> list[int]:
     """The model's shape of a viewed value (or of the vmem tensor ``x`` seen through ``groups``), the batch's
     stand-in (:data:`BATCH`) times what it is merged with."""
@@ -144,9 +149,10 @@ def settle(b: _Builder, x: _Tensor) -> _Tensor | None:
     """A viewed value as a plain tensor (its batch axis the model's first, alone), arranged; None where the
     model's batch axis is elsewhere."""
     assert x.view is not None
-    if x.view[0] != (0,):
+    first = x.view[0]
+    if 0 not in first or any(x.shape[a] != 1 for a in first if a):  # (axes of length 1 merged with it aside)
         return None
-    y, groups = arrange(b, _raw(x), x.view)
+    y, groups = arrange(b, _raw(x), ((0,), *x.view[1:]))
     out = viewed(y, groups)
     assert out.view is None, (y.shape, groups)
     return out
@@ -173,20 +179,20 @@ def reshape(b: _Builder, x: _Tensor, groups: Groups, dims: Sequence[int]) -> _Te
     carries = [d >= BATCH for d in dims]
     for d in dims:
         if d >= BATCH and d % BATCH:
-            raise _Refuse(f"shape {list(dims)} depends on the batch size other than by a multiple of it")
+            raise _Refuse(f"shape {shown(dims)} depends on the batch size other than by a multiple of it")
     if sum(carries) > 1 or dims.count(-1) > 1 or min(dims, default=1) < -1:
-        raise _Refuse(f"shape {list(dims)} is not a shape with one batch axis")
+        raise _Refuse(f"shape {shown(dims)} is not a shape with one batch axis")
     known = math.prod(d // BATCH if d >= BATCH else d for d in dims if d != -1)
     if -1 in dims:
         if known == 0 or total % known:
-            raise _Refuse(f"shape {list(dims)} does not fit {current}")
+            raise _Refuse(f"shape {shown(dims)} does not fit {shown(current)}")
         k = dims.index(-1)
         dims[k] = total // known
         carries[k] = not any(carries)
         if carries[k]:
             dims[k] *= BATCH
     if not any(carries):
-        raise _Refuse(f"shape {list(dims)} leaves no axis for the batch (it would mix samples)")
+        raise _Refuse(f"shape {shown(dims)} leaves no axis for the batch (it would mix samples)")
     axes = list(range(len(x.shape)))  # vmem's axes, by id, in their order; a split replaces one by two
     fresh = len(x.shape)
     out: list[tuple[int, ...]] = []
@@ -195,11 +201,11 @@ def reshape(b: _Builder, x: _Tensor, groups: Groups, dims: Sequence[int]) -> _Te
         need, group, got, have = (d // BATCH if batch else d), [], False, 1
         while have < need or (batch and not got):
             if i == len(fine):
-                raise _Refuse(f"cannot reshape {current} to {list(dims)}")
+                raise _Refuse(f"cannot reshape {shown(current)} to {shown(dims)}")
             a = fine[i]
             if a == 0:
                 if not batch:
-                    raise _Refuse(f"reshapes {current} to {list(dims)}: that would split the batch axis")
+                    raise _Refuse(f"reshapes {shown(current)} to {shown(dims)}: that would split the batch axis")
                 got = True
             elif need % (have * size[a]) == 0:
                 have *= size[a]
@@ -212,12 +218,15 @@ def reshape(b: _Builder, x: _Tensor, groups: Groups, dims: Sequence[int]) -> _Te
                 a = first
                 have *= size[a]
             else:
-                raise _Refuse(f"cannot reshape {current} to {list(dims)}: it mixes the batch with other axes")
+                raise _Refuse(f"cannot reshape {shown(current)} to {shown(dims)}: it mixes the batch with other axes")
             group.append(a)
+            i += 1
+        if need == 1 and not group and i < len(fine) and fine[i] != 0 and size[fine[i]] == 1:
+            group.append(fine[i])  # an axis of length 1 the model keeps: one vmem axis, that may repeat
             i += 1
         out.append(tuple(group))
     if any(a == 0 or size[a] != 1 for a in fine[i:]):
-        raise _Refuse(f"cannot reshape {current} to {list(dims)}")
+        raise _Refuse(f"cannot reshape {shown(current)} to {shown(dims)}")
     if len(axes) == 4:  # not an image: held with an axis of length 1 after the batch
         size[fresh] = 1
         axes.insert(1, fresh)

@@ -85,6 +85,8 @@ PER_SAMPLE = frozenset(
         "take",
         "transpose",
         "lengthmask",
+        "select",
+        "expand",
     }
 )
 
