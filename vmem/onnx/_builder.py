@@ -22,6 +22,12 @@ from ..graph.network import Node
 
 __all__ = ["MIN_OPSET", "BATCH", "supported"]
 
+#: A converter's inputs (a computed :class:`_Tensor`, a constant array, a comparison not yet made, None for an
+#: input left out), the node's attributes by name, and its outputs (one value per output of the node).
+Ins = list[Any]
+Attrs = dict[str, Any]
+Outs = list[Any]
+
 #: The oldest opset a model may declare (older ones carry attributes long removed, e.g. ``consumed_inputs``).
 MIN_OPSET = 9
 #: The batch axis's stand-in while shapes are computed at import (``Shape`` of a feature map): a prime that

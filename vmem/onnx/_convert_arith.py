@@ -11,6 +11,9 @@ from .. import nn
 
 from . import _views
 from ._builder import (
+    Attrs,
+    Ins,
+    Outs,
     _Refuse,
     _Tensor,
     _converts,
@@ -100,7 +103,7 @@ def _arith(op: str, both: Callable[[], nn.Layer] | None) -> Callable[..., list[A
     computed tensor and a constant, either way round (:class:`vmem.nn.ConstantOp`)."""
     flipped = {"add": "add", "mul": "mul", "sub": "rsub", "div": None}[op]
 
-    def convert(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    def convert(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
         a, c = ins[0], ins[1]
         if isinstance(a, _Tensor) and isinstance(c, _Tensor):
             if both is None:
@@ -200,7 +203,7 @@ _converts("Div", 7, 13, 14)(_arith("div", nn.Div))
 
 
 @_converts("Sum", 6, 8, 13)
-def _sum(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _sum(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     xs = [b.tensor(ins, i, "operand", chw=True) for i in range(len(ins))]
     if len(xs) == 1:
         return [xs[0]]

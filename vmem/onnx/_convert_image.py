@@ -11,6 +11,9 @@ from .. import nn
 
 from . import _views
 from ._builder import (
+    Attrs,
+    Ins,
+    Outs,
     _Refuse,
     _Tensor,
     _Unusable,
@@ -102,7 +105,7 @@ def _pool(average: bool) -> Callable[..., list[Any]]:
     3-D one is two 2-D ones (over (H, W), then over D), exact because both operations separate by axis (a
     maximum of maxima; sums of sums over counts that multiply)."""
 
-    def convert(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    def convert(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
         x = b.tensor(ins, 0, "input")
         if x.lead:
             _as_image(b, x, "input")  # refuses, saying why
@@ -148,7 +151,7 @@ _converts("AveragePool", 7, 10, 11, 19, 22)(_pool(True))
 
 
 def _global(average: bool) -> Callable[..., list[Any]]:
-    def convert(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    def convert(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
         x = _as_image(b, b.tensor(ins, 0, "input"), "input")
         window = (x.shape[2], x.shape[3])
         return [b.add(nn.AvgPool2d(window) if average else nn.MaxPool2d(window), [x])]
@@ -161,7 +164,7 @@ _converts("GlobalMaxPool", 1, 22)(_global(False))
 
 
 @_converts("Conv", 1, 11, 22)
-def _conv(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _conv(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     x = _as_image(b, b.tensor(ins, 0, "input"), "input")
     w = b.weight(ins, 1, "weights", "weight")
     bias = b.weight(ins, 2, "bias", "bias", optional=True)
@@ -184,7 +187,7 @@ def _conv(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 
 @_converts("BatchNormalization", 9, 14, 15)
-def _batchnorm(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _batchnorm(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     x = _as_image(b, b.tensor(ins, 0, "input"), "input")
     scale, shift = b.weight(ins, 1, "scale", "weight"), b.weight(ins, 2, "bias", "bias")
     mean = b.weight(ins, 3, "running mean", "running_mean")
@@ -197,7 +200,7 @@ def _batchnorm(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 
 @_converts("LRN", 1, 13)
-def _lrn(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _lrn(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     x = _as_image(b, b.tensor(ins, 0, "input"), "input")
     if "size" not in attrs:
         raise _Refuse("has no size (a required attribute)")
@@ -211,7 +214,7 @@ def _lrn(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 
 def _elementwise(make: Callable[[], nn.Layer]) -> Callable[..., list[Any]]:
-    def convert(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    def convert(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
         x = b.tensor(ins, 0, "input", chw=True, view=True)
         return [b.add(make(), [x], chw=x.chw, lifted=x.lifted)]
 
@@ -225,7 +228,7 @@ _converts("Erf", 9, 13)(_elementwise(nn.Erf))
 
 
 @_converts("Gelu", 20)
-def _gelu(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _gelu(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     approximate = attrs.get("approximate", "none")
     if approximate not in nn.GELU.APPROXIMATIONS:
         raise _Refuse(f"approximate={approximate!r} (vmem's GELU takes {', '.join(nn.GELU.APPROXIMATIONS)})")
@@ -234,7 +237,7 @@ def _gelu(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 
 @_converts("Clip", 6, 11, 12, 13)
-def _clip(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _clip(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     x = b.tensor(ins, 0, "input", chw=True, view=True)
     if b.opset < 11:
         lo, hi = _real(attrs.get("min", -np.inf)), _real(attrs.get("max", np.inf))
@@ -250,7 +253,7 @@ def _clip(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 
 @_converts("Pad", 2, 11, 13, 18, 19, 21, 23, 24, 25)
-def _pad(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _pad(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     """Constant padding of a map's height and width (TensorFlow's exports pad before a convolution)."""
     x = _as_image(b, b.tensor(ins, 0, "data"), "data")
     if attrs.get("mode", "constant") != "constant":
@@ -273,7 +276,7 @@ def _pad(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 
 @_converts("ReduceSum", 1, 11, 13)
-def _reduce_sum(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _reduce_sum(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     """The sum over axes: their mean (:func:`_reduce_mean`) times how many values each sums."""
     x = b.tensor(ins, 0, "input", view=True)
     axes = _reduced_axes(b, ins, attrs, len(x.dims), b.opset >= 13)
@@ -300,7 +303,7 @@ def _reduced_axes(b: _Builder, ins: list[Any], attrs: dict[str, Any], rank: int,
 
 
 @_converts("ReduceMean", 1, 11, 13, 18)
-def _reduce_mean(b: _Builder, ins: list[Any], attrs: dict[str, Any], axes_input: bool | None = None) -> list[Any]:
+def _reduce_mean(b: _Builder, ins: Ins, attrs: Attrs, axes_input: bool | None = None) -> Outs:
     """The mean over axes: over a map's height and width (what exporters write for adaptive average pooling
     to 1x1) a global average pool; over others a Mean. Reduced axes kept, then dropped by a reshape where
     ``keepdims=0``."""

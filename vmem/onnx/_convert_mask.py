@@ -11,14 +11,14 @@ import numpy as np
 
 from .. import nn
 from . import _views
-from ._builder import BATCH, _Builder, _converts, _Mask, _Refuse, _Tensor
+from ._builder import Attrs, Ins, Outs, BATCH, _Builder, _converts, _Mask, _Refuse, _Tensor
 
 _COMPARE = {"Greater": ">", "Less": "<", "GreaterOrEqual": ">=", "LessOrEqual": "<=", "Equal": "=="}
 _SWAPPED = {">": "<", "<": ">", ">=": "<=", "<=": ">=", "==": "=="}
 
 
 def _compare(op: str) -> Any:
-    def convert(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    def convert(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
         a, c = ins[0], ins[1]
         cmp = _COMPARE[op]
         if not isinstance(a, _Tensor):  # the constant first: the comparison turned round
@@ -42,14 +42,14 @@ for _op, _versions in (
 
 
 @_converts("Not", 1)
-def _not(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _not(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     if not isinstance(ins[0], _Mask):
         raise _Refuse("negates a tensor that is not a comparison of a computed tensor with a constant")
     return [ins[0].negated()]
 
 
 @_converts("Where", 9, 16)
-def _where(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _where(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     mask, a, c = ins[0], ins[1], ins[2]
     if not isinstance(mask, _Mask):
         raise _Refuse("chooses by a condition that is not a comparison of a computed tensor with a constant")
@@ -74,7 +74,7 @@ def _where(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 
 @_converts("Expand", 8, 13)
-def _expand(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _expand(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     x = b.tensor(ins, 0, "input", view=True)
     target = b.const(ins, 1, "shape")
     assert target is not None

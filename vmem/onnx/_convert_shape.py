@@ -3,7 +3,7 @@ transposes, gathers and takes along an axis, and the identities (Identity, Dropo
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -11,6 +11,9 @@ from .. import nn
 
 from . import _views
 from ._builder import (
+    Attrs,
+    Ins,
+    Outs,
     BATCH,
     _onnx,
     _Refuse,
@@ -28,7 +31,7 @@ from ._builder import (
 
 
 @_converts("Concat", 4, 11, 13)
-def _concat(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _concat(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     xs = [b.tensor(ins, i, "input") for i in range(len(ins))]
     if len(xs) == 1:
         return [xs[0]]
@@ -43,7 +46,7 @@ def _concat(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 
 @_converts("Flatten", 9, 11, 13, 21, 23, 24, 25)
-def _flatten(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _flatten(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     x = b.tensor(ins, 0, "input", nhwc=True)
     dims = x.dims
     axis = int(attrs.get("axis", 1))
@@ -57,7 +60,7 @@ def _flatten(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 
 @_converts("Reshape", 5, 13, 14, 19, 21, 23, 24, 25)
-def _reshape(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _reshape(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     x = b.tensor(ins, 0, "data", nhwc=True, view=True)
     target = b.const(ins, 1, "shape")
     assert target is not None
@@ -104,7 +107,7 @@ def _filled(target: list[int], size: int, dims: list[int], x: _Tensor) -> list[i
 
 
 @_converts("Unsqueeze", 1, 11, 13, 21, 23, 24, 25)
-def _unsqueeze(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _unsqueeze(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     x = b.tensor(ins, 0, "data", view=True)
     given = _ints(attrs, "axes", []) if b.opset < 13 else [int(a) for a in b.const(ins, 1, "axes").reshape(-1)]  # type: ignore[union-attr]
     rank = len(x.dims) + len(given)
@@ -123,7 +126,7 @@ def _unsqueeze(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 
 @_converts("Squeeze", 1, 11, 13, 21, 23, 24, 25)
-def _squeeze(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _squeeze(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     x = b.tensor(ins, 0, "data", view=True)
     if b.opset < 13:
         given = _ints(attrs, "axes", [])
@@ -161,7 +164,7 @@ def _transposed(b: _Builder, x: _Tensor, perm: Sequence[int]) -> _Tensor:
 
 
 @_converts("Gather", 1, 11, 13)
-def _gather(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _gather(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     """Rows of a constant table at computed indices (token ids): an embedding, its table trainable. Or
     positions of a computed tensor at constant indices along a non-batch axis (``x[:, 0]``, a classifier's
     first token: a Split; several: a Take)."""
@@ -178,7 +181,7 @@ def _gather(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
     return [b.add(layer, [ids], {"weight": table})]
 
 
-def _select(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> _Tensor:
+def _select(b: _Builder, ins: Ins, attrs: Attrs) -> _Tensor:
     x = b.tensor(ins, 0, "data", view=True)
     x = x if x.view is not None else _as_tensor(b, x)
     index = b.const(ins, 1, "indices")
@@ -214,12 +217,12 @@ def _select_view(b: _Builder, x: _Tensor, index: np.ndarray, axis: int) -> _Tens
 
 
 @_converts("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25)
-def _identity(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _identity(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     return [b.tensor(ins, 0, "input", chw=True, nhwc=True, view=True)]
 
 
 @_converts("Dropout", 7, 10, 12, 13, 22)
-def _dropout(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _dropout(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     x = b.tensor(ins, 0, "input", chw=True, view=True)
     if b.opset < 12:
         ratio = _real(attrs.get("ratio", 0.5))
@@ -233,7 +236,7 @@ def _dropout(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 
 @_converts("Transpose", 1, 13, 21, 23, 24, 25)
-def _transpose(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _transpose(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     x = b.tensor(ins, 0, "input", view=True)
     perm = _ints(attrs, "perm", list(range(len(x.dims)))[::-1])
     if x.view is not None or (not b.lead and perm[0] % len(x.dims) != 0 and not x.nhwc and x.chw is None):
@@ -245,7 +248,7 @@ def _transpose(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 
 @_converts("Cast", 6, 9, 13, 19, 21, 23, 24, 25, 28)
-def _cast(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _cast(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     onnx = _onnx()
     to = int(attrs["to"])
     if isinstance(ins[0], _Mask) and to == onnx.TensorProto.BOOL:  # a comparison, as it is
@@ -259,7 +262,7 @@ def _cast(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 
 @_converts("Split", 2, 11, 13, 18)
-def _split(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _split(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     """Pieces of a computed tensor along an axis that does not hold the batch: equal ones each a Split,
     others a Take of their positions."""
     x = b.tensor(ins, 0, "input", view=True)

@@ -11,6 +11,9 @@ from .. import nn
 
 from . import _views
 from ._builder import (
+    Attrs,
+    Ins,
+    Outs,
     _Refuse,
     _Tensor,
     _Unusable,
@@ -37,7 +40,7 @@ def _linear_weight(x: _Tensor, w: np.ndarray) -> np.ndarray:
 
 
 @_converts("Gemm", 9, 11, 13)
-def _gemm(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _gemm(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     x = b.tensor(ins, 0, "input A", chw=True, view=True)
     if len(x.dims) != 2:
         raise _Refuse(f"its input A has shape {x.dims}: Gemm multiplies matrices")
@@ -122,7 +125,7 @@ def _batched_views(b: _Builder, a: _Tensor, m: _Tensor) -> _Tensor:
 
 
 @_converts("MatMul", 9, 13)
-def _matmul(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _matmul(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     if isinstance(ins[1], np.ndarray):  # x @ W: a linear layer without a bias
         x = b.tensor(ins, 0, "input A", chw=True, view=True)
         w = b.weight(ins, 1, "weights B", "weight")
@@ -150,7 +153,7 @@ def _matmul(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
 
 
 @_converts("LayerNormalization", 17)
-def _layer_norm(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _layer_norm(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     x = b.tensor(ins, 0, "input", view=True)
     groups = None
     if x.view is not None:
@@ -183,7 +186,7 @@ def _stats() -> list[Any]:
 
 
 @_converts("Softmax", 1, 11, 13)
-def _softmax(b: _Builder, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+def _softmax(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     x = b.tensor(ins, 0, "input", view=True)
     x = x if x.view is not None else _as_tensor(b, x)
     rank = len(x.dims)
