@@ -24,7 +24,8 @@ class Oracle:
     sees it) on ``device``: the candidate lowered and replayed at ``memory`` (the device's where not given),
     its blocks placed (``packing``: see :func:`~vmem.planning.result.evaluate`) only as tightly as they need
     to be to fit it (the greedy orders run only where the sweeps' placement does not fit and the live
-    bytes do; the planner's own figures place them as tightly as they can). With ``unfit=False``, None
+    bytes do; the planner's own figures place them as tightly as they can; a plan that sends sign bits to
+    the host, a last resort, ``"thorough"``ly). With ``unfit=False``, None
     where it does not fit (a planner that keeps only plans that fit needs no figures of the others: no
     second replay for them). The same plan asked again at another ``memory`` (a search for its least
     budget) is replayed, not lowered again, where it would be placed the same."""
@@ -49,6 +50,8 @@ class Oracle:
         self, candidate: Plan, memory: int | None = None, packing: str = "auto", unfit: bool = True
     ) -> PlanResult | None:
         spec = self.device if memory is None else dataclasses.replace(self.device, memory=memory)
+        if candidate.signs and packing == "auto":  # a last resort (signs on the host): every placement tried
+            packing = "thorough"
         last = self._last
         if (
             last is not None

@@ -77,11 +77,18 @@ def evaluate(
     ``update``: a micro-batch's step (:func:`vmem.schedule.lower.lower`)."""
     schedule = lower(program, decided, optimizer_slots, alignment, packing, accumulate=accumulate, update=update)
     figures = replay_if_fits(schedule, device, alignment, costs)
-    if figures is None and schedule.live_bytes is not None and schedule.live_bytes <= device.memory:
-        # packed as tightly as it packs for any capacity, it does not fit this one; placed for this one (the
-        # packer then tries more placements: :func:`vmem.schedule.pack.pack`), it may
+    if figures is None and decided.signs and schedule.live_bytes is not None and schedule.live_bytes <= device.memory:
+        # a last resort (its signs on the host), packed as tightly as it packs for any capacity, does not fit
+        # this one; placed for this one, with more placements tried (``"thorough"``: as the oracle places it)
         placed = lower(
-            program, decided, optimizer_slots, alignment, packing, device.memory, accumulate=accumulate, update=update
+            program,
+            decided,
+            optimizer_slots,
+            alignment,
+            "thorough",
+            device.memory,
+            accumulate=accumulate,
+            update=update,
         )
         figures = replay_if_fits(placed, device, alignment, costs)
         schedule = placed if figures is not None else schedule

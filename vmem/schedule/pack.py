@@ -12,11 +12,11 @@ Two families of placements, and the one with the lowest top wins:
   the lowest (or tightest) gap among the already-placed blocks live at the same time.
   They cost O(n^2), so they run only on schedules of up to ``GREEDY_LIMIT`` blocks, where they matter
   most: VGG-16 at batch 256 under vdnn-conv packs to 15.5 GiB by the sweeps, 12.4 GiB largest-first and
-  11.6 GiB (its live peak) largest-first with the later-freed first. Where a capacity is given that none of
-  them fits but the live bytes do, largest first again with the ties in ``SHUFFLES`` seeded random orders:
-  which lane of the arena two equal maps take decides whether a small map that lives from the forward to
-  the backward finds a gap between them (VGG-16 at batch 268 with its signs on the host, 8 GiB: no fixed
-  order fits; 6 of 40 shuffles do).
+  11.6 GiB (its live peak) largest-first with the later-freed first. ``"thorough"`` (the placement of a
+  last-resort plan), where a capacity is given that none of them fits but the live bytes do: largest first
+  again with the ties in ``SHUFFLES`` seeded random orders, since which lane of the arena two equal maps
+  take decides whether a small map that lives from the forward to the backward finds a gap between them
+  (VGG-16 at batch 268 with its signs on the host, 8 GiB: no fixed order fits; 6 of 40 shuffles do).
 
 Persistent buffers sit first, contiguously, as the trainer allocates them before any step.
 """
@@ -58,10 +58,10 @@ __all__ = ["Life", "lifetimes", "pack", "place", "peak_live", "GREEDY_LIMIT", "S
 
 #: Greedy orders run only on schedules with at most this many blocks (their cost grows with the square).
 GREEDY_LIMIT = 400
-#: With a capacity that no fixed order fits but the live bytes do: this many largest-first placements with the
-#: blocks of a size in a seeded random order (the same every run)
+#: ``"thorough"``, with a capacity that no fixed order fits but the live bytes do: this many largest-first
+#: placements with the blocks of a size in a seeded random order (the same every run)
 SHUFFLES = 32
-STRATEGIES = ("auto", "sweep", "greedy")
+STRATEGIES = ("auto", "sweep", "greedy", "thorough")
 
 _OPEN, _CLOSE = "open", "close"
 # the memory effect of each step kind (the one table this consumer dispatches on)
@@ -239,7 +239,9 @@ def pack(
     ``capacity`` (the arena's size) ``"auto"`` places the blocks only as tightly as they must be to fit
     it: the sweeps' placement where it fits, or where the live bytes alone do not (nothing fits); else the
     first greedy order's whose top fits (each abandoned once above the capacity); else, as without a
-    capacity, the tightest (the pool may still fit it, placing the blocks that overflow elsewhere)."""
+    capacity, the tightest (the pool may still fit it, placing the blocks that overflow elsewhere).
+    ``"thorough"``: as ``"auto"``, then :data:`SHUFFLES` more orders before giving up (for a plan that is
+    the last resort: each is one more placement of the whole step)."""
     top, offsets, _ = _pack(lives, base, strategy, capacity)
     return top, offsets
 
@@ -251,6 +253,8 @@ def _pack(
     live bytes' peak, :func:`peak_live`, where the caller has it)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r}; use one of {', '.join(STRATEGIES)}")
+    thorough = strategy == "thorough"
+    strategy = "auto" if thorough else strategy
     anywhere = (0, math.inf)
     candidates = []
     if strategy != "greedy":
@@ -276,7 +280,7 @@ def _pack(
                         return (*placed, (placed[0], capacity + 1))
             # then largest first, blocks of a size in a seeded random order: near the live bytes, where
             # the place of a few equal blocks decides whether the small long-lived ones find a gap
-            for seed in range(SHUFFLES):
+            for seed in range(SHUFFLES if thorough else 0):
                 rng = random.Random(seed)
                 ties = [rng.random() for _ in lives]
                 placed = _greedy(lives, base, lambda il: (-il[1].size, ties[il[0]]), False, capacity + 1)

@@ -203,7 +203,7 @@ class Auto(Policy):
                 fitting.append((descended.step_seconds, DESCENT if solver == "greedy" else ILP_DESCENT, descended))
         if not fitting:  # the last resort: the floor with its signs on the host
             lean = get(LEANEST, split=self.split).decide(program, device, costs)
-            result = oracle(lean)
+            result = oracle(lean)  # (the oracle places a plan with signs on the host thoroughly)
             tried += 1
             if result.fits and result.step_seconds is not None:
                 fitting.append((result.step_seconds, LEANEST, result))
@@ -265,7 +265,9 @@ class Auto(Policy):
             return
         tolerance = self.LEAST_TOLERANCE if len(program.ops) > self.DYN_OPS else 0.0
         least = least_memory(  # the oracle lowers the plan once; each capacity tried is one replay
-            lambda memory: oracle(lean, memory, unfit=False) is not None, result.peak_bytes, tolerance=tolerance
+            lambda memory: oracle(lean, memory, unfit=False) is not None,
+            result.peak_bytes,
+            tolerance=tolerance,
         )
         least = least if least is not None else 4 * result.peak_bytes
         raise BudgetTooSmall(
