@@ -41,8 +41,8 @@ CONSTANTS: dict[str, set[str]] = {}
 WHY = {
     "decoder": "imports and trains as PyTorch does; the cross-attention's packed projection is sliced into two "
     "weights, which net.sources cannot name as parts of one parameter",
-    "lstm": "recurrent layers: ConstantOfShape of the batch (initial states), the exported LSTM op",
-    "gru": "recurrent layers: ConstantOfShape of the batch (initial states), the exported GRU op",
+    "lstm": "recurrent layers: the exported LSTM op is not converted",
+    "gru": "recurrent layers: the exported GRU op is not converted",
 }
 
 

@@ -1,11 +1,12 @@
 """The ONNX importer's converters for masks and broadcasts: a computed tensor compared with a constant
 (Greater, Less, Equal and their kin, Not, a Cast to bool) held as a comparison not yet made, a Where choosing
-between two constants by it (one :class:`vmem.nn.Select`: a padding mask's -inf), and Expand of a computed
-tensor along its axes of length 1 (:class:`vmem.nn.Expand`)."""
+by it between constants, or a constant and the tensor compared (one :class:`vmem.nn.Select`: a padding
+mask's -inf, a bound written out), and Expand of a computed tensor along its axes of length 1
+(:class:`vmem.nn.Expand`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Callable
 
 import numpy as np
 
@@ -17,7 +18,7 @@ _COMPARE = {"Greater": ">", "Less": "<", "GreaterOrEqual": ">=", "LessOrEqual": 
 _SWAPPED = {">": "<", "<": ">", ">=": "<=", "<=": ">=", "==": "=="}
 
 
-def _compare(op: str) -> Any:
+def _compare(op: str) -> Callable[[_Builder, Ins, Attrs], Outs]:
     def convert(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
         a, c = ins[0], ins[1]
         cmp = _COMPARE[op]
