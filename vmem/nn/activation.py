@@ -323,8 +323,7 @@ class ConstantOp(Layer):
         return shape
 
     def _stored(self, rank: int) -> Array:
-        v = self.value.reshape((1,) * (rank - self.value.ndim) + self.value.shape)
-        return v.transpose(0, 2, 3, 1) if rank == 4 else v
+        return stored_constant(self.value, rank)
 
     def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:
         stored = self._stored(len(in_shapes[0]))
@@ -357,6 +356,13 @@ class ConstantOp(Layer):
             xp.multiply(dy, v, out=dx)
         else:
             xp.divide(dy, v, out=dx)
+
+
+def stored_constant(value: Any, rank: int) -> Any:
+    """A constant (logical layout) that broadcasts into a tensor of ``rank``, as that tensor is stored: given
+    the leading axes of length 1 it lacks, channels last where the tensor is a 4-D map."""
+    v = value.reshape((1,) * (rank - value.ndim) + value.shape)
+    return v.transpose(0, 2, 3, 1) if rank == 4 else v
 
 
 def _size(shape: Shape) -> int:

@@ -8,16 +8,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ..errors import ShapeError
+from .activation import _size, stored_constant
 from .base import Ctx, Layer, Shape
 
 if TYPE_CHECKING:
     from .._typing import Array
 
 __all__ = ["Select", "Expand"]
-
-
-def _size(shape: Sequence[int]) -> int:
-    return int(np.prod(shape, dtype=np.int64))
 
 
 class Select(Layer):
@@ -63,10 +60,7 @@ class Select(Layer):
         return _size(in_shapes[0])
 
     def _value(self, ctx: Ctx, v: np.ndarray, rank: int) -> Array:
-        v = v.reshape((1,) * (rank - v.ndim) + v.shape)
-        if rank == 4:  # a map is stored channels-last
-            v = v.transpose(0, 2, 3, 1)
-        return ctx.xp.asarray(v)
+        return ctx.xp.asarray(stored_constant(v, rank))
 
     def _test(self, ctx: Ctx, x: Array) -> Array:
         xp = ctx.xp

@@ -10,6 +10,7 @@ import numpy as np
 from .. import nn
 
 from . import _views
+from ._convert_mask import expanded
 from ._builder import (
     Attrs,
     Ins,
@@ -171,8 +172,6 @@ def _views_constant(b: _Builder, x: _Tensor, kind: str, value: np.ndarray) -> _T
     repeated along the axes of length 1 the constant broadcasts it along)."""
     raw, groups = _views.groups_of(b, x)
     if _grows(x, value):
-        from ._convert_mask import expanded
-
         dims = list(x.dims)
         shape = [1] * (len(dims) - value.ndim) + list(value.shape)
         grown = expanded(b, raw, groups, [max(d, v) for d, v in zip(dims, shape)])

@@ -11,7 +11,7 @@ from ..graph import Program
 from ..policies.plan import Plan
 from ..schedule import Schedule
 from ..schedule.lower import lower
-from .result import PlanResult, replay_fitting, replay_if_fits
+from .result import PlanResult, placement, replay_fitting, replay_if_fits
 
 if TYPE_CHECKING:
     from ..costs.model import CostModel
@@ -50,8 +50,7 @@ class Oracle:
         self, candidate: Plan, memory: int | None = None, packing: str = "auto", unfit: bool = True
     ) -> PlanResult | None:
         spec = self.device if memory is None else dataclasses.replace(self.device, memory=memory)
-        if candidate.signs and packing == "auto":  # a last resort (signs on the host): every placement tried
-            packing = "thorough"
+        packing = placement(candidate, packing)
         last = self._last
         if (
             last is not None

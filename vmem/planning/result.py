@@ -22,7 +22,16 @@ from ..units import format_bytes
 if TYPE_CHECKING:
     from ..costs.model import CostModel
 
-__all__ = ["UNBOUNDED", "PlanResult", "evaluate", "replay_if_fits", "replay_fitting", "Problem", "validate"]
+__all__ = [
+    "UNBOUNDED",
+    "PlanResult",
+    "evaluate",
+    "placement",
+    "replay_if_fits",
+    "replay_fitting",
+    "Problem",
+    "validate",
+]
 
 #: A capacity no plan reaches: a plan that does not fit is replayed at it for its figures.
 UNBOUNDED = 1 << 60
@@ -57,6 +66,12 @@ class PlanResult:
         return layer_table(self)
 
 
+def placement(plan: Plan, packing: str) -> str:
+    """How ``plan``'s blocks are placed where ``packing`` is asked: a plan that sends sign bits to the host
+    (auto's last resort) ``"thorough"``ly where ``"auto"`` is (:func:`vmem.schedule.pack.pack`)."""
+    return "thorough" if plan.signs and packing == "auto" else packing
+
+
 def evaluate(
     program: Program,
     device: DeviceSpec,
@@ -77,15 +92,21 @@ def evaluate(
     ``update``: a micro-batch's step (:func:`vmem.schedule.lower.lower`)."""
     schedule = lower(program, decided, optimizer_slots, alignment, packing, accumulate=accumulate, update=update)
     figures = replay_if_fits(schedule, device, alignment, costs)
-    if figures is None and decided.signs and schedule.live_bytes is not None and schedule.live_bytes <= device.memory:
-        # a last resort (its signs on the host), packed as tightly as it packs for any capacity, does not fit
-        # this one; placed for this one, with more placements tried (``"thorough"``: as the oracle places it)
+    thorough = placement(decided, packing)
+    if (
+        figures is None
+        and thorough != packing
+        and schedule.live_bytes is not None
+        and schedule.live_bytes <= device.memory
+    ):
+        # a last resort, packed as tightly as it packs for any capacity, does not fit this one; placed for this
+        # one, with more placements tried (as the oracle places it), it may
         placed = lower(
             program,
             decided,
             optimizer_slots,
             alignment,
-            "thorough",
+            thorough,
             device.memory,
             accumulate=accumulate,
             update=update,
