@@ -52,8 +52,11 @@ def render(results_dir: Path = RESULTS) -> str:
     rows, errors = [], []
     for path in sorted(results_dir.glob("*.json")):
         result = json.loads(path.read_text())
+        verdicts = _verdicts(result) if isinstance(result, dict) else []
+        if not verdicts:  # a record without targets (the GPU preflight's items, say)
+            continue
         machine, date, command = _machine(result), result.get("date", "?"), result.get("command", "?")
-        for v in _verdicts(result):
+        for v in verdicts:
             want = (">= " if v["at_least"] else "<= ") + f"{v['target']:g}"
             name = v["name"].replace("|", "\\|")  # a pipe in a name would end its cell
             rows.append(

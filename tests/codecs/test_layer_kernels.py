@@ -165,3 +165,22 @@ def test_overlapping_windows_are_refused_for_the_one_pass_backward():
         )
     with pytest.raises(TypeError, match="float64"):
         native.relu_backward(np.zeros(3), np.zeros(3), np.zeros(3))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (1, 1, 1, 3), (5000, 3), (3, 40, 40, 17)])
+def test_column_sum_in_fp32_in_a_fixed_order(dtype, shape):
+    """A convolution's bias gradient where cuDNN refuses the type: each group of rows summed in row order,
+    then the groups in order, in FP32, as NumPy sums a 2-D array's rows (one after another)."""
+    x = (np.random.default_rng(2).standard_normal(shape) * 3).astype(np.float32).astype(dtype)
+    c = shape[-1]
+    rows = x.size // c
+    groups, per = native.column_groups(rows)
+    assert groups <= native.COLUMN_GROUPS and (groups - 1) * per < rows <= groups * per
+    out = np.full(c, np.nan, np.float32)
+    partial = np.full(native.COLUMN_GROUPS * c, np.nan, np.float32)
+    native.column_sum(x, out, partial)
+    x2 = x.reshape(rows, c).astype(np.float32)
+    ref = np.stack([x2[g * per : (g + 1) * per].sum(axis=0) for g in range(groups)]).sum(axis=0)
+    assert _bits(out) == _bits(ref)
+    assert np.allclose(out, x2.astype(np.float64).sum(axis=0), rtol=1e-5, atol=1e-3)

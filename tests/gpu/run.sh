@@ -56,7 +56,7 @@ bench() {  # limit log json sections [extra args]
 }
 preflight_run() {  # limit
     { nvidia-smi 2>&1 || echo "nvidia-smi: not here"; $py -m pip list 2>/dev/null \
-        | grep -iE "^(cupy|nvidia-cudnn|nvidia-ml|torch |numpy|cffi|pycparser|pytest|hypothesis)"; } > "$out/env.log"
+        | grep -iE "^(cupy|nvidia-cudnn|nvidia-ml|torch |numpy|cffi|pycparser|ml.dtypes|pytest|hypothesis)"; } > "$out/env.log"
     $py setup.py -q build_ext --inplace > "$out/build.log" 2>&1 || echo "native CPU kernels not built: see build.log"
     timeout -s INT -k 10 "$1" $py tests/gpu/preflight.py --json-out "$out/preflight.json" 2>&1 | tee "$out/preflight.log"
     return "${PIPESTATUS[0]}"

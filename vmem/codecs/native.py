@@ -47,6 +47,8 @@ __all__ = [
     "patch2_encode",
     "patch2_decode",
     "bias_relu",
+    "column_sum",
+    "column_groups",
     "relu",
     "relu_backward",
     "maxpool_forward",
@@ -335,6 +337,33 @@ def bias_relu(y: Array, b: Array, on: Backend = CPU) -> None:
     c = y.shape[-1]
     rows = y.size // c if c else 0
     on.launch(f"bias_relu_{_suffix(y)}", rows, _bits(y), b, _i64(rows), _i64(c), cols=c)
+
+
+#: The most row groups :func:`column_sum` cuts a map into (its partial sums: groups x channels FP32 values).
+COLUMN_GROUPS = 1024
+
+
+def column_groups(rows: int) -> tuple[int, int]:
+    """(groups, rows per group) of :func:`column_sum` over ``rows`` rows: at most :data:`COLUMN_GROUPS`
+    groups of equal size, the last shorter."""
+    per = max(1, -(-rows // COLUMN_GROUPS))
+    return -(-rows // per) if rows else 0, per
+
+
+def column_sum(x: Array, out: Array, partial: Array, on: Backend = CPU) -> None:
+    """``out`` (FP32, C values) = the sum over the rows of a channels-last ``x`` (..., C) in fp32, fp16 or
+    bf16, accumulated in FP32 in a fixed order: each group of rows (:func:`column_groups`) in row order
+    into ``partial`` (FP32, at least groups x C values), then the groups in order. Both builds give the
+    same bytes."""
+    c = x.shape[-1]
+    rows = x.size // c if c else 0
+    groups, per = column_groups(rows)
+    if groups == 0:
+        out[...] = 0
+        return
+    part = partial.reshape(-1)[: groups * c]
+    on.launch(f"column_partial_{_suffix(x)}", groups, _bits(x), part, _i64(rows), _i64(c), _i64(per), cols=c)
+    on.launch("column_finish", c, part, out, _i64(groups), _i64(c))
 
 
 def relu(x: Array, y: Array, on: Backend = CPU) -> None:

@@ -517,6 +517,34 @@ VMEM_KERNEL void bias_relu_bf16(VMEM_TID2_ARG uint16_t* y, const float* __restri
     y[r * c + ch] = vmem_f2bf(vmem_relu(VMEM_FADD(vmem_bf2f(y[r * c + ch]), b[ch])));
 }
 
+/* Column sums in FP32 of a channels-last map (rows = N * H * W pixels by c channels), in two launches so that
+ * the order of the additions is fixed (the same bytes on both devices, no atomics): column_partial sums rows
+ * [g * per, min((g + 1) * per, rows)) of each column, in row order, into partial[g * c + ch] (a grid of
+ * groups x c threads: neighbouring threads read neighbouring channels); column_finish sums the groups' partial
+ * sums of a column in order. What a convolution's bias gradient is where cuDNN's BackwardBias does not take
+ * the map's type (bfloat16). */
+#define VMEM_COLUMN_PARTIAL(NAME, T, LOAD)                                                                   \
+    VMEM_KERNEL void NAME(VMEM_TID2_ARG const T* __restrict__ x, float* __restrict__ partial, int64_t rows,   \
+                          int64_t c, int64_t per) {                                                          \
+        int64_t g = VMEM_ROW(c), ch = VMEM_COL(c), r = g * per, end = r + per < rows ? r + per : rows;        \
+        if (r >= rows) return;                                                                               \
+        float s = LOAD(x[r * c + ch]);                                                                       \
+        for (++r; r < end; ++r) s = VMEM_FADD(s, LOAD(x[r * c + ch]));                                       \
+        partial[g * c + ch] = s;                                                                             \
+    }
+__device__ float vmem_load_f32(float v) { return v; }
+VMEM_COLUMN_PARTIAL(column_partial_f32, float, vmem_load_f32)
+VMEM_COLUMN_PARTIAL(column_partial_f16, uint16_t, vmem_h2f)
+VMEM_COLUMN_PARTIAL(column_partial_bf16, uint16_t, vmem_bf2f)
+VMEM_KERNEL void column_finish(VMEM_TID_ARG const float* __restrict__ partial, float* __restrict__ out,
+                               int64_t groups, int64_t c) {
+    int64_t ch = VMEM_TID;
+    if (ch >= c) return;
+    float s = partial[ch];
+    for (int64_t g = 1; g < groups; ++g) s = VMEM_FADD(s, partial[g * c + ch]);
+    out[ch] = s;
+}
+
 /* ReLU, y = max(x, 0); y may be x (in place). */
 VMEM_KERNEL void relu_f32(VMEM_TID_ARG const float* x, float* y, int64_t n) {
     int64_t j = VMEM_TID;
@@ -601,7 +629,6 @@ VMEM_KERNEL void relu_backward_bf16(VMEM_TID_ARG const uint16_t* y, const uint16
         }                                                                                                    \
         dx[j] = out;                                                                                         \
     }
-__device__ float vmem_load_f32(float v) { return v; }
 VMEM_MAXPOOL_FWD(maxpool_forward_f32, float, vmem_load_f32)
 VMEM_MAXPOOL_FWD(maxpool_forward_f16, uint16_t, vmem_h2f)
 VMEM_MAXPOOL_FWD(maxpool_forward_bf16, uint16_t, vmem_bf2f)

@@ -113,7 +113,7 @@ class ArrayOps:
         """The array module's ``scipy.special`` (cupyx's for CuPy)."""
         import importlib
 
-        return importlib.import_module(f"{'cupyx' if self.xp.__name__ == 'cupy' else 'scipy'}.special")
+        return importlib.import_module(f"{'cupyx.scipy' if self.xp.__name__ == 'cupy' else 'scipy'}.special")
 
     def column_sum(self, a: Array, out: Array | None = None) -> Array:
         """The sum of a 2-D array's rows (``a.sum(axis=0)``) into ``out`` if given: blocks of about

@@ -5,9 +5,9 @@ The interface is small (``catalog``, ``forward``, ``backward``, ``heuristic``, `
 its graph API and its engines (``conv_api="graph"``). Tensors are stored channels last (NHWC) and filters KRSC, as
 on the CPU; FP32 math as the device's ``math`` says (TF32 by default, FMA where exact). fp16 and bf16 maps are
 handed to cuDNN as they are stored (pseudo-half: compute type FLOAT, tensor-op math; legacy API only), the FP32
-weights read through a half copy made at the start of the pass's workspace and the weight and bias gradients written
-through half copies there, then widened into their FP32 buffers (as PyTorch's autocast casts weights for a
-convolution). cuDNN's legacy FP32 algorithms for channels last are implicit GEMM only; with the device's
+weights read through a half copy made at the start of the pass's workspace and the weights' gradient written through
+a half copy there, then widened into its FP32 buffer (as PyTorch's autocast casts weights for a convolution); the
+bias's gradient is summed in FP32 by vmem's column-sum kernels (cuDNN's BackwardBias refuses BFLOAT16 maps). cuDNN's legacy FP32 algorithms for channels last are implicit GEMM only; with the device's
 ``nchw=True`` each algorithm is also offered on NCHW copies made in its workspace (``nchw.winograd_nonfused``), so
 that plans still account for every byte. Descriptors are made once per layer geometry, layout and dtype; one handle per
 stream.
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from ...codecs import native
 from . import cudnn
 
 if TYPE_CHECKING:
@@ -213,18 +214,23 @@ class CudnnConv:
         """The bias's gradient ``db`` if given (cuDNN's own reduction of ``dy``: a generic column sum over
         N*H*W rows is many times slower), backward-filter if ``dw`` is wanted, then backward-data if ``dx``
         is (one after the other in one workspace; a split backward makes them two calls). Half-precision
-        maps: the weights read through a half copy, the gradients written through half copies, then
-        widened into ``dw`` and ``db`` (FP32); the copies are carved alike in either call."""
+        maps: the weights read through a half copy, the filters' gradient written through a half copy, then
+        widened into ``dw`` (FP32), the bias's summed in FP32 by vmem's kernels; the copies are carved alike
+        in either call."""
         ws, wide = ctx.workspace, None
         if dy.dtype != w.dtype:
-            (wh, dwh, dbh), ws = _carve(ws, dy.dtype, w.shape, w.shape, db.shape if db is not None else (0,))
+            (wh, dwh), ws = _carve(ws, dy.dtype, w.shape, w.shape)
+            if db is not None:  # the bias's gradient, in FP32 straight from the half map (vmem's kernels)
+                (partial,), ws = _carve(ws, np.float32, (native.COLUMN_GROUPS * db.shape[0],))
+                native.column_sum(dy, db, partial, native.backend(dy))
+                db = None
             if dx is not None:
                 wh[...] = w
             if dw is not None:
-                wide = (dw, dwh, db, dbh)
-                dw, db = dwh, (dbh if db is not None else None)
+                wide = (dw, dwh)
+                dw = dwh
             w = wh
-        if db is not None:
+        if db is not None:  # FP32: cuDNN's own reduction (it takes no BFLOAT16 maps: CUDNN_STATUS_NOT_SUPPORTED)
             assert x is not None
             d = self.descs(layer, x.shape, dy.shape, cudnn.NHWC, np.dtype(dy.dtype).name)
             cudnn.check(
@@ -240,10 +246,8 @@ class CudnnConv:
         if dx is not None:
             self._pass(layer, "backward_data", data_algo, ws, dx, w, dy)
         if wide is not None:
-            dw32, dwh, db32, dbh = wide
+            dw32, dwh = wide
             dw32[...] = dwh
-            if db32 is not None:
-                db32[...] = dbh
 
     #: The algorithm a pass runs when none is named.
     _DEFAULT = {"forward": "implicit_gemm", "backward_data": "algo_1", "backward_filter": "algo_1"}
@@ -421,12 +425,14 @@ def _staging_bytes(itemsize: int, *shapes: tuple[int, ...]) -> int:
 def _weight_copy_bytes(pass_: str, dtype: DTypeLike, w_shape: tuple[int, ...], bias: int) -> int:
     """Workspace bytes of the half copies a pass over ``dtype`` maps makes of FP32 weights (none for FP32):
     the weights forward; the weights, their gradient and the bias's gradient backward (both backward
-    passes run in one workspace)."""
+    passes run in one workspace), and the FP32 partial sums of the bias's gradient
+    (:func:`vmem.codecs.native.column_sum`)."""
     itemsize = np.dtype(dtype).itemsize
     if itemsize >= 4:
         return 0
     w = _aligned_bytes(w_shape, itemsize)
-    return w if pass_ == "forward" else 2 * w + _aligned_bytes((bias,), itemsize)
+    partial = _aligned_bytes((native.COLUMN_GROUPS * bias,), 4) if bias else 0
+    return w if pass_ == "forward" else 2 * w + partial
 
 
 def _carve(ws: GpuArray, dtype: DTypeLike, *shapes: tuple[int, ...]) -> tuple[list[Any], Any]:
