@@ -184,3 +184,14 @@ def test_column_sum_in_fp32_in_a_fixed_order(dtype, shape):
     ref = np.stack([x2[g * per : (g + 1) * per].sum(axis=0) for g in range(groups)]).sum(axis=0)
     assert _bits(out) == _bits(ref)
     assert np.allclose(out, x2.astype(np.float64).sum(axis=0), rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_bias_add_in_place_rounds_once_as_numpy(dtype):
+    y = _data(dtype, (3, 5, 7, 33))
+    b = (np.random.default_rng(3).standard_normal(33) * 2).astype(np.float32)
+    b[:4] = [np.nan, -0.0, 1e38, -1e-42]
+    ref = y.copy()
+    ref += b  # NumPy: computed in FP32, cast back to y's type
+    native.bias_add(y, b)
+    assert _bits(y) == _bits(ref)

@@ -58,7 +58,11 @@ def main() -> int:
 
     no_gpu = unavailable()
     rows: list[dict[str, Any]] = []
-    _item("versions", lambda: {m: _version(m) for m in ("numpy", "cupy", "cffi", "pycparser", "ml_dtypes", "pynvml", "torch")}, rows)
+    _item(
+        "versions",
+        lambda: {m: _version(m) for m in ("numpy", "cupy", "cffi", "pycparser", "ml_dtypes", "pynvml", "torch")},
+        rows,
+    )
 
     def driver() -> str:
         import cupy

@@ -272,3 +272,28 @@ def test_nccl_runs_a_data_parallel_step_of_one_rank_with_its_allreduce_on_its_ow
     comm = [s for s in report.timeline.spans if s.stream == "comm"]
     assert comm and all(s.name.startswith("allreduce") for s in comm)
     assert all(np.array_equal(ref[k], net.params[k]) for k in ref)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_vgg_like_network_in_half_precision_profiles_and_follows_fp32(precision):
+    """vgg_cifar (conv biases, 2x2 max pools, the bias gradient summed by vmem's column kernels) in half
+    precision under auto, which profiles the GPU first (half inputs drawn in FP32, as CuPy's generator
+    draws no half types): three steps at the planned peak, the loss and weights close to FP32's."""
+    x = np.random.default_rng(0).standard_normal((16, 3, 32, 32)).astype(np.float32)
+    y = np.random.default_rng(1).integers(0, 10, 16)
+    out = {}
+    for prec, policy in (("fp32", "baseline"), (precision, "auto")):
+        net = vmem.models.get("vgg_cifar")
+        dev = vmem.device("cuda:0", math="exact", memory="1GiB", pinned_memory="512MiB")
+        try:
+            with vmem.Trainer(net, device=dev, policy=policy, precision=prec, seed=0) as t:
+                for _ in range(3):
+                    report = t.step(x, y)
+                    assert np.isfinite(report.loss) and report.peak_bytes == t.plans[16].peak_bytes
+        finally:
+            dev.close()
+        out[prec] = net.params, report.loss
+    (full, loss), (half, half_loss) = out["fp32"], out[precision]
+    assert abs(half_loss - loss) < 0.1
+    for k, w in full.items():
+        np.testing.assert_allclose(half[k], w, rtol=0.1, atol=0.05, err_msg=k)

@@ -46,6 +46,7 @@ __all__ = [
     "fixed_decode",
     "patch2_encode",
     "patch2_decode",
+    "bias_add",
     "bias_relu",
     "column_sum",
     "column_groups",
@@ -330,6 +331,14 @@ def _suffix(a: Array) -> str:
 
 def _bits(a: Array) -> Array:
     return a if np.dtype(a.dtype) == np.float32 else a.view(np.uint16)
+
+
+def bias_add(y: Array, b: Array, on: Backend = CPU) -> None:
+    """``y += b`` in place over a channels-last ``y`` (..., C) with an FP32 bias of C values, computed in FP32
+    and rounded once to ``y``'s type."""
+    c = y.shape[-1]
+    rows = y.size // c if c else 0
+    on.launch(f"bias_add_{_suffix(y)}", rows, _bits(y), b, _i64(rows), _i64(c), cols=c)
 
 
 def bias_relu(y: Array, b: Array, on: Backend = CPU) -> None:

@@ -314,15 +314,16 @@ def _profile_conv_ranked(
     ws: Array,
 ) -> None:
     """A convolution on a device with cuDNN: the backend's ``ranked_top`` algorithms of each pass by cuDNN's
-    heuristics (``Get*Algorithm_v7``, which runs nothing), each timed as the layer runs it. The others are
-    not offered: some run for seconds on a large batch (cuDNN's own search, which runs them all, takes
+    heuristics (``Get*Algorithm_v7``, which runs nothing; in half precision all it ranks), each timed as the
+    layer runs it. The others are not offered: some run for seconds on a large batch (cuDNN's own search, which runs them all, takes
     minutes on VGG-16 at batch 64)."""
     layer = cast("Conv2d", op.layer)
     orders = {pass_: on.rank(pass_, layer, xs[0], y.shape) for pass_ in algos}
     if not any(orders.values()):
         raise _NoRanking
     ranked = {}
-    top = on.backend.ranked_top
+    # half precision: every algorithm cuDNN supports (a handful, none of them slow on tensor cores)
+    top = on.backend.ranked_top if op.dtype.itemsize >= 4 else max(map(len, algos.values()), default=1)
     for pass_, names in algos.items():
         order = orders[pass_]
         ranked[pass_] = [a for a in order if a in names][:top] or names[:1]

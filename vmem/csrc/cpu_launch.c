@@ -76,6 +76,9 @@ LAUNCHER2(patch2_decode, c, P(const uint32_t* restrict codes, const float* restr
 LAUNCHER2(bias_relu_f32, c, P(float* y, const float* b, int64_t rows, int64_t c), y, b, rows, c)
 LAUNCHER2(bias_relu_f16, c, P(uint16_t* y, const float* b, int64_t rows, int64_t c), y, b, rows, c)
 LAUNCHER2(bias_relu_bf16, c, P(uint16_t* y, const float* b, int64_t rows, int64_t c), y, b, rows, c)
+LAUNCHER2(bias_add_f32, c, P(float* y, const float* b, int64_t rows, int64_t c), y, b, rows, c)
+LAUNCHER2(bias_add_f16, c, P(uint16_t* y, const float* b, int64_t rows, int64_t c), y, b, rows, c)
+LAUNCHER2(bias_add_bf16, c, P(uint16_t* y, const float* b, int64_t rows, int64_t c), y, b, rows, c)
 LAUNCHER2(column_partial_f32, c, P(const float* x, float* partial, int64_t rows, int64_t c, int64_t per),
           x, partial, rows, c, per)
 LAUNCHER2(column_partial_f16, c, P(const uint16_t* x, float* partial, int64_t rows, int64_t c, int64_t per),

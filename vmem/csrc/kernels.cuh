@@ -27,8 +27,8 @@ typedef unsigned long long uint64_t;
 #define VMEM_TID_ARG
 #define VMEM_TID ((int64_t)blockIdx.x * blockDim.x + threadIdx.x)
 #define VMEM_TID2_ARG
-#define VMEM_ROW(cols) (VMEM_TID / (cols))
-#define VMEM_COL(cols) (VMEM_TID % (cols))
+#define VMEM_ROW(cols) vmem_row(cols)
+#define VMEM_COL(cols) (VMEM_TID - vmem_row(cols) * (cols))
 #define VMEM_FMUL(a, b) __fmul_rn((a), (b))
 #define VMEM_FADD(a, b) __fadd_rn((a), (b))
 #define VMEM_FDIV(a, b) __fdiv_rn((a), (b))
@@ -39,6 +39,14 @@ typedef unsigned long long uint64_t;
 #define VMEM_BITSF(b) __uint_as_float(b)
 #else
 #include "shim.h"
+#endif
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+/* A 2-D grid's row from the flat thread index: a 32-bit division where both fit (a 64-bit one is a long
+ * software sequence on the GPU, paid by every thread of a bias or column kernel). */
+__device__ __forceinline__ int64_t vmem_row(int64_t cols) {
+    int64_t t = VMEM_TID;
+    return (t <= 0xffffffffLL && cols <= 0xffffffffLL) ? (int64_t)((uint32_t)t / (uint32_t)cols) : t / cols;
+}
 #endif
 
 /* ---- binarize (Gist): bit i of byte b is x[8b + i] > 0 (numpy.packbits(bitorder="little")) ---------- */
@@ -545,6 +553,24 @@ VMEM_KERNEL void column_finish(VMEM_TID_ARG const float* __restrict__ partial, f
     out[ch] = s;
 }
 
+/* The bias alone, in place: y = y + b[channel] over a channels-last map, rounded once to y's type (as NumPy's
+ * y += b with an FP32 b computes in FP32 and casts back). */
+VMEM_KERNEL void bias_add_f32(VMEM_TID2_ARG float* y, const float* __restrict__ b, int64_t rows, int64_t c) {
+    int64_t r = VMEM_ROW(c), ch = VMEM_COL(c);
+    if (r >= rows) return;
+    y[r * c + ch] = VMEM_FADD(y[r * c + ch], b[ch]);
+}
+VMEM_KERNEL void bias_add_f16(VMEM_TID2_ARG uint16_t* y, const float* __restrict__ b, int64_t rows, int64_t c) {
+    int64_t r = VMEM_ROW(c), ch = VMEM_COL(c);
+    if (r >= rows) return;
+    y[r * c + ch] = vmem_f2h(VMEM_FADD(vmem_h2f(y[r * c + ch]), b[ch]));
+}
+VMEM_KERNEL void bias_add_bf16(VMEM_TID2_ARG uint16_t* y, const float* __restrict__ b, int64_t rows, int64_t c) {
+    int64_t r = VMEM_ROW(c), ch = VMEM_COL(c);
+    if (r >= rows) return;
+    y[r * c + ch] = vmem_f2bf(VMEM_FADD(vmem_bf2f(y[r * c + ch]), b[ch]));
+}
+
 /* ReLU, y = max(x, 0); y may be x (in place). */
 VMEM_KERNEL void relu_f32(VMEM_TID_ARG const float* x, float* y, int64_t n) {
     int64_t j = VMEM_TID;
@@ -583,10 +609,15 @@ VMEM_KERNEL void relu_backward_bf16(VMEM_TID_ARG const uint16_t* y, const uint16
  * up to 16 positions): one thread per byte. Else one byte and one thread per output. The backward runs one
  * thread per input value, for windows that do not overlap (stride at least the window): dx is dy where the
  * value was its window's maximum, else +0, written in one pass (no zeroing launch, no atomics). */
-#define VMEM_MAXPOOL_FWD(NAME, T, LOAD)                                                                      \
-    __device__ int NAME##_one(const T* __restrict__ x, T* __restrict__ y, int64_t o, int64_t h, int64_t w,     \
-                              int64_t c, int64_t ho, int64_t wo, int kh, int kw, int sh, int sw) {           \
-        int64_t ch = o % c, ow = (o / c) % wo, oh = (o / (c * wo)) % ho, img = o / (c * wo * ho);            \
+/* The index arithmetic runs in 32 bits where the map's elements number fewer than 2^31 (a 64-bit division is
+ * a long software sequence on the GPU: the backward was ALU-bound), else in 64; one helper per index type. */
+#define VMEM_MAXPOOL_FWD_ONE(NAME, T, LOAD, I)                                                               \
+    __device__ int NAME(const T* __restrict__ x, T* __restrict__ y, I o, I h, I w, I c, I ho, I wo, int kh,    \
+                        int kw, int sh, int sw) {                                                            \
+        I ch = o % c, q = o / c;                                                                             \
+        I ow = q % wo;                                                                                       \
+        q = q / wo;                                                                                          \
+        I oh = q % ho, img = q / ho;                                                                         \
         const T* base = x + ((img * h + oh * sh) * w + ow * sw) * c + ch;                                    \
         T best = base[0];                                                                                    \
         float bv = LOAD(best);                                                                               \
@@ -599,35 +630,62 @@ VMEM_KERNEL void relu_backward_bf16(VMEM_TID_ARG const uint16_t* y, const uint16
             }                                                                                                \
         y[o] = best;                                                                                         \
         return at;                                                                                           \
-    }                                                                                                        \
+    }
+#define VMEM_MAXPOOL_FWD(NAME, T, LOAD)                                                                      \
+    VMEM_MAXPOOL_FWD_ONE(NAME##_one, T, LOAD, int64_t)                                                       \
+    VMEM_MAXPOOL_FWD_ONE(NAME##_one32, T, LOAD, int32_t)                                                     \
     VMEM_KERNEL void NAME(VMEM_TID_ARG const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ arg, \
                           int64_t n, int64_t h, int64_t w, int64_t c, int64_t ho, int64_t wo, int kh, int kw,  \
                           int sh, int sw, int packed) {                                                      \
         int64_t t = VMEM_TID, total = n * ho * wo * c;                                                       \
+        int small = n * h * w * c < 2147483647LL;                                                            \
         if (!packed) {                                                                                       \
-            if (t < total) arg[t] = (uint8_t)NAME##_one(x, y, t, h, w, c, ho, wo, kh, kw, sh, sw);           \
+            if (t >= total) return;                                                                          \
+            arg[t] = (uint8_t)(small ? NAME##_one32(x, y, (int32_t)t, (int32_t)h, (int32_t)w, (int32_t)c,    \
+                                                    (int32_t)ho, (int32_t)wo, kh, kw, sh, sw)                \
+                                     : NAME##_one(x, y, t, h, w, c, ho, wo, kh, kw, sh, sw));                \
             return;                                                                                          \
         }                                                                                                    \
         if (2 * t >= total) return;                                                                          \
-        int lo = NAME##_one(x, y, 2 * t, h, w, c, ho, wo, kh, kw, sh, sw);                                   \
-        int hi = 2 * t + 1 < total ? NAME##_one(x, y, 2 * t + 1, h, w, c, ho, wo, kh, kw, sh, sw) : 0;        \
+        int lo, hi = 0;                                                                                      \
+        if (small) {                                                                                         \
+            lo = NAME##_one32(x, y, (int32_t)(2 * t), (int32_t)h, (int32_t)w, (int32_t)c, (int32_t)ho,       \
+                              (int32_t)wo, kh, kw, sh, sw);                                                  \
+            if (2 * t + 1 < total)                                                                           \
+                hi = NAME##_one32(x, y, (int32_t)(2 * t + 1), (int32_t)h, (int32_t)w, (int32_t)c, (int32_t)ho, \
+                                  (int32_t)wo, kh, kw, sh, sw);                                              \
+        } else {                                                                                             \
+            lo = NAME##_one(x, y, 2 * t, h, w, c, ho, wo, kh, kw, sh, sw);                                   \
+            if (2 * t + 1 < total) hi = NAME##_one(x, y, 2 * t + 1, h, w, c, ho, wo, kh, kw, sh, sw);        \
+        }                                                                                                    \
         arg[t] = (uint8_t)(lo | (hi << 4));                                                                  \
     }
+#define VMEM_MAXPOOL_BWD_ONE(NAME, T, ZERO, I)                                                               \
+    __device__ T NAME(const T* __restrict__ dy, const uint8_t* __restrict__ arg, I j, I h, I w, I c, I ho,     \
+                      I wo, int kh, int kw, int sh, int sw, int packed) {                                    \
+        I ch = j % c, q = j / c;                                                                             \
+        I col = q % w;                                                                                       \
+        q = q / w;                                                                                           \
+        I row = q % h, img = q / h;                                                                          \
+        I oh = row / sh, ow = col / sw, di = row - oh * sh, dj = col - ow * sw;                              \
+        if (oh < ho && ow < wo && di < kh && dj < kw) {                                                      \
+            I o = ((img * ho + oh) * wo + ow) * c + ch;                                                      \
+            int at = packed ? (arg[o >> 1] >> ((o & 1) << 2)) & 15 : arg[o];                                 \
+            if (at == di * kw + dj) return dy[o];                                                            \
+        }                                                                                                    \
+        return ZERO;                                                                                         \
+    }
 #define VMEM_MAXPOOL_BWD(NAME, T, ZERO)                                                                      \
+    VMEM_MAXPOOL_BWD_ONE(NAME##_one, T, ZERO, int64_t)                                                       \
+    VMEM_MAXPOOL_BWD_ONE(NAME##_one32, T, ZERO, int32_t)                                                     \
     VMEM_KERNEL void NAME(VMEM_TID_ARG const T* __restrict__ dy, const uint8_t* __restrict__ arg,            \
                           T* __restrict__ dx, int64_t n, int64_t h, int64_t w, int64_t c, int64_t ho,          \
                           int64_t wo, int kh, int kw, int sh, int sw, int packed) {                          \
-        int64_t j = VMEM_TID;                                                                                \
-        if (j >= n * h * w * c) return;                                                                      \
-        int64_t ch = j % c, col = (j / c) % w, row = (j / (c * w)) % h, img = j / (c * w * h);               \
-        int64_t oh = row / sh, ow = col / sw, di = row - oh * sh, dj = col - ow * sw;                        \
-        T out = ZERO;                                                                                        \
-        if (oh < ho && ow < wo && di < kh && dj < kw) {                                                      \
-            int64_t o = ((img * ho + oh) * wo + ow) * c + ch;                                                \
-            int at = packed ? (arg[o >> 1] >> ((o & 1) << 2)) & 15 : arg[o];                                 \
-            if (at == di * kw + dj) out = dy[o];                                                             \
-        }                                                                                                    \
-        dx[j] = out;                                                                                         \
+        int64_t j = VMEM_TID, total = n * h * w * c;                                                         \
+        if (j >= total) return;                                                                              \
+        dx[j] = total < 2147483647LL ? NAME##_one32(dy, arg, (int32_t)j, (int32_t)h, (int32_t)w, (int32_t)c, \
+                                                    (int32_t)ho, (int32_t)wo, kh, kw, sh, sw, packed)        \
+                                     : NAME##_one(dy, arg, j, h, w, c, ho, wo, kh, kw, sh, sw, packed);      \
     }
 VMEM_MAXPOOL_FWD(maxpool_forward_f32, float, vmem_load_f32)
 VMEM_MAXPOOL_FWD(maxpool_forward_f16, uint16_t, vmem_h2f)

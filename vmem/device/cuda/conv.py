@@ -23,6 +23,7 @@ import numpy as np
 
 from ...codecs import native
 from . import cudnn
+from .kernels import backend_of
 
 if TYPE_CHECKING:
     from ..._typing import Array
@@ -155,7 +156,8 @@ class CudnnConv:
                 ws: dict[str, dict[str | None, int]] = {}
                 w_shape = op.params["weight"].shape
                 bias = op.params["bias"].shape[0] if "bias" in op.params else 0
-                if self.nchw:  # the same algorithms on NCHW copies, which the workspace holds too
+                nchw = self.nchw and op.dtype.itemsize >= 4  # tensor-core types: channels last is cuDNN's own
+                if nchw:  # the same algorithms on NCHW copies, which the workspace holds too
                     d_nchw = self.descs(layer, x_shape, y_shape, cudnn.NCHW, dtype)
                     staged = _staging_bytes(op.dtype.itemsize, x_shape, w_shape, y_shape)
                 for pass_, names in cudnn.ALGOS.items():
@@ -166,7 +168,7 @@ class CudnnConv:
                         for a in names
                         if a not in skip
                     }
-                    if self.nchw:
+                    if nchw:
                         for a in names:
                             size = None if a in skip else self.workspace(d_nchw, pass_, a)
                             sizes[NCHW + a] = None if size is None else copies + staged + size
@@ -196,9 +198,8 @@ class CudnnConv:
             w = wh
         algo = ctx.algo[0] if isinstance(ctx.algo, tuple) else ctx.algo  # a forward's algorithm is one name
         self._pass(layer, "forward", algo, ws, x, w, y)
-        if b is not None:
-            y2 = y.reshape(-1, y.shape[-1])
-            y2 += b
+        if b is not None:  # one pass of vmem's kernel (CuPy's broadcast add divides 64-bit indices per value)
+            native.bias_add(y, b, backend_of(y))
 
     def backward(
         self,
@@ -222,7 +223,7 @@ class CudnnConv:
             (wh, dwh), ws = _carve(ws, dy.dtype, w.shape, w.shape)
             if db is not None:  # the bias's gradient, in FP32 straight from the half map (vmem's kernels)
                 (partial,), ws = _carve(ws, np.float32, (native.COLUMN_GROUPS * db.shape[0],))
-                native.column_sum(dy, db, partial, native.backend(dy))
+                native.column_sum(dy, db, partial, backend_of(dy))
                 db = None
             if dx is not None:
                 wh[...] = w
@@ -349,9 +350,10 @@ class CudnnConv:
     ) -> list[str]:
         """cuDNN's ranking of ``pass_``'s algorithms for this geometry and dtype, best first, without running
         them (``Get*Algorithm_v7``); only those it reports as supported. With NCHW variants, the two layouts'
-        rankings alternate, channels last first."""
+        rankings alternate, channels last first (FP32 only: half precision runs channels last, the layout its
+        tensor-core kernels are written for)."""
         ranked = self._ranked(layer, pass_, x_shape, y_shape, cudnn.NHWC, dtype)
-        if not self.nchw:
+        if not self.nchw or np.dtype(dtype).itemsize < 4:
             return ranked
         other = [NCHW + a for a in self._ranked(layer, pass_, x_shape, y_shape, cudnn.NCHW, dtype)]
         merged = [a for pair in zip(ranked, other) for a in pair]
@@ -394,7 +396,7 @@ class CudnnConv:
         if w.dtype != dtype:
             w = w.astype(dtype)  # a few MB outside the arena, while profiling only
         found = search(self._handle(), pass_, self.descs(layer, x.shape, y.shape, cudnn.NHWC, dtype.name), x, w, y, ws)
-        if self.nchw:  # timed on the same bytes read as NCHW: cuDNN's time, without the copies
+        if self.nchw and dtype.itemsize >= 4:  # timed on the same bytes read as NCHW: cuDNN's time, without the copies
             staged = _staging_bytes(dtype.itemsize, x.shape, w.shape, y.shape)
             d = self.descs(layer, x.shape, y.shape, cudnn.NCHW, dtype.name)
             nchw = search(self._handle(), pass_, d, x, w, y, ws)
