@@ -206,6 +206,9 @@ def task_vmem_step(
                 + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
             )
             say("its slowest ops (ms): " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in ops[:12]))
+            profiled = profiled_summary(trainer.costs.get(batch), plan.plan.algos)
+            if profiled:
+                say(f"profiled (ms, the plan's algorithms): {profiled['line']}")
             return {
                 "median": float(np.median(times)),
                 "times": times,
@@ -215,6 +218,7 @@ def task_vmem_step(
                 "predicted_seconds": getattr(plan, "step_seconds", None),
                 "profiled": profile,
                 "by_kind": kinds,
+                **({"profiled_ops": profiled} if profiled else {}),
                 "algos": plan.plan.algos,
                 "precision": precision,
                 "math": math,
@@ -222,6 +226,38 @@ def task_vmem_step(
             }
     finally:
         dev.close()
+
+
+def profiled_summary(costs, algos) -> dict | None:
+    """What a profile measured, to set beside the step's spans: per pass, the sum of the ops' times with the
+    plan's algorithms (the fastest measured where the plan names none); the update, the element-wise rate
+    and the host's overheads; the 12 largest op times. None without a profile."""
+    times = getattr(costs, "times", None)
+    if not times:
+        return None
+    best: dict[tuple[str, str], float] = {}
+    for (op, pass_, algo), t in times.items():
+        chosen = (algos.get(op) or {}).get(pass_) if isinstance(algos, dict) else None
+        if chosen is not None and algo != chosen:
+            continue
+        if t == t and t != float("inf"):
+            best[(op, pass_)] = min(t, best.get((op, pass_), float("inf")))
+    per_pass: dict[str, float] = {}
+    for (_, pass_), t in best.items():
+        per_pass[pass_] = per_pass.get(pass_, 0.0) + t
+    top = sorted(best.items(), key=lambda kv: -kv[1])[:12]
+    line = (
+        ", ".join(f"{p} {t * 1e3:.1f}" for p, t in sorted(per_pass.items(), key=lambda kv: -kv[1]))
+        + f"; update {getattr(costs, 'update', 0.0) * 1e3:.1f}, element-wise {getattr(costs, 'elementwise_gbps', 0):.0f}"
+        + f" GB/s, host {tuple(round(v * 1e6, 1) for v in costs.host_overheads())} us; largest: "
+        + ", ".join(f"{op}.{p} {t * 1e3:.1f}" for (op, p), t in top)
+    )
+    return {
+        "per_pass_ms": {p: t * 1e3 for p, t in per_pass.items()},
+        "largest_ms": [[op, p, t * 1e3] for (op, p), t in top],
+        "notes": list(getattr(costs, "notes", []))[:20],
+        "line": line,
+    }
 
 
 def breakdown(report) -> tuple[dict[str, float], list[tuple[str, float]]]:
@@ -621,7 +657,9 @@ def section_half_memory(args, out):
         print("half_memory: skipped, no vmem bf16 baseline run (section vmem_settings) to halve")
         return
     half = base["peak_bytes"] // 2
-    r = _vmem_setting(args, out, "vmem bf16 auto half memory", "bf16", "tf32", policy="auto", memory=f"{half}B")
+    r = _vmem_setting(
+        args, out, "vmem bf16 auto half memory", "bf16", "tf32", spans=True, policy="auto", memory=f"{half}B"
+    )
     if r is None:
         return
     ratio = r["median"] / base["median"]

@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -130,7 +132,15 @@ def main() -> int:
 
     _item("vmem check", check, rows)
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"gpu": no_gpu is None, "items": rows}, indent=2, default=str))
+        record = {
+            "gpu": no_gpu is None,
+            "items": rows,
+            "verdicts": [],  # no targets: what the machine is (bench/results.py lists only verdicts)
+            "machine": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
+            "date": time.strftime("%Y-%m-%d"),
+            "command": "python tests/gpu/preflight.py",
+        }
+        Path(args.json_out).write_text(json.dumps(record, indent=2, default=str))
     return 1 if any(r["status"] == "failed" for r in rows) else 0
 
 
