@@ -212,3 +212,37 @@ def test_cudnns_search_gets_a_capped_workspace(monkeypatch):
     _, fake, _ = _profile_with(_CappedFind, monkeypatch)
     sizes = [n for kind, n in fake.calls if kind == "workspace"]
     assert sizes and max(sizes) == 4096  # the layers ask for more: given the cap
+
+
+def test_a_first_run_that_compiled_a_kernel_is_timed_again_on_a_gpu(monkeypatch):
+    """On a GPU a first launch may compile its kernel (CuPy's element-wise kernels, tenths of a second):
+    a first run of 20 ms or more is run once more and the shorter kept; one of seconds is not repeated."""
+    import time as _time
+    from types import SimpleNamespace
+
+    from vmem.costs import timing
+
+    class Stream:
+        def launch(self, fn):
+            fn()
+
+        def synchronize(self):
+            pass
+
+    monkeypatch.setattr(timing, "_COMPILE", 0.2)  # seconds, in vmem: shorter here to keep the test short
+    runner = object.__new__(timing._Runner)
+    runner.streamed = True
+    runner.device = SimpleNamespace(compute_stream=Stream())
+    calls = []
+
+    def op(first: float, later: float):
+        def fn():
+            _time.sleep(first if not calls else later)
+            calls.append(1)
+
+        return fn
+
+    assert runner.seconds(op(0.1, 0.001), repeats=3) < 0.05 and len(calls) == 2
+    calls.clear()
+    runner.seconds(op(0.25, 0.001), repeats=3)
+    assert len(calls) == 1

@@ -154,7 +154,9 @@ def _profile(program: Program, copy_gbps: float | None, repeats: int, seed: int,
         notes.append("loss: not measured (its buffers do not fit the device's free memory); taken as free")
     finally:
         on.release()
-    elementwise_gbps = _elementwise_gbps(on, np.dtype(program.precision.activations), repeats)
+    # in the master weights' type: the update and gradient accumulation run there (a half-precision add is
+    # a kernel of its own, which CuPy compiles on first use)
+    elementwise_gbps = _elementwise_gbps(on, np.dtype(program.precision.master), repeats)
     copies = {}
     if copy_gbps is None:
         copy_gbps = _copy_gbps(on, repeats)
