@@ -278,7 +278,10 @@ def test_nccl_runs_a_data_parallel_step_of_one_rank_with_its_allreduce_on_its_ow
 def test_a_vgg_like_network_in_half_precision_profiles_and_follows_fp32(precision):
     """vgg_cifar (conv biases, 2x2 max pools, the bias gradient summed by vmem's column kernels) in half
     precision under auto, which profiles the GPU first (half inputs drawn in FP32, as CuPy's generator
-    draws no half types): three steps at the planned peak, the loss and weights close to FP32's."""
+    draws no half types): three steps at the planned peak, the losses and what the steps changed in each
+    weight close to FP32's (at a learning rate where FP32 converges: at the zoo's default the loss climbs
+    from 8 to 30 in three steps, and half precision's rounding is amplified as much; on the CPU device the
+    same comparison gives 0.07 in the loss and 0.21 (bf16) and 0.12 (fp16) in the changes)."""
     x = np.random.default_rng(0).standard_normal((16, 3, 32, 32)).astype(np.float32)
     y = np.random.default_rng(1).integers(0, 10, 16)
     out = {}
@@ -286,14 +289,18 @@ def test_a_vgg_like_network_in_half_precision_profiles_and_follows_fp32(precisio
         net = vmem.models.get("vgg_cifar")
         dev = vmem.device("cuda:0", math="exact", memory="1GiB", pinned_memory="512MiB")
         try:
-            with vmem.Trainer(net, device=dev, policy=policy, precision=prec, seed=0) as t:
+            with vmem.Trainer(net, device=dev, policy=policy, precision=prec, seed=0, optimizer=SGD(lr=1e-3)) as t:
+                start = {k: v.copy() for k, v in t.net.params.items()}
+                losses = []
                 for _ in range(3):
                     report = t.step(x, y)
                     assert np.isfinite(report.loss) and report.peak_bytes == t.plans[16].peak_bytes
+                    losses.append(report.loss)
         finally:
             dev.close()
-        out[prec] = net.params, report.loss
+        out[prec] = {k: net.params[k] - start[k] for k in start}, losses
     (full, loss), (half, half_loss) = out["fp32"], out[precision]
-    assert abs(half_loss - loss) < 0.1
-    for k, w in full.items():
-        np.testing.assert_allclose(half[k], w, rtol=0.1, atol=0.05, err_msg=k)
+    np.testing.assert_allclose(half_loss, loss, atol=0.15)
+    bound = 0.35 if precision == "bf16" else 0.2
+    for k, change in full.items():
+        assert np.linalg.norm(half[k] - change) <= bound * np.linalg.norm(change), k
