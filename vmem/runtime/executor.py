@@ -69,6 +69,15 @@ __all__ = ["Executor", "StepReport"]
 _LABELS, _PROBS, _LOSS = Key(Kind.LABELS), Key(Kind.PROBS), Key(Kind.LOSS)
 
 
+class HostBatch:
+    """A batch's input arrays as a step uploads them (:meth:`Executor.host_batch`)."""
+
+    __slots__ = ("arrays",)
+
+    def __init__(self, arrays: list[np.ndarray]):
+        self.arrays = arrays
+
+
 class _Run:
     """The state of one step: its blocks, its offloads and encodings, the batch, the timeline."""
 
@@ -248,9 +257,24 @@ class Executor:
         on the device (none where the executor has no optimizer)."""
         return self._updates.stats
 
+    def host_batch(self, x: np.ndarray | Sequence[np.ndarray]) -> "HostBatch":
+        """The batch ``x`` (its array, or one per input of the network, in the order of ``net.inputs``) as a
+        step uploads it: maps channels last, each in its input's dtype. :meth:`run` takes it as it takes
+        ``x``; made ahead (a micro-batched step makes every micro-batch's before the first runs), the host's
+        transposes and casts stay out of the step."""
+        arrays = list(x) if isinstance(x, (tuple, list)) else [x]
+        if len(arrays) != len(self._inputs):
+            raise ValueError(f"{self.program.network}: {len(arrays)} input arrays for {len(self._inputs)} inputs")
+        return HostBatch(
+            [
+                np.ascontiguousarray(np.asarray(a).transpose(0, 2, 3, 1) if np.ndim(a) == 4 else a, dtype=dtype)
+                for a, (_, _, dtype) in zip(arrays, self._inputs)
+            ]
+        )
+
     def run(
         self,
-        x: np.ndarray | Sequence[np.ndarray],
+        x: "np.ndarray | Sequence[np.ndarray] | HostBatch",
         labels: np.ndarray | None,
         *,
         train: bool,
@@ -272,13 +296,7 @@ class Executor:
         ``share``: this batch is a micro-batch of a step (:class:`vmem.runtime.MicroBatched`), its loss's
         gradient weighed by its share of the step's samples."""
         dev, pool = self.device, self.device.pool
-        arrays = list(x) if isinstance(x, (tuple, list)) else [x]
-        if len(arrays) != len(self._inputs):
-            raise ValueError(f"{self.program.network}: {len(arrays)} input arrays for {len(self._inputs)} inputs")
-        host_xs = [
-            np.ascontiguousarray(np.asarray(a).transpose(0, 2, 3, 1) if np.ndim(a) == 4 else a, dtype=dtype)
-            for a, (_, _, dtype) in zip(arrays, self._inputs)
-        ]
+        host_xs = x.arrays if isinstance(x, HostBatch) else self.host_batch(x).arrays
         # before the step: no pinned allocation inside it (the offloads' buffers, and the batch's staging)
         dev.reserve_pinned(self.schedule.pinned_bytes + self._staging_bytes)
         pool.reset_peak()

@@ -111,11 +111,17 @@ class MicroBatched:
         total = max(sum(counts), 1)
         bounds = np.cumsum((0,) + self.sizes)
 
+        # every micro-batch's input as its step uploads it, made before the first runs: the host's transposes
+        # and casts would otherwise hold the device idle between micro-batches
+        parts = []
+        for i, ex in enumerate(self.executors):
+            part = [a[bounds[i] : bounds[i + 1]] for a in arrays]
+            parts.append(ex.host_batch(part if several else part[0]))
+
         def one(i: int, generator: np.random.Generator) -> StepReport:
             lo, hi = bounds[i], bounds[i + 1]
-            part = [a[lo:hi] for a in arrays]
             report, _ = self.executors[i].run(
-                part if several else part[0],
+                parts[i],
                 labels[lo:hi],
                 train=True,
                 rng=generator,
