@@ -227,11 +227,11 @@ def _at_batch(program: Program, op: OpInfo, b: int, on: _Runner) -> OpInfo:
         shape = tuple(shape)
         return (b,) + shape[1:] if shape and shape[0] == batch else shape
 
+    in_shapes = tuple(scaled(s) for s in op.in_shapes)
+    # the saved state as the layer sizes it for these inputs: per channel (batch norm's statistics, whose
+    # length may equal the batch), per row, or one flat array over every value (dropout's mask bits)
     sub = dataclasses.replace(
-        op,
-        in_shapes=tuple(scaled(s) for s in op.in_shapes),
-        out_shape=scaled(op.out_shape),
-        aux={k: dataclasses.replace(a, shape=scaled(a.shape)) for k, a in op.aux.items()},
+        op, in_shapes=in_shapes, out_shape=scaled(op.out_shape), aux=op.layer.aux_specs(in_shapes)
     )
     if on.conv is not None and op.kind == "conv":  # the device's algorithms and their workspace at batch b
         sub = on.conv.catalog(dataclasses.replace(program, ops=[sub], batch=b)).ops[0]
