@@ -362,3 +362,27 @@ def test_an_onnx_model_plans_and_trains_from_the_command_line(capsys, tmp_path):
     with pytest.raises(SystemExit):
         main(["plan", "--model", "vgg16", "--onnx", str(path), "--batch", "8"])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("policy", ["baseline", "vdnn-all", "auto:microbatch=off", "auto"])
+def test_the_largest_batch_is_what_planning_batch_by_batch_finds(policy, capsys):
+    """``vmem plan --largest-batch`` on the CPU device: the batch it finds fits when planned on its own, the
+    next does not (auto with a profile at each, as a Trainer makes; auto's micro-batches aside, as the search
+    is for the whole step). It was 0 under auto, whose "needs costs" refusal was read as "does not fit"."""
+    import vmem
+    from vmem.errors import DoesNotFit
+    from vmem.planning import profiles
+
+    code = main(["plan", "--model", "digits_vgg", "--largest-batch", "--memory", "2MiB", "--policy", policy, "--json"])
+    found = json.loads(capsys.readouterr().out)["largest_batch"]
+    assert code == 0 and found > 1
+    net = vmem.models.get("digits_vgg")
+    whole = policy.replace("auto", "auto:microbatch=off") if policy == "auto" else policy
+    with vmem.device("cpu", memory="2MiB") as dev:
+        for batch, fits in ((found, True), (found + 1, False)):
+            costs = profiles.measure(net, batch, dev)[0] if policy.startswith("auto") else None
+            try:
+                result = vmem.plan(net, batch, dev, whole, costs=costs)
+                assert result.fits == fits, (batch, result.fits)
+            except DoesNotFit:
+                assert not fits, batch

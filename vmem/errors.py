@@ -15,6 +15,7 @@ __all__ = [
     "CheckpointError",
     "NonFiniteError",
     "PlanError",
+    "DoesNotFit",
     "BudgetTooSmall",
     "DeviceError",
     "OnnxError",
@@ -149,7 +150,12 @@ class PlanError(VmemError, ValueError):
     invalid (a recompute source that is not live when it is needed)."""
 
 
-class BudgetTooSmall(PlanError):
+class DoesNotFit(PlanError):
+    """The step does not fit the device's memory under any choice of the policy (a larger budget or a smaller
+    batch would): the one refusal that means "too large", as a search for the largest batch reads it."""
+
+
+class BudgetTooSmall(DoesNotFit):
     """The device's memory is below the least the network needs at this batch under any choice of the
     policy; ``least`` is that least budget in bytes (to the pool's alignment)."""
 

@@ -175,6 +175,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0 if result.fits else 1  # a plan that does not fit is a failure, as vdnn-dyn's refusal is
 
 
+#: The batch ``--largest-batch`` profiles at (its op times then scaled to each batch it tries)
+_PROFILED_BATCH = 32
+
+
 def _largest_batch(args: argparse.Namespace, net: Network) -> int:
     """``vmem plan --largest-batch``: the largest batch ``--policy`` (auto by default) plans to fit."""
     from ..planning import largest_batch
@@ -184,10 +188,37 @@ def _largest_batch(args: argparse.Namespace, net: Network) -> int:
     policy = args.policy or "auto"
     if args.algos:
         policy = policy_spec(args)
+    from ..planning import profiles
+
     device: Device = args.device
-    if args.device.startswith("cuda"):  # its catalog and spec, without taking its memory
+    simulated = args.device.startswith("sim:")
+    # a policy that ranks plans by measured time plans each batch tried with a profile of the device at it
+    measured = not simulated and (args.profile or profiles.needs_profile(policy))
+    if measured:  # profiled within the budget the plans are for
+        device = open_device(args.device, args.memory, **math_option(args))
+    elif args.device.startswith("cuda"):  # its catalog and spec, without taking its memory
         device = open_device(args.device, PLANNING_ARENA, **math_option(args))
     tries: list[tuple[int, bool]] = []
+    say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
+
+    reference: dict[int, Any] = {}
+
+    def costs(batch: int) -> Any:
+        # one profile, at a small batch, its op times scaled to each batch tried: whether a plan fits does
+        # not hang on its predicted time (profiling every batch tried took minutes)
+        if not reference:
+            at = _PROFILED_BATCH
+            say(f"profiling {net.name} at batch {at} on {args.device} (op times scaled to each batch tried)...")
+            reference[at] = profiles.measure(net, at, cast("Device", device), precision=args.precision)[0]
+        ((at, profiled),) = reference.items()
+        return profiled if batch == at else profiled.scaled(batch / at)
+
+    def progress(batch: int, ok: bool) -> None:
+        tries.append((batch, ok))
+        say(f"  batch {batch}: {'fits' if ok else 'does not fit'}")
+
+    if measured:
+        say(f"{policy} decides by measured time: the device is profiled first (as --profile does)")
     try:
         with Slow(f"searching the largest batch of {net.name} under {policy} on {args.device}", quiet=args.json):
             found = largest_batch(
@@ -197,7 +228,8 @@ def _largest_batch(args: argparse.Namespace, net: Network) -> int:
                 policy=policy,
                 precision=args.precision,
                 most=args.batch or 1 << 16,
-                progress=lambda b, ok: tries.append((b, ok)),
+                progress=progress,
+                costs=costs if measured else None,
             )
     finally:
         if not isinstance(device, str):

@@ -93,6 +93,22 @@ class Profiled:
             return (3 if kind == "acc" else 1) * nbytes / (self.elementwise_gbps * 1e9)
         return self.times.get((kind, "forward", None), 0.0)
 
+    def scaled(self, factor: float) -> "Profiled":
+        """These costs for a batch ``factor`` times the profiled one: every op's time scaled by it (the update,
+        the rates and the host's overheads do not depend on the batch). An estimate, for what only asks
+        whether a plan fits at another batch (:func:`vmem.planning.largest_batch`), not how fast it runs."""
+        return Profiled(
+            {k: t * factor for k, t in self.times.items()},
+            d2h_gbps=self.d2h,
+            h2d_gbps=self.h2d,
+            update=self.update,
+            elementwise_gbps=self.elementwise_gbps,
+            copies={},  # a copy of another size: at the link's rate
+            notes=[*self.notes, f"op times scaled by {factor:g} from the profiled batch"],
+            dispatch=self.dispatch,
+            codec_offload=self.codec_offload,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """Everything measured, as plain data (:func:`vmem.costs.cache.parse` reads it back, checked)."""
         return {

@@ -4,10 +4,10 @@ device."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence, TYPE_CHECKING
+from typing import Any, Callable, Sequence, TYPE_CHECKING
 
 from ..device.spec import DeviceSpec
-from ..errors import PlanError
+from ..errors import DoesNotFit
 from ..graph import Network, Program
 from ..policies.budget import largest_fitting, least_memory
 from .oracle import Oracle
@@ -67,13 +67,19 @@ def largest_batch(
     optimizer_slots: tuple[str, ...] = ("momentum",),
     most: int = 1 << 16,
     progress: Any = None,
+    costs: Callable[[int], Any] | None = None,
 ) -> int:
     """The largest batch (up to ``most``) whose training step ``policy`` plans to fit ``device`` (its
     capacity ``memory`` where given), with feature maps in ``precision``: 0 where not even batch 1 fits.
     Found by doubling from 1 and then bisecting, one plan a try (a plan that fits at a batch is assumed to
     fit at every smaller one). ``progress(batch, fits)`` is called after each try. The whole step's batch:
     a policy that runs micro-batches (``microbatch=on``, auto's default) trains any larger batch as
-    micro-batches of at most this many (:mod:`vmem.planning.microbatch`)."""
+    micro-batches of at most this many (:mod:`vmem.planning.microbatch`).
+
+    ``costs(batch)``: the cost model each try plans with (a profile of the device at that batch:
+    :func:`vmem.planning.profiles.measure`), as a policy that ranks plans by time needs on a real device
+    (``auto``, ``vdnn-dyn``; a simulated GPU has its own). Only "does not fit" (:class:`DoesNotFit`) counts
+    as a try that failed: any other refusal is raised."""
     if isinstance(most, bool) or not isinstance(most, int) or most < 1:
         raise ValueError(f"largest_batch: most={most!r} must be a positive int")
     target = Target.of(device, memory)
@@ -81,9 +87,15 @@ def largest_batch(
     def fits(batch: int) -> bool:
         program = net.build(batch, input_shape, dtype, precision)
         try:
-            result, _ = plan_program(program, target, policy, optimizer_slots=optimizer_slots)
+            result, _ = plan_program(
+                program,
+                target,
+                policy,
+                optimizer_slots=optimizer_slots,
+                costs=None if costs is None else costs(batch),
+            )
             ok = bool(result.fits)
-        except PlanError:  # the policy refuses: nothing it can choose fits
+        except DoesNotFit:  # nothing the policy can choose fits
             ok = False
         if progress is not None:
             progress(batch, ok)

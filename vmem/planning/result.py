@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..device.sim import SimDevice
 from ..device.spec import DeviceSpec
-from ..errors import OutOfDeviceMemory, PlanError
+from ..errors import DoesNotFit, OutOfDeviceMemory, PlanError
 from ..graph import PASSES, Program
 from ..policies.plan import Plan
 from ..schedule import Schedule
@@ -148,7 +148,7 @@ def replay_fitting(
         unbounded = SimDevice(dataclasses.replace(device, memory=UNBOUNDED), alignment=alignment)
         figures = replay(schedule, unbounded, costs, seconds)
     except OutOfDeviceMemory:
-        raise PlanError(
+        raise DoesNotFit(
             f"{program.network} at batch {program.batch}: one step needs more than "
             f"{format_bytes(UNBOUNDED)}; a batch this large cannot be planned"
         ) from None

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ... import codecs
 from ...device.spec import DeviceSpec
-from ...errors import BudgetTooSmall, PlanError
+from ...errors import BudgetTooSmall, DoesNotFit, PlanError
 from ...graph import Program
 from ...units import format_bytes
 from ..base import Policy, get, option, register
@@ -211,7 +211,7 @@ class Auto(Policy):
             if floor is not None:
                 raise floor
             self._refuse(program, device, costs, oracle)
-            raise PlanError(
+            raise DoesNotFit(
                 f"{program.network} at batch {program.batch} fits in {format_bytes(device.memory)} under none of "
                 f"auto's techniques ({', '.join(self.portfolio())}); use a larger memory budget"
                 + (" or a smaller batch." if program.batch > 1 else ".")
