@@ -116,8 +116,12 @@ class ArrayOps:
         return importlib.import_module(f"{'cupyx.scipy' if self.xp.__name__ == 'cupy' else 'scipy'}.special")
 
     def column_sum(self, a: Array, out: Array | None = None) -> Array:
-        """The sum of a 2-D array's rows (``a.sum(axis=0)``) into ``out`` if given: blocks of about
-        sqrt(M) rows first, then their partial sums."""
+        """The sum of a 2-D array's rows (``a.sum(axis=0)``) into ``out`` if given (else in ``a``'s type):
+        float32 rows accumulated in float64 and rounded once (a few values per column: a float32 sum over
+        N*H*W rows, added one after another, loses digits as the rows grow, and batch norm's gradient is a
+        difference of such sums); other types by blocks of about sqrt(M) rows, then their partial sums."""
+        if np.dtype(a.dtype) == np.float32:
+            return _rounded(self.xp.sum(a, axis=0, dtype=np.float64), a.dtype, out)
         m = a.shape[0]
         if m < 4096:
             return self.xp.sum(a, axis=0, out=out)
@@ -197,8 +201,19 @@ class HostOps(ArrayOps):
         self.rows(dy.shape[0], lambda r: self.xp.multiply(dy[r], y[r] > 0, out=dx[r]), dy.size)
 
     def column_sum(self, a: Array, out: Array | None = None) -> Array:
-        """NumPy's own ``sum(axis=0)``."""
+        """NumPy's own ``sum(axis=0)``; float32 rows accumulated in float64 and rounded once (see
+        :meth:`ArrayOps.column_sum`)."""
+        if a.dtype == np.float32:
+            return _rounded(np.sum(a, axis=0, dtype=np.float64), a.dtype, out)
         return np.sum(a, axis=0, out=out)
+
+
+def _rounded(total: Array, dtype: Any, out: Array | None) -> Array:
+    """``total`` (a float64 sum) rounded once into ``out``, or into a new array of ``dtype``."""
+    if out is None:
+        return total.astype(dtype)
+    out[...] = total
+    return out
 
 
 def _block_rows(m: int) -> int:
