@@ -84,3 +84,19 @@ def test_steps_that_stay_non_finite_stop_training_naming_the_first_op():
 def test_the_limit_is_checked():
     with pytest.raises(ValueError, match="nonfinite_limit"):
         vmem.Trainer(_net(), policy="baseline", memory="32MiB", nonfinite_limit=0)
+
+
+def test_a_batch_whose_variance_overflows_is_skipped_though_its_loss_is_finite():
+    """Inputs scaled by 1e19: batch norm normalizes them (the loss stays finite) but their variance overflows
+    float32, which would make running_var infinite and every later evaluation and save wrong."""
+    x = np.random.default_rng(0).standard_normal((8, 3, 8, 8)).astype(np.float32)
+    y = np.arange(8) % 10
+    with vmem.Trainer(_net(), seed=0) as trainer:
+        trainer.step(x, y)
+        before = _state(trainer)
+        with pytest.warns(RuntimeWarning, match="running statistic is not finite; the step was skipped"):
+            report = trainer.step(x * 1e19, y)
+        assert np.isfinite(report.loss) and report.skipped
+        after = _state(trainer)
+        assert all(np.array_equal(before[0][k], after[0][k]) for k in before[0])
+        assert np.isfinite(after[0]["batchnorm1.running_var"]).all()

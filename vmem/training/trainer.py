@@ -302,7 +302,7 @@ class Trainer:
             return report
         self.skipped_in_a_row += 1
         warnings.warn(
-            f"{self.net.name}: step {self.steps_done + 1}: the loss or a gradient is not finite; the step "
+            f"{self.net.name}: step {self.steps_done + 1}: the loss, a gradient or a running statistic is not finite; the step "
             "was skipped (nothing changed)",
             RuntimeWarning,
             stacklevel=2,
