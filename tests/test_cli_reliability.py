@@ -239,3 +239,34 @@ def test_the_largest_batch_is_searched_by_plans_alone(capsys):
     assert vmem.largest_batch(net, "sim:h100-sxm", memory="64MiB", policy="vdnn-all") == 0
     code, _, err = run(capsys, "plan", "--model", "vgg16", "--device", "sim:h100-sxm")
     assert code == 1 and "--batch is required" in err
+
+
+@pytest.mark.parametrize("name", ["trace.json", "layers.txt", "memory.png"])
+@pytest.mark.parametrize("kind", ["link", "fifo", "folder"])
+def test_trace_refuses_what_was_planted_at_its_outputs_before_training(capsys, tmp_path, name, kind):
+    """``vmem trace --out DIR`` never writes through a link in DIR, never blocks on a FIFO named as its
+    output, never writes into a folder: refused at the start, naming the file, the planted thing untouched."""
+    import os
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    planted = tmp_path / name
+    if kind == "link":
+        planted.symlink_to(victim)
+    elif kind == "fifo":
+        os.mkfifo(planted)
+    else:
+        planted.mkdir()
+    code, _, err = run(capsys, "trace", "--model", "digits_vgg", "--steps", "1", "--batch", "8", "--out", str(tmp_path))
+    assert code != 0 and name in err and ("symbolic link" in err or "FIFO" in err or "folder" in err)
+    assert victim.read_text() == "precious"
+
+
+def test_trace_replaces_its_old_outputs_whole(capsys, tmp_path):
+    for name in ("trace.json", "layers.txt"):
+        (tmp_path / name).write_text("old")
+    code, _, _ = run(capsys, "trace", "--model", "digits_vgg", "--steps", "1", "--batch", "8", "--out", str(tmp_path))
+    assert code == 0
+    assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    assert "old" not in (tmp_path / "layers.txt").read_text()
+    assert not list(tmp_path.glob("*.vmem-tmp"))

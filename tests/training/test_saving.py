@@ -200,3 +200,23 @@ def test_a_save_is_flushed_to_the_disk_with_its_folder(trainer, tmp_path, monkey
     monkeypatch.setattr(os, "fsync", fsync)
     trainer.save(tmp_path / "ckpt.npz")
     assert synced == [False, True]  # the file, then its folder (after the rename)
+
+
+@pytest.mark.parametrize("kind", ["link", "dangling link", "fifo", "folder"])
+def test_a_planted_save_lock_is_refused_and_nothing_it_names_is_touched(tmp_path, kind):
+    """What a stranger plants at the lock's name (``.NAME.vmem-lock``) is never opened through: a link to a
+    file would have been truncated, a dangling one would have made a file where it points."""
+    path, victim = tmp_path / "ckpt.npz", tmp_path / "victim.txt"
+    victim.write_text("precious")
+    lock = tmp_path / ".ckpt.npz.vmem-lock"
+    if kind == "link":
+        lock.symlink_to(victim)
+    elif kind == "dangling link":
+        lock.symlink_to(tmp_path / "made-by-vmem")
+    elif kind == "fifo":
+        os.mkfifo(lock)
+    else:
+        lock.mkdir()
+    with pytest.raises(CheckpointError, match=r"save lock .* (symbolic link|not a regular file|not openable)"):
+        checkpoint.SaveLock(path)
+    assert victim.read_text() == "precious" and not (tmp_path / "made-by-vmem").exists()

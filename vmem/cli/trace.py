@@ -21,6 +21,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     import numpy as np
 
     from .. import data, optim
+    from .._files import checked_output, write_output
     from ..device import device as make_device
     from ..planning import layer_table
     from ..training import Trainer
@@ -36,6 +37,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out}: cannot make the folder ({exc.strerror})") from None
     if not os.access(out, os.W_OK):
         raise ValueError(f"--out {args.out}: the folder is not writable")
+    for name, what in (("trace.json", "a trace"), ("layers.txt", "a layer table"), ("memory.png", "a plot")):
+        checked_output(out / name, what)  # before training: a link, a FIFO or a folder there is refused
     net = _model(args)
     _check_dataset(args, net)
     train, _ = data.load(args.dataset, input_shape=net.input_shape, seed=args.seed, n=max(args.batch, 256))
@@ -64,7 +67,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     report.timeline.write_chrome_trace(trace_path)
     files = {"trace": str(trace_path), "table": str(out / "layers.txt")}
     table = layer_table(plan, report.timeline)
-    (out / "layers.txt").write_text(table + "\n")
+    write_output(out / "layers.txt", lambda f: f.write(table + "\n"), "a layer table")
     try:
         report.timeline.plot(plot_path, title=f"{net.name} batch {args.batch}, {plan.policy}")
         files["plot"] = str(plot_path)

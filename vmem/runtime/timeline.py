@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, TYPE_CHECKING
 
+from .._files import write_output
+
 if TYPE_CHECKING:
     from ..streams.base import Event
 
@@ -159,8 +161,10 @@ class Timeline:
         return trace
 
     def write_chrome_trace(self, path: str | os.PathLike) -> None:
-        with open(path, "w") as f:
-            json.dump(self.chrome_trace(), f)
+        """The step as a Chrome trace (chrome://tracing, Perfetto) at ``path``: a regular file, replaced whole
+        (never written through a link or into a FIFO: :func:`vmem._files.write_output`)."""
+        trace = self.chrome_trace()
+        write_output(path, lambda f: json.dump(trace, f), "a trace")
 
     def plot(self, path: str | os.PathLike, title: str = "") -> None:
         """Device memory per category over the step, stacked, as a PNG (needs matplotlib); the copies as bars
@@ -198,5 +202,7 @@ class Timeline:
         ax.set_title(title or "device memory over one step (red: offload, green: prefetch)")
         ax.legend(loc="upper right", fontsize=8)
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        try:
+            write_output(path, lambda f: fig.savefig(f, dpi=110, format="png"), "a plot", binary=True)
+        finally:
+            plt.close(fig)

@@ -240,7 +240,18 @@ class SaveLock:
             import fcntl
         except ImportError:  # pragma: no cover - not POSIX: no advisory locks
             return
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        # never through a link planted at the lock's name (it would truncate the file it names), nor a FIFO
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        try:
+            fd = os.open(self.path, flags, 0o666)
+        except OSError as exc:
+            kind = "a symbolic link" if self.path.is_symlink() else f"not openable ({exc.strerror})"
+            raise CheckpointError(
+                f"{path}: the save lock {self.path} is {kind}; vmem keeps it as a regular file (remove it)"
+            ) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise CheckpointError(f"{path}: the save lock {self.path} is not a regular file; remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
