@@ -6,6 +6,7 @@ sent SIGTERM saves and exits with 143."""
 from __future__ import annotations
 
 import errno
+import io
 import os
 import signal
 import stat
@@ -220,3 +221,22 @@ def test_a_planted_save_lock_is_refused_and_nothing_it_names_is_touched(tmp_path
     with pytest.raises(CheckpointError, match=r"save lock .* (symbolic link|not a regular file|not openable)"):
         checkpoint.SaveLock(path)
     assert victim.read_text() == "precious" and not (tmp_path / "made-by-vmem").exists()
+
+
+def test_a_compressed_member_that_would_grow_past_its_bound_is_refused_before_it_is_read(tmp_path):
+    """A small file whose deflated member says it holds 64 MiB of zeros (a crafted "zip bomb") is refused
+    from the archive's directory, before a byte is inflated (it reached 4.3 GB of memory)."""
+    import zipfile
+
+    path = tmp_path / "bomb.npz"
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (1 << 24,)})
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("param/w.npy", "w", force_zip64=True) as member:
+            member.write(header.getvalue())
+            zeros = bytes(1 << 22)
+            for _ in range(16):
+                member.write(zeros)
+    assert path.stat().st_size < 2 << 20
+    with pytest.raises(CheckpointError, match=r"bomb.npz: .*entry 'param/w'.*more than 16x"):
+        checkpoint.check(path, "net")

@@ -164,14 +164,41 @@ def _savez(f: BinaryIO, arrays: dict[str, np.ndarray]) -> None:
                 np.lib.format.write_array(member, np.asanyarray(a), allow_pickle=False)
 
 
+#: The most a compressed member may grow as it is read (float arrays compress far less; a "zip bomb" more)
+_MAX_RATIO = 16
+
+
+def _check_member(info: zipfile.ZipInfo, name: str, archive_bytes: int) -> None:
+    """A member's sizes bounded before it is read (they come from the archive's own directory, which a
+    crafted file sets at will): stored as vmem writes them, or deflated to no more than :data:`_MAX_RATIO`
+    times its compressed bytes, which the file must hold."""
+    if info.compress_size > archive_bytes:
+        raise ValueError(
+            f"entry {name!r}: its directory claims {info.compress_size} bytes, the file has {archive_bytes}"
+        )
+    if info.compress_type == zipfile.ZIP_STORED:
+        if info.file_size != info.compress_size:
+            raise ValueError(f"entry {name!r}: stored, yet {info.file_size} bytes from {info.compress_size}")
+    elif info.compress_type == zipfile.ZIP_DEFLATED:
+        if info.file_size > _MAX_RATIO * info.compress_size + (1 << 20):
+            raise ValueError(
+                f"entry {name!r}: {info.compress_size:,} compressed bytes said to hold {info.file_size:,} "
+                f"(more than {_MAX_RATIO}x: not an array vmem wrote)"
+            )
+    else:
+        raise ValueError(f"entry {name!r}: compressed with method {info.compress_type} (vmem stores its arrays)")
+
+
 def _loadz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """The arrays of an .npz, each header checked before anything is allocated: a plain dtype (no Python
     objects), and as many bytes as the member holds (a header that claims more is refused, not allocated).
     ValueError (or zipfile's, OSError) naming the entry otherwise."""
     out: dict[str, np.ndarray] = {}
+    size = os.path.getsize(path)
     with zipfile.ZipFile(path) as archive:
         for info in archive.infolist():
             name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+            _check_member(info, name, size)
             with archive.open(info) as member:
                 try:
                     version = np.lib.format.read_magic(member)
