@@ -99,3 +99,30 @@ def test_malformed_models_are_onnx_errors_naming_what(tmp_path):
     for junk in (b"", b"\xff\xfe not protobuf", b"\x08\x07"):  # nothing, garbage, a message with no graph
         with pytest.raises(OnnxError, match="<bytes>: not a readable ONNX model"):
             vmem.onnx.load(junk)
+
+
+def test_the_constants_a_model_computes_at_import_are_bounded_together(monkeypatch):
+    """Each constant computed at import is capped (1 GiB), and so are all of them together (2 GiB): a model of
+    a few hundred bytes with six 0.84 GiB ConstantOfShape nodes imported at 5.3 GB. Shown at a cap of 8 MiB:
+    the third 3 MiB constant is refused, naming its node, before it is made."""
+    from vmem.onnx import _builder, _fold, _load
+
+    for module in (_builder, _fold, _load):
+        monkeypatch.setattr(module, "_MOST_FOLDED_TOTAL", 8 << 20)
+    n = 3 << 18  # 3 MiB of float32
+    nodes, last = [], "x"
+    for i in range(6):
+        shape = numpy_helper.from_array(np.array([1, n], np.int64), f"s{i}")
+        nodes.append(helper.make_node("Constant", [], [f"shape{i}"], value=shape))
+        nodes.append(helper.make_node("ConstantOfShape", [f"shape{i}"], [f"c{i}"], name=f"fill{i}"))
+        nodes.append(helper.make_node("Add", [last, f"c{i}"], [f"a{i}"]))
+        last = f"a{i}"
+    graph = helper.make_graph(
+        nodes,
+        "fills",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", n])],
+        [helper.make_tensor_value_info(last, TensorProto.FLOAT, ["N", n])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    with pytest.raises(OnnxError, match=r"fill2.*all of a model's computed constants"):
+        vmem.onnx.load(model)

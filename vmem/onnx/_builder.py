@@ -41,6 +41,9 @@ _SAME_VALUES = ("Transpose", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten
 #: rather than stores (the onnx package's light models fill their fully connected weights so: VGG-19's fc6 is
 #: 411 MB); never a feature map, whose size would depend on the batch (refused apart).
 _MOST_FOLDED = 1 << 30
+#: The most bytes all the constants computed at one import may hold together (a model of a few kilobytes
+#: could otherwise make gigabytes, each constant under the cap above)
+_MOST_FOLDED_TOTAL = 2 << 30
 
 
 def _onnx() -> ModuleType:
@@ -185,6 +188,8 @@ class _Builder:
         self.untied: list[str] = []  # initializers more than one layer took as a parameter
         #: a constant gathered from a table's rows at fixed positions -> (the table, the positions, its rows)
         self.gathered: dict[str, tuple[str, np.ndarray, int]] = {}
+        #: bytes of the constants computed at import so far (at most _MOST_FOLDED_TOTAL)
+        self.folded = 0
 
     def start(self, node: Any) -> None:
         """Convert ``node`` next."""

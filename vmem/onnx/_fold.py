@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _views
 from ..units import format_bytes
-from ._builder import BATCH, _MOST_FOLDED, _Refuse, _Tensor
+from ._builder import BATCH, _MOST_FOLDED, _MOST_FOLDED_TOTAL, _Refuse, _Tensor
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 __all__ = ["_fold", "_shape_of"]
 
 
-def _fold(onnx: ModuleType, node: Any, ins: list[Any], opset: int) -> list[Any]:
-    """Outputs of a node whose inputs are all constants, by ONNX's reference implementation."""
+def _fold(onnx: ModuleType, node: Any, ins: list[Any], opset: int, room: int = _MOST_FOLDED_TOTAL) -> list[Any]:
+    """Outputs of a node whose inputs are all constants, by ONNX's reference implementation; ``room``: the
+    bytes the import's computed constants may still take (refused beyond)."""
     from onnx.reference import ReferenceEvaluator
 
     if node.op_type == "Expand" and len(ins) == 2 and isinstance(ins[1], np.ndarray) and (ins[1] >= BATCH).any():
@@ -33,7 +34,7 @@ def _fold(onnx: ModuleType, node: Any, ins: list[Any], opset: int) -> list[Any]:
         if any(isinstance(v, np.ndarray) and v.dtype.kind in "iu" and (v >= BATCH).any() for v in ins):
             raise _Refuse("makes a constant whose size depends on the batch size")
     if node.op_type == "ConstantOfShape" and ins and isinstance(ins[0], np.ndarray):  # sized before it is made
-        _check_folded(int(np.prod(ins[0], dtype=np.float64)) * 4)
+        _check_folded(int(np.prod(ins[0], dtype=np.float64)) * 4, room)
     exact = _exact(onnx, node, ins)
     if exact is not None:
         return exact
@@ -55,7 +56,8 @@ def _fold(onnx: ModuleType, node: Any, ins: list[Any], opset: int) -> list[Any]:
         raise _Refuse(f"could not be evaluated at import ({type(exc).__name__}: {exc})") from None
     out = [np.asarray(v) for v in outs]
     for v in out:
-        _check_folded(v.nbytes)
+        _check_folded(v.nbytes, room)
+        room -= v.nbytes
     return out
 
 
@@ -71,11 +73,16 @@ def _exact(onnx: ModuleType, node: Any, ins: list[Any]) -> list[Any] | None:
     return [ins[0].astype(np.float64)]
 
 
-def _check_folded(nbytes: int) -> None:
+def _check_folded(nbytes: int, room: int = _MOST_FOLDED_TOTAL) -> None:
     if nbytes > _MOST_FOLDED:
         raise _Refuse(
             f"computes a constant of {format_bytes(nbytes)} at import (at most {format_bytes(_MOST_FOLDED)}: "
             "a shape computation or a computed weight, never a feature map)"
+        )
+    if nbytes > room:
+        raise _Refuse(
+            f"computes a constant of {format_bytes(nbytes)} at import, beyond the "
+            f"{format_bytes(_MOST_FOLDED_TOTAL)} that all of a model's computed constants may take together"
         )
 
 

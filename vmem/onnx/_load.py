@@ -26,6 +26,7 @@ from ._fusions import _Pattern, _gelus, _layer_norms
 from ._builder import (
     MIN_OPSET,
     _SAME_VALUES,
+    _MOST_FOLDED_TOTAL,
     _onnx,
     _Refuse,
     _Mask,
@@ -171,7 +172,8 @@ def load(
             elif node.op_type == "Shape" and isinstance(ins[0], (_Tensor, _Mask)):
                 outs = [_shape_of(ins[0].x if isinstance(ins[0], _Mask) else ins[0], attrs)]
             elif all(isinstance(v, np.ndarray) or v is None for v in ins):
-                outs = _fold(onnx, node, ins, opset)
+                outs = _fold(onnx, node, ins, opset, _MOST_FOLDED_TOTAL - builder.folded)
+                builder.folded += sum(int(getattr(v, "nbytes", 0)) for v in outs)
                 first = node.input[0] if node.input else ""
                 if node.op_type in _SAME_VALUES and (first in initializers or first in builder.origin):
                     builder.origin[node.output[0]] = builder.origin.get(first, first)
