@@ -7,10 +7,13 @@ Images are float32 NCHW; labels int64. Token sequences are float32 ids (N, 2T) w
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
+
+from .units import format_bytes
 
 __all__ = ["Dataset", "digits", "synthetic", "reverse", "load"]
 
@@ -96,7 +99,11 @@ def digits(image_size: int = 8, channels: int = 1, val_fraction: float = 0.2, se
         from sklearn.datasets import load_digits
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("the digits dataset needs scikit-learn: pip install 'vmem[data]'") from exc
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
+        raise ValueError(f"digits: image_size={image_size!r} must be a positive int")
     bunch = load_digits()
+    # the upsampling holds about three copies of the images at once
+    _check_room(f"the digits at {image_size}x{image_size}", 3 * len(bunch.images) * channels * image_size**2 * 4)
     x = (bunch.images.astype(np.float32) / 16.0)[:, None]
     x = (x - 0.3) / 0.4
     x = _resize(x, image_size)
@@ -114,12 +121,40 @@ def synthetic(
     val_fraction: float = 0.2,
 ) -> tuple[Dataset, Dataset]:
     """Seeded images that are learnable: each class is a fixed random pattern plus noise."""
+    shape = tuple(int(d) for d in input_shape)
+    _check_room("the synthetic dataset", (n + num_classes) * int(np.prod(shape, dtype=object)) * 4)
     rng = np.random.default_rng(seed)
-    patterns = rng.standard_normal((num_classes,) + tuple(input_shape)).astype(np.float32)
+    patterns = rng.standard_normal((num_classes,) + shape).astype(np.float32)
     y = rng.integers(0, num_classes, n)
-    x = patterns[y] + rng.standard_normal((n,) + tuple(input_shape)).astype(np.float32) * 1.5
-    data = Dataset(x.astype(np.float32), y.astype(np.int64), num_classes, "synthetic")
+    x = np.empty((n,) + shape, np.float32)
+    # drawn a slice at a time (the same values as one draw): Ctrl-C stops it between slices
+    step = max(1, (1 << 22) // max(1, int(np.prod(shape))))
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        noise = rng.standard_normal((hi - lo,) + shape).astype(np.float32)
+        noise *= 1.5
+        np.add(patterns[y[lo:hi]], noise, out=x[lo:hi])
+    data = Dataset(x, y.astype(np.int64), num_classes, "synthetic")
     return data.split(val_fraction, seed)
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory this machine has free (Linux and macOS), or None where it cannot tell."""
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_room(what: str, nbytes: int) -> None:
+    """A ValueError before ``what`` (``nbytes`` of arrays, and about as much again while it is made) is
+    allocated where the machine does not have that much memory free."""
+    free = _available_memory()
+    if free is not None and 2 * nbytes > free:
+        raise ValueError(
+            f"{what} would take {format_bytes(2 * nbytes)} of memory to make, and this machine has "
+            f"{format_bytes(free)} free; use a smaller image size or fewer samples"
+        )
 
 
 def reverse(

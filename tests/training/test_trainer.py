@@ -271,3 +271,19 @@ def test_num_parameters_counts_trainable_values_not_state():
     want = (3 * 9 * 8 + 8) + (8 + 8) + (128 * 5 + 5)
     with vmem.Trainer(net, device="cpu", memory="16MiB", policy="baseline") as t:
         assert t.num_parameters() == net.num_parameters() == want
+
+
+def test_synthetic_data_is_drawn_in_slices_with_the_values_of_one_draw():
+    """Made a slice at a time (so that Ctrl-C stops it), the same images as one draw of the noise."""
+    train, val = vmem.data.synthetic(n=300, input_shape=(3, 64, 64), seed=3)
+    rng = np.random.default_rng(3)
+    patterns = rng.standard_normal((10, 3, 64, 64)).astype(np.float32)
+    y = rng.integers(0, 10, 300)
+    x = patterns[y] + rng.standard_normal((300, 3, 64, 64)).astype(np.float32) * 1.5
+    both = np.concatenate([train.x, val.x])
+    assert {bytes(r) for r in both.reshape(300, -1)} == {bytes(r) for r in x.reshape(300, -1)}
+
+
+def test_an_image_size_the_machine_cannot_hold_is_refused_before_anything_is_allocated():
+    with pytest.raises(ValueError, match=r"digits at 100000x100000 would take .* of memory .* free"):
+        vmem.data.digits(image_size=100000)
