@@ -270,3 +270,14 @@ def test_trace_replaces_its_old_outputs_whole(capsys, tmp_path):
     assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
     assert "old" not in (tmp_path / "layers.txt").read_text()
     assert not list(tmp_path.glob("*.vmem-tmp"))
+
+
+@pytest.mark.parametrize("value", ["-5MiB", "0", "0GiB"])
+def test_a_size_that_is_not_positive_is_called_so(capsys, value):
+    code, _, err = run(capsys, "train", f"--memory={value}")
+    assert code != 0 and "a size must be positive" in err
+
+
+def test_a_copy_larger_than_the_machine_is_refused_before_anything_is_allocated(capsys):
+    code, _, err = run(capsys, "bench", "bandwidth", "--sizes", "100TiB")
+    assert code != 0 and "--sizes: a copy of 100.00 TiB needs about" in err and "Unable to allocate" not in err

@@ -40,6 +40,8 @@ def parse_bytes(value: int | str, *, name: str = "memory") -> int:
         )
     match = _PATTERN.match(value)
     units = ", ".join(UNITS)
+    if match is None and re.fullmatch(r"\s*(-\s*[0-9.]+|0+(\.0*)?)\s*[A-Za-z]*\s*", value):
+        raise ValueError(f"{name}={value!r}: a size must be positive, e.g. '512MiB' or '12GB'")
     if match is None:
         raise ValueError(f"{name}={value!r}: expected a number followed by a unit ({units}), e.g. '512MiB' or '12GB'")
     number, unit = match.groups()

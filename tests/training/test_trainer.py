@@ -287,3 +287,8 @@ def test_synthetic_data_is_drawn_in_slices_with_the_values_of_one_draw():
 def test_an_image_size_the_machine_cannot_hold_is_refused_before_anything_is_allocated():
     with pytest.raises(ValueError, match=r"digits at 100000x100000 would take .* of memory .* free"):
         vmem.data.digits(image_size=100000)
+
+
+def test_an_optimizer_given_by_name_is_refused_at_once_with_the_way_to_give_one():
+    with pytest.raises(TypeError, match=r"optimizer='sgd': give an optimizer object, e.g. vmem.optim.SGD"):
+        vmem.Trainer(vmem.models.get("digits_vgg"), optimizer="sgd")

@@ -189,6 +189,11 @@ class Trainer:
             raise ValueError("scaler= applies to precision='fp16' only (bf16 and fp32 need no loss scaling)")
         pol = policies.get(policy if policy is not None else ("auto" if memory is not None else "baseline"))
         self.loss = loss if loss is not None else (getattr(net, "loss", None) or SoftmaxCrossEntropy())
+        if optimizer is not None and not isinstance(optimizer, Optimizer):
+            raise TypeError(
+                f"optimizer={optimizer!r}: give an optimizer object, e.g. vmem.optim.SGD(lr=0.01, momentum=0.9) "
+                "or vmem.optim.Adam(lr=1e-3)"
+            )
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01, momentum=0.9)
         self.seed, self.rng, self.steps_done = seed, np.random.default_rng(seed), 0
         if net.params is None:
