@@ -266,6 +266,7 @@ CLI_MAY_IMPORT = (
     "vmem.data",
     "vmem.errors",
     "vmem.units",
+    "vmem._files",  # the safe writes of its outputs
     "vmem.threads",
     "vmem.optim",
     "vmem.onnx",  # a model from a file (--onnx)

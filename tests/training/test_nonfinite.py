@@ -100,3 +100,22 @@ def test_a_batch_whose_variance_overflows_is_skipped_though_its_loss_is_finite()
         after = _state(trainer)
         assert all(np.array_equal(before[0][k], after[0][k]) for k in before[0])
         assert np.isfinite(after[0]["batchnorm1.running_var"]).all()
+
+
+def test_state_that_was_never_finite_does_not_skip_steps():
+    """A non-trainable tensor that holds -inf by design (an attention mask imported as a constant parameter)
+    is not a step gone wrong: only state finite before the step and not after it skips the step."""
+    from vmem.runtime.update import Updates
+
+    xp = np
+
+    class R:
+        loss_ok = None
+        kept_stats = [np.array([-np.inf, 0.0]), np.array([1.0, 2.0])]
+
+    updates = object.__new__(Updates)
+    updates.xp, updates.grads = xp, []
+    updates.stats = [np.array([-np.inf, 0.0]), np.array([1.0, 2.0])]
+    assert bool(updates.finite(R())[0])
+    updates.stats[1][0] = np.inf  # a running statistic that overflowed
+    assert not bool(updates.finite(R())[0])

@@ -141,7 +141,10 @@ class Updates:
         if self.grads:  # every gradient (a rank that updates a share, even none, decides as all do)
             total = sum(g.sum() for g in self.grads)
             ok = xp.logical_and(ok, xp.isfinite(total))
-        if self.stats:  # what the forward changed besides (batch norm's running statistics): a batch whose
-            # variance overflows leaves a finite loss and an infinite running_var, which every later step reads
-            ok = xp.logical_and(ok, xp.isfinite(sum(v.sum(dtype=np.float64) for v in self.stats)))
+        if self.stats and r.kept_stats:  # what the forward changed besides (batch norm's running statistics):
+            # a batch whose variance overflows leaves a finite loss and an infinite running_var, which every
+            # later step reads. Only state that was finite before the step counts (a mask's -inf is meant)
+            for now, before in zip(self.stats, r.kept_stats):
+                was = xp.isfinite(before.sum(dtype=np.float64))
+                ok = xp.logical_and(ok, xp.logical_or(xp.isfinite(now.sum(dtype=np.float64)), xp.logical_not(was)))
         return ok

@@ -120,6 +120,19 @@ def _of_session(name: str, doc: str) -> Any:
     return property(lambda self: getattr(self.session, name), doc=doc)
 
 
+def _optimizer(optimizer: Any) -> Optimizer:
+    """The Trainer's optimizer: the one given (an object: a name is refused, saying how to give one), or SGD
+    with momentum 0.9 at 0.01."""
+    if optimizer is None:
+        return SGD(lr=0.01, momentum=0.9)
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(
+            f"optimizer={optimizer!r}: give an optimizer object, e.g. vmem.optim.SGD(lr=0.01, momentum=0.9) "
+            "or vmem.optim.Adam(lr=1e-3)"
+        )
+    return optimizer
+
+
 class Trainer:
     """Train ``net`` on ``device`` under a memory ``policy``.
 
@@ -189,12 +202,7 @@ class Trainer:
             raise ValueError("scaler= applies to precision='fp16' only (bf16 and fp32 need no loss scaling)")
         pol = policies.get(policy if policy is not None else ("auto" if memory is not None else "baseline"))
         self.loss = loss if loss is not None else (getattr(net, "loss", None) or SoftmaxCrossEntropy())
-        if optimizer is not None and not isinstance(optimizer, Optimizer):
-            raise TypeError(
-                f"optimizer={optimizer!r}: give an optimizer object, e.g. vmem.optim.SGD(lr=0.01, momentum=0.9) "
-                "or vmem.optim.Adam(lr=1e-3)"
-            )
-        self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01, momentum=0.9)
+        self.optimizer = _optimizer(optimizer)
         self.seed, self.rng, self.steps_done = seed, np.random.default_rng(seed), 0
         if net.params is None:
             net.init(seed, dtype, self.input_shape)
