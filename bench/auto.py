@@ -68,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         model, options, batch = NETWORKS[name]
         net = vmem.models.get(model, **options)
         ops = len(net.build(batch).ops)
-        peak = vmem.plan(net, batch, args.device, "layerwise:algos=memory", memory="1TiB").peak_bytes
+        peak = vmem.plan(
+            net, batch, args.device, "layerwise:algos=memory", memory="1TiB", oversubscribe=True
+        ).peak_bytes
         for fraction in fractions:
             memory = int(peak * fraction)
             times = named(net, batch, args.device, memory)
@@ -128,8 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     monet = []
     if not args.quick:
         net = vmem.models.get("resnet50")
-        layer = vmem.plan(net, 184, args.device, "layerwise:algos=memory", memory="1TiB")
-        fast = vmem.plan(net, 184, args.device, "layerwise:algos=performance", memory="1TiB").step_seconds
+        layer = vmem.plan(net, 184, args.device, "layerwise:algos=memory", memory="1TiB", oversubscribe=True)
+        fast = vmem.plan(
+            net, 184, args.device, "layerwise:algos=performance", memory="1TiB", oversubscribe=True
+        ).step_seconds
         disagree = 0.0
         for fraction, limit in MONET:
             r = vmem.plan(net, 184, args.device, "auto", memory=int(layer.peak_bytes * fraction))

@@ -22,7 +22,7 @@ AUTO = "auto:trials=24"  # fewer replays than the default: the same search, cut 
 @pytest.fixture(scope="module")
 def resnet():
     net = vmem.models.get("resnet_cifar", depth=20)
-    return net, vmem.plan(net, 128, SIM, "layerwise:algos=memory", memory="1TiB").peak_bytes
+    return net, vmem.plan(net, 128, SIM, "layerwise:algos=memory", memory="1TiB", oversubscribe=True).peak_bytes
 
 
 def _named_times(net, memory):
@@ -200,7 +200,9 @@ def test_on_a_small_graph_auto_equals_an_exhaustive_search_over_every_buffers_ch
     from vmem.graph.backward import backward_uses, decisions
 
     net, batch = _small_net(), 256
-    memory = int(vmem.plan(net, batch, SIM, "layerwise:algos=memory", memory="1TiB").peak_bytes * 0.8)
+    memory = int(
+        vmem.plan(net, batch, SIM, "layerwise:algos=memory", memory="1TiB", oversubscribe=True).peak_bytes * 0.8
+    )
     auto = vmem.plan(net, batch, SIM, "auto", memory=memory)
     spec = dataclasses.replace(Target.of(SIM).spec, memory=memory)
     program = with_cudnn_catalog(net.build(batch), spec.arch)
@@ -293,3 +295,11 @@ def test_auto_offloads_through_a_codec_only_where_that_can_save_time():
     with vmem.Trainer(net, memory=need // 2, policy="auto", seed=0) as trainer:
         plan = trainer.plan(32)
     assert all(plan.plan.stash.get(n) is not Stash.OFFLOAD for n in plan.plan.codecs)
+
+
+def test_a_budget_above_a_simulated_cards_memory_is_refused_unless_oversubscribed():
+    """As ``vmem plan --memory`` refuses it: 1 TB on a 12 GiB Titan X was planned, and said to fit."""
+    net = vmem.models.get("vgg16")
+    with pytest.raises(ValueError, match=r"memory='1TB' is more than titan-x's 12.00 GiB.*oversubscribe=True"):
+        vmem.plan(net, 8, "sim:titan-x", memory="1TB")
+    assert vmem.plan(net, 8, "sim:titan-x", memory="1TB", oversubscribe=True).fits

@@ -16,7 +16,7 @@ def least(policy: str) -> int:
     from vmem.policies.budget import least_memory
 
     net = vmem.models.get("vgg16")
-    peak = vmem.plan(net, 128, "sim:titan-x", policy, memory="1000GB").peak_bytes
+    peak = vmem.plan(net, 128, "sim:titan-x", policy, memory="1000GB", oversubscribe=True).peak_bytes
     return least_memory(lambda memory: vmem.plan(net, 128, "sim:titan-x", policy, memory=memory).fits, peak)
 
 
@@ -45,7 +45,9 @@ def test_step_2_layer_wise_allocation_without_offload_when_it_fits(peaks):
     plan = dyn(peaks["layerwise:algos=performance"])
     assert (plan.step, plan.chosen) == (2, "layerwise:algos=performance")
     assert plan.fits and plan.step_seconds == pytest.approx(plan.baseline_step_seconds)
-    baseline = vmem.plan(vmem.models.get("vgg16"), 128, "sim:titan-x", "baseline:algos=performance", memory="1000GB")
+    baseline = vmem.plan(
+        vmem.models.get("vgg16"), 128, "sim:titan-x", "baseline:algos=performance", memory="1000GB", oversubscribe=True
+    )
     assert plan.peak_bytes < baseline.peak_bytes
 
 

@@ -32,7 +32,7 @@ class Probe(vmem.policies.Policy):
 
 def test_the_oracle_answers_as_evaluate_and_none_where_no_figures_are_wanted():
     net = vmem.models.get("resnet_cifar", depth=8)
-    peak = vmem.plan(net, 64, SIM, "vdnn-all", memory="1TiB").peak_bytes
+    peak = vmem.plan(net, 64, SIM, "vdnn-all", memory="1TiB", oversubscribe=True).peak_bytes
     asks = [(peak // 2, False), (peak // 2, True), (4 * peak, False), (peak // 2, False), (4 * peak, True)]
     probe = Probe("vdnn-all", asks)
     vmem.plan(net, 64, SIM, probe, memory=4 * peak)

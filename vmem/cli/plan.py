@@ -146,6 +146,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 precision=args.precision,
                 nproc=args.nproc,
                 shard_optimizer=args.shard_optimizer,
+                oversubscribe=bool(getattr(args, "oversubscribe", False)),
             )
     finally:
         if not isinstance(device, str):

@@ -120,7 +120,7 @@ def fraction_budget(
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction={fraction!r}: a budget is a fraction of the baseline's peak in (0, 1]")
     target = Target.of(device)
-    lean = plan(net, batch, target, "baseline:algos=memory", memory=UNBOUNDED, precision=precision)
+    lean = plan(net, batch, target, "baseline:algos=memory", memory=UNBOUNDED, precision=precision, oversubscribe=True)
     needs = lean.peak_bytes
     floor = smallest_memory(net.build(batch, precision=precision), target, policy)
     memory = -(-int(needs * fraction) // 1024) * 1024

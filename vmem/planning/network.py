@@ -14,6 +14,7 @@ from .microbatch import plan_microbatched
 from .plan import baseline_seconds, plan_program
 from .result import PlanResult
 from .target import Target
+from ..units import format_bytes
 
 if TYPE_CHECKING:
     from ..costs.model import CostModel
@@ -37,6 +38,7 @@ def plan(
     costs: "CostModel | None" = None,
     nproc: int = 1,
     shard_optimizer: bool = False,
+    oversubscribe: bool = False,
 ) -> PlanResult:
     """Plan one training step of ``net`` at ``batch`` on ``device`` under ``policy``, without running it.
 
@@ -50,11 +52,19 @@ def plan(
     ``nproc``: one rank of a data-parallel run of that many, each at ``batch`` (its share), the gradients'
     all-reduce over the device's interconnect priced and overlapped with backward (the figures'
     ``comm_seconds`` and ``exposed_comm_seconds``); ``shard_optimizer``: the optimizer's state sharded over
-    the ranks (ZeRO's stage 1), the rank that keeps the most of it planned.
+    the ranks (ZeRO's stage 1), the rank that keeps the most of it planned. ``memory`` above a simulated
+    GPU's capacity is refused (as ``vmem plan`` refuses it) unless ``oversubscribe``: a what-if card.
     """
     if not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc={nproc!r} must be a positive int")
     target = Target.of(device, memory)
+    if memory is not None and not oversubscribe:
+        card = Target.of(device).spec
+        if card.kind == "sim" and target.spec.memory > card.memory:
+            raise ValueError(
+                f"memory={memory!r} is more than {card.name}'s {format_bytes(card.memory)}; give at most that, or "
+                "oversubscribe=True to plan a card with that much memory"
+            )
     program = net.build(batch, input_shape, dtype, precision)
     refused: BudgetTooSmall | None = None
     try:
