@@ -47,7 +47,7 @@ def named(net, batch: int, device: str, memory: int) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for spec in NAMED:
         try:
-            r = vmem.plan(net, batch, device, spec, memory=memory)
+            r = vmem.plan(net, batch, device, spec, memory=memory, oversubscribe=True)
             out[spec] = r.step_seconds if r.fits else None
         except (PlanError, ValueError):
             out[spec] = None
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             best = min(fit.items(), key=lambda kv: kv[1]) if fit else None
             t0 = time.perf_counter()
             try:
-                result = vmem.plan(net, batch, args.device, "auto", memory=memory)
+                result = vmem.plan(net, batch, args.device, "auto", memory=memory, oversubscribe=True)
                 auto = result.step_seconds if result.fits else None
                 chosen = result.plan.chosen
             except PlanError:
@@ -136,10 +136,12 @@ def main(argv: list[str] | None = None) -> int:
         ).step_seconds
         disagree = 0.0
         for fraction, limit in MONET:
-            r = vmem.plan(net, 184, args.device, "auto", memory=int(layer.peak_bytes * fraction))
+            r = vmem.plan(net, 184, args.device, "auto", memory=int(layer.peak_bytes * fraction), oversubscribe=True)
             over = r.step_seconds / fast - 1 if r.fits else float("inf")
             t0 = time.perf_counter()
-            ilp = vmem.plan(net, 184, args.device, "auto:solver=ilp", memory=int(layer.peak_bytes * fraction))
+            ilp = vmem.plan(
+                net, 184, args.device, "auto:solver=ilp", memory=int(layer.peak_bytes * fraction), oversubscribe=True
+            )
             ilp_seconds = time.perf_counter() - t0
             ilp_over = ilp.step_seconds / fast - 1 if ilp.fits else float("inf")
             disagree = max(disagree, abs(ilp.step_seconds / r.step_seconds - 1))
