@@ -196,3 +196,29 @@ def test_fuzzed_cache_files_never_crash_and_never_plan_a_non_finite_figure(folde
         kept = cache.load(digest)
     if kept is not None:
         _figures_finite(kept)
+
+
+@pytest.mark.parametrize("planted", ["fifo", "folder", "cache folder a file"])
+def test_a_profile_that_could_not_be_kept_is_said_so(folder, planted, monkeypatch, tmp_path):
+    """ "kept in ... for the next run" only where it was: a FIFO or a folder at the profile's name, or a file
+    where the cache's folder should be, leaves it unkept, and the line the command prints says so."""
+    from vmem.cli.progress import profile_line
+
+    digest = "3" * 32
+    if planted == "cache folder a file":
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.write_text("not a folder")
+    else:
+        folder.mkdir(parents=True)
+        path = folder / f"{digest}.json"
+        os.mkfifo(path) if planted == "fifo" else path.mkdir()
+    made = cache.parse(_measured())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", cache.CacheWarning)
+        assert cache.store(digest, made) is made
+    assert cache.not_kept() is not None
+    line = profile_line(False, 1.5)
+    assert "not kept" in line and "the next run measures it again" in line and "for the next run" not in line
+    monkeypatch.setenv("VMEM_CACHE_DIR", str(tmp_path / "elsewhere"))
+    cache.store("4" * 32, made)
+    assert cache.not_kept() is None and "for the next run" in profile_line(False, 1.5)

@@ -60,6 +60,9 @@ def profile_line(kept: bool, seconds: float) -> str:
         return f"profile: measured in {seconds:.1f} s (VMEM_PROFILE_CACHE=0: not kept)"
     if kept:
         return f"profile: the one kept in {where} (VMEM_PROFILE_CACHE=0 measures afresh)"
+    why = profiles.not_kept()
+    if why is not None:  # the next run measures again
+        return f"profile: measured in {seconds:.1f} s, not kept ({why}): the next run measures it again"
     return f"profile: measured in {seconds:.1f} s and kept in {where} for the next run"
 
 

@@ -227,7 +227,7 @@ def _train(args: argparse.Namespace, stop: Any, group: ProcessGroup | None = Non
             program = trainer.net.build(local.batch, trainer.input_shape, precision=args.precision)
             with Slow(
                 f"profiling {len(program.ops)} layers of {net.name} at batch {local.batch} on "
-                f"{trainer.device.name} (every pass and algorithm; kept for the next run)",
+                f"{trainer.device.name} (every pass and algorithm)",
                 quiet=args.json,
             ):
                 profiled_at = time.perf_counter()

@@ -278,12 +278,23 @@ def _make_folder(path: Path) -> None:
         raise OSError(f"{path} is not a folder")
 
 
+#: Why the last profile measured was not kept (None: it was, or none was measured): what a command says
+_last_unkept: list[str | None] = [None]
+
+
+def not_kept() -> str | None:
+    """Why the profile measured last was not kept in the cache (None where it was)."""
+    return _last_unkept[0]
+
+
 def store(digest: str, profiled: Profiled) -> Profiled:
     """Keep ``profiled`` under ``digest`` unless a good profile is kept there already (then that one is
-    returned: the first complete writer wins). A cache that cannot be written is skipped."""
+    returned: the first complete writer wins). A cache that cannot be written is skipped, and
+    :func:`not_kept` says why."""
     if not enabled():
         return profiled
     path = folder() / f"{digest}.json"
+    _last_unkept[0] = None
     try:
         _make_folder(path.parent)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
@@ -300,10 +311,13 @@ def store(digest: str, profiled: Profiled) -> Profiled:
                     return kept
                 if path.is_symlink() or path.is_file():  # a bad or planted file: replaced, not written through
                     os.replace(tmp, path)
+                else:
+                    _last_unkept[0] = f"{path} is not a regular file"
         finally:
             tmp.unlink(missing_ok=True)
-    except OSError:
-        pass
+    except OSError as exc:
+        where = printable(str(exc.filename or path))
+        _last_unkept[0] = f"{exc.strerror}: {where}" if exc.strerror else printable(str(exc))
     return profiled
 
 

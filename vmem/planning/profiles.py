@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..graph import Network
     from ..policies.base import Policy
 
-__all__ = ["needs_profile", "measure", "cache_folder", "cache_enabled"]
+__all__ = ["needs_profile", "measure", "cache_folder", "cache_enabled", "not_kept"]
 
 
 def needs_profile(policy: Policy | str) -> bool:
@@ -42,3 +42,8 @@ def cache_folder() -> Path:
 def cache_enabled() -> bool:
     """Whether profiles are kept and reused (``VMEM_PROFILE_CACHE`` is not ``0``)."""
     return cache.enabled()
+
+
+def not_kept() -> str | None:
+    """Why the profile measured last was not kept for the next run (None where it was)."""
+    return cache.not_kept()
