@@ -281,3 +281,17 @@ def test_a_size_that_is_not_positive_is_called_so(capsys, value):
 def test_a_copy_larger_than_the_machine_is_refused_before_anything_is_allocated(capsys):
     code, _, err = run(capsys, "bench", "bandwidth", "--sizes", "100TiB")
     assert code != 0 and "--sizes: a copy of 100.00 TiB needs about" in err and "Unable to allocate" not in err
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [(("--optimizer", "adam"), "optimizer is 'SGD', this trainer's is 'Adam'"), (("--image-size", "24"), "has shape")],
+)
+def test_a_resume_another_run_cannot_continue_is_refused_before_any_profiling(capsys, tmp_path, change, message):
+    save = str(tmp_path / "ck.npz")
+    code, _, _ = run(capsys, "train", "--epochs", "1", "--save", save, "--dataset", "synthetic", "--batch", "64")
+    assert code == 0
+    code, _, err = run(
+        capsys, "train", "--epochs", "2", "--resume", save, "--dataset", "synthetic", "--batch", "64", *change
+    )
+    assert code != 0 and message in err and "profil" not in err

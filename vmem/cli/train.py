@@ -125,6 +125,15 @@ def _preflight(args: argparse.Namespace, ranks: int) -> tuple[Any, Any, Any]:
     return net, train, val
 
 
+def _optimizer(args: argparse.Namespace) -> Any:
+    """The run's optimizer, as ``--optimizer``, ``--lr``, ``--momentum`` and ``--weight-decay`` ask."""
+    from .. import optim
+
+    if args.optimizer == "sgd":
+        return optim.SGD(lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    return optim.Adam(lr=args.lr, weight_decay=args.weight_decay)
+
+
 def _check_resume(args: argparse.Namespace, net: Network) -> None:
     """The ``--resume`` checkpoint, checked before any work: a readable vmem checkpoint of this
     network that has epochs left to train; every setting of this run that differs from its run named in
@@ -132,6 +141,8 @@ def _check_resume(args: argparse.Namespace, net: Network) -> None:
     from ..training import checkpoint
 
     meta = checkpoint.check(args.resume, net.name)
+    # its arrays against this run's network (its image size, its classes) and optimizer, before any profiling
+    checkpoint.read(args.resume, net.name, _optimizer(args), net.param_specs(net.input_shape))
     done = meta.get("epochs_done", 0)
     if isinstance(done, int) and done >= args.epochs:
         raise ValueError(
@@ -171,7 +182,6 @@ def _check_resume(args: argparse.Namespace, net: Network) -> None:
 def _train(args: argparse.Namespace, stop: Any, group: ProcessGroup | None = None) -> int:
     import numpy as np
 
-    from .. import optim
     from ..training import Trainer
 
     ranks = 1 if group is None else group.size
@@ -183,11 +193,7 @@ def _train(args: argparse.Namespace, stop: Any, group: ProcessGroup | None = Non
     raised = False
     if fraction is not None:  # a budget below what the baseline needs (at each rank's batch): what vmem is for
         memory, needs, raised = auto_memory(local, net, fraction)
-    opt: optim.Optimizer
-    if args.optimizer == "sgd":
-        opt = optim.SGD(lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
-    else:
-        opt = optim.Adam(lr=args.lr, weight_decay=args.weight_decay)
+    opt = _optimizer(args)
     t0 = time.perf_counter()
     # a math mode asked for: the device opened here with it (and closed after the Trainer)
     opened = (
