@@ -218,10 +218,13 @@ def _combined(batch: int, sizes: tuple[int, ...], parts: list[Part], passes: tup
         baseline_step_seconds=None,
     )
     plan = dataclasses.replace(middle.result.plan, batch=batch, microbatch=len(sizes))
+    step = combined.step_seconds
     plan = dataclasses.replace(
         plan,
-        reason=f"{plan.reason.rstrip('.')}; as {len(sizes)} micro-batches of {sizes[0]} (of {batch}), one after the other"
-        + (f", after {len(passes)} statistics passes for batch norm's whole-batch sums." if passes else "."),
+        reason=f"{plan.reason.rstrip('.')} (each micro-batch); as {len(sizes)} micro-batches of {sizes[0]} (of "
+        f"{batch}), one after the other"
+        + (f", after {len(passes)} statistics passes for batch norm's whole-batch sums" if passes else "")
+        + (f": the whole step {step * 1e3:.2f} ms predicted." if step is not None else "."),
     )
     return PlanResult(plan, combined)
 
