@@ -292,3 +292,36 @@ def test_an_image_size_the_machine_cannot_hold_is_refused_before_anything_is_all
 def test_an_optimizer_given_by_name_is_refused_at_once_with_the_way_to_give_one():
     with pytest.raises(TypeError, match=r"optimizer='sgd': give an optimizer object, e.g. vmem.optim.SGD"):
         vmem.Trainer(vmem.models.get("digits_vgg"), optimizer="sgd")
+
+
+def test_a_second_thread_stepping_the_same_trainer_is_refused_clearly():
+    """Two threads stepping one Trainer: the second is refused at once, naming the cause (it met
+    OutOfPinnedMemory from the first step's reservation)."""
+    import threading
+
+    net = vmem.models.get("digits_cnn")
+    x = np.random.default_rng(0).standard_normal((8,) + net.input_shape).astype(np.float32)
+    y = np.arange(8) % 10
+    with vmem.Trainer(net, seed=0) as trainer:
+        trainer.step(x, y)
+        ex = trainer.session.executor(8, True)
+        inside, go_on = threading.Event(), threading.Event()
+        real = ex._run
+
+        def slow(*args, **kwargs):
+            inside.set()
+            go_on.wait(10)
+            return real(*args, **kwargs)
+
+        ex._run = slow
+        first = threading.Thread(target=trainer.step, args=(x, y))
+        first.start()
+        try:
+            assert inside.wait(10)
+            with pytest.raises(RuntimeError, match="another thread is running a step"):
+                trainer.step(x, y)
+        finally:
+            go_on.set()
+            first.join(10)
+        ex._run = real
+        assert trainer.step(x, y).loss > 0  # and the next step runs

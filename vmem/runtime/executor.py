@@ -17,7 +17,9 @@ allocated is returned, so the pool is exactly as it was before the step.
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from typing import Any, Sequence, TYPE_CHECKING
 
 import numpy as np
@@ -67,6 +69,20 @@ if TYPE_CHECKING:
 __all__ = ["Executor", "StepReport"]
 
 _LABELS, _PROBS, _LOSS = Key(Kind.LABELS), Key(Kind.PROBS), Key(Kind.LOSS)
+
+
+#: one lock per device: a step holds its device's while it runs
+_STEPS: "weakref.WeakKeyDictionary[Any, threading.Lock]" = weakref.WeakKeyDictionary()
+_STEPS_GUARD = threading.Lock()
+
+
+def _stepping(device: Any) -> threading.Lock:
+    """The lock a step holds on ``device`` while it runs."""
+    with _STEPS_GUARD:
+        lock = _STEPS.get(device)
+        if lock is None:
+            lock = _STEPS[device] = threading.Lock()
+        return lock
 
 
 class HostBatch:
@@ -294,7 +310,33 @@ class Executor:
         :class:`vmem.optim.GradScaler`) multiplies the loss's gradient; the weights' gradients are divided by
         it before the update, and a step whose scaled gradients overflow is skipped as any non-finite one.
         ``share``: this batch is a micro-batch of a step (:class:`vmem.runtime.MicroBatched`), its loss's
-        gradient weighed by its share of the step's samples."""
+        gradient weighed by its share of the step's samples. One step at a time on a device: a thread that
+        asks for a step while another thread's runs there is refused (RuntimeError), not queued."""
+        lock = _stepping(self.device)
+        if not lock.acquire(blocking=False):
+            raise RuntimeError(
+                f"{self.program.network}: another thread is running a step on {self.device.name}; step a Trainer "
+                "from one thread at a time (or give each thread its own Trainer and device)"
+            )
+        try:
+            return self._run(
+                x, labels, train=train, rng=rng, step=step, check=check, loss_scale=loss_scale, share=share
+            )
+        finally:
+            lock.release()
+
+    def _run(
+        self,
+        x: "np.ndarray | Sequence[np.ndarray] | HostBatch",
+        labels: np.ndarray | None,
+        *,
+        train: bool,
+        rng: np.random.Generator,
+        step: int,
+        check: bool,
+        loss_scale: float | None,
+        share: float | None,
+    ) -> tuple[StepReport, np.ndarray | None]:
         dev, pool = self.device, self.device.pool
         host_xs = x.arrays if isinstance(x, HostBatch) else self.host_batch(x).arrays
         # before the step: no pinned allocation inside it (the offloads' buffers, and the batch's staging)
