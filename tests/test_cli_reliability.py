@@ -295,3 +295,9 @@ def test_a_resume_another_run_cannot_continue_is_refused_before_any_profiling(ca
         capsys, "train", "--epochs", "2", "--resume", save, "--dataset", "synthetic", "--batch", "64", *change
     )
     assert code != 0 and message in err and "profil" not in err
+
+
+def test_a_path_with_terminal_escapes_is_echoed_as_text(capsys, tmp_path):
+    """A file name that carries a terminal escape (ESC [ 31 m) is shown escaped in an error, never sent raw."""
+    code, _, err = run(capsys, "train", "--resume", str(tmp_path / "evil\x1b[31mname.npz"))
+    assert code != 0 and "\x1b" not in err and "\\x1b[31m" in err

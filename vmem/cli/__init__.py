@@ -13,6 +13,7 @@ import sys
 from typing import Sequence
 
 from ..errors import VmemError
+from ..units import printable
 from ..training.callbacks import StopOnSignal, Terminated
 from . import bench, plan, trace, train
 from .listing import cmd_devices, cmd_models
@@ -75,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "json", False):
             print(json.dumps({"command": args.command, "error": str(exc), "type": type(exc).__name__}))
         else:
-            print(f"vmem {args.command}: error: {exc}", file=sys.stderr)
+            text = "\n".join(printable(line) for line in str(exc).split("\n"))  # a path's escapes as text
+            print(f"vmem {args.command}: error: {text}", file=sys.stderr)
         return 1
 
 

@@ -86,7 +86,8 @@ def warnings_as_lines(command: str) -> Any:
     before = warnings.formatwarning
 
     def line(message: Any, category: Any, filename: str, lineno: int, text: str | None = None) -> str:
-        return f"vmem {command}: warning: {message}\n"
+        text = "\n".join(printable(part) for part in str(message).split("\n"))  # a path's escapes as text
+        return f"vmem {command}: warning: {text}\n"
 
     warnings.formatwarning = line  # type: ignore[assignment]  # the same call, one line
     try:
