@@ -4,6 +4,7 @@ device's generator, work on its compute stream), run here on the CPU device."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import vmem
 from vmem.costs import profile
@@ -246,3 +247,57 @@ def test_a_first_run_that_compiled_a_kernel_is_timed_again_on_a_gpu(monkeypatch)
     calls.clear()
     runner.seconds(op(0.25, 0.001), repeats=3)
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_a_gpu_profile_draws_half_inputs_in_float32_as_cupys_generator_requires(dtype):
+    """CuPy's Generator.standard_normal takes float32 and float64 only (TypeError otherwise, seen on an H200
+    on 2026-11-28): a profile on a GPU draws half-precision inputs in FP32 and casts them, scaled as asked."""
+    from types import SimpleNamespace
+
+    from vmem.costs import timing
+
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+        import ml_dtypes
+
+        dt = np.dtype(ml_dtypes.bfloat16)
+    else:
+        dt = np.dtype(dtype)
+
+    class StrictGenerator:  # CuPy 14's contract (cupy/random/_generator_api.pyx)
+        def __init__(self, seed):
+            self.rng = np.random.default_rng(seed)
+
+        def standard_normal(self, size=None, dtype=np.float64, out=None):
+            if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
+                raise TypeError(f"Unsupported dtype {np.dtype(dtype).name} for standard_normal")
+            assert out is not None and out.dtype == np.dtype(dtype)
+            out[...] = self.rng.standard_normal(out.shape, dtype=np.dtype(dtype))
+            return out
+
+    xp = SimpleNamespace(
+        random=SimpleNamespace(default_rng=StrictGenerator), multiply=np.multiply, add=np.add, float32=np.float32
+    )
+
+    class Stream:
+        def launch(self, fn, *args):
+            fn(*args)
+
+    device = SimpleNamespace(
+        compute_stream=Stream(),
+        pool=SimpleNamespace(allocate=lambda nbytes, stream, category: nbytes),
+        view=lambda block, shape, dtype: np.empty(shape, dtype),
+    )
+    runner = object.__new__(timing._Runner)
+    runner.streamed, runner.device, runner.xp, runner._gen, runner._blocks = True, device, xp, None, []
+    runner.call = lambda fn: fn()
+    monkey = timing._DRAW_CHUNK
+    try:
+        timing._DRAW_CHUNK = 1000  # several chunks, the last one short
+        out = runner.normal(np.random.default_rng(0), (7, 5, 61), dt, scale=2.0, shift=1.0)
+    finally:
+        timing._DRAW_CHUNK = monkey
+    values = out.astype(np.float64)
+    assert out.dtype == dt and np.isfinite(values).all()
+    assert abs(values.mean() - 1.0) < 0.2 and abs(values.std() - 2.0) < 0.2
