@@ -325,3 +325,25 @@ def test_a_second_thread_stepping_the_same_trainer_is_refused_clearly():
             first.join(10)
         ex._run = real
         assert trainer.step(x, y).loss > 0  # and the next step runs
+
+
+def test_synthetic_data_is_never_one_long_numpy_call(monkeypatch):
+    """Ctrl-C is only seen between NumPy calls: no draw may cover the whole dataset (1024 images at 224x224
+    were one call of 2.5 s)."""
+    real = np.random.default_rng
+    sizes = []
+
+    class Recorder:
+        def __init__(self, seed):
+            self.rng = real(seed)
+
+        def standard_normal(self, size):
+            sizes.append(int(np.prod(size)))
+            return self.rng.standard_normal(size)
+
+        def __getattr__(self, name):
+            return getattr(self.rng, name)
+
+    monkeypatch.setattr(np.random, "default_rng", Recorder)
+    vmem.data.synthetic(n=256, input_shape=(3, 224, 224))
+    assert max(sizes) <= 1 << 22 and len(sizes) > 10
