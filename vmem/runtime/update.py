@@ -72,6 +72,17 @@ class Updates:
             if optimizer is not None
             else []
         )
+        #: the state a forward updates (batch norm's running statistics), which the finite check sums too; not
+        #: a constant the model holds (``init="value"``: an imported attention mask's -inf is meant)
+        self.updated = (
+            [
+                params.views[Key(Kind.WEIGHT, f"{op.name}.{k}")]
+                for op, k, s in program.owned_params()
+                if not s.trainable and s.init != "value"
+            ]
+            if optimizer is not None
+            else []
+        )
         #: every weight gradient (what the finite check sums)
         self.grads = [v for k, v in params.views.items() if k.kind is Kind.WEIGHT_GRAD]
 
@@ -141,10 +152,7 @@ class Updates:
         if self.grads:  # every gradient (a rank that updates a share, even none, decides as all do)
             total = sum(g.sum() for g in self.grads)
             ok = xp.logical_and(ok, xp.isfinite(total))
-        if self.stats and r.kept_stats:  # what the forward changed besides (batch norm's running statistics):
-            # a batch whose variance overflows leaves a finite loss and an infinite running_var, which every
-            # later step reads. Only state that was finite before the step counts (a mask's -inf is meant)
-            for now, before in zip(self.stats, r.kept_stats):
-                was = xp.isfinite(before.sum(dtype=np.float64))
-                ok = xp.logical_and(ok, xp.logical_or(xp.isfinite(now.sum(dtype=np.float64)), xp.logical_not(was)))
+        if self.updated:  # what the forward changed besides (batch norm's running statistics): a batch whose
+            # variance overflows leaves a finite loss and an infinite running_var, which every later step reads
+            ok = xp.logical_and(ok, xp.isfinite(sum(v.sum(dtype=np.float64) for v in self.updated)))
         return ok
