@@ -301,3 +301,12 @@ def test_a_gpu_profile_draws_half_inputs_in_float32_as_cupys_generator_requires(
     values = out.astype(np.float64)
     assert out.dtype == dt and np.isfinite(values).all()
     assert abs(values.mean() - 1.0) < 0.2 and abs(values.std() - 2.0) < 0.2
+
+
+def test_a_search_that_lists_an_algorithm_twice_keeps_its_faster_entry():
+    """cuDNN's Find lists an algorithm once per math type it ran in, fastest first: the profile keeps the
+    faster (a dict over the results kept the last, the slower)."""
+    from vmem.costs.timing import fastest
+
+    found = [("implicit_gemm", 0.001, 0), ("algo_1", 0.002, 0), ("implicit_gemm", 0.004, 0)]
+    assert fastest(found) == {"implicit_gemm": 0.001, "algo_1": 0.002}

@@ -364,7 +364,7 @@ class CudnnConv:
     ) -> list[str]:
         lib, f = cudnn.lib(), cudnn.ffi()
         d = self.descs(layer, x_shape, y_shape, layout, dtype)
-        n = len(cudnn.ALGOS[pass_])
+        n = 2 * len(cudnn.ALGOS[pass_])  # room for each algorithm in each math type it is ranked in
         returned = f.new("int *")
         h = self._handle()
         if pass_ == "forward":
@@ -383,8 +383,8 @@ class CudnnConv:
                 h, d.x.ptr, d.y.ptr, d.conv.ptr, d.w.ptr, n, returned, perf
             )
         cudnn.check(f"cudnnGet*Algorithm_v7({pass_})", status)
-        names = cudnn.ALGOS[pass_]
-        return [names[p.algo] for p in perf[0 : returned[0]] if p.status == cudnn.SUCCESS]
+        names = cudnn.ALGOS[pass_]  # an algorithm ranked in two math types: at its better place
+        return list(dict.fromkeys(names[p.algo] for p in perf[0 : returned[0]] if p.status == cudnn.SUCCESS))
 
     def find(
         self, layer: "Conv2d", pass_: str, x: GpuArray, w: GpuArray, y: GpuArray, ws: GpuArray
@@ -460,7 +460,7 @@ def search(
     algorithm that ran, fastest first."""
     lib, f = cudnn.lib(), cudnn.ffi()
     ptr = CudnnConv._ptr
-    n = len(cudnn.ALGOS[pass_])
+    n = 2 * len(cudnn.ALGOS[pass_])  # room for each algorithm in each math type it runs in
     returned = f.new("int *")
     args = (ptr(ws), int(ws.nbytes)) if ws is not None else (f.NULL, 0)
     if pass_ == "forward":
