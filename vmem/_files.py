@@ -13,10 +13,11 @@ import stat
 from pathlib import Path
 from typing import IO, Any, Callable
 
-__all__ = ["checked_output", "write_output"]
+__all__ = ["checked_output", "kind_of", "write_output"]
 
 
-def _kind(mode: int) -> str:
+def kind_of(mode: int) -> str:
+    """What a file that is not a regular one is, by its ``st_mode``, for a message ("a FIFO")."""
     if stat.S_ISDIR(mode):
         return "a folder"
     if stat.S_ISFIFO(mode):
@@ -40,7 +41,7 @@ def checked_output(path: str | os.PathLike, what: str) -> Path:
     if info is not None and stat.S_ISLNK(info.st_mode):
         raise ValueError(f"{p}: is a symbolic link; vmem writes {what} only as a regular file (remove the link)")
     if info is not None and not stat.S_ISREG(info.st_mode):
-        raise ValueError(f"{p}: is {_kind(info.st_mode)}; vmem writes {what} only as a regular file")
+        raise ValueError(f"{p}: is {kind_of(info.st_mode)}; vmem writes {what} only as a regular file")
     folder = p.parent
     if not folder.is_dir():
         raise ValueError(f"{p}: the folder {folder} does not exist")

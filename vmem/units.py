@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["parse_bytes", "format_bytes", "printable", "UNITS"]
+__all__ = ["parse_bytes", "format_bytes", "printable", "printable_lines", "UNITS"]
 
 #: The units :func:`parse_bytes` accepts, with their size in bytes.
 UNITS = {
@@ -63,6 +63,12 @@ def format_bytes(nbytes: int | float) -> str:
             return f"{sign}{value:.0f} B" if unit == "B" else f"{sign}{value:.2f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def printable_lines(text: str) -> str:
+    """:func:`printable` line by line: the line breaks a message means kept, every other control character
+    escaped."""
+    return "\n".join(printable(line) for line in text.split("\n"))
 
 
 def printable(text: str) -> str:

@@ -13,7 +13,7 @@ import sys
 from typing import Sequence
 
 from ..errors import VmemError
-from ..units import printable
+from ..units import printable_lines
 from ..training.callbacks import StopOnSignal, Terminated
 from . import bench, plan, trace, train
 from .listing import cmd_devices, cmd_models
@@ -76,8 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "json", False):
             print(json.dumps({"command": args.command, "error": str(exc), "type": type(exc).__name__}))
         else:
-            text = "\n".join(printable(line) for line in str(exc).split("\n"))  # a path's escapes as text
-            print(f"vmem {args.command}: error: {text}", file=sys.stderr)
+            print(f"vmem {args.command}: error: {printable_lines(str(exc))}", file=sys.stderr)  # escapes as text
         return 1
 
 

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from ..units import format_bytes, parse_bytes
-from .options import positive_float, positive_int
+from .options import host_memory, positive_float, positive_int
 
 __all__ = ["cmd_bench", "add_parser"]
 
@@ -33,7 +33,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             )
     sizes = args.sizes.split(",") if args.sizes else (["4MiB", "16MiB", "64MiB"] if args.codec else list(DEFAULT_SIZES))
     largest = max(parse_bytes(size.strip(), name="--sizes") for size in sizes)
-    host = _host_memory()
+    host = host_memory()
     if host is not None and 4 * largest > host:  # a source and a destination, pinned and pageable
         raise ValueError(
             f"--sizes: a copy of {format_bytes(largest)} needs about {format_bytes(4 * largest)} of host memory "
@@ -127,13 +127,3 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
-
-
-def _host_memory() -> int | None:
-    """Bytes of memory this machine has (None where it cannot tell)."""
-    import os
-
-    try:
-        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return None

@@ -262,7 +262,7 @@ def check_memory(args: argparse.Namespace) -> None:
         if wanted > _MOST_MEMORY:
             raise ValueError(f"--memory {args.memory}: more than the {format_bytes(_MOST_MEMORY)} a plan can take")
     elif name in ("cpu", "cpu:0"):
-        ram = _host_memory()
+        ram = host_memory()
         if ram is not None and wanted > ram:
             raise ValueError(
                 f"--memory {args.memory} is more than this machine's {format_bytes(ram)} of memory (the CPU device's "
@@ -274,7 +274,8 @@ def check_memory(args: argparse.Namespace) -> None:
 _MOST_MEMORY = 1 << 60
 
 
-def _host_memory() -> int | None:
+def host_memory() -> int | None:
+    """Bytes of memory this machine has (None where it cannot tell)."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):

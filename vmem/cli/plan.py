@@ -182,15 +182,13 @@ _PROFILED_BATCH = 32
 
 def _largest_batch(args: argparse.Namespace, net: Network) -> int:
     """``vmem plan --largest-batch``: the largest batch ``--policy`` (auto by default) plans to fit."""
-    from ..planning import largest_batch
+    from ..planning import largest_batch, profiles
 
     if args.memory is not None and str(args.memory).startswith("auto"):
         raise ValueError("--largest-batch takes --memory as a size (e.g. 8GiB), not auto")
     policy = args.policy or "auto"
     if args.algos:
         policy = policy_spec(args)
-    from ..planning import profiles
-
     device: Device = args.device
     simulated = args.device.startswith("sim:")
     # a policy that ranks plans by measured time plans each batch tried with a profile of the device at it
@@ -202,17 +200,16 @@ def _largest_batch(args: argparse.Namespace, net: Network) -> int:
     tries: list[tuple[int, bool]] = []
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
 
-    reference: dict[int, Any] = {}
+    profiled: list[Any] = []  # one profile, made on the first try
 
     def costs(batch: int) -> Any:
         # one profile, at a small batch, its op times scaled to each batch tried: whether a plan fits does
         # not hang on its predicted time (profiling every batch tried took minutes)
-        if not reference:
-            at = _PROFILED_BATCH
+        at = _PROFILED_BATCH
+        if not profiled:
             say(f"profiling {net.name} at batch {at} on {args.device} (op times scaled to each batch tried)...")
-            reference[at] = profiles.measure(net, at, cast("Device", device), precision=args.precision)[0]
-        ((at, profiled),) = reference.items()
-        return profiled if batch == at else profiled.scaled(batch / at)
+            profiled.append(profiles.measure(net, at, cast("Device", device), precision=args.precision)[0])
+        return profiled[0] if batch == at else profiled[0].scaled(batch / at)
 
     def progress(batch: int, ok: bool) -> None:
         tries.append((batch, ok))

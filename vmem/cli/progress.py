@@ -12,7 +12,7 @@ import warnings
 from typing import Any
 
 from ..training.callbacks import Terminated
-from ..units import printable
+from ..units import printable, printable_lines
 
 __all__ = ["SLOW_AFTER", "Slow", "profile_line", "stopped", "warnings_as_lines"]
 
@@ -86,8 +86,7 @@ def warnings_as_lines(command: str) -> Any:
     before = warnings.formatwarning
 
     def line(message: Any, category: Any, filename: str, lineno: int, text: str | None = None) -> str:
-        text = "\n".join(printable(part) for part in str(message).split("\n"))  # a path's escapes as text
-        return f"vmem {command}: warning: {text}\n"
+        return f"vmem {command}: warning: {printable_lines(str(message))}\n"  # a path's escapes as text
 
     warnings.formatwarning = line  # type: ignore[assignment]  # the same call, one line
     try:

@@ -204,7 +204,7 @@ class HostOps(ArrayOps):
         """NumPy's own ``sum(axis=0)``; float32 rows accumulated in float64 and rounded once (see
         :meth:`ArrayOps.column_sum`)."""
         if a.dtype == np.float32:
-            return _rounded(np.sum(a, axis=0, dtype=np.float64), a.dtype, out)
+            return super().column_sum(a, out)
         return np.sum(a, axis=0, out=out)
 
 

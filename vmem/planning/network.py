@@ -57,12 +57,13 @@ def plan(
     """
     if not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc={nproc!r} must be a positive int")
-    target = Target.of(device, memory)
+    card = Target.of(device)
+    target = Target.of(card, memory)
     if memory is not None and not oversubscribe:
-        card = Target.of(device).spec
-        if card.kind == "sim" and target.spec.memory > card.memory:
+        card_spec = card.spec
+        if card_spec.kind == "sim" and target.spec.memory > card_spec.memory:
             raise ValueError(
-                f"memory={memory!r} is more than {card.name}'s {format_bytes(card.memory)}; give at most that, or "
+                f"memory={memory!r} is more than {card_spec.name}'s {format_bytes(card_spec.memory)}; give at most that, or "
                 "oversubscribe=True to plan a card with that much memory"
             )
     program = net.build(batch, input_shape, dtype, precision)

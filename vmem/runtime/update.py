@@ -67,22 +67,19 @@ class Updates:
                 self.buckets[st.params] = (ids, [sizes[i] for i in ids])
         #: state a forward changes besides the weights (batch norm's running statistics): kept aside at the
         #: start of a step, put back if the step turns out not finite
-        self.stats = (
-            [params.views[Key(Kind.WEIGHT, f"{op.name}.{k}")] for op, k, s in program.owned_params() if not s.trainable]
-            if optimizer is not None
-            else []
-        )
-        #: the state a forward updates (batch norm's running statistics), which the finite check sums too; not
-        #: a constant the model holds (``init="value"``: an imported attention mask's -inf is meant)
-        self.updated = (
+        state = (
             [
-                params.views[Key(Kind.WEIGHT, f"{op.name}.{k}")]
+                (s, params.views[Key(Kind.WEIGHT, f"{op.name}.{k}")])
                 for op, k, s in program.owned_params()
-                if not s.trainable and s.init != "value"
+                if not s.trainable
             ]
             if optimizer is not None
             else []
         )
+        self.stats = [view for _, view in state]
+        #: of those, what a forward updates, which the finite check sums too; not a constant the model holds
+        #: (``init="value"``: an imported attention mask's -inf is meant)
+        self.updated = [view for s, view in state if s.init != "value"]
         #: every weight gradient (what the finite check sums)
         self.grads = [v for k, v in params.views.items() if k.kind is Kind.WEIGHT_GRAD]
 

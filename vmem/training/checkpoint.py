@@ -15,6 +15,7 @@ from typing import Any, BinaryIO, Callable, TYPE_CHECKING
 
 import numpy as np
 
+from .._files import kind_of
 from ..errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -61,19 +62,8 @@ def target(
     if real.exists():
         mode = os.stat(real).st_mode
         if not stat.S_ISREG(mode):
-            kind = (
-                "a folder"
-                if stat.S_ISDIR(mode)
-                else "a FIFO"
-                if stat.S_ISFIFO(mode)
-                else "a device"
-                if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-                else "a socket"
-                if stat.S_ISSOCK(mode)
-                else "not a regular file"
-            )
             raise error(
-                f"{shown}: is {kind}; {what} is written only to a regular file "
+                f"{shown}: is {kind_of(mode)}; {what} is written only to a regular file "
                 f"(e.g. {given / example if stat.S_ISDIR(mode) else example})"
             )
     if not real.parent.is_dir():
