@@ -77,3 +77,22 @@ def test_a_network_needs_an_input_shape_and_its_loss_takes_its_output():
         assert trainer.predict(x).shape == (2, 4, 6, 6)  # in NCHW order, as the network computes it
         with pytest.raises(vmem.errors.ShapeError, match="loss SoftmaxCrossEntropy.*a classifier must end in"):
             trainer.step(x, np.zeros(2, np.int64))
+
+
+def test_layers_choose_their_weights_initializer():
+    net = vmem.Sequential(
+        nn.Conv2d(3, 64, 3, padding=1, init="he_out"),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(64 * 8 * 8, 500, init="small"),
+        nn.Linear(500, 400, init="normal"),
+        input_shape=(3, 8, 8),
+    ).init(seed=0)
+    conv, small, lecun = (net.params[f"{k}.weight"] for k in ("conv1", "linear1", "linear2"))
+    assert abs(conv.std() / np.sqrt(2 / (64 * 9)) - 1) < 0.05  # fan_out = 64 filters x 3 x 3
+    assert abs(small.std() / 0.01 - 1) < 0.02
+    assert abs(lecun.std() / np.sqrt(1 / 500) - 1) < 0.02
+    assert "init='he_out'" in repr(net) and "init='small'" in repr(net)
+    for make in (lambda: nn.Conv2d(3, 4, 3, init="xavier"), lambda: nn.Linear(3, 4, init="kaiming")):
+        with pytest.raises(ValueError, match=r"init='(xavier|kaiming)' is not an initializer; choose one of he"):
+            make()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import vmem
@@ -110,3 +111,16 @@ def test_a_kernel_larger_than_the_input():
     net = vmem.Sequential(nn.Conv2d(3, 4, 7), nn.Flatten(), nn.Linear(4, 2), input_shape=(3, 5, 5))
     with pytest.raises(ShapeError, match="does not fit input of shape \\(1, 3, 5, 5\\)"):
         net.build(1)
+
+
+def test_vgg_starts_as_torchvisions_and_learns_at_its_default_rate():
+    """vgg_cifar has no batch norm: from He's fan-in init its logits started with a standard deviation near
+    7 on the synthetic data and SGD at its default rate diverged (as PyTorch does with those weights). With
+    torchvision's fan-out init for its convolutions, the logits start small and a few steps lower the loss."""
+    net = vmem.models.get("vgg_cifar")
+    assert {layer.init for layer in net.layers if layer.kind == "conv"} == {"he_out"}
+    train, _ = vmem.data.synthetic(64, (3, 32, 32), 10, seed=0)
+    with vmem.Trainer(net, policy="baseline", memory="1GiB", seed=0) as trainer:
+        assert float(np.std(trainer.predict(train.x[:32]))) < 1  # was 6.9
+        losses = [trainer.step(train.x[:32], train.y[:32]).loss for _ in range(6)]
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0] < 3  # was 11.4, then nan

@@ -181,7 +181,8 @@ class Network:
 
     # -- parameters --------------------------------------------------------------------------------
     def init(self, seed: int = 0, dtype: str = "float32", input_shape: Sequence[int] | None = None) -> "Network":
-        """Initialize every parameter from a seeded generator (He for conv, Glorot for linear)."""
+        """Initialize every parameter from a seeded generator, as each layer asks (by default He for
+        convolutions, Glorot for linear layers; ``Conv2d(..., init=)`` and ``Linear(..., init=)`` choose)."""
         rng = np.random.default_rng(seed)
         params = {}
         for key, spec in self.param_specs(input_shape).items():
@@ -225,6 +226,10 @@ class Network:
 def _init(rng: np.random.Generator, spec: ParamSpec, dtype: str) -> np.ndarray:
     if spec.init == "he":
         arr = rng.standard_normal(spec.shape) * np.sqrt(2.0 / spec.fan_in)
+    elif spec.init == "he_out":
+        arr = rng.standard_normal(spec.shape) * np.sqrt(2.0 / spec.fan_out)
+    elif spec.init == "small":
+        arr = rng.standard_normal(spec.shape) * 0.01
     elif spec.init == "glorot":
         bound = np.sqrt(6.0 / (spec.fan_in + spec.fan_out))
         arr = rng.uniform(-bound, bound, spec.shape)

@@ -57,12 +57,25 @@ def logical(shape: Shape) -> Shape:
     return tuple(shape)
 
 
+#: the initializers a layer's weights may ask for (``Conv2d(..., init=)``, ``Linear(..., init=)``):
+#: he N(0, 2/fan_in); he_out N(0, 2/fan_out) (torchvision's VGG and ResNet convolutions); glorot
+#: U(+-sqrt(6/(fan_in+fan_out))); normal N(0, 1/fan_in); small N(0, 0.01^2) (torchvision's VGG classifier)
+WEIGHT_INITS = ("he", "he_out", "glorot", "normal", "small")
+
+
+def check_init(layer: str, init: str) -> str:
+    """``init`` if it names one of :data:`WEIGHT_INITS`, else a ValueError naming the layer kind."""
+    if init not in WEIGHT_INITS:
+        raise ValueError(f"{layer}: init={init!r} is not an initializer; choose one of {', '.join(WEIGHT_INITS)}")
+    return init
+
+
 @dataclass(frozen=True)
 class ParamSpec:
     """A trainable parameter (or, with ``trainable=False``, a state buffer such as running statistics)."""
 
     shape: Shape
-    init: str  # "he", "glorot", "zeros", "ones", or "value" (``value``, a constant the layer holds)
+    init: str  # one of WEIGHT_INITS, "zeros", "ones", or "value" (``value``, a constant the layer holds)
     fan_in: int = 1
     fan_out: int = 1
     trainable: bool = True

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Sequence, TYPE_CHECKING
 
 from ..errors import ShapeError
-from .base import Ctx, Layer, ParamSpec, Shape
+from .base import Ctx, Layer, ParamSpec, Shape, check_init
 
 if TYPE_CHECKING:
     from .._typing import Array
@@ -58,8 +58,10 @@ class Conv2d(Layer):
         bias: bool = True,
         groups: int = 1,
         dilation: int | Sequence[int] = 1,
+        init: str = "he",
     ):
         super().__init__()
+        self.init = check_init("Conv2d", init)
         for name, v in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups)):
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"Conv2d: {name}={v!r} must be a positive int")
@@ -94,6 +96,7 @@ class Conv2d(Layer):
             + ("" if self.bias else ", bias=False")
             + (f", groups={self.groups}" if self.groups > 1 else "")
             + (f", dilation={self.dilation}" if self.dilation != (1, 1) else "")
+            + (f", init={self.init!r}" if self.init != "he" else "")
         )
 
     # -- shapes ------------------------------------------------------------------------------------
@@ -120,7 +123,7 @@ class Conv2d(Layer):
         per_group = self.in_channels // self.groups
         fan_in = per_group * kh * kw
         fan_out = self.out_channels // self.groups * kh * kw
-        specs = {"weight": ParamSpec((self.out_channels, kh, kw, per_group), "he", fan_in, fan_out)}
+        specs = {"weight": ParamSpec((self.out_channels, kh, kw, per_group), self.init, fan_in, fan_out)}
         if self.bias:
             specs["bias"] = ParamSpec((self.out_channels,), "zeros")
         return specs

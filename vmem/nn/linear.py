@@ -7,7 +7,7 @@ from typing import Sequence, TYPE_CHECKING
 import numpy as np
 
 from ..errors import ShapeError
-from .base import Ctx, Layer, ParamSpec, Shape
+from .base import Ctx, Layer, ParamSpec, Shape, check_init
 
 if TYPE_CHECKING:
     from .._typing import Array
@@ -22,8 +22,9 @@ class Linear(Layer):
     kind = "linear"
     needs = frozenset({"x"})
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, init: str = "glorot"):
         super().__init__()
+        self.init = check_init("Linear", init)
         for name, v in (("in_features", in_features), ("out_features", out_features)):
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"Linear: {name}={v!r} must be a positive int")
@@ -32,7 +33,11 @@ class Linear(Layer):
         self.bias = bias
 
     def extra_repr(self) -> str:
-        return f"{self.in_features}, {self.out_features}" + ("" if self.bias else ", bias=False")
+        return (
+            f"{self.in_features}, {self.out_features}"
+            + ("" if self.bias else ", bias=False")
+            + (f", init={self.init!r}" if self.init != "glorot" else "")
+        )
 
     def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         self.check_arity(in_shapes)
@@ -45,7 +50,7 @@ class Linear(Layer):
 
     def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:
         specs = {
-            "weight": ParamSpec((self.out_features, self.in_features), "glorot", self.in_features, self.out_features)
+            "weight": ParamSpec((self.out_features, self.in_features), self.init, self.in_features, self.out_features)
         }
         if self.bias:
             specs["bias"] = ParamSpec((self.out_features,), "zeros")
