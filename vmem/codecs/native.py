@@ -197,7 +197,7 @@ def zvc_encode(v: Array, on: Backend = CPU) -> tuple[Any, Any]:
     bits = v.view(np.uint32)
     on.launch("zvc_mask", groups, bits, mask, count, _i64(v.size))
     offset = on.scan(count, np.int64)
-    values = xp.empty(int(offset[-1]), np.uint32)
+    values = xp.empty(offset[-1].item(), np.uint32)  # the one read of the encoding: its size
     on.launch("zvc_pack", groups, bits, mask, offset, values, _i64(v.size))
     return mask, values.view(np.float32)
 
@@ -218,7 +218,7 @@ def ssdc_encode(v: Array, row: int, on: Backend = CPU) -> tuple[Any, Any, Any]:
     count = xp.empty(rows, np.int32)
     on.launch("ssdc_count", rows, bits, count, _i64(v.size))
     row_ptr = on.scan(count, np.int32)
-    nnz = int(row_ptr[-1])
+    nnz = row_ptr[-1].item()  # the one read of the encoding: its size
     cols = xp.empty(nnz, np.uint8)
     values = xp.empty(nnz, np.uint32)
     on.launch("ssdc_pack", rows, bits, row_ptr, cols, values, _i64(v.size))

@@ -262,13 +262,14 @@ class AvgPool2d(_Pool2d):
         """Per-output divisor of shape (ho, wo, 1) (Torch's rule)."""
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel_size, self.stride, self.padding, self.dilation
 
-        def counts(size: int, k: int, s: int, p: int, d: int, out: int) -> np.ndarray:
-            at = (np.arange(out) * s - p)[:, None] + np.arange(k) * d  # each window's positions
+        def counts(size: int, k: int, s: int, p: int, d: int, out: int) -> Array:
+            at = (xp.arange(out) * s - p)[:, None] + xp.arange(k) * d  # each window's positions
             lo, hi = (-p, size + p) if self.count_include_pad else (0, size)
             return ((at >= lo) & (at < hi)).sum(axis=1).astype(np.float64)
 
-        div = np.outer(counts(h, kh, sh, ph, dh, ho), counts(w, kw, sw, pw, dw, wo))[:, :, None]
-        return xp.asarray(div, dtype=dtype)
+        # made where the arrays live (no host array uploaded a step)
+        div = xp.outer(counts(h, kh, sh, ph, dh, ho), counts(w, kw, sw, pw, dw, wo))[:, :, None]
+        return div.astype(dtype)
 
     def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         xp, x = ctx.xp, xs[0]

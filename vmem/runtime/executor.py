@@ -364,8 +364,8 @@ class Executor:
                 if self.comm_stream is not None:
                     self.comm_stream.synchronize()  # a failed collective: raised here
             r.timeline.resolve()
-            if r.ok is not None:  # the step has run: its finite flag is read once, after it
-                r.skipped = not bool(r.ok)
+            if r.ok is not None:  # the step has run: its finite flag is read once, after it, explicitly
+                r.skipped = not r.ok.item()
             if self._has_loss:  # the step has run: the loss's copy has landed
                 r.loss = float(r.batch["loss"][0])
             self._unstage(r)

@@ -1,0 +1,133 @@
+"""``CudaDevice`` run whole on the CPU, unchanged, on a stand-in for CuPy 14 (``tests/standin``) that keeps
+CuPy's contracts and refuses what CuPy refuses: whole training steps, profiles and plans, in fp32, fp16 and
+bf16, under the named policies and ``auto``, against the CPU device's steps. A CuPy rule vmem's code breaks
+fails here, not on a GPU (the GPU check found three such on 2026-11-28: a half-precision random draw, a
+module path, a cuDNN call on BFLOAT16)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import vmem
+from vmem import nn
+
+from ..standin import install, uninstall
+
+
+@pytest.fixture
+def cupy(monkeypatch):
+    cp = install(monkeypatch)
+    cp._state.reset()
+    yield cp
+    uninstall(cp)
+
+
+def test_the_standin_refuses_what_cupy_refuses(cupy):
+    a = cupy.ones(4, np.float32)
+    with pytest.raises(TypeError, match="Unsupported type <class 'numpy.ndarray'>"):
+        a + np.ones(4, np.float32)  # a host array where a device array belongs
+    with pytest.raises(TypeError, match="Unsupported type"):
+        cupy.multiply(a, np.float32(2), out=np.empty(4, np.float32))
+    with pytest.raises(TypeError, match="Implicit conversion to a NumPy array is not allowed"):
+        np.asarray(a)
+    with pytest.raises(TypeError, match="Unsupported dtype float16 for standard_normal"):
+        cupy.random.default_rng(0).standard_normal(size=4, dtype=np.float16)
+    from vmem.device.cuda.kernels import Module
+
+    relu = Module("sm_90").function("relu_f32")
+    y = cupy.empty(4, np.float32)
+    with pytest.raises(TypeError, match="grid and block must be tuples"):
+        relu([1], (256,), (a, y, np.int64(4)))
+    with pytest.raises(TypeError, match=r"int32 \(4 bytes\): the driver reads 8"):
+        relu((1,), (256,), (a, y, np.int32(4)))  # an int64 parameter given 4 bytes reads 4 more
+    with pytest.raises(TypeError, match="a pointer parameter given ndarray"):
+        relu((1,), (256,), (np.ones(4, np.float32), y, np.int64(4)))
+    relu((1,), (256,), (a - 2, y, 4))  # a Python int is passed as int64, as CuPy does
+    assert y.get().tolist() == [0, 0, 0, 0]
+    from cupy.cuda.runtime import CUDARuntimeError
+
+    host = np.zeros(8, np.float32)
+    with pytest.raises(CUDARuntimeError, match="not device memory"):
+        cupy.cuda.runtime.memcpyAsync(a.data.ptr, host.ctypes.data, 32, 1, 0)  # 32 bytes into 16
+    assert cupy._state.COUNTERS.implicit_reads == []
+    bool(a[0] > 0)
+    assert [kind for kind, _ in cupy._state.COUNTERS.implicit_reads] == ["bool"]
+
+
+def _vgg() -> vmem.Sequential:
+    return vmem.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16 * 2 * 2, 10),
+        input_shape=(3, 8, 8),
+    )
+
+
+def _resnet() -> vmem.Network:
+    return vmem.models.get("resnet_cifar", depth=8, image_size=8)
+
+
+def _steps(make, device: str, policy: str, precision: str, cupy, steps: int = 3) -> tuple[dict, list, list]:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 3, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 10, 8)
+    net = make().init(seed=0)
+    launches = []
+    with vmem.Trainer(net, device=device, policy=policy, memory="4MiB", seed=0, precision=precision) as trainer:
+        losses = []
+        for _ in range(steps):
+            before = dict(cupy._state.COUNTERS.launches)
+            losses.append(trainer.step(x, y).loss)
+            after = cupy._state.COUNTERS.launches
+            launches.append({k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)})
+        trainer.sync()
+        return {k: v.copy() for k, v in net.params.items()}, losses, launches
+
+
+#: the largest difference from the CPU device's weights after three steps, where the arithmetic differs:
+#: the ResNet's batch norm sums in float64 (the CPU device's lanes add its pieces in another order, so a
+#: sum may round to the neighbouring float32); half maps convolved as cuDNN does (half weights, each output
+#: rounded once) where the CPU device stages them through FP32 with FP32 weights
+BOUND = {("vgg", "fp32"): 0.0, ("resnet", "fp32"): 1e-6, "half": 1e-2}
+
+
+@pytest.mark.parametrize("make", [_vgg, _resnet], ids=["vgg", "resnet"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("policy", ["baseline", "vdnn-all:codec=zvc,signs=host", "auto"])
+def test_cuda_device_trains_as_the_cpu_device_does(cupy, make, precision, policy):
+    """Three steps on ``CudaDevice`` over the stand-in against the CPU device's: the same weights (within
+    :data:`BOUND`), every kernel through its CPU build with the GPU's arguments, no value read to the host
+    behind the code's back and no host array uploaded inside a step. ``auto`` profiles on the device (the
+    half-precision profile draws its inputs in FP32: a draw in half is refused) and plans."""
+    if precision == "bf16":
+        pytest.importorskip("ml_dtypes")
+    name = make.__name__.strip("_")
+    want, want_losses, _ = _steps(make, "cpu", policy, precision, cupy)
+    cupy._state.reset()
+    got, losses, launches = _steps(make, "cuda:0", policy, precision, cupy)
+    counters = cupy._state.COUNTERS
+    assert counters.implicit_reads == []  # bool/int/float of a device value: a hidden synchronization
+    assert counters.uploads == []
+    bound = BOUND.get((name, precision), BOUND["half"])
+    worst = max(float(np.max(np.abs(got[k] - want[k]))) for k in want)
+    assert worst <= bound, f"weights differ by {worst} (bound {bound})"
+    assert np.allclose(losses, want_losses, rtol=0, atol=10 * bound + 1e-6)
+    assert launches[1] == launches[2] and launches[1]  # each step launches the same kernels
+
+
+def test_the_kernels_get_their_arguments_as_the_gpu_reads_them(cupy):
+    """Every kernel a VGG-like step in bf16 launches (ReLU, max pooling, bias, column sums, the fused
+    update) passes the stand-in's checks: pointers for pointers, integers at least as wide as their
+    parameters and in range, floats of exactly their type."""
+    pytest.importorskip("ml_dtypes")
+    _, _, launches = _steps(_vgg, "cuda:0", "baseline", "bf16", cupy, steps=2)
+    names = set(launches[0])
+    assert {"relu_bf16", "maxpool_forward_bf16", "maxpool_backward_16", "sgd_update"} <= names, names
