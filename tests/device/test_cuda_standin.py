@@ -75,13 +75,13 @@ def _resnet() -> vmem.Network:
     return vmem.models.get("resnet_cifar", depth=8, image_size=8)
 
 
-def _steps(make, device: str, policy: str, precision: str, cupy, steps: int = 3) -> tuple[dict, list, list]:
+def _steps(make, device: str, policy: str, precision: str, cupy, steps: int = 3, memory: str = "4MiB") -> tuple:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, 3, 8, 8)).astype(np.float32)
     y = rng.integers(0, 10, 8)
     net = make().init(seed=0)
     launches = []
-    with vmem.Trainer(net, device=device, policy=policy, memory="4MiB", seed=0, precision=precision) as trainer:
+    with vmem.Trainer(net, device=device, policy=policy, memory=memory, seed=0, precision=precision) as trainer:
         losses = []
         for _ in range(steps):
             before = dict(cupy._state.COUNTERS.launches)
@@ -89,7 +89,8 @@ def _steps(make, device: str, policy: str, precision: str, cupy, steps: int = 3)
             after = cupy._state.COUNTERS.launches
             launches.append({k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)})
         trainer.sync()
-        return {k: v.copy() for k, v in net.params.items()}, losses, launches
+        reason = trainer.plan(len(x)).reason
+        return {k: v.copy() for k, v in net.params.items()}, losses, launches, reason
 
 
 #: the largest difference from the CPU device's weights after three steps, where the arithmetic differs:
@@ -99,10 +100,22 @@ def _steps(make, device: str, policy: str, precision: str, cupy, steps: int = 3)
 BOUND = {("vgg", "fp32"): 0.0, ("resnet", "fp32"): 1e-6, "half": 1e-2}
 
 
-@pytest.mark.parametrize("make", [_vgg, _resnet], ids=["vgg", "resnet"])
-@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
-@pytest.mark.parametrize("policy", ["baseline", "vdnn-all:codec=zvc,signs=host", "auto"])
-def test_cuda_device_trains_as_the_cpu_device_does(cupy, make, precision, policy):
+CASES = [
+    (make, precision, policy, "4MiB")
+    for make in (_vgg, _resnet)
+    for precision in ("fp32", "fp16", "bf16")
+    for policy in ("baseline", "vdnn-all:codec=zvc,signs=host", "auto")
+] + [  # the split backward, and micro-batches (VGG-like at batch 8: 3 of 3 in 100 KiB, 4 of 2 in 80 KiB)
+    (_vgg, precision, policy, memory)
+    for precision, small in (("fp32", "100KiB"), ("bf16", "80KiB"))
+    for policy, memory in (("vdnn-all:split=on", "4MiB"), ("baseline:microbatch=on", small))
+]
+
+
+@pytest.mark.parametrize(
+    "make, precision, policy, memory", CASES, ids=[f"{m.__name__[1:]}-{p}-{q}-{b}" for m, p, q, b in CASES]
+)
+def test_cuda_device_trains_as_the_cpu_device_does(cupy, make, precision, policy, memory):
     """Three steps on ``CudaDevice`` over the stand-in against the CPU device's: the same weights (within
     :data:`BOUND`), every kernel through its CPU build with the GPU's arguments, no value read to the host
     behind the code's back and no host array uploaded inside a step. ``auto`` profiles on the device (the
@@ -110,9 +123,10 @@ def test_cuda_device_trains_as_the_cpu_device_does(cupy, make, precision, policy
     if precision == "bf16":
         pytest.importorskip("ml_dtypes")
     name = make.__name__.strip("_")
-    want, want_losses, _ = _steps(make, "cpu", policy, precision, cupy)
+    want, want_losses, _, _ = _steps(make, "cpu", policy, precision, cupy, memory=memory)
     cupy._state.reset()
-    got, losses, launches = _steps(make, "cuda:0", policy, precision, cupy)
+    got, losses, launches, reason = _steps(make, "cuda:0", policy, precision, cupy, memory=memory)
+    assert ("micro-batches of" in reason) == ("microbatch" in policy), reason
     counters = cupy._state.COUNTERS
     assert counters.implicit_reads == []  # bool/int/float of a device value: a hidden synchronization
     assert counters.uploads == []
@@ -128,6 +142,6 @@ def test_the_kernels_get_their_arguments_as_the_gpu_reads_them(cupy):
     update) passes the stand-in's checks: pointers for pointers, integers at least as wide as their
     parameters and in range, floats of exactly their type."""
     pytest.importorskip("ml_dtypes")
-    _, _, launches = _steps(_vgg, "cuda:0", "baseline", "bf16", cupy, steps=2)
+    _, _, launches, _ = _steps(_vgg, "cuda:0", "baseline", "bf16", cupy, steps=2)
     names = set(launches[0])
     assert {"relu_bf16", "maxpool_forward_bf16", "maxpool_backward_16", "sgd_update"} <= names, names
