@@ -13,7 +13,36 @@ import stat
 from pathlib import Path
 from typing import IO, Any, Callable
 
-__all__ = ["checked_output", "kind_of", "write_output"]
+__all__ = ["cache_root", "checked_output", "kind_of", "read_regular", "write_output"]
+
+
+def cache_root() -> Path:
+    """Where vmem keeps what it can make again (profiles, compiled kernels): ``$VMEM_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/vmem``, else ``~/.cache/vmem``."""
+    base = os.environ.get("VMEM_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vmem"
+    )
+    return Path(base)
+
+
+def read_regular(path: str | os.PathLike, limit: int) -> bytes | None:
+    """The bytes of ``path`` where it is a regular file of at most ``limit`` bytes (opened without following
+    a link, never blocking on a FIFO); None otherwise (missing, a link, anything else, too long)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(limit + 1)[:limit]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def kind_of(mode: int) -> str:

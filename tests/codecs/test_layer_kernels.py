@@ -195,3 +195,24 @@ def test_bias_add_in_place_rounds_once_as_numpy(dtype):
     ref += b  # NumPy: computed in FP32, cast back to y's type
     native.bias_add(y, b)
     assert _bits(y) == _bits(ref)
+
+
+@pytest.mark.parametrize("special", [None, np.nan, np.inf, -np.inf])
+def test_the_multi_tensor_finite_check_equals_numpy(special):
+    """One launch over tensors of many sizes (empty ones and a large one split over cores among them): the
+    flag is cleared exactly where NumPy finds a value that is not finite, wherever it lies (first and last
+    value of each tensor)."""
+    rng = np.random.default_rng(0)
+    tensors = [rng.standard_normal(n).astype(np.float32) for n in (1, 0, 7, 300_001, 2, 33)]
+    where = [(i, j) for i, t in enumerate(tensors) for j in {0, t.size - 1} if t.size]
+    for i, j in where if special is not None else [(0, 0)]:
+        if special is not None:
+            kept = tensors[i][j]
+            tensors[i][j] = special
+        ptrs = np.array([t.ctypes.data for t in tensors], np.uint64)
+        offsets = np.concatenate([[0], np.cumsum([t.size for t in tensors])]).astype(np.int64)
+        ok = np.ones(1, np.uint8)
+        native.finite_multi(ptrs, offsets, int(offsets[-1]), ok)
+        assert bool(ok[0]) == all(np.isfinite(t).all() for t in tensors)
+        if special is not None:
+            tensors[i][j] = kept

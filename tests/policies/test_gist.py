@@ -50,13 +50,20 @@ def test_encodings_denser_than_planned_go_to_host_memory_and_the_peak_stays_the_
     assert all(report.peak_bytes == plan.peak_bytes for report in reports)
 
 
+def _vgg_he():
+    """vgg_cifar from He's fan-in init, on which the tolerances below were set: from the zoo's fan-out init
+    its feature maps start about 5x smaller, more of them fall below fp8's and 4-bit codes' steps, and the
+    updates of five steps on noise differ more (dpr=fp8 0.33, fixed4 0.25, patch2 0.36; fp16 0.08)."""
+    return vmem.models.get("vgg_cifar", init="he")
+
+
 def test_lossy_encodings_stay_close_and_use_less_memory():
-    net = MODELS["vgg_cifar"]()
+    net = _vgg_he()
     dev = vmem.device("cpu", memory="64MiB")
     with vmem.Trainer(net, device=dev, seed=0):  # the initial weights of every run below
         init = {k: v.copy() for k, v in net.params.items()}
     dev.close()
-    ref, _, _ = train(MODELS["vgg_cifar"], "baseline:algos=memory")
+    ref, _, _ = train(_vgg_he, "baseline:algos=memory")
     want = np.concatenate([(ref[k] - init[k]).ravel() for k in ref])
     for policy, tolerance in (
         ("gist:dpr=fp8", 0.2),
@@ -64,7 +71,7 @@ def test_lossy_encodings_stay_close_and_use_less_memory():
         ("gist:codec=patch2", 0.5),
         ("vdnn-all:codec=fp16", 0.1),
     ):
-        params, reports, plan = train(MODELS["vgg_cifar"], policy)
+        params, reports, plan = train(_vgg_he, policy)
         got = np.concatenate([(params[k] - init[k]).ravel() for k in ref])
         error = np.linalg.norm(got - want) / np.linalg.norm(want)  # of the weights' updates over five steps
         assert 0 < error <= tolerance, (policy, error)

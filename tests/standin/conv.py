@@ -84,7 +84,9 @@ class StandinConv:
         """The pass's context for FP32 copies of half maps: the workspace twice as long (host scratch: the
         host's algorithms carve it in the maps' type, sized for half)."""
         ws = ctx.workspace
-        return dataclasses.replace(ctx, ops=self.ops, workspace=np.zeros(2 * (0 if ws is None else ws.nbytes) + 4096, np.uint8))
+        return dataclasses.replace(
+            ctx, ops=self.ops, workspace=np.zeros(2 * (0 if ws is None else ws.nbytes) + 4096, np.uint8)
+        )
 
     def heuristic(self, layer: Any, pass_: str, x_shape: tuple, y_shape: tuple, dtype: str = "float32") -> list:
         return self.host.heuristic(layer, pass_, x_shape, y_shape, dtype)

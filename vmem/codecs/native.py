@@ -50,6 +50,7 @@ __all__ = [
     "bias_relu",
     "column_sum",
     "column_groups",
+    "finite_multi",
     "relu",
     "relu_backward",
     "maxpool_forward",
@@ -97,6 +98,7 @@ _TYPES = {
     np.dtype(np.uint16): "uint16_t *",
     np.dtype(np.uint8): "uint8_t *",
     np.dtype(np.int64): "int64_t *",
+    np.dtype(np.uint64): "uint64_t *",
     np.dtype(np.bool_): "uint8_t *",
 }
 
@@ -373,6 +375,13 @@ def column_sum(x: Array, out: Array, partial: Array, on: Backend = CPU) -> None:
     part = partial.reshape(-1)[: groups * c]
     on.launch(f"column_partial_{_suffix(x)}", groups, _bits(x), part, _i64(rows), _i64(c), _i64(per), cols=c)
     on.launch("column_finish", c, part, out, _i64(groups), _i64(c))
+
+
+def finite_multi(ptrs: Array, offsets: Array, total: int, ok: Array, on: Backend = CPU) -> None:
+    """Clear ``ok[0]`` (one byte) where any value of the float32 tensors at addresses ``ptrs`` (uint64) is
+    not finite; ``offsets`` (int64, one longer): where each starts in their concatenation, ``total`` (their
+    values together, as the host knows it) last. One launch for every tensor (the step's finite check)."""
+    on.launch("finite_multi", total, ptrs, offsets, _i64(ptrs.size), ok)
 
 
 def relu(x: Array, y: Array, on: Backend = CPU) -> None:

@@ -63,10 +63,9 @@ def enabled() -> bool:
 
 def folder() -> Path:
     """Where profiles are kept (see the module docstring)."""
-    base = os.environ.get("VMEM_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vmem"
-    )
-    return Path(base) / "profiles"
+    from .._files import cache_root
+
+    return cache_root() / "profiles"
 
 
 def _processor() -> str:

@@ -571,6 +571,23 @@ VMEM_KERNEL void bias_add_bf16(VMEM_TID2_ARG uint16_t* y, const float* __restric
     y[r * c + ch] = vmem_f2bf(VMEM_FADD(vmem_bf2f(y[r * c + ch]), b[ch]));
 }
 
+/* The step's finite flag over many float32 tensors in one launch (the weight gradients, the running
+ * statistics), as PyTorch's multi-tensor kernels: thread t reads value t of their concatenation (``offsets``:
+ * each tensor's first index in it, the total last; ``ptrs``: their addresses) and clears ok[0] where that
+ * value is an infinity or a NaN. Clearing is the only write: threads that race write the same byte. */
+VMEM_KERNEL void finite_multi(VMEM_TID_ARG const uint64_t* ptrs, const int64_t* offsets, int64_t tensors,
+                              uint8_t* ok) {
+    int64_t t = VMEM_TID, lo = 0, hi = tensors;
+    if (t >= offsets[tensors]) return;
+    while (hi - lo > 1) { /* the tensor holding t: offsets[lo] <= t < offsets[lo + 1] (no division) */
+        int64_t mid = (lo + hi) >> 1;
+        if (offsets[mid] <= t) lo = mid;
+        else hi = mid;
+    }
+    const uint32_t* x = (const uint32_t*)(size_t)ptrs[lo];
+    if ((x[t - offsets[lo]] & 0x7f800000u) == 0x7f800000u) ok[0] = 0;
+}
+
 /* ReLU, y = max(x, 0); y may be x (in place). */
 VMEM_KERNEL void relu_f32(VMEM_TID_ARG const float* x, float* y, int64_t n) {
     int64_t j = VMEM_TID;

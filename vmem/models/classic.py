@@ -125,13 +125,13 @@ def vgg(
     )
 
 
-def vgg_cifar(num_classes: int = 10, image_size: int = 32) -> Sequential:
+def vgg_cifar(num_classes: int = 10, image_size: int = 32, init: str = "he_out") -> Sequential:
     """VGG for 32x32 inputs, the reference for CPU benchmarks: channels 64,64,M,128,128,M,256,256,M,
     512,512,M, then one fully connected layer (2048 -> classes at 32x32). Its convolutions are initialized
     as torchvision's VGG's, N(0, 2/fan_out): from He's fan-in init, with no batch norm, its logits started
     with a standard deviation near 7 on the synthetic data and SGD diverged or collapsed to chance at any
-    rate, in PyTorch as here."""
-    trunk = _conv_stack(VGG_CONFIGS["cifar"], 3, init="he_out")
+    rate, in PyTorch as here (``init="he"`` gives that network)."""
+    trunk = _conv_stack(VGG_CONFIGS["cifar"], 3, init=init)
     feats = flat(trace_shape(trunk, (3, image_size, image_size)))
     net = Sequential(
         *trunk,

@@ -23,6 +23,12 @@ if TYPE_CHECKING:
 __all__ = ["Updates"]
 
 
+def _address(a: Any) -> int:
+    """Where an array's data starts: its device pointer (``__cuda_array_interface__``), else its host one."""
+    interface = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
+    return int(interface["data"][0])
+
+
 class Updates:
     """What a schedule's Update steps touch on ``device`` (see the module docstring): every trainable
     parameter with its gradient and optimizer state, or where the state is sharded over the ranks, those
@@ -80,8 +86,24 @@ class Updates:
         #: of those, what a forward updates, which the finite check sums too; not a constant the model holds
         #: (``init="value"``: an imported attention mask's -inf is meant)
         self.updated = [view for s, view in state if s.init != "value"]
-        #: every weight gradient (what the finite check sums)
+        #: every weight gradient (what the finite check reads)
         self.grads = [v for k, v in params.views.items() if k.kind is Kind.WEIGHT_GRAD]
+        #: the finite check as one kernel over every gradient and updated statistic (their addresses and
+        #: offsets put on the device once, here), where the kernels are built and they are contiguous float32
+        self.multi = self._multi(self.grads + self.updated)
+
+    def _multi(self, tensors: list) -> tuple[Any, Any, int, Any] | None:
+        if not tensors or any(t.dtype != np.float32 or not t.flags.c_contiguous for t in tensors):
+            return None
+        on = native.backend(tensors[0])
+        if on is None:
+            return None
+        where = [_address(t) for t in tensors]
+        offsets = np.zeros(len(tensors) + 1, np.int64)
+        np.cumsum([t.size for t in tensors], out=offsets[1:])
+        ptrs = np.asarray(where, np.uint64)
+        xp = self.xp  # the two tables put on the device once, with the executor (outside the plan: a few bytes)
+        return xp.asarray(ptrs), xp.asarray(offsets), sum(int(t.size) for t in tensors), on
 
     def keep(self, r: "_Run") -> Callable[[], None]:
         """The work that copies batch norm's running statistics aside into ``r.kept_stats`` (on the compute
@@ -121,7 +143,7 @@ class Updates:
                 skip = xp.logical_not(r.ok)
                 for view, kept in zip(self.stats, r.kept_stats):  # a skipped step changes nothing
                     xp.copyto(view, kept, where=skip)
-            if fused is None and not bool(r.ok):  # an update without a fused kernel: the host decides
+            if fused is None and not r.ok.item():  # an update without a fused kernel: the host decides
                 return
             ops = self.device.ops
             assert ops is not None  # a device that runs steps runs their array work
@@ -140,11 +162,16 @@ class Updates:
         return None if made is None else (made[0], made[1], self.fused_on)
 
     def finite(self, r: "_Run") -> Array:
-        """The step's finite flag on the device (a bool array of one value): whether the loss and every
-        weight gradient are finite, computed without the host reading anything. A sum is NaN or infinite if
-        any term is (it may also overflow where the gradients are near float32's largest value: then the
-        step is skipped as well)."""
+        """The step's finite flag on the device (a bool array of one value): whether the loss, every weight
+        gradient and every updated statistic are finite, computed without the host reading anything: by one
+        kernel over them all (:attr:`multi`), else by sums (a sum is NaN or infinite if any term is; it may
+        also overflow where the gradients are near float32's largest value: then the step is skipped too)."""
         xp = self.xp
+        if self.multi is not None:  # three launches whatever the number of tensors
+            ptrs, offsets, total, on = self.multi
+            ok = xp.ones(1, np.uint8) if r.loss_ok is None else xp.reshape(r.loss_ok, (1,)).astype(np.uint8)
+            native.finite_multi(ptrs, offsets, total, ok, on)
+            return ok.view(np.bool_)
         ok = xp.ones(1, bool) if r.loss_ok is None else xp.reshape(r.loss_ok, (1,))
         if self.grads:  # every gradient (a rank that updates a share, even none, decides as all do)
             total = sum(g.sum() for g in self.grads)

@@ -180,7 +180,9 @@ class ndarray:
 
         return method
 
-    def astype(self, dtype: Any, order: str = "K", casting: Any = None, subok: Any = None, copy: bool = True) -> "ndarray":
+    def astype(
+        self, dtype: Any, order: str = "K", casting: Any = None, subok: Any = None, copy: bool = True
+    ) -> "ndarray":
         dt = _np.dtype(dtype)
         if not copy and dt == self.dtype:
             return self
@@ -334,16 +336,32 @@ def _binary(name: str, swap: bool = False, inplace: bool = False) -> Any:
 
 
 for _dunder, _fn_name in {
-    "add": "add", "sub": "subtract", "mul": "multiply", "truediv": "true_divide", "floordiv": "floor_divide",
-    "pow": "power", "mod": "remainder", "and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor",
-    "lshift": "left_shift", "rshift": "right_shift", "matmul": "matmul",
+    "add": "add",
+    "sub": "subtract",
+    "mul": "multiply",
+    "truediv": "true_divide",
+    "floordiv": "floor_divide",
+    "pow": "power",
+    "mod": "remainder",
+    "and": "bitwise_and",
+    "or": "bitwise_or",
+    "xor": "bitwise_xor",
+    "lshift": "left_shift",
+    "rshift": "right_shift",
+    "matmul": "matmul",
 }.items():
     setattr(ndarray, f"__{_dunder}__", _binary(_fn_name))
     setattr(ndarray, f"__r{_dunder}__", _binary(_fn_name, swap=True))
     if _dunder != "matmul":
         setattr(ndarray, f"__i{_dunder}__", _binary(_fn_name, inplace=True))
-for _dunder, _fn_name in {"lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal",
-                          "eq": "equal", "ne": "not_equal"}.items():
+for _dunder, _fn_name in {
+    "lt": "less",
+    "le": "less_equal",
+    "gt": "greater",
+    "ge": "greater_equal",
+    "eq": "equal",
+    "ne": "not_equal",
+}.items():
     setattr(ndarray, f"__{_dunder}__", _binary(_fn_name))
 ndarray.__neg__ = lambda self: negative(self)  # type: ignore[attr-defined]  # noqa: F821
 ndarray.__pos__ = lambda self: self.copy()
@@ -416,8 +434,12 @@ def copyto(dst: ndarray, src: Any, casting: str = "same_kind", where: Any = True
         raise _unsupported(dst)
     if isinstance(src, _np.ndarray):
         raise _unsupported(src)  # CuPy copies between device arrays (a NumPy source: asarray it first)
-    _np.copyto(dst._a, src._a if isinstance(src, ndarray) else src, casting=casting,
-               where=where._a if isinstance(where, ndarray) else where)
+    _np.copyto(
+        dst._a,
+        src._a if isinstance(src, ndarray) else src,
+        casting=casting,
+        where=where._a if isinstance(where, ndarray) else where,
+    )
 
 
 def may_share_memory(a: Any, b: Any, max_work: Any = None) -> bool:

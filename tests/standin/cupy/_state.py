@@ -36,7 +36,9 @@ class Counters:
 
 def _caller() -> str:
     """Where in vmem (outside the stand-in and NumPy) the current call comes from."""
-    frames = [f for f in traceback.extract_stack()[:-2] if "/standin/" not in f.filename and "/numpy/" not in f.filename]
+    frames = [
+        f for f in traceback.extract_stack()[:-2] if "/standin/" not in f.filename and "/numpy/" not in f.filename
+    ]
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
 
 

@@ -6,13 +6,22 @@ therefore compiles with NVRTC itself, with :data:`OPTIONS` (no flush to zero, IE
 root, no contraction into fused multiply-adds) for the exact architecture of the device (a cubin: a PTX
 of a newer NVRTC may not load on an older driver), and loads the cubin. :func:`compile_cubin` needs no
 GPU, so the options the device uses are checked on any machine with the NVRTC wheel.
+
+A cubin is kept in ``<cache>/kernels`` (:func:`vmem._files.cache_root`), named by the hash of the source,
+the options, the architecture and NVRTC's version, so that a process loads what an earlier one compiled
+instead of compiling again (seconds a process); ``VMEM_KERNEL_CACHE=0`` turns it off. A kept file that does
+not load is compiled again and replaced.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
+from ..._files import cache_root, read_regular, write_output
 from ..._resources import CSRC, source_file
 from ...codecs.native import Backend
 from ...errors import DeviceError
@@ -21,7 +30,17 @@ if TYPE_CHECKING:
     from ..._typing import GpuArray
     from ...streams.base import Stream
 
-__all__ = ["OPTIONS", "SOURCE", "arch_of", "compile_cubin", "Module", "GpuBackend", "backend_for_device", "backend_of"]
+__all__ = [
+    "OPTIONS",
+    "SOURCE",
+    "arch_of",
+    "compile_cubin",
+    "cubin_path",
+    "Module",
+    "GpuBackend",
+    "backend_for_device",
+    "backend_of",
+]
 
 SOURCE = CSRC / "kernels.cuh"
 #: NVRTC options of every build; ``-arch=sm_XY`` is added for the device.
@@ -50,12 +69,49 @@ def compile_cubin(arch: str, source: str | None = None) -> bytes:
         nvrtc.destroyProgram(prog)
 
 
+_CUBIN_LIMIT = 64 << 20  # a kept cubin longer than this is not one vmem wrote
+
+
+def cubin_path(arch: str, source: str) -> Path:
+    """Where the cubin of ``source`` for ``arch`` is kept (see the module docstring)."""
+    try:
+        from cupy.cuda import nvrtc
+
+        version = ".".join(str(v) for v in nvrtc.getVersion())
+    except Exception:  # noqa: BLE001 - an NVRTC without getVersion: its version stays out of the name
+        version = "?"
+    what = "\0".join((source, " ".join(OPTIONS), arch, version))
+    return cache_root() / "kernels" / f"kernels-{arch}-{hashlib.sha256(what.encode()).hexdigest()[:32]}.cubin"
+
+
+def _caching() -> bool:
+    return os.environ.get("VMEM_KERNEL_CACHE", "1").strip().lower() not in ("0", "no", "off", "false")
+
+
 @lru_cache(maxsize=4)
 def _module(arch: str) -> Any:
     import cupy
 
     module = cupy.cuda.function.Module()
-    module.load(compile_cubin(arch))
+    if not _caching():
+        module.load(compile_cubin(arch))
+        return module
+    source = source_file(SOURCE.name).read_text()
+    path = cubin_path(arch, source)
+    kept = read_regular(path, _CUBIN_LIMIT)
+    if kept is not None:
+        try:
+            module.load(kept)
+            return module
+        except Exception:  # noqa: BLE001 - a damaged file: compiled again below, and replaced
+            module = cupy.cuda.function.Module()
+    cubin = compile_cubin(arch, source)
+    module.load(cubin)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_output(path, lambda f: f.write(cubin), "a compiled kernel", binary=True)
+    except (OSError, ValueError):
+        pass  # a cache that cannot be written is no cache: the next process compiles again
     return module
 
 

@@ -3,6 +3,29 @@
 from __future__ import annotations
 
 from . import function, memory, nvrtc, runtime
+
+__all__ = [
+    "Device",
+    "Event",
+    "Memory",
+    "MemoryPointer",
+    "PinnedMemory",
+    "PinnedMemoryPointer",
+    "PythonFunctionAllocator",
+    "Stream",
+    "UnownedMemory",
+    "alloc",
+    "function",
+    "get_allocator",
+    "get_current_stream",
+    "get_elapsed_time",
+    "is_available",
+    "memory",
+    "nvrtc",
+    "runtime",
+    "set_allocator",
+    "using_allocator",
+]
 from .memory import (
     Memory,
     MemoryPointer,

@@ -23,8 +23,21 @@ class CUDADriverError(RuntimeError):
     pass
 
 
-_INT = {"int8_t": 1, "uint8_t": 1, "int16_t": 2, "uint16_t": 2, "int": 4, "int32_t": 4, "uint32_t": 4,
-        "unsigned int": 4, "int64_t": 8, "uint64_t": 8, "long": 8, "long long": 8, "size_t": 8}
+_INT = {
+    "int8_t": 1,
+    "uint8_t": 1,
+    "int16_t": 2,
+    "uint16_t": 2,
+    "int": 4,
+    "int32_t": 4,
+    "uint32_t": 4,
+    "unsigned int": 4,
+    "int64_t": 8,
+    "uint64_t": 8,
+    "long": 8,
+    "long long": 8,
+    "size_t": 8,
+}
 _FLOAT = {"float": np.float32, "double": np.float64}
 
 
@@ -37,7 +50,7 @@ def _launchers() -> tuple[Any, Any, dict]:
     cols: dict[str, tuple[str, list[str]]] = {}
     for m in re.finditer(r"^LAUNCHER2(_WHOLE)?\(\s*(\w+),\s*([^,]+?),", text, re.M):
         whole, name, expr = m.group(1), m.group(2), m.group(3)
-        rest = text[m.end():]
+        rest = text[m.end() :]
         if whole:  # skip the ``whole`` expression: up to the P( that opens the parameters
             rest = rest[rest.index("P(") :]
         params = rest[rest.index("P(") + 2 :]
@@ -114,7 +127,11 @@ class Function:
             raise TypeError(f"{where}: given {a.dtype}")
         if a.dtype.itemsize < size:
             raise TypeError(f"{where}: given {a.dtype} ({a.dtype.itemsize} bytes): the driver reads {size}")
-        lo, hi = (0, 1 << (8 * size)) if ctype.startswith("u") or ctype == "size_t" else (-(1 << (8 * size - 1)), 1 << (8 * size - 1))
+        lo, hi = (
+            (0, 1 << (8 * size))
+            if ctype.startswith("u") or ctype == "size_t"
+            else (-(1 << (8 * size - 1)), 1 << (8 * size - 1))
+        )
         if not lo <= int(a) < hi:
             raise TypeError(f"{where}: {int(a)} does not fit the parameter's {size} bytes")
         return int(a)

@@ -21,7 +21,15 @@ def createProgram(src: str, name: str, headers: list, include_names: list) -> _P
     return _Program(src, name)
 
 
+COMPILED: list = []  # the options of each compilation, in order
+
+
+def getVersion() -> tuple[int, int]:
+    return (13, 0)
+
+
 def compileProgram(prog: _Program, options: tuple) -> None:
+    COMPILED.append(tuple(options))
     if not any(str(o).startswith("-arch=sm_") for o in options):
         raise NVRTCError("NVRTC_ERROR_INVALID_OPTION: no -arch=sm_XY (a cubin needs one)")
     prog.options = tuple(options)

@@ -47,7 +47,9 @@ class Generator:
         dt = _check(dtype, "uniform")
         return self._out(self._rng.uniform(low, high, size).astype(dt), None)
 
-    def integers(self, low: int, high: Any = None, size: Any = None, dtype: Any = _np.int64, endpoint: bool = False) -> Any:
+    def integers(
+        self, low: int, high: Any = None, size: Any = None, dtype: Any = _np.int64, endpoint: bool = False
+    ) -> Any:
         return self._out(self._rng.integers(low, high, size, dtype=dtype, endpoint=endpoint), None)
 
 
