@@ -147,6 +147,8 @@ def test_the_kernels_get_their_arguments_as_the_gpu_reads_them(cupy):
     _, _, launches, _, _ = _steps(_vgg, "cuda:0", "baseline", "bf16", cupy, steps=2)
     names = set(launches[0])
     assert {"relu_bf16", "maxpool_forward_bf16", "maxpool_backward_16", "sgd_update"} <= names, names
+    assert launches[1]["finite_multi"] == 1  # the finite check: one kernel over every gradient, not two each
+    assert cupy._state.COUNTERS.calls["isfinite"] == 2  # the loss's, once a step
 
 
 def test_the_kernels_are_compiled_once_and_kept(cupy, monkeypatch, tmp_path):

@@ -157,6 +157,7 @@ class ndarray:
         return _result(self._a[_key(key)], (self,))
 
     def __setitem__(self, key: Any, value: Any) -> None:
+        _state.COUNTERS.call("setitem")
         if isinstance(value, _np.ndarray):
             _state.COUNTERS.upload()
         elif isinstance(value, (list, tuple)):
@@ -172,6 +173,8 @@ class ndarray:
             return _result(attr, (self,))
 
         def method(*args: Any, **kwargs: Any) -> Any:
+            if name not in _VIEWS:
+                _state.COUNTERS.call(name)
             out = kwargs.get("out")
             if out is not None and not isinstance(out, ndarray):
                 raise _unsupported(out)
@@ -186,12 +189,14 @@ class ndarray:
         dt = _np.dtype(dtype)
         if not copy and dt == self.dtype:
             return self
+        _state.COUNTERS.call("astype")
         out = ndarray(self.shape, dt)
         kw = {} if casting is None else {"casting": casting}
         _np.copyto(out._a, self._a, **kw)
         return out
 
     def copy(self, order: str = "C") -> "ndarray":
+        _state.COUNTERS.call("copy")
         out = ndarray(self.shape, self.dtype)
         out._a[...] = self._a
         return out
@@ -205,6 +210,7 @@ class ndarray:
     def fill(self, value: Any) -> None:
         if isinstance(value, (ndarray, _np.ndarray)):
             raise _unsupported(value)
+        _state.COUNTERS.call("fill")
         self._a.fill(value)
 
     # -- NumPy's protocols: NumPy's functions on CuPy arrays run CuPy's ------------------------------
@@ -219,6 +225,10 @@ class ndarray:
         if fn is None or not callable(fn):
             return NotImplemented
         return fn(*args, **kwargs)
+
+
+#: methods that make views, not kernels
+_VIEWS = frozenset({"reshape", "view", "transpose", "swapaxes", "squeeze", "ravel"})
 
 
 def _view(a: _np.ndarray, of: ndarray) -> ndarray:
@@ -287,6 +297,7 @@ def _wrap(name: str, elementwise: bool) -> Any:
     np_fn = getattr(_np, name)
 
     def fn(*args: Any, **kwargs: Any) -> Any:
+        _state.COUNTERS.call(name)
         out = kwargs.pop("out", None)
         a = [_arg(x, elementwise) for x in args]
         kw = {k: _arg(v, False) for k, v in kwargs.items()}

@@ -22,13 +22,17 @@ class Counters:
     implicit_reads: list = field(default_factory=list)  # (kind, where) of each
     explicit_reads: int = 0
     uploads: list = field(default_factory=list)  # where each was made
-    launches: dict = field(default_factory=dict)
+    launches: dict = field(default_factory=dict)  # vmem's kernels by name
+    calls: dict = field(default_factory=dict)  # the array module's kernels (element-wise, reductions, copies)
     copies: int = 0
     memsets: int = 0
     allocations: int = 0
 
     def implicit(self, kind: str) -> None:
         self.implicit_reads.append((kind, _caller()))
+
+    def call(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
 
     def upload(self) -> None:
         self.uploads.append(_caller())
