@@ -132,6 +132,57 @@ def test_kernels_compile_for_the_gpu(tmp_path, arch):
     assert cubin[:4] == b"\x7fELF" and len(cubin) > 10_000
 
 
+#: the codecs' kernels, which may divide 64-bit values (the layers' kernels never do)
+_CODEC_KERNELS = ("fixed_", "fixed4_", "fixed8_", "patch2_", "zvc_", "ssdc_", "dpr", "binarize_")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_no_64_bit_division_in_the_layer_kernels(tmp_path):
+    """A 64-bit integer division is a long software sequence on the GPU: the layers' kernels (ReLU, bias,
+    column sums, max pooling, the update, the finite check) divide in 32 bits, and where an index does not
+    fit 32 bits through a double's quotient corrected (vmem_div64), in the sm_90 PTX nvcc makes."""
+    import re
+
+    src = tmp_path / "kernels.cu"
+    src.write_text((NATIVE / "kernels.cuh").read_text())
+    out = subprocess.run(
+        ["nvcc", "-ptx", "-arch=sm_90", "-o", str(tmp_path / "k.ptx"), str(src)], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    ptx = (tmp_path / "k.ptx").read_text()
+    entries = re.split(r"\n(?=\.visible \.entry|\.func)", ptx)
+    found, layer = [], 0
+    for body in entries:
+        m = re.match(r"\.(?:visible \.entry|func)\s+(?:\([^)]*\)\s*)?(\w+)", body)
+        if m is None or m.group(1).startswith(_CODEC_KERNELS):
+            continue
+        layer += 1
+        if re.search(r"\b(div|rem)\.[su]64\b", body):
+            found.append(m.group(1))
+    assert layer >= 20 and not found, found
+
+
+def test_the_gpus_64_bit_quotient_through_doubles_is_exact():
+    """vmem_div64's rule (kernels.cuh), with Python's floats (IEEE doubles, divided rounding to nearest as
+    div.rn.f64) and truncation as C's cast: the quotient of every pair tried, up to 2^53, is a // b."""
+    rng = np.random.default_rng(0)
+
+    def div64(a: int, b: int) -> int:
+        q = int(float(a) / float(b))
+        if q * b > a:
+            q -= 1
+        elif (q + 1) * b <= a:
+            q += 1
+        return q
+
+    pairs = [(int(a), int(b)) for a, b in zip(rng.integers(0, 1 << 53, 20000), rng.integers(1, 1 << 40, 20000))]
+    pairs += [
+        (k * b - e, b) for b in (3, 7, 224, 50176, (1 << 31) - 1, 3 << 40) for k in (1, 2, 1 << 20) for e in (0, 1)
+    ]
+    pairs += [((1 << 53) - 1, 1), ((1 << 53) - 1, 3), ((1 << 53) - 2, (1 << 26) + 1)]
+    assert all(div64(a, b) == a // b for a, b in pairs if a >= 0)
+
+
 def test_the_kernels_split_over_threads_give_the_same_bytes(monkeypatch):
     monkeypatch.setattr(native, "_PARALLEL_MIN", 64)
     x = np.maximum(np.random.default_rng(1).standard_normal(40_007).astype(np.float32), 0) * 7

@@ -41,12 +41,23 @@ typedef unsigned long long uint64_t;
 #include "shim.h"
 #endif
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-/* A 2-D grid's row from the flat thread index: a 32-bit division where both fit (a 64-bit one is a long
- * software sequence on the GPU, paid by every thread of a bias or column kernel). */
+/* a / b for 0 <= a < 2^53 and 0 < b without a 64-bit integer division (on the GPU a long software
+ * sequence): the quotient of the doubles, off by at most one, corrected. Only where an index does not fit
+ * 32 bits (a feature map of 2^31 values or more); every other path divides in 32 bits. */
+__device__ __forceinline__ int64_t vmem_div64(int64_t a, int64_t b) {
+    int64_t q = (int64_t)((double)a / (double)b);
+    if (q * b > a) --q;
+    else if ((q + 1) * b <= a) ++q;
+    return q;
+}
+/* A 2-D grid's row from the flat thread index: a 32-bit division where both fit. */
 __device__ __forceinline__ int64_t vmem_row(int64_t cols) {
     int64_t t = VMEM_TID;
-    return (t <= 0xffffffffLL && cols <= 0xffffffffLL) ? (int64_t)((uint32_t)t / (uint32_t)cols) : t / cols;
+    return (t <= 0xffffffffLL && cols <= 0xffffffffLL) ? (int64_t)((uint32_t)t / (uint32_t)cols)
+                                                       : vmem_div64(t, cols);
 }
+#else
+static inline int64_t vmem_div64(int64_t a, int64_t b) { return a / b; }
 #endif
 
 /* ---- binarize (Gist): bit i of byte b is x[8b + i] > 0 (numpy.packbits(bitorder="little")) ---------- */
@@ -628,13 +639,18 @@ VMEM_KERNEL void relu_backward_bf16(VMEM_TID_ARG const uint16_t* y, const uint16
  * value was its window's maximum, else +0, written in one pass (no zeroing launch, no atomics). */
 /* The index arithmetic runs in 32 bits where the map's elements number fewer than 2^31 (a 64-bit division is
  * a long software sequence on the GPU: the backward was ALU-bound), else in 64; one helper per index type. */
+/* q = a / b, r = a % b in index type I: 32-bit operators, or vmem_div64 for 64-bit indices */
+#define VMEM_DIVMOD_int32_t(q, r, a, b) do { int32_t vmem_a = (a); q = vmem_a / (b); r = vmem_a - q * (b); } while (0)
+#define VMEM_DIVMOD_int64_t(q, r, a, b)                                                                      \
+    do { int64_t vmem_a = (a); q = vmem_div64(vmem_a, (b)); r = vmem_a - q * (b); } while (0)
+#define VMEM_DIVMOD(I, q, r, a, b) VMEM_DIVMOD_##I(q, r, a, b)
 #define VMEM_MAXPOOL_FWD_ONE(NAME, T, LOAD, I)                                                               \
     __device__ int NAME(const T* __restrict__ x, T* __restrict__ y, I o, I h, I w, I c, I ho, I wo, int kh,    \
                         int kw, int sh, int sw) {                                                            \
-        I ch = o % c, q = o / c;                                                                             \
-        I ow = q % wo;                                                                                       \
-        q = q / wo;                                                                                          \
-        I oh = q % ho, img = q / ho;                                                                         \
+        I ch, q, ow, oh, img;                                                                                \
+        VMEM_DIVMOD(I, q, ch, o, c);                                                                         \
+        VMEM_DIVMOD(I, q, ow, q, wo);                                                                        \
+        VMEM_DIVMOD(I, img, oh, q, ho);                                                                      \
         const T* base = x + ((img * h + oh * sh) * w + ow * sw) * c + ch;                                    \
         T best = base[0];                                                                                    \
         float bv = LOAD(best);                                                                               \
@@ -680,11 +696,12 @@ VMEM_KERNEL void relu_backward_bf16(VMEM_TID_ARG const uint16_t* y, const uint16
 #define VMEM_MAXPOOL_BWD_ONE(NAME, T, ZERO, I)                                                               \
     __device__ T NAME(const T* __restrict__ dy, const uint8_t* __restrict__ arg, I j, I h, I w, I c, I ho,     \
                       I wo, int kh, int kw, int sh, int sw, int packed) {                                    \
-        I ch = j % c, q = j / c;                                                                             \
-        I col = q % w;                                                                                       \
-        q = q / w;                                                                                           \
-        I row = q % h, img = q / h;                                                                          \
-        I oh = row / sh, ow = col / sw, di = row - oh * sh, dj = col - ow * sw;                              \
+        I ch, q, col, row, img, oh, ow, di, dj;                                                              \
+        VMEM_DIVMOD(I, q, ch, j, c);                                                                         \
+        VMEM_DIVMOD(I, q, col, q, w);                                                                        \
+        VMEM_DIVMOD(I, img, row, q, h);                                                                      \
+        VMEM_DIVMOD(I, oh, di, row, (I)sh);                                                                  \
+        VMEM_DIVMOD(I, ow, dj, col, (I)sw);                                                                  \
         if (oh < ho && ow < wo && di < kh && dj < kw) {                                                      \
             I o = ((img * ho + oh) * wo + ow) * c + ch;                                                      \
             int at = packed ? (arg[o >> 1] >> ((o & 1) << 2)) & 15 : arg[o];                                 \
