@@ -102,7 +102,9 @@ class Updates:
         offsets = np.zeros(len(tensors) + 1, np.int64)
         np.cumsum([t.size for t in tensors], out=offsets[1:])
         ptrs = np.asarray(where, np.uint64)
-        xp = self.xp  # the two tables put on the device once, with the executor (outside the plan: a few bytes)
+        xp = self.xp  # the two tables and the flag put on the device once, with the executor (a few bytes,
+        # outside the plan): every step's check reads and writes the same addresses
+        self.flag = xp.empty(1, np.uint8)
         return xp.asarray(ptrs), xp.asarray(offsets), sum(int(t.size) for t in tensors), on
 
     def keep(self, r: "_Run") -> Callable[[], None]:
@@ -169,7 +171,11 @@ class Updates:
         xp = self.xp
         if self.multi is not None:  # three launches whatever the number of tensors
             ptrs, offsets, total, on = self.multi
-            ok = xp.ones(1, np.uint8) if r.loss_ok is None else xp.reshape(r.loss_ok, (1,)).astype(np.uint8)
+            ok = self.flag
+            if r.loss_ok is None:
+                ok.fill(1)
+            else:
+                xp.copyto(ok, xp.reshape(r.loss_ok, (1,)), casting="unsafe")
             native.finite_multi(ptrs, offsets, total, ok, on)
             return ok.view(np.bool_)
         ok = xp.ones(1, bool) if r.loss_ok is None else xp.reshape(r.loss_ok, (1,))

@@ -26,6 +26,9 @@ class Counters:
     calls: dict = field(default_factory=dict)  # the array module's kernels (element-wise, reductions, copies)
     copies: int = 0
     memsets: int = 0
+    #: what a CUDA graph would capture, in order: ("kernel", name, arguments), ("copy", dst, src, bytes,
+    #: kind), ("memset", ptr, byte, bytes), pointers as addresses
+    trace: list = field(default_factory=list)
     allocations: int = 0
 
     def implicit(self, kind: str) -> None:

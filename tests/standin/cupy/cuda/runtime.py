@@ -54,12 +54,14 @@ def memcpyAsync(dst: int, src: int, size: int, kind: int, stream: int) -> None:
     else:
         _state.host_side(src, size, what)
     _state.COUNTERS.copies += 1
+    _state.COUNTERS.trace.append(("copy", dst, src, size, kind))
     ctypes.memmove(dst, src, size)
 
 
 def memsetAsync(ptr: int, value: int, size: int, stream: int) -> None:
     _state.device_region(ptr, size, "memsetAsync")
     _state.COUNTERS.memsets += 1
+    _state.COUNTERS.trace.append(("memset", ptr, value, size))
     ctypes.memset(ptr, value, size)
 
 
