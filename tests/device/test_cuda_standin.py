@@ -209,3 +209,43 @@ def test_consecutive_steps_issue_the_same_work_at_the_same_addresses(cupy, polic
     kinds = {entry[0] for entry in traces[1]}
     assert "kernel" in kinds and "copy" in kinds
     assert traces[1] == traces[2]
+
+
+class _TorchLike:
+    """Another library's CUDA tensor: nothing but ``__cuda_array_interface__`` (as a PyTorch CUDA tensor)."""
+
+    def __init__(self, array):
+        self._array = array
+        self.__cuda_array_interface__ = array.__cuda_array_interface__
+
+
+def test_a_step_takes_the_batch_where_it_is_on_the_device(cupy):
+    """``Trainer.step`` takes device arrays (CuPy's, or another library's through
+    ``__cuda_array_interface__``), NCHW in FP32 or half: the same weights as from the host batch, the
+    input transposed and cast on the device (no host copy of it: one device-to-device kernel), the labels
+    read once to be checked."""
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 8)
+    results = {}
+    for kind in ("host", "cupy", "interface", "fp16"):
+        net = _vgg().init(seed=0)
+        with vmem.Trainer(net, device="cuda:0", policy="baseline", memory="4MiB", seed=0) as trainer:
+            for _ in range(2):
+                if kind == "host":
+                    xb, yb = x, y
+                else:
+                    dev_x = cupy.asarray(x.astype(np.float16) if kind == "fp16" else x)
+                    xb, yb = (dev_x if kind != "interface" else _TorchLike(dev_x)), cupy.asarray(y)
+                copies = cupy._state.COUNTERS.copies
+                trainer.step(xb, yb)
+                copies = cupy._state.COUNTERS.copies - copies
+            trainer.sync()
+            results[kind] = ({k: v.copy() for k, v in net.params.items()}, copies)
+    for kind in ("cupy", "interface"):
+        assert all(np.array_equal(results[kind][0][k], results["host"][0][k]) for k in results["host"][0])
+        assert results[kind][1] == results["host"][1] - 1  # the input's host-to-device copy gone
+    worst = max(float(np.abs(results["fp16"][0][k] - results["host"][0][k]).max()) for k in results["host"][0])
+    assert 0 < worst < 1e-2  # the batch rounded to half before it came
+    with vmem.Trainer(_vgg(), device="cuda:0", policy="baseline", memory="4MiB") as trainer:
+        with pytest.raises(vmem.errors.ShapeError, match="has shape"):
+            trainer.step(cupy.asarray(x[:, :2]), y)

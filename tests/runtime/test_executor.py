@@ -71,6 +71,9 @@ class FakeDevice:
     def runs_codec(self, codec):
         return True
 
+    def device_array(self, x):
+        return None
+
     def release_cached(self):
         pass
 

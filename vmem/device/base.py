@@ -154,6 +154,12 @@ class Device(Protocol):
         """Whether this device's kernels can run ``codec`` (a :class:`~vmem.codecs.Codec`)."""
         ...
 
+    def device_array(self, x: object) -> Array | None:
+        """``x`` as an array of this device without a copy, where it is one (on a GPU: a CuPy array, an object
+        with ``__cuda_array_interface__`` or a DLPack tensor on this GPU), its producer's pending work waited
+        for; None for anything else (host arrays: the CPU device's arrays are host arrays)."""
+        ...
+
     def release_cached(self) -> None:
         """Give back what the device's array library caches outside the pool (CuPy's blocks on a GPU),
         after waiting for both streams; nothing to do elsewhere."""

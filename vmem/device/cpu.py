@@ -281,6 +281,10 @@ class CpuDevice:
         """Every codec runs on the CPU (its C kernels, or its NumPy reference)."""
         return True
 
+    def device_array(self, x: object) -> None:
+        """None: the CPU device's arrays are host arrays (a batch is taken as it is)."""
+        return None
+
     def release_cached(self) -> None:
         """Nothing is cached outside the arena."""
 

@@ -69,6 +69,10 @@ class SimDevice:
         """A simulated GPU plans the codecs a GPU runs."""
         return bool(codec.gpu)
 
+    def device_array(self, x: object) -> None:
+        """None: a simulated GPU holds no data."""
+        return None
+
     def release_cached(self) -> None:
         """Nothing is cached: a simulated GPU holds no data."""
 

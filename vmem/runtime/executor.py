@@ -85,12 +85,17 @@ def _stepping(device: Any) -> threading.Lock:
         return lock
 
 
+def _on_device(a: object) -> bool:
+    """Whether an input array is a GPU's (what ``Device.device_array`` gives), not a host array."""
+    return hasattr(a, "__cuda_array_interface__") and not isinstance(a, np.ndarray)
+
+
 class HostBatch:
     """A batch's input arrays as a step uploads them (:meth:`Executor.host_batch`)."""
 
     __slots__ = ("arrays",)
 
-    def __init__(self, arrays: list[np.ndarray]):
+    def __init__(self, arrays: list[Array]):
         self.arrays = arrays
 
 
@@ -283,7 +288,9 @@ class Executor:
             raise ValueError(f"{self.program.network}: {len(arrays)} input arrays for {len(self._inputs)} inputs")
         return HostBatch(
             [
-                np.ascontiguousarray(np.asarray(a).transpose(0, 2, 3, 1) if np.ndim(a) == 4 else a, dtype=dtype)
+                a  # already on the device (Trainer.step took a device array): transposed and cast there
+                if _on_device(a)
+                else np.ascontiguousarray(np.asarray(a).transpose(0, 2, 3, 1) if np.ndim(a) == 4 else a, dtype=dtype)
                 for a, (_, _, dtype) in zip(arrays, self._inputs)
             ]
         )
@@ -438,6 +445,9 @@ class Executor:
         raw = dev.host_view(r.staged, (r.staged.nbytes,), np.uint8)
         r.batch = {}
         for x, (_, source, _), at in zip(r.xs, self._inputs, self._inputs_at):
+            if _on_device(x):  # copied from where it is, on the device (see _upload)
+                r.batch[source] = x
+                continue
             r.batch[source] = raw[at : at + x.nbytes].view(x.dtype).reshape(x.shape)
             np.copyto(r.batch[source], x)
         if r.labels is not None:
@@ -458,7 +468,13 @@ class Executor:
             dst = self._labels(r)
         else:
             dst = self._value(r, self._input_of[st.source])
-        self.device.copy_to_device(dst, r.batch[st.source], stream=self.device.compute_stream)
+        src = r.batch[st.source]
+        if _on_device(src):  # a device array (NCHW, any type): transposed and cast by one kernel on the device
+            xp = self.device.xp
+            made = src.transpose(0, 2, 3, 1) if src.ndim == 4 else src
+            self.device.compute_stream.launch(xp.copyto, dst, made, casting="unsafe")
+            return
+        self.device.copy_to_device(dst, src, stream=self.device.compute_stream)
 
     def _copy_out(self, r: _Run, st: CopyOut) -> None:
         t = self.program.tensors[st.tensor]

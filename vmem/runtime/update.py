@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["Updates"]
 
 
-def _address(a: Any) -> int:
+def _address(a: Array) -> int:
     """Where an array's data starts: its device pointer (``__cuda_array_interface__``), else its host one."""
     interface = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
     return int(interface["data"][0])

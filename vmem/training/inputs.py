@@ -4,7 +4,7 @@ outputs of an evaluation (mean loss and accuracy)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence, TYPE_CHECKING
+from typing import Any, Sequence, TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -13,8 +13,9 @@ from ..graph import Network
 
 if TYPE_CHECKING:
     from .._typing import Array
+    from ..device.base import Device
 
-__all__ = ["batch_arrays", "count", "check_labels", "loss_and_accuracy"]
+__all__ = ["batch_arrays", "count", "check_labels", "host_labels", "loss_and_accuracy", "on_device"]
 
 
 def batch_arrays(net: Network, input_shape: Sequence[int], x: Array) -> Any:
@@ -23,14 +24,14 @@ def batch_arrays(net: Network, input_shape: Sequence[int], x: Array) -> Any:
     shapes = net.input_shapes(input_shape)
     names = [node.name for node in net.inputs]
     if len(shapes) == 1:
-        arrays = [np.asarray(x)]
+        arrays = [_array(x)]
     elif not isinstance(x, (tuple, list)) or len(x) != len(shapes):
         raise ShapeError(
             f"{net.name}: takes {len(shapes)} inputs ({', '.join(names)}): give a tuple of arrays, one "
             "per input in that order"
         )
     else:
-        arrays = [np.asarray(a) for a in x]
+        arrays = [_array(a) for a in x]
     for a, shape, name in zip(arrays, shapes, names):
         if tuple(a.shape[1:]) != tuple(shape):
             what = "input batch" if len(shapes) == 1 else f"input {name!r}"
@@ -40,6 +41,26 @@ def batch_arrays(net: Network, input_shape: Sequence[int], x: Array) -> Any:
     if any(len(a) != len(arrays[0]) for a in arrays):
         raise ShapeError(f"{net.name}: its inputs hold {[len(a) for a in arrays]} samples; give each alike")
     return arrays[0] if len(arrays) == 1 else arrays
+
+
+def _array(a: object) -> Array:
+    """A host batch as a NumPy array; a device array (``Device.device_array``'s) as it is."""
+    return a if hasattr(a, "__cuda_array_interface__") and not isinstance(a, np.ndarray) else np.asarray(a)
+
+
+def on_device(device: Device, x: Array) -> Array:
+    """``x`` (an array or a tuple of them) with each array of ``device`` as the device takes it (a GPU's
+    CuPy array, another library's through ``__cuda_array_interface__`` or DLPack); host arrays as they are."""
+    if isinstance(x, (tuple, list)):
+        return type(x)(on_device(device, a) for a in x)
+    made = device.device_array(x)
+    return x if made is None else made
+
+
+def host_labels(device: Device, y: Array) -> Array:
+    """Labels on the host (read from ``device`` where they are its array: they are checked there)."""
+    made = device.device_array(y)
+    return y if made is None else cast(Any, made).get()
 
 
 def count(x: Array) -> int:

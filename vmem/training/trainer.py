@@ -31,7 +31,7 @@ from ..engine import Session, dispatch
 from . import state
 from .callbacks import Callback, LossWatch, PrintEpochs, ProgressBar
 from .diagnose import nonfinite_error, spill_warning
-from .inputs import batch_arrays, check_labels, count, loss_and_accuracy
+from .inputs import batch_arrays, check_labels, count, host_labels, loss_and_accuracy, on_device
 
 if TYPE_CHECKING:
     from .._typing import Array
@@ -291,9 +291,11 @@ class Trainer:
         return x
 
     # -- training ----------------------------------------------------------------------------------
-    def step(self, x: np.ndarray, y: np.ndarray) -> StepReport:
-        """One training step on a batch: forward, loss, backward, optimizer update. ``x``: the batch, or for a
-        network of several inputs a tuple of arrays, one per input (``net.inputs``' order)."""
+    def step(self, x: Array, y: Array) -> StepReport:
+        """One training step on a batch: forward, loss, backward, optimizer update. ``x``: the batch, or a tuple
+        of arrays, one per input (``net.inputs``' order): host arrays, or on a GPU its own (CuPy, DLPack,
+        ``__cuda_array_interface__``; NCHW in any float type, made NHWC there; labels checked on the host)."""
+        x, y = on_device(self.device, x), host_labels(self.device, y)
         x = self._check_input(x, y)
         ex = self.session.executor(count(x), True)
         drawn = self.rng.bit_generator.state  # to replay the step (its dropout masks) for a diagnosis

@@ -421,6 +421,18 @@ def array(obj: Any, dtype: Any = None, copy: bool = True, order: str = "K", ndmi
 def asarray(a: Any, dtype: Any = None, order: Any = None) -> ndarray:
     if isinstance(a, ndarray):
         return a if dtype is None or _np.dtype(dtype) == a.dtype else a.astype(dtype)
+    interface = getattr(a, "__cuda_array_interface__", None)
+    if interface is not None:  # another library's device array: viewed where it is, no copy
+        dt, shape = _np.dtype(interface["typestr"]), tuple(interface["shape"])
+        strides = interface.get("strides")
+        span = dt.itemsize * (
+            int(_np.prod(shape))
+            if strides is None
+            else 1 + sum((n - 1) * s for n, s in zip(shape, strides)) // dt.itemsize
+        )
+        mem = cuda.UnownedMemory(interface["data"][0], span, a)
+        view = ndarray(shape, dt, memptr=cuda.MemoryPointer(mem, 0), strides=strides)
+        return view if dtype is None or _np.dtype(dtype) == dt else view.astype(dtype)
     _state.COUNTERS.upload()
     return _device(_np.asarray(a, dtype=dtype))
 

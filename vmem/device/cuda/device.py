@@ -58,6 +58,17 @@ class _Poison(PoolHook):
         self.arena.fill(block.offset, block.size, POISON_BYTE, cast(CudaStream, stream or self.default).stream)
 
 
+def _on_cuda_dlpack(x: object) -> bool:
+    """Whether ``x`` is a DLPack tensor on a CUDA device (kDLCUDA = 2, kDLCUDAManaged = 13)."""
+    where = getattr(x, "__dlpack_device__", None)
+    if where is None:
+        return False
+    try:
+        return int(where()[0]) in (2, 13)
+    except Exception:  # noqa: BLE001 - not a DLPack tensor after all
+        return False
+
+
 class CudaDevice:
     """A CUDA GPU behind the Device protocol (see the module docstring). ``deterministic`` keeps cuDNN's
     atomics-based algorithms out of the catalog, so that lossless policies stay bitwise. ``conv_api``:
@@ -276,6 +287,27 @@ class CudaDevice:
     def runs_codec(self, codec: Codec) -> bool:
         """The codecs whose kernels have a GPU build (zvc, ssdc, binarize, dpr)."""
         return bool(codec.gpu)
+
+    def device_array(self, x: object) -> GpuArray | None:
+        """``x`` as a CuPy array on this GPU without a copy: a CuPy array, an object with
+        ``__cuda_array_interface__`` (a PyTorch CUDA tensor), a DLPack tensor on a CUDA device; None for a
+        host array or anything else. The current stream, on which its producer ran, is waited for (vmem's
+        streams do not wait for it); an array of another GPU is refused."""
+        import cupy
+
+        if isinstance(x, np.ndarray) or not (
+            isinstance(x, cupy.ndarray) or hasattr(x, "__cuda_array_interface__") or _on_cuda_dlpack(x)
+        ):
+            return None
+        arr = (
+            x
+            if isinstance(x, cupy.ndarray)
+            else (cupy.asarray(x) if hasattr(x, "__cuda_array_interface__") else cupy.from_dlpack(x))
+        )
+        if int(arr.device.id) != self.index:
+            raise DeviceError(f"{self.name}: an input array lives on cuda:{int(arr.device.id)}, not on this GPU")
+        cupy.cuda.get_current_stream().synchronize()
+        return arr
 
     def release_cached(self) -> None:
         """Wait for both streams, then give the blocks CuPy's pool caches (the temporaries of work done
