@@ -249,3 +249,22 @@ def test_a_step_takes_the_batch_where_it_is_on_the_device(cupy):
     with vmem.Trainer(_vgg(), device="cuda:0", policy="baseline", memory="4MiB") as trainer:
         with pytest.raises(vmem.errors.ShapeError, match="has shape"):
             trainer.step(cupy.asarray(x[:, :2]), y)
+
+
+@pytest.mark.parametrize("math", ["tf32", "exact"])
+def test_both_fp32_math_modes_train_on_the_standin(cupy, math):
+    """The device's FP32 math mode is the convolutions' business (cuDNN's, replaced here by the CPU
+    device's exact ones): in either, the rest of the step is the CPU device's, bit for bit."""
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 8)
+    weights = []
+    for name, options in (("cpu", {}), ("cuda:0", {"math": math})):
+        net = _vgg().init(seed=0)
+        with vmem.device(name, memory="4MiB", **options) as device:
+            with vmem.Trainer(net, device=device, policy="vdnn-all", seed=0) as trainer:
+                for _ in range(3):
+                    trainer.step(x, y)
+                trainer.sync()
+            assert device.spec.math == ("exact" if name == "cpu" else math)
+        weights.append(net.params)
+    assert all(np.array_equal(weights[0][k], weights[1][k]) for k in weights[0])
