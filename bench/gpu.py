@@ -560,17 +560,20 @@ def section_step_time(args, out):
 
 
 # -- the GPU check's sections (tests/gpu/run.sh check): the settings users train in ----------------------
+def _torch_setting(args, out, setting: str) -> tuple[str, str] | None:
+    """PyTorch eager on VGG-16 in one of :data:`TORCH_SETTINGS`, in a process of its own: its table row."""
+    try:
+        t = isolated("torch_step", args.child_timeout, batch=args.batch, steps=args.steps, setting=setting)
+    except ChildFailed as exc:
+        _failed(out, f"pytorch {setting}", exc)
+        return None
+    out.setdefault("settings", {})[f"pytorch {setting}"] = t["median"]
+    return (f"pytorch {t['version']} {setting}", f"{t['median'] * 1e3:.1f}")
+
+
 def section_torch_settings(args, out):
     """PyTorch eager on VGG-16 in :data:`TORCH_SETTINGS`, each in a process of its own."""
-    rows, times = [], out.setdefault("settings", {})
-    for setting in TORCH_SETTINGS:
-        try:
-            t = isolated("torch_step", args.child_timeout, batch=args.batch, steps=args.steps, setting=setting)
-        except ChildFailed as exc:
-            _failed(out, f"pytorch {setting}", exc)
-            continue
-        times[f"pytorch {setting}"] = t["median"]
-        rows.append((f"pytorch {t['version']} {setting}", f"{t['median'] * 1e3:.1f}"))
+    rows = [row for row in (_torch_setting(args, out, s) for s in TORCH_SETTINGS) if row is not None]
     print(f"\nVGG-16, batch {args.batch}: PyTorch eager, median step of {args.steps}")
     print(table(("run", "step ms"), rows))
 
@@ -653,13 +656,41 @@ def section_vmem_exact(args, out):
     _setting_verdicts(out)
 
 
+def _pair(args, out, index: int) -> None:
+    """One of :data:`VMEM_SETTINGS` beside its PyTorch setting(s): PyTorch first, then vmem (every span of
+    its last step kept), the verdict at once (the check's sections: the most telling first, so that a run
+    cut short still has it)."""
+    label, precision, math, setting, _ = VMEM_SETTINGS[index]
+    for s in [setting] + [other for name, other, _ in ALSO_COMPARED if name == label]:
+        row = _torch_setting(args, out, s)
+        if row is not None:
+            print(f"{row[0]}: {row[1]} ms a step")
+    _vmem_setting(args, out, label, precision, math, spans=True)
+    _setting_verdicts(out)
+
+
+def section_bf16(args, out):
+    """PyTorch AMP bf16 channels-last, then vmem bf16 (every span kept)."""
+    _pair(args, out, 0)
+
+
+def section_tf32(args, out):
+    """PyTorch's defaults (and with its algorithm search), then vmem in FP32 with TF32."""
+    _pair(args, out, 1)
+
+
+def section_exact(args, out):
+    """PyTorch with TF32 off, then vmem in exact FP32 (FMA)."""
+    _pair(args, out, 2)
+
+
 def section_half_memory(args, out):
-    """vmem bf16 under ``auto`` in half the memory its bf16 baseline peaked at (the ``vmem_settings``
+    """vmem bf16 under ``auto`` in half the memory its bf16 baseline peaked at (the ``bf16`` or ``vmem_settings``
     run's peak), against that baseline's step (target at most 1.15x)."""
     base = out.get("setting_runs", {}).get("vmem bf16")
-    if not base:  # nothing to halve: vmem_settings did not run, or its bf16 run failed (and says why)
-        out.setdefault("skipped", {})["half_memory"] = "no vmem bf16 baseline run (section vmem_settings) to halve"
-        print("half_memory: skipped, no vmem bf16 baseline run (section vmem_settings) to halve")
+    if not base:  # nothing to halve: no bf16 section ran, or its vmem run failed (and says why)
+        out.setdefault("skipped", {})["half_memory"] = "no vmem bf16 baseline run (section bf16) to halve"
+        print("half_memory: skipped, no vmem bf16 baseline run (section bf16) to halve")
         return
     half = base["peak_bytes"] // 2
     r = _vmem_setting(
@@ -1015,6 +1046,9 @@ def _no_gpu(error: str) -> bool:
 
 # the training runs first (each in a process of its own), then what runs here
 SECTIONS = {
+    "bf16": section_bf16,
+    "tf32": section_tf32,
+    "exact": section_exact,
     "torch_settings": section_torch_settings,
     "vmem_settings": section_vmem_settings,
     "vmem_exact": section_vmem_exact,
