@@ -1,5 +1,6 @@
-"""A stand-in for CuPy on the CPU (tests only): :func:`install` makes ``import cupy`` find it, with cuDNN's
-convolutions replaced by the CPU device's (see ``cupy/__init__.py`` for the contracts it keeps)."""
+"""A stand-in for CuPy on the CPU (tests only): :func:`install` makes ``import cupy`` find it, and cuDNN's
+library the stand-in's (``cudnn.py``: vmem's own declarations over functions that compute with the CPU
+device's convolutions); see ``cupy/__init__.py`` for the contracts it keeps."""
 
 from __future__ import annotations
 
@@ -32,12 +33,14 @@ def install(monkeypatch):
     _clear_caches()
     import cupy
 
-    from vmem.device.cuda.device import CudaDevice
+    from vmem.device.cuda import cudnn
 
-    from .conv import StandinConv
+    from . import cudnn as standin_cudnn
 
-    monkeypatch.setattr(CudaDevice, "conv_backend", property(lambda self: StandinConv.of(self)))
+    library = standin_cudnn.Lib()
+    monkeypatch.setattr(cudnn, "_load", lambda: (library.ffi, library))
     cupy._saved_modules = saved
+    cupy._cudnn = library
     return cupy
 
 
