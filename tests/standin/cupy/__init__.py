@@ -15,8 +15,8 @@ What CuPy allows but costs a synchronization on a GPU is counted (:data:`cupy._s
 ``int``, ``float`` of a device value (implicit reads), ``get``/``asnumpy``/``item`` (explicit reads), and
 host arrays made device arrays (uploads). Reductions return 0-d device arrays, as CuPy's do.
 
-Streams run their work as it is enqueued (so order is kept trivially); cuDNN is replaced, a level up, by
-the CPU device's convolutions (``tests/standin/conv.py``).
+Streams run their work as it is enqueued (so order is kept trivially); cuDNN's library is the stand-in's
+(``tests/standin/cudnn.py``), computing with the CPU device's convolutions.
 """
 
 from __future__ import annotations
