@@ -216,3 +216,25 @@ def test_the_multi_tensor_finite_check_equals_numpy(special):
         assert bool(ok[0]) == all(np.isfinite(t).all() for t in tensors)
         if special is not None:
             tensors[i][j] = kept
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_the_four_a_thread_relu_kernels_give_the_one_a_thread_bytes(dtype):
+    """relu4_* and relu_backward4_* (the GPU's: one 16-byte float32 or 8-byte half load a thread), built for
+    the CPU, equal the one-value kernels and NumPy bit for bit, in place and not, specials included."""
+    kind = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[np.dtype(dtype).name]
+    x = _data(dtype, (4, 5, 6, 8), seed=4)
+    x.reshape(-1)[: len(_specials(dtype))] = _specials(dtype)
+    bits = (lambda a: a) if dtype == DTYPES[0] else (lambda a: a.view(np.uint16))
+    want = np.where((x.astype(np.float32) > 0) | np.isnan(x.astype(np.float32)), x, np.zeros_like(x))
+    groups = x.size // 4
+    y = np.empty_like(x)
+    native.launch(f"relu4_{kind}", groups, bits(x), bits(y), np.int64(groups))
+    assert _bits(y) == _bits(want)
+    inplace = x.copy()
+    native.launch(f"relu4_{kind}", groups, bits(inplace), bits(inplace), np.int64(groups))
+    assert _bits(inplace) == _bits(want)
+    dy = _data(dtype, x.shape, seed=5)
+    grad = (dy.astype(np.float32) * (want.astype(np.float32) > 0)).astype(dtype)
+    native.launch(f"relu_backward4_{kind}", groups, bits(want), bits(dy), bits(dy), np.int64(groups))
+    assert _bits(dy) == _bits(grad)

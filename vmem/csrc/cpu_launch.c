@@ -88,6 +88,12 @@ LAUNCHER2(column_partial_bf16, c, P(const uint16_t* x, float* partial, int64_t r
 LAUNCHER(column_finish, P(const float* partial, float* out, int64_t groups, int64_t c), partial, out, groups, c)
 LAUNCHER(finite_multi, P(const uint64_t* ptrs, const int64_t* offsets, int64_t tensors, uint8_t* ok),
          ptrs, offsets, tensors, ok)
+LAUNCHER(relu4_f32, P(const float* x, float* y, int64_t groups), x, y, groups)
+LAUNCHER(relu4_f16, P(const uint16_t* x, uint16_t* y, int64_t groups), x, y, groups)
+LAUNCHER(relu4_bf16, P(const uint16_t* x, uint16_t* y, int64_t groups), x, y, groups)
+LAUNCHER(relu_backward4_f32, P(const float* y, const float* dy, float* dx, int64_t groups), y, dy, dx, groups)
+LAUNCHER(relu_backward4_f16, P(const uint16_t* y, const uint16_t* dy, uint16_t* dx, int64_t groups), y, dy, dx, groups)
+LAUNCHER(relu_backward4_bf16, P(const uint16_t* y, const uint16_t* dy, uint16_t* dx, int64_t groups), y, dy, dx, groups)
 LAUNCHER(relu_f32, P(const float* x, float* y, int64_t n), x, y, n)
 LAUNCHER(relu_f16, P(const uint16_t* x, uint16_t* y, int64_t n), x, y, n)
 LAUNCHER(relu_bf16, P(const uint16_t* x, uint16_t* y, int64_t n), x, y, n)
