@@ -221,3 +221,20 @@ def test_lowering_one_program_under_many_plans_gives_what_a_fresh_program_gives(
         assert repr(again.steps) == repr(first.steps) and again.grad == first.grad, policy  # codecs: by repr
         assert again.persistent == first.persistent and again.live_bytes == first.live_bytes
     assert program.derived("anything", lambda: [1]) is program.derived("anything", lambda: [2])
+
+
+def test_a_relu_over_a_convolutions_output_runs_in_the_convolution():
+    """Schedule.fused_relu: each ReLU written in place over a convolution's output (the convolution's only
+    reader) is run by the convolution, after its bias; a ReLU over a map that another layer reads too, or
+    over a batch norm's output, is not."""
+    program, _, schedule = lowered(vmem.models.get("vgg_cifar"), "vdnn-all")
+    convs = [op.index for op in program.ops if op.kind == "conv"]
+    assert sorted(schedule.fused_relu) == convs
+    for conv, relu in schedule.fused_relu.items():
+        assert program.ops[relu].kind == "relu" and program.ops[relu].inputs == [program.ops[conv].output]
+    g = vmem.Graph(input_shape=(3, 8, 8))
+    c = g.add(nn.Conv2d(3, 4, 3, padding=1), g.input)
+    g.add(nn.Add(), g.add(nn.ReLU(), c), c)  # the convolution's output read twice: the ReLU cannot overwrite it
+    assert lowered(g, "baseline")[2].fused_relu == {}
+    bn = vmem.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), input_shape=(3, 8, 8))
+    assert lowered(bn, "baseline")[2].fused_relu == {}

@@ -42,7 +42,7 @@ class ConvBackend(Protocol):
         ...
 
     def forward(self, layer: "Conv2d", ctx: "Ctx", x: Array, w: Array, y: Array, b: Array = None) -> None:
-        """``y = conv(x, w)``, plus the bias ``b`` where given."""
+        """``y = conv(x, w)``, plus the bias ``b`` where given, then ReLU over ``y`` where ``ctx.relu``."""
         ...
 
     def backward(

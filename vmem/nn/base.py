@@ -111,6 +111,9 @@ class Ctx:
     #: a second forward of the same step (to rebuild an output backward reads): reuse the saved state
     #: (dropout's mask), update nothing (batch norm's running statistics), and write the same output
     replay: bool = False
+    #: the layer's output goes through ReLU in the same pass (a convolution whose output a ReLU overwrites in
+    #: place: the executor runs that ReLU here, after the bias, and skips its own forward)
+    relu: bool = False
     #: where the batch is split over several processes (data-parallel training with synchronized batch
     #: norm): sums an array over them, in place, every process calling it in the same order; None: this
     #: process holds the whole batch

@@ -239,6 +239,9 @@ class Executor:
             )
             for op in ops
         ]
+        #: convolutions that run the ReLU over their output, and those ReLUs (Schedule.fused_relu)
+        fused = schedule.fused_relu
+        self._relu_fused, self._relu_done = frozenset(fused), frozenset(fused.values())
         #: views of device blocks, by (offset, block size, shape, dtype): a planned schedule puts each
         #: buffer at the same place every step, and making an array costs the host more than finding it
         self._views: dict[tuple, Any] = {}
@@ -537,10 +540,14 @@ class Executor:
 
     # -- ops ---------------------------------------------------------------------------------------
     def _forward(self, r: _Run, st: Forward | Recompute) -> None:
-        """A forward, or its replay during backward (the layer reuses its saved state, updates nothing)."""
+        """A forward, or its replay during backward (the layer reuses its saved state, updates nothing). A
+        ReLU its convolution runs (``Schedule.fused_relu``) does nothing here."""
+        if st.op in self._relu_done:
+            return
         op = self.program.ops[st.op]
         replay = type(st) is Recompute
         ctx = self._ctx(r, st.op, r.train or replay, r.rng, st.algo, st.workspace, replay=replay)
+        ctx.relu = st.op in self._relu_fused
         xs = [self._value(r, t) for t in op.inputs]
         y = self._value(r, op.output)
         fn = (

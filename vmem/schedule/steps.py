@@ -389,6 +389,22 @@ class Schedule:
     shard_rank: int | None = None
 
     @property
+    def fused_relu(self) -> dict[int, int]:
+        """conv op -> the ReLU whose forward it runs in its own last pass (bias and ReLU in one kernel on a
+        GPU), for each ReLU written in place over a convolution's output, neither staged: the convolution's
+        output has that ReLU for its only reader and is overwritten by it, so what any later step reads is
+        the same. The ReLU's own Forward and Recompute steps then do nothing."""
+        ops = self.program.ops
+        fused = {}
+        for op in ops:
+            if op.kind != "relu" or not op.inplace or op.staged:
+                continue
+            producer = self.program.tensors[op.inputs[0]].producer
+            if producer is not None and ops[producer].kind == "conv" and not ops[producer].staged:
+                fused[producer] = op.index
+        return fused
+
+    @property
     def offloaded_bytes(self) -> int:
         """Bytes the step's offloads are expected to move to the host."""
         return sum(st.transfer_nbytes for st in self.steps if type(st) is Offload)

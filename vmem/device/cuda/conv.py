@@ -189,8 +189,9 @@ class CudnnConv:
         return (CudnnConv._ptr(ws), int(ws.nbytes)) if ws is not None and ws.nbytes else (cudnn.ffi().NULL, 0)
 
     def forward(self, layer: "Conv2d", ctx: "Ctx", x: GpuArray, w: GpuArray, y: GpuArray, b: Array = None) -> None:
-        """``y = conv(x, w)``, then the bias ``b`` added where given. Half-precision maps read FP32 weights
-        through a half copy at the start of the workspace."""
+        """``y = conv(x, w)``, then the bias ``b`` added where given, and with ``ctx.relu`` the ReLU in the
+        same kernel. Half-precision maps read FP32 weights through a half copy at the start of the
+        workspace."""
         ws = ctx.workspace
         if x.dtype != w.dtype:
             (wh,), ws = _carve(ws, x.dtype, w.shape)
@@ -199,7 +200,9 @@ class CudnnConv:
         algo = ctx.algo[0] if isinstance(ctx.algo, tuple) else ctx.algo  # a forward's algorithm is one name
         self._pass(layer, "forward", algo, ws, x, w, y)
         if b is not None:  # one pass of vmem's kernel (CuPy's broadcast add divides 64-bit indices per value)
-            native.bias_add(y, b, backend_of(y))
+            (native.bias_relu if ctx.relu else native.bias_add)(y, b, backend_of(y))  # the ReLU after it too
+        elif ctx.relu:
+            native.relu(y, y, backend_of(y))
 
     def backward(
         self,

@@ -72,8 +72,11 @@ class HostConv:
         return with_host_catalog(program)
 
     def forward(self, layer: Conv2d, ctx: Ctx, x: Array, w: Array, y: Array, b: Array = None) -> None:
-        """``y = conv(x, w) + b`` (no bias where ``b`` is None) with ``ctx.algo``."""
+        """``y = conv(x, w) + b`` (no bias where ``b`` is None) with ``ctx.algo``; with ``ctx.relu`` the ReLU
+        over ``y`` after it (as the ReLU layer computes it)."""
         forward(layer, ctx, x, w, y, b)
+        if ctx.relu:
+            ctx.ops.relu(y, y)
 
     def backward(
         self,
