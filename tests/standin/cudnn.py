@@ -226,7 +226,7 @@ class Lib:
         return self._size("backward_filter", h, x, dw, conv, dy, algo, size)
 
     # -- running one ---------------------------------------------------------------------------------------
-    def _array(self, desc: Any, ptr: Any, filt: bool = False) -> np.ndarray:
+    def _array(self, desc: Any, ptr: Any) -> np.ndarray:
         """The array a descriptor and a pointer name, channels last (KRSC for filters), over device memory."""
         from cupy import _state
 
@@ -261,7 +261,7 @@ class Lib:
             addr = int(self.ffi.cast("intptr_t", ws))
             region = _state.device_region(addr, need, "a cuDNN workspace")
             scratch = np.ndarray((need,), np.uint8, buffer=region.buffer, offset=addr - region.ptr)
-        xa, wa, ya = self._array(x, xp), self._array(w, wp, True), self._array(y, yp)
+        xa, wa, ya = self._array(x, xp), self._array(w, wp), self._array(y, yp)
         out = {"forward": ya, "backward_data": xa, "backward_filter": wa}[pass_]
         a = float(self.ffi.cast("float *", alpha)[0])
         b = float(self.ffi.cast("float *", beta)[0])

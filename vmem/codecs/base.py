@@ -15,7 +15,17 @@ if TYPE_CHECKING:
     from .._typing import Array
     from numpy.typing import DTypeLike
 
-__all__ = ["Codec", "Encoded", "stored_nbytes", "STORE_SLACK", "array_module", "shape_of", "is_half"]
+__all__ = [
+    "Codec",
+    "Encoded",
+    "stored_nbytes",
+    "STORE_SLACK",
+    "array_module",
+    "address",
+    "is_device_array",
+    "shape_of",
+    "is_half",
+]
 
 _ALIGN = 8  # each array of an encoding stored in one block starts at a multiple of this
 STORE_SLACK = 4 * _ALIGN  # room for aligning up to four arrays
@@ -147,6 +157,18 @@ def array_module(x: Array) -> Xp:
     if type(x).__module__.split(".")[0] == "cupy":
         return sys.modules["cupy"]
     return np
+
+
+def is_device_array(x: object) -> bool:
+    """Whether ``x`` is a GPU's array (CuPy's, or another library's with ``__cuda_array_interface__``), not a
+    host one."""
+    return hasattr(x, "__cuda_array_interface__") and not isinstance(x, np.ndarray)
+
+
+def address(x: Array) -> int:
+    """Where ``x``'s data starts: its device pointer for a GPU array, else its host one."""
+    interface = getattr(x, "__cuda_array_interface__", None) or x.__array_interface__
+    return int(interface["data"][0])
 
 
 def shape_of(x: Array) -> tuple[int, ...]:

@@ -20,7 +20,7 @@ from typing import Any, Callable, TYPE_CHECKING
 import numpy as np
 
 from ..threads import BUDGET, KERNELS
-from .base import array_module
+from .base import address, array_module
 
 if TYPE_CHECKING:
     from .._typing import Array
@@ -121,11 +121,14 @@ def launch(kernel: str, threads: int, *args: Any, first: int = 0, cols: int = 1)
 class Backend(ABC):
     """Where the kernels run: ``xp`` (the array module of their arrays), ``launch`` (a grid of threads:
     ``threads`` rows of ``cols``), ``scan`` (an exclusive prefix sum, one longer than its input) and
-    ``split_full`` (whether fp10's whole words take their own kernel, which vectorizes on the CPU)."""
+    ``split_full`` (whether fp10's whole words take their own kernel, which vectorizes on the CPU) and
+    ``wide_loads`` (whether ReLU's kernels that load four values a thread pay: on a GPU; the CPU build
+    vectorizes the one-value kernels itself)."""
 
     name = "backend"
     xp: Xp = np
     split_full = False
+    wide_loads = False
 
     @abstractmethod
     def launch(self, kernel: str, threads: int, *args: Any, first: int = 0, cols: int = 1) -> None:
@@ -384,20 +387,13 @@ def finite_multi(ptrs: Array, offsets: Array, total: int, ok: Array, on: Backend
     on.launch("finite_multi", total, ptrs, offsets, _i64(ptrs.size), ok)
 
 
-def _address(a: Array) -> int:
-    """Where an array's data starts (a device pointer for a GPU array)."""
-    interface = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
-    return int(interface["data"][0])
-
-
 def _groups_of_four(on: Backend, *arrays: Array) -> int:
-    """How many whole groups of four values the four-a-thread kernels take: on a GPU, where every array
-    starts aligned to four of its values (16 bytes of float32, 8 of half: one load), else none (the CPU
-    build vectorizes the one-value kernels itself)."""
-    if on.split_full or arrays[0].size < 4:
+    """How many whole groups of four values the four-a-thread kernels take: where the backend has wide
+    loads and every array starts aligned to four of its values (16 bytes of float32, 8 of half), else none."""
+    if not on.wide_loads or arrays[0].size < 4:
         return 0
     align = 4 * np.dtype(arrays[0].dtype).itemsize
-    return arrays[0].size // 4 if all(_address(a) % align == 0 for a in arrays) else 0
+    return arrays[0].size // 4 if all(address(a) % align == 0 for a in arrays) else 0
 
 
 def _flat(a: Array, start: int) -> Array:

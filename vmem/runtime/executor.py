@@ -24,6 +24,7 @@ from typing import Any, Sequence, TYPE_CHECKING
 
 import numpy as np
 
+from ..codecs.base import is_device_array
 from ..device.staging import copy_nbytes, staged
 from ..errors import DeviceError
 from ..nn.base import Ctx, physical
@@ -83,11 +84,6 @@ def _stepping(device: Any) -> threading.Lock:
         if lock is None:
             lock = _STEPS[device] = threading.Lock()
         return lock
-
-
-def _on_device(a: object) -> bool:
-    """Whether an input array is a GPU's (what ``Device.device_array`` gives), not a host array."""
-    return hasattr(a, "__cuda_array_interface__") and not isinstance(a, np.ndarray)
 
 
 class HostBatch:
@@ -292,7 +288,7 @@ class Executor:
         return HostBatch(
             [
                 a  # already on the device (Trainer.step took a device array): transposed and cast there
-                if _on_device(a)
+                if is_device_array(a)
                 else np.ascontiguousarray(np.asarray(a).transpose(0, 2, 3, 1) if np.ndim(a) == 4 else a, dtype=dtype)
                 for a, (_, _, dtype) in zip(arrays, self._inputs)
             ]
@@ -448,7 +444,7 @@ class Executor:
         raw = dev.host_view(r.staged, (r.staged.nbytes,), np.uint8)
         r.batch = {}
         for x, (_, source, _), at in zip(r.xs, self._inputs, self._inputs_at):
-            if _on_device(x):  # copied from where it is, on the device (see _upload)
+            if is_device_array(x):  # copied from where it is, on the device (see _upload)
                 r.batch[source] = x
                 continue
             r.batch[source] = raw[at : at + x.nbytes].view(x.dtype).reshape(x.shape)
@@ -472,7 +468,7 @@ class Executor:
         else:
             dst = self._value(r, self._input_of[st.source])
         src = r.batch[st.source]
-        if _on_device(src):  # a device array (NCHW, any type): transposed and cast by one kernel on the device
+        if is_device_array(src):  # a device array (NCHW, any type): transposed and cast by one kernel on the device
             xp = self.device.xp
             made = src.transpose(0, 2, 3, 1) if src.ndim == 4 else src
             self.device.compute_stream.launch(xp.copyto, dst, made, casting="unsafe")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from ..codecs import native
+from ..codecs.base import address
 from ..optim import Optimizer
 from ..schedule import Key, Kind, Schedule
 from ..schedule.steps import Update
@@ -21,12 +22,6 @@ if TYPE_CHECKING:
     from .executor import _Run
 
 __all__ = ["Updates"]
-
-
-def _address(a: Array) -> int:
-    """Where an array's data starts: its device pointer (``__cuda_array_interface__``), else its host one."""
-    interface = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
-    return int(interface["data"][0])
 
 
 class Updates:
@@ -92,20 +87,20 @@ class Updates:
         #: offsets put on the device once, here), where the kernels are built and they are contiguous float32
         self.multi = self._multi(self.grads + self.updated)
 
-    def _multi(self, tensors: list) -> tuple[Any, Any, int, Any] | None:
+    def _multi(self, tensors: list) -> tuple[Any, Any, int, Any, Any] | None:
+        """(addresses, offsets, values in all, backend, flag) of :meth:`finite`'s kernel over ``tensors``: the
+        two tables and the flag put on the device once, with the executor (a few bytes, outside the plan), so
+        that every step's check reads and writes the same addresses; None where the kernel does not apply."""
         if not tensors or any(t.dtype != np.float32 or not t.flags.c_contiguous for t in tensors):
             return None
         on = native.backend(tensors[0])
         if on is None:
             return None
-        where = [_address(t) for t in tensors]
         offsets = np.zeros(len(tensors) + 1, np.int64)
         np.cumsum([t.size for t in tensors], out=offsets[1:])
-        ptrs = np.asarray(where, np.uint64)
-        xp = self.xp  # the two tables and the flag put on the device once, with the executor (a few bytes,
-        # outside the plan): every step's check reads and writes the same addresses
-        self.flag = xp.empty(1, np.uint8)
-        return xp.asarray(ptrs), xp.asarray(offsets), sum(int(t.size) for t in tensors), on
+        ptrs = np.asarray([address(t) for t in tensors], np.uint64)
+        xp = self.xp
+        return xp.asarray(ptrs), xp.asarray(offsets), int(offsets[-1]), on, xp.empty(1, np.uint8)
 
     def keep(self, r: "_Run") -> Callable[[], None]:
         """The work that copies batch norm's running statistics aside into ``r.kept_stats`` (on the compute
@@ -170,8 +165,7 @@ class Updates:
         also overflow where the gradients are near float32's largest value: then the step is skipped too)."""
         xp = self.xp
         if self.multi is not None:  # three launches whatever the number of tensors
-            ptrs, offsets, total, on = self.multi
-            ok = self.flag
+            ptrs, offsets, total, on, ok = self.multi
             if r.loss_ok is None:
                 ok.fill(1)
             else:

@@ -8,6 +8,7 @@ from typing import Any, Sequence, TYPE_CHECKING, cast
 
 import numpy as np
 
+from ..codecs.base import is_device_array
 from ..errors import ShapeError
 from ..graph import Network
 
@@ -45,7 +46,7 @@ def batch_arrays(net: Network, input_shape: Sequence[int], x: Array) -> Any:
 
 def _array(a: object) -> Array:
     """A host batch as a NumPy array; a device array (``Device.device_array``'s) as it is."""
-    return a if hasattr(a, "__cuda_array_interface__") and not isinstance(a, np.ndarray) else np.asarray(a)
+    return a if is_device_array(a) else np.asarray(a)
 
 
 def on_device(device: Device, x: Array) -> Array:
