@@ -103,8 +103,9 @@ def test_a_budget_where_the_baseline_fails_but_vdnn_all_trains():
 
 
 def test_throttled_link_shows_stalls_and_event_sync_stalls_less():
-    def stall(policy):
-        _, reports, _ = train(MODELS["vgg_cifar"], policy, steps=3, batch=32, pcie_gbps=0.25)
+    def stall(policy):  # a link slow enough that the stalls (0.11 s against 0.06 s) stand above a busy
+        # machine's noise (at 0.25 GB/s, 28 ms against 14 ms, the suite's load once made them 26 and 25)
+        _, reports, _ = train(MODELS["vgg_cifar"], policy, steps=3, batch=32, pcie_gbps=0.1)
         return float(np.mean([r.stall_seconds for r in reports[1:]]))
 
     layer = stall("vdnn-all:algos=performance,sync=layer")
