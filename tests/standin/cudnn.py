@@ -263,25 +263,35 @@ class Lib:
             scratch = np.ndarray((need,), np.uint8, buffer=region.buffer, offset=addr - region.ptr)
         xa, wa, ya = self._array(x, xp), self._array(w, wp), self._array(y, yp)
         out = {"forward": ya, "backward_data": xa, "backward_filter": wa}[pass_]
-        a = float(self.ffi.cast("float *", alpha)[0])
+        a = float(self.ffi.cast("float *", alpha)[0])  # the scalars are read at the call (a capture keeps them)
         b = float(self.ffi.cast("float *", beta)[0])
-        f32 = [np.ascontiguousarray(v, np.float32) for v in (xa, wa, ya)]
-        result = np.empty(out.shape, np.float32)
-        ctx = Ctx(xp=np, ops=LaneOps(), algo=host, workspace=scratch)
-        host = HostConv()
-        if pass_ == "forward":
-            host.forward(layer, ctx, f32[0], f32[1], result, None)
-        elif pass_ == "backward_data":
-            host.backward(layer, ctx, f32[2], None, f32[1], result, None)
-        else:
-            host.backward(layer, ctx, f32[2], f32[0], f32[1], None, result)
-        if a != 1.0:
-            result *= np.float32(a)
-        if b != 0.0:
-            result += np.float32(b) * out.astype(np.float32)
-        out[...] = result.astype(out.dtype)
-        self.calls.append(f"{pass_}:{algo}")
+
+        def work() -> None:  # on the handle's stream: now, or when a graph that captured it runs
+            f32 = [np.ascontiguousarray(v, np.float32) for v in (xa, wa, ya)]
+            result = np.empty(out.shape, np.float32)
+            ctx = Ctx(xp=np, ops=LaneOps(), algo=host, workspace=scratch)
+            conv = HostConv()
+            if pass_ == "forward":
+                conv.forward(layer, ctx, f32[0], f32[1], result, None)
+            elif pass_ == "backward_data":
+                conv.backward(layer, ctx, f32[2], None, f32[1], result, None)
+            else:
+                conv.backward(layer, ctx, f32[2], f32[0], f32[1], None, result)
+            if a != 1.0:
+                result *= np.float32(a)
+            if b != 0.0:
+                result += np.float32(b) * out.astype(np.float32)
+            out[...] = result.astype(out.dtype)
+
+        self._submit(h, work, f"{pass_}:{algo}")
         return SUCCESS
+
+    def _submit(self, h: Any, work: Any, call: str) -> None:
+        from cupy import _state
+        from cupy.cuda.stream import stream_of
+
+        self.calls.append(call)
+        _state.submit(stream_of(self._get(h)["stream"] or 0), work, ("cudnn", call))
 
     def cudnnConvolutionForward(self, h, alpha, xd, x, wd, w, conv, algo, ws, ws_size, beta, yd, y) -> int:
         return self._run("forward", h, alpha, beta, algo, ws, ws_size, xd, x, wd, w, yd, y, conv)
@@ -298,8 +308,11 @@ class Lib:
             return NOT_SUPPORTED  # as cuDNN 9.19 on an H200 (the GPU check, 2026-11-28)
         g = self._array(dyd, dy)
         out = self._array(dbd, db).reshape(-1)
-        out[...] = g.reshape(-1, g.shape[-1]).astype(np.float32).sum(0, dtype=np.float64).astype(out.dtype)
-        self.calls.append("backward_bias")
+
+        def work() -> None:
+            out[...] = g.reshape(-1, g.shape[-1]).astype(np.float32).sum(0, dtype=np.float64).astype(out.dtype)
+
+        self._submit(h, work, "backward_bias")
         return SUCCESS
 
     # -- rankings and searches ---------------------------------------------------------------------------

@@ -94,6 +94,9 @@ class Device(Protocol):
     holds_data: bool
     pool: DevicePool
     asynchronous: bool  # work runs after launch returns (a GPU): spans timed by events, streams wait on the device
+    #: a training step is recorded once as a CUDA graph and replayed by one launch (the CUDA device's
+    #: ``graphs="on"``; see :meth:`capture`)
+    graphs: bool
 
     @property
     def xp(self) -> Xp:
@@ -191,6 +194,12 @@ class Device(Protocol):
         """The context the host enqueues one step's work in. On the CPU device, whose stream workers
         share the interpreter's lock with the host, the workers sleep until the step is enqueued (or a
         thread waits for their progress); other devices need nothing."""
+        ...
+
+    def capture(self) -> ContextManager[Any]:
+        """Where ``graphs`` is true: a context in which the work enqueued on the compute and memory streams
+        is recorded, not run; its value's ``graph`` (set when the block ends without an error) replays it
+        with ``launch(stream)``. Other devices refuse (DeviceError)."""
         ...
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ from typing import Any, TYPE_CHECKING
 import numpy as np
 
 from .. import threads
+from ..errors import DeviceError
 from ..pool import Block, DevicePool, HostArena, PinnedHostPool, PoolHook
 from ..streams import CpuStream
 from ..streams.cpu import held
@@ -110,6 +111,7 @@ class CpuDevice:
     holds_data = True
     conv_backend = HostConv()  # the host's convolutions (stateless: one for every CPU device)
     asynchronous = False  # work on a stream runs on its thread, timed by the host's clock
+    graphs = False  # no CUDA graphs: every step is carried out as it is enqueued
 
     def __init__(
         self,
@@ -296,6 +298,10 @@ class CpuDevice:
         """The host enqueues a step with the streams' workers asleep: they wake when it is in, or when a
         thread waits for their progress (see :func:`vmem.streams.cpu.held`)."""
         return held(self.compute_stream, self.memory_stream)
+
+    def capture(self) -> Any:
+        """Refused: only the CUDA device records steps as graphs."""
+        raise DeviceError(f"{self.name}: CUDA graphs are the CUDA device's (graphs='on')")
 
     def close(self) -> None:
         """Finish outstanding work, stop the stream threads and, if no other device is open, the codec

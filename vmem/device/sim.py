@@ -42,6 +42,7 @@ class SimDevice:
     conv_backend = None
     ops = None  # holds no data: runs no layer
     asynchronous = False
+    graphs = False
 
     def __init__(
         self, gpu: str | DeviceSpec, *, memory: int | str | None = None, alignment: int = 256, math: str | None = None
@@ -121,6 +122,10 @@ class SimDevice:
 
     def dispatch_scope(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
+
+    def capture(self) -> Any:
+        """Refused: only the CUDA device records steps as graphs."""
+        raise DeviceError(f"{self.name}: CUDA graphs are the CUDA device's (graphs='on')")
 
     @property
     def closed(self) -> bool:

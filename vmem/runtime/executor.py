@@ -57,6 +57,7 @@ from .params import DeviceParams
 from .update import Updates
 from .report import StepReport
 from .staged import staged_backward, staged_forward
+from .graphs import Recorded, StepGraphs, pool_state
 from .timeline import Timeline
 from .transfers import _BYTE, Transfers, span
 
@@ -84,6 +85,10 @@ def _stepping(device: Any) -> threading.Lock:
         if lock is None:
             lock = _STEPS[device] = threading.Lock()
         return lock
+
+
+class _Uncaptured(Exception):
+    """A step's capture failed: it is rolled back and run as it is."""
 
 
 class HostBatch:
@@ -118,6 +123,8 @@ class _Run:
         self.kept_stats: list[Any] = []  # batch norm's running statistics as they were before the step
         self.first_nonfinite: str | None = None
         self.reduced: dict[int, Any] = {}  # gradient bucket -> the event its all-reduce ends with
+        #: the step is being recorded as a CUDA graph: its spans are not timed (no timing event in a capture)
+        self.graphed = False
         self.spilled: list[tuple[str, int, int]] = []  # encodings kept in host memory (see StepReport.spilled)
         #: the transfers' state (:class:`~vmem.runtime.transfers.Transfers` fills it): buffers offloaded until
         #: their wait, every offload of the step, encodings kept on the device by buffer key
@@ -242,6 +249,8 @@ class Executor:
         #: buffer at the same place every step, and making an array costs the host more than finding it
         self._views: dict[tuple, Any] = {}
         self._views_max = 8 * len(schedule.steps) + 64
+        #: training steps replayed as CUDA graphs, where the device records them (vmem.runtime.graphs)
+        self.graphs = StepGraphs(program.network) if getattr(device, "graphs", False) else None
         #: the offloads, prefetches and encodings (what the step's Offload ... Decode steps are handed to)
         self._transfers = Transfers(device, self._op_params, self._block_view, self._view, self._launch)
         self._table = handlers(
@@ -352,21 +361,33 @@ class Executor:
         r.check = check
         r.scale = None if loss_scale is None or loss_scale == 1 else float(loss_scale)
         r.share = None if share is None or share == 1 else float(share)
+        key, why = self._graph_key(r)
+        if key is not None:
+            assert self.graphs is not None
+            rec = self.graphs.replayable(key, pool_state(pool), pool_state(dev.pinned))
+            if rec is not None:
+                report = self._replay(r, rec)
+                if report is not None:
+                    return report, None
+        capture = key is not None and self.graphs is not None and self.graphs.should_capture(key)
         if self._asynchronous:  # spans timed by events: measured from this one
             r.timeline.start(dev.compute_stream.record(timing=True))
         r.timeline.sample(r.timeline.origin, dev.readings())
         self._transfers.begin(r)
+        graph = None
         try:
             self._stage(r)
-            if train and self._updates.stats:  # batch norm's statistics, put back if the step is skipped
-                self.device.compute_stream.launch(self._updates.keep(r))
             with dev.step_scope() as threads:
                 walk = time.perf_counter()
-                with dev.dispatch_scope():
-                    for st in self.schedule.steps:
-                        self._table[type(st)](r, st)
+                if capture:
+                    graph = self._capture(r, key)
+                    graph.launch(dev.compute_stream)
+                else:
+                    self._walk(r)
                 walk = time.perf_counter() - walk
                 dev.synchronize()
+                if graph is not None:
+                    graph.ran()
                 if self.comm_stream is not None:
                     self.comm_stream.synchronize()  # a failed collective: raised here
             r.timeline.resolve()
@@ -374,22 +395,39 @@ class Executor:
                 r.skipped = not r.ok.item()
             if self._has_loss:  # the step has run: the loss's copy has landed
                 r.loss = float(r.batch["loss"][0])
+            staged = r.staged.offset
             self._unstage(r)
             r.timeline.sample(time.perf_counter(), dev.readings())
             moved = self._transfers.moved(r)
             pool.reclaim()  # every event has completed: coalesce, so each step starts as the plan's replay does
+        except _Uncaptured:
+            self._roll_back(r)
+            return self._run(
+                x, labels, train=train, rng=rng, step=step, check=check, loss_scale=loss_scale, share=share
+            )
         except BaseException:
+            if graph is not None:
+                graph.close()
             self._roll_back(r)
             raise
         timeline = r.timeline
         timeline.math = dev.spec.math  # how FP32 convolutions computed (tf32 or exact)
         if r.scale is not None:
             timeline.marks.update(loss_scale=float(r.scale), skipped=bool(r.skipped))
+        peak, average = pool.peak, timeline.average_bytes(pool.in_use)
+        if self.graphs is not None:
+            if graph is not None:  # no span was timed: the measures are those of the same step run as it is
+                peak, average = self.graphs.measured(key) or (peak, average)
+                self.graphs.keep(
+                    Recorded(key, graph, r.ok, pool_state(pool), pool_state(dev.pinned), staged, peak, average, moved)
+                )
+            else:
+                self.graphs.ran_as_is(key, why, peak, average)
         report = StepReport(
             loss=r.loss if r.loss is not None else float("nan"),
             seconds=time.perf_counter() - timeline.origin,
-            peak_bytes=pool.peak,
-            average_bytes=timeline.average_bytes(pool.in_use),
+            peak_bytes=peak,
+            average_bytes=average,
             offloaded_bytes=moved,
             stall_seconds=timeline.stall_seconds,
             timeline=timeline,
@@ -399,6 +437,7 @@ class Executor:
             loss_scale=r.scale,
             dispatch_seconds=walk,
             spilled=tuple(r.spilled),
+            graph="captured" if graph is not None else "",
         )
         logits = r.logits
         if logits is not None and logits.dtype != self._loss_dtype:  # half logits: given back as the loss read them
@@ -406,6 +445,88 @@ class Executor:
         if logits is not None and logits.ndim == 4:  # an output map, given back in NCHW order
             logits = np.ascontiguousarray(logits.transpose(0, 3, 1, 2))
         return report, logits
+
+    def _walk(self, r: _Run) -> None:
+        """Enqueue the step: batch norm's statistics kept aside (put back if the step is skipped), then every
+        step of the schedule, each through its handler."""
+        if r.train and self._updates.stats:
+            self.device.compute_stream.launch(self._updates.keep(r))
+        with self.device.dispatch_scope():
+            for st in self.schedule.steps:
+                self._table[type(st)](r, st)
+
+    # -- CUDA graphs (vmem.runtime.graphs) ---------------------------------------------------------
+    def _graph_key(self, r: _Run) -> tuple[Any, str | None]:
+        """(what a graph of this step bakes in, None where it cannot be one; why not)."""
+        if self.graphs is None:
+            return None, None
+        why = self.graphs.eligible(
+            train=r.train and any(type(st) is Update for st in self.schedule.steps),
+            check=r.check,
+            device_input=any(is_device_array(a) for a in r.xs),
+            collectives=self.group is not None or self.comm_stream is not None,
+        )
+        if why is not None:
+            return None, why
+        fused = self._updates.fused(r.step)
+        scalars = None if fused is None else (fused[0], tuple(float(v) for v in fused[1]))
+        shapes = tuple((a.shape, a.dtype.str) for a in r.xs)
+        labels = None if r.labels is None else np.shape(r.labels)
+        return (r.train, r.scale, r.share, shapes, labels, scalars), None
+
+    def _capture(self, r: _Run, key: Any) -> Any:
+        """Record the step as a graph (none of it runs); a capture that fails is dropped (_Uncaptured)."""
+        assert self.graphs is not None
+        r.graphed = True
+        try:
+            with self.device.capture() as cap:
+                self._walk(r)
+        except Exception as exc:  # noqa: BLE001 - whatever the capture refused, the step runs as it is
+            self.graphs.ran_as_is(key, self.graphs.refuse(key, exc))
+            raise _Uncaptured() from exc
+        return cap.graph
+
+    def _replay(self, r: _Run, rec: Recorded) -> StepReport | None:
+        """The step as one launch of its graph, the batch staged where the graph reads it; None (nothing
+        done) where the staging buffer fell elsewhere."""
+        dev = self.device
+        cs = dev.compute_stream
+        self._stage(r)
+        if r.staged.offset != rec.staged:
+            self._unstage(r)
+            assert self.graphs is not None
+            self.graphs.drop()
+            return None
+        try:
+            walk = time.perf_counter()
+            start = cs.record(timing=True)
+            r.timeline.start(start)
+            rec.graph.launch(cs)
+            r.timeline.pending("graph", cs.name, "compute", dev.pool.usage(), start, cs.record(timing=True))
+            walk = time.perf_counter() - walk
+            dev.synchronize()
+            r.timeline.resolve()
+            r.skipped = rec.ok is not None and not rec.ok.item()
+            if self._has_loss:
+                r.loss = float(r.batch["loss"][0])
+        finally:
+            self._unstage(r)
+        timeline = r.timeline
+        timeline.math = dev.spec.math
+        if r.scale is not None:
+            timeline.marks.update(loss_scale=float(r.scale), skipped=bool(r.skipped))
+        return StepReport(
+            loss=r.loss if r.loss is not None else float("nan"),
+            seconds=time.perf_counter() - timeline.origin,
+            peak_bytes=rec.peak,
+            average_bytes=rec.average,
+            offloaded_bytes=rec.moved,
+            timeline=timeline,
+            skipped=r.skipped,
+            loss_scale=r.scale,
+            dispatch_seconds=walk,
+            graph="replayed",
+        )
 
     def _roll_back(self, r: _Run) -> None:
         """Return every block and pinned buffer the failed step holds, then let its streams drain."""

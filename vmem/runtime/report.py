@@ -36,6 +36,9 @@ class StepReport:
     #: the plan sized at its density: (buffer, bytes needed, bytes planned); their values were kept in host
     #: memory for the step instead (slower, the same numbers, and no device memory beyond the plan's)
     spilled: tuple[tuple[str, int, int], ...] = ()
+    #: "captured" (the step was recorded as a CUDA graph, then launched), "replayed" (one launch of the graph
+    #: of an earlier step: its peak and average are that step's), "" (run as it is)
+    graph: str = ""
 
     @property
     def spans(self) -> list[Span]:
@@ -56,5 +59,6 @@ class StepReport:
                 "first_nonfinite",
                 "loss_scale",
                 "dispatch_seconds",
+                "graph",
             )
         }

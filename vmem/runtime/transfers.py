@@ -79,7 +79,9 @@ def span(
     stream's own host thread (the CPU device), the host's clock times it there; where it runs after
     ``launch`` returns (``asynchronous``: a GPU), timing events before and after it do, read when the step
     has ended."""
-    if asynchronous:
+    if r.graphed:  # a CUDA graph's capture: no timing event in it (CUDA cannot time captured events)
+        stream.launch(fn, *args)
+    elif asynchronous:
         start = stream.record(timing=True)
         stream.launch(fn, *args)
         r.timeline.pending(name, stream.name, kind, usage, start, stream.record(timing=True))
@@ -135,6 +137,9 @@ class Transfers:
         """The compute stream waits for a memory-stream event; the wait is recorded as a stall. On an
         asynchronous device (a GPU) the stream waits, not the host, and timing events measure the wait."""
         cs = self.device.compute_stream
+        if r.graphed:
+            cs.wait(event)
+            return
         if self.asynchronous:
             start = cs.record(timing=True)
             cs.wait(event)

@@ -59,6 +59,11 @@ class Updates:
             if self.params and all(p.dtype == np.float32 for p, _, _ in self.params)
             else None
         )
+        #: the momentum buffer the fused SGD kernel is given where the optimizer keeps none (never read or
+        #: written): one array made here, so that no step uploads one
+        self.no_slot = (
+            self.xp.zeros(1, np.float32) if self.fused_on is not None and optimizer is not None and not slots else None
+        )
         index = {key: i for i, key in enumerate(updated)}
         #: per Update step's bucket: the indices of its parameters and their sizes (every one for None)
         self.buckets: dict[tuple[str, ...] | None, tuple[list[int], list[int]]] = {}
@@ -124,7 +129,8 @@ class Updates:
             param, grad, state = self.params[bucket[j]]
             if fused is not None:  # one pass, and only where the device flag says the step is finite
                 kernel, scalars, on = fused
-                native.optimizer_update(kernel, param, grad, [state[s] for s in opt.slots], r.ok, scalars, on)  # type: ignore[union-attr]
+                slots = [state[s] for s in opt.slots] or [self.no_slot]  # type: ignore[union-attr]
+                native.optimizer_update(kernel, param, grad, slots, r.ok, scalars, on)
             else:
                 opt.update(xp, param, grad, state, step)  # type: ignore[union-attr]
 

@@ -17,6 +17,15 @@ host arrays made device arrays (uploads). Reductions return 0-d device arrays, a
 
 Streams run their work as it is enqueued (so order is kept trivially); cuDNN's library is the stand-in's
 (``tests/standin/cudnn.py``), computing with the CPU device's convolutions.
+
+Under stream capture (``Stream.begin_capture``; see :mod:`cupy.cuda.stream`) every kernel of the array
+module, as every raw kernel, copy, fill and cuDNN call, is recorded, not run: its result arrays are made
+(from the current allocator) and filled when the graph is launched. What cannot be captured is refused as
+CUDA refuses it: reads to the host (``get``, ``item``, ``bool``...) and uploads from host memory
+(synchronizations), and random draws (a graph would repeat the numbers drawn at capture at every launch:
+vmem's rule, not CUDA's). Allocations from CuPy's default pool during a capture are counted
+(``capture_pool_allocations``): the pool hands such memory to other work once it is freed, while the graph
+still writes it at every launch.
 """
 
 from __future__ import annotations
@@ -97,6 +106,7 @@ class ndarray:
         )
 
     def get(self, stream: Any = None, order: str = "C", out: Any = None, blocking: bool = True) -> _np.ndarray:
+        _state.refuse_in_capture("a read of a device array to the host")
         _state.COUNTERS.explicit_reads += 1
         if out is not None:
             if not isinstance(out, _np.ndarray):
@@ -110,18 +120,22 @@ class ndarray:
             raise TypeError("set takes a numpy.ndarray")
         if arr.shape != self.shape or arr.dtype != self.dtype:
             raise ValueError("set: the shape and dtype must match")
+        _state.refuse_in_capture("a copy from pageable host memory (set)")
         _state.COUNTERS.upload()
         self._a[...] = arr
 
     def item(self) -> Any:
+        _state.refuse_in_capture("a read of a device value to the host (item)")
         _state.COUNTERS.explicit_reads += 1
         return self._a.item()
 
     def tolist(self) -> Any:
+        _state.refuse_in_capture("a read of a device array to the host (tolist)")
         _state.COUNTERS.explicit_reads += 1
         return self._a.tolist()
 
     def _implicit(self, kind: str) -> _np.ndarray:
+        _state.refuse_in_capture(f"a read of a device value to the host ({kind})")
         _state.COUNTERS.implicit(kind)
         return self._a
 
@@ -154,15 +168,22 @@ class ndarray:
 
     # -- indexing ----------------------------------------------------------------------------------
     def __getitem__(self, key: Any) -> "ndarray":
-        return _result(self._a[_key(key)], (self,))
+        a, k = self._a, _key(key)
+        return _compute(lambda: a[k], (self,), lambda: a[_zeroed(k)])
 
     def __setitem__(self, key: Any, value: Any) -> None:
         _state.COUNTERS.call("setitem")
         if isinstance(value, _np.ndarray):
+            _state.refuse_in_capture("a copy from pageable host memory (assignment of a NumPy array)")
             _state.COUNTERS.upload()
         elif isinstance(value, (list, tuple)):
             raise _unsupported(value)
-        self._a[_key(key)] = value._a if isinstance(value, ndarray) else value
+        a, k, v = self._a, _key(key), value._a if isinstance(value, ndarray) else value
+
+        def work() -> None:
+            a[k] = v
+
+        _state.submit_current(work)
 
     # -- methods -----------------------------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
@@ -178,8 +199,12 @@ class ndarray:
             out = kwargs.get("out")
             if out is not None and not isinstance(out, ndarray):
                 raise _unsupported(out)
-            r = attr(*[_arg(a, False) for a in args], **{k: _arg(v, False) for k, v in kwargs.items()})
-            return out if out is not None else _result(r, (self,))
+            a = [_arg(x, False) for x in args]
+            kw = {k: _arg(v, False) for k, v in kwargs.items()}
+            if out is not None:
+                _state.submit_current(lambda: attr(*a, **kw))
+                return out
+            return _compute(lambda: attr(*a, **kw), (self,))
 
         return method
 
@@ -192,26 +217,30 @@ class ndarray:
         _state.COUNTERS.call("astype")
         out = ndarray(self.shape, dt)
         kw = {} if casting is None else {"casting": casting}
-        _np.copyto(out._a, self._a, **kw)
+        src, dst = self._a, out._a
+        _state.submit_current(lambda: _np.copyto(dst, src, **kw))
         return out
 
     def copy(self, order: str = "C") -> "ndarray":
         _state.COUNTERS.call("copy")
         out = ndarray(self.shape, self.dtype)
-        out._a[...] = self._a
+        src, dst = self._a, out._a
+        _state.submit_current(lambda: _np.copyto(dst, src))
         return out
 
     def view(self, dtype: Any = None) -> "ndarray":
         return _view(self._a.view() if dtype is None else self._a.view(dtype), self)
 
     def reshape(self, *shape: Any, order: str = "C") -> "ndarray":
-        return _result(self._a.reshape(*shape, order=order), (self,))
+        a = self._a
+        return _compute(lambda: a.reshape(*shape, order=order), (self,))
 
     def fill(self, value: Any) -> None:
         if isinstance(value, (ndarray, _np.ndarray)):
             raise _unsupported(value)
         _state.COUNTERS.call("fill")
-        self._a.fill(value)
+        a = self._a
+        _state.submit_current(lambda: a.fill(value))
 
     # -- NumPy's protocols: NumPy's functions on CuPy arrays run CuPy's ------------------------------
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
@@ -227,6 +256,8 @@ class ndarray:
         return fn(*args, **kwargs)
 
 
+#: functions whose result's size depends on the data: CuPy reads it to the host
+_SYNCHRONIZING = frozenset({"nonzero", "unique", "count_nonzero", "allclose", "array_equal"})
 #: methods that make views, not kernels
 _VIEWS = frozenset({"reshape", "view", "transpose", "swapaxes", "squeeze", "ravel"})
 
@@ -252,6 +283,45 @@ def _device(a: _np.ndarray) -> ndarray:
     out = ndarray(a.shape, a.dtype)
     out._a[...] = a
     return out
+
+
+def _zeroed(key: Any) -> Any:
+    """An index with its integer arrays zeroed: the same result shape, whatever they hold."""
+    if isinstance(key, tuple):
+        return tuple(_zeroed(k) for k in key)
+    if isinstance(key, _np.ndarray) and key.dtype.kind in "iu":
+        return _np.zeros_like(key)
+    return key
+
+
+def _compute(work: Any, parents: tuple, probe_work: Any = None) -> Any:
+    """The result of a kernel of the array module over ``parents``: now, or where the current stream
+    captures, new arrays of the result's shape and type (made now, from the current allocator) filled by
+    ``work`` when the graph runs. A view of a parent is no kernel: it is made now either way.
+    ``probe_work``: the same shape and type whatever the data (an index's arrays zeroed), for work that
+    may fail on the values a capture's arrays hold before the graph has run."""
+    if _state.current_capture() is None:
+        return _result(work(), parents)
+    with _np.errstate(all="ignore"):
+        probe = (probe_work or work)()  # for the result's shape and type: the data are not the graph's yet
+    if isinstance(probe, _np.ndarray) and builtins.any(
+        isinstance(p, ndarray) and probe.size and _np.may_share_memory(probe, p._a) for p in parents
+    ):
+        return _result(probe, parents)
+    if isinstance(probe, tuple):
+        outs = tuple(ndarray(_np.shape(v), _np.asarray(v).dtype) for v in probe)
+    elif isinstance(probe, (_np.ndarray, _np.generic)):
+        outs = (ndarray(_np.shape(probe), probe.dtype),)
+    else:
+        return probe
+
+    def fill() -> None:
+        got = work()
+        for o, v in zip(outs, got if isinstance(probe, tuple) else (got,)):
+            o._a[...] = v
+
+    _state.submit_current(fill)
+    return outs if isinstance(probe, tuple) else outs[0]
 
 
 def _result(r: Any, parents: tuple) -> Any:
@@ -307,9 +377,11 @@ def _wrap(name: str, elementwise: bool) -> Any:
                 if not isinstance(o, ndarray):
                     raise _unsupported(o)
             kw["out"] = tuple(o._a for o in outs) if isinstance(out, tuple) else out._a
-            np_fn(*a, **kw)
+            _state.submit_current(lambda: np_fn(*a, **kw))
             return out
-        return _result(np_fn(*a, **kw), _parents(args, kwargs))
+        if name in _SYNCHRONIZING:
+            _state.refuse_in_capture(f"{name} (its result's size is read to the host)")
+        return _compute(lambda: np_fn(*a, **kw), _parents(args, kwargs))
 
     fn.__name__ = name
     return fn
@@ -386,35 +458,41 @@ def empty(shape: Any, dtype: Any = float, order: str = "C") -> ndarray:
     return ndarray(shape, dtype, order=order)
 
 
-def zeros(shape: Any, dtype: Any = float, order: str = "C") -> ndarray:
+def _filled(shape: Any, dtype: Any, value: Any, order: str = "C") -> ndarray:
     out = ndarray(shape, dtype, order=order)
-    out._a.fill(0)
+    a = out._a
+    _state.submit_current(lambda: a.fill(value))
     return out
+
+
+def zeros(shape: Any, dtype: Any = float, order: str = "C") -> ndarray:
+    return _filled(shape, dtype, 0, order)
 
 
 def ones(shape: Any, dtype: Any = float, order: str = "C") -> ndarray:
-    out = ndarray(shape, dtype, order=order)
-    out._a.fill(1)
-    return out
+    return _filled(shape, dtype, 1, order)
 
 
 def full(shape: Any, fill_value: Any, dtype: Any = None, order: str = "C") -> ndarray:
     if isinstance(fill_value, (ndarray, _np.ndarray)):
         raise _unsupported(fill_value)
-    out = ndarray(shape, _np.asarray(fill_value).dtype if dtype is None else dtype, order=order)
-    out._a.fill(fill_value)
-    return out
+    return _filled(shape, _np.asarray(fill_value).dtype if dtype is None else dtype, fill_value, order)
 
 
 def arange(*args: Any, dtype: Any = None) -> ndarray:
-    return _device(_np.arange(*args, dtype=dtype))
+    return _compute(lambda: _np.arange(*args, dtype=dtype), ())  # a kernel of its scalars, as CuPy's
+
+
+def _upload() -> None:
+    _state.refuse_in_capture("a copy from pageable host memory (an array made from host data)")
+    _state.COUNTERS.upload()
 
 
 def array(obj: Any, dtype: Any = None, copy: bool = True, order: str = "K", ndmin: int = 0) -> ndarray:
     if isinstance(obj, ndarray):
-        a = _np.array(obj._a, dtype=dtype, order=order, ndmin=ndmin)
-        return _device(a)
-    _state.COUNTERS.upload()
+        a = obj._a
+        return _compute(lambda: _np.array(a, dtype=dtype, order=order, ndmin=ndmin), ())
+    _upload()
     return _device(_np.array(obj, dtype=dtype, order=order, ndmin=ndmin))
 
 
@@ -428,12 +506,12 @@ def asarray(a: Any, dtype: Any = None, order: Any = None) -> ndarray:
         span = dt.itemsize * (
             int(_np.prod(shape))
             if strides is None
-            else 1 + sum((n - 1) * s for n, s in zip(shape, strides)) // dt.itemsize
+            else 1 + builtins.sum((n - 1) * s for n, s in zip(shape, strides)) // dt.itemsize
         )
         mem = cuda.UnownedMemory(interface["data"][0], span, a)
         view = ndarray(shape, dt, memptr=cuda.MemoryPointer(mem, 0), strides=strides)
         return view if dtype is None or _np.dtype(dtype) == dt else view.astype(dtype)
-    _state.COUNTERS.upload()
+    _upload()
     return _device(_np.asarray(a, dtype=dtype))
 
 
@@ -441,8 +519,9 @@ def ascontiguousarray(a: Any, dtype: Any = None) -> ndarray:
     if isinstance(a, ndarray):
         if a.flags.c_contiguous and (dtype is None or _np.dtype(dtype) == a.dtype):
             return a
-        return _device(_np.ascontiguousarray(a._a, dtype=dtype))
-    _state.COUNTERS.upload()
+        src = a._a
+        return _compute(lambda: _np.ascontiguousarray(src, dtype=dtype), ())
+    _upload()
     return _device(_np.ascontiguousarray(a, dtype=dtype))
 
 
@@ -457,12 +536,8 @@ def copyto(dst: ndarray, src: Any, casting: str = "same_kind", where: Any = True
         raise _unsupported(dst)
     if isinstance(src, _np.ndarray):
         raise _unsupported(src)  # CuPy copies between device arrays (a NumPy source: asarray it first)
-    _np.copyto(
-        dst._a,
-        src._a if isinstance(src, ndarray) else src,
-        casting=casting,
-        where=where._a if isinstance(where, ndarray) else where,
-    )
+    d, v, w = dst._a, src._a if isinstance(src, ndarray) else src, where._a if isinstance(where, ndarray) else where
+    _state.submit_current(lambda: _np.copyto(d, v, casting=casting, where=w))
 
 
 def may_share_memory(a: Any, b: Any, max_work: Any = None) -> bool:

@@ -30,6 +30,11 @@ class Counters:
     #: kind), ("memset", ptr, byte, bytes), pointers as addresses
     trace: list = field(default_factory=list)
     allocations: int = 0
+    #: allocations from CuPy's default pool while the current stream captured (memory a graph keeps using
+    #: that the pool may hand to other work once freed), and timing events recorded under capture
+    capture_pool_allocations: list = field(default_factory=list)
+    capture_timing_events: int = 0
+    graph_launches: int = 0
 
     def implicit(self, kind: str) -> None:
         self.implicit_reads.append((kind, _caller()))
@@ -119,6 +124,12 @@ def device_region(ptr: int, nbytes: int, what: str) -> Region:
     return region
 
 
+def pinned(ptr: int, nbytes: int) -> bool:
+    """Whether ``[ptr, ptr + nbytes)`` lies in pinned host memory (``cudaHostAlloc``)."""
+    region = _REGIONS.find(ptr, nbytes)
+    return region is not None and region.kind == "pinned"
+
+
 def host_side(ptr: int, nbytes: int, what: str) -> None:
     """A CUDA error where ``[ptr, ptr + nbytes)`` is device memory (a copy's host side)."""
     from .cuda.runtime import CUDARuntimeError
@@ -126,3 +137,69 @@ def host_side(ptr: int, nbytes: int, what: str) -> None:
     region = _REGIONS.find(ptr, nbytes)
     if region is not None and region.kind == "device":
         raise CUDARuntimeError(f"cudaErrorInvalidValue: {what}: {ptr:#x} is device memory, not host memory")
+
+
+# -- stream capture (CUDA graphs) ------------------------------------------------------------------------
+class Capture:
+    """One stream capture: the work recorded (not run) in order, the streams it has drawn in, and for each a
+    vector clock of what it is known to follow (the streams' work counts), from which ``end_capture`` tells
+    whether every stream forked into the capture was joined back into its origin (CUDA's rule)."""
+
+    def __init__(self, origin: object):
+        self.origin = origin
+        self.ops: list = []  # (work, trace entry or None)
+        self.trace: list = []
+        self.count: dict = {origin: 0}
+        self.clock: dict = {origin: {}}
+        self.invalidated: str | None = None
+        self.ended = False
+
+    def add(self, stream: object, work: object, entry: object) -> None:
+        self.ops.append(work)
+        if entry is not None:
+            self.trace.append(entry)
+        self.count[stream] = self.count.get(stream, 0) + 1
+
+
+def capture_of(stream: object) -> Capture | None:
+    """The capture ``stream`` takes part in, if any."""
+    return getattr(stream, "_capture", None)
+
+
+def current_capture() -> Capture | None:
+    from .cuda.stream import get_current_stream
+
+    return capture_of(get_current_stream())
+
+
+def submit(stream: object, work, entry: object = None) -> None:
+    """Run ``work`` now, or record it where ``stream`` captures (with its trace entry)."""
+    if entry is not None:
+        COUNTERS.trace.append(entry)
+    cap = capture_of(stream)
+    if cap is None:
+        work()
+        return
+    cap.add(stream, work, entry)
+
+
+def submit_current(work, entry: object = None) -> None:
+    from .cuda.stream import get_current_stream
+
+    submit(get_current_stream(), work, entry)
+
+
+def refuse_in_capture(what: str, error: str = "cudaErrorStreamCaptureUnsupported") -> None:
+    """A CUDA error where the current stream captures: ``what`` is not allowed there (a synchronization, a
+    copy from pageable host memory); the capture is invalidated, as CUDA invalidates it."""
+    cap = current_capture()
+    if cap is not None:
+        _refuse(cap, f"{error}: {what} while the stream captures (at {_caller()})")
+
+
+def _refuse(cap: Capture, message: str) -> None:
+    from .cuda.runtime import CUDARuntimeError
+
+    if cap.invalidated is None:
+        cap.invalidated = message
+    raise CUDARuntimeError(message)

@@ -52,5 +52,5 @@ def open_device(name: str, index: str, **options: Any) -> Device:
     except TypeError as exc:
         raise DeviceError(
             f"device {name!r}: {exc}; options are memory, reserve, pinned_memory, poison, alignment, math, "
-            "deterministic, temporaries, conv_api, nchw"
+            "deterministic, temporaries, conv_api, nchw, graphs"
         ) from None

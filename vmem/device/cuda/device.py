@@ -76,7 +76,11 @@ class CudaDevice:
     also offers each legacy algorithm on NCHW copies of the channels-last tensors (``nchw.<algo>``: cuDNN
     has more, and faster, FP32 algorithms for NCHW; the copies are part of the algorithm's workspace).
     ``math``: how FP32 convolutions compute, ``"tf32"`` (the default, as PyTorch's) or ``"exact"`` (FMA; see
-    :data:`vmem.device.spec.MATH_MODES`)."""
+    :data:`vmem.device.spec.MATH_MODES`). ``graphs="on"``: a training step that repeats (the same batch
+    shape, optimizer scalars and loss scale, the pool as the last step left it) is recorded once as a CUDA
+    graph and replayed by one launch, the same bits as without (:mod:`vmem.runtime.graphs`); a step that
+    cannot be captured runs as it is and the trainer says why. Off by default until the GPU check has
+    measured it faster."""
 
     kind = "cuda"
     holds_data = True
@@ -98,6 +102,7 @@ class CudaDevice:
         conv_api: str = "legacy",
         nchw: bool = False,
         math: str = "tf32",
+        graphs: str | bool = "off",
     ):
         check_math(f"cuda:{index}", math)  # before any memory is taken
         if conv_api not in ("legacy", "graph"):
@@ -107,6 +112,16 @@ class CudaDevice:
             )
         if temporaries not in ("reserve", "pool"):
             raise DeviceError(f"cuda:{index}: temporaries={temporaries!r}; use 'reserve' or 'pool'")
+        on = {"on": True, "off": False, True: True, False: False}.get(graphs)  # type: ignore[call-overload]
+        if on is None:
+            raise DeviceError(f"cuda:{index}: graphs={graphs!r}; use 'on' or 'off'")
+        if on and temporaries == "pool":  # a graph's temporaries must stay its own (vmem.device.cuda.graphs)
+            raise DeviceError(
+                f"cuda:{index}: graphs='on' needs temporaries='reserve': with 'pool' the temporaries a graph "
+                "captured would be handed to other work from the device pool while the graph still writes them"
+            )
+        #: training steps recorded as CUDA graphs and replayed (see the class docstring)
+        self.graphs = on
         self.conv_api = conv_api
         self.nchw = bool(nchw)
         import cupy
@@ -321,6 +336,14 @@ class CudaDevice:
     def step_scope(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
+    def capture(self) -> Any:
+        """A stream capture of the compute and memory streams (:class:`~.graphs.Capture`)."""
+        if not self.graphs:
+            raise DeviceError(f"{self.name}: graphs are off (vmem.device('{self.name}', graphs='on'))")
+        from .graphs import Capture
+
+        return Capture(self)
+
     def dispatch_scope(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
@@ -355,5 +378,5 @@ class CudaDevice:
             f"CudaDevice({self.name}: {self.gpu} {self.arch}, memory={format_bytes(self.pool.capacity)}, "
             f"reserve={format_bytes(self.reserve)} for the CUDA context, cuDNN and cuBLAS"
             f"{', poison' if self.poison else ''}{', cuDNN graph API' if self.conv_api == 'graph' else ''}"
-            f"{', NCHW algorithms too' if self.nchw else ''})"
+            f"{', NCHW algorithms too' if self.nchw else ''}{', CUDA graphs' if self.graphs else ''})"
         )

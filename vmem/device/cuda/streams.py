@@ -18,16 +18,27 @@ __all__ = ["CudaStream", "CudaEvent"]
 
 
 class CudaEvent:
-    """A ``cupy.cuda.Event``; ``timing`` events measure time between them."""
+    """A ``cupy.cuda.Event``; ``timing`` events measure time between them. One recorded during a stream
+    capture (``captured``: the capture's :class:`~.graphs.Token`) stands for work of a graph, which CUDA
+    does not let the host query or wait for: it is done once the token says the graph has run."""
 
-    def __init__(self, event: cupy.cuda.Event, timing: bool):
+    __slots__ = ("event", "timing", "captured")
+
+    def __init__(self, event: cupy.cuda.Event, timing: bool, captured: Any = None):
         self.event = event
         self.timing = timing
+        self.captured = captured
 
     def query(self) -> bool:
+        if self.captured is not None:
+            return bool(self.captured.done)
         return bool(self.event.done)
 
     def synchronize(self) -> None:
+        if self.captured is not None:
+            if not self.captured.done:
+                raise RuntimeError("the host cannot wait for work a CUDA graph is capturing")
+            return
         self.event.synchronize()
 
     def elapsed_time(self, end: "CudaEvent") -> float:
@@ -45,6 +56,8 @@ class CudaStream:
         self.name = name
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.allocator: Any = None  # CuPy's allocator while work runs (the device routes it to its pool)
+        #: the token of the capture this stream takes part in (:mod:`.graphs`), None when it runs its work
+        self.capture: Any = None
         self._closed = False
 
     @property
@@ -64,7 +77,12 @@ class CudaStream:
     def record(self, event: CudaEvent | None = None, *, timing: bool = False) -> CudaEvent:
         import cupy
 
-        ev = event if event is not None else CudaEvent(cupy.cuda.Event(disable_timing=not timing), timing)
+        if self.capture is not None:  # a captured event: never timed, answered for by the capture's token
+            ev = event if event is not None and not event.timing else CudaEvent(cupy.cuda.Event(disable_timing=True), False)
+            ev.captured = self.capture
+        else:
+            ev = event if event is not None else CudaEvent(cupy.cuda.Event(disable_timing=not timing), timing)
+            ev.captured = None
         ev.event.record(self.stream)
         return ev
 

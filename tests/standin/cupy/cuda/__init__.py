@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from . import function, memory, nvrtc, runtime
+from . import graph
 
 __all__ = [
     "Device",
     "Event",
     "Memory",
+    "MemoryPool",
     "MemoryPointer",
     "PinnedMemory",
     "PinnedMemoryPointer",
@@ -16,6 +18,7 @@ __all__ = [
     "UnownedMemory",
     "alloc",
     "function",
+    "graph",
     "get_allocator",
     "get_current_stream",
     "get_elapsed_time",
@@ -27,6 +30,7 @@ __all__ = [
     "using_allocator",
 ]
 from .memory import (
+    MemoryPool,
     Memory,
     MemoryPointer,
     PythonFunctionAllocator,

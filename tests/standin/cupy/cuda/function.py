@@ -95,14 +95,16 @@ class Function:
             last = -(-threads // max(cols, 1))
         counts = _state.COUNTERS.launches
         counts[self.name] = counts.get(self.name, 0) + 1
-        _state.COUNTERS.trace.append(
-            (
-                "kernel",
-                self.name,
-                tuple(int(self._ffi.cast("intptr_t", a)) if isinstance(a, self._ffi.CData) else a for a in c_args),
-            )
+        entry = (
+            "kernel",
+            self.name,
+            tuple(int(self._ffi.cast("intptr_t", a)) if isinstance(a, self._ffi.CData) else a for a in c_args),
         )
-        self._fn(0, last, *c_args)
+        fn = self._fn
+        if stream is None:
+            _state.submit_current(lambda: fn(0, last, *c_args), entry)
+        else:
+            _state.submit(stream, lambda: fn(0, last, *c_args), entry)
 
     def _arg(self, i: int, a: Any) -> Any:
         from .. import ndarray

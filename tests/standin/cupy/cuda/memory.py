@@ -154,7 +154,10 @@ def using_allocator(allocator: Callable[[int], MemoryPointer] | None = None):
 
 def alloc(size: int) -> MemoryPointer:
     _state.COUNTERS.allocations += 1
-    return get_allocator()(int(size))
+    allocator = get_allocator()
+    if allocator == _POOL.malloc and _state.current_capture() is not None:
+        _state.COUNTERS.capture_pool_allocations.append(_state._caller())
+    return allocator(int(size))
 
 
 def get_default_memory_pool() -> MemoryPool:

@@ -22,7 +22,11 @@ class Generator:
         self._rng = _np.random.default_rng(seed)
 
     def _out(self, values: _np.ndarray, out: Any) -> Any:
-        from .. import _device, _unsupported, ndarray
+        from .. import _device, _state, _unsupported, ndarray
+
+        # a graph would draw the numbers of its capture again at every launch (the generator's state is the
+        # host's): vmem's rule, which CuPy does not check
+        _state.refuse_in_capture("a random draw (a graph repeats the numbers drawn at capture)")
 
         if out is None:
             return _device(values)
