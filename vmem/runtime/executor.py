@@ -461,10 +461,10 @@ class Executor:
         if self.graphs is None:
             return None, None
         why = self.graphs.eligible(
-            train=r.train and any(type(st) is Update for st in self.schedule.steps),
+            train=r.train,
             check=r.check,
             device_input=any(is_device_array(a) for a in r.xs),
-            collectives=self.group is not None or self.comm_stream is not None,
+            collectives=self.group is not None or self.comm_stream is not None or self._batch_sum is not None,
         )
         if why is not None:
             return None, why
@@ -478,10 +478,14 @@ class Executor:
         """Record the step as a graph (none of it runs); a capture that fails is dropped (_Uncaptured)."""
         assert self.graphs is not None
         r.graphed = True
+        # the host's draws for the step (dropout's masks) are made again when it runs as it is
+        drawn = r.rng.bit_generator.state if r.rng is not None else None
         try:
             with self.device.capture() as cap:
                 self._walk(r)
         except Exception as exc:  # noqa: BLE001 - whatever the capture refused, the step runs as it is
+            if drawn is not None:
+                r.rng.bit_generator.state = drawn
             self.graphs.ran_as_is(key, self.graphs.refuse(key, exc))
             raise _Uncaptured() from exc
         return cap.graph

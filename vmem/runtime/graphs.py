@@ -68,7 +68,7 @@ class StepGraphs:
         if device_input:
             return "the batch is already on the device (its address is the caller's)"
         if collectives:
-            return "the step runs collectives"
+            return "the step runs collectives (gradients, or batch norm's statistics, summed by the host's channel)"
         return None
 
     def replayable(self, key: Hashable, device_state: tuple, pinned_state: tuple) -> Recorded | None:

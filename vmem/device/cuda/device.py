@@ -378,5 +378,5 @@ class CudaDevice:
             f"CudaDevice({self.name}: {self.gpu} {self.arch}, memory={format_bytes(self.pool.capacity)}, "
             f"reserve={format_bytes(self.reserve)} for the CUDA context, cuDNN and cuBLAS"
             f"{', poison' if self.poison else ''}{', cuDNN graph API' if self.conv_api == 'graph' else ''}"
-            f"{', NCHW algorithms too' if self.nchw else ''}{', CUDA graphs' if self.graphs else ''})"
+            f"{', NCHW algorithms too' if self.nchw else ''})"
         )

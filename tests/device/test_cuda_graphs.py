@@ -1,0 +1,234 @@
+"""CUDA graphs of training steps (``vmem.device("cuda:0", graphs="on")``) on the CuPy stand-in, which keeps
+stream capture's rules: work on a capturing stream is recorded, not run, and runs at each launch; a
+synchronization, a read to the host, an upload from pageable memory, a random draw, a captured event
+queried or a stream left unjoined fail the capture. A step that repeats is captured once and then replayed
+by one launch: the weights are the bits of the same steps without graphs."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import vmem
+from vmem import nn
+
+from ..standin import install, uninstall
+
+
+@pytest.fixture
+def cupy(monkeypatch):
+    cp = install(monkeypatch)
+    cp._state.reset()
+    yield cp
+    uninstall(cp)
+
+
+def _vgg(dropout: float = 0.0) -> vmem.Sequential:
+    layers = [
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+    ]
+    if dropout:
+        layers.append(nn.Dropout(dropout))
+    return vmem.Sequential(*layers, nn.Linear(16 * 2 * 2, 10), input_shape=(3, 8, 8))
+
+
+def _resnet() -> vmem.Network:
+    return vmem.models.get("resnet_cifar", depth=8, image_size=8)
+
+
+def _batch() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((8, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 8)
+
+
+def _train(cupy, make, graphs: str, policy: str, precision: str, memory: str, steps: int = 5, lrs=None) -> dict:
+    x, y = _batch()
+    net = make().init(seed=0)
+    dev = vmem.device("cuda:0", memory=memory, graphs=graphs)
+    seen = []
+    opt = vmem.optim.SGD(lr=0.01, momentum=0.9)
+    with vmem.Trainer(net, device=dev, policy=policy, seed=0, precision=precision, optimizer=opt) as trainer:
+        for i in range(steps):
+            if lrs is not None:
+                opt.lr = lrs[i]
+            c = cupy._state.reset()
+            report = trainer.step(x, y)
+            seen.append(
+                {
+                    "graph": report.graph,
+                    "loss": report.loss,
+                    "peak": report.peak_bytes,
+                    "launches": c.graph_launches,
+                    "trace": list(c.trace),
+                    "pool_allocations": list(c.capture_pool_allocations),
+                    "timing": c.capture_timing_events,
+                    "calls": sum(c.calls.values()),
+                    "allocations": c.allocations,
+                    "uploads": len(c.uploads),
+                }
+            )
+        trainer.sync()
+        reason = trainer.plan(len(x)).reason
+    dev.close()
+    return {"weights": {k: v.copy() for k, v in net.params.items()}, "steps": seen, "reason": reason}
+
+
+CASES = [
+    (_vgg, "baseline", "fp32", "4MiB"),
+    (_vgg, "baseline", "bf16", "4MiB"),
+    (_vgg, "vdnn-all:signs=host", "fp32", "4MiB"),
+    (_vgg, "vdnn-all:split=on", "bf16", "4MiB"),
+    (_vgg, "baseline:microbatch=on", "fp32", "200KiB"),
+    (_vgg, "auto", "fp16", "4MiB"),
+    (_resnet, "baseline", "fp32", "4MiB"),
+    (_resnet, "vdnn-all", "bf16", "4MiB"),
+]
+
+
+@pytest.mark.parametrize(
+    "make, policy, precision, memory", CASES, ids=[f"{m.__name__[1:]}-{p}-{q}" for m, p, q, _ in CASES]
+)
+def test_a_replayed_step_gives_the_bits_of_the_step_run_as_it_is(cupy, make, policy, precision, memory):
+    """Five steps with graphs on and off: the same weights and losses bit for bit. The first step (SGD's
+    first momentum) and the second (the first of its kind) run as they are, the third is captured, the rest
+    are one launch of its graph each, with nothing else enqueued, allocated or uploaded by the host; the
+    capture took no memory from CuPy's default pool and recorded no timing event."""
+    if precision == "bf16":
+        pytest.importorskip("ml_dtypes")
+    off = _train(cupy, make, "off", policy, precision, memory)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a step that could not be captured would warn
+        on = _train(cupy, make, "on", policy, precision, memory)
+    assert ("micro-batches of" in on["reason"]) == ("microbatch" in policy)
+    assert [s["graph"] for s in on["steps"]] == ["", "", "captured", "replayed", "replayed"]
+    assert [s["loss"] for s in on["steps"]] == [s["loss"] for s in off["steps"]]
+    for k, w in off["weights"].items():
+        assert np.array_equal(on["weights"][k], w), k
+    captured, replays = on["steps"][2], on["steps"][3:]
+    assert captured["pool_allocations"] == [] and captured["timing"] == 0
+    executors = captured["launches"]  # one graph per executor (micro-batches: one each)
+    assert executors >= 1
+    for s in replays:
+        assert s["launches"] == executors and [e[0] for e in s["trace"]] == ["graph"] * executors
+        assert s["calls"] == 0 and s["allocations"] == 0 and s["uploads"] == 0
+    assert [s["peak"] for s in on["steps"]] == [s["peak"] for s in off["steps"]]
+
+
+def test_two_captures_of_a_step_record_the_same_work_at_the_same_addresses(cupy):
+    """A learning rate that changes makes the next repeat a new capture: the captured work (kernels and their
+    arguments, copies, fills, cuDNN calls) is the same list at the same addresses as the first capture's, and
+    the weights are still those of the steps without graphs."""
+    lrs = [0.01, 0.01, 0.01, 0.005, 0.005, 0.005]
+    off = _train(cupy, _vgg, "off", "vdnn-all", "fp32", "4MiB", steps=6, lrs=lrs)
+    on = _train(cupy, _vgg, "on", "vdnn-all", "fp32", "4MiB", steps=6, lrs=lrs)
+    assert [s["graph"] for s in on["steps"]] == ["", "", "captured", "", "captured", "replayed"]
+    first, second = ([e for e in on["steps"][i]["trace"] if e[0] != "graph"] for i in (2, 4))
+    kernels = [e for e in first if e[0] == "kernel"]
+    assert kernels and {e[0] for e in first} >= {"kernel", "copy", "cudnn"}
+    # the same work; the update's learning rate is an argument of its kernel, the one difference
+    differ = [(a, b) for a, b in zip(first, second) if a != b]
+    assert len(first) == len(second) and differ
+    assert all(a[0] == "kernel" and a[1] == "sgd_update" for a, _ in differ)
+    assert all(a[2][:5] == b[2][:5] for a, b in differ)  # its pointers and size
+    for k, w in off["weights"].items():
+        assert np.array_equal(on["weights"][k], w), k
+
+
+def test_a_step_the_capture_refuses_runs_as_it_is_and_says_why(cupy):
+    """Dropout draws its mask on the host and uploads it: the capture refuses the upload, the step runs as
+    it is (the same weights as with graphs off), and the trainer warns once, naming the cause."""
+    make = lambda: _vgg(dropout=0.5)  # noqa: E731
+    off = _train(cupy, make, "off", "baseline", "fp32", "4MiB", steps=4)
+    with pytest.warns(RuntimeWarning, match="without a CUDA graph: its capture failed.*pageable host memory"):
+        on = _train(cupy, make, "on", "baseline", "fp32", "4MiB", steps=4)
+    assert [s["graph"] for s in on["steps"]] == [""] * 4
+    for k, w in off["weights"].items():
+        assert np.array_equal(on["weights"][k], w), k
+
+
+def test_a_graph_is_not_replayed_over_blocks_that_are_someone_elses(cupy):
+    """A block taken from the device pool between two steps may lie where the graph writes: the graph is
+    dropped and the next step captured anew around the block, which no launch writes."""
+    x, y = _batch()
+    dev = vmem.device("cuda:0", memory="4MiB", graphs="on")
+    with vmem.Trainer(_vgg().init(seed=0), device=dev, policy="baseline", seed=0) as trainer:
+        graphs = [trainer.step(x, y).graph for _ in range(4)]
+        block = dev.pool.allocate(4096, dev.compute_stream, "other")
+        view = dev.view(block, (1024,), np.float32)
+        view.fill(7.0)
+        graphs += [trainer.step(x, y).graph for _ in range(3)]
+        assert np.all(view.get() == 7.0)
+        dev.pool.free(block, dev.compute_stream)
+    dev.close()
+    assert graphs == ["", "", "captured", "replayed", "captured", "replayed", "replayed"]
+
+
+def test_graphs_are_the_cuda_devices_and_need_its_own_temporaries(cupy):
+    with pytest.raises(vmem.errors.DeviceError, match="graphs='on' needs temporaries='reserve'"):
+        vmem.device("cuda:0", memory="4MiB", graphs="on", temporaries="pool")
+    with pytest.raises(vmem.errors.DeviceError, match="graphs='sometimes'; use 'on' or 'off'"):
+        vmem.device("cuda:0", memory="4MiB", graphs="sometimes")
+    with pytest.raises(vmem.errors.DeviceError, match="CUDA graphs are the CUDA device's"):
+        vmem.device("cpu", memory="4MiB").capture()
+
+
+def test_the_standin_keeps_stream_captures_rules(cupy):
+    """Work on a capturing stream is recorded, not run, and runs at each launch; what CUDA refuses in a
+    capture is refused (and invalidates it)."""
+    from cupy.cuda.runtime import CUDARuntimeError
+
+    s, t = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    a = cupy.zeros(4, np.float32)
+    with s:
+        s.begin_capture()
+        a += 1  # recorded
+        graph = s.end_capture()
+    assert a.get().tolist() == [0, 0, 0, 0]  # nothing ran
+    graph.launch(s)
+    graph.launch(s)
+    assert a.get().tolist() == [2, 2, 2, 2]
+
+    def invalid(work, match):
+        with s:
+            s.begin_capture()
+            with pytest.raises(CUDARuntimeError, match=match):
+                work()
+            with pytest.raises(CUDARuntimeError, match="cudaErrorStreamCaptureInvalidated"):
+                s.end_capture()
+        assert not s.is_capturing()
+
+    invalid(lambda: a.get(), "read of a device array to the host")
+    invalid(lambda: bool(a[0] > 0), r"read of a device value to the host \(bool\)")
+    invalid(lambda: cupy.asarray(np.ones(4, np.float32)), "pageable host memory")
+    invalid(lambda: s.synchronize(), "synchronize of a capturing stream")
+    invalid(lambda: cupy.random.default_rng(0).random(4, dtype=np.float32), "random draw")
+    host = np.zeros(4, np.float32)
+    invalid(lambda: cupy.cuda.runtime.memcpyAsync(host.ctypes.data, a.data.ptr, 16, 2, s.ptr), "pageable")
+    # a stream forked into the capture must be joined back
+    with s:
+        s.begin_capture()
+        t.wait_event(s.record(cupy.cuda.Event(disable_timing=True)))
+        with t:
+            a += 1
+        with pytest.raises(CUDARuntimeError, match="cudaErrorStreamCaptureUnjoined"):
+            s.end_capture()
+    # an event recorded in a capture cannot be queried, waited for or timed
+    with s:
+        s.begin_capture()
+        ev = s.record(cupy.cuda.Event(disable_timing=False))
+        s.end_capture()
+    with pytest.raises(CUDARuntimeError, match="cudaErrorCapturedEvent"):
+        ev.synchronize()
+    with pytest.raises(CUDARuntimeError, match="cudaErrorCapturedEvent"):
+        cupy.cuda.get_elapsed_time(ev, ev)
+    assert cupy._state.COUNTERS.capture_timing_events == 1
