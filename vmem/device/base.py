@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ..nn.conv import Conv2d
     from ..nn.ops import ArrayOps
 
-__all__ = ["Device", "DeviceSpec", "ConvBackend"]
+__all__ = ["Capturing", "Device", "DeviceSpec", "ConvBackend", "Graph"]
 
 
 @runtime_checkable
@@ -73,6 +73,25 @@ class ConvBackend(Protocol):
     ) -> list[tuple[str, float, int]]:
         """Every algorithm of the pass timed on these buffers: (name, seconds, workspace bytes), fastest first."""
         ...
+
+
+class Graph(Protocol):
+    """A step recorded by :meth:`Device.capture`: ``launch`` enqueues all of it on a stream; ``ran`` says it
+    has run once and the device was synchronized after (its capture's events are then complete); ``close``
+    gives back what it holds."""
+
+    def launch(self, stream: Stream) -> None: ...
+
+    def ran(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Capturing(Protocol):
+    """What :meth:`Device.capture` gives: ``graph`` set once the capture has ended without an error."""
+
+    @property
+    def graph(self) -> Graph | None: ...
 
 
 @runtime_checkable
@@ -196,7 +215,7 @@ class Device(Protocol):
         thread waits for their progress); other devices need nothing."""
         ...
 
-    def capture(self) -> ContextManager[Any]:
+    def capture(self) -> ContextManager[Capturing]:
         """Where ``graphs`` is true: a context in which the work enqueued on the compute and memory streams
         is recorded, not run; its value's ``graph`` (set when the block ends without an error) replays it
         with ``launch(stream)``. Other devices refuse (DeviceError)."""

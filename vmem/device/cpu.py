@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from typing import Any, TYPE_CHECKING
+from typing import Any, TYPE_CHECKING, NoReturn
 
 import numpy as np
 
@@ -299,7 +299,7 @@ class CpuDevice:
         thread waits for their progress (see :func:`vmem.streams.cpu.held`)."""
         return held(self.compute_stream, self.memory_stream)
 
-    def capture(self) -> Any:
+    def capture(self) -> NoReturn:
         """Refused: only the CUDA device records steps as graphs."""
         raise DeviceError(f"{self.name}: CUDA graphs are the CUDA device's (graphs='on')")
 

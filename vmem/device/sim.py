@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import replace
-from typing import Any, TYPE_CHECKING
+from typing import Any, TYPE_CHECKING, NoReturn
 
 import numpy as np
 
@@ -123,7 +123,7 @@ class SimDevice:
     def dispatch_scope(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
-    def capture(self) -> Any:
+    def capture(self) -> NoReturn:
         """Refused: only the CUDA device records steps as graphs."""
         raise DeviceError(f"{self.name}: CUDA graphs are the CUDA device's (graphs='on')")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from typing import Any, Sequence, TYPE_CHECKING
+from typing import Any, Hashable, Sequence, TYPE_CHECKING
 
 import numpy as np
 
@@ -57,7 +57,7 @@ from .params import DeviceParams
 from .update import Updates
 from .report import StepReport
 from .staged import staged_backward, staged_forward
-from .graphs import Recorded, StepGraphs, pool_state
+from .graphs import Graph, Recorded, StepGraphs, pool_state
 from .timeline import Timeline
 from .transfers import _BYTE, Transfers, span
 
@@ -250,7 +250,7 @@ class Executor:
         self._views: dict[tuple, Any] = {}
         self._views_max = 8 * len(schedule.steps) + 64
         #: training steps replayed as CUDA graphs, where the device records them (vmem.runtime.graphs)
-        self.graphs = StepGraphs(program.network) if getattr(device, "graphs", False) else None
+        self.graphs = StepGraphs(program.network) if device.graphs else None
         #: the offloads, prefetches and encodings (what the step's Offload ... Decode steps are handed to)
         self._transfers = Transfers(device, self._op_params, self._block_view, self._view, self._launch)
         self._table = handlers(
@@ -364,7 +364,7 @@ class Executor:
         key, why = self._graph_key(r)
         if key is not None:
             assert self.graphs is not None
-            rec = self.graphs.replayable(key, pool_state(pool), pool_state(dev.pinned))
+            rec = self.graphs.replayable(key, pool_state(pool), pool_state(self._transfers.pinned))
             if rec is not None:
                 report = self._replay(r, rec)
                 if report is not None:
@@ -419,7 +419,17 @@ class Executor:
             if graph is not None:  # no span was timed: the measures are those of the same step run as it is
                 peak, average = self.graphs.measured(key) or (peak, average)
                 self.graphs.keep(
-                    Recorded(key, graph, r.ok, pool_state(pool), pool_state(dev.pinned), staged, peak, average, moved)
+                    Recorded(
+                        key,
+                        graph,
+                        r.ok,
+                        pool_state(pool),
+                        pool_state(self._transfers.pinned),
+                        staged,
+                        peak,
+                        average,
+                        moved,
+                    )
                 )
             else:
                 self.graphs.ran_as_is(key, why, peak, average)
@@ -456,7 +466,7 @@ class Executor:
                 self._table[type(st)](r, st)
 
     # -- CUDA graphs (vmem.runtime.graphs) ---------------------------------------------------------
-    def _graph_key(self, r: _Run) -> tuple[Any, str | None]:
+    def _graph_key(self, r: _Run) -> tuple[Hashable | None, str | None]:
         """(what a graph of this step bakes in, None where it cannot be one; why not)."""
         if self.graphs is None:
             return None, None
@@ -474,7 +484,7 @@ class Executor:
         labels = None if r.labels is None else np.shape(r.labels)
         return (r.train, r.scale, r.share, shapes, labels, scalars), None
 
-    def _capture(self, r: _Run, key: Any) -> Any:
+    def _capture(self, r: _Run, key: Hashable) -> Graph:
         """Record the step as a graph (none of it runs); a capture that fails is dropped (_Uncaptured)."""
         assert self.graphs is not None
         r.graphed = True
@@ -488,6 +498,7 @@ class Executor:
                 r.rng.bit_generator.state = drawn
             self.graphs.ran_as_is(key, self.graphs.refuse(key, exc))
             raise _Uncaptured() from exc
+        assert cap.graph is not None  # the capture ended without an error
         return cap.graph
 
     def _replay(self, r: _Run, rec: Recorded) -> StepReport | None:

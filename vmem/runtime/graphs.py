@@ -19,12 +19,18 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import TYPE_CHECKING, Hashable
 
-__all__ = ["Recorded", "StepGraphs", "pool_state"]
+from ..device.base import Graph
+
+if TYPE_CHECKING:
+    from .._typing import Array
+    from ..pool import DevicePool, PinnedHostPool
+
+__all__ = ["Graph", "Recorded", "StepGraphs", "pool_state"]
 
 
-def pool_state(pool: Any) -> tuple:
+def pool_state(pool: DevicePool | PinnedHostPool) -> tuple:
     """What must be as it was for a graph of ``pool``'s blocks to replay: the arena and its live blocks."""
     arena = getattr(pool, "arena", None)
     return (id(arena), tuple((b.offset, b.size) for b in pool.blocks()))
@@ -36,8 +42,8 @@ class Recorded:
     device and pinned pools' states and the staging buffer's place it left), with the step's measures."""
 
     key: Hashable
-    graph: Any
-    ok: Any
+    graph: Graph
+    ok: Array | None
     device_state: tuple
     pinned_state: tuple
     staged: int
@@ -94,7 +100,9 @@ class StepGraphs:
         if reason is not None and reason not in self._said and not reason.startswith("inference"):
             self._said.add(reason)
             warnings.warn(
-                f"{self.network}: graphs='on', but a step runs without a CUDA graph: {reason}", RuntimeWarning, stacklevel=4
+                f"{self.network}: graphs='on', but a step runs without a CUDA graph: {reason}",
+                RuntimeWarning,
+                stacklevel=4,
             )
 
     def refuse(self, key: Hashable, error: BaseException) -> str:

@@ -222,5 +222,7 @@ def _combined(reports: list[StepReport], shares: list[float]) -> StepReport:
         loss_scale=last.loss_scale,
         dispatch_seconds=sum(r.dispatch_seconds for r in reports),
         spilled=tuple(s for r in reports for s in r.spilled),
-        graph="replayed" if all(r.graph == "replayed" for r in reports) else next((r.graph for r in reports if r.graph), ""),
+        graph="replayed"
+        if all(r.graph == "replayed" for r in reports)
+        else next((r.graph for r in reports if r.graph), ""),
     )

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ...codecs.base import Codec
     from numpy.typing import DTypeLike
     from ...graph.program import Program
+    from .graphs import Capture
     from ...streams.base import Stream
 
 __all__ = ["CudaDevice"]
@@ -336,7 +337,7 @@ class CudaDevice:
     def step_scope(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
-    def capture(self) -> Any:
+    def capture(self) -> Capture:
         """A stream capture of the compute and memory streams (:class:`~.graphs.Capture`)."""
         if not self.graphs:
             raise DeviceError(f"{self.name}: graphs are off (vmem.device('{self.name}', graphs='on'))")

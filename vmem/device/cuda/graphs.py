@@ -24,10 +24,15 @@ The rules that make a replay the step it recorded, and how each is kept:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import contextlib
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
+    import cupy
+
+    from ...streams.base import Stream
     from .device import CudaDevice
+    from .streams import CudaStream
 
 __all__ = ["Capture", "Graph", "Token"]
 
@@ -45,12 +50,16 @@ class Graph:
     """An instantiated CUDA graph (CuPy's), with the pool its temporaries live in and the token of its
     capture's events."""
 
-    def __init__(self, graph: Any, pool: Any, token: Token):
-        self.graph, self.pool, self.token = graph, pool, token
+    def __init__(self, graph: cupy.cuda.graph.Graph, pool: cupy.cuda.MemoryPool, token: Token):
+        self.graph: cupy.cuda.graph.Graph | None = graph
+        self.pool: cupy.cuda.MemoryPool | None = pool
+        self.token = token
 
-    def launch(self, stream: Any) -> None:
-        """Enqueue the whole graph on ``stream`` (a :class:`~.streams.CudaStream`)."""
-        self.graph.launch(stream.stream)
+    def launch(self, stream: Stream) -> None:
+        """Enqueue the whole graph on ``stream`` (one of the device's :class:`~.streams.CudaStream`)."""
+        if self.graph is None:
+            raise RuntimeError("a closed CUDA graph cannot be launched")
+        self.graph.launch(cast("CudaStream", stream).stream)
 
     def ran(self) -> None:
         """The graph has run and the device was synchronized after it: its capture's events are complete."""
@@ -77,25 +86,25 @@ class Capture:
         self.token = Token()
         self.pool = cupy.cuda.MemoryPool()
         self.graph: Graph | None = None
-        self._allocator: Any = None
+        self._allocator: contextlib.AbstractContextManager[None] | None = None
 
     def __enter__(self) -> "Capture":
         import cupy
 
         cs, ms = self.device.compute_stream, self.device.memory_stream
-        self._allocator = cupy.cuda.using_allocator(self.pool.malloc)
-        self._allocator.__enter__()
+        allocator = self._allocator = cupy.cuda.using_allocator(self.pool.malloc)
+        allocator.__enter__()
         try:
             cs.stream.begin_capture()
             cs.capture = ms.capture = self.token
             ms.wait(cs.record())  # the memory stream joins the capture
         except BaseException:
             cs.capture = ms.capture = None
-            self._allocator.__exit__(None, None, None)
+            allocator.__exit__(None, None, None)
             raise
         return self
 
-    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         cs, ms = self.device.compute_stream, self.device.memory_stream
         try:
             if kind is None:
@@ -108,7 +117,8 @@ class Capture:
             return  # the block's own error is the one to report
         finally:
             cs.capture = ms.capture = None
-            self._allocator.__exit__(None, None, None)
+            if self._allocator is not None:
+                self._allocator.__exit__(None, None, None)
         if kind is not None:
             self.token.done = True
             return

@@ -14,6 +14,8 @@ from typing import Any, Callable, TYPE_CHECKING
 if TYPE_CHECKING:
     import cupy
 
+    from .graphs import Token
+
 __all__ = ["CudaStream", "CudaEvent"]
 
 
@@ -24,7 +26,7 @@ class CudaEvent:
 
     __slots__ = ("event", "timing", "captured")
 
-    def __init__(self, event: cupy.cuda.Event, timing: bool, captured: Any = None):
+    def __init__(self, event: cupy.cuda.Event, timing: bool, captured: Token | None = None):
         self.event = event
         self.timing = timing
         self.captured = captured
@@ -57,7 +59,7 @@ class CudaStream:
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.allocator: Any = None  # CuPy's allocator while work runs (the device routes it to its pool)
         #: the token of the capture this stream takes part in (:mod:`.graphs`), None when it runs its work
-        self.capture: Any = None
+        self.capture: Token | None = None
         self._closed = False
 
     @property
@@ -78,7 +80,11 @@ class CudaStream:
         import cupy
 
         if self.capture is not None:  # a captured event: never timed, answered for by the capture's token
-            ev = event if event is not None and not event.timing else CudaEvent(cupy.cuda.Event(disable_timing=True), False)
+            ev = (
+                event
+                if event is not None and not event.timing
+                else CudaEvent(cupy.cuda.Event(disable_timing=True), False)
+            )
             ev.captured = self.capture
         else:
             ev = event if event is not None else CudaEvent(cupy.cuda.Event(disable_timing=not timing), timing)
