@@ -34,6 +34,7 @@ class FakeDevice:
     conv_backend = HostConv()  # the CPU device's convolutions
     ops = HostOps()  # the CPU device's pieces, run in turn: the same bits
     asynchronous = False
+    graphs = False
 
     def __init__(self, memory: int = 64 << 20):
         self.name = "fake"
