@@ -71,17 +71,20 @@ def task_vmem_step(
     math: str = "exact",
     spans: bool = False,
     model: str = "vgg16",
+    graphs: str = "off",
 ) -> dict:
     """Median step seconds of vmem on ``model`` (VGG-16 unless named; after two warm-up steps) and what the
     plan chose, its feature
     maps in ``precision`` on a device whose FP32 math is ``math`` (``spans``: every span of the last step
-    too, as [stream, name, kind, start ms, ms]). With
+    too, as [stream, name, kind, start ms, ms]; ``graphs="on"``: steps replayed as CUDA graphs). With
     ``profile``, the plan uses measured costs: those in ``profile_cache`` if it exists, else a profile
     made here (and saved there). The profile runs each layer on its own with its buffers in the arena: in
     a tight budget at a large batch they may not fit (``profile=False`` plans from the device's
     specification and cuDNN's catalog)."""
     net = vmem.models.get(model)
-    dev = vmem.device("cuda:0", conv_api=conv_api, nchw=nchw, math=math, **({"memory": memory} if memory else {}))
+    dev = vmem.device(
+        "cuda:0", conv_api=conv_api, nchw=nchw, math=math, graphs=graphs, **({"memory": memory} if memory else {})
+    )
     say(repr(dev))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)
@@ -136,6 +139,7 @@ def task_vmem_step(
                 "algos": plan.plan.algos,
                 "precision": precision,
                 "math": math,
+                "graphs": [r.graph for r in reports],
                 **({"spans": every_span(reports[-1])} if spans else {}),
             }
     finally:
@@ -363,6 +367,7 @@ def _vmem_setting(
     memory: str | None = None,
     model: str = "vgg16",
     batch: int | None = None,
+    graphs: str = "off",
 ) -> dict | None:
     """One vmem run of ``model`` at ``batch`` (VGG-16 at ``--batch`` unless named; ``policy`` in ``memory``,
     by default the fastest baseline in ``--memory``), its profile kept per model, batch, precision and math
@@ -385,6 +390,7 @@ def _vmem_setting(
             math=math,
             spans=spans,
             model=model,
+            graphs=graphs,
         )
     except ChildFailed as exc:
         _failed(out, label, exc)
@@ -448,6 +454,22 @@ def section_tf32(args, out):
 def section_exact(args, out):
     """PyTorch with TF32 off, then vmem in exact FP32 (FMA)."""
     _pair(args, out, 2)
+
+
+def section_graphs(args, out):
+    """vmem bf16 with its steps replayed as CUDA graphs, against the ``bf16`` section's run without (the same
+    profile): the ratio graphs on / off, both timed (a ratio below 1 is what turns them on by default)."""
+    label, precision, math, _, _ = VMEM_SETTINGS[0]
+    off = out.get("settings", {}).get(label)
+    if off is None:
+        _vmem_setting(args, out, label, precision, math)
+        off = out.get("settings", {}).get(label)
+    on = _vmem_setting(args, out, f"{label} graphs", precision, math, graphs="on")
+    if on is None or off is None:
+        return
+    replayed = sum(g == "replayed" for g in on["graphs"])
+    print(f"graphs: {replayed} of {len(on['graphs'])} timed steps replayed ({', '.join(on['graphs']) or '-'})")
+    out["verdicts"].append(verdict(f"{label} graphs on / off", on["median"] / off, 1.0, at_least=False))
 
 
 def section_half_memory(args, out):
@@ -815,6 +837,7 @@ SECTIONS = {
     "bf16": section_bf16,
     "tf32": section_tf32,
     "exact": section_exact,
+    "graphs": section_graphs,
     "torch_settings": section_torch_settings,
     "vmem_settings": section_vmem_settings,
     "vmem_exact": section_vmem_exact,

@@ -10,7 +10,8 @@
 #                      of the suite (protocol, layers, half-precision training, first commands); PyTorch in
 #                      three settings (defaults, AMP bf16 channels-last, TF32 off); vmem bf16 and TF32 steps;
 #                      vmem exact FP32 with every span; the 8 GiB batch in bf16 and FP32 (planned, then a
-#                      step measured at the planned batch); vmem bf16 under auto in half its baseline's peak
+#                      step measured at the planned batch); vmem bf16 under auto in half its baseline's peak;
+#                      last, vmem bf16 with its steps replayed as CUDA graphs (graphs on / off)
 #   preflight      40  driver, versions, one NVML reading and the first kernel compile timed, vmem check
 #   suite-a       200  pytest: the Device protocol, kernels and layers on cuda:0, and tests/device
 #   suite-b       240  pytest: training on cuda:0 and a user's first commands (CLI, fit, save/load, the wheel)
@@ -84,7 +85,7 @@ check_run() {  # limit: the GPU check's sections in order, each under its share 
                 [ "$r" -eq 5 ] && r=0 ;;  # nothing collected (no GPU: every test skips)
             bench)
                 local dry=""; [ "${VMEM_GPU_DRY_RUN:-0}" = 1 ] && dry="--dry-run"
-                bench "$share" check-bench.log check-bench.json bf16,tf32,exact,half_memory,budget_check \
+                bench "$share" check-bench.log check-bench.json bf16,tf32,exact,half_memory,budget_check,graphs \
                     --child-timeout 110 $dry; r=$? ;;
         esac
         check_note "${names[i]}" "$r" "$(( SECONDS - t ))" "$share"

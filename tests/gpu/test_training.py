@@ -304,3 +304,30 @@ def test_a_vgg_like_network_in_half_precision_profiles_and_follows_fp32(precisio
     bound = 0.35 if precision == "bf16" else 0.2
     for k, change in full.items():
         assert np.linalg.norm(half[k] - change) <= bound * np.linalg.norm(change), k
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_steps_replayed_as_cuda_graphs_give_the_bits_of_steps_without(precision):
+    """graphs="on" on the GPU: the third step is captured, the rest replayed by one launch each, and the
+    weights are those of the same steps without graphs, bit for bit (baseline and vdnn-all)."""
+    if precision == "bf16":
+        pytest.importorskip("ml_dtypes")
+    for policy in ("baseline", "vdnn-all"):
+        results = {}
+        for graphs in ("off", "on"):
+            net = vmem.models.get("vgg_cifar").init(seed=0)
+            dev = vmem.device("cuda:0", math="exact", memory="1GiB", graphs=graphs)
+            try:
+                opt = SGD(lr=0.01, momentum=0.9)
+                with vmem.Trainer(net, device=dev, policy=policy, optimizer=opt, seed=0, precision=precision) as t:
+                    rng = np.random.default_rng(0)
+                    x = rng.standard_normal((16,) + net.input_shape).astype(np.float32)
+                    y = rng.integers(0, 10, 16)
+                    reports = [t.step(x, y) for _ in range(5)]
+                    t.sync()
+            finally:
+                dev.close()
+            results[graphs] = ({k: v.copy() for k, v in net.params.items()}, [r.graph for r in reports])
+        (want, _), (got, kinds) = results["off"], results["on"]
+        assert kinds == ["", "", "captured", "replayed", "replayed"], (policy, kinds)
+        assert all(np.array_equal(want[k], got[k]) for k in want), f"{policy}: graphs changed the weights"
