@@ -56,6 +56,7 @@ __all__ = [
     "maxpool_forward",
     "maxpool_backward",
     "optimizer_update",
+    "update_scalars",
 ]
 
 try:
@@ -472,11 +473,24 @@ _NO_SLOT = np.zeros(1, np.float32)  # the momentum buffer of SGD without momentu
 
 
 def optimizer_update(
-    kernel: str, param: Array, grad: Array, slots: list[Any], ok: Any, scalars: tuple, on: Backend = CPU
+    kernel: str, param: Array, grad: Array, slots: list[Any], ok: Any, scalars: Array, on: Backend = CPU
 ) -> None:
     """One fused optimizer update (``kernel``: ``sgd_update`` or ``adam_update``, with the scalars of
-    :meth:`vmem.optim.Optimizer.fused`) of float32 ``param`` in place, its gradient and its state arrays
-    ``slots``, where the device flag ``ok`` (a bool array of one value) is true."""
+    :meth:`vmem.optim.Optimizer.fused` as a float32 array where the kernel runs: :func:`update_scalars`) of
+    float32 ``param`` in place, its gradient and its state arrays ``slots``, where the device flag ``ok`` (a
+    bool array of one value) is true."""
     if kernel == "sgd_update" and not slots:
         slots = [on.xp.asarray(_NO_SLOT)]
-    on.launch(kernel, param.size, param, grad, *slots, ok, _i64(param.size), *scalars)
+    on.launch(kernel, param.size, param, grad, *slots, ok, _i64(param.size), scalars)
+
+
+#: how many scalars a fused update reads (sgd_update five, adam_update eight)
+UPDATE_SCALARS = 8
+
+
+def update_scalars(scalars: tuple, out: np.ndarray) -> np.ndarray:
+    """The scalars of :meth:`vmem.optim.Optimizer.fused` written into ``out`` (float32, at least
+    :data:`UPDATE_SCALARS` values: the host's side of what the kernel reads), each as its kernel takes it."""
+    out[: len(scalars)] = [np.float32(v) for v in scalars]
+    out[len(scalars) :] = 0
+    return out

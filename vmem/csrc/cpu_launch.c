@@ -115,8 +115,7 @@ LAUNCHER(maxpool_backward_f32, P(const float* dy, const uint8_t* arg, float* dx,
 LAUNCHER(maxpool_backward_16, P(const uint16_t* dy, const uint8_t* arg, uint16_t* dx, int64_t n, int64_t h,
                                 int64_t w, int64_t c, int64_t ho, int64_t wo, int kh, int kw, int sh, int sw, int packed),
          dy, arg, dx, n, h, w, c, ho, wo, kh, kw, sh, sw, packed)
-LAUNCHER(sgd_update, P(float* p, float* g, float* buf, const uint8_t* ok, int64_t n, float lr, float momentum,
-                       float decay, int nesterov, int first), p, g, buf, ok, n, lr, momentum, decay, nesterov, first)
-LAUNCHER(adam_update, P(float* p, float* g, float* m, float* v, const uint8_t* ok, int64_t n, float step_size,
-                        float b1, float c1, float b2, float c2, float bias2, float eps, float decay),
-         p, g, m, v, ok, n, step_size, b1, c1, b2, c2, bias2, eps, decay)
+LAUNCHER(sgd_update, P(float* p, float* g, float* buf, const uint8_t* ok, int64_t n, const float* s), p, g, buf, ok,
+         n, s)
+LAUNCHER(adam_update, P(float* p, float* g, float* m, float* v, const uint8_t* ok, int64_t n, const float* s), p, g,
+         m, v, ok, n, s)

@@ -815,12 +815,16 @@ VMEM_MAXPOOL_BWD(maxpool_backward_16, uint16_t, (uint16_t)0)
  * NumPy casts Python floats beside float32 arrays), so the weights are the same bytes. ``ok`` is the step's
  * device flag (nonzero: the loss and every gradient are finite): where it is 0 nothing is written, and the
  * host never had to read it to decide. The gradient is written where the NumPy update writes it (weight
- * decay, Nesterov), as later steps may read it. */
+ * decay, Nesterov), as later steps may read it. The scalars are read from device memory ``s`` (copied there
+ * in the step, in stream order), not passed by value: a step replayed as a CUDA graph takes this step's
+ * learning rate and bias correction, not those of the step it was captured in. */
 VMEM_KERNEL void sgd_update(VMEM_TID_ARG float* __restrict__ p, float* __restrict__ g, float* __restrict__ buf,
-                            const uint8_t* __restrict__ ok, int64_t n, float lr, float momentum, float decay,
-                            int nesterov, int first) {
+                            const uint8_t* __restrict__ ok, int64_t n, const float* __restrict__ s) {
     int64_t j = VMEM_TID;
     if (j >= n || !ok[0]) return;
+    /* s: lr, momentum, weight decay, nesterov (0 or 1), first step (0 or 1) */
+    float lr = s[0], momentum = s[1], decay = s[2];
+    int nesterov = s[3] != 0.0f, first = s[4] != 0.0f;
     float gj = g[j];
     if (decay != 0.0f) g[j] = gj = VMEM_FADD(gj, VMEM_FMUL(decay, p[j]));
     if (momentum != 0.0f) {
@@ -833,10 +837,12 @@ VMEM_KERNEL void sgd_update(VMEM_TID_ARG float* __restrict__ p, float* __restric
 }
 
 VMEM_KERNEL void adam_update(VMEM_TID_ARG float* __restrict__ p, float* __restrict__ g, float* __restrict__ m,
-                             float* __restrict__ v, const uint8_t* __restrict__ ok, int64_t n, float step_size,
-                             float b1, float c1, float b2, float c2, float bias2, float eps, float decay) {
+                             float* __restrict__ v, const uint8_t* __restrict__ ok, int64_t n,
+                             const float* __restrict__ s) {
     int64_t j = VMEM_TID;
     if (j >= n || !ok[0]) return;
+    /* s: step size (lr over 1 - b1^t), b1, 1 - b1, b2, 1 - b2, 1 - b2^t, eps, weight decay */
+    float step_size = s[0], b1 = s[1], c1 = s[2], b2 = s[3], c2 = s[4], bias2 = s[5], eps = s[6], decay = s[7];
     float gj = g[j];
     if (decay != 0.0f) g[j] = gj = VMEM_FADD(gj, VMEM_FMUL(decay, p[j]));
     float mj = VMEM_FADD(VMEM_FMUL(b1, m[j]), VMEM_FMUL(c1, gj));

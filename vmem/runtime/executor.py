@@ -24,6 +24,7 @@ from typing import Any, Hashable, Sequence, TYPE_CHECKING
 
 import numpy as np
 
+from ..codecs import native
 from ..codecs.base import is_device_array
 from ..device.staging import copy_nbytes, staged
 from ..errors import DeviceError
@@ -212,7 +213,9 @@ class Executor:
             at += -(-max(program.tensors[t].nbytes, 1) // a) * a
         self._labels_at = at
         self._loss_at = self._labels_at + -(-int(np.prod(program.label_shape)) * 8 // a) * a
-        self._staging_bytes = self._loss_at + a  # and the loss, copied there on the compute stream
+        self._scalars_at = self._loss_at + a  # the loss, copied there on the compute stream
+        #: and the optimizer's scalars for its fused update, copied to the device in the step
+        self._staging_bytes = self._scalars_at + -(-native.UPDATE_SCALARS * 4 // a) * a
         self._has_loss = any(type(st) is Loss for st in schedule.steps)
         #: work runs after launch returns (a GPU): spans are timed by events, streams wait on the device
         self._asynchronous = bool(device.asynchronous)
@@ -479,7 +482,7 @@ class Executor:
         if why is not None:
             return None, why
         fused = self._updates.fused(r.step)
-        scalars = None if fused is None else (fused[0], tuple(float(v) for v in fused[1]))
+        scalars = None if fused is None else fused[0]  # its scalars are read from the staging, not baked in
         shapes = tuple((a.shape, a.dtype.str) for a in r.xs)
         labels = None if r.labels is None else np.shape(r.labels)
         return (r.train, r.scale, r.share, shapes, labels, scalars), None
@@ -592,6 +595,8 @@ class Executor:
             np.copyto(r.batch["labels"], labels)
         loss = self._loss_dtype
         r.batch["loss"] = raw[self._loss_at : self._loss_at + loss.itemsize].view(loss)
+        r.batch["scalars"] = raw[self._scalars_at : self._scalars_at + native.UPDATE_SCALARS * 4].view(np.float32)
+        self._updates.stage(r.step, r.batch["scalars"])
 
     def _unstage(self, r: _Run) -> None:
         if r.staged is not None:

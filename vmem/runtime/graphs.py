@@ -1,12 +1,14 @@
 """Training steps replayed as CUDA graphs (a device's ``graphs=True``): which steps, and when a replay is safe.
 
 A planned schedule issues the same kernels, copies and fills at the same addresses every step (the plan
-places each buffer where it placed it before). The executor runs a step that repeats the last one's
-:func:`key` (its batch's shapes, the loss scale, a micro-batch's share, the optimizer's scalars: what a
-graph bakes into its launches) under the device's capture instead of running it, launches the graph, and
-from then on launches that graph alone while the key repeats, the pools are as it left them (every block
-the graph uses is free) and the batch's pinned staging buffer falls where it fell. Anything else runs the
-step as it is (a changed learning rate: the next repeat is captured again).
+places each buffer where it placed it before). The executor runs a step that repeats the last one's key
+(its batch's shapes, the loss scale, a micro-batch's share: what a graph bakes into its launches) under
+the device's capture instead of running it, launches the graph, and from then on launches that graph alone
+while the key repeats, the pools are as it left them (every block the graph uses is free) and the batch's
+pinned staging buffer falls where it fell. Anything else runs the step as it is, and the next repeat is
+captured again. What changes every step is not baked in: the batch and the optimizer's scalars (the
+learning rate, Adam's bias correction) are written into the pinned staging buffer before each launch and
+copied to the device by the graph itself.
 
 What keeps a step out of a graph, said once per key in a :class:`RuntimeWarning`: a diagnosis (``check``),
 an input already on the device (its address is the caller's), collectives (another library's streams),

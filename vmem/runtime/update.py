@@ -64,6 +64,14 @@ class Updates:
         self.no_slot = (
             self.xp.zeros(1, np.float32) if self.fused_on is not None and optimizer is not None and not slots else None
         )
+        #: the fused update's scalars where its kernel reads them on a GPU: copied there from the step's
+        #: pinned staging at its first update, so that a step replayed as a CUDA graph reads its own (the CPU
+        #: build reads the staging itself)
+        self.scalars = (
+            self.xp.zeros(native.UPDATE_SCALARS, np.float32)
+            if self.fused_on is not None and optimizer is not None and device.asynchronous
+            else None
+        )
         index = {key: i for i, key in enumerate(updated)}
         #: per Update step's bucket: the indices of its parameters and their sizes (every one for None)
         self.buckets: dict[tuple[str, ...] | None, tuple[list[int], list[int]]] = {}
@@ -128,12 +136,13 @@ class Updates:
         def update(j: int) -> None:  # each parameter is updated on its own: on the CPU, any lane may take it
             param, grad, state = self.params[bucket[j]]
             if fused is not None:  # one pass, and only where the device flag says the step is finite
-                kernel, scalars, on = fused
+                kernel, _, on = fused
                 slots = [state[s] for s in opt.slots] or [self.no_slot]  # type: ignore[union-attr]
                 native.optimizer_update(kernel, param, grad, slots, r.ok, scalars, on)
             else:
                 opt.update(xp, param, grad, state, step)  # type: ignore[union-attr]
 
+        scalars = self.scalars if self.scalars is not None else r.batch.get("scalars")
         inverse = None if r.scale is None else np.float32(1.0 / r.scale)  # as PyTorch's: 1/scale in float32
 
         def unscale(j: int) -> None:  # the gradient back to the loss's own scale (scratch where not finite)
@@ -142,6 +151,8 @@ class Updates:
 
         def run() -> None:
             if r.ok is None:  # the step's first bucket decides for every one, on the device
+                if self.scalars is not None:  # this step's scalars, from its staging (stream-ordered)
+                    self.device.copy_now(self.scalars, r.batch["scalars"], "h2d")
                 r.ok = self.finite(r)
                 skip = xp.logical_not(r.ok)
                 for view, kept in zip(self.stats, r.kept_stats):  # a skipped step changes nothing
@@ -155,6 +166,12 @@ class Updates:
             ops.each(sizes, update)
 
         return run
+
+    def stage(self, step: int, out: np.ndarray) -> None:
+        """Write step ``step``'s fused-update scalars into ``out`` (the step's pinned staging)."""
+        fused = self.fused(step)
+        if fused is not None:
+            native.update_scalars(fused[1], out)
 
     def fused(self, step: int) -> tuple[str, tuple, Any] | None:
         """(kernel, scalars, backend) of the optimizer's fused update at ``step``, or None (no kernel for

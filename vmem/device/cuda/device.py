@@ -78,7 +78,7 @@ class CudaDevice:
     has more, and faster, FP32 algorithms for NCHW; the copies are part of the algorithm's workspace).
     ``math``: how FP32 convolutions compute, ``"tf32"`` (the default, as PyTorch's) or ``"exact"`` (FMA; see
     :data:`vmem.device.spec.MATH_MODES`). ``graphs="on"``: a training step that repeats (the same batch
-    shape, optimizer scalars and loss scale, the pool as the last step left it) is recorded once as a CUDA
+    shape and loss scale, the pool as the last step left it) is recorded once as a CUDA
     graph and replayed by one launch, the same bits as without (:mod:`vmem.runtime.graphs`); a step that
     cannot be captured runs as it is and the trainer says why. Off by default until the GPU check has
     measured it faster."""
