@@ -238,3 +238,15 @@ def test_the_four_a_thread_relu_kernels_give_the_one_a_thread_bytes(dtype):
     grad = (dy.astype(np.float32) * (want.astype(np.float32) > 0)).astype(dtype)
     native.launch(f"relu_backward4_{kind}", groups, bits(want), bits(dy), bits(dy), np.int64(groups))
     assert _bits(dy) == _bits(grad)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_a_float32_nchw_batch_becomes_a_channels_last_map_as_numpy_casts_it(dtype):
+    """The input kernel (a batch copied to the GPU as it is, float32 NCHW) gives NumPy's transpose and cast
+    (ml_dtypes' for bfloat16) bit for bit, specials included; a shape that is not its transpose is refused."""
+    x = _data(np.float32, (3, 5, 7, 6))
+    y = np.empty((3, 7, 6, 5), dtype)
+    native.nchw_to_nhwc(x, y)
+    assert _bits(y) == _bits(np.ascontiguousarray(x.transpose(0, 2, 3, 1)).astype(dtype))
+    with pytest.raises(ValueError, match="nchw_to_nhwc"):
+        native.nchw_to_nhwc(x, np.empty((3, 5, 7, 6), dtype))

@@ -313,3 +313,18 @@ def test_both_fp32_math_modes_train_on_the_standin(cupy, math):
             assert device.spec.math == ("exact" if name == "cpu" else math)
         weights.append(net.params)
     assert max(float(np.abs(weights[0][k] - weights[1][k]).max()) for k in weights[0]) <= BOUND["fp32"]
+
+
+def test_a_host_batch_is_copied_as_it_is_and_transposed_on_the_gpu(cupy):
+    """A float32 NCHW batch in host memory goes to the GPU as it is (one copy of its bytes from pinned
+    staging: the host neither transposes nor casts it) and one kernel makes the network's channels-last input
+    in its storage type there; the weights are those of the CPU device's steps."""
+    pytest.importorskip("ml_dtypes")
+    want, _, _, _, _ = _steps(_vgg, "cpu", "baseline", "bf16", cupy, steps=2)
+    cupy._state.reset()
+    got, _, launches, _, _ = _steps(_vgg, "cuda:0", "baseline", "bf16", cupy, steps=2)
+    assert launches[1].get("nchw_to_nhwc_bf16") == 1
+    nchw = 8 * 3 * 8 * 8 * 4  # the batch's bytes as the caller holds them
+    assert any(e[0] == "copy" and e[3] == nchw and e[4] == 1 for e in cupy._state.COUNTERS.trace)
+    worst = max(float(np.max(np.abs(got[k] - want[k]))) for k in want)
+    assert worst <= BOUND["half"]

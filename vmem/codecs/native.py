@@ -57,6 +57,7 @@ __all__ = [
     "maxpool_backward",
     "optimizer_update",
     "update_scalars",
+    "nchw_to_nhwc",
 ]
 
 try:
@@ -337,6 +338,16 @@ def _suffix(a: Array) -> str:
 
 def _bits(a: Array) -> Array:
     return a if np.dtype(a.dtype) == np.float32 else a.view(np.uint16)
+
+
+def nchw_to_nhwc(x: Array, y: Array, on: Backend = CPU) -> None:
+    """``y = x.transpose(0, 2, 3, 1)`` cast to ``y``'s type (float32, float16, bfloat16) by one kernel: ``x``
+    a C-contiguous float32 (N, C, H, W) map, ``y`` a C-contiguous (N, H, W, C) one."""
+    n, c, h, w = x.shape
+    if tuple(y.shape) != (n, h, w, c) or np.dtype(x.dtype) != np.float32:
+        raise ValueError(f"nchw_to_nhwc: a float32 (N, C, H, W) map into (N, H, W, C), not {x.shape} into {y.shape}")
+    rows = n * h * w
+    on.launch(f"nchw_to_nhwc_{_suffix(y)}", rows, x, _bits(y), _i64(rows), _i64(c), _i64(h * w), cols=c)
 
 
 def bias_add(y: Array, b: Array, on: Backend = CPU) -> None:

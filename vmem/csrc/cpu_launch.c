@@ -76,6 +76,11 @@ LAUNCHER2(patch2_decode, c, P(const uint32_t* restrict codes, const float* restr
 LAUNCHER2(bias_relu_f32, c, P(float* y, const float* b, int64_t rows, int64_t c), y, b, rows, c)
 LAUNCHER2(bias_relu_f16, c, P(uint16_t* y, const float* b, int64_t rows, int64_t c), y, b, rows, c)
 LAUNCHER2(bias_relu_bf16, c, P(uint16_t* y, const float* b, int64_t rows, int64_t c), y, b, rows, c)
+LAUNCHER2(nchw_to_nhwc_f32, c, P(const float* x, float* y, int64_t rows, int64_t c, int64_t hw), x, y, rows, c, hw)
+LAUNCHER2(nchw_to_nhwc_f16, c, P(const float* x, uint16_t* y, int64_t rows, int64_t c, int64_t hw), x, y, rows, c,
+          hw)
+LAUNCHER2(nchw_to_nhwc_bf16, c, P(const float* x, uint16_t* y, int64_t rows, int64_t c, int64_t hw), x, y, rows, c,
+          hw)
 LAUNCHER2(bias_add_f32, c, P(float* y, const float* b, int64_t rows, int64_t c), y, b, rows, c)
 LAUNCHER2(bias_add_f16, c, P(uint16_t* y, const float* b, int64_t rows, int64_t c), y, b, rows, c)
 LAUNCHER2(bias_add_bf16, c, P(uint16_t* y, const float* b, int64_t rows, int64_t c), y, b, rows, c)

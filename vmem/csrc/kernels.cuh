@@ -56,8 +56,13 @@ __device__ __forceinline__ int64_t vmem_row(int64_t cols) {
     return (t <= 0xffffffffLL && cols <= 0xffffffffLL) ? (int64_t)((uint32_t)t / (uint32_t)cols)
                                                        : vmem_div64(t, cols);
 }
+/* a / b for 0 <= a and 0 < b: in 32 bits where both fit. */
+__device__ __forceinline__ int64_t vmem_div(int64_t a, int64_t b) {
+    return (a <= 0xffffffffLL && b <= 0xffffffffLL) ? (int64_t)((uint32_t)a / (uint32_t)b) : vmem_div64(a, b);
+}
 #else
 static inline int64_t vmem_div64(int64_t a, int64_t b) { return a / b; }
+static inline int64_t vmem_div(int64_t a, int64_t b) { return a / b; }
 #endif
 
 /* ---- binarize (Gist): bit i of byte b is x[8b + i] > 0 (numpy.packbits(bitorder="little")) ---------- */
@@ -535,6 +540,22 @@ VMEM_KERNEL void bias_relu_bf16(VMEM_TID2_ARG uint16_t* y, const float* __restri
     if (r >= rows) return;
     y[r * c + ch] = vmem_f2bf(vmem_relu(VMEM_FADD(vmem_bf2f(y[r * c + ch]), b[ch])));
 }
+
+/* A batch's input map from NCHW float32 (as the host holds it, copied whole) into the network's channels-last
+ * input in its storage type, on a grid of rows = N * H * W pixels by cols = C channels: y[r][ch] =
+ * x[b][ch][p] with r = b * hw + p, rounded as NumPy's (float16) and ml_dtypes' (bfloat16) casts round. */
+#define VMEM_NCHW_TO_NHWC(name, T, conv)                                                                     \
+    VMEM_KERNEL void name(VMEM_TID2_ARG const float* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t c, \
+                          int64_t hw) {                                                                      \
+        int64_t r = VMEM_ROW(c), ch = VMEM_COL(c);                                                           \
+        if (r >= rows) return;                                                                               \
+        int64_t b = vmem_div(r, hw), p = r - b * hw;                                                         \
+        y[r * c + ch] = conv(x[(b * c + ch) * hw + p]);                                                      \
+    }
+#define VMEM_SAME(v) (v)
+VMEM_NCHW_TO_NHWC(nchw_to_nhwc_f32, float, VMEM_SAME)
+VMEM_NCHW_TO_NHWC(nchw_to_nhwc_f16, uint16_t, vmem_f2h)
+VMEM_NCHW_TO_NHWC(nchw_to_nhwc_bf16, uint16_t, vmem_f2bf)
 
 /* Column sums in FP32 of a channels-last map (rows = N * H * W pixels by c channels), in two launches so that
  * the order of the additions is fixed (the same bytes on both devices, no atomics): column_partial sums rows
