@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vmem.codecs import native
+from vmem.codecs import native, step
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 pytestmark = pytest.mark.skipif(not native.available(), reason="the native kernels are not built")
@@ -212,7 +212,7 @@ def test_the_multi_tensor_finite_check_equals_numpy(special):
         ptrs = np.array([t.ctypes.data for t in tensors], np.uint64)
         offsets = np.concatenate([[0], np.cumsum([t.size for t in tensors])]).astype(np.int64)
         ok = np.ones(1, np.uint8)
-        native.finite_multi(ptrs, offsets, int(offsets[-1]), ok)
+        step.finite_multi(ptrs, offsets, int(offsets[-1]), ok)
         assert bool(ok[0]) == all(np.isfinite(t).all() for t in tensors)
         if special is not None:
             tensors[i][j] = kept
@@ -246,7 +246,7 @@ def test_a_float32_nchw_batch_becomes_a_channels_last_map_as_numpy_casts_it(dtyp
     (ml_dtypes' for bfloat16) bit for bit, specials included; a shape that is not its transpose is refused."""
     x = _data(np.float32, (3, 5, 7, 6))
     y = np.empty((3, 7, 6, 5), dtype)
-    native.nchw_to_nhwc(x, y)
+    step.nchw_to_nhwc(x, y)
     assert _bits(y) == _bits(np.ascontiguousarray(x.transpose(0, 2, 3, 1)).astype(dtype))
     with pytest.raises(ValueError, match="nchw_to_nhwc"):
-        native.nchw_to_nhwc(x, np.empty((3, 5, 7, 6), dtype))
+        step.nchw_to_nhwc(x, np.empty((3, 5, 7, 6), dtype))

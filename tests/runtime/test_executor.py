@@ -35,6 +35,7 @@ class FakeDevice:
     ops = HostOps()  # the CPU device's pieces, run in turn: the same bits
     asynchronous = False
     graphs = False
+    nchw_inputs = False
 
     def __init__(self, memory: int = 64 << 20):
         self.name = "fake"

@@ -50,14 +50,10 @@ __all__ = [
     "bias_relu",
     "column_sum",
     "column_groups",
-    "finite_multi",
     "relu",
     "relu_backward",
     "maxpool_forward",
     "maxpool_backward",
-    "optimizer_update",
-    "update_scalars",
-    "nchw_to_nhwc",
 ]
 
 try:
@@ -340,16 +336,6 @@ def _bits(a: Array) -> Array:
     return a if np.dtype(a.dtype) == np.float32 else a.view(np.uint16)
 
 
-def nchw_to_nhwc(x: Array, y: Array, on: Backend = CPU) -> None:
-    """``y = x.transpose(0, 2, 3, 1)`` cast to ``y``'s type (float32, float16, bfloat16) by one kernel: ``x``
-    a C-contiguous float32 (N, C, H, W) map, ``y`` a C-contiguous (N, H, W, C) one."""
-    n, c, h, w = x.shape
-    if tuple(y.shape) != (n, h, w, c) or np.dtype(x.dtype) != np.float32:
-        raise ValueError(f"nchw_to_nhwc: a float32 (N, C, H, W) map into (N, H, W, C), not {x.shape} into {y.shape}")
-    rows = n * h * w
-    on.launch(f"nchw_to_nhwc_{_suffix(y)}", rows, x, _bits(y), _i64(rows), _i64(c), _i64(h * w), cols=c)
-
-
 def bias_add(y: Array, b: Array, on: Backend = CPU) -> None:
     """``y += b`` in place over a channels-last ``y`` (..., C) with an FP32 bias of C values, computed in FP32
     and rounded once to ``y``'s type."""
@@ -390,13 +376,6 @@ def column_sum(x: Array, out: Array, partial: Array, on: Backend = CPU) -> None:
     part = partial.reshape(-1)[: groups * c]
     on.launch(f"column_partial_{_suffix(x)}", groups, _bits(x), part, _i64(rows), _i64(c), _i64(per), cols=c)
     on.launch("column_finish", c, part, out, _i64(groups), _i64(c))
-
-
-def finite_multi(ptrs: Array, offsets: Array, total: int, ok: Array, on: Backend = CPU) -> None:
-    """Clear ``ok[0]`` (one byte) where any value of the float32 tensors at addresses ``ptrs`` (uint64) is
-    not finite; ``offsets`` (int64, one longer): where each starts in their concatenation, ``total`` (their
-    values together, as the host knows it) last. One launch for every tensor (the step's finite check)."""
-    on.launch("finite_multi", total, ptrs, offsets, _i64(ptrs.size), ok)
 
 
 def _groups_of_four(on: Backend, *arrays: Array) -> int:
@@ -478,30 +457,3 @@ def maxpool_backward(
     kind = "f32" if _suffix(dy) == "f32" else "16"  # half values move as their bits: one kernel for both
     args = _pool_args(dx.shape, dy.shape, kernel, stride)
     on.launch(f"maxpool_backward_{kind}", dx.size, _bits(dy), arg, _bits(dx), *args, int(packed))
-
-
-_NO_SLOT = np.zeros(1, np.float32)  # the momentum buffer of SGD without momentum: never read or written
-
-
-def optimizer_update(
-    kernel: str, param: Array, grad: Array, slots: list[Any], ok: Any, scalars: Array, on: Backend = CPU
-) -> None:
-    """One fused optimizer update (``kernel``: ``sgd_update`` or ``adam_update``, with the scalars of
-    :meth:`vmem.optim.Optimizer.fused` as a float32 array where the kernel runs: :func:`update_scalars`) of
-    float32 ``param`` in place, its gradient and its state arrays ``slots``, where the device flag ``ok`` (a
-    bool array of one value) is true."""
-    if kernel == "sgd_update" and not slots:
-        slots = [on.xp.asarray(_NO_SLOT)]
-    on.launch(kernel, param.size, param, grad, *slots, ok, _i64(param.size), scalars)
-
-
-#: how many scalars a fused update reads (sgd_update five, adam_update eight)
-UPDATE_SCALARS = 8
-
-
-def update_scalars(scalars: tuple, out: np.ndarray) -> np.ndarray:
-    """The scalars of :meth:`vmem.optim.Optimizer.fused` written into ``out`` (float32, at least
-    :data:`UPDATE_SCALARS` values: the host's side of what the kernel reads), each as its kernel takes it."""
-    out[: len(scalars)] = [np.float32(v) for v in scalars]
-    out[len(scalars) :] = 0
-    return out

@@ -116,6 +116,9 @@ class Device(Protocol):
     #: a training step is recorded once as a CUDA graph and replayed by one launch (the CUDA device's
     #: ``graphs="on"``; see :meth:`capture`)
     graphs: bool
+    #: the device makes a float32 NCHW batch channels last itself (the CUDA device: one kernel), so the executor
+    #: stages and copies such a batch as it is; elsewhere the host transposes and casts it
+    nchw_inputs: bool
 
     @property
     def xp(self) -> Xp:

@@ -112,6 +112,7 @@ class CpuDevice:
     conv_backend = HostConv()  # the host's convolutions (stateless: one for every CPU device)
     asynchronous = False  # work on a stream runs on its thread, timed by the host's clock
     graphs = False  # no CUDA graphs: every step is carried out as it is enqueued
+    nchw_inputs = False  # the host makes a batch channels last (its streams read host memory anyway)
 
     def __init__(
         self,

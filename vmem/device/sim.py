@@ -43,6 +43,7 @@ class SimDevice:
     ops = None  # holds no data: runs no layer
     asynchronous = False
     graphs = False
+    nchw_inputs = False
 
     def __init__(
         self, gpu: str | DeviceSpec, *, memory: int | str | None = None, alignment: int = 256, math: str | None = None

@@ -25,6 +25,7 @@ from typing import Any, Hashable, Sequence, TYPE_CHECKING
 import numpy as np
 
 from ..codecs import native
+from ..codecs import step as step_kernels
 from ..codecs.base import is_device_array
 from ..device.staging import copy_nbytes, staged
 from ..errors import DeviceError
@@ -129,6 +130,7 @@ class _Run:
         self.reduced: dict[int, Any] = {}  # gradient bucket -> the event its all-reduce ends with
         #: the step is being recorded as a CUDA graph: its spans are not timed (no timing event in a capture)
         self.graphed = False
+        self.entered = origin  # when the caller asked for the step (its seconds are counted from there)
         self.spilled: list[tuple[str, int, int]] = []  # encodings kept in host memory (see StepReport.spilled)
         #: the transfers' state (:class:`~vmem.runtime.transfers.Transfers` fills it): buffers offloaded until
         #: their wait, every offload of the step, encodings kept on the device by buffer key
@@ -214,7 +216,7 @@ class Executor:
         self._asynchronous = bool(device.asynchronous)
         #: there, a float32 image batch is staged as it is (NCHW) and transposed and cast on the device by one
         #: kernel: the host only copies it (its own transpose and cast took 43.5 ms for 64 x 3 x 224 x 224)
-        self._device_transpose = self._asynchronous and device.xp is not np
+        self._device_transpose = bool(device.nchw_inputs)
         #: per input staged that way, its float32 NCHW copy on the device: made at its first upload, outside the
         #: plan (in the reserve, as the finite check's tables), so that every step copies to the same place
         self._nchw: dict[str, Array] = {}
@@ -228,7 +230,7 @@ class Executor:
         self._loss_at = self._labels_at + -(-int(np.prod(program.label_shape)) * 8 // a) * a
         self._scalars_at = self._loss_at + a  # the loss, copied there on the compute stream
         #: and the optimizer's scalars for its fused update, copied to the device in the step
-        self._staging_bytes = self._scalars_at + -(-native.UPDATE_SCALARS * 4 // a) * a
+        self._staging_bytes = self._scalars_at + -(-step_kernels.UPDATE_SCALARS * 4 // a) * a
         self._has_loss = any(type(st) is Loss for st in schedule.steps)
         self._aux_dtype = {
             (op.index, k): (np.dtype(program.precision.master) if a.dtype == "float" else np.dtype(a.dtype))
@@ -347,6 +349,7 @@ class Executor:
         ``share``: this batch is a micro-batch of a step (:class:`vmem.runtime.MicroBatched`), its loss's
         gradient weighed by its share of the step's samples. One step at a time on a device: a thread that
         asks for a step while another thread's runs there is refused (RuntimeError), not queued."""
+        entered = time.perf_counter()  # the step's clock: what the caller waits, the batch's host work included
         lock = _stepping(self.device)
         if not lock.acquire(blocking=False):
             raise RuntimeError(
@@ -355,7 +358,7 @@ class Executor:
             )
         try:
             return self._run(
-                x, labels, train=train, rng=rng, step=step, check=check, loss_scale=loss_scale, share=share
+                x, labels, train=train, rng=rng, step=step, check=check, loss_scale=loss_scale, share=share, at=entered
             )
         finally:
             lock.release()
@@ -371,6 +374,7 @@ class Executor:
         check: bool,
         loss_scale: float | None,
         share: float | None,
+        at: float | None = None,
     ) -> tuple[StepReport, np.ndarray | None]:
         dev, pool = self.device, self.device.pool
         batch = x if isinstance(x, HostBatch) else self.host_batch(x)
@@ -379,6 +383,7 @@ class Executor:
         dev.reserve_pinned(self.schedule.pinned_bytes + self._staging_bytes)
         pool.reset_peak()
         r = _Run(host_xs, labels, train, rng, step, time.perf_counter())
+        r.entered = r.timeline.origin if at is None else at
         r.nchw = {source for (_, source, _), flag in zip(self._inputs, batch.nchw) if flag}
         r.check = check
         r.scale = None if loss_scale is None or loss_scale == 1 else float(loss_scale)
@@ -425,7 +430,7 @@ class Executor:
         except _Uncaptured:
             self._roll_back(r)
             return self._run(
-                x, labels, train=train, rng=rng, step=step, check=check, loss_scale=loss_scale, share=share
+                x, labels, train=train, rng=rng, step=step, check=check, loss_scale=loss_scale, share=share, at=at
             )
         except BaseException:
             if graph is not None:
@@ -457,7 +462,7 @@ class Executor:
                 self.graphs.ran_as_is(key, why, peak, average)
         report = StepReport(
             loss=r.loss if r.loss is not None else float("nan"),
-            seconds=time.perf_counter() - timeline.origin,
+            seconds=time.perf_counter() - r.entered,
             peak_bytes=peak,
             average_bytes=average,
             offloaded_bytes=moved,
@@ -554,7 +559,7 @@ class Executor:
             timeline.marks.update(loss_scale=float(r.scale), skipped=bool(r.skipped))
         return StepReport(
             loss=r.loss if r.loss is not None else float("nan"),
-            seconds=time.perf_counter() - timeline.origin,
+            seconds=time.perf_counter() - r.entered,
             peak_bytes=rec.peak,
             average_bytes=rec.average,
             offloaded_bytes=rec.moved,
@@ -614,7 +619,7 @@ class Executor:
             np.copyto(r.batch["labels"], labels)
         loss = self._loss_dtype
         r.batch["loss"] = raw[self._loss_at : self._loss_at + loss.itemsize].view(loss)
-        r.batch["scalars"] = raw[self._scalars_at : self._scalars_at + native.UPDATE_SCALARS * 4].view(np.float32)
+        r.batch["scalars"] = raw[self._scalars_at : self._scalars_at + step_kernels.UPDATE_SCALARS * 4].view(np.float32)
         self._updates.stage(r.step, r.batch["scalars"])
 
     def _unstage(self, r: _Run) -> None:
@@ -650,7 +655,7 @@ class Executor:
         built for the device, else the array module's copy."""
         on = native.backend(dst)
         if on is not None and np.dtype(dst.dtype).name in ("float32", "float16", "bfloat16"):
-            native.nchw_to_nhwc(src, dst, on)
+            step_kernels.nchw_to_nhwc(src, dst, on)
         else:
             self.device.xp.copyto(dst, src.transpose(0, 2, 3, 1), casting="unsafe")
 

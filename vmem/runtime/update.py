@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from ..codecs import native
+from ..codecs import step as step_kernels
 from ..codecs.base import address
 from ..optim import Optimizer
 from ..schedule import Key, Kind, Schedule
@@ -68,7 +69,7 @@ class Updates:
         #: pinned staging at its first update, so that a step replayed as a CUDA graph reads its own (the CPU
         #: build reads the staging itself)
         self.scalars = (
-            self.xp.zeros(native.UPDATE_SCALARS, np.float32)
+            self.xp.zeros(step_kernels.UPDATE_SCALARS, np.float32)
             if self.fused_on is not None and optimizer is not None and device.asynchronous
             else None
         )
@@ -138,7 +139,7 @@ class Updates:
             if fused is not None:  # one pass, and only where the device flag says the step is finite
                 kernel, _, on = fused
                 slots = [state[s] for s in opt.slots] or [self.no_slot]  # type: ignore[union-attr]
-                native.optimizer_update(kernel, param, grad, slots, r.ok, scalars, on)
+                step_kernels.optimizer_update(kernel, param, grad, slots, r.ok, scalars, on)
             else:
                 opt.update(xp, param, grad, state, step)  # type: ignore[union-attr]
 
@@ -171,7 +172,7 @@ class Updates:
         """Write step ``step``'s fused-update scalars into ``out`` (the step's pinned staging)."""
         fused = self.fused(step)
         if fused is not None:
-            native.update_scalars(fused[1], out)
+            step_kernels.update_scalars(fused[1], out)
 
     def fused(self, step: int) -> tuple[str, tuple, Any] | None:
         """(kernel, scalars, backend) of the optimizer's fused update at ``step``, or None (no kernel for
@@ -193,7 +194,7 @@ class Updates:
                 ok.fill(1)
             else:
                 xp.copyto(ok, xp.reshape(r.loss_ok, (1,)), casting="unsafe")
-            native.finite_multi(ptrs, offsets, total, ok, on)
+            step_kernels.finite_multi(ptrs, offsets, total, ok, on)
             return ok.view(np.bool_)
         ok = xp.ones(1, bool) if r.loss_ok is None else xp.reshape(r.loss_ok, (1,))
         if self.grads:  # every gradient (a rank that updates a share, even none, decides as all do)

@@ -88,6 +88,8 @@ class CudaDevice:
     #: work runs on the GPU after ``launch`` returns: the executor times spans with events, and streams
     #: wait for each other on the GPU, not on the host
     asynchronous = True
+    #: a float32 NCHW batch is copied as it is and made channels last on the GPU by one kernel
+    nchw_inputs = True
 
     def __init__(
         self,
