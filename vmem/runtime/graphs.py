@@ -33,9 +33,10 @@ __all__ = ["Graph", "Recorded", "StepGraphs", "pool_state"]
 
 
 def pool_state(pool: DevicePool | PinnedHostPool) -> tuple:
-    """What must be as it was for a graph of ``pool``'s blocks to replay: the arena and its live blocks."""
-    arena = getattr(pool, "arena", None)
-    return (id(arena), tuple((b.offset, b.size) for b in pool.blocks()))
+    """What must be as it was for a graph of ``pool``'s blocks to replay: where its memory is (a pool made
+    anew may lie elsewhere) and its live blocks (every other byte is free)."""
+    where = None if pool.arena is None else pool.arena.ptr
+    return (where, pool.capacity, tuple((b.offset, b.size) for b in pool.blocks()))
 
 
 @dataclass
