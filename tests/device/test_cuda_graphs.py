@@ -14,36 +14,19 @@ import pytest
 import vmem
 from vmem import nn
 
-from ..standin import install, uninstall
+from .test_cuda_standin import _resnet, _vgg, cupy  # noqa: F401 - cupy: the stand-in, a fixture
 
 
-@pytest.fixture
-def cupy(monkeypatch):
-    cp = install(monkeypatch)
-    cp._state.reset()
-    yield cp
-    uninstall(cp)
-
-
-def _vgg(dropout: float = 0.0) -> vmem.Sequential:
-    layers = [
+def _with_dropout() -> vmem.Sequential:
+    """A classifier whose dropout draws its mask on the host (what a capture refuses)."""
+    return vmem.Sequential(
         nn.Conv2d(3, 8, 3, padding=1),
         nn.ReLU(),
-        nn.Conv2d(8, 8, 3, padding=1),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(8, 16, 3, padding=1),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
         nn.Flatten(),
-    ]
-    if dropout:
-        layers.append(nn.Dropout(dropout))
-    return vmem.Sequential(*layers, nn.Linear(16 * 2 * 2, 10), input_shape=(3, 8, 8))
-
-
-def _resnet() -> vmem.Network:
-    return vmem.models.get("resnet_cifar", depth=8, image_size=8)
+        nn.Dropout(0.5),
+        nn.Linear(8 * 8 * 8, 10),
+        input_shape=(3, 8, 8),
+    )
 
 
 def _batch() -> tuple[np.ndarray, np.ndarray]:
@@ -166,7 +149,7 @@ def test_two_captures_of_a_step_record_the_same_work_at_the_same_addresses(cupy)
 def test_a_step_the_capture_refuses_runs_as_it_is_and_says_why(cupy):
     """Dropout draws its mask on the host and uploads it: the capture refuses the upload, the step runs as
     it is (the same weights as with graphs off), and the trainer warns once, naming the cause."""
-    make = lambda: _vgg(dropout=0.5)  # noqa: E731
+    make = _with_dropout
     off = _train(cupy, make, "off", "baseline", "fp32", "4MiB", steps=4)
     with pytest.warns(RuntimeWarning, match="without a CUDA graph: its capture failed.*pageable host memory"):
         on = _train(cupy, make, "on", "baseline", "fp32", "4MiB", steps=4)
