@@ -14,7 +14,7 @@ import pytest
 import vmem
 from vmem import nn
 
-from .test_cuda_standin import _resnet, _vgg, cupy  # noqa: F401 - cupy: the stand-in, a fixture
+from .test_cuda_standin import _resnet, _vgg
 
 
 def _with_dropout() -> vmem.Sequential:

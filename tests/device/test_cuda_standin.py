@@ -12,16 +12,6 @@ import pytest
 import vmem
 from vmem import nn
 
-from ..standin import install, uninstall
-
-
-@pytest.fixture
-def cupy(monkeypatch):
-    cp = install(monkeypatch)
-    cp._state.reset()
-    yield cp
-    uninstall(cp)
-
 
 def test_the_standin_refuses_what_cupy_refuses(cupy):
     a = cupy.ones(4, np.float32)
