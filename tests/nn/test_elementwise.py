@@ -82,3 +82,36 @@ def test_erf_without_scipy_is_the_standard_librarys(monkeypatch):
     np.testing.assert_allclose(ops.HostOps().erf(x, np.empty_like(x)), want, rtol=1e-15, atol=1e-15)
     monkeypatch.setattr(ops, "_scipy_special", lambda: None)
     np.testing.assert_array_equal(ops.HostOps().erf(x, np.empty_like(x)), want)
+
+
+@pytest.mark.parametrize("shape", [(3, 7), (2, 3, 4, 5)])
+@pytest.mark.parametrize(
+    "make",
+    [nn.HardSigmoid, lambda: nn.HardSigmoid(0.2, 0.5), nn.HardSwish, nn.SiLU],
+    ids=["hardsigmoid", "hardsigmoid-onnx", "hardswish", "silu"],
+)
+def test_mobilenet_and_efficientnet_activations_backward(make, shape):
+    """MobileNetV3's hard-swish and hard-sigmoid and EfficientNet's SiLU, against finite differences in
+    float64 (the standard normal input crosses hard-sigmoid's corners at -2.5 and 2.5 with ONNX's slope)."""
+    layer = make()
+    assert check_layer(layer, [shape]) == ["x0"]
+
+
+def test_the_hard_activations_are_pytorchs():
+    """The values PyTorch's ``nn.Hardswish``, ``nn.Hardsigmoid`` and ``nn.SiLU`` give, written out: the
+    corners at -3 and 3, and what backward needs."""
+    from tests.nn.gradcheck import make_ctx
+
+    x = np.array([[-4.0, -3.0, -1.5, 0.0, 1.5, 3.0, 4.0]])
+    want = {
+        "hardswish": x * np.clip(x + 3, 0, 6) / 6,
+        "hardsigmoid": np.clip(x + 3, 0, 6) / 6,
+        "silu": x / (1 + np.exp(-x)),
+    }
+    for layer in (nn.HardSwish(), nn.HardSigmoid(), nn.SiLU()):
+        y = np.empty_like(x)
+        layer.forward(make_ctx(layer, [x.shape], np.random.default_rng(0)), [x], y)
+        np.testing.assert_allclose(y, want[layer.kind], rtol=1e-15, atol=0)
+    assert nn.HardSwish.needs == nn.SiLU.needs == {"x"} and nn.HardSigmoid.needs == {"y"} and nn.HardSigmoid.inplace
+    with pytest.raises(ValueError, match="alpha"):
+        nn.HardSigmoid(alpha=0)

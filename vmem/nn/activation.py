@@ -1,5 +1,6 @@
-"""Element-wise layers: ReLU, Clip (ReLU6), Sigmoid and Tanh (in place where the graph allows), Dropout, the
-product of two tensors (Mul), and arithmetic with a constant (ConstantOp)."""
+"""Element-wise layers: ReLU, Clip (ReLU6), Sigmoid, Tanh and HardSigmoid (in place where the graph allows),
+HardSwish and SiLU (MobileNetV3's and EfficientNet's), Dropout, the product of two tensors (Mul), and
+arithmetic with a constant (ConstantOp)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,21 @@ if TYPE_CHECKING:
     from .._typing import Array
     from .._typing import Xp
 
-__all__ = ["ReLU", "Clip", "Sigmoid", "Tanh", "Erf", "Mul", "Sub", "Div", "ConstantOp", "Dropout"]
+__all__ = [
+    "ReLU",
+    "Clip",
+    "Sigmoid",
+    "Tanh",
+    "HardSigmoid",
+    "HardSwish",
+    "SiLU",
+    "Erf",
+    "Mul",
+    "Sub",
+    "Div",
+    "ConstantOp",
+    "Dropout",
+]
 
 
 class ReLU(Layer):
@@ -104,6 +119,119 @@ class Tanh(Layer):
         if dx is not None:
             assert y is not None  # needs = {"y"}
             ctx.xp.multiply(dy, 1 - y * y, out=dx)
+
+
+class HardSigmoid(Layer):
+    """``HardSigmoid(alpha=1/6, beta=0.5)``: y = min(max(alpha x + beta, 0), 1) (PyTorch's ``nn.Hardsigmoid``
+    with the defaults; ONNX's HardSigmoid takes both), in place where the graph allows. Backward needs its
+    output: dx = alpha dy where 0 < y < 1 (as PyTorch's, which passes it where -3 < x < 3), else 0."""
+
+    kind = "hardsigmoid"
+    needs = frozenset({"y"})
+    inplace = True
+
+    def __init__(self, alpha: float = 1.0 / 6.0, beta: float = 0.5):
+        super().__init__()
+        self.alpha, self.beta = float(alpha), float(beta)
+        if not self.alpha > 0:
+            raise ValueError(f"HardSigmoid: alpha={alpha!r} must be positive")
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha:g}, beta={self.beta:g}"
+
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
+        x, xp = xs[0], ctx.xp
+        alpha, beta = y.dtype.type(self.alpha), y.dtype.type(self.beta)
+
+        def rows(r: slice) -> None:
+            xp.multiply(x[r], alpha, out=y[r])
+            y[r] += beta
+            xp.clip(y[r], 0, 1, out=y[r])
+
+        ctx.ops.rows(y.shape[0], rows, y.size)
+
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
+        dx = dxs[0]
+        if dx is not None:
+            assert y is not None  # needs = {"y"}
+            xp, alpha = ctx.xp, dy.dtype.type(self.alpha)
+
+            def rows(r: slice) -> None:
+                xp.multiply(dy[r], (y[r] > 0) & (y[r] < 1), out=dx[r])
+                dx[r] *= alpha
+
+            ctx.ops.rows(dy.shape[0], rows, dy.size)
+
+
+class HardSwish(Layer):
+    """y = x min(max(x + 3, 0), 6) / 6 (PyTorch's ``nn.Hardswish``, ONNX's HardSwish: MobileNetV3's
+    activation). Backward needs the input: dx = dy (x / 3 + 1/2) for -3 <= x <= 3, dy above, 0 below (as
+    PyTorch's)."""
+
+    kind = "hardswish"
+    needs = frozenset({"x"})
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return 4 * _size(in_shapes[0])
+
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
+        x, xp = xs[0], ctx.xp
+        three, six = y.dtype.type(3), y.dtype.type(6)
+
+        def rows(r: slice) -> None:
+            xp.add(x[r], three, out=y[r])
+            xp.clip(y[r], 0, six, out=y[r])
+            y[r] *= x[r]
+            y[r] /= six
+
+        ctx.ops.rows(y.shape[0], rows, y.size)
+
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
+        dx = dxs[0]
+        if dx is not None:
+            x, xp = xs[0], ctx.xp  # type: ignore[index]
+            t = dy.dtype.type
+
+            def rows(r: slice) -> None:
+                xr = x[r]
+                slope = xp.where(xr < t(-3), t(0), xp.where(xr <= t(3), xr / t(3) + t(0.5), t(1)))
+                xp.multiply(dy[r], slope, out=dx[r])
+
+            ctx.ops.rows(dy.shape[0], rows, dy.size)
+
+
+class SiLU(Layer):
+    """y = x sigmoid(x) (PyTorch's ``nn.SiLU``, swish: EfficientNet's activation; exporters write it as a
+    Sigmoid and a Mul, which the importer reads as these two layers). Backward needs the input:
+    dx = dy s (1 + x (1 - s)), s = sigmoid(x)."""
+
+    kind = "silu"
+    needs = frozenset({"x"})
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return 5 * _size(in_shapes[0])
+
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
+        x, xp = xs[0], ctx.xp
+
+        def rows(r: slice) -> None:
+            xp.negative(x[r], out=y[r])
+            xp.exp(y[r], out=y[r])
+            y[r] += 1
+            xp.divide(x[r], y[r], out=y[r])
+
+        ctx.ops.rows(y.shape[0], rows, y.size)
+
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
+        dx = dxs[0]
+        if dx is not None:
+            x, xp = xs[0], ctx.xp  # type: ignore[index]
+
+            def rows(r: slice) -> None:
+                s = 1 / (1 + xp.exp(-x[r]))
+                xp.multiply(dy[r], s * (1 + x[r] * (1 - s)), out=dx[r])
+
+            ctx.ops.rows(dy.shape[0], rows, dy.size)
 
 
 class Erf(Layer):

@@ -225,6 +225,14 @@ _converts("Relu", 6, 13, 14)(_elementwise(nn.ReLU))
 _converts("Sigmoid", 6, 13)(_elementwise(nn.Sigmoid))
 _converts("Tanh", 6, 13)(_elementwise(nn.Tanh))
 _converts("Erf", 9, 13)(_elementwise(nn.Erf))
+_converts("HardSwish", 14, 22)(_elementwise(nn.HardSwish))
+
+
+@_converts("HardSigmoid", 6, 22)
+def _hardsigmoid(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
+    x = b.tensor(ins, 0, "input", chw=True, view=True)
+    layer = nn.HardSigmoid(_real(attrs.get("alpha", 0.2)), _real(attrs.get("beta", 0.5)))  # ONNX's defaults
+    return [b.add(layer, [x], chw=x.chw, lifted=x.lifted)]
 
 
 @_converts("Gelu", 20)

@@ -141,6 +141,21 @@ def _simple(op: str) -> Callable[..., str]:
     return write
 
 
+def _hardsigmoid(w: _Writer, node: Node, layer: nn.HardSigmoid, ins: list[str], name: str) -> str:
+    return w.emit("HardSigmoid", ins, name, alpha=layer.alpha, beta=layer.beta)
+
+
+def _hardswish(w: _Writer, node: Node, layer: nn.HardSwish, ins: list[str], name: str) -> str:
+    if w.opset < 14:  # HardSwish is an op from 14: x * HardSigmoid(x) before
+        gate = w.emit("HardSigmoid", ins, f"{name}.gate", alpha=1.0 / 6.0, beta=0.5)
+        return w.emit("Mul", [ins[0], gate], name)
+    return w.emit("HardSwish", ins, name)
+
+
+def _silu(w: _Writer, node: Node, layer: nn.SiLU, ins: list[str], name: str) -> str:
+    return w.emit("Mul", [ins[0], w.emit("Sigmoid", ins, f"{name}.sigmoid")], name)
+
+
 def _clip(w: _Writer, node: Node, layer: nn.Clip, ins: list[str], name: str) -> str:
     lo = w.const(f"{name}.min", layer.lo, np.float32)
     hi = w.const(f"{name}.max", layer.hi, np.float32)
@@ -302,6 +317,9 @@ _WRITERS: dict[type, Callable[..., str]] = {
     nn.ReLU: _simple("Relu"),
     nn.Sigmoid: _simple("Sigmoid"),
     nn.Tanh: _simple("Tanh"),
+    nn.HardSigmoid: _hardsigmoid,
+    nn.HardSwish: _hardswish,
+    nn.SiLU: _silu,
     nn.Erf: _simple("Erf"),
     nn.Mul: _simple("Mul"),
     nn.Sub: _simple("Sub"),

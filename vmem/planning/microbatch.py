@@ -70,6 +70,9 @@ PER_SAMPLE = frozenset(
         "gelu",
         "sigmoid",
         "tanh",
+        "hardsigmoid",
+        "hardswish",
+        "silu",
         "clip",
         "erf",
         # over axes after the batch axis (vmem's layers refuse the batch axis by name)
