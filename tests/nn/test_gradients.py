@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tests.nn.gradcheck import check_layer
+import vmem
 from vmem import nn
 
 CONV_CASES = [
@@ -393,3 +394,25 @@ def test_select_passes_the_gradient_where_it_chooses_the_input(if_true, if_false
     assert check_layer(layer, [(2, 3, 4)], inputs={0: np.linspace(-2, 2, 24).reshape(2, 3, 4) + 0.01}) == ["x0"]
     with pytest.raises(ValueError, match="at most one"):
         nn.Select("<", 0.0, None, None)
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        [(2, 3, 4, 5), (2, 3, 1, 1)],  # a squeeze-and-excitation gate over its map
+        [(2, 3, 1, 1), (2, 3, 4, 5)],  # the same, the other way round
+        [(2, 3, 4, 5), (1, 3, 4, 5)],  # a tensor shared by every sample
+        [(2, 5, 7), (2, 5, 1)],
+    ],
+    ids=["gate", "gate-first", "batch", "rows"],
+)
+@pytest.mark.parametrize("layer", [nn.Mul, nn.Sub, nn.Div], ids=["mul", "sub", "div"])
+def test_products_of_computed_tensors_broadcast(layer, shapes):
+    """Mul, Sub and Div of two computed tensors broadcast axes of length 1, each input's gradient summed
+    over the axes it was stretched along; shapes that do not broadcast are refused by name."""
+    stored = nn.physical(shapes[1])
+    b = np.random.default_rng(1).uniform(0.5, 2.0, stored) * np.where(np.arange(stored[-1]) % 2, 1, -1)
+    assert check_layer(layer(), shapes, inputs={1: b}) == ["x0", "x1"]
+    assert layer().output_shape(shapes) == tuple(max(a, c) for a, c in zip(*shapes))
+    with pytest.raises(vmem.errors.ShapeError, match=f"cannot {layer.verb} shapes"):
+        layer().output_shape([(2, 3, 4), (2, 2, 4)])

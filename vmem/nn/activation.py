@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence, TYPE_CHECKING
 
+import numpy as np
+
 from ..errors import ShapeError
 from .base import AuxSpec, Ctx, Layer, ParamSpec, Shape
 
@@ -339,71 +341,113 @@ class GELU(Layer):
         dx *= dy
 
 
+def _broadcast(a: Shape, b: Shape) -> Shape | None:
+    """The shape two inputs of one rank broadcast to (axes of length 1 stretched), None where they do not."""
+    if len(a) != len(b) or any(x != y and 1 not in (x, y) for x, y in zip(a, b)):
+        return None
+    return tuple(max(x, y) for x, y in zip(a, b))
+
+
+def _summed(xp: Xp, value: Array, dx: Array) -> None:
+    """``dx`` = ``value`` summed over the axes ``dx`` was broadcast along (float32 sums accumulated in
+    float64, as the column sums are); copied where the shapes agree."""
+    if value.shape == dx.shape:
+        dx[...] = value
+        return
+    axes = tuple(i for i, (a, b) in enumerate(zip(dx.shape, value.shape)) if a != b)
+    if dx.dtype == np.float32:
+        dx[...] = xp.sum(value, axis=axes, keepdims=True, dtype=np.float64)
+    else:
+        xp.sum(value, axis=axes, keepdims=True, out=dx)
+
+
 class Mul(Layer):
-    """The element-wise product of two inputs of the same shape. Backward needs both inputs."""
+    """The element-wise product of two inputs of one rank, broadcasting axes of length 1 (a squeeze-and-
+    excitation gate (N, C, 1, 1) over its map (N, C, H, W); the batch axis too). Backward needs both inputs;
+    a broadcast input's gradient is summed over the axes it was stretched along."""
 
     kind = "mul"
     needs = frozenset({"x"})
     arity = 2
+    verb = "multiply"
 
     def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         self.check_arity(in_shapes)
-        if tuple(in_shapes[0]) != tuple(in_shapes[1]):
+        out = _broadcast(tuple(in_shapes[0]), tuple(in_shapes[1]))
+        if out is None:
             raise ShapeError(
-                f"layer {self.label}: cannot multiply shapes {tuple(in_shapes[0])} and "
-                f"{tuple(in_shapes[1])} element-wise"
+                f"layer {self.label}: cannot {self.verb} shapes {tuple(in_shapes[0])} and "
+                f"{tuple(in_shapes[1])} element-wise (they broadcast only along axes of length 1)"
             )
-        return tuple(in_shapes[0])
+        return out
 
     def flops(self, in_shapes: Sequence[Shape]) -> int:
-        return _size(in_shapes[0])
+        return _size(self.output_shape(in_shapes))
 
     def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         ctx.xp.multiply(xs[0], xs[1], out=y)
 
     def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         a, b = xs  # type: ignore[misc]
-        if dxs[0] is not None:
-            ctx.xp.multiply(dy, b, out=dxs[0])
-        if dxs[1] is not None:
-            ctx.xp.multiply(dy, a, out=dxs[1])
+        xp = ctx.xp
+        for dx, other in ((dxs[1], a), (dxs[0], b)):  # the second first: the first's may be dy itself
+            if dx is None:
+                continue
+            if dx.shape == dy.shape:
+                xp.multiply(dy, other, out=dx)
+            else:
+                _summed(xp, xp.multiply(dy, other), dx)
 
 
 class Sub(Mul):
-    """The element-wise difference of two inputs of the same shape (the first less the second). Backward
-    needs nothing."""
+    """The element-wise difference of two inputs of one rank (the first less the second), broadcasting as
+    :class:`Mul` does. Backward needs nothing."""
 
     kind = "sub"
     needs = frozenset()
+    verb = "subtract"
 
     def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         ctx.xp.subtract(xs[0], xs[1], out=y)
 
     def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
+        xp = ctx.xp
         if dxs[1] is not None:
-            ctx.xp.negative(dy, out=dxs[1])
+            if dxs[1].shape == dy.shape:
+                xp.negative(dy, out=dxs[1])
+            else:
+                _summed(xp, xp.negative(dy), dxs[1])
         if dxs[0] is not None and dxs[0] is not dy:
-            dxs[0][...] = dy
+            _summed(xp, dy, dxs[0])
 
 
 class Div(Mul):
-    """The element-wise quotient of two inputs of the same shape (the first over the second). Backward
-    needs both inputs."""
+    """The element-wise quotient of two inputs of one rank (the first over the second), broadcasting as
+    :class:`Mul` does. Backward needs both inputs."""
 
     kind = "div"
+    verb = "divide"
 
     def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         ctx.xp.divide(xs[0], xs[1], out=y)
 
     def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         a, b = xs  # type: ignore[misc]
-        if dxs[1] is not None:  # d(a/b)/db = -a / b^2 (before dxs[0], which may be dy itself)
-            ctx.xp.multiply(dy, a, out=dxs[1])
-            dxs[1] /= b
-            dxs[1] /= b
-            ctx.xp.negative(dxs[1], out=dxs[1])
+        xp = ctx.xp
+        db = dxs[1]
+        if db is not None:  # d(a/b)/db = -a / b^2 (before dxs[0], which may be dy itself)
+            full = db if db.shape == dy.shape else xp.empty(dy.shape, dy.dtype)
+            xp.multiply(dy, a, out=full)
+            full /= b
+            full /= b
+            xp.negative(full, out=full)
+            if full is not db:
+                _summed(xp, full, db)
         if dxs[0] is not None:
-            ctx.xp.divide(dy, b, out=dxs[0])
+            if dxs[0].shape == dy.shape:
+                xp.divide(dy, b, out=dxs[0])
+            else:
+                _summed(xp, xp.divide(dy, b), dxs[0])
 
 
 class ConstantOp(Layer):
