@@ -4,6 +4,8 @@ share."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -289,10 +291,18 @@ class _Builder:
 
 # -- converters ------------------------------------------------------------------------------------
 def _real(value: Any) -> float:
-    """An ONNX float (32 bits) as the decimal it was written from: the shortest that rounds to it (a
-    momentum written as 0.9 reads 0.9, not 0.8999999762), so that a model saved by vmem imports with its
-    own hyperparameters."""
-    return float(str(np.float32(value)))
+    """An ONNX float (32 bits) as the number it was written from: the shortest decimal that rounds to it
+    where that has at most 6 digits (a momentum written as 0.9 reads 0.9, not 0.8999999762), else a fraction
+    of a small denominator that rounds to it (PyTorch's hard-sigmoid writes 1/6 as 0.16666667: it computes
+    with 1/6), else that shortest decimal; so that a model imports with the hyperparameters it was made with."""
+    single = np.float32(value)
+    text = str(single)
+    digits = len(text.split("e")[0].replace("-", "").replace(".", "").strip("0"))
+    if digits > 6 and np.isfinite(single):
+        simple = Fraction(float(single)).limit_denominator(64)
+        if np.float32(float(simple)) == single:
+            return float(simple)
+    return float(text)
 
 
 def _ints(attrs: dict[str, Any], key: str, default: Sequence[int]) -> list[int]:

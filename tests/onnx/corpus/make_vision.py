@@ -1,0 +1,300 @@
+"""Regenerate the vision corpus (``tests/onnx/corpus/vision``): networks of timm's families (small
+configurations, random weights, no download), exported as a PyTorch user exports them, so that the suite
+checks the importer against what users bring without torch or timm installed.
+
+Needs torch, torchvision, timm, onnx and onnxscript (torch 2.14.1 and torchvision 0.29.1 with timm 1.0.31
+here); run from the repository root::
+
+    python tests/onnx/corpus/make_vision.py            # every model
+    python tests/onnx/corpus/make_vision.py --list     # their names
+
+Each model ``NAME`` is exported three ways: ``NAME_dynamo.onnx`` (and ``NAME_dynamo.onnx.data``, its weights)
+by ``torch.onnx.export(model, (x,), path)`` with PyTorch's defaults (the dynamo exporter: its default opset,
+the batch fixed at the example's 2, batch norm folded into the convolutions), and ``NAME_opset14.onnx`` and
+``NAME_opset17.onnx`` by the TorchScript exporter (``dynamo=False``) with a symbolic batch axis. ``NAME.npz``
+holds the batch (``x0``), its labels (``labels``), the model's output on it in float64 (``out``), and per export
+``E`` the reference of one SGD step (learning rate 0.05, momentum 0.9) of the network *as exported*, in
+float64: every node of the export run by PyTorch's own operations with autograd (:func:`torch_of_onnx`), its
+float initializers the parameters (``E:loss``, ``E:init:<initializer>`` after the step; ``E:same_as``: the
+export whose reference is the same). A network whose export holds an op the reference does not run has no
+step reference (``E:has_step`` false; the importer refuses those anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+HERE = Path(__file__).resolve().parent / "vision"
+OPSETS = (14, 17)
+CLASSES = 3
+EXPORTS = ("dynamo", "opset14", "opset17")
+
+
+def models() -> dict[str, tuple[Callable[[], torch.nn.Module], int]]:
+    """Every model: (its constructor, its input's side)."""
+    from timm.models.convnext import ConvNeXt
+    from timm.models.deit import VisionTransformerDistilled
+    from timm.models.efficientnet import _gen_efficientnet
+    from timm.models.mobilenetv3 import _gen_mobilenet_v3
+    from timm.models.vision_transformer import VisionTransformer
+
+    def mobilenetv3() -> torch.nn.Module:
+        m = _gen_mobilenet_v3("mobilenetv3_small_050", 0.05, pretrained=False, num_classes=CLASSES)
+        m.conv_head = torch.nn.Conv2d(m.conv_head.in_channels, 16, 1)  # the 1024-wide head made small
+        m.classifier = torch.nn.Linear(16, CLASSES)
+        return m
+
+    def efficientnet() -> torch.nn.Module:
+        m = _gen_efficientnet("efficientnet_b0", channel_multiplier=0.1, depth_multiplier=0.1, num_classes=CLASSES)
+        m.conv_head = torch.nn.Conv2d(m.conv_head.in_channels, 16, 1, bias=False)  # 1280 wide: made small
+        m.bn2 = type(m.bn2)(16)
+        m.classifier = torch.nn.Linear(16, CLASSES)
+        return m
+
+    vit = dict(img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2, num_classes=CLASSES, mlp_ratio=2)
+    return {
+        "mobilenetv3": (mobilenetv3, 32),
+        "efficientnet": (efficientnet, 32),
+        "convnext": (lambda: ConvNeXt(depths=(1, 1, 1, 1), dims=(8, 8, 16, 16), num_classes=CLASSES), 32),
+        "vit": (lambda: VisionTransformer(**vit), 16),
+        "deit": (lambda: VisionTransformerDistilled(**vit), 16),
+    }
+
+
+# -- the reference: an export's nodes run by PyTorch ------------------------------------------------------
+def _attrs(node: Any) -> dict[str, Any]:
+    import onnx
+
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _pads(attrs: dict[str, Any]) -> tuple[int, int]:
+    pads = list(attrs.get("pads", [0, 0, 0, 0]))
+    if pads[:2] != pads[2:]:
+        raise NotImplementedError(f"asymmetric padding {pads}")
+    return pads[0], pads[1]
+
+
+def _hardsigmoid(x: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
+    """PyTorch's own ``F.hardsigmoid`` where the node is its export (alpha the float32 of 1/6: PyTorch
+    computes with 1/6 itself), else the node's formula."""
+    if np.float32(alpha) == np.float32(1 / 6) and beta == 0.5:
+        return F.hardsigmoid(x)
+    return torch.clamp(alpha * x + beta, 0, 1)
+
+
+def _run(op: str, attrs: dict[str, Any], xs: list[Any]) -> Any:
+    if op == "Conv":
+        w = xs[1]
+        return F.conv2d(
+            xs[0],
+            w,
+            xs[2] if len(xs) > 2 else None,
+            stride=tuple(attrs.get("strides", [1, 1])),
+            padding=_pads(attrs),
+            dilation=tuple(attrs.get("dilations", [1, 1])),
+            groups=int(attrs.get("group", 1)),
+        )
+    if op == "Gemm":
+        a = xs[0].T if attrs.get("transA", 0) else xs[0]
+        b = xs[1].T if attrs.get("transB", 0) else xs[1]
+        y = attrs.get("alpha", 1.0) * (a @ b)
+        return y + attrs.get("beta", 1.0) * xs[2] if len(xs) > 2 else y
+    simple = {
+        "Add": lambda: xs[0] + xs[1],
+        "Sub": lambda: xs[0] - xs[1],
+        "Mul": lambda: xs[0] * xs[1],
+        "Div": lambda: xs[0] / xs[1],
+        "MatMul": lambda: xs[0] @ xs[1],
+        "Relu": lambda: torch.relu(xs[0]),
+        "Sigmoid": lambda: torch.sigmoid(xs[0]),
+        "Erf": lambda: torch.erf(xs[0]),
+        "Sqrt": lambda: torch.sqrt(xs[0]),
+        "Pow": lambda: torch.pow(xs[0], xs[1]),
+        "Identity": lambda: xs[0],
+        "HardSwish": lambda: F.hardswish(xs[0]),
+        "HardSigmoid": lambda: _hardsigmoid(xs[0], attrs.get("alpha", 0.2), attrs.get("beta", 0.5)),
+        "GlobalAveragePool": lambda: xs[0].mean(dim=(2, 3), keepdim=True),
+        "Flatten": lambda: xs[0].flatten(int(attrs.get("axis", 1))),
+        "Transpose": lambda: xs[0].permute(*attrs["perm"]),
+        "Gelu": lambda: F.gelu(xs[0], approximate=attrs.get("approximate", b"none").decode()),
+    }
+    if op in simple:
+        return simple[op]()
+    if op == "ReduceMean":
+        axes = attrs.get("axes") or [int(v) for v in xs[1].tolist()]
+        return xs[0].mean(dim=tuple(axes), keepdim=bool(attrs.get("keepdims", 1)))
+    if op == "Reshape":
+        shape = [int(v) for v in xs[1].tolist()]
+        shape = [xs[0].shape[i] if d == 0 else d for i, d in enumerate(shape)]
+        return xs[0].reshape(shape)
+    if op == "LayerNormalization":
+        axis = int(attrs.get("axis", -1))
+        dims = xs[0].shape[axis:] if axis >= 0 else xs[0].shape[axis:]
+        return F.layer_norm(xs[0], dims, xs[1], xs[2] if len(xs) > 2 else None, float(attrs.get("epsilon", 1e-5)))
+    raise NotImplementedError(op)
+
+
+def torch_of_onnx(model: Any) -> tuple[torch.nn.ParameterDict, Callable[[torch.Tensor], torch.Tensor]]:
+    """The export as PyTorch runs it in float64: its float initializers as parameters (by name), and a
+    function of the graph's input running every node with PyTorch's operations."""
+    from onnx import numpy_helper
+
+    graph = model.graph
+    params, consts = torch.nn.ParameterDict(), {}
+    for t in graph.initializer:
+        value = numpy_helper.to_array(t)
+        if value.dtype.kind == "f":
+            params[t.name.replace(".", "\x1f")] = torch.nn.Parameter(torch.tensor(value, dtype=torch.float64))
+        else:
+            consts[t.name] = torch.tensor(value)
+    for node in graph.node:
+        if node.op_type == "Constant":
+            consts[node.output[0]] = torch.tensor(numpy_helper.to_array(_attrs(node)["value"]))
+    nodes = [n for n in graph.node if n.op_type != "Constant"]
+    for n in nodes:  # every op runs here, or the export has no reference
+        if n.op_type not in _OPS:
+            raise NotImplementedError(n.op_type)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        values: dict[str, Any] = {graph.input[0].name: x, **consts}
+        values.update({k.replace("\x1f", "."): v for k, v in params.items()})
+        for n in nodes:
+            out = _run(n.op_type, _attrs(n), [values[i] for i in n.input if i])
+            values[n.output[0]] = out
+        return values[graph.output[0].name]
+
+    return params, forward
+
+
+_OPS = {
+    "Conv",
+    "Gemm",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "MatMul",
+    "Relu",
+    "Sigmoid",
+    "Erf",
+    "Sqrt",
+    "Pow",
+    "Identity",
+    "HardSwish",
+    "HardSigmoid",
+    "GlobalAveragePool",
+    "Flatten",
+    "Transpose",
+    "Gelu",
+    "ReduceMean",
+    "Reshape",
+    "LayerNormalization",
+}
+
+
+def _step(model: Any, x: np.ndarray, labels: np.ndarray) -> dict[str, np.ndarray] | None:
+    """One SGD step of the export as PyTorch runs it (see :func:`torch_of_onnx`), or None where an op of the
+    export is not one the reference runs."""
+    try:
+        params, forward = torch_of_onnx(model)
+    except NotImplementedError:
+        return None
+    opt = torch.optim.SGD(params.values(), lr=0.05, momentum=0.9)
+    loss = F.cross_entropy(forward(torch.tensor(x, dtype=torch.float64)), torch.tensor(labels))
+    loss.backward()
+    opt.step()
+    out = {"loss": np.float64(loss.item())}
+    out.update({f"init:{k.replace(chr(31), '.')}": v.detach().numpy() for k, v in params.items()})
+    return out
+
+
+# -- the exports ------------------------------------------------------------------------------------------
+def _export(module: torch.nn.Module, x: torch.Tensor, how: str, path: Path) -> Any:
+    import onnx
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if how == "dynamo":
+            torch.onnx.export(module, (x,), str(path))  # PyTorch's defaults, as a user writes it
+        else:
+            torch.onnx.export(
+                module,
+                (x,),
+                str(path),
+                dynamo=False,
+                opset_version=int(how[len("opset") :]),
+                input_names=["x0"],
+                output_names=["out"],
+                dynamic_axes={"x0": {0: "N"}, "out": {0: "N"}},
+            )
+    return onnx.load(str(path))
+
+
+def _equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def make(name: str, n: int = 2) -> None:
+    """Write ``name``'s three exports and its reference data."""
+    build, side = models()[name]
+    torch.manual_seed(0)
+    module = build().eval()
+    with torch.no_grad():  # every parameter and statistic its own values, as after training
+        noise = torch.Generator().manual_seed(3)
+        for p in module.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=noise, dtype=p.dtype))
+        for m in module.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.2, 0.2)
+                m.running_var.uniform_(0.5, 1.5)
+    x = torch.randn(n, 3, side, side, generator=torch.Generator().manual_seed(1))
+    labels = torch.randint(0, CLASSES, (n,), generator=torch.Generator().manual_seed(2)).numpy()
+    HERE.mkdir(exist_ok=True)
+    arrays: dict[str, np.ndarray] = {"x0": x.numpy(), "labels": labels}
+    steps: dict[str, dict[str, np.ndarray]] = {}
+    for how in EXPORTS:
+        model = _export(module, x, how, HERE / f"{name}_{how}.onnx")
+        step = _step(model, x.numpy(), labels)
+        arrays[f"{how}:has_step"] = np.bool_(step is not None)
+        same = next((k for k, v in steps.items() if step is not None and _equal(v, step)), None)
+        if same is not None:  # the same graph at another opset: its reference is the other's
+            arrays[f"{how}:same_as"] = np.array(same)
+            continue
+        if step is not None:
+            steps[how] = step
+            arrays.update({f"{how}:{k}": v for k, v in step.items()})
+    with torch.no_grad():
+        arrays["out"] = module.double()(x.double()).numpy()
+    arrays["exports"] = np.array(json.dumps(list(EXPORTS)))
+    np.savez_compressed(HERE / f"{name}.npz", **arrays)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="models to make (default: all)")
+    parser.add_argument("--list", action="store_true", help="print the models' names and stop")
+    args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(models()))
+        return 0
+    unknown = sorted(set(args.names) - set(models()))
+    if unknown:
+        parser.error(f"unknown model {', '.join(unknown)} (see --list)")
+    for name in args.names or models():
+        make(name)
+        print(name, file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
