@@ -143,11 +143,15 @@ def test_constant_op(op, shape, value):
 
 
 @pytest.mark.parametrize("shape, value", [((2, 6, 4), (6, 4)), ((2, 3, 4, 5), (3, 1, 1)), ((3, 7), (1, 7))])
-def test_a_trainable_constant_is_a_parameter(shape, value):
-    """A learned position table added to a sequence: its gradient is the output's summed over the batch."""
-    assert check_layer(nn.ConstantOp("add", np.full(value, 0.7), trainable=True), [shape]) == ["x0", "value"]
-    with pytest.raises(ValueError, match="only 'add'"):
-        nn.ConstantOp("mul", 2.0, trainable=True)
+@pytest.mark.parametrize("op", nn.ConstantOp.OPS)
+def test_a_trainable_constant_is_a_parameter(shape, value, op):
+    """A learned position table added to a sequence, a layer scale multiplying a block's output: the value's
+    gradient is summed over the axes it broadcasts along; multiplying or dividing, backward reads the input
+    (and the layer is not in place)."""
+    init = np.random.default_rng(2).uniform(0.5, 1.5, value)
+    layer = nn.ConstantOp(op, init, trainable=True)
+    assert check_layer(layer, [shape]) == ["x0", "value"]
+    assert (layer.needs == {"x"} and not layer.inplace) == (op in ("mul", "div"))
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 7)])

@@ -153,7 +153,9 @@ def test_a_symbolic_input_shape_is_given_at_load():
 @pytest.mark.parametrize("opset", [13, 17])
 def test_arithmetic_with_constants_imports_and_exports(tmp_path, opset):
     """The normalisation an export starts with ((x - mean) / std per channel), a scale, a bias per channel,
-    1 - x and a constant divided into a map: each a ConstantOp, and back to the same ONNX ops."""
+    1 - x and a constant divided into a map: each a ConstantOp, and back to the same ONNX ops. The bias a
+    layer's output is given trains (a weight of the model's computation); the normalisation applied to the
+    input (the model's buffers) and the scalars do not."""
     nodes = [
         helper.make_node("Sub", ["x", "mean"], ["a"]),
         helper.make_node("Div", ["a", "std"], ["b"]),
@@ -176,7 +178,8 @@ def test_arithmetic_with_constants_imports_and_exports(tmp_path, opset):
         "zero": np.float32(0.0),
     }
     net = _check(_model(nodes, inits, opset=opset))
-    assert [layer.kind for layer in net.layers].count("constop") == 5 and net.num_params() == 4 * 27 + 6 * 256
+    assert [layer.kind for layer in net.layers].count("constop") == 5 and net.num_params() == 4 * 27 + 4 + 6 * 256
+    assert [layer.trainable for layer in net.layers if layer.kind == "constop"] == [False, False, False, True, False]
     vmem.onnx.save(net, tmp_path / "m.onnx", opset=opset)
     ops = [n.op_type for n in onnx.load(str(tmp_path / "m.onnx")).graph.node]
     assert ops[:2] == ["Sub", "Div"] and ops.count("Mul") == 1 and ops.count("Sub") == 2

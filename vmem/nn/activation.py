@@ -456,9 +456,10 @@ class ConstantOp(Layer):
     ``value`` (logical layout, any float array) broadcasts into the input's shape, NumPy's way, and holds no
     batch axis (or one of length 1): a scalar, a per-channel (C, 1, 1) or per-feature bias, a scale. It is a
     buffer of the layer (a parameter ``value`` that is not trained), stored as the input is (channels last
-    for a 4-D map); with ``trainable`` (``add`` only: a learned position table added to a sequence) it is
-    trained, its gradient the output's summed over the axes it broadcasts along. In place where the graph
-    allows; backward needs nothing but the constant."""
+    for a 4-D map); with ``trainable`` it is trained (a learned position table added to a sequence, a layer
+    scale multiplying a block's output, a bias added after a MatMul), its gradient summed over the axes it
+    broadcasts along. In place where the graph allows; backward needs nothing but the constant, and the
+    input where a trained value multiplies or divides it (then not in place)."""
 
     kind = "constop"
     inplace = True
@@ -468,13 +469,12 @@ class ConstantOp(Layer):
         super().__init__()
         if op not in self.OPS:
             raise ValueError(f"ConstantOp: op={op!r} is not one of {', '.join(self.OPS)}")
-        if trainable and op != "add":
-            raise ValueError(f"ConstantOp: trainable=True with op={op!r} (only 'add' trains its value)")
-        import numpy as np
-
         self.op = op
         self.value = np.asarray(value, dtype=np.float64)
         self.trainable = bool(trainable)
+        if self.trainable and op in ("mul", "div"):  # the value's gradient reads the input
+            self.needs = frozenset({"x"})  # type: ignore[misc]
+            self.inplace = False  # type: ignore[misc]
         if op == "div" and not np.all(self.value):
             raise ValueError("ConstantOp: op='div' by a value that holds zeros")
 
@@ -515,8 +515,18 @@ class ConstantOp(Layer):
         dx, xp, v = dxs[0], ctx.xp, ctx.params["value"]
         if self.trainable:  # before dx, which may be written over dy
             grad = ctx.grads["value"]
+            if self.op in ("add", "rsub"):
+                local = dy
+            elif self.op == "sub":
+                local = xp.negative(dy)
+            elif self.op == "mul":
+                local = xp.multiply(dy, xs[0])  # type: ignore[index]
+            else:  # d(x / v)/dv = -x / v^2
+                local = xp.negative(xp.multiply(dy, xs[0]))  # type: ignore[index]
+                local /= v
+                local /= v
             axes = tuple(i for i, (a, b) in enumerate(zip(dy.shape, grad.shape)) if b == 1 and a != 1)
-            grad[...] = xp.sum(dy, axis=axes, keepdims=True) if axes else dy
+            grad[...] = xp.sum(local, axis=axes, keepdims=True) if axes else local
         if dx is None:
             return
         if self.op in ("add", "sub"):

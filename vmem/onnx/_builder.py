@@ -192,6 +192,8 @@ class _Builder:
         self.gathered: dict[str, tuple[str, np.ndarray, int]] = {}
         #: bytes of the constants computed at import so far (at most _MOST_FOLDED_TOTAL)
         self.folded = 0
+        #: the model's initializers by name (its weights and buffers; a Constant node's value is not one)
+        self.initializers: set[str] = set()
 
     def start(self, node: Any) -> None:
         """Convert ``node`` next."""

@@ -99,6 +99,23 @@ def _position_table(b: _Builder, at: int) -> tuple[str, bool] | None:
     return source, flat.size == rows
 
 
+def _weight_like(b: _Builder, x: _Tensor, at: int, value: np.ndarray) -> bool:
+    """Whether the constant operand (input ``at``) of ``x`` is a weight the model trains: one of its
+    initializers (or made from one by a reshape, transpose or cast) of more than one value, all finite,
+    combined with a tensor the network computed: a layer scale, a bias added after a MatMul, a per-channel
+    gain. A scalar (a scale written as an initializer), a mask holding infinities, a Constant node's value and
+    what is applied to the model's inputs before any layer (a normalisation's mean and deviation: buffers in
+    the model) are constants."""
+    name = b.input_names[at]
+    from_initializer = name in b.initializers or name in b.origin
+    if not (from_initializer and value.dtype.kind == "f" and value.size > 1 and bool(np.all(np.isfinite(value)))):
+        return False
+    node = x.node
+    while node.layer is not None and isinstance(node.layer, nn.ConstantOp) and node.inputs:
+        node = node.inputs[0]
+    return node.layer is not None  # not an input of the model, nor constants applied to one
+
+
 def _arith(op: str, both: Callable[[], nn.Layer] | None) -> Callable[..., list[Any]]:
     """An element-wise binary op: of two computed tensors (``both``, where vmem has the layer), or of a
     computed tensor and a constant, either way round (:class:`vmem.nn.ConstantOp`)."""
@@ -136,12 +153,16 @@ def _arith(op: str, both: Callable[[], nn.Layer] | None) -> Callable[..., list[A
         if x.view is not None or _grows(x, value):
             return [_views_constant(b, x, kind, value)]
         table = _position_table(b, at) if kind == "add" else None
+        weight = table is None and _weight_like(b, x, at, value)
         try:
-            layer = nn.ConstantOp(kind, _constant_for(x, value), trainable=table is not None)
+            layer = nn.ConstantOp(kind, _constant_for(x, value), trainable=table is not None or weight)
         except ValueError as exc:
             raise _Refuse(str(exc)) from None
         if table is not None and table[1]:  # the whole table: the parameter it is (net.sources)
             b._taken.append(("value", table[0]))
+        if weight:
+            name = b.input_names[at]
+            b._taken.append(("value", b.origin.get(name, name)))
         out = b.add(layer, [x], chw=x.chw, lifted=x.lifted)
         if table is not None:
             b.owner.setdefault(table[0], str(out.node.name))

@@ -110,6 +110,7 @@ def load(
     net = Graph(input_shape=shape, name=name or re.sub(r"[^0-9A-Za-z_]+", "_", graph.name or "onnx").strip("_"))
     builder = _Builder(net, opset, _views.plain)
     builder.lead = not batch
+    builder.initializers = initializers
     for node in graph.node:
         for used in node.input:
             builder.readers[used] = builder.readers.get(used, 0) + 1
