@@ -87,14 +87,39 @@ def test_a_timm_network_as_exported_imports_and_trains_as_pytorch_trains_it(name
     np.testing.assert_allclose(_predict(net, x), want, rtol=1e-3, atol=1e-4)
 
     # one SGD step in float64 against PyTorch's of the network as exported (batch norm folded where it was)
-    ref = _reference(data, export)
-    assert bool(data[f"{export}:has_step"]) and ref
+    assert bool(data[f"{export}:has_step"])
+    net = _trains_as_pytorch(name, path, data["x0"], data["labels"], _reference(data, export))
+
+    # planned under auto on a simulated GPU, and exported back
+    assert vmem.plan(net, 32, "sim:v100-16gb", "auto", memory="1GiB").fits
+    with tempfile.TemporaryDirectory() as folder:
+        vmem.onnx.save(net, f"{folder}/back.onnx")
+        back = ort.InferenceSession(f"{folder}/back.onnx")
+        np.testing.assert_allclose(
+            back.run(None, {back.get_inputs()[0].name: x})[0], _predict(net, x), rtol=1e-4, atol=1e-5
+        )
+
+
+@pytest.mark.parametrize("name", sorted(m for m, e in IMPORTS if e == "dynamo"))
+def test_a_network_exported_at_batch_2_trains_at_batch_8_as_pytorch_does(name):
+    """The dynamo exporter fixes the batch at the example's (2) in the model's shapes and reshapes; vmem
+    reads that batch as the input's, so the network trains at batch 8: one SGD step equal to PyTorch's at
+    batch 8 (the export's nodes, its reshapes' batch read as the input's)."""
+    data = _data(name)
+    assert bool(data["dynamo:b8:has_step"])
+    ref = {k[len("dynamo:b8:") :]: v for k, v in data.items() if k.startswith("dynamo:b8:")}
+    _trains_as_pytorch(name, CORPUS / f"{name}_dynamo.onnx", data["x8"], data["labels8"], ref)
+
+
+def _trains_as_pytorch(name: str, path: Path, x: np.ndarray, labels: np.ndarray, ref: dict) -> vmem.Network:
+    """The imported network after one SGD step in float64 on ``x``, checked against PyTorch's (``ref``): the
+    loss, every weight within its bound of its change, and every weight PyTorch changes trained."""
     from onnx import numpy_helper
 
     initial = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
     net = vmem.onnx.load(path)
     with vmem.Trainer(net, optimizer=vmem.optim.SGD(lr=0.05, momentum=0.9), dtype="float64") as trainer:
-        report = trainer.step(data["x0"].astype(np.float64), data["labels"])
+        report = trainer.step(x.astype(np.float64), labels)
         trainer.sync()
     assert report.loss == pytest.approx(float(ref["loss"]), rel=1e-9)
     trained = set()
@@ -109,16 +134,6 @@ def test_a_timm_network_as_exported_imports_and_trains_as_pytorch_trains_it(name
         change = np.abs(theirs - before).max()
         assert np.abs(mine - theirs).max() <= BOUND.get(name, 1e-9) * change + 1e-13 * np.abs(theirs).max(), key
         trained.add(initializer)
-    moved = {
-        k[len("init:") :] for k, v in ref.items() if k.startswith("init:") and not np.array_equal(v, initial[k[5:]])
-    }
+    moved = {k[5:] for k, v in ref.items() if k.startswith("init:") and not np.array_equal(v, initial[k[5:]])}
     assert moved <= trained, f"weights PyTorch trains and vmem does not: {sorted(moved - trained)}"
-
-    # planned under auto on a simulated GPU, and exported back
-    assert vmem.plan(net, 32, "sim:v100-16gb", "auto", memory="1GiB").fits
-    with tempfile.TemporaryDirectory() as folder:
-        vmem.onnx.save(net, f"{folder}/back.onnx")
-        back = ort.InferenceSession(f"{folder}/back.onnx")
-        np.testing.assert_allclose(
-            back.run(None, {back.get_inputs()[0].name: x})[0], _predict(net, x), rtol=1e-4, atol=1e-5
-        )
+    return net

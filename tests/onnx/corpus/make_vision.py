@@ -17,7 +17,9 @@ holds the batch (``x0``), its labels (``labels``), the model's output on it in f
 float64: every node of the export run by PyTorch's own operations with autograd (:func:`torch_of_onnx`), its
 float initializers the parameters (``E:loss``, ``E:init:<initializer>`` after the step; ``E:same_as``: the
 export whose reference is the same). A network whose export holds an op the reference does not run has no
-step reference (``E:has_step`` false; the importer refuses those anyway).
+step reference (``E:has_step`` false; the importer refuses those anyway). ``x8``, ``labels8`` and
+``dynamo:b8:...``: a batch of 8 and the same reference of the dynamo export (made at batch 2) on it, the
+batch its reshapes hold read as the input's.
 """
 
 from __future__ import annotations
@@ -135,6 +137,8 @@ def _run(op: str, attrs: dict[str, Any], xs: list[Any]) -> Any:
         return xs[0].mean(dim=tuple(axes), keepdim=bool(attrs.get("keepdims", 1)))
     if op == "Reshape":
         shape = [int(v) for v in xs[1].tolist()]
+        if shape and shape[0] == _EXAMPLE and xs[0].shape[0] != _EXAMPLE:  # the export's batch, baked in
+            shape[0] = xs[0].shape[0]
         shape = [xs[0].shape[i] if d == 0 else d for i, d in enumerate(shape)]
         return xs[0].reshape(shape)
     if op == "LayerNormalization":
@@ -176,6 +180,8 @@ def torch_of_onnx(model: Any) -> tuple[torch.nn.ParameterDict, Callable[[torch.T
     return params, forward
 
 
+#: the batch the models are exported at (the dynamo exporter bakes it into its reshapes)
+_EXAMPLE = 2
 _OPS = {
     "Conv",
     "Gemm",
@@ -244,7 +250,7 @@ def _equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
     return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
-def make(name: str, n: int = 2) -> None:
+def make(name: str, n: int = _EXAMPLE, larger: int = 8) -> None:
     """Write ``name``'s three exports and its reference data."""
     build, side = models()[name]
     torch.manual_seed(0)
@@ -275,6 +281,14 @@ def make(name: str, n: int = 2) -> None:
             arrays.update({f"{how}:{k}": v for k, v in step.items()})
     with torch.no_grad():
         arrays["out"] = module.double()(x.double()).numpy()
+    # the export made at batch 2 trained at batch 8 (its reshapes' batch read as the input's)
+    x8 = torch.randn(larger, 3, side, side, generator=torch.Generator().manual_seed(4))
+    labels8 = torch.randint(0, CLASSES, (larger,), generator=torch.Generator().manual_seed(5)).numpy()
+    import onnx
+
+    step8 = _step(onnx.load(str(HERE / f"{name}_dynamo.onnx")), x8.numpy(), labels8)
+    arrays.update({"x8": x8.numpy(), "labels8": labels8, "dynamo:b8:has_step": np.bool_(step8 is not None)})
+    arrays.update({f"dynamo:b8:{k}": v for k, v in (step8 or {}).items()})
     arrays["exports"] = np.array(json.dumps(list(EXPORTS)))
     np.savez_compressed(HERE / f"{name}.npz", **arrays)
 
