@@ -105,7 +105,7 @@ def test_a_batch_whose_variance_overflows_is_skipped_though_its_loss_is_finite()
 def test_a_constant_the_model_holds_does_not_count_as_state_gone_wrong():
     """A non-trainable constant (``init="value"``: an attention mask imported with -inf by design) is not what
     the finite check sums: only state a forward updates (batch norm's running statistics) is."""
-    from vmem.nn.activation import ConstantOp
+    from vmem.nn.arith import ConstantOp
 
     net = vmem.Sequential(
         nn.Conv2d(3, 8, 3, padding=1),

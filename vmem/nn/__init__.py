@@ -1,21 +1,7 @@
 """Layers: math on an array namespace, shapes, costs, and what backward needs (see :mod:`vmem.nn.base`)."""
 
-from .activation import (
-    GELU,
-    Clip,
-    ConstantOp,
-    Div,
-    Dropout,
-    Erf,
-    HardSigmoid,
-    HardSwish,
-    Mul,
-    ReLU,
-    Sigmoid,
-    SiLU,
-    Sub,
-    Tanh,
-)
+from .activation import GELU, Clip, Dropout, Erf, HardSigmoid, HardSwish, ReLU, Sigmoid, SiLU, Tanh
+from .arith import ConstantOp, Div, Mul, Sub
 from .base import PASSES, AuxSpec, Ctx, Layer, ParamSpec, logical, physical
 from .conv import Conv2d
 from .join import Add, Concat

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ..errors import ShapeError
-from .activation import _size, stored_constant
+from .activation import _size
+from .arith import stored_constant
 from .base import Ctx, Layer, Shape
 
 if TYPE_CHECKING:

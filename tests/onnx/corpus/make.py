@@ -7,6 +7,8 @@ Needs torch (2.13 here) and onnx; run from the repository root::
     python tests/onnx/corpus/make.py            # every model, at opsets 14 and 17
     python tests/onnx/corpus/make.py --list     # their names
 
+(``make_vision.py`` beside it makes the vision corpus, networks of timm's families.)
+
 Each model ``NAME`` writes ``NAME_opsetK.onnx`` (an inference export, the batch axis symbolic: ``N``) at
 each opset and ``NAME.npz``: the inputs of one batch (``x0``, ``x1``, ...), the model's output on them in float64 (``out``),
 class labels (``labels``), and PyTorch's own step on that batch in float64: the loss of one SGD step
@@ -286,21 +288,26 @@ def make(name: str, n: int = 3) -> None:
     np.savez_compressed(HERE / f"{name}.npz", **arrays)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def cli(argv: list[str] | None, doc: str, names: list[str], make_one: Callable[[str], None]) -> int:
+    """The corpus scripts' command line: make the models named (every one by default), or ``--list`` them."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="models to make (default: all)")
     parser.add_argument("--list", action="store_true", help="print the models' names and stop")
     args = parser.parse_args(argv)
     if args.list:
-        print("\n".join(models()))
+        print("\n".join(names))
         return 0
-    unknown = sorted(set(args.names) - set(models()))
+    unknown = sorted(set(args.names) - set(names))
     if unknown:
         parser.error(f"unknown model {', '.join(unknown)} (see --list)")
-    for name in args.names or models():
-        make(name)
+    for name in args.names or names:
+        make_one(name)
         print(name, file=sys.stderr)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli(argv, __doc__ or "", list(models()), make)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ batch its reshapes hold read as the input's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import warnings
@@ -294,20 +293,9 @@ def make(name: str, n: int = _EXAMPLE, larger: int = 8) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("names", nargs="*", help="models to make (default: all)")
-    parser.add_argument("--list", action="store_true", help="print the models' names and stop")
-    args = parser.parse_args(argv)
-    if args.list:
-        print("\n".join(models()))
-        return 0
-    unknown = sorted(set(args.names) - set(models()))
-    if unknown:
-        parser.error(f"unknown model {', '.join(unknown)} (see --list)")
-    for name in args.names or models():
-        make(name)
-        print(name, file=sys.stderr)
-    return 0
+    from make import cli  # the corpus's other script, beside this one
+
+    return cli(argv, __doc__ or "", list(models()), make)
 
 
 if __name__ == "__main__":
