@@ -420,3 +420,16 @@ def test_products_of_computed_tensors_broadcast(layer, shapes):
     assert layer().output_shape(shapes) == tuple(max(a, c) for a, c in zip(*shapes))
     with pytest.raises(vmem.errors.ShapeError, match=f"cannot {layer.verb} shapes"):
         layer().output_shape([(2, 3, 4), (2, 2, 4)])
+
+
+@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("shape, value, axis", [((2, 5, 4), (1, 4), 1), ((3, 4, 6), (4, 2), 2)])
+def test_tokens_joined_to_a_sequence(shape, value, axis, first):
+    """Learned tokens joined to every sample's sequence (ViT's class token): the input's gradient is its part
+    of the output's, the tokens' their part summed over the batch; 4-D maps and mismatched shapes refused."""
+    layer = nn.Tokens(np.random.default_rng(3).standard_normal(value), axis=axis, first=first)
+    assert check_layer(layer, [shape]) == ["x0", "value"]
+    with pytest.raises(vmem.errors.ShapeError, match="cannot join tokens"):
+        nn.Tokens(np.zeros((1, 3)), axis=1).output_shape([(2, 5, 4)])
+    with pytest.raises(vmem.errors.ShapeError, match="not 4-D maps"):
+        nn.Tokens(np.zeros((1, 4, 4)), axis=1).output_shape([(2, 3, 4, 4)])

@@ -591,3 +591,47 @@ def test_an_imported_network_trains_as_the_same_network_built_by_hand(tmp_path):
             trainer.sync()
     for key, value in net.params.items():
         np.testing.assert_array_equal(imported.params[key], value, err_msg=key)
+
+
+@pytest.mark.parametrize("how", ["expand", "baked"])
+def test_a_class_token_joined_to_the_sequence_imports_and_trains(tmp_path, how):
+    """ViT's class token as exporters write it: a (1, 1, D) parameter expanded to the batch (Expand by the
+    input's shape: the TorchScript exporter) or already expanded at the example's batch (an initializer of
+    (2, 1, D): the dynamo exporter), joined in front of the patch tokens. It becomes a :class:`vmem.nn.Tokens` the same for every sample, trained (its gradient summed over the
+    batch) and written back to a model onnxruntime runs with the same outputs."""
+    d = 4
+    nodes = [helper.make_node("Reshape", ["x", "seq"], ["s"])]  # (N, 6, 4)
+    if how == "expand":
+        nodes += [
+            helper.make_node("Shape", ["s"], ["shape"]),
+            helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+            helper.make_node("Unsqueeze", ["n", "zero1"], ["n1"]),
+            helper.make_node("Concat", ["n1", "rest"], ["target"], axis=0),
+            helper.make_node("Expand", ["cls", "target"], ["tokens"]),
+        ]
+        inits = {"cls": _normal(1, 1, d), "zero": np.int64(0), "zero1": np.array([0], np.int64)}
+        inits["rest"] = np.array([1, d], np.int64)
+    else:
+        token = np.random.default_rng(5).standard_normal((1, 1, d)).astype(np.float32)
+        inits = {"tokens": np.repeat(token, 2, axis=0)}
+    nodes += [
+        helper.make_node("Concat", ["tokens", "s"], ["joined"], axis=1),
+        helper.make_node("ReduceMean", ["joined"], ["pooled"], axes=[1], keepdims=0),
+        helper.make_node("Gemm", ["pooled", "w"], ["y"], transB=1),
+    ]
+    inits.update(seq=np.array([-1, 6, d], np.int64), w=_normal(3, d))
+    model = _model(nodes, inits, shape=(6 * d,), opset=13, batch=2 if how == "baked" else "N")
+    net = _check(model, batch=2)
+    kinds = [layer.kind for layer in net.layers]
+    assert kinds.count("tokens") == 1
+    tokens = [k for k in net.params if k.endswith(".value")]
+    before = {k: net.params[k].copy() for k in tokens}
+    rng = np.random.default_rng(2)
+    with vmem.Trainer(net, optimizer=vmem.optim.SGD(lr=0.5), dtype="float64") as trainer:
+        trainer.step(rng.standard_normal((5, 6 * d)), rng.integers(0, 3, 5))  # batch 5: the tokens broadcast
+        trainer.sync()
+    assert all(not np.array_equal(before[k], net.params[k]) for k in tokens)
+    sources = set(net.sources.values())
+    assert ({"cls"} if how == "expand" else {"tokens"}) <= sources
+    vmem.onnx.save(net, tmp_path / "m.onnx")
+    _check(_rename_input(tmp_path / "m.onnx"), batch=4)

@@ -36,8 +36,9 @@ BOUND = {"mobilenetv3": 5e-8, "convnext": 1e-8}
 #: why the others do not
 WHY = {
     "convnext": "the dynamo exporter writes layer scale's as_strided as a Gather along axis 0 (the batch)",
-    "vit": "the class token is a parameter concatenated with the patch embeddings (Concat of a constant)",
-    "deit": "the class and distillation tokens are parameters concatenated with the patch embeddings",
+    "vit": "the class token joins (nn.Tokens); then timm's attention permutes q, k, v ahead of the batch and "
+    "its residual Add meets a tensor laid out apart (TorchScript), or a Slice with computed bounds (dynamo)",
+    "deit": "as ViT: the class and distillation tokens join, the attention's layout or Slice is refused",
 }
 
 

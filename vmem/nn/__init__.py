@@ -4,7 +4,7 @@ from .activation import GELU, Clip, Dropout, Erf, HardSigmoid, HardSwish, ReLU, 
 from .arith import ConstantOp, Div, Mul, Sub
 from .base import PASSES, AuxSpec, Ctx, Layer, ParamSpec, logical, physical
 from .conv import Conv2d
-from .join import Add, Concat
+from .join import Add, Concat, Tokens
 from .linear import Flatten, Linear
 from .loss import SoftmaxCrossEntropy
 from .norm import BatchNorm2d, LocalResponseNorm
@@ -56,6 +56,7 @@ __all__ = [
     "Flatten",
     "Add",
     "Concat",
+    "Tokens",
     "SoftmaxCrossEntropy",
     "Embedding",
     "Split",

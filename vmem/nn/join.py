@@ -1,16 +1,19 @@
-"""Joins of branches: Add (residual connections) and Concat (inception modules, on channels)."""
+"""Joins of branches: Add (residual connections), Concat (inception modules, on channels), and Tokens
+(learned tokens joined to a sequence: ViT's class token)."""
 
 from __future__ import annotations
 
-from typing import Sequence, TYPE_CHECKING
+from typing import Any, Sequence, TYPE_CHECKING
+
+import numpy as np
 
 from ..errors import ShapeError
-from .base import Ctx, Layer, Shape
+from .base import Ctx, Layer, ParamSpec, Shape
 
 if TYPE_CHECKING:
     from .._typing import Array
 
-__all__ = ["Add", "Concat"]
+__all__ = ["Add", "Concat", "Tokens"]
 
 
 class Add(Layer):
@@ -105,3 +108,66 @@ class Concat(Layer):
             if dx is not None:
                 dx[...] = dy[(slice(None),) * a + (slice(start, stop),)]
             start = stop
+
+
+class Tokens(Layer):
+    """``Tokens(value, axis=1, first=True, trainable=True)``: the input joined along a non-batch ``axis``
+    with a block of learned values the same for every sample (ViT's class token, DeiT's class and
+    distillation tokens): ``y = concat([value, x])`` along ``axis`` (``[x, value]`` with ``first=False``).
+    ``value`` holds no batch axis (a (T, D) block for (N, S, D) inputs). Backward needs nothing: the input's
+    gradient is its part of the output's, the value's its part summed over the batch. Not for 4-D maps."""
+
+    kind = "tokens"
+
+    def __init__(self, value: Any, axis: int = 1, first: bool = True, trainable: bool = True):
+        super().__init__()
+        self.value = np.asarray(value, dtype=np.float64)
+        self.axis, self.first, self.trainable = int(axis), bool(first), bool(trainable)
+
+    def extra_repr(self) -> str:
+        return f"shape={self.value.shape}, axis={self.axis}" + ("" if self.first else ", first=False")
+
+    def _axis(self, rank: int) -> int:
+        return self.axis % rank
+
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        self.check_arity(in_shapes)
+        x = tuple(in_shapes[0])
+        rank = len(x)
+        a = self._axis(rank) if -rank <= self.axis < rank else -1
+        v = self.value.shape
+        if rank == 4 or a < 1 or len(v) != rank - 1 or v[: a - 1] + v[a:] != x[1:a] + x[a + 1 :]:
+            raise ShapeError(
+                f"layer {self.label}: cannot join tokens of shape {v} to {x} along axis {self.axis}"
+                + (" (not 4-D maps)" if rank == 4 else "")
+            )
+        return x[:a] + (x[a] + v[a - 1],) + x[a + 1 :]
+
+    def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:
+        stored = self.value[None]
+        return {"value": ParamSpec(stored.shape, "value", trainable=self.trainable, value=stored)}
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return 0
+
+    def _parts(self, ndim: int, x_len: int) -> tuple[tuple, tuple]:
+        """(the value's slice, the input's slice) of the output."""
+        a, t = self._axis(ndim), self.value.shape[self._axis(ndim) - 1]
+        lead = (slice(None),) * a
+        if self.first:
+            return lead + (slice(0, t),), lead + (slice(t, t + x_len),)
+        return lead + (slice(x_len, x_len + t),), lead + (slice(0, x_len),)
+
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
+        x = xs[0]
+        at_value, at_x = self._parts(y.ndim, x.shape[self._axis(y.ndim)])
+        y[at_value] = ctx.params["value"]  # the same tokens for every sample (broadcast over the batch)
+        y[at_x] = x
+
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
+        a = self._axis(dy.ndim)
+        at_value, at_x = self._parts(dy.ndim, ctx.in_shapes[0][a])
+        if self.trainable:
+            ctx.grads["value"][...] = ctx.xp.sum(dy[at_value], axis=0, keepdims=True)
+        if dxs[0] is not None:
+            dxs[0][...] = dy[at_x]

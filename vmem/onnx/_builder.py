@@ -194,6 +194,9 @@ class _Builder:
         self.folded = 0
         #: the model's initializers by name (its weights and buffers; a Constant node's value is not one)
         self.initializers: set[str] = set()
+        #: a constant made by repeating one initializer (Expand, Tile: a class token expanded to the batch)
+        #: -> that initializer
+        self.tiled: dict[str, str] = {}
 
     def start(self, node: Any) -> None:
         """Convert ``node`` next."""

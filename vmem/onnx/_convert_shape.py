@@ -32,6 +32,8 @@ from ._builder import (
 
 @_converts("Concat", 4, 11, 13)
 def _concat(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
+    if any(isinstance(v, np.ndarray) for v in ins) and not all(isinstance(v, np.ndarray) for v in ins):
+        return [_tokens(b, ins, int(attrs["axis"]))]
     xs = [b.tensor(ins, i, "input") for i in range(len(ins))]
     if len(xs) == 1:
         return [xs[0]]
@@ -43,6 +45,34 @@ def _concat(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     if not (axis == 1 and all(x.image for x in xs)):  # images join on channels; other axes as tensors
         xs = [_as_tensor(b, x) for x in xs]
     return [b.add(nn.Concat(xs[0].axis(axis)), xs, lifted=xs[0].lifted)]
+
+
+def _tokens(b: _Builder, ins: Ins, axis: int) -> _Tensor:
+    """A computed sequence joined with constants the same for every sample (ViT's class token, DeiT's class
+    and distillation tokens, each expanded to the batch: by Expand, or baked at the exporter's batch): one
+    :class:`vmem.nn.Tokens` layer per constant, each trained where the constant is one of the model's
+    initializers (or that initializer expanded)."""
+    computed = [i for i, v in enumerate(ins) if not isinstance(v, np.ndarray)]
+    if len(computed) != 1:
+        raise _Refuse("joins constants with more than one computed tensor")
+    at = computed[0]
+    y = _as_tensor(b, b.tensor(ins, at, "input"))
+    rank = len(y.dims)
+    a = axis % rank
+    _no_batch_axis(b, [a], "concatenates along")
+    if y.hidden or b.lead:
+        raise _Refuse("joins a constant to a tensor held with axes the model does not see")
+    for i in [*reversed(range(at)), *range(at + 1, len(ins))]:
+        c = np.asarray(ins[i])
+        if c.dtype.kind != "f" or c.ndim != rank or not np.array_equal(c, np.broadcast_to(c[:1], c.shape)):
+            raise _Refuse(f"its input {i} is a constant that is not one block of tokens for every sample")
+        name = b.input_names[i]
+        source = b.origin.get(name) or b.tiled.get(name) or (name if name in b.initializers else None)
+        trainable = source is not None and bool(np.all(np.isfinite(c)))
+        if trainable and source is not None:
+            b._taken.append(("value", source))
+        y = b.add(nn.Tokens(c[0], axis=a, first=i < at, trainable=trainable), [y])
+    return y
 
 
 @_converts("Flatten", 9, 11, 13, 21, 23, 24, 25)

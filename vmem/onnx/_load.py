@@ -178,6 +178,8 @@ def load(
                 first = node.input[0] if node.input else ""
                 if node.op_type in _SAME_VALUES and (first in initializers or first in builder.origin):
                     builder.origin[node.output[0]] = builder.origin.get(first, first)
+                if node.op_type in ("Expand", "Tile") and (first in initializers or first in builder.origin):
+                    builder.tiled[node.output[0]] = builder.origin.get(first, first)
                 if (
                     node.op_type == "Gather"
                     and (first in initializers or first in builder.origin)

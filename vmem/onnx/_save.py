@@ -234,6 +234,20 @@ def _constant_op(w: _Writer, node: Node, layer: nn.ConstantOp, ins: list[str], n
     return w.emit(op, [const, ins[0]] if layer.op == "rsub" else [ins[0], const], name)
 
 
+def _tokens(w: _Writer, node: Node, layer: nn.Tokens, ins: list[str], name: str) -> str:
+    """The tokens expanded to the input's batch (its shape's first value), then joined."""
+    value = w.init(f"{layer.name}.value", w.param(layer, "value"))
+    batch = w.emit("Shape", [ins[0]], f"{name}.shape", start=0, end=1) if w.opset >= 15 else None
+    if batch is None:
+        whole = w.emit("Shape", [ins[0]], f"{name}.shape")
+        batch = w.emit("Slice", [whole, w.const(f"{name}.zero", [0]), w.const(f"{name}.one", [1])], f"{name}.batch")
+    rest = w.const(f"{name}.rest", list(layer.value.shape))
+    shape = w.emit("Concat", [batch, rest], f"{name}.expanded_shape", axis=0)
+    tokens = w.emit("Expand", [value, shape], f"{name}.tokens")
+    parts = [tokens, ins[0]] if layer.first else [ins[0], tokens]
+    return w.emit("Concat", parts, name, axis=layer.axis)
+
+
 def _embedding(w: _Writer, node: Node, layer: nn.Embedding, ins: list[str], name: str) -> str:
     ids = ins[0]
     if ids not in w.int_inputs:  # ids computed in floating point (exact up to 2^24): made integers
@@ -331,6 +345,7 @@ _WRITERS: dict[type, Callable[..., str]] = {
     nn.AvgPool2d: _pool,
     nn.Add: _add,
     nn.Concat: _concat,
+    nn.Tokens: _tokens,
     nn.Flatten: _flatten,
     nn.Linear: _linear,
     nn.Reshape: _reshape,

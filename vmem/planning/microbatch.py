@@ -64,6 +64,7 @@ PER_SAMPLE = frozenset(
         "mul",
         "div",
         "concat",
+        "tokens",
         "pad",
         "identity",
         "dropout",
