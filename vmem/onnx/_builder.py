@@ -264,14 +264,18 @@ class _Builder:
         except (ShapeError, ValueError) as exc:
             raise _Refuse(str(exc)) from None
         node = self.graph.add(layer, *(t.node for t in inputs), name=name or self._name())
-        for key, source in self._taken:
+        specs = layer.param_specs([t.shape for t in inputs])
+        # the weights the node's converter took are this layer's where it has them: a layer added on the way
+        # (a transpose arranging the input) leaves them to the layer that holds them
+        mine = [(key, source) for key, source in self._taken if key in specs]
+        self._taken = [(key, source) for key, source in self._taken if key not in specs]
+        for key, source in mine:
             self.owner.setdefault(source, node.name)
             if f"{source}" not in self.sources.values():
                 self.sources[f"{node.name}.{key}"] = source
-        self._taken = []
         params = dict(params or {})
         exact = set()
-        for key, spec in layer.param_specs([t.shape for t in inputs]).items():
+        for key, spec in specs.items():
             if spec.init == "value" and params.get(key) is None:  # a constant the layer holds (ConstantOp)
                 params[key] = spec.value
                 exact.add(key)  # as the layer holds it (float64: a scale made from the model's shapes)

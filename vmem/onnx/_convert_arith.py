@@ -174,7 +174,7 @@ def _arith(op: str, both: Callable[[], nn.Layer] | None) -> Callable[..., list[A
 def _views_join(b: _Builder, layer: nn.Layer, xs: list[_Tensor], op: str) -> _Tensor:
     """An element-wise op of two computed tensors, one of them seen through a view: both arranged in the
     model's order, where they are then alike."""
-    (x, gx), (y, gy) = (_views.arrange(b, *_views.groups_of(b, t)) for t in xs)
+    (x, gx), (y, gy) = (_views.arrange(b, *_views.unit_free(*_views.groups_of(b, t))) for t in xs)
     if gx != gy or x.shape != y.shape:
         raise _Refuse(f"{op} of tensors of shapes {xs[0].dims} and {xs[1].dims} laid out apart (the batch axis moved)")
     return _views.run(b, layer, [x, y], gx)

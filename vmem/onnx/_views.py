@@ -60,6 +60,16 @@ def groups_of(b: _Builder, x: _Tensor) -> tuple[_Tensor, Groups]:
     return _raw(x), tuple((x.axis(a),) for a in range(len(x.dims)))
 
 
+def unit_free(x: _Tensor, groups: Groups) -> tuple[_Tensor, Groups]:
+    """``groups`` without the axes of length 1 a group merges with others (they change no value's place: the
+    model's (1 x N) axis is vmem's batch): ``(x, groups)``."""
+    out = []
+    for g in groups:
+        kept = tuple(a for a in g if a == 0 or x.shape[a] != 1) if len(g) > 1 else g
+        out.append(kept or g[:1])
+    return x, tuple(out)
+
+
 def viewed(x: _Tensor, groups: Groups) -> _Tensor:
     """The vmem tensor ``x`` seen through ``groups``: a plain tensor where the view is vmem's own order (with
     the axis of length 1 a lifted tensor holds after the batch axis), else a viewed one."""

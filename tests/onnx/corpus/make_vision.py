@@ -114,7 +114,6 @@ def _run(op: str, attrs: dict[str, Any], xs: list[Any]) -> Any:
         "Add": lambda: xs[0] + xs[1],
         "Sub": lambda: xs[0] - xs[1],
         "Mul": lambda: xs[0] * xs[1],
-        "Div": lambda: xs[0] / xs[1],
         "MatMul": lambda: xs[0] @ xs[1],
         "Relu": lambda: torch.relu(xs[0]),
         "Sigmoid": lambda: torch.sigmoid(xs[0]),
@@ -131,6 +130,8 @@ def _run(op: str, attrs: dict[str, Any], xs: list[Any]) -> Any:
     }
     if op in simple:
         return simple[op]()
+    if op in _SHAPE_OPS:
+        return _SHAPE_OPS[op](attrs, xs)
     if op == "ReduceMean":
         axes = attrs.get("axes") or [int(v) for v in xs[1].tolist()]
         return xs[0].mean(dim=tuple(axes), keepdim=bool(attrs.get("keepdims", 1)))
@@ -165,7 +166,7 @@ def torch_of_onnx(model: Any) -> tuple[torch.nn.ParameterDict, Callable[[torch.T
             consts[node.output[0]] = torch.tensor(numpy_helper.to_array(_attrs(node)["value"]))
     nodes = [n for n in graph.node if n.op_type != "Constant"]
     for n in nodes:  # every op runs here, or the export has no reference
-        if n.op_type not in _OPS:
+        if n.op_type not in _OPS and n.op_type not in _SHAPE_OPS:
             raise NotImplementedError(n.op_type)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
@@ -173,10 +174,99 @@ def torch_of_onnx(model: Any) -> tuple[torch.nn.ParameterDict, Callable[[torch.T
         values.update({k.replace("\x1f", "."): v for k, v in params.items()})
         for n in nodes:
             out = _run(n.op_type, _attrs(n), [values[i] for i in n.input if i])
-            values[n.output[0]] = out
+            for name, value in zip(n.output, out if isinstance(out, tuple) else (out,)):
+                values[name] = value
         return values[graph.output[0].name]
 
     return params, forward
+
+
+def _ints(v: Any) -> list[int]:
+    return [int(a) for a in (v.tolist() if hasattr(v, "tolist") else v)]
+
+
+def _gather(attrs: dict[str, Any], xs: list[Any]) -> Any:
+    axis = int(attrs.get("axis", 0)) % xs[0].ndim
+    idx = xs[1].long()
+    idx = torch.where(idx < 0, idx + xs[0].shape[axis], idx)
+    out = xs[0].index_select(axis, idx.reshape(-1))
+    return out.reshape(xs[0].shape[:axis] + idx.shape + xs[0].shape[axis + 1 :])
+
+
+def _slice(attrs: dict[str, Any], xs: list[Any]) -> Any:
+    starts, ends = _ints(xs[1]), _ints(xs[2])
+    axes = _ints(xs[3]) if len(xs) > 3 else list(range(len(starts)))
+    steps = _ints(xs[4]) if len(xs) > 4 else [1] * len(starts)
+    index = [slice(None)] * xs[0].ndim
+    for a, lo, hi, st in zip(axes, starts, ends, steps):
+        n = xs[0].shape[a]
+        index[a] = slice(max(min(lo, n), -n), max(min(hi, n), -n - 1), st)
+    return xs[0][tuple(index)]
+
+
+def _split(attrs: dict[str, Any], xs: list[Any]) -> Any:
+    axis = int(attrs.get("axis", 0))
+    sizes = _ints(xs[1]) if len(xs) > 1 else list(attrs.get("split", []))
+    if not sizes:
+        n = int(attrs["num_outputs"])
+        sizes = [xs[0].shape[axis] // n] * n
+    return tuple(torch.split(xs[0], sizes, dim=axis))
+
+
+def _cast(attrs: dict[str, Any], xs: list[Any]) -> Any:
+    import onnx
+
+    kind = onnx.helper.tensor_dtype_to_np_dtype(int(attrs["to"])).kind
+    return xs[0].double() if kind == "f" else (xs[0].bool() if kind == "b" else xs[0].long())
+
+
+def _div(attrs: dict[str, Any], xs: list[Any]) -> Any:
+    if xs[0].is_floating_point() or xs[1].is_floating_point():
+        return xs[0] / xs[1]
+    return torch.div(xs[0], xs[1], rounding_mode="trunc")
+
+
+#: shape computations and the moves of values ViT's exports hold
+_SHAPE_OPS: dict[str, Callable[[dict[str, Any], list[Any]], Any]] = {
+    "Shape": lambda a, xs: torch.tensor(list(xs[0].shape)[a.get("start", 0) : a.get("end")], dtype=torch.long),
+    "ConstantOfShape": lambda a, xs: torch.full(
+        _ints(xs[0]), float(np.asarray(_value(a)).reshape(-1)[0]) if "value" in a else 0.0, dtype=torch.float64
+    ),
+    "Where": lambda a, xs: torch.where(xs[0].bool(), xs[1], xs[2]),
+    "Equal": lambda a, xs: torch.eq(xs[0], xs[1]),
+    "Expand": lambda a, xs: xs[0].expand(*np.broadcast_shapes(tuple(xs[0].shape), tuple(_ints(xs[1])))),
+    "Gather": _gather,
+    "Slice": _slice,
+    "Split": _split,
+    "Cast": _cast,
+    "Div": _div,
+    "Unsqueeze": lambda a, xs: xs[0].reshape(_unsqueezed(xs[0].shape, _ints(xs[1]) if len(xs) > 1 else a["axes"])),
+    "Squeeze": lambda a, xs: _squeezed(xs[0], _ints(xs[1]) if len(xs) > 1 else a.get("axes")),
+    "Softmax": lambda a, xs: torch.softmax(xs[0], dim=int(a.get("axis", -1))),
+    "Concat": lambda a, xs: torch.cat(list(xs), dim=int(a["axis"])),
+}
+
+
+def _value(attrs: dict[str, Any]) -> Any:
+    from onnx import numpy_helper
+
+    return numpy_helper.to_array(attrs["value"])
+
+
+def _unsqueezed(shape: Any, axes: list[int]) -> list[int]:
+    out = list(shape)
+    rank = len(out) + len(axes)
+    for a in sorted(x % rank for x in axes):
+        out.insert(a, 1)
+    return out
+
+
+def _squeezed(x: Any, axes: Any) -> Any:
+    if axes is None:
+        return x.squeeze()
+    for a in sorted((int(v) % x.ndim for v in axes), reverse=True):
+        x = x.squeeze(a)
+    return x
 
 
 #: the batch the models are exported at (the dynamo exporter bakes it into its reshapes)
@@ -212,10 +302,10 @@ def _step(model: Any, x: np.ndarray, labels: np.ndarray) -> dict[str, np.ndarray
     export is not one the reference runs."""
     try:
         params, forward = torch_of_onnx(model)
-    except NotImplementedError:
+        opt = torch.optim.SGD(params.values(), lr=0.05, momentum=0.9)
+        loss = F.cross_entropy(forward(torch.tensor(x, dtype=torch.float64)), torch.tensor(labels))
+    except (NotImplementedError, RuntimeError, ValueError):  # an op it does not run, a batch the export fixed
         return None
-    opt = torch.optim.SGD(params.values(), lr=0.05, momentum=0.9)
-    loss = F.cross_entropy(forward(torch.tensor(x, dtype=torch.float64)), torch.tensor(labels))
     loss.backward()
     opt.step()
     out = {"loss": np.float64(loss.item())}
