@@ -291,6 +291,39 @@ def _cast(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     return [b.tensor(ins, 0, "input", chw=True, nhwc=True, view=True)]
 
 
+@_converts("Slice", 10, 11, 13)
+def _slice(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
+    """A computed tensor's positions along axes that do not hold the batch, at constant bounds (the dynamo
+    exporter's q, k and v taken from one projection, a class token's row): a Take along each axis the bounds
+    narrow."""
+    x = b.tensor(ins, 0, "data", view=True)
+    starts = [int(v) for v in np.asarray(b.const(ins, 1, "starts")).reshape(-1)]
+    ends = [int(v) for v in np.asarray(b.const(ins, 2, "ends")).reshape(-1)]
+    given_axes, given_steps = b.const(ins, 3, "axes", optional=True), b.const(ins, 4, "steps", optional=True)
+    axes = [int(v) for v in given_axes.reshape(-1)] if given_axes is not None else list(range(len(starts)))
+    steps = [int(v) for v in given_steps.reshape(-1)] if given_steps is not None else [1] * len(starts)
+    y = x
+    for axis, start, end, step in zip(axes, starts, ends, steps):
+        axis %= len(y.dims)
+        if y.view is not None:  # the batch moved: the axis through the view
+            raw, groups = _views.groups_of(b, y)
+            at = _views.single(raw, groups, axis, "slices along")
+        else:
+            _no_batch_axis(b, [axis], "slices along")
+            raw = _as_tensor(b, y)
+            at = raw.axis(axis)
+        positions = list(range(*slice(start, end, step).indices(raw.shape[at])))
+        if not positions:
+            raise _Refuse(f"slices axis {axis} to nothing (an empty tensor)")
+        if positions == list(range(raw.shape[at])):
+            continue
+        if y.view is not None:
+            y = _views.run(b, nn.Take(positions, at), [raw], groups)
+        else:
+            y = b.add(nn.Take(positions, at), [raw], lifted=raw.lifted)
+    return [y]
+
+
 @_converts("Split", 2, 11, 13, 18)
 def _split(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     """Pieces of a computed tensor along an axis that does not hold the batch: equal ones each a Split,
