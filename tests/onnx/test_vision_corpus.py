@@ -36,8 +36,8 @@ BOUND = {"mobilenetv3": 5e-8, "convnext": 1e-8, "vit": 1e-8, "deit": 1e-8}
 #: why the others do not
 WHY = {
     "convnext": "the dynamo exporter writes layer scale's as_strided as a Gather along axis 0 (the batch)",
-    "vit": "the dynamo exporter writes the class token's pooling as a Slice with computed bounds",
-    "deit": "the dynamo exporter writes the tokens' pooling as a Slice with computed bounds",
+    "vit": "the dynamo exporter's attention reshapes to (2, 2, 8, 17): the example batch baked in",
+    "deit": "the dynamo exporter's attention reshapes to (2, 2, 8, 18): the example batch baked in",
 }
 
 
