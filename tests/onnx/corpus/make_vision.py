@@ -321,6 +321,7 @@ def _export(module: torch.nn.Module, x: torch.Tensor, how: str, path: Path) -> A
         warnings.simplefilter("ignore")
         if how == "dynamo":
             torch.onnx.export(module, (x,), str(path))  # PyTorch's defaults, as a user writes it
+            scrub(path)
         else:
             torch.onnx.export(
                 module,
@@ -333,6 +334,18 @@ def _export(module: torch.nn.Module, x: torch.Tensor, how: str, path: Path) -> A
                 dynamic_axes={"x0": {0: "N"}, "out": {0: "N"}},
             )
     return onnx.load(str(path))
+
+
+def scrub(path: Path) -> None:
+    """Drop what the dynamo exporter records of the machine it ran on (each node's stack trace, with the
+    paths of the installed packages) from the export at ``path``; its graph and weights stay as they are."""
+    import onnx
+
+    model = onnx.load(str(path))
+    for node in model.graph.node:
+        del node.metadata_props[:]
+    data = path.name + ".data"
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data)
 
 
 def _equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
