@@ -242,7 +242,8 @@ def _layouts(args, net, say) -> int:
                         else:
                             d = Descs(geometry, cudnn.NHWC if way == "NHWC" else cudnn.NCHW)
                             found = [(name, t) for name, t, _ in search(handle.ptr, pass_, d, *bufs, ws)]
-                            exact = [r for r in found if r[0] not in cudnn.NONDETERMINISTIC.get(pass_, ())]
+                            det = [name for name, _, _ in search(handle.ptr, pass_, d, *bufs, ws, True)]
+                            exact = [r for r in found if r[0] in det]  # by each result's determinism
                     except Exception as exc:  # noqa: BLE001 - say what failed and go on
                         parts.append(f"{pass_} failed ({type(exc).__name__}: {exc})")
                         found = exact = []

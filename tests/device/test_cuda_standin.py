@@ -109,12 +109,15 @@ def _resnet() -> vmem.Network:
 
 
 def _steps(make, device: str, policy: str, precision: str, cupy, steps: int = 3, memory: str = "4MiB") -> tuple:
+    """Three steps (``steps``) on ``device``; a CUDA device computes FP32 exactly (``math="exact"``: the
+    stand-in's cuDNN rounds a convolution's inputs to TF32 as tensor cores do in the default mode)."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, 3, 8, 8)).astype(np.float32)
     y = rng.integers(0, 10, 8)
     net = make().init(seed=0)
     launches, uploads = [], []
-    with vmem.Trainer(net, device=device, policy=policy, memory=memory, seed=0, precision=precision) as trainer:
+    dev = vmem.device(device, memory=memory, **({"math": "exact"} if device.startswith("cuda") else {}))
+    with dev, vmem.Trainer(net, device=dev, policy=policy, seed=0, precision=precision) as trainer:
         losses = []
         for _ in range(steps):
             before, sent = dict(cupy._state.COUNTERS.launches), len(cupy._state.COUNTERS.uploads)
@@ -131,8 +134,9 @@ def _steps(make, device: str, policy: str, precision: str, cupy, steps: int = 3,
 #: stand-in's compute with the CPU device's, chosen from cuDNN's list: another may add in another order)
 #: and the ResNet's batch norm sums (float64; the CPU device's lanes add in another order, so a sum may
 #: round to the neighbouring float32); in half precision, maps convolved as cuDNN does (half weights, each
-#: output rounded once) where the CPU device stages them through FP32 with FP32 weights
-BOUND = {"fp32": 1e-6, "half": 1e-2}
+#: output rounded once) where the CPU device stages them through FP32 with FP32 weights; in TF32, the inputs
+#: of every convolution rounded to 10 mantissa bits where the CPU device computes exactly
+BOUND = {"fp32": 1e-6, "tf32": 1e-2, "half": 1e-2}
 
 
 CASES = [
@@ -264,7 +268,8 @@ def test_a_step_takes_the_batch_where_it_is_on_the_device(cupy):
     results = {}
     for kind in ("host", "cupy", "interface", "fp16"):
         net = _vgg().init(seed=0)
-        with vmem.Trainer(net, device="cuda:0", policy="baseline", memory="4MiB", seed=0) as trainer:
+        exact = vmem.device("cuda:0", memory="4MiB", math="exact")  # TF32 would round the FP32 batch as half does
+        with exact, vmem.Trainer(net, device=exact, policy="baseline", seed=0) as trainer:
             for _ in range(2):
                 if kind == "host":
                     xb, yb = x, y
@@ -286,23 +291,48 @@ def test_a_step_takes_the_batch_where_it_is_on_the_device(cupy):
             trainer.step(cupy.asarray(x[:, :2]), y)
 
 
+@pytest.mark.parametrize("policy", ["vdnn-all", "auto"])
 @pytest.mark.parametrize("math", ["tf32", "exact"])
-def test_both_fp32_math_modes_train_on_the_standin(cupy, math):
-    """The device's FP32 math mode is set on cuDNN's convolution descriptors (the stand-in computes exactly
-    in either): both train, within :data:`BOUND` of the CPU device."""
+def test_both_fp32_math_modes_train_on_the_standin(cupy, math, policy):
+    """The device's FP32 math mode decides the math type of every convolution cuDNN runs (set on the
+    descriptor before each call; the stand-in rounds the inputs to TF32 where it is DEFAULT or TENSOR_OP,
+    as tensor cores do): exact runs in FMA math only, however cuDNN ranks its tensor-op entries (first),
+    and trains within :data:`BOUND` of the CPU device; TF32 runs tensor-op entries, and its weights move
+    off the CPU device's by TF32's rounding, within ``BOUND["tf32"]``. ``auto`` profiles (algorithm, math
+    type) pairs and plans with them."""
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((8, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 8)
     weights = []
     for name, options in (("cpu", {}), ("cuda:0", {"math": math})):
         net = _vgg().init(seed=0)
         with vmem.device(name, memory="4MiB", **options) as device:
-            with vmem.Trainer(net, device=device, policy="vdnn-all", seed=0) as trainer:
-                for _ in range(3):
+            with vmem.Trainer(net, device=device, policy=policy, seed=0) as trainer:
+                trainer.step(x, y)
+                mark = len(cupy._cudnn.maths)  # the profile and the first step before it
+                for _ in range(2):
                     trainer.step(x, y)
                 trainer.sync()
+                algos = trainer.plan(len(x)).plan.algos
             assert device.spec.math == ("exact" if name == "cpu" else math)
         weights.append(net.params)
-    assert max(float(np.abs(weights[0][k] - weights[1][k]).max()) for k in weights[0]) <= BOUND["fp32"]
+    from vmem.device.cuda import cudnn
+
+    ran = {m for _, _, m in cupy._cudnn.maths}
+    worst = max(float(np.abs(weights[0][k] - weights[1][k]).max()) for k in weights[0])
+    chosen = [(p, *cudnn.unpair(a)) for passes in algos.values() for p, a in (passes or {}).items()]
+    own = cudnn.FMA_MATH if math == "exact" else cudnn.DEFAULT_MATH
+    if chosen:  # each planned pair runs in its own math type: set on the descriptor before the call
+        want = {(p, cudnn.ALGOS[p].index(a), own if m is None else m) for p, a, m in chosen}
+        assert set(cupy._cudnn.maths[mark:]) == want
+    if math == "exact":
+        assert ran == {cudnn.FMA_MATH}, ran  # no TF32, though the stand-in ranks tensor-op entries first
+        assert worst <= BOUND["fp32"]
+        assert all(m is None for _, _, m in chosen)
+    else:
+        assert ran & {cudnn.DEFAULT_MATH, cudnn.TENSOR_OP_MATH}, ran  # tensor-op entries ran (profiled, at least)
+        assert worst <= BOUND["tf32"]
+        if policy == "vdnn-all":  # cuDNN's default algorithms in the descriptor's math: TF32
+            assert worst > BOUND["fp32"]
 
 
 def test_a_host_batch_is_copied_as_it_is_and_transposed_on_the_gpu(cupy):
@@ -318,3 +348,49 @@ def test_a_host_batch_is_copied_as_it_is_and_transposed_on_the_gpu(cupy):
     assert any(e[0] == "copy" and e[3] == nchw and e[4] == 1 for e in cupy._state.COUNTERS.trace)
     worst = max(float(np.max(np.abs(got[k] - want[k]))) for k in want)
     assert worst <= BOUND["half"]
+
+
+@pytest.mark.parametrize("math, dtype", [("exact", "float32"), ("tf32", "float32"), ("tf32", "float16")])
+def test_cudnn_results_are_algorithm_and_math_type_pairs(cupy, math, dtype):
+    """cuDNN's ranking and search list an algorithm once per math type (tensor-op entries first on the
+    stand-in) in as many entries as ``Get*AlgorithmMaxCount`` says: vmem names each pair (its own math type
+    plain, another ``@fma``/``@tensor_op``), keeps only the math types the device's mode allows (FMA alone
+    for exact FP32), drops the entries cuDNN marks non-deterministic on a deterministic device, keeps a
+    pair's faster entry, and offers in its catalog every pair it may rank, with its workspace."""
+    from vmem.costs.timing import fastest
+    from vmem.device.cuda import cudnn
+    from vmem.device.cuda.conv import CudnnConv
+
+    if dtype == "float16":
+        pytest.importorskip("ml_dtypes")
+    layer = nn.Conv2d(3, 4, 3, padding=1)
+    shapes = ((2, 8, 8, 3), (2, 8, 8, 4))
+    for deterministic in (False, True):
+        with vmem.device("cuda:0", memory="4MiB", math=math, deterministic=deterministic) as dev:
+            conv = dev.conv_backend
+            assert isinstance(conv, CudnnConv)
+            ranked = {p: conv.heuristic(layer, p, *shapes, dtype) for p in cudnn.ALGOS}
+            x = cupy.asarray(np.ones(shapes[0], dtype))
+            w = cupy.asarray(np.ones((4, 3, 3, 3), dtype))
+            y = cupy.zeros(shapes[1], dtype)
+            ws = cupy.zeros(1 << 16, np.uint8)
+            with dev.compute_stream.stream:  # a search runs the convolutions: on the handle's stream
+                found = conv.find(layer, "forward", x, w, y, ws)
+            program = conv.catalog(vmem.Sequential(layer, input_shape=(3, 8, 8)).build(2))
+        pairs = [cudnn.unpair(a) for names in ranked.values() for a in names]
+        maths = {m for _, m in pairs}
+        if math == "exact":
+            assert maths == {None}  # FMA, the descriptor's own: no tensor-op entry survives
+        else:
+            own = conv.descs(layer, *shapes, dtype=dtype).conv.own
+            assert cudnn.FMA_MATH in maths and len(maths) >= 2  # tensor-op (or its own) and FMA
+            assert ranked["forward"][0] == cudnn.pair("implicit_gemm", cudnn.TENSOR_OP_MATH, own)
+        nondet = {
+            a for p, names in ranked.items() for a in names if cudnn.unpair(a)[0] in cudnn.NONDETERMINISTIC.get(p, ())
+        }
+        assert bool(nondet) != deterministic  # read from each result's determinism
+        assert len(fastest(found)) == len({r[0] for r in found})
+        assert all("@" not in n for n, _, _ in found) == (math == "exact")
+        offered = program.ops[0].algorithms
+        assert all(a in offered[p] for p, names in ranked.items() for a in names)
+        assert all(cudnn.unpair(a)[1] is None for a in offered["forward"]) == (math == "exact")

@@ -8,7 +8,14 @@ What cuDNN refuses is refused: a status other than SUCCESS where the descriptors
 descriptor that is not the convolution's output, data types that differ), an algorithm it does not offer
 for the geometry (NOT_SUPPORTED), a workspace smaller than the algorithm's (BAD_PARAM), a pointer outside
 device memory (an illegal address), BackwardBias over BFLOAT16 maps (NOT_SUPPORTED: what the GPU check
-found on 2026-11-28), a handle used on a stream other than the current one (work out of order).
+found on 2026-11-28), a handle used on a stream other than the current one (work out of order), a request
+for no results.
+
+What cuDNN does behind the math type is done: rankings and searches list an algorithm once per math type
+it has kernels for (the GEMM-like ones in tensor-op math first, as the faster; every one in the
+descriptor's own and in FMA math), and a pass on FP32 data runs as tensor cores do where the descriptor's
+math type at the call is DEFAULT or TENSOR_OP: its inputs rounded to TF32 (10 mantissa bits, to nearest
+even). An exact-FP32 run that took a tensor-op entry then differs from the CPU device's bits.
 """
 
 from __future__ import annotations
@@ -40,6 +47,18 @@ ALGOS = {
     "backward_filter": {0: "implicit", 1: "im2col", 3: "implicit"},
 }
 DETERMINISTIC = {"forward": {0, 1, 2, 6}, "backward_data": {1, 4}, "backward_filter": {1}}
+#: the algorithms with tensor-core kernels (listed again in TENSOR_OP math, first)
+TENSOR_CORE = {"forward": {0, 1}, "backward_data": {1}, "backward_filter": {1}}
+DEFAULT_MATH, TENSOR_OP_MATH, FMA_MATH = 0, 1, 3
+#: Get*AlgorithmMaxCount: cuDNN 9's enum sizes, twice (an algorithm in two math types)
+MAX_COUNT = {"forward": 16, "backward_data": 12, "backward_filter": 14}
+
+
+def tf32(a: np.ndarray) -> np.ndarray:
+    """FP32 values rounded to TF32 as tensor cores read them (10 mantissa bits, to nearest even)."""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    rounded = (u + np.uint32(0xFFF) + ((u >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
+    return np.where(np.isfinite(a), rounded.view(np.float32), a).astype(np.float32)
 
 
 def _dtype(code: int) -> np.dtype:
@@ -67,6 +86,8 @@ class Lib:
         self.objects: dict[int, dict] = {}
         self._ids = itertools.count(0x10)
         self.calls: list[str] = []
+        #: (pass, algorithm, math type at the call) of every convolution run
+        self.maths: list[tuple[str, int, int]] = []
 
     # -- objects -------------------------------------------------------------------------------------
     def _new(self, out: Any, ctype: str, **state: Any) -> int:
@@ -265,9 +286,17 @@ class Lib:
         out = {"forward": ya, "backward_data": xa, "backward_filter": wa}[pass_]
         a = float(self.ffi.cast("float *", alpha)[0])  # the scalars are read at the call (a capture keeps them)
         b = float(self.ffi.cast("float *", beta)[0])
+        math = self._get(conv)["math"]  # the math type at the call decides, as cuDNN's does
+        tensor_cores = self._get(x)["dtype"] == FLOAT and math in (DEFAULT_MATH, TENSOR_OP_MATH)
+        self.maths.append((pass_, algo, math))
 
         def work() -> None:  # on the handle's stream: now, or when a graph that captured it runs
             f32 = [np.ascontiguousarray(v, np.float32) for v in (xa, wa, ya)]
+            if tensor_cores:  # the inputs the pass reads, rounded to TF32
+                f32 = [
+                    tf32(v) if k != {"forward": 2, "backward_data": 0, "backward_filter": 1}[pass_] else v
+                    for k, v in enumerate(f32)
+                ]
             result = np.empty(out.shape, np.float32)
             ctx = Ctx(xp=np, ops=LaneOps(), algo=host, workspace=scratch)
             conv = HostConv()
@@ -324,15 +353,34 @@ class Lib:
         returned[0] = len(entries)
         return SUCCESS
 
+    def _maths(self, pass_: str, algo: int, conv: Any) -> list[int]:
+        """The math types cuDNN lists ``algo`` in: tensor-op first where it has tensor-core kernels, then the
+        descriptor's own, then FMA."""
+        own = self._get(conv)["math"]
+        maths = ([TENSOR_OP_MATH] if algo in TENSOR_CORE[pass_] else []) + [own, FMA_MATH]
+        return list(dict.fromkeys(maths))
+
+    def _count(self, pass_: str, out: Any) -> int:
+        out[0] = MAX_COUNT[pass_]
+        return SUCCESS
+
+    def cudnnGetConvolutionForwardAlgorithmMaxCount(self, h, out) -> int:
+        return self._count("forward", out)
+
+    def cudnnGetConvolutionBackwardDataAlgorithmMaxCount(self, h, out) -> int:
+        return self._count("backward_data", out)
+
+    def cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(self, h, out) -> int:
+        return self._count("backward_filter", out)
+
     def _rank(self, pass_, h, x, w, conv, y, n, returned, perf) -> int:
+        if n < 1:
+            return BAD_PARAM
         entries = []
-        math = self._get(conv)["math"]
         for algo in ALGOS[pass_]:
             status, _, _, need = self._problem(pass_, x, w, conv, y, algo)
             if status == SUCCESS:
-                entries.append((algo, SUCCESS, -1.0, need, math))
-                if math != 3:  # ranked again in FMA math, as cuDNN lists an algorithm per math type
-                    entries.append((algo, SUCCESS, -1.0, need, 3))
+                entries += [(algo, SUCCESS, -1.0, need, m) for m in self._maths(pass_, algo, conv)]
         return self._fill(pass_, perf, n, returned, entries)
 
     def cudnnGetConvolutionForwardAlgorithm_v7(self, h, x, w, conv, y, n, returned, perf) -> int:
@@ -345,15 +393,22 @@ class Lib:
         return self._rank("backward_filter", h, x, dw, conv, dy, n, returned, perf)
 
     def _find(self, pass_, h, x, xp, w, wp, conv, y, yp, n, returned, perf, ws, ws_size) -> int:
+        if n < 1:
+            return BAD_PARAM
         one, zero = self.ffi.new("float *", 1.0), self.ffi.new("float *", 0.0)
-        entries = []
+        entries, desc = [], self._get(conv)
+        own = desc["math"]
         for algo in ALGOS[pass_]:
             status, _, _, need = self._problem(pass_, x, w, conv, y, algo)
             if status != SUCCESS or need > ws_size:
                 continue
-            t0 = time.perf_counter()
-            self._run(pass_, h, one, zero, algo, ws, ws_size, x, xp, w, wp, y, yp, conv)
-            entries.append((algo, SUCCESS, (time.perf_counter() - t0) * 1e3, need, self._get(conv)["math"]))
+            for m in self._maths(pass_, algo, conv):
+                desc["math"] = m
+                t0 = time.perf_counter()
+                self._run(pass_, h, one, zero, algo, ws, ws_size, x, xp, w, wp, y, yp, conv)
+                seconds = (time.perf_counter() - t0) * 1e3
+                entries.append((algo, SUCCESS, seconds * (0.5 if m == TENSOR_OP_MATH else 1.0), need, m))
+            desc["math"] = own
         entries.sort(key=lambda e: e[2])
         return self._fill(pass_, perf, n, returned, entries)
 

@@ -59,6 +59,8 @@ class Descs:
         self.x = cudnn.TensorDesc(n, c, h, w, layout, data)
         self.w = cudnn.FilterDesc(k, c // groups, kh, kw, layout, data)  # grouped: C / groups channels a filter
         self.conv = cudnn.ConvDesc(padding, stride, dilation, dtype=compute, math=math_type, groups=groups)
+        #: the math types its algorithms may run in, its own first (:func:`cudnn.math_types`)
+        self.maths = cudnn.math_types(dtype, math)
         self.y = cudnn.TensorDesc(*cudnn.conv_output_shape(self.x, self.w, self.conv), layout, data)
         self.bias = cudnn.TensorDesc(1, k, 1, 1, layout, data)
 
@@ -123,10 +125,13 @@ class CudnnConv:
 
     # -- the catalog: which algorithms run, and their workspace ----------------------------------------
     def workspace(self, d: Descs, pass_: str, algo: str) -> int | None:
-        """Bytes of workspace ``algo`` needs for ``pass_``, or None if cuDNN does not support it here."""
+        """Bytes of workspace ``algo`` (an algorithm, ``@`` its math type where not the descriptor's own)
+        needs for ``pass_``, or None if cuDNN does not support it here."""
         lib, f = cudnn.lib(), cudnn.ffi()
         size = f.new("size_t *")
-        index = cudnn.ALGOS[pass_].index(algo)
+        name, math_type = cudnn.unpair(algo)
+        index = cudnn.ALGOS[pass_].index(name)
+        d.conv.set_math(math_type)
         h = self._handle()
         if pass_ == "forward":
             status = lib.cudnnGetConvolutionForwardWorkspaceSize(h, d.x.ptr, d.w.ptr, d.conv.ptr, d.y.ptr, index, size)
@@ -142,7 +147,9 @@ class CudnnConv:
 
     def catalog(self, program: Program) -> Program:
         """``program`` whose convolutions offer the cuDNN algorithms this GPU supports for them (without the
-        non-deterministic ones on a deterministic device), with their exact workspace sizes."""
+        non-deterministic ones on a deterministic device), each in every math type the device's mode allows
+        (:func:`cudnn.math_types`: ``implicit_precomp_gemm`` in the descriptor's own, ``...@fma`` in FMA),
+        with their exact workspace sizes."""
         from ...nn.base import physical
 
         ops = []
@@ -163,14 +170,11 @@ class CudnnConv:
                 for pass_, names in cudnn.ALGOS.items():
                     skip = cudnn.NONDETERMINISTIC.get(pass_, set()) if self.device.deterministic else set()
                     copies = _weight_copy_bytes(pass_, op.dtype, w_shape, bias)
-                    sizes = {
-                        a: None if (n := self.workspace(d, pass_, a)) is None else copies + n
-                        for a in names
-                        if a not in skip
-                    }
+                    pairs = [cudnn.pair(a, m, d.conv.own) for a in names if a not in skip for m in d.maths]
+                    sizes = {a: None if (n := self.workspace(d, pass_, a)) is None else copies + n for a in pairs}
                     if nchw:
-                        for a in names:
-                            size = None if a in skip else self.workspace(d_nchw, pass_, a)
+                        for a in pairs:
+                            size = self.workspace(d_nchw, pass_, a)
                             sizes[NCHW + a] = None if size is None else copies + staged + size
                     fits = {a: s for a, s in sizes.items() if s is not None}
                     ws[pass_] = {a: s for a, s in fits.items()}
@@ -289,7 +293,9 @@ class CudnnConv:
         self, pass_: str, d: Descs, algo: str, x: GpuArray, w: GpuArray, y: GpuArray, ws: GpuArray, ws_size: int
     ) -> None:
         lib, h, ptr = cudnn.lib(), self._handle(), self._ptr
-        index = cudnn.ALGOS[pass_].index(algo)
+        name, math_type = cudnn.unpair(algo)
+        index = cudnn.ALGOS[pass_].index(name)
+        d.conv.set_math(math_type)  # the pair's math type on the descriptor before the call, as PyTorch does
         if pass_ == "forward":
             cudnn.check(
                 "cudnnConvolutionForward",
@@ -367,9 +373,10 @@ class CudnnConv:
     ) -> list[str]:
         lib, f = cudnn.lib(), cudnn.ffi()
         d = self.descs(layer, x_shape, y_shape, layout, dtype)
-        n = 2 * len(cudnn.ALGOS[pass_])  # room for each algorithm in each math type it is ranked in
-        returned = f.new("int *")
         h = self._handle()
+        d.conv.set_math(None)  # ranked for the descriptor's own math type; each entry names its own
+        n = max_count(h, pass_)
+        returned = f.new("int *")
         if pass_ == "forward":
             perf = f.new(f"cudnnConvolutionFwdAlgoPerf_t[{n}]")
             status = lib.cudnnGetConvolutionForwardAlgorithm_v7(
@@ -386,8 +393,9 @@ class CudnnConv:
                 h, d.x.ptr, d.y.ptr, d.conv.ptr, d.w.ptr, n, returned, perf
             )
         cudnn.check(f"cudnnGet*Algorithm_v7({pass_})", status)
-        names = cudnn.ALGOS[pass_]  # an algorithm ranked in two math types: at its better place
-        return list(dict.fromkeys(names[p.algo] for p in perf[0 : returned[0]] if p.status == cudnn.SUCCESS))
+        return list(
+            dict.fromkeys(name for name, _, _ in _results(perf, returned[0], pass_, d, self.device.deterministic))
+        )
 
     def find(
         self, layer: "Conv2d", pass_: str, x: GpuArray, w: GpuArray, y: GpuArray, ws: GpuArray
@@ -398,11 +406,13 @@ class CudnnConv:
         dtype = np.dtype(x.dtype)
         if w.dtype != dtype:
             w = w.astype(dtype)  # a few MB outside the arena, while profiling only
-        found = search(self._handle(), pass_, self.descs(layer, x.shape, y.shape, cudnn.NHWC, dtype.name), x, w, y, ws)
+        det = bool(self.device.deterministic)
+        d = self.descs(layer, x.shape, y.shape, cudnn.NHWC, dtype.name)
+        found = search(self._handle(), pass_, d, x, w, y, ws, det)
         if self.nchw and dtype.itemsize >= 4:  # timed on the same bytes read as NCHW: cuDNN's time, without the copies
             staged = _staging_bytes(dtype.itemsize, x.shape, w.shape, y.shape)
             d = self.descs(layer, x.shape, y.shape, cudnn.NCHW, dtype.name)
-            nchw = search(self._handle(), pass_, d, x, w, y, ws)
+            nchw = search(self._handle(), pass_, d, x, w, y, ws, det)
             found = sorted(found + [(NCHW + a, t, m + staged) for a, t, m in nchw], key=lambda r: r[1])
         return found
 
@@ -455,15 +465,51 @@ def _carve(ws: GpuArray, dtype: DTypeLike, *shapes: tuple[int, ...]) -> tuple[li
     return out, rest
 
 
+def max_count(handle: Any, pass_: str) -> int:
+    """How many results cuDNN's ranking or search of ``pass_`` can return (``Get*AlgorithmMaxCount``): an
+    algorithm once per math type it runs in."""
+    lib, f = cudnn.lib(), cudnn.ffi()
+    count = f.new("int *")
+    call = {
+        "forward": lib.cudnnGetConvolutionForwardAlgorithmMaxCount,
+        "backward_data": lib.cudnnGetConvolutionBackwardDataAlgorithmMaxCount,
+        "backward_filter": lib.cudnnGetConvolutionBackwardFilterAlgorithmMaxCount,
+    }[pass_]
+    cudnn.check(f"cudnnGet*AlgorithmMaxCount({pass_})", call(handle, count))
+    return max(int(count[0]), 1)
+
+
+def _results(perf: Any, returned: int, pass_: str, d: Descs, deterministic: bool) -> list[tuple[str, float, int]]:
+    """(name, seconds, workspace bytes) of the entries of a ranking or search that ran, in its order: each
+    an (algorithm, math type) pair named by :func:`cudnn.pair`; entries in a math type the device's mode
+    does not allow (TF32 on an exact device) left out, and on a deterministic device those cuDNN says are
+    not deterministic."""
+    names, out = cudnn.ALGOS[pass_], []
+    for p in perf[0:returned]:
+        if p.status != cudnn.SUCCESS or p.mathType not in d.maths or (deterministic and not p.determinism):
+            continue
+        out.append((cudnn.pair(names[p.algo], p.mathType, d.conv.own), float(p.time) / 1e3, int(p.memory)))
+    return out
+
+
 def search(
-    handle: Any, pass_: str, d: Descs, x: GpuArray, w: GpuArray, y: GpuArray, ws: GpuArray
+    handle: Any,
+    pass_: str,
+    d: Descs,
+    x: GpuArray,
+    w: GpuArray,
+    y: GpuArray,
+    ws: GpuArray,
+    deterministic: bool = False,
 ) -> list[tuple[str, float, int]]:
     """``Find*Ex`` of ``pass_`` with descriptors ``d`` on the arrays ``x``, ``w``, ``y`` (dx, dw, dy where
     the pass writes them) and the workspace ``ws`` (or None): (name, seconds, workspace bytes) of each
-    algorithm that ran, fastest first."""
+    (algorithm, math type) pair that ran (:func:`_results`), fastest first; cuDNN may list a pair twice,
+    and :func:`vmem.costs.timing.fastest` keeps the faster."""
     lib, f = cudnn.lib(), cudnn.ffi()
     ptr = CudnnConv._ptr
-    n = 2 * len(cudnn.ALGOS[pass_])  # room for each algorithm in each math type it runs in
+    d.conv.set_math(None)  # searched from the descriptor's own math type; each result names its own
+    n = max_count(handle, pass_)
     returned = f.new("int *")
     args = (ptr(ws), int(ws.nbytes)) if ws is not None else (f.NULL, 0)
     if pass_ == "forward":
@@ -482,5 +528,4 @@ def search(
             handle, d.x.ptr, ptr(x), d.y.ptr, ptr(y), d.conv.ptr, d.w.ptr, ptr(w), n, returned, perf, *args
         )
     cudnn.check(f"cudnnFind({pass_})", status)
-    names = cudnn.ALGOS[pass_]
-    return [(names[p.algo], p.time / 1e3, int(p.memory)) for p in perf[0 : returned[0]] if p.status == cudnn.SUCCESS]
+    return sorted(_results(perf, returned[0], pass_, d, deterministic), key=lambda r: r[1])

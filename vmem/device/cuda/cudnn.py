@@ -41,13 +41,24 @@ __all__ = [
     "BFLOAT16",
     "DATA_TYPES",
     "conv_types",
+    "math_types",
+    "pair",
+    "unpair",
+    "MATH_NAMES",
     "describe",
 ]
 
 FLOAT, DOUBLE, HALF, BFLOAT16 = 0, 1, 2, 9
 NCHW, NHWC = 0, 1
 CROSS_CORRELATION = 1
-DEFAULT_MATH, TENSOR_OP_MATH, FMA_MATH = 0, 1, 3
+DEFAULT_MATH, TENSOR_OP_MATH, TENSOR_OP_CONVERSION_MATH, FMA_MATH = 0, 1, 2, 3
+#: cudnnMathType_t by value, as an algorithm's name carries it (``implicit_precomp_gemm@fma``)
+MATH_NAMES = {
+    DEFAULT_MATH: "default",
+    TENSOR_OP_MATH: "tensor_op",
+    TENSOR_OP_CONVERSION_MATH: "conversion",
+    FMA_MATH: "fma",
+}
 #: cuDNN's data type of each storage dtype vmem hands it
 DATA_TYPES = {"float32": FLOAT, "float64": DOUBLE, "float16": HALF, "bfloat16": BFLOAT16}
 
@@ -66,6 +77,36 @@ def conv_types(dtype: str, math: str) -> tuple[int, int, int]:
     if data == DOUBLE:
         return data, DOUBLE, FMA_MATH
     return data, FLOAT, DEFAULT_MATH if math == "tf32" else FMA_MATH
+
+
+def math_types(dtype: str, math: str) -> tuple[int, ...]:
+    """The math types a convolution on ``dtype`` data may run in on a device whose FP32 math is ``math``,
+    the descriptor's own (:func:`conv_types`) first. cuDNN lists an algorithm once per math type it has
+    kernels for (``Find*Ex``, ``Get*Algorithm_v7``), and which one runs is the descriptor's math type at the
+    call: exact FP32 (and FP64) only in FMA math (tensor cores would round the inputs to TF32); TF32 in the
+    default or tensor-op math (both let tensor cores round to TF32) or FMA; half precision in tensor-op,
+    default or FMA math. ``TENSOR_OP_MATH_ALLOW_CONVERSION`` (FP32 down-converted to FP16) never."""
+    _, _, own = conv_types(dtype, math)
+    if own == FMA_MATH:
+        return (FMA_MATH,)
+    return tuple(dict.fromkeys((own, DEFAULT_MATH, TENSOR_OP_MATH, FMA_MATH)))
+
+
+def pair(algo: str, math_type: int, own: int) -> str:
+    """The name of ``algo`` run in ``math_type`` on a descriptor whose own math type is ``own``: the
+    algorithm's name in its own math type, ``algo@<math>`` in another (``MATH_NAMES``)."""
+    return algo if math_type == own else f"{algo}@{MATH_NAMES[math_type]}"
+
+
+def unpair(name: str) -> tuple[str, int | None]:
+    """(algorithm, math type) of a name made by :func:`pair`; the math type None for the descriptor's own."""
+    algo, _, math_name = name.partition("@")
+    if not math_name:
+        return algo, None
+    for value, known in MATH_NAMES.items():
+        if known == math_name:
+            return algo, value
+    raise ValueError(f"cuDNN algorithm {name!r}: no math type {math_name!r} (known: {', '.join(MATH_NAMES.values())})")
 
 
 SUCCESS, NOT_INITIALIZED, BAD_PARAM, NOT_SUPPORTED = 0, 1001, 2000, 3000
@@ -206,9 +247,18 @@ class ConvDesc:
                 dtype,
             ),
         )
+        self.own = self.math = math
         check("cudnnSetConvolutionMathType", lib().cudnnSetConvolutionMathType(self.ptr, math))
         if groups > 1:
             check("cudnnSetConvolutionGroupCount", lib().cudnnSetConvolutionGroupCount(self.ptr, groups))
+
+    def set_math(self, math: int | None) -> None:
+        """Make ``math`` (its own where None) the math type the next call on this descriptor runs in: cuDNN
+        chooses tensor-core kernels or not by the algorithm and the descriptor's math type together."""
+        math = self.own if math is None else math
+        if math != self.math:
+            check("cudnnSetConvolutionMathType", lib().cudnnSetConvolutionMathType(self.ptr, math))
+            self.math = math
 
 
 def describe(x: TensorDesc, w: FilterDesc, conv: ConvDesc) -> dict[str, int]:
