@@ -199,7 +199,8 @@ def _layouts(args, net, say) -> int:
     import cupy
 
     from vmem.device.cuda import cudnn
-    from vmem.device.cuda.conv import Descs, _geometry, search
+    from vmem.device.cuda.conv import Descs, _geometry
+    from vmem.device.cuda.conv_search import search
 
     program = net.build(args.batch, net.input_shape, "float32")
     convs = [op for op in program.ops if op.kind == "conv"]

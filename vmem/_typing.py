@@ -9,11 +9,11 @@ it: the ``numpy`` or ``cupy`` module.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import TYPE_CHECKING, Sequence, Union
+from typing import TYPE_CHECKING, Any, Sequence, Union
 
 import numpy as np
 
-__all__ = ["Array", "GpuArray", "ShapeLike", "Xp"]
+__all__ = ["Array", "CData", "GpuArray", "ShapeLike", "Xp"]
 
 if TYPE_CHECKING:
     import cupy
@@ -32,3 +32,7 @@ else:
 
 #: a shape as NumPy takes one: a length, or lengths
 ShapeLike = Union[int, Sequence[int]]
+
+#: a C value made or returned through cffi (a cuDNN handle, a pointer, an array of records): cffi ships no
+#: types, so this names what mypy cannot check
+CData = Any

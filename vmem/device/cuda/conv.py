@@ -23,18 +23,19 @@ import numpy as np
 
 from ...codecs import native
 from . import cudnn
+from .conv_search import pointer, rank, search
 from .kernels import backend_of
 
 if TYPE_CHECKING:
     from ..._typing import Array
-    from ..._typing import GpuArray
+    from ..._typing import CData, GpuArray
     from numpy.typing import DTypeLike
     from .device import CudaDevice
     from ...graph.program import Program
     from ...nn.base import Ctx
     from ...nn.conv import Conv2d
 
-__all__ = ["CudnnConv", "Descs", "search"]
+__all__ = ["CudnnConv", "Descs"]
 
 
 def _geometry(layer: "Conv2d", x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> tuple:
@@ -80,7 +81,7 @@ class CudnnConv:
             h.close()
         self._handles.clear()
 
-    def _handle(self) -> Any:
+    def _handle(self) -> CData:
         """The handle of the stream whose work is running; outside a launch (the catalog, a profile's
         ranking), the compute stream's: never one bound to the legacy default stream."""
         import cupy
@@ -185,11 +186,11 @@ class CudnnConv:
 
     # -- the passes ------------------------------------------------------------------------------------
     @staticmethod
-    def _ptr(a: GpuArray | None) -> Any:
-        return cudnn.ffi().cast("void *", a.data.ptr) if a is not None else cudnn.ffi().NULL
+    def _ptr(a: GpuArray | None) -> CData:
+        return pointer(a)
 
     @staticmethod
-    def _ws(ws: GpuArray) -> tuple[Any, int]:
+    def _ws(ws: GpuArray) -> tuple[CData, int]:
         return (CudnnConv._ptr(ws), int(ws.nbytes)) if ws is not None and ws.nbytes else (cudnn.ffi().NULL, 0)
 
     def forward(self, layer: "Conv2d", ctx: "Ctx", x: GpuArray, w: GpuArray, y: GpuArray, b: Array = None) -> None:
@@ -371,31 +372,8 @@ class CudnnConv:
     def _ranked(
         self, layer: "Conv2d", pass_: str, x_shape: tuple[int, ...], y_shape: tuple[int, ...], layout: int, dtype: str
     ) -> list[str]:
-        lib, f = cudnn.lib(), cudnn.ffi()
         d = self.descs(layer, x_shape, y_shape, layout, dtype)
-        h = self._handle()
-        d.conv.set_math(None)  # ranked for the descriptor's own math type; each entry names its own
-        n = max_count(h, pass_)
-        returned = f.new("int *")
-        if pass_ == "forward":
-            perf = f.new(f"cudnnConvolutionFwdAlgoPerf_t[{n}]")
-            status = lib.cudnnGetConvolutionForwardAlgorithm_v7(
-                h, d.x.ptr, d.w.ptr, d.conv.ptr, d.y.ptr, n, returned, perf
-            )
-        elif pass_ == "backward_data":
-            perf = f.new(f"cudnnConvolutionBwdDataAlgoPerf_t[{n}]")
-            status = lib.cudnnGetConvolutionBackwardDataAlgorithm_v7(
-                h, d.w.ptr, d.y.ptr, d.conv.ptr, d.x.ptr, n, returned, perf
-            )
-        else:
-            perf = f.new(f"cudnnConvolutionBwdFilterAlgoPerf_t[{n}]")
-            status = lib.cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-                h, d.x.ptr, d.y.ptr, d.conv.ptr, d.w.ptr, n, returned, perf
-            )
-        cudnn.check(f"cudnnGet*Algorithm_v7({pass_})", status)
-        return list(
-            dict.fromkeys(name for name, _, _ in _results(perf, returned[0], pass_, d, self.device.deterministic))
-        )
+        return list(dict.fromkeys(name for name, _, _ in rank(self._handle(), pass_, d, self.device.deterministic)))
 
     def find(
         self, layer: "Conv2d", pass_: str, x: GpuArray, w: GpuArray, y: GpuArray, ws: GpuArray
@@ -463,69 +441,3 @@ def _carve(ws: GpuArray, dtype: DTypeLike, *shapes: tuple[int, ...]) -> tuple[li
         offset += _aligned_bytes(shape, dtype.itemsize)
     rest = ws[offset:] if ws is not None and offset < ws.nbytes else None
     return out, rest
-
-
-def max_count(handle: Any, pass_: str) -> int:
-    """How many results cuDNN's ranking or search of ``pass_`` can return (``Get*AlgorithmMaxCount``): an
-    algorithm once per math type it runs in."""
-    lib, f = cudnn.lib(), cudnn.ffi()
-    count = f.new("int *")
-    call = {
-        "forward": lib.cudnnGetConvolutionForwardAlgorithmMaxCount,
-        "backward_data": lib.cudnnGetConvolutionBackwardDataAlgorithmMaxCount,
-        "backward_filter": lib.cudnnGetConvolutionBackwardFilterAlgorithmMaxCount,
-    }[pass_]
-    cudnn.check(f"cudnnGet*AlgorithmMaxCount({pass_})", call(handle, count))
-    return max(int(count[0]), 1)
-
-
-def _results(perf: Any, returned: int, pass_: str, d: Descs, deterministic: bool) -> list[tuple[str, float, int]]:
-    """(name, seconds, workspace bytes) of the entries of a ranking or search that ran, in its order: each
-    an (algorithm, math type) pair named by :func:`cudnn.pair`; entries in a math type the device's mode
-    does not allow (TF32 on an exact device) left out, and on a deterministic device those cuDNN says are
-    not deterministic."""
-    names, out = cudnn.ALGOS[pass_], []
-    for p in perf[0:returned]:
-        if p.status != cudnn.SUCCESS or p.mathType not in d.maths or (deterministic and not p.determinism):
-            continue
-        out.append((cudnn.pair(names[p.algo], p.mathType, d.conv.own), float(p.time) / 1e3, int(p.memory)))
-    return out
-
-
-def search(
-    handle: Any,
-    pass_: str,
-    d: Descs,
-    x: GpuArray,
-    w: GpuArray,
-    y: GpuArray,
-    ws: GpuArray,
-    deterministic: bool = False,
-) -> list[tuple[str, float, int]]:
-    """``Find*Ex`` of ``pass_`` with descriptors ``d`` on the arrays ``x``, ``w``, ``y`` (dx, dw, dy where
-    the pass writes them) and the workspace ``ws`` (or None): (name, seconds, workspace bytes) of each
-    (algorithm, math type) pair that ran (:func:`_results`), fastest first; cuDNN may list a pair twice,
-    and :func:`vmem.costs.timing.fastest` keeps the faster."""
-    lib, f = cudnn.lib(), cudnn.ffi()
-    ptr = CudnnConv._ptr
-    d.conv.set_math(None)  # searched from the descriptor's own math type; each result names its own
-    n = max_count(handle, pass_)
-    returned = f.new("int *")
-    args = (ptr(ws), int(ws.nbytes)) if ws is not None else (f.NULL, 0)
-    if pass_ == "forward":
-        perf = f.new(f"cudnnConvolutionFwdAlgoPerf_t[{n}]")
-        status = lib.cudnnFindConvolutionForwardAlgorithmEx(
-            handle, d.x.ptr, ptr(x), d.w.ptr, ptr(w), d.conv.ptr, d.y.ptr, ptr(y), n, returned, perf, *args
-        )
-    elif pass_ == "backward_data":
-        perf = f.new(f"cudnnConvolutionBwdDataAlgoPerf_t[{n}]")
-        status = lib.cudnnFindConvolutionBackwardDataAlgorithmEx(
-            handle, d.w.ptr, ptr(w), d.y.ptr, ptr(y), d.conv.ptr, d.x.ptr, ptr(x), n, returned, perf, *args
-        )
-    else:
-        perf = f.new(f"cudnnConvolutionBwdFilterAlgoPerf_t[{n}]")
-        status = lib.cudnnFindConvolutionBackwardFilterAlgorithmEx(
-            handle, d.x.ptr, ptr(x), d.y.ptr, ptr(y), d.conv.ptr, d.w.ptr, ptr(w), n, returned, perf, *args
-        )
-    cudnn.check(f"cudnnFind({pass_})", status)
-    return sorted(_results(perf, returned[0], pass_, d, deterministic), key=lambda r: r[1])

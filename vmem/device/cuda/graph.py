@@ -16,9 +16,12 @@ vmem's convolutions are exact FP32. Enum values are cuDNN 9's (``cudnn_graph.h``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from . import cudnn
+
+if TYPE_CHECKING:
+    from ..._typing import CData
 
 __all__ = ["Descriptor", "ConvPass", "EngineConfig", "ExecutionPlan", "UIDS"]
 
@@ -240,7 +243,7 @@ class ConvPass:
         self.op = op.finalize()
         self._graph: Descriptor | None = None
 
-    def graph(self, handle: Any) -> Descriptor:
+    def graph(self, handle: CData) -> Descriptor:
         """The operation graph on ``handle`` (a cuDNN handle: needs a GPU), made once."""
         if self._graph is None:
             self._graph = (
@@ -251,7 +254,7 @@ class ConvPass:
             )
         return self._graph
 
-    def heuristics(self, handle: Any, mode: int = HEUR_A, exact: bool = True) -> list[EngineConfig]:
+    def heuristics(self, handle: CData, mode: int = HEUR_A, exact: bool = True) -> list[EngineConfig]:
         """cuDNN's ranked configurations for this pass (best first); with ``exact``, only exact FP32 ones."""
         heur = (
             Descriptor(_ENGINEHEUR)
@@ -264,7 +267,7 @@ class ConvPass:
         out = [_describe(cfg) for cfg in cfgs[:got]]
         return [c for c in out if c.exact or not exact]
 
-    def engines(self, handle: Any, exact: bool = True) -> list[EngineConfig]:
+    def engines(self, handle: CData, exact: bool = True) -> list[EngineConfig]:
         """Every engine cuDNN has for this pass, each with its default knobs (those that do not support the
         pass are left out)."""
         graph = self.graph(handle)
@@ -305,7 +308,7 @@ class ExecutionPlan:
     needs. ``owner`` (the :class:`ConvPass`) is kept: cuDNN's plan refers to its operation graph, which
     must not be destroyed while the plan runs. Raises :class:`.cudnn.CudnnError` if the configuration cannot run this pass."""
 
-    def __init__(self, handle: Any, config: EngineConfig, owner: Any = None):
+    def __init__(self, handle: CData, config: EngineConfig, owner: Any = None):
         self.config = config
         self.handle = handle
         self.owner = owner  # the pass whose operation graph the plan was built from: it lives as long
@@ -317,7 +320,7 @@ class ExecutionPlan:
         )
         self.workspace = int(self.desc.get(A_PLAN_WORKSPACE, T_INT64)[0])
 
-    def execute(self, x: int, w: int, y: int, workspace: int = 0, handle: Any = None) -> None:
+    def execute(self, x: int, w: int, y: int, workspace: int = 0, handle: CData = None) -> None:
         """Run the pass on the device pointers ``x``, ``w``, ``y`` (by role, as in :class:`ConvPass`) with
         ``workspace`` (a device pointer to at least ``self.workspace`` bytes), on the stream of ``handle``
         (by default the one the plan was built with)."""
