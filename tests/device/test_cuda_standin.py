@@ -395,3 +395,24 @@ def test_cudnn_results_are_algorithm_and_math_type_pairs(cupy, math, dtype):
         offered = program.ops[0].algorithms
         assert all(a in offered[p] for p, names in ranked.items() for a in names)
         assert all(cudnn.unpair(a)[1] is None for a in offered["forward"]) == (math == "exact")
+
+
+@pytest.mark.parametrize("graphs", ["off", "on"])
+def test_steps_after_the_first_make_no_events(cupy, graphs):
+    """Events come from the device's pool: each span's two timing events, and the streams' ordering
+    events, are recorded again once dropped, so a step after the first makes no ``cupy.cuda.Event``;
+    captured steps time nothing."""
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 8)
+    with vmem.device("cuda:0", memory="4MiB", math="exact", graphs=graphs) as device:
+        with vmem.Trainer(_vgg().init(seed=0), device=device, policy="vdnn-all", seed=0) as trainer:
+            for _ in range(2):
+                trainer.step(x, y)
+            trainer.sync()
+            made = device.events.made
+            assert made > 0 and device.events.free(True) + device.events.free(False) > 0
+            for _ in range(3):
+                trainer.step(x, y)
+            trainer.sync()
+            assert device.events.made == made
+    assert cupy._state.COUNTERS.capture_timing_events == 0

@@ -28,7 +28,7 @@ from ...pool import Block, DevicePool, PinnedHostPool, PoolHook
 from ...units import format_bytes, parse_bytes
 from ..spec import DeviceSpec, check_math
 from .memory import DeviceArena, PinnedArena, PoolAllocator
-from .streams import CudaStream
+from .streams import CudaStream, EventPool
 
 if TYPE_CHECKING:
     from ..._typing import Array, ShapeLike
@@ -153,8 +153,9 @@ class CudaDevice:
         self.deterministic = bool(deterministic)
         self.pool = DevicePool(capacity, alignment, DeviceArena, name=f"{self.name} device")
         self.spec = DeviceSpec(name=self.name, kind="cuda", memory=self.pool.capacity, arch=self.arch, math=math)
-        self.compute_stream = CudaStream("compute")
-        self.memory_stream = CudaStream("memory")
+        self.events = EventPool()  # every stream's events: made once, recorded again once dropped
+        self.compute_stream = CudaStream("compute", self.events)
+        self.memory_stream = CudaStream("memory", self.events)
         if self.poison:
             self.pool.add_hook(_Poison(self.pool.arena, self.compute_stream))
         self._streams = {s.ptr: s for s in (self.compute_stream, self.memory_stream)}
@@ -292,7 +293,7 @@ class CudaDevice:
     def new_stream(self, name: str) -> CudaStream:
         """Another non-blocking CUDA stream (its owner closes it), work on it allocating from the device's
         pool as the others' does."""
-        stream = CudaStream(name)
+        stream = CudaStream(name, self.events)
         stream.allocator = self.compute_stream.allocator
         self._streams[stream.ptr] = stream  # temporaries made while its work runs are freed in its order
         return stream
