@@ -1,5 +1,5 @@
 """The layers' in-place kernels (vmem/csrc/kernels.cuh: bias + ReLU, ReLU's backward, max pooling with its
-argmax in one pass and its backward in one pass), built for the CPU, equal their NumPy references bit for bit
+argmax in one pass and its backward in one pass, with the backward of a ReLU before it or not), built for the CPU, equal their NumPy references bit for bit
 in fp32, fp16 and bf16, the same buffer in and out. (The CUDA build of the same source compiles for sm_80 and
 sm_90: tests/codecs/test_native.py.)"""
 
@@ -135,6 +135,15 @@ def test_max_pooling_forward_and_backward_in_one_pass(dtype, packed, kernel, str
     dx = np.full(x.shape, np.nan, dtype)  # every value written: none is left from before
     native.maxpool_backward(dy, arg, dx, kernel, stride, packed=packed)
     assert _bits(dx) == _bits(dx_want)
+    # with the ReLU before the pool: its backward in the same pass, bit for bit as ReLU's over the pool's dx
+    relu = np.maximum(x, np.zeros((), dtype))  # NaN and -0 pass to the mask test as the ReLU left them
+    relu[0, 1, 0, :3] = np.array([0.0, -0.0, np.nan], np.float32).astype(dtype)
+    want = np.multiply(dx_want, relu > 0)  # vmem.nn.ReLU's backward: -0 where dy < 0 is masked, NaN stays NaN
+    fused = np.full(x.shape, np.nan, dtype)
+    native.maxpool_backward(dy, arg, fused, kernel, stride, packed=packed, relu=relu)
+    assert _bits(fused) == _bits(want)
+    with pytest.raises(ValueError, match="is not dx's"):
+        native.maxpool_backward(dy, arg, fused, kernel, stride, packed=packed, relu=relu[:, :1])
 
 
 def test_overlapping_windows_are_refused_for_the_one_pass_backward():

@@ -238,3 +238,34 @@ def test_a_relu_over_a_convolutions_output_runs_in_the_convolution():
     assert lowered(g, "baseline")[2].fused_relu == {}
     bn = vmem.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), input_shape=(3, 8, 8))
     assert lowered(bn, "baseline")[2].fused_relu == {}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_max_pool_over_a_relu_runs_the_relus_backward(monkeypatch, precision):
+    """Schedule.fused_pool_relu: a max pool whose only input is an in-place ReLU's output runs that ReLU's
+    backward in its own, where the ReLU's output stays on the device (not offloaded, encoded or
+    recomputed); the weights are those of the two backwards run apart, bit for bit, in fp32 and bf16."""
+    if precision == "bf16":
+        pytest.importorskip("ml_dtypes")
+    program, _, schedule = lowered(vmem.models.get("vgg_cifar"), "baseline")
+    pools = [op.index for op in program.ops if op.kind == "maxpool"]
+    assert sorted(schedule.fused_pool_relu) == pools
+    for pool, relu in schedule.fused_pool_relu.items():
+        assert program.ops[relu].kind == "relu" and program.ops[pool].inputs == [program.ops[relu].output]
+    offloaded = lowered(vmem.models.get("vgg_cifar"), "vdnn-all")[2]
+    assert offloaded.fused_pool_relu == {}  # every ReLU's output is offloaded: it is not there for the pool
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((4, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 4)
+
+    def make():
+        return vmem.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(3, 2),  # overlapping windows: NumPy's path
+            nn.Flatten(), nn.Linear(8, 10), input_shape=(3, 8, 8),
+        ).init(seed=0)  # fmt: skip
+
+    assert len(lowered(make(), "baseline")[2].fused_pool_relu) == 2
+    fused = weights_under(make, ["baseline"], x, y, precision=precision)["baseline"]
+    monkeypatch.setattr(S.Schedule, "fused_pool_relu", property(lambda self: {}))
+    apart = weights_under(make, ["baseline"], x, y, precision=precision)["baseline"]
+    assert all(np.array_equal(fused[k], apart[k]) for k in fused)

@@ -448,12 +448,28 @@ def maxpool_forward(
 
 
 def maxpool_backward(
-    dy: Array, arg: Any, dx: Array, kernel: tuple, stride: tuple, on: Backend = CPU, packed: bool = False
+    dy: Array,
+    arg: Any,
+    dx: Array,
+    kernel: tuple,
+    stride: tuple,
+    on: Backend = CPU,
+    packed: bool = False,
+    relu: Array | None = None,
 ) -> None:
     """``dx`` (N, H, W, C) from ``dy`` and the argmax map (as :func:`maxpool_forward` wrote it), in one
-    pass, for windows that do not overlap."""
+    pass, for windows that do not overlap. With ``relu`` (the output of the ReLU the pool read, ``dx``'s
+    shape and dtype), ReLU's backward in the same pass: ``dx`` as :func:`relu_backward` would make it from
+    the pool's gradient."""
     if any(int(s) < int(k) for s, k in zip(stride, kernel)):
         raise ValueError(f"maxpool_backward: windows {tuple(kernel)} overlap at stride {tuple(stride)}")
-    kind = "f32" if _suffix(dy) == "f32" else "16"  # half values move as their bits: one kernel for both
     args = _pool_args(dx.shape, dy.shape, kernel, stride)
+    if relu is not None:
+        if relu.shape != dx.shape or relu.dtype != dx.dtype:
+            raise ValueError(f"maxpool_backward: the ReLU's output {relu.shape} {relu.dtype} is not dx's")
+        on.launch(
+            f"maxpool_relu_backward_{_suffix(dy)}", dx.size, _bits(dy), arg, _bits(relu), _bits(dx), *args, int(packed)
+        )
+        return
+    kind = "f32" if _suffix(dy) == "f32" else "16"  # half values move as their bits: one kernel for both
     on.launch(f"maxpool_backward_{kind}", dx.size, _bits(dy), arg, _bits(dx), *args, int(packed))

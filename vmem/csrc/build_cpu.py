@@ -27,7 +27,7 @@ ffibuilder.set_source(
     "vmem._native",
     '#include "cpu_launch.c"\n#include "winograd.c"',
     include_dirs=[str(HERE)],
-    extra_compile_args=["-O3", "-std=c99", "-fno-math-errno", "-fno-wrapv", "-ffp-contract=off"],
+    extra_compile_args=["-O3", "-std=c99", "-fno-math-errno", "-fno-wrapv", "-ffp-contract=off", "-fsignaling-nans"],
     depends=[str(HERE / n) for n in ("shim.h", "kernels.cuh", "cpu_launch.c", "winograd.c", "winograd.h")],
 )
 

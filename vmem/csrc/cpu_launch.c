@@ -120,6 +120,18 @@ LAUNCHER(maxpool_backward_f32, P(const float* dy, const uint8_t* arg, float* dx,
 LAUNCHER(maxpool_backward_16, P(const uint16_t* dy, const uint8_t* arg, uint16_t* dx, int64_t n, int64_t h,
                                 int64_t w, int64_t c, int64_t ho, int64_t wo, int kh, int kw, int sh, int sw, int packed),
          dy, arg, dx, n, h, w, c, ho, wo, kh, kw, sh, sw, packed)
+LAUNCHER(maxpool_relu_backward_f32, P(const float* dy, const uint8_t* arg, const float* x, float* dx, int64_t n,
+                                      int64_t h, int64_t w, int64_t c, int64_t ho, int64_t wo, int kh, int kw,
+                                      int sh, int sw, int packed),
+         dy, arg, x, dx, n, h, w, c, ho, wo, kh, kw, sh, sw, packed)
+LAUNCHER(maxpool_relu_backward_f16, P(const uint16_t* dy, const uint8_t* arg, const uint16_t* x, uint16_t* dx,
+                                      int64_t n, int64_t h, int64_t w, int64_t c, int64_t ho, int64_t wo, int kh,
+                                      int kw, int sh, int sw, int packed),
+         dy, arg, x, dx, n, h, w, c, ho, wo, kh, kw, sh, sw, packed)
+LAUNCHER(maxpool_relu_backward_bf16, P(const uint16_t* dy, const uint8_t* arg, const uint16_t* x, uint16_t* dx,
+                                       int64_t n, int64_t h, int64_t w, int64_t c, int64_t ho, int64_t wo, int kh,
+                                       int kw, int sh, int sw, int packed),
+         dy, arg, x, dx, n, h, w, c, ho, wo, kh, kw, sh, sw, packed)
 LAUNCHER(sgd_update, P(float* p, float* g, float* buf, const uint8_t* ok, int64_t n, const float* s), p, g, buf, ok,
          n, s)
 LAUNCHER(adam_update, P(float* p, float* g, float* m, float* v, const uint8_t* ok, int64_t n, const float* s), p, g,

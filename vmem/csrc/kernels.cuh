@@ -830,6 +830,25 @@ VMEM_MAXPOOL_FWD(maxpool_forward_bf16, uint16_t, vmem_bf2f)
 VMEM_MAXPOOL_BWD(maxpool_backward_f32, float, 0.0f)
 VMEM_MAXPOOL_BWD(maxpool_backward_16, uint16_t, (uint16_t)0)
 
+/* The same backward with ReLU's fused after it, where a ReLU's output is the pool's only input and its
+ * gradient is the pool's input gradient (an in-place ReLU): dx = (pool's dx) * (x > 0), x the ReLU's output,
+ * rounded as ReLU's own backward kernel rounds it (vmem_relu_grad_*), so that one pass writes what the two
+ * passes wrote. */
+#define VMEM_MAXPOOL_RELU_BWD(NAME, T, BWD, GRAD)                                                            \
+    VMEM_KERNEL void NAME(VMEM_TID_ARG const T* __restrict__ dy, const uint8_t* __restrict__ arg,            \
+                          const T* __restrict__ x, T* __restrict__ dx, int64_t n, int64_t h, int64_t w,        \
+                          int64_t c, int64_t ho, int64_t wo, int kh, int kw, int sh, int sw, int packed) {     \
+        int64_t j = VMEM_TID, total = n * h * w * c;                                                         \
+        if (j >= total) return;                                                                              \
+        T g = total < 2147483647LL ? BWD##_one32(dy, arg, (int32_t)j, (int32_t)h, (int32_t)w, (int32_t)c,     \
+                                                 (int32_t)ho, (int32_t)wo, kh, kw, sh, sw, packed)           \
+                                  : BWD##_one(dy, arg, j, h, w, c, ho, wo, kh, kw, sh, sw, packed);          \
+        dx[j] = GRAD(x[j], g);                                                                               \
+    }
+VMEM_MAXPOOL_RELU_BWD(maxpool_relu_backward_f32, float, maxpool_backward_f32, vmem_relu_grad_f32)
+VMEM_MAXPOOL_RELU_BWD(maxpool_relu_backward_f16, uint16_t, maxpool_backward_16, vmem_relu_grad_f16)
+VMEM_MAXPOOL_RELU_BWD(maxpool_relu_backward_bf16, uint16_t, maxpool_backward_16, vmem_relu_grad_bf16)
+
 
 /* ==== The optimizer's update, fused: one pass over a parameter, its gradient and its state ================
  * Each product and sum rounded as the NumPy update of vmem.optim rounds it (the scalars given in FP32, as

@@ -59,10 +59,14 @@ class KernelOps(ArrayOps):
         native.maxpool_forward(x, y, arg, kernel, stride, on, packed=packed)
         return True
 
-    def maxpool_backward(self, dy: Array, arg: Any, dx: Array, kernel: tuple, stride: tuple, packed: bool) -> bool:
+    def maxpool_backward(
+        self, dy: Array, arg: Any, dx: Array, kernel: tuple, stride: tuple, packed: bool, relu: Array | None = None
+    ) -> bool:
         ok = dx.dtype == dy.dtype and dy.flags.c_contiguous and arg.flags.c_contiguous
+        if relu is not None:
+            ok = ok and relu.dtype == dx.dtype and relu.shape == dx.shape and relu.flags.c_contiguous
         on = _backend(dx) if ok else None
         if on is None:
             return False
-        native.maxpool_backward(dy, arg, dx, kernel, stride, on, packed=packed)
+        native.maxpool_backward(dy, arg, dx, kernel, stride, on, packed=packed, relu=relu)
         return True

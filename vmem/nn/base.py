@@ -114,6 +114,10 @@ class Ctx:
     #: the layer's output goes through ReLU in the same pass (a convolution whose output a ReLU overwrites in
     #: place: the executor runs that ReLU here, after the bias, and skips its own forward)
     relu: bool = False
+    #: the output of the ReLU before this layer, whose backward runs in this layer's (max pooling over an
+    #: in-place ReLU's output, its only reader): the backward then writes ``dx * (relu_output > 0)``, the
+    #: ReLU's input gradient, and the executor skips the ReLU's backward; None otherwise
+    relu_output: Array | None = None
     #: where the batch is split over several processes (data-parallel training with synchronized batch
     #: norm): sums an array over them, in place, every process calling it in the same order; None: this
     #: process holds the whole batch

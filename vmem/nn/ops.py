@@ -98,9 +98,12 @@ class ArrayOps:
         do not overlap; False where these ops have no such pass (the layer then pools its own way)."""
         return False
 
-    def maxpool_backward(self, dy: Array, arg: Any, dx: Array, kernel: tuple, stride: tuple, packed: bool) -> bool:
-        """``dx`` from ``dy`` and the argmax map :meth:`maxpool_forward` wrote, in one pass; False where these
-        ops have no such pass."""
+    def maxpool_backward(
+        self, dy: Array, arg: Any, dx: Array, kernel: tuple, stride: tuple, packed: bool, relu: Array | None = None
+    ) -> bool:
+        """``dx`` from ``dy`` and the argmax map :meth:`maxpool_forward` wrote, in one pass; with ``relu`` (the
+        output of a ReLU before the pool), ReLU's backward in the same pass (as :meth:`relu_backward` of the
+        pool's gradient). False where these ops have no such pass."""
         return False
 
     def erf(self, x: Array, out: Array) -> Array:

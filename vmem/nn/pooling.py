@@ -217,9 +217,9 @@ class MaxPool2d(_Pool2d):
         dx = dxs[0]
         if dx is None:
             return
-        xp, packed = ctx.xp, ctx.aux["argmax"]
+        xp, packed, relu = ctx.xp, ctx.aux["argmax"], ctx.relu_output
         if self._one_pass(dx.shape, dy.shape):
-            if ctx.ops.maxpool_backward(dy, packed, dx, self.kernel_size, self.stride, self.nibbles):
+            if ctx.ops.maxpool_backward(dy, packed, dx, self.kernel_size, self.stride, self.nibbles, relu):
                 return
 
         def images(r: slice) -> None:
@@ -231,6 +231,8 @@ class MaxPool2d(_Pool2d):
             self._backward(xp, dy[r], am, dx[r])
 
         ctx.ops.rows(dy.shape[0], images, self._work(dy, dx.size))
+        if relu is not None:  # the ReLU before the pool: its backward, in place on the shared gradient
+            ctx.ops.relu_backward(relu, dx, dx)
 
     def _backward(self, xp: Xp, dy: Array, am: Array, dx: Array) -> None:
         _, h, w, _ = dx.shape

@@ -261,6 +261,9 @@ class Executor:
         #: convolutions that run the ReLU over their output, and those ReLUs (Schedule.fused_relu)
         fused = schedule.fused_relu
         self._relu_fused, self._relu_done = frozenset(fused), frozenset(fused.values())
+        #: max pools that run the backward of the ReLU before them, and those ReLUs (Schedule.fused_pool_relu)
+        self._pool_relu = schedule.fused_pool_relu
+        self._relu_in_pool = frozenset(self._pool_relu.values())
         #: views of device blocks, by (offset, block size, shape, dtype): a planned schedule puts each
         #: buffer at the same place every step, and making an array costs the host more than finding it
         self._views: dict[tuple, Any] = {}
@@ -748,9 +751,14 @@ class Executor:
             self._check(r, f"{op.name} (forward)", [y])
 
     def _backward(self, r: _Run, st: Backward) -> None:
+        """An op's backward (a ReLU its max pool runs, ``Schedule.fused_pool_relu``, does nothing here)."""
+        if st.op in self._relu_in_pool:
+            return
         op = self.program.ops[st.op]
         sched = self.schedule
         ctx = self._ctx(r, st.op, True, None, st.algos, st.workspace)
+        if st.op in self._pool_relu:
+            ctx.relu_output = self._value(r, self.program.ops[self._pool_relu[st.op]].output)
         temps = sched.param_acc.get(st.op) if st.part != "data" else None  # data: no weight gradient
         if temps:  # a shared parameter used again (or a micro-batch's): its contribution goes to a temporary
             ctx.grads = {k: self._view(r, key, ctx.grads[k].shape, self._grad_dtype) for k, key in temps.items()}

@@ -405,6 +405,38 @@ class Schedule:
         return fused
 
     @property
+    def fused_pool_relu(self) -> dict[int, int]:
+        """max-pool op -> the ReLU whose backward it runs in its own (one kernel on a GPU), for each pool whose
+        only input is an in-place ReLU's output, read by nothing else: the ReLU's input gradient is its output
+        gradient's buffer, which the pool writes, so ``dx * (relu output > 0)`` there is what the ReLU's
+        backward would write. Only where the ReLU's output stays on the device through the backward (no
+        offload, encoding or recomputation of its buffer, no binarized backward), so that the pool's backward
+        reads it where the ReLU's would. The ReLU's own Backward step then does nothing."""
+        ops, tensors = self.program.ops, self.program.tensors
+        moved = {
+            st.key for st in self.steps if isinstance(st, (Offload, Release, Prefetch, WaitPrefetch, Encode, Decode))
+        }
+        rebuilt = {tensors[ops[st.op].output].buffer for st in self.steps if type(st) is Recompute}
+        plain = {st.op for st in self.steps if type(st) is Backward and st.on_bits is None and st.part == "all"}
+        order = [st.op for st in self.steps if type(st) is Backward]
+        fused = {}
+        for pool in ops:
+            if pool.kind != "maxpool" or pool.staged or len(pool.inputs) != 1 or pool.index not in plain:
+                continue
+            t = tensors[pool.inputs[0]]
+            relu = ops[t.producer] if t.producer is not None else None
+            if relu is None or relu.kind != "relu" or not relu.inplace or relu.staged or relu.index not in plain:
+                continue
+            if list(t.consumers) != [pool.index] or not self.needs_grad[relu.inputs[0]]:
+                continue
+            if self.value.get(t.id) in moved or t.buffer in rebuilt:
+                continue
+            if order.index(pool.index) > order.index(relu.index):
+                continue
+            fused[pool.index] = relu.index
+        return fused
+
+    @property
     def offloaded_bytes(self) -> int:
         """Bytes the step's offloads are expected to move to the host."""
         return sum(st.transfer_nbytes for st in self.steps if type(st) is Offload)
