@@ -30,6 +30,8 @@ class Counters:
     #: kind), ("memset", ptr, byte, bytes), pointers as addresses
     trace: list = field(default_factory=list)
     allocations: int = 0
+    #: where in vmem each allocation from the array module was asked for (as ``allocations`` counts them)
+    allocated_at: list = field(default_factory=list)
     #: allocations from CuPy's default pool while the current stream captured (memory a graph keeps using
     #: that the pool may hand to other work once freed), and timing events recorded under capture
     capture_pool_allocations: list = field(default_factory=list)

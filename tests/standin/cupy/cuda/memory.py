@@ -154,6 +154,7 @@ def using_allocator(allocator: Callable[[int], MemoryPointer] | None = None):
 
 def alloc(size: int) -> MemoryPointer:
     _state.COUNTERS.allocations += 1
+    _state.COUNTERS.allocated_at.append(_state._caller())
     allocator = get_allocator()
     if allocator == _POOL.malloc and _state.current_capture() is not None:
         _state.COUNTERS.capture_pool_allocations.append(_state._caller())

@@ -76,6 +76,9 @@ class Stream:
             clock = cap.clock[self]
             for s, n in event._clock.items():
                 clock[s] = max(clock.get(s, 0), n)
+            entry = ("wait", self.ptr, event.ptr)
+            cap.trace.append(entry)
+            _state.COUNTERS.trace.append(entry)
         if not event._recorded:
             return  # as CUDA: waiting for an event never recorded does not wait
 
@@ -173,6 +176,9 @@ class Event:
                 _state.COUNTERS.capture_timing_events += 1
             self._clock = dict(cap.clock[stream])
             self._clock[stream] = cap.count[stream]
+            entry = ("record", stream.ptr, self.ptr)  # an edge of the graph: from this point of the stream
+            cap.trace.append(entry)
+            _state.COUNTERS.trace.append(entry)
         else:
             self._clock = {}
 
