@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, TYPE_CHECKING
+
+import numpy as np
 
 from ..errors import ShapeError
 from .base import Shape
@@ -11,7 +14,34 @@ if TYPE_CHECKING:
     from .._typing import Array
     from .._typing import Xp
 
-__all__ = ["SoftmaxCrossEntropy"]
+__all__ = ["SoftmaxCrossEntropy", "LossWork"]
+
+
+@dataclass(frozen=True)
+class LossWork:
+    """The arrays a loss computes in instead of making temporaries (a step recorded as a CUDA graph then
+    asks the array module for no memory): per row of the probabilities (``probs.shape[:-1]``), a column
+    of their type (``rows``, (..., 1)) and a value (``picked``), the flat index of its label (``at``) and
+    the offset of its row (``offsets``: row x classes, written once), and the loss (``value``, 0-d).
+    :meth:`make` makes them on the device once, with the step's executor (a few bytes a row)."""
+
+    rows: Array
+    picked: Array
+    at: Array
+    offsets: Array
+    value: Array
+
+    @classmethod
+    def make(cls, xp: Xp, probs_shape: tuple[int, ...], dtype: Any) -> "LossWork":
+        lead, classes = tuple(probs_shape[:-1]), int(probs_shape[-1])
+        count = int(np.prod(lead))
+        return cls(
+            rows=xp.empty(lead + (1,), dtype),
+            picked=xp.empty(count, dtype),
+            at=xp.empty(count, np.int64),
+            offsets=xp.arange(count, dtype=np.int64) * classes,
+            value=xp.empty((), dtype),
+        )
 
 
 class SoftmaxCrossEntropy:
@@ -39,14 +69,20 @@ class SoftmaxCrossEntropy:
             )
 
     def _flat(self, xp: Xp, probs: Array, labels: Array) -> tuple[Any, Any, Any]:
+        """The probabilities as rows, the labels flat, and which labels count (None: all); an ignored
+        label (PyTorch's -100, say) is read as class 0 where it indexes, and counts for nothing."""
         p2 = probs.reshape(-1, probs.shape[-1])
         l1 = labels.reshape(-1)
-        keep = None if self.ignore is None else (l1 != self.ignore)
-        return p2, l1, keep
+        if self.ignore is None:
+            return p2, l1, None
+        keep = l1 != self.ignore
+        return p2, xp.where(keep, l1, 0), keep
 
-    def forward(self, xp: Xp, logits: Array, labels: Array, probs: Array) -> Any:
+    def forward(self, xp: Xp, logits: Array, labels: Array, probs: Array, work: LossWork | None = None) -> Any:
         if probs is not logits:
             probs[...] = logits  # read into the loss's dtype (float32 over half-precision logits)
+        if work is not None and self.ignore is None:
+            return self._forward_in(xp, probs, labels, work)
         probs -= probs.max(axis=-1, keepdims=True)
         xp.exp(probs, out=probs)
         probs /= probs.sum(axis=-1, keepdims=True)
@@ -56,12 +92,34 @@ class SoftmaxCrossEntropy:
             return nll.mean()
         return (nll * keep).sum() / max(int(keep.sum()), 1)
 
-    def backward(self, xp: Xp, probs: Array, labels: Array, dlogits: Array) -> None:
+    def _forward_in(self, xp: Xp, probs: Array, labels: Array, w: LossWork) -> Array:
+        """:meth:`forward` computed in ``w``'s arrays, with the same roundings: the same bytes."""
+        xp.max(probs, axis=-1, keepdims=True, out=w.rows)
+        xp.subtract(probs, w.rows, out=probs)
+        xp.exp(probs, out=probs)
+        xp.sum(probs, axis=-1, keepdims=True, out=w.rows)
+        xp.divide(probs, w.rows, out=probs)
+        xp.add(w.offsets, labels.reshape(-1), out=w.at)
+        xp.take(probs.reshape(-1), w.at, out=w.picked)
+        xp.maximum(w.picked, xp.finfo(probs.dtype).tiny, out=w.picked)
+        xp.log(w.picked, out=w.picked)
+        xp.negative(w.picked, out=w.picked)
+        return xp.mean(w.picked, out=w.value)
+
+    def backward(self, xp: Xp, probs: Array, labels: Array, dlogits: Array, work: LossWork | None = None) -> None:
         p2, l1, keep = self._flat(xp, probs, labels)
         d2 = dlogits.reshape(-1, dlogits.shape[-1])
         if dlogits is not probs:  # the gradient may be written over the probabilities
             d2[...] = p2
-        d2[xp.arange(len(l1)), l1] -= 1
+        if work is not None and keep is None:  # the label's entry less one, through ``work``: no temporaries
+            flat = d2.reshape(-1)
+            xp.add(work.offsets, l1, out=work.at)
+            xp.take(flat, work.at, out=work.picked)
+            xp.subtract(work.picked, 1, out=work.picked)
+            xp.put(flat, work.at, work.picked)
+            d2 /= len(l1)
+            return
+        d2[xp.arange(len(l1)), l1] -= 1 if keep is None else keep  # an ignored row: nothing taken off
         if keep is None:
             d2 /= len(l1)
         else:

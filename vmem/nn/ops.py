@@ -39,6 +39,10 @@ class ArrayOps:
 
     def __init__(self, xp: Xp):
         self.xp = xp
+        #: float64 sums of float32 columns, by length, on a device (not the host's, whose lanes may sum at
+        #: once): made at their first use, then reused (work on one stream, in order), so that a step's
+        #: column sums into given arrays allocate nothing
+        self._sums: dict[int, Array] = {}
 
     def run(self, work: Callable[[int], None], lanes: int = LANES) -> None:
         """``work(lane)`` for each of ``lanes`` lanes, in turn."""
@@ -124,7 +128,13 @@ class ArrayOps:
         N*H*W rows, added one after another, loses digits as the rows grow, and batch norm's gradient is a
         difference of such sums); other types by blocks of about sqrt(M) rows, then their partial sums."""
         if np.dtype(a.dtype) == np.float32:
-            return _rounded(self.xp.sum(a, axis=0, dtype=np.float64), a.dtype, out)
+            if self.host:
+                return _rounded(self.xp.sum(a, axis=0, dtype=np.float64), a.dtype, out)
+            n = a.shape[1]
+            total = self._sums.get(n)
+            if total is None:
+                total = self._sums[n] = self.xp.empty(n, np.float64)
+            return _rounded(self.xp.sum(a, axis=0, dtype=np.float64, out=total), a.dtype, out)
         m = a.shape[0]
         if m < 4096:
             return self.xp.sum(a, axis=0, out=out)

@@ -30,6 +30,7 @@ from ..codecs.base import is_device_array
 from ..device.staging import copy_nbytes, staged
 from ..errors import DeviceError
 from ..nn.base import Ctx, physical
+from ..nn.loss import LossWork, SoftmaxCrossEntropy
 from ..optim import Optimizer
 from ..schedule import Key, Kind, Schedule
 from ..schedule.steps import (
@@ -232,6 +233,13 @@ class Executor:
         #: and the optimizer's scalars for its fused update, copied to the device in the step
         self._staging_bytes = self._scalars_at + -(-step_kernels.UPDATE_SCALARS * 4 // a) * a
         self._has_loss = any(type(st) is Loss for st in schedule.steps)
+        #: the loss's arrays (and its finite flag), on the device once, outside the plan (a few bytes a row), so
+        #: that the loss asks the array module for nothing a step (a captured step allocates nothing)
+        self._loss_work = self._loss_flag = None
+        if self._has_loss and hasattr(loss, "forward") and isinstance(loss, SoftmaxCrossEntropy):
+            logits = physical(program.tensors[program.output].shape)
+            self._loss_work = LossWork.make(self.xp, tuple(logits), self._loss_dtype)
+            self._loss_flag = self.xp.empty(1, np.bool_)
         self._aux_dtype = {
             (op.index, k): (np.dtype(program.precision.master) if a.dtype == "float" else np.dtype(a.dtype))
             for op in ops
@@ -831,11 +839,20 @@ class Executor:
         # probabilities, then rounded once into d(logits), so that scaling comes before any underflow
         narrow = dlogits.dtype != probs.dtype
 
+        work, flag = self._loss_work, self._loss_flag
+
         def run() -> None:  # the value stays on the device; its copy lands in pinned memory, read after the step
-            value[...] = loss.forward(xp, logits, labels, probs)  # a device copy: no host read
-            r.loss_ok = xp.isfinite(value[0])  # a device scalar: the update looks at it
+            if work is None:
+                value[...] = loss.forward(xp, logits, labels, probs)  # a device copy: no host read
+                r.loss_ok = xp.isfinite(value[0])  # a device scalar: the update looks at it
+            else:
+                value[...] = loss.forward(xp, logits, labels, probs, work)
+                r.loss_ok = xp.isfinite(value, out=flag)
             grad = probs if narrow else dlogits
-            loss.backward(xp, probs, labels, grad)
+            if work is None:
+                loss.backward(xp, probs, labels, grad)
+            else:
+                loss.backward(xp, probs, labels, grad, work)
             if factor is not None:
                 xp.multiply(grad, grad.dtype.type(factor), out=grad)
             if narrow:

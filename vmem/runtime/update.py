@@ -92,6 +92,9 @@ class Updates:
             else []
         )
         self.stats = [view for _, view in state]
+        #: where they are kept aside, and the step's "not finite" flag: made here, so that no step allocates
+        self.kept = [self.xp.empty_like(v) for v in self.stats]
+        self.skip = self.xp.empty(1, np.bool_)
         #: of those, what a forward updates, which the finite check sums too; not a constant the model holds
         #: (``init="value"``: an imported attention mask's -inf is meant)
         self.updated = [view for s, view in state if s.init != "value"]
@@ -121,8 +124,12 @@ class Updates:
         stream, before the forward)."""
         xp, stats = self.xp, self.stats
 
+        kept = self.kept
+
         def keep() -> None:
-            r.kept_stats = [xp.array(v) for v in stats]
+            for k, v in zip(kept, stats):
+                xp.copyto(k, v)
+            r.kept_stats = kept
 
         return keep
 
@@ -155,7 +162,7 @@ class Updates:
                 if self.scalars is not None:  # this step's scalars, from its staging (stream-ordered)
                     self.device.copy_now(self.scalars, r.batch["scalars"], "h2d")
                 r.ok = self.finite(r)
-                skip = xp.logical_not(r.ok)
+                skip = xp.logical_not(r.ok.reshape(1), out=self.skip)
                 for view, kept in zip(self.stats, r.kept_stats):  # a skipped step changes nothing
                     xp.copyto(view, kept, where=skip)
             if fused is None and not r.ok.item():  # an update without a fused kernel: the host decides

@@ -258,6 +258,8 @@ class ndarray:
 
 #: functions whose result's size depends on the data: CuPy reads it to the host
 _SYNCHRONIZING = frozenset({"nonzero", "unique", "count_nonzero", "allclose", "array_equal"})
+#: functions that write into an argument and return None (``put``)
+_IN_PLACE = frozenset({"put"})
 #: methods that make views, not kernels
 _VIEWS = frozenset({"reshape", "view", "transpose", "swapaxes", "squeeze", "ravel"})
 
@@ -381,6 +383,10 @@ def _wrap(name: str, elementwise: bool) -> Any:
             return out
         if name in _SYNCHRONIZING:
             _state.refuse_in_capture(f"{name} (its result's size is read to the host)")
+        if name in _IN_PLACE:  # writes its first argument, returns nothing: a kernel in stream order
+            kw.setdefault("mode", "wrap")  # CuPy's default (NumPy's is "raise")
+            _state.submit_current(lambda: np_fn(*a, **kw))
+            return None
         return _compute(lambda: np_fn(*a, **kw), _parents(args, kwargs))
 
     fn.__name__ = name
