@@ -17,11 +17,11 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 T, E, H = 3, 8, 2
 
 
-def _model(nodes, inits=None, out_shape=None):
+def _model(nodes, inits=None, out_shape=None, batch="N"):
     graph = helper.make_graph(
         nodes,
         "views",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", T, E])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, T, E])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
         [numpy_helper.from_array(np.asarray(v), k) for k, v in (inits or {}).items()],
     )
@@ -30,9 +30,11 @@ def _model(nodes, inits=None, out_shape=None):
     return model
 
 
-def _heads():
+def _heads(static: int | None = None):
     """(N, T, E) -> (T, N, E) -> (T, N * H, E / H) -> (N * H, T, E / H), a softmax over each head's features,
-    -> (N, H, T, E / H) -> (N, T, H, E / H) -> (N, T, E), then a linear layer: attention's moves, without it."""
+    -> (N, H, T, E / H) -> (N, T, H, E / H) -> (N, T, E), then a linear layer: attention's moves, without it.
+    ``static``: exported at that batch size, written in the input's shape and in every reshape (as an
+    export without a symbolic batch axis writes them)."""
     rng = np.random.default_rng(0)
     nodes = [
         helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2]),
@@ -50,6 +52,14 @@ def _heads():
         "s3": np.array([0, 0, E], np.int64),
         "W": rng.standard_normal((E, 5)).astype(np.float32),
     }
+    if static is not None:
+        n = static
+        inits.update(
+            s1=np.array([T, n * H, E // H], np.int64),
+            s2=np.array([n, H, T, E // H], np.int64),
+            s3=np.array([n, T, E], np.int64),
+        )
+        return _model(nodes, inits, batch=n)
     return _model(nodes, inits)
 
 
@@ -95,3 +105,23 @@ def test_an_output_whose_batch_axis_moved_is_refused_with_what_to_do():
     model = _model([helper.make_node("Transpose", ["x"], ["y"], perm=[1, 0, 2])])
     with pytest.raises(OnnxError, match=r"output with the batch in axis 1 of \(3, 1, 8\).*batch=False"):
         vmem.onnx.load(model)
+
+
+def test_a_model_exported_at_a_fixed_batch_reads_its_reshapes_batch_and_runs_at_any():
+    """Exported at batch 2, the model writes 2 (and 2 x heads where the batch is merged with them) in its
+    reshapes: vmem reads the axis that holds it as the batch, and the network computes at batch 4 what the
+    model exported with a symbolic batch computes."""
+    static, dynamic = vmem.onnx.load(_heads(static=2)), vmem.onnx.load(_heads())
+    x = np.random.default_rng(1).standard_normal((2, T, E)).astype(np.float32)
+    want = ort.InferenceSession(_heads(static=2).SerializeToString()).run(None, {"x": x})[0]
+    x4 = np.random.default_rng(3).standard_normal((4, T, E)).astype(np.float32)
+    with vmem.Trainer(static) as a, vmem.Trainer(dynamic) as b:
+        np.testing.assert_allclose(a.predict(x), want, rtol=1e-5, atol=1e-6)
+        assert np.array_equal(a.predict(x4), b.predict(x4))
+    assert [type(layer).__name__ for layer in static.layers] == ["Reshape", "Softmax", "Reshape", "Linear"]
+
+
+def test_a_model_exported_at_batch_1_is_refused_naming_the_remedy():
+    """At batch 1 the batch cannot be told apart from the other axes of length 1 in the model's shapes."""
+    with pytest.raises(OnnxError, match=r"exported at batch 1.*dynamic_shapes.*dynamic_axes"):
+        vmem.onnx.load(_heads(static=1))

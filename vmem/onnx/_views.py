@@ -180,7 +180,52 @@ def plain(b: _Builder, x: _Tensor, what: str) -> _Tensor:
 def reshape(b: _Builder, x: _Tensor, groups: Groups, dims: Sequence[int]) -> _Tensor:
     """``x`` (seen through ``groups``) reshaped to the model's ``dims``: the batch's stand-in (:data:`BATCH`,
     times what it is merged with) where the batch goes, -1 for what is left, 0 to keep an axis. Merges are
-    bookkeeping; an axis split where the model splits it (one vmem Reshape)."""
+    bookkeeping; an axis split where the model splits it (one vmem Reshape).
+
+    A model exported at a fixed batch size (its input declares one: ``b.static_batch``) writes that size
+    instead of the stand-in: an axis of ``dims`` that is the example batch times the axes merged with it,
+    where the view puts the batch, is read as the batch (:func:`_static`)."""
+    try:
+        shape, out = _reshaped(x, groups, dims)
+    except _Refuse as refused:
+        shape, out = _static(b, x, groups, dims, refused)
+    y = _raw(x) if shape == x.shape else b.add(nn.Reshape(shape[1:]), [_raw(x)])
+    return viewed(_raw(y), out)
+
+
+def _static(b: _Builder, x: _Tensor, groups: Groups, dims: Sequence[int], refused: _Refuse) -> tuple:
+    """:func:`_reshaped` of ``dims`` with the one axis that holds the example batch (``b.static_batch``) read
+    as the batch; ``refused`` again where none or several axes can, or the shapes say nothing of the batch."""
+    n = b.static_batch
+    if n < 1 or any(d >= BATCH for d in dims):
+        raise refused
+    if n == 1:
+        raise _Refuse(
+            f"{refused}; the model was exported at batch 1, which its shapes cannot tell apart from the other axes "
+            "of length 1: export it with a batch axis that may vary (torch.onnx.export(..., dynamic_shapes=...), "
+            "or dynamic_axes with dynamo=False)"
+        )
+    found = {}
+    for k, d in enumerate(dims):
+        if d > 0 and d % n == 0:
+            trial = list(dims)
+            trial[k] = d // n * BATCH
+            try:
+                found[k] = _reshaped(x, groups, trial)
+            except _Refuse:
+                continue
+    if len(set(found.values())) == 1:
+        return next(iter(found.values()))
+    if found:
+        raise _Refuse(
+            f"{refused}: exported at batch {n}, axes {sorted(found)} of {list(dims)} could each hold it; export it "
+            "with a batch axis that may vary (dynamic_shapes, or dynamic_axes with dynamo=False)"
+        )
+    raise refused
+
+
+def _reshaped(x: _Tensor, groups: Groups, dims: Sequence[int]) -> tuple[tuple[int, ...], Groups]:
+    """What :func:`reshape` makes, without making it: the vmem tensor's new shape and the view of it."""
     current = model_shape(x, groups)
     dims = [current[i] if d == 0 and i < len(current) else int(d) for i, d in enumerate(dims)]
     size = dict(enumerate(x.shape))
@@ -241,9 +286,8 @@ def reshape(b: _Builder, x: _Tensor, groups: Groups, dims: Sequence[int]) -> _Te
         size[fresh] = 1
         axes.insert(1, fresh)
     shape = tuple(size[a] for a in axes)
-    y = _raw(x) if shape == x.shape else b.add(nn.Reshape(shape[1:]), [_raw(x)])
     index = {a: k for k, a in enumerate(axes)}
-    return viewed(_raw(y), tuple(tuple(index[a] for a in g) for g in out))
+    return shape, tuple(tuple(index[a] for a in g) for g in out)
 
 
 def constant(x: _Tensor, groups: Groups, value: np.ndarray) -> np.ndarray | None:

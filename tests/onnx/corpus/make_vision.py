@@ -15,11 +15,13 @@ the batch fixed at the example's 2, batch norm folded into the convolutions), an
 holds the batch (``x0``), its labels (``labels``), the model's output on it in float64 (``out``), and per export
 ``E`` the reference of one SGD step (learning rate 0.05, momentum 0.9) of the network *as exported*, in
 float64: every node of the export run by PyTorch's own operations with autograd (:func:`torch_of_onnx`), its
-float initializers the parameters (``E:loss``, ``E:init:<initializer>`` after the step; ``E:same_as``: the
+float initializers of more than one value the parameters (``E:loss``, ``E:init:<initializer>`` after the step; ``E:same_as``: the
 export whose reference is the same). A network whose export holds an op the reference does not run has no
 step reference (``E:has_step`` false; the importer refuses those anyway). ``x8``, ``labels8`` and
 ``dynamo:b8:...``: a batch of 8 and the same reference of the dynamo export (made at batch 2) on it, the
-batch its reshapes hold read as the input's.
+batch its reshapes hold read as the input's (and a class token it folded into one copy a sample read as
+one). ``make_vision.py --references [NAME ...]`` makes the references again from the stored exports and
+batches, with torch only.
 """
 
 from __future__ import annotations
@@ -137,8 +139,10 @@ def _run(op: str, attrs: dict[str, Any], xs: list[Any]) -> Any:
         return xs[0].mean(dim=tuple(axes), keepdim=bool(attrs.get("keepdims", 1)))
     if op == "Reshape":
         shape = [int(v) for v in xs[1].tolist()]
-        if shape and shape[0] == _EXAMPLE and xs[0].shape[0] != _EXAMPLE:  # the export's batch, baked in
-            shape[0] = xs[0].shape[0]
+        batch = _BATCH[0]
+        if shape and batch != _EXAMPLE and shape[0] > 0 and shape[0] % _EXAMPLE == 0:
+            # the export's batch baked in: the first axis holds it (alone, or merged with the heads after it)
+            shape[0] = shape[0] // _EXAMPLE * batch
         shape = [xs[0].shape[i] if d == 0 else d for i, d in enumerate(shape)]
         return xs[0].reshape(shape)
     if op == "LayerNormalization":
@@ -157,7 +161,8 @@ def torch_of_onnx(model: Any) -> tuple[torch.nn.ParameterDict, Callable[[torch.T
     params, consts = torch.nn.ParameterDict(), {}
     for t in graph.initializer:
         value = numpy_helper.to_array(t)
-        if value.dtype.kind == "f":
+        if value.dtype.kind == "f" and value.size > 1:  # a single value is a constant the exporter wrote
+            # (attention's scale, a scalar): no module's parameter
             params[t.name.replace(".", "\x1f")] = torch.nn.Parameter(torch.tensor(value, dtype=torch.float64))
         else:
             consts[t.name] = torch.tensor(value)
@@ -170,6 +175,7 @@ def torch_of_onnx(model: Any) -> tuple[torch.nn.ParameterDict, Callable[[torch.T
             raise NotImplementedError(n.op_type)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
+        _BATCH[0] = int(x.shape[0])
         values: dict[str, Any] = {graph.input[0].name: x, **consts}
         values.update({k.replace("\x1f", "."): v for k, v in params.items()})
         for n in nodes:
@@ -179,6 +185,16 @@ def torch_of_onnx(model: Any) -> tuple[torch.nn.ParameterDict, Callable[[torch.T
         return values[graph.output[0].name]
 
     return params, forward
+
+
+def _batched(xs: list[Any], axis: int) -> list[Any]:
+    """A concatenation's inputs at the batch the reference runs at: an input the export made at its batch
+    (a class token the exporter folded into one copy a sample, ``expand``) read as its first copy for every
+    sample (as the module's own token is), where the batch is another."""
+    batch = _BATCH[0]
+    if axis % xs[0].ndim == 0 or batch == _EXAMPLE:
+        return list(xs)
+    return [t[:1].expand(batch, *t.shape[1:]) if t.shape[0] == _EXAMPLE else t for t in xs]
 
 
 def _ints(v: Any) -> list[int]:
@@ -243,7 +259,7 @@ _SHAPE_OPS: dict[str, Callable[[dict[str, Any], list[Any]], Any]] = {
     "Unsqueeze": lambda a, xs: xs[0].reshape(_unsqueezed(xs[0].shape, _ints(xs[1]) if len(xs) > 1 else a["axes"])),
     "Squeeze": lambda a, xs: _squeezed(xs[0], _ints(xs[1]) if len(xs) > 1 else a.get("axes")),
     "Softmax": lambda a, xs: torch.softmax(xs[0], dim=int(a.get("axis", -1))),
-    "Concat": lambda a, xs: torch.cat(list(xs), dim=int(a["axis"])),
+    "Concat": lambda a, xs: torch.cat(_batched(xs, int(a["axis"])), dim=int(a["axis"])),
 }
 
 
@@ -271,6 +287,8 @@ def _squeezed(x: Any, axes: Any) -> Any:
 
 #: the batch the models are exported at (the dynamo exporter bakes it into its reshapes)
 _EXAMPLE = 2
+#: the batch the reference runs at (set by each forward): where it is not the export's, reshapes scale it
+_BATCH = [_EXAMPLE]
 _OPS = {
     "Conv",
     "Gemm",
@@ -368,11 +386,25 @@ def make(name: str, n: int = _EXAMPLE, larger: int = 8) -> None:
     x = torch.randn(n, 3, side, side, generator=torch.Generator().manual_seed(1))
     labels = torch.randint(0, CLASSES, (n,), generator=torch.Generator().manual_seed(2)).numpy()
     HERE.mkdir(exist_ok=True)
-    arrays: dict[str, np.ndarray] = {"x0": x.numpy(), "labels": labels}
+    for how in EXPORTS:
+        _export(module, x, how, HERE / f"{name}_{how}.onnx")
+    with torch.no_grad():
+        out = module.double()(x.double()).numpy()
+    # the export made at batch 2 trained at batch 8 (its reshapes' batch read as the input's)
+    x8 = torch.randn(larger, 3, side, side, generator=torch.Generator().manual_seed(4))
+    labels8 = torch.randint(0, CLASSES, (larger,), generator=torch.Generator().manual_seed(5)).numpy()
+    base = {"x0": x.numpy(), "labels": labels, "out": out, "x8": x8.numpy(), "labels8": labels8}
+    np.savez_compressed(HERE / f"{name}.npz", **base, **_references(name, base))
+
+
+def _references(name: str, base: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The step references of ``name``'s stored exports (see the module docstring) on ``base``'s batches."""
+    import onnx
+
+    arrays: dict[str, np.ndarray] = {}
     steps: dict[str, dict[str, np.ndarray]] = {}
     for how in EXPORTS:
-        model = _export(module, x, how, HERE / f"{name}_{how}.onnx")
-        step = _step(model, x.numpy(), labels)
+        step = _step(onnx.load(str(HERE / f"{name}_{how}.onnx")), base["x0"], base["labels"])
         arrays[f"{how}:has_step"] = np.bool_(step is not None)
         same = next((k for k, v in steps.items() if step is not None and _equal(v, step)), None)
         if same is not None:  # the same graph at another opset: its reference is the other's
@@ -381,22 +413,34 @@ def make(name: str, n: int = _EXAMPLE, larger: int = 8) -> None:
         if step is not None:
             steps[how] = step
             arrays.update({f"{how}:{k}": v for k, v in step.items()})
-    with torch.no_grad():
-        arrays["out"] = module.double()(x.double()).numpy()
-    # the export made at batch 2 trained at batch 8 (its reshapes' batch read as the input's)
-    x8 = torch.randn(larger, 3, side, side, generator=torch.Generator().manual_seed(4))
-    labels8 = torch.randint(0, CLASSES, (larger,), generator=torch.Generator().manual_seed(5)).numpy()
-    import onnx
-
-    step8 = _step(onnx.load(str(HERE / f"{name}_dynamo.onnx")), x8.numpy(), labels8)
-    arrays.update({"x8": x8.numpy(), "labels8": labels8, "dynamo:b8:has_step": np.bool_(step8 is not None)})
+    step8 = _step(onnx.load(str(HERE / f"{name}_dynamo.onnx")), base["x8"], base["labels8"])
+    arrays["dynamo:b8:has_step"] = np.bool_(step8 is not None)
     arrays.update({f"dynamo:b8:{k}": v for k, v in (step8 or {}).items()})
     arrays["exports"] = np.array(json.dumps(list(EXPORTS)))
-    np.savez_compressed(HERE / f"{name}.npz", **arrays)
+    return arrays
+
+
+#: the models, named without timm (which :func:`models` needs)
+NAMES = ("mobilenetv3", "efficientnet", "convnext", "vit", "deit")
+
+
+def references(name: str) -> None:
+    """The step references of ``name`` made again from its stored exports and batches (torch only: no timm,
+    no export), for a change of the reference itself (``make_vision.py --references [NAME ...]``)."""
+    with np.load(HERE / f"{name}.npz", allow_pickle=False) as f:
+        base = {k: f[k] for k in ("x0", "labels", "out", "x8", "labels8")}
+    np.savez_compressed(HERE / f"{name}.npz", **base, **_references(name, base))
 
 
 def main(argv: list[str] | None = None) -> int:
     from make import cli  # the corpus's other script, beside this one
+
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--references"]:
+        for name in args[1:] or NAMES:
+            references(name)
+            print(f"{name}: references made again from {HERE}")
+        return 0
 
     return cli(argv, __doc__ or "", list(models()), make)
 
