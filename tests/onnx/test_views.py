@@ -125,3 +125,27 @@ def test_a_model_exported_at_batch_1_is_refused_naming_the_remedy():
     """At batch 1 the batch cannot be told apart from the other axes of length 1 in the model's shapes."""
     with pytest.raises(OnnxError, match=r"exported at batch 1.*dynamic_shapes.*dynamic_axes"):
         vmem.onnx.load(_heads(static=1))
+
+
+def test_as_strided_written_as_a_gather_of_the_flattened_tensor_is_a_reshape_and_a_transpose():
+    """The dynamo exporter writes ``Tensor.as_strided`` (ConvNeXt's head) as a Gather of the flattened tensor
+    at constant indices ``arange(n).reshape(shape).transpose(perm)`` (at the example batch): vmem reads it as
+    the reshape and the transpose, the batch where the shape holds the example's, so it runs at any batch."""
+    n = 2
+    idx = np.arange(n * T * E, dtype=np.int64).reshape(n, T, E).transpose(0, 2, 1)
+    nodes = [
+        helper.make_node("Reshape", ["x", "flat"], ["f"]),
+        helper.make_node("Gather", ["f", "idx"], ["g"], axis=0),  # (n, E, T)
+        helper.make_node("ReduceMean", ["g"], ["y"], axes=[2], keepdims=0),
+    ]
+    model = _model(nodes, {"flat": np.array([-1], np.int64), "idx": idx}, batch=n)
+    net = vmem.onnx.load(model)
+    x = np.random.default_rng(5).standard_normal((n, T, E)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    x4 = np.random.default_rng(6).standard_normal((4, T, E)).astype(np.float32)
+    with vmem.Trainer(net) as trainer:
+        np.testing.assert_allclose(trainer.predict(x), want, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(trainer.predict(x4), x4.mean(axis=1), rtol=1e-6, atol=1e-6)
+    other = idx.reshape(-1)[::-1].reshape(idx.shape).copy()  # not a reshape and a transpose: still refused
+    with pytest.raises(OnnxError, match="gathers along axis 0, which holds the batch"):
+        vmem.onnx.load(_model(nodes, {"flat": np.array([-1], np.int64), "idx": other}, batch=n))

@@ -219,6 +219,11 @@ def _select(b: _Builder, ins: Ins, attrs: Attrs) -> _Tensor:
     if index.dtype.kind not in "iu":
         raise _Refuse(f"indices of type {index.dtype}")
     axis = int(attrs.get("axis", 0)) % len(x.dims)
+    strided = _strided(b, x, index) if axis == 0 and len(x.dims) == 1 else None
+    if strided is not None:  # PyTorch's as_strided over a flattened tensor: a reshape, then a transpose
+        shape, perm = strided
+        y = _reshape(b, [x, np.asarray(shape, np.int64)], {})[0]
+        return _transpose(b, [y], {"perm": list(perm)})[0]
     if x.view is not None:
         return _select_view(b, x, index, axis)
     _no_batch_axis(b, [axis], "gathers along")
@@ -231,6 +236,27 @@ def _select(b: _Builder, ins: Ins, attrs: Attrs) -> _Tensor:
     else:
         piece = b.add(nn.Take(at, x.axis(axis)), [x], lifted=x.lifted)
     return _reshaped(b, piece, x.dims[:axis] + index.shape + x.dims[axis + 1 :])
+
+
+def _strided(b: _Builder, x: _Tensor, index: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """``(shape, perm)`` where gathering the 1-D ``x`` at ``index`` is reshaping it to ``shape`` and permuting
+    the axes by ``perm`` (``index`` is ``arange(size).reshape(shape).transpose(perm)``: the dynamo exporter
+    writes ``Tensor.as_strided`` with a tensor's own strides, permuted, so), every value read once; None
+    otherwise. The length of ``x`` holds the batch where the model's does (an export at a fixed batch writes
+    its example batch in ``index``'s shape: the reshape reads it as the batch)."""
+    n, rank = index.size, index.ndim
+    length = _views.model_shape(x)[0] if x.view is not None else x.dims[0]
+    batch = length // BATCH if length >= BATCH else None
+    if not 1 < rank <= 5 or (n != length and (batch is None or n != batch * b.static_batch)):
+        return None
+    import itertools
+
+    flat = np.arange(n, dtype=index.dtype)
+    for perm in itertools.permutations(range(rank)):
+        shape = tuple(index.shape[perm.index(k)] for k in range(rank))  # index.shape == shape permuted by perm
+        if np.array_equal(flat.reshape(shape).transpose(perm), index):
+            return shape, perm
+    return None
 
 
 def _select_view(b: _Builder, x: _Tensor, index: np.ndarray, axis: int) -> _Tensor:

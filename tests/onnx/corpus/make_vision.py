@@ -201,8 +201,28 @@ def _ints(v: Any) -> list[int]:
     return [int(a) for a in (v.tolist() if hasattr(v, "tolist") else v)]
 
 
+def _strided(data: Any, idx: Any) -> Any:
+    """``Tensor.as_strided`` as the dynamo exporter writes it (a Gather of the flattened tensor at
+    ``arange(n).reshape(shape).transpose(perm)``, ``n`` its size at the export's batch), at the batch the
+    reference runs at: the reshape's first axis the batch; None where ``idx`` is no such pattern."""
+    import itertools
+
+    index = idx.numpy()
+    if data.ndim != 1 or index.ndim < 2 or data.numel() * _EXAMPLE != index.size * _BATCH[0]:
+        return None
+    flat = np.arange(index.size)
+    for perm in itertools.permutations(range(index.ndim)):
+        shape = [index.shape[perm.index(k)] for k in range(index.ndim)]
+        if np.array_equal(flat.reshape(shape).transpose(perm), index):
+            shape[0] = shape[0] // _EXAMPLE * _BATCH[0]
+            return data.reshape(shape).permute(*perm)
+    return None
+
+
 def _gather(attrs: dict[str, Any], xs: list[Any]) -> Any:
     axis = int(attrs.get("axis", 0)) % xs[0].ndim
+    if _BATCH[0] != _EXAMPLE and axis == 0 and (strided := _strided(xs[0], xs[1])) is not None:
+        return strided
     idx = xs[1].long()
     idx = torch.where(idx < 0, idx + xs[0].shape[axis], idx)
     out = xs[0].index_select(axis, idx.reshape(-1))
