@@ -149,3 +149,22 @@ def test_as_strided_written_as_a_gather_of_the_flattened_tensor_is_a_reshape_and
     other = idx.reshape(-1)[::-1].reshape(idx.shape).copy()  # not a reshape and a transpose: still refused
     with pytest.raises(OnnxError, match="gathers along axis 0, which holds the batch"):
         vmem.onnx.load(_model(nodes, {"flat": np.array([-1], np.int64), "idx": other}, batch=n))
+
+
+def test_every_reading_of_a_reshape_ends():
+    """Reading a reshape through a view tries each axis for the example batch: each try ends, taken or
+    refused (an axis of the model's size already met, the batch not yet, once split it again forever)."""
+    import itertools
+
+    from vmem.onnx._builder import BATCH, _Refuse, _Tensor
+    from vmem.onnx._views import _reshaped
+
+    x = _Tensor(None, (1, 6, 48))  # the model's (T, N, 3 * 16): attention's packed projections, batch second
+    for dims in itertools.permutations([6, 3, 3, 16]):
+        for k in range(4):
+            trial = list(dims)
+            trial[k] = trial[k] * BATCH // 3 if trial[k] % 3 == 0 else trial[k]
+            try:
+                _reshaped(x, ((1,), (0,), (2,)), trial)
+            except _Refuse:
+                pass

@@ -264,7 +264,7 @@ def _reshaped(x: _Tensor, groups: Groups, dims: Sequence[int]) -> tuple[tuple[in
                 got = True
             elif need % (have * size[a]) == 0:
                 have *= size[a]
-            elif need % have == 0 and size[a] % (need // have) == 0:  # the axis split: its first part here
+            elif need % have == 0 and need > have and size[a] % (need // have) == 0:  # the axis split: its first part
                 first, second = fresh, fresh + 1
                 fresh += 2
                 size[first], size[second] = need // have, size[a] // (need // have)
