@@ -168,3 +168,26 @@ def test_every_reading_of_a_reshape_ends():
                 _reshaped(x, ((1,), (0,), (2,)), trial)
             except _Refuse:
                 pass
+
+
+@pytest.mark.parametrize("moved", [False, True], ids=["batch-first", "batch-moved"])
+def test_a_constant_the_same_for_every_sample_written_out_at_the_example_batch_broadcasts(moved):
+    """An export at a fixed batch writes a constant made for the batch (a padding mask's zeros, filled
+    where a mask is added) out along it, every row the same: vmem reads one row, broadcast, at any batch."""
+    n = 2
+    rng = np.random.default_rng(7)
+    row = rng.standard_normal((1, T, E)).astype(np.float32)
+    c = np.repeat(row, n, axis=0) if not moved else np.repeat(row.transpose(1, 0, 2), n, axis=1)
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2])] if moved else []
+    nodes += [
+        helper.make_node("Add", ["t" if moved else "x", "C"], ["a"]),
+        helper.make_node("ReduceMean", ["a"], ["y"], axes=[0 if moved else 1], keepdims=0),
+    ]
+    model = _model(nodes, {"C": c}, batch=n)
+    net = vmem.onnx.load(model)
+    x = rng.standard_normal((n, T, E)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    x4 = rng.standard_normal((4, T, E)).astype(np.float32)
+    with vmem.Trainer(net) as trainer:
+        np.testing.assert_allclose(trainer.predict(x), want, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(trainer.predict(x4), (x4 + row).mean(axis=1), rtol=1e-5, atol=1e-6)

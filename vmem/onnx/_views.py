@@ -292,12 +292,16 @@ def _reshaped(x: _Tensor, groups: Groups, dims: Sequence[int]) -> tuple[tuple[in
 
 def constant(x: _Tensor, groups: Groups, value: np.ndarray) -> np.ndarray | None:
     """A constant operand of a viewed value (broadcast as the model does) in the vmem tensor's layout; None
-    where an axis it varies along is not one vmem axis."""
+    where an axis it varies along is not one vmem axis. One the same for every sample, written out along
+    the batch axis (an export at a fixed batch fills a mask's zeros so), is that one sample's."""
     value = np.asarray(value)
     rank = len(groups)
     if value.ndim > rank:
         return None
     value = value.reshape((1,) * (rank - value.ndim) + value.shape)
+    for j, g in enumerate(groups):  # the same for every sample, written out at the example batch: one row
+        if g == (0,) and value.shape[j] > 1 and (value == np.take(value, [0], axis=j)).all():
+            value = np.take(value, [0], axis=j)
     varies = [j for j in range(rank) if value.shape[j] != 1]
     if any(len(groups[j]) != 1 or groups[j] == (0,) for j in varies):
         return None
