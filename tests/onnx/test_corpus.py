@@ -19,9 +19,12 @@ ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
-#: (model, opset) pairs that import today; every other model of the corpus is expected to be refused
+#: how each model is exported: by the TorchScript exporter at opsets 14 and 17 (a symbolic batch), and with
+#: PyTorch's defaults (the dynamo exporter, the batch fixed at the example's, weights in ``.onnx.data``)
+EXPORTS = ("opset14", "opset17", "dynamo")
+#: (model, export) pairs that import today; every other model of the corpus is expected to be refused
 IMPORTS = {
-    (name, opset)
+    (name, export)
     for name in (
         "bert",
         "encoder_bf_post_gelu",
@@ -33,7 +36,7 @@ IMPORTS = {
         "mha_weights",
         "sdpa",
     )
-    for opset in (14, 17)
+    for export in EXPORTS
 }
 #: parameters vmem imports as constants
 CONSTANTS: dict[str, set[str]] = {}
@@ -48,10 +51,11 @@ WHY = {
 
 def _cases() -> list:
     out = []
-    for path in sorted(CORPUS.glob("*_opset*.onnx")):
-        name, opset = path.stem.rsplit("_opset", 1)
-        marks = [] if (name, int(opset)) in IMPORTS else [pytest.mark.xfail(reason=WHY[name], strict=True)]
-        out.append(pytest.param(name, int(opset), marks=marks, id=path.stem))
+    for path in sorted(CORPUS.glob("*.npz")):
+        for export in EXPORTS:
+            name = path.stem
+            marks = [] if (name, export) in IMPORTS else [pytest.mark.xfail(reason=WHY[name], strict=True)]
+            out.append(pytest.param(name, export, marks=marks, id=f"{name}_{export}"))
     return out
 
 
@@ -60,8 +64,8 @@ def _data(name: str) -> dict:
         return {k: f[k] for k in f.files}
 
 
-def _inputs(data: dict, dtype: type = np.float32) -> tuple:
-    xs = [data[k] for k in sorted(k for k in data if k.startswith("x"))]
+def _inputs(data: dict, dtype: type = np.float32, prefix: str = "") -> tuple:
+    xs = [data[k] for k in sorted(k for k in data if k.startswith(prefix + "x"))]
     return tuple(x.astype(dtype) if x.dtype.kind == "f" else x for x in xs)
 
 
@@ -74,15 +78,16 @@ def _predict(net, xs: tuple):
         return trainer.predict(xs if len(xs) > 1 else xs[0])
 
 
-def test_the_corpus_covers_every_model_at_two_opsets():
+def test_the_corpus_covers_every_model_three_ways():
     stems = {p.stem for p in CORPUS.glob("*.onnx")}
     names = {p.stem for p in CORPUS.glob("*.npz")}
-    assert len(names) >= 10 and stems == {f"{n}_opset{k}" for n in names for k in (14, 17)}
+    assert len(names) >= 10 and stems == {f"{n}_{e}" for n in names for e in EXPORTS}
+    assert all((CORPUS / f"{n}_dynamo.onnx.data").is_file() for n in names)  # the dynamo exporter's weights
 
 
-@pytest.mark.parametrize("name, opset", _cases())
-def test_a_pytorch_export_imports_and_trains_as_pytorch_does(name, opset):
-    path = CORPUS / f"{name}_opset{opset}.onnx"
+@pytest.mark.parametrize("name, export", _cases())
+def test_a_pytorch_export_imports_and_trains_as_pytorch_does(name, export):
+    path = CORPUS / f"{name}_{export}.onnx"
     data = _data(name)
     xs = _inputs(data)
     net = vmem.onnx.load(path)
@@ -91,22 +96,7 @@ def test_a_pytorch_export_imports_and_trains_as_pytorch_does(name, opset):
     np.testing.assert_allclose(_predict(net, xs), want, rtol=1e-4, atol=1e-5)
 
     # one SGD step in float64 against PyTorch's, every parameter found by what the export named it
-    net = vmem.onnx.load(path)
-    with vmem.Trainer(net, optimizer=vmem.optim.SGD(lr=0.05, momentum=0.9), dtype="float64") as trainer:
-        x64 = _inputs(data, np.float64)
-        report = trainer.step(x64 if len(x64) > 1 else x64[0], data["labels"])
-        trainer.sync()
-    assert report.loss == pytest.approx(float(data["loss"]), rel=1e-9)
-    sources = json.loads(str(data[f"sources:{opset}"]))
-    trained = {sources.get(initializer, initializer) for initializer in net.sources.values()}
-    assert trained == {k[len("param:") :] for k in data if k.startswith("param:")} - CONSTANTS.get(name, set())
-    for key, initializer in net.sources.items():
-        theirs = data["param:" + sources.get(initializer, initializer)]
-        mine = net.params[key]
-        if theirs.ndim == 2 and theirs.T.shape == mine.shape != theirs.shape:  # a MatMul's weight, transposed
-            theirs = theirs.T
-        theirs = theirs.reshape(mine.shape)  # a position table added to (N, T, H): held (1, T, H)
-        assert np.abs(mine - theirs).max() <= 1e-9 * np.abs(theirs).max(), key  # of the tensor's scale
+    net = _trains_as_pytorch(name, path, data, json.loads(str(data[f"sources:{export.removeprefix('opset')}"])))
 
     # planned under auto on a simulated GPU, and exported back
     assert vmem.plan(net, 32, "sim:v100-16gb", "auto", memory="1GiB").fits
@@ -116,3 +106,33 @@ def test_a_pytorch_export_imports_and_trains_as_pytorch_does(name, opset):
         kinds = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
         feeds = {i.name: x.astype(kinds[i.type]) for i, x in zip(back.get_inputs(), xs)}
         np.testing.assert_allclose(back.run(None, feeds)[0], _predict(net, xs), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, e in IMPORTS if e == "dynamo"))
+def test_an_export_at_the_example_batch_trains_at_batch_8_as_pytorch_does(name):
+    """PyTorch's defaults fix the batch at the example's (3) in the export's shapes: vmem reads that batch as
+    the input's, and the network trains at batch 8 as PyTorch's module does."""
+    data = _data(name)
+    _trains_as_pytorch(name, CORPUS / f"{name}_dynamo.onnx", data, json.loads(str(data["sources:dynamo"])), "b8:")
+
+
+def _trains_as_pytorch(name: str, path: Path, data: dict, sources: dict, prefix: str = "") -> vmem.Network:
+    """The imported network after one SGD step in float64 on the batch under ``prefix``, checked against
+    PyTorch's: the loss, and every parameter (found by the export's name for it) within 1e-9 of its scale."""
+    net = vmem.onnx.load(path)
+    with vmem.Trainer(net, optimizer=vmem.optim.SGD(lr=0.05, momentum=0.9), dtype="float64") as trainer:
+        x64 = _inputs(data, np.float64, prefix)
+        report = trainer.step(x64 if len(x64) > 1 else x64[0], data[prefix + "labels"])
+        trainer.sync()
+    assert report.loss == pytest.approx(float(data[prefix + "loss"]), rel=1e-9)
+    params = {k[len(prefix + "param:") :]: v for k, v in data.items() if k.startswith(prefix + "param:")}
+    trained = {sources.get(initializer, initializer) for initializer in net.sources.values()}
+    assert trained == set(params) - CONSTANTS.get(name, set())
+    for key, initializer in net.sources.items():
+        theirs = params[sources.get(initializer, initializer)]
+        mine = net.params[key]
+        if theirs.ndim == 2 and theirs.T.shape == mine.shape != theirs.shape:  # a MatMul's weight, transposed
+            theirs = theirs.T
+        theirs = theirs.reshape(mine.shape)  # a position table added to (N, T, H): held (1, T, H)
+        assert np.abs(mine - theirs).max() <= 1e-9 * np.abs(theirs).max(), key  # of the tensor's scale
+    return net

@@ -85,18 +85,40 @@ def _constant_for(x: _Tensor, value: np.ndarray) -> np.ndarray:
     return value
 
 
-def _position_table(b: _Builder, at: int) -> tuple[str, bool] | None:
+def _attention_scale(x: _Tensor, value: np.ndarray) -> np.ndarray:
+    """A scalar multiplying attention's queries or keys as the exporter rounded it: the dynamo exporter
+    writes ``scaled_dot_product_attention``'s default scale 1/sqrt(d) as its square root on each of q and k,
+    d^(-1/4) rounded to float32. Read back as the exact value (as PyTorch computes it in float64); the same
+    float32 value in a float32 network."""
+    if value.size != 1 or value.dtype != np.float32:
+        return value
+    dims = _views.model_shape(x) if x.view is not None else list(x.dims)
+    for d in dims[-2:]:  # the head size: the last axis of q, the one before the last of k transposed
+        for power in (-0.25, -0.5):
+            exact = float(d) ** power
+            if 1 < d < 1 << 16 and np.float32(exact) == value.reshape(()):
+                return np.full(value.shape, exact)
+    return value
+
+
+def _position_table(b: _Builder, at: int) -> tuple[str, bool, int] | None:
     """Where the constant added (input ``at``) is the first rows of a table, in order (a learned position
-    embedding read at positions 0..T-1): (the table, whether it is the whole table). Added as a trainable
-    constant, the table trains as the model trains it (rows past T get no gradient in either)."""
+    embedding read at positions 0..T-1): (the table, whether it is the whole table, how many times the
+    positions are repeated along the first axis: 1, or the example batch where an export at a fixed batch
+    expanded them to it). Added as a trainable constant, the table trains as the model trains it (rows past
+    T get no gradient in either)."""
     gathered = b.gathered.get(b.input_names[at])
     if gathered is None:
         return None
     source, positions, rows = gathered
+    repeats = 1
+    if positions.ndim > 1 and b.static_batch > 1 and positions.shape[0] == b.static_batch:
+        if (positions == positions[:1]).all():  # the same positions for every sample of the example batch
+            positions, repeats = positions[:1], b.static_batch
     flat = positions.reshape(-1)
     if positions.dtype.kind not in "iu" or not np.array_equal(flat, np.arange(flat.size)) or source in b.owner:
         return None
-    return source, flat.size == rows
+    return source, flat.size == rows, repeats
 
 
 def _weight_like(b: _Builder, x: _Tensor, at: int, value: np.ndarray) -> bool:
@@ -141,6 +163,8 @@ def _arith(op: str, both: Callable[[], nn.Layer] | None) -> Callable[..., list[A
         if value.dtype.kind != "f":
             raise _Refuse(f"{op} of a feature map and a {value.dtype} constant")
         at = 1 if isinstance(a, _Tensor) else 0  # where the constant is
+        if kind == "mul":
+            value = _attention_scale(x, value)
         fused = _bias_of_linear(b, x, value, at) if kind == "add" else None
         if fused is not None:
             return [fused]
@@ -150,9 +174,14 @@ def _arith(op: str, both: Callable[[], nn.Layer] | None) -> Callable[..., list[A
             kind in ("add", "sub") and value.item() == 0 or kind in ("mul", "div") and value.item() == 1
         ):
             return [x]  # x + 0, x * 1: nothing to do
+        if x.view is None and not b.lead and value.ndim == len(x.dims) and 1 < value.shape[0] == b.static_batch:
+            if (value == value[:1]).all():  # written out once a sample of the example batch (a position table
+                value = value[:1]  # the exporter read at fixed positions and folded): one, for every sample
         if x.view is not None or _grows(x, value):
             return [_views_constant(b, x, kind, value)]
         table = _position_table(b, at) if kind == "add" else None
+        if table is not None and table[2] > 1:
+            value = value[:1]  # one sample's positions (the export wrote them out for its example batch)
         weight = table is None and _weight_like(b, x, at, value)
         try:
             layer = nn.ConstantOp(kind, _constant_for(x, value), trainable=table is not None or weight)

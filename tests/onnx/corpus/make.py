@@ -4,17 +4,20 @@ importer against PyTorch's exports without PyTorch installed.
 
 Needs torch (2.13 here) and onnx; run from the repository root::
 
-    python tests/onnx/corpus/make.py            # every model, at opsets 14 and 17
+    python tests/onnx/corpus/make.py            # every model: at opsets 14 and 17, and with the defaults
     python tests/onnx/corpus/make.py --list     # their names
 
 (``make_vision.py`` beside it makes the vision corpus, networks of timm's families.)
 
-Each model ``NAME`` writes ``NAME_opsetK.onnx`` (an inference export, the batch axis symbolic: ``N``) at
-each opset and ``NAME.npz``: the inputs of one batch (``x0``, ``x1``, ...), the model's output on them in float64 (``out``),
+Each model ``NAME`` writes ``NAME_opsetK.onnx`` (an inference export by the TorchScript exporter,
+``dynamo=False``, the batch axis symbolic: ``N``) at each opset, ``NAME_dynamo.onnx`` and its
+``NAME_dynamo.onnx.data`` (``torch.onnx.export(model, xs, path)`` with PyTorch's defaults: the dynamo
+exporter, its opset, the batch fixed at the example's, 3) and ``NAME.npz``: the inputs of one batch (``x0``, ``x1``, ...), the model's output on them in float64 (``out``),
 class labels (``labels``), and PyTorch's own step on that batch in float64: the loss of one SGD step
 (learning rate 0.05, momentum 0.9; ``loss``) and every parameter after it (``param:<name>``, by the names
-PyTorch keeps them), and per opset ``sources:K``: JSON, each initializer of the export -> the parameter it holds
-(found by value: a MatMul's weight is stored transposed, under a name of the exporter's). Dropout is off
+PyTorch keeps them), and per opset ``sources:K`` (``sources:dynamo``): JSON, each initializer of the export -> the
+parameter it holds (found by value: a MatMul's weight is stored transposed, under a name of the exporter's);
+``b8:...``: a batch of 8 and PyTorch's step on it, the same way (what the dynamo export trains at). Dropout is off
 everywhere (the two sides would draw other masks).
 """
 
@@ -232,7 +235,8 @@ def _export(module: nn.Module, xs: tuple, opset: int) -> bytes:
 
 def _sources(model: bytes, initial: dict[str, np.ndarray]) -> dict[str, str]:
     """Each initializer of the export -> the parameter it holds (as is, or transposed: a MatMul's weight
-    the exporter folded), found by value, the first such parameter where several are equal."""
+    the exporter folded, or written out once a sample of the example batch: a position table the dynamo
+    exporter folded), found by value, the first such parameter where several are equal."""
     import onnx
     from onnx import numpy_helper
 
@@ -246,6 +250,10 @@ def _sources(model: bytes, initial: dict[str, np.ndarray]) -> dict[str, str]:
             if param.ndim == 2 and param.T.shape == value.shape and np.array_equal(param.T, value):
                 out[tensor.name] = key
                 break
+            if value.ndim > param.ndim and value[0].size == param.size and (value == value[:1]).all():
+                if np.array_equal(value[0].reshape(param.shape), param):  # written out once a sample: the
+                    out[tensor.name] = key  # dynamo exporter folds a position table read for its batch so
+                    break
     return out
 
 
@@ -271,21 +279,65 @@ def make(name: str, n: int = 3) -> None:
         model = _export(module, xs, opset)
         (HERE / f"{name}_opset{opset}.onnx").write_bytes(model)
         arrays[f"sources:{opset}"] = np.array(json.dumps(_sources(model, initial)))
+    arrays["sources:dynamo"] = np.array(json.dumps(_sources(_export_dynamo(module, xs, name), initial)))
     labels = torch.randint(0, CLASSES, (n,), generator=torch.Generator().manual_seed(2))
-    module.double()
+    arrays.update({f"x{i}": a.numpy() for i, a in enumerate(xs)})
+    arrays.update(_step(module, xs, labels, with_output=True))
+    # a batch of another size: what the dynamo export (its batch fixed at the example's) trains at
+    xs8 = batch(LARGER, torch.Generator().manual_seed(4))
+    labels8 = torch.randint(0, CLASSES, (LARGER,), generator=torch.Generator().manual_seed(5))
+    arrays.update({f"b{LARGER}:x{i}": a.numpy() for i, a in enumerate(xs8)})
+    arrays.update({f"b{LARGER}:{k}": v for k, v in _step(module, xs8, labels8).items()})
+    np.savez_compressed(HERE / f"{name}.npz", **arrays)
+
+
+#: the batch size of the second reference step (the export's example batch is 3)
+LARGER = 8
+
+
+def _step(module: nn.Module, xs: tuple, labels: torch.Tensor, with_output: bool = False) -> dict[str, np.ndarray]:
+    """PyTorch's own SGD step of a copy of ``module`` on ``xs`` in float64: its loss, labels and parameters
+    after it (``param:<name>``), and with ``with_output`` its output before it (``out``)."""
+    import copy
+
+    module = copy.deepcopy(module).double().eval()
     doubled = tuple(a.double() if a.is_floating_point() else a for a in xs)
-    with torch.no_grad():
-        out = module(*doubled)
+    out = {}
+    if with_output:
+        with torch.no_grad():
+            out["out"] = module(*doubled).numpy()
     module.train()
     opt = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
     opt.zero_grad()
     loss = F.cross_entropy(module(*doubled), labels)
     loss.backward()
     opt.step()
-    arrays.update({f"x{i}": a.numpy() for i, a in enumerate(xs)})
-    arrays.update(out=out.detach().numpy(), labels=labels.numpy(), loss=np.float64(loss.item()))
-    arrays.update({f"param:{k}": v.detach().numpy() for k, v in module.state_dict().items()})
-    np.savez_compressed(HERE / f"{name}.npz", **arrays)
+    out.update(labels=labels.numpy(), loss=np.float64(loss.item()))
+    out.update({f"param:{k}": v.detach().numpy() for k, v in module.state_dict().items()})
+    return out
+
+
+def _export_dynamo(module: nn.Module, xs: tuple, name: str) -> bytes:
+    """``torch.onnx.export(module, xs, path)`` with PyTorch's defaults (the dynamo exporter: its opset, the
+    batch fixed at the example's, the weights in ``path.data``), as a user writes it, into
+    ``NAME_dynamo.onnx``; the model with its weights, as bytes."""
+    import onnx
+
+    from make_vision import scrub  # the corpus's other script, beside this one
+
+    path = HERE / f"{name}_dynamo.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(copy_of(module), xs, str(path))
+    scrub(path)
+    return onnx.load(str(path)).SerializeToString()
+
+
+def copy_of(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` to export (the dynamo exporter may change the module it traces)."""
+    import copy
+
+    return copy.deepcopy(module).eval()
 
 
 def cli(argv: list[str] | None, doc: str, names: list[str], make_one: Callable[[str], None]) -> int:
