@@ -19,9 +19,12 @@ ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
-#: how each model is exported: by the TorchScript exporter at opsets 14 and 17 (a symbolic batch), and with
-#: PyTorch's defaults (the dynamo exporter, the batch fixed at the example's, weights in ``.onnx.data``)
-EXPORTS = ("opset14", "opset17", "dynamo")
+#: how each model is exported: by the TorchScript exporter at opsets 14 and 17 (a symbolic batch) and at 17
+#: without dynamic axes (the batch fixed at the example's), and with PyTorch's defaults (the dynamo exporter,
+#: the batch fixed at the example's, weights in ``.onnx.data``)
+EXPORTS = ("opset14", "opset17", "static17", "dynamo")
+#: those whose batch is fixed at the example's (3): they train at another batch (8) too
+FIXED = ("static17", "dynamo")
 #: (model, export) pairs that import today; every other model of the corpus is expected to be refused
 IMPORTS = {
     (name, export)
@@ -78,7 +81,7 @@ def _predict(net, xs: tuple):
         return trainer.predict(xs if len(xs) > 1 else xs[0])
 
 
-def test_the_corpus_covers_every_model_three_ways():
+def test_the_corpus_covers_every_model_every_way():
     stems = {p.stem for p in CORPUS.glob("*.onnx")}
     names = {p.stem for p in CORPUS.glob("*.npz")}
     assert len(names) >= 10 and stems == {f"{n}_{e}" for n in names for e in EXPORTS}
@@ -108,12 +111,13 @@ def test_a_pytorch_export_imports_and_trains_as_pytorch_does(name, export):
         np.testing.assert_allclose(back.run(None, feeds)[0], _predict(net, xs), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", sorted(n for n, e in IMPORTS if e == "dynamo"))
-def test_an_export_at_the_example_batch_trains_at_batch_8_as_pytorch_does(name):
-    """PyTorch's defaults fix the batch at the example's (3) in the export's shapes: vmem reads that batch as
-    the input's, and the network trains at batch 8 as PyTorch's module does."""
+@pytest.mark.parametrize("name, export", sorted((n, e) for n, e in IMPORTS if e in FIXED))
+def test_an_export_at_the_example_batch_trains_at_batch_8_as_pytorch_does(name, export):
+    """PyTorch's defaults (and an export that names no dynamic axes) fix the batch at the example's (3) in the
+    export's shapes: vmem reads that batch as the input's, and the network trains at batch 8 as PyTorch's
+    module does."""
     data = _data(name)
-    _trains_as_pytorch(name, CORPUS / f"{name}_dynamo.onnx", data, json.loads(str(data["sources:dynamo"])), "b8:")
+    _trains_as_pytorch(name, CORPUS / f"{name}_{export}.onnx", data, json.loads(str(data[f"sources:{export}"])), "b8:")
 
 
 def _trains_as_pytorch(name: str, path: Path, data: dict, sources: dict, prefix: str = "") -> vmem.Network:

@@ -12,13 +12,14 @@ Needs torch (2.13 here) and onnx; run from the repository root::
 Each model ``NAME`` writes ``NAME_opsetK.onnx`` (an inference export by the TorchScript exporter,
 ``dynamo=False``, the batch axis symbolic: ``N``) at each opset, ``NAME_dynamo.onnx`` and its
 ``NAME_dynamo.onnx.data`` (``torch.onnx.export(model, xs, path)`` with PyTorch's defaults: the dynamo
-exporter, its opset, the batch fixed at the example's, 3) and ``NAME.npz``: the inputs of one batch (``x0``, ``x1``, ...), the model's output on them in float64 (``out``),
+exporter, its opset, the batch fixed at the example's, 3), ``NAME_static17.onnx`` (``dynamo=False`` at
+opset 17 with no dynamic axes: the batch fixed at 3 too) and ``NAME.npz``: the inputs of one batch (``x0``, ``x1``, ...), the model's output on them in float64 (``out``),
 class labels (``labels``), and PyTorch's own step on that batch in float64: the loss of one SGD step
 (learning rate 0.05, momentum 0.9; ``loss``) and every parameter after it (``param:<name>``, by the names
 PyTorch keeps them), and per opset ``sources:K`` (``sources:dynamo``): JSON, each initializer of the export -> the
 parameter it holds (found by value: a MatMul's weight is stored transposed, under a name of the exporter's);
-``b8:...``: a batch of 8 and PyTorch's step on it, the same way (what the dynamo export trains at). Dropout is off
-everywhere (the two sides would draw other masks).
+``b8:...``: a batch of 8 and PyTorch's step on it, the same way (what the exports at a fixed batch train
+at). Dropout is off everywhere (the two sides would draw other masks).
 """
 
 from __future__ import annotations
@@ -215,20 +216,16 @@ def models() -> dict[str, tuple[Callable[[], nn.Module], Callable[[int, torch.Ge
     return out
 
 
-def _export(module: nn.Module, xs: tuple, opset: int) -> bytes:
+def _export(module: nn.Module, xs: tuple, opset: int, dynamic: bool = True) -> bytes:
+    """The TorchScript exporter's model (``dynamo=False``) at ``opset``: the batch axis symbolic (``N``), or
+    with ``dynamic`` false fixed at the example's, as an export that names no dynamic axes writes it."""
     names = [f"x{i}" for i in range(len(xs))]
     f = io.BytesIO()
+    axes = {**{name: {0: "N"} for name in names}, "out": {0: "N"}} if dynamic else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            module,
-            xs,
-            f,
-            opset_version=opset,
-            dynamo=False,
-            input_names=names,
-            output_names=["out"],
-            dynamic_axes={**{name: {0: "N"} for name in names}, "out": {0: "N"}},
+            module, xs, f, opset_version=opset, dynamo=False, input_names=names, output_names=["out"], dynamic_axes=axes
         )
     return f.getvalue()
 
@@ -279,6 +276,9 @@ def make(name: str, n: int = 3) -> None:
         model = _export(module, xs, opset)
         (HERE / f"{name}_opset{opset}.onnx").write_bytes(model)
         arrays[f"sources:{opset}"] = np.array(json.dumps(_sources(model, initial)))
+    static = _export(module, xs, STATIC, dynamic=False)
+    (HERE / f"{name}_static{STATIC}.onnx").write_bytes(static)
+    arrays[f"sources:static{STATIC}"] = np.array(json.dumps(_sources(static, initial)))
     arrays["sources:dynamo"] = np.array(json.dumps(_sources(_export_dynamo(module, xs, name), initial)))
     labels = torch.randint(0, CLASSES, (n,), generator=torch.Generator().manual_seed(2))
     arrays.update({f"x{i}": a.numpy() for i, a in enumerate(xs)})
@@ -293,6 +293,8 @@ def make(name: str, n: int = 3) -> None:
 
 #: the batch size of the second reference step (the export's example batch is 3)
 LARGER = 8
+#: the opset of the TorchScript export without dynamic axes (``NAME_static17.onnx``)
+STATIC = 17
 
 
 def _step(module: nn.Module, xs: tuple, labels: torch.Tensor, with_output: bool = False) -> dict[str, np.ndarray]:
