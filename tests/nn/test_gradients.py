@@ -372,10 +372,19 @@ def test_select_gives_its_constants_and_no_gradient(cmp):
     """Finite differences of a piecewise-constant output are zero (away from the threshold): nothing flows."""
     layer = nn.Select(cmp, 0.25, -1e4, np.arange(4.0))
     assert check_layer(layer, [(2, 3, 4)], inputs={0: np.linspace(-2, 2, 24).reshape(2, 3, 4) + 0.01}) == ["x0"]
-    x = np.array([[0.0, 0.25, 1.0, -1.0]])
+    x = np.array([[0.0, 0.25, np.nan, -1.0]])
     y = np.empty_like(x)
     nn.Select(cmp, 0.25, -np.inf, np.arange(4.0)).forward(_ctx(), [x], y)
-    holds = {">": x > 0.25, "<": x < 0.25, ">=": x >= 0.25, "<=": x <= 0.25, "==": x == 0.25, "!=": x != 0.25}[cmp]
+    holds = {
+        ">": x > 0.25,
+        "<": x < 0.25,
+        ">=": x >= 0.25,
+        "<=": x <= 0.25,
+        "==": x == 0.25,
+        "!=": x != 0.25,
+        "isnan": np.isnan(x),
+        "notnan": ~np.isnan(x),
+    }[cmp]
     np.testing.assert_array_equal(y, np.where(holds, -np.inf, np.arange(4.0)))
 
 
@@ -388,6 +397,20 @@ def _ctx():
 @pytest.mark.parametrize("shape, to", [((2, 1, 4), (3, 4)), ((2, 3, 1, 5, 1), (3, 2, 5, 4)), ((3, 1), (5,))])
 def test_expand(shape, to):
     assert check_layer(nn.Expand(to), [shape]) == ["x0"]
+
+
+def test_select_of_nan_zeroes_nan_and_passes_the_gradient_elsewhere():
+    """``Select("isnan", 0, 0.0, None)`` (attention's NaN-to-zero after a softmax): NaN becomes 0, nothing
+    else changes, and the gradient passes wherever the input is kept."""
+    layer = nn.Select("isnan", 0, 0.0, None)
+    assert check_layer(layer, [(2, 3, 4)]) == ["x0"]
+    x = np.array([[np.nan, 1.5, -np.inf]])
+    y = np.empty_like(x)
+    layer.forward(_ctx(), [x], y)
+    np.testing.assert_array_equal(y, [[0.0, 1.5, -np.inf]])
+    dx = np.empty_like(x)
+    layer.backward(_ctx(), np.ones_like(x), [x], None, [dx])
+    np.testing.assert_array_equal(dx, [[0.0, 1.0, 1.0]])
 
 
 @pytest.mark.parametrize("if_true, if_false", [(None, -0.5), (0.5, None)])

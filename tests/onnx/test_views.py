@@ -191,3 +191,31 @@ def test_a_constant_the_same_for_every_sample_written_out_at_the_example_batch_b
     with vmem.Trainer(net) as trainer:
         np.testing.assert_allclose(trainer.predict(x), want, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(trainer.predict(x4), (x4 + row).mean(axis=1), rtol=1e-5, atol=1e-6)
+
+
+def test_attentions_nan_to_zero_after_its_softmax_imports_and_exports_back():
+    """PyTorch's exporters write scaled_dot_product_attention's softmax followed by ``Where(IsNaN(p), 0, p)``
+    (a row every position of which is masked): one ``nn.Select("isnan", ...)``, written back as IsNaN."""
+    nodes = [
+        helper.make_node("Softmax", ["x"], ["p"], axis=-1),
+        helper.make_node("IsNaN", ["p"], ["nan"]),
+        helper.make_node("Where", ["nan", "zero", "p"], ["y"]),
+    ]
+    model = _model(nodes, {"zero": np.array(0.0, np.float32)})
+    net = vmem.onnx.load(model)
+    assert [type(layer).__name__ for layer in net.layers] == ["Softmax", "Select"]
+    x = np.random.default_rng(8).standard_normal((3, T, E)).astype(np.float32)
+    x[1, 0] = -np.inf  # a row masked everywhere: its softmax is NaN, then 0
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    with vmem.Trainer(net) as trainer:
+        got = trainer.predict(x)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert not np.isnan(got).any() and not got[1, 0].any()
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        vmem.onnx.save(net, f"{folder}/back.onnx")
+        back = onnx.load(f"{folder}/back.onnx")
+        assert "IsNaN" in {n.op_type for n in back.graph.node}
+        again = ort.InferenceSession(f"{folder}/back.onnx")
+        np.testing.assert_allclose(again.run(None, {again.get_inputs()[0].name: x})[0], got, rtol=1e-6, atol=1e-7)

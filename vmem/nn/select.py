@@ -20,14 +20,15 @@ __all__ = ["Select", "Expand"]
 
 class Select(Layer):
     """``Select(cmp, threshold, if_true, if_false)``: ``if_true`` where ``x cmp threshold`` holds, else
-    ``if_false`` (``cmp`` one of ``>``, ``<``, ``>=``, ``<=``, ``==``, ``!=``; each value a constant, any
+    ``if_false`` (``cmp`` one of ``>``, ``<``, ``>=``, ``<=``, ``==``, ``!=``, or ``isnan`` and ``notnan``,
+    which test x alone: ``Select("isnan", 0, 0.0, None)`` is attention's NaN-to-zero; each value a constant, any
     float including infinities, that broadcasts into the input's shape without its batch axis, NumPy's way,
     in its logical layout, or None for x itself). What a model makes of a padding mask: ``Select(">", 0.5,
     -inf, 0.0)``; a bound written out: ``Select("<", lo, lo, None)``. No gradient flows where a constant is
     chosen; where x is, it passes. Backward needs x where one value is x itself, else nothing."""
 
     kind = "select"
-    CMPS = (">", "<", ">=", "<=", "==", "!=")
+    CMPS = (">", "<", ">=", "<=", "==", "!=", "isnan", "notnan")
 
     def __init__(self, cmp: str, threshold: float, if_true: Any, if_false: Any):
         super().__init__()
@@ -45,7 +46,8 @@ class Select(Layer):
         def show(v: np.ndarray | None) -> str:
             return "x" if v is None else f"{v.item():g}" if v.size == 1 else f"shape={v.shape}"
 
-        return f"x {self.cmp} {self.threshold:g} ? {show(self.if_true)} : {show(self.if_false)}"
+        test = f"{self.cmp}(x)" if self.cmp in ("isnan", "notnan") else f"x {self.cmp} {self.threshold:g}"
+        return f"{test} ? {show(self.if_true)} : {show(self.if_false)}"
 
     def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         self.check_arity(in_shapes)
@@ -65,6 +67,9 @@ class Select(Layer):
 
     def _test(self, ctx: Ctx, x: Array) -> Array:
         xp = ctx.xp
+        if self.cmp in ("isnan", "notnan"):
+            nan = xp.isnan(x)
+            return nan if self.cmp == "isnan" else xp.logical_not(nan, out=nan)
         return {
             ">": xp.greater,
             "<": xp.less,

@@ -127,7 +127,16 @@ class _Mask:
     threshold: float
 
     def negated(self) -> "_Mask":
-        flip = {">": "<=", "<": ">=", ">=": "<", "<=": ">", "==": "!=", "!=": "=="}
+        flip = {
+            ">": "<=",
+            "<": ">=",
+            ">=": "<",
+            "<=": ">",
+            "==": "!=",
+            "!=": "==",
+            "isnan": "notnan",
+            "notnan": "isnan",
+        }
         return _Mask(self.x, flip[self.cmp], self.threshold)
 
 

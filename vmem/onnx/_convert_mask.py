@@ -42,6 +42,15 @@ for _op, _versions in (
     _converts(_op, *_versions)(_compare(_op))
 
 
+@_converts("IsNaN", 9, 13, 20)
+def _isnan(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
+    """Where a computed tensor is NaN (attention's softmax, NaN-to-zero where every position is masked):
+    held until a Where reads it, as a comparison is."""
+    if not isinstance(ins[0], _Tensor):
+        raise _Refuse("tests a value that is not a computed tensor")
+    return [_Mask(b.tensor(ins, 0, "input", view=True), "isnan", 0.0)]
+
+
 @_converts("Not", 1)
 def _not(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
     if not isinstance(ins[0], _Mask):

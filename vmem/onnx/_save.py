@@ -311,12 +311,16 @@ def _layernorm(w: _Writer, node: Node, layer: nn.LayerNorm, ins: list[str], name
 
 def _select(w: _Writer, node: Node, layer: nn.Select, ins: list[str], name: str) -> str:
     op = {">": "Greater", "<": "Less", ">=": "GreaterOrEqual", "<=": "LessOrEqual", "==": "Equal", "!=": "Equal"}
-    threshold = w.const(f"{name}.threshold", layer.threshold, np.float32)
-    test = w.emit(op[layer.cmp], [ins[0], threshold], f"{name}.test")
-    if layer.cmp == "!=":
+    if layer.cmp in ("isnan", "notnan"):
+        test = w.emit("IsNaN", [ins[0]], f"{name}.test")
+    else:
+        threshold = w.const(f"{name}.threshold", layer.threshold, np.float32)
+        test = w.emit(op[layer.cmp], [ins[0], threshold], f"{name}.test")
+    if layer.cmp in ("!=", "notnan"):
         test = w.emit("Not", [test], f"{name}.not")
-    values = [
-        w.const(f"{name}.{k}", v, np.float32) for k, v in (("if_true", layer.if_true), ("if_false", layer.if_false))
+    values = [  # None: the input itself (a bound written out, attention's NaN-to-zero)
+        ins[0] if v is None else w.const(f"{name}.{k}", v, np.float32)
+        for k, v in (("if_true", layer.if_true), ("if_false", layer.if_false))
     ]
     return w.emit("Where", [test, *values], name)
 
