@@ -174,15 +174,17 @@ def _arith(op: str, both: Callable[[], nn.Layer] | None) -> Callable[..., list[A
             kind in ("add", "sub") and value.item() == 0 or kind in ("mul", "div") and value.item() == 1
         ):
             return [x]  # x + 0, x * 1: nothing to do
+        fill = False  # a constant made for the batch, one value throughout (an additive mask's zeros)
         if x.view is None and not b.lead and value.ndim == len(x.dims) and 1 < value.shape[0] == b.static_batch:
             if (value == value[:1]).all():  # written out once a sample of the example batch (a position table
                 value = value[:1]  # the exporter read at fixed positions and folded): one, for every sample
+                fill = bool((value == value.reshape(-1)[0]).all())
         if x.view is not None or _grows(x, value):
             return [_views_constant(b, x, kind, value)]
         table = _position_table(b, at) if kind == "add" else None
         if table is not None and table[2] > 1:
             value = value[:1]  # one sample's positions (the export wrote them out for its example batch)
-        weight = table is None and _weight_like(b, x, at, value)
+        weight = table is None and not fill and _weight_like(b, x, at, value)
         try:
             layer = nn.ConstantOp(kind, _constant_for(x, value), trainable=table is not None or weight)
         except ValueError as exc:

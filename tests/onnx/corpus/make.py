@@ -2,7 +2,8 @@
 with PyTorch the way its users write them, exported by ``torch.onnx.export``, so that the suite checks the
 importer against PyTorch's exports without PyTorch installed.
 
-Needs torch (2.13 here) and onnx; run from the repository root::
+Needs torch (2.13 here), onnx, onnxscript (the dynamo exporter's) and transformers (5 here, for the
+``hf_*`` models); run from the repository root::
 
     python tests/onnx/corpus/make.py            # every model: at opsets 14 and 17, and with the defaults
     python tests/onnx/corpus/make.py --list     # their names
@@ -213,7 +214,56 @@ def models() -> dict[str, tuple[Callable[[], nn.Module], Callable[[int, torch.Ge
         return _ids(n, g), types, mask
 
     out["bert"] = (Bert, bert_batch)
+    # no padding token (id 0) in their batches: an Embedding's padding_idx (whose row PyTorch does not train)
+    # is not in an export, so vmem trains every row
+    unpadded = lambda n, g: (torch.randint(1, VOCAB, (n, LENGTH), generator=g),)  # noqa: E731
+    out["hf_bert"] = (lambda: _Logits(_transformers("bert")), unpadded)
+    out["hf_distilbert"] = (lambda: _Logits(_transformers("distilbert")), unpadded)
     return out
+
+
+class _Logits(nn.Module):
+    """A model of Hugging Face's transformers called on token ids alone, its logits out (what a user exports)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids).logits
+
+
+def _transformers(family: str) -> nn.Module:
+    """A small sequence classifier of transformers' ``family`` with random weights (no download): the
+    library's own modules, as users build them (``transformers`` 5; its default attention)."""
+    import transformers as tr
+
+    if family == "bert":
+        config = tr.BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=HIDDEN,
+            num_hidden_layers=2,
+            num_attention_heads=HEADS,
+            intermediate_size=FF,
+            max_position_embeddings=LENGTH,
+            num_labels=CLASSES,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
+        return tr.BertForSequenceClassification(config)
+    config = tr.DistilBertConfig(
+        vocab_size=VOCAB,
+        dim=HIDDEN,
+        n_layers=2,
+        n_heads=HEADS,
+        hidden_dim=FF,
+        max_position_embeddings=LENGTH,
+        num_labels=CLASSES,
+        dropout=0.0,
+        attention_dropout=0.0,
+        seq_classif_dropout=0.0,
+    )
+    return tr.DistilBertForSequenceClassification(config)
 
 
 def _export(module: nn.Module, xs: tuple, opset: int, dynamic: bool = True) -> bytes:
@@ -270,7 +320,7 @@ def make(name: str, n: int = 3) -> None:
         for p in module.parameters():
             p.add_(0.01 * torch.randn(p.shape, generator=noise, dtype=p.dtype))
     xs = batch(n, torch.Generator().manual_seed(1))
-    initial = {k: v.detach().numpy().copy() for k, v in module.state_dict().items()}
+    initial = {k: v.detach().numpy().copy() for k, v in module.named_parameters()}
     arrays: dict[str, np.ndarray] = {}
     for opset in OPSETS:
         model = _export(module, xs, opset)
@@ -315,7 +365,7 @@ def _step(module: nn.Module, xs: tuple, labels: torch.Tensor, with_output: bool 
     loss.backward()
     opt.step()
     out.update(labels=labels.numpy(), loss=np.float64(loss.item()))
-    out.update({f"param:{k}": v.detach().numpy() for k, v in module.state_dict().items()})
+    out.update({f"param:{k}": v.detach().numpy() for k, v in module.named_parameters()})
     return out
 
 
