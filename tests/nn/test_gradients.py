@@ -456,3 +456,23 @@ def test_tokens_joined_to_a_sequence(shape, value, axis, first):
         nn.Tokens(np.zeros((1, 3)), axis=1).output_shape([(2, 5, 4)])
     with pytest.raises(vmem.errors.ShapeError, match="not 4-D maps"):
         nn.Tokens(np.zeros((1, 4, 4)), axis=1).output_shape([(2, 3, 4, 4)])
+
+
+@pytest.mark.parametrize("exponent", [3.0, 2.0, 0.5, -1.0, 1.0, [[1.0, 2.0, 3.0, 0.5]]])
+def test_power(exponent):
+    """``nn.Power``: x ** exponent (one number, or an array broadcast along the other axes), on positive
+    inputs (where every exponent's power is defined), against finite differences."""
+    x = np.linspace(0.5, 2.0, 24).reshape(2, 3, 4)
+    assert check_layer(nn.Power(exponent), [(2, 3, 4)], inputs={0: x}) == ["x0"]
+    y = np.empty_like(x)
+    nn.Power(exponent).forward(_ctx_with(nn.Power(exponent), x.shape), [x], y)
+    np.testing.assert_allclose(y, x ** np.asarray(exponent), rtol=1e-15)
+    with pytest.raises(ValueError, match="not finite"):
+        nn.Power(np.inf)
+
+
+def _ctx_with(layer, shape):
+    from vmem.nn import Ctx
+
+    specs = layer.param_specs([shape])
+    return Ctx(xp=np, params={k: s.value for k, s in specs.items()}, grads={}, aux={}, train=False)

@@ -219,3 +219,23 @@ def test_attentions_nan_to_zero_after_its_softmax_imports_and_exports_back():
         assert "IsNaN" in {n.op_type for n in back.graph.node}
         again = ort.InferenceSession(f"{folder}/back.onnx")
         np.testing.assert_allclose(again.run(None, {again.get_inputs()[0].name: x})[0], got, rtol=1e-6, atol=1e-7)
+
+
+def test_a_power_of_a_computed_tensor_imports_trains_and_exports_back():
+    """``Pow(x, 3)`` (GPT-2's tanh GELU written out) is one ``nn.Power``, trained, and written back as Pow."""
+    nodes = [helper.make_node("Pow", ["x", "three"], ["p"]), helper.make_node("MatMul", ["p", "W"], ["y"])]
+    w = np.random.default_rng(9).standard_normal((E, 5)).astype(np.float32)
+    model = _model(nodes, {"three": np.array(3.0, np.float32), "W": w})
+    net = vmem.onnx.load(model)
+    assert [type(layer).__name__ for layer in net.layers] == ["Power", "Linear"]
+    x = np.random.default_rng(10).standard_normal((4, T, E)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    with vmem.Trainer(net) as trainer:
+        np.testing.assert_allclose(trainer.predict(x), want, rtol=1e-5, atol=1e-5)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        vmem.onnx.save(net, f"{folder}/back.onnx")
+        assert "Pow" in {n.op_type for n in onnx.load(f"{folder}/back.onnx").graph.node}
+        back = ort.InferenceSession(f"{folder}/back.onnx")
+        np.testing.assert_allclose(back.run(None, {back.get_inputs()[0].name: x})[0], want, rtol=1e-5, atol=1e-5)

@@ -1,7 +1,7 @@
 """Layers: math on an array namespace, shapes, costs, and what backward needs (see :mod:`vmem.nn.base`)."""
 
 from .activation import GELU, Clip, Dropout, Erf, HardSigmoid, HardSwish, ReLU, Sigmoid, SiLU, Tanh
-from .arith import ConstantOp, Div, Mul, Sub
+from .arith import ConstantOp, Div, Mul, Power, Sub
 from .base import PASSES, AuxSpec, Ctx, Layer, ParamSpec, logical, physical
 from .conv import Conv2d
 from .join import Add, Concat, Tokens
@@ -40,6 +40,7 @@ __all__ = [
     "HardSwish",
     "SiLU",
     "Erf",
+    "Power",
     "GELU",
     "Mul",
     "Sub",

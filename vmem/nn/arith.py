@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .._typing import Array
     from .._typing import Xp
 
-__all__ = ["Mul", "Sub", "Div", "ConstantOp", "stored_constant"]
+__all__ = ["Mul", "Sub", "Div", "ConstantOp", "Power", "stored_constant"]
 
 
 def _broadcast(a: Shape, b: Shape) -> Shape | None:
@@ -215,6 +215,55 @@ class ConstantOp(Layer):
             xp.multiply(dy, v, out=dx)
         else:
             xp.divide(dy, v, out=dx)
+
+
+class Power(Layer):
+    """``Power(exponent)``: y = x ** exponent, element-wise, for a constant exponent (GPT-2's tanh GELU writes
+    ``x ** 3``, a hand-written RMS norm ``x ** 2``): one number, or an array that broadcasts into the input
+    without its batch axis, NumPy's way, in its logical layout (held as a buffer, stored as the input is).
+    Backward needs the input: dx = dy * exponent * x ** (exponent - 1)."""
+
+    kind = "power"
+    needs = frozenset({"x"})
+
+    def __init__(self, exponent: Any):
+        super().__init__()
+        self.exponent = np.asarray(exponent, dtype=np.float64)
+        if not np.all(np.isfinite(self.exponent)):
+            raise ValueError(f"Power: exponent {self.exponent.tolist()!r} is not finite")
+
+    def extra_repr(self) -> str:
+        e = self.exponent
+        return f"{e.item():g}" if e.size == 1 else f"shape={e.shape}"
+
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        self.check_arity(in_shapes)
+        shape, v = tuple(in_shapes[0]), self.exponent.shape
+        if len(v) > len(shape) or any(b not in (1, a) for a, b in zip(shape[len(shape) - len(v) :], v)):
+            raise ShapeError(f"layer {self.label}: an exponent of shape {v} does not broadcast into {shape}")
+        if len(v) == len(shape) and v and v[0] != 1:
+            raise ShapeError(f"layer {self.label}: an exponent of shape {v} varies along the batch axis")
+        return shape
+
+    def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:
+        stored = stored_constant(self.exponent, len(in_shapes[0]))
+        return {"exponent": ParamSpec(stored.shape, "value", trainable=False, value=stored)}
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return 4 * _size(in_shapes[0])
+
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
+        e = ctx.params["exponent"]
+        ctx.xp.power(xs[0], e.astype(y.dtype, copy=False), out=y)
+
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
+        dx = dxs[0]
+        if dx is not None:
+            xp, x = ctx.xp, xs[0]  # type: ignore[index]
+            e = ctx.params["exponent"].astype(dx.dtype, copy=False)
+            xp.power(x, e - 1, out=dx)  # x ** (e - 1) (1 where e is 1, x included)
+            dx *= e
+            dx *= dy
 
 
 def stored_constant(value: Any, rank: int) -> Any:

@@ -8,6 +8,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .. import nn
+from ..errors import ShapeError
 
 from . import _views
 from ._builder import (
@@ -226,6 +227,26 @@ _converts("Sigmoid", 6, 13)(_elementwise(nn.Sigmoid))
 _converts("Tanh", 6, 13)(_elementwise(nn.Tanh))
 _converts("Erf", 9, 13)(_elementwise(nn.Erf))
 _converts("HardSwish", 14, 22)(_elementwise(nn.HardSwish))
+
+
+@_converts("Pow", 7, 12, 13, 15)
+def _pow(b: _Builder, ins: Ins, attrs: Attrs) -> Outs:
+    """A computed tensor to a constant power (one value, or an array without the batch axis):
+    :class:`vmem.nn.Power`."""
+    if not isinstance(ins[0], _Tensor):
+        raise _Refuse("raises a constant to a computed power (vmem's Power takes a constant exponent)")
+    exponent = b.const(ins, 1, "exponent")
+    assert exponent is not None
+    if exponent.dtype.kind not in "fiu":
+        raise _Refuse(f"an exponent of type {exponent.dtype}")
+    try:
+        if exponent.size == 1:  # element by element, whatever the layout
+            x = b.tensor(ins, 0, "input", chw=True, view=True)
+            return [b.add(nn.Power(exponent.reshape(())), [x], chw=x.chw, lifted=x.lifted)]
+        x = b.tensor(ins, 0, "input")
+        return [b.add(nn.Power(exponent), [x], lifted=x.lifted)]
+    except (ValueError, ShapeError) as exc:
+        raise _Refuse(str(exc)) from None
 
 
 @_converts("HardSigmoid", 6, 22)

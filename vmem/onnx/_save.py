@@ -141,6 +141,10 @@ def _simple(op: str) -> Callable[..., str]:
     return write
 
 
+def _power(w: _Writer, node: Node, layer: nn.Power, ins: list[str], name: str) -> str:
+    return w.emit("Pow", [ins[0], w.const(f"{name}.exponent", layer.exponent, np.float32)], name)
+
+
 def _hardsigmoid(w: _Writer, node: Node, layer: nn.HardSigmoid, ins: list[str], name: str) -> str:
     return w.emit("HardSigmoid", ins, name, alpha=layer.alpha, beta=layer.beta)
 
@@ -339,6 +343,7 @@ _WRITERS: dict[type, Callable[..., str]] = {
     nn.HardSwish: _hardswish,
     nn.SiLU: _silu,
     nn.Erf: _simple("Erf"),
+    nn.Power: _power,
     nn.Mul: _simple("Mul"),
     nn.Sub: _simple("Sub"),
     nn.Div: _simple("Div"),
