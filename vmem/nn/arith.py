@@ -160,16 +160,7 @@ class ConstantOp(Layer):
 
     def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         self.check_arity(in_shapes)
-        shape, v = tuple(in_shapes[0]), self.value.shape
-        if (
-            len(v) > len(shape)
-            or any(b not in (1, a) for a, b in zip(shape[len(shape) - len(v) :], v))
-            or (len(v) == len(shape) and v and v[0] != 1)
-        ):
-            raise ShapeError(
-                f"layer {self.label}: a constant of shape {v} does not broadcast into {shape} (without a batch axis)"
-            )
-        return shape
+        return _broadcasts_in(self.label, "a constant", self.value.shape, tuple(in_shapes[0]))
 
     def _stored(self, rank: int) -> Array:
         return stored_constant(self.value, rank)
@@ -238,12 +229,7 @@ class Power(Layer):
 
     def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
         self.check_arity(in_shapes)
-        shape, v = tuple(in_shapes[0]), self.exponent.shape
-        if len(v) > len(shape) or any(b not in (1, a) for a, b in zip(shape[len(shape) - len(v) :], v)):
-            raise ShapeError(f"layer {self.label}: an exponent of shape {v} does not broadcast into {shape}")
-        if len(v) == len(shape) and v and v[0] != 1:
-            raise ShapeError(f"layer {self.label}: an exponent of shape {v} varies along the batch axis")
-        return shape
+        return _broadcasts_in(self.label, "an exponent", self.exponent.shape, tuple(in_shapes[0]))
 
     def param_specs(self, in_shapes: Sequence[Shape]) -> dict[str, ParamSpec]:
         stored = stored_constant(self.exponent, len(in_shapes[0]))
@@ -264,6 +250,18 @@ class Power(Layer):
             xp.power(x, e - 1, out=dx)  # x ** (e - 1) (1 where e is 1, x included)
             dx *= e
             dx *= dy
+
+
+def _broadcasts_in(label: str, what: str, v: Shape, shape: Shape) -> Shape:
+    """``shape``, where a constant of shape ``v`` broadcasts into it without its batch axis (NumPy's way);
+    else ShapeError naming the layer."""
+    if (
+        len(v) > len(shape)
+        or any(b not in (1, a) for a, b in zip(shape[len(shape) - len(v) :], v))
+        or (len(v) == len(shape) and v and v[0] != 1)
+    ):
+        raise ShapeError(f"layer {label}: {what} of shape {v} does not broadcast into {shape} (without a batch axis)")
+    return shape
 
 
 def stored_constant(value: Any, rank: int) -> Any:

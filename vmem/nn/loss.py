@@ -79,47 +79,39 @@ class SoftmaxCrossEntropy:
         return p2, xp.where(keep, l1, 0), keep
 
     def forward(self, xp: Xp, logits: Array, labels: Array, probs: Array, work: LossWork | None = None) -> Any:
+        """The loss (0-d, on the device), the probabilities written into ``probs``; computed in ``work``'s
+        arrays where given (else in ones made for the call)."""
         if probs is not logits:
             probs[...] = logits  # read into the loss's dtype (float32 over half-precision logits)
-        if work is not None and self.ignore is None:
-            return self._forward_in(xp, probs, labels, work)
-        probs -= probs.max(axis=-1, keepdims=True)
-        xp.exp(probs, out=probs)
-        probs /= probs.sum(axis=-1, keepdims=True)
-        p2, l1, keep = self._flat(xp, probs, labels)
-        nll = -xp.log(xp.maximum(p2[xp.arange(len(l1)), l1], xp.finfo(probs.dtype).tiny))
-        if keep is None:
-            return nll.mean()
-        return (nll * keep).sum() / max(int(keep.sum()), 1)
-
-    def _forward_in(self, xp: Xp, probs: Array, labels: Array, w: LossWork) -> Array:
-        """:meth:`forward` computed in ``w``'s arrays, with the same roundings: the same bytes."""
+        w = work if work is not None else LossWork.make(xp, probs.shape, probs.dtype)
         xp.max(probs, axis=-1, keepdims=True, out=w.rows)
         xp.subtract(probs, w.rows, out=probs)
         xp.exp(probs, out=probs)
         xp.sum(probs, axis=-1, keepdims=True, out=w.rows)
         xp.divide(probs, w.rows, out=probs)
-        xp.add(w.offsets, labels.reshape(-1), out=w.at)
+        _, l1, keep = self._flat(xp, probs, labels)
+        xp.add(w.offsets, l1, out=w.at)  # each row's label, as a flat index
         xp.take(probs.reshape(-1), w.at, out=w.picked)
         xp.maximum(w.picked, xp.finfo(probs.dtype).tiny, out=w.picked)
         xp.log(w.picked, out=w.picked)
         xp.negative(w.picked, out=w.picked)
-        return xp.mean(w.picked, out=w.value)
+        if keep is None:
+            return xp.mean(w.picked, out=w.value)
+        return (w.picked * keep).sum() / max(int(keep.sum()), 1)  # (ignore: counted on the host)
 
     def backward(self, xp: Xp, probs: Array, labels: Array, dlogits: Array, work: LossWork | None = None) -> None:
+        """d(loss)/d(logits) into ``dlogits`` (which may be ``probs``), computed in ``work``'s arrays where
+        given (in ``dlogits``'s type; else in ones made for the call)."""
         p2, l1, keep = self._flat(xp, probs, labels)
         d2 = dlogits.reshape(-1, dlogits.shape[-1])
         if dlogits is not probs:  # the gradient may be written over the probabilities
             d2[...] = p2
-        if work is not None and keep is None:  # the label's entry less one, through ``work``: no temporaries
-            flat = d2.reshape(-1)
-            xp.add(work.offsets, l1, out=work.at)
-            xp.take(flat, work.at, out=work.picked)
-            xp.subtract(work.picked, 1, out=work.picked)
-            xp.put(flat, work.at, work.picked)
-            d2 /= len(l1)
-            return
-        d2[xp.arange(len(l1)), l1] -= 1 if keep is None else keep  # an ignored row: nothing taken off
+        w = work if work is not None else LossWork.make(xp, probs.shape, dlogits.dtype)
+        flat = d2.reshape(-1)
+        xp.add(w.offsets, l1, out=w.at)
+        xp.take(flat, w.at, out=w.picked)
+        xp.subtract(w.picked, 1 if keep is None else keep, out=w.picked)  # an ignored row: nothing taken off
+        xp.put(flat, w.at, w.picked)
         if keep is None:
             d2 /= len(l1)
         else:

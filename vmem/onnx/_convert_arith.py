@@ -101,24 +101,18 @@ def _attention_scale(x: _Tensor, value: np.ndarray) -> np.ndarray:
     return value
 
 
-def _position_table(b: _Builder, at: int) -> tuple[str, bool, int] | None:
+def _position_table(b: _Builder, at: int) -> tuple[str, bool] | None:
     """Where the constant added (input ``at``) is the first rows of a table, in order (a learned position
-    embedding read at positions 0..T-1): (the table, whether it is the whole table, how many times the
-    positions are repeated along the first axis: 1, or the example batch where an export at a fixed batch
-    expanded them to it). Added as a trainable constant, the table trains as the model trains it (rows past
-    T get no gradient in either)."""
+    embedding read at positions 0..T-1): (the table, whether it is the whole table). Added as a trainable
+    constant, the table trains as the model trains it (rows past T get no gradient in either)."""
     gathered = b.gathered.get(b.input_names[at])
     if gathered is None:
         return None
     source, positions, rows = gathered
-    repeats = 1
-    if positions.ndim > 1 and b.static_batch > 1 and positions.shape[0] == b.static_batch:
-        if (positions == positions[:1]).all():  # the same positions for every sample of the example batch
-            positions, repeats = positions[:1], b.static_batch
     flat = positions.reshape(-1)
     if positions.dtype.kind not in "iu" or not np.array_equal(flat, np.arange(flat.size)) or source in b.owner:
         return None
-    return source, flat.size == rows, repeats
+    return source, flat.size == rows
 
 
 def _weight_like(b: _Builder, x: _Tensor, at: int, value: np.ndarray) -> bool:
@@ -175,15 +169,13 @@ def _arith(op: str, both: Callable[[], nn.Layer] | None) -> Callable[..., list[A
         ):
             return [x]  # x + 0, x * 1: nothing to do
         fill = False  # a constant made for the batch, one value throughout (an additive mask's zeros)
-        if x.view is None and not b.lead and value.ndim == len(x.dims) and 1 < value.shape[0] == b.static_batch:
-            if (value == value[:1]).all():  # written out once a sample of the example batch (a position table
-                value = value[:1]  # the exporter read at fixed positions and folded): one, for every sample
-                fill = bool((value == value.reshape(-1)[0]).all())
+        if x.view is None and not b.lead and value.ndim == len(x.dims) and value.shape[0] == b.static_batch:
+            one = _views.one_sample(value, 0)  # written out once a sample of the example batch (a position
+            if one is not None:  # table the exporter read at fixed positions and folded): one, for every sample
+                value, fill = one, bool((one == one.reshape(-1)[0]).all())
         if x.view is not None or _grows(x, value):
             return [_views_constant(b, x, kind, value)]
         table = _position_table(b, at) if kind == "add" else None
-        if table is not None and table[2] > 1:
-            value = value[:1]  # one sample's positions (the export wrote them out for its example batch)
         weight = table is None and not fill and _weight_like(b, x, at, value)
         try:
             layer = nn.ConstantOp(kind, _constant_for(x, value), trainable=table is not None or weight)

@@ -40,6 +40,7 @@ __all__ = [
     "model_shape",
     "single",
     "constant",
+    "one_sample",
     "run",
 ]
 
@@ -290,6 +291,15 @@ def _reshaped(x: _Tensor, groups: Groups, dims: Sequence[int]) -> tuple[tuple[in
     return shape, tuple(tuple(index[a] for a in g) for g in out)
 
 
+def one_sample(value: np.ndarray, axis: int) -> np.ndarray | None:
+    """``value`` with its ``axis`` (the batch's) of length 1, where it is longer and every slice along it
+    is the same (a constant made for the batch and written out at the example batch); None otherwise."""
+    if value.shape[axis] < 2:
+        return None
+    first = np.take(value, [0], axis=axis)
+    return first if (value == first).all() else None
+
+
 def constant(x: _Tensor, groups: Groups, value: np.ndarray) -> np.ndarray | None:
     """A constant operand of a viewed value (broadcast as the model does) in the vmem tensor's layout; None
     where an axis it varies along is not one vmem axis. One the same for every sample, written out along
@@ -300,8 +310,8 @@ def constant(x: _Tensor, groups: Groups, value: np.ndarray) -> np.ndarray | None
         return None
     value = value.reshape((1,) * (rank - value.ndim) + value.shape)
     for j, g in enumerate(groups):  # the same for every sample, written out at the example batch: one row
-        if g == (0,) and value.shape[j] > 1 and (value == np.take(value, [0], axis=j)).all():
-            value = np.take(value, [0], axis=j)
+        one = one_sample(value, j) if g == (0,) else None
+        value = value if one is None else one
     varies = [j for j in range(rank) if value.shape[j] != 1]
     if any(len(groups[j]) != 1 or groups[j] == (0,) for j in varies):
         return None

@@ -236,7 +236,7 @@ class Executor:
         #: the loss's arrays (and its finite flag), on the device once, outside the plan (a few bytes a row), so
         #: that the loss asks the array module for nothing a step (a captured step allocates nothing)
         self._loss_work = self._loss_flag = None
-        if self._has_loss and hasattr(loss, "forward") and isinstance(loss, SoftmaxCrossEntropy):
+        if self._has_loss and isinstance(loss, SoftmaxCrossEntropy):
             logits = physical(program.tensors[program.output].shape)
             self._loss_work = LossWork.make(self.xp, tuple(logits), self._loss_dtype)
             self._loss_flag = self.xp.empty(1, np.bool_)
@@ -839,20 +839,14 @@ class Executor:
         # probabilities, then rounded once into d(logits), so that scaling comes before any underflow
         narrow = dlogits.dtype != probs.dtype
 
-        work, flag = self._loss_work, self._loss_flag
+        more, flag = (() if self._loss_work is None else (self._loss_work,)), self._loss_flag  # its arrays
 
         def run() -> None:  # the value stays on the device; its copy lands in pinned memory, read after the step
-            if work is None:
-                value[...] = loss.forward(xp, logits, labels, probs)  # a device copy: no host read
-                r.loss_ok = xp.isfinite(value[0])  # a device scalar: the update looks at it
-            else:
-                value[...] = loss.forward(xp, logits, labels, probs, work)
-                r.loss_ok = xp.isfinite(value, out=flag)
             grad = probs if narrow else dlogits
-            if work is None:
-                loss.backward(xp, probs, labels, grad)
-            else:
-                loss.backward(xp, probs, labels, grad, work)
+            value[...] = loss.forward(xp, logits, labels, probs, *more)  # a device copy: no host read
+            # a device scalar: the update looks at it
+            r.loss_ok = xp.isfinite(value[0]) if flag is None else xp.isfinite(value, out=flag)
+            loss.backward(xp, probs, labels, grad, *more)
             if factor is not None:
                 xp.multiply(grad, grad.dtype.type(factor), out=grad)
             if narrow:

@@ -185,9 +185,7 @@ class CudnnConv:
         return dataclasses.replace(program, ops=ops)
 
     # -- the passes ------------------------------------------------------------------------------------
-    @staticmethod
-    def _ptr(a: GpuArray | None) -> CData:
-        return pointer(a)
+    _ptr = staticmethod(pointer)
 
     @staticmethod
     def _ws(ws: GpuArray) -> tuple[CData, int]:
