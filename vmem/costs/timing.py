@@ -402,7 +402,7 @@ def _loss_seconds(program: Program, rng: np.random.Generator, dtype: np.dtype, r
     from ..nn.loss import SoftmaxCrossEntropy
 
     logits = on.normal(rng, program.tensors[program.output].shape, dtype)
-    labels = on.array(rng.integers(0, logits.shape[1], logits.shape[0]).astype(np.int64))
+    labels = on.array(rng.integers(0, logits.shape[-1], tuple(program.label_shape)).astype(np.int64))
     probs, dlogits = on.empty(logits.shape, np.dtype(program.loss_dtype)), on.empty(logits.shape, dtype)
     loss, xp = SoftmaxCrossEntropy(), on.xp
 
