@@ -11,6 +11,8 @@ device memory (an illegal address), BackwardBias over BFLOAT16 maps (NOT_SUPPORT
 found on 2026-11-28), a handle used on a stream other than the current one (work out of order), a request
 for no results.
 
+The graph (backend) API is :mod:`.cudnn_graph`'s.
+
 What cuDNN does behind the math type is done: rankings and searches list an algorithm once per math type
 it has kernels for (the GEMM-like ones in tensor-op math first, as the faster; every one in the
 descriptor's own and in FMA math), and a pass on FP32 data runs as tensor cores do where the descriptor's
@@ -34,6 +36,8 @@ from vmem.device.hostconv.catalog import algorithms as host_algorithms
 from vmem.device.hostconv.catalog import workspace_bytes
 from vmem.device.lanes import LaneOps
 from vmem.nn.base import Ctx
+
+from .cudnn_graph import GraphAPI
 
 SUCCESS, BAD_PARAM, NOT_SUPPORTED, EXECUTION_FAILED = 0, 2000, 3000, 5000
 FLOAT, DOUBLE, HALF, BFLOAT16 = 0, 1, 2, 9
@@ -78,8 +82,9 @@ def ffi() -> Any:
     return f
 
 
-class Lib:
-    """The functions of vmem/csrc/cudnn.h that vmem calls, on the stand-in."""
+class Lib(GraphAPI):
+    """The functions of vmem/csrc/cudnn.h that vmem calls, on the stand-in (the graph API's:
+    :class:`~.cudnn_graph.GraphAPI`)."""
 
     def __init__(self) -> None:
         self.ffi = ffi()
@@ -88,6 +93,8 @@ class Lib:
         self.calls: list[str] = []
         #: (pass, algorithm, math type at the call) of every convolution run
         self.maths: list[tuple[str, int, int]] = []
+        #: (pass, engine, fused) of every graph-API plan run
+        self.graph_runs: list[tuple[str, tuple, bool]] = []
 
     # -- objects -------------------------------------------------------------------------------------
     def _new(self, out: Any, ctype: str, **state: Any) -> int:

@@ -252,6 +252,22 @@ class Program:
             out.setdefault(self.tensors[op.output].buffer, []).append(op.index)
         return {b: tuple(ops) for b, ops in out.items()}
 
+    def conv_relus(self) -> dict[int, int]:
+        """conv op -> the ReLU written in place over its output, neither staged: the ReLU is the output's only
+        reader and overwrites it, so a device may run it in the convolution's own last pass (vmem's bias+ReLU
+        kernel, or cuDNN's fused conv+bias+ReLU graph) and what any later step reads is the same."""
+        return self.derived("conv_relus", self._conv_relus)
+
+    def _conv_relus(self) -> dict[int, int]:
+        ops, fused = self.ops, {}
+        for op in ops:
+            if op.kind != "relu" or not op.inplace or op.staged:
+                continue
+            producer = self.tensors[op.inputs[0]].producer
+            if producer is not None and ops[producer].kind == "conv" and not ops[producer].staged:
+                fused[producer] = op.index
+        return fused
+
     def sign_only(self, buffer: int) -> bool:
         """Whether every backward that reads ``buffer`` needs only the sign of its own output (ReLU's)."""
         return all(not op.reads_input and op.layer.needs == frozenset({"mask"}) for op in self.backward_readers(buffer))

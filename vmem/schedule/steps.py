@@ -391,18 +391,9 @@ class Schedule:
     @property
     def fused_relu(self) -> dict[int, int]:
         """conv op -> the ReLU whose forward it runs in its own last pass (bias and ReLU in one kernel on a
-        GPU), for each ReLU written in place over a convolution's output, neither staged: the convolution's
-        output has that ReLU for its only reader and is overwritten by it, so what any later step reads is
-        the same. The ReLU's own Forward and Recompute steps then do nothing."""
-        ops = self.program.ops
-        fused = {}
-        for op in ops:
-            if op.kind != "relu" or not op.inplace or op.staged:
-                continue
-            producer = self.program.tensors[op.inputs[0]].producer
-            if producer is not None and ops[producer].kind == "conv" and not ops[producer].staged:
-                fused[producer] = op.index
-        return fused
+        GPU): :meth:`~vmem.graph.program.Program.conv_relus`. The ReLU's own Forward and Recompute steps then
+        do nothing."""
+        return self.program.conv_relus()
 
     @property
     def fused_pool_relu(self) -> dict[int, int]:

@@ -201,14 +201,12 @@ class CudaDevice:
     def catalog(self, program: Program) -> Program:
         """``program`` with cuDNN's convolution algorithms on this GPU and their exact workspace sizes. Over
         fp16/bf16 storage the kinds in :data:`~vmem.device.staging.CUDA_NATIVE` compute as they are stored
-        (convolutions in cuDNN's pseudo-half, their weights' half copies in their workspace; with
-        ``conv_api="graph"``, whose engines here are FP32 ones, convolutions are staged too); the rest compute
-        in float32 through staging copies in their workspace (as on the CPU device:
-        :mod:`vmem.device.staging`), each output rounded once."""
+        (convolutions in cuDNN's pseudo-half through either API, their weights' half copies in their
+        workspace); the rest compute in float32 through staging copies in their workspace (as on the CPU
+        device: :mod:`vmem.device.staging`), each output rounded once."""
         from ..staging import CUDA_NATIVE, with_float32_compute
 
-        native = CUDA_NATIVE - {"conv"} if self.conv_api == "graph" else CUDA_NATIVE
-        return with_float32_compute(program, self.conv_backend.catalog, native)
+        return with_float32_compute(program, self.conv_backend.catalog, CUDA_NATIVE)
 
     # -- memory ------------------------------------------------------------------------------------
     @property

@@ -7,32 +7,44 @@ pass as an operation graph of tensors with explicit strides and lets cuDNN propo
 into an execution plan runs the pass. This is what frameworks built on cuDNN's frontend use, and what
 may replace the legacy calls in :class:`.conv.CudnnConv` (its interface is kept small for that).
 
+A pass's tensors are stored in FP32, fp16 or bf16 (the compute type FLOAT for all three, as the legacy
+API's pseudo-half); a forward may be fused with the bias and the ReLU after it (``fuse``): the
+convolution's result stays in FP32 in a virtual tensor, the bias (FP32, its own tensor ``b``) is added
+and the ReLU applied by pointwise operations, and the output is rounded once into its storage type.
+
 Without a GPU the tensor, convolution and operation descriptors can be built and checked (finalized);
-the operation graph, the engines and the plans need a handle, hence a GPU. Engines whose numerical
-notes say they use tensor cores or convert FP32 inputs down (TF32) are left out unless asked for:
-vmem's convolutions are exact FP32. Enum values are cuDNN 9's (``cudnn_graph.h``).
+the operation graph, the engines and the plans need a handle, hence a GPU. Which engines a pass may use
+follows its data and the device's FP32 math (:func:`admits`): exact FP32 leaves out the engines whose
+numerical notes say they use tensor cores or convert FP32 inputs down (TF32). Enum values are cuDNN 9's
+(``cudnn_graph.h``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from . import cudnn
 
 if TYPE_CHECKING:
     from ..._typing import CData
 
-__all__ = ["Descriptor", "ConvPass", "EngineConfig", "ExecutionPlan", "UIDS"]
+__all__ = ["Descriptor", "ConvPass", "EngineConfig", "ExecutionPlan", "UIDS", "FUSIONS", "admits"]
 
 # cudnnBackendDescriptorType_t
+_POINTWISE, _OP_POINTWISE = 0, 13
 _ENGINE, _ENGINECFG, _ENGINEHEUR, _EXECUTION_PLAN = 2, 3, 4, 5
 _CONVOLUTION = 1
 _OP = {"forward": 10, "backward_filter": 11, "backward_data": 12}
 _OPERATIONGRAPH, _VARIANT_PACK, _TENSOR = 15, 16, 17
 # cudnnBackendAttributeType_t
 T_HANDLE, T_DATA_TYPE, T_BOOLEAN, T_INT64, T_FLOAT, T_DOUBLE, T_VOID_PTR, T_CONVOLUTION_MODE, T_HEUR_MODE = range(9)
-T_NUMERICAL_NOTE, T_BACKEND_DESCRIPTOR, T_BEHAVIOR_NOTE = 11, 15, 19
+T_NUMERICAL_NOTE, T_POINTWISE_MODE, T_BACKEND_DESCRIPTOR, T_BEHAVIOR_NOTE = 11, 14, 15, 19
+# cudnnBackendAttributeName_t: a pointwise descriptor, and the operation applying one
+A_PW_MODE, A_PW_MATH_PREC = 0, 1
+A_PWOP_DESC, A_PWOP_X, A_PWOP_B, A_PWOP_Y, A_PWOP_ALPHA1, A_PWOP_ALPHA2 = 750, 751, 752, 753, 754, 755
+#: cudnnPointwiseMode_t
+PW_ADD, PW_RELU_FWD = 0, 100
 # cudnnBackendAttributeName_t
 A_CONV_COMP_TYPE, A_CONV_MODE, A_CONV_DILATIONS, A_CONV_FILTER_STRIDES = 100, 101, 102, 103
 A_CONV_POST_PADDINGS, A_CONV_PRE_PADDINGS, A_CONV_SPATIAL_DIMS = 104, 105, 106
@@ -41,6 +53,7 @@ A_CFG_ENGINE, A_CFG_WORKSPACE = 300, 303
 A_PLAN_HANDLE, A_PLAN_CONFIG, A_PLAN_WORKSPACE = 400, 401, 402
 A_GRAPH_HANDLE, A_GRAPH_OPS, A_GRAPH_ENGINE_COUNT = 800, 801, 802
 A_TENSOR_ALIGNMENT, A_TENSOR_DATA_TYPE, A_TENSOR_DIMS, A_TENSOR_STRIDES, A_TENSOR_UID = 900, 901, 902, 903, 906
+A_TENSOR_IS_VIRTUAL = 907
 A_PACK_UIDS, A_PACK_POINTERS, A_PACK_WORKSPACE = 1000, 1001, 1003
 A_ENGINE_GRAPH, A_ENGINE_INDEX, A_ENGINE_NUMERICAL_NOTE, A_ENGINE_BEHAVIOR_NOTE = 1300, 1301, 1303, 1305
 #: Each operation's attributes, in the order alpha, beta, conv desc, then its three tensors by role.
@@ -74,8 +87,12 @@ BEHAVIOR_NOTES = (
 )
 #: Notes that mean an engine does not compute in exact FP32 (TF32 tensor cores, or inputs converted down).
 INEXACT = frozenset({"tensor_core", "down_convert_inputs", "reduced_precision_reduction"})
-#: The tensors' unique ids in every graph and variant pack.
-UIDS = {"x": 1, "w": 2, "y": 3}
+#: The tensors' unique ids in every graph and variant pack (``b``: a fused forward's bias).
+UIDS = {"x": 1, "w": 2, "y": 3, "b": 4}
+#: What a forward may be fused with, in graph order: the bias added, then the ReLU.
+FUSIONS = ("bias", "relu")
+#: The ids of a fused forward's intermediate (virtual) tensors: the convolution's result, then the biased one.
+_VIRTUAL_UIDS = (101, 102)
 _CROSS_CORRELATION = 1
 _C_TYPES = {
     T_HANDLE: "cudnnHandle_t",
@@ -88,6 +105,7 @@ _C_TYPES = {
     T_CONVOLUTION_MODE: "int",
     T_HEUR_MODE: "int",
     T_NUMERICAL_NOTE: "int",
+    T_POINTWISE_MODE: "int",
     T_BACKEND_DESCRIPTOR: "cudnnBackendDescriptor_t",
     T_BEHAVIOR_NOTE: "int",
 }
@@ -156,16 +174,31 @@ class Descriptor:
         return self
 
 
-def _tensor(uid: int, dims: Iterable[int], strides: Iterable[int], alignment: int) -> Descriptor:
-    return (
+def _tensor(
+    uid: int, dims: Iterable[int], strides: Iterable[int], alignment: int, data: int = cudnn.FLOAT, virtual: bool = False
+) -> Descriptor:
+    d = (
         Descriptor(_TENSOR)
         .set(A_TENSOR_UID, T_INT64, [uid])
-        .set(A_TENSOR_DATA_TYPE, T_DATA_TYPE, [cudnn.FLOAT])
+        .set(A_TENSOR_DATA_TYPE, T_DATA_TYPE, [data])
         .set(A_TENSOR_DIMS, T_INT64, list(dims))
         .set(A_TENSOR_STRIDES, T_INT64, list(strides))
         .set(A_TENSOR_ALIGNMENT, T_INT64, [alignment])
-        .finalize()
     )
+    if virtual:  # an intermediate of the graph: in no variant pack, never in memory
+        d.set(A_TENSOR_IS_VIRTUAL, T_BOOLEAN, [True])
+    return d.finalize()
+
+
+def _pointwise(mode: int, x: Descriptor, y: Descriptor, b: Descriptor | None = None) -> Descriptor:
+    """The operation ``y = mode(x[, b])`` computed in FP32."""
+    pw = Descriptor(_POINTWISE).set(A_PW_MODE, T_POINTWISE_MODE, [mode]).set(A_PW_MATH_PREC, T_DATA_TYPE, [cudnn.FLOAT])
+    op = Descriptor(_OP_POINTWISE).set(A_PWOP_DESC, T_BACKEND_DESCRIPTOR, [pw.finalize()])
+    op.set(A_PWOP_X, T_BACKEND_DESCRIPTOR, [x]).set(A_PWOP_Y, T_BACKEND_DESCRIPTOR, [y])
+    op.set(A_PWOP_ALPHA1, T_FLOAT, [1.0])
+    if b is not None:
+        op.set(A_PWOP_B, T_BACKEND_DESCRIPTOR, [b]).set(A_PWOP_ALPHA2, T_FLOAT, [1.0])
+    return op.finalize()
 
 
 def _strides(n: int, c: int, h: int, w: int, layout: int) -> list[int]:
@@ -199,15 +232,40 @@ class EngineConfig:
         return f"engine {self.index}" + (f" ({', '.join(notes)})" if notes else "")
 
 
+def admits(config: EngineConfig, dtype: str = "float32", math: str = "exact") -> bool:
+    """Whether a pass on ``dtype`` data may run ``config`` on a device whose FP32 math is ``math``: exact FP32
+    (and FP64) only engines without tensor cores or down-converted inputs; TF32 and half precision any but
+    those that reduce in less than FP32 (the legacy API's pseudo-half accumulates in FP32 too)."""
+    if dtype in ("float32", "float64") and math == "exact":
+        return config.exact
+    return "reduced_precision_reduction" not in config.numerical
+
+
 class ConvPass:
     """One pass of a convolution as an operation graph: ``geometry`` as :func:`.conv._geometry` gives it,
-    tensors stored ``layout`` (vmem's: NHWC, filters KRSC). The tensors of the pass are bound by role:
-    ``x`` the image (dx for backward-data), ``w`` the filters (dw for backward-filter), ``y`` the response
-    (dy for both backward passes), with the ids of :data:`UIDS`."""
+    tensors stored ``layout`` (vmem's: NHWC, filters KRSC) in ``dtype`` (compute type FLOAT; FP64 for
+    float64). The tensors of the pass are bound by role: ``x`` the image (dx for backward-data), ``w`` the
+    filters (dw for backward-filter), ``y`` the response (dy for both backward passes), with the ids of
+    :data:`UIDS`. A forward may be fused (``fuse``, a subset of :data:`FUSIONS`) with the bias, an FP32
+    tensor ``b`` of one value per output channel, and the ReLU: the convolution's result and the biased one
+    are FP32 virtual tensors, rounded once into ``y``."""
 
-    def __init__(self, pass_: str, geometry: tuple, layout: int = cudnn.NHWC, alignment: int = 16):
+    def __init__(
+        self,
+        pass_: str,
+        geometry: tuple,
+        layout: int = cudnn.NHWC,
+        alignment: int = 16,
+        dtype: str = "float32",
+        fuse: Iterable[str] = (),
+    ):
         if pass_ not in _OP:
             raise ValueError(f"unknown convolution pass {pass_!r}; use one of {', '.join(_OP)}")
+        fuse = frozenset(fuse)
+        if fuse - set(FUSIONS) or (fuse and pass_ != "forward"):
+            raise ValueError(f"a {pass_} pass fuses none of {sorted(fuse)}: a forward fuses {', '.join(FUSIONS)}")
+        if dtype not in cudnn.DATA_TYPES:
+            raise ValueError(f"cuDNN's graph API on {dtype}: vmem hands cuDNN {', '.join(cudnn.DATA_TYPES)}")
         n, c, h, w, k, (kh, kw), stride, padding, *rest = geometry
         if rest and (rest[0] != 1 or tuple(rest[1]) != (1, 1)):
             from ...errors import DeviceError
@@ -218,15 +276,22 @@ class ConvPass:
             )
         ho = (h + 2 * padding[0] - kh) // stride[0] + 1
         wo = (w + 2 * padding[1] - kw) // stride[1] + 1
-        self.pass_ = pass_
+        data = cudnn.DATA_TYPES[dtype]
+        compute = cudnn.DOUBLE if data == cudnn.DOUBLE else cudnn.FLOAT
+        self.pass_, self.dtype, self.fuse = pass_, dtype, fuse
+        y_dims, y_strides = (n, k, ho, wo), _strides(n, k, ho, wo, layout)
         self.tensors = {
-            "x": _tensor(UIDS["x"], (n, c, h, w), _strides(n, c, h, w, layout), alignment),
-            "w": _tensor(UIDS["w"], (k, c, kh, kw), _strides(k, c, kh, kw, layout), alignment),
-            "y": _tensor(UIDS["y"], (n, k, ho, wo), _strides(n, k, ho, wo, layout), alignment),
+            "x": _tensor(UIDS["x"], (n, c, h, w), _strides(n, c, h, w, layout), alignment, data),
+            "w": _tensor(UIDS["w"], (k, c, kh, kw), _strides(k, c, kh, kw, layout), alignment, data),
+            "y": _tensor(UIDS["y"], y_dims, y_strides, alignment, data),
         }
+        if "bias" in fuse:
+            self.tensors["b"] = _tensor(UIDS["b"], (1, k, 1, 1), _strides(1, k, 1, 1, layout), alignment, cudnn.FLOAT)
+        #: the roles a run binds, in the variant pack's order
+        self.roles = tuple(self.tensors)
         self.conv = (
             Descriptor(_CONVOLUTION)
-            .set(A_CONV_COMP_TYPE, T_DATA_TYPE, [cudnn.FLOAT])
+            .set(A_CONV_COMP_TYPE, T_DATA_TYPE, [compute])
             .set(A_CONV_MODE, T_CONVOLUTION_MODE, [_CROSS_CORRELATION])
             .set(A_CONV_SPATIAL_DIMS, T_INT64, [2])
             .set(A_CONV_DILATIONS, T_INT64, [1, 1])
@@ -235,12 +300,23 @@ class ConvPass:
             .set(A_CONV_POST_PADDINGS, T_INT64, list(padding))
             .finalize()
         )
+        # a fused forward: conv -> (virtual) -> + b -> (virtual) -> ReLU -> y, each intermediate in FP32
+        stages = [f for f in FUSIONS if f in fuse]
+        outs = [_tensor(u, y_dims, y_strides, alignment, cudnn.FLOAT, virtual=True) for u in _VIRTUAL_UIDS[: len(stages)]]
+        outs.append(self.tensors["y"])
         attrs = _OP_ATTRS[pass_]
         op = Descriptor(_OP[pass_]).set(attrs["alpha"], T_FLOAT, [1.0]).set(attrs["beta"], T_FLOAT, [0.0])
         op.set(attrs["conv"], T_BACKEND_DESCRIPTOR, [self.conv])
-        for role in ("x", "w", "y"):
+        for role in ("x", "w"):
             op.set(attrs[role], T_BACKEND_DESCRIPTOR, [self.tensors[role]])
-        self.op = op.finalize()
+        op.set(attrs["y"], T_BACKEND_DESCRIPTOR, [outs[0]])
+        self.ops = [op.finalize()]
+        for stage, x_, y_ in zip(stages, outs, outs[1:]):
+            if stage == "bias":
+                self.ops.append(_pointwise(PW_ADD, x_, y_, self.tensors["b"]))
+            else:
+                self.ops.append(_pointwise(PW_RELU_FWD, x_, y_))
+        self.op = self.ops[0]
         self._graph: Descriptor | None = None
 
     def graph(self, handle: CData) -> Descriptor:
@@ -249,13 +325,16 @@ class ConvPass:
             self._graph = (
                 Descriptor(_OPERATIONGRAPH)
                 .set(A_GRAPH_HANDLE, T_HANDLE, [handle])
-                .set(A_GRAPH_OPS, T_BACKEND_DESCRIPTOR, [self.op])
+                .set(A_GRAPH_OPS, T_BACKEND_DESCRIPTOR, self.ops)
                 .finalize()
             )
         return self._graph
 
-    def heuristics(self, handle: CData, mode: int = HEUR_A, exact: bool = True) -> list[EngineConfig]:
-        """cuDNN's ranked configurations for this pass (best first); with ``exact``, only exact FP32 ones."""
+    def heuristics(
+        self, handle: CData, mode: int = HEUR_A, exact: bool = True, admit: Callable[[EngineConfig], bool] | None = None
+    ) -> list[EngineConfig]:
+        """cuDNN's ranked configurations for this pass (best first): those ``admit`` takes, or with ``exact``
+        only exact FP32 ones."""
         heur = (
             Descriptor(_ENGINEHEUR)
             .set(A_HEUR_GRAPH, T_BACKEND_DESCRIPTOR, [self.graph(handle)])
@@ -265,11 +344,13 @@ class ConvPass:
         cfgs = [Descriptor(_ENGINECFG) for _ in range(heur.count(A_HEUR_RESULTS, T_BACKEND_DESCRIPTOR))]
         got = heur.get_into(A_HEUR_RESULTS, cfgs) if cfgs else 0
         out = [_describe(cfg) for cfg in cfgs[:got]]
-        return [c for c in out if c.exact or not exact]
+        return [c for c in out if (admit(c) if admit is not None else c.exact or not exact)]
 
-    def engines(self, handle: CData, exact: bool = True) -> list[EngineConfig]:
+    def engines(
+        self, handle: CData, exact: bool = True, admit: Callable[[EngineConfig], bool] | None = None
+    ) -> list[EngineConfig]:
         """Every engine cuDNN has for this pass, each with its default knobs (those that do not support the
-        pass are left out)."""
+        pass are left out); filtered as :meth:`heuristics` filters."""
         graph = self.graph(handle)
         out = []
         for index in range(graph.get(A_GRAPH_ENGINE_COUNT, T_INT64)[0]):
@@ -284,7 +365,7 @@ class ConvPass:
             except cudnn.CudnnError:
                 continue
             config = _describe(cfg)
-            if config.exact or not exact:
+            if admit(config) if admit is not None else config.exact or not exact:
                 out.append(config)
         return out
 
@@ -320,14 +401,23 @@ class ExecutionPlan:
         )
         self.workspace = int(self.desc.get(A_PLAN_WORKSPACE, T_INT64)[0])
 
-    def execute(self, x: int, w: int, y: int, workspace: int = 0, handle: CData = None) -> None:
-        """Run the pass on the device pointers ``x``, ``w``, ``y`` (by role, as in :class:`ConvPass`) with
-        ``workspace`` (a device pointer to at least ``self.workspace`` bytes), on the stream of ``handle``
-        (by default the one the plan was built with)."""
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The tensors a run binds: x, w, y, and b where the pass adds a bias."""
+        return tuple(getattr(self.owner, "roles", ("x", "w", "y")))
+
+    def execute(self, x: int, w: int, y: int, workspace: int = 0, handle: CData = None, b: int | None = None) -> None:
+        """Run the pass on the device pointers ``x``, ``w``, ``y`` (by role, as in :class:`ConvPass`; ``b``
+        the bias of a fused forward) with ``workspace`` (a device pointer to at least ``self.workspace``
+        bytes), on the stream of ``handle`` (by default the one the plan was built with)."""
+        given = {"x": x, "w": w, "y": y, "b": b}
+        missing = [r for r in self.roles if given[r] is None]
+        if missing:
+            raise ValueError(f"{self.config.name}: the pass binds {', '.join(self.roles)}; {missing} not given")
         pack = (
             Descriptor(_VARIANT_PACK)
-            .set(A_PACK_UIDS, T_INT64, [UIDS["x"], UIDS["w"], UIDS["y"]])
-            .set(A_PACK_POINTERS, T_VOID_PTR, [x, w, y])
+            .set(A_PACK_UIDS, T_INT64, [UIDS[r] for r in self.roles])
+            .set(A_PACK_POINTERS, T_VOID_PTR, [given[r] for r in self.roles])
             .set(A_PACK_WORKSPACE, T_VOID_PTR, [workspace])
             .finalize()
         )
@@ -336,16 +426,16 @@ class ExecutionPlan:
             cudnn.lib().cudnnBackendExecute(self.handle if handle is None else handle, self.desc.ptr, pack.ptr),
         )
 
-    def seconds(self, x: int, w: int, y: int, workspace: int = 0) -> float:
+    def seconds(self, x: int, w: int, y: int, workspace: int = 0, b: int | None = None) -> float:
         """One run of the pass timed by CUDA events on the current stream (after an untimed warm-up run);
         the plan's handle must be bound to that stream."""
         import cupy
 
         stream = cupy.cuda.get_current_stream()
-        self.execute(x, w, y, workspace)
+        self.execute(x, w, y, workspace, b=b)
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         start.record(stream)
-        self.execute(x, w, y, workspace)
+        self.execute(x, w, y, workspace, b=b)
         end.record(stream)
         end.synchronize()
         return cupy.cuda.get_elapsed_time(start, end) / 1e3
