@@ -210,7 +210,7 @@ class _FakePlan:
             raise cudnn.CudnnError("cudnnBackendFinalize", cudnn.NOT_SUPPORTED, "not here")
         self.config, self.handle, self.workspace, self.owner = config, handle, 1000 * config.index, owner
 
-    def execute(self, x, w, y, workspace=0, handle=None):
+    def execute(self, x, w, y, workspace=0, handle=None, b=None):
         _FakePlan.ran.append((self.config.index, workspace))
 
 
@@ -222,14 +222,14 @@ def _fake_pass(ranked, every):
         return graph.EngineConfig(None, index, numerical, frozenset(notes) - numerical)
 
     class FakePass:
-        def __init__(self, pass_, geometry, layout=None):
+        def __init__(self, pass_, geometry, layout=None, dtype="float32", fuse=()):
             self.pass_ = pass_
 
-        def heuristics(self, handle, exact=True):
-            return [cfg(*c) for c in ranked]
+        def heuristics(self, handle, exact=True, admit=None):
+            return [c for c in map(lambda c: cfg(*c), ranked) if admit is None or admit(c)]
 
-        def engines(self, handle, exact=True):
-            return [cfg(*c) for c in every]
+        def engines(self, handle, exact=True, admit=None):
+            return [c for c in map(lambda c: cfg(*c), every) if admit is None or admit(c)]
 
     return FakePass
 
@@ -311,7 +311,7 @@ def test_graph_backend_falls_back_to_every_engine_and_names_what_it_lacks(monkey
     assert op.algorithms == {p: ["e4"] for p in cudnn.ALGOS}
     assert op.workspace == {p: {"e4": 4000} for p in cudnn.ALGOS}
     conv = _graph_conv(monkeypatch, ranked=[(3,)], every=[(3,)])
-    with pytest.raises(cudnn.CudnnError, match="conv1.*no exact FP32 engine"):
+    with pytest.raises(cudnn.CudnnError, match="conv1.*no float32 engine \\(exact math\\)"):
         conv.catalog(net.build(2))
 
 
@@ -325,9 +325,9 @@ def test_graph_backend_refuses_a_workspace_too_small_by_name(monkeypatch):
     out = SimpleNamespace(data=SimpleNamespace(ptr=2), shape=(2, 6, 6, 8), dtype=np.float32)
     small = SimpleNamespace(data=SimpleNamespace(ptr=3), nbytes=100)
     with pytest.raises(ValueError, match="layer .*forward engine e2 needs 2000 bytes"):
-        conv.forward(layer, SimpleNamespace(algo="e2", workspace=small), arr, arr, out)
+        conv.forward(layer, SimpleNamespace(algo="e2", workspace=small, relu=False), arr, arr, out)
     big = SimpleNamespace(data=SimpleNamespace(ptr=4), nbytes=4096)
-    conv.forward(layer, SimpleNamespace(algo="e2", workspace=big), arr, arr, out)
+    conv.forward(layer, SimpleNamespace(algo="e2", workspace=big, relu=False), arr, arr, out)
     assert _FakePlan.ran == [(2, 4)]
 
 
@@ -366,7 +366,7 @@ def test_nchw_algorithms_run_on_transposed_copies(monkeypatch, pass_):
     y = rng.standard_normal((2, 4, 6, 5)).astype(np.float32)
     staged = _staging_bytes(4, x.shape, w.shape, y.shape)
     ws = np.zeros(staged + 1000, np.uint8)
-    ctx = SimpleNamespace(algo="nchw.implicit_gemm" if pass_ == "forward" else "nchw.algo_1", workspace=ws)
+    ctx = SimpleNamespace(algo="nchw.implicit_gemm" if pass_ == "forward" else "nchw.algo_1", workspace=ws, relu=False)
     before = {"x": x.copy(), "w": w.copy(), "y": y.copy()}
     if pass_ == "forward":
         conv.forward(layer, ctx, x, w, y)
@@ -403,7 +403,9 @@ def test_nchw_algorithms_need_room_for_their_copies_and_are_ranked_beside_channe
     layer = vmem.nn.Conv2d(3, 5, 3, padding=1)
     x, w, y = np.zeros((2, 4, 6, 3), np.float32), np.zeros((5, 3, 3, 3), np.float32), np.zeros((2, 4, 6, 5), np.float32)
     with pytest.raises(ValueError, match=r"layer .*forward nchw.winograd needs at least \d+ bytes"):
-        conv.forward(layer, SimpleNamespace(algo="nchw.winograd", workspace=np.zeros(64, np.uint8)), x, w, y)
+        conv.forward(
+            layer, SimpleNamespace(algo="nchw.winograd", workspace=np.zeros(64, np.uint8), relu=False), x, w, y
+        )
     monkeypatch.setattr(
         conv,
         "_ranked",
@@ -486,8 +488,12 @@ def _half_conv(monkeypatch, layer, x, y):
     from vmem.device.cuda import cudnn
     from vmem.device.cuda.conv import CudnnConv
 
+    from vmem.codecs import native
+    from vmem.device.cuda import conv as conv_module
+
     conv = CudnnConv(SimpleNamespace(nchw=False, deterministic=True))
     conv.descs(layer, x.shape, y.shape, cudnn.NHWC, np.dtype(x.dtype).name)  # made before cuDNN is faked
+    monkeypatch.setattr(conv_module, "backend_of", lambda a: native.CPU)  # vmem's kernels: their CPU build
     monkeypatch.setattr(CudnnConv, "_ptr", staticmethod(lambda a: a))
     monkeypatch.setattr(conv, "_handle", lambda: 0)
     seen = {}
@@ -515,8 +521,8 @@ def _known(shape):
 @pytest.mark.parametrize("half", ["float16", "bfloat16"])
 def test_half_convolutions_read_half_weights_and_widen_their_gradients(monkeypatch, half):
     """fp16/bf16 maps go to cuDNN as stored: the FP32 weights through a half copy at the start of the
-    workspace (cuDNN given the rest), the weight and bias gradients written in half there, then widened
-    into their FP32 buffers."""
+    workspace (cuDNN given the rest), the weights' gradient written in half there, then widened into its
+    FP32 buffer; the bias's summed in FP32 by vmem's kernels."""
     from types import SimpleNamespace
 
     from vmem.device.cuda.conv import _weight_copy_bytes
@@ -533,7 +539,7 @@ def test_half_convolutions_read_half_weights_and_widen_their_gradients(monkeypat
     forward_copies = _weight_copy_bytes("forward", h, w.shape, 5)
     assert forward_copies == 512  # 135 half values, aligned to 256 bytes
     ws = np.zeros(forward_copies + 1000, np.uint8)
-    conv.forward(layer, SimpleNamespace(algo="implicit_gemm", workspace=ws), x, w, y, b)
+    conv.forward(layer, SimpleNamespace(algo="implicit_gemm", workspace=ws, relu=False), x, w, y, b)
     x_type, w_seen, y_type, ws_size = seen["forward"]
     assert (x_type, w_seen.dtype, y_type, ws_size) == (h, h, h, 1000)
     assert w_seen.tobytes() == w.astype(h).tobytes()
@@ -543,16 +549,19 @@ def test_half_convolutions_read_half_weights_and_widen_their_gradients(monkeypat
     dy = rng.standard_normal(y.shape).astype(h)
     dx = np.zeros_like(x)
     dw, db = np.full(w.shape, np.nan, np.float32), np.full(5, np.nan, np.float32)
+    from vmem.codecs import native
+
     backward_copies = _weight_copy_bytes("backward_filter", h, w.shape, 5)
-    assert backward_copies == 2 * 512 + 256
+    assert backward_copies == 2 * 512 + 4 * 5 * native.COLUMN_GROUPS  # and the bias gradient's FP32 partial sums
     ws = np.zeros(backward_copies + 800, np.uint8)
     conv.backward(layer, SimpleNamespace(algo=("algo_1", "algo_0"), workspace=ws), dy, x, w, dx, dw, db)
     assert seen["backward_filter"][3] == seen["backward_data"][3] == 800
     assert seen["backward_data"][1].tobytes() == w.astype(h).tobytes()
     assert dw.tobytes() == _known(w.shape).astype(h).astype(np.float32).tobytes()
-    assert db.tobytes() == dy.reshape(-1, 5).astype(np.float32).sum(0).astype(h).astype(np.float32).tobytes()
+    # the bias's gradient summed in FP32 from the half map by vmem's column kernels (never rounded to half)
+    np.testing.assert_allclose(db, dy.astype(np.float64).reshape(-1, 5).sum(0), rtol=1e-6)
     with pytest.raises(ValueError, match="cannot hold its copies"):
-        conv.forward(layer, SimpleNamespace(algo=None, workspace=np.zeros(100, np.uint8)), x, w, y, b)
+        conv.forward(layer, SimpleNamespace(algo=None, workspace=np.zeros(100, np.uint8), relu=False), x, w, y, b)
 
 
 @needs_cudnn
@@ -563,6 +572,7 @@ def test_the_cuda_catalog_computes_half_convolutions_as_stored_with_their_copies
     tensor-op math) plus its weights' half copies, and stages the linear layer (FP32 compute)."""
     from types import SimpleNamespace
 
+    from vmem.codecs import native
     from vmem.device.cuda import cudnn
     from vmem.device.cuda.conv import CudnnConv
     from vmem.device.staging import CUDA_NATIVE, with_float32_compute
@@ -590,4 +600,5 @@ def test_the_cuda_catalog_computes_half_convolutions_as_stored_with_their_copies
     assert types_seen == {(data, cudnn.FLOAT, cudnn.TENSOR_OP_MATH)}
     ws = by_kind["conv"].workspace
     assert set(ws["forward"].values()) == {100 + 256}  # 108 half weights, aligned
-    assert set(ws["backward_data"].values()) == set(ws["backward_filter"].values()) == {100 + 2 * 256 + 256}
+    partial = -(-4 * native.COLUMN_GROUPS * 4 // 256) * 256  # the bias gradient's FP32 partial sums
+    assert set(ws["backward_data"].values()) == set(ws["backward_filter"].values()) == {100 + 2 * 256 + partial}

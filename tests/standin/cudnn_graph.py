@@ -14,7 +14,8 @@ What cuDNN refuses is refused: an attribute of another descriptor's kind or of a
 descriptor finalized without what it needs or set after it was finalized, an operation whose tensors'
 dimensions disagree with the convolution, an operation graph whose operations are not one chain from the
 convolution, a variant pack that leaves a non-virtual tensor of the graph unbound or binds a virtual one, a
-workspace smaller than the plan's, a handle used on a stream other than the one running.
+workspace smaller than the plan's, a handle used on a stream other than the one running, a plan built from an
+engine whose operation graph was destroyed.
 """
 
 from __future__ import annotations
@@ -206,7 +207,13 @@ class GraphAPI:
     def _t(self, key: int) -> dict:
         """A tensor descriptor's dims, strides, type, id and whether it is virtual."""
         a = self.objects[key]["attrs"]
-        return {"dims": tuple(a[902]), "strides": tuple(a[903]), "dtype": a[901][0], "uid": a[906][0], "virtual": bool(a.get(907, [False])[0])}
+        return {
+            "dims": tuple(a[902]),
+            "strides": tuple(a[903]),
+            "dtype": a[901][0],
+            "uid": a[906][0],
+            "virtual": bool(a.get(907, [False])[0]),
+        }
 
     def _conv_ok(self, desc: dict) -> int:
         first, a = FIRST[desc["type"]], desc["attrs"]
@@ -295,7 +302,9 @@ class GraphAPI:
 
     def _plan_ok(self, desc: dict) -> int:
         engine = self.objects[self.objects[desc["attrs"][401][0]]["attrs"][300][0]]
-        graph = self.objects[engine["attrs"][1300][0]]
+        graph = self.objects.get(engine["attrs"][1300][0])
+        if graph is None:
+            return BAD_PARAM  # the operation graph was destroyed: its engines refer to freed memory
         if self.objects.get(desc["attrs"][400][0], {}).get("kind") != "handle":
             return BAD_PARAM
         status, found = self._engine_problem(graph, engine["attrs"][1301][0])
@@ -332,7 +341,11 @@ class GraphAPI:
         tensors = {}
         for op in graph["chain"]:
             for attr, (_, type_, _) in ATTRS.items():
-                if type_ == T_DESCRIPTOR and attr in op["attrs"] and self.objects[op["attrs"][attr][0]]["type"] == TENSOR:
+                if (
+                    type_ == T_DESCRIPTOR
+                    and attr in op["attrs"]
+                    and self.objects[op["attrs"][attr][0]]["type"] == TENSOR
+                ):
                     t = self._t(op["attrs"][attr][0])
                     tensors[t["uid"]] = t
         real = {u for u, t in tensors.items() if not t["virtual"]}
@@ -366,7 +379,11 @@ class GraphAPI:
             f32 = {r: np.ascontiguousarray(arrays[uid[r]], np.float32) for r in ("x", "w", "y") if uid[r] in arrays}
             if tensor_cores:  # the inputs the pass reads, rounded to TF32
                 f32 = {r: (v if r == written else tf32(v)) for r, v in f32.items()}
-            shape = {"forward": out.shape, "backward_data": arrays[uid["x"]].shape, "backward_filter": arrays[uid["w"]].shape}
+            shape = {
+                "forward": out.shape,
+                "backward_data": arrays[uid["x"]].shape,
+                "backward_filter": arrays[uid["w"]].shape,
+            }
             result = np.empty(shape[pass_], np.float32)
             ctx = Ctx(xp=np, ops=LaneOps(), algo=host, workspace=scratch)
             if pass_ == "forward":

@@ -175,7 +175,12 @@ class Descriptor:
 
 
 def _tensor(
-    uid: int, dims: Iterable[int], strides: Iterable[int], alignment: int, data: int = cudnn.FLOAT, virtual: bool = False
+    uid: int,
+    dims: Iterable[int],
+    strides: Iterable[int],
+    alignment: int,
+    data: int = cudnn.FLOAT,
+    virtual: bool = False,
 ) -> Descriptor:
     d = (
         Descriptor(_TENSOR)
@@ -302,7 +307,9 @@ class ConvPass:
         )
         # a fused forward: conv -> (virtual) -> + b -> (virtual) -> ReLU -> y, each intermediate in FP32
         stages = [f for f in FUSIONS if f in fuse]
-        outs = [_tensor(u, y_dims, y_strides, alignment, cudnn.FLOAT, virtual=True) for u in _VIRTUAL_UIDS[: len(stages)]]
+        outs = [
+            _tensor(u, y_dims, y_strides, alignment, cudnn.FLOAT, virtual=True) for u in _VIRTUAL_UIDS[: len(stages)]
+        ]
         outs.append(self.tensors["y"])
         attrs = _OP_ATTRS[pass_]
         op = Descriptor(_OP[pass_]).set(attrs["alpha"], T_FLOAT, [1.0]).set(attrs["beta"], T_FLOAT, [0.0])

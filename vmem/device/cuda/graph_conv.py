@@ -94,7 +94,9 @@ class GraphConv(CudnnConv):
         self._plans[key] = found
         return found
 
-    def _build(self, handle: Any, configs: list[Any], owner: Any, top: int | None, fuse: frozenset[str]) -> dict[str, Any]:
+    def _build(
+        self, handle: Any, configs: list[Any], owner: Any, top: int | None, fuse: frozenset[str]
+    ) -> dict[str, Any]:
         from . import graph
 
         found: dict[str, Any] = {}
@@ -188,8 +190,10 @@ class GraphConv(CudnnConv):
         fuse = self._fusion(layer)
         if algo is None and fuse:  # none named: the first of the forward's own plans, fused where it is
             algo = next(iter(self._forward_plans(layer, x.shape, y.shape, dtype)))
-        if not (algo or "").startswith(FUSED):
-            super().forward(layer, dataclasses.replace(ctx, algo=algo), x, w, y, b)
+            if not algo.startswith(FUSED):
+                ctx = dataclasses.replace(ctx, algo=algo)
+        if algo is None or not algo.startswith(FUSED):
+            super().forward(layer, ctx, x, w, y, b)
             return
         ws = ctx.workspace
         if x.dtype != w.dtype:
@@ -201,11 +205,20 @@ class GraphConv(CudnnConv):
         if "bias" in fuse:
             if b is None:
                 raise ValueError(f"layer {layer.label}: its fused forward {algo} adds a bias, and none is given")
-            bias = b.data.ptr
+            bias = cast("GpuArray", b).data.ptr
         self._run(layer, "forward", algo, plan, ws, x, w, y, bias)
 
     def _run(
-        self, layer: "Conv2d", pass_: str, algo: str | None, plan: Any, ws: GpuArray, x: Any, w: Any, y: Any, b: int | None = None
+        self,
+        layer: "Conv2d",
+        pass_: str,
+        algo: str | None,
+        plan: Any,
+        ws: GpuArray,
+        x: Any,
+        w: Any,
+        y: Any,
+        b: int | None = None,
     ) -> None:
         if plan.workspace and (ws is None or ws.nbytes < plan.workspace):
             raise ValueError(
