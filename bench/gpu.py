@@ -368,12 +368,16 @@ def _vmem_setting(
     model: str = "vgg16",
     batch: int | None = None,
     graphs: str = "off",
+    conv_api: str | None = None,
 ) -> dict | None:
     """One vmem run of ``model`` at ``batch`` (VGG-16 at ``--batch`` unless named; ``policy`` in ``memory``,
-    by default the fastest baseline in ``--memory``), its profile kept per model, batch, precision and math
-    for the runs after it; its result, or None where it failed (the error kept under ``label``)."""
+    by default the fastest baseline in ``--memory``; its convolutions through ``conv_api``, by default
+    ``--conv-api``), its profile kept per model, batch, precision, math and convolution API for the runs
+    after it; its result, or None where it failed (the error kept under ``label``)."""
     batch = args.batch if batch is None else batch
-    cache = Path(args.profile_cache) / f"profile-{model}-b{batch}-{precision}-{math}.pkl"
+    conv_api = args.conv_api if conv_api is None else conv_api
+    api = "" if conv_api == "legacy" else f"-{conv_api}"  # the algorithms' names differ between the APIs
+    cache = Path(args.profile_cache) / f"profile-{model}-b{batch}-{precision}-{math}{api}.pkl"
     try:
         r = isolated(
             "vmem_step",
@@ -384,7 +388,7 @@ def _vmem_setting(
             memory=memory or args.memory,
             profile=True,
             profile_cache=str(cache),
-            conv_api=args.conv_api,
+            conv_api=conv_api,
             nchw=args.nchw,
             precision=precision,
             math=math,
@@ -470,6 +474,23 @@ def section_graphs(args, out):
     replayed = sum(g == "replayed" for g in on["graphs"])
     print(f"graphs: {replayed} of {len(on['graphs'])} timed steps replayed ({', '.join(on['graphs']) or '-'})")
     out["verdicts"].append(verdict(f"{label} graphs on / off", on["median"] / off, 1.0, at_least=False))
+
+
+def section_graph_api(args, out):
+    """vmem bf16 with its convolutions through cuDNN's graph API (the full engine search; a convolution and the
+    ReLU after it one fused graph with its bias), against the ``bf16`` section's run through the legacy API:
+    the ratio graph API / legacy, both timed (a ratio below 1 is what makes the graph API the default)."""
+    label, precision, math, _, _ = VMEM_SETTINGS[0]
+    legacy = out.get("settings", {}).get(label)
+    if legacy is None:
+        _vmem_setting(args, out, label, precision, math, conv_api="legacy")
+        legacy = out.get("settings", {}).get(label)
+    graph = _vmem_setting(args, out, f"{label} graph API", precision, math, conv_api="graph")
+    if graph is None or legacy is None:
+        return
+    fused = sorted({a.get("forward", "") for a in graph.get("algos", {}).values() if a})
+    print(f"graph API: forward engines {', '.join(fused) or '-'}")
+    out["verdicts"].append(verdict(f"{label} graph API / legacy API", graph["median"] / legacy, 1.0, at_least=False))
 
 
 def section_half_memory(args, out):
@@ -838,6 +859,7 @@ SECTIONS = {
     "tf32": section_tf32,
     "exact": section_exact,
     "graphs": section_graphs,
+    "graph_api": section_graph_api,
     "torch_settings": section_torch_settings,
     "vmem_settings": section_vmem_settings,
     "vmem_exact": section_vmem_exact,

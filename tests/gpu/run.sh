@@ -85,7 +85,7 @@ check_run() {  # limit: the GPU check's sections in order, each under its share 
                 [ "$r" -eq 5 ] && r=0 ;;  # nothing collected (no GPU: every test skips)
             bench)
                 local dry=""; [ "${VMEM_GPU_DRY_RUN:-0}" = 1 ] && dry="--dry-run"
-                bench "$share" check-bench.log check-bench.json bf16,tf32,exact,half_memory,budget_check,graphs \
+                bench "$share" check-bench.log check-bench.json bf16,tf32,exact,half_memory,budget_check,graphs,graph_api \
                     --child-timeout 110 $dry; r=$? ;;
         esac
         check_note "${names[i]}" "$r" "$(( SECONDS - t ))" "$share"

@@ -4,7 +4,7 @@ The interface is small (``catalog``, ``forward``, ``backward``, ``heuristic``, `
 :class:`CudnnConv` here, cuDNN's legacy API and its algorithms, and :class:`~vmem.device.cuda.graph_conv.GraphConv`,
 its graph API and its engines (``conv_api="graph"``). Tensors are stored channels last (NHWC) and filters KRSC, as
 on the CPU; FP32 math as the device's ``math`` says (TF32 by default, FMA where exact). fp16 and bf16 maps are
-handed to cuDNN as they are stored (pseudo-half: compute type FLOAT, tensor-op math; legacy API only), the FP32
+handed to cuDNN as they are stored (pseudo-half: compute type FLOAT, tensor-op math; the graph API alike), the FP32
 weights read through a half copy made at the start of the pass's workspace and the weights' gradient written through
 a half copy there, then widened into its FP32 buffer (as PyTorch's autocast casts weights for a convolution); the
 bias's gradient is summed in FP32 by vmem's column-sum kernels (cuDNN's BackwardBias refuses BFLOAT16 maps). cuDNN's legacy FP32 algorithms for channels last are implicit GEMM only; with the device's

@@ -73,7 +73,8 @@ def _on_cuda_dlpack(x: object) -> bool:
 class CudaDevice:
     """A CUDA GPU behind the Device protocol (see the module docstring). ``deterministic`` keeps cuDNN's
     atomics-based algorithms out of the catalog, so that lossless policies stay bitwise. ``conv_api``:
-    convolutions through cuDNN's legacy API (its algorithms) or its graph API (its engines). ``nchw=True``
+    convolutions through cuDNN's legacy API (its algorithms) or its graph API (its engines; a convolution and
+    the in-place ReLU after it one fused graph with the bias: :mod:`.graph_conv`). ``nchw=True``
     also offers each legacy algorithm on NCHW copies of the channels-last tensors (``nchw.<algo>``: cuDNN
     has more, and faster, FP32 algorithms for NCHW; the copies are part of the algorithm's workspace).
     ``math``: how FP32 convolutions compute, ``"tf32"`` (the default, as PyTorch's) or ``"exact"`` (FMA; see
