@@ -197,7 +197,7 @@ def test_the_timeline_marks_the_loss_scale_and_a_skipped_step():
 def _native_cpu(memory):
     """The CPU device computing half-precision maps as the CUDA device does (the kinds of
     ``staging.CUDA_NATIVE`` as they are stored, through the GPU's layer ops built for the CPU) except its
-    convolutions, which only cuDNN computes in half: the host's stay staged."""
+    convolutions and linear layers, which only cuDNN and cuBLAS compute in half: the host's stay staged."""
     from vmem.device.cpu import CpuDevice
     from vmem.device.hostconv import with_host_catalog
     from vmem.device.kernel_ops import KernelOps
@@ -209,7 +209,7 @@ def _native_cpu(memory):
 
     class NativeCpu(CpuDevice):
         def catalog(self, program):
-            return with_float32_compute(program, with_host_catalog, CUDA_NATIVE - {"conv"})
+            return with_float32_compute(program, with_host_catalog, CUDA_NATIVE - {"conv", "linear"})
 
     dev = NativeCpu(memory, poison=True)
     dev.ops = NativeOps(dev.budget)

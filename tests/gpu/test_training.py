@@ -219,8 +219,8 @@ def test_a_tensor_stored_in_fp16_runs_on_the_gpu_at_the_planned_peak(policy):
 
 def test_half_precision_training_on_the_gpu_runs_at_the_planned_peak_and_follows_fp32():
     """Mixed precision on cuda:0: feature maps in fp16 or bf16; convolutions (cuDNN's pseudo-half, the
-    weights read through half copies), ReLU, pooling and sums computed as stored, batch norm, the linear
-    layer and the loss in float32 over staging copies; every step at its planned peak (gist's ssdc blocks
+    weights read through half copies), the linear layer (cuBLAS, FP32 accumulation), ReLU, pooling and sums
+    computed as stored, batch norm and the loss in float32 over staging copies; every step at its planned peak (gist's ssdc blocks
     too: an encoding larger than its block waits in host memory), lossless policies bitwise equal to the
     fp16 baseline, the weights and losses close to the fp32 run's."""
     x = np.random.default_rng(0).standard_normal((16, 3, 32, 32)).astype(np.float32)

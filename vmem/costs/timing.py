@@ -214,6 +214,8 @@ def _profile_op(
                 times[(op.name, pass_, a)] = float("inf")
         algos[pass_] = [a for a in names if op.workspace[pass_][a] <= room] or names[:1]
     ws_bytes = max([op.workspace[p][a] for p, names in algos.items() for a in names] + [0])
+    if not algos and not op.staged:  # an op with no choice that keeps copies in its workspace (a GPU's half linear)
+        ws_bytes = max([n for by_algo in op.workspace.values() for n in by_algo.values()] + [0])
     ws = on.empty(ws_bytes, np.uint8) if ws_bytes else None
 
     def ctx(algo: Any) -> Ctx:

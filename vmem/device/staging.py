@@ -5,8 +5,8 @@ the op's workspace, so that the plan, the replay and the pool count them (:func:
 executor carves them there in :func:`staged` order.
 
 The CPU device stages every such op. The CUDA device computes the kinds in :data:`CUDA_NATIVE` as they are
-stored (cuDNN's convolutions in pseudo-half, vmem's kernels, copies) and stages the rest (batch norm, the
-linear layers, the loss: the float32 parts of mixed precision)."""
+stored (cuDNN's convolutions in pseudo-half, the linear layers on cuBLAS, vmem's kernels, copies) and stages
+the rest (batch norm, the loss: the float32 parts of mixed precision)."""
 
 from __future__ import annotations
 
@@ -24,11 +24,13 @@ __all__ = ["COMPUTE", "CUDA_NATIVE", "copy_nbytes", "cpu_catalog", "staged", "st
 COMPUTE = "float32"
 _ALIGN = 64
 #: The op kinds the CUDA device computes over fp16/bf16 storage without float32 copies: convolutions (cuDNN,
-#: data in half, compute type FLOAT, tensor-op math), ReLU and max pooling (vmem's kernels: selections, exact),
+#: data in half, compute type FLOAT, tensor-op math), linear layers (cuBLAS, half operands, FP32
+#: accumulation: :mod:`vmem.device.kernel_ops`), ReLU and max pooling (vmem's kernels: selections, exact),
 #: sums of two maps and the copies (flatten, concat, pad, identity). Half-precision addition through FP32 rounds
-#: as addition in half does (FP32 carries more than twice the digits plus two), so only the convolutions'
-#: results differ from the staged way's (their weights are read in half, as under PyTorch's autocast).
-CUDA_NATIVE = frozenset({"conv", "relu", "maxpool", "add", "flatten", "concat", "pad", "identity"})
+#: as addition in half does (FP32 carries more than twice the digits plus two), so only the convolutions' and
+#: linear layers' results differ from the staged way's (their weights are read in half, as under PyTorch's
+#: autocast).
+CUDA_NATIVE = frozenset({"conv", "linear", "relu", "maxpool", "add", "flatten", "concat", "pad", "identity"})
 
 
 def staged(program: Program, op: OpInfo, pass_: str) -> list[tuple[str, int, tuple[int, ...]]]:

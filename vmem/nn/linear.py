@@ -60,19 +60,16 @@ class Linear(Layer):
         return 2 * int(np.prod(in_shapes[0][:-1])) * self.in_features * self.out_features
 
     def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
-        ctx.ops.matmul(xs[0], ctx.params["weight"].T, out=y)
-        if self.bias:
-            y += ctx.params["bias"]
+        bias = ctx.params["bias"] if self.bias else None
+        ctx.ops.linear(xs[0], ctx.params["weight"], bias, y, ctx.workspace)
 
     def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         x = xs[0]  # type: ignore[index]
         if dy.ndim > 2:
             dy, x = dy.reshape(-1, self.out_features), x.reshape(-1, self.in_features)
-        ctx.ops.matmul(dy.T, x, out=ctx.grads["weight"])
-        if self.bias:
-            ctx.ops.column_sum(dy, out=ctx.grads["bias"])
-        if dxs[0] is not None:
-            ctx.ops.matmul(dy, ctx.params["weight"], out=dxs[0].reshape(-1, self.in_features))
+        dx = dxs[0].reshape(-1, self.in_features) if dxs[0] is not None else None
+        db = ctx.grads["bias"] if self.bias else None
+        ctx.ops.linear_backward(dy, x, ctx.params["weight"], dx, ctx.grads["weight"], db, ctx.workspace)
 
 
 class Flatten(Layer):

@@ -77,6 +77,31 @@ class ArrayOps:
         """``xp.matmul(a, b, out=out)``."""
         return self.xp.matmul(a, b, out=out)
 
+    def linear(self, x: Array, w: Array, b: Array | None, y: Array, workspace: Array | None = None) -> None:
+        """``y = x @ w.T (+ b)`` over the last axis (:class:`~vmem.nn.Linear`'s forward); ``workspace``: the
+        op's (a device may keep copies there)."""
+        self.matmul(x, w.T, out=y)
+        if b is not None:
+            y += b
+
+    def linear_backward(
+        self,
+        dy: Array,
+        x: Array,
+        w: Array,
+        dx: Array | None,
+        dw: Array,
+        db: Array | None,
+        workspace: Array | None = None,
+    ) -> None:
+        """The gradients of :meth:`linear` on 2-D rows: ``dw = dy.T @ x``, ``db`` the column sums of ``dy``
+        where given, ``dx = dy @ w`` where wanted."""
+        self.matmul(dy.T, x, out=dw)
+        if db is not None:
+            self.column_sum(dy, out=db)
+        if dx is not None:
+            self.matmul(dy, w, out=dx)
+
     def rows(self, n: int, work: Callable[[slice], None], size: int) -> None:
         """``work(piece)`` over ``n`` rows (the first axis of the arrays it touches): here, all at once.
         For work whose every result depends only on its own rows, so that any cut gives the same."""

@@ -202,12 +202,13 @@ class CudaDevice:
     def catalog(self, program: Program) -> Program:
         """``program`` with cuDNN's convolution algorithms on this GPU and their exact workspace sizes. Over
         fp16/bf16 storage the kinds in :data:`~vmem.device.staging.CUDA_NATIVE` compute as they are stored
-        (convolutions in cuDNN's pseudo-half through either API, their weights' half copies in their
-        workspace); the rest compute in float32 through staging copies in their workspace (as on the CPU
+        (convolutions in cuDNN's pseudo-half through either API, linear layers on cuBLAS with FP32
+        accumulation, their weights' half copies in their workspace); the rest compute in float32 through staging copies in their workspace (as on the CPU
         device: :mod:`vmem.device.staging`), each output rounded once."""
+        from ..kernel_ops import with_linear_copies
         from ..staging import CUDA_NATIVE, with_float32_compute
 
-        return with_float32_compute(program, self.conv_backend.catalog, CUDA_NATIVE)
+        return with_linear_copies(with_float32_compute(program, self.conv_backend.catalog, CUDA_NATIVE))
 
     # -- memory ------------------------------------------------------------------------------------
     @property

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import function, memory, nvrtc, runtime
+from . import cublas, device, function, memory, nvrtc, runtime
 from . import graph
 
 __all__ = [
@@ -17,6 +17,8 @@ __all__ = [
     "Stream",
     "UnownedMemory",
     "alloc",
+    "cublas",
+    "device",
     "function",
     "graph",
     "get_allocator",
