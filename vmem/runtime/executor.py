@@ -221,6 +221,8 @@ class Executor:
         #: per input staged that way, its float32 NCHW copy on the device: made at its first upload, outside the
         #: plan (in the reserve, as the finite check's tables), so that every step copies to the same place
         self._nchw: dict[str, Array] = {}
+        #: pinned host arrays the caller fills with the next batches' input while a step runs (input_ring)
+        self._ring: list[tuple[Any, np.ndarray]] = []
         self._inputs_at, at = [], 0
         for t in program.input_tensors:
             self._inputs_at.append(at)
@@ -608,6 +610,42 @@ class Executor:
     def _free(self, r: _Run, st: Free) -> None:
         self.device.pool.free(r.blocks.pop(st.key), self.device.compute_stream)
 
+    # -- the input ring ----------------------------------------------------------------------------
+    def input_ring(self, slots: int = 2) -> list[np.ndarray] | None:
+        """``slots`` pinned host arrays of the step's input (float32 NCHW) that a caller fills with the next
+        batches while a step runs (``Trainer.fit`` gathers each batch into one on a thread of its own); a
+        step given one of them uploads it from there as it is, with no copy on the host. Only on a device
+        that works after ``launch`` returns and uploads a float32 image batch as it is, for a network of one
+        such input, and not where steps replay as CUDA graphs (a graph bakes its upload's address); None
+        elsewhere, or where the pinned pool cannot hold them. Held until :meth:`release_ring`."""
+        if self._ring:
+            return [view for _, view in self._ring]
+        shape = tuple(self.program.tensors[self.program.input_tensors[0]].shape)
+        if not (self._asynchronous and self._device_transpose) or self.graphs is not None:
+            return None
+        if len(self._inputs) != 1 or len(shape) != 4:
+            return None
+        nbytes = 4 * int(np.prod(shape))
+        a = self.device.pool.alignment
+        try:
+            self.device.reserve_pinned(self.schedule.pinned_bytes + self._staging_bytes + slots * -(-nbytes // a) * a)
+            for _ in range(slots):
+                block = self._transfers.pinned.allocate(nbytes, "other", high=True)
+                self._ring.append((block, self.device.host_view(block, shape, np.float32)))
+        except MemoryError:  # the pinned pool is fixed and busy, or too small: the step stages as it does
+            self.release_ring()
+            return None
+        return [view for _, view in self._ring]
+
+    def release_ring(self) -> None:
+        """Give the input ring's pinned arrays back (the steps that read them have completed)."""
+        ring, self._ring = self._ring, []
+        for block, _ in ring:
+            self._transfers.pinned.free(block)
+
+    def _in_ring(self, x: Any) -> bool:
+        return any(view.ctypes.data == x.ctypes.data and view.shape == x.shape for _, view in self._ring)
+
     def _stage(self, r: _Run) -> None:
         """The batch (input, labels) copied into one pinned buffer at the top of the pinned arena, held for
         the step. A copy from pageable memory first waits for everything enqueued before it (CUDA's rule,
@@ -618,7 +656,7 @@ class Executor:
         raw = dev.host_view(r.staged, (r.staged.nbytes,), np.uint8)
         r.batch = {}
         for x, (_, source, _), at in zip(r.xs, self._inputs, self._inputs_at):
-            if is_device_array(x):  # copied from where it is, on the device (see _upload)
+            if is_device_array(x) or (self._ring and self._in_ring(x)):  # uploaded from where it is (_upload)
                 r.batch[source] = x
                 continue
             r.batch[source] = raw[at : at + x.nbytes].view(x.dtype).reshape(x.shape)

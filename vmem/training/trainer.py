@@ -28,7 +28,7 @@ from ..planning import PlanResult
 from ..precision import activations_dtype
 from ..runtime import StepReport
 from ..engine import Session, dispatch
-from . import state
+from . import batches, state
 from .callbacks import Callback, LossWatch, PrintEpochs, ProgressBar
 from .diagnose import nonfinite_error, spill_warning
 from .inputs import batch_arrays, check_labels, count, host_labels, loss_and_accuracy, on_device
@@ -375,15 +375,22 @@ class Trainer:
             for cb in observers:
                 cb.on_epoch_start(self, epoch, epochs, n_batches)
             reports: list[StepReport] = []
-            for x, y in self._epoch_batches(train, batch_size, shuffle, epoch):
-                if part is not None:  # this rank's shard of the batch (every rank draws the same batches)
-                    x, y = x[part], y[part]
-                for cb in observers:
-                    cb.on_step_start(self)
-                reports.append(self.step(x, y))
-                self.epoch_step += 1
-                for cb in observers:
-                    cb.on_step(self, reports[-1])
+            order = batches.epoch_order(self, len(train), batch_size, shuffle, epoch)
+            ex = self.session.executor(batch_size // ranks, True)  # on a GPU: the next input gathered into pinned
+            slots = batches.input_ring(ex, train, part)  # memory while a step runs (released before evaluation)
+            try:
+                for x, y in batches.epoch_batches(train, order, slots):
+                    if part is not None:  # this rank's shard of the batch (every rank draws the same batches)
+                        x, y = x[part], y[part]
+                    for cb in observers:
+                        cb.on_step_start(self)
+                    reports.append(self.step(x, y))
+                    self.epoch_step += 1
+                    for cb in observers:
+                        cb.on_step(self, reports[-1])
+            finally:
+                if slots:
+                    ex.release_ring()  # type: ignore[union-attr]  # a ring comes from an Executor
             stats = EpochStats.of(epoch, reports)
             self.epochs_done, self.epoch_step, self.epoch_rng = epoch, 0, None
             if val is not None and eval_batch is not None:
@@ -396,26 +403,6 @@ class Trainer:
         for cb in observers:
             cb.on_fit_end(self, history)
         return history
-
-    def _epoch_batches(self, train: Dataset, batch_size: int, shuffle: bool, epoch: int) -> Any:
-        """The batches of ``epoch``: a permutation drawn from the trainer's generator at the epoch's start
-        (kept, with the batches done, for a checkpoint written midway); resuming midway draws the same
-        permutation and goes on after the batches done, from the generator's state at the save."""
-        n = len(train)
-        resuming = epoch == self.epochs_done + 1 and self.epoch_step > 0 and self.epoch_rng is not None
-        if resuming:
-            now = self.rng.bit_generator.state
-            self.rng.bit_generator.state = self.epoch_rng  # type: ignore[assignment]  # not None: resuming
-            order = self.rng.permutation(n) if shuffle else np.arange(n)
-            self.rng.bit_generator.state = now
-            first = self.epoch_step
-        else:
-            self.epoch_rng = dict(self.rng.bit_generator.state)
-            order = self.rng.permutation(n) if shuffle else np.arange(n)
-            self.epoch_step = first = 0
-        for k in range(first, n // batch_size):
-            idx = order[k * batch_size : (k + 1) * batch_size]
-            yield train.x[idx], train.y[idx]
 
     def predict(self, x: Array, batch_size: int | None = None) -> np.ndarray:
         """Logits for ``x`` (a tuple of arrays for a network of several inputs; evaluation mode: batch-norm
