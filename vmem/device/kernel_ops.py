@@ -23,7 +23,10 @@ from ..codecs import native
 from ..nn.ops import ArrayOps
 
 if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
+
     from .._typing import Array
+    from ..graph.program import Program
 
 __all__ = ["KernelOps", "linear_copies", "with_linear_copies"]
 
@@ -36,7 +39,7 @@ def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
-def linear_copies(pass_: str, dtype: Any, w_shape: tuple[int, ...], bias: int) -> int:
+def linear_copies(pass_: str, dtype: DTypeLike, w_shape: tuple[int, ...], bias: int) -> int:
     """Workspace bytes a linear layer over ``dtype`` maps takes on a GPU for its copies (none in FP32): the
     weights' half copy; backward also the FP32 partial sums of the bias's gradient."""
     if np.dtype(dtype).name not in _HALF:
@@ -46,7 +49,7 @@ def linear_copies(pass_: str, dtype: Any, w_shape: tuple[int, ...], bias: int) -
     return w if pass_ == "forward" else w + partial
 
 
-def with_linear_copies(program: Any) -> Any:
+def with_linear_copies(program: Program) -> Program:
     """``program`` whose linear layers computing over fp16/bf16 maps (not staged) hold their copies
     (:func:`linear_copies`) in every pass's workspace."""
     import dataclasses
@@ -65,7 +68,7 @@ def with_linear_copies(program: Any) -> Any:
     return dataclasses.replace(program, ops=ops)
 
 
-def _carve(ws: Any, dtype: Any, shape: tuple[int, ...], at: int = 0) -> Any:
+def _carve(ws: Array | None, dtype: DTypeLike, shape: tuple[int, ...], at: int = 0) -> Array:
     """An array of ``dtype`` and ``shape`` at byte ``at`` of the workspace ``ws`` (a uint8 array)."""
     n = np.dtype(dtype).itemsize * int(np.prod(shape))
     if ws is None or at + n > ws.nbytes:
@@ -87,7 +90,7 @@ class KernelOps(ArrayOps):
     """:class:`~vmem.nn.ops.ArrayOps` with ReLU and max pooling through vmem's kernels, and half-precision
     linear layers on cuBLAS (see the module docstring)."""
 
-    def _half_gemm(self, x: Array, w: Array) -> Any:
+    def _half_gemm(self, x: Array, w: Array) -> native.Backend | None:
         """The kernels' backend where a linear layer over ``x`` with FP32 weights ``w`` multiplies on cuBLAS in
         half (a GPU's arrays, half and contiguous), else None."""
         if getattr(self.xp, "__name__", "") != "cupy" or np.dtype(x.dtype).name not in _HALF:

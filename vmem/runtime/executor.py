@@ -222,7 +222,7 @@ class Executor:
         #: plan (in the reserve, as the finite check's tables), so that every step copies to the same place
         self._nchw: dict[str, Array] = {}
         #: pinned host arrays the caller fills with the next batches' input while a step runs (input_ring)
-        self._ring: list[tuple[Any, np.ndarray]] = []
+        self._ring: list[tuple[Block, np.ndarray]] = []
         self._inputs_at, at = [], 0
         for t in program.input_tensors:
             self._inputs_at.append(at)
@@ -643,7 +643,7 @@ class Executor:
         for block, _ in ring:
             self._transfers.pinned.free(block)
 
-    def _in_ring(self, x: Any) -> bool:
+    def _in_ring(self, x: np.ndarray) -> bool:
         return any(view.ctypes.data == x.ctypes.data and view.shape == x.shape for _, view in self._ring)
 
     def _stage(self, r: _Run) -> None:

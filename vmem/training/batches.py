@@ -6,24 +6,27 @@ nor copies the input between steps."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
 if TYPE_CHECKING:
     from ..data import Dataset
+    from ..runtime.executor import Executor
+    from ..runtime.micro import MicroBatched
+    from .trainer import Trainer
 
 __all__ = ["epoch_order", "epoch_batches", "input_ring"]
 
 
-def epoch_order(trainer: Any, n: int, batch_size: int, shuffle: bool, epoch: int) -> list[np.ndarray]:
+def epoch_order(trainer: Trainer, n: int, batch_size: int, shuffle: bool, epoch: int) -> list[np.ndarray]:
     """The sample indices of each batch ``epoch`` runs: a permutation drawn from the trainer's generator at the
     epoch's start (its state kept, with the batches done, for a checkpoint written midway); resuming midway
     draws the same permutation and goes on after the batches done, from the generator's state at the save."""
     resuming = epoch == trainer.epochs_done + 1 and trainer.epoch_step > 0 and trainer.epoch_rng is not None
     if resuming:
         now = trainer.rng.bit_generator.state
-        trainer.rng.bit_generator.state = trainer.epoch_rng
+        trainer.rng.bit_generator.state = trainer.epoch_rng  # type: ignore[assignment]  # not None: resuming
         order = trainer.rng.permutation(n) if shuffle else np.arange(n)
         trainer.rng.bit_generator.state = now
         first = trainer.epoch_step
@@ -34,14 +37,21 @@ def epoch_order(trainer: Any, n: int, batch_size: int, shuffle: bool, epoch: int
     return [order[k * batch_size : (k + 1) * batch_size] for k in range(first, n // batch_size)]
 
 
-def input_ring(executor: Any, train: Dataset, part: Any) -> list[np.ndarray] | None:
+def input_ring(executor: Executor | MicroBatched, train: Dataset, part: slice | None) -> list[np.ndarray] | None:
     """The executor's pinned input arrays where ``train``'s inputs can be gathered into them as they are (one
     float32 image array of the network's input shape, each rank reading whole batches), else None."""
-    ring = getattr(executor, "input_ring", None)  # a micro-batched step stages its own
+    from ..runtime.executor import Executor
+
     x = train.x
-    if ring is None or part is not None or not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 4:
+    if (
+        not isinstance(executor, Executor)
+        or part is not None
+        or not isinstance(x, np.ndarray)
+        or x.dtype != np.float32
+        or x.ndim != 4
+    ):
         return None
-    slots = ring()
+    slots = executor.input_ring()  # (a micro-batched step stages its own)
     if slots and slots[0].shape[1:] != x.shape[1:]:
         executor.release_ring()
         return None

@@ -11,7 +11,7 @@ op(A)^T``. Enum values are cuBLAS 13's and the CUDA runtime's (``cublas_api.h``,
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,7 +36,7 @@ def _scalars() -> tuple[np.ndarray, np.ndarray]:
     return np.ones(1, np.float32), np.zeros(1, np.float32)
 
 
-def _type(a: Any) -> int:
+def _type(a: GpuArray) -> int:
     name = np.dtype(a.dtype).name
     if name not in DATA_TYPES:
         raise TypeError(f"cuBLAS products take {', '.join(DATA_TYPES)} here, not {name}")

@@ -21,8 +21,9 @@ from . import cudnn
 from .conv import CudnnConv, _carve, _geometry, _weight_copy_bytes
 
 if TYPE_CHECKING:
-    from ..._typing import Array, GpuArray
+    from ..._typing import Array, CData, GpuArray
     from .device import CudaDevice
+    from .graph import ConvPass, EngineConfig, ExecutionPlan
     from ...graph.program import Program
     from ...nn.base import Ctx
     from ...nn.conv import Conv2d
@@ -64,7 +65,7 @@ class GraphConv(CudnnConv):
         y_shape: tuple[int, ...],
         dtype: str = "float32",
         fuse: frozenset[str] = frozenset(),
-    ) -> dict[str, Any]:
+    ) -> dict[str, ExecutionPlan]:
         """The pass's plans by name, in cuDNN's ranking, for the current stream's handle (made on first use:
         a plan runs on the handle it was built with); with ``fuse``, the fused forward's (named
         ``fused.e<engine>``)."""
@@ -78,7 +79,7 @@ class GraphConv(CudnnConv):
         conv = graph.ConvPass(pass_, key[0], dtype=dtype, fuse=fuse)
         math_ = self.math
 
-        def admit(cfg: Any) -> bool:
+        def admit(cfg: EngineConfig) -> bool:
             return graph.admits(cfg, dtype, math_)
 
         exact = dtype in ("float32", "float64") and math_ == "exact"
@@ -95,11 +96,11 @@ class GraphConv(CudnnConv):
         return found
 
     def _build(
-        self, handle: Any, configs: list[Any], owner: Any, top: int | None, fuse: frozenset[str]
-    ) -> dict[str, Any]:
+        self, handle: CData, configs: list[EngineConfig], owner: ConvPass, top: int | None, fuse: frozenset[str]
+    ) -> dict[str, ExecutionPlan]:
         from . import graph
 
-        found: dict[str, Any] = {}
+        found: dict[str, ExecutionPlan] = {}
         compiled = 0
         for cfg in configs:
             if self.device.deterministic and not cfg.deterministic:
@@ -127,7 +128,7 @@ class GraphConv(CudnnConv):
         overwritten by an in-place ReLU."""
         return self._fused.get(id(layer), frozenset())
 
-    def _forward_plans(self, layer: "Conv2d", x_shape: tuple, y_shape: tuple, dtype: str) -> dict[str, Any]:
+    def _forward_plans(self, layer: "Conv2d", x_shape: tuple, y_shape: tuple, dtype: str) -> dict[str, ExecutionPlan]:
         """A forward's plans: the fused graph's where the layer is fused and cuDNN builds one, else the
         convolution's alone."""
         fuse = self._fusion(layer)
@@ -213,11 +214,11 @@ class GraphConv(CudnnConv):
         layer: "Conv2d",
         pass_: str,
         algo: str | None,
-        plan: Any,
+        plan: ExecutionPlan,
         ws: GpuArray,
-        x: Any,
-        w: Any,
-        y: Any,
+        x: GpuArray,
+        w: GpuArray,
+        y: GpuArray,
         b: int | None = None,
     ) -> None:
         if plan.workspace and (ws is None or ws.nbytes < plan.workspace):
