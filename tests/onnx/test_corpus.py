@@ -35,7 +35,9 @@ IMPORTS = {
         "encoder_bf_pre_gelu",
         "encoder_bf_pre_relu",
         "encoder_tf_post_relu",
+        "gru",
         "hf_distilbert",
+        "lstm",
         "mha",
         "mha_weights",
         "sdpa",
@@ -51,8 +53,6 @@ WHY = {
     "hf_bert": "imports and matches onnxruntime; its token types default to zeros, so the exporters read the "
     "type table's row 0 at fixed positions, which vmem holds as a constant (or, folded with the positions by "
     "the dynamo exporter, as a weight of its own): the table PyTorch trains is not trained",
-    "lstm": "recurrent layers: the exported LSTM op is not converted",
-    "gru": "recurrent layers: the exported GRU op is not converted",
 }
 
 

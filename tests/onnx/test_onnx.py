@@ -515,6 +515,22 @@ def test_tensor_ops_export_and_import_with_their_outputs(tmp_path, opset):
         np.testing.assert_allclose(trainer.predict(x), want, rtol=RTOL, atol=ATOL)
 
 
+def test_steps_stacked_along_a_new_axis_export_as_vmem_runs_them(tmp_path):
+    """ExpandDims (how an unrolled recurrence stacks its steps, ``vmem.models``' and an imported LSTM's) writes
+    the Reshape of the input's own shape with the new axis (it wrote the batch and the new axis alone)."""
+    g = vmem.Graph(input_shape=(6,), name="stacked")
+    a = g.add(nn.ExpandDims(1), g.add(nn.Linear(6, 4), g.input))  # (N, 1, 4)
+    b = g.add(nn.ExpandDims(1), g.add(nn.Tanh(), g.add(nn.Linear(6, 4), g.input)))
+    g.add(nn.Linear(8, 3), g.add(nn.Flatten(), g.add(nn.Concat(axis=1), a, b)))
+    net = g.init(seed=0)
+    vmem.onnx.save(net, tmp_path / "stacked.onnx")
+    x = np.random.default_rng(0).standard_normal((5, 6)).astype(np.float32)
+    with vmem.Trainer(net) as trainer:
+        want = trainer.predict(x)
+    got = ort.InferenceSession(str(tmp_path / "stacked.onnx")).run(None, {"input": x})[0]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
 def test_a_model_without_a_batch_axis_imports_with_batch_false():
     """Its ops work along its first axis: refused as a batch (saying what to do), imported as one sample."""
     nodes = [

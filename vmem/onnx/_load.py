@@ -20,7 +20,7 @@ from ..graph import Graph
 from ..graph.network import Node
 from . import _data, _views
 
-from . import _convert_arith, _convert_image, _convert_mask, _convert_shape, _convert_tensor  # noqa: F401  (register)
+from . import _convert_arith, _convert_image, _convert_mask, _convert_recurrent, _convert_shape, _convert_tensor  # noqa: F401  (register)
 from ._fold import _fold, _shape_of
 from ._fusions import _Pattern, _gelus, _layer_norms
 from ._builder import (

@@ -214,7 +214,7 @@ def _linear(w: _Writer, node: Node, layer: nn.Linear, ins: list[str], name: str)
 
 
 def _reshape(w: _Writer, node: Node, layer: nn.Reshape, ins: list[str], name: str) -> str:
-    target = layer.target(w.net.shape_of(node.inputs[0])[1:])
+    target = layer.target(w.net.shape_of(node.inputs[0]))  # the input's shape with its batch axis (ExpandDims)
     return w.emit("Reshape", [ins[0], w.const(f"{name}.shape", [0] + list(target))], name)
 
 

@@ -1,0 +1,47 @@
+"""Which PyTorch parameter each initializer of an exported ``LSTM`` or ``GRU`` node holds (no PyTorch needed).
+
+ONNX orders a recurrent layer's gates its own way (LSTM ``iofc``, GRU ``zrh``) and joins the input and recurrent
+biases into one ``B``; PyTorch (and vmem, whose importer undoes ONNX's order) keeps ``ifgo`` / ``rzn`` and two
+biases. An initializer W or R holds a parameter with its gate blocks reordered; B holds two, named ``B[0]`` and
+``B[1]`` as ``vmem.onnx.load`` names the parts it takes them from (``net.sources``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: per op: its gates, and for each of PyTorch's gates in order, which of ONNX's blocks it is
+ORDER = {"LSTM": (4, (0, 2, 3, 1)), "GRU": (3, (1, 0, 2))}
+
+
+def torch_order(value: np.ndarray, op: str) -> np.ndarray:
+    """ONNX's gate blocks (along axis 0) in PyTorch's order."""
+    gates, order = ORDER[op]
+    h = value.shape[0] // gates
+    return np.concatenate([value[k * h : (k + 1) * h] for k in order], axis=0)
+
+
+def parts(node, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What each of a one-direction recurrent node's initializers (and B's halves) holds, in PyTorch's order:
+    its source name as vmem records it -> the values."""
+    out = {node.input[1]: torch_order(values[node.input[1]][0], node.op_type)}
+    out[node.input[2]] = torch_order(values[node.input[2]][0], node.op_type)
+    if len(node.input) > 3 and node.input[3]:
+        b = values[node.input[3]][0]
+        half = b.size // 2
+        out[f"{node.input[3]}[0]"] = torch_order(b[:half], node.op_type)
+        out[f"{node.input[3]}[1]"] = torch_order(b[half:], node.op_type)
+    return out
+
+
+def sources(graph, values: dict[str, np.ndarray], initial: dict[str, np.ndarray]) -> dict[str, str]:
+    """Each recurrent node's initializers (and B's halves) -> the parameter of ``initial`` it holds, by value."""
+    out = {}
+    for node in graph.node:
+        if node.op_type not in ORDER:
+            continue
+        for name, value in parts(node, values).items():
+            key = next((k for k, p in initial.items() if p.shape == value.shape and np.array_equal(p, value)), None)
+            if key is not None:
+                out[name] = key
+    return out
