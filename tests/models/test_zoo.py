@@ -18,6 +18,8 @@ SMALLER = {
     "resnet_cifar": 16,
     "digits_cnn": 16,
     "mini_googlenet": 16,
+    "vit": 16,
+    "mobilenet_v3": 32,  # five strided stages: its least
 }
 
 SEQUENCE = {"nmt": (2, 100, 7709), "nmt_small": (2, 8, 50), "transformer": (2, 128, 32000)}
@@ -42,7 +44,8 @@ def test_sequence_models_predict_a_token_per_position(name):
 def test_every_model_builds_at_its_default_size(name):
     net = vmem.models.get(name)
     program = net.build(2)
-    classes = 10 if name in ("vgg_cifar", "resnet_cifar", "digits_cnn", "digits_vgg", "mini_googlenet") else 1000
+    small = ("vgg_cifar", "resnet_cifar", "digits_cnn", "digits_vgg", "mini_googlenet", "vit", "mobilenet_v3")
+    classes = 10 if name in small else 1000
     assert program.tensors[program.output].shape == (2, classes)
     assert program.flops > 0
     net = vmem.models.get(name, num_classes=7)

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from ..graph import Network
 from .classic import alexnet, googlenet, nin, overfeat, vgg, vgg_cifar
+from .modern import mobilenet_v3, vit
 from .resnet import resnet, resnet_cifar
 from .seq import nmt, nmt_small, transformer
 from .small import digits_cnn, digits_vgg, mini_googlenet
@@ -35,6 +36,8 @@ _ZOO: dict[str, tuple[Callable[..., Network], dict[str, Any], str]] = {
     "nmt": (nmt, {}, "Sockeye-style NMT: 2+2 LSTM layers, hidden 512, MLP attention, seq_len= (default 100)"),
     "nmt_small": (nmt_small, {}, "nmt for the CPU: 1+1 LSTM layers, hidden 32, vocabulary 50, sequences of 8"),
     "transformer": (transformer, {}, "transformer encoder stack, layers= (default 6), seq_len=128, dim 512"),
+    "vit": (vit, {}, "Vision Transformer (timm's ViT): patch=4, dim=64, depth=4, heads=4 at 3x32x32 by default"),
+    "mobilenet_v3": (mobilenet_v3, {}, "MobileNetV3-Small (timm's): hard-swish, SE gates, depthwise, 3x32x32"),
 }
 for _extra, _depth in ((20, 116), (40, 216), (60, 316), (80, 416)):
     _ZOO[f"vgg{_depth}"] = (
