@@ -39,7 +39,7 @@ def _bias_of_linear(b: _Builder, x: _Tensor, value: np.ndarray, at: int) -> _Ten
         or any(n.layer is layer for n in b.graph._nodes if n is not x.node)
     ):
         return None
-    source = b.input_names[at]
+    source = b.origin.get(b.input_names[at], b.input_names[at])  # the initializer (or its rows) it holds
     if source in b.owner:
         return None  # a parameter of another layer already: a constant here
     layer.bias = True

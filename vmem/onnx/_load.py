@@ -178,6 +178,8 @@ def load(
                 first = node.input[0] if node.input else ""
                 if node.op_type in _SAME_VALUES and (first in initializers or first in builder.origin):
                     builder.origin[node.output[0]] = builder.origin.get(first, first)
+                if node.op_type in ("Slice", "Split") and first in initializers:  # rows of a packed weight
+                    builder.origin.update(_row_parts(node, ins, attrs, outs))
                 if node.op_type in ("Expand", "Tile") and (first in initializers or first in builder.origin):
                     builder.tiled[node.output[0]] = builder.origin.get(first, first)
                 if (
@@ -258,6 +260,29 @@ def load(
     except CheckpointError as exc:  # an op left unused (a dead branch) or a converter's slip: say so
         raise OnnxError(f"{source}: the imported weights do not match the network built: {exc}") from None
     return net
+
+
+def _row_parts(node: Any, ins: list[Any], attrs: dict[str, Any], outs: list[Any]) -> dict[str, str]:
+    """Outputs of a Slice or Split of an initializer along its first axis (a packed projection cut into its
+    query and key/value weights) -> ``"name[a:b]"``, the rows they hold (``net.sources`` names such a weight
+    so); nothing for other cuts."""
+    name, rows = node.input[0], len(ins[0]) if np.ndim(ins[0]) else 0
+    if node.op_type == "Slice":
+        starts, ends = (np.asarray(v).reshape(-1) for v in ins[1:3])
+        axes = np.asarray(ins[3]).reshape(-1) if len(ins) > 3 and ins[3] is not None else np.arange(len(starts))
+        steps = np.asarray(ins[4]).reshape(-1) if len(ins) > 4 and ins[4] is not None else np.ones_like(starts)
+        if list(axes) != [0] or int(steps[0]) != 1 or not rows:
+            return {}
+        start, end, _ = slice(int(starts[0]), int(ends[0])).indices(rows)
+        return {node.output[0]: f"{name}[{start}:{end}]"}
+    if int(attrs.get("axis", 0)) != 0 or not rows:
+        return {}
+    out, at = {}, 0
+    for output, value in zip(node.output, outs):
+        n = len(value)
+        out[output] = f"{name}[{at}:{at + n}]"
+        at += n
+    return out
 
 
 def _entry(b: _Builder, node: Node, shape: tuple[int, ...]) -> _Tensor:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import recurrent
+import parts
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -284,7 +284,8 @@ def _export(module: nn.Module, xs: tuple, opset: int, dynamic: bool = True) -> b
 def _sources(model: bytes, initial: dict[str, np.ndarray]) -> dict[str, str]:
     """Each initializer of the export -> the parameter it holds (as is, or transposed: a MatMul's weight
     the exporter folded, or written out once a sample of the example batch: a position table the dynamo
-    exporter folded; a recurrent layer's, its gates reordered and its bias in two: :mod:`recurrent`), found
+    exporter folded; rows of a packed projection; a recurrent layer's, its gates reordered and its bias in two:
+    :mod:`parts`), found
     by value, the first such parameter where several are equal."""
     import onnx
     from onnx import numpy_helper
@@ -303,9 +304,11 @@ def _sources(model: bytes, initial: dict[str, np.ndarray]) -> dict[str, str]:
                 if np.array_equal(value[0].reshape(param.shape), param):  # written out once a sample: the
                     out[tensor.name] = key  # dynamo exporter folds a position table read for its batch so
                     break
+        if tensor.name not in out and (part := parts.rows(value, initial)) is not None:
+            out[tensor.name] = part  # rows of a packed projection, cut by the exporter's constant folding
     graph = onnx.load_from_string(model).graph  # a recurrent layer's weights, its gates in ONNX's order
     values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    out.update(recurrent.sources(graph, values, initial))
+    out.update(parts.sources(graph, values, initial))
     return out
 
 

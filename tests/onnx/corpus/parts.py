@@ -1,6 +1,10 @@
-"""Which PyTorch parameter each initializer of an exported ``LSTM`` or ``GRU`` node holds (no PyTorch needed).
+"""Which part of a PyTorch parameter an initializer holds, where it is not the whole parameter (no PyTorch needed).
 
-ONNX orders a recurrent layer's gates its own way (LSTM ``iofc``, GRU ``zrh``) and joins the input and recurrent
+Rows: an exporter that folds constants cuts a packed projection (``nn.MultiheadAttention``'s ``in_proj_weight``
+for a cross-attention) into the rows each product reads, ``name[a:b]``, as ``vmem.onnx.load`` names such a
+weight's source (``net.sources``), transposed or not.
+
+Recurrent layers: ONNX orders a recurrent layer's gates its own way (LSTM ``iofc``, GRU ``zrh``) and joins the input and recurrent
 biases into one ``B``; PyTorch (and vmem, whose importer undoes ONNX's order) keeps ``ifgo`` / ``rzn`` and two
 biases. An initializer W or R holds a parameter with its gate blocks reordered; B holds two, named ``B[0]`` and
 ``B[1]`` as ``vmem.onnx.load`` names the parts it takes them from (``net.sources``).
@@ -32,6 +36,20 @@ def parts(node, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out[f"{node.input[3]}[0]"] = torch_order(b[:half], node.op_type)
         out[f"{node.input[3]}[1]"] = torch_order(b[half:], node.op_type)
     return out
+
+
+def rows(value: np.ndarray, initial: dict[str, np.ndarray]) -> str | None:
+    """``"name[a:b]"`` where ``value`` (or its transpose) is rows ``a:b`` of a parameter of ``initial`` and not the
+    whole of one, else None."""
+    for candidate in (value, value.T) if value.ndim == 2 else (value,):
+        for key, param in initial.items():
+            n = len(candidate) if candidate.ndim else 0
+            if not n or param.ndim != candidate.ndim or param.shape[1:] != candidate.shape[1:] or n >= len(param):
+                continue
+            for a in range(len(param) - n + 1):
+                if np.array_equal(param[a : a + n], candidate):
+                    return f"{key}[{a}:{a + n}]"
+    return None
 
 
 def sources(graph, values: dict[str, np.ndarray], initial: dict[str, np.ndarray]) -> dict[str, str]:
