@@ -31,10 +31,11 @@ def _model(
     """x (N, T, F) -> ``op`` -> its outputs as (N, T, H) (or its last state, (N, H)), with random weights."""
     rng = np.random.default_rng(0)
     g = GATES[op]
+    d = 2 if attrs.get("direction") == "bidirectional" else 1
     inits = [
-        numpy_helper.from_array((0.5 * rng.standard_normal((1, g * H, F))).astype(np.float32), "W"),
-        numpy_helper.from_array((0.5 * rng.standard_normal((1, g * H, H))).astype(np.float32), "R"),
-        numpy_helper.from_array((0.5 * rng.standard_normal((1, 2 * g * H))).astype(np.float32), "B"),
+        numpy_helper.from_array((0.5 * rng.standard_normal((d, g * H, F))).astype(np.float32), "W"),
+        numpy_helper.from_array((0.5 * rng.standard_normal((d, g * H, H))).astype(np.float32), "R"),
+        numpy_helper.from_array((0.5 * rng.standard_normal((d, 2 * g * H))).astype(np.float32), "B"),
     ]
     inputs = ["xt" if layout == 0 else "x", "W", "R", "B", ""]
     if initial is not None:
@@ -47,7 +48,14 @@ def _model(
     nodes.append(helper.make_node(op, inputs, ["Y", "Y_h"], hidden_size=H, layout=layout, **attrs))
     axes = "axes"
     inits.append(numpy_helper.from_array(np.array([1 if layout == 0 else 2], np.int64), axes))
-    if last:
+    if d == 2:  # both directions' h side by side, as PyTorch's export of a bidirectional layer reads them
+        inits.append(numpy_helper.from_array(np.array([0, 0, -1] if not last else [0, -1], np.int64), "flat"))
+        out, perm = ("Y_h", [1, 0, 2]) if last else ("Y", [2, 0, 1, 3])
+        if layout == 0:  # (T, 2, N, H) -> (N, T, 2, H); (2, N, H) -> (N, 2, H)
+            nodes.append(helper.make_node("Transpose", [out], ["yt"], perm=perm))
+            out = "yt"
+        nodes.append(helper.make_node("Reshape", [out, "flat"], ["y"]))
+    elif last:
         inits.append(numpy_helper.from_array(np.array([0 if layout == 0 else 1], np.int64), "hax"))
         nodes.append(helper.make_node("Squeeze", ["Y_h", "hax"], ["y"]))
     elif layout == 0:  # (T, 1, N, H) -> (T, N, H) -> (N, T, H), as PyTorch's export reads it
@@ -85,15 +93,25 @@ def _check(model) -> vmem.Network:
 
 
 @pytest.mark.parametrize("op", ["LSTM", "GRU"])
-@pytest.mark.parametrize("direction", ["forward", "reverse"])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 @pytest.mark.parametrize("layout", [0, 1])
 def test_a_recurrent_layer_gives_onnxruntimes_outputs(op, direction, layout):
     net = _check(_model(op, direction=direction, layout=layout))
-    # the weights as PyTorch keeps them: the initializers W and R, the bias B's two halves
-    assert sorted(net.sources.values()) == ["B[0]", "B[1]", "R", "W"]
+    # the weights as PyTorch keeps them: each direction's W and R, and its bias B's two halves
+    n = GATES[op] * H
+    want = [[f"B[{k}, 0:{n}]", f"B[{k}, {n}:{2 * n}]", f"R[{k}]", f"W[{k}]"] for k in range(2)]
+    d = 2 if direction == "bidirectional" else 1
+    assert sorted(net.sources.values()) == sorted(sum(want[:d], []))
     name = op.lower()  # the node's name where it has one, else its op's
-    assert net.params[f"{name}.ih.weight"].shape == (GATES[op] * H, F)
-    assert net.params[f"{name}.hh.weight"].shape == (GATES[op] * H, H)
+    for suffix in ("", "_reverse")[:d]:
+        assert net.params[f"{name}.ih{suffix}.weight"].shape == (GATES[op] * H, F)
+        assert net.params[f"{name}.hh{suffix}.weight"].shape == (GATES[op] * H, H)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_both_directions_last_states_import(op):
+    _check(_model(op, direction="bidirectional", last=True))
+    _check(_model(op, direction="bidirectional", last=True, layout=1))
 
 
 def test_a_gru_resetting_before_its_recurrent_projection_imports():
@@ -111,7 +129,9 @@ def test_peepholes_import_as_trained_weights_on_the_cell():
     model.graph.initializer.append(numpy_helper.from_array(rng.standard_normal((1, 3 * H)).astype(np.float32), "P"))
     node.input.extend(["", "", "P"])  # initial_h, initial_c, P
     net = _check(model)
-    assert sorted(v for v in net.sources.values() if v.startswith("P")) == ["P[0]", "P[1]", "P[2]"]
+    assert sorted(v for v in net.sources.values() if v.startswith("P")) == sorted(
+        f"P[0, {a}:{a + H}]" for a in (0, H, 2 * H)
+    )
 
 
 @pytest.mark.parametrize("op", ["LSTM", "GRU"])
@@ -142,7 +162,7 @@ def test_an_imported_recurrence_is_recomputed_by_echo_bit_for_bit(op):
 @pytest.mark.parametrize(
     "op, attrs, initial, match",
     [
-        ("LSTM", {"direction": "bidirectional"}, None, "direction='bidirectional'.*not yet both"),
+        ("LSTM", {"direction": "sideways"}, None, "direction='sideways': one of forward, reverse and bidirectional"),
         ("LSTM", {"clip": 3.0}, None, "clip"),
         ("LSTM", {"activations": ["Sigmoid", "Relu", "Tanh"]}, None, "activations="),
         ("LSTM", {"input_forget": 1}, None, "input_forget=1"),

@@ -7,14 +7,16 @@ it as it plans vmem's own NMT.
 vmem keeps the gates in the order PyTorch and cuDNN keep them (LSTM: input, forget, cell, output; GRU: reset,
 update, new), so an imported weight is the module's own: ONNX's order (LSTM ``iofc``, GRU ``zrh``) is undone at
 import. ONNX's one bias of ``8H`` (``6H``) is the input projection's and the recurrent projection's, trained
-apart as PyTorch trains ``bias_ih`` and ``bias_hh``; ``net.sources`` names them ``B[0]`` and ``B[1]`` (the
-initializer ``B``'s first and second half).
+apart as PyTorch trains ``bias_ih`` and ``bias_hh``. ``net.sources`` names each parameter's source as the
+initializer indexed as NumPy would: direction k's ``W[k]`` and ``R[k]`` (gates reordered), ``B[k, 0:n]`` and
+``B[k, n:2n]``, ``P[k, a:b]``.
 
-Taken: one direction, forward or reverse (``bidirectional`` is refused: not yet), the default activations, no
+Taken: forward, reverse and bidirectional layers (the second direction's projections named ``*_reverse``, as
+PyTorch names them), the default activations, no
 clip, ``input_forget=0``, the sequence first (``layout=0``, the batch moved behind it, as PyTorch exports a
 ``batch_first`` layer) or the batch first (``layout=1``), no initial state or one of zeros, no sequence lengths
-(or all the sequence's length), peepholes or none (each a trained weight per feature, ``P[k]`` in ONNX's
-order i, o, f); a GRU with ``linear_before_reset`` either way. Each refusal names what it met.
+(or all the sequence's length), peepholes or none (each a trained weight per feature, in ONNX's order
+i, o, f); a GRU with ``linear_before_reset`` either way. Each refusal names what it met.
 """
 
 from __future__ import annotations
@@ -47,15 +49,16 @@ def _reordered(w: np.ndarray, op: str, hidden: int) -> np.ndarray:
     return np.concatenate([w[k * hidden : (k + 1) * hidden] for k in order], axis=0)
 
 
-def _check_attrs(op: str, attrs: Attrs) -> tuple[int, bool, int]:
-    """(hidden size, reverse, layout), or refused naming what vmem does not take."""
+def _check_attrs(op: str, attrs: Attrs) -> tuple[int, list[bool], int]:
+    """(hidden size, each direction's ``reverse``, layout), or refused naming what vmem does not take."""
     hidden = int(attrs.get("hidden_size", 0))
     if hidden <= 0:
         raise _Refuse("names no hidden_size")
     direction = attrs.get("direction", "forward")
     direction = direction.decode() if isinstance(direction, bytes) else str(direction)
-    if direction not in ("forward", "reverse"):
-        raise _Refuse(f"direction={direction!r}: vmem imports one direction (forward or reverse), not yet both")
+    reverse = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}.get(direction)
+    if reverse is None:
+        raise _Refuse(f"direction={direction!r}: one of forward, reverse and bidirectional")
     acts = [a.decode() if isinstance(a, bytes) else str(a) for a in attrs.get("activations", [])]
     if acts and [a.lower() for a in acts] != _DEFAULT_ACTIVATIONS[op]:
         raise _Refuse(f"activations={acts}: vmem imports the default ones ({', '.join(_DEFAULT_ACTIVATIONS[op])})")
@@ -63,7 +66,7 @@ def _check_attrs(op: str, attrs: Attrs) -> tuple[int, bool, int]:
         raise _Refuse("clip: vmem does not clip the gates' inputs")
     if int(attrs.get("input_forget", 0)):
         raise _Refuse("input_forget=1 (coupled input and forget gates)")
-    return hidden, direction == "reverse", int(attrs.get("layout", 0))
+    return hidden, reverse, int(attrs.get("layout", 0))
 
 
 class _Layout:
@@ -106,20 +109,45 @@ class _Layout:
         piece = self.b.add(nn.Split(self.steps, t, axis=self.time), [projected])
         return self.b.add(nn.Reshape(self.rows + (n,)), [piece])
 
-    def outputs(self, hs: list[_Tensor], last: list[_Tensor]) -> list[_Tensor]:
-        """Y (every step's h, in the sequence's order) and the last states, laid out as the model's."""
-        b, layout = self.b, self.layout
-        if self.lead:  # Y (T, 1, N, H) or (N, T, 1, H) as one sample; Y_h (1, N, H) or (N, 1, H), lifted
-            n, h = self.rows[0], hs[0].shape[-1]
+    def outputs(self, hs: list[list[_Tensor]], last: list[list[_Tensor]]) -> list[_Tensor]:
+        """Y (each direction's h at every step, in the sequence's order) and the last states (h, and c for an
+        LSTM: each a list by direction), laid out as the model's: Y (T, D, N, H) or (N, T, D, H), a state
+        (D, N, H) or (N, D, H)."""
+        b, layout, d = self.b, self.layout, len(hs)
+        steps = len(hs[0])
+        if self.lead:  # one sample, the model's batch a row: vmem (1, *model dims), a state lifted
+            n, h = self.rows[0], hs[0][0].shape[-1]
             each = (1, 1, n, h) if layout == 0 else (n, 1, 1, h)
-            stacked = [b.add(nn.Reshape(each), [s]) for s in hs]
-            y = b.add(nn.Concat(axis=1 + layout), stacked) if len(hs) > 1 else stacked[0]
-            states = [b.add(nn.Reshape((1, 1, n, h) if layout == 0 else (1, n, 1, h)), [s], lifted=True) for s in last]
+            per_t = [
+                _joined(b, [b.add(nn.Reshape(each), [hs[k][t]]) for k in range(d)], 2 + layout) for t in range(steps)
+            ]
+            y = _joined(b, per_t, 1 + layout)
+            one = (1, 1, n, h) if layout == 0 else (1, n, 1, h)
+            states = [
+                _joined(b, [b.add(nn.Reshape(one), [s[k]], lifted=True) for k in range(d)], 2 + layout) for s in last
+            ]
             return [y, *states]
-        stacked = [b.add(nn.ExpandDims(1), [s]) for s in hs]
-        y = b.add(nn.Concat(axis=1), stacked) if len(hs) > 1 else stacked[0]  # (N, T, H)
-        y_out = _views.viewed(y, ((1,), (), (0,), (2,)) if layout == 0 else ((0,), (1,), (), (2,)))
-        return [y_out, *(_views.viewed(s, ((), (0,), (1,)) if layout == 0 else ((0,), (), (1,))) for s in last)]
+        if d == 1:  # Y (N, T, H) seen through a view without the directions' axis
+            y = _joined(b, [b.add(nn.ExpandDims(1), [s]) for s in hs[0]], 1)  # (N, T, H)
+            y_out = _views.viewed(y, ((1,), (), (0,), (2,)) if layout == 0 else ((0,), (1,), (), (2,)))
+            view = ((), (0,), (1,)) if layout == 0 else ((0,), (), (1,))
+            return [y_out, *(_views.viewed(s[0], view) for s in last)]
+        h = hs[0][0].shape[-1]  # Y held (N, 1, T, D, H) (vmem stores 4-D tensors as images: lifted)
+        per_t = [
+            _joined(b, [b.add(nn.Reshape((1, 1, 1, h)), [hs[k][t]], lifted=True) for k in range(d)], 3)
+            for t in range(steps)
+        ]
+        y = _joined(b, per_t, 2)
+        y_out = _views.viewed(y, ((2,), (3,), (0,), (4,)) if layout == 0 else ((0,), (2,), (3,), (4,)))
+        states = [_joined(b, [b.add(nn.ExpandDims(1), [s[k]]) for k in range(d)], 1) for s in last]  # (N, D, H)
+        return [y_out, *(_views.viewed(s, ((1,), (0,), (2,)) if layout == 0 else ((0,), (1,), (2,))) for s in states)]
+
+
+def _joined(b: _Builder, parts: list[_Tensor], axis: int) -> _Tensor:
+    """``parts`` concatenated along ``axis`` (one part as it is), lifted where they are."""
+    if len(parts) == 1:
+        return parts[0]
+    return b.add(nn.Concat(axis=axis), parts, lifted=parts[0].lifted)
 
 
 def _zero_state(b: _Builder, ins: Ins, i: int, what: str) -> None:
@@ -133,17 +161,17 @@ def _zero_state(b: _Builder, ins: Ins, i: int, what: str) -> None:
 
 
 def _recurrent(b: _Builder, ins: Ins, attrs: Attrs, op: str) -> Outs:
-    hidden, reverse, layout = _check_attrs(op, attrs)
+    hidden, directions, layout = _check_attrs(op, attrs)
     lay = _Layout(b, ins, layout)
-    steps, features = lay.steps, lay.features
+    steps, features, d = lay.steps, lay.features, len(directions)
     gates, _ = _GATES[op]
     w = b.const(ins, 1, "weights W")
     r = b.const(ins, 2, "recurrence weights R")
     assert w is not None and r is not None
-    if w.shape != (1, gates * hidden, features) or r.shape != (1, gates * hidden, hidden):
-        raise _Refuse(f"W {w.shape} and R {r.shape} do not fit one direction of {gates} gates of {hidden}")
+    if w.shape != (d, gates * hidden, features) or r.shape != (d, gates * hidden, hidden):
+        raise _Refuse(f"W {w.shape} and R {r.shape} do not fit {d} direction(s) of {gates} gates of {hidden}")
     bias = b.const(ins, 3, "bias B", optional=True)
-    bias = np.zeros((1, 2 * gates * hidden), np.float32) if bias is None else bias
+    bias = np.zeros((d, 2 * gates * hidden), np.float32) if bias is None else bias
     lengths = ins[4] if len(ins) > 4 else None
     if lengths is not None and not (isinstance(lengths, np.ndarray) and (lengths == steps).all()):
         raise _Refuse("sequence_lens other than the whole sequence: vmem runs every step of every sample")
@@ -152,42 +180,69 @@ def _recurrent(b: _Builder, ins: Ins, attrs: Attrs, op: str) -> Outs:
     if op == "LSTM":
         _zero_state(b, ins, 6, "initial_c")
         peep = b.const(ins, 7, "peepholes P", optional=True)
-        if peep is not None and peep.shape != (1, 3 * hidden):
-            raise _Refuse(f"peepholes P {peep.shape}: one direction's three of {hidden}")
-    names = b.input_names
-    n_in = gates * hidden
-    # the input projection of every step at once, its bias B's first half; the recurrent one, B's second half
+        if peep is not None and peep.shape != (d, 3 * hidden):
+            raise _Refuse(f"peepholes P {peep.shape}: {d} direction(s)' three of {hidden}")
+    names = [b.origin.get(n, n) if n else "" for n in b.input_names] + [""] * 8
     base = b._name()  # the module's name (PyTorch's scope): its projections are base.ih and base.hh
+    hs, hn, cn = [], [], []
+    for k, reverse in enumerate(directions):
+        suffix = "_reverse" if reverse and d > 1 else ""  # PyTorch's names for a bidirectional layer's second
+        h, c, ys = _direction(b, lay, op, attrs, k, reverse, w, r, bias, peep, names, f"{base}", suffix, hidden)
+        hs.append(ys)
+        hn.append(h)
+        cn.append(c)
+    return lay.outputs(hs, [hn, cn] if op == "LSTM" else [hn])
+
+
+def _direction(
+    b: _Builder,
+    lay: _Layout,
+    op: str,
+    attrs: Attrs,
+    k: int,
+    reverse: bool,
+    w: np.ndarray,
+    r: np.ndarray,
+    bias: np.ndarray,
+    peep: np.ndarray | None,
+    names: list[str],
+    base: str,
+    suffix: str,
+    hidden: int,
+) -> tuple[_Tensor, _Tensor, list[_Tensor]]:
+    """Direction ``k`` of the layer unrolled: its last h and c and its h at every step (in the sequence's
+    order). Its parameters' sources: ``W[k]``, ``R[k]``, ``B[k, 0:n]`` (the input projection's bias) and
+    ``B[k, n:2n]`` (the recurrent one's), ``P[k, a:b]``."""
+    gates, _ = _GATES[op]
+    n_in, steps = gates * hidden, lay.steps
     w_ih: dict[str, np.ndarray | None] = {
-        "weight": _reordered(w[0], op, hidden),
-        "bias": _reordered(bias[0, :n_in], op, hidden),
+        "weight": _reordered(w[k], op, hidden),
+        "bias": _reordered(bias[k, :n_in], op, hidden),
     }
-    wx = b.add(nn.Linear(features, n_in), [lay.x], w_ih, name=_unique(f"{base}.ih", "ih", b.graph))
-    b.sources[f"{wx.node.name}.weight"] = b.origin.get(names[1], names[1])
-    if len(names) > 3 and names[3]:
-        b.sources[f"{wx.node.name}.bias"] = f"{b.origin.get(names[3], names[3])}[0]"
+    wx = b.add(nn.Linear(lay.features, n_in), [lay.x], w_ih, name=_unique(f"{base}.ih{suffix}", "ih", b.graph))
+    b.sources[f"{wx.node.name}.weight"] = f"{names[1]}[{k}]"
+    if names[3]:
+        b.sources[f"{wx.node.name}.bias"] = f"{names[3]}[{k}, 0:{n_in}]"
     r_params: dict[str, np.ndarray | None] = {
-        "weight": _reordered(r[0], op, hidden),
-        "bias": _reordered(bias[0, n_in:], op, hidden),
+        "weight": _reordered(r[k], op, hidden),
+        "bias": _reordered(bias[k, n_in:], op, hidden),
     }
     order = list(range(steps - 1, -1, -1) if reverse else range(steps))
     xs = [lay.step(wx, t, n_in) for t in range(steps)]
     zeros = b.add(nn.Split(gates, 0, axis=lay.axis), [b.add(nn.Select("isnan", 0.0, 0.0, 0.0), [xs[order[0]]])])
-    bias_source = f"{b.origin.get(names[3], names[3])}[1]" if len(names) > 3 and names[3] else None
-    source = {"weight": b.origin.get(names[2], names[2]), "bias": bias_source}
-    recurrence = _Shared(b, nn.Linear(hidden, n_in), r_params, f"{base}.hh", source)
+    source = {"weight": f"{names[2]}[{k}]", "bias": f"{names[3]}[{k}, {n_in}:{2 * n_in}]" if names[3] else None}
+    recurrence = _Shared(b, nn.Linear(hidden, n_in), r_params, f"{base}.hh{suffix}", source)
     peepholes = None
     if peep is not None:  # ONNX's i, o, f, each a trained per-feature weight on the cell (shared by the steps)
-        p_source = b.origin.get(names[7], names[7])
         peepholes = {
             gate: _Shared(
                 b,
-                nn.ConstantOp("mul", peep[0, k * hidden : (k + 1) * hidden], trainable=True),
+                nn.ConstantOp("mul", peep[k, j * hidden : (j + 1) * hidden], trainable=True),
                 {},
-                f"{base}.p_{gate}",
-                {"value": f"{p_source}[{k}]"},
+                f"{base}.p_{gate}{suffix}",
+                {"value": f"{names[7]}[{k}, {j * hidden}:{(j + 1) * hidden}]"},
             )
-            for k, gate in enumerate("iof")
+            for j, gate in enumerate("iof")
         }
     h, c = zeros, zeros
     hs: dict[int, _Tensor] = {}
@@ -197,7 +252,7 @@ def _recurrent(b: _Builder, ins: Ins, attrs: Attrs, op: str) -> Outs:
         else:
             h = _gru_step(b, lay.axis, xs[t], recurrence, h, bool(int(attrs.get("linear_before_reset", 0))))
         hs[t] = h
-    return lay.outputs([hs[t] for t in range(steps)], [h, c] if op == "LSTM" else [h])
+    return h, c, [hs[t] for t in range(steps)]
 
 
 class _Shared:

@@ -6,8 +6,9 @@ weight's source (``net.sources``), transposed or not.
 
 Recurrent layers: ONNX orders a recurrent layer's gates its own way (LSTM ``iofc``, GRU ``zrh``) and joins the input and recurrent
 biases into one ``B``; PyTorch (and vmem, whose importer undoes ONNX's order) keeps ``ifgo`` / ``rzn`` and two
-biases. An initializer W or R holds a parameter with its gate blocks reordered; B holds two, named ``B[0]`` and
-``B[1]`` as ``vmem.onnx.load`` names the parts it takes them from (``net.sources``).
+biases. An initializer W or R holds a parameter per direction with its gate blocks reordered; B holds two per
+direction, named ``B[k, 0:n]`` and ``B[k, n:2n]`` as ``vmem.onnx.load`` names the parts it takes them from
+(``net.sources``).
 """
 
 from __future__ import annotations
@@ -26,15 +27,18 @@ def torch_order(value: np.ndarray, op: str) -> np.ndarray:
 
 
 def parts(node, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """What each of a one-direction recurrent node's initializers (and B's halves) holds, in PyTorch's order:
-    its source name as vmem records it -> the values."""
-    out = {node.input[1]: torch_order(values[node.input[1]][0], node.op_type)}
-    out[node.input[2]] = torch_order(values[node.input[2]][0], node.op_type)
-    if len(node.input) > 3 and node.input[3]:
-        b = values[node.input[3]][0]
-        half = b.size // 2
-        out[f"{node.input[3]}[0]"] = torch_order(b[:half], node.op_type)
-        out[f"{node.input[3]}[1]"] = torch_order(b[half:], node.op_type)
+    """What each of a recurrent node's initializers holds for each direction, in PyTorch's order: its source
+    name as ``vmem.onnx.load`` records it (``W[k]``, ``R[k]``, ``B[k, 0:n]``, ``B[k, n:2n]``) -> the values."""
+    out = {}
+    w, r = values[node.input[1]], values[node.input[2]]
+    for k in range(len(w)):
+        out[f"{node.input[1]}[{k}]"] = torch_order(w[k], node.op_type)
+        out[f"{node.input[2]}[{k}]"] = torch_order(r[k], node.op_type)
+        if len(node.input) > 3 and node.input[3]:
+            b = values[node.input[3]][k]
+            n = b.size // 2
+            out[f"{node.input[3]}[{k}, 0:{n}]"] = torch_order(b[:n], node.op_type)
+            out[f"{node.input[3]}[{k}, {n}:{2 * n}]"] = torch_order(b[n:], node.op_type)
     return out
 
 
