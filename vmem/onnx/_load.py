@@ -212,7 +212,7 @@ class _Walk:
             )
         return converter.fn(b, ins, attrs)
 
-    def _constant(self, node: Any, ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    def _constant(self, node: Any, ins: list[Any], attrs: dict[str, Any]) -> list[np.ndarray]:
         """A node whose inputs are all constants, computed at import; where it reads an initializer, what its
         output is of it (the same values, rows of it, copies of it, rows of a table at fixed positions), so
         that a weight made from it names its source."""
@@ -313,7 +313,7 @@ def _opset(onnx: ModuleType, proto: Any, source: str) -> int:
     return int(opset)
 
 
-def _row_parts(node: Any, ins: list[Any], attrs: dict[str, Any], outs: list[Any]) -> dict[str, str]:
+def _row_parts(node: Any, ins: list[Any], attrs: dict[str, Any], outs: list[np.ndarray]) -> dict[str, str]:
     """Outputs of a Slice or Split of an initializer along its first axis (a packed projection cut into its
     query and key/value weights) -> ``"name[a:b]"``, the rows they hold (``net.sources`` names such a weight
     so); nothing for other cuts."""
