@@ -44,14 +44,14 @@ IMPORTS = {
         "sdpa",
     )
     for export in EXPORTS
-}
+} | {("hf_bert", export) for export in ("opset14", "opset17", "static17")}
 #: parameters vmem imports as constants
 CONSTANTS: dict[str, set[str]] = {}
 #: what is missing for the others
 WHY = {
-    "hf_bert": "imports and matches onnxruntime; its token types default to zeros, so the exporters read the "
-    "type table's row 0 at fixed positions, which vmem holds as a constant (or, folded with the positions by "
-    "the dynamo exporter, as a weight of its own): the table PyTorch trains is not trained",
+    "hf_bert": "imports and matches onnxruntime; the dynamo exporter folds the token-type row it reads at every "
+    "position (row 0, the default types) into a constant of the sequence's length, which vmem trains row by "
+    "row as a weight of its own where PyTorch sums their gradients into the table's one row",
 }
 
 

@@ -102,17 +102,29 @@ def _attention_scale(x: _Tensor, value: np.ndarray) -> np.ndarray:
 
 
 def _position_table(b: _Builder, at: int) -> tuple[str, bool] | None:
-    """Where the constant added (input ``at``) is the first rows of a table, in order (a learned position
-    embedding read at positions 0..T-1): (the table, whether it is the whole table). Added as a trainable
-    constant, the table trains as the model trains it (rows past T get no gradient in either)."""
+    """Where the constant added (input ``at``) is rows of a table read at fixed positions: (its source, whether
+    it is the whole table). The first rows in order (a learned position embedding read at positions 0..T-1):
+    the table, trained as the model trains it (rows past T get no gradient in either). One row at every
+    position (BERT's token types, all zeros by default): that row, ``table[r:r+1]``, held once and broadcast,
+    its gradient summed over the positions as the model's is (:func:`_one_row`)."""
     gathered = b.gathered.get(b.input_names[at])
     if gathered is None:
         return None
     source, positions, rows = gathered
     flat = positions.reshape(-1)
-    if positions.dtype.kind not in "iu" or not np.array_equal(flat, np.arange(flat.size)) or source in b.owner:
+    if positions.dtype.kind not in "iu" or source in b.owner or not flat.size:
         return None
-    return source, flat.size == rows
+    if np.array_equal(flat, np.arange(flat.size)):
+        return source, flat.size == rows
+    if (flat == flat[0]).all() and 0 <= int(flat[0]) < rows:
+        return f"{source}[{int(flat[0])}:{int(flat[0]) + 1}]", False
+    return None
+
+
+def _one_row(value: np.ndarray) -> np.ndarray:
+    """A constant the same at every position (one row of a table, read everywhere) held once: every axis but
+    the last of length 1."""
+    return value.reshape(-1, value.shape[-1])[:1].reshape((1,) * (value.ndim - 1) + value.shape[-1:])
 
 
 def _weight_like(b: _Builder, x: _Tensor, at: int, value: np.ndarray) -> bool:
@@ -176,13 +188,15 @@ def _arith(op: str, both: Callable[[], nn.Layer] | None) -> Callable[..., list[A
         if x.view is not None or _grows(x, value):
             return [_views_constant(b, x, kind, value)]
         table = _position_table(b, at) if kind == "add" else None
+        if table is not None and table[0].endswith("]"):  # one row at every position: held once
+            value = _one_row(value)
         weight = table is None and not fill and _weight_like(b, x, at, value)
         try:
             layer = nn.ConstantOp(kind, _constant_for(x, value), trainable=table is not None or weight)
         except ValueError as exc:
             raise _Refuse(str(exc)) from None
-        if table is not None and table[1]:  # the whole table: the parameter it is (net.sources)
-            b._taken.append(("value", table[0]))
+        if table is not None and (table[1] or table[0].endswith("]")):  # the whole table, or its one row read
+            b._taken.append(("value", table[0]))  # everywhere: the parameter it is (net.sources)
         if weight:
             name = b.input_names[at]
             b._taken.append(("value", b.origin.get(name, name)))
