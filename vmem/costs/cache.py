@@ -189,6 +189,8 @@ def parse(data: Any) -> Profiled:
     codec_offload = data.get("codec_offload", False)
     if not isinstance(codec_offload, bool):
         raise ValueError("codec_offload: not true or false")
+    busy = data.get("busy_elsewhere")  # absent in profiles kept before it was measured
+    busy = None if busy is None else _finite(busy, "busy_elsewhere", most=4096.0)
     return Profiled(
         times,
         _gbps(data["d2h_gbps"], "d2h_gbps"),
@@ -199,6 +201,7 @@ def parse(data: Any) -> Profiled:
         [printable(_text(n, f"notes[{i}]")) for i, n in enumerate(notes)],
         tuple(_finite(v, f"dispatch[{i}]", most=1.0) for i, v in enumerate(dispatch)),
         codec_offload,
+        busy,
     )
 
 

@@ -13,6 +13,8 @@ heuristics rank best, else those its search finds. It measures time, not memory.
 
 from __future__ import annotations
 
+import os
+
 import dataclasses
 import logging
 import time
@@ -51,6 +53,7 @@ class Profiled:
         notes: list[str] | None = None,
         dispatch: tuple[float, ...] = (0.0, 0.0, 0.0),
         codec_offload: bool = False,
+        busy_elsewhere: float | None = None,
     ):
         self.times = times
         self.d2h = d2h_gbps
@@ -65,6 +68,9 @@ class Profiled:
         #: seconds the compute stream loses to each copy the memory stream runs), measured by the session
         #: (:func:`vmem.engine.dispatch.overheads`); zeros until then
         self.dispatch = host_costs(dispatch)
+        #: the cores other processes kept busy on average while the profile measured (None: not known);
+        #: from :data:`vmem.costs.cpuload.DISTURBED` on, the profile is disturbed and its notes say so
+        self.busy_elsewhere = busy_elsewhere
         #: whether offloading through a codec can save time (see vmem.policies.auto.codec_offloads): not
         #: where the host's cores run the ops (the CPU device: the link is a memory copy on those cores,
         #: and a codec's kernels would take them too); set by :func:`profile` (a named policy still
@@ -107,7 +113,15 @@ class Profiled:
             notes=[*self.notes, f"op times scaled by {factor:g} from the profiled batch"],
             dispatch=self.dispatch,
             codec_offload=self.codec_offload,
+            busy_elsewhere=self.busy_elsewhere,
         )
+
+    @property
+    def disturbed(self) -> bool:
+        """Whether other processes kept a quarter of a core or more busy while it measured."""
+        from .cpuload import DISTURBED
+
+        return self.busy_elsewhere is not None and self.busy_elsewhere >= DISTURBED
 
     def to_dict(self) -> dict[str, Any]:
         """Everything measured, as plain data (:func:`vmem.costs.cache.parse` reads it back, checked)."""
@@ -124,6 +138,7 @@ class Profiled:
             "notes": self.notes,
             "dispatch": list(self.dispatch),
             "codec_offload": self.codec_offload,
+            "busy_elsewhere": self.busy_elsewhere,
         }
 
 
@@ -143,10 +158,27 @@ def profile(
     warm-up). On the CPU an op's time is the median of ``repeats`` runs that no other process preempted
     (up to four times as many calls to see them: :func:`vmem.benchmarks.typical_seconds`): what the op
     typically takes in a step on this machine, not its least, and never a run that lost its core to
-    another process, lest a busy machine make the plan weigh an op several times over."""
-    # under the same thread budget as the steps it predicts
-    with device.step_scope():
-        return _profile(program, copy_gbps, repeats, seed, device)
+    another process, lest a busy machine make the plan weigh an op several times over. Where other processes
+    kept cores busy while it measured (``/proc/stat``: :mod:`vmem.costs.cpuload`), ``busy_elsewhere`` says how
+    many on average and, from a quarter of one, a note says the profile was disturbed."""
+    from . import cpuload
+
+    before = cpuload.sample()
+    with device.step_scope():  # under the same thread budget as the steps it predicts
+        profiled = _profile(program, copy_gbps, repeats, seed, device)
+    profiled.busy_elsewhere = cpuload.busy_elsewhere(before, cpuload.sample())
+    if profiled.disturbed:
+        profiled.notes.append(disturbed_note(profiled.busy_elsewhere))
+    return profiled
+
+
+def disturbed_note(busy: float | None) -> str:
+    """What a profile taken while other processes used the machine says of itself."""
+    return (
+        f"taken while other processes used {busy or 0:.2f} of its {os.cpu_count()} cores on average: its "
+        "times may be high and the plan made from it off; profile again on a quiet machine "
+        "(VMEM_PROFILE_CACHE=0 measures afresh)"
+    )
 
 
 def _profile(program: Program, copy_gbps: float | None, repeats: int, seed: int, device: Device) -> Profiled:

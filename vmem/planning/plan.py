@@ -69,12 +69,18 @@ def plan_program(
     target = device if isinstance(device, Target) else Target(device, alignment, catalog)
     pol = policies.get(policy)
     spec, alignment = target.spec, target.alignment
+    disturbed = bool(getattr(costs, "disturbed", False))  # a profile taken while other processes used the cores
+    busy = getattr(costs, "busy_elsewhere", None)
     program, costs = target.view(program), target.costs(costs)
     oracle = Oracle(
         program, spec, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs, accumulate=accumulate
     )
     decided = fit_algorithms(pol, program, spec, costs, oracle, pol.decide(program, spec, costs, oracle))
     decided = dataclasses.replace(decided, math=spec.math)  # the device's FP32 math, recorded with the plan
+    if disturbed:  # the plan says what its times came from
+        from ..costs.measured import disturbed_note
+
+        decided = dataclasses.replace(decided, notes={**decided.notes, "profile": disturbed_note(busy)})
     result, schedule = evaluate(
         program,
         spec,
