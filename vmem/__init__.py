@@ -15,7 +15,7 @@ CPU device (the default), on simulated GPUs for planning, and on CUDA through Cu
 from . import data, errors, models, nn, optim, policies, pool, streams
 from . import device
 from .graph import Graph, Network, Program, Sequential
-from .planning import largest_batch, plan
+from .planning import curve, largest_batch, plan
 from .training import Trainer
 from .units import format_bytes, parse_bytes
 from .device.hostconv import with_host_catalog as _host_catalog
@@ -31,6 +31,7 @@ __all__ = [
     "device",
     "plan",
     "largest_batch",
+    "curve",
     "Trainer",
     "Sequential",
     "Graph",

@@ -79,6 +79,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     check_memory(args)
     if args.largest_batch:
         return _largest_batch(args, net)
+    if args.curve:
+        return _curve(args, net)
     if args.batch is None:
         raise ValueError("--batch is required (or --largest-batch: the largest batch that fits)")
     simulated = args.device.startswith("sim:")
@@ -174,6 +176,37 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if result.reason:
             print(result.reason)
     return 0 if result.fits else 1  # a plan that does not fit is a failure, as vdnn-dyn's refusal is
+
+
+def _curve(args: argparse.Namespace, net: Network) -> int:
+    """``vmem plan --curve``: auto's plan at budgets from its floor to keep-all, the named policies beside
+    (:func:`vmem.curve`), as a table or ``--json``; ``--plot PATH`` draws it."""
+    import sys
+
+    from ..planning import curve, profiles
+
+    if args.batch is None:
+        raise ValueError("--curve needs --batch: the curve is of one batch")
+    if args.memory is not None:
+        raise ValueError("--curve plans every budget itself (from the least auto trains in to keep-all): drop --memory")
+    costs, device = None, args.device
+    if not args.device.startswith("sim:"):
+        if not args.profile:
+            raise ValueError(f"--curve on {args.device} predicts times from a profile: add --profile (or use sim:GPU)")
+        device = open_device(args.device, **math_option(args))
+        costs, _ = profiles.measure(net, args.batch, device, precision=args.precision)
+
+    def progress(done: int, total: int) -> None:
+        if not args.json:
+            print(f"\rplanned {done} of {total} budgets", end="", file=sys.stderr, flush=True)
+
+    result = curve(net, args.batch, device, precision=args.precision, costs=costs, progress=progress)
+    if not args.json:
+        print(file=sys.stderr)
+    if args.plot:
+        result.plot(args.plot)
+    print(result.json() if args.json else result.table())
+    return 0
 
 
 #: The batch ``--largest-batch`` profiles at (its op times then scaled to each batch it tries)
@@ -281,6 +314,13 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="print the largest batch the policy plans to fit in --memory (plans only: nothing runs)",
     )
+    p.add_argument(
+        "--curve",
+        action="store_true",
+        help="the memory/time curve: auto's plan at 20 or more budgets from the least it trains in to keeping "
+        "everything, each with its predicted step time and what it does, the named policies beside",
+    )
+    p.add_argument("--plot", metavar="PATH", help="with --curve: draw the curve into an image (the plot extra)")
     p.add_argument(
         "--nproc",
         type=positive_int,

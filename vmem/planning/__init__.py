@@ -11,6 +11,7 @@ budgets (:mod:`.budget`: the smallest memory a policy trains in, the largest bat
 from ..policies.budget import least_memory
 from . import advice, profiles
 from .budget import fraction_budget, largest_batch, smallest_memory
+from .curve import Curve, CurvePoint, curve
 from .oracle import Oracle
 from .network import plan
 from .plan import floor_policy, needs_budget, plan_program, rank_plan
@@ -23,6 +24,9 @@ __all__ = [
     "profiles",
     "plan",
     "largest_batch",
+    "curve",
+    "Curve",
+    "CurvePoint",
     "plan_program",
     "rank_plan",
     "evaluate",

@@ -1,0 +1,75 @@
+"""``vmem.curve`` and ``vmem plan --curve``: auto's plans from the least memory it trains in to keeping everything,
+a lower envelope (memory rising, predicted time falling), the named policies each at its least memory beside."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import vmem
+from vmem.planning.curve import CurvePoint, envelope
+
+
+@pytest.fixture(scope="module")
+def vgg_curve():
+    return vmem.curve(vmem.models.get("vgg_cifar"), 64, "sim:h100-sxm")
+
+
+def test_the_curve_runs_from_autos_floor_to_keeping_everything_and_is_monotone(vgg_curve):
+    c = vgg_curve
+    assert c.planned >= 20 and len(c.points) >= 8
+    memory = [p.memory for p in c.points]
+    seconds = [p.step_seconds for p in c.points]
+    assert memory == sorted(set(memory)) and seconds == sorted(seconds, reverse=True)  # strictly so
+    assert len(set(seconds)) == len(seconds)
+    assert all(p.memory <= p.budget for p in c.points)  # each plan fits the budget it was made for
+    assert c.points[0].memory <= c.floor * 1.01 and c.points[-1].memory == c.keep_all
+    keep_all = vmem.plan(vmem.models.get("vgg_cifar"), 64, "sim:h100-sxm", "auto")
+    assert c.keep_all == keep_all.peak_bytes and c.points[-1].step_seconds == pytest.approx(keep_all.step_seconds)
+    assert c.points[0].techniques["stash"] != {"keep": c.points[0].techniques["stash"].get("keep")}  # it does something
+
+
+def test_auto_beats_each_named_policy_at_that_policys_least_memory(vgg_curve):
+    """Where a named policy trains in the least memory it can, auto's curve is at least as fast there."""
+    named = {p.policy: p for p in vgg_curve.named}
+    assert {"baseline", "vdnn-all", "vdnn-conv", "echo"} <= set(named)
+    for p in named.values():
+        under = [q for q in vgg_curve.points if q.memory <= p.memory]
+        assert under and min(q.step_seconds for q in under) <= p.step_seconds * 1.0001, p.policy
+
+
+def test_the_curve_is_plain_data_a_table_and_a_plot(vgg_curve, tmp_path):
+    data = json.loads(vgg_curve.json())
+    assert data["network"] == "vgg_cifar" and len(data["points"]) == len(vgg_curve.points)
+    assert {"budget", "memory", "step_seconds", "policy", "techniques"} <= set(data["points"][0])
+    text = vgg_curve.table()
+    assert "auto trains in" in text and "keeps everything" in text and "vdnn-all" in text
+    pytest.importorskip("matplotlib")
+    vgg_curve.plot(str(tmp_path / "curve.png"))
+    assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_envelope_drops_what_is_slower_for_more_memory():
+    def p(memory, seconds):
+        return CurvePoint(memory, memory, seconds, "auto", {})
+
+    got = envelope([p(10, 5.0), p(20, 6.0), p(30, 4.0), p(30, 3.5), p(40, 3.5), p(50, 1.0)])
+    assert [(q.memory, q.step_seconds) for q in got] == [(10, 5.0), (30, 3.5), (50, 1.0)]
+
+
+def test_vmem_plan_curve_prints_the_curve_and_refuses_what_it_cannot_do(capsys):
+    from vmem.cli import main
+
+    assert main(["plan", "--model", "digits_cnn", "--batch", "16", "--device", "sim:titan-x", "--curve", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["points"] and data["floor"] <= data["keep_all"]
+    assert (
+        main(
+            ["plan", "--model", "digits_cnn", "--batch", "16", "--device", "sim:titan-x", "--curve", "--memory", "1MiB"]
+        )
+        != 0
+    )
+    assert "drop --memory" in capsys.readouterr().err
+    assert main(["plan", "--model", "digits_cnn", "--batch", "16", "--device", "cpu", "--curve"]) != 0
+    assert "--profile" in capsys.readouterr().err
