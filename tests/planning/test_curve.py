@@ -73,3 +73,12 @@ def test_vmem_plan_curve_prints_the_curve_and_refuses_what_it_cannot_do(capsys):
     assert "drop --memory" in capsys.readouterr().err
     assert main(["plan", "--model", "digits_cnn", "--batch", "16", "--device", "cpu", "--curve"]) != 0
     assert "--profile" in capsys.readouterr().err
+
+
+def test_a_plan_reports_what_placement_costs():
+    """The packed peak over the most bytes live at once, in the figures, their JSON and the table."""
+    result = vmem.plan(vmem.models.get("vgg_cifar"), 64, "sim:h100-sxm", "vdnn-all")
+    assert result.live_bytes and result.live_bytes <= result.peak_bytes
+    assert result.packing == pytest.approx(result.peak_bytes / result.live_bytes) and result.packing < 1.02
+    assert result.to_dict()["packing"] == pytest.approx(result.packing)
+    assert "packing 1.0" in result.table().splitlines()[0]

@@ -57,7 +57,9 @@ def layer_table(plan: PlanResult, timeline: Timeline | None = None) -> str:
     lines = [
         f"{plan.network} batch {plan.batch}{_precision(plan)} on {plan.device} ({format_bytes(plan.capacity)}), policy "
         f"{plan.policy}: peak {format_bytes(plan.peak_bytes)}, average {format_bytes(plan.average_bytes)}, "
-        f"offloaded {format_bytes(plan.offloaded_bytes)}" + ("" if plan.fits else "  ** DOES NOT FIT **")
+        f"offloaded {format_bytes(plan.offloaded_bytes)}"
+        + (f", packing {plan.packing:.3f}x the most bytes live at once" if plan.packing else "")
+        + ("" if plan.fits else "  ** DOES NOT FIT **")
     ]
     lines.append("  ".join(str(c).ljust(w) for c, w in zip(rows[0], widths)).rstrip())
     lines.append("  ".join("-" * w for w in widths))

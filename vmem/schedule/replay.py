@@ -99,9 +99,18 @@ class Figures:
     #: where the most pool bytes were in use while a layer ran: ``"forward conv3"``, ``"backward conv3"``,
     #: ``"recompute relu2"`` (None if no layer ran)
     peak_at: str | None = None
+    #: the most bytes the plan's blocks hold at any one moment (persistent buffers included), however placed:
+    #: the peak before packing (``peak_bytes`` is after: with the gaps placement leaves)
+    live_bytes: int | None = None
+
+    @property
+    def packing(self) -> float | None:
+        """The packed peak over the most bytes live at once: what placement costs (1.0: nothing)."""
+        return None if not self.live_bytes else self.peak_bytes / self.live_bytes
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        out["packing"] = self.packing
         out["layers"] = [dict(row, shape=list(row["shape"])) for row in out["layers"]]
         return out
 
