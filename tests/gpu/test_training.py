@@ -73,6 +73,33 @@ def test_lossless_policies_through_the_graph_api_are_bitwise_equal_to_its_baseli
     assert reports[-1].peak_bytes == plan.peak_bytes and reports[-1].offloaded_bytes == plan.offloaded_bytes > 0
 
 
+def test_bf16_through_the_graph_api_fuses_the_convolutions_relus_and_follows_the_legacy_api():
+    """conv_api="graph" in bf16: half maps as stored, a convolution and the ReLU after it one fused graph where
+    cuDNN builds one (else its engines and vmem's bias+ReLU kernel); the step peaks where planned, and the
+    weights stay close to the legacy API's bf16 run (the fused forward rounds once where the legacy one rounds
+    twice; cuDNN's engines add in their own order)."""
+    pytest.importorskip("ml_dtypes")
+    runs = {}
+    for api in ("legacy", "graph"):
+        net = MODELS["vgg_cifar"]()
+        dev = vmem.device("cuda:0", memory="1GiB", pinned_memory="512MiB", conv_api=api)
+        try:
+            with vmem.Trainer(net, device=dev, policy="baseline", seed=0, precision="bf16") as trainer:
+                rng = np.random.default_rng(0)
+                for _ in range(3):
+                    x = rng.standard_normal((16,) + net.input_shape).astype(np.float32)
+                    report = trainer.step(x, rng.integers(0, 10, 16))
+                    assert np.isfinite(report.loss) and report.peak_bytes == trainer.plans[16].peak_bytes
+                algos = trainer.plans[16].plan.algos
+        finally:
+            dev.close()
+        runs[api] = (net.params, algos)
+    fused = [name for name, a in runs["graph"][1].items() if str(a.get("forward", "")).startswith("fused.")]
+    print(f"graph API bf16: {len(fused)} fused forwards: {fused}")
+    for k, w in runs["legacy"][0].items():
+        np.testing.assert_allclose(runs["graph"][0][k], w, rtol=0.1, atol=0.05, err_msg=k)
+
+
 def test_lossless_policies_on_a_device_with_nchw_algorithms_are_bitwise_equal_to_their_baseline():
     """nchw=True: the plan may pick algorithms run on NCHW copies (the model weighs winograd's arithmetic;
     each such algorithm is checked against float64 in test_layers.py); offloading still changes nothing
