@@ -17,18 +17,13 @@ import argparse
 import sys
 import time
 
+import auto
 from _report import emit, table, verdict
 
 import vmem
 from vmem.errors import PlanError
 
-NETWORKS = {  # name -> (model, options, batch)
-    "vgg16": ("vgg16", {}, 64),
-    "resnet50": ("resnet50", {}, 128),
-    "googlenet": ("googlenet", {}, 128),
-    "transformer": ("transformer", {}, 32),
-    "nmt": ("nmt", {"seq_len": 100}, 128),
-}
+NETWORKS = dict(auto.NETWORKS)  # name -> (model, options, batch): the networks auto's bench sweeps
 QUICK = {"vgg_cifar": ("vgg_cifar", {}, 128), "resnet_cifar": ("resnet_cifar", {}, 128)}
 
 
