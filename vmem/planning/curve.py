@@ -15,7 +15,7 @@ import dataclasses
 import json
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence, TypedDict
 
 from ..errors import BudgetTooSmall, PlanError
 from ..units import format_bytes
@@ -25,6 +25,7 @@ from .result import UNBOUNDED, PlanResult
 from .target import Target
 
 if TYPE_CHECKING:
+    from ..costs.model import CostModel
     from ..device.base import Device
     from ..device.spec import DeviceSpec
     from ..graph import Network
@@ -33,6 +34,16 @@ __all__ = ["Curve", "CurvePoint", "curve", "NAMED"]
 
 #: the named policies placed beside auto's curve
 NAMED = ("baseline", "layerwise", "vdnn-conv", "vdnn-all", "echo", "gist")
+
+
+class Techniques(TypedDict):
+    """What a plan does (:func:`techniques`)."""
+
+    stash: dict[str, int]
+    codecs: dict[str, int]
+    split: int
+    microbatch: int
+    chosen: str | None
 
 
 @dataclass(frozen=True)
@@ -44,9 +55,9 @@ class CurvePoint:
     memory: int
     step_seconds: float
     policy: str
-    techniques: dict[str, Any]
+    techniques: Techniques
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
 
@@ -67,7 +78,7 @@ class Curve:
     keep_all: int
     planned: int  # how many budgets were planned
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """Everything, as plain data (what ``vmem plan --curve --json`` prints)."""
         out = dataclasses.asdict(self)
         out["points"] = [p.to_dict() for p in self.points]
@@ -116,7 +127,7 @@ class Curve:
         return json.dumps(self.to_dict(), indent=2)
 
 
-def techniques(result: PlanResult) -> dict[str, Any]:
+def techniques(result: PlanResult) -> Techniques:
     """What a plan does: its buffers by decision (keep, offload, encode, recompute), the codecs it offloads or
     encodes through, the convolutions whose backward it splits, its micro-batches."""
     p = result.plan
@@ -130,7 +141,7 @@ def techniques(result: PlanResult) -> dict[str, Any]:
     }
 
 
-def describe(t: dict[str, Any]) -> str:
+def describe(t: Techniques) -> str:
     """A point's techniques in a few words."""
     parts = [f"{n} {kind}" for kind, n in t["stash"].items() if kind != "keep" and n]
     if t["codecs"]:
@@ -170,7 +181,7 @@ def curve(
     points: int = 20,
     most: int = 40,
     named: Sequence[str] = NAMED,
-    costs: Any = None,
+    costs: CostModel | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Curve:
     """``net``'s memory/time curve at ``batch`` on ``device`` (a simulated GPU by default; the CPU device with

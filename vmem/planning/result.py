@@ -115,7 +115,6 @@ def evaluate(
         schedule = placed if figures is not None else schedule
     if figures is None:
         figures = replay_fitting(schedule, device, alignment, costs)
-    figures = dataclasses.replace(figures, live_bytes=schedule.live_bytes)
     if rows:
         figures = dataclasses.replace(figures, layers=_layer_rows(program, decided))
     return PlanResult(decided, figures), schedule

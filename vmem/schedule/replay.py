@@ -278,6 +278,7 @@ class _Replay:
             else None,
             layer_peaks=self.layer_peaks,
             peak_at=self.peak_at,
+            live_bytes=self.schedule.live_bytes,
             precision=self.schedule.program.precision.name,
         )
 
