@@ -243,7 +243,7 @@ def _profile_fitting(
         sub = op if b == batch else _at_batch(program, op, b, on)
         measured: dict[tuple[str, str, str | None], float] = {}
         try:
-            _profile_op(sub, rng, dtype, repeats, measured, on, relu=op.index in program.conv_relus())
+            _profile_op(sub, rng, dtype, repeats, measured, on)
         except OutOfDeviceMemory as exc:
             if b == 1:
                 on.notes.append(

@@ -192,11 +192,10 @@ def _profile_op(
     repeats: int,
     times: dict[tuple[str, str, str | None], float],
     on: _Runner,
-    relu: bool = False,
 ) -> None:
-    """Time every pass and algorithm of one op on random data of its shapes into ``times``; ``relu``: a
-    convolution runs the in-place ReLU after it in its own last pass, as the step does
-    (:meth:`~vmem.graph.program.Program.conv_relus`)."""
+    """Time every pass and algorithm of one op on random data of its shapes into ``times``. A convolution is
+    timed without the in-place ReLU a step runs in its last pass, which is timed as its own op: the two add
+    up to the step's work (a fused graph-API algorithm applies the ReLU in its epilogue either way)."""
     layer = op.layer
     # an op the device computes in another dtype than it stores (staged) is timed in that dtype, without the casts
     xs = [on.normal(rng, physical(s), op.dtype if op.staged else _dtype(d)) for s, d in zip(op.in_shapes, op.in_dtypes)]
@@ -231,7 +230,6 @@ def _profile_op(
             in_shapes=tuple(physical(s) for s in op.in_shapes),
             conv=on.conv,
             ops=on.ops,
-            relu=relu,
         )
 
     needs_x = xs if op.reads_input else None

@@ -185,7 +185,9 @@ class GraphConv(CudnnConv):
         """``y = conv(x, w)`` (+ ``b``, then the ReLU with ``ctx.relu``). A fused algorithm runs all three in
         one cuDNN graph, the convolution's result kept in FP32 until it is rounded once into ``y``; it is
         offered only where the step runs the ReLU here, so it applies the ReLU whatever ``ctx.relu`` says
-        (a profile times it so). Others run as :class:`~.conv.CudnnConv` runs them."""
+        (a profile times it so: the ReLU's own time, also profiled, is then counted twice, a small
+        overestimate of a fused step's, the same for every fused algorithm). Others run as
+        :class:`~.conv.CudnnConv` runs them."""
         algo = ctx.algo[0] if isinstance(ctx.algo, tuple) else ctx.algo
         dtype = np.dtype(x.dtype).name
         fuse = self._fusion(layer)
