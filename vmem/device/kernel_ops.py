@@ -21,6 +21,7 @@ import numpy as np
 
 from ..codecs import native
 from ..nn.ops import ArrayOps
+from .carve import aligned_bytes, carve
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike
@@ -32,11 +33,6 @@ __all__ = ["KernelOps", "linear_copies", "with_linear_copies"]
 
 _KERNEL_TYPES = ("float32", "float16", "bfloat16")
 _HALF = ("float16", "bfloat16")
-_ALIGN = 256
-
-
-def _aligned(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
 
 
 def linear_copies(pass_: str, dtype: DTypeLike, w_shape: tuple[int, ...], bias: int) -> int:
@@ -44,8 +40,8 @@ def linear_copies(pass_: str, dtype: DTypeLike, w_shape: tuple[int, ...], bias: 
     weights' half copy; backward also the FP32 partial sums of the bias's gradient."""
     if np.dtype(dtype).name not in _HALF:
         return 0
-    w = _aligned(np.dtype(dtype).itemsize * int(np.prod(w_shape)))
-    partial = _aligned(4 * native.COLUMN_GROUPS * bias) if bias else 0
+    w = aligned_bytes(tuple(w_shape), np.dtype(dtype).itemsize)
+    partial = aligned_bytes((native.COLUMN_GROUPS * bias,), 4) if bias else 0
     return w if pass_ == "forward" else w + partial
 
 
@@ -66,14 +62,6 @@ def with_linear_copies(program: Program) -> Program:
             op = dataclasses.replace(op, workspace=ws)
         ops.append(op)
     return dataclasses.replace(program, ops=ops)
-
-
-def _carve(ws: Array | None, dtype: DTypeLike, shape: tuple[int, ...], at: int = 0) -> Array:
-    """An array of ``dtype`` and ``shape`` at byte ``at`` of the workspace ``ws`` (a uint8 array)."""
-    n = np.dtype(dtype).itemsize * int(np.prod(shape))
-    if ws is None or at + n > ws.nbytes:
-        raise ValueError(f"a workspace of {0 if ws is None else ws.nbytes} bytes cannot hold a {shape} copy at {at}")
-    return ws[at : at + n].view(dtype).reshape(shape)
 
 
 def _backend(*arrays: Array) -> Any:
@@ -103,7 +91,7 @@ class KernelOps(ArrayOps):
             return super().linear(x, w, b, y, workspace)
         from .cuda import blas
 
-        wh = _carve(workspace, x.dtype, tuple(w.shape))
+        (wh,), _ = carve(workspace, x.dtype, tuple(w.shape))
         wh[...] = w
         y2 = y.reshape(-1, y.shape[-1])
         blas.gemm(x.reshape(-1, x.shape[-1]), wh, y2, trans_b=True)
@@ -126,11 +114,10 @@ class KernelOps(ArrayOps):
             return super().linear_backward(dy, x, w, dx, dw, db, workspace)
         from .cuda import blas
 
-        wh = _carve(workspace, dy.dtype, tuple(w.shape))
+        (wh,), rest = carve(workspace, dy.dtype, tuple(w.shape))
         blas.gemm(dy, x, dw, trans_a=True)  # the weights' gradient in FP32 from the half operands
         if db is not None:  # the bias's in FP32 from the half map, through partial sums after the copy
-            at = _aligned(wh.nbytes)
-            partial = _carve(workspace, np.float32, (native.COLUMN_GROUPS * db.shape[0],), at)
+            (partial,), _ = carve(rest, np.float32, (native.COLUMN_GROUPS * db.shape[0],))
             native.column_sum(dy, db, partial, on)
         if dx is not None:
             wh[...] = w

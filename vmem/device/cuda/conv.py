@@ -16,13 +16,14 @@ stream.
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from ...codecs import native
 from . import cudnn
+from ..carve import aligned_bytes as _aligned_bytes
+from ..carve import carve as _carve
 from .conv_search import pointer, rank, search
 from .kernels import backend_of
 
@@ -395,17 +396,11 @@ class CudnnConv:
 
 #: Prefix of the algorithms run on NCHW copies (``nchw.winograd_nonfused``).
 NCHW = "nchw."
-_ALIGN = 256
 
 
 def _nchw_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     n, h, w, c = shape
     return (n, c, h, w)
-
-
-def _aligned_bytes(shape: tuple[int, ...], itemsize: int = 4) -> int:
-    """Bytes of an array of ``shape`` with ``itemsize``-byte values, rounded up to the staging alignment."""
-    return -(-itemsize * math.prod(shape) // _ALIGN) * _ALIGN
 
 
 def _staging_bytes(itemsize: int, *shapes: tuple[int, ...]) -> int:
@@ -424,18 +419,3 @@ def _weight_copy_bytes(pass_: str, dtype: DTypeLike, w_shape: tuple[int, ...], b
     w = _aligned_bytes(w_shape, itemsize)
     partial = _aligned_bytes((native.COLUMN_GROUPS * bias,), 4) if bias else 0
     return w if pass_ == "forward" else 2 * w + partial
-
-
-def _carve(ws: GpuArray, dtype: DTypeLike, *shapes: tuple[int, ...]) -> tuple[list[Any], Any]:
-    """Arrays of ``dtype`` at the start of the workspace ``ws`` (a uint8 array), one per shape in order, each
-    aligned; and the rest of the workspace after them (None if nothing is left)."""
-    dtype = np.dtype(dtype)
-    out, offset = [], 0
-    for shape in shapes:
-        n = dtype.itemsize * math.prod(shape)
-        if ws is None or offset + n > ws.nbytes:
-            raise ValueError(f"a workspace of {0 if ws is None else ws.nbytes} bytes cannot hold its copies {shapes}")
-        out.append(ws[offset : offset + n].view(dtype).reshape(shape))
-        offset += _aligned_bytes(shape, dtype.itemsize)
-    rest = ws[offset:] if ws is not None and offset < ws.nbytes else None
-    return out, rest

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from . import cudnn
-from .conv import CudnnConv, _carve, _geometry, _weight_copy_bytes
+from ..carve import carve
+from .conv import CudnnConv, _geometry, _weight_copy_bytes
 
 if TYPE_CHECKING:
     from ..._typing import Array, CData, GpuArray
@@ -200,7 +201,7 @@ class GraphConv(CudnnConv):
             return
         ws = ctx.workspace
         if x.dtype != w.dtype:
-            (wh,), ws = _carve(ws, x.dtype, w.shape)
+            (wh,), ws = carve(ws, x.dtype, w.shape)
             wh[...] = w
             w = wh
         plan = self.plans(layer, "forward", x.shape, y.shape, dtype, fuse)[algo]
