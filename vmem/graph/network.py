@@ -70,6 +70,7 @@ class Network:
         #: where an imported network's parameters came from: "layer.param" -> the initializer's name in the
         #: model (vmem.onnx.load; PyTorch's exports keep the module's names, e.g. "layer1.0.conv1.weight")
         self.sources: dict[str, str] = {}
+        self._ties: dict[str, str] = {}
         self._built: dict[tuple, Program] = {}
 
     # -- construction ------------------------------------------------------------------------------
@@ -120,6 +121,23 @@ class Network:
         if node.layer is not None:
             self._uses[id(node.layer)] += 1
         return node
+
+    def tie(self, param: str, to: str) -> None:
+        """Make parameter ``param`` (``"head.weight"``) parameter ``to`` (``"embed.weight"``) of another layer:
+        one array that both layers read, trained with the sum of their gradients (a language model's head
+        tied to its embedding). Both must have one shape (checked when the network is built); ``param``
+        leaves ``params`` and ``param_specs``, and its value, if set, gives way to ``to``'s."""
+        if param == to:
+            raise ValueError(f"{self.name}: tie({param!r}, {to!r}) ties a parameter to itself")
+        self._ties[param] = to
+        if self.params is not None:
+            self.params.pop(param, None)
+        self._built.clear()
+
+    @property
+    def ties(self) -> Mapping[str, str]:
+        """The tied parameters (:meth:`tie`): ``"layer.param"`` -> the ``"owner.param"`` it is."""
+        return MappingProxyType(self._ties)
 
     @property
     def layers(self) -> list[Layer]:

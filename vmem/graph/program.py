@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..precision import PRECISIONS, activations_dtype, dtype as _dtype
 from ..nn.base import PASSES, AuxSpec, Layer, ParamSpec, Shape
+from .ties import apply_ties
 
 if TYPE_CHECKING:
     from .network import Network
@@ -73,6 +74,8 @@ class OpInfo:
     algorithms: dict[str, list[str]]
     workspace: dict[str, dict[str | None, int]]  # pass -> algorithm (None: an op with no choice) -> bytes
     shares: str | None = None  # the op whose parameters this one uses (a layer applied at several places)
+    #: parameters of its own that are another op's (``Network.tie``): name -> ``"owner.param"``
+    ties: dict[str, str] = field(default_factory=dict)
     in_dtypes: tuple[str, ...] = ()  # what its inputs are stored in
     out_dtype: str = "float32"  # what its output is stored in
     #: what the device computes it in where that differs from what it reads (float32 over fp16 storage on
@@ -100,6 +103,10 @@ class OpInfo:
     def param_owner(self) -> str:
         """The op name the parameters are stored under (``"owner.weight"``)."""
         return self.shares or self.name
+
+    def param_key(self, key: str) -> str:
+        """Where its parameter ``key`` is stored: ``"owner.key"``, or the parameter it is tied to."""
+        return self.ties.get(key) or f"{self.param_owner}.{key}"
 
     @property
     def reads_input(self) -> bool:
@@ -187,8 +194,11 @@ class Program:
         )
 
     def owned_params(self) -> list[tuple["OpInfo", str, ParamSpec]]:
-        """Every parameter once: (owner op, name, spec); ops that share another's parameters are skipped."""
-        return [(op, k, spec) for op in self.ops if op.shares is None for k, spec in op.params.items()]
+        """Every parameter once: (owner op, name, spec); ops that share another's parameters are skipped, and
+        parameters tied to another op's (``Network.tie``)."""
+        return [
+            (op, k, spec) for op in self.ops if op.shares is None for k, spec in op.params.items() if k not in op.ties
+        ]
 
     @property
     def loss_dtype(self) -> str:
@@ -442,6 +452,7 @@ def build_program(
             owner_specs[tname] = ops[-1].params
         tensor_of[node.index] = tid
     output = tensor_of[net._output.index]  # of any shape: what a loss takes is the loss's to check
+    apply_ties(net.name, ops, net.ties)
     _mark_stash_and_inplace(ops, tensors)
     program = Program(
         network=net.name,

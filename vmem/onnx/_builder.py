@@ -196,7 +196,8 @@ class _Builder:
         self.reader_ops: dict[str, set[str]] = {}  # the ops reading each value ("" for the model's output)
         #: a constant computed from one initializer by a transpose, reshape or cast -> that initializer
         self.origin: dict[str, str] = {}
-        self.untied: list[str] = []  # initializers more than one layer took as a parameter
+        #: initializers more than one layer took as a parameter: (the initializer, what took it again)
+        self.untied: list[tuple[str, str]] = []
         #: a constant gathered from a table's rows at fixed positions -> (the table, the positions, its rows)
         self.gathered: dict[str, tuple[str, np.ndarray, int]] = {}
         #: bytes of the constants computed at import so far (at most _MOST_FOLDED_TOTAL)
@@ -247,13 +248,14 @@ class _Builder:
         """A constant that becomes the layer's parameter ``key`` (its source: the initializer it is, or was
         transposed or reshaped from). One that another layer took already is that layer's too in the model:
         tied, or two equal constants an exporter merged (PyTorch's dynamo exporter merges equal
-        initializers); it is copied, and the two trained apart, with a warning."""
+        initializers); it is copied, and the two trained apart, with a warning, unless it is a language
+        model's head tied to its embedding (``_load.tie_heads``)."""
         value = self.const(ins, i, what, optional=optional)
         if value is not None:
             source = self.origin.get(self.input_names[i], self.input_names[i])
             if source in self.owner:
                 self.untied.append(
-                    f"{source!r} ({self.owner[source]}, {what} of {self.node.name or self.node.op_type})"
+                    (source, f"{source!r} ({self.owner[source]}, {what} of {self.node.name or self.node.op_type})")
                 )
             self._taken.append((key, source))
         return value

@@ -127,16 +127,31 @@ def _one_row(value: np.ndarray) -> np.ndarray:
     return value.reshape(-1, value.shape[-1])[:1].reshape((1,) * (value.ndim - 1) + value.shape[-1:])
 
 
+#: a constant holding a value this large is a mask (transformers fills one with float32's lowest value)
+_MASKED = float(np.finfo(np.float32).max) / 2
+
+
+def _one_row_everywhere(value: np.ndarray) -> bool:
+    """Whether a sample's constant (positions, ..., features) repeats one row at every position: what the
+    dynamo exporter folds a table read at one fixed row into (BERT's token types at their default, 0), the
+    table's row then written out once per position and sample. Trained as that one row, its gradient summed
+    over the positions as the model's is (an all-equal constant is a fill, never this)."""
+    rows = value.reshape(-1, value.shape[-1])
+    return rows.shape[0] > 1 and bool((rows == rows[:1]).all())
+
+
 def _weight_like(b: _Builder, x: _Tensor, at: int, value: np.ndarray) -> bool:
     """Whether the constant operand (input ``at``) of ``x`` is a weight the model trains: one of its
     initializers (or made from one by a reshape, transpose or cast) of more than one value, all finite,
     combined with a tensor the network computed: a layer scale, a bias added after a MatMul, a per-channel
-    gain. A scalar (a scale written as an initializer), a mask holding infinities, a Constant node's value and
-    what is applied to the model's inputs before any layer (a normalisation's mean and deviation: buffers in
-    the model) are constants."""
+    gain. A scalar (a scale written as an initializer), a mask holding infinities or float32's lowest value
+    (a causal mask as transformers writes it), a Constant node's value and what is applied to the model's
+    inputs before any layer (a normalisation's mean and deviation: buffers in the model) are constants."""
     name = b.input_names[at]
     from_initializer = name in b.initializers or name in b.origin
     if not (from_initializer and value.dtype.kind == "f" and value.size > 1 and bool(np.all(np.isfinite(value)))):
+        return False
+    if float(np.abs(value).max()) >= _MASKED:  # a mask of the lowest float (transformers' finfo.min)
         return False
     node = x.node
     while node.layer is not None and isinstance(node.layer, nn.ConstantOp) and node.inputs:
@@ -181,14 +196,16 @@ def _arith(op: str, both: Callable[[], nn.Layer] | None) -> Callable[..., list[A
         ):
             return [x]  # x + 0, x * 1: nothing to do
         fill = False  # a constant made for the batch, one value throughout (an additive mask's zeros)
+        row = False  # one row at every position of every sample, folded (BERT's token types, dynamo's way)
         if x.view is None and not b.lead and value.ndim == len(x.dims) and value.shape[0] == b.static_batch:
             one = _views.one_sample(value, 0)  # written out once a sample of the example batch (a position
             if one is not None:  # table the exporter read at fixed positions and folded): one, for every sample
                 value, fill = one, bool((one == one.reshape(-1)[0]).all())
+                row = not fill and _one_row_everywhere(one)
         if x.view is not None or _grows(x, value):
             return [_views_constant(b, x, kind, value)]
         table = _position_table(b, at) if kind == "add" else None
-        if table is not None and table[0].endswith("]"):  # one row at every position: held once
+        if row or table is not None and table[0].endswith("]"):  # one row at every position: held once
             value = _one_row(value)
         weight = table is None and not fill and _weight_like(b, x, at, value)
         try:

@@ -231,6 +231,9 @@ class _Walk:
         if node.op_type == "Gather" and known and int(attrs.get("axis", 0)) == 0 and table:
             # rows of a table at fixed positions (a position embedding): may become trainable
             b.gathered[node.output[0]] = (b.origin.get(first, first), np.asarray(ins[1]), len(ins[0]))
+        same = node.op_type in ("Cast", "Identity") and np.asarray(ins[0]).dtype == np.asarray(outs[0]).dtype
+        if same and first in b.gathered:  # GPT-2's position rows cast to the type they are already
+            b.gathered[node.output[0]] = b.gathered[first]
         return outs
 
     def finish(self) -> Graph:
@@ -251,14 +254,15 @@ class _Walk:
         b.start(next((n for n in graph.node if graph.output[0].name in n.output), graph.node[-1]))
         out = self._output(out)
         net.output(out.node)
+        tied = tie_heads(net, b.params)
         net.sources = {k: v for k, v in b.sources.items() if k in b.params}
-        if b.untied:
+        untied = [text for init, text in b.untied if init not in {b.sources.get(to) for to in tied.values()}]
+        if untied:
             import warnings
 
             warnings.warn(
-                f"{source}: {len(b.untied)} initializer(s) are parameters of more than one layer, each layer "
-                f"given its own copy (trained apart): {'; '.join(b.untied[:5])}"
-                + (" ..." if len(b.untied) > 5 else ""),
+                f"{source}: {len(untied)} initializer(s) are parameters of more than one layer, each layer "
+                f"given its own copy (trained apart): {'; '.join(untied[:5])}" + (" ..." if len(untied) > 5 else ""),
                 stacklevel=3,
             )
         try:
@@ -292,6 +296,32 @@ class _Walk:
                 "end the model in a layer that mixes the features (Gemm, MatMul)"
             )
         return out
+
+
+def tie_heads(net: Graph, params: dict[str, np.ndarray]) -> dict[str, str]:
+    """Tie each linear layer's weight that holds an embedding's table, value for value, to that table
+    (``Network.tie``; its copy dropped from ``params``): a language model's head tied to its embedding, which
+    PyTorch trains as one parameter. The exporters write it either as one initializer that both read (the
+    dynamo exporter) or as the table and its transpose apart (the TorchScript exporter's folding): both are
+    found by value. A table of one value throughout (a fresh model's zeros or ones, which an exporter merges
+    with any equal constant) is left apart. Returns the ties made."""
+    tables: dict[bytes, str] = {}
+    for layer in net.layers:
+        key = f"{layer.name}.weight"
+        table = params.get(key)
+        if isinstance(layer, nn.Embedding) and table is not None and table.size > 1 and np.ptp(table) > 0:
+            tables.setdefault(table.tobytes() + str(table.shape).encode(), key)
+    tied: dict[str, str] = {}
+    for layer in net.layers if tables else ():
+        key = f"{layer.name}.weight"
+        weight = params.get(key)
+        if isinstance(layer, nn.Linear) and weight is not None and key not in tied:
+            to = tables.get(weight.tobytes() + str(weight.shape).encode())
+            if to is not None:
+                net.tie(key, to)
+                tied[key] = to
+                del params[key]
+    return tied
 
 
 def _opset(onnx: ModuleType, proto: Any, source: str) -> int:

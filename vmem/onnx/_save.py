@@ -62,9 +62,13 @@ class _Writer:
 
     # -- helpers ------------------------------------------------------------------------------------
     def param(self, layer: nn.Layer, key: str) -> np.ndarray:
-        return np.asarray(self.params[f"{layer.name}.{key}"], np.float32)
+        name = f"{layer.name}.{key}"
+        return np.asarray(self.params[self.net.ties.get(name, name)], np.float32)
 
     def init(self, name: str, value: np.ndarray) -> str:
+        """The initializer ``name`` holding ``value``, made at its first use; a tied parameter's
+        (``Network.tie``) is the one it is tied to."""
+        name = self.net.ties.get(name, name)
         if name not in self.inits:
             array = np.asarray(value)  # (a scalar stays a scalar: ascontiguousarray would make it 1-D)
             self.inits[name] = self.onnx.numpy_helper.from_array(

@@ -197,15 +197,9 @@ class Executor:
         self._params = params
         ops = program.ops
         # Per-op views that never change: parameters and their gradients.
-        self._op_params = [
-            {k: params.views[Key(Kind.WEIGHT, f"{op.param_owner}.{k}")] for k in op.params} for op in ops
-        ]
+        self._op_params = [{k: params.views[Key(Kind.WEIGHT, op.param_key(k))] for k in op.params} for op in ops]
         self._op_grads = [
-            {
-                k: params.views[Key(Kind.WEIGHT_GRAD, f"{op.param_owner}.{k}")]
-                for k, s in op.params.items()
-                if s.trainable
-            }
+            {k: params.views[Key(Kind.WEIGHT_GRAD, op.param_key(k))] for k, s in op.params.items() if s.trainable}
             for op in ops
         ]
         #: the optimizer's side of the step: the parameters this process updates, the finite check, batch

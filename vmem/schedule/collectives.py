@@ -49,7 +49,7 @@ def _finished(schedule: Schedule) -> dict[str, int]:
             op = program.ops[st.op]
             through_temp = schedule.param_acc.get(op.index, {})
             for k in op.params:
-                name = f"{op.param_owner}.{k}"
+                name = op.param_key(k)
                 if name in trainable and k not in through_temp:
                     done[name] = i
         elif type(st) is AccumulateParam and st.param in trainable:

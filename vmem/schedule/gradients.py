@@ -92,21 +92,21 @@ def param_temps(
 def _param_temps(
     program: Program, needs: list[bool], every: bool
 ) -> tuple[dict[int, dict[str, Key]], dict[int, list[AccumulateParam]], dict[Key, Buffer]]:
-    users: dict[str, list[int]] = {}
+    users: dict[str, list[tuple[int, str]]] = {}  # "owner.param" -> (op, its name there) of each use
     for op in program.ops:
-        if needs[op.output] and any(s.trainable for s in op.params.values()):
-            users.setdefault(op.param_owner, []).append(op.index)
+        if needs[op.output]:
+            for k, spec in op.params.items():
+                if spec.trainable:
+                    users.setdefault(op.param_key(k), []).append((op.index, k))
     temps: dict[int, dict[str, Key]] = {}
     adds: dict[int, list[AccumulateParam]] = {}
     buffers: dict[Key, Buffer] = {}
-    for owner, ops in users.items():
-        for i in sorted(ops) if every else sorted(ops)[:-1]:
-            for k, spec in program.ops[i].params.items():
-                if not spec.trainable:
-                    continue
-                key = Key(Kind.ACC, owner, k)
-                nbytes = max(1, int(np.prod(spec.shape)) * program.precision.itemsize("gradients"))
-                buffers[key] = Buffer(key, nbytes, "weight_grads")
-                temps.setdefault(i, {})[k] = key
-                adds.setdefault(i, []).append(AccumulateParam(f"{owner}.{k}", key, nbytes))
+    for param, uses in users.items():
+        owner, name = param.rsplit(".", 1)
+        for i, k in sorted(uses) if every else sorted(uses)[:-1]:
+            key = Key(Kind.ACC, owner, name)
+            nbytes = max(1, int(np.prod(program.ops[i].params[k].shape)) * program.precision.itemsize("gradients"))
+            buffers[key] = Buffer(key, nbytes, "weight_grads")
+            temps.setdefault(i, {})[k] = key
+            adds.setdefault(i, []).append(AccumulateParam(param, key, nbytes))
     return temps, adds, buffers

@@ -127,6 +127,23 @@ class Recurrent(nn.Module):
         return self.head(y[:, -1])
 
 
+class TiedLM(nn.Module):
+    """A language model whose head is its embedding (``head.weight = embed.weight``, as GPT-2's and T5's):
+    an embedding, one ``nn.TransformerEncoderLayer``, a layer norm, and the last position's logits over the
+    vocabulary through the tied head."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, HIDDEN)
+        self.block = nn.TransformerEncoderLayer(HIDDEN, HEADS, FF, dropout=0.0, batch_first=True)
+        self.norm = nn.LayerNorm(HIDDEN)
+        self.head = nn.Linear(HIDDEN, VOCAB, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.block(self.embed(ids)))[:, -1])
+
+
 class Bert(nn.Module):
     """BERT as common libraries write it: word, position and token-type embeddings, a layer norm, two
     encoder layers (separate query/key/value projections, an additive padding mask, GELU), and a pooler
@@ -220,18 +237,22 @@ def models() -> dict[str, tuple[Callable[[], nn.Module], Callable[[int, torch.Ge
     unpadded = lambda n, g: (torch.randint(1, VOCAB, (n, LENGTH), generator=g),)  # noqa: E731
     out["hf_bert"] = (lambda: _Logits(_transformers("bert")), unpadded)
     out["hf_distilbert"] = (lambda: _Logits(_transformers("distilbert")), unpadded)
+    out["tied_lm"] = (TiedLM, lambda n, g: (_ids(n, g),))
+    out["hf_gpt2"] = (lambda: _Logits(_transformers("gpt2"), last=True), unpadded)
     return out
 
 
 class _Logits(nn.Module):
-    """A model of Hugging Face's transformers called on token ids alone, its logits out (what a user exports)."""
+    """A model of Hugging Face's transformers called on token ids alone, its logits out (what a user exports);
+    with ``last``, a language model's logits at the last position (the next token's)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, last: bool = False):
         super().__init__()
-        self.model = model
+        self.model, self.last = model, last
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=ids).logits
+        logits = self.model(input_ids=ids).logits
+        return logits[:, -1] if self.last else logits
 
 
 def _transformers(family: str) -> nn.Module:
@@ -239,6 +260,19 @@ def _transformers(family: str) -> nn.Module:
     library's own modules, as users build them (``transformers`` 5; its default attention)."""
     import transformers as tr
 
+    if family == "gpt2":  # its head tied to its token embedding, as transformers makes it by default
+        config = tr.GPT2Config(
+            vocab_size=VOCAB,
+            n_positions=LENGTH,
+            n_embd=HIDDEN,
+            n_layer=2,
+            n_head=HEADS,
+            n_inner=FF,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+        return tr.GPT2LMHeadModel(config)
     if family == "bert":
         config = tr.BertConfig(
             vocab_size=VOCAB,
@@ -284,9 +318,9 @@ def _export(module: nn.Module, xs: tuple, opset: int, dynamic: bool = True) -> b
 def _sources(model: bytes, initial: dict[str, np.ndarray]) -> dict[str, str]:
     """Each initializer of the export -> the parameter it holds (as is, or transposed: a MatMul's weight
     the exporter folded, or written out once a sample of the example batch: a position table the dynamo
-    exporter folded; rows of a packed projection; a recurrent layer's, its gates reordered and its bias in two:
-    :mod:`parts`), found
-    by value, the first such parameter where several are equal."""
+    exporter folded; rows of a packed projection; one row of a table repeated at every position; a recurrent
+    layer's, its gates reordered and its bias in two: :mod:`parts`), found by value, the first such parameter
+    where several are equal."""
     import onnx
     from onnx import numpy_helper
 
@@ -306,6 +340,8 @@ def _sources(model: bytes, initial: dict[str, np.ndarray]) -> dict[str, str]:
                     break
         if tensor.name not in out and (part := parts.rows(value, initial)) is not None:
             out[tensor.name] = part  # rows of a packed projection, cut by the exporter's constant folding
+        if tensor.name not in out and (part := parts.repeated_row(value, initial)) is not None:
+            out[tensor.name] = part  # one row of a table at every position, folded
     graph = onnx.load_from_string(model).graph  # a recurrent layer's weights, its gates in ONNX's order
     values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     out.update(parts.sources(graph, values, initial))

@@ -383,6 +383,7 @@ def scrub(path: Path) -> None:
     for node in model.graph.node:
         del node.metadata_props[:]
     data = path.name + ".data"
+    (path.parent / data).unlink(missing_ok=True)  # read in whole above; onnx refuses to write over it
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data)
 
 

@@ -4,6 +4,9 @@ Rows: an exporter that folds constants cuts a packed projection (``nn.MultiheadA
 for a cross-attention) into the rows each product reads, ``name[a:b]``, as ``vmem.onnx.load`` names such a
 weight's source (``net.sources``), transposed or not.
 
+One row everywhere: the dynamo exporter folds a table read at one fixed row (BERT's token types) into a
+constant repeating that row at every position and sample, ``name[r:r+1]`` of the table.
+
 Recurrent layers: ONNX orders a recurrent layer's gates its own way (LSTM ``iofc``, GRU ``zrh``) and joins the input and recurrent
 biases into one ``B``; PyTorch (and vmem, whose importer undoes ONNX's order) keeps ``ifgo`` / ``rzn`` and two
 biases. An initializer W or R holds a parameter per direction with its gate blocks reordered; B holds two per
@@ -53,6 +56,21 @@ def rows(value: np.ndarray, initial: dict[str, np.ndarray]) -> str | None:
             for a in range(len(param) - n + 1):
                 if np.array_equal(param[a : a + n], candidate):
                     return f"{key}[{a}:{a + n}]"
+    return None
+
+
+def repeated_row(value: np.ndarray, initial: dict[str, np.ndarray]) -> str | None:
+    """``"name[r:r+1]"`` where every row of ``value`` (all its axes but the last) is row ``r`` of a table of
+    ``initial``: the dynamo exporter folds a table read at one fixed row everywhere (BERT's token types at
+    their default) into such a constant, one row per position and sample; else None."""
+    flat = value.reshape(-1, value.shape[-1]) if value.ndim >= 2 else None
+    if flat is None or len(flat) < 2 or not (flat == flat[:1]).all():
+        return None
+    for key, param in initial.items():
+        if param.ndim == 2 and param.shape[1] == flat.shape[1]:
+            for r in range(len(param)):
+                if np.array_equal(param[r], flat[0]):
+                    return f"{key}[{r}:{r + 1}]"
     return None
 
 
