@@ -303,3 +303,28 @@ def test_a_budget_above_a_simulated_cards_memory_is_refused_unless_oversubscribe
     with pytest.raises(ValueError, match=r"memory='1TB' is more than titan-x's 12.00 GiB.*oversubscribe=True"):
         vmem.plan(net, 8, "sim:titan-x", memory="1TB")
     assert vmem.plan(net, 8, "sim:titan-x", memory="1TB", oversubscribe=True).fits
+
+
+@pytest.mark.parametrize("fraction", [0.6, 0.35])
+def test_auto_offload_off_keeps_encodes_and_recomputes_only(resnet, fraction):
+    """``offload=off``: nothing is sent to the host, it still fits where a keep/encode/recompute plan does,
+    and it is never slower there than the named policies that send nothing (gist, echo, mirror, chen)."""
+    net, peak = resnet
+    memory = int(peak * fraction)
+    plan = vmem.plan(net, 128, SIM, f"{AUTO},offload=off", memory=memory)
+    assert plan.fits and plan.policy == "auto:offload=off,trials=24"
+    assert Stash.OFFLOAD not in plan.stash.values() and not plan.prefetch
+    assert not plan.chosen.startswith("vdnn")
+    named = [vmem.plan(net, 128, SIM, s, memory=memory) for s in NAMED if not s.startswith("vdnn")]
+    assert all(plan.step_seconds <= r.step_seconds * (1 + 1e-9) for r in named if r.fits)
+
+
+def test_auto_offload_off_is_refused_with_the_least_memory_of_its_own_plans(resnet):
+    net, peak = resnet
+    with pytest.raises(BudgetTooSmall, match=r"that send nothing to the host \(offload=off\)") as info:
+        vmem.plan(net, 128, SIM, f"{AUTO},offload=off,microbatch=off", memory=int(peak * 0.05))
+    lean = re.search(r"the leanest \((\S+): nothing offloaded\)", str(info.value))[1]
+    assert vmem.plan(net, 128, SIM, f"{lean},split=on", memory=info.value.least).fits
+    with pytest.raises(ValueError, match="offload='sometimes'"):
+        vmem.policies.get("auto:offload=sometimes")
+    assert vmem.policies.get("auto:offload=off").spec == "auto:offload=off"

@@ -15,10 +15,9 @@ import numpy as np
 
 from ..errors import BudgetTooSmall, OutOfDeviceMemory, PlanError
 from ..graph import Network
-from ..planning import PlanResult, Target, advice, floor_policy, plan_program, rank_plan
+from ..planning import PlannedStep, PlanResult, Target, advice, floor_policy, plan_program, plan_step, rank_plan
 from ..planning.inference import inference_plan, persistent
 from ..policies.budget import largest_fitting
-from ..planning.microbatch import plan_microbatched
 from ..runtime import DeviceParams, Executor
 from ..runtime.micro import MicroBatched, Sums
 from ..units import format_bytes
@@ -108,27 +107,29 @@ class Session:
         ex = self._executors.get(key)
         if ex is not None:
             return ex
-        program = self.net.build(batch, self.input_shape, self.dtype, self.precision)
+
+        def build(n: int) -> Program:
+            return self.net.build(n, self.input_shape, self.dtype, self.precision)
+
+        program = build(batch)
         if train:
             costs = self.profile(batch) if self.profiling else None
-            try:
-                plan, schedule = plan_program(
-                    program,
+            try:  # whole, or as micro-batches where only those fit and this process trains alone
+                planned = plan_step(
+                    build,
+                    batch,
                     self.target,
                     self.policy,
                     optimizer_slots=self.optimizer.slots,
                     costs=costs,
-                    baseline=costs is not None,
+                    micro=self.group is None,
                 )
             except BudgetTooSmall as exc:  # does not fit under any of the policy's choices: say which batch would
-                micro = self._microbatched(batch, costs)
-                if micro is not None:
-                    return micro
                 raise BudgetTooSmall(f"{str(exc).rstrip('.')}; {self.batch_advice(batch)}", exc.least) from None
-            if not plan.fits:
-                micro = self._microbatched(batch, costs)
-                if micro is not None:
-                    return micro
+            if planned.micro is not None:
+                return self._microbatched(batch, planned)
+            plan, schedule = planned.result, planned.schedule
+            assert schedule is not None  # a whole plan has its schedule
             if self.group is not None:  # gradients summed over the ranks, bucket by bucket, during backward
                 plan, schedule = rank_plan(
                     plan,
@@ -165,21 +166,10 @@ class Session:
         self._executors[key] = ex
         return ex
 
-    def _microbatched(self, batch: int, costs: Any) -> MicroBatched | None:
-        """The training step at ``batch`` as micro-batches, where the policy lets it run so and this process
-        trains alone (:mod:`vmem.planning.microbatch`); None where it does not."""
-        if self.group is not None:
-            return None
-        micro = plan_microbatched(
-            lambda n: self.net.build(n, self.input_shape, self.dtype, self.precision),
-            batch,
-            self.target,
-            self.policy,
-            optimizer_slots=self.optimizer.slots,
-            costs=costs,
-        )
-        if micro is None:
-            return None
+    def _microbatched(self, batch: int, planned: PlannedStep) -> MicroBatched:
+        """The training step at ``batch`` run as the micro-batches ``planned`` (:mod:`vmem.planning.microbatch`)."""
+        micro = planned.micro
+        assert micro is not None
         sums = Sums() if micro.passes else None  # batch norm's whole-batch sums, found before each step
         made = {
             (p.accumulate, p.update): Executor(
@@ -189,7 +179,7 @@ class Session:
         }
         parts = [micro.part_of(i) for i in range(len(micro.sizes))]
         runner = MicroBatched(micro.sizes, [made[(p.accumulate, p.update)] for p in parts], sums)
-        self.plans[batch] = micro.result
+        self.plans[batch] = planned.result
         self._executors[(batch, True)] = runner
         return runner
 

@@ -13,7 +13,7 @@ from . import advice, profiles
 from .budget import fraction_budget, largest_batch, smallest_memory
 from .curve import Curve, CurvePoint, curve
 from .oracle import Oracle
-from .network import plan
+from .network import PlannedStep, plan, plan_step
 from .plan import floor_policy, needs_budget, plan_program, rank_plan
 from .report import layer_table, paper_accounting
 from .result import UNBOUNDED, PlanResult, Problem, evaluate, replay_fitting, replay_if_fits, validate
@@ -23,6 +23,8 @@ __all__ = [
     "advice",
     "profiles",
     "plan",
+    "plan_step",
+    "PlannedStep",
     "largest_batch",
     "curve",
     "Curve",

@@ -5,12 +5,14 @@ it, as micro-batches: :mod:`.microbatch`)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..device.spec import DeviceSpec
 from ..errors import BudgetTooSmall
-from ..graph import Network
-from .microbatch import plan_microbatched
+from ..graph import Network, Program
+from ..schedule import Schedule
+from .microbatch import MicroPlan, plan_microbatched
 from .plan import baseline_seconds, plan_program
 from .result import PlanResult
 from .target import Target
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
     from ..device.base import Device
     from ..policies.base import Policy
 
-__all__ = ["plan"]
+__all__ = ["plan", "plan_step", "PlannedStep"]
 
 
 def plan(
@@ -66,10 +68,50 @@ def plan(
                 f"memory={memory!r} is more than {card_spec.name}'s {format_bytes(card_spec.memory)}; give at most that, or "
                 "oversubscribe=True to plan a card with that much memory"
             )
-    program = net.build(batch, input_shape, dtype, precision)
+    return plan_step(
+        lambda n: net.build(n, input_shape, dtype, precision),
+        batch,
+        target,
+        policy,
+        optimizer_slots=optimizer_slots,
+        costs=costs,
+        nproc=nproc,
+        shard_optimizer=shard_optimizer,
+    ).result
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    """A training step as :func:`plan_step` planned it: the plan with its figures, and either the whole
+    batch's ``schedule`` or its ``micro``-batches (:class:`~vmem.planning.microbatch.MicroPlan`)."""
+
+    result: PlanResult
+    schedule: Schedule | None = None
+    micro: MicroPlan | None = None
+
+
+def plan_step(
+    build: Callable[[int], Program],
+    batch: int,
+    target: Target,
+    policy: Policy | str,
+    *,
+    optimizer_slots: tuple[str, ...] = ("momentum",),
+    costs: "CostModel | None" = None,
+    nproc: int = 1,
+    shard_optimizer: bool = False,
+    micro: bool = True,
+) -> PlannedStep:
+    """The one planning entry (``vmem.plan``, the curve and a Trainer's session call it): the step of
+    ``batch`` samples (``build(n)``: the program at ``n``) planned whole under ``policy`` for ``target``; where
+    it fits under none of the policy's plans and ``micro`` (one process) lets it, as micro-batches where the
+    policy runs them (:func:`~vmem.planning.microbatch.plan_microbatched`), their figures carrying the whole
+    batch's baseline step. A whole plan that does not fit is returned as it is (the caller refuses it, or
+    reads its figures); BudgetTooSmall where the policy refuses the whole batch and no micro-batches fit."""
+    program = build(batch)
     refused: BudgetTooSmall | None = None
     try:
-        result, _ = plan_program(
+        result, schedule = plan_program(
             program,
             target,
             policy,
@@ -81,24 +123,17 @@ def plan(
         )
     except BudgetTooSmall as exc:  # nothing the policy chooses fits the whole batch
         refused = exc
-    if (refused is not None or not result.fits) and nproc == 1:
+    if (refused is not None or not result.fits) and micro and nproc == 1:
         # as micro-batches of the batch, one after the other (Plan.microbatch), where the policy lets it
-        micro = plan_microbatched(
-            lambda n: net.build(n, input_shape, dtype, precision),
-            batch,
-            target,
-            policy,
-            optimizer_slots=optimizer_slots,
-            costs=costs,
-        )
-        if micro is not None:
+        parts = plan_microbatched(build, batch, target, policy, optimizer_slots=optimizer_slots, costs=costs)
+        if parts is not None:
             timed = target.costs(costs)
             base = None
             if timed is not None:  # the whole batch's baseline, as a plan that fits carries it
                 viewed = target.view(program)
                 base = baseline_seconds(viewed, target.spec, target.alignment, optimizer_slots, timed)
-            figures = dataclasses.replace(micro.result.figures, baseline_step_seconds=base)
-            return PlanResult(micro.result.plan, figures)
+            figures = dataclasses.replace(parts.result.figures, baseline_step_seconds=base)
+            return PlannedStep(PlanResult(parts.result.plan, figures), micro=parts)
     if refused is not None:
         raise refused
-    return result
+    return PlannedStep(result, schedule)

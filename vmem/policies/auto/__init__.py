@@ -36,6 +36,10 @@ offloaded or encoded buffer kept; a raw offload sent through zero-value compress
 outputs); a convolution pass given a faster algorithm. ``trials`` bounds the replays (by default
 ``MAX_TRIALS``, fewer on graphs of more than ``REPLAY_OPS / MAX_TRIALS`` ops).
 
+``offload=off`` keeps, encodes and recomputes only (no named vDNN start, no offload in the descent, the
+exhaustive search or the moves): for a link that is busy (data parallel over PCIe) or host memory that is
+scarce; its refusal names the least budget of the leanest plan that sends nothing to the host.
+
 Lossless by default (the plan trains bitwise like ``baseline``). ``lossy=`` admits one lossy codec as well
 (``fp16``, ``fp10``, ``fp8``, ``fixed8``, ``fixed4``, ``patch2``): Gist with it, and offloads through it.
 The plan's ``chosen`` names the start, its ``reason`` summarises (what it keeps, offloads, encodes and

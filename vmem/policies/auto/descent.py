@@ -45,7 +45,9 @@ def descend(
             return result
         before = result.peak_bytes
         excess = result.peak_bytes - device.memory * (1 - auto.MARGIN)
-        ways = sorted(savings(program, plan, info, result.peak_at), key=_Saving.rate)
+        ways = sorted(
+            (w for w in savings(program, plan, info, result.peak_at) if auto.admits(w.kind)), key=_Saving.rate
+        )
         if not ways:
             return None
         for how in (solver, "greedy") if solver == "ilp" else (solver,):

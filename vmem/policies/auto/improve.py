@@ -36,7 +36,7 @@ def improve(
     budget = auto.trial_budget(program)
     for _ in range(3):  # passes over the moves, each ranked on the plan as it then is
         accepted = False
-        for move in sorted(moves(program, plan, costs), key=lambda m: -m.gain):
+        for move in sorted(moves(program, plan, costs, auto.admits("offload")), key=lambda m: -m.gain):
             if trials >= budget:
                 return plan, notes, kept, best
             trials += 1
@@ -58,7 +58,8 @@ def improve(
     return plan, notes, kept, best
 
 
-def moves(program: Program, plan: Plan, costs: "CostModel") -> list[_Move]:
+def moves(program: Program, plan: Plan, costs: "CostModel", offload: bool = True) -> list[_Move]:
+    """The improvement's moves from ``plan`` (``offload``: those that send a buffer to the host too)."""
     tensors = program.tensors
     by_name = {t.name: t.id for t in tensors}
     chains = writers(program)
@@ -78,12 +79,12 @@ def moves(program: Program, plan: Plan, costs: "CostModel") -> list[_Move]:
         if decision == Stash.RECOMPUTE:
             gain = rebuild_seconds(b)
             moves.append(_Move(gain, name, f"kept instead of recomputed ({format_bytes(nbytes)})", _keep(name)))
-            if b in stashed:
+            if b in stashed and offload:
                 moves.append(_Move(gain * 0.99, name, "offloaded instead of recomputed", _offload(program, name, None)))
         elif decision == Stash.OFFLOAD:
             copy = costs.copy_seconds(nbytes, "d2h") + costs.copy_seconds(nbytes, "h2d")
             moves.append(_Move(copy, name, f"kept instead of offloaded ({format_bytes(nbytes)})", _keep(name)))
-            if name not in plan.codecs and nonnegative_sparse(program, b) and codec_offloads(costs):
+            if offload and name not in plan.codecs and nonnegative_sparse(program, b) and codec_offloads(costs):
                 moves.append(_Move(copy / 2, name, "offloaded through zvc", _offload(program, name, "zvc")))
         elif decision == Stash.ENCODE:
             work = costs.misc_seconds("encode", 2 * nbytes)

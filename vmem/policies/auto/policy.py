@@ -72,12 +72,14 @@ FAST = "layerwise:algos=performance"
 DESCENT = f"{FAST}, descended"
 ILP_DESCENT = f"{FAST}, descended by integer programs"
 EXHAUSTIVE = f"{FAST}, every choice tried"
+#: with ``offload=off``, the plans whose least peak bounds what auto can reach (for its refusal)
+OFFLOAD_OFF_FLOORS = ("chen:algos=memory", "echo:algos=memory", "gist:algos=memory")
 
 
 @register
 @dataclass(frozen=True)
 class Auto(Policy):
-    """``auto[:lossy=fp8|...,trials=64,solver=greedy|ilp,time_limit=10,split=on|off,microbatch=on|off]``: the fastest plan that fits, over
+    """``auto[:lossy=fp8|...,offload=on|off,trials=64,solver=greedy|ilp,time_limit=10,split=on|off,microbatch=on|off]``: the fastest plan that fits, over
     every technique (see the module docstring). Its ``algos`` option is not used: it chooses algorithms."""
 
     name = "auto"
@@ -91,6 +93,9 @@ class Auto(Policy):
     #: a batch that fits under none of its plans runs as micro-batches (see Policy)
     microbatch: str = option("on")
     lossy: str | None = option(None)
+    #: ``off``: keep, encode and recompute only, nothing sent to the host (where the link is busy, as with
+    #: data parallel over PCIe, or host memory is scarce)
+    offload: str = option("on")
     trials: int | None = option(None)
     solver: str = option("greedy")
     time_limit: float = option(10.0)
@@ -108,6 +113,10 @@ class Auto(Policy):
             raise ValueError(f"policy 'auto': solver={self.solver!r}; use one of {', '.join(SOLVERS)}")
         if isinstance(self.time_limit, bool) or not isinstance(self.time_limit, (int, float)) or self.time_limit <= 0:
             raise ValueError(f"policy 'auto': time_limit={self.time_limit!r} must be a positive number of seconds")
+        if isinstance(self.offload, bool):  # a spec string's on/off reads as a bool
+            object.__setattr__(self, "offload", "on" if self.offload else "off")
+        if self.offload not in ("on", "off"):
+            raise ValueError(f"policy 'auto': offload={self.offload!r}; use 'on' or 'off'")
         if self.lossy is not None and self.lossy not in LOSSY:
             raise ValueError(f"policy 'auto': lossy={self.lossy!r}; use one of {', '.join(LOSSY)}")
         if self.trials is not None and (
@@ -126,6 +135,7 @@ class Auto(Policy):
     def spec(self) -> str:
         options = (
             ([f"lossy={self.lossy}"] if self.lossy is not None else [])
+            + ([f"offload={self.offload}"] if self.offload != "on" else [])
             + ([f"trials={self.trials}"] if self.trials is not None else [])
             + ([f"solver={self.solver}"] if self.solver != "greedy" else [])
             + ([f"time_limit={self.time_limit:g}"] if self.time_limit != 10.0 else [])
@@ -143,7 +153,14 @@ class Auto(Policy):
             out += [f"{gist},algos=performance", f"vdnn-all:algos=performance,sync=event,codec={self.lossy}"]
         if not codec_offloads(costs):
             out = [spec for spec in out if not (spec.startswith("vdnn") and "codec=" in spec)]
+        if self.offload == "off":
+            out = [spec for spec in out if not spec.startswith("vdnn")]
         return out
+
+    def admits(self, kind: str) -> bool:
+        """Whether a way of storing a buffer (``"keep"``, ``"encode"``, ``"offload"``, ``"recompute"``) is one
+        this policy may choose (``offload=off``: no offloads)."""
+        return kind != "offload" or self.offload == "on"
 
     def decide(
         self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: "Oracle | None" = None
@@ -195,13 +212,13 @@ class Auto(Policy):
             fitting.append((exact.step_seconds, EXHAUSTIVE, exact))
         gaps: list[float] = []
         for solver in ("greedy", "ilp") if self.solver == "ilp" else ("greedy",):
-            for share in self.LINK_SHARES:
+            for share in self.LINK_SHARES if self.offload == "on" else (0.0,):
                 descended = descent.descend(self, program, device, oracle, fast, info, share, gaps, solver)
                 tried += 1
                 if descended is None:
                     break  # where the copies may take the most time it did not fit: with less, neither
                 fitting.append((descended.step_seconds, DESCENT if solver == "greedy" else ILP_DESCENT, descended))
-        if not fitting:  # the last resort: the floor with its signs on the host
+        if not fitting and self.offload == "on":  # the last resort: the floor with its signs on the host
             lean = get(LEANEST, split=self.split).decide(program, device, costs)
             result = oracle(lean)  # (the oracle places a plan with signs on the host thoroughly)
             tried += 1
@@ -259,8 +276,13 @@ class Auto(Policy):
         """Raise BudgetTooSmall with the least budget the leanest plan (every feature map offloaded, the
         leanest algorithms) fits in: to the byte, or on a graph of more than ``DYN_OPS`` ops (each try
         replays the whole step) to :attr:`LEAST_TOLERANCE`."""
-        lean = get(LEANEST, split=self.split).decide(program, device, costs)
-        result = oracle(lean)
+        if self.offload == "off":  # the leanest of the plans that send nothing to the host
+            leans = [get(s, split=self.split).decide(program, device, costs) for s in OFFLOAD_OFF_FLOORS]
+            results = [oracle(p) for p in leans]
+            result, lean = min(zip(results, leans), key=lambda r: r[0].peak_bytes)
+        else:
+            lean = get(LEANEST, split=self.split).decide(program, device, costs)
+            result = oracle(lean)
         if result.fits:
             return
         tolerance = self.LEAST_TOLERANCE if len(program.ops) > self.DYN_OPS else 0.0
@@ -270,10 +292,15 @@ class Auto(Policy):
             tolerance=tolerance,
         )
         least = least if least is not None else 4 * result.peak_bytes
+        leanest = (
+            f"{lean.policy}: nothing offloaded"
+            if self.offload == "off"
+            else f"{LEANEST}: every feature map offloaded but the ReLUs' signs, memory-optimal algorithms"
+        )
         raise BudgetTooSmall(
-            f"{program.network} at batch {program.batch} fits in {format_bytes(device.memory)} under none of auto's "
-            f"plans; the leanest ({LEANEST}: every feature map offloaded but the ReLUs' signs, memory-optimal "
-            "algorithms) needs at least "
+            f"{program.network} at batch {program.batch} fits in {format_bytes(device.memory)} under none of "
+            f"auto's plans{' that send nothing to the host (offload=off)' if self.offload == 'off' else ''}; the "
+            f"leanest ({leanest}) needs at least "
             f"{format_bytes(least)} ({least} bytes{f', to {tolerance:.1%}' if tolerance else ''}). Use a larger "
             "memory budget" + (" or a smaller batch." if program.batch > 1 else "."),
             least,
@@ -289,7 +316,8 @@ class Auto(Policy):
         info = info or _Info(program, costs, plan)
         out: dict[str, list[_Saving | None]] = {program.tensors[b].name: [None] for b in program.stashed_buffers()}
         for saving in savings(program, plan, info, None, live_only=False):
-            out[saving.name].append(saving)
+            if self.admits(saving.kind):
+                out[saving.name].append(saving)
         return out
 
     # -- the descent -----------------------------------------------------------------------------------
