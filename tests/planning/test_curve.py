@@ -82,3 +82,25 @@ def test_a_plan_reports_what_placement_costs():
     assert result.packing == pytest.approx(result.peak_bytes / result.live_bytes) and result.packing < 1.02
     assert result.to_dict()["packing"] == pytest.approx(result.packing)
     assert "packing 1.0" in result.table().splitlines()[0]
+
+
+def test_a_measured_curve_runs_each_points_plan_at_its_planned_peak(capsys):
+    """``--measure`` on the CPU device: each point's plan (auto's and the named policies') trained, its
+    measured peak exactly the planned, its median step measured, the plan the curve shows (no re-plan)."""
+    from vmem.cli import main
+    from vmem.training.curve import measured_curve
+
+    net = vmem.models.get("digits_cnn")
+    made = measured_curve(net, 8, "cpu", points=3, most=3, steps=1)
+    every = (*made.points, *made.named)
+    assert len(made.points) >= 2 and made.named
+    for p in every:
+        assert p.measured_peak == p.memory and p.measured_seconds > 0 and p.replanned is None, p
+    assert "/pred" in made.table()
+    argv = ["plan", "--model", "digits_cnn", "--batch", "8", "--device", "cpu"]
+    assert main([*argv, "--measure", "2"]) != 0
+    assert "--measure measures the points of a curve: add --curve" in capsys.readouterr().err
+    assert (
+        main(["plan", "--model", "digits_cnn", "--batch", "8", "--device", "sim:titan-x", "--curve", "--measure"]) != 0
+    )
+    assert "use a real device" in capsys.readouterr().err

@@ -79,6 +79,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     check_memory(args)
     if args.largest_batch:
         return _largest_batch(args, net)
+    if args.measure is not None and not args.curve:
+        raise ValueError("--measure measures the points of a curve: add --curve")
     if args.curve:
         return _curve(args, net)
     if args.batch is None:
@@ -158,24 +160,30 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        print(result.table())
-        line = f"fits: {'yes' if result.fits else 'NO'}; offloaded {format_bytes(result.offloaded_bytes)} a step"
-        if result.step_seconds is not None:
-            line += (
-                f"; predicted step {result.step_seconds * 1e3:.1f} ms (baseline with the fastest algorithms: "
-                f"{result.baseline_step_seconds * 1e3:.1f} ms), stalls {result.stall_seconds * 1e3:.1f} ms"
-            )
-        print(line)
-        if args.nproc > 1 and result.comm_seconds is not None:
-            print(
-                f"data-parallel on {args.nproc} ranks (batch {args.batch} each): communication "
-                f"{result.comm_seconds * 1e3:.2f} ms a step (the gradients' all-reduce beside backward"
-                + (", the updated weights' broadcast after the update" if args.shard_optimizer else "")
-                + f"), {result.exposed_comm_seconds * 1e3:.2f} ms of it exposed"
-            )
-        if result.reason:
-            print(result.reason)
+        _print_plan(args, result)
     return 0 if result.fits else 1  # a plan that does not fit is a failure, as vdnn-dyn's refusal is
+
+
+def _print_plan(args: argparse.Namespace, result: Any) -> None:
+    """``vmem plan``'s text: the plan's table, whether it fits, its predicted times, its communication and
+    its reason."""
+    print(result.table())
+    line = f"fits: {'yes' if result.fits else 'NO'}; offloaded {format_bytes(result.offloaded_bytes)} a step"
+    if result.step_seconds is not None:
+        line += (
+            f"; predicted step {result.step_seconds * 1e3:.1f} ms (baseline with the fastest algorithms: "
+            f"{result.baseline_step_seconds * 1e3:.1f} ms), stalls {result.stall_seconds * 1e3:.1f} ms"
+        )
+    print(line)
+    if args.nproc > 1 and result.comm_seconds is not None:
+        print(
+            f"data-parallel on {args.nproc} ranks (batch {args.batch} each): communication "
+            f"{result.comm_seconds * 1e3:.2f} ms a step (the gradients' all-reduce beside backward"
+            + (", the updated weights' broadcast after the update" if args.shard_optimizer else "")
+            + f"), {result.exposed_comm_seconds * 1e3:.2f} ms of it exposed"
+        )
+    if result.reason:
+        print(result.reason)
 
 
 def _curve(args: argparse.Namespace, net: Network) -> int:
@@ -189,6 +197,28 @@ def _curve(args: argparse.Namespace, net: Network) -> int:
         raise ValueError("--curve needs --batch: the curve is of one batch")
     if args.memory is not None:
         raise ValueError("--curve plans every budget itself (from the least auto trains in to keep-all): drop --memory")
+    if args.measure is not None:
+        if args.device.startswith("sim:"):
+            raise ValueError(f"--measure trains each point's plan: use a real device (cpu, cuda:N), not {args.device}")
+        from ..training.curve import measured_curve
+
+        tty = sys.stderr.isatty()
+
+        def say(text: str) -> None:  # on a terminal, one line rewritten; else each stage on its own line
+            if args.json:
+                return
+            if tty:
+                print(f"\r{text}\033[K", end="", file=sys.stderr, flush=True)
+            elif not text.startswith("planned"):
+                print(text, file=sys.stderr, flush=True)
+
+        made = measured_curve(net, args.batch, args.device, precision=args.precision, steps=args.measure, progress=say)
+        if tty and not args.json:
+            print(file=sys.stderr)
+        if args.plot:
+            made.plot(args.plot)
+        print(made.json() if args.json else made.table())
+        return 0
     costs, device = None, args.device
     if not args.device.startswith("sim:"):
         if not args.profile:
@@ -321,6 +351,15 @@ def add_parser(sub: Any) -> None:
         "everything, each with its predicted step time and what it does, the named policies beside",
     )
     p.add_argument("--plot", metavar="PATH", help="with --curve: draw the curve into an image (the plot extra)")
+    p.add_argument(
+        "--measure",
+        type=positive_int,
+        nargs="?",
+        const=5,
+        metavar="STEPS",
+        help="with --curve on a real device (cpu, cuda:N): train each point's plan for STEPS steps (default 5) "
+        "and print its measured peak and median step beside the predicted",
+    )
     p.add_argument(
         "--nproc",
         type=positive_int,

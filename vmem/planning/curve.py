@@ -56,6 +56,11 @@ class CurvePoint:
     step_seconds: float
     policy: str
     techniques: Techniques
+    #: measured on the device (``vmem plan --curve --measure``): the most any step took and the median step
+    measured_peak: int | None = None
+    measured_seconds: float | None = None
+    #: where the measuring run's plan came out otherwise than the curve's, its peak (None: the same plan)
+    replanned: int | None = None
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -88,14 +93,28 @@ class Curve:
     def table(self) -> str:
         """The curve as a table: memory, time, and what each point does."""
         head = f"{self.network} at batch {self.batch} on {self.device} ({self.precision})"
+        every = (*self.points, *sorted(self.named, key=lambda q: q.memory))
+        measured = any(p.measured_seconds is not None for p in every)
         rows = [
             f"{head}: auto trains in {format_bytes(self.floor)} to {format_bytes(self.keep_all)} "
             f"({len(self.points)} points of {self.planned} budgets planned)",
-            f"{'memory':>12} {'step ms':>9}  {'policy':<12} does",
+            f"{'memory':>12} {'step ms':>9}  "
+            + (f"{'measured':>12} {'ms':>9} {'/pred':>6}  " if measured else "")
+            + f"{'policy':<12} does",
         ]
-        for p in (*self.points, *sorted(self.named, key=lambda q: q.memory)):
+        for p in every:
+            got = ""
+            if measured:
+                got = (
+                    f"{format_bytes(p.measured_peak):>12} {p.measured_seconds * 1e3:9.2f} "
+                    f"{p.measured_seconds / p.step_seconds:6.3f}  "
+                    if p.measured_seconds is not None and p.measured_peak is not None
+                    else f"{'':>12} {'':>9} {'':>6}  "
+                )
+            again = f" (run as another plan: {format_bytes(p.replanned)})" if p.replanned is not None else ""
             rows.append(
-                f"{format_bytes(p.memory):>12} {p.step_seconds * 1e3:9.2f}  {p.policy:<12} {describe(p.techniques)}"
+                f"{format_bytes(p.memory):>12} {p.step_seconds * 1e3:9.2f}  {got}{p.policy:<12} "
+                f"{describe(p.techniques)}{again}"
             )
         return "\n".join(rows)
 

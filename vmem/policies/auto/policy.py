@@ -173,35 +173,7 @@ class Auto(Policy):
                 "the device, as a Trainer makes)"
             )
 
-        fitting: list[tuple[float, str, Any]] = []
-        tried, floor = 0, None
-        replayed: dict[tuple, Any] = {}  # a plan's decisions -> its replay: techniques that decide alike
-        choices = any(op.algorithms for op in program.ops)
-        for spec in self.portfolio(costs):
-            twin = spec.replace("algos=memory", "algos=performance")
-            if spec != FLOOR and twin != spec and (not choices or any(s == twin for _, s, _ in fitting)):
-                # no convolution: the same plan as with the fastest algorithms; or those fit, and with
-                # nothing offloaded (the memory variants after the floor: gist, echo, chen) the leanest
-                # algorithms cannot make the step faster
-                continue
-            if spec.startswith("vdnn-dyn") and (
-                not any(s == FLOOR for _, s, _ in fitting) or len(program.ops) > self.DYN_OPS
-            ):  # it needs its floor (vdnn-all, leanest algorithms) to fit; on a large graph its search
-                continue  # (dozens of replays) costs more than the descent, which mixes what it chooses
-            try:
-                plan = get(spec, split=self.split).decide(program, device, costs, oracle)
-            except BudgetTooSmall as exc:
-                floor = floor or exc
-                continue
-            except PlanError:
-                continue
-            key = plan.decisions()
-            if key not in replayed:  # on a network without convolutions vdnn-conv is layer-wise, and so on
-                replayed[key] = oracle(plan)
-                tried += 1
-            result = replayed[key]
-            if result.fits and result.step_seconds is not None:
-                fitting.append((result.step_seconds, spec, result))
+        fitting, tried, floor = self._starts(program, device, costs, oracle)
         fast = get(FAST, split=self.split).decide(
             program, device, costs
         )  # where the exhaustive search and the descents start
@@ -268,6 +240,42 @@ class Auto(Policy):
         return dataclasses.replace(
             plan, policy=self.spec, reason=reason, chosen=start_spec, notes={**plan.notes, **notes}
         )
+
+    def _starts(
+        self, program: Program, device: DeviceSpec, costs: "CostModel", oracle: "Oracle"
+    ) -> tuple[list[tuple[float, str, Any]], int, BudgetTooSmall | None]:
+        """The portfolio's plans that fit (predicted seconds, spec, replay), how many were replayed, and the
+        first refusal met (its least budget, for auto's own)."""
+        fitting: list[tuple[float, str, Any]] = []
+        tried, floor = 0, None
+        replayed: dict[tuple, Any] = {}  # a plan's decisions -> its replay: techniques that decide alike
+        choices = any(op.algorithms for op in program.ops)
+        for spec in self.portfolio(costs):
+            twin = spec.replace("algos=memory", "algos=performance")
+            if spec != FLOOR and twin != spec and (not choices or any(s == twin for _, s, _ in fitting)):
+                # no convolution: the same plan as with the fastest algorithms; or those fit, and with
+                # nothing offloaded (the memory variants after the floor: gist, echo, chen) the leanest
+                # algorithms cannot make the step faster
+                continue
+            if spec.startswith("vdnn-dyn") and (
+                not any(s == FLOOR for _, s, _ in fitting) or len(program.ops) > self.DYN_OPS
+            ):  # it needs its floor (vdnn-all, leanest algorithms) to fit; on a large graph its search
+                continue  # (dozens of replays) costs more than the descent, which mixes what it chooses
+            try:
+                plan = get(spec, split=self.split).decide(program, device, costs, oracle)
+            except BudgetTooSmall as exc:
+                floor = floor or exc
+                continue
+            except PlanError:
+                continue
+            key = plan.decisions()
+            if key not in replayed:  # on a network without convolutions vdnn-conv is layer-wise, and so on
+                replayed[key] = oracle(plan)
+                tried += 1
+            result = replayed[key]
+            if result.fits and result.step_seconds is not None:
+                fitting.append((result.step_seconds, spec, result))
+        return fitting, tried, floor
 
     #: the refusal's least budget is found to this fraction of the leanest plan's peak
     LEAST_TOLERANCE: ClassVar[float] = 1e-3
