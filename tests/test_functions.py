@@ -15,8 +15,6 @@ EXEMPT = {
     "ring), each made once per schedule so that a step looks nothing up; to be folded into named pieces",
     ("vmem/runtime/executor.py", "_run"): "one step's course: a CUDA graph replayed, captured or the schedule "
     "walked, the clock, the roll-back on failure and the report; its graph part to move to runtime.graphs",
-    ("vmem/cli/train.py", "_train"): "`vmem train`'s run, to become vmem.training.run(RunConfig) -> RunResult "
-    "(issue 63)",
 }
 
 

@@ -245,3 +245,26 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
     assert proc.returncode == 130 and save.is_file(), err
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines[-1] == f"vmem train: interrupted; what was trained so far is saved in {save}", err  # rank 0 alone
+
+
+def test_run_on_two_ranks_writes_the_checkpoint_vmem_train_nproc_2_writes(tmp_path):
+    """``vmem.training.run`` on an MPI job's ranks (its group from ``vmem.distributed.init()``) is ``vmem train
+    --nproc 2`` with the same options: the same checkpoint bytes."""
+    common = ["--epochs", "1", "--policy", "baseline", "--batch", "64", "--schedule", "constant"]
+    cli = [sys.executable, "-m", "vmem", "train", "--nproc", "2", *common, "--save", str(tmp_path / "cli.npz")]
+    done = subprocess.run(cli, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    script = (
+        "import vmem\n"
+        "from vmem.training import RunConfig, run\n"
+        "config = RunConfig(epochs=1, policy='baseline', batch=64, schedule='constant', nproc=2, "
+        f"save={str(tmp_path / 'api.npz')!r})\n"
+        "run(config, group=vmem.distributed.init())\n"
+    )
+    from vmem.threads import cores
+
+    api = [MPIEXEC, "-n", "2", sys.executable, "-c", script]
+    env = dict(ENV, VMEM_THREADS=str(max(1, cores() // 2)))  # each rank's cores, as the launcher gives them
+    done = subprocess.run(api, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "api.npz").read_bytes() == (tmp_path / "cli.npz").read_bytes()

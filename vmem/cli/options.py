@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-from typing import Any, TYPE_CHECKING
 
-from ..units import format_bytes
-
-if TYPE_CHECKING:
-    from ..device.base import Device
-    from ..graph.network import Network
+from ..training.setup import (
+    AUTO_FRACTION,
+    SEQUENCES,
+    auto_fraction,
+    check_dataset,
+    check_memory,
+    host_memory,
+    math_option,
+    model,
+    open_device,
+    rebuild_for_classes,
+)
 
 __all__ = [
     "positive_int",
@@ -31,6 +36,7 @@ __all__ = [
     "math_option",
     "open_device",
     "check_memory",
+    "host_memory",
 ]
 
 
@@ -86,86 +92,6 @@ def policy_spec(args: argparse.Namespace) -> str:
         if not given:
             spec += ("," if ":" in spec else ":") + f"algos={args.algos}"
     return spec
-
-
-#: what each dataset feeds: images (C, H, W) or token sequences (T,)
-SEQUENCES = ("reverse",)
-
-
-def check_dataset(args: argparse.Namespace, net: Network) -> None:
-    """A dataset the model can take: images for a model of images, token sequences for a sequence model."""
-    takes_tokens = len(tuple(net.input_shape or ())) == 1
-    gives_tokens = args.dataset in SEQUENCES
-    if takes_tokens != gives_tokens:
-        fits = "reverse" if takes_tokens else "digits or synthetic"
-        raise ValueError(
-            f"{_named(args)} takes {'token sequences' if takes_tokens else 'images'}; --dataset "
-            f"{args.dataset} gives {'token sequences' if gives_tokens else 'images'}: use --dataset {fits}"
-        )
-
-
-def _named(args: argparse.Namespace) -> str:
-    return f"--onnx {args.onnx}" if getattr(args, "onnx", None) else f"--model {args.model}"
-
-
-def model(args: argparse.Namespace):
-    from .. import models
-
-    if getattr(args, "onnx", None):
-        from .. import onnx
-
-        size = getattr(args, "image_size", None)
-        return onnx.load(args.onnx, input_shape=(None, size, size) if size else None)  # type: ignore[arg-type]
-    kwargs: dict[str, Any] = {}
-    if getattr(args, "image_size", None):
-        kwargs["image_size"] = args.image_size
-    if getattr(args, "depth", None):
-        kwargs["depth"] = args.depth
-    return models.get(args.model, **kwargs)
-
-
-def rebuild_for_classes(args: argparse.Namespace, num_classes: int, net: Network | None = None):
-    """The model again with ``num_classes`` outputs (the dataset's); an imported model as it is, where its
-    outputs can take the dataset's labels."""
-    from .. import models
-
-    if getattr(args, "onnx", None):
-        net = net if net is not None else model(args)
-        outputs = net.output_shape()[-1]
-        if num_classes > outputs:
-            raise ValueError(
-                f"--onnx {args.onnx}: the model gives {outputs} outputs; --dataset {args.dataset} has {num_classes} "
-                "classes"
-            )
-        return net
-
-    kwargs: dict[str, Any] = {"num_classes": num_classes}
-    if getattr(args, "image_size", None):
-        kwargs["image_size"] = args.image_size
-    return models.get(args.model, **kwargs)
-
-
-#: ``vmem train --memory auto``: the device budget as a fraction of the baseline policy's peak
-AUTO_FRACTION = 0.5
-
-
-def auto_fraction(memory: str | None, policy: str) -> float | None:
-    """The fraction of the baseline's peak ``--memory`` asks for (None: a size, or the 1GiB default; left out,
-    :data:`AUTO_FRACTION` for a policy made for a budget, ``Policy.needs_budget``)."""
-    if memory is None:
-        from ..planning import needs_budget
-
-        return AUTO_FRACTION if policy and needs_budget(policy) else None
-    if memory != "auto" and not memory.startswith("auto:"):
-        return None
-    text = memory.partition(":")[2] or str(AUTO_FRACTION)
-    try:
-        fraction = float(text)
-    except ValueError:
-        fraction = -1.0
-    if not 0 < fraction <= 1:
-        raise ValueError(f"--memory {memory}: auto takes a fraction of the baseline's peak in (0, 1], e.g. auto:0.5")
-    return fraction
 
 
 def common(
@@ -227,56 +153,3 @@ def common(
         "(FMA; the CPU device computes exact only)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-
-
-def math_option(args: argparse.Namespace) -> dict[str, str]:
-    """The device option ``--math`` asks for (none where it is left to the device's default)."""
-    return {"math": args.math} if args.math else {}
-
-
-def open_device(name: str, memory: Any = None, **options: Any) -> Device:
-    """The device ``name`` with ``memory`` (its default capacity where None) and ``options``."""
-    from ..device import device as make_device
-
-    return make_device(name, **({"memory": memory} if memory is not None else {}), **options)
-
-
-def check_memory(args: argparse.Namespace) -> None:
-    """``--memory`` (a size) within what the device has: a simulated GPU's capacity (unless
-    ``--oversubscribe``: a what-if card), the CPU device's host memory."""
-    from ..units import parse_bytes
-
-    name = args.device
-    if args.memory is None or args.memory == "auto" or str(args.memory).startswith("auto:"):
-        return
-    wanted = parse_bytes(args.memory, name="--memory")
-    if name.startswith("sim:"):
-        from ..device import specs as gpu_specs
-
-        capacity = gpu_specs.get(name[4:]).memory
-        if wanted > capacity and not getattr(args, "oversubscribe", False):
-            raise ValueError(
-                f"--memory {args.memory} is more than {name}'s {format_bytes(capacity)}; give at most that, or "
-                "--oversubscribe to plan a card with that much memory"
-            )
-        if wanted > _MOST_MEMORY:
-            raise ValueError(f"--memory {args.memory}: more than the {format_bytes(_MOST_MEMORY)} a plan can take")
-    elif name in ("cpu", "cpu:0"):
-        ram = host_memory()
-        if ram is not None and wanted > ram:
-            raise ValueError(
-                f"--memory {args.memory} is more than this machine's {format_bytes(ram)} of memory (the CPU device's "
-                "arena is host memory); give less"
-            )
-
-
-#: The most memory a plan of an oversubscribed simulated GPU takes (the planner's own bound).
-_MOST_MEMORY = 1 << 60
-
-
-def host_memory() -> int | None:
-    """Bytes of memory this machine has (None where it cannot tell)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None

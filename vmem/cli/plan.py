@@ -4,7 +4,6 @@ budget, which ``vmem train`` shares."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
@@ -21,6 +20,7 @@ from .options import (
     policy_spec,
     positive_int,
 )
+from ..training.setup import PLANNING_ARENA, auto_memory, budget_line
 from .progress import Slow
 
 if TYPE_CHECKING:
@@ -28,48 +28,7 @@ if TYPE_CHECKING:
     from ..device.base import Device
     from ..graph.network import Network
 
-__all__ = ["cmd_plan", "auto_memory", "budget_line", "add_parser"]
-
-
-#: The arena of a CUDA device opened only to read its catalog and spec: planning needs no GPU memory.
-PLANNING_ARENA = 1 << 20
-
-
-def auto_memory(
-    args: argparse.Namespace, net: Network, fraction: float, device: Device | None = None
-) -> tuple[int, int, bool]:
-    """``--memory auto:FRACTION``: (the budget, the baseline's peak, whether the budget had to be raised).
-
-    The budget is that fraction of the baseline policy's peak (with the least-workspace algorithms: the
-    least it needs), rounded up to KiB, with the device's own
-    algorithms (on a GPU, cuDNN's: the device is opened with a tiny arena to read them); never below the
-    smallest budget the run's policy trains in, where it is raised to that. ``device``: one already open
-    for planning (else it is opened here)."""
-    from ..planning import fraction_budget
-
-    policy = policy_spec(args)
-    opened: contextlib.AbstractContextManager[Device | str]
-    if device is not None:
-        opened = contextlib.nullcontext(device)
-    elif args.device.startswith("cuda"):
-        opened = open_device(args.device, PLANNING_ARENA)
-    else:
-        opened = contextlib.nullcontext(args.device)
-    with opened as planning:
-        return fraction_budget(net, args.batch, planning, policy, fraction, precision=args.precision)
-
-
-def budget_line(memory: int, needs: int, fraction: float, raised: bool, args: argparse.Namespace) -> str:
-    if raised:
-        return (
-            f"device memory {format_bytes(memory)}: the smallest budget {policy_spec(args)} trains in at batch "
-            f"{args.batch}, above the {fraction:.0%} of the {format_bytes(needs)} the baseline policy needs that "
-            f"--memory auto:{fraction:g} asks for"
-        )
-    return (
-        f"device memory {format_bytes(memory)}: {fraction:.0%} of the {format_bytes(needs)} the baseline policy "
-        f"needs (--memory auto:{fraction:g})"
-    )
+__all__ = ["cmd_plan", "add_parser"]
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -99,12 +58,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         else None
     )
     if fraction is not None:
-        memory, needs, raised = auto_memory(args, net, fraction, planning)
+        memory, needs, raised = auto_memory(args, net, fraction, policy_spec(args), planning)
     costs, notes = None, []
     policy = policy_spec(args)
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
     if needs is not None and fraction is not None:
-        say(budget_line(memory, needs, fraction, raised, args))
+        say(budget_line(memory, needs, fraction, raised, policy, args.batch))
     if not simulated and not args.profile and profiles.needs_profile(policy):
         say(f"{policy} decides by measured time: profiling first (as --profile does)")
         if planning is not None:

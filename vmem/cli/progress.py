@@ -11,8 +11,9 @@ import time
 import warnings
 from typing import Any
 
+from ..planning.profiles import profile_line
 from ..training.callbacks import Terminated
-from ..units import printable, printable_lines
+from ..units import printable_lines
 
 __all__ = ["SLOW_AFTER", "Slow", "profile_line", "stopped", "warnings_as_lines"]
 
@@ -49,21 +50,6 @@ class Slow:
             self._timer.join()
         if self.said and exc[0] is None:
             print(f"done in {time.perf_counter() - self.t0:.1f} s", file=sys.stderr, flush=True)
-
-
-def profile_line(kept: bool, seconds: float) -> str:
-    """Whether the run's profile came from the cache or was measured (and kept) now."""
-    from ..planning import profiles
-
-    where = printable(str(profiles.cache_folder()))
-    if not profiles.cache_enabled():
-        return f"profile: measured in {seconds:.1f} s (VMEM_PROFILE_CACHE=0: not kept)"
-    if kept:
-        return f"profile: the one kept in {where} (VMEM_PROFILE_CACHE=0 measures afresh)"
-    why = profiles.not_kept()
-    if why is not None:  # the next run measures again
-        return f"profile: measured in {seconds:.1f} s, not kept ({why}): the next run measures it again"
-    return f"profile: measured in {seconds:.1f} s and kept in {where} for the next run"
 
 
 def stopped(exc: BaseException, args: argparse.Namespace) -> str:

@@ -24,7 +24,7 @@ that waits longer than ``timeout`` seconds for the other ranks raises :class:`~v
 (:func:`abort_on_error`).
 """
 
-from .group import CHUNK, TIMEOUT, LocalGroup, ProcessGroup, abort_on_error, launched, shard
+from .group import CHUNK, TIMEOUT, LocalGroup, ProcessGroup, abort, abort_on_error, launched, shard, share
 from .mpi import MPIGroup
 from .nccl import NCCLGroup
 from .threads import ThreadGroup
@@ -38,6 +38,8 @@ __all__ = [
     "NCCLGroup",
     "init",
     "shard",
+    "share",
+    "abort",
     "abort_on_error",
     "launched",
     "CHUNK",

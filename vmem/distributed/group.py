@@ -139,13 +139,27 @@ def launched() -> bool:
     return False
 
 
+def share(n: int, size: int) -> int:
+    """How many of a batch of ``n`` samples each of ``size`` ranks takes (``n`` a multiple of ``size``)."""
+    if n % size:
+        raise ValueError(f"a batch of {n} does not split into {size} equal shards")
+    return n // size
+
+
 def shard(n: int, rank: int, size: int) -> slice:
     """Rank ``rank``'s rows of a batch of ``n`` (``n`` a multiple of ``size``): the ``rank``-th of ``size``
     equal, contiguous pieces."""
-    if n % size:
-        raise ValueError(f"a batch of {n} does not split into {size} equal shards")
-    per = n // size
+    per = share(n, size)
     return slice(rank * per, (rank + 1) * per)
+
+
+def abort(group: ProcessGroup, code: int) -> None:
+    """End the whole job now with exit status ``code`` where ``group`` is an MPI job's (MPI's Abort: every rank,
+    so that none waits for this one); a group of one process, or of threads, is left to its caller."""
+    mpi = getattr(group, "mpi", group)  # NCCL's ranks are an MPI job's
+    comm = getattr(mpi, "comm", None)
+    if getattr(mpi, "backend", "") == "mpi" and mpi.size > 1 and comm is not None:
+        comm.Abort(code)
 
 
 def abort_on_error(group: ProcessGroup, fn: Callable[[], Any]) -> Any:
@@ -159,5 +173,5 @@ def abort_on_error(group: ProcessGroup, fn: Callable[[], Any]) -> Any:
     except BaseException as exc:
         if getattr(group, "backend", "") == "mpi" and group.size > 1:
             print(f"vmem: rank {group.rank} of {group.size}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-            group.comm.Abort(1)  # type: ignore[attr-defined]
+            abort(group, 1)
         raise

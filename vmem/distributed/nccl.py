@@ -35,6 +35,8 @@ class NCCLGroup:
             ) from None
         self._cupy, self._nccl = cupy, nccl
         self.rank, self.size = (0, 1) if mpi is None else (mpi.rank, mpi.size)
+        #: the MPI job the ranks are (what ends them all: vmem.distributed.abort)
+        self.mpi = mpi
         uid = nccl.get_unique_id() if self.rank == 0 else None
         if mpi is not None and mpi.size > 1:
             uid = mpi.comm.bcast(uid, root=0)  # type: ignore[union-attr]

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..graph import Network
     from ..policies.base import Policy
 
-__all__ = ["needs_profile", "measure", "cache_folder", "cache_enabled", "not_kept"]
+__all__ = ["needs_profile", "measure", "cache_folder", "cache_enabled", "not_kept", "profile_line"]
 
 
 def needs_profile(policy: Policy | str) -> bool:
@@ -47,3 +47,18 @@ def cache_enabled() -> bool:
 def not_kept() -> str | None:
     """Why the profile measured last was not kept for the next run (None where it was)."""
     return cache.not_kept()
+
+
+def profile_line(kept: bool, seconds: float) -> str:
+    """Whether the run's profile came from the cache or was measured (and kept) now."""
+    from ..units import printable
+
+    where = printable(str(cache_folder()))
+    if not cache_enabled():
+        return f"profile: measured in {seconds:.1f} s (VMEM_PROFILE_CACHE=0: not kept)"
+    if kept:
+        return f"profile: the one kept in {where} (VMEM_PROFILE_CACHE=0 measures afresh)"
+    why = not_kept()
+    if why is not None:  # the next run measures again
+        return f"profile: measured in {seconds:.1f} s, not kept ({why}): the next run measures it again"
+    return f"profile: measured in {seconds:.1f} s and kept in {where} for the next run"

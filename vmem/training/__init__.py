@@ -1,4 +1,5 @@
-"""Training: the loop (:class:`Trainer`), its observers (callbacks) and checkpoints."""
+"""Training: the loop (:class:`Trainer`), its observers (callbacks) and checkpoints; a whole run as a value
+(:class:`RunConfig` -> :func:`run` -> :class:`RunResult`, what ``vmem train`` carries out)."""
 
 from .callbacks import (
     Callback,
@@ -10,6 +11,7 @@ from .callbacks import (
     StopOnSignal,
     Terminated,
 )
+from .run import RunConfig, RunResult, run
 from .trainer import EpochStats, History, Trainer
 
 __all__ = [
@@ -24,4 +26,7 @@ __all__ = [
     "LossWatch",
     "StopOnSignal",
     "Terminated",
+    "RunConfig",
+    "RunResult",
+    "run",
 ]

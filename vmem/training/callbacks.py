@@ -203,6 +203,8 @@ class StopOnSignal(Callback):
         self.cut = False
         #: the stop was raised after a step, on every rank alike (not by one rank alone, outside training)
         self.agreed = False
+        #: whether the run saved what it had trained when this stopped it (vmem.training.run sets it)
+        self.saved = False
         self.group = group
         self._in_step = False
         self._training = False

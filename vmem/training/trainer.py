@@ -19,7 +19,7 @@ import numpy as np
 from .. import policies
 from ..data import Dataset
 from ..device import device as make_device
-from ..distributed import data_parallel
+from ..distributed import data_parallel, share
 from ..errors import DeviceError, ShapeError
 from ..graph import Network
 from ..nn.loss import SoftmaxCrossEntropy
@@ -360,7 +360,7 @@ class Trainer:
         # every batch the run executes is planned before it starts: the training step (refused here if it
         # does not fit), and evaluation at the largest batch that fits beside the training state
         self._check_input(np.asarray(train.x[:1]), np.asarray(train.y[:1]))
-        self.session.executor(batch_size // ranks, True)
+        self.session.executor(share(batch_size, ranks), True)
         eval_batch = None
         if val is not None and len(val):
             eval_batch = self.session.eval_batches(len(val), self.eval_batch(len(val)))
@@ -376,7 +376,7 @@ class Trainer:
                 cb.on_epoch_start(self, epoch, epochs, n_batches)
             reports: list[StepReport] = []
             order = batches.epoch_order(self, len(train), batch_size, shuffle, epoch)
-            ex = self.session.executor(batch_size // ranks, True)  # on a GPU: the next input gathered into pinned
+            ex = self.session.executor(share(batch_size, ranks), True)  # on a GPU: the next input gathered into pinned
             slots = batches.input_ring(ex, train, part)  # memory while a step runs (released before evaluation)
             try:
                 for x, y in batches.epoch_batches(train, order, slots):
