@@ -11,8 +11,6 @@ ROOT = Path(__file__).resolve().parents[1]
 MOST = 100
 #: (file, function) -> why it is longer: fewer than five, and none added without a reason
 EXEMPT = {
-    ("vmem/runtime/executor.py", "__init__"): "the executor's tables (views, streams, staging, the input "
-    "ring), each made once per schedule so that a step looks nothing up; to be folded into named pieces",
     ("vmem/runtime/executor.py", "_run"): "one step's course: a CUDA graph replayed, captured or the schedule "
     "walked, the clock, the roll-back on failure and the report; its graph part to move to runtime.graphs",
 }

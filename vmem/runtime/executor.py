@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     from numpy.typing import DTypeLike
     from ..device.base import Device
     from ..distributed.group import ProcessGroup
+    from ..graph import Program
 
 __all__ = ["Executor", "StepReport"]
 
@@ -140,6 +141,27 @@ class _Run:
         self.encodings: dict[Key, Any] = {}
 
 
+def _check_runs(device: Device, schedule: Schedule) -> None:
+    """A DeviceError where ``device`` cannot run ``schedule``: it holds no data (a simulated GPU), or a codec
+    the schedule uses runs on another device only."""
+    if not device.holds_data:
+        raise DeviceError(f"{device.name} holds no data: it plans (vmem.plan) but cannot run a step")
+    refused = sorted(
+        {
+            st.codec.spec
+            for st in schedule.steps
+            if isinstance(st, (Encode, Decode, Offload, Prefetch))
+            and st.codec is not None
+            and not device.runs_codec(st.codec)
+        }
+    )
+    if refused:
+        raise DeviceError(
+            f"{device.name}: codec {', '.join(refused)} runs on the CPU device only in this "
+            "version of vmem (on a GPU: zvc, ssdc, binarize, dpr)"
+        )
+
+
 class Executor:
     """Runs one Schedule (training or inference) on a device."""
 
@@ -158,22 +180,7 @@ class Executor:
         all-reduces run on) where the schedule all-reduces gradients (data-parallel training);
         ``batch_group`` (a channel of the same ranks) where batch norm's statistics are the whole batch's
         (synchronized batch norm)."""
-        if not device.holds_data:
-            raise DeviceError(f"{device.name} holds no data: it plans (vmem.plan) but cannot run a step")
-        refused = sorted(
-            {
-                st.codec.spec
-                for st in schedule.steps
-                if isinstance(st, (Encode, Decode, Offload, Prefetch))
-                and st.codec is not None
-                and not device.runs_codec(st.codec)
-            }
-        )
-        if refused:
-            raise DeviceError(
-                f"{device.name}: codec {', '.join(refused)} runs on the CPU device only in this "
-                "version of vmem (on a GPU: zvc, ssdc, binarize, dpr)"
-            )
+        _check_runs(device, schedule)
         self.device = device
         self.schedule = schedule
         self.program = program = schedule.program
@@ -205,8 +212,6 @@ class Executor:
         #: the optimizer's side of the step: the parameters this process updates, the finite check, batch
         #: norm's statistics kept aside (see :class:`~vmem.runtime.update.Updates`)
         self._updates = Updates(device, schedule, params, optimizer)
-        # the batch staged in one pinned buffer: each input, then the labels, each at an aligned offset
-        a = device.pool.alignment
         #: work runs after launch returns (a GPU): spans are timed by events, streams wait on the device
         self._asynchronous = bool(device.asynchronous)
         #: there, a float32 image batch is staged as it is (NCHW) and transposed and cast on the device by one
@@ -217,6 +222,36 @@ class Executor:
         self._nchw: dict[str, Array] = {}
         #: pinned host arrays the caller fills with the next batches' input while a step runs (input_ring)
         self._ring: list[tuple[Block, np.ndarray]] = []
+        # the batch staged in one pinned buffer: each input, then the labels, each at an aligned offset
+        self._staging_layout(program, device.pool.alignment)
+        self._has_loss = any(type(st) is Loss for st in schedule.steps)
+        #: the loss's arrays (and its finite flag), on the device once, outside the plan (a few bytes a row), so
+        #: that the loss asks the array module for nothing a step (a captured step allocates nothing)
+        self._loss_work = self._loss_flag = None
+        if self._has_loss and isinstance(loss, SoftmaxCrossEntropy):
+            logits = physical(program.tensors[program.output].shape)
+            self._loss_work = LossWork.make(self.xp, tuple(logits), self._loss_dtype)
+            self._loss_flag = self.xp.empty(1, np.bool_)
+        self._op_tables(program, schedule)
+        #: convolutions that run the ReLU over their output, and those ReLUs (Schedule.fused_relu)
+        fused = schedule.fused_relu
+        self._relu_fused, self._relu_done = frozenset(fused), frozenset(fused.values())
+        #: max pools that run the backward of the ReLU before them, and those ReLUs (Schedule.fused_pool_relu)
+        self._pool_relu = schedule.fused_pool_relu
+        self._relu_in_pool = frozenset(self._pool_relu.values())
+        #: views of device blocks, by (offset, block size, shape, dtype): a planned schedule puts each
+        #: buffer at the same place every step, and making an array costs the host more than finding it
+        self._views: dict[tuple, Any] = {}
+        self._views_max = 8 * len(schedule.steps) + 64
+        #: training steps replayed as CUDA graphs, where the device records them (vmem.runtime.graphs)
+        self.graphs = StepGraphs(program.network) if device.graphs else None
+        #: the offloads, prefetches and encodings (what the step's Offload ... Decode steps are handed to)
+        self._transfers = Transfers(device, self._op_params, self._block_view, self._view, self._launch)
+        self._table = self._handlers()
+
+    def _staging_layout(self, program: Program, a: int) -> None:
+        """Where each input, the labels, the loss and the update's scalars sit in the step's pinned staging
+        buffer (each at an ``a``-aligned offset), and its bytes."""
         self._inputs_at, at = [], 0
         for t in program.input_tensors:
             self._inputs_at.append(at)
@@ -228,14 +263,11 @@ class Executor:
         self._scalars_at = self._loss_at + a  # the loss, copied there on the compute stream
         #: and the optimizer's scalars for its fused update, copied to the device in the step
         self._staging_bytes = self._scalars_at + -(-step_kernels.UPDATE_SCALARS * 4 // a) * a
-        self._has_loss = any(type(st) is Loss for st in schedule.steps)
-        #: the loss's arrays (and its finite flag), on the device once, outside the plan (a few bytes a row), so
-        #: that the loss asks the array module for nothing a step (a captured step allocates nothing)
-        self._loss_work = self._loss_flag = None
-        if self._has_loss and isinstance(loss, SoftmaxCrossEntropy):
-            logits = physical(program.tensors[program.output].shape)
-            self._loss_work = LossWork.make(self.xp, tuple(logits), self._loss_dtype)
-            self._loss_flag = self.xp.empty(1, np.bool_)
+
+    def _op_tables(self, program: Program, schedule: Schedule) -> None:
+        """What each op's passes read that no step changes: its saved state's dtypes, its staged copies, each
+        tensor's view and each op's static Ctx part."""
+        ops = program.ops
         self._aux_dtype = {
             (op.index, k): (np.dtype(program.precision.master) if a.dtype == "float" else np.dtype(a.dtype))
             for op in ops
@@ -262,21 +294,10 @@ class Executor:
             )
             for op in ops
         ]
-        #: convolutions that run the ReLU over their output, and those ReLUs (Schedule.fused_relu)
-        fused = schedule.fused_relu
-        self._relu_fused, self._relu_done = frozenset(fused), frozenset(fused.values())
-        #: max pools that run the backward of the ReLU before them, and those ReLUs (Schedule.fused_pool_relu)
-        self._pool_relu = schedule.fused_pool_relu
-        self._relu_in_pool = frozenset(self._pool_relu.values())
-        #: views of device blocks, by (offset, block size, shape, dtype): a planned schedule puts each
-        #: buffer at the same place every step, and making an array costs the host more than finding it
-        self._views: dict[tuple, Any] = {}
-        self._views_max = 8 * len(schedule.steps) + 64
-        #: training steps replayed as CUDA graphs, where the device records them (vmem.runtime.graphs)
-        self.graphs = StepGraphs(program.network) if device.graphs else None
-        #: the offloads, prefetches and encodings (what the step's Offload ... Decode steps are handed to)
-        self._transfers = Transfers(device, self._op_params, self._block_view, self._view, self._launch)
-        self._table = handlers(
+
+    def _handlers(self) -> Any:
+        """The handler of each kind of schedule step."""
+        return handlers(
             {
                 Alloc: self._alloc,
                 Free: self._free,
