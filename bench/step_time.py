@@ -77,6 +77,7 @@ def gemm_ceiling(conv_ops: dict, matmul: Matmul, rounds: int = 5) -> float:
     median over ``rounds``. The convolutions also gather their columns, so they stay below it."""
     from threadpoolctl import threadpool_limits
 
+    from vmem.device.hostconv.catalog import _im2col_layout
     from vmem.nn.lanes import LANES
 
     rng = np.random.default_rng(0)
@@ -86,8 +87,8 @@ def gemm_ceiling(conv_ops: dict, matmul: Matmul, rounds: int = 5) -> float:
         n, c, h, w = shape
         _, k, ho, wo = op.out_shape
         kh, kw = layer.kernel_size
-        nb = layer._im2col_layout(shape, "forward")[0]
-        nbd = layer._im2col_layout(shape, "backward_data")[0]
+        nb = _im2col_layout(layer, shape, "forward")[0]
+        nbd = _im2col_layout(layer, shape, "backward_data")[0]
         shapes = [(nb * ho * wo, kh * kw * c, k, False), (k, nb * ho * wo, kh * kw * c, True)]
         if op.index:
             shapes.append((nbd * h * w, kh * kw * k, c, False))
