@@ -11,7 +11,7 @@ Where the time goes, from each trial's median step (its timeline): the host's di
 ran the first op (the streams start once the host has enqueued the step), the gaps between ops on the
 compute stream, and the ops' time in the step (the layers' passes, the loss and the update) over their
 profiled time (the profile times each op alone: the median of runs no other process preempted). The
-prediction adds the host's part to the profiled ops (``vmem.engine.dispatch``: per schedule step, per
+prediction adds the host's part to the profiled ops (``vmem.engine.probe``: per schedule step, per
 stream item, and per copy what the memory stream's work takes from the compute stream).
 
 Targets (issue 33): |measured / predicted - 1| <= 0.10 for each model; the measured peak equals the

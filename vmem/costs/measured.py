@@ -66,7 +66,7 @@ class Profiled:
         #: the host's part of a step on a device whose streams wait for the host (the CPU device):
         #: (seconds to enqueue one schedule step, seconds a stream spends on an item besides its work,
         #: seconds the compute stream loses to each copy the memory stream runs), measured by the session
-        #: (:func:`vmem.engine.dispatch.overheads`); zeros until then
+        #: (:func:`vmem.engine.probe.overheads`); zeros until then
         self.dispatch = host_costs(dispatch)
         #: the cores other processes kept busy on average while the profile measured (None: not known);
         #: from :data:`vmem.costs.cpuload.DISTURBED` on, the profile is disturbed and its notes say so

@@ -75,7 +75,7 @@ class Session:
         self.costs: dict[int, Any] = {}
         #: whether each batch's profile came from the cache on disk (else measured in this process)
         self.kept: dict[int, bool] = {}
-        #: measures the host's part of a step for a profile (the trainer's probe: vmem.engine.dispatch)
+        #: measures the host's part of a step for a profile (the trainer's probe: vmem.engine.probe)
         self.host_overheads: Callable[[], tuple[float, float, float]] = lambda: (0.0, 0.0, 0.0)
         self.plans: dict[int, PlanResult] = {}
         self._params: DeviceParams | None = None

@@ -27,7 +27,7 @@ from ..optim import SGD, GradScaler, Optimizer
 from ..planning import PlanResult
 from ..precision import activations_dtype
 from ..runtime import StepReport
-from ..engine import Session, dispatch
+from ..engine import Session, probe
 from . import batches, state
 from .callbacks import Callback, LossWatch, PrintEpochs, ProgressBar
 from .diagnose import nonfinite_error, spill_warning
@@ -228,7 +228,7 @@ class Trainer:
             shard_optimizer=bool(shard_optimizer),
         )
         device_ = self.device
-        self.session.host_overheads = lambda: dispatch.overheads(device_, Trainer)
+        self.session.host_overheads = lambda: probe.overheads(device_)
         self._closed = False
         self._spill_told: set[int] = set()  # batch sizes whose plan has been told to spill
         #: the run's settings, kept in its checkpoints (``batch``: the last ``fit``'s), so that a resumed run

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..device.base import Device
     from ..schedule.steps import Schedule
-    from ..training.trainer import Trainer
 
 import logging
 import threading
@@ -66,22 +65,22 @@ def _network() -> Any:
     )
 
 
-def overheads(device: Device, trainer: type[Trainer]) -> tuple[float, float, float]:
+def overheads(device: Device) -> tuple[float, float, float]:
     """(seconds the host takes to enqueue one schedule step, seconds a stream takes per item besides its
     work, seconds the compute stream loses to each copy the memory stream runs) on ``device``, from a
-    small network's steps there under ``trainer`` (the Trainer class; its blocks are given back after);
-    zeros where the device runs while the host enqueues (an asynchronous one: a GPU) or the probe cannot
-    run."""
+    small network's steps there, run by a :class:`~vmem.engine.session.Session`'s executors as a training
+    step runs (its blocks given back after); zeros where the device runs while the host enqueues (an
+    asynchronous one: a GPU) or the probe cannot run."""
     if device.asynchronous or not device.holds_data:
         return 0.0, 0.0, 0.0
     with _LOCK:
         kept = _MEASURED.get(device.name)
         if kept is None:
-            kept = _MEASURED[device.name] = _measure(device, trainer)
+            kept = _MEASURED[device.name] = _measure(device)
     return kept
 
 
-def _measure(device: Device, Trainer: Any) -> tuple[float, float, float]:
+def _measure(device: Device) -> tuple[float, float, float]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 2, 8, 8)).astype(np.float32)
     y = rng.integers(0, 4, 4)
@@ -90,10 +89,14 @@ def _measure(device: Device, Trainer: Any) -> tuple[float, float, float]:
     try:
         for _ in range(ROUNDS):  # in turns, so that neither runs only while the process is cold
             for policy, reports in runs.items():
-                with Trainer(_network(), device=device, policy=policy, profile=False, seed=0) as trainer:
-                    reports.extend([trainer.step(x, y) for _ in range(2 * STEPS)][STEPS:])
-                    if policy == OFFLOADING:
-                        schedule = trainer.session.executor(4, True).schedule
+                session = _session(device, policy)
+                try:
+                    executor = session.executor(4, True)
+                    steps = [executor.run(x, y, train=True, rng=rng, step=k + 1)[0] for k in range(2 * STEPS)]
+                    reports.extend(steps[STEPS:])
+                    schedule = executor.schedule if policy == OFFLOADING else schedule
+                finally:
+                    session.release()
     except VmemError as exc:  # too little room left on the device, say: the prediction counts ops alone
         _log.info("dispatch probe: not run (%s); the host's part of a step is not predicted", exc)
         return 0.0, 0.0, 0.0
@@ -115,6 +118,29 @@ def _measure(device: Device, Trainer: Any) -> tuple[float, float, float]:
         per_copy * 1e6,
     )
     return per_step, per_item, per_copy
+
+
+def _session(device: Device, policy: str) -> Any:
+    """A session of the probe's network under ``policy`` on ``device``, as a Trainer makes one (no profile)."""
+    from .. import policies
+    from ..nn.loss import SoftmaxCrossEntropy
+    from ..optim import SGD
+    from .session import Session
+
+    net = _network().init(seed=0)
+    assert net.input_shape is not None
+    return Session(
+        net,
+        device,
+        policies.get(policy),
+        SoftmaxCrossEntropy(),
+        SGD(lr=0.01, momentum=0.9),
+        input_shape=net.input_shape,
+        dtype="float32",
+        profiling=False,
+        profile_cache=False,
+        seed=0,
+    )
 
 
 def _streams_seconds(reports: list[Any]) -> float:

@@ -1,26 +1,26 @@
-"""The host's part of a step on the CPU device, measured by a small network's steps (vmem.engine.dispatch)."""
+"""The host's part of a step on the CPU device, measured by a small network's steps (vmem.engine.probe)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 import vmem
-from vmem.engine import dispatch
+from vmem.engine import probe
 
 
 def test_the_probe_measures_the_host_on_the_cpu_device_and_gives_its_blocks_back():
     with vmem.device("cpu", memory="32MiB") as dev:
         before = dev.pool.stats()
-        per_step, per_item, per_copy = dispatch.overheads(dev, vmem.Trainer)
+        per_step, per_item, per_copy = probe.overheads(dev)
         after = dev.pool.stats()
         # microseconds, not milliseconds (what a copy takes from compute: tenths of one)
         assert 0 < per_step < 0.01 and 0 <= per_item < 0.01 and 0 <= per_copy < 0.01
         assert (after.in_use, after.count) == (before.in_use, before.count)
-        assert dispatch.overheads(dev, vmem.Trainer) == (per_step, per_item, per_copy)  # once per process and device
+        assert probe.overheads(dev) == (per_step, per_item, per_copy)  # once per process and device
 
 
 def test_a_device_that_runs_while_the_host_enqueues_has_no_host_part():
-    assert dispatch.overheads(vmem.device("sim:titan-x", memory="1GiB"), vmem.Trainer) == (0.0, 0.0, 0.0)
+    assert probe.overheads(vmem.device("sim:titan-x", memory="1GiB")) == (0.0, 0.0, 0.0)
 
 
 def test_a_profiled_plan_counts_the_host_and_the_report_says_how_long_it_enqueued():
