@@ -322,6 +322,16 @@ def test_length_mask():
     check_layer(nn.LengthMask(pad=0, value=-3.0), [(2, 4), (2, 4)], inputs={1: ids}, no_grad=(1,))
 
 
+@pytest.mark.parametrize("shape", [(3, 4), (3, 2, 5)])
+def test_step_mask(shape):
+    """A recurrence's step over samples of lengths 0, 2 and 5 at step 1: the first sample's state passes
+    through (its gradient to the old state), the others' take the new one."""
+    lengths = np.array([0, 2, 5])
+    assert check_layer(nn.StepMask(1), [shape, shape, shape[:1]], inputs={2: lengths}, no_grad=(2,)) == ["x0", "x1"]
+    with pytest.raises(vmem.errors.ShapeError, match="one per sample"):
+        nn.StepMask(1).output_shape([shape, shape, (shape[0], 1)])
+
+
 @pytest.mark.parametrize("shape", [(3, 4), (2, 5)])
 def test_sigmoid_tanh_mul(shape):
     check_layer(nn.Sigmoid(), [shape])

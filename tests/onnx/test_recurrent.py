@@ -26,9 +26,11 @@ def _model(
     last: bool = False,
     initial: float | None = None,
     opset: int = 17,
+    lengths: bool = False,
     **attrs,
 ):
-    """x (N, T, F) -> ``op`` -> its outputs as (N, T, H) (or its last state, (N, H)), with random weights."""
+    """x (N, T, F) -> ``op`` -> its outputs as (N, T, H) (or its last state, (N, H)), with random weights;
+    ``lengths``: each sample's length an input of the model (``lens``, int32 (N,): its ``sequence_lens``)."""
     rng = np.random.default_rng(0)
     g = GATES[op]
     d = 2 if attrs.get("direction") == "bidirectional" else 1
@@ -37,7 +39,7 @@ def _model(
         numpy_helper.from_array((0.5 * rng.standard_normal((d, g * H, H))).astype(np.float32), "R"),
         numpy_helper.from_array((0.5 * rng.standard_normal((d, 2 * g * H))).astype(np.float32), "B"),
     ]
-    inputs = ["xt" if layout == 0 else "x", "W", "R", "B", ""]
+    inputs = ["xt" if layout == 0 else "x", "W", "R", "B", "lens" if lengths else ""]
     if initial is not None:
         shape = (1, N, H) if layout == 0 else (N, 1, H)
         inits.append(numpy_helper.from_array(np.full(shape, initial, np.float32), "h0"))
@@ -66,7 +68,8 @@ def _model(
     graph = helper.make_graph(
         nodes,
         "rnn",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", T, F])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", T, F])]
+        + ([helper.make_tensor_value_info("lens", TensorProto.INT32, ["N"])] if lengths else []),
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         inits,
     )
@@ -172,3 +175,44 @@ def test_an_imported_recurrence_is_recomputed_by_echo_bit_for_bit(op):
 def test_what_vmem_does_not_take_is_refused_by_name(op, attrs, initial, match):
     with pytest.raises(OnnxError, match=match):
         vmem.onnx.load(_model(op, initial=initial, **attrs))
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("last", [False, True])
+def test_sequence_lengths_given_as_an_input_stop_each_sample_at_its_last_step(op, direction, last):
+    """``sequence_lens`` an input of the model: each sample's state stops at its last step (the reverse
+    direction starts there), its outputs past it are zeros, as onnxruntime computes; the network trains
+    (the masks' gradients, nn.StepMask, checked apart) and exports back with the same outputs."""
+    import tempfile
+
+    model = _model(op, direction=direction, last=last, lengths=True)
+    x = np.random.default_rng(1).standard_normal((N, T, F)).astype(np.float32)
+    lens = np.array([T, 2, 4], np.int32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x, "lens": lens})[0]
+    net = vmem.onnx.load(model)
+    with vmem.Trainer(net) as trainer:
+        got = trainer.predict((x, lens.astype(np.int64)))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        before = {k: v.copy() for k, v in net.params.items()}
+        trainer.step((x, lens.astype(np.int64)), np.arange(N) % H if last else np.zeros((N, T), np.int64))
+        trainer.sync()
+    assert all(not np.array_equal(before[k], v) for k, v in net.params.items())  # every weight trained
+    with tempfile.TemporaryDirectory() as folder:
+        vmem.onnx.save(net, f"{folder}/back.onnx")
+        back = ort.InferenceSession(f"{folder}/back.onnx")
+        feeds = {i.name: v for i, v in zip(back.get_inputs(), (x, lens.astype(np.int64)))}
+        with vmem.Trainer(net) as trainer:
+            np.testing.assert_allclose(
+                back.run(None, feeds)[0], trainer.predict((x, lens.astype(np.int64))), 1e-5, 1e-5
+            )
+
+
+def test_sequence_lengths_fixed_in_the_model_at_other_lengths_are_refused():
+    model = _model("LSTM")
+    model.graph.initializer.append(numpy_helper.from_array(np.array([T, 2, 4], np.int32), "fixed"))
+    for node in model.graph.node:
+        if node.op_type == "LSTM":
+            node.input[4] = "fixed"
+    with pytest.raises(OnnxError, match="sequence_lens fixed in the model"):
+        vmem.onnx.load(model)

@@ -399,6 +399,8 @@ def build_program(
     for node in reversed(live[1:]):
         if node.layer is not None and (node.layer.reads_ids or node.index in ids):
             ids.update(i.index for i in node.inputs)
+        elif node.layer is not None and node.layer.id_inputs:
+            ids.update(node.inputs[k].index for k in node.layer.id_inputs)
     # every input, the first first (tensor 0), each with the shape the network gives it; unused ones too
     shapes = [in_shape] + [(batch,) + tuple(shape) for shape in net.input_shapes(input_shape)[1:]]
     tensors: list[TensorInfo] = []

@@ -132,6 +132,8 @@ class Layer(ABC):
     inplace: ClassVar[bool] = False  # may write its output over its (single) input
     arity: ClassVar[int | None] = 1  # number of inputs; None: two or more
     reads_ids: ClassVar[bool] = False  # its input holds integer ids (kept exact: never stored in half precision)
+    #: the positions of its inputs that hold integers (kept exact) where only some do (a step's lengths)
+    id_inputs: ClassVar[tuple[int, ...]] = ()
 
     def __init__(self) -> None:
         self.name: str | None = None

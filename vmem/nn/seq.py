@@ -316,6 +316,51 @@ class Take(Layer):
         xp.add.at(dx, (slice(None),) * a + (xp.asarray(self.indices),), dy)
 
 
+class StepMask(Layer):
+    """``StepMask(t)``: step ``t`` of a recurrence over sequences of per-sample lengths: (new, old, lengths) ->
+    ``new`` for the samples whose length is more than ``t``, ``old`` for the others (a sample's state stops at
+    its last step, and its outputs past it are zeros: ONNX's ``sequence_lens``). ``lengths`` (N,) holds
+    integers (kept exact); backward gives ``new`` and ``old`` their samples' gradients, ``lengths`` none."""
+
+    kind = "stepmask"
+    needs = frozenset({"x"})
+    arity = 3
+    id_inputs = (2,)
+
+    def __init__(self, t: int):
+        super().__init__()
+        self.t = int(t)
+
+    def output_shape(self, in_shapes: Sequence[Shape]) -> Shape:
+        self.check_arity(in_shapes)
+        new, old, lengths = (tuple(s) for s in in_shapes)
+        if new != old or lengths != new[:1]:
+            raise ShapeError(
+                f"layer {self.label}: the new state {new} and the old {old} must have one shape, and the lengths "
+                f"{lengths} one per sample ({new[:1]})"
+            )
+        return new
+
+    def flops(self, in_shapes: Sequence[Shape]) -> int:
+        return 0
+
+    def _mask(self, ctx: Ctx, lengths: Array, ndim: int) -> Array:
+        return (lengths > self.t).reshape((-1,) + (1,) * (ndim - 1))
+
+    def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
+        ctx.xp.copyto(y, ctx.xp.where(self._mask(ctx, xs[2], y.ndim), xs[0], xs[1]))
+
+    def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
+        assert xs is not None
+        m = self._mask(ctx, xs[2], dy.ndim)
+        if dxs[0] is not None:
+            ctx.xp.multiply(dy, m, out=dxs[0])
+        if dxs[1] is not None:
+            ctx.xp.multiply(dy, ~m, out=dxs[1])
+        if dxs[2] is not None:
+            dxs[2].fill(0)
+
+
 class LengthMask(Layer):
     """``LengthMask(pad=0, value=-1e4)``: scores (B, T) and token ids (B, T) -> the scores where the id is not
     ``pad``, ``value`` where it is (attention over padded source positions). Backward needs the ids."""

@@ -14,8 +14,9 @@ initializer indexed as NumPy would: direction k's ``W[k]`` and ``R[k]`` (gates r
 Taken: forward, reverse and bidirectional layers (the second direction's projections named ``*_reverse``, as
 PyTorch names them), the default activations, no
 clip, ``input_forget=0``, the sequence first (``layout=0``, the batch moved behind it, as PyTorch exports a
-``batch_first`` layer) or the batch first (``layout=1``), no initial state or one of zeros, no sequence lengths
-(or all the sequence's length), peepholes or none (each a trained weight per feature, in ONNX's order
+``batch_first`` layer) or the batch first (``layout=1``), no initial state or one of zeros, sequence lengths
+given as an input (each sample's state stops at its last step, its outputs past it zeros: ``nn.StepMask``) or
+none (or all the sequence's length), peepholes or none (each a trained weight per feature, in ONNX's order
 i, o, f); a GRU with ``linear_before_reset`` either way. Each refusal names what it met.
 """
 
@@ -173,8 +174,16 @@ def _recurrent(b: _Builder, ins: Ins, attrs: Attrs, op: str) -> Outs:
     bias = b.const(ins, 3, "bias B", optional=True)
     bias = np.zeros((d, 2 * gates * hidden), np.float32) if bias is None else bias
     lengths = ins[4] if len(ins) > 4 else None
-    if lengths is not None and not (isinstance(lengths, np.ndarray) and (lengths == steps).all()):
-        raise _Refuse("sequence_lens other than the whole sequence: vmem runs every step of every sample")
+    if isinstance(lengths, np.ndarray):  # fixed in the model: the whole sequence (no masking), or refused
+        if not (lengths == steps).all():
+            raise _Refuse(
+                "sequence_lens fixed in the model at other lengths than the sequence's (per sample of the "
+                "example batch): give them as an input of the model"
+            )
+        lengths = None
+    lens = b.tensor(ins, 4, "sequence_lens") if lengths is not None else None
+    if lens is not None and tuple(lens.dims) != (lay.x.dims[0],):
+        raise _Refuse(f"sequence_lens of shape {tuple(lens.dims)}: one length per sample of the batch")
     _zero_state(b, ins, 5, "initial_h")
     peep = None
     if op == "LSTM":
@@ -187,7 +196,7 @@ def _recurrent(b: _Builder, ins: Ins, attrs: Attrs, op: str) -> Outs:
     hs, hn, cn = [], [], []
     for k, reverse in enumerate(directions):
         suffix = "_reverse" if reverse and d > 1 else ""  # PyTorch's names for a bidirectional layer's second
-        h, c, ys = _direction(b, lay, op, attrs, k, reverse, w, r, bias, peep, names, f"{base}", suffix, hidden)
+        h, c, ys = _direction(b, lay, op, attrs, k, reverse, (w, r, bias, peep), names, f"{base}", suffix, hidden, lens)
         hs.append(ys)
         hn.append(h)
         cn.append(c)
@@ -201,18 +210,19 @@ def _direction(
     attrs: Attrs,
     k: int,
     reverse: bool,
-    w: np.ndarray,
-    r: np.ndarray,
-    bias: np.ndarray,
-    peep: np.ndarray | None,
+    weights: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None],
     names: list[str],
     base: str,
     suffix: str,
     hidden: int,
+    lens: _Tensor | None = None,
 ) -> tuple[_Tensor, _Tensor, list[_Tensor]]:
     """Direction ``k`` of the layer unrolled: its last h and c and its h at every step (in the sequence's
     order). Its parameters' sources: ``W[k]``, ``R[k]``, ``B[k, 0:n]`` (the input projection's bias) and
-    ``B[k, n:2n]`` (the recurrent one's), ``P[k, a:b]``."""
+    ``B[k, n:2n]`` (the recurrent one's), ``P[k, a:b]``. With ``lens`` (the samples' lengths), a sample's
+    state stops at its last step and its outputs past it are zeros (:class:`vmem.nn.StepMask`; the reverse
+    direction starts at each sample's last step)."""
+    w, r, bias, peep = weights
     gates, _ = _GATES[op]
     n_in, steps = gates * hidden, lay.steps
     w_ih: dict[str, np.ndarray | None] = {
@@ -248,10 +258,16 @@ def _direction(
     hs: dict[int, _Tensor] = {}
     for t in order:
         if op == "LSTM":
-            h, c = _lstm_step(b, lay.axis, xs[t], recurrence(h), c, peepholes)
+            h_new, c_new = _lstm_step(b, lay.axis, xs[t], recurrence(h), c, peepholes)
         else:
-            h = _gru_step(b, lay.axis, xs[t], recurrence, h, bool(int(attrs.get("linear_before_reset", 0))))
-        hs[t] = h
+            h_new = _gru_step(b, lay.axis, xs[t], recurrence, h, bool(int(attrs.get("linear_before_reset", 0))))
+            c_new = c
+        if lens is None:
+            h, c, hs[t] = h_new, c_new, h_new
+            continue
+        hs[t] = b.add(nn.StepMask(t), [h_new, zeros, lens])  # zeros past the sample's last step
+        h = b.add(nn.StepMask(t), [h_new, h, lens])  # the state as it was, past it
+        c = b.add(nn.StepMask(t), [c_new, c, lens]) if op == "LSTM" else c
     return h, c, [hs[t] for t in range(steps)]
 
 

@@ -36,11 +36,13 @@ class _Writer:
         for node in self.live[1:]:
             for i in node.inputs:
                 self.readers.setdefault(i.index, []).append(node.layer)
-        #: inputs read only by embeddings: token ids, written as INT64 inputs
+        #: inputs read only as integers (by embeddings: token ids; by a recurrence's steps: lengths), written as
+        #: INT64 inputs
         self.int_inputs = {
             self.names[node.index]
             for node in net.inputs
-            if self.readers.get(node.index) and all(isinstance(r, nn.Embedding) for r in self.readers[node.index])
+            if self.readers.get(node.index)
+            and all(isinstance(r, (nn.Embedding, nn.StepMask)) for r in self.readers[node.index])
         }
         self.params = net.params or {}
         self.folded: dict[int, Node] = {}  # conv node index -> the batch norm folded into it
@@ -333,6 +335,16 @@ def _select(w: _Writer, node: Node, layer: nn.Select, ins: list[str], name: str)
     return w.emit("Where", [test, *values], name)
 
 
+def _stepmask(w: _Writer, node: Node, layer: nn.StepMask, ins: list[str], name: str) -> str:
+    lengths = ins[2]
+    if lengths not in w.int_inputs:  # lengths computed in floating point: made integers
+        lengths = w.emit("Cast", [lengths], f"{name}.lengths", to=w.onnx.TensorProto.INT64)
+    on = w.emit("Greater", [lengths, w.const(f"{name}.t", layer.t)], f"{name}.on")  # (N,): the step runs
+    rank = len(w.net.shape_of(node.inputs[0]))
+    on = w.emit("Reshape", [on, w.const(f"{name}.shape", [-1] + [1] * (rank - 1))], f"{name}.mask")
+    return w.emit("Where", [on, ins[0], ins[1]], name)
+
+
 def _expand(w: _Writer, node: Node, layer: nn.Expand, ins: list[str], name: str) -> str:
     return w.emit("Expand", [ins[0], w.const(f"{name}.shape", [1, *layer.shape])], name)
 
@@ -376,6 +388,7 @@ _WRITERS: dict[type, Callable[..., str]] = {
     nn.Take: _take,
     nn.Select: _select,
     nn.Expand: _expand,
+    nn.StepMask: _stepmask,
 }
 
 
