@@ -10,11 +10,13 @@ import os
 import time
 from dataclasses import dataclass
 
-__all__ = ["Sample", "sample", "busy_elsewhere", "DISTURBED"]
+__all__ = ["Sample", "sample", "busy_elsewhere", "DISTURBED", "SHORTEST"]
 
 #: cores other processes (and the hypervisor's steal) kept busy on average, from which a measurement is
 #: called disturbed
 DISTURBED = 0.25
+#: the shortest interval the count tells (the kernel counts in ticks of 10 ms: ten of them)
+SHORTEST = 0.1
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ def sample(path: str = "/proc/stat") -> Sample | None:
 def busy_elsewhere(before: Sample | None, after: Sample | None) -> float | None:
     """The cores other processes kept busy on average between two samples (never below 0), or None where
     either is unknown or they are too close together to tell (the kernel counts in ticks of 10 ms)."""
-    if before is None or after is None or after.at - before.at < 0.05:
+    if before is None or after is None or after.at - before.at < SHORTEST / 2:
         return None
     others = (after.busy - before.busy) - (after.own - before.own)
     return max(0.0, others / (after.at - before.at))

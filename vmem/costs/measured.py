@@ -160,12 +160,15 @@ def profile(
     typically takes in a step on this machine, not its least, and never a run that lost its core to
     another process, lest a busy machine make the plan weigh an op several times over. Where other processes
     kept cores busy while it measured (``/proc/stat``: :mod:`vmem.costs.cpuload`), ``busy_elsewhere`` says how
-    many on average and, from a quarter of one, a note says the profile was disturbed."""
+    many on average and, from a quarter of one, a note says the profile was disturbed (a profile quicker than
+    :data:`~vmem.costs.cpuload.SHORTEST` watches the machine until then, so that the count can tell)."""
     from . import cpuload
 
     before = cpuload.sample()
     with device.step_scope():  # under the same thread budget as the steps it predicts
         profiled = _profile(program, copy_gbps, repeats, seed, device)
+    if before is not None:  # quicker than the kernel's count can tell: the machine watched a little longer
+        time.sleep(max(0.0, before.at + cpuload.SHORTEST - time.perf_counter()))
     profiled.busy_elsewhere = cpuload.busy_elsewhere(before, cpuload.sample())
     if profiled.disturbed:
         profiled.notes.append(disturbed_note(profiled.busy_elsewhere))
