@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Sequence, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import numpy as np
 
@@ -234,16 +235,17 @@ def _profile_op(
 
     needs_x = xs if op.reads_input else None
     if op.kind == "conv":
+        case = _ConvCase(op, algos, ctx, xs, y, dy, dxs, needs_x, times, on, repeats, ws)
         if on.conv is not None:
             for method, strategy in (("heuristic", _profile_conv_ranked), ("find", _profile_conv_found)):
                 try:
-                    strategy(op, algos, ctx, xs, y, dy, dxs, needs_x, times, on, repeats, ws)
+                    strategy(case)
                     return
                 except _NoRanking:  # the backend ranks nothing itself: its search
                     continue
                 except Exception as exc:  # noqa: BLE001 - the next strategy, then each algorithm in turn
                     _log.warning("%s: profiling by the backend's %s failed (%s)", op.name, method, exc)
-        _time_conv(op, algos, ctx, xs, y, dy, dxs, needs_x, times, on, repeats)
+        _time_conv(case, algos)
         return
     on.call(lambda: layer.forward(ctx(None), xs, y))
     times[(op.name, "forward", None)] = on.seconds(lambda: layer.forward(ctx(None), xs, y), repeats)
@@ -256,30 +258,39 @@ def _profile_op(
     times[(op.name, "backward", None)] = on.seconds(backward, repeats)
 
 
-def _time_conv(
-    op: OpInfo,
-    algos: dict[str, list[str]],
-    ctx: Any,
-    xs: list[Array],
-    y: Array,
-    dy: Array,
-    dxs: list[Array],
-    needs_x: Any,
-    times: dict[tuple[str, str, str | None], float],
-    on: _Runner,
-    repeats: int,
-) -> None:
+@dataclass(frozen=True)
+class _ConvCase:
+    """One convolution being profiled: the op, its passes' algorithms that fit, the Ctx maker (by algorithm),
+    its arrays (inputs, output, its gradient, the inputs' gradients, what backward reads of the inputs), the
+    times found so far (written here), the runner, how many runs a timing takes and the workspace."""
+
+    op: OpInfo
+    algos: dict[str, list[str]]
+    ctx: Callable[[Any], Ctx]
+    xs: list[Array]
+    y: Array
+    dy: Array
+    dxs: list[Array]
+    needs_x: list[Array] | None
+    times: dict[tuple[str, str, str | None], float]
+    on: _Runner
+    repeats: int
+    ws: Array | None
+
+
+def _time_conv(case: _ConvCase, algos: dict[str, list[str]]) -> None:
     """Time each of ``algos`` of each pass of a convolution as the layer runs it (after a warm-up run):
     backward-filter alone, backward-data as both passes (with the fastest filter algorithm) less that.
     An algorithm that fails is skipped (never offered: its time is infinite) and named in the profile's
     notes; a pass none of whose algorithms runs raises."""
+    op, times, on, c = case.op, case.times, case.on, case
     layer = op.layer
-    y_read = y if op.reads_output else None
+    y_read = c.y if op.reads_output else None
 
     def timed(pass_: str, algo: str, fn: Any) -> float:
         try:
             on.call(fn)
-            seconds = on.seconds(fn, repeats)
+            seconds = on.seconds(fn, c.repeats)
         except OutOfDeviceMemory:
             raise  # the op's buffers: measured at a smaller batch instead
         except Exception as exc:  # noqa: BLE001 - this algorithm does not run here: skip it, say so
@@ -299,16 +310,18 @@ def _time_conv(
         return ok
 
     for a in algos["forward"]:
-        timed("forward", a, lambda a=a: layer.forward(ctx(a), xs, y))
+        timed("forward", a, lambda a=a: layer.forward(c.ctx(a), c.xs, c.y))
     usable("forward")
     data0 = algos["backward_data"][0]
     for fa in algos["backward_filter"]:
-        timed("backward_filter", fa, lambda fa=fa: layer.backward(ctx((data0, fa)), dy, needs_x, y_read, [None]))
+        timed("backward_filter", fa, lambda fa=fa: layer.backward(c.ctx((data0, fa)), c.dy, c.needs_x, y_read, [None]))
     best_filter = min(usable("backward_filter"), key=lambda a: times[(op.name, "backward_filter", a)])
     base_filter = times[(op.name, "backward_filter", best_filter)]
     for da in algos["backward_data"]:
         both = timed(
-            "backward_data", da, lambda da=da: layer.backward(ctx((da, best_filter)), dy, needs_x, y_read, dxs)
+            "backward_data",
+            da,
+            lambda da=da: layer.backward(c.ctx((da, best_filter)), c.dy, c.needs_x, y_read, c.dxs),
         )
         times[(op.name, "backward_data", da)] = max(0.0, both - base_filter) if np.isfinite(both) else both
     usable("backward_data")
@@ -318,26 +331,14 @@ class _NoRanking(Exception):
     """The backend's heuristic ranks nothing: its search (``find``) times the algorithms instead."""
 
 
-def _profile_conv_ranked(
-    op: OpInfo,
-    algos: dict[str, list[str]],
-    ctx: Any,
-    xs: list[Array],
-    y: Array,
-    dy: Array,
-    dxs: list[Array],
-    needs_x: Any,
-    times: dict[tuple[str, str, str | None], float],
-    on: _Runner,
-    repeats: int,
-    ws: Array,
-) -> None:
+def _profile_conv_ranked(case: _ConvCase) -> None:
     """A convolution on a device with cuDNN: the backend's ``ranked_top`` algorithms of each pass by cuDNN's
     heuristics (``Get*Algorithm_v7``, which runs nothing; in half precision all it ranks), each timed as the
     layer runs it. The others are not offered: some run for seconds on a large batch (cuDNN's own search, which runs them all, takes
     minutes on VGG-16 at batch 64)."""
+    op, algos, times, on = case.op, case.algos, case.times, case.on
     layer = cast("Conv2d", op.layer)
-    orders = {pass_: on.rank(pass_, layer, xs[0], y.shape) for pass_ in algos}
+    orders = {pass_: on.rank(pass_, layer, case.xs[0], case.y.shape) for pass_ in algos}
     if not any(orders.values()):
         raise _NoRanking
     ranked = {}
@@ -349,36 +350,24 @@ def _profile_conv_ranked(
         for a in names:
             times[(op.name, pass_, a)] = float("inf")  # not offered unless timed below
     _log.info("%s: timing %s", op.name, ranked)
-    _time_conv(op, ranked, ctx, xs, y, dy, dxs, needs_x, times, on, repeats)
+    _time_conv(case, ranked)
 
 
-def _profile_conv_found(
-    op: OpInfo,
-    algos: dict[str, list[str]],
-    ctx: Any,
-    xs: list[Array],
-    y: Array,
-    dy: Array,
-    dxs: list[Array],
-    needs_x: Any,
-    times: dict[tuple[str, str, str | None], float],
-    on: _Runner,
-    repeats: int,
-    ws: Array,
-) -> None:
+def _profile_conv_found(case: _ConvCase) -> None:
     """A convolution on a device with cuDNN: each pass's algorithms timed by cuDNN's search (one call per
     pass, as frameworks do), then the fastest timed as the layer runs it (bias included); the others
     are given cuDNN's time plus the same overhead, so that the plan weighs them alike."""
+    op, times, on, c = case.op, case.times, case.on, case
     layer = cast("Conv2d", op.layer)
-    y_read = y if op.reads_output else None
-    w, dw = ctx(None).params["weight"], ctx(None).grads["weight"]
+    y_read = c.y if op.reads_output else None
+    w, dw = c.ctx(None).params["weight"], c.ctx(None).grads["weight"]
     found = {
-        "forward": on.find("forward", layer, xs[0], w, y, ws),
-        "backward_filter": on.find("backward_filter", layer, xs[0], dw, dy, ws),
-        "backward_data": on.find("backward_data", layer, dxs[0], w, dy, ws),
+        "forward": on.find("forward", layer, c.xs[0], w, c.y, c.ws),
+        "backward_filter": on.find("backward_filter", layer, c.xs[0], dw, c.dy, c.ws),
+        "backward_data": on.find("backward_data", layer, c.dxs[0], w, c.dy, c.ws),
     }
     best: dict[str, str] = {}
-    for pass_, names in algos.items():
+    for pass_, names in c.algos.items():
         usable = {a: found[pass_][a] for a in names if a in found[pass_]}
         if not usable:
             raise RuntimeError(f"cuDNN found none of {names} for {pass_}")
@@ -388,17 +377,17 @@ def _profile_conv_found(
 
     def measured(pass_: str, seconds: float) -> None:  # the fastest as the layer runs it; the rest alike
         extra = seconds - times[(op.name, pass_, best[pass_])]
-        for a in algos[pass_]:
+        for a in c.algos[pass_]:
             times[(op.name, pass_, a)] = max(0.0, times[(op.name, pass_, a)] + extra)
 
     fwd = best["forward"]
-    on.call(lambda: layer.forward(ctx(fwd), xs, y))
-    measured("forward", on.seconds(lambda: layer.forward(ctx(fwd), xs, y), repeats))
+    on.call(lambda: layer.forward(c.ctx(fwd), c.xs, c.y))
+    measured("forward", on.seconds(lambda: layer.forward(c.ctx(fwd), c.xs, c.y), c.repeats))
     pair = (best["backward_data"], best["backward_filter"])
-    on.call(lambda: layer.backward(ctx(pair), dy, needs_x, y_read, [None]))
-    filter_seconds = on.seconds(lambda: layer.backward(ctx(pair), dy, needs_x, y_read, [None]), repeats)
+    on.call(lambda: layer.backward(c.ctx(pair), c.dy, c.needs_x, y_read, [None]))
+    filter_seconds = on.seconds(lambda: layer.backward(c.ctx(pair), c.dy, c.needs_x, y_read, [None]), c.repeats)
     measured("backward_filter", filter_seconds)
-    both = on.seconds(lambda: layer.backward(ctx(pair), dy, needs_x, y_read, dxs), repeats)
+    both = on.seconds(lambda: layer.backward(c.ctx(pair), c.dy, c.needs_x, y_read, c.dxs), c.repeats)
     measured("backward_data", max(0.0, both - filter_seconds))
 
 
