@@ -110,7 +110,8 @@ def _batch(net: Network, batch: int, seed: int) -> tuple[np.ndarray, np.ndarray]
         raise ValueError(f"{net.name}: measuring a curve feeds one input; this network takes {len(net.inputs)}")
     rng = np.random.default_rng(seed)
     shape = (batch, *net.input_shapes()[0])
-    readers = [n.layer for n in net._nodes[1:] if n.layer is not None and net.input in n.inputs]
+    program = net.build(batch)
+    readers = [op.layer for op in program.ops if program.input in op.inputs]
     table = next((r for r in readers if isinstance(r, nn.Embedding)), None)
     x = rng.integers(0, table.num, shape) if table is not None else rng.standard_normal(shape, np.float32)
     out = net.output_shape(batch)

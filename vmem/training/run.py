@@ -23,6 +23,7 @@ from ..distributed.group import share
 from ..errors import VmemError
 from ..units import format_bytes, printable
 from .setup import auto_fraction, auto_memory, budget_line, check_dataset, check_memory, math_option, model
+from .callbacks import StopOnSignal
 from .setup import open_device, rebuild_for_classes
 
 if TYPE_CHECKING:
@@ -210,13 +211,14 @@ def prepare(config: RunConfig, ranks: int = 1) -> tuple[RunConfig, Network, Data
 
 
 def _optimizer(config: RunConfig) -> Optimizer:
-    """The run's optimizer, as ``optimizer``, ``lr``, ``momentum`` and ``weight_decay`` ask."""
+    """The run's optimizer, as ``optimizer``, ``lr``, ``momentum`` and ``weight_decay`` ask (the defaults filled:
+    :func:`prepare`)."""
     from .. import optim
 
-    lr = config.lr if config.lr is not None else float(TRAIN_DEFAULTS["lr"])
+    assert config.lr is not None  # filled by prepare
     if config.optimizer == "adam":
-        return optim.Adam(lr=lr, weight_decay=config.weight_decay)
-    return optim.SGD(lr=lr, momentum=config.momentum, weight_decay=config.weight_decay)
+        return optim.Adam(lr=config.lr, weight_decay=config.weight_decay)
+    return optim.SGD(lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
 
 
 def _check_resume(config: RunConfig, net: Network) -> None:
@@ -408,8 +410,8 @@ def _fit(
         if config.save and not getattr(stop, "cut", False):
             try:
                 trainer.save(config.save)
-                if stop is not None:
-                    setattr(stop, "saved", True)  # a StopOnSignal says so (vmem train's last line)
+                if isinstance(stop, StopOnSignal):  # it says so (vmem train's last line)
+                    stop.saved = True
             except VmemError as exc:
                 warnings.warn(str(exc), stacklevel=2)
         raise
