@@ -426,3 +426,30 @@ def test_steps_after_the_first_make_no_events(cupy, graphs):
             trainer.sync()
             assert device.events.made == made
     assert cupy._state.COUNTERS.capture_timing_events == 0
+
+
+def test_where_cudnns_heuristics_rank_nothing_its_search_times_every_pass(cupy, monkeypatch):
+    """The profile's second strategy (``Find*Ex``, then the fastest timed as the layer runs it, the others
+    given cuDNN's time plus the same overhead) where the heuristics rank no algorithm: every convolution pass
+    gets finite times, and the run trains at its planned peak."""
+    from vmem.costs import timing
+    from vmem.device.cuda.conv import CudnnConv
+
+    monkeypatch.setenv("VMEM_PROFILE_CACHE", "0")
+    monkeypatch.setattr(CudnnConv, "heuristic", lambda self, *a, **k: [])
+    found = []
+    search = timing._profile_conv_found
+    monkeypatch.setattr(timing, "_profile_conv_found", lambda case: (search(case), found.append(case.op.name))[0])
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((4, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 4)
+    net = _vgg().init(seed=0)
+    with vmem.device("cuda:0", memory="4MiB") as dev, vmem.Trainer(net, device=dev, policy="auto", seed=0) as t:
+        costs = t.profile(4)
+        report = t.step(x, y)
+        plan = t.plan(4)
+    convs = [op for op in net.build(4).ops if op.kind == "conv"]
+    assert sorted(found) == sorted(op.name for op in convs)
+    for op in convs:
+        for pass_ in ("forward", "backward_filter", "backward_data"):
+            assert any(np.isfinite(v) for (n, p, _), v in costs.times.items() if n == op.name and p == pass_)
+    assert report.peak_bytes == plan.peak_bytes
