@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence, TypedDict
 from ..errors import BudgetTooSmall, PlanError
 from ..units import format_bytes
 from .budget import smallest_memory
-from .network import plan
+from .network import plan_step
+from .oracle import Replays
 from .result import UNBOUNDED, PlanResult
 from .target import Target
 
@@ -211,10 +212,19 @@ def curve(
         raise ValueError(f"curve: points={points!r} must be an int >= 2 and most={most!r} at least that")
     target = Target.of(device)
     program = net.build(batch, precision=precision)
+    costs = target.costs(costs)  # one cost model for every budget: the plans' replays are shared among them
+    replays = Replays()
 
     def planned(policy: str, memory: int) -> PlanResult | None:
         try:
-            return plan(net, batch, target, policy, memory=memory, precision=precision, costs=costs, oversubscribe=True)
+            return plan_step(
+                lambda n: net.build(n, precision=precision),
+                batch,
+                target.with_memory(memory),
+                policy,
+                costs=costs,
+                replays=replays,
+            ).result
         except (BudgetTooSmall, PlanError):
             return None
 

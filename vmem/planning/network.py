@@ -13,6 +13,7 @@ from ..errors import BudgetTooSmall
 from ..graph import Network, Program
 from ..schedule import Schedule
 from .microbatch import MicroPlan, plan_microbatched
+from .oracle import Replays
 from .plan import baseline_seconds, plan_program
 from .result import PlanResult
 from .target import Target
@@ -101,13 +102,15 @@ def plan_step(
     nproc: int = 1,
     shard_optimizer: bool = False,
     micro: bool = True,
+    replays: Replays | None = None,
 ) -> PlannedStep:
     """The one planning entry (``vmem.plan``, the curve and a Trainer's session call it): the step of
     ``batch`` samples (``build(n)``: the program at ``n``) planned whole under ``policy`` for ``target``; where
     it fits under none of the policy's plans and ``micro`` (one process) lets it, as micro-batches where the
     policy runs them (:func:`~vmem.planning.microbatch.plan_microbatched`), their figures carrying the whole
     batch's baseline step. A whole plan that does not fit is returned as it is (the caller refuses it, or
-    reads its figures); BudgetTooSmall where the policy refuses the whole batch and no micro-batches fit."""
+    reads its figures); BudgetTooSmall where the policy refuses the whole batch and no micro-batches fit.
+    ``replays``: what planning the whole batch at other capacities learnt (a curve's budgets share it)."""
     program = build(batch)
     refused: BudgetTooSmall | None = None
     try:
@@ -120,6 +123,7 @@ def plan_step(
             baseline=True,
             nproc=nproc,
             shard_optimizer=shard_optimizer,
+            replays=replays,
         )
     except BudgetTooSmall as exc:  # nothing the policy chooses fits the whole batch
         refused = exc

@@ -4,19 +4,20 @@ replay as a plan's own, made cheap where the answer cannot change."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..device.spec import DeviceSpec
 from ..graph import Program
 from ..policies.plan import Plan
 from ..schedule import Schedule
 from ..schedule.lower import lower
+from ..schedule.replay import Figures
 from .result import PlanResult, placement, replay_fitting, replay_if_fits
 
 if TYPE_CHECKING:
     from ..costs.model import CostModel
 
-__all__ = ["Oracle"]
+__all__ = ["Oracle", "Replays"]
 
 
 class Oracle:
@@ -39,18 +40,28 @@ class Oracle:
         optimizer_slots: tuple[str, ...] = ("momentum",),
         costs: "CostModel | None" = None,
         accumulate: bool = False,
+        replays: "Replays | None" = None,
     ):
         self.program, self.device, self.alignment = program, device, alignment
         self.accumulate = accumulate  # the candidates as micro-batches after the first (their gradients added)
         self.optimizer_slots, self.costs = optimizer_slots, costs
         #: the plan last lowered (kept, so that its id is not reused), its packing and its schedule
         self._last: tuple[Plan, str, Schedule] | None = None
+        #: answers shared with the oracles of this program at other capacities (:class:`Replays`)
+        self.replays = replays
+        self.scope = replays.scope_of(self) if replays is not None else ()
 
     def __call__(
         self, candidate: Plan, memory: int | None = None, packing: str = "auto", unfit: bool = True
     ) -> PlanResult | None:
         spec = self.device if memory is None else dataclasses.replace(self.device, memory=memory)
         packing = placement(candidate, packing)
+        key = (candidate.decisions(), packing) if self.replays is not None else None
+        if key is not None:
+            known = self.replays.answer(self.scope, key, spec.memory, unfit)  # type: ignore[union-attr]
+            if known is not None:
+                figures = known[0]
+                return None if figures is None else PlanResult(candidate, figures)
         last = self._last
         if (
             last is not None
@@ -72,6 +83,88 @@ class Oracle:
             )
             self._last = (candidate, packing, schedule)
         if unfit:
-            return PlanResult(candidate, replay_fitting(schedule, spec, self.alignment, self.costs))
-        figures = replay_if_fits(schedule, spec, self.alignment, self.costs)
+            figures = replay_fitting(schedule, spec, self.alignment, self.costs)
+        else:
+            figures = replay_if_fits(schedule, spec, self.alignment, self.costs)
+        if key is not None:
+            self.replays.learn(self.scope, key, schedule, spec.memory, figures)  # type: ignore[union-attr]
         return None if figures is None else PlanResult(candidate, figures)
+
+
+class Replays:
+    """What oracles learnt of the plans they replayed, kept for the oracles of the same program at other
+    capacities (a curve's budgets: the same starts, moves and descents are asked again at each). Per plan
+    (its decisions and packing), each placement the lowering made: the capacities it is made for, its
+    arena's top, its live bytes and, once replayed at a capacity holding the top, its figures. At any such
+    capacity every block takes its planned place, so the replay is the same (tests hold this over the zoo's
+    curves); below the live bytes no placement fits. A plan asked again where the answer is known is neither
+    lowered nor replayed. Only a program, device (its capacity apart), alignment, optimizer, cost model and
+    accumulation alike share answers (:meth:`scope_of`)."""
+
+    def __init__(self) -> None:
+        #: scope -> (decisions, packing) -> placements: [lo, hi, top, live bytes, figures or None]
+        self._known: dict[tuple, dict[tuple, list[list[Any]]]] = {}
+        self._held: list[object] = []  # the cost models scopes name by id, kept alive
+        #: scope -> values found once for every capacity (:meth:`once`: the baseline's step time)
+        self._once: dict[tuple, dict[tuple, Any]] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def scope_of(self, oracle: "Oracle") -> tuple:
+        """What answers depend on besides a plan and a capacity."""
+        program, costs = oracle.program, oracle.costs
+        if costs is not None and all(c is not costs for c in self._held):
+            self._held.append(costs)
+        return (
+            program.network,
+            program.batch,
+            program.precision.name,
+            tuple((op.name, op.kind) for op in program.ops),
+            dataclasses.replace(oracle.device, memory=0),
+            oracle.alignment,
+            oracle.optimizer_slots,
+            oracle.accumulate,
+            id(costs),
+        )
+
+    def once(self, scope: tuple, key: tuple, make: Callable[[], Any]) -> Any:
+        """``make()``, found once per scope and key: for what is the same at every capacity."""
+        known = self._once.setdefault(scope, {})
+        if key not in known:
+            known[key] = make()
+        return known[key]
+
+    def answer(self, scope: tuple, key: tuple, memory: int, unfit: bool) -> tuple[Figures | None] | None:
+        """The oracle's answer for the plan ``key`` at ``memory``, as a 1-tuple (its figures, or None where it
+        does not fit and ``unfit`` is False), or None where it is not known."""
+        for lo, hi, top, live, figures in self._known.get(scope, {}).get(key, ()):
+            if not lo <= memory < hi:
+                continue
+            if figures is not None and top <= memory:
+                self.hits += 1
+                return (figures,)
+            if live > memory:  # no placement fits: the figures of any (unfit), or none
+                if not unfit:
+                    self.hits += 1
+                    return (None,)
+                if figures is not None:
+                    self.hits += 1
+                    return (dataclasses.replace(figures, fits=False),)
+        self.misses += 1
+        return None
+
+    def learn(self, scope: tuple, key: tuple, schedule: Schedule, memory: int, figures: Figures | None) -> None:
+        """Keep what replaying ``schedule`` (lowered for ``memory``) showed: its placement, and its figures where
+        every block took its planned place (a capacity holding the top, or none)."""
+        if schedule.placed_for is None or schedule.placed_top is None or schedule.live_bytes is None:
+            return
+        lo, hi = schedule.placed_for
+        top = schedule.placed_top
+        same = figures is not None and (top <= memory or not figures.fits)  # not placed elsewhere by the pool
+        kept = dataclasses.replace(figures, fits=True) if same and figures is not None else None
+        placements = self._known.setdefault(scope, {}).setdefault(key, [])
+        for entry in placements:
+            if entry[0] == lo and entry[1] == hi:
+                entry[4] = entry[4] if entry[4] is not None else kept
+                return
+        placements.append([lo, hi, top, schedule.live_bytes, kept])

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 from .. import policies
 from ..device.spec import DeviceSpec
 from ..graph import Program
-from ..policies.base import fit_algorithms
+from ..policies.base import decide, fit_algorithms
 from ..schedule import Schedule
 from ..schedule.collectives import largest_share, with_allreduce, with_sharded_optimizer
-from .oracle import Oracle
+from .oracle import Oracle, Replays
 from .result import PlanResult, evaluate, replay_fitting
 from .target import Target
 
@@ -54,6 +54,7 @@ def plan_program(
     shard_optimizer: bool = False,
     accumulate: bool = False,
     update: bool = True,
+    replays: Replays | None = None,
 ) -> tuple[PlanResult, Schedule]:
     """Decide, lower and replay for a built Program; the plan with its figures, and the Schedule.
 
@@ -65,7 +66,8 @@ def plan_program(
     buckets during backward (:func:`vmem.schedule.collectives.with_allreduce`), their time over the spec's
     interconnect in the figures (``comm_seconds``, ``exposed_comm_seconds``); with ``shard_optimizer``, the
     optimizer's state sharded over the ranks (:func:`vmem.schedule.collectives.with_sharded_optimizer`),
-    planned for the rank that keeps the most of it."""
+    planned for the rank that keeps the most of it. ``replays``: what planning this program at other
+    capacities learnt (:class:`~vmem.planning.oracle.Replays`, a curve's), shared with this plan's oracle."""
     target = device if isinstance(device, Target) else Target(device, alignment, catalog)
     pol = policies.get(policy)
     spec, alignment = target.spec, target.alignment
@@ -73,9 +75,15 @@ def plan_program(
     busy = getattr(costs, "busy_elsewhere", None)
     program, costs = target.view(program), target.costs(costs)
     oracle = Oracle(
-        program, spec, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs, accumulate=accumulate
+        program,
+        spec,
+        alignment=alignment,
+        optimizer_slots=optimizer_slots,
+        costs=costs,
+        accumulate=accumulate,
+        replays=replays,
     )
-    decided = fit_algorithms(pol, program, spec, costs, oracle, pol.decide(program, spec, costs, oracle))
+    decided = fit_algorithms(pol, program, spec, costs, oracle, decide(pol, program, spec, costs, oracle))
     decided = dataclasses.replace(decided, math=spec.math)  # the device's FP32 math, recorded with the plan
     if disturbed:  # the plan says what its times came from
         from ..costs.measured import disturbed_note
@@ -96,21 +104,34 @@ def plan_program(
         result, schedule = rank_plan(result, schedule, spec, alignment, costs, nproc, rank)
     if baseline and costs is not None:
         figures = dataclasses.replace(
-            result.figures, baseline_step_seconds=baseline_seconds(program, spec, alignment, optimizer_slots, costs)
+            result.figures,
+            baseline_step_seconds=baseline_seconds(program, spec, alignment, optimizer_slots, costs, oracle),
         )
         result = PlanResult(decided, figures)
     return result, schedule
 
 
 def baseline_seconds(
-    program: Program, spec: DeviceSpec, alignment: int, optimizer_slots: tuple[str, ...], costs: "CostModel"
+    program: Program,
+    spec: DeviceSpec,
+    alignment: int,
+    optimizer_slots: tuple[str, ...],
+    costs: "CostModel",
+    oracle: Oracle | None = None,
 ) -> float | None:
     """The step time of ``baseline`` with the fastest algorithms (``program`` as the device sees it): the
-    oracle a plan's time is read against, fitting or not."""
+    oracle a plan's time is read against, fitting or not. Its blocks placed as tightly as they go, its time
+    is the same at every capacity: where ``oracle`` shares :class:`Replays`, found once for them all."""
     base = policies.get("baseline:algos=performance").decide(program, spec, costs)
-    return evaluate(program, spec, base, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs, rows=False)[
-        0
-    ].step_seconds
+
+    def seconds() -> float | None:
+        return evaluate(program, spec, base, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs, rows=False)[
+            0
+        ].step_seconds
+
+    if oracle is None or oracle.replays is None:
+        return seconds()
+    return oracle.replays.once(oracle.scope, ("baseline", base.decisions()), seconds)
 
 
 def rank_plan(

@@ -22,7 +22,7 @@ from .plan import Allocation, Plan
 if TYPE_CHECKING:
     from ..costs.model import CostModel
 
-__all__ = ["Policy", "parse_spec", "register", "get", "names", "option", "downgrade", "fit_algorithms"]
+__all__ = ["Policy", "parse_spec", "register", "get", "names", "option", "decide", "downgrade", "fit_algorithms"]
 
 ALGOS = ("fit", "memory", "performance")
 _REGISTRY: dict[str, type["Policy"]] = {}
@@ -60,6 +60,21 @@ def get(spec: "str | Policy", **overrides: Any) -> "Policy":
             f"{', '.join(sorted(fields)) or 'none'}"
         )
     return cls(**options)
+
+
+def decide(
+    policy: "Policy", program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+) -> Plan:
+    """``policy.decide(program, device, costs, oracle)``; where the oracle shares what it learns across
+    capacities (its ``replays``: a curve's budgets) and the policy is :attr:`~Policy.budget_free`, decided
+    once per choice of algorithms at that capacity, the plan's header given this capacity."""
+    replays = getattr(oracle, "replays", None)
+    if replays is None or not policy.budget_free:
+        return policy.decide(program, device, costs, oracle)
+    algos = policy.choose_algos(program, costs, capacity=device.memory)  # what new_plan picks at this capacity
+    key = ("decide", policy.spec, tuple(sorted((op, tuple(sorted(per.items()))) for op, per in algos.items())))
+    plan = replays.once(oracle.scope, key, lambda: policy.decide(program, device, costs, oracle))
+    return plan if plan.capacity == device.memory else dataclasses.replace(plan, capacity=device.memory)
 
 
 def split_convolutions(program: Program) -> tuple[str, ...]:
@@ -103,6 +118,10 @@ class Policy(ABC):
     #: where the policy chooses among others: the spec of the one whose plan is the least it can need (its
     #: smallest budget, a refusal's remedy); None: itself
     floor: ClassVar[str | None] = None
+    #: whether its decisions are the same at every capacity but for what :meth:`new_plan` reads of it (the
+    #: capacity in the header, the algorithms that fit it): a planner weighing one program at many
+    #: capacities (a curve's budgets) then decides it once per choice of algorithms (:func:`decide`)
+    budget_free: ClassVar[bool] = False
     algos: str = "fit"
     split: str = option("off")
     microbatch: str = option("off")

@@ -26,6 +26,7 @@ class Baseline(Policy):
     """``baseline[:algos=memory|performance]``."""
 
     name = "baseline"
+    budget_free = True  # its decisions are the same at every capacity
 
     def decide(
         self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: "Oracle | None" = None

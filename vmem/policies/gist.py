@@ -50,6 +50,7 @@ class Gist(Policy):
     algos=memory|performance]``."""
 
     name = "gist"
+    budget_free = True  # its decisions are the same at every capacity
     dpr: str | None = option(None)
     codec: str | None = option(None)
     binarize: bool = option(True)

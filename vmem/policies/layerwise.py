@@ -28,6 +28,7 @@ class Layerwise(Policy):
     """``layerwise[:algos=memory|performance]``."""
 
     name = "layerwise"
+    budget_free = True  # its decisions are the same at every capacity
 
     def decide(
         self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: "Oracle | None" = None

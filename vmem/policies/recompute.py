@@ -203,6 +203,7 @@ class Mirror(Policy):
     ``step``-th (0: none kept); ``depth``: at most that many stashed buffers rebuilt in a row (0: unbounded)."""
 
     name = "mirror"
+    budget_free = True  # its decisions are the same at every capacity
     step: int = MIRROR_STEP
     depth: int = 0
 
@@ -236,6 +237,7 @@ class Chen(Policy):
     """``chen[:segments=N]``: about sqrt(n) checkpoints (``segments=0``: sqrt of the number of ops)."""
 
     name = "chen"
+    budget_free = True  # its decisions are the same at every capacity
     segments: int = 0
 
     def __post_init__(self) -> None:
@@ -292,6 +294,7 @@ class Echo(Policy):
     """``echo[:algos=memory|performance]``: Echo's footprint-aware choice (see the module docstring)."""
 
     name = "echo"
+    budget_free = True  # its decisions are the same at every capacity
 
     def decide(
         self, program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: "Oracle | None" = None

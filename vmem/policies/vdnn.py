@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, ClassVar, Any
 
 from ..device.spec import DeviceSpec
 from ..graph import Program
@@ -71,6 +71,7 @@ SIGN_MODES = ("device", "host")
 
 @dataclass(frozen=True)
 class _Vdnn(Policy):
+    budget_free: ClassVar[bool] = True  # its decisions are the same at every capacity
     sync: str = "layer"
     codec: str | None = option(None)
     density: float = option(0.5)

@@ -314,7 +314,7 @@ def place(schedule: Schedule, strategy: str = "auto", capacity: int | None = Non
     base = sum(_align(b.nbytes, alignment) for b in schedule.persistent)
     lives = lifetimes(schedule.steps, alignment)
     live = peak_live(lives)
-    _, offsets, valid = _pack(lives, base, strategy, capacity, live)
+    top, offsets, valid = _pack(lives, base, strategy, capacity, live)
     steps, k = schedule.steps, 0
     for index, st in enumerate(steps):
         if type(st) is Alloc:
@@ -322,4 +322,5 @@ def place(schedule: Schedule, strategy: str = "auto", capacity: int | None = Non
             k += 1
     schedule.live_bytes = base + live
     schedule.placed_for = None if capacity is None else valid
+    schedule.placed_top = int(top)
     return schedule

@@ -383,6 +383,9 @@ class Schedule:
     #: where the blocks were placed for an arena of a given size (:func:`vmem.schedule.pack.place`), the
     #: sizes ``[lo, hi)`` for which the same placement would be made (None: placed as tightly as it can)
     placed_for: tuple[int, float] | None = None
+    #: the arena's top under that placement (the persistent buffers included): at any capacity holding it,
+    #: every block takes its planned place, and the replay is the same
+    placed_top: int | None = None
     #: the ranks of a data-parallel run whose gradients its AllReduce steps sum (1: one process)
     world: int = 1
     #: with the optimizer's state sharded over the ranks: the rank whose share this schedule holds

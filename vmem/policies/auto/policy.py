@@ -12,7 +12,7 @@ from ...device.spec import DeviceSpec
 from ...errors import BudgetTooSmall, DoesNotFit, PlanError
 from ...graph import Program
 from ...units import format_bytes
-from ..base import Policy, get, option, register
+from ..base import Policy, decide, get, option, register
 from ..budget import least_memory
 from ..plan import Allocation, Plan
 from . import descent, exhaustive, improve
@@ -262,7 +262,7 @@ class Auto(Policy):
             ):  # it needs its floor (vdnn-all, leanest algorithms) to fit; on a large graph its search
                 continue  # (dozens of replays) costs more than the descent, which mixes what it chooses
             try:
-                plan = get(spec, split=self.split).decide(program, device, costs, oracle)
+                plan = decide(get(spec, split=self.split), program, device, costs, oracle)
             except BudgetTooSmall as exc:
                 floor = floor or exc
                 continue
