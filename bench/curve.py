@@ -5,10 +5,10 @@ For each network: the whole curve (auto from its floor to keep-all, denser where
 policies at their least memory) with the seconds it took, the points it kept and whether it is monotone;
 then auto's plan at half of its keep-all peak and its packing (peak / live bytes), or why there is none.
 
-Targets: each curve monotone (memory rising, time falling); each curve within 60 s on 2 cores; every packing
-<= 1.02.
+Targets: each curve monotone (memory rising, time falling); each curve within 60 s on 2 cores (its budgets
+planned in two processes, ``--workers``; the same curve as one process plans); every packing <= 1.02.
 
-    python bench/curve.py [--device sim:h100-sxm] [--networks vgg16,resnet50,...] [--quick] [--json]
+    python bench/curve.py [--device sim:h100-sxm] [--networks vgg16,resnet50,...] [--quick] [--workers 2] [--json]
 """
 
 from __future__ import annotations
@@ -24,6 +24,12 @@ import vmem
 from vmem.errors import PlanError
 
 NETWORKS = dict(auto.NETWORKS)  # name -> (model, options, batch): the networks auto's bench sweeps
+#: a BERT-base encoder: 12 blocks of 768 wide, 12 heads, a 3072 feed-forward, BERT's vocabulary, 128 tokens
+NETWORKS["bert_base"] = (
+    "transformer",
+    {"layers": 12, "dim": 768, "heads": 12, "ffn": 3072, "vocab": 30522, "seq_len": 128, "name": "bert_base"},
+    32,
+)
 QUICK = {"vgg_cifar": ("vgg_cifar", {}, 128), "resnet_cifar": ("resnet_cifar", {}, 128)}
 
 
@@ -33,19 +39,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--networks", help="comma-separated, of: " + ", ".join([*NETWORKS, *QUICK]))
     parser.add_argument("--quick", action="store_true", help="the small networks only (seconds, not minutes)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    parser.add_argument(
+        "--workers", type=int, default=2, help="processes planning a curve's budgets (default 2: the target's 2 cores)"
+    )
     args = parser.parse_args(argv)
     every = {**NETWORKS, **QUICK}
     names = args.networks.split(",") if args.networks else list(QUICK if args.quick else NETWORKS)
     unknown = [n for n in names if n not in every]
     if unknown:
         parser.error(f"--networks: unknown {', '.join(unknown)}; choose from {', '.join(every)}")
-    out: dict = {"device": args.device, "curves": {}, "packing": {}, "verdicts": []}
+    out: dict = {"device": args.device, "workers": args.workers, "curves": {}, "packing": {}, "verdicts": []}
     rows, slowest, worst_packing, monotone = [], 0.0, 1.0, True
     for name in names:
         model, options, batch = every[name]
         net = vmem.models.get(model, **options)
         t0 = time.perf_counter()
-        curve = vmem.curve(net, batch, args.device)
+        curve = vmem.curve(net, batch, args.device, workers=args.workers)
         seconds = time.perf_counter() - t0
         slowest = max(slowest, seconds)
         mem = [p.memory for p in curve.points]

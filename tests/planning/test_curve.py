@@ -104,3 +104,25 @@ def test_a_measured_curve_runs_each_points_plan_at_its_planned_peak(capsys):
         main(["plan", "--model", "digits_cnn", "--batch", "8", "--device", "sim:titan-x", "--curve", "--measure"]) != 0
     )
     assert "use a real device" in capsys.readouterr().err
+
+
+def test_a_curve_planned_in_two_processes_is_the_curve_planned_in_one():
+    net = vmem.models.get("vgg_cifar")
+    one = vmem.curve(net, 32, "sim:h100-sxm", points=6, most=8)
+    seen: list[tuple[int, int]] = []
+    two = vmem.curve(net, 32, "sim:h100-sxm", points=6, most=8, workers=2, progress=lambda d, t: seen.append((d, t)))
+    assert two == one
+    assert [d for d, _ in seen] == list(range(1, len(seen) + 1)) and all(d <= t for d, t in seen)
+    with pytest.raises(ValueError, match="workers=0"):
+        vmem.curve(net, 32, "sim:h100-sxm", workers=0)
+
+
+def test_a_curve_that_cannot_be_sent_to_another_process_is_planned_in_this_one():
+    """A target whose catalog is a local function (as a Device's bound one holds the device) cannot be pickled:
+    the budgets are planned here, the same curve."""
+    from vmem.planning.target import Target
+
+    net = vmem.models.get("digits_cnn")
+    card = Target.of("sim:titan-x")
+    local = Target(card.spec, card.alignment, lambda program: card.view(program))
+    assert vmem.curve(net, 8, local, points=3, most=3, workers=2) == vmem.curve(net, 8, card, points=3, most=3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any, cast
@@ -38,6 +39,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     check_memory(args)
     if args.largest_batch:
         return _largest_batch(args, net)
+    if args.jobs is not None and not args.curve:
+        raise ValueError("--jobs plans a curve's budgets side by side: add --curve")
     if args.measure is not None and not args.curve:
         raise ValueError("--measure measures the points of a curve: add --curve")
     if args.curve:
@@ -189,7 +192,8 @@ def _curve(args: argparse.Namespace, net: Network) -> int:
         if not args.json:
             print(f"\rplanned {done} of {total} budgets", end="", file=sys.stderr, flush=True)
 
-    result = curve(net, args.batch, device, precision=args.precision, costs=costs, progress=progress)
+    jobs = args.jobs or min(4, os.cpu_count() or 1)
+    result = curve(net, args.batch, device, precision=args.precision, costs=costs, progress=progress, workers=jobs)
     if not args.json:
         print(file=sys.stderr)
     if args.plot:
@@ -310,6 +314,13 @@ def add_parser(sub: Any) -> None:
         "everything, each with its predicted step time and what it does, the named policies beside",
     )
     p.add_argument("--plot", metavar="PATH", help="with --curve: draw the curve into an image (the plot extra)")
+    p.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="with --curve: plan the budgets in N processes (default: one per core, at most 4; the same curve)",
+    )
     p.add_argument(
         "--measure",
         type=positive_int,

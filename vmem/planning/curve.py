@@ -11,11 +11,15 @@ device pool's replay), the time of the device's cost model or profile."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import json
+import multiprocessing
+import pickle
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence, TypedDict
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence, TypedDict
 
 from ..errors import BudgetTooSmall, PlanError
 from ..units import format_bytes
@@ -203,72 +207,57 @@ def curve(
     named: Sequence[str] = NAMED,
     costs: CostModel | None = None,
     progress: Callable[[int, int], None] | None = None,
+    workers: int = 1,
 ) -> Curve:
     """``net``'s memory/time curve at ``batch`` on ``device`` (a simulated GPU by default; the CPU device with
     ``costs``, a profile): ``auto`` planned at ``points`` budgets from its floor to keep-all, and more (up
     to ``most``) where the time changes; the named policies beside (see :class:`Curve`). ``progress(done,
-    total)`` is called after each plan."""
+    total)`` is called after each plan. ``workers`` > 1: the budgets planned in that many processes (the
+    same curve: each budget's plan is the one it has alone); where the network, device or costs cannot be
+    sent to another process, in this one."""
     if not isinstance(points, int) or points < 2 or not isinstance(most, int) or most < points:
         raise ValueError(f"curve: points={points!r} must be an int >= 2 and most={most!r} at least that")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"curve: workers={workers!r} must be a positive int")
     target = Target.of(device)
-    program = net.build(batch, precision=precision)
     costs = target.costs(costs)  # one cost model for every budget: the plans' replays are shared among them
-    replays = Replays()
-
-    def planned(policy: str, memory: int) -> PlanResult | None:
-        try:
-            return plan_step(
-                lambda n: net.build(n, precision=precision),
-                batch,
-                target.with_memory(memory),
-                policy,
-                costs=costs,
-                replays=replays,
-            ).result
-        except (BudgetTooSmall, PlanError):
-            return None
-
-    top_plan = planned("auto", UNBOUNDED)
+    planner = _Planner(net, batch, target, precision, costs)
+    top_plan = planner.planned("auto", UNBOUNDED)
     if top_plan is None or top_plan.step_seconds is None:
         raise PlanError(f"{net.name}: auto plans no step at batch {batch} on {target.spec.name}")
     keep_all = int(top_plan.peak_bytes)
-    floor = smallest_memory(program, target, "auto") or keep_all
-    floor = min(floor, keep_all)
+    floor = min(planner.least("auto") or keep_all, keep_all)
     found: dict[int, CurvePoint] = {}
-    total = [points]
+    total = [points + len(named)]
+    done = [0]
+    with _pool(planner, workers) as run:
 
-    def at(budget: int) -> None:
-        if budget in found:
-            return
-        result = planned("auto", budget)
-        p = _point(result, budget, "auto") if result is not None else None
-        if p is not None:
-            found[budget] = p
-        if progress is not None:
-            progress(len(found), total[0])
+        def plan_all(tasks: list[tuple[str, int | None]]) -> list[CurvePoint | None]:
+            def step() -> None:
+                done[0] += 1
+                if progress is not None:
+                    progress(done[0], total[0])
 
-    span = keep_all - floor
-    for k in range(points):
-        at(floor + span * k // (points - 1) if span else floor)
-    while len(found) < most:  # halfway between neighbours whose times differ by more than 5%
-        ordered = sorted(found)
-        gaps = [
-            (a, b)
-            for a, b in zip(ordered, ordered[1:])
-            if b - a > 1024 and abs(found[a].step_seconds - found[b].step_seconds) > 0.05 * found[b].step_seconds
-        ]
-        if not gaps:
-            break
-        total[0] = min(most, len(found) + len(gaps))
-        for a, b in gaps[: most - len(found)]:
-            at((a + b) // 2)
-    named_points = []
-    for policy in named:  # each at the least memory it trains in (what it is for), planned there
-        least = smallest_memory(program, target, policy)
-        result = planned(policy, least) if least is not None else None
-        p = _point(result, int(least or 0), policy) if result is not None else None
-        if p is not None:
-            named_points.append(p)
+            return run(tasks, step)
+
+        span = keep_all - floor
+        budgets = sorted({floor + span * k // (points - 1) if span else floor for k in range(points)})
+        # the named policies, each at the least memory it trains in (what it is for), planned beside
+        first = plan_all([("auto", b) for b in budgets] + [(policy, None) for policy in named])
+        named_points = [p for p in first[len(budgets) :] if p is not None]
+        found.update((b, p) for b, p in zip(budgets, first) if p is not None)
+        while len(found) < most:  # halfway between neighbours whose times differ by more than 5%
+            ordered = sorted(found)
+            gaps = [
+                (a, b)
+                for a, b in zip(ordered, ordered[1:])
+                if b - a > 1024 and abs(found[a].step_seconds - found[b].step_seconds) > 0.05 * found[b].step_seconds
+            ]
+            if not gaps:
+                break
+            halves = [(a + b) // 2 for a, b in gaps[: most - len(found)]]
+            total[0] += len(halves)
+            found.update((b, p) for b, p in zip(halves, plan_all([("auto", b) for b in halves])) if p is not None)
     return Curve(
         network=net.name,
         batch=batch,
@@ -280,3 +269,91 @@ def curve(
         keep_all=keep_all,
         planned=len(found),
     )
+
+
+class _Planner:
+    """One curve's planning: ``auto`` at a budget, a named policy at its least memory; the replays and
+    decisions of every plan shared (:class:`~vmem.planning.oracle.Replays`)."""
+
+    def __init__(self, net: Network, batch: int, target: Target, precision: str, costs: CostModel | None):
+        self.net, self.batch, self.target, self.precision, self.costs = net, batch, target, precision, costs
+        self.program = net.build(batch, precision=precision)
+        self.replays = Replays()
+
+    def __getstate__(self) -> dict:  # sent to a worker without what it learnt
+        return {k: v for k, v in self.__dict__.items() if k not in ("program", "replays")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["net"], state["batch"], state["target"], state["precision"], state["costs"])  # type: ignore[misc]
+
+    def planned(self, policy: str, memory: int) -> PlanResult | None:
+        try:
+            return plan_step(
+                lambda n: self.net.build(n, precision=self.precision),
+                self.batch,
+                self.target.with_memory(memory),
+                policy,
+                costs=self.costs,
+                replays=self.replays,
+            ).result
+        except (BudgetTooSmall, PlanError):
+            return None
+
+    def least(self, policy: str) -> int | None:
+        return smallest_memory(self.program, self.target, policy)
+
+    def point(self, task: tuple[str, int | None]) -> CurvePoint | None:
+        """``("auto", budget)``: auto's plan at the budget; ``(policy, None)``: the policy at its least memory."""
+        policy, budget = task
+        if budget is None:
+            budget = self.least(policy)
+            if budget is None:
+                return None
+        result = self.planned(policy, budget)
+        return _point(result, int(budget), policy) if result is not None else None
+
+
+_WORKER: _Planner | None = None
+
+
+def _start_worker(planner: _Planner) -> None:
+    global _WORKER
+    _WORKER = planner
+
+
+def _work(task: tuple[str, int | None]) -> CurvePoint | None:
+    assert _WORKER is not None, "a curve worker runs tasks only once started"
+    return _WORKER.point(task)
+
+
+@contextlib.contextmanager
+def _pool(planner: _Planner, workers: int) -> Iterator[Callable[..., list[CurvePoint | None]]]:
+    """A runner of tasks (``run(tasks, step)``, ``step()`` after each): in this process, or where ``workers`` > 1
+    and the planner can be sent, in a pool of that many (spawned: this process may run threads)."""
+
+    def here(tasks: list[tuple[str, int | None]], step: Callable[[], None]) -> list[CurvePoint | None]:
+        out = []
+        for task in tasks:
+            out.append(planner.point(task))
+            step()
+        return out
+
+    if workers > 1:
+        try:
+            pickle.dumps(planner)
+        except Exception:  # a device's bound catalog, a profile holding a device: planned here
+            workers = 1
+    if workers == 1:
+        yield here
+        return
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, context, _start_worker, (planner,)) as pool:
+
+        def there(tasks: list[tuple[str, int | None]], step: Callable[[], None]) -> list[CurvePoint | None]:
+            futures = [pool.submit(_work, task) for task in tasks]
+            for future in concurrent.futures.as_completed(futures):
+                future.result()
+                step()
+            return [f.result() for f in futures]
+
+        yield there
