@@ -81,7 +81,7 @@ def plan_program(
         optimizer_slots=optimizer_slots,
         costs=costs,
         accumulate=accumulate,
-        replays=replays,
+        replays=replays if replays is not None else Replays(),  # a plan asked again is not replayed again
     )
     decided = fit_algorithms(pol, program, spec, costs, oracle, decide(pol, program, spec, costs, oracle))
     decided = dataclasses.replace(decided, math=spec.math)  # the device's FP32 math, recorded with the plan
