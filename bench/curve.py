@@ -27,7 +27,7 @@ NETWORKS = dict(auto.NETWORKS)  # name -> (model, options, batch): the networks 
 #: a BERT-base encoder: 12 blocks of 768 wide, 12 heads, a 3072 feed-forward, BERT's vocabulary, 128 tokens
 NETWORKS["bert_base"] = (
     "transformer",
-    {"layers": 12, "dim": 768, "heads": 12, "ffn": 3072, "vocab": 30522, "seq_len": 128, "name": "bert_base"},
+    {"layers": 12, "dim": 768, "heads": 12, "ffn": 3072, "vocab": 30522, "seq_len": 128},
     32,
 )
 QUICK = {"vgg_cifar": ("vgg_cifar", {}, 128), "resnet_cifar": ("resnet_cifar", {}, 128)}

@@ -29,7 +29,9 @@ class Oracle:
     the host, a last resort, ``"thorough"``ly). With ``unfit=False``, None
     where it does not fit (a planner that keeps only plans that fit needs no figures of the others: no
     second replay for them). The same plan asked again at another ``memory`` (a search for its least
-    budget) is replayed, not lowered again, where it would be placed the same."""
+    budget) is replayed, not lowered again, where it would be placed the same; with ``replays``
+    (:class:`Replays`, which a plan makes for its oracle and a curve shares among its budgets' oracles), a
+    plan asked again where its answer is known is neither lowered nor replayed."""
 
     def __init__(
         self,
