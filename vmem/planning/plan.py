@@ -125,9 +125,9 @@ def baseline_seconds(
     base = policies.get("baseline:algos=performance").decide(program, spec, costs)
 
     def seconds() -> float | None:
-        return evaluate(program, spec, base, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs, rows=False)[
-            0
-        ].step_seconds
+        return evaluate(
+            program, spec, base, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs, rows=False
+        )[0].step_seconds
 
     if oracle is None or oracle.replays is None:
         return seconds()

@@ -281,20 +281,34 @@ class _Link:
         # (when it may start, seconds), by start
         self.queue: list[tuple[float, float]] = [(start, took) for start, took, _ in info.copies_out(plan)]
         self.busy = sum(took for _, took in self.queue)
+        self._ended()
+
+    def _ended(self) -> None:
+        """``ends``: when each queued copy ends (the queue as it is)."""
+        self.ends, end = [], 0.0
+        for start, took in self.queue:
+            end = max(end, start) + took
+            self.ends.append(end)
 
     def admit(self, name: str, wire: int) -> bool:
         seconds = self.info.costs.copy_seconds(wire, "d2h")
         if self.busy + seconds > self.deadline:  # the link is not free that long (checked first: cheap)
             return False
         entry = (self.info.written(self.info.by_name[name]), seconds)
-        at = bisect.bisect(self.queue, entry)
-        end = 0.0
-        for start, took in (*self.queue[:at], entry, *self.queue[at:]):
+        queue, ends = self.queue, self.ends
+        at = bisect.bisect(queue, entry)
+        end = max(ends[at - 1] if at else 0.0, entry[0]) + entry[1]  # the copies before it end as they did
+        for k in range(at, len(queue)):
+            start, took = queue[k]
             end = max(end, start) + took
+            if end == ends[k]:  # from here on the queue ends as it did without this copy
+                end = ends[-1]
+                break
         if end > self.deadline:
             return False
-        self.queue.insert(at, entry)
+        queue.insert(at, entry)
         self.busy += seconds
+        self._ended()
         return True
 
 
