@@ -126,3 +126,15 @@ def test_a_curve_that_cannot_be_sent_to_another_process_is_planned_in_this_one()
     card = Target.of("sim:titan-x")
     local = Target(card.spec, card.alignment, lambda program: card.view(program))
     assert vmem.curve(net, 8, local, points=3, most=3, workers=2) == vmem.curve(net, 8, card, points=3, most=3)
+
+
+def test_a_curve_says_the_largest_batch_that_trains_whole_at_the_devices_own_capacity():
+    from vmem.planning.budget import largest_batch
+    from vmem.policies.auto import Auto
+
+    net = vmem.models.get("vgg_cifar")
+    c = vmem.curve(net, 32, "sim:titan-x", points=3, most=3)
+    assert c.capacity == vmem.device("sim:titan-x").spec.memory and c.splittable
+    assert c.largest_batch == largest_batch(net, "sim:titan-x", policy=Auto.floor) > 32
+    assert f"batches up to {c.largest_batch} train whole (larger ones as micro-batches)" in c.table()
+    assert json.loads(c.json())["largest_batch"] == c.largest_batch

@@ -19,12 +19,14 @@ import multiprocessing
 import pickle
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence, TypedDict
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, TypedDict
 
 from ..errors import BudgetTooSmall, PlanError
 from ..units import format_bytes
-from .budget import smallest_memory
+from .budget import largest_batch, smallest_memory
+from .microbatch import splittable
 from .network import plan_step
+from .plan import floor_policy
 from .oracle import Replays
 from .result import UNBOUNDED, PlanResult
 from .target import Target
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Curve", "CurvePoint", "curve", "NAMED"]
 
+#: the largest batch a curve looks for (:attr:`Curve.largest_batch`)
+LARGEST = 1 << 16
 #: the named policies placed beside auto's curve
 NAMED = ("baseline", "layerwise", "vdnn-conv", "vdnn-all", "echo", "gist")
 
@@ -87,6 +91,12 @@ class Curve:
     floor: int
     keep_all: int
     planned: int  # how many budgets were planned
+    #: the largest batch whose step fits the device's own capacity whole, under auto's leanest plan (every map
+    #: offloaded but the ReLUs' signs, the leanest algorithms): larger batches train as micro-batches
+    largest_batch: int | None = None
+    capacity: int | None = None  # the device's own capacity, which largest_batch is for
+    #: whether batches beyond it train as micro-batches (every layer per sample, or batch norm's sums)
+    splittable: bool = False
 
     def to_dict(self) -> dict[str, object]:
         """Everything, as plain data (what ``vmem plan --curve --json`` prints)."""
@@ -102,7 +112,14 @@ class Curve:
         measured = any(p.measured_seconds is not None for p in every)
         rows = [
             f"{head}: auto trains in {format_bytes(self.floor)} to {format_bytes(self.keep_all)} "
-            f"({len(self.points)} points of {self.planned} budgets planned)",
+            f"({len(self.points)} points of {self.planned} budgets planned)"
+            + (
+                f"; at its own {format_bytes(self.capacity)}, batches up to "
+                f"{self.largest_batch}{' or more' if self.largest_batch >= LARGEST else ''} train whole"
+                + (" (larger ones as micro-batches)" if self.splittable else "")
+                if self.largest_batch is not None and self.capacity is not None
+                else ""
+            ),
             f"{'memory':>12} {'step ms':>9}  "
             + (f"{'measured':>12} {'ms':>9} {'/pred':>6}  " if measured else "")
             + f"{'policy':<12} does",
@@ -228,11 +245,11 @@ def curve(
     keep_all = int(top_plan.peak_bytes)
     floor = min(planner.least("auto") or keep_all, keep_all)
     found: dict[int, CurvePoint] = {}
-    total = [points + len(named)]
+    total = [points + len(named) + 1]
     done = [0]
     with _pool(planner, workers) as run:
 
-        def plan_all(tasks: list[tuple[str, int | None]]) -> list[CurvePoint | None]:
+        def plan_all(tasks: list[_Task]) -> list[Any]:
             def step() -> None:
                 done[0] += 1
                 if progress is not None:
@@ -243,8 +260,13 @@ def curve(
         span = keep_all - floor
         budgets = sorted({floor + span * k // (points - 1) if span else floor for k in range(points)})
         # the named policies, each at the least memory it trains in (what it is for), planned beside
-        first = plan_all([("auto", b) for b in budgets] + [(policy, None) for policy in named])
-        named_points = [p for p in first[len(budgets) :] if p is not None]
+        first = plan_all(
+            [("at", "auto", b) for b in budgets]
+            + [("least", policy, None) for policy in named]
+            + [("largest", "auto", None)]
+        )
+        named_points = [p for p in first[len(budgets) : -1] if p is not None]
+        largest = first[-1]
         found.update((b, p) for b, p in zip(budgets, first) if p is not None)
         while len(found) < most:  # halfway between neighbours whose times differ by more than 5%
             ordered = sorted(found)
@@ -257,7 +279,7 @@ def curve(
                 break
             halves = [(a + b) // 2 for a, b in gaps[: most - len(found)]]
             total[0] += len(halves)
-            found.update((b, p) for b, p in zip(halves, plan_all([("auto", b) for b in halves])) if p is not None)
+            found.update((b, p) for b, p in zip(halves, plan_all([("at", "auto", b) for b in halves])) if p is not None)
     return Curve(
         network=net.name,
         batch=batch,
@@ -268,7 +290,14 @@ def curve(
         floor=int(floor),
         keep_all=keep_all,
         planned=len(found),
+        largest_batch=largest,
+        capacity=target.spec.memory,
+        splittable=splittable(planner.program),
     )
+
+
+#: what a curve plans, each on its own (in a worker where there are several): (what, policy, budget)
+_Task = tuple[str, str, "int | None"]
 
 
 class _Planner:
@@ -302,13 +331,19 @@ class _Planner:
     def least(self, policy: str) -> int | None:
         return smallest_memory(self.program, self.target, policy)
 
-    def point(self, task: tuple[str, int | None]) -> CurvePoint | None:
-        """``("auto", budget)``: auto's plan at the budget; ``(policy, None)``: the policy at its least memory."""
-        policy, budget = task
-        if budget is None:
+    def point(self, task: _Task) -> Any:
+        """``("at", policy, budget)``: the policy's plan at the budget (a :class:`CurvePoint`, or None where
+        it plans none); ``("least", policy, None)``: the policy at its least memory; ``("largest", policy,
+        None)``: the largest batch the policy's floor fits the device's own capacity with, whole."""
+        what, policy, budget = task
+        if what == "largest":
+            return largest_batch(
+                self.net, self.target, policy=floor_policy(policy), precision=self.precision, most=LARGEST
+            )
+        if what == "least":
             budget = self.least(policy)
-            if budget is None:
-                return None
+        if budget is None:
+            return None
         result = self.planned(policy, budget)
         return _point(result, int(budget), policy) if result is not None else None
 
@@ -321,17 +356,17 @@ def _start_worker(planner: _Planner) -> None:
     _WORKER = planner
 
 
-def _work(task: tuple[str, int | None]) -> CurvePoint | None:
+def _work(task: _Task) -> Any:
     assert _WORKER is not None, "a curve worker runs tasks only once started"
     return _WORKER.point(task)
 
 
 @contextlib.contextmanager
-def _pool(planner: _Planner, workers: int) -> Iterator[Callable[..., list[CurvePoint | None]]]:
+def _pool(planner: _Planner, workers: int) -> Iterator[Callable[..., list[Any]]]:
     """A runner of tasks (``run(tasks, step)``, ``step()`` after each): in this process, or where ``workers`` > 1
     and the planner can be sent, in a pool of that many (spawned: this process may run threads)."""
 
-    def here(tasks: list[tuple[str, int | None]], step: Callable[[], None]) -> list[CurvePoint | None]:
+    def here(tasks: list[_Task], step: Callable[[], None]) -> list[Any]:
         out = []
         for task in tasks:
             out.append(planner.point(task))
@@ -349,7 +384,7 @@ def _pool(planner: _Planner, workers: int) -> Iterator[Callable[..., list[CurveP
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, context, _start_worker, (planner,)) as pool:
 
-        def there(tasks: list[tuple[str, int | None]], step: Callable[[], None]) -> list[CurvePoint | None]:
+        def there(tasks: list[_Task], step: Callable[[], None]) -> list[Any]:
             futures = [pool.submit(_work, task) for task in tasks]
             for future in concurrent.futures.as_completed(futures):
                 future.result()
