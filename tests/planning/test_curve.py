@@ -73,6 +73,11 @@ def test_vmem_plan_curve_prints_the_curve_and_refuses_what_it_cannot_do(capsys):
     assert "drop --memory" in capsys.readouterr().err
     assert main(["plan", "--model", "digits_cnn", "--batch", "16", "--device", "cpu", "--curve"]) != 0
     assert "--profile" in capsys.readouterr().err
+    argv = ["plan", "--model", "digits_cnn", "--batch", "16", "--device", "sim:titan-x"]
+    assert main([*argv, "--curve", "--json", "--jobs", "1"]) == 0
+    assert json.loads(capsys.readouterr().out) == data  # the same curve in one process as in one per core
+    assert main([*argv, "--jobs", "2"]) != 0
+    assert "--jobs plans a curve's budgets side by side: add --curve" in capsys.readouterr().err
 
 
 def test_a_plan_reports_what_placement_costs():
