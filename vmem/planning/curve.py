@@ -19,7 +19,7 @@ import multiprocessing
 import pickle
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, TypedDict
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence, TypedDict, Union
 
 from ..errors import BudgetTooSmall, PlanError
 from ..units import format_bytes
@@ -249,7 +249,7 @@ def curve(
     done = [0]
     with _pool(planner, workers) as run:
 
-        def plan_all(tasks: list[_Task]) -> list[Any]:
+        def plan_all(tasks: Sequence[_Task]) -> list[_Done]:
             def step() -> None:
                 done[0] += 1
                 if progress is not None:
@@ -265,9 +265,9 @@ def curve(
             + [("least", policy, None) for policy in named]
             + [("largest", "auto", None)]
         )
-        named_points = [p for p in first[len(budgets) : -1] if p is not None]
-        largest = first[-1]
-        found.update((b, p) for b, p in zip(budgets, first) if p is not None)
+        named_points = [p for p in first[len(budgets) : -1] if isinstance(p, CurvePoint)]
+        largest = first[-1] if isinstance(first[-1], int) else None
+        found.update((b, p) for b, p in zip(budgets, first) if isinstance(p, CurvePoint))
         while len(found) < most:  # halfway between neighbours whose times differ by more than 5%
             ordered = sorted(found)
             gaps = [
@@ -279,7 +279,8 @@ def curve(
                 break
             halves = [(a + b) // 2 for a, b in gaps[: most - len(found)]]
             total[0] += len(halves)
-            found.update((b, p) for b, p in zip(halves, plan_all([("at", "auto", b) for b in halves])) if p is not None)
+            made = plan_all([("at", "auto", b) for b in halves])
+            found.update((b, p) for b, p in zip(halves, made) if isinstance(p, CurvePoint))
     return Curve(
         network=net.name,
         batch=batch,
@@ -296,8 +297,10 @@ def curve(
     )
 
 
-#: what a curve plans, each on its own (in a worker where there are several): (what, policy, budget)
-_Task = tuple[str, str, "int | None"]
+#: what a curve plans, each on its own (in a worker where there are several): (what, policy, budget), and what
+#: it gives (a point, a batch, or None where the policy plans nothing there)
+_Task = tuple[str, str, Union[int, None]]
+_Done = Union[CurvePoint, int, None]
 
 
 class _Planner:
@@ -331,7 +334,7 @@ class _Planner:
     def least(self, policy: str) -> int | None:
         return smallest_memory(self.program, self.target, policy)
 
-    def point(self, task: _Task) -> Any:
+    def point(self, task: _Task) -> _Done:
         """``("at", policy, budget)``: the policy's plan at the budget (a :class:`CurvePoint`, or None where
         it plans none); ``("least", policy, None)``: the policy at its least memory; ``("largest", policy,
         None)``: the largest batch the policy's floor fits the device's own capacity with, whole."""
@@ -356,17 +359,17 @@ def _start_worker(planner: _Planner) -> None:
     _WORKER = planner
 
 
-def _work(task: _Task) -> Any:
+def _work(task: _Task) -> _Done:
     assert _WORKER is not None, "a curve worker runs tasks only once started"
     return _WORKER.point(task)
 
 
 @contextlib.contextmanager
-def _pool(planner: _Planner, workers: int) -> Iterator[Callable[..., list[Any]]]:
+def _pool(planner: _Planner, workers: int) -> Iterator[Callable[..., list[_Done]]]:
     """A runner of tasks (``run(tasks, step)``, ``step()`` after each): in this process, or where ``workers`` > 1
     and the planner can be sent, in a pool of that many (spawned: this process may run threads)."""
 
-    def here(tasks: list[_Task], step: Callable[[], None]) -> list[Any]:
+    def here(tasks: Sequence[_Task], step: Callable[[], None]) -> list[_Done]:
         out = []
         for task in tasks:
             out.append(planner.point(task))
@@ -384,7 +387,7 @@ def _pool(planner: _Planner, workers: int) -> Iterator[Callable[..., list[Any]]]
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, context, _start_worker, (planner,)) as pool:
 
-        def there(tasks: list[_Task], step: Callable[[], None]) -> list[Any]:
+        def there(tasks: Sequence[_Task], step: Callable[[], None]) -> list[_Done]:
             futures = [pool.submit(_work, task) for task in tasks]
             for future in concurrent.futures.as_completed(futures):
                 future.result()

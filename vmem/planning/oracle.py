@@ -4,7 +4,7 @@ replay as a plan's own, made cheap where the answer cannot change."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from ..device.spec import DeviceSpec
 from ..graph import Program
@@ -18,6 +18,18 @@ if TYPE_CHECKING:
     from ..costs.model import CostModel
 
 __all__ = ["Oracle", "Replays"]
+
+_T = TypeVar("_T")
+
+
+class _Placed:
+    """One placement of a plan: the capacities ``[lo, hi)`` it is made for, its top and live bytes, and its
+    figures once replayed at a capacity holding the top (None until then)."""
+
+    __slots__ = ("lo", "hi", "top", "live", "figures")
+
+    def __init__(self, lo: int, hi: float, top: int, live: int, figures: Figures | None):
+        self.lo, self.hi, self.top, self.live, self.figures = lo, hi, top, live, figures
 
 
 class Oracle:
@@ -104,11 +116,11 @@ class Replays:
     accumulation alike share answers (:meth:`scope_of`)."""
 
     def __init__(self) -> None:
-        #: scope -> (decisions, packing) -> placements: [lo, hi, top, live bytes, figures or None]
-        self._known: dict[tuple, dict[tuple, list[list[Any]]]] = {}
+        #: scope -> (decisions, packing) -> the placements made of that plan
+        self._known: dict[tuple, dict[tuple, list[_Placed]]] = {}
         self._held: list[object] = []  # the cost models scopes name by id, kept alive
         #: scope -> values found once for every capacity (:meth:`once`: the baseline's step time)
-        self._once: dict[tuple, dict[tuple, Any]] = {}
+        self._once: dict[tuple, dict[tuple, object]] = {}
         self.hits = 0
         self.misses = 0
 
@@ -129,23 +141,24 @@ class Replays:
             id(costs),
         )
 
-    def once(self, scope: tuple, key: tuple, make: Callable[[], Any]) -> Any:
+    def once(self, scope: tuple, key: tuple, make: Callable[[], _T]) -> _T:
         """``make()``, found once per scope and key: for what is the same at every capacity."""
         known = self._once.setdefault(scope, {})
         if key not in known:
             known[key] = make()
-        return known[key]
+        return known[key]  # type: ignore[return-value]
 
     def answer(self, scope: tuple, key: tuple, memory: int, unfit: bool) -> tuple[Figures | None] | None:
         """The oracle's answer for the plan ``key`` at ``memory``, as a 1-tuple (its figures, or None where it
         does not fit and ``unfit`` is False), or None where it is not known."""
-        for lo, hi, top, live, figures in self._known.get(scope, {}).get(key, ()):
-            if not lo <= memory < hi:
+        for placed in self._known.get(scope, {}).get(key, ()):
+            if not placed.lo <= memory < placed.hi:
                 continue
-            if figures is not None and top <= memory:
+            figures = placed.figures
+            if figures is not None and placed.top <= memory:
                 self.hits += 1
                 return (figures,)
-            if live > memory:  # no placement fits: the figures of any (unfit), or none
+            if placed.live > memory:  # no placement fits: the figures of any (unfit), or none
                 if not unfit:
                     self.hits += 1
                     return (None,)
@@ -165,8 +178,8 @@ class Replays:
         same = figures is not None and (top <= memory or not figures.fits)  # not placed elsewhere by the pool
         kept = dataclasses.replace(figures, fits=True) if same and figures is not None else None
         placements = self._known.setdefault(scope, {}).setdefault(key, [])
-        for entry in placements:
-            if entry[0] == lo and entry[1] == hi:
-                entry[4] = entry[4] if entry[4] is not None else kept
+        for placed in placements:
+            if placed.lo == lo and placed.hi == hi:
+                placed.figures = placed.figures if placed.figures is not None else kept
                 return
-        placements.append([lo, hi, top, schedule.live_bytes, kept])
+        placements.append(_Placed(lo, hi, top, schedule.live_bytes, kept))

@@ -63,7 +63,11 @@ def get(spec: "str | Policy", **overrides: Any) -> "Policy":
 
 
 def decide(
-    policy: "Policy", program: Program, device: DeviceSpec, costs: "CostModel | None" = None, oracle: Any = None
+    policy: "Policy",
+    program: Program,
+    device: DeviceSpec,
+    costs: "CostModel | None" = None,
+    oracle: "Oracle | None" = None,
 ) -> Plan:
     """``policy.decide(program, device, costs, oracle)``; where the oracle shares what it learns across
     capacities (its ``replays``: a curve's budgets) and the policy is :attr:`~Policy.budget_free`, decided
@@ -73,7 +77,7 @@ def decide(
         return policy.decide(program, device, costs, oracle)
     algos = policy.choose_algos(program, costs, capacity=device.memory)  # what new_plan picks at this capacity
     key = ("decide", policy.spec, tuple(sorted((op, tuple(sorted(per.items()))) for op, per in algos.items())))
-    plan = replays.once(oracle.scope, key, lambda: policy.decide(program, device, costs, oracle))
+    plan = replays.once(getattr(oracle, "scope"), key, lambda: policy.decide(program, device, costs, oracle))
     return plan if plan.capacity == device.memory else dataclasses.replace(plan, capacity=device.memory)
 
 
