@@ -231,7 +231,8 @@ def curve(
     to ``most``) where the time changes; the named policies beside (see :class:`Curve`). ``progress(done,
     total)`` is called after each plan. ``workers`` > 1: the budgets planned in that many processes (the
     same curve: each budget's plan is the one it has alone); where the network, device or costs cannot be
-    sent to another process, in this one."""
+    sent to another process, in this one. The processes are spawned, so a script that asks for them calls
+    this under ``if __name__ == "__main__":`` (as Python's own process pools need)."""
     if not isinstance(points, int) or points < 2 or not isinstance(most, int) or most < points:
         raise ValueError(f"curve: points={points!r} must be an int >= 2 and most={most!r} at least that")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
