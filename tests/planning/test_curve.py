@@ -143,3 +143,21 @@ def test_a_curve_says_the_largest_batch_that_trains_whole_at_the_devices_own_cap
     assert c.largest_batch == largest_batch(net, "sim:titan-x", policy=Auto.floor) > 32
     assert f"batches up to {c.largest_batch} train whole (larger ones as micro-batches)" in c.table()
     assert json.loads(c.json())["largest_batch"] == c.largest_batch
+
+
+def test_a_curve_on_a_device_of_this_process_is_planned_here(monkeypatch):
+    """A Device's own catalog (its pool, its streams) is not sent to other processes: asked for two, the
+    budgets are planned in this one, without trying to pickle the device."""
+    import pickle
+
+    from vmem.planning import profiles
+
+    net = vmem.models.get("digits_cnn")
+    with vmem.device("cpu", memory="64MiB") as dev:
+        costs, _ = profiles.measure(net, 8, dev)
+        tried = []
+        dumps = pickle.dumps
+        monkeypatch.setattr(pickle, "dumps", lambda obj, *a, **k: tried.append(obj) or dumps(obj, *a, **k))
+        two = vmem.curve(net, 8, dev, costs=costs, points=3, most=3, workers=2)
+        assert not tried
+        assert two == vmem.curve(net, 8, dev, costs=costs, points=3, most=3)

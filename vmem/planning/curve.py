@@ -377,10 +377,12 @@ def _pool(planner: _Planner, workers: int) -> Iterator[Callable[..., list[_Done]
             step()
         return out
 
+    if workers > 1 and getattr(planner.target.catalog, "__self__", None) is not None:
+        workers = 1  # a Device's own catalog: the device (its pool, its streams) stays in this process
     if workers > 1:
         try:
             pickle.dumps(planner)
-        except Exception:  # a device's bound catalog, a profile holding a device: planned here
+        except Exception:  # a profile holding a device, a catalog made in a function: planned here
             workers = 1
     if workers == 1:
         yield here
