@@ -243,7 +243,6 @@ def test_the_standin_keeps_stream_captures_rules(cupy):
 
 
 ALLOCATING = {  # what still asks the array module for memory inside a captured step (from the graph's own pool)
-    "resnet": "batch norm's centred maps and average pooling's divisor are temporaries of the layers",
     "vdnn-all:split=on": "Gist's 16-bit ReLU backward on bits widens through a float32 mask",
 }
 

@@ -17,7 +17,9 @@ class BatchNorm2d(Layer):
 
     Training normalizes with the batch's mean and biased variance and updates the running statistics
     (running variance with the unbiased estimate, as Torch does); evaluation uses the running
-    statistics. Backward needs the input and the saved batch mean and 1/std (``aux``). Where the batch is
+    statistics. Backward needs the input and the saved batch mean and 1/std (``aux``; a third per-channel
+    aux, ``scale``, holds the products of per-channel values both passes make, and FP32 maps' deviations are
+    made in the output or the input's gradient: a step asks the array module for no memory). Where the batch is
     split over several processes and ``ctx.batch_sum`` is given (synchronized batch norm), the statistics
     and backward's sums are the whole batch's: each process's sums added over all.
     Parameters ``weight`` (gamma) and ``bias`` (beta); buffers ``running_mean`` and ``running_var``.
@@ -60,7 +62,9 @@ class BatchNorm2d(Layer):
 
     def aux_specs(self, in_shapes: Sequence[Shape]) -> dict[str, AuxSpec]:
         c = (self.num_features,)
-        return {"mean": AuxSpec(c, "float"), "invstd": AuxSpec(c, "float")}
+        # scale: room for the per-channel products (gamma / std, the running statistics' updates), so that
+        # a step asks the array module for no memory (a captured step replays without it)
+        return {"mean": AuxSpec(c, "float"), "invstd": AuxSpec(c, "float"), "scale": AuxSpec(c, "float")}
 
     def flops(self, in_shapes: Sequence[Shape]) -> int:
         n, c, h, w = in_shapes[0]
@@ -70,7 +74,8 @@ class BatchNorm2d(Layer):
         xp, p, aux = ctx.xp, ctx.params, ctx.aux
         c = self.num_features
         x2 = xs[0].reshape(-1, c)
-        mean, invstd = aux["mean"], aux["invstd"]
+        y2 = y.reshape(-1, c)
+        mean, invstd, scale = aux["mean"], aux["invstd"], aux["scale"]
         if ctx.train and not ctx.replay:
             m = x2.shape[0]
             ctx.ops.column_sum(x2, out=mean)  # the mean and the variance, as NumPy computes them
@@ -79,25 +84,34 @@ class BatchNorm2d(Layer):
                 ctx.batch_sum(both)
                 mean[...], m = both[:c], int(round(float(both[c])))
             mean /= m
-            centred = x2 - mean
-            centred *= centred
-            var = ctx.ops.column_sum(centred)
+            var = invstd  # the variance, then 1/std in its place
+            if xp.result_type(x2, mean) == y2.dtype:  # the squared deviations made in the output
+                xp.subtract(x2, mean, out=y2)
+                y2 *= y2
+                ctx.ops.column_sum(y2, out=var)
+            else:  # half maps: the deviations in FP32
+                centred = x2 - mean
+                centred *= centred
+                ctx.ops.column_sum(centred, out=var)
             if ctx.batch_sum is not None:
                 ctx.batch_sum(var)
             var /= m
             rm, rv = p["running_mean"], p["running_var"]
             rm *= 1.0 - self.momentum
-            rm += self.momentum * mean
+            rm += xp.multiply(mean, self.momentum, out=scale)
             rv *= 1.0 - self.momentum
-            rv += (self.momentum * m / max(m - 1, 1)) * var
-            invstd[...] = 1.0 / xp.sqrt(var + self.eps)
+            rv += xp.multiply(var, self.momentum * m / max(m - 1, 1), out=scale)
+            var += self.eps
+            xp.sqrt(var, out=invstd)
+            xp.divide(1.0, invstd, out=invstd)
         elif not ctx.train:
             mean[...] = p["running_mean"]
-            invstd[...] = 1.0 / xp.sqrt(p["running_var"] + self.eps)
+            xp.add(p["running_var"], self.eps, out=invstd)
+            xp.sqrt(invstd, out=invstd)
+            xp.divide(1.0, invstd, out=invstd)
         # a replay (ctx.replay) writes the same output from the statistics it saved: nothing is summed again
-        y2 = y.reshape(-1, c)
         xp.subtract(x2, mean, out=y2)
-        y2 *= invstd * p["weight"]
+        y2 *= xp.multiply(invstd, p["weight"], out=scale)
         y2 += p["bias"]
 
     def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
@@ -105,16 +119,24 @@ class BatchNorm2d(Layer):
         c = self.num_features
         x2 = xs[0].reshape(-1, c)  # type: ignore[index]
         dy2 = dy.reshape(-1, c)
-        mean, invstd = aux["mean"], aux["invstd"]
-        xhat = (x2 - mean) * invstd
+        mean, invstd, scale = aux["mean"], aux["invstd"], aux["scale"]
         dgamma, dbeta = ctx.grads["weight"], ctx.grads["bias"]
-        ctx.ops.column_sum(dy2 * xhat, out=dgamma)
-        ctx.ops.column_sum(dy2, out=dbeta)
         dx = dxs[0]
-        if dx is None:
+        dx2 = None if dx is None else dx.reshape(-1, c)
+        if dx2 is not None and xp.result_type(x2, mean) == dx2.dtype:  # x-hat made in dx, twice
+            xp.subtract(x2, mean, out=dx2)
+            dx2 *= invstd
+            dx2 *= dy2
+            ctx.ops.column_sum(dx2, out=dgamma)
+            xp.subtract(x2, mean, out=dx2)
+            dx2 *= invstd
+            xhat = dx2
+        else:  # half maps, or no dx to make it in: x-hat in FP32 of its own
+            xhat = (x2 - mean) * invstd
+            ctx.ops.column_sum(dy2 * xhat, out=dgamma)
+        ctx.ops.column_sum(dy2, out=dbeta)
+        if dx2 is None:
             return
-        dx2 = dx.reshape(-1, c)
-        scale = ctx.params["weight"] * invstd
         if ctx.train:
             m = x2.shape[0]
             sums_g, sums_b = dgamma, dbeta
@@ -123,12 +145,12 @@ class BatchNorm2d(Layer):
                 both = xp.concatenate([dgamma, dbeta, xp.asarray([m], dtype=dgamma.dtype)])
                 ctx.batch_sum(both)
                 sums_g, sums_b, m = both[:c], both[c : 2 * c], int(round(float(both[2 * c])))
-            xhat *= sums_g / m
+            xhat *= xp.divide(sums_g, m, out=scale)
             xp.subtract(dy2, xhat, out=dx2)
-            dx2 -= sums_b / m
-            dx2 *= scale
+            dx2 -= xp.divide(sums_b, m, out=scale)
+            dx2 *= xp.multiply(ctx.params["weight"], invstd, out=scale)
         else:
-            xp.multiply(dy2, scale, out=dx2)
+            xp.multiply(dy2, xp.multiply(ctx.params["weight"], invstd, out=scale), out=dx2)
 
 
 class LocalResponseNorm(Layer):

@@ -273,6 +273,18 @@ class AvgPool2d(_Pool2d):
         div = xp.outer(counts(h, kh, sh, ph, dh, ho), counts(w, kw, sw, pw, dw, wo))[:, :, None]
         return div.astype(dtype)
 
+    def _uniform(self, h: int, w: int, ho: int, wo: int) -> float | None:
+        """The divisor where every window counts alike (no padding counted apart, no window past the edge: a
+        global average pooling), else None; counted on the host (no array made or uploaded)."""
+        divisor = self._divisor(np, h, w, ho, wo, np.float64)
+        first = float(divisor.flat[0])
+        return first if bool((divisor == first).all()) else None
+
+    def _disjoint(self, ho: int, wo: int) -> bool:
+        """Whether no input position lies in two windows (each gradient value lands in one place)."""
+        (kh, kw), (sh, sw), _, (dh, dw) = self.kernel_size, self.stride, self.padding, self.dilation
+        return (ho == 1 or (kh - 1) * dh < sh) and (wo == 1 or (kw - 1) * dw < sw)
+
     def forward(self, ctx: Ctx, xs: list[Array], y: Array) -> None:
         xp, x = ctx.xp, xs[0]
         _, h, w, _ = x.shape
@@ -280,7 +292,8 @@ class AvgPool2d(_Pool2d):
         y.fill(0)
         for _, orow, ocol, irow, icol in self._offsets(h, w, ho, wo):
             y[:, orow, ocol] += x[:, irow, icol]
-        y /= self._divisor(xp, h, w, ho, wo, y.dtype)
+        uniform = self._uniform(h, w, ho, wo)
+        y /= self._divisor(xp, h, w, ho, wo, y.dtype) if uniform is None else uniform
 
     def backward(self, ctx: Ctx, dy: Array, xs: list[Array] | None, y: Array | None, dxs: list[Array | None]) -> None:
         dx = dxs[0]
@@ -289,8 +302,14 @@ class AvgPool2d(_Pool2d):
         xp = ctx.xp
         _, h, w, _ = dx.shape
         _, ho, wo, _ = dy.shape
-        g = dy / self._divisor(xp, h, w, ho, wo, dy.dtype)
+        uniform = self._uniform(h, w, ho, wo)
         dx.fill(0)
+        if uniform is not None and self._disjoint(ho, wo):  # each value divided where it lands: no temporary
+            for _, orow, ocol, irow, icol in self._offsets(h, w, ho, wo):
+                dx[:, irow, icol] += dy[:, orow, ocol]
+            dx /= uniform
+            return
+        g = dy / self._divisor(xp, h, w, ho, wo, dy.dtype)
         for _, orow, ocol, irow, icol in self._offsets(h, w, ho, wo):
             dx[:, irow, icol] += g[:, orow, ocol]
 
