@@ -64,11 +64,15 @@ def test_relu_backward_on_bits_equals_the_dense_rule_in_16_bits(precision):
     dtype = HALVES[precision]
     y = _relu_map(dtype)
     dy = np.random.default_rng(1).standard_normal(y.shape).astype(dtype)
+    flat = dy.reshape(-1)
+    flat[:6] = [np.nan, np.inf, -np.inf, -0.0, -1.5, 0.0]  # NaN, infinities and signed zeros keep their bytes
     enc = codecs.get("binarize").encode(y)
     dx = np.empty_like(dy)
-    codecs.Binarize.relu_backward(enc, dy, dx)
+    codecs.Binarize.relu_backward(enc, dy, dx)  # the 16-bit kernel (binarize_relu_backward_f16/bf16)
     expected = (dy.astype(np.float32) * (y.astype(np.float32) > 0)).astype(dtype)
     assert _same_bytes(dx, expected)
+    codecs.Binarize.relu_backward(enc, dy, dy)  # in place on the gradient
+    assert _same_bytes(dy, expected)
 
 
 # -- patch2 in the seed's format: a restatement of its GPU kernel, one patch at a time ---------------------
@@ -196,3 +200,24 @@ def test_maps_the_kernels_do_not_serve_stay_exact_through_the_lossless_codecs():
     for name in ("zvc", "ssdc"):
         codec = codecs.get(name)
         assert _same_bytes(codec.decode(codec.encode(x)), x), name
+
+
+@pytest.mark.parametrize("precision", HALVES)
+def test_binarize_reads_16_bit_maps_as_stored_and_writes_into_a_block(precision):
+    """The 16-bit kernels (binarize_encode_f16/bf16) give numpy.packbits(v > 0) bit for bit, NaN, infinities,
+    signed zeros and subnormals included, at a length that is no multiple of 8; ``encode_into`` makes the
+    same bytes in a pool block as ``encode(...).store`` does."""
+    dtype = HALVES[precision]
+    v = np.random.default_rng(2).standard_normal(8 * 37 + 5).astype(dtype)
+    tiny = np.finfo(dtype).smallest_subnormal
+    v[:8] = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, tiny, -tiny, 1.0]).astype(dtype)
+    codec = codecs.get("binarize")
+    bits = codec.encode(v).arrays["bits"]
+    assert _same_bytes(bits, np.packbits(v > 0, bitorder="little"))
+    raw = np.full(bits.nbytes + 16, 0xAB, np.uint8)
+    made = codec.encode_into(v, raw)
+    assert made is not None and _same_bytes(made.arrays["bits"], bits)
+    assert np.shares_memory(made.arrays["bits"], raw) and (raw[bits.nbytes :] == 0xAB).all()
+    stored = codec.encode(v).store(np.zeros_like(raw))
+    assert _same_bytes(stored.arrays["bits"], made.arrays["bits"])
+    assert codec.encode_into(v, raw[: bits.nbytes - 1]) is None  # a block too short: made the other way

@@ -132,6 +132,12 @@ class Codec(ABC):
             raise ValueError(f"codec {self.spec!r}: takes no per-channel range (only ranged codecs do)")
         return self.encode(x)
 
+    def encode_into(self, x: Array, raw: Array) -> Encoded | None:
+        """The encoding of ``x`` (stored channels last) made in ``raw`` (a byte buffer: a pool block) as
+        :meth:`Encoded.store` lays it out, with nothing else allocated; None where this codec makes its
+        arrays first (then ``encode_stored(x).store(raw)``)."""
+        return None
+
     def decode_stored(self, enc: Encoded, out: Array) -> None:
         """Decode into ``out``, stored as :meth:`encode_stored` read it."""
         self.decode(enc, out)

@@ -176,9 +176,12 @@ def _groups(n: int, size: int) -> int:
     return -(-n // size)
 
 
-def binarize_encode(v: Array, on: Backend = CPU) -> Array:
-    bits = on.xp.empty(_groups(v.size, 8), np.uint8)
-    on.launch("binarize_encode", bits.size, v, bits, _i64(v.size))
+def binarize_encode(v: Array, on: Backend = CPU, out: Array | None = None) -> Array:
+    """The sign bits of ``v`` (float32, or 16-bit floats read as stored), bit i of byte b set where v[8b + i]
+    > 0, into ``out`` (uint8, at least ceil(n / 8) long) where given."""
+    bits = on.xp.empty(_groups(v.size, 8), np.uint8) if out is None else out[: _groups(v.size, 8)]
+    kernel = "binarize_encode" if np.dtype(v.dtype) == np.float32 else f"binarize_encode_{_suffix(v)}"
+    on.launch(kernel, bits.size, _bits(v), bits, _i64(v.size))
     return bits
 
 
@@ -187,7 +190,12 @@ def binarize_decode(bits: Array, out: Array, on: Backend = CPU) -> None:
 
 
 def binarize_relu_backward(bits: Array, dy: Array, dx: Array, on: Backend = CPU) -> None:
-    on.launch("binarize_relu_backward", dx.size, bits, dy, dx, _i64(dx.size))
+    """``dx = dy * mask`` from a binarized ReLU output's bits, float32 or 16-bit (their bits), ``dx`` may be
+    ``dy``: the same bytes as ``dy * (y > 0)`` on the dense output."""
+    if np.dtype(dx.dtype) == np.float32:
+        on.launch("binarize_relu_backward", dx.size, bits, dy, dx, _i64(dx.size))
+        return
+    on.launch(f"binarize_relu_backward_{_suffix(dx)}", dx.size, bits, _bits(dy), _bits(dx), _i64(dx.size))
 
 
 def zvc_encode(v: Array, on: Backend = CPU) -> tuple[Any, Any]:

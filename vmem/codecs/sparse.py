@@ -129,10 +129,18 @@ class Binarize(Codec):
     def encode(self, x: Array, *, reference: bool = False) -> Encoded:
         v = flat(x)
         if not reference and kernel_dtype(v.dtype) and (on := native.backend(v)) is not None:
-            bits = native.binarize_encode(widened(v), on)
+            bits = native.binarize_encode(v, on)  # 16-bit floats read as stored
         else:
             bits = np.packbits(v > 0, bitorder="little")
         return Encoded(self.name, shape_of(x), v.dtype, {"bits": bits})
+
+    def encode_into(self, x: Array, raw: Array) -> Encoded | None:
+        """The bits made in ``raw`` by the kernel (a captured step asks the array module for nothing)."""
+        v = flat(x)
+        size = -(-v.size // 8)
+        if not kernel_dtype(v.dtype) or raw.nbytes < size or (on := native.backend(v)) is None:
+            return None
+        return Encoded(self.name, shape_of(x), v.dtype, {"bits": native.binarize_encode(v, on, out=raw[:size])})
 
     def decode(self, enc: Encoded, out: Array | None = None, *, reference: bool = False) -> np.ndarray:
         res = output(enc, out)
@@ -161,10 +169,14 @@ class Binarize(Codec):
         ):
             native.binarize_relu_backward(bits, dy.reshape(-1), dx.reshape(-1), on)
             return
-        if is_half(dx.dtype) and dx.flags.c_contiguous and (on := native.backend(dx)) is not None:
-            mask = on.xp.empty(dx.shape, np.float32)  # 16-bit floats: the mask from the kernel, then dy * mask
-            native.binarize_decode(bits, mask.reshape(-1), on)
-            on.xp.multiply(dy, mask.astype(dx.dtype), out=dx)
+        if (
+            is_half(dx.dtype)
+            and dy.dtype == dx.dtype
+            and dx.flags.c_contiguous
+            and dy.flags.c_contiguous
+            and (on := native.backend(dx)) is not None
+        ):  # 16-bit floats: the same product, rounded once (exact), with no mask made
+            native.binarize_relu_backward(bits, dy.reshape(-1), dx.reshape(-1), on)
             return
         mask = np.unpackbits(bits, bitorder="little", count=enc.size).astype(dy.dtype).reshape(dy.shape)
         np.multiply(dy, mask, out=dx)

@@ -105,6 +105,12 @@ LAUNCHER(relu_bf16, P(const uint16_t* x, uint16_t* y, int64_t n), x, y, n)
 LAUNCHER(relu_backward_f32, P(const float* y, const float* dy, float* dx, int64_t n), y, dy, dx, n)
 LAUNCHER(relu_backward_f16, P(const uint16_t* y, const uint16_t* dy, uint16_t* dx, int64_t n), y, dy, dx, n)
 LAUNCHER(relu_backward_bf16, P(const uint16_t* y, const uint16_t* dy, uint16_t* dx, int64_t n), y, dy, dx, n)
+LAUNCHER(binarize_encode_f16, P(const uint16_t* x, uint8_t* bits, int64_t n), x, bits, n)
+LAUNCHER(binarize_encode_bf16, P(const uint16_t* x, uint8_t* bits, int64_t n), x, bits, n)
+LAUNCHER(binarize_relu_backward_f16, P(const uint8_t* bits, const uint16_t* dy, uint16_t* dx, int64_t n),
+         bits, dy, dx, n)
+LAUNCHER(binarize_relu_backward_bf16, P(const uint8_t* bits, const uint16_t* dy, uint16_t* dx, int64_t n),
+         bits, dy, dx, n)
 LAUNCHER(maxpool_forward_f32, P(const float* x, float* y, uint8_t* arg, int64_t n, int64_t h, int64_t w, int64_t c,
                                 int64_t ho, int64_t wo, int kh, int kw, int sh, int sw, int packed),
          x, y, arg, n, h, w, c, ho, wo, kh, kw, sh, sw, packed)

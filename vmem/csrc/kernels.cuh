@@ -649,6 +649,30 @@ VMEM_KERNEL void relu_bf16(VMEM_TID_ARG const uint16_t* x, uint16_t* y, int64_t 
     if (j < n) y[j] = vmem_relu_one_bf16(x[j]);
 }
 
+/* Gist's binarize of a 16-bit map, read as it is stored (no FP32 copy): bit i of byte b is x[8b + i] > 0, as
+ * binarize_encode makes it of the same values widened (NaN is not > 0). */
+#define VMEM_BINARIZE16(name, from)                                                                         \
+    VMEM_KERNEL void name(VMEM_TID_ARG const uint16_t* __restrict__ x, uint8_t* __restrict__ bits, int64_t n) { \
+        int64_t b = VMEM_TID;                                                                                \
+        if (b * 8 >= n) return;                                                                              \
+        uint32_t byte = 0;                                                                                   \
+        for (int64_t j = b * 8; j < n && j < b * 8 + 8; ++j) byte |= (uint32_t)(from(x[j]) > 0.0f) << (j - b * 8); \
+        bits[b] = (uint8_t)byte;                                                                             \
+    }
+VMEM_BINARIZE16(binarize_encode_f16, vmem_h2f)
+VMEM_BINARIZE16(binarize_encode_bf16, vmem_bf2f)
+
+/* ReLU's backward on the bits of its output (Gist's binarize) in 16-bit floats, in place on the gradient (dx
+ * may be dy): the product as the FP32 kernel makes it, rounded once (exact: dy or a signed zero). */
+#define VMEM_BITS_GRAD16(name, to, from)                                                                  \
+    VMEM_KERNEL void name(VMEM_TID_ARG const uint8_t* __restrict__ bits, const uint16_t* dy, uint16_t* dx, \
+                          int64_t n) {                                                                     \
+        int64_t j = VMEM_TID;                                                                              \
+        if (j < n) dx[j] = to(VMEM_FMUL(from(dy[j]), (float)((bits[j >> 3] >> (j & 7)) & 1u)));           \
+    }
+VMEM_BITS_GRAD16(binarize_relu_backward_f16, vmem_f2h, vmem_h2f)
+VMEM_BITS_GRAD16(binarize_relu_backward_bf16, vmem_f2bf, vmem_bf2f)
+
 /* ReLU's backward from its output, in place on the gradient (dx may be dy): dx = dy * (y > 0). */
 VMEM_KERNEL void relu_backward_f32(VMEM_TID_ARG const float* y, const float* dy, float* dx, int64_t n) {
     int64_t j = VMEM_TID;

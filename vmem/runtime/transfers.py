@@ -242,7 +242,12 @@ class Transfers:
         encodings, codec, bn, dev, spilled = r.encodings, st.codec, st.range, self.device, r.spilled
 
         def run() -> None:
-            enc = codecs.encode_channels_last(codec, src, *(self._range(bn) or ()))
+            ranged = self._range(bn)
+            made = None if ranged else codec.encode_into(src, raw)  # in its block, where the codec can
+            if made is not None:
+                encodings[st.enc] = made
+                return
+            enc = codecs.encode_channels_last(codec, src, *(ranged or ()))
             if enc.stored_nbytes <= raw.nbytes:  # always, where the size does not depend on the data
                 encodings[st.enc] = enc.store(raw)
                 return
