@@ -42,9 +42,13 @@ def test_auto_beats_each_named_policy_at_that_policys_least_memory(vgg_curve):
 def test_the_curve_is_plain_data_a_table_and_a_plot(vgg_curve, tmp_path):
     data = json.loads(vgg_curve.json())
     assert data["network"] == "vgg_cifar" and len(data["points"]) == len(vgg_curve.points)
-    assert {"budget", "memory", "step_seconds", "policy", "techniques"} <= set(data["points"][0])
+    assert {"budget", "memory", "step_seconds", "policy", "techniques", "packing"} <= set(data["points"][0])
+    for p in (*vgg_curve.points, *vgg_curve.named):  # each plan's packing and its convolutions' algorithms
+        assert p.packing is not None and 1.0 <= p.packing < 1.02
+        assert set(p.techniques["algos"]) == {"forward", "backward_data", "backward_filter"}
+        assert all(sum(by.values()) == 8 for by in p.techniques["algos"].values())  # vgg_cifar's 8 convolutions
     text = vgg_curve.table()
-    assert "auto trains in" in text and "keeps everything" in text and "vdnn-all" in text
+    assert "auto trains in" in text and "keeps everything" in text and "vdnn-all" in text and "packing" in text
     pytest.importorskip("matplotlib")
     vgg_curve.plot(str(tmp_path / "curve.png"))
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

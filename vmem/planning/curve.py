@@ -53,6 +53,8 @@ class Techniques(TypedDict):
     split: int
     microbatch: int
     chosen: str | None
+    #: per convolution pass, how many convolutions run each algorithm
+    algos: dict[str, dict[str, int]]
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ class CurvePoint:
     measured_seconds: float | None = None
     #: where the measuring run's plan came out otherwise than the curve's, its peak (None: the same plan)
     replanned: int | None = None
+    #: the plan's packed peak over the most bytes live at once (what placement costs; 1.0: nothing)
+    packing: float | None = None
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -120,7 +124,7 @@ class Curve:
                 if self.largest_batch is not None and self.capacity is not None
                 else ""
             ),
-            f"{'memory':>12} {'step ms':>9}  "
+            f"{'memory':>12} {'step ms':>9} {'packing':>7}  "
             + (f"{'measured':>12} {'ms':>9} {'/pred':>6}  " if measured else "")
             + f"{'policy':<12} does",
         ]
@@ -134,8 +138,9 @@ class Curve:
                     else f"{'':>12} {'':>9} {'':>6}  "
                 )
             again = f" (run as another plan: {format_bytes(p.replanned)})" if p.replanned is not None else ""
+            packing = f"{p.packing:7.3f}" if p.packing is not None else f"{'-':>7}"
             rows.append(
-                f"{format_bytes(p.memory):>12} {p.step_seconds * 1e3:9.2f}  {got}{p.policy:<12} "
+                f"{format_bytes(p.memory):>12} {p.step_seconds * 1e3:9.2f} {packing}  {got}{p.policy:<12} "
                 f"{describe(p.techniques)}{again}"
             )
         return "\n".join(rows)
@@ -153,6 +158,14 @@ class Curve:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         mib = 1 << 20
         ax.plot([p.memory / mib for p in self.points], [p.step_seconds * 1e3 for p in self.points], "o-", label="auto")
+        for p in self.points:  # each of auto's points labelled by what it does
+            ax.annotate(
+                short(p.techniques),
+                (p.memory / mib, p.step_seconds * 1e3),
+                xytext=(3, 4),
+                textcoords="offset points",
+                fontsize=7,
+            )
         for p in self.named:
             ax.plot(p.memory / mib, p.step_seconds * 1e3, "s")
             ax.annotate(p.policy, (p.memory / mib, p.step_seconds * 1e3), fontsize=8)
@@ -170,16 +183,31 @@ class Curve:
 
 def techniques(result: PlanResult) -> Techniques:
     """What a plan does: its buffers by decision (keep, offload, encode, recompute), the codecs it offloads or
-    encodes through, the convolutions whose backward it splits, its micro-batches."""
+    encodes through, the convolutions whose backward it splits, its micro-batches, its convolutions'
+    algorithms (per pass, how many run each)."""
     p = result.plan
     stash = Counter(str(getattr(d, "value", d)) for d in p.stash.values())
+    algos: dict[str, Counter[str]] = {}
+    for per in p.algos.values():
+        for pass_, algo in per.items():
+            algos.setdefault(pass_, Counter())[algo] += 1
     return {
         "stash": dict(sorted(stash.items())),
         "codecs": dict(sorted(Counter(p.codecs.values()).items())),
         "split": len(p.split),
         "microbatch": p.microbatch,
         "chosen": p.chosen,
+        "algos": {pass_: dict(sorted(c.items())) for pass_, c in sorted(algos.items())},
     }
+
+
+def short(t: Techniques) -> str:
+    """A point's techniques in a label: the count of each way a buffer is stored but kept (``3off 2rec``)."""
+    ways = {"offload": "off", "recompute": "rec", "encode": "enc"}
+    parts = [f"{n}{ways.get(kind, kind)}" for kind, n in t["stash"].items() if kind != "keep" and n]
+    if t["microbatch"] > 1:
+        parts.append(f"x{t['microbatch']}")
+    return " ".join(parts) or "keep"
 
 
 def describe(t: Techniques) -> str:
@@ -197,7 +225,14 @@ def describe(t: Techniques) -> str:
 def _point(result: PlanResult, budget: int, policy: str) -> CurvePoint | None:
     if not result.fits or result.step_seconds is None:
         return None
-    return CurvePoint(budget, int(result.peak_bytes), float(result.step_seconds), policy, techniques(result))
+    return CurvePoint(
+        budget,
+        int(result.peak_bytes),
+        float(result.step_seconds),
+        policy,
+        techniques(result),
+        packing=result.packing,
+    )
 
 
 def envelope(points: Iterable[CurvePoint]) -> tuple[CurvePoint, ...]:
