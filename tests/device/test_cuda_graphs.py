@@ -267,3 +267,30 @@ def test_a_captured_step_allocates_nothing_from_the_array_module(cupy, make, pol
         cupy._state.reset = original
     assert [s["graph"] for s in on["steps"]] == ["", "captured", "replayed"]
     assert seen[1].allocated_at == [] and seen[2].allocations == 0
+
+
+def _tokens_train(cupy, graphs: str, precision: str, steps: int = 4) -> dict:
+    """A small transformer (embeddings, attention, layer norm, a per-token head) on the CUDA device."""
+    net = vmem.models.get("transformer", layers=1, seq_len=8, dim=16, heads=2, ffn=32, vocab=50).init(seed=0)
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 50, (4, 8)), rng.integers(0, 50, (4, 8))
+    dev = vmem.device("cuda:0", memory="4MiB", graphs=graphs)
+    graph = []
+    with vmem.Trainer(net, device=dev, policy="baseline", seed=0, precision=precision) as trainer:
+        for _ in range(steps):
+            graph.append(trainer.step(x, y).graph)
+        trainer.sync()
+    dev.close()
+    return {"weights": {k: v.copy() for k, v in net.params.items()}, "graph": graph}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_transformer_replays_its_step_with_the_bits_of_the_step_run_as_it_is(cupy, precision):
+    """Embeddings (their gradient scattered with ``add.at``), attention and layer norm: captured once, then
+    replayed, the weights those of the same steps without graphs, bit for bit."""
+    if precision == "bf16":
+        pytest.importorskip("ml_dtypes")
+    on, off = _tokens_train(cupy, "on", precision), _tokens_train(cupy, "off", precision)
+    assert on["graph"] == ["", "captured", "replayed", "replayed"] and set(off["graph"]) == {""}
+    for k, w in off["weights"].items():
+        assert np.array_equal(on["weights"][k], w), k

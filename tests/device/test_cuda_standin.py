@@ -45,6 +45,18 @@ def test_the_standin_refuses_what_cupy_refuses(cupy):
     assert [kind for kind, _ in cupy._state.COUNTERS.implicit_reads] == ["bool"]
 
 
+def test_the_standin_takes_what_cupy_takes(cupy):
+    """What CuPy does that NumPy does too, the stand-in does: ``astype`` casts unsafely by default (float ids
+    to int64), and ``add.at`` scatters with repeats (CuPy's ``ufunc.at``, an Embedding's gradient)."""
+    ids = cupy.asarray(np.array([1.0, 0.0, 1.0], np.float32))
+    assert ids.astype(int).get().tolist() == [1, 0, 1]
+    grad = cupy.zeros((3, 2), np.float32)
+    cupy.add.at(grad, ids.astype(int), cupy.ones((3, 2), np.float32))
+    assert grad.get().tolist() == [[1, 1], [2, 2], [0, 0]]
+    with pytest.raises(TypeError, match="Unsupported type"):
+        cupy.add.at(np.zeros(3, np.float32), ids.astype(int), 1.0)
+
+
 def test_cudnn_on_the_standin_refuses_what_cudnn_refuses(cupy):
     """vmem's cuDNN declarations and descriptors (through cffi, as on a GPU) over the stand-in's library:
     the math type each FP32 mode sets; BackwardBias over BFLOAT16 maps refused (NOT_SUPPORTED, as on the

@@ -216,7 +216,7 @@ class ndarray:
             return self
         _state.COUNTERS.call("astype")
         out = ndarray(self.shape, dt)
-        kw = {} if casting is None else {"casting": casting}
+        kw = {"casting": "unsafe" if casting is None else casting}  # astype's default, in CuPy as in NumPy
         src, dst = self._a, out._a
         _state.submit_current(lambda: _np.copyto(dst, src, **kw))
         return out
@@ -407,6 +407,26 @@ zeros_like ones_like empty_like full_like diff round around""".split()
 for _name in _UFUNCS:
     if hasattr(_np, _name):
         globals()[_name] = _wrap(_name, True)
+
+
+def _at(name: str) -> Any:
+    """``cupy.<ufunc>.at(a, indices, b)``: CuPy's scatter (``ufunc.at``, for the ufuncs with an atomic form),
+    in place on ``a`` in stream order."""
+    np_fn = getattr(_np, name)
+
+    def at(a: Any, indices: Any, b: Any = None) -> None:
+        _state.COUNTERS.call(f"{name}.at")
+        if not isinstance(a, ndarray):
+            raise _unsupported(a)
+        idx = _arg(indices, False)
+        args = () if b is None else (_arg(b, False),)
+        _state.submit_current(lambda: np_fn.at(a._a, idx, *args))
+
+    return at
+
+
+for _name in ("add", "subtract", "maximum", "minimum"):  # CuPy's ufuncs that take .at
+    globals()[_name].at = _at(_name)
 for _name in _FUNCTIONS:
     if hasattr(_np, _name):
         globals()[_name] = _wrap(_name, False)
