@@ -134,6 +134,7 @@ class Replays:
             program.batch,
             program.precision.name,
             tuple((op.name, op.kind) for op in program.ops),
+            tuple(t.nbytes for t in program.tensors),  # the same network in another dtype is another program
             dataclasses.replace(oracle.device, memory=0),
             oracle.alignment,
             oracle.optimizer_slots,
