@@ -165,3 +165,24 @@ def test_a_curve_on_a_device_of_this_process_is_planned_here(monkeypatch):
         two = vmem.curve(net, 8, dev, costs=costs, points=3, most=3, workers=2)
         assert not tried
         assert two == vmem.curve(net, 8, dev, costs=costs, points=3, most=3)
+
+
+def test_a_budget_that_plans_no_point_is_not_planned_again(monkeypatch):
+    """Where auto plans nothing at a budget between two that differ in time, the refinement does not ask for
+    that budget again (it once would have for ever) and ends."""
+    import sys
+
+    curve_module = sys.modules["vmem.planning.curve"]
+    point = curve_module._Planner.point
+    asked: list[int] = []
+
+    def failing(self, task):
+        what, _, budget = task
+        if what != "at":
+            return point(self, task)
+        asked.append(budget)
+        return point(self, task) if len(asked) <= 4 else None  # the first four budgets plan; later ones none
+
+    monkeypatch.setattr(curve_module._Planner, "point", failing)
+    c = vmem.curve(vmem.models.get("vgg_cifar"), 32, "sim:h100-sxm", points=4, most=12)
+    assert len(asked) > 4 and len(asked) == len(set(asked)) and c.planned == 4

@@ -304,16 +304,19 @@ def curve(
         named_points = [p for p in first[len(budgets) : -1] if isinstance(p, CurvePoint)]
         largest = first[-1] if isinstance(first[-1], int) else None
         found.update((b, p) for b, p in zip(budgets, first) if isinstance(p, CurvePoint))
+        tried = set(budgets)  # a budget planned without a point is not planned again
         while len(found) < most:  # halfway between neighbours whose times differ by more than 5%
             ordered = sorted(found)
-            gaps = [
-                (a, b)
+            halves = [
+                (a + b) // 2
                 for a, b in zip(ordered, ordered[1:])
-                if b - a > 1024 and abs(found[a].step_seconds - found[b].step_seconds) > 0.05 * found[b].step_seconds
-            ]
-            if not gaps:
+                if b - a > 1024
+                and abs(found[a].step_seconds - found[b].step_seconds) > 0.05 * found[b].step_seconds
+                and (a + b) // 2 not in tried
+            ][: most - len(found)]
+            if not halves:
                 break
-            halves = [(a + b) // 2 for a, b in gaps[: most - len(found)]]
+            tried.update(halves)
             total[0] += len(halves)
             made = plan_all([("at", "auto", b) for b in halves])
             found.update((b, p) for b, p in zip(halves, made) if isinstance(p, CurvePoint))
