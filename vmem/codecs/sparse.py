@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import native
-from .base import Codec, Encoded, is_half, kernel_dtype, bits_of, flat, narrowed_into, output, shape_of, widened
+from .base import Codec, Encoded, kernel_dtype, bits_of, flat, narrowed_into, output, shape_of, widened
 
 if TYPE_CHECKING:
     from .._typing import Array
@@ -161,21 +161,12 @@ class Binarize(Codec):
         bits = enc.arrays["bits"]
         if (
             not reference
-            and dx.dtype == np.float32
-            and dy.dtype == np.float32
-            and dx.flags.c_contiguous
-            and dy.flags.c_contiguous
-            and (on := native.backend(dx)) is not None
-        ):
-            native.binarize_relu_backward(bits, dy.reshape(-1), dx.reshape(-1), on)
-            return
-        if (
-            is_half(dx.dtype)
+            and kernel_dtype(dx.dtype)  # float32, or 16-bit floats: the same product, rounded once (exact)
             and dy.dtype == dx.dtype
             and dx.flags.c_contiguous
             and dy.flags.c_contiguous
             and (on := native.backend(dx)) is not None
-        ):  # 16-bit floats: the same product, rounded once (exact), with no mask made
+        ):
             native.binarize_relu_backward(bits, dy.reshape(-1), dx.reshape(-1), on)
             return
         mask = np.unpackbits(bits, bitorder="little", count=enc.size).astype(dy.dtype).reshape(dy.shape)

@@ -202,7 +202,7 @@ def techniques(result: PlanResult) -> Techniques:
 
 
 def short(t: Techniques) -> str:
-    """A point's techniques in a label: the count of each way a buffer is stored but kept (``3off 2rec``)."""
+    """A point's techniques in a label: how many buffers it stores each way other than kept (``3off 2rec``)."""
     ways = {"offload": "off", "recompute": "rec", "encode": "enc"}
     parts = [f"{n}{ways.get(kind, kind)}" for kind, n in t["stash"].items() if kind != "keep" and n]
     if t["microbatch"] > 1:

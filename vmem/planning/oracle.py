@@ -104,6 +104,11 @@ class Oracle:
             self.replays.learn(self.scope, key, schedule, spec.memory, figures)  # type: ignore[union-attr]
         return None if figures is None else PlanResult(candidate, figures)
 
+    def once(self, key: tuple, make: Callable[[], _T]) -> _T:
+        """``make()``, for what is the same at every capacity (a budget-free policy's decisions, the baseline's
+        time): found once for every oracle sharing this one's :class:`Replays`, each time without."""
+        return make() if self.replays is None else self.replays.once(self.scope, key, make)
+
 
 class Replays:
     """What oracles learnt of the plans they replayed, kept for the oracles of the same program at other

@@ -129,9 +129,7 @@ def baseline_seconds(
             program, spec, base, alignment=alignment, optimizer_slots=optimizer_slots, costs=costs, rows=False
         )[0].step_seconds
 
-    if oracle is None or oracle.replays is None:
-        return seconds()
-    return oracle.replays.once(oracle.scope, ("baseline", base.decisions()), seconds)
+    return seconds() if oracle is None else oracle.once(("baseline", base.decisions()), seconds)
 
 
 def rank_plan(

@@ -69,15 +69,16 @@ def decide(
     costs: "CostModel | None" = None,
     oracle: "Oracle | None" = None,
 ) -> Plan:
-    """``policy.decide(program, device, costs, oracle)``; where the oracle shares what it learns across
-    capacities (its ``replays``: a curve's budgets) and the policy is :attr:`~Policy.budget_free`, decided
-    once per choice of algorithms at that capacity, the plan's header given this capacity."""
-    replays = getattr(oracle, "replays", None)
-    if replays is None or not policy.budget_free:
+    """``policy.decide(program, device, costs, oracle)``; where the policy is :attr:`~Policy.budget_free` and
+    the oracle keeps what is the same at every capacity (``oracle.once``: the planner's, whose oracles of a
+    curve's budgets share it), decided once per choice of algorithms at that capacity, the plan's header
+    given this capacity."""
+    once = getattr(oracle, "once", None)  # an oracle of the Protocol alone (a test's) keeps nothing
+    if once is None or not policy.budget_free:
         return policy.decide(program, device, costs, oracle)
     algos = policy.choose_algos(program, costs, capacity=device.memory)  # what new_plan picks at this capacity
     key = ("decide", policy.spec, tuple(sorted((op, tuple(sorted(per.items()))) for op, per in algos.items())))
-    plan = replays.once(getattr(oracle, "scope"), key, lambda: policy.decide(program, device, costs, oracle))
+    plan = once(key, lambda: policy.decide(program, device, costs, oracle))
     return plan if plan.capacity == device.memory else dataclasses.replace(plan, capacity=device.memory)
 
 
